@@ -1,0 +1,58 @@
+# pipeline: make run | make test | make bench | make serve
+# Every target creates the environment it needs (.venv for the pipeline, .venv-serve for Triton).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+SERVE_VENV ?= .venv-serve
+PY := $(VENV)/bin/python
+PIPELINE := $(VENV)/bin/pipeline
+# CPU build of torch, installed first so nothing pulls a multi-GB CUDA build (see README).
+TORCH_PIN ?= torch==2.13.0
+PIP_FLAGS ?= -q --disable-pip-version-check
+ARGS ?=
+PYTEST_ARGS ?=
+STAMP := $(VENV)/.installed
+SERVE_STAMP := $(SERVE_VENV)/.installed
+
+.PHONY: env serve-env run test bench serve plan doctor clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install $(PIP_FLAGS) --upgrade pip
+	$(PY) -m pip install $(PIP_FLAGS) $(TORCH_PIN)
+	$(PY) -m pip install $(PIP_FLAGS) -e '.[dev]'
+	touch $@
+
+env: $(STAMP)
+
+# Serving environment for the Triton Python backend: numpy < 2 (2.x corrupts tensors in the 2.51
+# backend stub) and the tritonserver binary from the nvidia-pytriton wheel, installed --no-deps.
+$(SERVE_STAMP): pipeline/serving/requirements-serve.txt
+	$(PYTHON) -m venv $(SERVE_VENV)
+	$(SERVE_VENV)/bin/python -m pip install $(PIP_FLAGS) --upgrade pip
+	$(SERVE_VENV)/bin/python -m pip install $(PIP_FLAGS) -r pipeline/serving/requirements-serve.txt
+	$(SERVE_VENV)/bin/python -m pip install $(PIP_FLAGS) --no-deps nvidia-pytriton==0.7.0
+	touch $@
+
+serve-env: $(SERVE_STAMP)
+
+run: env serve-env
+	$(PIPELINE) $(ARGS)
+
+test: env serve-env
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+bench: env serve-env
+	$(PIPELINE) stages=[benchmark] $(ARGS)
+
+serve: env serve-env
+	$(PIPELINE) serve $(ARGS)
+
+plan: env
+	$(PIPELINE) plan $(ARGS)
+
+doctor: env
+	$(PIPELINE) doctor
+
+clean:
+	rm -rf artifacts runs multirun .pytest_cache

@@ -1,0 +1,171 @@
+"""Typed configuration: one dataclass schema per stage, registered in Hydra's ConfigStore.
+
+The YAML presets under ``build_configs/<group>/`` extend these schemas through their Defaults
+List (``- base_<group>``), so unknown keys and wrong types fail at compose time with the key
+named.  :func:`compose` gives the same composed object outside a Hydra app (planner, tests).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from . import benchmark as _benchmark
+from . import build as _build
+from . import calibration as _calibration
+from . import eval as _eval
+from . import model as _model
+from . import package as _package
+from . import quant as _quant
+from . import target as _target
+from .benchmark import BenchmarkConfig
+from .build import BuildConfig, SpeculativeConfig
+from .calibration import CalibrationConfig
+from .common import ConfigError, Problem, key_fields, runtime
+from .eval import EvalConfig, GateConfig
+from .model import ModelConfig
+from .package import PackageConfig
+from .quant import QuantConfig
+from .target import TargetConfig
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CONFIG_DIR = Path(os.environ.get("PIPELINE_CONFIG_DIR", REPO_ROOT / "build_configs"))
+STAGES = ("export", "quantize", "build", "evaluate", "package", "benchmark")
+
+GROUPS = {
+    "model": ModelConfig,
+    "calibration": CalibrationConfig,
+    "quant": QuantConfig,
+    "target": TargetConfig,
+    "build": BuildConfig,
+    "eval": EvalConfig,
+    "package": PackageConfig,
+    "benchmark": BenchmarkConfig,
+}
+
+
+@dataclass
+class PipelineConfig:
+    model: ModelConfig = MISSING
+    calibration: CalibrationConfig = MISSING
+    quant: QuantConfig = MISSING
+    target: TargetConfig = MISSING
+    build: BuildConfig = MISSING
+    eval: EvalConfig = MISSING
+    package: PackageConfig = MISSING
+    benchmark: BenchmarkConfig = MISSING
+    stages: List[str] = field(default_factory=lambda: ["export", "quantize", "build", "evaluate", "package"])
+    """Stages to run, in pipeline order; missing upstream artifacts are produced (or found cached) first."""
+    store_dir: str = "artifacts"
+    """Content-addressed artifact store (relative paths resolve against the cwd)."""
+    force: bool = False
+    """Re-run the requested stages even when a cached artifact exists."""
+    verify_cache: bool = False
+    """Re-hash every file of a cached artifact before trusting it (slower)."""
+    dry_run: bool = False
+    """Validate, plan and print what each stage would do (e.g. the exact trtllm-build command); write nothing."""
+    progress: bool = True
+    """Show progress bars (off automatically when stdout is not a terminal)."""
+    allow_unsafe_lengths: bool = False
+    """Accept max_seq_len above max positions x rope factor (recorded in the manifest)."""
+
+
+def register() -> None:
+    """Register every schema in Hydra's ConfigStore (idempotent)."""
+    cs = ConfigStore.instance()
+    cs.store(name="pipeline_schema", node=PipelineConfig)
+    for group, schema in GROUPS.items():
+        cs.store(group=group, name=f"base_{group}", node=schema)
+
+
+def resolve_path(p: Optional[str]) -> Optional[Path]:
+    """Resolve a user path: absolute as is; relative against the cwd, else the repo root."""
+    if p is None:
+        return None
+    path = Path(os.path.expanduser(str(p)))
+    if path.is_absolute():
+        return path
+    cwd = Path.cwd() / path
+    if cwd.exists():
+        return cwd.resolve()
+    repo = REPO_ROOT / path
+    return repo.resolve() if repo.exists() else cwd
+
+
+def to_object(cfg: DictConfig | PipelineConfig) -> PipelineConfig:
+    """DictConfig (from Hydra) -> PipelineConfig dataclass instance."""
+    if isinstance(cfg, PipelineConfig):
+        return cfg
+    obj = OmegaConf.to_object(cfg)
+    assert isinstance(obj, PipelineConfig), type(obj)
+    return obj
+
+
+def compose(overrides: list[str] | None = None, config_name: str = "pipeline") -> PipelineConfig:
+    """Compose the config as the ``pipeline`` command would, outside a Hydra app.
+
+    Raises Hydra's ``ConfigCompositionException`` / OmegaConf's ``ValidationError`` naming the
+    key for unknown keys, wrong types and unknown presets.
+    """
+    from hydra import compose as _compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    register()
+    gh = GlobalHydra.instance()
+    if gh.is_initialized():
+        gh.clear()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = _compose(config_name=config_name, overrides=list(overrides or []))
+    return to_object(cfg)
+
+
+_VALIDATORS = {
+    "model": _model.validate,
+    "calibration": _calibration.validate,
+    "quant": _quant.validate,
+    "target": _target.validate,
+    "build": _build.validate,
+    "eval": _eval.validate,
+    "package": _package.validate,
+    "benchmark": _benchmark.validate,
+}
+
+
+def validate(cfg: PipelineConfig, *, raise_on_error: bool = True) -> list[Problem]:
+    """Run every group's field checks and the cross-field checks; collect all problems.
+
+    Raises :class:`ConfigError` listing them all when ``raise_on_error`` and any were found.
+    """
+    problems: list[Problem] = []
+    for s in cfg.stages:
+        if s not in STAGES:
+            problems.append(Problem("stages", s, f"unknown stage.", f"use a subset of {list(STAGES)}"))
+    needs = set(cfg.stages)
+    for group, fn in _VALIDATORS.items():
+        if group == "calibration" and ("quantize" not in needs or cfg.quant.recipe == "none"):
+            continue
+        if group == "eval" and "evaluate" not in needs:
+            continue
+        problems.extend(fn(getattr(cfg, group)))
+    try:  # cross-field checks live with the planner (pipeline/planner)
+        from ..planner.validate import cross_field_problems
+    except ImportError:
+        cross_field_problems = None
+    if cross_field_problems is not None:
+        problems.extend(cross_field_problems(cfg))
+    if problems and raise_on_error:
+        raise ConfigError(problems)
+    return problems
+
+
+__all__ = [
+    "BenchmarkConfig", "BuildConfig", "CalibrationConfig", "ConfigError", "EvalConfig", "GateConfig", "ModelConfig",
+    "PackageConfig", "PipelineConfig", "Problem", "QuantConfig", "SpeculativeConfig", "TargetConfig", "CONFIG_DIR",
+    "REPO_ROOT", "STAGES", "compose", "key_fields", "register", "resolve_path", "runtime", "to_object", "validate",
+]

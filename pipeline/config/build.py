@@ -1,0 +1,79 @@
+"""``build`` config group: engine limits and build/runtime knobs (build stage).
+
+Names follow TensorRT-LLM's ``BuildConfig`` / ``trtllm-build`` flags (see
+``shared/reference/tensorrt_llm.md`` sec. 1 and 4c) so a preset reads the same for both targets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+from .common import Problem, choice, runtime
+
+
+@dataclass
+class SpeculativeConfig:
+    mode: str = "none"
+    """none | draft_tokens_external (draft model) | medusa | eagle | lookahead_decoding."""
+    max_draft_len: int = 0
+    """Draft tokens per step; added to max_seq_len by trtllm-build."""
+    draft_model_path: Optional[str] = runtime(None, doc="HF checkpoint of the draft model (draft_tokens_external)")
+
+
+@dataclass
+class BuildConfig:
+    name: str = "default"
+    max_batch_size: int = 8
+    """Largest number of sequences scheduled together (in-flight batching slots)."""
+    max_input_len: int = 256
+    """Longest prompt in tokens."""
+    max_seq_len: int = 384
+    """Longest prompt + generated tokens per sequence."""
+    max_num_tokens: int = 2048
+    """Max tokens in one engine step after padding removal (context + generation)."""
+    opt_num_tokens: Optional[int] = None
+    max_beam_width: int = 1
+    tokens_per_block: int = 32
+    """Paged KV-cache block size in tokens (power of two; TensorRT-LLM 1.x default 32)."""
+    kv_cache_type: str = "paged"
+    """paged (required for in-flight batching) | continuous | disabled."""
+    use_paged_context_fmha: bool = True
+    use_fused_mlp: bool = True
+    gemm_plugin: str = "auto"
+    """auto | float16 | bfloat16 | float32 | fp8 | disable."""
+    multiple_profiles: bool = False
+    enable_chunked_context: bool = False
+    """Split long prompts into chunks of max_num_tokens (needs paged context FMHA)."""
+    logits_dtype: Optional[str] = None
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
+    # Runtime knobs recorded in build_info.json and used by the package stage (CUDA Graphs are a
+    # runtime setting in the TensorRT-LLM 1.2 engine line, not a build flag).
+    cuda_graph_mode: bool = True
+    cuda_graph_cache_size: int = 0
+    cuda_graph_batch_sizes: List[int] = field(default_factory=lambda: [1, 2, 4, 8])
+    kv_cache_free_gpu_mem_fraction: float = 0.9
+    enable_kv_cache_reuse: bool = False
+    batch_scheduler_policy: str = "guaranteed_no_evict"
+    """guaranteed_no_evict | max_utilization."""
+    timing_cache: Optional[str] = runtime(None, doc="persisted TensorRT timing cache file (read and updated)")
+    workers: int = runtime(1, doc="parallel trtllm-build workers")
+
+
+def validate(cfg: BuildConfig, prefix: str = "build") -> list[Problem]:
+    problems: list[Problem] = []
+    for f in ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens", "max_beam_width", "tokens_per_block"):
+        v = getattr(cfg, f)
+        if v < 1:
+            problems.append(Problem(f"{prefix}.{f}", v, "must be >= 1.", f"set {prefix}.{f} to a positive integer"))
+    t = cfg.tokens_per_block
+    if t >= 1 and t & (t - 1):
+        p2 = 1 << (t.bit_length() - 1)
+        problems.append(Problem(f"{prefix}.tokens_per_block", t, "must be a power of two.", f"use {p2} or {p2 * 2}"))
+    choice(problems, f"{prefix}.kv_cache_type", cfg.kv_cache_type, ("paged", "continuous", "disabled"))
+    choice(problems, f"{prefix}.batch_scheduler_policy", cfg.batch_scheduler_policy, ("guaranteed_no_evict", "max_utilization"))
+    choice(problems, f"{prefix}.gemm_plugin", cfg.gemm_plugin, ("auto", "float16", "bfloat16", "float32", "fp8", "disable"))
+    choice(problems, f"{prefix}.speculative.mode", cfg.speculative.mode, ("none", "draft_tokens_external", "medusa", "eagle", "lookahead_decoding"))
+    if not 0.0 < cfg.kv_cache_free_gpu_mem_fraction <= 1.0:
+        problems.append(Problem(f"{prefix}.kv_cache_free_gpu_mem_fraction", cfg.kv_cache_free_gpu_mem_fraction, "must be in (0, 1].", "use 0.9"))
+    return problems

@@ -1,0 +1,54 @@
+"""``calibration`` config group: the calibration set used by the quantize stage."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from .common import Problem, choice, runtime
+
+FORMATS = ("auto", "jsonl", "text", "parquet", "hf")
+
+
+@dataclass
+class CalibrationConfig:
+    name: str = "calibration"
+    path: Optional[str] = runtime(None, doc="local JSONL / text / parquet file (its content digest enters the cache key)")
+    format: str = "auto"
+    """auto (by file suffix) | jsonl (``text`` or chat ``messages``) | text (one sample per line,
+    or blank-line separated with ``paragraphs: true``) | parquet | hf (a datasets name, only when reachable)."""
+    hf_dataset: Optional[str] = None
+    """Hugging Face dataset name for ``format: hf`` (requires network access to the hub)."""
+    hf_split: str = "train"
+    text_field: str = "text"
+    """Column / JSON key holding the sample text."""
+    paragraphs: bool = False
+    """For ``format: text``: samples are separated by blank lines instead of one per line."""
+    num_samples: int = 512
+    """Samples requested (the first ``num_samples`` usable ones after a seeded shuffle)."""
+    max_seq_len: int = 512
+    """Samples are truncated to this many tokens."""
+    batch_size: int = 8
+    seed: int = 1234
+    apply_chat_template: bool = False
+    """Render chat ``messages`` through the tokenizer's chat template (JSONL ``messages`` only)."""
+    min_tokens: int = 4
+    """Samples shorter than this (in tokens) are counted and warned about."""
+    min_samples: int = 32
+    """Fail when fewer usable samples than this remain."""
+
+
+def validate(cfg: CalibrationConfig, prefix: str = "calibration") -> list[Problem]:
+    problems: list[Problem] = []
+    choice(problems, f"{prefix}.format", cfg.format, FORMATS)
+    for f in ("num_samples", "max_seq_len", "batch_size", "min_samples"):
+        v = getattr(cfg, f)
+        if v < 1:
+            problems.append(Problem(f"{prefix}.{f}", v, "must be >= 1.", f"set {prefix}.{f} to a positive integer"))
+    if cfg.min_samples > cfg.num_samples:
+        problems.append(Problem(f"{prefix}.min_samples", cfg.min_samples, f"exceeds num_samples={cfg.num_samples}.", "lower min_samples or raise num_samples"))
+    if cfg.format == "hf" and not cfg.hf_dataset:
+        problems.append(Problem(f"{prefix}.hf_dataset", None, "format=hf needs a dataset name.", "set calibration.hf_dataset=<name> or use a local file"))
+    if cfg.format != "hf" and not cfg.path:
+        problems.append(Problem(f"{prefix}.path", None, "no calibration file given.", "set calibration.path=/path/to/file.jsonl or calibration=support_v1"))
+    return problems

@@ -1,0 +1,67 @@
+"""``eval`` config group: business eval set, runners and the release gate (evaluate stage)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+from .common import Problem, choice, runtime
+
+RUNNERS = ("baseline", "engine", "simulated")
+
+
+@dataclass
+class GateConfig:
+    min_score: float = 0.0
+    """Minimum absolute score (0..1) overall and on every slice."""
+    max_drop: Optional[float] = None
+    """Maximum score drop vs the baseline (absolute, 0..1). ``None`` = the recipe default in
+    ``max_drop_by_recipe``."""
+    max_drop_by_recipe: Dict[str, float] = field(
+        default_factory=lambda: {"none": 0.01, "fp8": 0.02, "int8_wo": 0.02, "int8_sq": 0.04, "int4_wo": 0.06, "int4_awq": 0.05, "w4a8_awq": 0.06}
+    )
+    """Default allowed drop per recipe: tighter for near-lossless formats (fp8) than for int4."""
+    slice_max_drop: Optional[float] = None
+    """Allowed drop on any single slice (default: 2 x the overall allowance)."""
+    min_agreement: float = 0.0
+    """Minimum fraction of items whose candidate output equals the baseline's output."""
+    significant_only: bool = True
+    """Fail on a drop only when it is statistically significant (the paired-bootstrap confidence
+    interval of the drop lies entirely above the allowance); else on the point estimate."""
+    confidence: float = 0.95
+    bootstrap_samples: int = 2000
+    seed: int = 0
+
+
+@dataclass
+class EvalConfig:
+    name: str = "eval"
+    eval_set: Optional[str] = runtime(None, doc="JSONL business eval set (content digest enters the cache key)")
+    limit: Optional[int] = None
+    """Evaluate only the first N items (quick runs); ``None`` = all."""
+    runners: List[str] = field(default_factory=lambda: ["baseline", "engine"])
+    """Which runners to run: baseline (unquantized, transformers) | engine (the built engine) |
+    simulated (ModelOpt simulated quantization in PyTorch)."""
+    candidate: str = "engine"
+    """The runner the gate judges against the baseline: engine | simulated."""
+    batch_size: int = runtime(16, doc="prompts per batch")
+    max_new_tokens: int = 48
+    """Default generation budget when an item has no ``max_new_tokens``."""
+    stop: List[str] = field(default_factory=list)
+    """Extra stop strings (the eos id list always stops)."""
+    gate: GateConfig = field(default_factory=GateConfig)
+    draft_model_path: Optional[str] = runtime(None, doc="draft model for speculative-decoding acceptance measurement")
+
+
+def validate(cfg: EvalConfig, prefix: str = "eval") -> list[Problem]:
+    problems: list[Problem] = []
+    for r in cfg.runners:
+        choice(problems, f"{prefix}.runners", r, RUNNERS)
+    choice(problems, f"{prefix}.candidate", cfg.candidate, ("engine", "simulated"))
+    if not cfg.eval_set:
+        problems.append(Problem(f"{prefix}.eval_set", None, "no eval set given.", "set eval.eval_set=/path/to/eval.jsonl or eval=support_v1"))
+    if not 0.5 <= cfg.gate.confidence < 1.0:
+        problems.append(Problem(f"{prefix}.gate.confidence", cfg.gate.confidence, "must be in [0.5, 1).", "use 0.95"))
+    if cfg.limit is not None and cfg.limit < 1:
+        problems.append(Problem(f"{prefix}.limit", cfg.limit, "must be >= 1 or null.", "remove the override or set eval.limit=100"))
+    return problems

@@ -1,0 +1,42 @@
+"""``package`` config group: Triton model repository, release archive and serving (package stage)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from .common import Problem, runtime
+
+
+@dataclass
+class PackageConfig:
+    name: str = "default"
+    version: str = "1"
+    """Model version folder in the Triton repository and the release archive's version."""
+    max_batch_size: Optional[int] = None
+    """Triton max_batch_size; ``None`` = the engine's. A value above the engine's is an error."""
+    decoupled: bool = True
+    """Decoupled (streaming) transaction policy on the models that stream."""
+    exclude_input_in_output: bool = True
+    instance_count: int = 1
+    allow_failed_gate: bool = False
+    """Package an artifact whose evaluation gate failed (recorded in the manifest). Off by default."""
+    archive: bool = True
+    """Also write ``<name>-<version>.tar.gz`` and ``SHA256SUMS``."""
+    serving_image: Optional[str] = None
+    """Triton image the package is for (tensorrt_llm target); its TensorRT-LLM version must match the engine's."""
+    grpc_port: int = runtime(8001, doc="serve: gRPC port (0 = pick a free one)")
+    http_port: int = runtime(8000, doc="serve: HTTP port (0 = pick a free one)")
+    metrics_port: int = runtime(8002, doc="serve: metrics port (0 = pick a free one)")
+    ready_timeout_s: float = runtime(180.0, doc="serve: how long to wait for readiness")
+
+
+def validate(cfg: PackageConfig, prefix: str = "package") -> list[Problem]:
+    problems: list[Problem] = []
+    if cfg.max_batch_size is not None and cfg.max_batch_size < 1:
+        problems.append(Problem(f"{prefix}.max_batch_size", cfg.max_batch_size, "must be >= 1 or null.", "remove it to use the engine's"))
+    if cfg.instance_count < 1:
+        problems.append(Problem(f"{prefix}.instance_count", cfg.instance_count, "must be >= 1.", "use 1"))
+    if not cfg.version or "/" in cfg.version or ".." in cfg.version:
+        problems.append(Problem(f"{prefix}.version", cfg.version, "must be a plain non-empty name.", "use e.g. package.version=1"))
+    return problems

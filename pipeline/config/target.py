@@ -1,0 +1,33 @@
+"""``target`` config group: which engine builder/runtime to use (build stage)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from .common import Problem, choice, runtime
+
+TARGETS = ("auto", "onnxruntime_genai", "tensorrt_llm")
+
+
+@dataclass
+class TargetConfig:
+    name: str = "auto"
+    """auto | onnxruntime_genai | tensorrt_llm. ``auto`` picks tensorrt_llm when it is importable and
+    a GPU is visible, else onnxruntime_genai, and says which and why."""
+    backend: str = "tensorrt"
+    """tensorrt_llm only: tensorrt (trtllm-build engine, TensorRT-LLM <= 1.2.1) | pytorch (LLM API, no engine file)."""
+    execution_provider: str = "cpu"
+    """onnxruntime_genai only: cpu | cuda."""
+    gpu: Optional[str] = None
+    """Target GPU name from the planner catalogue (h100_sxm, a100_80gb, l4, ...); ``None`` = the local GPU, if any."""
+    trtllm_build: str = runtime("trtllm-build", doc="trtllm-build executable (name on PATH or absolute path)")
+    serving_image: str = runtime("nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3", doc="NGC Triton + TensorRT-LLM image used to serve")
+
+
+def validate(cfg: TargetConfig, prefix: str = "target") -> list[Problem]:
+    problems: list[Problem] = []
+    choice(problems, f"{prefix}.name", cfg.name, TARGETS, "pick target=onnxruntime_genai (CPU) or target=tensorrt_llm (NVIDIA GPU)")
+    choice(problems, f"{prefix}.backend", cfg.backend, ("tensorrt", "pytorch"))
+    choice(problems, f"{prefix}.execution_provider", cfg.execution_provider, ("cpu", "cuda"))
+    return problems

@@ -1,0 +1,87 @@
+"""Facts about the host and the libraries that produce an artifact (recorded in manifests).
+
+GPU facts come from ``nvidia-smi`` when it exists, else from ``torch.cuda`` only if torch is
+already imported (importing torch just to look costs seconds on every cache hit).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from typing import Any
+
+
+def library_versions(names: tuple[str, ...] | list[str]) -> dict[str, str | None]:
+    """Installed distribution versions (``None`` when not installed)."""
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for n in names:
+        try:
+            out[n] = importlib.metadata.version(n)
+        except importlib.metadata.PackageNotFoundError:
+            out[n] = None
+    return out
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+@functools.lru_cache(maxsize=1)
+def gpus() -> list[dict[str, Any]]:
+    """Visible NVIDIA GPUs: name, compute capability (e.g. "9.0"), memory in MiB. Empty if none."""
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            out = subprocess.run(
+                [smi, "--query-gpu=name,compute_cap,memory.total,driver_version", "--format=csv,noheader,nounits"],
+                capture_output=True, text=True, timeout=15, check=True,
+            ).stdout
+            res = []
+            for line in out.strip().splitlines():
+                parts = [p.strip() for p in line.split(",")]
+                if len(parts) >= 4:
+                    res.append({"name": parts[0], "compute_capability": parts[1], "memory_mib": float(parts[2]), "driver": parts[3]})
+            return res
+        except (OSError, subprocess.SubprocessError, ValueError):
+            pass
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            if torch.cuda.is_available():
+                res = []
+                for i in range(torch.cuda.device_count()):
+                    p = torch.cuda.get_device_properties(i)
+                    res.append({"name": p.name, "compute_capability": f"{p.major}.{p.minor}", "memory_mib": p.total_memory / 2**20, "driver": None})
+                return res
+        except Exception:  # noqa: BLE001 - a broken CUDA install must not break a CPU run
+            pass
+    return []
+
+
+def host() -> dict[str, Any]:
+    """Host description for manifests: CPU model and count, memory, GPUs."""
+    mem = None
+    try:
+        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        pass
+    return {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "memory_bytes": mem,
+        "gpus": gpus(),
+    }

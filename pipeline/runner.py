@@ -1,0 +1,297 @@
+"""Orchestration: resolve stages, compute cache keys, run or reuse artifacts, write the summary."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from . import hostinfo
+from .config import STAGES, PipelineConfig, key_fields, resolve_path
+from .config import validate as validate_config
+from .errors import EXIT_FAILED, EXIT_GATE, EXIT_INTERRUPTED, EXIT_OK, GateFailed, PipelineError
+from .stages import Stage, StageContext, get_stage
+from .store import Artifact, ArtifactStore, cache_key, digest_path, redact, write_json_atomic
+
+log = logging.getLogger("pipeline")
+SUMMARY_SCHEMA = "pipeline.summary/v1"
+
+
+@dataclasses.dataclass
+class StageReport:
+    stage: str
+    status: str  # cached | ran | failed | dry-run | not-run
+    seconds: float
+    path: str | None = None
+    key: str | None = None
+    headline: dict[str, Any] = dataclasses.field(default_factory=dict)
+    error: str | None = None
+    lookup_s: float | None = None
+
+
+@dataclasses.dataclass
+class RunSummary:
+    stages: list[StageReport]
+    exit_code: int
+    overrides: list[str]
+    total_s: float
+    plan: dict[str, Any] | None = None
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": SUMMARY_SCHEMA,
+            "exit_code": self.exit_code,
+            "ok": self.exit_code == EXIT_OK,
+            "overrides": self.overrides,
+            "total_s": round(self.total_s, 3),
+            "error": self.error,
+            "plan": self.plan,
+            "stages": [dataclasses.asdict(s) for s in self.stages],
+        }
+
+
+def resolve_order(requested: list[str]) -> list[str]:
+    """Requested stages plus their transitive dependencies, in pipeline order."""
+    need: set[str] = set()
+
+    def add(name: str) -> None:
+        if name in need:
+            return
+        need.add(name)
+        for d in get_stage(name).deps:
+            add(d)
+
+    for s in requested:
+        add(s)
+    return [s for s in STAGES if s in need]
+
+
+def compute_key(stage: Stage, cfg: PipelineConfig, inputs: dict[str, Artifact], external: dict[str, Path]) -> tuple[str, dict[str, Any]]:
+    """The cache key of ``stage`` and the document it hashes (recorded in the manifest)."""
+    doc = {
+        "stage": stage.name,
+        "stage_version": stage.version,
+        "config": {g: key_fields(getattr(cfg, g)) for g in stage.config_groups},
+        "inputs": {name: art.digest for name, art in sorted(inputs.items())},
+        "external": {name: digest_path(p) for name, p in sorted(external.items())},
+        "extras": stage.key_extras(cfg, inputs),
+        "versions": hostinfo.library_versions(stage.libraries),
+    }
+    return cache_key(doc), doc
+
+
+def _external(stage: Stage, cfg: PipelineConfig) -> dict[str, Path]:
+    ext = stage.external_inputs(cfg)
+    out = {}
+    for name, p in ext.items():
+        rp = resolve_path(str(p))
+        if rp is None or not rp.exists():
+            from .errors import InputError
+
+            raise InputError(f"{stage.name}: input {name!r} not found at {p!r} (resolved to {rp}). Fix the path in the config.")
+        out[name] = rp
+    return out
+
+
+def _plan(cfg: PipelineConfig, console: Console) -> dict[str, Any] | None:
+    try:
+        from .planner import plan_for_run
+    except ImportError:
+        return None
+    try:
+        return plan_for_run(cfg, console)
+    except PipelineError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the plan is advisory here; `pipeline plan` is strict
+        log.warning("planner failed: %s", e)
+        return None
+
+
+def run_pipeline(cfg: PipelineConfig, *, overrides: list[str] | None = None, summary_dir: Path | None = None, console: Console | None = None) -> RunSummary:
+    """Run the configured stages; never raises for stage failures (see ``RunSummary.exit_code``)."""
+    console = console or Console(stderr=False)
+    t_start = time.time()
+    reports: list[StageReport] = []
+    overrides = list(overrides or [])
+    exit_code, error, plan = EXIT_OK, None, None
+    show_progress = cfg.progress and console.is_terminal
+    try:
+        validate_config(cfg)
+        plan = _plan(cfg, console)
+        store = ArtifactStore(resolve_path(cfg.store_dir) or Path(cfg.store_dir))
+        order = resolve_order(list(cfg.stages))
+        done: dict[str, Artifact] = {}
+        gate_failed: str | None = None
+        for name in order:
+            stage = get_stage(name)
+            t0 = time.time()
+            inputs = {d: done[d] for d in stage.deps}
+            external = _external(stage, cfg)
+            key, key_doc = compute_key(stage, cfg, inputs, external)
+            manifest: dict[str, Any] = {
+                "config": redact(key_doc["config"]),
+                "key_document": redact(key_doc),
+                "inputs": {d: {"path": str(a.path), "digest": a.digest, "key": a.key} for d, a in inputs.items()},
+                "external": {n: {"path": str(p), "digest": key_doc["external"][n]} for n, p in external.items()},
+                "versions": key_doc["versions"],
+                "host": hostinfo.host(),
+            }
+            ctx = StageContext(cfg=cfg, inputs=inputs, external=external, out=None, manifest=manifest, console=console,
+                               log=logging.getLogger(f"pipeline.{name}"), show_progress=show_progress)
+            if cfg.dry_run:
+                info = stage.dry_run(ctx) if stage.dry_run else {}
+                reports.append(StageReport(name, "dry-run", time.time() - t0, None, key, info.get("headline", {})))
+                cached = store.lookup(name, key)
+                if cached is None:
+                    # downstream stages need an input digest; stop the dry run at the first missing artifact
+                    console.print(f"[yellow]dry run:[/] {name} has no cached artifact; later stages cannot be keyed yet")
+                    break
+                done[name] = cached
+                continue
+            force = cfg.force and name in cfg.stages
+            art = None if (force or not stage.cacheable) else store.lookup(name, key, verify=cfg.verify_cache)
+            lookup_s = time.time() - t0
+            if art is not None:
+                reports.append(StageReport(name, "cached", lookup_s, str(art.path), key, art.result.get("headline", {}), lookup_s=lookup_s))
+                console.print(f"[green]✓[/] {name:<9} cache hit ({lookup_s:.2f} s)  {art.path}")
+            else:
+                console.print(f"[cyan]▶[/] {name:<9} running ...")
+                with store.locked(name, key):
+                    art = None if (force or not stage.cacheable) else store.lookup(name, key)
+                    if art is None:  # not produced by a concurrent run while we waited for the lock
+                        with store.produce(name, key, manifest) as (tmp, mf):
+                            ctx.out = tmp
+                            t_run = time.time()
+                            result = stage.run(ctx) or {}
+                            mf["result"] = redact(result)
+                            mf.setdefault("timings", {})["run_s"] = round(time.time() - t_run, 3)
+                        art = store.lookup(name, key)
+                        assert art is not None, f"{name}: artifact vanished after publishing"
+                        status = "ran"
+                    else:
+                        status = "cached"
+                secs = time.time() - t0
+                reports.append(StageReport(name, status, secs, str(art.path), key, art.result.get("headline", {}), lookup_s=lookup_s))
+                console.print(f"[green]✓[/] {name:<9} {status} in {secs:.1f} s  {art.path}")
+            done[name] = art
+            gate = art.result.get("gate")
+            if isinstance(gate, dict) and gate.get("passed") is False:
+                gate_failed = gate.get("reason", "evaluation gate failed")
+        if gate_failed and exit_code == EXIT_OK:
+            exit_code, error = EXIT_GATE, f"evaluation gate failed: {gate_failed}"
+    except KeyboardInterrupt:
+        exit_code, error = EXIT_INTERRUPTED, "interrupted"
+        _mark_failed(reports, cfg, error)
+    except PipelineError as e:
+        exit_code, error = e.exit_code, str(e)
+        _mark_failed(reports, cfg, error)
+    except Exception as e:  # noqa: BLE001 - summarise, keep the traceback in the log
+        from .config import ConfigError
+
+        if isinstance(e, ConfigError):
+            exit_code, error = 2, str(e)
+        else:
+            log.exception("stage failed")
+            exit_code, error = EXIT_FAILED, f"{type(e).__name__}: {e}"
+        _mark_failed(reports, cfg, error)
+    summary = RunSummary(reports, exit_code, overrides, time.time() - t_start, plan, error)
+    print_summary(summary, console)
+    if summary_dir is not None:
+        try:
+            summary_dir.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(summary_dir / "summary.json", redact(summary.to_json()))
+        except OSError as e:
+            console.print(f"[red]could not write the run summary to {summary_dir}: {e}[/]")
+    return summary
+
+
+def _mark_failed(reports: list[StageReport], cfg: PipelineConfig, error: str) -> None:
+    seen = {r.stage for r in reports}
+    try:
+        order = resolve_order(list(cfg.stages))
+    except Exception:  # noqa: BLE001
+        order = [s for s in STAGES if s in cfg.stages]
+    failed_marked = False
+    for s in order:
+        if s in seen:
+            continue
+        reports.append(StageReport(s, "failed" if not failed_marked else "not-run", 0.0, error=error if not failed_marked else None))
+        failed_marked = True
+
+
+def print_summary(summary: RunSummary, console: Console) -> None:
+    t = Table(title="pipeline run", show_lines=False)
+    for col in ("stage", "status", "time", "output", "headline"):
+        t.add_column(col)
+    for r in summary.stages:
+        style = {"cached": "green", "ran": "cyan", "failed": "red", "not-run": "dim", "dry-run": "yellow"}.get(r.status, "")
+        head = ", ".join(f"{k}={_fmt(v)}" for k, v in r.headline.items())
+        t.add_row(r.stage, f"[{style}]{r.status}[/]", f"{r.seconds:.2f} s", r.path or "-", head or (r.error or "")[:120])
+    console.print(t)
+    if summary.error:
+        console.print(f"[bold red]error (exit {summary.exit_code}):[/] {summary.error}")
+    else:
+        console.print(f"[bold green]ok[/] in {summary.total_s:.1f} s")
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+# --------------------------------------------------------------------------- multirun
+try:
+    from hydra.experimental.callback import Callback as _HydraCallback
+except ImportError:  # pragma: no cover
+    _HydraCallback = object  # type: ignore[misc,assignment]
+
+
+class MultirunComparison(_HydraCallback):  # type: ignore[misc]
+    """Hydra callback: after ``-m`` sweeps, join every job's summary.json into one comparison table."""
+
+    def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        write_comparison(sweep_dir, Console())
+
+
+def write_comparison(sweep_dir: Path, console: Console) -> dict[str, Any]:
+    """Read ``<sweep_dir>/*/summary.json`` and write ``comparison.json`` and ``comparison.md``."""
+    rows = []
+    for f in sorted(sweep_dir.glob("*/summary.json")):
+        try:
+            s = json.loads(f.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        row: dict[str, Any] = {"job": f.parent.name, "overrides": " ".join(s.get("overrides", [])), "exit_code": s.get("exit_code")}
+        for st in s.get("stages", []):
+            for k, v in (st.get("headline") or {}).items():
+                row[f"{st['stage']}.{k}"] = v
+        rows.append(row)
+    cols: list[str] = []
+    for r in rows:
+        for k in r:
+            if k not in cols:
+                cols.append(k)
+    doc = {"schema": "pipeline.comparison/v1", "columns": cols, "rows": rows}
+    write_json_atomic(sweep_dir / "comparison.json", doc)
+    md = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        md.append("| " + " | ".join(_fmt(r.get(c, "")) for c in cols) + " |")
+    (sweep_dir / "comparison.md").write_text("\n".join(md) + "\n", encoding="utf-8")
+    t = Table(title=f"comparison ({len(rows)} runs) - {sweep_dir}")
+    for c in cols:
+        t.add_column(c)
+    for r in rows:
+        t.add_row(*[_fmt(r.get(c, "")) for c in cols])
+    console.print(t)
+    return doc

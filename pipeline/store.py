@@ -1,0 +1,310 @@
+"""Content-addressed artifact store.
+
+Every stage output lives in ``<root>/<stage>/<key>/`` where ``key`` is the sha256 of a
+canonical JSON document holding (a) the stage's config fields that affect the bytes,
+(b) the content digests of its input artifacts and external input files, (c) the versions
+of the libraries that produce it, and (d) the stage's own format version.  Paths never
+enter the key; contents do.
+
+Writes are staged in ``<root>/<stage>/.tmp-<key>-<pid>-<rand>/`` and renamed into place
+only after ``manifest.json`` (with ``"complete": true``) has been written and fsynced, all
+under a per-key file lock (:mod:`filelock`).  A run killed at any point therefore leaves
+at most a temporary folder, which is never trusted and is removed by the next producer of
+the same key.  Two concurrent runs of the same key serialise on the lock; the second one
+finds the first one's artifact and reports a cache hit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as _dt
+import hashlib
+import json
+import math
+import os
+import re
+import secrets
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+from filelock import FileLock
+
+MANIFEST = "manifest.json"
+MANIFEST_SCHEMA = "pipeline.manifest/v1"
+_CHUNK = 1 << 20
+
+
+class StoreError(RuntimeError):
+    """An artifact could not be written or read; the message names the path."""
+
+
+# --------------------------------------------------------------------------- hashing
+def sha256_file(path: str | os.PathLike) -> str:
+    """Hex sha256 of a file's bytes (streamed in 1 MiB chunks)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            b = f.read(_CHUNK)
+            if not b:
+                break
+            h.update(b)
+    return h.hexdigest()
+
+
+def tree_files(root: Path) -> dict[str, dict[str, Any]]:
+    """Map of relative POSIX path -> {sha256, bytes} for every regular file under ``root``.
+
+    Symbolic links are refused (an artifact must be self-contained) and the manifest
+    itself is skipped.  Raises :class:`StoreError` naming the offending path.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    root = Path(root)
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root).as_posix()
+        if p.is_symlink():
+            raise StoreError(f"{p}: symbolic links are not allowed in an artifact; copy the file instead")
+        if p.is_dir() or rel == MANIFEST:
+            continue
+        out[rel] = {"sha256": sha256_file(p), "bytes": p.stat().st_size}
+    return out
+
+
+def digest_files(files: Mapping[str, Mapping[str, Any]]) -> str:
+    """One digest for a file map from :func:`tree_files` (order-independent)."""
+    h = hashlib.sha256()
+    for rel in sorted(files):
+        h.update(rel.encode())
+        h.update(b"\0")
+        h.update(files[rel]["sha256"].encode())
+        h.update(b"\n")
+    return h.hexdigest()
+
+
+def digest_path(path: str | os.PathLike) -> str:
+    """Content digest of a file or a folder (folder: over relative names and file digests)."""
+    p = Path(path)
+    if p.is_file():
+        return sha256_file(p)
+    if p.is_dir():
+        return digest_files(tree_files(p))
+    raise StoreError(f"{p}: no such file or folder")
+
+
+def canonical(obj: Any) -> Any:
+    """Convert ``obj`` to plain JSON types, refusing anything that cannot be canonicalised.
+
+    Dataclasses become dicts of their fields, tuples become lists, Paths are refused
+    (paths must not enter a cache key: digest the content instead), floats must be finite.
+    Raises ``TypeError`` naming the offending value: under-hashing would make the cache lie.
+    """
+    if obj is None or isinstance(obj, (bool, int, str)):
+        return obj
+    if isinstance(obj, float):
+        if not math.isfinite(obj):
+            raise TypeError(f"cannot hash non-finite float {obj!r}")
+        return obj
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: canonical(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, Mapping):
+        return {str(k): canonical(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [canonical(v) for v in obj]
+    if hasattr(obj, "value") and hasattr(obj, "name"):  # Enum
+        return canonical(obj.value)
+    raise TypeError(f"cannot canonicalise {type(obj).__name__} value {obj!r} for a cache key")
+
+
+def canonical_json(obj: Any) -> str:
+    return json.dumps(canonical(obj), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def cache_key(document: Mapping[str, Any]) -> str:
+    """sha256 (hex) of the canonical JSON of ``document``."""
+    return hashlib.sha256(canonical_json(document).encode()).hexdigest()
+
+
+# --------------------------------------------------------------------------- secrets
+_SECRET_KEY_RE = re.compile(r"(token|secret|password|passwd|api[_-]?key|credential|auth)", re.I)
+_SECRET_VALUE_RE = re.compile(r"(hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9]{20,}|nvapi-[A-Za-z0-9_-]{20,}|ghp_[A-Za-z0-9]{20,})")
+
+
+def redact(obj: Any) -> Any:
+    """Copy of ``obj`` with values under secret-looking keys and token-shaped strings replaced.
+
+    Also replaces any value equal to the content of an environment variable whose name looks
+    secret (``HF_TOKEN``, ``*_API_KEY`` ...), so a secret passed through config never lands in
+    a manifest or log.
+    """
+    env_secrets = {v for k, v in os.environ.items() if _SECRET_KEY_RE.search(k) and len(v) >= 8}
+
+    def _r(o: Any, key: str = "") -> Any:
+        if isinstance(o, Mapping):
+            return {k: _r(v, str(k)) for k, v in o.items()}
+        if isinstance(o, (list, tuple)):
+            return [_r(v, key) for v in o]
+        if isinstance(o, str):
+            if key and _SECRET_KEY_RE.search(key) and o and not key.endswith(("_id", "_ids", "tokens", "_token_id")):
+                return "***redacted***"
+            s = _SECRET_VALUE_RE.sub("***redacted***", o)
+            for sec in env_secrets:
+                if sec in s:
+                    s = s.replace(sec, "***redacted***")
+            return s
+        return o
+
+    return _r(obj)
+
+
+# --------------------------------------------------------------------------- store
+@dataclasses.dataclass(frozen=True)
+class Artifact:
+    """A complete, trusted artifact folder and its manifest."""
+
+    stage: str
+    key: str
+    path: Path
+    manifest: dict[str, Any]
+
+    @property
+    def digest(self) -> str:
+        return self.manifest["output_digest"]
+
+    @property
+    def result(self) -> dict[str, Any]:
+        return self.manifest.get("result", {})
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON to ``path`` via a temporary file + fsync + rename (never half-written)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise StoreError(f"cannot write {path}: {e.strerror or e}") from e
+
+
+class ArtifactStore:
+    """Folder of content-addressed stage artifacts (see module docstring)."""
+
+    def __init__(self, root: str | os.PathLike, *, lock_timeout_s: float = 3600.0) -> None:
+        self.root = Path(root).absolute()
+        self.lock_timeout_s = lock_timeout_s
+
+    def path_for(self, stage: str, key: str) -> Path:
+        return self.root / stage / key[:24]
+
+    def _lock(self, stage: str, key: str) -> FileLock:
+        d = self.root / stage
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise StoreError(f"cannot create artifact folder {d}: {e.strerror or e}") from e
+        return FileLock(str(d / f".{key[:24]}.lock"), timeout=self.lock_timeout_s)
+
+    def lookup(self, stage: str, key: str, *, verify: bool = False) -> Artifact | None:
+        """Return the complete artifact for ``key`` or ``None``.
+
+        A folder is trusted only if its manifest parses, says ``complete``, carries the same
+        key, and every listed output file exists with the recorded size (``verify=True``
+        also re-hashes every file).  Anything else is treated as absent.
+        """
+        path = self.path_for(stage, key)
+        mf = path / MANIFEST
+        try:
+            manifest = json.loads(mf.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        if manifest.get("schema") != MANIFEST_SCHEMA or not manifest.get("complete") or manifest.get("key") != key:
+            return None
+        for rel, meta in manifest.get("outputs", {}).items():
+            f = path / rel
+            try:
+                if f.stat().st_size != meta["bytes"]:
+                    return None
+            except OSError:
+                return None
+            if verify and sha256_file(f) != meta["sha256"]:
+                return None
+        return Artifact(stage, key, path, manifest)
+
+    @contextlib.contextmanager
+    def produce(self, stage: str, key: str, manifest: dict[str, Any]) -> Iterator[tuple[Path, dict[str, Any]]]:
+        """Context manager that yields ``(tmp_dir, manifest)`` to write a new artifact.
+
+        The caller writes files into ``tmp_dir`` and may add keys to ``manifest``
+        (``result``, ``timings`` ...).  On normal exit the output files are hashed, the
+        manifest is completed and written, and the folder is renamed into place.  On any
+        exception the temporary folder is deleted and nothing is published.  The caller
+        must hold :meth:`locked` for the same key.
+        """
+        stage_dir = self.root / stage
+        final = self.path_for(stage, key)
+        tmp = stage_dir / f".tmp-{key[:24]}-{os.getpid()}-{secrets.token_hex(3)}"
+        try:
+            tmp.mkdir(parents=True)
+        except OSError as e:
+            raise StoreError(f"cannot create {tmp}: {e.strerror or e}") from e
+        t0 = time.time()
+        try:
+            yield tmp, manifest
+            files = tree_files(tmp)
+            manifest.update(
+                schema=MANIFEST_SCHEMA,
+                stage=stage,
+                key=key,
+                complete=True,
+                created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                outputs=files,
+                output_digest=digest_files(files),
+            )
+            manifest.setdefault("timings", {})["produce_s"] = round(time.time() - t0, 3)
+            for rel in files:  # flush file data before the rename publishes it
+                with contextlib.suppress(OSError):
+                    fd = os.open(tmp / rel, os.O_RDONLY)
+                    try:
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
+            write_json_atomic(tmp / MANIFEST, redact(manifest))
+            _fsync_dir(tmp)
+            if final.exists():  # an untrusted leftover (e.g. edited by hand): move it aside
+                shutil.move(str(final), str(stage_dir / f".stale-{key[:24]}-{secrets.token_hex(3)}"))
+            os.rename(tmp, final)
+            _fsync_dir(stage_dir)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+    @contextlib.contextmanager
+    def locked(self, stage: str, key: str) -> Iterator[None]:
+        """Hold the per-key lock; on entry remove temporary/stale folders of this key.
+
+        Under the lock no other process can be writing this key, so every ``.tmp-<key>-*``
+        folder left there belongs to a run that died and is deleted.
+        """
+        lock = self._lock(stage, key)
+        with lock:
+            stage_dir = self.root / stage
+            for leftover in list(stage_dir.glob(f".tmp-{key[:24]}-*")) + list(stage_dir.glob(f".stale-{key[:24]}-*")):
+                shutil.rmtree(leftover, ignore_errors=True)
+            yield

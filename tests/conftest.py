@@ -1,0 +1,34 @@
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).parent))
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import tiny  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return ROOT
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory) -> Path:
+    """A tiny random-weight Llama checkpoint (GQA, untied) with a byte-level BPE tokenizer."""
+    return tiny.make_checkpoint(tmp_path_factory.mktemp("tiny_llama"), "llama")
+
+
+@pytest.fixture()
+def make_checkpoint(tmp_path):
+    """Factory: make_checkpoint(arch='llama', name=None, **config_overrides) -> Path."""
+    def _make(arch: str = "llama", name: str | None = None, **kw):
+        return tiny.make_checkpoint(tmp_path / (name or arch), arch, **kw)
+    return _make
