@@ -42,8 +42,10 @@ class EvalConfig:
     runners: List[str] = field(default_factory=lambda: ["baseline", "engine"])
     """Which runners to run: baseline (unquantized, transformers) | engine (the built engine) |
     simulated (ModelOpt simulated quantization in PyTorch)."""
-    candidate: str = "engine"
-    """The runner the gate judges against the baseline: engine | simulated."""
+    candidate: str = "auto"
+    """The runner the gate judges against the baseline: engine | simulated | auto (the engine when the
+    build target can run the recipe and an engine was built, else the ModelOpt simulated-quantization
+    model; the choice and why are recorded in the report)."""
     batch_size: int = runtime(16, doc="prompts per batch")
     max_new_tokens: int = 48
     """Default generation budget when an item has no ``max_new_tokens``."""
@@ -51,13 +53,25 @@ class EvalConfig:
     """Extra stop strings (the eos id list always stops)."""
     gate: GateConfig = field(default_factory=GateConfig)
     draft_model_path: Optional[str] = runtime(None, doc="draft model for speculative-decoding acceptance measurement")
+    draft_tokens: int = 4
+    """Draft tokens proposed per speculative step (k) when measuring the draft acceptance rate."""
+    worst_regressions: int = 20
+    """How many worst regressions (baseline right, candidate wrong) the report shows side by side."""
 
 
 def validate(cfg: EvalConfig, prefix: str = "eval") -> list[Problem]:
     problems: list[Problem] = []
     for r in cfg.runners:
         choice(problems, f"{prefix}.runners", r, RUNNERS)
-    choice(problems, f"{prefix}.candidate", cfg.candidate, ("engine", "simulated"))
+    choice(problems, f"{prefix}.candidate", cfg.candidate, ("auto", "engine", "simulated"))
+    if cfg.draft_tokens < 1:
+        problems.append(Problem(f"{prefix}.draft_tokens", cfg.draft_tokens, "must be >= 1.", "use eval.draft_tokens=4"))
+    if cfg.gate.bootstrap_samples < 100:
+        problems.append(Problem(f"{prefix}.gate.bootstrap_samples", cfg.gate.bootstrap_samples, "must be >= 100.", "use 2000"))
+    if not 0.0 <= cfg.gate.min_agreement <= 1.0:
+        problems.append(Problem(f"{prefix}.gate.min_agreement", cfg.gate.min_agreement, "must be in [0, 1].", "use 0.0 (off) or e.g. 0.8"))
+    if cfg.batch_size < 1:
+        problems.append(Problem(f"{prefix}.batch_size", cfg.batch_size, "must be >= 1.", "use eval.batch_size=16"))
     if not cfg.eval_set:
         problems.append(Problem(f"{prefix}.eval_set", None, "no eval set given.", "set eval.eval_set=/path/to/eval.jsonl or eval=support_v1"))
     if not 0.5 <= cfg.gate.confidence < 1.0:

@@ -1,0 +1,169 @@
+"""Eval sets as data: a versioned JSONL file, one item per line.
+
+Line format (JSON object; unknown fields are kept in ``EvalItem.meta``)::
+
+    {"id": "intent_en-0001",                      # str, unique in the file
+     "prompt": "What is the intent ...?",          # str  -- or --
+     "messages": [{"role": "user", "content": "..."}],   # chat messages (rendered by the chat template)
+     "reference": "damaged_item",                  # str | number | list of acceptable references | object (json_fields)
+     "metric": "exact_match",                      # a name in pipeline.evaluation.metrics.METRICS
+     "slice": "intent_en",                         # str, the reporting/gating group
+     "max_new_tokens": 16,                         # optional int >= 1 (default: eval.max_new_tokens)
+     "stop": ["\\n"],                              # optional list of stop strings (added to eval.stop)
+     "metric_args": {"tol": 0.01}}                 # optional per-metric arguments (see metrics.py)
+
+Every malformed line raises :class:`pipeline.errors.InputError` naming the file, the 1-based line
+number, the field and the fix; all problems of a file are reported together (up to 20).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError
+
+MAX_REPORTED_PROBLEMS = 20
+
+
+@dataclasses.dataclass
+class EvalItem:
+    """One eval item (see module docstring for the field meanings)."""
+
+    id: str
+    slice: str
+    metric: str
+    reference: Any
+    prompt: str | None = None
+    messages: list[dict[str, str]] | None = None
+    max_new_tokens: int | None = None
+    stop: list[str] = dataclasses.field(default_factory=list)
+    metric_args: dict[str, Any] = dataclasses.field(default_factory=dict)
+    meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+    line: int = 0
+
+    @property
+    def references(self) -> list[Any]:
+        """The acceptable references as a list (a single reference becomes a 1-element list)."""
+        return list(self.reference) if isinstance(self.reference, list) else [self.reference]
+
+    def prompt_text(self) -> str:
+        """The user-visible prompt (last user message for chat items), for reports."""
+        if self.prompt is not None:
+            return self.prompt
+        return "\n".join(f"{m.get('role')}: {m.get('content')}" for m in self.messages or [])
+
+
+_KNOWN = {"id", "prompt", "messages", "reference", "metric", "slice", "max_new_tokens", "stop", "metric_args"}
+
+
+def _check_line(obj: Any, where: str, known_metrics: set[str]) -> tuple[EvalItem | None, list[str]]:
+    errs: list[str] = []
+    if not isinstance(obj, dict):
+        return None, [f"{where}: expected a JSON object, got {type(obj).__name__}. Fix: one object per line."]
+
+    def bad(field: str, msg: str, fix: str) -> None:
+        errs.append(f"{where}: field {field!r} {msg} (value {obj.get(field)!r}). Fix: {fix}")
+
+    iid = obj.get("id")
+    if not isinstance(iid, str) or not iid.strip():
+        bad("id", "must be a non-empty string", 'add "id": "<slice>-0001"')
+    prompt, messages = obj.get("prompt"), obj.get("messages")
+    if prompt is None and messages is None:
+        errs.append(f"{where}: needs field 'prompt' (string) or 'messages' (chat list). Fix: add \"prompt\": \"...\".")
+    if prompt is not None and messages is not None:
+        errs.append(f"{where}: has both 'prompt' and 'messages'. Fix: keep one of them.")
+    if prompt is not None and (not isinstance(prompt, str) or not prompt):
+        bad("prompt", "must be a non-empty string", 'write the prompt text, e.g. "prompt": "..."')
+    if messages is not None:
+        ok = isinstance(messages, list) and messages and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages)
+        if not ok:
+            bad("messages", "must be a non-empty list of {\"role\": str, \"content\": str}", 'use [{"role": "user", "content": "..."}]')
+    if "reference" not in obj or obj["reference"] is None or obj["reference"] == [] or obj["reference"] == "":
+        bad("reference", "is missing or empty", 'add "reference": "<expected answer>" (or a list of acceptable answers)')
+    metric = obj.get("metric")
+    if not isinstance(metric, str) or metric not in known_metrics:
+        bad("metric", "is not a known metric", f"use one of {sorted(known_metrics)}")
+    sl = obj.get("slice")
+    if not isinstance(sl, str) or not sl.strip():
+        bad("slice", "must be a non-empty string", 'add "slice": "<group name>"')
+    mnt = obj.get("max_new_tokens")
+    if mnt is not None and (isinstance(mnt, bool) or not isinstance(mnt, int) or mnt < 1):
+        bad("max_new_tokens", "must be an integer >= 1", "remove it or set e.g. 32")
+    stop = obj.get("stop", [])
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+        bad("stop", "must be a list of non-empty strings", 'use e.g. "stop": ["\\n"]')
+    margs = obj.get("metric_args", {})
+    if not isinstance(margs, dict):
+        bad("metric_args", "must be an object", 'use e.g. "metric_args": {"tol": 0.01}')
+    if errs:
+        return None, errs
+    item = EvalItem(id=iid, slice=sl, metric=metric, reference=obj["reference"], prompt=prompt, messages=messages,
+                    max_new_tokens=mnt, stop=list(stop), metric_args=dict(margs),
+                    meta={k: v for k, v in obj.items() if k not in _KNOWN})
+    # metric-specific reference checks (e.g. a regex that does not compile)
+    from .metrics import get_metric
+
+    msg = get_metric(metric).check(item)
+    if msg:
+        errs.append(f"{where}: field 'reference'/'metric_args' invalid for metric {metric!r}: {msg}")
+        return None, errs
+    return item, []
+
+
+def load_eval_set(path: str | Path, *, limit: int | None = None) -> list[EvalItem]:
+    """Read and validate a JSONL eval set.
+
+    Args:
+        path: the ``.jsonl`` file (UTF-8; blank lines and lines starting with ``#`` are skipped).
+        limit: keep only the first ``limit`` valid items (the whole file is still validated).
+    Returns:
+        The items in file order.
+    Raises:
+        InputError: unreadable file, invalid JSON, missing/wrong fields, duplicate ids, an unknown
+            metric or an empty set; the message names ``file:line``, the field and the fix.
+    """
+    from .metrics import METRICS
+
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"eval set {p} not found. Fix: set eval.eval_set to an existing .jsonl file.") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"eval set {p} cannot be read as UTF-8 text: {e}. Fix: save it as UTF-8 JSONL.") from None
+    items: list[EvalItem] = []
+    errors: list[str] = []
+    seen: dict[str, int] = {}
+    known = set(METRICS)
+    for n, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        where = f"{p}:{n}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            errors.append(f"{where}: invalid JSON ({e.msg} at column {e.colno}). Fix: one JSON object per line.")
+            continue
+        item, errs = _check_line(obj, where, known)
+        errors.extend(errs)
+        if item is None:
+            continue
+        if item.id in seen:
+            errors.append(f"{where}: field 'id' value {item.id!r} duplicates line {seen[item.id]}. Fix: make ids unique.")
+            continue
+        seen[item.id] = n
+        item.line = n
+        items.append(item)
+    if errors:
+        more = f"\n  ... and {len(errors) - MAX_REPORTED_PROBLEMS} more" if len(errors) > MAX_REPORTED_PROBLEMS else ""
+        raise InputError(f"eval set {p}: {len(errors)} problem(s):\n  - " + "\n  - ".join(errors[:MAX_REPORTED_PROBLEMS]) + more)
+    if not items:
+        raise InputError(f"eval set {p} has no items. Fix: add JSONL lines with id, prompt, reference, metric, slice.")
+    return items[:limit] if limit else items

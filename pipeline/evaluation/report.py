@@ -1,0 +1,210 @@
+"""Eval report writers: JSON (schema ``pipeline.eval_report/v1``), Markdown, self-contained HTML
+(matplotlib PNGs embedded as base64) and the console table (rich).
+
+``eval_report.json`` top-level keys (stable for CI):
+
+- ``schema``: ``"pipeline.eval_report/v1"``
+- ``eval_set``: {name, path, sha256, items, evaluated, limit}
+- ``recipe``, ``target``, ``candidate`` (runner judged by the gate), ``baseline`` (``"baseline"`` or null)
+- ``runners``: {name: {score, slices: {slice: {score, n}}, n, skipped_too_long, errors,
+  finish_reasons: {eos, stop, length, error}, latency_s: {mean, p50, p90}, seconds}}
+- ``comparison``: {"overall": PairedStats, "slices": {slice: PairedStats}} (candidate vs baseline;
+  PairedStats = {n, baseline, candidate, drop, ci_low, ci_high, confidence, mcnemar_p, discordant, agreement})
+- ``gate``: {passed, reason, checks: [{scope, check, value, threshold, passed, detail}], allowed_drop, significant_only, confidence}
+- ``skipped``: {"too_long": [ids], "max_input_len": int}
+- ``worst_regressions``: [{id, slice, prompt, reference, baseline, candidate, baseline_score, candidate_score}]
+- ``speculative``: null or {draft_model, k, acceptance_rate, mean_accepted_per_step, slices: {slice: {acceptance_rate, proposed, accepted}}}
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+SCHEMA = "pipeline.eval_report/v1"
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def _pp(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:+.1f} pp"
+
+
+def slice_rows(rep: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per scope (overall first, then slices): baseline, candidate, drop, CI, agreement, verdict."""
+    cand = rep["runners"].get(rep["candidate"], {})
+    comp = rep.get("comparison") or {}
+    failed_scopes = {c["scope"] for c in rep["gate"]["checks"] if not c["passed"]}
+    rows = []
+    scopes = [("overall", comp.get("overall"), cand.get("score"), cand.get("n"))]
+    for s, v in sorted(cand.get("slices", {}).items()):
+        scopes.append((s, (comp.get("slices") or {}).get(s), v["score"], v["n"]))
+    for name, st, score, n in scopes:
+        scope = "overall" if name == "overall" else f"slice:{name}"
+        rows.append({"scope": name, "n": n, "baseline": st["baseline"] if st else None, "candidate": score,
+                     "drop": st["drop"] if st else None, "ci": (st["ci_low"], st["ci_high"]) if st else None,
+                     "mcnemar_p": st.get("mcnemar_p") if st else None, "agreement": st.get("agreement") if st else None,
+                     "passed": scope not in failed_scopes})
+    return rows
+
+
+def to_markdown(rep: dict[str, Any]) -> str:
+    g = rep["gate"]
+    verdict = "PASSED" if g["passed"] else "FAILED"
+    lines = [f"## Evaluation: {rep['eval_set']['name']} - gate **{verdict}**", "",
+             f"recipe `{rep['recipe']}`, target `{rep['target']}`, candidate runner `{rep['candidate']}`, "
+             f"{rep['eval_set']['evaluated']} items evaluated ({len(rep['skipped']['too_long'])} skipped: too long > "
+             f"{rep['skipped']['max_input_len']} tokens). Allowed drop {_pp(g['allowed_drop']['overall'])} overall, "
+             f"{_pp(g['allowed_drop']['slice'])} per slice ({'significant drops only' if g['significant_only'] else 'point estimate'}, "
+             f"{g['confidence']:.0%} paired bootstrap CI).", "",
+             "| scope | n | baseline | candidate | drop | CI of drop | McNemar p | agreement | gate |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in slice_rows(rep):
+        ci = f"[{_pp(r['ci'][0])}, {_pp(r['ci'][1])}]" if r["ci"] else "-"
+        p = "-" if r["mcnemar_p"] is None else f"{r['mcnemar_p']:.3g}"
+        lines.append(f"| {r['scope']} | {r['n']} | {_pct(r['baseline'])} | {_pct(r['candidate'])} | {_pp(r['drop'])} | {ci} | {p} | "
+                     f"{_pct(r['agreement'])} | {'pass' if r['passed'] else '**FAIL**'} |")
+    lines += ["", f"**Gate:** {g['reason']}", ""]
+    lines += ["### Runners", "", "| runner | score | items | skipped (too long) | errors | eos / stop / length | mean latency (s) |", "|---|---|---|---|---|---|---|"]
+    for name, r in rep["runners"].items():
+        fr = r["finish_reasons"]
+        lines.append(f"| {name} | {_pct(r['score'])} | {r['n']} | {r['skipped_too_long']} | {r['errors']} | "
+                     f"{fr.get('eos', 0)} / {fr.get('stop', 0)} / {fr.get('length', 0)} | {r['latency_s']['mean']:.3f} |")
+    sp = rep.get("speculative")
+    if sp:
+        lines += ["", f"### Speculative decoding readiness (draft `{sp['draft_model']}`, k={sp['k']})", "",
+                  f"acceptance rate {_pct(sp['acceptance_rate'])}, mean tokens per target step {sp['mean_tokens_per_step']:.2f}", "",
+                  "| slice | acceptance | proposed | accepted |", "|---|---|---|---|"]
+        for s, v in sorted(sp["slices"].items()):
+            lines.append(f"| {s} | {_pct(v['acceptance_rate'])} | {v['proposed']} | {v['accepted']} |")
+    if rep["worst_regressions"]:
+        lines += ["", "### Worst regressions", "", "| id | slice | reference | baseline | candidate |", "|---|---|---|---|---|"]
+        for w in rep["worst_regressions"][:10]:
+            cell = lambda s: str(s).replace("|", "\\|").replace("\n", " ")[:80]  # noqa: E731
+            lines.append(f"| {w['id']} | {w['slice']} | {cell(w['reference'])} | {cell(w['baseline'])} | {cell(w['candidate'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def _png(fig: Any) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def plots(rep: dict[str, Any], latencies: dict[str, list[float]]) -> dict[str, str]:
+    """base64 PNGs: per-slice score (every runner), per-slice agreement, per-item latency histogram."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    out: dict[str, str] = {}
+    runners = list(rep["runners"])
+    slices = sorted({s for r in rep["runners"].values() for s in r["slices"]})
+    if slices:
+        fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(slices) + 2), 3.6))
+        w = 0.8 / max(1, len(runners))
+        x = np.arange(len(slices))
+        for i, name in enumerate(runners):
+            ax.bar(x + i * w - 0.4 + w / 2, [rep["runners"][name]["slices"].get(s, {}).get("score", 0) for s in slices], w, label=name)
+        ax.set_xticks(x, slices, rotation=20)
+        ax.set_ylim(0, 1.05)
+        ax.set_ylabel("score")
+        ax.set_title("score per slice")
+        ax.legend()
+        out["scores"] = _png(fig)
+    comp = rep.get("comparison") or {}
+    if comp.get("slices"):
+        fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(slices) + 2), 3.2))
+        names = sorted(comp["slices"])
+        ax.bar(names, [comp["slices"][s].get("agreement") or 0 for s in names], color="tab:green")
+        ax.set_ylim(0, 1.05)
+        ax.set_ylabel(f"{rep['candidate']} == baseline")
+        ax.set_title("output agreement with the baseline per slice")
+        ax.tick_params(axis="x", rotation=20)
+        out["agreement"] = _png(fig)
+    if any(latencies.values()):
+        fig, ax = plt.subplots(figsize=(7, 3.2))
+        for name, v in latencies.items():
+            if v:
+                ax.hist(np.asarray(v) * 1000.0, bins=30, alpha=0.6, label=name)
+        ax.set_xlabel("completion latency per item (ms, within its batch)")
+        ax.set_ylabel("items")
+        ax.set_title("latency per item")
+        ax.legend()
+        out["latency"] = _png(fig)
+    return out
+
+
+def to_html(rep: dict[str, Any], latencies: dict[str, list[float]]) -> str:
+    e = html.escape
+    g = rep["gate"]
+    imgs = plots(rep, latencies)
+    color = "#1a7f37" if g["passed"] else "#cf222e"
+    rows = []
+    for r in slice_rows(rep):
+        ci = f"[{_pp(r['ci'][0])}, {_pp(r['ci'][1])}]" if r["ci"] else "-"
+        p = "-" if r["mcnemar_p"] is None else f"{r['mcnemar_p']:.3g}"
+        rows.append(f"<tr class='{'' if r['passed'] else 'fail'}'><td>{e(r['scope'])}</td><td>{r['n']}</td><td>{_pct(r['baseline'])}</td>"
+                    f"<td>{_pct(r['candidate'])}</td><td>{_pp(r['drop'])}</td><td>{ci}</td><td>{p}</td><td>{_pct(r['agreement'])}</td>"
+                    f"<td>{'pass' if r['passed'] else 'FAIL'}</td></tr>")
+    worst = []
+    for w in rep["worst_regressions"]:
+        worst.append(f"<tr><td>{e(w['id'])}<br><small>{e(w['slice'])}</small></td><td><pre>{e(str(w['prompt']))}</pre></td>"
+                     f"<td><pre>{e(json.dumps(w['reference'], ensure_ascii=False))}</pre></td>"
+                     f"<td><pre>{e(w['baseline'])}</pre><small>score {w['baseline_score']:.2f}</small></td>"
+                     f"<td><pre>{e(w['candidate'])}</pre><small>score {w['candidate_score']:.2f}</small></td></tr>")
+    img_html = "".join(f"<figure><img alt='{k}' src='data:image/png;base64,{v}'></figure>" for k, v in imgs.items())
+    return f"""<!doctype html><html><head><meta charset="utf-8"><title>eval report {e(rep['eval_set']['name'])}</title>
+<style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}}table{{border-collapse:collapse;margin:1em 0}}
+td,th{{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top}}tr.fail td{{background:#ffebe9}}
+pre{{white-space:pre-wrap;margin:0;max-width:320px}}.verdict{{color:#fff;background:{color};padding:4px 10px;border-radius:4px}}
+figure{{display:inline-block;margin:0 1em 1em 0}}</style></head><body>
+<h1>Evaluation {e(rep['eval_set']['name'])} <span class="verdict">gate {'PASSED' if g['passed'] else 'FAILED'}</span></h1>
+<p>recipe <code>{e(rep['recipe'])}</code>, target <code>{e(str(rep['target']))}</code>, candidate runner <code>{e(rep['candidate'])}</code>;
+{rep['eval_set']['evaluated']} items evaluated, {len(rep['skipped']['too_long'])} skipped (too long).</p>
+<p><b>Gate:</b> {e(g['reason'])}</p>
+<table><tr><th>scope</th><th>n</th><th>baseline</th><th>candidate</th><th>drop</th><th>{g['confidence']:.0%} CI of drop</th><th>McNemar p</th><th>agreement</th><th>gate</th></tr>
+{''.join(rows)}</table>
+{img_html}
+<h2>Worst regressions</h2>
+<table><tr><th>id</th><th>prompt</th><th>reference</th><th>baseline</th><th>candidate</th></tr>{''.join(worst) or '<tr><td colspan=5>none</td></tr>'}</table>
+</body></html>
+"""
+
+
+def print_console(rep: dict[str, Any], console: Any) -> None:
+    from rich.table import Table
+
+    g = rep["gate"]
+    t = Table(title=f"evaluate: {rep['eval_set']['name']} ({rep['candidate']} vs baseline, recipe {rep['recipe']})")
+    for c in ("scope", "n", "baseline", "candidate", "drop", "CI of drop", "agreement", "gate"):
+        t.add_column(c)
+    for r in slice_rows(rep):
+        ci = f"[{_pp(r['ci'][0])}, {_pp(r['ci'][1])}]" if r["ci"] else "-"
+        t.add_row(r["scope"], str(r["n"]), _pct(r["baseline"]), _pct(r["candidate"]), _pp(r["drop"]), ci, _pct(r["agreement"]),
+                  "[green]pass[/]" if r["passed"] else "[bold red]FAIL[/]")
+    console.print(t)
+    if rep["skipped"]["too_long"]:
+        console.print(f"[yellow]skipped: too long[/] {len(rep['skipped']['too_long'])} item(s) > {rep['skipped']['max_input_len']} tokens")
+    if g["passed"]:
+        console.print(f"[bold green]gate passed[/] ({g['reason']})")
+    else:
+        console.print(f"[bold red]gate FAILED:[/] {g['reason']}")
+
+
+def write_all(out: Path, rep: dict[str, Any], latencies: dict[str, list[float]]) -> None:
+    from ..store import write_json_atomic
+
+    write_json_atomic(out / "eval_report.json", rep)
+    (out / "eval_report.md").write_text(to_markdown(rep), encoding="utf-8")
+    (out / "eval_report.html").write_text(to_html(rep, latencies), encoding="utf-8")

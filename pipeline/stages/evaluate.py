@@ -1,0 +1,356 @@
+"""Evaluate stage: run the business eval set through the unquantized baseline and the candidate
+(the built engine, or the ModelOpt simulated-quantization model), score it, apply the release gate
+and write the report (``eval_report.json`` / ``.md`` / ``.html``, ``outputs.jsonl``).
+
+A failed gate does not raise: the artifact (with its report) is published and the result carries
+``gate = {"passed": False, "reason": ...}``; the runner then exits 3 and the package stage refuses it.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError
+from ..store import sha256_file
+from . import Stage, StageContext
+
+REPORT_SCHEMA = "pipeline.eval_report/v1"
+
+
+# --------------------------------------------------------------------------- inputs
+def model_info(export_dir: Path) -> dict[str, Any]:
+    """``model_info.json`` of the export artifact; for an export without it, the eos/pad/bos ids are read
+    from ``hf/generation_config.json`` and ``hf/config.json`` (generation_config wins)."""
+    p = export_dir / "model_info.json"
+    if p.exists():
+        return json.loads(p.read_text(encoding="utf-8"))
+    info: dict[str, Any] = {}
+    for name in ("config.json", "generation_config.json"):
+        f = export_dir / "hf" / name
+        if f.exists():
+            d = json.loads(f.read_text(encoding="utf-8"))
+            for k in ("eos_token_id", "pad_token_id", "bos_token_id"):
+                if d.get(k) is not None:
+                    info[k] = d[k]
+    eos = info.pop("eos_token_id", None)
+    info["eos_token_ids"] = eos if isinstance(eos, list) else ([eos] if eos is not None else [])
+    return info
+
+
+def engine_limits(build_art: Any, cfg: Any) -> dict[str, Any]:
+    """Engine limits (max_input_len, max_seq_len, max_batch_size) from the build artifact's
+    ``build_info.json`` ``limits`` (else its manifest result ``limits``, else the build config)."""
+    limits: dict[str, Any] = {}
+    if build_art is not None:
+        bi = build_art.path / "build_info.json"
+        if bi.exists():
+            limits = dict(json.loads(bi.read_text(encoding="utf-8")).get("limits") or {})
+        if not limits:
+            limits = dict(build_art.result.get("limits") or {})
+    for k in ("max_input_len", "max_seq_len", "max_batch_size"):
+        limits.setdefault(k, getattr(cfg.build, k))
+    return limits
+
+
+def build_info(build_art: Any) -> dict[str, Any]:
+    if build_art is None:
+        return {}
+    bi = build_art.path / "build_info.json"
+    return json.loads(bi.read_text(encoding="utf-8")) if bi.exists() else {}
+
+
+def target_name(cfg: Any, build_art: Any) -> str:
+    bi = build_info(build_art)
+    head = (build_art.result.get("headline") or {}) if build_art is not None else {}
+    return str(bi.get("target") or head.get("target") or cfg.target.name)
+
+
+def engine_usable(cfg: Any, build_art: Any) -> tuple[bool, str]:
+    """Can the ``engine`` runner run this recipe here? (usable, reason)."""
+    if build_art is None or not (build_art.path / "engine").is_dir():
+        return False, "the build artifact has no engine/ folder"
+    name = target_name(cfg, build_art)
+    try:
+        from ..targets import get_target
+
+        tgt = get_target(name)
+    except (ImportError, KeyError, AttributeError) as e:
+        return False, f"build target {name!r} is not available ({e})"
+    recipes = getattr(tgt, "supported_recipes", None)
+    if recipes is not None and cfg.quant.recipe not in recipes:
+        return False, f"target {name!r} cannot run recipe {cfg.quant.recipe!r} (supports {list(recipes)})"
+    ok, why = tgt.available() if hasattr(tgt, "available") else (True, "")
+    if not ok:
+        return False, f"target {name!r} is not usable here: {why}"
+    return True, f"target {name!r} runs recipe {cfg.quant.recipe!r}"
+
+
+def resolve_runners(cfg: Any, build_art: Any) -> tuple[list[str], str, dict[str, str]]:
+    """(runners in run order, candidate, notes) after resolving ``eval.candidate=auto``.
+
+    ``auto`` picks ``engine`` when the engine runner is usable, else ``simulated``; with ``auto`` an
+    unusable ``engine`` runner is dropped from ``eval.runners`` (and the reason is noted) instead of failing.
+    """
+    e = cfg.eval
+    notes: dict[str, str] = {}
+    runners = list(dict.fromkeys(e.runners))
+    cand = e.candidate
+    if cand == "auto":
+        ok, why = engine_usable(cfg, build_art)
+        cand = "engine" if ok else "simulated"
+        notes["candidate"] = f"auto -> {cand}: {why}"
+        if not ok and "engine" in runners:
+            runners.remove("engine")
+            notes["engine"] = f"not run: {why}"
+    if cand not in runners:
+        runners.append(cand)
+    order = [r for r in ("baseline", cand) if r in runners] + [r for r in runners if r not in ("baseline", cand)]
+    return order, cand, notes
+
+
+# --------------------------------------------------------------------------- running
+def _make_runner(name: str, ctx: StageContext, tokenizer: Any, stop_ids: list[int], pad_id: int) -> Any:
+    from ..evaluation.runners import EngineAdapter, HFRunner, load_hf_model
+
+    export_dir = ctx.inputs["export"].path
+    dtype = getattr(ctx.cfg.model, "dtype", "float32") or "float32"
+    if dtype not in ("float32", "bfloat16", "float16"):
+        dtype = "float32"
+    if name == "baseline":
+        return HFRunner(load_hf_model(export_dir / "hf", "float32" if dtype == "float16" else dtype), tokenizer,
+                        stop_ids=stop_ids, pad_id=pad_id, name=name)
+    if name == "simulated":
+        from ..quantize import load_simulated_model
+
+        model = load_simulated_model(ctx.inputs["quantize"].path, export_dir, device="cpu")
+        return HFRunner(model, tokenizer, stop_ids=stop_ids, pad_id=pad_id, name=name)
+    if name == "engine":
+        from ..targets import get_target
+
+        build_art = ctx.inputs["build"]
+        runner = get_target(target_name(ctx.cfg, build_art)).load_runner(build_art.path / "engine")
+        return EngineAdapter(runner, tokenizer, stop_ids=stop_ids)
+    raise InputError(f"eval.runners: unknown runner {name!r}. Fix: use baseline, engine or simulated.")
+
+
+def _pad_id(info: dict[str, Any], tokenizer: Any, stop_ids: list[int]) -> int:
+    for v in (info.get("pad_token_id"), getattr(tokenizer, "pad_token_id", None)):
+        if isinstance(v, int):
+            return v
+    if stop_ids:
+        return stop_ids[0]
+    raise InputError("the export has no pad_token_id and no eos_token_ids. Fix: set eos_token_id in the checkpoint's generation_config.json.")
+
+
+def _summarise(outputs: dict[str, Any], scores: dict[str, float], prepared: list[Any], seconds: float) -> dict[str, Any]:
+    by_slice: dict[str, list[float]] = defaultdict(list)
+    for p in prepared:
+        if p.item.id in scores:
+            by_slice[p.item.slice].append(scores[p.item.id])
+    vals = list(scores.values())
+    lat = sorted(o.latency_s for o in outputs.values())
+    q = (lambda f: lat[min(len(lat) - 1, int(f * len(lat)))]) if lat else (lambda f: 0.0)
+    return {
+        "score": statistics.fmean(vals) if vals else 0.0,
+        "n": len(vals),
+        "slices": {s: {"score": statistics.fmean(v), "n": len(v)} for s, v in sorted(by_slice.items())},
+        "skipped_too_long": sum(1 for p in prepared if p.skipped),
+        "errors": sum(1 for o in outputs.values() if o.finish_reason == "error"),
+        "finish_reasons": dict(Counter(o.finish_reason for o in outputs.values())),
+        "latency_s": {"mean": statistics.fmean(lat) if lat else 0.0, "p50": q(0.5), "p90": q(0.9)},
+        "seconds": round(seconds, 3),
+    }
+
+
+def evaluate(ctx: StageContext) -> dict[str, Any]:
+    """Run, score, gate and report (see module docstring). Returns the stage result."""
+    from ..evaluation import gate as G
+    from ..evaluation import report as R
+    from ..evaluation.dataset import load_eval_set
+    from ..evaluation.metrics import get_metric
+    from ..evaluation.runners import draft_acceptance, load_hf_model, load_tokenizer, prepare
+    from ..tokenization import stop_token_ids
+
+    cfg, e = ctx.cfg, ctx.cfg.eval
+    eval_path = ctx.external["eval_set"]
+    items = load_eval_set(eval_path, limit=e.limit)
+    export_dir = ctx.inputs["export"].path
+    build_art = ctx.inputs.get("build")
+    info = model_info(export_dir)
+    tokenizer = load_tokenizer(export_dir / "hf")
+    stop_ids = stop_token_ids(info)
+    pad_id = _pad_id(info, tokenizer, stop_ids)
+    limits = engine_limits(build_art, cfg)
+    prepared = prepare(items, tokenizer, max_input_len=int(limits["max_input_len"]), max_seq_len=limits.get("max_seq_len"),
+                       default_max_new_tokens=e.max_new_tokens, extra_stop=e.stop)
+    runners, cand, notes = resolve_runners(cfg, build_art)
+    for k, v in notes.items():
+        ctx.log.info("%s: %s", k, v)
+    n_run = sum(1 for p in prepared if not p.skipped)
+
+    outputs: dict[str, dict[str, Any]] = {}
+    seconds: dict[str, float] = {}
+    for name in runners:
+        t0 = time.perf_counter()
+        runner = _make_runner(name, ctx, tokenizer, stop_ids, pad_id)
+        try:
+            with ctx.progress(f"evaluate: {name}", total=n_run) as adv:
+                outputs[name] = runner.run(prepared, e.batch_size, adv)
+        finally:
+            runner.close()
+        seconds[name] = time.perf_counter() - t0
+
+    metric_of = {p.item.id: get_metric(p.item.metric) for p in prepared}
+    item_of = {p.item.id: p.item for p in prepared}
+    # an engine error scores 0 (a broken engine must not pass the gate) and is counted in the report
+    scores = {r: {i: (metric_of[i](o.text, item_of[i]) if o.finish_reason != "error" else 0.0) for i, o in outs.items()}
+              for r, outs in outputs.items()}
+    summaries = {r: _summarise(outputs[r], scores[r], prepared, seconds[r]) for r in runners}
+
+    # paired comparison candidate vs baseline, overall and per slice
+    comparison: dict[str, Any] | None = None
+    stats: dict[str, Any] = {}
+    cand_scores = {"overall": summaries[cand]["score"], **{f"slice:{s}": v["score"] for s, v in summaries[cand]["slices"].items()}}
+    if "baseline" in outputs and cand != "baseline":
+        groups: dict[str, list[Any]] = defaultdict(list)
+        for p in prepared:
+            i = p.item.id
+            if i in scores["baseline"] and i in scores[cand]:
+                groups["overall"].append(p)
+                groups[f"slice:{p.item.slice}"].append(p)
+        for scope, ps in groups.items():
+            stats[scope] = G.paired_stats(
+                [scores["baseline"][p.item.id] for p in ps], [scores[cand][p.item.id] for p in ps],
+                binary=all(metric_of[p.item.id].binary for p in ps),
+                agree=[outputs["baseline"][p.item.id].text.strip() == outputs[cand][p.item.id].text.strip() for p in ps],
+                confidence=e.gate.confidence, samples=e.gate.bootstrap_samples, seed=e.gate.seed)
+        comparison = {"overall": stats["overall"].to_json() if "overall" in stats else None,
+                      "slices": {k.split(":", 1)[1]: v.to_json() for k, v in stats.items() if k.startswith("slice:")}}
+    verdict = G.judge(e.gate, cfg.quant.recipe, stats, cand_scores)
+
+    worst = []
+    if comparison:
+        regress = sorted((p for p in prepared if p.item.id in scores["baseline"] and p.item.id in scores[cand]),
+                         key=lambda p: scores[cand][p.item.id] - scores["baseline"][p.item.id])
+        for p in regress[: e.worst_regressions]:
+            i = p.item.id
+            if scores["baseline"][i] - scores[cand][i] <= 0:
+                break
+            worst.append({"id": i, "slice": p.item.slice, "prompt": p.item.prompt_text(), "reference": p.item.reference,
+                          "baseline": outputs["baseline"][i].text, "candidate": outputs[cand][i].text,
+                          "baseline_score": scores["baseline"][i], "candidate_score": scores[cand][i]})
+
+    speculative = None
+    if e.draft_model_path:
+        target_runner = "baseline" if "baseline" in outputs else cand
+        draft_dir = ctx.external["draft_model"]
+        draft_tok = load_tokenizer(draft_dir)
+        if draft_tok.get_vocab() != tokenizer.get_vocab():
+            raise InputError(f"eval.draft_model_path={e.draft_model_path!r}: its tokenizer differs from the target's. "
+                             "Fix: use a draft model trained with the same tokenizer (speculative decoding needs a shared vocabulary).")
+        draft = load_hf_model(draft_dir)
+        with ctx.progress("evaluate: draft acceptance", total=None) as adv:
+            acc = draft_acceptance(draft, prepared, outputs[target_runner], k=e.draft_tokens, pad_id=pad_id, stop_ids=stop_ids,
+                                   batch_size=e.batch_size, advance=adv)
+        speculative = _speculative_summary(acc, prepared, e, target_runner)
+
+    too_long = [p.item.id for p in prepared if p.skipped]
+    rep = {
+        "schema": REPORT_SCHEMA,
+        "eval_set": {"name": e.name, "path": str(eval_path), "sha256": sha256_file(eval_path), "items": len(items),
+                     "evaluated": n_run, "limit": e.limit},
+        "recipe": cfg.quant.recipe,
+        "target": target_name(cfg, build_art) if build_art is not None else None,
+        "candidate": cand,
+        "baseline": "baseline" if "baseline" in outputs else None,
+        "notes": notes,
+        "stop": {"eos_token_ids": stop_ids, "stop_strings": list(e.stop)},
+        "limits": {k: limits.get(k) for k in ("max_input_len", "max_seq_len", "max_batch_size")},
+        "runners": summaries,
+        "comparison": comparison,
+        "gate": verdict,
+        "skipped": {"too_long": too_long, "max_input_len": int(limits["max_input_len"])},
+        "worst_regressions": worst,
+        "speculative": speculative,
+    }
+    out = ctx.out
+    assert out is not None
+    with open(out / "outputs.jsonl", "w", encoding="utf-8") as f:
+        for p in prepared:
+            base = {"id": p.item.id, "slice": p.item.slice, "metric": p.item.metric, "prompt_tokens": len(p.input_ids)}
+            if p.skipped:
+                f.write(json.dumps({**base, "skipped": p.skipped}, ensure_ascii=False) + "\n")
+                continue
+            for r in runners:
+                o = outputs[r].get(p.item.id)
+                if o is not None:
+                    f.write(json.dumps({**base, "runner": r, "text": o.text, "output_ids": o.output_ids, "finish_reason": o.finish_reason,
+                                        "score": scores[r][p.item.id], "latency_s": round(o.latency_s, 6), "error": o.error},
+                                       ensure_ascii=False) + "\n")
+    R.write_all(out, rep, {r: [o.latency_s for o in outputs[r].values()] for r in runners})
+    R.print_console(rep, ctx.console)
+    ov = stats.get("overall")
+    headline = {
+        "score": round(summaries[cand]["score"], 4),
+        "baseline": round(ov.baseline, 4) if ov else None,
+        "drop": round(ov.drop, 4) if ov else None,
+        "agreement": round(ov.agreement, 4) if ov and ov.agreement is not None else None,
+        "gate": "pass" if verdict["passed"] else "FAIL",
+        "runner": cand,
+    }
+    return {"gate": {"passed": verdict["passed"], "reason": verdict["reason"]}, "headline": headline,
+            "skipped_too_long": len(too_long), "evaluated": n_run, "candidate": cand, "report": "eval_report.json"}
+
+
+def _speculative_summary(acc: dict[str, dict[str, int]], prepared: list[Any], e: Any, target_runner: str) -> dict[str, Any]:
+    by_slice: dict[str, dict[str, int]] = defaultdict(lambda: {"proposed": 0, "accepted": 0, "steps": 0, "tokens": 0})
+    slice_of = {p.item.id: p.item.slice for p in prepared}
+    tot = {"proposed": 0, "accepted": 0, "steps": 0, "tokens": 0}
+    for i, a in acc.items():
+        for k in tot:
+            by_slice[slice_of[i]][k] += a[k]
+            tot[k] += a[k]
+    rate = lambda d: d["accepted"] / d["proposed"] if d["proposed"] else 0.0  # noqa: E731
+    return {"draft_model": str(e.draft_model_path), "k": e.draft_tokens, "target_runner": target_runner,
+            "acceptance_rate": rate(tot), "mean_tokens_per_step": tot["tokens"] / tot["steps"] if tot["steps"] else 0.0,
+            "proposed": tot["proposed"], "accepted": tot["accepted"],
+            "slices": {s: {**v, "acceptance_rate": rate(v)} for s, v in sorted(by_slice.items())}}
+
+
+def _external(cfg: Any) -> dict[str, Any]:
+    ext: dict[str, Any] = {"eval_set": cfg.eval.eval_set}
+    if cfg.eval.draft_model_path:
+        ext["draft_model"] = cfg.eval.draft_model_path
+    return ext
+
+
+def _key_extras(cfg: Any, inputs: dict[str, Any]) -> dict[str, Any]:
+    # the gate's default allowance depends on the recipe; the candidate choice on the target
+    return {"recipe": cfg.quant.recipe, "gate": "v1"}
+
+
+def _dry_run(ctx: StageContext) -> dict[str, Any]:
+    from ..evaluation.dataset import load_eval_set
+
+    items = load_eval_set(ctx.external["eval_set"], limit=ctx.cfg.eval.limit)
+    runners, cand, notes = resolve_runners(ctx.cfg, ctx.inputs.get("build"))
+    ctx.console.print(f"evaluate: {len(items)} items, runners {runners}, candidate {cand} {notes or ''}")
+    return {"headline": {"items": len(items), "runners": ",".join(runners), "candidate": cand}}
+
+
+STAGE = Stage(
+    name="evaluate",
+    deps=("export", "quantize", "build"),
+    config_groups=("eval",),
+    libraries=("transformers", "torch", "tokenizers", "nvidia-modelopt", "onnxruntime-genai", "rouge-score", "scipy", "numpy"),
+    run=evaluate,
+    version="1",
+    external_inputs=_external,
+    key_extras=_key_extras,
+    dry_run=_dry_run,
+)
