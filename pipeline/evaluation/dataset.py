@@ -121,7 +121,8 @@ def load_eval_set(path: str | Path, *, limit: int | None = None) -> list[EvalIte
 
     Args:
         path: the ``.jsonl`` file (UTF-8; blank lines and lines starting with ``#`` are skipped).
-        limit: keep only the first ``limit`` valid items (the whole file is still validated).
+        limit: keep only ``limit`` items, taken round-robin across slices (:func:`stratified_head`);
+            the whole file is still validated.
     Returns:
         The items in file order.
     Raises:
@@ -166,4 +167,20 @@ def load_eval_set(path: str | Path, *, limit: int | None = None) -> list[EvalIte
         raise InputError(f"eval set {p}: {len(errors)} problem(s):\n  - " + "\n  - ".join(errors[:MAX_REPORTED_PROBLEMS]) + more)
     if not items:
         raise InputError(f"eval set {p} has no items. Fix: add JSONL lines with id, prompt, reference, metric, slice.")
-    return items[:limit] if limit else items
+    return stratified_head(items, limit) if limit else items
+
+
+def stratified_head(items: list[EvalItem], limit: int) -> list[EvalItem]:
+    """The first ``limit`` items taken round-robin across slices (file order within a slice), returned
+    in file order, so a quick ``eval.limit`` run still covers every slice."""
+    by_slice: dict[str, list[EvalItem]] = {}
+    for it in items:
+        by_slice.setdefault(it.slice, []).append(it)
+    picked: set[str] = set()
+    r = 0
+    while len(picked) < min(limit, len(items)):
+        for lst in by_slice.values():
+            if r < len(lst) and len(picked) < limit:
+                picked.add(lst[r].id)
+        r += 1
+    return [it for it in items if it.id in picked]

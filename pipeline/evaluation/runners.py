@@ -57,7 +57,7 @@ class ItemOutput:
 
 
 def prepare(items: Sequence[EvalItem], tokenizer: Any, *, max_input_len: int, max_seq_len: int | None,
-            default_max_new_tokens: int, extra_stop: Sequence[str] = ()) -> list[Prepared]:
+            default_max_new_tokens: int, extra_stop: Sequence[str] = (), apply_chat_template: bool = True) -> list[Prepared]:
     """Encode every item once (shared by all runners) and apply the engine limits.
 
     Args:
@@ -66,10 +66,11 @@ def prepare(items: Sequence[EvalItem], tokenizer: Any, *, max_input_len: int, ma
         max_seq_len: prompt + generated tokens limit; an item's budget is reduced to fit it.
         default_max_new_tokens: budget for items without ``max_new_tokens``.
         extra_stop: stop strings added to every item's own ``stop`` list.
+        apply_chat_template: render through the chat template (``model.apply_chat_template``).
     """
     out = []
     for it in items:
-        ids = encode_prompt(tokenizer, it.prompt, it.messages)
+        ids = encode_prompt(tokenizer, it.prompt, it.messages, apply_chat_template=apply_chat_template)
         mnt = it.max_new_tokens or default_max_new_tokens
         skipped = SKIP_TOO_LONG if len(ids) > max_input_len else None
         if max_seq_len and not skipped:

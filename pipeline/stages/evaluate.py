@@ -183,11 +183,12 @@ def evaluate(ctx: StageContext) -> dict[str, Any]:
     build_art = ctx.inputs.get("build")
     info = model_info(export_dir)
     tokenizer = load_tokenizer(export_dir / "hf")
-    stop_ids = stop_token_ids(info)
+    stop_ids = stop_token_ids(info, list(getattr(cfg.model, "extra_stop_token_ids", []) or []))
     pad_id = _pad_id(info, tokenizer, stop_ids)
     limits = engine_limits(build_art, cfg)
     prepared = prepare(items, tokenizer, max_input_len=int(limits["max_input_len"]), max_seq_len=limits.get("max_seq_len"),
-                       default_max_new_tokens=e.max_new_tokens, extra_stop=e.stop)
+                       default_max_new_tokens=e.max_new_tokens, extra_stop=e.stop,
+                       apply_chat_template=bool(getattr(cfg.model, "apply_chat_template", True)))
     runners, cand, notes = resolve_runners(cfg, build_art)
     for k, v in notes.items():
         ctx.log.info("%s: %s", k, v)

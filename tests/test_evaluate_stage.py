@@ -1,0 +1,112 @@
+"""The evaluate stage through the real pipeline (export -> quantize (ModelOpt) -> build
+(onnxruntime-genai engine) -> evaluate), on a tiny checkpoint (always) and on the embedded default
+model (when ``models/support-llama`` exists)."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from pipeline.config import REPO_ROOT, compose
+from pipeline.errors import EXIT_GATE, EXIT_OK
+from pipeline.runner import run_pipeline
+
+DEFAULT_MODEL = REPO_ROOT / "models" / "support-llama"
+
+
+def _have_stages() -> str | None:
+    import importlib
+
+    for m in ("pipeline.stages.quantize", "pipeline.stages.build", "pipeline.targets"):
+        try:
+            mod = importlib.import_module(m)
+        except ImportError as e:
+            return f"{m} not available yet ({e})"
+        if m == "pipeline.targets" and not hasattr(mod, "get_target"):
+            return "pipeline.targets.get_target not available yet"
+    return None
+
+
+needs_stages = pytest.mark.skipif(_have_stages() is not None, reason=str(_have_stages()))
+
+
+def run(tmp_path: Path, *overrides: str):
+    cfg = compose(["stages=[evaluate]", f"store_dir={tmp_path / 'store'}", "progress=false", *overrides])
+    buf = io.StringIO()
+    summary = run_pipeline(cfg, overrides=list(overrides), console=Console(file=buf, width=160))
+    ev = next((s for s in summary.stages if s.stage == "evaluate"), None)
+    report = json.loads((Path(ev.path) / "eval_report.json").read_text()) if ev and ev.path else None
+    return summary, report, buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def tiny_ckpt(tmp_path_factory):
+    import tiny
+
+    return tiny.make_checkpoint(tmp_path_factory.mktemp("tiny_eval") / "llama", "llama")
+
+
+def _tiny_eval_set(path: Path) -> Path:
+    """A small eval set with every metric family, a chat item and one over-long prompt."""
+    rows = [
+        {"id": "a1", "prompt": "Where is my order ORD-12345?", "reference": "ORD-12345", "metric": "exact_match", "slice": "order"},
+        {"id": "a2", "prompt": "Please cancel order ORD-99871.", "reference": "ORD-99871", "metric": "contains", "slice": "order"},
+        {"id": "b1", "prompt": "Refund 129.50 dollars.", "reference": "129.50", "metric": "numeric", "slice": "amount"},
+        {"id": "b2", "messages": [{"role": "user", "content": "I want a refund for the damaged item."}], "reference": "refund",
+         "metric": "rouge_l", "slice": "reply", "max_new_tokens": 12, "stop": ["\n"]},
+        {"id": "c1", "prompt": "Change the shipping address to 12 Main Street." * 30, "reference": "x", "metric": "exact_match", "slice": "order"},
+    ]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n", encoding="utf-8")
+    return path
+
+
+@needs_stages
+def test_tiny_end_to_end_engine_and_report(tmp_path, tiny_ckpt):
+    es = _tiny_eval_set(tmp_path / "tiny_eval.jsonl")
+    summary, rep, out = run(tmp_path, f"model.path={tiny_ckpt}", "model.dtype=float32", "quant=int4_awq", "calibration.num_samples=32",
+                            "calibration.min_samples=8", f"eval.eval_set={es}", "eval.runners=[baseline,engine,simulated]",
+                            "eval.max_new_tokens=8", "build.max_input_len=128", "build.max_seq_len=160", "eval.gate.max_drop=1.0")
+    assert summary.exit_code in (EXIT_OK, EXIT_GATE), summary.error
+    assert rep["schema"] == "pipeline.eval_report/v1"
+    assert rep["candidate"] == "engine" and set(rep["runners"]) == {"baseline", "engine", "simulated"}
+    assert rep["skipped"]["too_long"] == ["c1"] and rep["runners"]["engine"]["n"] == 4
+    ev = next(s for s in summary.stages if s.stage == "evaluate")
+    art = Path(ev.path)
+    html = (art / "eval_report.html").read_text()
+    assert "data:image/png;base64," in html and "Worst regressions" in html
+    assert "| scope |" in (art / "eval_report.md").read_text()
+    lines = [json.loads(l) for l in (art / "outputs.jsonl").read_text().splitlines()]
+    assert {l["runner"] for l in lines if "runner" in l} == {"baseline", "engine", "simulated"}
+    assert all(l["finish_reason"] in ("eos", "stop", "length") for l in lines if "runner" in l)
+    # greedy, same prompts: the int4 engine and ModelOpt's simulated int4 model agree on most items
+    mf = json.loads((art / "manifest.json").read_text())
+    assert mf["result"]["gate"]["passed"] is True
+    assert set(mf["result"]["headline"]) >= {"score", "baseline", "drop", "agreement", "gate"}
+    assert "gate" in out
+
+
+def _default_overrides(*extra: str) -> list[str]:
+    return ["eval.limit=60", "eval.batch_size=30", *extra]
+
+
+@pytest.mark.skipif(not DEFAULT_MODEL.exists(), reason="models/support-llama not trained yet (models/train.py)")
+@needs_stages
+@pytest.mark.parametrize("recipe", ["none", "int4_awq"])
+def test_default_model_passes_gate(tmp_path, recipe):
+    summary, rep, out = run(tmp_path, f"quant={recipe}", *_default_overrides())
+    assert summary.exit_code == EXIT_OK, (summary.error, out)
+    assert rep["gate"]["passed"] and rep["runners"]["baseline"]["score"] > 0.5
+    assert rep["candidate"] == "engine"
+
+
+@pytest.mark.skipif(not DEFAULT_MODEL.exists(), reason="models/support-llama not trained yet (models/train.py)")
+@needs_stages
+def test_destructive_recipe_fails_gate_with_exit_3(tmp_path):
+    summary, rep, out = run(tmp_path, "quant=int4_wo", "quant.exclude_modules=[]", "quant.group_size=128", *_default_overrides())
+    assert summary.exit_code == EXIT_GATE, (summary.error, out)
+    assert rep["gate"]["passed"] is False and "max_drop" in rep["gate"]["reason"]
+    assert "gate FAILED" in out
