@@ -1,0 +1,50 @@
+"""Preflight planner: memory/speed plan, cross-field validation and the GPU catalogue.
+
+Public API:
+
+* :func:`plan` (``plan(cfg) -> Plan``): the memory and speed plan; see :mod:`pipeline.planner.plan`.
+* :func:`plan_for_run` (``plan_for_run(cfg, console) -> dict``): what the runner calls at the start
+  of every run; prints the plan and raises :class:`~pipeline.errors.PreflightError` when it is refused.
+* :func:`host_memory_bandwidth_gbs`: measured host memory bandwidth in GB/s (cached per process),
+  for CPU rooflines.
+* :func:`pipeline.planner.validate.cross_field_problems`: cross-field config checks.
+* :mod:`pipeline.planner.gpus`: ``CATALOGUE``, ``lookup(name)``.
+
+Importing this package does not import torch or transformers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import PipelineError, PreflightError
+from .gpus import CATALOGUE, GPU, lookup
+from .plan import Plan, host_memory_bandwidth_gbs, plan, weight_bytes
+from .shape import ModelShape
+
+
+class PlanRefused(PreflightError):
+    """The plan cannot work on the target (weights do not fit, zero sequences fit, format unsupported)."""
+
+
+def plan_for_run(cfg: Any, console: Any) -> dict[str, Any]:
+    """Plan at the start of a run: print the compact plan and return it as JSON (run summary / manifests).
+
+    Raises :class:`PlanRefused` (exit code 4) with the numbers when the plan cannot work.  A model
+    whose config.json cannot be read yields ``{"status": "unavailable", "error": ...}`` (the export
+    stage reports that input problem itself)."""
+    from .render import render
+
+    try:
+        p = plan(cfg)
+    except PipelineError as e:
+        return {"schema": "pipeline.plan/v1", "status": "unavailable", "error": str(e)}
+    render(p, console, compact=True)
+    doc = p.to_json()
+    if p.status == "refused":
+        raise PlanRefused("the plan cannot work: " + " | ".join(p.refusals) + "  (see `pipeline plan` with the same overrides)")
+    return doc
+
+
+__all__ = ["CATALOGUE", "GPU", "ModelShape", "Plan", "PlanRefused", "host_memory_bandwidth_gbs", "lookup", "plan", "plan_for_run",
+           "weight_bytes"]

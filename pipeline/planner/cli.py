@@ -1,0 +1,127 @@
+"""``pipeline plan [--json] [--gpus LIST|all] [hydra overrides ...]``: the preflight plan, no GPU needed.
+
+Composes the config exactly as a run would (same presets, same overrides), runs every field and
+cross-field check, and prints the memory/speed plan.  ``target_gpu=X`` is accepted as an alias of
+``target.gpu=X``.
+
+Exit codes (pipeline.errors): 0 plan ok (warnings allowed), 2 configuration problems (all listed),
+4 the plan cannot work on the target (refused, with the numbers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from typing import Any
+
+from ..errors import EXIT_INPUT, EXIT_OK, EXIT_PREFLIGHT, PipelineError
+
+_ALIASES = {"target_gpu": "target.gpu", "gpu": "target.gpu"}
+
+
+def _rewrite(overrides: list[str]) -> list[str]:
+    out = []
+    for o in overrides:
+        key, sep, val = o.partition("=")
+        out.append(f"{_ALIASES[key]}={val}" if sep and key in _ALIASES else o)
+    return out
+
+
+def _compose(overrides: list[str]) -> Any:
+    from ..config import compose
+
+    return compose(overrides)
+
+
+def _gpu_table(cfg: Any, names: list[str], console: Any) -> tuple[list[dict[str, Any]], int]:
+    from rich.table import Table
+
+    from .plan import fmt_bytes, plan
+
+    rows, worst = [], EXIT_OK
+    t = Table(title=f"plan across GPUs: {cfg.model.name} quant={cfg.quant.recipe} kv={cfg.quant.kv_cache} "
+                    f"tp={cfg.quant.tp_size} max_seq_len={cfg.build.max_seq_len} max_batch_size={cfg.build.max_batch_size}")
+    for col in ("gpu", "status", "weights/rank", "KV pool", "seqs @max_seq_len", "tok/s/seq max", "tok/s aggregate max"):
+        t.add_column(col)
+    for n in names:
+        c = dataclasses.replace(cfg, target=dataclasses.replace(cfg.target, gpu=n))
+        p = plan(c)
+        d = p.decode or {}
+        full = d.get("full") or {}
+        b1 = d.get("batch1") or {}
+        rows.append({"gpu": n, "plan": p.to_json()})
+        t.add_row(n, p.status, fmt_bytes(p.memory.get("weights_bytes")), fmt_bytes(p.memory.get("kv_pool_bytes")),
+                  str(p.capacity.get("max_sequences_at_max_seq_len", "-")),
+                  f"{b1.get('tok_s_per_seq_max', 0):.1f}" if b1 else "-", f"{full.get('tok_s_aggregate_max', 0):.0f}" if full else "-")
+    console.print(t)
+    return rows, worst
+
+
+def main(argv: list[str] | None = None) -> int:
+    from rich.console import Console
+
+    ap = argparse.ArgumentParser(prog="pipeline plan", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", action="store_true", help="print the plan and problems as JSON (schema pipeline.plan/v1)")
+    ap.add_argument("--gpus", default=None, help="compare GPUs: comma-separated catalogue names, or 'all'")
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides, as for a run (model=llama31_8b target.gpu=h100_sxm quant=fp8 ...)")
+    args = ap.parse_args(argv)
+    console = Console(stderr=args.json)
+    overrides = _rewrite(args.overrides)
+    try:
+        cfg = _compose(overrides)
+    except Exception as e:  # noqa: BLE001 - Hydra/OmegaConf composition errors name the key
+        msg = f"configuration error: {type(e).__name__}: {e}"
+        if args.json:
+            print(json.dumps({"exit_code": EXIT_INPUT, "error": msg}))
+        else:
+            console.print(f"[bold red]{msg}[/]")
+        return EXIT_INPUT
+
+    from ..config import validate
+    from .plan import plan
+    from .render import render
+
+    problems = validate(cfg, raise_on_error=False)
+    code = EXIT_OK
+    out: dict[str, Any] = {"overrides": overrides, "problems": [dataclasses.asdict(p) for p in problems]}
+    try:
+        if args.gpus:
+            from .gpus import CATALOGUE, lookup
+
+            names = list(CATALOGUE) if args.gpus == "all" else [lookup(n).key for n in args.gpus.split(",") if n.strip()]
+            out["comparison"], _ = _gpu_table(cfg, names, console)
+        else:
+            p = plan(cfg)
+            out["plan"] = p.to_json()
+            if not args.json:
+                render(p, console)
+            if p.status == "refused":
+                code = EXIT_PREFLIGHT
+            elif p.status == "unplanned":
+                code = EXIT_INPUT
+    except KeyError as e:
+        out["error"] = str(e.args[0])
+        code = EXIT_INPUT
+        if not args.json:
+            console.print(f"[bold red]error:[/] {e.args[0]}")
+    except PipelineError as e:
+        out["error"] = str(e)
+        code = e.exit_code
+        if not args.json:
+            console.print(f"[bold red]error:[/] {e}")
+    if problems:
+        code = EXIT_INPUT if code == EXIT_OK else code
+        if not args.json:
+            console.print(f"[bold red]{len(problems)} configuration problem(s):[/]")
+            for pr in problems:
+                console.print(f"  - {pr}")
+    out["exit_code"] = code
+    if args.json:
+        print(json.dumps(out, indent=2, default=str))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,599 @@
+"""Memory and speed plan: weights, KV cache, activations, capacity and a decode roofline.
+
+Every formula and its source:
+
+* **Weights** per recipe = sum over linear layers of the packed weight bytes plus their scales, plus
+  the layers kept in high precision (embeddings, norms, biases, ``quant.exclude_modules`` such as
+  ``lm_head``, ``quant.sensitive_preset`` layers) in ``quant.export_dtype``.  Packed sizes: FP8 and
+  INT8 1 byte, INT4 0.5 byte per weight; scales as ModelOpt exports them for TensorRT-LLM
+  (shared/reference/tensorrt_llm.md sec. 2a/3a): FP8 one fp32 weight scale and one fp32 activation
+  scale per layer; INT8 per-output-channel fp32 weight scales (SmoothQuant adds per-input-channel
+  smoothing scales); INT4 AWQ/WO one fp16 scale per ``quant.group_size`` inputs per output channel
+  (AWQ adds an fp16 ``prequant_scaling_factor`` per input channel; W4A8 adds an fp32 activation scale).
+* **Sharding** (TensorRT-LLM checkpoint layout, sec. 2): column-parallel layers (q, k, v, gate, up)
+  split their outputs, row-parallel layers (o, down) their inputs over ``quant.tp_size``; K/V heads are
+  replicated when TP exceeds their count; ``lm_head`` is split along the vocabulary (padded to a
+  multiple of TP); the embedding table is replicated (``use_parallel_embedding`` is off by default).
+  Pipeline parallelism splits decoder layers as evenly as possible; the embedding sits on the first
+  stage, ``lm_head`` and the final norm on the last.  The plan reports the fullest rank.
+* **KV cache** per token = 2 x layers x KV heads x head_dim x bytes per element (memory.md, sec. 7);
+  FP8/INT8 KV = 1 byte, else the export dtype.  The pool holds whole blocks of ``tokens_per_block``.
+* **Activations**: with packed input and paged KV, TensorRT fixes activation memory at build time
+  from ``max_num_tokens`` (memory.md, sec. 7; issue #1222).  Estimate: ``max_num_tokens`` x (2 x hidden
+  + q/k/v width + 2 x intermediate) / TP x activation bytes (the live tensors of one decoder layer)
+  + fp32 logits for ``max_batch_size`` rows.  An estimate, not TensorRT's number.
+* **KV capacity**: TensorRT-LLM allocates ``kv_cache_free_gpu_mem_fraction`` of the memory left after
+  weights, activations and runtime buffers (sec. 7).  Runtime buffers: ``RUNTIME_OVERHEAD_BYTES``
+  (assumption: CUDA context + cuBLAS workspaces, about 1 GiB) + per-sequence decoder buffers.
+* **Decode roofline**: one decode step must read every weight of a rank once and each sequence's KV
+  cache; time >= bytes / memory bandwidth (the memory-bound lower bound).  Reported at batch 1 and
+  at the largest concurrency that fits, with every sequence at ``max_seq_len`` (worst case).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import functools
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError
+from .gpus import GPU, KV_MIN_SM, RECIPE_MIN_SM, local_gpus, lookup
+from .shape import Linear, ModelShape, kv_heads_per_rank, read_config_json
+
+GiB = 1 << 30
+KiB = 1 << 10
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8": 1, "int8": 1}
+RUNTIME_OVERHEAD_BYTES = 1 * GiB
+"""Assumed CUDA context + cuBLAS/TensorRT workspaces per GPU (not published by TensorRT-LLM; an
+estimate of the usual 0.3-0.5 GiB context plus workspaces)."""
+TP_CHOICES = (1, 2, 4, 8)
+FEW_SEQUENCES = 4
+"""Fewer sequences than this at max_seq_len makes the plan 'barely works'."""
+
+
+# --------------------------------------------------------------------------- inputs
+def load_shape(cfg: Any) -> tuple[ModelShape, str]:
+    """The model shape and where it came from: the checkpoint's ``config.json`` at ``model.path``,
+    else ``model.hf_config`` (shapes-only presets).  Raises :class:`InputError` when neither exists."""
+    from ..config import resolve_path
+
+    m = cfg.model
+    if m.path:
+        p = resolve_path(m.path)
+        cj = (p / "config.json") if p is not None else None
+        if cj is not None and cj.is_file():
+            return ModelShape.from_hf_config(read_config_json(cj), str(cj)), str(cj)
+        if not m.hf_config:
+            raise InputError(f"model.path={m.path!r}: no config.json at {cj}. Point model.path at a Hugging Face checkpoint "
+                             f"folder, or use a shapes-only preset (model=llama31_8b).")
+    if m.hf_config:
+        hc = dict(m.hf_config)
+        return ModelShape.from_hf_config(hc, "model.hf_config"), "model.hf_config"
+    raise InputError("model: neither model.path nor model.hf_config is set. Pass model.path=/path/to/checkpoint or a preset (model=llama31_8b).")
+
+
+def resolve_target(cfg: Any) -> tuple[str, GPU | None, str]:
+    """(kind, gpu, why): kind is ``gpu`` or ``cpu``; ``gpu`` is ``None`` when none is named or visible.
+
+    Raises :class:`InputError` for an unknown ``target.gpu`` name (listing the catalogue)."""
+    t = cfg.target
+    named = None
+    if t.gpu:
+        try:
+            named = lookup(t.gpu)
+        except KeyError as e:
+            raise InputError(f"target.gpu={t.gpu!r}: {e.args[0]}. Fix: target.gpu=<one of them>") from None
+    wants_gpu = t.name == "tensorrt_llm" or (t.name == "onnxruntime_genai" and t.execution_provider == "cuda")
+    if t.name == "auto" and named is not None:
+        wants_gpu = True
+    if t.name == "onnxruntime_genai" and t.execution_provider == "cpu":
+        return "cpu", None, "target onnxruntime_genai on the CPU"
+    if named is not None:
+        return "gpu", named, f"target.gpu={t.gpu}"
+    local = local_gpus()
+    if local:
+        return "gpu", local[0][1], f"local GPU 0 ({local[0][0].get('name')})"
+    if wants_gpu:
+        return "gpu", None, f"target {t.name} needs a GPU, none is named (target.gpu) or visible"
+    return "cpu", None, "no GPU named or visible: target auto resolves to onnxruntime_genai on the CPU"
+
+
+# --------------------------------------------------------------------------- host
+@functools.lru_cache(maxsize=1)
+def host_memory_bandwidth_gbs(size_mb: int = 256, repeats: int = 3) -> float:
+    """Measured host memory bandwidth in GB/s (1e9 bytes/s), cached for the process.
+
+    Copies a ``size_mb`` MB float64 numpy array ``repeats`` times after one warm-up copy (which
+    faults the destination pages in) and counts read + write bytes (2 x size) over the fastest
+    copy.  Takes about 0.1-0.3 s.  The STREAM "copy" kernel measures the same quantity."""
+    import time
+
+    import numpy as np
+
+    n = size_mb * 10**6 // 8
+    a = np.ones(n)
+    b = np.empty_like(a)
+    np.copyto(b, a)
+    best = float("inf")
+    for _ in range(max(1, repeats)):
+        t0 = time.perf_counter()
+        np.copyto(b, a)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * a.nbytes / best / 1e9
+
+
+def host_memory() -> dict[str, int | None]:
+    """Total and available host RAM in bytes (``/proc/meminfo``; total via sysconf as fallback)."""
+    total = avail = None
+    try:
+        with open("/proc/meminfo", encoding="utf-8") as f:
+            for line in f:
+                k, v = line.split(":", 1)
+                if k == "MemTotal":
+                    total = int(v.split()[0]) * 1024
+                elif k == "MemAvailable":
+                    avail = int(v.split()[0]) * 1024
+    except (OSError, ValueError):
+        pass
+    if total is None:
+        try:
+            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            pass
+    return {"total": total, "available": avail if avail is not None else total}
+
+
+# --------------------------------------------------------------------------- weights
+def _high_precision(lin: Linear, shape: ModelShape, exclude: list[str], sensitive: str) -> bool:
+    if lin.name == "lm_head":
+        names = ("lm_head",)
+    else:
+        names = (lin.name, lin.name.split(".")[-1])
+    if any(fnmatch.fnmatchcase(n, pat) for n in names for pat in exclude):
+        return True
+    if sensitive in ("first_last", "first_last_attn_out") and lin.layer in (0, shape.num_layers - 1):
+        return True
+    if sensitive in ("attn_out", "first_last_attn_out") and lin.name.endswith("o_proj"):
+        return True
+    return False
+
+
+def _linear_bytes(out_f: int, in_f: int, recipe: str, hp_bytes: float, group: int) -> float:
+    """Bytes of one (out_f x in_f) weight under ``recipe`` including its scales (module docstring)."""
+    n = out_f * in_f
+    if recipe == "none":
+        return n * hp_bytes
+    if recipe == "fp8":
+        return n + 2 * 4
+    if recipe == "int8_wo":
+        return n + out_f * 4
+    if recipe == "int8_sq":
+        return n + out_f * 4 + in_f * 4
+    if recipe in ("int4_awq", "int4_wo", "w4a8_awq"):
+        b = n / 2 + math.ceil(in_f / group) * out_f * 2
+        if recipe in ("int4_awq", "w4a8_awq"):
+            b += in_f * 2
+        if recipe == "w4a8_awq":
+            b += 4
+        return b
+    raise InputError(f"quant.recipe={recipe!r}: unknown recipe")
+
+
+def _shard(lin: Linear, shape: ModelShape, tp: int) -> tuple[int, int]:
+    """(out, in) features of ``lin`` on one TP rank (see module docstring)."""
+    if tp == 1:
+        return lin.out_features, lin.in_features
+    if lin.split == "col":
+        return math.ceil(lin.out_features / tp), lin.in_features
+    if lin.split == "row":
+        return lin.out_features, math.ceil(lin.in_features / tp)
+    if lin.split == "kv":
+        return kv_heads_per_rank(shape.num_kv_heads, tp) * shape.head_dim, lin.in_features
+    if lin.split == "qkv":
+        return (math.ceil(shape.num_heads / tp) + 2 * kv_heads_per_rank(shape.num_kv_heads, tp)) * shape.head_dim, lin.in_features
+    if lin.split == "vocab":
+        return math.ceil(shape.vocab_size / tp), lin.in_features
+    return lin.out_features, lin.in_features
+
+
+@dataclasses.dataclass
+class WeightBreakdown:
+    """Bytes per pipeline stage on one TP rank (``stages[i]``) and the totals (whole model, 1 rank)."""
+
+    total_bytes: int
+    quantized_bytes: int
+    high_precision_bytes: int
+    per_stage_rank_bytes: list[int]
+    high_precision_modules: list[str]
+    num_parameters: int
+
+    @property
+    def max_rank_bytes(self) -> int:
+        return max(self.per_stage_rank_bytes)
+
+    @property
+    def tp_slice_bytes(self) -> int:
+        """All stages of one TP slice: what one token's decode step reads end to end."""
+        return sum(self.per_stage_rank_bytes)
+
+
+def stage_layers(num_layers: int, pp: int) -> list[list[int]]:
+    """Decoder layer indices per pipeline stage (as even as possible, earlier stages get the extra)."""
+    base, extra = divmod(num_layers, pp)
+    out, start = [], 0
+    for s in range(pp):
+        n = base + (1 if s < extra else 0)
+        out.append(list(range(start, start + n)))
+        start += n
+    return out
+
+
+def weight_bytes(shape: ModelShape, recipe: str, *, hp_dtype: str = "float16", group_size: int = 128,
+                 exclude: list[str] | None = None, sensitive: str = "none", tp: int = 1, pp: int = 1) -> WeightBreakdown:
+    """Weight bytes of ``shape`` under ``recipe`` (see module docstring), whole model and per rank.
+
+    Args:
+        hp_dtype: dtype of the tensors kept in high precision (``quant.export_dtype``).
+        exclude: fnmatch patterns of modules kept in high precision (``quant.exclude_modules``).
+        tp, pp: tensor / pipeline parallel sizes.
+    Returns: :class:`WeightBreakdown` (bytes, ints).
+    """
+    hp = DTYPE_BYTES[hp_dtype]
+    exclude = list(exclude or [])
+    stages = stage_layers(shape.num_layers, pp)
+    layer_stage = {L: s for s, ls in enumerate(stages) for L in ls}
+    per_stage = [0.0] * pp
+    total = quant = hpb = 0.0
+    hp_modules: list[str] = []
+    for lin in shape.linears():
+        # a tied lm_head is still counted: the engine keeps its own (vocab-parallel) copy on the last stage
+        keep = recipe == "none" or _high_precision(lin, shape, exclude, sensitive)
+        r = "none" if keep else recipe
+        b_full = _linear_bytes(lin.out_features, lin.in_features, r, hp, group_size)
+        o, i = _shard(lin, shape, tp)
+        b_rank = _linear_bytes(o, i, r, hp, group_size)
+        if lin.bias:
+            b_full += lin.out_features * hp
+            b_rank += o * hp
+        total += b_full
+        if keep:
+            hpb += b_full
+            if recipe != "none":
+                hp_modules.append(lin.name)
+        else:
+            quant += b_full
+        s = pp - 1 if lin.layer < 0 else layer_stage[lin.layer]
+        per_stage[s] += b_rank
+    emb = shape.vocab_size * shape.hidden_size * hp
+    norms_layer = 2 * shape.hidden_size * hp
+    total += emb + norms_layer * shape.num_layers + shape.hidden_size * hp
+    hpb += emb + norms_layer * shape.num_layers + shape.hidden_size * hp
+    per_stage[0] += emb
+    for s, ls in enumerate(stages):
+        per_stage[s] += norms_layer * len(ls)
+    per_stage[-1] += shape.hidden_size * hp
+    return WeightBreakdown(int(total), int(quant), int(hpb), [int(x) for x in per_stage], _compress(hp_modules), shape.num_parameters)
+
+
+def _compress(names: list[str]) -> list[str]:
+    """``model.layers.0.self_attn.o_proj, model.layers.1...`` -> ``*.self_attn.o_proj (x N)``."""
+    by_suffix: dict[str, int] = {}
+    out = []
+    for n in names:
+        if n.startswith("model.layers."):
+            suf = n.split(".", 3)[3]
+            by_suffix[suf] = by_suffix.get(suf, 0) + 1
+        else:
+            out.append(n)
+    return out + [f"model.layers.*.{s} (x{c})" for s, c in by_suffix.items()]
+
+
+# --------------------------------------------------------------------------- plan
+@dataclasses.dataclass
+class Plan:
+    """The memory/speed plan.  ``status`` is ``ok``, ``warn`` (works but tight: see ``warnings``),
+    ``refused`` (cannot work: ``refusals`` carry the numbers) or ``unplanned`` (no target to plan for:
+    see ``notes``).  All sizes are bytes, times seconds, rates tokens/s."""
+
+    status: str
+    target: dict[str, Any]
+    model: dict[str, Any]
+    config: dict[str, Any]
+    weights: dict[str, Any] = dataclasses.field(default_factory=dict)
+    kv_cache: dict[str, Any] = dataclasses.field(default_factory=dict)
+    memory: dict[str, Any] = dataclasses.field(default_factory=dict)
+    capacity: dict[str, Any] = dataclasses.field(default_factory=dict)
+    decode: dict[str, Any] = dataclasses.field(default_factory=dict)
+    refusals: list[str] = dataclasses.field(default_factory=list)
+    warnings: list[str] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["schema"] = "pipeline.plan/v1"
+        return d
+
+
+@dataclasses.dataclass(frozen=True)
+class _Knobs:
+    recipe: str
+    kv_cache: str
+    hp_dtype: str
+    group_size: int
+    exclude: tuple[str, ...]
+    sensitive: str
+    tp: int
+    pp: int
+    max_batch_size: int
+    max_seq_len: int
+    max_input_len: int
+    max_num_tokens: int
+    tokens_per_block: int
+    fraction: float
+    beam: int
+
+
+def _knobs(cfg: Any, kind: str) -> _Knobs:
+    q, b = cfg.quant, cfg.build
+    hp = q.export_dtype if kind == "gpu" else (cfg.model.dtype if q.recipe == "none" else q.export_dtype)
+    return _Knobs(q.recipe, q.kv_cache, hp, q.group_size, tuple(q.exclude_modules or ()), q.sensitive_preset, max(1, q.tp_size),
+                  max(1, q.pp_size), max(1, b.max_batch_size), max(1, b.max_seq_len + max(0, b.speculative.max_draft_len)),
+                  b.max_input_len, max(1, b.max_num_tokens), max(1, b.tokens_per_block), b.kv_cache_free_gpu_mem_fraction, max(1, b.max_beam_width))
+
+
+def _kv_elem_bytes(k: _Knobs) -> int:
+    return 1 if k.kv_cache in ("fp8", "int8") else DTYPE_BYTES[k.hp_dtype]
+
+
+def _activation_bytes(shape: ModelShape, k: _Knobs) -> int:
+    act = DTYPE_BYTES[k.hp_dtype]
+    qkv = (math.ceil(shape.num_heads / k.tp) + 2 * kv_heads_per_rank(shape.num_kv_heads, k.tp)) * shape.head_dim
+    per_tok = 2 * shape.hidden_size + qkv + 2 * math.ceil(shape.intermediate_size / k.tp)
+    logits = k.max_batch_size * k.beam * math.ceil(shape.vocab_size / k.tp) * 4
+    return int(k.max_num_tokens * per_tok * act + logits)
+
+
+def _decoder_buffers(k: _Knobs) -> int:
+    # output ids + sequence-length bookkeeping (int32) for every slot; small next to the KV cache
+    return k.max_batch_size * k.beam * k.max_seq_len * 4 * 2
+
+
+def _gpu_numbers(shape: ModelShape, k: _Knobs, gpu: GPU) -> dict[str, Any]:
+    """Pure computation for one set of knobs on one GPU (no warnings)."""
+    w = weight_bytes(shape, k.recipe, hp_dtype=k.hp_dtype, group_size=k.group_size, exclude=list(k.exclude),
+                     sensitive=k.sensitive, tp=k.tp, pp=k.pp)
+    layers_rank = max(len(x) for x in stage_layers(shape.num_layers, k.pp))
+    kv_tok = shape.kv_bytes_per_token(_kv_elem_bytes(k), k.tp, layers_rank)
+    kv_tok_slice = shape.kv_bytes_per_token(_kv_elem_bytes(k), k.tp)  # all layers of one TP slice
+    block = kv_tok * k.tokens_per_block
+    act = _activation_bytes(shape, k)
+    overhead = RUNTIME_OVERHEAD_BYTES + _decoder_buffers(k)
+    free = gpu.memory_bytes - w.max_rank_bytes - act - overhead
+    pool = max(0, int(free * k.fraction))
+    blocks = pool // block if block else 0
+    blocks_per_seq = math.ceil(k.max_seq_len / k.tokens_per_block)
+    seqs = blocks // blocks_per_seq // k.beam
+    return dict(w=w, kv_tok=kv_tok, kv_tok_slice=kv_tok_slice, block=block, act=act, overhead=overhead, free=free, pool=pool,
+                blocks=blocks, tokens=blocks * k.tokens_per_block, blocks_per_seq=blocks_per_seq, seqs=seqs)
+
+
+def _roofline(weights_slice: int, kv_tok_slice: int, context: int, batch: int, bw: float) -> dict[str, float] | None:
+    if bw <= 0 or batch < 1:
+        return None
+    step_bytes = weights_slice + batch * kv_tok_slice * context
+    t = step_bytes / bw
+    return {"batch": batch, "context_tokens": context, "bytes_per_step": int(step_bytes), "step_s_min": t,
+            "tok_s_per_seq_max": 1.0 / t, "tok_s_aggregate_max": batch / t}
+
+
+def plan(cfg: Any) -> Plan:
+    """Memory and speed plan for ``cfg`` (a composed :class:`pipeline.config.PipelineConfig`).
+
+    Never raises for a plan that does not fit: it returns ``status='refused'`` with the numbers.
+    Raises :class:`InputError` when the model's config.json cannot be read or ``target.gpu`` is
+    unknown.  Does not import torch; on a CPU target it measures host bandwidth (~0.2 s, cached)."""
+    shape, src = load_shape(cfg)
+    kind, gpu, why = resolve_target(cfg)
+    k = _knobs(cfg, kind)
+    b = cfg.build
+    model = {
+        "source": src, "architecture": shape.architecture, "num_parameters": shape.num_parameters,
+        "layers": shape.num_layers, "hidden_size": shape.hidden_size, "heads": shape.num_heads, "kv_heads": shape.num_kv_heads,
+        "head_dim": shape.head_dim, "vocab_size": shape.vocab_size, "max_positions": shape.max_positions,
+        "rope_type": shape.rope_type, "rope_factor": shape.rope_factor, "max_seq_len_limit": shape.max_seq_len_limit,
+    }
+    conf = {
+        "recipe": k.recipe, "kv_cache": k.kv_cache, "high_precision_dtype": k.hp_dtype, "tp_size": k.tp, "pp_size": k.pp,
+        "max_batch_size": k.max_batch_size, "max_input_len": b.max_input_len, "max_seq_len": b.max_seq_len,
+        "max_draft_len": b.speculative.max_draft_len, "max_num_tokens": k.max_num_tokens, "tokens_per_block": k.tokens_per_block,
+        "kv_cache_free_gpu_mem_fraction": k.fraction, "max_beam_width": k.beam, "build": b.name,
+        "allow_unsafe_lengths": bool(getattr(cfg, "allow_unsafe_lengths", False)),
+    }
+    p = Plan("ok", {"kind": kind, "why": why}, model, conf)
+    if conf["allow_unsafe_lengths"] and k.max_seq_len > shape.max_seq_len_limit:
+        p.warnings.append(f"allow_unsafe_lengths=true: max_seq_len={k.max_seq_len} exceeds the model's {shape.max_seq_len_limit} "
+                          f"positions; quality beyond that length is untested (recorded in this plan).")
+    if shape.sliding_window and shape.sliding_window < k.max_seq_len:
+        p.notes.append(f"config.json has sliding_window={shape.sliding_window}; the KV sizing assumes a full cache "
+                       f"(TensorRT-LLM allocates max_attention_window_size = max_seq_len unless told otherwise).")
+    if kind == "gpu" and gpu is None:
+        p.status = "unplanned"
+        p.notes.append(f"{why}. Name one: target.gpu=<{'|'.join(sorted(_catalogue_keys()))}>.")
+        return p
+    if kind == "cpu":
+        return _cpu_plan(p, shape, k)
+    return _gpu_plan(p, shape, k, gpu)
+
+
+def _catalogue_keys() -> list[str]:
+    from .gpus import CATALOGUE
+
+    return list(CATALOGUE)
+
+
+def _gpu_plan(p: Plan, shape: ModelShape, k: _Knobs, gpu: GPU) -> Plan:
+    p.target.update(gpu.to_json())
+    n = _gpu_numbers(shape, k, gpu)
+    w = n["w"]
+    p.weights = {
+        "total_bytes": w.total_bytes, "quantized_bytes": w.quantized_bytes, "high_precision_bytes": w.high_precision_bytes,
+        "per_rank_bytes": w.max_rank_bytes, "per_stage_rank_bytes": w.per_stage_rank_bytes,
+        "high_precision_modules": w.high_precision_modules,
+        "bits_per_param": round(8 * w.total_bytes / max(1, w.num_parameters), 3),
+    }
+    p.kv_cache = {
+        "dtype": k.kv_cache if k.kv_cache != "none" else k.hp_dtype, "bytes_per_element": _kv_elem_bytes(k),
+        "bytes_per_token_model": shape.kv_bytes_per_token(_kv_elem_bytes(k)),
+        "bytes_per_token_rank": n["kv_tok"], "tokens_per_block": k.tokens_per_block, "bytes_per_block_rank": n["block"],
+        "blocks_per_sequence": n["blocks_per_seq"],
+        "bytes_per_sequence_rank": n["blocks_per_seq"] * n["block"],
+    }
+    p.memory = {
+        "gpu_bytes": gpu.memory_bytes, "weights_bytes": w.max_rank_bytes, "activations_bytes": n["act"],
+        "runtime_overhead_bytes": n["overhead"], "free_after_load_bytes": n["free"], "kv_pool_bytes": n["pool"],
+        "unused_bytes": max(0, gpu.memory_bytes - w.max_rank_bytes - n["act"] - n["overhead"] - n["pool"]),
+    }
+    conc = min(n["seqs"], k.max_batch_size)
+    p.capacity = {"kv_blocks": n["blocks"], "kv_tokens": n["tokens"], "max_sequences_at_max_seq_len": n["seqs"],
+                  "max_batch_size": k.max_batch_size, "effective_concurrency": conc}
+    bw = gpu.bandwidth_bytes_s
+    p.decode = {
+        "bandwidth_bytes_s": bw,
+        "batch1": _roofline(w.tp_slice_bytes, n["kv_tok_slice"], k.max_seq_len, 1, bw),
+        "full": _roofline(w.tp_slice_bytes, n["kv_tok_slice"], k.max_seq_len, conc, bw) if conc >= 1 else None,
+        "weights_only_step_s_min": (w.tp_slice_bytes / bw) if bw > 0 else None,
+        "assumption": "memory-bound: every weight of a rank and each sequence's whole KV cache (at max_seq_len) read once per step",
+    }
+    if bw <= 0:
+        p.notes.append("bandwidth of this GPU is unknown (not in the catalogue): no decode bound.")
+
+    # --- support matrix
+    if gpu.sm < RECIPE_MIN_SM.get(k.recipe, 0):
+        p.refusals.append(f"quant.recipe={k.recipe} needs compute capability >= {RECIPE_MIN_SM[k.recipe] / 10:.1f}; "
+                          f"{gpu.name} is {gpu.compute_capability}. Use one of {gpu.quant_formats}.")
+    if gpu.sm < KV_MIN_SM.get(k.kv_cache, 0):
+        p.refusals.append(f"quant.kv_cache={k.kv_cache} needs compute capability >= {KV_MIN_SM[k.kv_cache] / 10:.1f}; "
+                          f"{gpu.name} is {gpu.compute_capability}. Use one of {gpu.kv_formats}.")
+    # --- fit
+    g = gpu.memory_bytes
+    if w.max_rank_bytes + n["act"] + n["overhead"] >= g:
+        fixes = _fit_fixes(shape, k, gpu, need="weights")
+        p.refusals.append(
+            f"weights alone need {_gib(w.max_rank_bytes)} per rank at tp={k.tp} pp={k.pp} (+ {_gib(n['act'])} activations, "
+            f"{_gib(n['overhead'])} runtime) but {gpu.name} has {_gib(g)}." + (f" Fix: {fixes}" if fixes else ""))
+    elif n["seqs"] < 1:
+        fixes = _fit_fixes(shape, k, gpu, need="one")
+        one = n["blocks_per_seq"] * n["block"]
+        p.refusals.append(
+            f"zero sequences fit at max_seq_len={k.max_seq_len}: the KV pool is {_gib(n['pool'])} "
+            f"({n['tokens']} tokens) and one sequence needs {n['blocks_per_seq']} blocks x {k.tokens_per_block} tokens = {_gib(one)}."
+            + (f" Fix: {fixes}" if fixes else ""))
+    else:
+        if n["seqs"] < FEW_SEQUENCES:
+            p.warnings.append(f"only {n['seqs']} sequence(s) of max_seq_len={k.max_seq_len} fit in the KV cache "
+                              f"({n['tokens']} tokens). Fix: {_fit_fixes(shape, k, gpu, need='batch')}")
+        elif n["seqs"] < k.max_batch_size:
+            p.warnings.append(f"the KV cache holds {n['seqs']} sequences of max_seq_len={k.max_seq_len} "
+                              f"but build.max_batch_size={k.max_batch_size}: concurrency is KV-bound. "
+                              f"Fix: {_fit_fixes(shape, k, gpu, need='batch')}")
+    if k.max_num_tokens < k.tokens_per_block:
+        p.notes.append("max_num_tokens is below tokens_per_block; TensorRT-LLM may raise it at build time.")
+    p.status = "refused" if p.refusals else ("warn" if p.warnings else "ok")
+    return p
+
+
+def _fit_fixes(shape: ModelShape, k: _Knobs, gpu: GPU, need: str) -> str:
+    """Suggested fixes with their effect: lower max_seq_len, FP8 KV, more TP, a smaller recipe."""
+    target = 1 if need in ("one", "weights") else k.max_batch_size
+    out: list[str] = []
+    if need != "weights":
+        n = _gpu_numbers(shape, k, gpu)
+        per_seq_tokens = n["tokens"] // max(1, target * k.beam)
+        s = per_seq_tokens // k.tokens_per_block * k.tokens_per_block
+        if k.max_input_len < s < k.max_seq_len:
+            out.append(f"build.max_seq_len={s} ({target} sequence(s) fit)")
+        if k.kv_cache == "none" and "fp8" in gpu.kv_formats and _kv_elem_bytes(k) > 1:
+            n2 = _gpu_numbers(shape, dataclasses.replace(k, kv_cache="fp8"), gpu)
+            out.append(f"quant.kv_cache=fp8 ({n2['seqs']} sequences fit)")
+        elif k.kv_cache == "none" and _kv_elem_bytes(k) > 1:
+            n2 = _gpu_numbers(shape, dataclasses.replace(k, kv_cache="int8"), gpu)
+            out.append(f"quant.kv_cache=int8 ({n2['seqs']} sequences fit)")
+    for tp in TP_CHOICES:
+        if tp <= k.tp or shape.num_heads % tp:
+            continue
+        n3 = _gpu_numbers(shape, dataclasses.replace(k, tp=tp), gpu)
+        if n3["seqs"] >= target:
+            out.append(f"quant.tp_size={tp} ({n3['seqs']} sequences fit per {tp} GPUs)")
+            break
+    if need == "weights" and k.recipe in ("none", "fp8", "int8_sq", "int8_wo"):
+        for r in ("fp8", "int4_awq"):
+            if r == k.recipe or r not in gpu.quant_formats:
+                continue
+            n4 = _gpu_numbers(shape, dataclasses.replace(k, recipe=r), gpu)
+            if n4["seqs"] >= 1:
+                out.append(f"quant={r} ({_gib(n4['w'].max_rank_bytes)} weights per rank)")
+                break
+    return "; or ".join(out) if out else "use a GPU with more memory"
+
+
+def _cpu_plan(p: Plan, shape: ModelShape, k: _Knobs) -> Plan:
+    mem = host_memory()
+    bw = host_memory_bandwidth_gbs() * 1e9
+    w = weight_bytes(shape, k.recipe, hp_dtype=k.hp_dtype, group_size=k.group_size, exclude=list(k.exclude), sensitive=k.sensitive)
+    kv_b = 1 if k.kv_cache in ("fp8", "int8") else DTYPE_BYTES[k.hp_dtype]
+    kv_tok = shape.kv_bytes_per_token(kv_b)
+    # onnxruntime-genai shares past/present buffers sized batch x max_length (static KV per slot)
+    kv_all = kv_tok * k.max_seq_len * k.max_batch_size * k.beam
+    act = _activation_bytes(shape, dataclasses.replace(k, tp=1))
+    p.target.update({"name": "host CPU", "memory_bytes": mem["total"], "available_bytes": mem["available"],
+                     "bandwidth_gb_s": round(bw / 1e9, 2), "bandwidth_source": "measured: numpy copy of 256 MB (best of 3)"})
+    p.weights = {"total_bytes": w.total_bytes, "quantized_bytes": w.quantized_bytes, "high_precision_bytes": w.high_precision_bytes,
+                 "per_rank_bytes": w.total_bytes, "high_precision_modules": w.high_precision_modules,
+                 "bits_per_param": round(8 * w.total_bytes / max(1, w.num_parameters), 3)}
+    p.kv_cache = {"dtype": k.kv_cache if k.kv_cache != "none" else k.hp_dtype, "bytes_per_element": kv_b,
+                  "bytes_per_token_model": kv_tok, "bytes_per_token_rank": kv_tok,
+                  "bytes_per_sequence_rank": kv_tok * k.max_seq_len, "bytes_all_slots": kv_all}
+    need = w.total_bytes + kv_all + act
+    p.memory = {"host_bytes": mem["total"], "available_bytes": mem["available"], "weights_bytes": w.total_bytes,
+                "kv_cache_bytes": kv_all, "activations_bytes": act, "total_needed_bytes": need}
+    avail = mem["available"] or 0
+    fit_seqs = max(0, (avail - w.total_bytes - act) // max(1, kv_tok * k.max_seq_len)) if avail else None
+    p.capacity = {"max_sequences_at_max_seq_len": fit_seqs, "max_batch_size": k.max_batch_size,
+                  "effective_concurrency": min(fit_seqs, k.max_batch_size) if fit_seqs is not None else k.max_batch_size}
+    conc = max(1, p.capacity["effective_concurrency"] or 1)
+    p.decode = {"bandwidth_bytes_s": bw, "batch1": _roofline(w.total_bytes, kv_tok, k.max_seq_len, 1, bw),
+                "full": _roofline(w.total_bytes, kv_tok, k.max_seq_len, conc, bw),
+                "weights_only_step_s_min": w.total_bytes / bw,
+                "assumption": "memory-bound: weights and each sequence's KV cache (at max_seq_len) read once per step"}
+    if mem["total"] and w.total_bytes >= mem["total"]:
+        p.refusals.append(f"weights need {_gib(w.total_bytes)} but the host has {_gib(mem['total'])} RAM. "
+                          f"Fix: quant=int4_awq or a larger host.")
+    elif avail and need > avail:
+        p.warnings.append(f"weights + KV for {k.max_batch_size} x {k.max_seq_len} tokens + activations need {_gib(need)}; "
+                          f"{_gib(avail)} is available now. Fix: lower build.max_batch_size or build.max_seq_len.")
+    if k.recipe in ("fp8", "w4a8_awq"):
+        p.notes.append(f"quant.recipe={k.recipe}: FP8 has no CPU kernels in onnxruntime-genai (CUDA EP only); "
+                       "the sizes assume the recipe's packed weights.")
+    p.status = "refused" if p.refusals else ("warn" if p.warnings else "ok")
+    return p
+
+
+def _gib(b: float | int | None) -> str:
+    if b is None:
+        return "?"
+    return f"{b / GiB:.2f} GiB"
+
+
+def fmt_bytes(b: float | int | None) -> str:
+    """Human-readable size (binary units)."""
+    if b is None:
+        return "-"
+    b = float(b)
+    for unit, f in (("GiB", GiB), ("MiB", 1 << 20), ("KiB", KiB)):
+        if abs(b) >= f:
+            return f"{b / f:.2f} {unit}"
+    return f"{int(b)} B"
