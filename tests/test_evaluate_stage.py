@@ -110,3 +110,45 @@ def test_destructive_recipe_fails_gate_with_exit_3(tmp_path):
     assert summary.exit_code == EXIT_GATE, (summary.error, out)
     assert rep["gate"]["passed"] is False and "max_drop" in rep["gate"]["reason"]
     assert "gate FAILED" in out
+
+
+def test_stage_run_baseline_vs_simulated_and_draft_acceptance(tmp_path, tiny_ckpt):
+    """The stage function on hand-made upstream artifacts (the export's hf/ folder and a real ModelOpt
+    int8 quant state written with pipeline.quantize.save_quant_state); runs without the build stage.
+    The draft model is the target itself, so every proposed draft token must be accepted."""
+    import logging
+    import shutil
+
+    import modelopt.torch.quantization as mtq
+    import torch
+    import transformers as tf
+
+    from pipeline.quantize import save_quant_state
+    from pipeline.stages import StageContext
+    from pipeline.stages.evaluate import STAGE
+    from pipeline.store import Artifact
+
+    exp = tmp_path / "export"
+    shutil.copytree(tiny_ckpt, exp / "hf")
+    qdir = tmp_path / "quant"
+    qdir.mkdir()
+    model = tf.AutoModelForCausalLM.from_pretrained(str(exp / "hf"), dtype=torch.float32)
+    base = {k: v.clone() for k, v in model.state_dict().items()}
+    ids = torch.tensor([[1, 40, 41, 42, 43, 44, 45, 46]])
+    mtq.quantize(model, mtq.INT8_DEFAULT_CFG, forward_loop=lambda m: m(ids))
+    save_quant_state(model, base, qdir, {"recipe": "int8_wo", "calib_dtype": "float32"})
+    es = _tiny_eval_set(tmp_path / "e.jsonl")
+    cfg = compose(["eval.runners=[baseline,simulated]", "eval.candidate=auto", f"eval.draft_model_path={tiny_ckpt}",
+                   "eval.draft_tokens=3", "eval.max_new_tokens=6", "build.max_input_len=128", "build.max_seq_len=160", "quant=int8_wo"])
+    out = tmp_path / "out"
+    out.mkdir()
+    ctx = StageContext(cfg=cfg, inputs={"export": Artifact("export", "k", exp, {}), "quantize": Artifact("quantize", "k", qdir, {})},
+                       external={"eval_set": es, "draft_model": tiny_ckpt}, out=out, manifest={},
+                       console=Console(file=io.StringIO()), log=logging.getLogger("test"), show_progress=False)
+    res = STAGE.run(ctx)
+    rep = json.loads((out / "eval_report.json").read_text())
+    assert res["candidate"] == "simulated" and "auto -> simulated" in rep["notes"]["candidate"]
+    assert rep["skipped"]["too_long"] == ["c1"] and res["evaluated"] == 4
+    sp = rep["speculative"]
+    assert sp["acceptance_rate"] == 1.0 and sp["proposed"] > 0 and set(sp["slices"]) == {"order", "amount", "reply"}
+    assert res["gate"]["passed"] in (True, False) and "headline" in res
