@@ -1,0 +1,175 @@
+"""``pipeline doctor [--json] [--require TARGET ...]``: what is installed here and which targets can run.
+
+Reports Python, torch, ModelOpt, transformers, onnxruntime(-genai), TensorRT-LLM / TensorRT (if
+present), the GPUs and driver (``nvidia-smi``), ``trtllm-build``, and the Triton server that
+``nvidia-pytriton`` ships in ``.venv-serve`` (binary, Python-backend stub for the serving Python,
+numpy < 2 there, see shared/reference/environment.md).  Nothing heavy is imported: versions come from
+package metadata, so the command takes well under a second.
+
+Exit codes: 0; 4 (PreflightError) when a ``--require``d target cannot run here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import importlib.util
+import json
+import os
+import platform
+import re
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from .errors import EXIT_OK, EXIT_PREFLIGHT
+
+PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "nvidia-modelopt", "onnxruntime", "onnxruntime-genai",
+            "onnxruntime-genai-cuda", "onnx", "onnx-ir", "onnxscript", "tensorrt_llm", "tensorrt", "tritonclient", "hydra-core", "numpy")
+TARGETS = ("onnxruntime_genai", "tensorrt_llm", "triton_serving", "quantize")
+
+
+def _version(dist: str) -> str | None:
+    for name in (dist, dist.replace("_", "-"), dist.replace("-", "_")):
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _serve_env(root: Path) -> dict[str, Any]:
+    """Facts about the serving virtualenv (``.venv-serve``) and the Triton server inside it."""
+    venv = root / ".venv-serve"
+    out: dict[str, Any] = {"venv": str(venv), "exists": venv.is_dir()}
+    if not venv.is_dir():
+        return out
+    pyver = None
+    cfgf = venv / "pyvenv.cfg"
+    if cfgf.is_file():
+        m = re.search(r"^version(?:_info)?\s*=\s*(\d+)\.(\d+)", cfgf.read_text(encoding="utf-8", errors="replace"), re.M)
+        if m:
+            pyver = f"{m.group(1)}.{m.group(2)}"
+    out["python"] = pyver
+    sites = sorted(venv.glob("lib/python*/site-packages"))
+    site = sites[0] if sites else None
+    out["site_packages"] = str(site) if site else None
+    if site is None:
+        return out
+
+    def dist_version(prefix: str) -> str | None:
+        for d in site.glob(f"{prefix}-*.dist-info"):
+            return d.name[len(prefix) + 1: -len(".dist-info")]
+        return None
+
+    out["nvidia_pytriton"] = dist_version("nvidia_pytriton")
+    out["numpy"] = dist_version("numpy")
+    out["tritonclient"] = dist_version("tritonclient")
+    ts = site / "pytriton" / "tritonserver"
+    binary = ts / "bin" / "tritonserver"
+    out["tritonserver"] = str(binary) if binary.is_file() else None
+    out["tritonserver_executable"] = bool(binary.is_file() and os.access(binary, os.X_OK))
+    stub = ts / "python_backend_stubs" / (pyver or "?") / "triton_python_backend_stub"
+    out["python_backend_stub"] = str(stub) if stub.is_file() else None
+    out["python_backend_dir"] = str(ts / "backends" / "python") if (ts / "backends" / "python").is_dir() else None
+    return out
+
+
+def collect(root: Path | None = None) -> dict[str, Any]:
+    """The doctor report as a dict (the ``--json`` output)."""
+    from . import hostinfo
+
+    root = root or Path(__file__).resolve().parents[1]
+    pkgs = {p: _version(p) for p in PACKAGES}
+    gpus = hostinfo.gpus()
+    trtllm_build = shutil.which("trtllm-build")
+    serve = _serve_env(root)
+    py = platform.python_version()
+    targets: dict[str, dict[str, Any]] = {}
+
+    why = [f"{p} not installed" for p in ("onnxruntime-genai", "onnx", "onnx-ir", "onnxscript") if not pkgs.get(p)]
+    targets["onnxruntime_genai"] = {"ok": not why, "why": why or ["CPU execution provider available"],
+                                    "cuda": bool(gpus and pkgs.get("onnxruntime-genai-cuda"))}
+    why = []
+    if not pkgs.get("tensorrt_llm"):
+        why.append("tensorrt_llm not installed (pip install --extra-index-url https://pypi.nvidia.com 'tensorrt-llm<=1.2.1'; "
+                   "Python 3.10/3.12 on Linux with a CUDA driver)")
+    if not trtllm_build:
+        why.append("trtllm-build not on PATH")
+    if not gpus:
+        why.append("no NVIDIA GPU visible (nvidia-smi)")
+    if py.rsplit(".", 1)[0] not in ("3.10", "3.12"):
+        why.append(f"Python {py}: TensorRT-LLM wheels exist for 3.10 and 3.12 only")
+    targets["tensorrt_llm"] = {"ok": not why, "why": why or ["engine builds possible"]}
+    why = []
+    if not serve.get("exists"):
+        why.append(f"{serve['venv']} missing (make serve-env)")
+    else:
+        if not serve.get("tritonserver"):
+            why.append("tritonserver binary not found (pip install --no-deps nvidia-pytriton==0.7.0 into .venv-serve)")
+        if not serve.get("python_backend_stub"):
+            why.append(f"no Python-backend stub for Python {serve.get('python')}")
+        npv = serve.get("numpy")
+        if npv and int(npv.split(".")[0]) >= 2:
+            why.append(f"numpy {npv} in .venv-serve: Triton 2.51's Python backend corrupts tensors with numpy 2; install numpy<2 there")
+    targets["triton_serving"] = {"ok": not why, "why": why or ["Triton server (Python backend) can start on this host"]}
+    why = [f"{p} not installed" for p in ("torch", "nvidia-modelopt", "transformers") if not pkgs.get(p)]
+    targets["quantize"] = {"ok": not why, "why": why or ["ModelOpt quantization " + ("on GPU" if gpus else "on CPU (slow for big models)")]}
+    return {
+        "schema": "pipeline.doctor/v1",
+        "python": {"version": py, "executable": sys.executable, "implementation": platform.python_implementation()},
+        "platform": platform.platform(),
+        "cpu": hostinfo.cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "packages": pkgs,
+        "gpus": gpus,
+        "driver": gpus[0].get("driver") if gpus else None,
+        "trtllm_build": trtllm_build,
+        "serve": serve,
+        "targets": targets,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="pipeline doctor", description="Report the environment and which targets can run here.")
+    ap.add_argument("--json", action="store_true", help="machine-readable output (schema pipeline.doctor/v1)")
+    ap.add_argument("--require", action="append", default=[], choices=TARGETS, help="exit 4 unless this target can run here")
+    args = ap.parse_args(argv)
+    rep = collect()
+    missing = [t for t in args.require if not rep["targets"][t]["ok"]]
+    if args.json:
+        print(json.dumps(rep, indent=2, default=str))
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        con = Console()
+        t = Table(title="pipeline doctor", show_header=False, title_justify="left")
+        t.add_column("what", style="bold")
+        t.add_column("value")
+        t.add_row("python", f"{rep['python']['version']} ({rep['python']['executable']})")
+        t.add_row("platform", f"{rep['platform']}; {rep['cpu']} x{rep['cpu_count']}")
+        for p, v in rep["packages"].items():
+            t.add_row(p, v or "[dim]not installed[/]")
+        t.add_row("GPUs", ", ".join(f"{g['name']} (SM {g['compute_capability']}, {g['memory_mib']:.0f} MiB)" for g in rep["gpus"]) or "none visible")
+        t.add_row("driver", str(rep["driver"] or "-"))
+        t.add_row("trtllm-build", rep["trtllm_build"] or "[dim]not on PATH[/]")
+        s = rep["serve"]
+        t.add_row("tritonserver", f"{s.get('tritonserver') or 'not found'} (nvidia-pytriton {s.get('nvidia_pytriton')}, "
+                                  f"serve Python {s.get('python')}, numpy {s.get('numpy')})")
+        con.print(t)
+        tt = Table(title="targets on this host")
+        tt.add_column("target")
+        tt.add_column("runs here")
+        tt.add_column("why")
+        for name, v in rep["targets"].items():
+            tt.add_row(name, "[green]yes[/]" if v["ok"] else "[red]no[/]", "; ".join(v["why"]))
+        con.print(tt)
+        if missing:
+            con.print(f"[bold red]required target(s) cannot run here:[/] {', '.join(missing)}")
+    return EXIT_PREFLIGHT if missing else EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
