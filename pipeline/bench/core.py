@@ -1,0 +1,327 @@
+"""Run a whole benchmark: every mode × level × repeat, then metrics, roofline and ratios.
+
+Entry point: :func:`run_benchmark`. The benchmark stage (``pipeline/stages/benchmark.py``) calls it
+with the upstream artifacts; tests call it directly with a freshly built engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime as _dt
+import logging
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from .. import hostinfo
+from ..errors import InputError, PipelineError, PreflightError
+from . import loadgen
+from .metrics import aggregate_repeats, level_metrics
+from .records import RequestRecord
+from .roofline import memory_bandwidth, onnx_engine_bytes, roofline_for_level
+from .workload import BenchRequest, build_requests, dataset_digest
+
+SCHEMA = "pipeline.benchmark/v1"
+log = logging.getLogger("pipeline.bench")
+
+# What the team aims for on the 2-core CPU host (docs/benchmark.md); reported, never asserted.
+TARGETS = {
+    "engine_speedup_tpot_c1": (">=", 3.0, "transformers eager fp32 TPOT / engine TPOT at concurrency 1"),
+    "triton_overhead_tpot_c1": ("<=", 1.10, "Triton streamed TPOT / in-process engine TPOT at concurrency 1"),
+    "engine_throughput_c8_over_c1": (">=", 3.0, "engine output tokens/s at concurrency 8 / at concurrency 1"),
+    "triton_throughput_c8_over_c1": (">=", 3.0, "Triton output tokens/s at concurrency 8 / at concurrency 1"),
+    "failed_requests": ("==", 0, "failed requests over every run"),
+}
+
+
+@dataclasses.dataclass
+class BenchInputs:
+    """What a benchmark needs (paths are absolute).
+
+    Attributes:
+        hf_dir: the export artifact's ``hf/`` (tokenizer; the baseline's weights).
+        model_info: the export artifact's ``model_info.json`` contents (eos ids for stop tokens).
+        engine_dir: the build artifact's ``engine/`` (engine mode); ``None`` skips engine facts.
+        model_repository: the package artifact's ``model_repository/`` (triton mode).
+        eval_set / corpus: JSONL prompt sources (dataset=eval / synthetic).
+        target: build target name (``onnxruntime_genai`` | ``tensorrt_llm``).
+        max_input_len / max_seq_len / max_batch_size: engine limits (from build_info).
+        describe: extra facts recorded verbatim in the JSON (artifact keys, quant recipe, ...).
+        load_runner: ``f() -> EngineRunner`` for targets without the native onnxruntime-genai driver.
+    """
+
+    hf_dir: Path
+    model_info: dict[str, Any]
+    engine_dir: Path | None = None
+    model_repository: Path | None = None
+    eval_set: Path | None = None
+    corpus: Path | None = None
+    target: str = "onnxruntime_genai"
+    max_input_len: int | None = None
+    max_seq_len: int | None = None
+    max_batch_size: int | None = None
+    describe: dict[str, Any] = dataclasses.field(default_factory=dict)
+    load_runner: Callable[[], Any] | None = None
+
+
+def _levels(bcfg: Any, mode: str) -> list[tuple[str, float]]:
+    conc = list(bcfg.baseline_concurrency) if mode == "baseline" else list(bcfg.concurrency)
+    lv: list[tuple[str, float]] = [("concurrency", int(c)) for c in conc]
+    if mode != "baseline":
+        lv += [("request_rate", float(r)) for r in bcfg.request_rates]
+    return lv
+
+
+def _level_seed(base: int, repeat: int, idx: int) -> int:
+    return int(base) + 1000 * repeat + idx
+
+
+def _compact(rec: RequestRecord) -> dict[str, Any]:
+    d: dict[str, Any] = {"id": rec.request_id, "isl": rec.input_len, "requested": rec.requested_output_len,
+                         "osl": rec.output_len, "reported": rec.reported_output_len, "finish": rec.finish_reason}
+    if rec.ok:
+        d.update(ttft_ms=rec.ttft * 1e3, e2e_ms=rec.e2e * 1e3, tpot_ms=None if rec.tpot is None else rec.tpot * 1e3)
+    if rec.error:
+        d["error"] = rec.error
+    return d
+
+
+def _make_backend(mode: str, bcfg: Any, inp: BenchInputs, stop_ids: list[int]):
+    """(backend, closer) for ``mode``; raises PreflightError/InputError with the fix."""
+    if mode == "engine":
+        if inp.engine_dir is not None and (inp.engine_dir / "genai_config.json").exists():
+            from .backends import OrtEngineBackend
+
+            b = OrtEngineBackend(inp.engine_dir, ignore_eos=bcfg.ignore_eos, stop_token_ids=stop_ids)
+        elif inp.load_runner is not None:
+            from .backends import RunnerBackend
+
+            b = RunnerBackend(inp.load_runner(), ignore_eos=bcfg.ignore_eos, stop_token_ids=stop_ids)
+        else:
+            raise InputError(f"benchmark.modes has 'engine' but no runnable engine was found at {inp.engine_dir}. Fix: run the build stage first.")
+        b.start()
+        return b, b.close
+    if mode == "baseline":
+        from .backends import TransformersBackend
+
+        b = TransformersBackend(inp.hf_dir, ignore_eos=bcfg.ignore_eos, stop_token_ids=stop_ids)
+        b.start()
+        return b, b.close
+    if mode == "triton":
+        from .triton import TritonBackend
+
+        if inp.model_repository is None or not inp.model_repository.is_dir():
+            raise InputError(f"benchmark.modes has 'triton' but no model repository was found at {inp.model_repository}. Fix: run the package stage first, or drop triton from benchmark.modes.")
+        b = TritonBackend(inp.model_repository, bcfg=bcfg, ready_timeout_s=float(getattr(bcfg, "server_ready_timeout_s", 180.0)))
+        b.start()
+        return b, b.close
+    raise InputError(f"benchmark.modes: unknown mode {mode!r}; use engine, triton or baseline.")
+
+
+def run_benchmark(bcfg: Any, inp: BenchInputs, *, progress: Callable[[float], None] | None = None,
+                  console: Any = None) -> dict[str, Any]:
+    """Run the benchmark described by ``bcfg`` (a :class:`~pipeline.config.benchmark.BenchmarkConfig`).
+
+    Returns the ``pipeline.benchmark/v1`` document (see docs/benchmark.md for every field).
+    Failed requests are counted, never raised; a backend that cannot start raises
+    :class:`PreflightError` / :class:`InputError` with the fix.
+    """
+    from transformers import AutoTokenizer
+
+    from ..tokenization import stop_token_ids
+
+    t_begin = time.time()
+    tok = AutoTokenizer.from_pretrained(str(inp.hf_dir), trust_remote_code=False)
+    stop_ids = stop_token_ids(inp.model_info)
+    n = int(bcfg.num_requests)
+    warm_reqs = build_requests(bcfg, tok, int(bcfg.warmup_requests), seed=int(bcfg.seed) + 10**6, eval_set=inp.eval_set, corpus=inp.corpus,
+                               max_input_len=inp.max_input_len, max_seq_len=inp.max_seq_len, prefix="warmup") if bcfg.warmup_requests else []
+    # the workload of each (repeat, level) is the same for every mode, so modes compare like for like
+    workloads: dict[tuple[int, str, float], tuple[int, list[BenchRequest]]] = {}
+    all_levels: list[tuple[str, float]] = []
+    for m in bcfg.modes:
+        for lv in _levels(bcfg, m):
+            if lv not in all_levels:
+                all_levels.append(lv)
+    for rep in range(int(bcfg.repeats)):
+        for i, lv in enumerate(all_levels):
+            seed = _level_seed(bcfg.seed, rep, i)
+            workloads[(rep, *lv)] = (seed, build_requests(bcfg, tok, n, seed=seed, eval_set=inp.eval_set, corpus=inp.corpus,
+                                                          max_input_len=inp.max_input_len, max_seq_len=inp.max_seq_len,
+                                                          prefix=f"r{rep}-{lv[0][0]}{lv[1]:g}"))
+    engine_facts = None
+    if inp.engine_dir is not None and (inp.engine_dir / "genai_config.json").exists():
+        try:
+            engine_facts = onnx_engine_bytes(inp.engine_dir)
+        except Exception as e:  # noqa: BLE001 - the roofline is a report extra
+            log.warning("could not read engine weight sizes for the roofline: %s", e)
+    bw = memory_bandwidth()
+
+    runs: list[dict[str, Any]] = []
+    mode_info: dict[str, Any] = {}
+    for mode in bcfg.modes:
+        t_mode = time.time()
+        backend, close = _make_backend(mode, bcfg, inp, stop_ids)
+        try:
+            warm_ok, warm_errors = asyncio.run(loadgen.warmup(backend, warm_reqs, float(bcfg.max_duration_s)))
+            if warm_reqs and warm_ok == 0:
+                raise PipelineError(f"benchmark {mode}: every warm-up request failed ({'; '.join(warm_errors)[:500]}); nothing to measure.")
+            mbs = getattr(backend, "max_batch_size", None) or inp.max_batch_size
+            mode_info[mode] = {"warmup_requests": len(warm_reqs), "warmup_ok": warm_ok, "max_batch_size": mbs,
+                               "backend": type(backend).__name__, **getattr(backend, "describe", lambda: {})()}
+            for rep in range(int(bcfg.repeats)):
+                for kind, level in _levels(bcfg, mode):
+                    seed, reqs = workloads[(rep, kind, level)]
+                    if kind == "concurrency":
+                        lr = asyncio.run(loadgen.closed_loop(backend, reqs, int(level), float(bcfg.max_duration_s)))
+                    else:
+                        lr = asyncio.run(loadgen.open_loop(backend, reqs, float(level), seed, float(bcfg.max_duration_s)))
+                    met = level_metrics(lr.records)
+                    conc = int(level) if kind == "concurrency" else None
+                    rl = roofline_for_level(engine_facts, bw["gbs"], met, conc if conc else 1, mbs) if engine_facts and mode != "baseline" else None
+                    runs.append({
+                        "mode": mode, "kind": kind, "concurrency": conc, "request_rate": level if kind == "request_rate" else None,
+                        "repeat": rep, "seed": seed, "dataset_digest": dataset_digest(reqs), "timed_out": lr.timed_out,
+                        "wall_s": lr.t_end - lr.t_start, "metrics": met, "roofline": rl,
+                        "requests": [_compact(r) for r in lr.records],
+                    })
+                    if console is not None:
+                        console.print(f"  {mode:<8} {kind}={level:g} rep {rep}: TTFT p50 {met['time_to_first_token'].get('p50', float('nan')):.1f} ms, "
+                                      f"TPOT avg {met['time_per_output_token'].get('avg', float('nan')):.2f} ms, "
+                                      f"{met['output_token_throughput']['avg']:.1f} tok/s, errors {met['requests']['errors']}")
+                    if progress:
+                        progress(1)
+        finally:
+            close()
+        mode_info[mode]["seconds"] = round(time.time() - t_mode, 2)
+
+    summary = summarize(runs)
+    doc: dict[str, Any] = {
+        "schema": SCHEMA,
+        "created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "name": bcfg.name,
+        "config": _cfg_dict(bcfg),
+        "seeds": {"base": int(bcfg.seed), "warmup": int(bcfg.seed) + 10**6,
+                  "levels": {f"r{rep}/{k}={lv:g}": s for (rep, k, lv), (s, _) in workloads.items()}},
+        "dataset": {
+            "kind": bcfg.dataset, "source": str(inp.eval_set if bcfg.dataset == "eval" else (inp.corpus or inp.eval_set)),
+            "source_sha256": _sha(inp.eval_set if bcfg.dataset == "eval" else (inp.corpus or inp.eval_set)),
+            "digest": _digest_all(workloads), "requests_per_level": n,
+        },
+        "model": {"hf_dir": str(inp.hf_dir), "engine_dir": str(inp.engine_dir) if inp.engine_dir else None,
+                  "model_repository": str(inp.model_repository) if inp.model_repository else None, "target": inp.target,
+                  "limits": {"max_input_len": inp.max_input_len, "max_seq_len": inp.max_seq_len, "max_batch_size": inp.max_batch_size},
+                  **inp.describe},
+        "host": hostinfo.host(),
+        "versions": hostinfo.library_versions(["onnxruntime-genai", "onnxruntime", "torch", "transformers", "tritonclient"]),
+        "modes": mode_info,
+        "roofline": {"bandwidth_gbs": bw["gbs"], "bandwidth_source": bw["source"], **(engine_facts or {}),
+                     "formula": "bound_tokens_per_s(b) = b * BW / (W + b * KV(L)); fraction = (b / TPOT) / bound"},
+        "runs": runs,
+        "summary": summary,
+        "ratios": ratios(summary, runs),
+        "seconds": round(time.time() - t_begin, 2),
+    }
+    doc["headline"] = headline(doc)
+    return doc
+
+
+def _cfg_dict(bcfg: Any) -> dict[str, Any]:
+    if dataclasses.is_dataclass(bcfg):
+        return dataclasses.asdict(bcfg)
+    try:
+        from omegaconf import OmegaConf
+
+        return OmegaConf.to_container(bcfg, resolve=True)  # type: ignore[return-value]
+    except Exception:  # noqa: BLE001
+        return dict(bcfg)
+
+
+def _sha(p: Path | None) -> str | None:
+    if p is None or not Path(p).is_file():
+        return None
+    from ..store import sha256_file
+
+    return sha256_file(p)
+
+
+def _digest_all(workloads: dict) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for k in sorted(workloads, key=str):
+        h.update(str(k).encode())
+        h.update(dataset_digest(workloads[k][1]).encode())
+    return h.hexdigest()
+
+
+def level_key(r: dict[str, Any]) -> str:
+    """``"engine/concurrency=1"``: how runs and summaries are matched across documents."""
+    lv = r["concurrency"] if r["kind"] == "concurrency" else r["request_rate"]
+    return f"{r['mode']}/{r['kind']}={lv:g}"
+
+
+def summarize(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per (mode, level): repeat-0 metrics + the spread of headline metrics over repeats."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in runs:
+        groups.setdefault(level_key(r), []).append(r)
+    out = []
+    for key, rs in groups.items():
+        r0 = rs[0]
+        out.append({"key": key, "mode": r0["mode"], "kind": r0["kind"], "concurrency": r0["concurrency"],
+                    "request_rate": r0["request_rate"], "repeats": len(rs),
+                    "spread": aggregate_repeats([r["metrics"] for r in rs]),
+                    "errors": sum(r["metrics"]["requests"]["errors"] for r in rs),
+                    "roofline_fraction": [r["roofline"]["fraction"] for r in rs if r.get("roofline")]})
+    return out
+
+
+def _mean(summary: Sequence[dict[str, Any]], key: str, path: str) -> float | None:
+    for s in summary:
+        if s["key"] == key:
+            v = s["spread"].get(path)
+            return v["mean"] if v else None
+    return None
+
+
+def ratios(summary: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The headline ratios of docs/benchmark.md with their targets (``None`` when a run is missing)."""
+    tp = "time_per_output_token.avg"
+    thr = "output_token_throughput.avg"
+
+    def div(a: float | None, b: float | None) -> float | None:
+        return a / b if a is not None and b else None
+
+    vals = {
+        "engine_speedup_tpot_c1": div(_mean(summary, "baseline/concurrency=1", tp), _mean(summary, "engine/concurrency=1", tp)),
+        "triton_overhead_tpot_c1": div(_mean(summary, "triton/concurrency=1", tp), _mean(summary, "engine/concurrency=1", tp)),
+        "engine_throughput_c8_over_c1": div(_mean(summary, "engine/concurrency=8", thr), _mean(summary, "engine/concurrency=1", thr)),
+        "triton_throughput_c8_over_c1": div(_mean(summary, "triton/concurrency=8", thr), _mean(summary, "triton/concurrency=1", thr)),
+        "failed_requests": sum(r["metrics"]["requests"]["errors"] for r in runs),
+    }
+    out = {}
+    for k, v in vals.items():
+        op, target, what = TARGETS[k]
+        met = None
+        if v is not None:
+            met = bool(v >= target) if op == ">=" else bool(v <= target) if op == "<=" else bool(v == target)
+        out[k] = {"value": v, "target": f"{op} {target}", "met": met, "definition": what}
+    return out
+
+
+def headline(doc: dict[str, Any]) -> dict[str, Any]:
+    """Manifest headline: the first mode's concurrency-1 TPOT/TTFT (ms) and best output tokens/s."""
+    out: dict[str, Any] = {}
+    summ = doc["summary"]
+    for mode in ("triton", "engine", "baseline"):
+        k = f"{mode}/concurrency=1"
+        if any(s["key"] == k for s in summ):
+            out["mode"] = mode
+            out["tpot_ms"] = _mean(summ, k, "time_per_output_token.avg")
+            out["ttft_ms"] = _mean(summ, k, "time_to_first_token.avg")
+            out["tok_s"] = max((s["spread"].get("output_token_throughput.avg", {}).get("mean", 0.0) for s in summ if s["mode"] == mode), default=None)
+            break
+    out["errors"] = doc["ratios"]["failed_requests"]["value"]
+    return out

@@ -1,0 +1,125 @@
+"""Benchmark metrics from per-request records, named as genai-perf / trtllm-bench report them.
+
+Definitions (genai-perf README "Metrics"; trtllm-bench ``--streaming`` report):
+
+* ``time_to_first_token`` (TTFT): request sent -> first token received, per request.
+* ``inter_token_latency`` (ITL): every gap between consecutive tokens of a request, pooled.
+* ``time_per_output_token`` (TPOT): (last token - first token) / (output tokens - 1), per request
+  (requests with one token have none).
+* ``request_latency``: request sent -> last token (end-to-end latency), per request.
+* ``output_token_throughput``: output tokens of completed requests / benchmark duration, where the
+  duration runs from the first send to the last completion of the level (tokens/s).
+* ``request_throughput``: completed requests / duration (requests/s).
+* ``output_token_throughput_per_user``: 1 / TPOT per request (tokens/s/user).
+* ``prefill_decode``: share of request time spent before the first token (prefill + queueing)
+  vs after it (decode).
+
+Distributions are reported as ``{unit, avg, min, max, std, p50, p75, p90, p95, p99}`` (``avg`` is
+the arithmetic mean; percentiles by linear interpolation, ``numpy.percentile``); times in ms.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from .records import RequestRecord
+
+PERCENTILES = (50, 75, 90, 95, 99)
+DIST_METRICS = ("time_to_first_token", "inter_token_latency", "time_per_output_token", "request_latency",
+                "output_token_throughput_per_user", "output_sequence_length", "input_sequence_length")
+# Scalars compared across runs by ``pipeline benchmark compare`` (dotted paths into a level's metrics).
+# "lower" = lower is better.
+HEADLINE = {
+    "time_to_first_token.avg": "lower", "time_to_first_token.p50": "lower", "time_to_first_token.p90": "lower",
+    "time_to_first_token.p99": "lower",
+    "time_per_output_token.avg": "lower", "time_per_output_token.p50": "lower", "time_per_output_token.p90": "lower",
+    "time_per_output_token.p99": "lower",
+    "inter_token_latency.avg": "lower", "inter_token_latency.p99": "lower",
+    "request_latency.avg": "lower", "request_latency.p50": "lower", "request_latency.p90": "lower", "request_latency.p99": "lower",
+    "output_token_throughput.avg": "higher", "request_throughput.avg": "higher",
+    "requests.errors": "lower", "prefill_decode.prefill_share": "lower",
+}
+
+
+def distribution(values: Iterable[float], unit: str, scale: float = 1.0) -> dict[str, Any]:
+    """Summary statistics of ``values`` × ``scale`` (e.g. s -> ms with 1000). Empty -> ``count: 0``."""
+    x = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=np.float64) * scale
+    if x.size == 0:
+        return {"unit": unit, "count": 0}
+    out: dict[str, Any] = {"unit": unit, "count": int(x.size), "avg": float(x.mean()), "min": float(x.min()),
+                           "max": float(x.max()), "std": float(x.std())}
+    for p, v in zip(PERCENTILES, np.percentile(x, PERCENTILES)):
+        out[f"p{p}"] = float(v)
+    return out
+
+
+def level_metrics(records: Sequence[RequestRecord]) -> dict[str, Any]:
+    """All metrics of one measured level (see module docstring)."""
+    ok = [r for r in records if r.ok]
+    errors = [r for r in records if not r.ok]
+    if ok:
+        t_first = min(r.t_send for r in ok)
+        t_last = max(r.t_send + r.e2e for r in ok)
+        duration = max(t_last - t_first, 1e-9)
+    else:
+        duration = 0.0
+    out_tokens = sum(r.output_len for r in ok)
+    ttft = [r.ttft for r in ok]
+    e2e = [r.e2e for r in ok]
+    tpot = [r.tpot for r in ok if r.tpot is not None]
+    mismatches = [r.request_id for r in ok if r.reported_output_len is not None and r.reported_output_len != r.output_len]
+    prefill = float(sum(ttft))
+    total = float(sum(e2e))
+    m: dict[str, Any] = {
+        "requests": {
+            "sent": len(records), "completed": len(ok), "errors": len(errors),
+            "error_messages": sorted({str(r.error) for r in errors})[:10],
+        },
+        "duration_s": duration,
+        "time_to_first_token": distribution(ttft, "ms", 1e3),
+        "inter_token_latency": distribution([g for r in ok for g in r.itls], "ms", 1e3),
+        "time_per_output_token": distribution(tpot, "ms", 1e3),
+        "request_latency": distribution(e2e, "ms", 1e3),
+        "output_token_throughput_per_user": distribution([1.0 / t for t in tpot if t > 0], "tokens/sec/user"),
+        "output_sequence_length": distribution([r.output_len for r in ok], "tokens"),
+        "input_sequence_length": distribution([r.input_len for r in ok], "tokens"),
+        "output_token_throughput": {"unit": "tokens/sec", "avg": out_tokens / duration if duration else 0.0},
+        "request_throughput": {"unit": "requests/sec", "avg": len(ok) / duration if duration else 0.0},
+        "output_tokens": out_tokens,
+        "prefill_decode": {
+            "prefill_s": prefill, "decode_s": total - prefill,
+            "prefill_share": prefill / total if total else None, "decode_share": (total - prefill) / total if total else None,
+        },
+        "consistency": {
+            "token_count_mismatches": mismatches[:10],
+            "short_outputs": [r.request_id for r in ok if r.finish_reason == "length" and r.output_len != r.requested_output_len][:10],
+        },
+    }
+    return m
+
+
+def get_path(doc: dict[str, Any], path: str) -> Any:
+    """``get_path(m, "time_to_first_token.p50")``; ``None`` when absent."""
+    cur: Any = doc
+    for part in path.split("."):
+        if not isinstance(cur, dict) or part not in cur:
+            return None
+        cur = cur[part]
+    return cur
+
+
+def aggregate_repeats(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Spread of each headline scalar over repeated runs: ``{path: {mean, std, min, max, n, values}}``."""
+    out: dict[str, dict[str, Any]] = {}
+    for path in HEADLINE:
+        vals = [get_path(r, path) for r in runs]
+        vals = [float(v) for v in vals if isinstance(v, (int, float))]
+        if not vals:
+            continue
+        a = np.asarray(vals)
+        out[path] = {"mean": float(a.mean()), "std": float(a.std(ddof=1)) if a.size > 1 else 0.0,
+                     "min": float(a.min()), "max": float(a.max()), "n": int(a.size), "values": vals}
+    return out

@@ -1,0 +1,65 @@
+"""Per-request measurement record shared by every backend and the metrics code."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass
+class RequestRecord:
+    """What one request measured. All times are seconds from ``time.perf_counter()``.
+
+    Attributes:
+        request_id: the :class:`~pipeline.bench.workload.BenchRequest` id.
+        input_len: prompt tokens as fed to the model.
+        requested_output_len: the output budget sent.
+        t_send: when the request was handed to the backend (absolute perf_counter seconds).
+        token_times: arrival time of every streamed token (absolute perf_counter seconds); one entry
+            per token (a streamed response carrying k tokens adds k entries with the same time).
+        reported_output_len: the number of generated tokens the backend reported at the end
+            (engine usage / final response / generated ids); checked against ``len(token_times)``.
+        finish_reason: eos | length | error.
+        error: message when the request failed.
+    """
+
+    request_id: str
+    input_len: int
+    requested_output_len: int
+    t_send: float = 0.0
+    token_times: list[float] = dataclasses.field(default_factory=list)
+    reported_output_len: int | None = None
+    finish_reason: str = ""
+    error: str | None = None
+    t_done: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and bool(self.token_times)
+
+    @property
+    def output_len(self) -> int:
+        return len(self.token_times)
+
+    @property
+    def ttft(self) -> float:
+        """Time to first token (s): send -> first token."""
+        return self.token_times[0] - self.t_send
+
+    @property
+    def e2e(self) -> float:
+        """Request latency (s): send -> last token (or completion)."""
+        end = self.t_done if self.t_done is not None else self.token_times[-1]
+        return max(end, self.token_times[-1]) - self.t_send
+
+    @property
+    def tpot(self) -> float | None:
+        """Time per output token after the first (s): (last token - first token) / (osl - 1)."""
+        if len(self.token_times) < 2:
+            return None
+        return (self.token_times[-1] - self.token_times[0]) / (len(self.token_times) - 1)
+
+    @property
+    def itls(self) -> list[float]:
+        """Gaps between consecutive token arrivals (s)."""
+        t = self.token_times
+        return [b - a for a, b in zip(t, t[1:])]
