@@ -54,18 +54,22 @@ def sha256_file(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
-def tree_files(root: Path) -> dict[str, dict[str, Any]]:
+def tree_files(root: Path, *, follow_symlinks: bool = False) -> dict[str, dict[str, Any]]:
     """Map of relative POSIX path -> {sha256, bytes} for every regular file under ``root``.
 
-    Symbolic links are refused (an artifact must be self-contained) and the manifest
-    itself is skipped.  Raises :class:`StoreError` naming the offending path.
+    Symbolic links are refused (an artifact must be self-contained) unless ``follow_symlinks``
+    (external inputs: a Hugging Face cache snapshot is a folder of links to blobs; the linked
+    content is hashed).  The manifest itself is skipped.  Raises :class:`StoreError` naming the
+    offending path.
     """
     out: dict[str, dict[str, Any]] = {}
     root = Path(root)
     for p in sorted(root.rglob("*")):
         rel = p.relative_to(root).as_posix()
-        if p.is_symlink():
+        if p.is_symlink() and not follow_symlinks:
             raise StoreError(f"{p}: symbolic links are not allowed in an artifact; copy the file instead")
+        if p.is_symlink() and not p.exists():
+            raise StoreError(f"{p}: broken symbolic link (its target {os.readlink(p)!r} does not exist)")
         if p.is_dir() or rel == MANIFEST:
             continue
         out[rel] = {"sha256": sha256_file(p), "bytes": p.stat().st_size}
@@ -89,7 +93,7 @@ def digest_path(path: str | os.PathLike) -> str:
     if p.is_file():
         return sha256_file(p)
     if p.is_dir():
-        return digest_files(tree_files(p))
+        return digest_files(tree_files(p, follow_symlinks=True))
     raise StoreError(f"{p}: no such file or folder")
 
 

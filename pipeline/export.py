@@ -1,0 +1,699 @@
+"""Export: validate a local Hugging Face checkpoint, then write a normalised copy.
+
+:func:`export_checkpoint` is the plain function behind the ``export`` stage
+(``pipeline/stages/export.py``).  It reads ``config.json``, the safetensors headers and the
+tokenizer first, runs every check below, and only then loads the weights (once) and writes::
+
+    <out>/hf/                 config.json, model.safetensors (or shards + index),
+                              generation_config.json, tokenizer files, special_tokens_map.json
+    <out>/model_info.json     the facts downstream stages rely on (fields: docs/artifacts.md)
+
+Checks (each raises :class:`pipeline.errors.InputError` naming the file/field, the values and the fix):
+
+* architecture is one of :data:`SUPPORTED_ARCHITECTURES`; ``auto_map`` (custom modelling code)
+  needs ``model.trust_remote_code=true``;
+* head counts: ``hidden_size == num_attention_heads * head_dim`` unless ``head_dim`` is given
+  explicitly, ``num_attention_heads % num_key_value_heads == 0``;
+* ``rope_scaling`` in the legacy ``type`` or the newer ``rope_type`` spelling (or transformers 5
+  ``rope_parameters``) is normalised to carry ``rope_type`` with every other field kept;
+* weights: safetensors headers must parse and cover the file (truncated/corrupt files are named);
+  pickled ``*.bin``/``*.pt`` weights are refused unless ``allow_pickle`` (then loaded with
+  ``torch.load(weights_only=True)``);
+* ``vocab_size`` == embedding rows == ``lm_head`` rows; the tokenizer may be shorter than the
+  embedding, never longer; every special-token id is < ``vocab_size``;
+* ``tie_word_embeddings``: tied without ``lm_head.weight`` uses the embedding ("tied"); untied
+  without ``lm_head.weight`` is an error (transformers would silently initialise a random head);
+  tied with an ``lm_head.weight`` that differs from the embedding is an error;
+* ``eos_token_id`` may be a list: the whole list is kept (config, generation_config, tokenizer);
+  no pad id anywhere: the first eos id is used and ``pad_token_derived`` is recorded;
+* after loading: no tensor the model needs may be missing from the checkpoint.
+
+No function here imports torch or transformers at module import time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, ContextManager, Iterator
+
+from .errors import InputError
+
+log = logging.getLogger("pipeline.export")
+
+#: architecture (``config.json`` ``architectures[0]``) -> ``model_type``.
+SUPPORTED_ARCHITECTURES: dict[str, str] = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Phi3ForCausalLM": "phi3",
+}
+DTYPES = ("float16", "bfloat16", "float32")
+#: tokenizer files copied byte for byte into ``hf/`` when present.
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "chat_template.json",
+    "tokenizer.model", "added_tokens.json", "vocab.json", "merges.txt",
+)
+TOKENIZER_DIRS = ("additional_chat_templates",)
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
+EMBED_NAME = "model.embed_tokens.weight"
+LM_HEAD_NAME = "lm_head.weight"
+# non-persistent buffers that old checkpoints sometimes carry; harmless when "unexpected"
+_IGNORABLE_UNEXPECTED = ("rotary_emb.inv_freq",)
+_SAFETENSORS_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
+                            "F8_E4M3": 1, "F8_E5M2": 1}
+
+ProgressFactory = Callable[[str, "float | None"], ContextManager[Callable[[float], None]]]
+
+
+@dataclass
+class CheckpointFacts:
+    """What :func:`inspect_checkpoint` learned from config.json and the weight headers (no weights loaded).
+
+    Attributes:
+        path: the checkpoint folder.
+        config: the raw ``config.json`` dict.
+        architecture / model_type: e.g. ``LlamaForCausalLM`` / ``llama``.
+        weight_format: ``"safetensors"`` or ``"pickle"``.
+        weight_files: weight file names (relative), in load order.
+        tensors: tensor name -> (shape, safetensors dtype string); empty for pickle until loaded.
+        tensor_file: tensor name -> file holding it (safetensors only).
+        tied: ``tie_word_embeddings`` as configured.
+        rope_theta: RoPE base (None when config.json does not state it; transformers' default applies).
+        rope_scaling: normalised scaling dict (carries ``rope_type``) or None for plain RoPE.
+        head_dim_explicit: whether config.json states ``head_dim``.
+    """
+
+    path: Path
+    config: dict[str, Any]
+    architecture: str
+    model_type: str
+    weight_format: str
+    weight_files: list[str]
+    tensors: dict[str, tuple[list[int], str]] = field(default_factory=dict)
+    tensor_file: dict[str, str] = field(default_factory=dict)
+    tied: bool = False
+    rope_theta: float | None = None
+    rope_scaling: dict[str, Any] | None = None
+    head_dim_explicit: bool = False
+    warnings: list[str] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- small helpers
+def _read_json(path: Path, what: str) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"{path}: {what} not found. Fix: point model.path at a Hugging Face checkpoint folder that has {path.name}.") from None
+    except UnicodeDecodeError as e:
+        raise InputError(f"{path}: {what} is not UTF-8 text ({e}). Fix: restore {path.name} from the original checkpoint.") from None
+    except json.JSONDecodeError as e:
+        raise InputError(f"{path}: {what} is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg}). "
+                         f"Fix: restore {path.name} from the original checkpoint.") from None
+    except OSError as e:
+        raise InputError(f"{path}: cannot read {what}: {e.strerror or e}. Fix: check the file's permissions.") from None
+
+
+def _ids(value: Any) -> list[int]:
+    """``None`` | int | list[int] -> list[int]."""
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        return [int(v) for v in value if v is not None]
+    return [int(value)]
+
+
+def _merge_ids(*lists: list[int]) -> list[int]:
+    out: list[int] = []
+    for lst in lists:
+        for i in lst:
+            if i not in out:
+                out.append(i)
+    return out
+
+
+def normalise_rope(config: dict[str, Any], where: str = "config.json") -> tuple[float | None, dict[str, Any] | None]:
+    """RoPE base and scaling from a raw ``config.json`` dict, in one normalised form.
+
+    Accepts ``rope_scaling`` with the legacy ``type`` key or the newer ``rope_type`` key, and
+    transformers 5's ``rope_parameters`` (which also carries ``rope_theta``).  Returns
+    ``(rope_theta, scaling)``; ``scaling`` keeps every field of the source, always has
+    ``rope_type``, never contains ``rope_theta``, and is None for plain RoPE (``rope_type``
+    ``default`` with no other field).  Raises InputError when the spellings disagree.
+    """
+    theta = config.get("rope_theta")
+    merged: dict[str, Any] = {}
+    for key in ("rope_parameters", "rope_scaling"):
+        d = config.get(key)
+        if d is None:
+            continue
+        if not isinstance(d, dict):
+            raise InputError(f"{where}: {key}={d!r} is not an object. Fix: write {key} as "
+                             '{"rope_type": "...", "factor": ...} or remove it for plain RoPE.')
+        legacy, new = d.get("type"), d.get("rope_type")
+        if legacy is not None and new is not None and legacy != new:
+            raise InputError(f"{where}: {key} has type={legacy!r} and rope_type={new!r}, which disagree. "
+                             f"Fix: keep one spelling (rope_type) with the intended scaling type.")
+        for k, v in d.items():
+            if k in merged and merged[k] != v and k not in ("type", "rope_type"):
+                raise InputError(f"{where}: rope_parameters.{k}={merged[k]!r} but rope_scaling.{k}={v!r}. "
+                                 f"Fix: make them agree or keep only one of rope_parameters/rope_scaling.")
+            merged[k] = v
+        if new is None and legacy is not None:
+            merged["rope_type"] = legacy
+    if "rope_theta" in merged:
+        t = merged.pop("rope_theta")
+        if theta is not None and float(theta) != float(t):
+            raise InputError(f"{where}: rope_theta={theta!r} but rope_parameters.rope_theta={t!r}. Fix: make them agree.")
+        theta = t
+    if not merged:
+        return (float(theta) if theta is not None else None), None
+    if merged.get("rope_type") is None:
+        raise InputError(f"{where}: rope_scaling={merged!r} names no scaling type. "
+                         f"Fix: add \"rope_type\" (e.g. \"linear\", \"dynamic\", \"yarn\", \"longrope\", \"llama3\").")
+    if merged.get("rope_type") == "default":  # plain RoPE; other keys (e.g. partial_rotary_factor) are not scaling
+        return (float(theta) if theta is not None else None), None
+    return (float(theta) if theta is not None else None), merged
+
+
+def _check_heads(cfg: dict[str, Any], where: str) -> list[str]:
+    """Head-count consistency problems (messages) of a raw config dict."""
+    problems: list[str] = []
+
+    def pos_int(name: str) -> int | None:
+        v = cfg.get(name)
+        if v is None:
+            problems.append(f"{name} is missing. Fix: add {name} to {where}.")
+            return None
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            problems.append(f"{name}={v!r} must be a positive integer. Fix: correct {name} in {where}.")
+            return None
+        return v
+
+    hidden = pos_int("hidden_size")
+    heads = pos_int("num_attention_heads")
+    kv = cfg.get("num_key_value_heads")
+    if kv is None:
+        kv = heads  # transformers' default: multi-head attention
+    elif isinstance(kv, bool) or not isinstance(kv, int) or kv <= 0:
+        problems.append(f"num_key_value_heads={kv!r} must be a positive integer. Fix: correct it in {where}.")
+        kv = None
+    for name in ("num_hidden_layers", "vocab_size", "intermediate_size"):
+        pos_int(name)
+    if heads and kv and heads % kv:
+        problems.append(f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv} (grouped-query attention "
+                        f"shares each KV head among heads/kv_heads query heads). Fix: correct one of them in {where}.")
+    head_dim = cfg.get("head_dim")
+    if head_dim is not None:
+        if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0:
+            problems.append(f"head_dim={head_dim!r} must be a positive integer. Fix: correct or remove head_dim in {where}.")
+    elif hidden and heads and hidden % heads:
+        problems.append(f"hidden_size={hidden} is not num_attention_heads={heads} x head_dim (it is not divisible by {heads}) and "
+                        f"head_dim is not given. Fix: correct hidden_size/num_attention_heads, or state head_dim in {where}.")
+    return problems
+
+
+# --------------------------------------------------------------------------- weights (headers only)
+def _safetensors_header(path: Path) -> tuple[dict[str, tuple[list[int], str]], dict[str, str]]:
+    """Tensor name -> (shape, dtype) and the metadata of one safetensors file, via ``safe_open``.
+
+    ``safe_open`` validates the header and that the data section covers the file exactly, so
+    truncated or padded files fail here.  Raises InputError naming the file.
+    """
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="np") as f:
+            tensors = {}
+            for name in f.keys():
+                sl = f.get_slice(name)
+                tensors[name] = (list(sl.get_shape()), str(sl.get_dtype()))
+            meta = f.metadata() or {}
+    except (SafetensorError, OSError, ValueError) as e:
+        size = path.stat().st_size if path.exists() else None
+        raise InputError(f"{path}: unreadable safetensors file ({e}; {size} bytes on disk). It is truncated or corrupt "
+                         f"(an interrupted download or copy). Fix: download or copy {path.name} again and compare its "
+                         f"sha256 with the source.") from None
+    return tensors, meta
+
+
+def inspect_checkpoint(path: str | Path, *, trust_remote_code: bool = False, allow_pickle: bool = False) -> CheckpointFacts:
+    """Every check that needs only ``config.json`` and the weight-file headers (no torch, no transformers).
+
+    Args:
+        path: local checkpoint folder.
+        trust_remote_code: allow a config with ``auto_map`` (custom modelling code).
+        allow_pickle: allow pickled ``*.bin``/``*.pt``/``*.pth`` weights when no safetensors exist.
+    Returns:
+        :class:`CheckpointFacts`.  For pickled weights, tensor shapes are checked later, after loading.
+    Raises:
+        InputError naming the file/field, the value and the fix.
+    """
+    src = Path(path)
+    if not src.is_dir():
+        raise InputError(f"model.path={str(path)!r}: not a folder. Fix: point model.path at a local Hugging Face checkpoint "
+                         f"folder (config.json, *.safetensors, tokenizer files).")
+    cfg_path = src / "config.json"
+    cfg = _read_json(cfg_path, "config.json")
+    if not isinstance(cfg, dict):
+        raise InputError(f"{cfg_path}: expected a JSON object, found {type(cfg).__name__}. Fix: restore config.json.")
+    supported = ", ".join(f"{a} ({t})" for a, t in SUPPORTED_ARCHITECTURES.items())
+    if cfg.get("auto_map") and not trust_remote_code:
+        raise InputError(f"{cfg_path}: auto_map={cfg['auto_map']!r} asks to run Python code shipped with the checkpoint, and "
+                         f"model.trust_remote_code is false (the secure default: that code would run with your permissions). "
+                         f"Fix: use a checkpoint of a supported architecture in standard transformers format ({supported}), "
+                         f"or, only if you trust its source, set model.trust_remote_code=true.")
+    archs = cfg.get("architectures") or []
+    arch = archs[0] if isinstance(archs, list) and archs else None
+    if arch is None:
+        by_type = {t: a for a, t in SUPPORTED_ARCHITECTURES.items()}
+        arch = by_type.get(cfg.get("model_type"))
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise InputError(f"{cfg_path}: architectures={archs!r} (model_type={cfg.get('model_type')!r}) is not supported. "
+                         f"Supported architectures: {supported}. Fix: export a checkpoint of a supported architecture.")
+    model_type = SUPPORTED_ARCHITECTURES[arch]
+    if cfg.get("model_type") not in (None, model_type):
+        raise InputError(f"{cfg_path}: architectures[0]={arch!r} but model_type={cfg.get('model_type')!r} (expected "
+                         f"{model_type!r}). Fix: correct model_type in config.json.")
+    problems = _check_heads(cfg, "config.json")
+    if problems:
+        raise InputError(f"{cfg_path}: {len(problems)} problem(s):\n" + "\n".join(f"  - {p}" for p in problems))
+    theta, scaling = normalise_rope(cfg, str(cfg_path))
+    facts = CheckpointFacts(path=src, config=cfg, architecture=arch, model_type=model_type, weight_format="safetensors",
+                            weight_files=[], tied=bool(cfg.get("tie_word_embeddings", False)), rope_theta=theta,
+                            rope_scaling=scaling, head_dim_explicit=cfg.get("head_dim") is not None)
+
+    # ---- weight files
+    index_path = src / "model.safetensors.index.json"
+    single = src / "model.safetensors"
+    if index_path.exists():
+        index = _read_json(index_path, "safetensors index")
+        wmap = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(wmap, dict) or not wmap:
+            raise InputError(f"{index_path}: no weight_map. Fix: restore model.safetensors.index.json from the source checkpoint.")
+        files = sorted(set(wmap.values()))
+        missing = [f for f in files if not (src / f).is_file()]
+        if missing:
+            raise InputError(f"{index_path}: lists shard(s) {missing} that are not in {src}. Fix: download the missing shards.")
+        facts.weight_files = files
+        for f in files:
+            tensors, _ = _safetensors_header(src / f)
+            for name, meta in tensors.items():
+                facts.tensors[name] = meta
+                facts.tensor_file[name] = f
+        absent = [n for n, f in wmap.items() if facts.tensor_file.get(n) != f]
+        if absent:
+            raise InputError(f"{index_path}: {len(absent)} tensor(s) are not in the shard the index names, e.g. {absent[:3]}. "
+                             f"Fix: restore the index and shards from one consistent source.")
+    elif single.exists():
+        facts.weight_files = ["model.safetensors"]
+        tensors, _ = _safetensors_header(single)
+        facts.tensors = tensors
+        facts.tensor_file = {n: "model.safetensors" for n in tensors}
+    else:
+        others = sorted(p.name for p in src.glob("*.safetensors"))
+        if others:
+            facts.weight_files = others
+            for f in others:
+                tensors, _ = _safetensors_header(src / f)
+                for name, meta in tensors.items():
+                    facts.tensors[name] = meta
+                    facts.tensor_file[name] = f
+        else:
+            pickles = sorted(p.name for p in src.iterdir() if p.is_file() and p.suffix in PICKLE_SUFFIXES
+                             and not p.name.startswith(("training_args", "optimizer", "scheduler", "rng_state")))
+            if not pickles:
+                raise InputError(f"{src}: no weights found (model.safetensors, model-*.safetensors + index, or pickled "
+                                 f"pytorch_model*.bin). Fix: point model.path at a complete checkpoint folder.")
+            if not allow_pickle:
+                raise InputError(f"{src}: the weights are pickled ({', '.join(pickles)}); loading a pickle can run arbitrary "
+                                 f"code, so it is refused by default. Fix: convert the checkpoint to safetensors "
+                                 f"(model.save_pretrained(dir, safe_serialization=True)), or, only for a file you trust, set "
+                                 f"model.allow_pickle=true (it is then loaded with torch.load(weights_only=True)).")
+            bin_index = src / "pytorch_model.bin.index.json"
+            if bin_index.exists():
+                index = _read_json(bin_index, "pickle weight index")
+                files = sorted(set((index.get("weight_map") or {}).values()))
+                missing = [f for f in files if not (src / f).is_file()]
+                if missing:
+                    raise InputError(f"{bin_index}: lists shard(s) {missing} that are not in {src}. Fix: download them.")
+                pickles = files
+            facts.weight_format = "pickle"
+            facts.weight_files = pickles
+    if facts.weight_format == "safetensors":
+        check_tensor_shapes(facts)
+    return facts
+
+
+def check_tensor_shapes(facts: CheckpointFacts) -> None:
+    """vocab_size vs embedding rows vs lm_head rows, hidden size of both, and the tie rule.
+
+    Raises InputError; sets ``facts.tied`` (unchanged) and appends warnings.
+    """
+    cfg, src = facts.config, facts.path
+    vocab, hidden = cfg["vocab_size"], cfg["hidden_size"]
+    emb = facts.tensors.get(EMBED_NAME)
+    if emb is None:
+        raise InputError(f"{src}: the weights have no {EMBED_NAME} (found e.g. {sorted(facts.tensors)[:4]}). "
+                         f"Fix: export a standard transformers {facts.architecture} checkpoint.")
+    where_emb = facts.tensor_file.get(EMBED_NAME, "the weights")
+    if len(emb[0]) != 2 or emb[0][1] != hidden:
+        raise InputError(f"{src / where_emb}: {EMBED_NAME} has shape {emb[0]}, expected [vocab_size, hidden_size={hidden}]. "
+                         f"Fix: correct hidden_size in config.json or use matching weights.")
+    if emb[0][0] != vocab:
+        raise InputError(f"{src / 'config.json'}: vocab_size={vocab} but {EMBED_NAME} in {where_emb} has {emb[0][0]} rows. "
+                         f"Fix: set vocab_size={emb[0][0]} in config.json (or use the weights that match the config).")
+    head = facts.tensors.get(LM_HEAD_NAME)
+    if head is not None:
+        where_head = facts.tensor_file.get(LM_HEAD_NAME, "the weights")
+        if head[0] != [vocab, hidden]:
+            raise InputError(f"{src / where_head}: {LM_HEAD_NAME} has shape {head[0]} but vocab_size={vocab}, hidden_size={hidden} "
+                             f"(expected [{vocab}, {hidden}]). Fix: correct vocab_size in config.json or use matching weights.")
+    elif not facts.tied:
+        raise InputError(f"{src / 'config.json'}: tie_word_embeddings={cfg.get('tie_word_embeddings', False)!r} (untied) but the "
+                         f"weights have no {LM_HEAD_NAME}; the output projection would be random. The export never ties "
+                         f"silently. Fix: if the model really shares the embedding as its output head, set "
+                         f"\"tie_word_embeddings\": true in config.json; otherwise supply the checkpoint's {LM_HEAD_NAME}.")
+
+
+# --------------------------------------------------------------------------- tokenizer
+def _load_tokenizer(src: Path, vocab_rows: int, trust_remote_code: bool) -> Any:
+    """Load the tokenizer after checking its files; ``len(tokenizer)`` must not exceed the embedding rows."""
+    has_model = (src / "tokenizer.json").is_file() or (src / "tokenizer.model").is_file()
+    if not has_model or not (src / "tokenizer_config.json").is_file():
+        present = [f for f in TOKENIZER_FILES if (src / f).exists()]
+        raise InputError(f"{src}: tokenizer files missing (found {present or 'none'}; need tokenizer.json or tokenizer.model, "
+                         f"and tokenizer_config.json). Fix: copy the tokenizer files of the model (tokenizer.json, "
+                         f"tokenizer_config.json, special_tokens_map.json, chat_template.jinja) into the checkpoint folder.")
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "chat_template.json"):
+        if (src / name).exists():
+            doc = _read_json(src / name, name)
+            if name == "tokenizer_config.json" and isinstance(doc, dict) and doc.get("auto_map") and not trust_remote_code:
+                raise InputError(f"{src / name}: auto_map={doc['auto_map']!r} asks to run tokenizer code shipped with the "
+                                 f"checkpoint and model.trust_remote_code is false. Fix: use a standard tokenizer "
+                                 f"(tokenizer.json), or, only if you trust its source, set model.trust_remote_code=true.")
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(str(src), trust_remote_code=trust_remote_code)
+    except Exception as e:  # noqa: BLE001 - transformers raises many types; the user needs the file names
+        raise InputError(f"{src}: the tokenizer files (tokenizer.json/tokenizer.model, tokenizer_config.json) could not be "
+                         f"loaded: {type(e).__name__}: {e}. Fix: restore them from the original model.") from None
+    n = len(tok)
+    if n > vocab_rows:
+        raise InputError(f"{src}: the tokenizer has {n} tokens (tokenizer.json incl. added tokens) but the embedding "
+                         f"({EMBED_NAME}, vocab_size) has only {vocab_rows} rows; ids >= {vocab_rows} would index past the "
+                         f"embedding. Fix: use the tokenizer the model was trained with, or resize the embeddings "
+                         f"(model.resize_token_embeddings(len(tokenizer))) and re-save the checkpoint.")
+    return tok
+
+
+# --------------------------------------------------------------------------- export
+@contextlib.contextmanager
+def _no_progress(description: str, total: float | None) -> Iterator[Callable[[float], None]]:
+    yield lambda n=1: None
+
+
+def export_checkpoint(src: str | Path, out: str | Path, *, dtype: str = "float16", trust_remote_code: bool = False,
+                      allow_pickle: bool = False, progress: ProgressFactory | None = None,
+                      facts: CheckpointFacts | None = None) -> dict[str, Any]:
+    """Validate the checkpoint at ``src`` and write ``out/hf/`` and ``out/model_info.json``.
+
+    Args:
+        src: local Hugging Face checkpoint folder.
+        out: output folder (created; ``hf/`` must not exist yet).
+        dtype: weight dtype of the normalised checkpoint: ``float16`` | ``bfloat16`` | ``float32``.
+        trust_remote_code: allow ``auto_map`` custom code (off by default).
+        allow_pickle: allow pickled weights, loaded with ``torch.load(weights_only=True)``.
+        progress: ``progress(description, total)`` context manager yielding ``advance(n)``
+            (``StageContext.progress``); the six export steps are reported.
+        facts: a result of :func:`inspect_checkpoint` for ``src`` (re-inspected when None).
+    Returns:
+        The ``model_info`` dict (also written to ``out/model_info.json``), plus a ``warnings`` list
+        under the key ``_warnings`` (not written).
+    Raises:
+        InputError for any bad input (see module docstring); nothing is written to ``out/hf``
+        before every check that needs no weights has passed.
+    """
+    if dtype not in DTYPES:
+        raise InputError(f"model.dtype={dtype!r} is not a known export dtype. Fix: set model.dtype to one of {list(DTYPES)}.")
+    src, out = Path(src), Path(out)
+    progress = progress or _no_progress
+    with progress("export", 6) as advance:
+        # 1. config.json + weight headers (cheap, no torch)
+        if facts is None:
+            facts = inspect_checkpoint(src, trust_remote_code=trust_remote_code, allow_pickle=allow_pickle)
+        cfg_raw = facts.config
+        vocab = int(cfg_raw["vocab_size"])
+        advance(1)
+
+        # 2. tokenizer, special-token ids
+        tok = _load_tokenizer(src, vocab, trust_remote_code)
+        gen_path = src / "generation_config.json"
+        gen_raw = _read_json(gen_path, "generation_config.json") if gen_path.exists() else {}
+        if not isinstance(gen_raw, dict):
+            raise InputError(f"{gen_path}: expected a JSON object. Fix: restore generation_config.json or delete it.")
+        eos_ids = _merge_ids(_ids(cfg_raw.get("eos_token_id")), _ids(gen_raw.get("eos_token_id")), _ids(tok.eos_token_id))
+        if not eos_ids:
+            raise InputError(f"{src / 'config.json'}: no eos_token_id in config.json, generation_config.json or the tokenizer; "
+                             f"generation could never stop. Fix: set \"eos_token_id\" in config.json (an int or a list of stop ids).")
+        bos_id = next(iter(_ids(cfg_raw.get("bos_token_id")) + _ids(gen_raw.get("bos_token_id")) + _ids(tok.bos_token_id)), None)
+        pad_candidates = _ids(cfg_raw.get("pad_token_id")) + _ids(gen_raw.get("pad_token_id")) + _ids(tok.pad_token_id)
+        pad_derived = not pad_candidates
+        pad_id = eos_ids[0] if pad_derived else pad_candidates[0]
+        for name, ids in (("eos_token_id", eos_ids), ("bos_token_id", _ids(bos_id)), ("pad_token_id", [pad_id])):
+            bad = [i for i in ids if not 0 <= i < vocab]
+            if bad:
+                raise InputError(f"{src}: {name}={bad} is outside the vocabulary [0, vocab_size={vocab}). "
+                                 f"Fix: correct {name} in config.json/generation_config.json/tokenizer_config.json.")
+        if pad_derived:
+            facts.warnings.append(f"no pad token id in the checkpoint: using the first eos id {pad_id} (pad_token_derived=true)")
+        advance(1)
+
+        # 3. transformers config (defaults filled in), cross-checked against the raw file
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+        try:
+            hf_cfg = AutoConfig.from_pretrained(str(src), trust_remote_code=trust_remote_code)
+        except Exception as e:  # noqa: BLE001
+            raise InputError(f"{src / 'config.json'}: transformers cannot parse it: {type(e).__name__}: {e}. "
+                             f"Fix: correct the field named above.") from None
+        rope_params = getattr(hf_cfg, "rope_parameters", None)
+        rope_theta = facts.rope_theta
+        if rope_theta is None:
+            rope_theta = (rope_params or {}).get("rope_theta") if isinstance(rope_params, dict) else None
+            rope_theta = rope_theta if rope_theta is not None else getattr(hf_cfg, "rope_theta", None)
+        hf_cfg.pad_token_id = pad_id
+        hf_cfg.eos_token_id = eos_ids if len(eos_ids) > 1 else eos_ids[0]
+        if bos_id is not None:
+            hf_cfg.bos_token_id = bos_id
+        torch_dtype = getattr(torch, dtype)
+        advance(1)
+
+        # 4. weights: loaded once, after every header-level check passed
+        model = _load_model(facts, hf_cfg, torch_dtype, trust_remote_code)
+        advance(1)
+
+        # 5. write hf/
+        hf_dir = out / "hf"
+        hf_dir.mkdir(parents=True, exist_ok=False)
+        gen = GenerationConfig.from_dict({k: v for k, v in gen_raw.items() if k != "transformers_version"}) if gen_raw \
+            else GenerationConfig.from_model_config(hf_cfg)
+        gen.eos_token_id = eos_ids if len(eos_ids) > 1 else eos_ids[0]
+        gen.pad_token_id = pad_id
+        if bos_id is not None:
+            gen.bos_token_id = bos_id
+        model.generation_config = gen
+        model.save_pretrained(str(hf_dir), safe_serialization=True)
+        _finish_config(hf_dir / "config.json", dtype, rope_theta, facts.rope_scaling)
+        for name in TOKENIZER_FILES:
+            if (src / name).is_file():
+                shutil.copyfile(src / name, hf_dir / name)
+        for name in TOKENIZER_DIRS:
+            if (src / name).is_dir():
+                shutil.copytree(src / name, hf_dir / name)
+        if not (hf_dir / "special_tokens_map.json").exists():
+            stm = {k: v for k, v in dict(tok.special_tokens_map).items() if isinstance(v, (str, list))}
+            if "pad_token" not in stm:
+                stm["pad_token"] = tok.convert_ids_to_tokens(pad_id)
+            (hf_dir / "special_tokens_map.json").write_text(json.dumps(stm, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        advance(1)
+
+        # 6. verify what was written (headers + config round trip), then model_info.json
+        _verify_written(hf_dir, model, dtype, facts.rope_scaling, hf_cfg)
+        from .store import tree_files
+
+        files = {rel: meta["sha256"] for rel, meta in tree_files(src, follow_symlinks=True).items()}
+        head_dim = getattr(hf_cfg, "head_dim", None) or hf_cfg.hidden_size // hf_cfg.num_attention_heads
+        info: dict[str, Any] = {
+            "architecture": facts.architecture,
+            "model_type": facts.model_type,
+            "num_parameters": int(model.num_parameters()),
+            "num_hidden_layers": int(hf_cfg.num_hidden_layers),
+            "hidden_size": int(hf_cfg.hidden_size),
+            "intermediate_size": int(hf_cfg.intermediate_size),
+            "num_attention_heads": int(hf_cfg.num_attention_heads),
+            "num_key_value_heads": int(getattr(hf_cfg, "num_key_value_heads", None) or hf_cfg.num_attention_heads),
+            "head_dim": int(head_dim),
+            "vocab_size": vocab,
+            "tokenizer_vocab_size": len(tok),
+            "max_position_embeddings": int(hf_cfg.max_position_embeddings),
+            "rope_theta": float(rope_theta) if rope_theta is not None else None,
+            "rope_scaling": facts.rope_scaling,
+            "tie_word_embeddings": "tied" if facts.tied else "untied",
+            "bos_token_id": bos_id,
+            "eos_token_ids": eos_ids,
+            "pad_token_id": pad_id,
+            "pad_token_derived": pad_derived,
+            "dtype": dtype,
+            "chat_template": bool(getattr(tok, "chat_template", None)),
+            "weight_format": facts.weight_format,
+            "files": files,
+        }
+        from .store import write_json_atomic
+
+        write_json_atomic(out / "model_info.json", info)
+        advance(1)
+    del model
+    return {**info, "_warnings": list(facts.warnings)}
+
+
+def _load_model(facts: CheckpointFacts, hf_cfg: Any, torch_dtype: Any, trust_remote_code: bool) -> Any:
+    """Load the weights once into an ``AutoModelForCausalLM``; refuse missing tensors."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    src = facts.path
+    if facts.weight_format == "pickle":
+        sd: dict[str, Any] = {}
+        for f in facts.weight_files:
+            p = src / f
+            try:
+                try:
+                    part = torch.load(str(p), map_location="cpu", weights_only=True, mmap=True)
+                except RuntimeError:  # legacy (non-zip) serialisation cannot be memory-mapped
+                    part = torch.load(str(p), map_location="cpu", weights_only=True)
+            except Exception as e:  # noqa: BLE001 - UnpicklingError, EOFError, RuntimeError ...
+                raise InputError(f"{p}: cannot load pickled weights with torch.load(weights_only=True): {type(e).__name__}: "
+                                 f"{str(e)[:300]}. Fix: the file is corrupt or holds more than tensors; convert the "
+                                 f"checkpoint to safetensors.") from None
+            if not isinstance(part, dict):
+                raise InputError(f"{p}: holds a {type(part).__name__}, not a state dict. Fix: save model.state_dict().")
+            for k, v in part.items():
+                if isinstance(v, torch.Tensor):
+                    sd[k] = v
+                    facts.tensors[k] = (list(v.shape), str(v.dtype))
+                    facts.tensor_file[k] = f
+        check_tensor_shapes(facts)
+        _check_tied_head(facts, sd)
+        model = AutoModelForCausalLM.from_config(hf_cfg, dtype=torch_dtype, trust_remote_code=trust_remote_code)
+        try:
+            res = model.load_state_dict(sd, strict=False)
+        except RuntimeError as e:
+            raise InputError(f"{src}: the pickled weights do not fit a {facts.architecture} with this config.json: {str(e)[:500]}. "
+                             f"Fix: use the config.json that belongs to these weights.") from None
+        missing, unexpected = list(res.missing_keys), list(res.unexpected_keys)
+        if facts.tied:
+            model.tie_weights()
+        del sd
+    else:
+        _check_tied_head(facts, None)
+        try:
+            model, info = AutoModelForCausalLM.from_pretrained(
+                str(src), config=hf_cfg, dtype=torch_dtype, trust_remote_code=trust_remote_code, use_safetensors=True,
+                output_loading_info=True)
+        except Exception as e:  # noqa: BLE001 - shape mismatches, corrupt data ...
+            raise InputError(f"{src}: loading the weights failed: {type(e).__name__}: {str(e)[:500]}. Fix: use the config.json "
+                             f"that belongs to these weights.") from None
+        missing, unexpected = list(info.get("missing_keys", [])), list(info.get("unexpected_keys", []))
+        mismatched = list(info.get("mismatched_keys", []))
+        if mismatched:
+            raise InputError(f"{src}: tensors with shapes that do not match config.json: {mismatched[:5]}. "
+                             f"Fix: use the config.json that belongs to these weights.")
+    if facts.tied:
+        missing = [k for k in missing if k != LM_HEAD_NAME]
+    if missing:
+        raise InputError(f"{src}: {len(missing)} tensor(s) the {facts.architecture} needs are not in the checkpoint, e.g. "
+                         f"{sorted(missing)[:5]}; transformers would initialise them randomly. Fix: use a complete checkpoint "
+                         f"(all shards) whose config.json matches the weights.")
+    unexpected = [k for k in unexpected if not k.endswith(_IGNORABLE_UNEXPECTED)]
+    if unexpected:
+        facts.warnings.append(f"{len(unexpected)} tensor(s) in the checkpoint are not used by {facts.architecture}: "
+                              f"{sorted(unexpected)[:5]}")
+    model.eval()
+    return model
+
+
+def _check_tied_head(facts: CheckpointFacts, state_dict: dict[str, Any] | None) -> None:
+    """Tied config but an ``lm_head.weight`` that differs from the embedding: refuse (the head would be dropped)."""
+    if not facts.tied or LM_HEAD_NAME not in facts.tensors:
+        return
+    import torch
+
+    if state_dict is not None:
+        emb, head = state_dict[EMBED_NAME], state_dict[LM_HEAD_NAME]
+    else:
+        from safetensors import safe_open
+
+        def get(name: str) -> Any:
+            with safe_open(str(facts.path / facts.tensor_file[name]), framework="pt") as f:
+                return f.get_tensor(name)
+
+        emb, head = get(EMBED_NAME), get(LM_HEAD_NAME)
+    if not torch.equal(emb, head):
+        raise InputError(f"{facts.path / 'config.json'}: tie_word_embeddings=true but {LM_HEAD_NAME} differs from {EMBED_NAME}; "
+                         f"tying would silently drop the trained head. Fix: set \"tie_word_embeddings\": false in config.json "
+                         f"if the head is trained separately, or remove {LM_HEAD_NAME} if it is meant to be shared.")
+    facts.warnings.append(f"tie_word_embeddings=true and {LM_HEAD_NAME} equals the embedding: written once (tied)")
+
+
+def _finish_config(path: Path, dtype: str, rope_theta: float | None, rope_scaling: dict[str, Any] | None) -> None:
+    """Add the spellings older readers need to the ``config.json`` transformers wrote.
+
+    transformers >= 5 writes RoPE as ``rope_parameters`` and the dtype as ``dtype``; TensorRT-LLM
+    converters and transformers 4.x read ``rope_theta``/``rope_scaling`` and ``torch_dtype``.  Both
+    spellings are written with the same values (``rope_parameters`` as transformers wrote it), so no
+    reader drops the scaling; :func:`_verify_written` checks that transformers reads it back unchanged.
+    """
+    cfg = json.loads(path.read_text(encoding="utf-8"))
+    cfg["dtype"] = dtype
+    cfg["torch_dtype"] = dtype
+    if rope_theta is not None:
+        cfg["rope_theta"] = rope_theta
+    cfg["rope_scaling"] = dict(rope_scaling) if rope_scaling else None
+    from .store import write_json_atomic
+
+    write_json_atomic(path, cfg)
+
+
+def _verify_written(hf_dir: Path, model: Any, dtype: str, rope_scaling: dict[str, Any] | None, hf_cfg: Any = None) -> None:
+    """Re-read what was written: every safetensors header, tensor count, dtype and the RoPE scaling.
+
+    Raises RuntimeError (a bug, not bad input) when the written checkpoint does not match the model.
+    """
+    want = {"float16": "F16", "bfloat16": "BF16", "float32": "F32"}[dtype]
+    names: dict[str, tuple[list[int], str]] = {}
+    for f in sorted(hf_dir.glob("*.safetensors")):
+        tensors, _ = _safetensors_header(f)
+        names.update(tensors)
+    expected = {k: list(v.shape) for k, v in model.state_dict().items()}
+    absent = [k for k in expected if k not in names and k != LM_HEAD_NAME]
+    if absent:
+        raise RuntimeError(f"{hf_dir}: written checkpoint lacks {absent[:5]}")
+    wrong = [k for k, (_, dt) in names.items() if dt != want]
+    if wrong:
+        raise RuntimeError(f"{hf_dir}: tensors {wrong[:5]} were written as {names[wrong[0]][1]}, expected {want}")
+    cfg = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
+    if rope_scaling and (cfg.get("rope_scaling") or {}).get("rope_type") != rope_scaling.get("rope_type"):
+        raise RuntimeError(f"{hf_dir / 'config.json'}: rope_scaling was not preserved")
+    if hf_cfg is not None and isinstance(getattr(hf_cfg, "rope_parameters", None), dict):
+        from transformers import AutoConfig
+
+        back = AutoConfig.from_pretrained(str(hf_dir)).rope_parameters
+        if back != hf_cfg.rope_parameters:
+            raise RuntimeError(f"{hf_dir / 'config.json'}: RoPE parameters read back as {back}, expected {hf_cfg.rope_parameters}")
