@@ -1,0 +1,265 @@
+"""Generate a Triton model repository from the ``triton_models/`` templates and a build's ``build_info.json``.
+
+Layouts (``docs/package.md``):
+
+* ``onnxruntime_genai``: ``ensemble`` -> ``preprocessing`` -> ``onnxruntime_genai`` (Python backend, og.Engine,
+  decoupled) -> ``postprocessing``; the engine folder is copied to ``onnxruntime_genai/1/engine``.
+* ``tensorrt_llm`` (TensorRT engine): ``ensemble`` -> ``preprocessing`` -> ``tensorrt_llm`` (C++ ``tensorrtllm``
+  backend, ``inflight_fused_batching``) -> ``postprocessing``; engine copied to ``tensorrt_llm/1/engine``; absolute
+  paths point into the container mount ``/models`` (:data:`CONTAINER_REPO`).
+* ``tensorrt_llm`` with the PyTorch backend: the LLM-API layout ``tensorrt_llm/config.pbtxt`` + ``1/model.yaml``.
+
+Every value comes from the build (limits, runtime knobs, versions) or the package config; templates are filled
+with a ``${name}`` substitution that leaves unknown names in place so :mod:`.validate` can report them with
+file and line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+TEMPLATES = REPO_ROOT / "triton_models"
+MODELS_SRC = Path(__file__).resolve().parents[1] / "serving" / "models"
+CONTAINER_REPO = "/models"
+"""Where the GPU container command mounts the repository; TensorRT-LLM's C++ backend needs absolute engine paths."""
+PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                   "generation_config.json", "tokenizer.model")
+REQUIRED_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+ORT_STREAM_OUT = ('      output_map { key: "prev_sequence_length" value: "_PREV_SEQUENCE_LENGTH" }\n'
+                  '      output_map { key: "is_final" value: "_IS_FINAL" }')
+ORT_STREAM_IN = ('      input_map { key: "PREV_SEQUENCE_LENGTH" value: "_PREV_SEQUENCE_LENGTH" }\n'
+                 '      input_map { key: "IS_FINAL" value: "_IS_FINAL" }')
+
+
+def fill(text: str, values: dict[str, Any]) -> str:
+    """Replace every ``${name}`` whose name is in ``values``; unknown names stay for validation to report.
+
+    Strings are escaped for a protobuf text-format string literal (backslash and double quote).
+    """
+    def rep(m: re.Match) -> str:
+        k = m.group(1)
+        if k not in values:
+            return m.group(0)
+        v = values[k]
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, str) and not v.startswith("      "):  # multi-line mapping fragments are inserted verbatim
+            return v.replace("\\", "\\\\").replace('"', '\\"')
+        return str(v)
+    return PLACEHOLDER.sub(rep, text)
+
+
+@dataclasses.dataclass
+class Settings:
+    """Everything the templates need (one object so generation is a pure function of it).
+
+    Limits are the engine's (``build_info.json`` ``limits``); ``triton_max_batch_size`` is the served batch
+    (the package config's value, else the engine's; validation refuses a value above the engine's).
+    """
+
+    target: str  # onnxruntime_genai | tensorrt_llm
+    backend: str = "tensorrt"  # tensorrt_llm only: tensorrt | pytorch
+    model_name: str = "model"
+    engine_max_batch_size: int = 8
+    max_input_len: int = 256
+    max_seq_len: int = 384
+    max_num_tokens: int = 2048
+    max_beam_width: int = 1
+    triton_max_batch_size: int = 8
+    served_max_input_len: int | None = None
+    served_max_beam_width: int | None = None
+    decoupled: bool = True
+    exclude_input_in_output: bool = True
+    instance_count: int = 1
+    bos_id: int | None = None
+    end_id: int = -1
+    pad_id: int = -1
+    execution_provider: str = "cpu"
+    kv_cache_free_gpu_mem_fraction: float = 0.9
+    enable_kv_cache_reuse: bool = False
+    batch_scheduler_policy: str = "guaranteed_no_evict"
+    enable_chunked_context: bool = False
+    cuda_graph_mode: bool = False
+    cuda_graph_cache_size: int = 0
+    cuda_graph_batch_sizes: list[int] = dataclasses.field(default_factory=list)
+
+    @property
+    def engine_model(self) -> str:
+        return "onnxruntime_genai" if self.target == "onnxruntime_genai" else "tensorrt_llm"
+
+
+def settings_from_build(build_info: dict[str, Any], model_info: dict[str, Any], package_cfg: Any, build_cfg: Any = None,
+                        target_cfg: Any = None) -> Settings:
+    """Join ``build_info.json`` (limits, runtime knobs), ``model_info.json`` (token ids) and the package config.
+
+    Runtime knobs missing from ``build_info`` fall back to the build config (same names, ``pipeline/config/build.py``).
+    Raises :class:`InputError` when the build has no target or limits.
+    """
+    target = build_info.get("target")
+    if isinstance(target, dict):
+        target = target.get("name")
+    if target not in ("onnxruntime_genai", "tensorrt_llm"):
+        raise InputError(f"build_info.json target={target!r}: expected 'onnxruntime_genai' or 'tensorrt_llm'. "
+                         f"Fix: package a build artifact written by the build stage.")
+    limits = dict(build_info.get("limits") or {})
+    knobs = {**dict(build_info.get("runtime") or {}), **dict(build_info.get("knobs") or {})}
+
+    def knob(name: str, default: Any) -> Any:
+        if name in knobs:
+            return knobs[name]
+        if name in build_info and not isinstance(build_info[name], (dict, list)):
+            return build_info[name]
+        if build_cfg is not None and hasattr(build_cfg, name):
+            return getattr(build_cfg, name)
+        return default
+
+    def limit(name: str) -> int:
+        v = limits.get(name, knob(name, None))
+        if v is None:
+            raise InputError(f"build_info.json has no limits.{name}. Fix: rebuild with the build stage (it records the engine limits).")
+        return int(v)
+
+    eng_bs = limit("max_batch_size")
+    eos = model_info.get("eos_token_ids") or []
+    end_id = int(eos[0]) if eos else int(model_info.get("eos_token_id", -1) if not isinstance(model_info.get("eos_token_id"), list) else model_info["eos_token_id"][0])
+    pad = model_info.get("pad_token_id")
+    backend = build_info.get("backend") or (getattr(target_cfg, "backend", "tensorrt") if target_cfg is not None else "tensorrt")
+    ep = build_info.get("execution_provider") or (getattr(target_cfg, "execution_provider", "cpu") if target_cfg is not None else "cpu")
+    return Settings(
+        target=target, backend=str(backend), model_name=str(model_info.get("name") or getattr(package_cfg, "name", "model")),
+        engine_max_batch_size=eng_bs, max_input_len=limit("max_input_len"), max_seq_len=limit("max_seq_len"),
+        max_num_tokens=int(limits.get("max_num_tokens", knob("max_num_tokens", 2048))),
+        max_beam_width=int(limits.get("max_beam_width", knob("max_beam_width", 1))),
+        triton_max_batch_size=int(package_cfg.max_batch_size or eng_bs),
+        served_max_input_len=getattr(package_cfg, "max_input_len", None),
+        served_max_beam_width=getattr(package_cfg, "max_beam_width", None),
+        decoupled=bool(package_cfg.decoupled), exclude_input_in_output=bool(package_cfg.exclude_input_in_output),
+        instance_count=int(package_cfg.instance_count), bos_id=model_info.get("bos_token_id"), end_id=end_id,
+        pad_id=int(pad) if pad is not None else end_id, execution_provider=str(ep),
+        kv_cache_free_gpu_mem_fraction=float(knob("kv_cache_free_gpu_mem_fraction", 0.9)),
+        enable_kv_cache_reuse=bool(knob("enable_kv_cache_reuse", False)),
+        batch_scheduler_policy=str(knob("batch_scheduler_policy", "guaranteed_no_evict")),
+        enable_chunked_context=bool(knob("enable_chunked_context", False)),
+        cuda_graph_mode=bool(knob("cuda_graph_mode", False)), cuda_graph_cache_size=int(knob("cuda_graph_cache_size", 0)),
+        cuda_graph_batch_sizes=list(knob("cuda_graph_batch_sizes", []) or []),
+    )
+
+
+def template_values(s: Settings) -> dict[str, Any]:
+    """The ``${name}`` values of every template for these settings."""
+    ort = s.target == "onnxruntime_genai"
+    trt_root = f"{CONTAINER_REPO}/tensorrt_llm/1/engine"
+    return {
+        "triton_max_batch_size": s.triton_max_batch_size,
+        "decoupled_mode": s.decoupled,
+        "max_queue_delay_microseconds": 0,
+        "max_queue_size": 0,
+        "logits_datatype": "TYPE_FP32",
+        "engine_model": s.engine_model,
+        "engine_extra_output_map": ORT_STREAM_OUT if ort else "",
+        "postprocessing_extra_input_map": ORT_STREAM_IN if ort else "",
+        "engine_dir": "engine" if ort else trt_root,
+        "max_input_len": s.served_max_input_len or s.max_input_len,
+        "max_seq_len": s.max_seq_len,
+        "engine_max_batch_size": s.engine_max_batch_size,
+        "max_num_tokens": s.max_num_tokens,
+        "max_beam_width": s.served_max_beam_width or s.max_beam_width,
+        "exclude_input_in_output": s.exclude_input_in_output,
+        "execution_provider": s.execution_provider,
+        "preprocessing_instance_count": s.instance_count,
+        "postprocessing_instance_count": s.instance_count,
+        "tokenizer_dir": "tokenizer",
+        "trtllm_tokenizer_dir": f"{CONTAINER_REPO}/preprocessing/1/tokenizer",
+        "bos_id": "" if s.bos_id is None else int(s.bos_id),
+        "end_id": s.end_id,
+        "pad_id": s.pad_id,
+        "batching_strategy": "inflight_fused_batching",
+        "kv_cache_free_gpu_mem_fraction": s.kv_cache_free_gpu_mem_fraction,
+        "enable_kv_cache_reuse": s.enable_kv_cache_reuse,
+        "batch_scheduler_policy": s.batch_scheduler_policy,
+        "enable_chunked_context": s.enable_chunked_context,
+        "cuda_graph_mode": s.cuda_graph_mode,
+        "cuda_graph_cache_size": s.cuda_graph_cache_size,
+        # LLM-API (PyTorch backend) model.yaml
+        "checkpoint_dir": f"{CONTAINER_REPO}/tensorrt_llm/1/checkpoint",
+        "capacity_scheduler_policy": s.batch_scheduler_policy.upper(),
+        "cuda_graph_max_batch_size": max(s.cuda_graph_batch_sizes or [s.engine_max_batch_size]),
+    }
+
+
+def _copy_tree(src: Path, dst: Path) -> None:
+    shutil.copytree(src, dst, symlinks=False, dirs_exist_ok=True)
+
+
+def copy_tokenizer(src_dirs: list[Path], dst: Path) -> list[str]:
+    """Copy the tokenizer files found in the first of ``src_dirs`` that has ``tokenizer.json``; returns names copied."""
+    for src in src_dirs:
+        if src is not None and (src / "tokenizer.json").is_file():
+            dst.mkdir(parents=True, exist_ok=True)
+            copied = []
+            for name in TOKENIZER_FILES:
+                if (src / name).is_file():
+                    shutil.copy2(src / name, dst / name)
+                    copied.append(name)
+            return copied
+    raise InputError(f"no tokenizer.json found in {[str(s) for s in src_dirs if s is not None]}. The served pre/postprocessing "
+                     f"needs a fast (tokenizer.json) tokenizer. Fix: export a checkpoint whose tokenizer has tokenizer.json.")
+
+
+def generate_repository(out: Path, settings: Settings, *, engine_dir: Path, tokenizer_dirs: list[Path],
+                        templates: Path = TEMPLATES) -> dict[str, Any]:
+    """Write the model repository for ``settings`` into ``out`` (created; must not exist or be empty).
+
+    Args:
+        out: the repository folder (``<artifact>/model_repository``).
+        settings: see :func:`settings_from_build`.
+        engine_dir: the build's ``engine/`` folder (copied into the engine model's version folder).
+        tokenizer_dirs: folders searched in order for ``tokenizer.json`` (export ``hf/`` first, then the engine).
+    Returns:
+        {"models": [names], "files": n, "layout": "..."}.
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    vals = template_values(settings)
+    models: list[str] = []
+
+    def write(model: str, tpl: str, *, model_py: str | None = None) -> Path:
+        d = out / model
+        (d / "1").mkdir(parents=True, exist_ok=True)
+        text = fill((templates / tpl / "config.pbtxt").read_text(encoding="utf-8"), vals)
+        (d / "config.pbtxt").write_text(text, encoding="utf-8")
+        if model_py:
+            shutil.copy2(MODELS_SRC / model_py, d / "1" / "model.py")
+        models.append(model)
+        return d
+
+    if settings.target == "tensorrt_llm" and settings.backend == "pytorch":
+        d = write("tensorrt_llm", "llmapi")
+        (d / "1" / "model.yaml").write_text(fill((templates / "llmapi" / "model.yaml").read_text(encoding="utf-8"), vals), encoding="utf-8")
+        copy_tokenizer(tokenizer_dirs, d / "1" / "tokenizer")
+        if engine_dir.is_dir():
+            _copy_tree(engine_dir, d / "1" / "checkpoint")
+        layout = "llmapi"
+    else:
+        write("ensemble", "ensemble")
+        pre = write("preprocessing", "preprocessing", model_py="preprocessing_model.py")
+        copy_tokenizer(tokenizer_dirs, pre / "1" / "tokenizer")
+        post = write("postprocessing", "postprocessing", model_py="postprocessing_model.py")
+        copy_tokenizer(tokenizer_dirs, post / "1" / "tokenizer")
+        if settings.target == "onnxruntime_genai":
+            eng = write("onnxruntime_genai", "onnxruntime_genai", model_py="onnxruntime_genai_model.py")
+        else:
+            eng = write("tensorrt_llm", "tensorrt_llm")
+        _copy_tree(engine_dir, eng / "1" / "engine")
+        layout = "inflight_batcher_llm"
+    n = sum(1 for p in out.rglob("*") if p.is_file())
+    return {"models": sorted(models), "files": n, "layout": layout}

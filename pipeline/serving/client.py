@@ -1,0 +1,398 @@
+"""gRPC client for the served ``ensemble`` (TensorRT-LLM in-flight-batcher interface), and ``pipeline client``.
+
+Everything protocol-specific is read from the server, not hard-coded:
+
+* each input's data type and shape come from the model metadata (``get_model_metadata``); a value that does not
+  fit (``max_tokens=1.5`` for INT32, an unknown input name) is a local :class:`InputError` naming the input;
+* decoupled mode is read from the configs of the ensemble's step models (an ensemble is decoupled when a step
+  is, triton.md sec. 1.1); a decoupled model is always called through the streaming API, since unary ``infer``
+  is refused for decoupled models (tensorrtllm_backend issue #177);
+* ``end_id``/``pad_id`` come from the tokenizer when one is given.
+
+Streamed text is the concatenation of the responses' ``text_output``; the server emits stable deltas (see
+``pipeline/serving/models/postprocessing_model.py``), so the stream equals the non-streamed text exactly,
+multi-byte characters included.
+
+Library use::
+
+    from pipeline.serving.client import LLMClient
+    with LLMClient("127.0.0.1:8001") as c:
+        r = c.generate("Where is my order?", max_tokens=64, stream=True)
+        r.text, r.chunks, r.chunk_times_s    # per-response arrival times (s since submit): TTFT = chunk_times_s[0]
+
+``generate`` is blocking; for concurrency use one client per thread or :func:`generate_concurrent`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import queue
+import sys
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ..errors import InputError, PipelineError
+
+DEFAULT_URL = "127.0.0.1:8001"
+
+
+class ServerUnavailable(PipelineError):
+    """The server cannot be reached (not started, wrong port, crashed)."""
+
+
+class RequestError(PipelineError):
+    """The server rejected or failed a request; the message is the server's."""
+
+
+class RequestTimeout(RequestError):
+    """No complete answer within the timeout (the request was cancelled)."""
+
+
+@dataclasses.dataclass
+class GenerateResult:
+    """One request's answer.
+
+    Attributes:
+        text: the whole generated text (concatenated stream, or the single response).
+        chunks: the text of each response in arrival order (one element when not streaming).
+        chunk_times_s: arrival time of each response in seconds since the request was sent (TTFT = [0]).
+        total_s: seconds from send to the final response.
+        request_id: the id sent with the request.
+        cancelled: the request was cancelled by the caller.
+    """
+
+    text: str
+    chunks: list[str]
+    chunk_times_s: list[float]
+    total_s: float
+    request_id: str
+    cancelled: bool = False
+
+
+def _np_dtype(triton_dtype: str) -> Any:
+    from tritonclient.utils import triton_to_np_dtype
+
+    return np.object_ if triton_dtype == "BYTES" else triton_to_np_dtype(triton_dtype)
+
+
+def make_input(name: str, value: Any, meta: dict[str, Any]) -> Any:
+    """A ``tritonclient.grpc.InferInput`` for ``value`` shaped ``[1, ...]`` with the data type the server declares.
+
+    Raises :class:`InputError` naming the input when the value does not fit the declared type or shape.
+    """
+    import tritonclient.grpc as grpcclient
+
+    dt = meta["datatype"]
+    dims = [int(d) for d in meta["shape"]][1:]  # the first dim is the batch dim (max_batch_size > 0)
+    values = value if isinstance(value, (list, tuple)) else [value]
+    try:
+        if dt == "BYTES":
+            if not all(isinstance(v, (str, bytes)) for v in values):
+                raise TypeError(f"expects text, got {[type(v).__name__ for v in values]}")
+            arr = np.array([[v.encode("utf-8") if isinstance(v, str) else v for v in values]], dtype=np.object_)
+        elif dt == "BOOL":
+            if not all(isinstance(v, (bool, np.bool_)) for v in values):
+                raise TypeError(f"expects true/false, got {values!r}")
+            arr = np.array([values], dtype=np.bool_)
+        else:
+            npd = _np_dtype(dt)
+            if np.issubdtype(npd, np.integer):
+                if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in values):
+                    raise TypeError(f"expects integers, got {values!r}")
+                info = np.iinfo(npd)
+                if any(not info.min <= int(v) <= info.max for v in values):
+                    raise TypeError(f"value out of range for {dt}: {values!r}")
+            elif not all(isinstance(v, (int, float, np.number)) and not isinstance(v, bool) for v in values):
+                raise TypeError(f"expects numbers, got {values!r}")
+            arr = np.array([values], dtype=npd)
+    except TypeError as e:
+        raise InputError(f"input {name!r} ({dt}, shape {dims}) {e}. Fix: pass a value of that type.") from None
+    if len(dims) == 1 and dims[0] != -1 and arr.shape[1] != dims[0]:
+        raise InputError(f"input {name!r} expects {dims[0]} value(s) per request, got {arr.shape[1]}.")
+    inp = grpcclient.InferInput(name, list(arr.shape), dt)
+    inp.set_data_from_numpy(arr)
+    return inp
+
+
+class LLMClient:
+    """Client of a served text-in/text-out model (``ensemble`` by default).
+
+    Args:
+        url: ``host:port`` of Triton's gRPC endpoint (default ``127.0.0.1:8001``).
+        model: model name (``ensemble``; ``tensorrt_llm_bls`` has the same interface).
+        tokenizer: a ``transformers`` tokenizer or a folder holding one; gives ``end_id``/``pad_id`` and the chat
+            template (``chat=True`` renders prompts through :func:`pipeline.tokenization.render`).
+        timeout_s: default per-request timeout in seconds.
+    Raises:
+        ServerUnavailable: the server is not reachable or the model is not ready.
+    """
+
+    def __init__(self, url: str = DEFAULT_URL, model: str = "ensemble", *, tokenizer: Any = None, timeout_s: float = 120.0) -> None:
+        import tritonclient.grpc as grpcclient
+        from tritonclient.utils import InferenceServerException
+
+        self.url, self.model, self.timeout_s = url, model, float(timeout_s)
+        self._grpc = grpcclient
+        self._exc = InferenceServerException
+        self.client = grpcclient.InferenceServerClient(url)
+        try:
+            if not self.client.is_server_live(client_timeout=10):
+                raise ServerUnavailable(f"Triton at {url} is not live.")
+            if not self.client.is_model_ready(model, client_timeout=10):
+                raise ServerUnavailable(f"model {model!r} is not ready on {url}. Fix: check the server log; list models with "
+                                        f"`curl localhost:<http_port>/v2/repository/index`.")
+            meta = self.client.get_model_metadata(model, as_json=True, client_timeout=10)
+            self.inputs = {i["name"]: i for i in meta["inputs"]}
+            self.outputs = {o["name"]: o for o in meta["outputs"]}
+            self.decoupled = self._is_decoupled(model)
+        except InferenceServerException as e:
+            self.client.close()
+            raise ServerUnavailable(f"cannot reach Triton at {url}: {e.message() if hasattr(e, 'message') else e}. "
+                                    f"Fix: start it with `pipeline serve` (or `make serve`) and pass its gRPC port.") from None
+        self.tokenizer = _load_tokenizer(tokenizer)
+
+    def _is_decoupled(self, model: str) -> bool:
+        cfg = self.client.get_model_config(model, as_json=True, client_timeout=10)["config"]
+        if cfg.get("model_transaction_policy", {}).get("decoupled"):
+            return True
+        steps = cfg.get("ensemble_scheduling", {}).get("step", [])
+        return any(self._is_decoupled(s["model_name"]) for s in steps)
+
+    # ------------------------------------------------------------------ requests
+    def build_inputs(self, text: str, max_tokens: int, *, stream: bool, **extra: Any) -> list[Any]:
+        """Inputs for one request; ``extra`` are further ensemble inputs by name (``temperature=0.7`` ...)."""
+        values: dict[str, Any] = {"text_input": text, "max_tokens": max_tokens}
+        if "stream" in self.inputs:
+            values["stream"] = bool(stream)
+        if self.tokenizer is not None:
+            eos = getattr(self.tokenizer, "eos_token_id", None)
+            pad = getattr(self.tokenizer, "pad_token_id", None)
+            if eos is not None and "end_id" in self.inputs:
+                values["end_id"] = int(eos)
+            if "pad_id" in self.inputs and (pad is not None or eos is not None):
+                values["pad_id"] = int(pad if pad is not None else eos)
+        for k, v in extra.items():
+            if v is not None:
+                values[k] = v
+        unknown = [k for k in values if k not in self.inputs]
+        if unknown:
+            raise InputError(f"input(s) {unknown} are not inputs of model {self.model!r}; it accepts {sorted(self.inputs)}.")
+        return [make_input(k, v, self.inputs[k]) for k, v in values.items()]
+
+    def prompt_text(self, prompt: str, chat: bool = True) -> str:
+        """The text sent as ``text_input``: the chat-template rendering when a tokenizer is loaded and ``chat``."""
+        if chat and self.tokenizer is not None:
+            from ..tokenization import render
+
+            return render(self.tokenizer, prompt)
+        return prompt
+
+    def generate(self, prompt: str, max_tokens: int = 64, *, stream: bool = False, chat: bool = True, timeout_s: float | None = None,
+                 cancel: threading.Event | None = None, on_chunk: Callable[[str, float], None] | None = None,
+                 request_id: str | None = None, **inputs: Any) -> GenerateResult:
+        """Send one prompt and wait for the complete answer.
+
+        Args:
+            prompt: user text (rendered through the chat template when ``chat`` and a tokenizer is loaded).
+            max_tokens: generated tokens at most.
+            stream: ask for a streamed answer (one response per token); needs a decoupled deployment.
+            timeout_s: cancel and raise :class:`RequestTimeout` after this many seconds.
+            cancel: set it (from another thread) to cancel the request; the result then has ``cancelled=True``.
+            on_chunk: called as ``on_chunk(text_delta, t_since_send_s)`` for each response.
+            inputs: further ensemble inputs (``temperature``, ``top_k``, ``stop_words`` ...), typed from metadata.
+        Raises:
+            InputError (local, before sending), RequestError (server-side), RequestTimeout, ServerUnavailable.
+        """
+        if stream and not self.decoupled:
+            raise InputError(f"stream=True needs a decoupled deployment, but {self.model!r} on {self.url} is not decoupled. "
+                             f"Fix: package with package.decoupled=true, or call with stream=False.")
+        text = self.prompt_text(prompt, chat)
+        rid = request_id or uuid.uuid4().hex[:16]
+        ins = self.build_inputs(text, max_tokens, stream=stream, **inputs)
+        outs = [self._grpc.InferRequestedOutput("text_output")]
+        timeout = self.timeout_s if timeout_s is None else float(timeout_s)
+        if not self.decoupled:
+            t0 = time.perf_counter()
+            try:
+                res = self.client.infer(self.model, ins, outputs=outs, request_id=rid, client_timeout=timeout)
+            except self._exc as e:
+                raise _classify(e, self.url) from None
+            dt = time.perf_counter() - t0
+            chunk = _text(res)
+            if on_chunk:
+                on_chunk(chunk, dt)
+            return GenerateResult(chunk, [chunk], [dt], dt, rid)
+        return self._stream(ins, outs, rid, timeout, cancel, on_chunk)
+
+    def _stream(self, ins: list[Any], outs: list[Any], rid: str, timeout: float, cancel: threading.Event | None,
+                on_chunk: Callable[[str, float], None] | None) -> GenerateResult:
+        q: "queue.Queue[tuple[float, Any, Any]]" = queue.Queue()
+        self.client.start_stream(callback=lambda result, error: q.put((time.perf_counter(), result, error)))
+        chunks: list[str] = []
+        times: list[float] = []
+        t0 = time.perf_counter()
+        cancelled = False
+        try:
+            self.client.async_stream_infer(self.model, ins, outputs=outs, request_id=rid, enable_empty_final_response=True)
+            while True:
+                remaining = t0 + timeout - time.perf_counter()
+                if cancel is not None and cancel.is_set():
+                    cancelled = True
+                    break
+                if remaining <= 0:
+                    raise RequestTimeout(f"no complete answer from {self.model!r} within {timeout:.1f} s (request {rid}); cancelled. "
+                                         f"Fix: raise timeout_s or lower max_tokens.")
+                try:
+                    t, result, error = q.get(timeout=min(remaining, 0.05 if cancel is not None else remaining))
+                except queue.Empty:
+                    continue
+                if error is not None:
+                    raise _classify(error, self.url)
+                resp = result.get_response()
+                final = resp.parameters.get("triton_final_response")
+                is_final = bool(final.bool_param) if final is not None else False
+                if any(o.name == "text_output" for o in resp.outputs):
+                    chunk = _text(result)
+                    chunks.append(chunk)
+                    times.append(t - t0)
+                    if on_chunk:
+                        on_chunk(chunk, t - t0)
+                if is_final:
+                    break
+        except BaseException:
+            self.client.stop_stream(cancel_requests=True)
+            raise
+        self.client.stop_stream(cancel_requests=cancelled)
+        return GenerateResult("".join(chunks), chunks, times, time.perf_counter() - t0, rid, cancelled)
+
+    def close(self) -> None:
+        self.client.close()
+
+    def __enter__(self) -> "LLMClient":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _text(result: Any) -> str:
+    arr = result.as_numpy("text_output")
+    if arr is None:
+        return ""
+    flat = arr.reshape(-1)
+    return "".join(x.decode("utf-8") if isinstance(x, bytes) else str(x) for x in flat[:1])
+
+
+def _classify(e: Any, url: str) -> PipelineError:
+    msg = e.message() if hasattr(e, "message") else str(e)
+    status = e.status() if hasattr(e, "status") else ""
+    if "UNAVAILABLE" in str(status) or "failed to connect" in msg.lower() or "connection refused" in msg.lower():
+        return ServerUnavailable(f"cannot reach Triton at {url}: {msg}. Fix: start it with `pipeline serve`.")
+    if "DEADLINE_EXCEEDED" in str(status):
+        return RequestTimeout(f"request timed out: {msg}")
+    return RequestError(f"server error: {msg}")
+
+
+def _load_tokenizer(tok: Any) -> Any:
+    if tok is None or not isinstance(tok, (str, Path)):
+        return tok
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tok), trust_remote_code=False)
+
+
+def generate_concurrent(url: str, prompts: Sequence[str], *, concurrency: int = 8, model: str = "ensemble", tokenizer: Any = None,
+                        **kw: Any) -> list[GenerateResult | Exception]:
+    """Run ``LLMClient.generate(prompt, **kw)`` for every prompt with ``concurrency`` threads (one client each).
+
+    Returns results in prompt order; a failed request's slot holds its exception (nothing is retried).
+    """
+    tok = _load_tokenizer(tokenizer)
+    local = threading.local()
+    clients: list[LLMClient] = []
+    lock = threading.Lock()
+
+    def one(p: str) -> GenerateResult | Exception:
+        c = getattr(local, "c", None)
+        if c is None:
+            c = local.c = LLMClient(url, model, tokenizer=tok)
+            with lock:
+                clients.append(c)
+        try:
+            return c.generate(p, **kw)
+        except PipelineError as e:
+            return e
+
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, concurrency)) as ex:
+            return list(ex.map(one, prompts))
+    finally:
+        for c in clients:
+            c.close()
+
+
+# --------------------------------------------------------------------------- CLI
+def main(argv: list[str] | None = None) -> int:
+    """``pipeline client [PROMPT ...] [--url ...] [--stream] [--max-tokens N] [--input name=value ...]``."""
+    from ..errors import EXIT_FAILED, EXIT_INPUT
+
+    ap = argparse.ArgumentParser(prog="pipeline client", description="Send prompts to the served ensemble over gRPC.")
+    ap.add_argument("prompts", nargs="*", help="prompts (default: read one per line from stdin)")
+    ap.add_argument("--url", default=DEFAULT_URL, help="gRPC host:port (default %(default)s)")
+    ap.add_argument("--model", default="ensemble")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--stream", action="store_true", help="stream the answer (decoupled deployments)")
+    ap.add_argument("--raw", action="store_true", help="send the text as is (no chat template)")
+    ap.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the latest package's, when found)")
+    ap.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
+    ap.add_argument("--input", action="append", default=[], metavar="NAME=JSON", help="extra input, e.g. --input temperature=0.7")
+    ap.add_argument("--json", action="store_true", help="print one JSON object per answer")
+    a = ap.parse_args(argv)
+    prompts = a.prompts or [line.rstrip("\n") for line in sys.stdin if line.strip()]
+    extra: dict[str, Any] = {}
+    try:
+        for item in a.input:
+            k, _, v = item.partition("=")
+            try:
+                extra[k] = json.loads(v)
+            except ValueError:
+                extra[k] = v
+        tok = a.tokenizer
+        if tok is None and not a.raw:
+            from .serve import find_latest_repository
+
+            repo = find_latest_repository(None)
+            cand = repo / "preprocessing" / "1" / "tokenizer" if repo is not None else None
+            tok = str(cand) if cand is not None and cand.is_dir() else None
+        with LLMClient(a.url, a.model, tokenizer=tok, timeout_s=a.timeout) as c:
+            for p in prompts:
+                if a.stream and not a.json:
+                    r = c.generate(p, a.max_tokens, stream=True, chat=not a.raw,
+                                   on_chunk=lambda s, t: (sys.stdout.write(s), sys.stdout.flush()), **extra)
+                    sys.stdout.write("\n")
+                else:
+                    r = c.generate(p, a.max_tokens, stream=a.stream, chat=not a.raw, **extra)
+                    if a.json:
+                        print(json.dumps({"prompt": p, "text": r.text, "chunks": len(r.chunks), "ttft_s": r.chunk_times_s[0] if r.chunk_times_s else None,
+                                          "total_s": round(r.total_s, 4), "request_id": r.request_id}, ensure_ascii=False))
+                    else:
+                        print(r.text)
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_INPUT
+    except PipelineError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code if e.exit_code else EXIT_FAILED
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
