@@ -187,9 +187,10 @@ def run_benchmark(bcfg: Any, inp: BenchInputs, *, progress: Callable[[float], No
                         "requests": [_compact(r) for r in lr.records],
                     })
                     if console is not None:
-                        console.print(f"  {mode:<8} {kind}={level:g} rep {rep}: TTFT p50 {met['time_to_first_token'].get('p50', float('nan')):.1f} ms, "
-                                      f"TPOT avg {met['time_per_output_token'].get('avg', float('nan')):.2f} ms, "
-                                      f"{met['output_token_throughput']['avg']:.1f} tok/s, errors {met['requests']['errors']}")
+                        console.print(f"  {mode:<8} {'c' if kind == 'concurrency' else 'rate'}={level:g} r{rep}: "
+                                      f"TTFT p50 {met['time_to_first_token'].get('p50', float('nan')):.1f} ms  "
+                                      f"TPOT {met['time_per_output_token'].get('avg', float('nan')):.2f} ms  "
+                                      f"{met['output_token_throughput']['avg']:.0f} tok/s  err {met['requests']['errors']}", soft_wrap=True)
                     if progress:
                         progress(1)
         finally:

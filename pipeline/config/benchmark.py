@@ -42,6 +42,9 @@ class BenchmarkConfig:
     max_duration_s: float = 120.0
     """Hard bound per level; a level stops early when it runs out of time."""
     seed: int = 0
+    fail_on_errors: bool = True
+    """Fail the stage (exit 1) when any measured request failed; the results are still written to results_dir."""
+    server_ready_timeout_s: float = runtime(180.0, doc="triton mode: how long to wait for the server to be ready")
     repeats: int = 1
     """Run every level this many times (fresh seeded workload each); compare reports the spread."""
     results_dir: str = runtime("bench/results", doc="where JSON, Markdown and plots go")

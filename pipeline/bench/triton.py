@@ -1,0 +1,110 @@
+"""Triton mode: start the packaged model repository with :class:`pipeline.serving.server.TritonServer`
+(127.0.0.1 only, free ports) and stream requests through :class:`pipeline.serving.client.LLMClient`.
+
+Each in-flight request runs ``LLMClient.generate(stream=True)`` on its own worker thread (one client
+per thread, as the client documents). Token arrival times are the client's per-response receive
+times (taken on the gRPC callback thread); the served engine streams one response per generated
+token, so response *i* is token *i*. ``t_send`` is stamped before the prompt is rendered and sent,
+so TTFT includes everything a real client pays (rendering, stream setup, pre/postprocessing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from .records import RequestRecord
+from .workload import BenchRequest
+
+
+class TritonBackend:
+    """Triton over gRPC streaming (see module docstring).
+
+    Args:
+        model_repository: the package artifact's ``model_repository/``.
+        bcfg: the benchmark config (``ignore_eos`` → ``min_length = max_tokens``).
+        model: served model name (``ensemble``).
+        tokenizer_dir: tokenizer for the chat template (default: the repository's preprocessing tokenizer).
+    """
+
+    name = "triton"
+
+    def __init__(self, model_repository: Path, *, bcfg: Any, model: str = "ensemble", tokenizer_dir: Path | None = None,
+                 ready_timeout_s: float = 180.0, max_workers: int = 64):
+        self.repo = Path(model_repository)
+        self.model = model
+        self.ignore_eos = bool(bcfg.ignore_eos)
+        self.tokenizer_dir = tokenizer_dir or self.repo / "preprocessing" / "1" / "tokenizer"
+        self.ready_timeout_s = ready_timeout_s
+        levels = list(bcfg.concurrency) + [int(bcfg.warmup_requests)]
+        self._pool = ThreadPoolExecutor(max_workers=max(max_workers, *levels), thread_name_prefix="bench-triton")
+        self._local = threading.local()
+        self._clients: list[Any] = []
+        self._lock = threading.Lock()
+        self.server: Any = None
+        self.max_batch_size: int | None = None
+
+    def start(self) -> None:
+        from transformers import AutoTokenizer
+
+        from ..serving.server import TritonServer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(str(self.tokenizer_dir), trust_remote_code=False)
+        self.server = TritonServer(self.repo, grpc_port=0, http_port=0, metrics_port=0, host="127.0.0.1",
+                                   ready_timeout_s=self.ready_timeout_s)
+        self.server.start()
+        c = self._client()
+        cfg = c.client.get_model_config(self.model, as_json=True, client_timeout=10)["config"]
+        self.max_batch_size = int(cfg.get("max_batch_size") or 0) or None
+
+    def describe(self) -> dict[str, Any]:
+        return {"url": self.server.grpc_url if self.server else None, "model": self.model, "model_repository": str(self.repo),
+                "client": "pipeline.serving.client.LLMClient (stream=True)"}
+
+    def _client(self) -> Any:
+        c = getattr(self._local, "c", None)
+        if c is None:
+            from ..serving.client import LLMClient
+
+            c = self._local.c = LLMClient(self.server.grpc_url, self.model, tokenizer=self.tokenizer, timeout_s=600.0)
+            with self._lock:
+                self._clients.append(c)
+        return c
+
+    def _run(self, req: BenchRequest, rec: RequestRecord) -> None:
+        extra: dict[str, Any] = {}
+        if self.ignore_eos:
+            extra["min_length"] = int(req.max_new_tokens)
+        c = self._client()
+        res = c.generate(req.prompt, int(req.max_new_tokens), stream=True, chat=True, request_id=req.request_id, **extra)
+        t_after = time.perf_counter()
+        t0 = t_after - res.total_s  # the client's own send time, on the perf_counter clock
+        rec.token_times = [t0 + t for t in res.chunk_times_s]
+        rec.t_done = t_after
+        rec.reported_output_len = len(res.chunks)
+        rec.finish_reason = "length" if len(res.chunks) >= req.max_new_tokens else "eos"
+
+    async def submit(self, req: BenchRequest, rec: RequestRecord) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self._pool, self._run, req, rec)
+        except Exception as e:  # noqa: BLE001 - measured as a failed request
+            rec.error = f"{type(e).__name__}: {e}"
+            rec.finish_reason = "error"
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        for c in self._clients:
+            try:
+                c.close()
+            except Exception:  # noqa: BLE001
+                pass
+        if self.server is not None:
+            self.server.stop()
+            if self.server.returncode not in (0, None):
+                pass  # the log is kept by TritonServer when it failed
+            self.server.cleanup()
