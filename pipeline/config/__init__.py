@@ -159,6 +159,12 @@ def validate(cfg: PipelineConfig, *, raise_on_error: bool = True) -> list[Proble
         cross_field_problems = None
     if cross_field_problems is not None:
         problems.extend(cross_field_problems(cfg))
+    try:  # the resolved build target's own checks (recipes it can execute, limits); pipeline/targets
+        from ..targets import config_problems as target_problems
+    except ImportError:
+        target_problems = None
+    if target_problems is not None and not any(p.field == "target.name" for p in problems):
+        problems.extend(target_problems(cfg))
     if problems and raise_on_error:
         raise ConfigError(problems)
     return problems

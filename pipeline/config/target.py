@@ -19,6 +19,9 @@ class TargetConfig:
     """tensorrt_llm only: tensorrt (trtllm-build engine, TensorRT-LLM <= 1.2.1) | pytorch (LLM API, no engine file)."""
     execution_provider: str = "cpu"
     """onnxruntime_genai only: cpu | cuda."""
+    accuracy_level: int = 1
+    """onnxruntime_genai only: MatMulNBits accuracy_level for int4/int8 weights: 1 = fp32 activations (the quantized
+    checkpoint's exact numerics; default), 4 = int8 activations (faster on CPU, not ModelOpt's simulated numerics)."""
     gpu: Optional[str] = None
     """Target GPU name from the planner catalogue (h100_sxm, a100_80gb, l4, ...); ``None`` = the local GPU, if any."""
     trtllm_build: str = runtime("trtllm-build", doc="trtllm-build executable (name on PATH or absolute path)")

@@ -1,0 +1,449 @@
+"""The ``onnxruntime_genai`` target: a real engine built with onnxruntime-genai's model builder.
+
+Build (``python -m onnxruntime_genai.models.builder``, run as a subprocess so its log lands in
+``build.log``):
+
+* recipe ``none``: the export checkpoint, fp32 weights on the CPU EP (fp16 on the CUDA EP; the
+  builder's valid CPU precisions are fp32/int4/int8);
+* ``int4_awq`` / ``int4_wo`` / ``int8_wo``: ModelOpt's simulated-quant model from the quantize
+  artifact (``pipeline.quantize.load_simulated_model``) is converted *exactly* to a GPTQ-format
+  checkpoint (:mod:`pipeline.targets.ort_quant`: same integers, same scales, AWQ pre_quant_scale
+  folded or applied as an ONNX Mul) and built as MatMulNBits (4 or 8 bit) - never re-quantized.
+
+Engine limits go into ``engine/genai_config.json`` (``search.max_length = build.max_seq_len``) and,
+for the limits the runtime config has no key for on a non-paged CPU model, ``engine/engine_limits.json``
+(``max_batch_size``, ``max_input_len``, ``max_seq_len``), which :class:`OrtEngineRunner` enforces.
+
+Runtime: :class:`OrtEngineRunner` drives onnxruntime-genai's continuous-batching ``og.Engine``
+(requests submitted as they free up slots, tokens streamed as events, cancellation at stop ids);
+if the installed package has no ``Engine`` it falls back to sequential ``og.Generator`` and says so.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..config.common import Problem
+from ..errors import InputError, PipelineError, PreflightError
+from .base import GenerationRequest, GenerationResult, TokenCallback
+
+log = logging.getLogger("pipeline.targets.onnxruntime_genai")
+
+SUPPORTED_RECIPES = ("none", "int4_awq", "int4_wo", "int8_wo")
+"""Recipes whose weights this target deploys unchanged: float, and integer weight-only (MatMulNBits 4/8 bit)."""
+LIMITS_FILE = "engine_limits.json"
+BUILDER = "onnxruntime_genai.models.builder"
+
+
+def _dir_bytes(p: Path) -> int:
+    return sum(f.stat().st_size for f in Path(p).rglob("*") if f.is_file())
+
+
+def _run_logged(cmd: list[str], logf: Path, title: str, env: dict[str, str] | None = None) -> None:
+    """Run ``cmd``, appending its stdout+stderr to ``logf``; raise PipelineError with the log tail on failure."""
+    with open(logf, "a", encoding="utf-8") as fh:
+        fh.write(f"$ {' '.join(map(str, cmd))}\n")
+        fh.flush()
+        proc = subprocess.run([str(c) for c in cmd], stdout=fh, stderr=subprocess.STDOUT, env=env, check=False)
+    if proc.returncode != 0:
+        tail = "".join(Path(logf).read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)[-25:])
+        raise PipelineError(f"{title} failed (exit {proc.returncode}); last lines of {logf}:\n{tail}")
+
+
+class OnnxRuntimeGenAITarget:
+    name = "onnxruntime_genai"
+    supported_recipes = SUPPORTED_RECIPES
+    supported_kv_cache = ("none",)
+
+    # ------------------------------------------------------------------ config time
+    def check_config(self, cfg: Any) -> list[Problem]:
+        """Recipe/kv-cache/limits checks for this target (no heavy imports)."""
+        q, b = cfg.quant, cfg.build
+        p: list[Problem] = []
+        fix = f"use quant=<one of {list(SUPPORTED_RECIPES)}> with target=onnxruntime_genai, or target=tensorrt_llm on an NVIDIA GPU"
+        if q.recipe not in SUPPORTED_RECIPES:
+            p.append(Problem("quant.recipe", q.recipe,
+                             f"target onnxruntime_genai cannot execute this recipe (it needs activation quantization kernels "
+                             f"onnxruntime-genai does not have on {cfg.target.execution_provider}); it supports {list(SUPPORTED_RECIPES)}.", fix))
+        if q.kv_cache != "none":
+            p.append(Problem("quant.kv_cache", q.kv_cache, "target onnxruntime_genai deploys an unquantized KV cache only.",
+                             "set quant.kv_cache=none"))
+        if q.recipe != "none" and q.sensitive_preset != "none":
+            p.append(Problem("quant.sensitive_preset", q.sensitive_preset,
+                             "target onnxruntime_genai reads quantized checkpoints whose decoder projections are all quantized.",
+                             "set quant.sensitive_preset=none"))
+        if q.recipe != "none" and any(m not in ("lm_head",) for m in q.exclude_modules):
+            p.append(Problem("quant.exclude_modules", list(q.exclude_modules),
+                             "target onnxruntime_genai can keep only lm_head in high precision.", "set quant.exclude_modules=[lm_head]"))
+        if q.tp_size != 1 or q.pp_size != 1:
+            p.append(Problem("quant.tp_size", f"{q.tp_size}x{q.pp_size}", "target onnxruntime_genai runs on one device.",
+                             "set quant.tp_size=1 quant.pp_size=1"))
+        if b.speculative.mode != "none":
+            p.append(Problem("build.speculative.mode", b.speculative.mode, "speculative decoding is not wired for target onnxruntime_genai.",
+                             "set build.speculative.mode=none"))
+        if b.max_input_len >= b.max_seq_len:
+            p.append(Problem("build.max_input_len", b.max_input_len,
+                             f"must be < build.max_seq_len ({b.max_seq_len}) so a prompt of max_input_len tokens can generate.",
+                             f"set build.max_input_len <= {b.max_seq_len - 1} or raise build.max_seq_len"))
+        if b.max_beam_width != 1:
+            p.append(Problem("build.max_beam_width", b.max_beam_width, "the engine runner is greedy (beam width 1).", "set build.max_beam_width=1"))
+        if cfg.target.accuracy_level not in (0, 1, 2, 3, 4):
+            p.append(Problem("target.accuracy_level", cfg.target.accuracy_level, "must be 0-4 (MatMulNBits accuracy_level).",
+                             "use 1 (fp32 activations, the quantized checkpoint's exact numerics) or 4 (int8 activations, faster)"))
+        return p
+
+    def available(self) -> tuple[bool, str]:
+        try:
+            import importlib.metadata as md
+
+            v = md.version("onnxruntime-genai")
+        except Exception:  # noqa: BLE001
+            return False, "onnxruntime-genai is not installed (pip install onnxruntime-genai onnx onnx-ir onnxscript)"
+        return True, f"onnxruntime-genai {v}"
+
+    def preflight(self, cfg: Any, checkpoint: Path, out: Path | None = None) -> None:
+        ok, why = self.available()
+        if not ok:
+            raise PreflightError(f"target onnxruntime_genai: {why}")
+        if cfg.target.execution_provider == "cuda":
+            import onnxruntime_genai as og
+
+            if not og.is_cuda_available():
+                raise PreflightError("target.execution_provider=cuda but this onnxruntime-genai build has no CUDA EP. "
+                                     "Fix: target.execution_provider=cpu, or pip install onnxruntime-genai-cuda on a GPU host.")
+        if not (Path(checkpoint) / "hf" / "config.json").is_file() and not (Path(checkpoint) / "config.json").is_file():
+            raise InputError(f"{checkpoint}: no hf/config.json; pass the quantize (or export) artifact.")
+
+    # ------------------------------------------------------------------ build
+    def command(self, cfg: Any, src: Path, engine: Path, cache: Path, precision: str, extra: list[str]) -> list[str]:
+        return [sys.executable, "-m", BUILDER, "-i", str(src), "-o", str(engine), "-p", precision,
+                "-e", cfg.target.execution_provider, "-c", str(cache), "--extra_options", *extra]
+
+    def plan(self, cfg: Any, checkpoint: Path | None, export_dir: Path | None, out: Path | None) -> dict[str, Any]:
+        """What :meth:`build` would run (for dry runs); no heavy imports."""
+        ep = cfg.target.execution_provider
+        rec = cfg.quant.recipe
+        if rec == "none":
+            precision = "fp32" if ep == "cpu" else "fp16"
+            src = Path(checkpoint or "<quantize artifact>") / "hf"
+        else:
+            precision = "int8" if rec == "int8_wo" else "int4"
+            src = Path("<work>/gptq_checkpoint (converted from ModelOpt's simulated-quant model)")
+        extra = ["hf_token=false", "hf_remote=false"] + ([] if rec == "none" else [f"accuracy_level={cfg.target.accuracy_level}"])
+        cmd = self.command(cfg, src, Path(out or "<out>") / "engine", Path("<work>/cache"), precision, extra)
+        return {"command": cmd, "precision": precision}
+
+    def build(self, cfg: Any, checkpoint: Path, out: Path, log: Any = None, *, export_dir: Path | None = None,
+              progress: Any = None) -> dict[str, Any]:
+        """Build the engine into ``out/engine``; write ``out/build_info.json`` and ``out/build.log``.
+
+        Args:
+            checkpoint: the quantize artifact folder (``hf/``, ``quant_state.*``) - or an export artifact for recipe none.
+            export_dir: the export artifact folder (``hf/``, ``model_info.json``); needed for quantized recipes.
+        Returns: build_info (dict).
+        Raises: InputError (unsupported checkpoint), PipelineError (builder failed; log tail included).
+        """
+        lg = log or globals()["log"]
+        t0 = time.time()
+        checkpoint = Path(checkpoint)
+        out = Path(out)
+        engine = out / "engine"
+        work = out / ".work"
+        work.mkdir(parents=True, exist_ok=True)
+        logf = out / "build.log"
+        ep = cfg.target.execution_provider
+        rec = cfg.quant.recipe
+        if rec not in SUPPORTED_RECIPES:
+            raise InputError(f"quant.recipe={rec!r}: target onnxruntime_genai supports {list(SUPPORTED_RECIPES)}.")
+        hf = checkpoint / "hf" if (checkpoint / "hf").is_dir() else checkpoint
+        conv: dict[str, Any] = {}
+        extra = ["hf_token=false", "hf_remote=false"]
+        if rec == "none":
+            precision = "fp32" if ep == "cpu" else "fp16"
+            src = hf
+        else:
+            if export_dir is None:
+                raise InputError("build: a quantized recipe needs the export artifact (hf/) to rebuild ModelOpt's simulated-quant model.")
+            from ..quantize import load_simulated_model
+            from .ort_quant import convert
+
+            lg.info("restoring ModelOpt's simulated-quant model from %s", checkpoint)
+            model = load_simulated_model(checkpoint, Path(export_dir), device="cpu")
+            conv = convert(model, Path(export_dir) / "hf", work / "gptq_checkpoint")
+            del model
+            precision = "int8" if conv["bits"] == 8 else "int4"
+            src = work / "gptq_checkpoint"
+            extra.append(f"accuracy_level={cfg.target.accuracy_level}")
+            if conv["prescale_muls"]:
+                extra.append("fuse_qkv=false")
+            if not conv["lm_head_quantized"]:
+                extra.append("nodes_to_exclude=/lm_head/MatMul")
+        cmd = self.command(cfg, src, engine, work / "cache", precision, extra)
+        lg.info("building: %s", " ".join(cmd))
+        env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+        _run_logged(cmd, logf, "onnxruntime-genai model builder", env=env)
+        n_mul = 0
+        if conv.get("prescale_muls"):
+            from .ort_quant import insert_prescale_muls
+
+            n_mul = insert_prescale_muls(engine / "model.onnx", conv["prescale_muls"])
+        limits = self.write_limits(cfg, engine)
+        shutil.rmtree(work, ignore_errors=True)
+        import onnxruntime_genai as og  # noqa: F401 - version check only
+
+        from ..hostinfo import cpu_model, gpus, library_versions
+
+        info = {
+            "schema": "pipeline.build_info/v1",
+            "target": self.name,
+            "backend": "onnxruntime_genai",
+            "execution_provider": ep,
+            "precision": precision,
+            "recipe": rec,
+            "versions": library_versions(("onnxruntime-genai", "onnxruntime", "onnx", "torch", "transformers", "nvidia-modelopt")),
+            "host": {"kind": "cpu" if ep == "cpu" else "gpu", "cpu": cpu_model(), "cpu_count": os.cpu_count(), "gpus": gpus() if ep == "cuda" else []},
+            "knobs": {"max_batch_size": cfg.build.max_batch_size, "max_input_len": cfg.build.max_input_len,
+                      "max_seq_len": cfg.build.max_seq_len, "accuracy_level": cfg.target.accuracy_level if rec != "none" else None,
+                      "extra_options": extra},
+            "limits": limits,
+            "quantized_weights": None if rec == "none" else {
+                "source": "ModelOpt simulated-quant model (quant_state) -> GPTQ-format checkpoint, integers and scales unchanged",
+                "bits": conv["bits"], "group_size": conv["group_size"], "quantized_linears": conv["quantized_linears"],
+                "pre_quant_scale": {**conv["folded"], "onnx_mul_inserted": n_mul}, "lm_head_quantized": conv["lm_head_quantized"]},
+            "command": cmd,
+            "engine_bytes": _dir_bytes(engine),
+            "build_s": round(time.time() - t0, 3),
+        }
+        return info
+
+    def write_limits(self, cfg: Any, engine: Path) -> dict[str, int]:
+        """Put the build limits into the engine's runtime config; return them.
+
+        ``genai_config.json``: ``search.max_length = max_seq_len`` (the runtime refuses a prompt that
+        leaves no room before it). ``engine_limits.json``: ``max_batch_size``, ``max_input_len``,
+        ``max_seq_len`` (genai_config has no key for them on a non-paged model; the runner enforces them).
+        """
+        b = cfg.build
+        gc_path = engine / "genai_config.json"
+        gc = json.loads(gc_path.read_text(encoding="utf-8"))
+        ctx = int(gc.get("model", {}).get("context_length") or 0)
+        if ctx and b.max_seq_len > ctx and not cfg.allow_unsafe_lengths:
+            raise InputError(f"build.max_seq_len={b.max_seq_len} exceeds the model's context_length {ctx} (max_position_embeddings). "
+                             f"Fix: set build.max_seq_len<={ctx} (or allow_unsafe_lengths=true).")
+        gc.setdefault("search", {})["max_length"] = int(b.max_seq_len)
+        gc_path.write_text(json.dumps(gc, indent=4) + "\n", encoding="utf-8")
+        limits = {"max_batch_size": int(b.max_batch_size), "max_input_len": int(b.max_input_len), "max_seq_len": int(b.max_seq_len)}
+        (engine / LIMITS_FILE).write_text(json.dumps({"schema": "pipeline.engine_limits/v1", **limits}, indent=2) + "\n", encoding="utf-8")
+        return limits
+
+    def load_runner(self, engine_dir: Path, **kw: Any) -> "OrtEngineRunner":
+        return OrtEngineRunner(engine_dir, **kw)
+
+
+class OrtEngineRunner:
+    """Greedy generation on a built onnxruntime-genai engine (implements ``base.EngineRunner``).
+
+    Args:
+        engine_dir: ``<build artifact>/engine`` (genai_config.json, model.onnx, engine_limits.json).
+        max_batch_size: cap on concurrently scheduled requests (default: the engine's limit).
+        use_engine: ``False`` forces the sequential ``og.Generator`` path (a fallback).
+    Attributes:
+        mode: ``"engine"`` (continuous batching, ``og.Engine``) or ``"generator"`` (sequential).
+    """
+
+    def __init__(self, engine_dir: Path, max_batch_size: int | None = None, use_engine: bool = True, **_: Any):
+        import onnxruntime_genai as og
+
+        self._og = og
+        self.engine_dir = Path(engine_dir)
+        lim_path = self.engine_dir / LIMITS_FILE
+        gc = json.loads((self.engine_dir / "genai_config.json").read_text(encoding="utf-8"))
+        lim = json.loads(lim_path.read_text(encoding="utf-8")) if lim_path.is_file() else {}
+        self.max_seq_len = int(lim.get("max_seq_len") or gc["search"]["max_length"])
+        self.max_input_len = int(lim.get("max_input_len") or self.max_seq_len - 1)
+        self.max_batch_size = int(min(max_batch_size or 10**9, lim.get("max_batch_size") or 8))
+        self.model = og.Model(str(self.engine_dir))
+        self.mode = "engine" if (use_engine and hasattr(og, "Engine")) else "generator"
+        if self.mode == "generator":
+            log.warning("onnxruntime-genai %s has no og.Engine (continuous batching); falling back to sequential og.Generator",
+                        getattr(og, "__version__", "?"))
+        self._engine = og.Engine(self.model) if self.mode == "engine" else None
+
+    # -------------------------------------------------------------- helpers
+    def _check(self, r: GenerationRequest) -> str | None:
+        n = len(r.input_ids)
+        if n == 0:
+            return "empty prompt"
+        if n > self.max_input_len:
+            return (f"prompt has {n} tokens > engine max_input_len {self.max_input_len}; not truncated. "
+                    f"Rebuild with a larger build.max_input_len or shorten the prompt.")
+        if n >= self.max_seq_len:
+            return f"prompt has {n} tokens, leaving no room below engine max_seq_len {self.max_seq_len}"
+        return None
+
+    @staticmethod
+    def _finish(ids: list[int], stops: Sequence[int], reason: str, times: list[float], rid: str, error: str | None = None) -> GenerationResult:
+        from ..tokenization import cut_at_stop
+
+        cut, hit = cut_at_stop(ids, stops)
+        if hit:
+            reason = "eos"
+            times = times[: len(cut)]
+        return GenerationResult(request_id=rid, output_ids=cut, finish_reason=reason, token_times_s=times, error=error)
+
+    # -------------------------------------------------------------- API
+    def generate(self, requests: Sequence[GenerationRequest], on_token: TokenCallback | None = None) -> list[GenerationResult]:
+        """Run all requests (continuous batching up to ``max_batch_size``); results in request order.
+
+        Over-long prompts get ``finish_reason="error"`` and never reach the engine; an engine-side
+        failure of one request is reported on that request only.
+        """
+        results: list[GenerationResult | None] = [None] * len(requests)
+        todo = []
+        for i, r in enumerate(requests):
+            err = self._check(r)
+            if err:
+                results[i] = GenerationResult(r.request_id, [], "error", [], err)
+            else:
+                todo.append(i)
+        if self.mode == "engine":
+            self._run_engine(requests, todo, results, on_token)
+        else:
+            for i in todo:
+                results[i] = self._run_generator(requests[i], on_token)
+        return [r for r in results if r is not None]
+
+    def _run_engine(self, requests: Sequence[GenerationRequest], todo: list[int], results: list, on_token: TokenCallback | None) -> None:
+        import numpy as np
+
+        og = self._og
+        eng = self._engine
+        buf = eng.create_event_buffer(max(16, 4 * self.max_batch_size))
+        tok_flag, fin_flag, fail_flag = (og.EngineEventFlags.TOKEN.value, og.EngineEventFlags.TURN_FINISHED.value,
+                                         og.EngineEventFlags.FAILED.value)
+        reasons = {og.FinishReason.EOS: "eos", og.FinishReason.MAX_GENERATED_TOKENS: "length",
+                   og.FinishReason.MAX_SESSION_TOKENS: "length", og.FinishReason.STOP_STRING: "stop",
+                   og.FinishReason.CANCELLED: "eos", og.FinishReason.FAILED: "error"}
+        queue = list(todo)
+        active: dict[int, dict[str, Any]] = {}  # id(Request) -> state
+
+        def admit() -> None:
+            while queue and len(active) < self.max_batch_size:
+                i = queue.pop(0)
+                r = requests[i]
+                req = eng.create_request()
+                opts = og.TurnOptions(req)
+                opts.set_do_sample(False)
+                opts.set_max_generated_tokens(int(r.max_new_tokens))
+                if r.ignore_eos:
+                    opts.set_min_generated_tokens(int(r.max_new_tokens))
+                t_sub = time.perf_counter()
+                try:
+                    turn = req.begin_turn(np.asarray(r.input_ids, dtype=np.int32), opts)
+                except Exception as e:  # noqa: BLE001 - one request's refusal is that request's error
+                    results[i] = GenerationResult(r.request_id, [], "error", [], f"engine refused the request: {e}")
+                    req.close()
+                    continue
+                active[id(req)] = {"i": i, "req": req, "turn": turn, "ids": [], "times": [], "t0": t_sub,
+                                   "stops": set(int(s) for s in ([] if r.ignore_eos else r.stop_token_ids)), "cancelled": False}
+
+        admit()
+        while active or queue:
+            if not eng.has_pending_requests():
+                admit()
+                if not eng.has_pending_requests():
+                    break
+            for ev in eng.run(buf):
+                st = active.get(id(ev.request))
+                if st is None:
+                    continue
+                flags = ev.flags.value
+                r = requests[st["i"]]
+                if flags & tok_flag and not st["cancelled"]:
+                    t = time.perf_counter() - st["t0"]
+                    tokid = int(ev.token)
+                    st["ids"].append(tokid)
+                    st["times"].append(t)
+                    if on_token is not None and tokid not in st["stops"]:
+                        on_token(r.request_id, tokid, t)
+                    if tokid in st["stops"] and not (flags & fin_flag):
+                        st["cancelled"] = st["req"].cancel_turn(st["turn"]) or True
+                if flags & (fin_flag | fail_flag):
+                    if flags & fail_flag or ev.finish_reason == og.FinishReason.FAILED:
+                        results[st["i"]] = GenerationResult(r.request_id, [], "error", [], f"engine error: {ev.error_code.name}")
+                    else:
+                        reason = reasons.get(ev.finish_reason, "length")
+                        results[st["i"]] = self._finish(st["ids"], st["stops"], reason, st["times"], r.request_id)
+                    st["req"].close()
+                    del active[id(ev.request)]
+            admit()
+        for st in active.values():  # the engine went idle without finishing them: report, never drop
+            r = requests[st["i"]]
+            results[st["i"]] = GenerationResult(r.request_id, st["ids"], "error", st["times"], "engine stopped before the request finished")
+
+    def _run_generator(self, r: GenerationRequest, on_token: TokenCallback | None) -> GenerationResult:
+        import numpy as np
+
+        og = self._og
+        t0 = time.perf_counter()
+        try:
+            gp = og.GeneratorParams(self.model)
+            gp.set_search_options(do_sample=False, max_length=min(self.max_seq_len, len(r.input_ids) + int(r.max_new_tokens)))
+            g = og.Generator(self.model, gp)
+            g.append_tokens(np.asarray([r.input_ids], dtype=np.int32))
+        except Exception as e:  # noqa: BLE001
+            return GenerationResult(r.request_id, [], "error", [], f"generator refused the request: {e}")
+        stops = set() if r.ignore_eos else set(int(s) for s in r.stop_token_ids)
+        ids: list[int] = []
+        times: list[float] = []
+        while not g.is_done() and len(ids) < r.max_new_tokens:
+            g.generate_next_token()
+            tokid = int(g.get_next_tokens()[0])
+            t = time.perf_counter() - t0
+            ids.append(tokid)
+            times.append(t)
+            if tokid in stops:
+                break
+            if on_token is not None:
+                on_token(r.request_id, tokid, t)
+        return self._finish(ids, stops, "length", times, r.request_id)
+
+    def next_token_logits(self, input_ids: Sequence[int], continuation: Sequence[int]) -> list[int]:
+        """Teacher-forced greedy choices: the engine's argmax after ``input_ids + continuation[:k]`` for each k.
+
+        Used to measure next-token agreement against a reference model on the same token stream.
+        Returns ``len(continuation)`` token ids.
+        """
+        import numpy as np
+
+        og = self._og
+        gp = og.GeneratorParams(self.model)
+        gp.set_search_options(do_sample=False, max_length=min(self.max_seq_len, len(input_ids) + len(continuation) + 1))
+        g = og.Generator(self.model, gp)
+        g.append_tokens(np.asarray([list(input_ids)], dtype=np.int32))
+        out = []
+        for t in continuation:
+            out.append(int(np.argmax(g.get_logits()[0, -1])))
+            g.append_tokens(np.asarray([[int(t)]], dtype=np.int32))
+        return out
+
+    def close(self) -> None:
+        self._engine = None
+        self.model = None
+
+    def __enter__(self) -> "OrtEngineRunner":
+        return self
+
+    def __exit__(self, *a: Any) -> None:
+        self.close()
+
+
+TARGET = OnnxRuntimeGenAITarget()

@@ -1,0 +1,343 @@
+"""Deploy ModelOpt's quantized weights on onnxruntime-genai (CPU) without re-quantizing them.
+
+The quantize stage leaves a ModelOpt *simulated-quantization* model (``pipeline.quantize.load_simulated_model``):
+each quantized ``nn.Linear`` holds the (AWQ-smoothed) weight ``W'``, a weight quantizer whose ``amax``
+gives the per-block scale ``s = amax / (2**(bits-1) - 1)`` and, for AWQ, an input quantizer with a
+``pre_quant_scale`` ``p`` (per input channel).  The simulated output is ``y = Q(W') @ (p * x)`` with
+``Q(W') = round(W' / s) * s``.
+
+This module writes those exact integers and scales into a GPTQ-format checkpoint (``qweight`` /
+``qzeros`` / ``scales`` / ``g_idx`` + ``quantization_config``, the format onnxruntime-genai's model
+builder reads through ``models/loaders/gptq.py``) and handles ``p`` exactly:
+
+* ``p`` shared by every projection that reads an RMSNorm output (q/k/v, gate/up) is folded into the
+  norm weight (``RMSNorm(x) * w * p``);
+* ``p`` of ``o_proj`` is folded into the output rows of ``v_proj`` when it is constant across the
+  query heads that share one KV head (attention output channels are linear in V's channels);
+* ``p`` of ``down_proj`` is folded into the output rows of ``up_proj`` (``silu(g) * (u * p)``);
+  a row scale of a block-quantized weight is a scale of its block scales, so the integers stay;
+* anything else (AWQ gives q/k/v different ``p``) gets an ONNX ``Mul`` by ``p`` in front of that
+  projection's ``MatMulNBits`` (:func:`insert_prescale_muls`), so nothing is re-rounded.
+
+No weight is re-quantized: :func:`convert` checks that ``q * s`` reproduces ModelOpt's fake-quantized
+weight (max abs error <= 1e-5 x max|W|) and raises :class:`ConversionError` otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                   "generation_config.json", "tokenizer.model", "vocab.json", "merges.txt")
+ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP = ("gate_proj", "up_proj", "down_proj")
+
+
+class ConversionError(ValueError):
+    """The quantized model cannot be expressed exactly in the onnxruntime-genai checkpoint format."""
+
+
+def _is_quantized(lin: Any) -> bool:
+    wq = getattr(lin, "weight_quantizer", None)
+    return wq is not None and bool(getattr(wq, "is_enabled", False))
+
+
+def _pre_quant_scale(lin: Any) -> "torch.Tensor | None":
+    iq = getattr(lin, "input_quantizer", None)
+    p = getattr(iq, "pre_quant_scale", None) if iq is not None else None
+    return None if p is None else p.detach().float().reshape(-1)
+
+
+def integer_weights(lin: Any) -> tuple["torch.Tensor", "torch.Tensor", int, int]:
+    """The integers and scales of a ModelOpt weight-quantized linear.
+
+    Returns:
+        ``(q, scale, bits, group)``: ``q`` int32 ``[out, in]`` in ``[-2**(bits-1), 2**(bits-1)-1]``,
+        ``scale`` float32 ``[out, in // group]``, with ``q * scale`` (repeated over groups) equal to
+        ``lin.weight_quantizer(lin.weight)``. Per-channel quantizers are returned with
+        ``group = 128`` (or ``in`` when 128 does not divide it) and the channel scale repeated, which is
+        the same dequantized weight.
+    Raises:
+        ConversionError: non-integer formats (FP8/NVFP4), or integers that do not reproduce the
+            fake-quantized weight.
+    """
+    import torch
+
+    wq = lin.weight_quantizer
+    bits = wq.num_bits
+    if not isinstance(bits, int):
+        raise ConversionError(f"weight format {bits} (floating point) has no onnxruntime-genai CPU kernel")
+    w = lin.weight.detach()
+    with torch.no_grad():
+        fq = wq(w).detach().float()
+    out_f, in_f = fq.shape
+    maxb = 2 ** (bits - 1) - 1
+    amax = wq.amax.detach().float().reshape(out_f, -1)
+    nb = amax.shape[1]
+    if nb == 1:  # per-channel: express as blocks of 128 with the same scale
+        group = 128 if in_f % 128 == 0 else in_f
+        amax = amax.expand(out_f, in_f // group).contiguous()
+    else:
+        if in_f % nb:
+            raise ConversionError(f"in_features {in_f} is not a multiple of the {nb} quantization blocks")
+        group = in_f // nb
+    scale = amax / maxb
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = torch.round(fq.reshape(out_f, -1, group) / safe[..., None]).clamp_(-maxb - 1, maxb)
+    q = torch.where(scale[..., None] > 0, q, torch.zeros_like(q))
+    err = (q * scale[..., None] - fq.reshape(out_f, -1, group)).abs().max().item()
+    tol = 1e-5 * max(fq.abs().max().item(), 1e-12)
+    if err > tol:
+        raise ConversionError(f"integer weights do not reproduce the fake-quantized weight (max error {err:.3g} > {tol:.3g})")
+    return q.reshape(out_f, in_f).to(torch.int32), scale.contiguous(), bits, group
+
+
+def _pack_int32(vals: "torch.Tensor", bits: int, dim: int) -> "torch.Tensor":
+    """Pack unsigned ``bits``-bit values along ``dim`` into int32 words, lowest bits first (GPTQ/AutoGPTQ layout)."""
+    import numpy as np
+    import torch
+
+    per = 32 // bits
+    a = vals.cpu().numpy().astype(np.uint32)
+    if dim == 1:
+        a = a.T
+    if a.shape[0] % per:
+        raise ConversionError(f"dimension {a.shape[0]} is not a multiple of {per} ({bits}-bit packing)")
+    a = a.reshape(a.shape[0] // per, per, a.shape[1])
+    words = np.zeros((a.shape[0], a.shape[2]), dtype=np.uint32)
+    for k in range(per):
+        words |= a[:, k, :] << np.uint32(k * bits)
+    words = words.view(np.int32)
+    if dim == 1:
+        words = words.T
+    return torch.from_numpy(np.ascontiguousarray(words))
+
+
+def gptq_tensors(q: "torch.Tensor", scale: "torch.Tensor", bits: int, group: int) -> dict[str, "torch.Tensor"]:
+    """GPTQ (v1, ``desc_act=false``) tensors for signed integers ``q [out, in]`` and ``scale [out, in/group]``.
+
+    Layout (AutoGPTQ): ``qweight`` int32 ``[in*bits/32, out]``, ``qzeros`` int32 ``[in/group, out*bits/32]``
+    holding ``zero - 1`` with ``zero = 2**(bits-1)``, ``scales`` float32 ``[in/group, out]``, ``g_idx``
+    int32 ``[in]``.
+    """
+    import torch
+
+    zero = 2 ** (bits - 1)
+    out_f, in_f = q.shape
+    qu = (q + zero).T.contiguous()  # [in, out], unsigned
+    ng = in_f // group
+    zeros = torch.full((ng, out_f), zero - 1, dtype=torch.int32)
+    return {
+        "qweight": _pack_int32(qu, bits, dim=0),
+        "qzeros": _pack_int32(zeros, bits, dim=1),
+        "scales": scale.T.contiguous().float(),
+        "g_idx": (torch.arange(in_f, dtype=torch.int32) // group),
+    }
+
+
+def _layers(model: Any) -> list[Any]:
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if layers is None:
+        raise ConversionError(f"{type(model).__name__}: no model.layers; only decoder-only LLaMA-style models are supported")
+    return list(layers)
+
+
+def convert(model: Any, hf_dir: Path, out: Path) -> dict[str, Any]:
+    """Write a GPTQ-format HF checkpoint of ModelOpt's simulated-quant ``model`` into ``out``.
+
+    Args:
+        model: ``transformers`` causal LM with ModelOpt quantizers (``load_simulated_model``), float32.
+        hf_dir: the export checkpoint folder (config + tokenizer files are copied from it).
+        out: output folder (created).
+    Returns:
+        ``{"bits", "group_size", "quantized_linears", "folded": {...}, "prescale_muls": [(node, tensor)],
+        "lm_head_quantized"}``; ``prescale_muls`` must be applied to the built ONNX model with
+        :func:`insert_prescale_muls`.
+    Raises:
+        ConversionError: a layout that cannot be expressed exactly (mixed quantized/unquantized
+            projections, fused qkv/gate_up modules, floating-point formats).
+    """
+    import torch
+    from safetensors.torch import save_file
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = model.config
+    n_heads, n_kv = cfg.num_attention_heads, getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads
+    n_rep = n_heads // n_kv
+    tensors: dict[str, torch.Tensor] = {}
+    muls: list[tuple[str, torch.Tensor]] = []
+    folded = {"norm": 0, "v_rows": 0, "up_rows": 0, "onnx_mul": 0}
+    bits_seen: set[int] = set()
+    groups_seen: set[int] = set()
+    n_quant = 0
+
+    sd = {k: v.detach().float() for k, v in model.state_dict().items() if "_quantizer" not in k}
+    for k in ("model.embed_tokens.weight", "model.norm.weight"):
+        tensors[k] = sd[k].clone()
+
+    for i, layer in enumerate(_layers(model)):
+        attn, mlp = layer.self_attn, layer.mlp
+        mods = {}
+        for n in ATTN:
+            if not hasattr(attn, n):
+                raise ConversionError(f"layer {i}: self_attn.{n} missing (fused qkv_proj layouts are not supported by this converter)")
+            mods[n] = getattr(attn, n)
+        for n in MLP:
+            if not hasattr(mlp, n):
+                raise ConversionError(f"layer {i}: mlp.{n} missing (fused gate_up_proj layouts are not supported by this converter)")
+            mods[n] = getattr(mlp, n)
+        quant = {n: _is_quantized(m) for n, m in mods.items()}
+        if len(set(quant.values())) != 1:
+            raise ConversionError(
+                f"layer {i}: some projections are quantized and some are not ({sorted(k for k, v in quant.items() if not v)} kept "
+                "in high precision); onnxruntime-genai's quantized-checkpoint reader needs every projection of a layer quantized. "
+                "Use quant.sensitive_preset=none for this target.")
+        pfx = f"model.layers.{i}"
+        in_norm = sd[f"{pfx}.input_layernorm.weight"].clone()
+        post_norm = sd[f"{pfx}.post_attention_layernorm.weight"].clone()
+        pqs = {n: _pre_quant_scale(m) for n, m in mods.items()}
+
+        if not quant["q_proj"]:
+            # the unquantized layer: plain float weights (the reader maps *.weight like *.qweight only
+            # when quantization_config is present, so this is rejected there)
+            raise ConversionError(f"layer {i}: not quantized; the recipe must quantize every decoder layer for this target")
+
+        ints = {n: integer_weights(m) for n, m in mods.items()}
+        for n, (_, _, b, g) in ints.items():
+            bits_seen.add(b)
+            groups_seen.add(g)
+        scales = {n: ints[n][1].clone() for n in mods}
+        biases = {n: (None if getattr(m, "bias", None) is None else m.bias.detach().float().clone()) for n, m in mods.items()}
+
+        # o_proj pre_quant_scale -> v_proj output rows (exact when constant within each KV group)
+        p = pqs["o_proj"]
+        if p is not None:
+            pv = p.view(n_kv, n_rep, head_dim)
+            if torch.equal(pv, pv[:, :1, :].expand_as(pv)):
+                row = pv[:, 0, :].reshape(-1)
+                scales["v_proj"] *= row[:, None]
+                if biases["v_proj"] is not None:
+                    biases["v_proj"] *= row
+                folded["v_rows"] += 1
+            else:
+                muls.append((f"/model/layers.{i}/attn/o_proj/MatMul", p))
+        # down_proj pre_quant_scale -> up_proj output rows (always exact)
+        p = pqs["down_proj"]
+        if p is not None:
+            scales["up_proj"] *= p[:, None]
+            if biases["up_proj"] is not None:
+                biases["up_proj"] *= p
+            folded["up_rows"] += 1
+        # shared-input groups -> the preceding RMSNorm when every member has the same scale
+        for group_names, norm, sub in ((("q_proj", "k_proj", "v_proj"), in_norm, "attn"), (("gate_proj", "up_proj"), post_norm, "mlp")):
+            ps = [pqs[n] for n in group_names]
+            if all(x is None for x in ps):
+                continue
+            ps = [torch.ones_like(next(x for x in ps if x is not None)) if x is None else x for x in ps]
+            if all(torch.equal(ps[0], x) for x in ps[1:]):
+                norm *= ps[0]
+                folded["norm"] += 1
+            else:
+                for n, x in zip(group_names, ps):
+                    if not torch.equal(x, torch.ones_like(x)):
+                        muls.append((f"/model/layers.{i}/{sub}/{n}/MatMul", x))
+        tensors[f"{pfx}.input_layernorm.weight"] = in_norm
+        tensors[f"{pfx}.post_attention_layernorm.weight"] = post_norm
+        for n, m in mods.items():
+            base = f"{pfx}.{'self_attn' if n in ATTN else 'mlp'}.{n}"
+            q, _, b, g = ints[n]
+            for k, v in gptq_tensors(q, scales[n], b, g).items():
+                tensors[f"{base}.{k}"] = v
+            if biases[n] is not None:
+                tensors[f"{base}.bias"] = biases[n]
+            n_quant += 1
+    folded["onnx_mul"] = len(muls)
+
+    lm = getattr(model, "lm_head", None)
+    lm_quant = lm is not None and _is_quantized(lm)
+    if lm_quant:
+        q, s, b, g = integer_weights(lm)
+        for k, v in gptq_tensors(q, s, b, g).items():
+            tensors[f"lm_head.{k}"] = v
+        bits_seen.add(b)
+        groups_seen.add(g)
+        if _pre_quant_scale(lm) is not None:
+            muls.append(("/lm_head/MatMul", _pre_quant_scale(lm)))
+    elif "lm_head.weight" in sd:
+        tensors["lm_head.weight"] = sd["lm_head.weight"].clone()
+    if len(bits_seen) != 1 or len(groups_seen) != 1:
+        raise ConversionError(f"mixed bit widths {sorted(bits_seen)} / group sizes {sorted(groups_seen)} are not supported by the reader")
+    bits, group = bits_seen.pop(), groups_seen.pop()
+
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    conf = json.loads((Path(hf_dir) / "config.json").read_text(encoding="utf-8"))
+    conf["torch_dtype"] = "float32"
+    conf.pop("dtype", None)
+    conf["quantization_config"] = {"quant_method": "gptq", "bits": bits, "group_size": group, "desc_act": False, "sym": True,
+                                   "checkpoint_format": "gptq"}
+    (out / "config.json").write_text(json.dumps(conf, indent=2) + "\n", encoding="utf-8")
+    for f in TOKENIZER_FILES:
+        if (Path(hf_dir) / f).is_file():
+            shutil.copy2(Path(hf_dir) / f, out / f)
+    return {"bits": bits, "group_size": group, "quantized_linears": n_quant + int(lm_quant), "folded": folded,
+            "prescale_muls": muls, "lm_head_quantized": lm_quant}
+
+
+def insert_prescale_muls(onnx_path: Path, muls: list[tuple[str, "torch.Tensor"]]) -> int:
+    """Insert ``Mul(x, p)`` in front of each named projection's MatMulNBits in ``onnx_path`` (in place).
+
+    Args:
+        onnx_path: ``model.onnx`` written by the builder (external data stays where it is).
+        muls: ``(node_name, p)``; ``node_name`` is the builder's MatMul base name
+            (``/model/layers.{i}/attn/q_proj/MatMul``); the node actually emitted is matched by prefix.
+    Returns:
+        the number of Mul nodes inserted. Raises ConversionError when a projection is not found.
+    """
+    import numpy as np
+    import onnx
+    from onnx import helper, numpy_helper
+
+    if not muls:
+        return 0
+    onnx_path = Path(onnx_path)
+    m = onnx.load(str(onnx_path), load_external_data=False)
+    g = m.graph
+    dtype = None
+    for vi in g.input:
+        if vi.name == "inputs_embeds" or vi.name.startswith("past_key_values"):
+            dtype = vi.type.tensor_type.elem_type
+            break
+    np_dtype = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.FLOAT16: np.float16}.get(dtype, np.float32)
+    nodes = list(g.node)
+    new_nodes = []
+    done = 0
+    targets = {name: p for name, p in muls}
+    found: set[str] = set()
+    for node in nodes:
+        hit = next((t for t in targets if node.op_type in ("MatMulNBits", "MatMul") and (node.name == t or node.name.startswith(t))), None)
+        if hit is not None and hit not in found:
+            found.add(hit)
+            base = hit.strip("/").replace("/", ".")
+            init = numpy_helper.from_array(targets[hit].numpy().astype(np_dtype), name=f"{base}.pre_quant_scale")
+            g.initializer.append(init)
+            scaled = f"{hit}/pre_quant_scale/output_0"
+            new_nodes.append(helper.make_node("Mul", [node.input[0], init.name], [scaled], name=f"{hit}/pre_quant_scale/Mul"))
+            node.input[0] = scaled
+            done += 1
+        new_nodes.append(node)
+    missing = sorted(set(targets) - found)
+    if missing:
+        raise ConversionError(f"{onnx_path}: projections not found for pre_quant_scale: {missing[:5]}")
+    del g.node[:]
+    g.node.extend(new_nodes)
+    onnx.save(m, str(onnx_path))
+    return done

@@ -1,0 +1,484 @@
+"""The ``tensorrt_llm`` target: TensorRT-LLM 1.2.x engines (``trtllm-build``) or PyTorch-backend options.
+
+Production target for NVIDIA GPU hosts.  It cannot run on a machine without TensorRT-LLM and a GPU:
+there, :meth:`TensorRTLLMTarget.preflight` stops the build (exit code 4) with the fix and the exact
+command it would run; ``dry_run=true`` prints that command without failing.  Nothing here pretends
+an engine was built: a build succeeds only when ``trtllm-build`` exits 0 *and* wrote
+``rank*.engine`` + ``config.json``.
+
+Facts used (``shared/reference/tensorrt_llm.md``; section numbers below refer to it):
+
+* engine path = TensorRT-LLM ``>=1.2.0,<=1.2.1`` (sec. 0: 1.2.1 is the last stable with ``trtllm-build``;
+  the TensorRT backend is removed on main after July 2026); Python 3.10/3.12 wheels only (sec. 8).
+* flags and choices of ``trtllm-build`` (sec. 1a/1b): in-flight batching needs paged KV
+  (``--kv_cache_type paged``), ``--remove_input_padding enable`` and the GPT attention plugin, which
+  this target always sets; ``--multiple_profiles enable`` cannot be combined with ``--opt_num_tokens``.
+* ``max_seq_len`` default = ``max_position_embeddings`` x rope factor (sec. 1c); speculative
+  decoding adds ``max_draft_len`` to it.
+* GPU support per format (sec. 3c): FP8 and W4A8-AWQ need SM >= 8.9; INT8-SQ, INT8/INT4 weight-only and
+  INT4-AWQ need SM >= 8.0; BF16 needs SM 8.0.
+* CUDA Graphs are a runtime setting for engines (sec. 4e, Triton ``cuda_graph_mode``/``cuda_graph_cache_size``),
+  recorded in ``build_info.json`` for the package stage; the PyTorch backend takes ``cuda_graph_config``.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import logging
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ..config.common import Problem
+from ..errors import InputError, PipelineError, PreflightError
+
+log = logging.getLogger("pipeline.targets.tensorrt_llm")
+
+ENGINE_VERSIONS = ((1, 2, 0), (1, 2, 1))
+"""Inclusive TensorRT-LLM range for the TensorRT engine path (trtllm-build)."""
+PYTORCH_MIN_VERSION = (1, 2, 0)
+NGC_IMAGE = "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"
+INSTALL_FIX = ("install TensorRT-LLM 1.2.1 on an NVIDIA GPU host with Python 3.10 or 3.12: "
+               "`pip install 'tensorrt-llm==1.2.1' --extra-index-url https://pypi.nvidia.com/` "
+               f"(or `pip install -e '.[tensorrt_llm]'`), or run the pipeline inside the NGC container {NGC_IMAGE} "
+               "(TensorRT-LLM 1.2.1, TensorRT 10.14.1); there is no wheel for Python 3.11")
+
+# trtllm-build flag facts (reference sec. 1a/1b)
+FLAG_CHOICES: dict[str, tuple[str, ...]] = {
+    "--kv_cache_type": ("continuous", "paged", "disabled"),
+    "--gpt_attention_plugin": ("auto", "float16", "float32", "bfloat16", "int32", "disable"),
+    "--gemm_plugin": ("auto", "float16", "float32", "bfloat16", "int32", "fp8", "nvfp4", "disable"),
+    "--remove_input_padding": ("enable", "disable"),
+    "--context_fmha": ("enable", "disable"),
+    "--use_paged_context_fmha": ("enable", "disable"),
+    "--use_fused_mlp": ("enable", "disable"),
+    "--multiple_profiles": ("enable", "disable"),
+    "--speculative_decoding_mode": ("draft_tokens_external", "lookahead_decoding", "medusa", "explicit_draft_tokens", "eagle"),
+    "--logits_dtype": ("float16", "float32"),
+    "--log_level": ("internal_error", "error", "warning", "info", "verbose", "debug", "trace"),
+}
+INT_FLAGS = ("--max_batch_size", "--max_input_len", "--max_seq_len", "--max_beam_width", "--max_num_tokens", "--opt_num_tokens",
+             "--tokens_per_block", "--max_draft_len", "--workers")
+PATH_FLAGS = ("--checkpoint_dir", "--output_dir", "--input_timing_cache", "--output_timing_cache")
+KNOWN_FLAGS = tuple(FLAG_CHOICES) + INT_FLAGS + PATH_FLAGS
+
+RECIPE_QUANT_ALGO = {"none": None, "fp8": "FP8", "int8_sq": "W8A8_SQ_PER_CHANNEL", "int8_wo": "W8A16", "int4_wo": "W4A16",
+                     "int4_awq": "W4A16_AWQ", "w4a8_awq": "W4A8_AWQ"}
+"""quant.recipe -> the checkpoint's ``quantization.quant_algo`` (ModelOpt export conventions, sec. 3a)."""
+RECIPE_MIN_SM = {"none": (7, 5), "int8_sq": (8, 0), "int8_wo": (8, 0), "int4_wo": (8, 0), "int4_awq": (8, 0), "fp8": (8, 9),
+                 "w4a8_awq": (8, 9)}
+KV_MIN_SM = {"none": (7, 5), "int8": (8, 0), "fp8": (8, 9)}
+SPEC_MODES = {"draft_tokens_external": "draft_tokens_external", "medusa": "medusa", "eagle": "eagle",
+              "lookahead_decoding": "lookahead_decoding"}
+SCHEDULER_POLICY = {"guaranteed_no_evict": "GUARANTEED_NO_EVICT", "max_utilization": "MAX_UTILIZATION"}
+
+
+def _ver_tuple(v: str) -> tuple[int, ...]:
+    out = []
+    for part in v.split(".")[:3]:
+        num = "".join(ch for ch in part if ch.isdigit()) or "0"
+        out.append(int(num))
+        if not part.isdigit():
+            break
+    return tuple(out + [0] * (3 - len(out)))
+
+
+def installed_version() -> str | None:
+    """Installed TensorRT-LLM version, or None (checked without importing tensorrt_llm)."""
+    for dist in ("tensorrt-llm", "tensorrt_llm"):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    try:
+        if importlib.util.find_spec("tensorrt_llm") is not None:
+            return "unknown"
+    except (ImportError, ValueError):
+        pass
+    return None
+
+
+def model_hf_config(cfg: Any) -> dict[str, Any] | None:
+    """The model's config.json (``model.path``) or inline ``model.hf_config``; None when unreadable."""
+    if cfg.model.hf_config:
+        return dict(cfg.model.hf_config)
+    if cfg.model.path:
+        from ..config import resolve_path
+
+        p = resolve_path(cfg.model.path)
+        for f in (p / "config.json", p / "hf" / "config.json") if p else ():
+            if f.is_file():
+                try:
+                    return json.loads(f.read_text(encoding="utf-8"))
+                except (OSError, ValueError):
+                    return None
+    return None
+
+
+def max_positions(hf: dict[str, Any]) -> tuple[int | None, str]:
+    """``(limit, explanation)``: max_position_embeddings x rope factor (factor not applied for su/longrope/llama3, sec. 1c)."""
+    mpe = hf.get("max_position_embeddings")
+    if not mpe:
+        return None, "max_position_embeddings unknown"
+    rs = hf.get("rope_scaling") or {}
+    rtype = rs.get("rope_type") or rs.get("type")
+    factor = float(rs.get("factor") or 1.0)
+    if rtype in ("su", "longrope", "llama3") or factor < 1:
+        factor = 1.0
+    return int(mpe * factor), f"max_position_embeddings {mpe} x rope factor {factor:g}"
+
+
+def _planner_checks_positions() -> bool:
+    """The planner's cross-field checks (pipeline/planner/validate.py) already report max_seq_len vs positions."""
+    try:
+        return importlib.util.find_spec("pipeline.planner.validate") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def en(flag: bool) -> str:
+    return "enable" if flag else "disable"
+
+
+def build_args(cfg: Any, checkpoint_dir: Path | str, output_dir: Path | str, timing_cache: Path | str) -> list[str]:
+    """The ``trtllm-build`` arguments for this config (without the executable).
+
+    Paged KV, remove_input_padding, context FMHA and the GPT attention plugin are always on (in-flight
+    batching requires them, reference sec. 1b/7).  The timing cache is read and written at the same path.
+    """
+    b = cfg.build
+    a: list[str] = [
+        "--checkpoint_dir", str(checkpoint_dir), "--output_dir", str(output_dir),
+        "--max_batch_size", str(b.max_batch_size), "--max_input_len", str(b.max_input_len),
+        "--max_seq_len", str(b.max_seq_len), "--max_num_tokens", str(b.max_num_tokens),
+        "--max_beam_width", str(b.max_beam_width),
+        "--kv_cache_type", "paged", "--gpt_attention_plugin", "auto", "--remove_input_padding", "enable",
+        "--context_fmha", "enable", "--tokens_per_block", str(b.tokens_per_block),
+        "--use_paged_context_fmha", en(b.use_paged_context_fmha), "--use_fused_mlp", en(b.use_fused_mlp),
+        "--multiple_profiles", en(b.multiple_profiles), "--gemm_plugin", b.gemm_plugin,
+    ]
+    if b.opt_num_tokens:
+        a += ["--opt_num_tokens", str(b.opt_num_tokens)]
+    if b.logits_dtype:
+        a += ["--logits_dtype", b.logits_dtype]
+    if b.speculative.mode != "none":
+        a += ["--speculative_decoding_mode", SPEC_MODES[b.speculative.mode], "--max_draft_len", str(b.speculative.max_draft_len)]
+    a += ["--input_timing_cache", str(timing_cache), "--output_timing_cache", str(timing_cache),
+          "--workers", str(b.workers), "--log_level", "info"]
+    return a
+
+
+def build_config_dict(cfg: Any) -> dict[str, Any]:
+    """The TensorRT-LLM ``BuildConfig`` fields (sec. 4c) this build sets; recorded in build_info.json."""
+    b = cfg.build
+    return {
+        "max_input_len": b.max_input_len, "max_seq_len": b.max_seq_len, "max_batch_size": b.max_batch_size,
+        "max_beam_width": b.max_beam_width, "max_num_tokens": b.max_num_tokens, "opt_num_tokens": b.opt_num_tokens,
+        "kv_cache_type": "PAGED", "max_draft_len": b.speculative.max_draft_len if b.speculative.mode != "none" else 0,
+        "speculative_decoding_mode": SPEC_MODES.get(b.speculative.mode, "NONE") if b.speculative.mode != "none" else "NONE",
+        "plugin_config": {"gpt_attention_plugin": "auto", "gemm_plugin": None if b.gemm_plugin == "disable" else b.gemm_plugin,
+                          "remove_input_padding": True, "context_fmha": True, "paged_kv_cache": True,
+                          "tokens_per_block": b.tokens_per_block, "use_paged_context_fmha": b.use_paged_context_fmha,
+                          "use_fused_mlp": b.use_fused_mlp, "multiple_profiles": b.multiple_profiles},
+        "logits_dtype": b.logits_dtype,
+    }
+
+
+def runtime_knobs(cfg: Any) -> dict[str, Any]:
+    """Runtime settings for the package stage (Triton tensorrt_llm config.pbtxt / ExtendedRuntimePerfKnobConfig, sec. 4e/9)."""
+    b = cfg.build
+    return {"cuda_graph_mode": b.cuda_graph_mode, "cuda_graph_cache_size": b.cuda_graph_cache_size,
+            "kv_cache_free_gpu_mem_fraction": b.kv_cache_free_gpu_mem_fraction, "enable_kv_cache_reuse": b.enable_kv_cache_reuse,
+            "batch_scheduler_policy": b.batch_scheduler_policy, "enable_chunked_context": b.enable_chunked_context,
+            "batching_strategy": "inflight_fused_batching", "max_beam_width": b.max_beam_width}
+
+
+def llm_api_options(cfg: Any) -> dict[str, Any]:
+    """``llm_api_options.yaml`` for the PyTorch backend (``trtllm-serve``/``trtllm-bench`` ``--extra_llm_api_options``).
+
+    Keys are ``LLM()`` arguments (sec. 4a/4d): ``cuda_graph_config`` (batch sizes), ``kv_cache_config``,
+    ``scheduler_config``, limits, chunked prefill, speculative decoding.
+    """
+    b = cfg.build
+    doc: dict[str, Any] = {
+        "max_batch_size": b.max_batch_size, "max_num_tokens": b.max_num_tokens, "max_seq_len": b.max_seq_len,
+        "max_input_len": b.max_input_len, "max_beam_width": b.max_beam_width,
+        "enable_chunked_prefill": b.enable_chunked_context,
+        "cuda_graph_config": ({"batch_sizes": sorted(set(int(x) for x in b.cuda_graph_batch_sizes)), "enable_padding": True}
+                              if b.cuda_graph_mode else None),
+        "kv_cache_config": {"free_gpu_memory_fraction": b.kv_cache_free_gpu_mem_fraction, "enable_block_reuse": b.enable_kv_cache_reuse,
+                            "tokens_per_block": b.tokens_per_block},
+        "scheduler_config": {"capacity_scheduler_policy": SCHEDULER_POLICY[b.batch_scheduler_policy]},
+    }
+    if cfg.quant.kv_cache != "none":
+        doc["kv_cache_config"]["dtype"] = cfg.quant.kv_cache
+    sp = b.speculative
+    if sp.mode == "draft_tokens_external":
+        doc["speculative_config"] = {"decoding_type": "DraftTarget", "max_draft_len": sp.max_draft_len,
+                                     "speculative_model_dir": sp.draft_model_path}
+    elif sp.mode == "eagle":
+        doc["speculative_config"] = {"decoding_type": "Eagle", "max_draft_len": sp.max_draft_len,
+                                     "speculative_model_dir": sp.draft_model_path}
+    elif sp.mode == "medusa":
+        doc["speculative_config"] = {"decoding_type": "Medusa", "max_draft_len": sp.max_draft_len,
+                                     "speculative_model_dir": sp.draft_model_path}
+    elif sp.mode == "lookahead_decoding":
+        doc["speculative_config"] = {"decoding_type": "Lookahead", "max_draft_len": sp.max_draft_len}
+    return {k: v for k, v in doc.items() if v is not None}
+
+
+def default_timing_cache(cfg: Any) -> Path:
+    """``build.timing_cache`` or ``<store_dir>/_trtllm_timing_cache/<gpu>-trtllm<ver>.cache`` (persists across builds)."""
+    if cfg.build.timing_cache:
+        from ..config import resolve_path
+
+        return Path(resolve_path(cfg.build.timing_cache) or cfg.build.timing_cache)
+    from ..config import resolve_path
+    from ..hostinfo import gpus
+
+    g = gpus()
+    gpu = (cfg.target.gpu or (g[0]["name"] if g else "gpu")).lower().replace(" ", "_")
+    ver = installed_version() or "none"
+    return Path(resolve_path(cfg.store_dir) or cfg.store_dir) / "_trtllm_timing_cache" / f"{gpu}-trtllm{ver}.cache"
+
+
+class TensorRTLLMTarget:
+    name = "tensorrt_llm"
+    supported_recipes = tuple(RECIPE_QUANT_ALGO)
+    supported_kv_cache = ("none", "fp8", "int8")
+
+    # ------------------------------------------------------------------ config time
+    def check_config(self, cfg: Any) -> list[Problem]:
+        """Cross-field rules of trtllm-build / BuildConfig (reference sec. 1, 4c); no heavy imports."""
+        b, sp = cfg.build, cfg.build.speculative
+        p: list[Problem] = []
+        if cfg.target.backend == "tensorrt":
+            if b.kv_cache_type != "paged":
+                p.append(Problem("build.kv_cache_type", b.kv_cache_type, "in-flight batching needs the paged KV cache.",
+                                 "set build.kv_cache_type=paged"))
+            if b.multiple_profiles and b.opt_num_tokens:
+                p.append(Problem("build.opt_num_tokens", b.opt_num_tokens,
+                                 "trtllm-build refuses --opt_num_tokens together with --multiple_profiles enable (RuntimeError).",
+                                 "drop build.opt_num_tokens or set build.multiple_profiles=false"))
+        if b.gemm_plugin not in FLAG_CHOICES["--gemm_plugin"]:
+            p.append(Problem("build.gemm_plugin", b.gemm_plugin, f"must be one of {list(FLAG_CHOICES['--gemm_plugin'])}."))
+        if b.gemm_plugin == "fp8" and cfg.quant.recipe not in ("fp8",):
+            p.append(Problem("build.gemm_plugin", b.gemm_plugin, "the fp8 GEMM plugin needs an FP8 checkpoint.", "use quant=fp8 or build.gemm_plugin=auto"))
+        if b.logits_dtype not in (None,) + FLAG_CHOICES["--logits_dtype"]:
+            p.append(Problem("build.logits_dtype", b.logits_dtype, f"must be null or one of {list(FLAG_CHOICES['--logits_dtype'])}."))
+        if b.enable_chunked_context and not b.use_paged_context_fmha:
+            p.append(Problem("build.enable_chunked_context", True, "chunked context needs paged context FMHA.",
+                             "set build.use_paged_context_fmha=true"))
+        if b.enable_kv_cache_reuse and not b.use_paged_context_fmha:
+            p.append(Problem("build.enable_kv_cache_reuse", True, "KV-cache reuse needs paged context FMHA.",
+                             "set build.use_paged_context_fmha=true"))
+        if b.max_input_len > b.max_seq_len:
+            p.append(Problem("build.max_input_len", b.max_input_len, f"exceeds build.max_seq_len={b.max_seq_len} (trtllm-build would clip it).",
+                             f"set build.max_input_len<={b.max_seq_len}"))
+        if b.max_num_tokens < b.max_input_len and not b.enable_chunked_context:
+            p.append(Problem("build.max_num_tokens", b.max_num_tokens,
+                             f"a prompt of max_input_len={b.max_input_len} tokens does not fit one engine step without chunked context.",
+                             f"set build.max_num_tokens>={b.max_input_len} or build.enable_chunked_context=true"))
+        if sp.mode == "none" and sp.max_draft_len:
+            p.append(Problem("build.speculative.max_draft_len", sp.max_draft_len, "is set but build.speculative.mode=none.",
+                             "set build.speculative.mode or max_draft_len=0"))
+        if sp.mode != "none" and sp.max_draft_len < 1:
+            p.append(Problem("build.speculative.max_draft_len", sp.max_draft_len, f"speculative mode {sp.mode} needs max_draft_len >= 1.",
+                             "e.g. build.speculative.max_draft_len=4"))
+        if sp.mode in ("draft_tokens_external", "eagle", "medusa") and cfg.target.backend == "pytorch" and not sp.draft_model_path:
+            p.append(Problem("build.speculative.draft_model_path", None, f"speculative mode {sp.mode} needs the draft/head checkpoint.",
+                             "set build.speculative.draft_model_path=/path/to/checkpoint"))
+        if sp.mode != "none" and b.max_beam_width != 1:
+            p.append(Problem("build.max_beam_width", b.max_beam_width, "speculative decoding runs with beam width 1.", "set build.max_beam_width=1"))
+        if b.cuda_graph_mode and any(int(x) > b.max_batch_size or int(x) < 1 for x in b.cuda_graph_batch_sizes):
+            p.append(Problem("build.cuda_graph_batch_sizes", list(b.cuda_graph_batch_sizes),
+                             f"every CUDA-graph batch size must be in [1, max_batch_size={b.max_batch_size}].",
+                             "drop the larger sizes or raise build.max_batch_size"))
+        if cfg.quant.recipe not in RECIPE_QUANT_ALGO:
+            p.append(Problem("quant.recipe", cfg.quant.recipe, f"target tensorrt_llm supports {list(RECIPE_QUANT_ALGO)}."))
+        hf = model_hf_config(cfg) if not _planner_checks_positions() else None
+        if hf is not None and not cfg.allow_unsafe_lengths:
+            lim, why = max_positions(hf)
+            total = b.max_seq_len + (sp.max_draft_len if sp.mode != "none" else 0)
+            if lim is not None and total > lim:
+                p.append(Problem("build.max_seq_len", b.max_seq_len,
+                                 f"max_seq_len{' + max_draft_len' if sp.mode != 'none' else ''} = {total} exceeds the model's {lim} ({why}).",
+                                 f"set build.max_seq_len<={lim - (total - b.max_seq_len)} (or allow_unsafe_lengths=true)"))
+        return p
+
+    def available(self) -> tuple[bool, str]:
+        v = installed_version()
+        if v is None:
+            return False, "tensorrt_llm is not installed"
+        return True, f"tensorrt_llm {v}"
+
+    # ------------------------------------------------------------------ commands
+    def trtllm_build_exe(self, cfg: Any) -> str:
+        return cfg.target.trtllm_build
+
+    def command(self, cfg: Any, checkpoint: Path | str, out: Path | str) -> list[str]:
+        """The exact command :meth:`build` runs (backend tensorrt)."""
+        ckpt = Path(checkpoint) / "trtllm_checkpoint" if not str(checkpoint).endswith("trtllm_checkpoint") else Path(checkpoint)
+        return [self.trtllm_build_exe(cfg)] + build_args(cfg, ckpt, Path(out) / "engine", default_timing_cache(cfg))
+
+    def plan(self, cfg: Any, checkpoint: Path | None, export_dir: Path | None, out: Path | None) -> dict[str, Any]:
+        if cfg.target.backend == "pytorch":
+            return {"command": None, "llm_api_options": llm_api_options(cfg), "runtime_knobs": runtime_knobs(cfg)}
+        return {"command": self.command(cfg, checkpoint or "<quantize artifact>", out or "<build artifact>"),
+                "build_config": build_config_dict(cfg), "runtime_knobs": runtime_knobs(cfg)}
+
+    # ------------------------------------------------------------------ preflight
+    def preflight(self, cfg: Any, checkpoint: Path, out: Path | None = None) -> None:
+        """Check, before any GPU work: package + version, trtllm-build, GPU compute capability, memory plan.
+
+        Raises:
+            PreflightError: every failed check with its fix, plus the exact command that would run.
+        """
+        from ..hostinfo import gpus
+
+        fails: list[str] = []
+        backend = cfg.target.backend
+        v = installed_version()
+        if v is None:
+            fails.append(f"the tensorrt_llm package is not installed (Python {sys.version.split()[0]}). Fix: {INSTALL_FIX}.")
+        elif v != "unknown":
+            vt = _ver_tuple(v)
+            if backend == "tensorrt" and not (ENGINE_VERSIONS[0] <= vt <= ENGINE_VERSIONS[1]):
+                fails.append(f"tensorrt_llm {v} is outside the supported engine-path range 1.2.0-1.2.1 (trtllm-build was removed after 1.2.x). "
+                             f"Fix: pip install 'tensorrt-llm==1.2.1' --extra-index-url https://pypi.nvidia.com/ , or use {NGC_IMAGE}; "
+                             "or target.backend=pytorch for newer releases.")
+            if backend == "pytorch" and vt < PYTORCH_MIN_VERSION:
+                fails.append(f"tensorrt_llm {v} is older than 1.2.0. Fix: pip install 'tensorrt-llm==1.2.1' --extra-index-url https://pypi.nvidia.com/")
+        if backend == "tensorrt":
+            exe = self.trtllm_build_exe(cfg)
+            if shutil.which(exe) is None and not (os.path.isabs(exe) and os.access(exe, os.X_OK)):
+                fails.append(f"`{exe}` (target.trtllm_build) is not on PATH. Fix: it ships with the tensorrt-llm 1.2.x wheel "
+                             "(install as above); or point target.trtllm_build=/path/to/trtllm-build.")
+        g = gpus()
+        if not g:
+            fails.append(f"no NVIDIA GPU is visible (nvidia-smi found none). Fix: run on a GPU host / inside {NGC_IMAGE} with --gpus all, "
+                         "or build for CPU with target=onnxruntime_genai.")
+        else:
+            try:
+                cc = tuple(int(x) for x in str(g[0]["compute_capability"]).split(".")[:2])
+            except ValueError:
+                cc = (0, 0)
+            need = max(RECIPE_MIN_SM.get(cfg.quant.recipe, (8, 0)), KV_MIN_SM.get(cfg.quant.kv_cache, (7, 5)))
+            if cfg.quant.export_dtype == "bfloat16":
+                need = max(need, (8, 0))
+            if cc < need:
+                fails.append(f"GPU {g[0]['name']} has compute capability {cc[0]}.{cc[1]}; quant={cfg.quant.recipe} kv_cache={cfg.quant.kv_cache} "
+                             f"needs SM >= {need[0]}.{need[1]} (FP8/W4A8 need Ada/Hopper, SM 8.9+). "
+                             "Fix: use quant=int4_awq or int8_sq on Ampere, or a newer GPU.")
+        if not fails:
+            try:
+                from ..planner import plan as _plan
+            except ImportError:
+                _plan = None
+            if _plan is not None:
+                try:
+                    pl = _plan(cfg)
+                except PipelineError as e:
+                    log.warning("memory plan unavailable: %s", e)
+                    pl = None
+                if pl is not None and getattr(pl, "status", None) == "refused":
+                    fails.append("the memory plan does not fit: " + " | ".join(getattr(pl, "refusals", [])) + " (see `pipeline plan`).")
+        if fails:
+            cmd = shlex.join(self.command(cfg, checkpoint, out or "<build artifact>")) if backend == "tensorrt" else "(PyTorch backend: no trtllm-build)"
+            msg = "target tensorrt_llm cannot build on this machine:\n" + "\n".join(f"  - {f}" for f in fails)
+            raise PreflightError(msg + f"\nCommand it would run:\n  {cmd}")
+        ck = Path(checkpoint) / "trtllm_checkpoint"
+        if backend == "tensorrt" and not (ck / "config.json").is_file():
+            raise InputError(f"{ck}: no TensorRT-LLM checkpoint (config.json + rank*.safetensors). The quantize stage writes it; re-run it.")
+
+    # ------------------------------------------------------------------ build
+    def _versions(self) -> dict[str, Any]:
+        from ..hostinfo import library_versions
+
+        v = library_versions(("tensorrt-llm", "tensorrt", "tensorrt-cu12", "tensorrt-cu13", "torch", "nvidia-modelopt"))
+        cuda = None
+        torch = sys.modules.get("torch")
+        if torch is None:
+            try:
+                import torch  # noqa: F811 - present on every TensorRT-LLM host
+            except ImportError:
+                torch = None
+        if torch is not None:
+            cuda = getattr(torch.version, "cuda", None)
+        v["cuda"] = cuda
+        return v
+
+    def build(self, cfg: Any, checkpoint: Path, out: Path, log: Any = None, *, export_dir: Path | None = None,
+              progress: Any = None) -> dict[str, Any]:
+        """Run ``trtllm-build`` (or write the PyTorch-backend options) into ``out/engine``; return build_info.
+
+        The full trtllm-build output is kept in ``out/build.log``.
+        Raises: PipelineError with the log tail when trtllm-build fails or writes no engine.
+        """
+        lg = log or globals()["log"]
+        from ..hostinfo import gpus
+
+        self.preflight(cfg, checkpoint, out)
+        t0 = time.time()
+        out = Path(out)
+        engine = out / "engine"
+        engine.mkdir(parents=True, exist_ok=True)
+        logf = out / "build.log"
+        hf = Path(checkpoint) / "hf"
+        info: dict[str, Any] = {"schema": "pipeline.build_info/v1", "target": self.name, "backend": cfg.target.backend,
+                                "recipe": cfg.quant.recipe, "kv_cache": cfg.quant.kv_cache}
+        if cfg.target.backend == "pytorch":
+            import yaml
+
+            opts = llm_api_options(cfg)
+            (engine / "llm_api_options.yaml").write_text(yaml.safe_dump(opts, sort_keys=False), encoding="utf-8")
+            shutil.copytree(hf, engine / "hf")
+            logf.write_text("PyTorch backend: no engine build; wrote llm_api_options.yaml and copied the HF checkpoint.\n", encoding="utf-8")
+            info.update(command=None, llm_api_options=opts)
+        else:
+            cmd = self.command(cfg, checkpoint, out)
+            tc = default_timing_cache(cfg)
+            tc.parent.mkdir(parents=True, exist_ok=True)
+            lg.info("running: %s", shlex.join(cmd))
+            with open(logf, "w", encoding="utf-8") as fh:
+                fh.write(f"$ {shlex.join(cmd)}\n")
+                fh.flush()
+                proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, check=False)
+            tail = "".join(logf.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)[-30:])
+            if proc.returncode != 0:
+                raise PipelineError(f"trtllm-build failed (exit {proc.returncode}); full log {logf}; last lines:\n{tail}")
+            ranks = sorted(engine.glob("rank*.engine"))
+            if not ranks or not (engine / "config.json").is_file():
+                raise PipelineError(f"trtllm-build exited 0 but wrote no engine (rank*.engine + config.json) into {engine}; log {logf}:\n{tail}")
+            for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "generation_config.json"):
+                if (hf / f).is_file():  # trtllm-build does not copy the tokenizer (sec. 5a)
+                    shutil.copy2(hf / f, engine / f)
+            info.update(command=cmd, timing_cache=str(tc), ranks=[r.name for r in ranks])
+        g = gpus()
+        b = cfg.build
+        info.update({
+            "versions": self._versions(),
+            "host": {"kind": "gpu", "gpus": g, "gpu": g[0]["name"] if g else None,
+                     "compute_capability": g[0]["compute_capability"] if g else None},
+            "knobs": {"build_config": build_config_dict(cfg), "workers": b.workers, "target_gpu": cfg.target.gpu},
+            "runtime": runtime_knobs(cfg),
+            "limits": {"max_batch_size": b.max_batch_size, "max_input_len": b.max_input_len, "max_seq_len": b.max_seq_len,
+                       "max_num_tokens": b.max_num_tokens, "max_beam_width": b.max_beam_width},
+            "engine_bytes": sum(f.stat().st_size for f in engine.rglob("*") if f.is_file()),
+            "build_s": round(time.time() - t0, 3),
+        })
+        return info
+
+    def load_runner(self, engine_dir: Path, **kw: Any) -> Any:
+        raise PreflightError("running a TensorRT-LLM engine needs TensorRT-LLM and a GPU; serve it with the package stage's Triton "
+                             f"model repository ({NGC_IMAGE}) or `trtllm-serve`.")
+
+
+TARGET = TensorRTLLMTarget()
