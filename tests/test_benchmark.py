@@ -1,0 +1,226 @@
+"""Benchmark stage: the load generator runs against a real onnxruntime-genai engine, a real Triton server
+and the transformers baseline, and its JSON is well-formed and internally consistent.
+
+No timed assertions: speed belongs in the benchmark's own report (docs/benchmark.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.bench import cli as bench_cli
+from pipeline.bench.core import BenchInputs, run_benchmark
+from pipeline.bench.metrics import HEADLINE, distribution
+from pipeline.bench.report import PLOTS, load, write_outputs
+from pipeline.bench.workload import build_requests, sample_lengths
+from pipeline.config import ConfigError, compose, validate
+from pipeline.errors import InputError
+
+ROOT = Path(__file__).resolve().parents[1]
+EVAL_SET = ROOT / "evaluation" / "data" / "support_eval_v1.jsonl"
+MODEL_INFO = {"eos_token_ids": [2], "bos_token_id": 1, "pad_token_id": 3}
+LIMITS = {"max_batch_size": 4, "max_input_len": 200, "max_seq_len": 256}
+
+
+@pytest.fixture(scope="module")
+def deployment(tiny_llama, tmp_path_factory):
+    """A real int4 onnxruntime-genai engine of the tiny llama and a Triton model repository around it."""
+    out = tmp_path_factory.mktemp("bench")
+    engine = out / "engine"
+    subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(tiny_llama), "-o", str(engine),
+                    "-p", "int4", "-e", "cpu"], check=True, capture_output=True, timeout=300)
+    repo = None
+    try:
+        from pipeline.packaging.repository import generate_repository, settings_from_build
+
+        cfg = compose([])
+        s = settings_from_build({"target": "onnxruntime_genai", "limits": LIMITS}, MODEL_INFO, cfg.package)
+        repo = out / "model_repository"
+        generate_repository(repo, s, engine_dir=engine, tokenizer_dirs=[tiny_llama])
+    except ImportError:  # the package engineer's code has not landed in this checkout
+        repo = None
+    return {"hf": tiny_llama, "engine": engine, "repo": repo}
+
+
+def _inputs(dep) -> BenchInputs:
+    return BenchInputs(hf_dir=dep["hf"], model_info=MODEL_INFO, engine_dir=dep["engine"], model_repository=dep["repo"],
+                       eval_set=EVAL_SET, max_input_len=LIMITS["max_input_len"], max_seq_len=LIMITS["max_seq_len"],
+                       max_batch_size=LIMITS["max_batch_size"], describe={"quant_recipe": "int4 (builder)"})
+
+
+@pytest.fixture(scope="module")
+def smoke_doc(deployment, tmp_path_factory):
+    out = tmp_path_factory.mktemp("smoke_out")
+    modes = "[engine,triton,baseline]" if deployment["repo"] is not None else "[engine,baseline]"
+    cfg = compose(["benchmark=smoke", f"benchmark.modes={modes}", f"benchmark.results_dir={out}"])
+    validate(cfg)
+    doc = run_benchmark(cfg.benchmark, _inputs(deployment))
+    paths = write_outputs(doc, out)
+    return doc, out, paths, cfg
+
+
+def _dists(metrics):
+    for k, v in metrics.items():
+        if isinstance(v, dict) and v.get("count"):
+            yield k, v
+
+
+def test_smoke_json_is_consistent(smoke_doc):
+    doc, out, paths, cfg = smoke_doc
+    on_disk = load(out / "benchmark.json")  # schema check + valid JSON
+    assert on_disk["schema"] == "pipeline.benchmark/v1"
+    assert json.loads(json.dumps(doc)) == on_disk
+    # every knob, seeds and the dataset digest are recorded
+    assert doc["config"]["concurrency"] == [1, 2] and doc["config"]["num_requests"] == 4
+    assert doc["seeds"]["base"] == cfg.benchmark.seed and doc["seeds"]["levels"]
+    assert len(doc["dataset"]["digest"]) == 64 and doc["dataset"]["source_sha256"]
+    modes = list(cfg.benchmark.modes)
+    keys = {s["key"] for s in doc["summary"]}
+    for m in modes:
+        levels = cfg.benchmark.baseline_concurrency if m == "baseline" else cfg.benchmark.concurrency
+        assert {f"{m}/concurrency={c}" for c in levels} <= keys
+    digests: dict = {}
+    for r in doc["runs"]:
+        m = r["metrics"]
+        # zero failed requests; every request got exactly its output budget (ignore_eos)
+        assert m["requests"]["errors"] == 0, m["requests"]["error_messages"]
+        assert m["requests"]["sent"] == m["requests"]["completed"] == cfg.benchmark.num_requests
+        for q in r["requests"]:
+            assert q["osl"] == q["requested"] == q["reported"], q
+            assert 0 < q["ttft_ms"] <= q["e2e_ms"]
+        assert m["output_tokens"] == sum(q["osl"] for q in r["requests"])
+        assert m["output_sequence_length"]["avg"] == pytest.approx(np.mean([q["osl"] for q in r["requests"]]))
+        assert m["output_token_throughput"]["avg"] == pytest.approx(m["output_tokens"] / m["duration_s"])
+        assert m["request_throughput"]["avg"] == pytest.approx(m["requests"]["completed"] / m["duration_s"])
+        assert m["inter_token_latency"]["count"] == sum(q["osl"] - 1 for q in r["requests"])
+        for name, d in _dists(m):
+            assert d["min"] <= d["p50"] <= d["p75"] <= d["p90"] <= d["p95"] <= d["p99"] <= d["max"], name
+            assert d["min"] <= d["avg"] <= d["max"], name
+        pd = m["prefill_decode"]
+        assert pd["prefill_share"] + pd["decode_share"] == pytest.approx(1.0)
+        assert m["time_to_first_token"]["p50"] <= m["request_latency"]["p50"]
+        # the same workload for every mode at a level
+        digests.setdefault((r["kind"], r["concurrency"], r["repeat"]), set()).add(r["dataset_digest"])
+        if r["mode"] != "baseline":
+            rf = r["roofline"]
+            assert rf["bound_tokens_per_s"] > 0 and rf["fraction"] > 0
+    assert all(len(v) == 1 for v in digests.values())
+    assert doc["roofline"]["weight_bytes_per_step"] > 0 and doc["roofline"]["bandwidth_gbs"] > 0
+    # ratios are computed where both sides ran; never asserted against targets here
+    r = doc["ratios"]
+    assert r["failed_requests"]["value"] == 0 and r["failed_requests"]["met"] is True
+    assert r["engine_speedup_tpot_c1"]["value"] and r["engine_speedup_tpot_c1"]["value"] > 0
+    if "triton" in modes:
+        assert r["triton_overhead_tpot_c1"]["value"] > 0
+    assert doc["headline"]["errors"] == 0 and doc["headline"]["tpot_ms"] > 0
+
+
+def test_smoke_markdown_and_plots(smoke_doc):
+    doc, out, paths, cfg = smoke_doc
+    md = (out / "benchmark.md").read_text(encoding="utf-8")
+    rows = [ln for ln in md.splitlines() if ln.startswith("| engine |") or ln.startswith("| baseline |") or ln.startswith("| triton |")]
+    assert len(rows) == len([r for r in doc["runs"] if r["repeat"] == 0])
+    assert "engine_speedup_tpot_c1" in md
+    for p in PLOTS:
+        assert (out / p).stat().st_size > 1000, p
+
+
+def test_compare_ratios_and_spread(smoke_doc, tmp_path, capsys):
+    doc, out, paths, cfg = smoke_doc
+    a = tmp_path / "a.json"
+    b = tmp_path / "b.json"
+    a.write_text(json.dumps(doc))
+    slower = copy.deepcopy(doc)
+    slower["config"]["output_len"]["mean"] = 16  # one variable changed
+    for s in slower["summary"]:
+        s["spread"]["time_per_output_token.avg"]["mean"] *= 2
+        s["spread"]["time_per_output_token.avg"]["std"] = 0.1 * s["spread"]["time_per_output_token.avg"]["mean"]
+        s["spread"]["time_per_output_token.avg"]["n"] = 3
+    b.write_text(json.dumps(slower))
+    res = bench_cli.compare(load(a), load(b))
+    tp = [r for r in res["rows"] if r["metric"] == "time_per_output_token.avg"]
+    assert tp and all(r["ratio"] == pytest.approx(2.0) and r["verdict"] == "worse" for r in tp)
+    assert all(r["spread"] == pytest.approx(0.2) for r in tp)  # 2 x sqrt(0 + 0.1^2)
+    same = [r for r in res["rows"] if r["metric"] == "output_token_throughput.avg"]
+    assert same and all(r["ratio"] == pytest.approx(1.0) for r in same)
+    assert [d[0] for d in res["differences"]] == ["benchmark.output_len.mean"]
+    assert bench_cli.main(["compare", str(a), str(b), "--json", str(tmp_path / "cmp.json")]) == 0
+    assert "time_per_output_token.avg" in capsys.readouterr().out
+    assert json.loads((tmp_path / "cmp.json").read_text())["schema"] == "pipeline.benchmark_compare/v1"
+    # bad inputs: exit 2 with the file named
+    assert bench_cli.main(["compare", str(a), str(tmp_path / "missing.json")]) == 2
+    (tmp_path / "bad.json").write_text('{"schema": "other"}')
+    assert bench_cli.main(["compare", str(a), str(tmp_path / "bad.json")]) == 2
+    assert "bad.json" in capsys.readouterr().err
+    with pytest.raises(InputError, match="unknown"):
+        bench_cli.compare(load(a), load(b), ["no_such_metric"])
+
+
+def test_open_loop_poisson_and_repeats(deployment, tmp_path):
+    cfg = compose(["benchmark=smoke", "benchmark.modes=[engine]", "benchmark.concurrency=[1]", "benchmark.request_rates=[50.0]",
+                   "benchmark.repeats=2", "benchmark.dataset=synthetic", "benchmark.input_len.kind=uniform",
+                   "benchmark.input_len.mean=24", "benchmark.input_len.spread=8", f"benchmark.results_dir={tmp_path}"])
+    validate(cfg)
+    doc = run_benchmark(cfg.benchmark, _inputs(deployment))
+    keys = [s["key"] for s in doc["summary"]]
+    assert keys == ["engine/concurrency=1", "engine/request_rate=50"]
+    for s in doc["summary"]:
+        assert s["repeats"] == 2 and s["errors"] == 0
+        assert s["spread"]["time_per_output_token.avg"]["n"] == 2
+    rates = [r for r in doc["runs"] if r["kind"] == "request_rate"]
+    assert {r["seed"] for r in rates} != {rates[0]["seed"]} or len(rates) == 1  # a fresh seeded workload per repeat
+    assert all(r["metrics"]["requests"]["completed"] == 4 for r in rates)
+    isl = [q["isl"] for r in doc["runs"] for q in r["requests"]]
+    assert len(set(isl)) > 1  # synthetic lengths vary
+
+
+def test_length_distributions_are_seeded_and_bounded():
+    from pipeline.config.benchmark import LengthDist
+
+    rng = lambda: np.random.default_rng(7)  # noqa: E731
+    for kind, spread in (("fixed", 0), ("uniform", 10), ("normal", 10), ("lognormal", 0.5)):
+        d = LengthDist(kind=kind, mean=40, spread=spread, min=5, max=200)
+        a, b = sample_lengths(d, 400, rng(), "x"), sample_lengths(d, 400, rng(), "x")
+        assert a == b and min(a) >= 5 and max(a) <= 200
+        if kind == "fixed":
+            assert set(a) == {40}
+        else:
+            assert abs(np.mean(a) - 40) < 4 and len(set(a)) > 5
+    clipped = sample_lengths(LengthDist(kind="normal", mean=40, spread=30, min=30, max=50), 200, rng(), "x")
+    assert min(clipped) == 30 and max(clipped) == 50
+    with pytest.raises(InputError, match="benchmark.output_len"):
+        sample_lengths(LengthDist(min=10, max=5), 1, rng(), "benchmark.output_len")
+
+
+def test_distribution_matches_numpy():
+    x = np.random.default_rng(0).lognormal(0, 1, 1001)
+    d = distribution(x, "ms", 1000.0)
+    assert d["p50"] == pytest.approx(np.median(x) * 1000)
+    assert d["p99"] == pytest.approx(np.percentile(x, 99) * 1000)
+    assert d["avg"] == pytest.approx(x.mean() * 1000) and d["count"] == 1001
+    assert distribution([], "ms") == {"unit": "ms", "count": 0}
+    assert set(HEADLINE.values()) == {"lower", "higher"}
+
+
+def test_bad_config_and_oversized_requests_are_named(tiny_llama):
+    with pytest.raises(ConfigError) as ei:
+        validate(compose(["benchmark.concurrency=[0,2]", "benchmark.request_rates=[-1.0]", "benchmark.repeats=0", "benchmark.modes=[gpu]"]))
+    msg = str(ei.value)
+    for field in ("benchmark.concurrency", "benchmark.request_rates", "benchmark.repeats", "benchmark.modes"):
+        assert field in msg
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_llama))
+    cfg = compose(["benchmark.output_len.mean=200", "benchmark.output_len.max=300"])
+    with pytest.raises(InputError, match="max_seq_len"):
+        build_requests(cfg.benchmark, tok, 3, seed=0, eval_set=EVAL_SET, max_input_len=200, max_seq_len=256)
+    with pytest.raises(InputError, match="eval.eval_set"):
+        build_requests(cfg.benchmark, tok, 3, seed=0, eval_set=None)
