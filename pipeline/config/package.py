@@ -15,6 +15,10 @@ class PackageConfig:
     """Model version folder in the Triton repository and the release archive's version."""
     max_batch_size: Optional[int] = None
     """Triton max_batch_size; ``None`` = the engine's. A value above the engine's is an error."""
+    max_input_len: Optional[int] = None
+    """Longest prompt the served engine model accepts (tokens); ``None`` = the engine's. Above the engine's is an error."""
+    max_beam_width: Optional[int] = None
+    """Served beam width; ``None`` = the engine's. Above the engine's is an error."""
     decoupled: bool = True
     """Decoupled (streaming) transaction policy on the models that stream."""
     exclude_input_in_output: bool = True
@@ -29,12 +33,18 @@ class PackageConfig:
     http_port: int = runtime(8000, doc="serve: HTTP port (0 = pick a free one)")
     metrics_port: int = runtime(8002, doc="serve: metrics port (0 = pick a free one)")
     ready_timeout_s: float = runtime(180.0, doc="serve: how long to wait for readiness")
+    repository: Optional[str] = runtime(None, doc="serve: model repository to serve (default: the newest package artifact in the store)")
+    host: str = runtime("127.0.0.1", doc="serve: bind address of every endpoint (127.0.0.1 = this machine only)")
 
 
 def validate(cfg: PackageConfig, prefix: str = "package") -> list[Problem]:
     problems: list[Problem] = []
     if cfg.max_batch_size is not None and cfg.max_batch_size < 1:
         problems.append(Problem(f"{prefix}.max_batch_size", cfg.max_batch_size, "must be >= 1 or null.", "remove it to use the engine's"))
+    for f in ("max_input_len", "max_beam_width"):
+        v = getattr(cfg, f)
+        if v is not None and v < 1:
+            problems.append(Problem(f"{prefix}.{f}", v, "must be >= 1 or null.", "remove it to use the engine's"))
     if cfg.instance_count < 1:
         problems.append(Problem(f"{prefix}.instance_count", cfg.instance_count, "must be >= 1.", "use 1"))
     if not cfg.version or "/" in cfg.version or ".." in cfg.version:

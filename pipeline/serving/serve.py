@@ -1,0 +1,124 @@
+"""``pipeline serve``: start a real Triton server on a packaged model repository.
+
+    pipeline serve                                   # newest package artifact in the store (artifacts/package/*)
+    pipeline serve artifacts/package/<key>           # a package artifact (or its model_repository/, or an unpacked release)
+    pipeline serve package.repository=/path/to/model_repository package.grpc_port=0
+    make serve ARGS="package.grpc_port=9001"
+
+onnxruntime_genai packages run here, on the Triton binary of the nvidia-pytriton wheel in ``.venv-serve``
+(:class:`pipeline.serving.server.TritonServer`). For a tensorrt_llm package the exact NGC container command is
+printed instead (TensorRT-LLM engines need the trtllm container and a GPU).  Every endpoint binds to
+``package.host`` (127.0.0.1 by default).  Ctrl-C stops the server cleanly.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import EXIT_INPUT, InputError, PipelineError
+
+
+def _complete_package_artifacts(store: Path) -> list[Path]:
+    out = []
+    for mf in (store / "package").glob("*/manifest.json"):
+        try:
+            m = json.loads(mf.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if m.get("complete") and (mf.parent / "model_repository").is_dir():
+            out.append(mf.parent)
+    return sorted(out, key=lambda p: (p / "manifest.json").stat().st_mtime)
+
+
+def find_latest_repository(store_dir: str | None) -> Path | None:
+    """``model_repository/`` of the newest complete package artifact under ``store_dir`` (default ``artifacts``)."""
+    from ..config import resolve_path
+
+    store = resolve_path(store_dir or "artifacts")
+    if store is None or not store.is_dir():
+        return None
+    arts = _complete_package_artifacts(store)
+    return arts[-1] / "model_repository" if arts else None
+
+
+def resolve_repository(arg: str | None, store_dir: str | None) -> Path:
+    """The model repository for a path argument (artifact folder, repository, unpacked release) or the newest one."""
+    if arg:
+        p = Path(arg).expanduser().absolute()
+        for cand in (p, p / "model_repository", *sorted(p.glob("*/model_repository"))):
+            if cand.is_dir() and ((cand / "ensemble" / "config.pbtxt").is_file() or (cand / "tensorrt_llm" / "config.pbtxt").is_file()):
+                return cand
+        raise InputError(f"{arg}: no Triton model repository there (expected ensemble/config.pbtxt, or a package artifact with "
+                         f"model_repository/). Fix: pass a package artifact folder or run `pipeline stages=[package]` first.")
+    repo = find_latest_repository(store_dir)
+    if repo is None:
+        raise InputError(f"no package artifact found under {store_dir or 'artifacts'}/package. Fix: run `pipeline stages=[package]` "
+                         f"(or `make run`), or pass package.repository=/path/to/model_repository.")
+    return repo
+
+
+def release_manifest(repo: Path) -> dict[str, Any]:
+    for p in (repo.parent / "release_manifest.json", repo.parent / "release" / "release_manifest.json"):
+        if p.is_file():
+            return json.loads(p.read_text(encoding="utf-8"))
+    return {}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ..config import compose
+    from .server import TritonServer, ngc_command
+
+    argv = list(argv or [])
+    if any(a in ("-h", "--help") for a in argv):
+        print(__doc__)
+        return 0
+    paths = [a for a in argv if "=" not in a and not a.startswith("-")]
+    overrides = [a for a in argv if "=" in a]
+    try:
+        cfg = compose(overrides)
+        pc = cfg.package
+        repo = resolve_repository(paths[0] if paths else pc.repository, cfg.store_dir)
+        man = release_manifest(repo)
+        target = (man.get("build") or {}).get("target") or ("onnxruntime_genai" if (repo / "onnxruntime_genai").is_dir() else "tensorrt_llm")
+        print(f"model repository: {repo}  (target {target})")
+        if target == "tensorrt_llm":
+            image = (man.get("serving") or {}).get("serving_image") or pc.serving_image or cfg.target.serving_image
+            print("TensorRT-LLM engines are served by the NGC Triton + TensorRT-LLM container on a GPU host:\n")
+            print("  " + ngc_command(str(repo), image, grpc_port=pc.grpc_port or 8001, http_port=pc.http_port or 8000,
+                                     metrics_port=pc.metrics_port or 8002))
+            print("\n(the repository's absolute paths expect it mounted at /models, as the command does)")
+            return 0
+        srv = TritonServer(repo, pc.grpc_port, pc.http_port, pc.metrics_port, host=pc.host, ready_timeout_s=pc.ready_timeout_s,
+                           log_dir=Path("runs") / f"serve-{time.strftime('%Y%m%d-%H%M%S')}")
+        print("starting tritonserver ...", flush=True)
+        srv.start()
+    except PipelineError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    except Exception as e:  # noqa: BLE001 - Hydra composition errors name the key
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_INPUT
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    print(f"ready: gRPC {srv.grpc_url}  HTTP {srv.http_url}  metrics {srv.client_host}:{srv.metrics_port}  (log {srv.log_path})")
+    print(f"try:   pipeline client --url {srv.grpc_url} --stream \"Where is my order ORD-12345?\"")
+    print("Ctrl-C stops the server.", flush=True)
+    while not stop.wait(1.0):
+        if not srv.is_running():
+            print(f"error: tritonserver exited unexpectedly; log: {srv.log_path}\n{srv.log_tail(3000)}", file=sys.stderr)
+            srv.stop()
+            return 1
+    rc = srv.stop()
+    print(f"tritonserver stopped (exit code {rc})")
+    return 0 if rc == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,161 @@
+"""Package stage: Triton model repository + reproducible release archive + release manifest.
+
+Inputs: ``export`` (tokenizer, ``model_info.json``), ``build`` (``engine/``, ``build_info.json``), ``evaluate``
+(gate verdict).  Writes (``docs/artifacts.md``)::
+
+    model_repository/            ensemble, preprocessing, <engine model>, postprocessing (docs/package.md)
+    release/<model>-<version>.tar.gz, release/release_manifest.json, release/SHA256SUMS
+    release_manifest.json
+
+Refuses (``GateFailed``, exit 3) an artifact whose evaluation gate failed unless ``package.allow_failed_gate=true``,
+which is recorded in the manifest.  The repository is validated (:mod:`pipeline.packaging.validate`) before any
+release file is written; a problem raises ``InputError`` (exit 2) or ``PreflightError`` (exit 4, version mismatch).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from ..errors import GateFailed, InputError
+from . import Stage, StageContext
+
+LIBRARIES = ("tritonclient", "protobuf", "onnxruntime-genai", "tokenizers")
+
+
+def _read_json(p: Path) -> dict[str, Any]:
+    try:
+        return json.loads(p.read_text(encoding="utf-8")) if p.is_file() else {}
+    except ValueError as e:
+        raise InputError(f"{p}: not valid JSON ({e}). Fix: rebuild the upstream artifact.") from e
+
+
+def model_info(export_dir: Path) -> dict[str, Any]:
+    """``model_info.json`` of the export artifact, else ids read from the checkpoint's config/tokenizer files."""
+    mi = _read_json(export_dir / "model_info.json")
+    if mi:
+        return mi
+    cfg = _read_json(export_dir / "hf" / "config.json")
+    gen = _read_json(export_dir / "hf" / "generation_config.json")
+    eos = gen.get("eos_token_id", cfg.get("eos_token_id"))
+    return {"eos_token_ids": eos if isinstance(eos, list) else ([eos] if eos is not None else []),
+            "pad_token_id": gen.get("pad_token_id", cfg.get("pad_token_id")), "bos_token_id": gen.get("bos_token_id", cfg.get("bos_token_id")),
+            "architecture": (cfg.get("architectures") or [None])[0]}
+
+
+def release_name(cfg: Any) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", f"{cfg.model.name}-{cfg.package.version}")
+
+
+def _gate(ctx: StageContext) -> dict[str, Any]:
+    ev = ctx.inputs.get("evaluate")
+    gate = dict((ev.result.get("gate") if ev is not None else None) or {})
+    if gate.get("passed") is True:
+        return {**gate, "override": False}
+    reason = gate.get("reason") or ("no evaluation verdict" if not gate else "evaluation gate failed")
+    if not ctx.cfg.package.allow_failed_gate:
+        raise GateFailed(f"package: refusing to package an artifact whose evaluation gate failed ({reason}). "
+                         f"Fix: improve the candidate (recipe, calibration), or override explicitly with package.allow_failed_gate=true "
+                         f"(recorded in release_manifest.json).")
+    ctx.log.warning("packaging despite a failed evaluation gate (%s): package.allow_failed_gate=true", reason)
+    return {**gate, "passed": bool(gate.get("passed", False)), "override": True,
+            "override_note": "package.allow_failed_gate=true: packaged although the evaluation gate failed"}
+
+
+def package(ctx: StageContext) -> dict[str, Any]:
+    """Generate, validate and release (see module docstring). Returns the stage result."""
+    from ..config.common import key_fields
+    from ..hostinfo import library_versions
+    from ..packaging import make_archive, write_sha256sums
+    from ..packaging.repository import generate_repository, settings_from_build
+    from ..packaging.validate import check_repository
+    from ..store import digest_files, tree_files, write_json_atomic
+
+    cfg, pc = ctx.cfg, ctx.cfg.package
+    assert ctx.out is not None
+    gate = _gate(ctx)
+    build, export = ctx.inputs["build"], ctx.inputs["export"]
+    bi = _read_json(build.path / "build_info.json")
+    if not bi:
+        raise InputError(f"{build.path}/build_info.json is missing. Fix: rebuild with the build stage.")
+    engine_dir = build.path / "engine"
+    if not engine_dir.is_dir():
+        raise InputError(f"{engine_dir} is missing: the build artifact has no engine. Fix: rebuild with the build stage.")
+    mi = model_info(export.path)
+    settings = settings_from_build(bi, mi, pc, cfg.build, cfg.target)
+    settings.model_name = cfg.model.name
+    repo = ctx.out / "model_repository"
+    with ctx.progress("package: model repository", total=3) as advance:
+        info = generate_repository(repo, settings, engine_dir=engine_dir, tokenizer_dirs=[export.path / "hf", engine_dir])
+        advance(1)
+        serving_image = pc.serving_image or cfg.target.serving_image
+        limits = {"max_batch_size": settings.engine_max_batch_size, "max_input_len": settings.max_input_len,
+                  "max_seq_len": settings.max_seq_len, "max_beam_width": settings.max_beam_width}
+        check_repository(repo, limits=limits, target=settings.target, build_info=bi, serving_image=serving_image, streaming=pc.decoupled)
+        advance(1)
+        name = release_name(cfg)
+        repo_files = tree_files(repo)
+        manifest = {
+            "schema": "pipeline.release_manifest/v1",
+            "name": name,
+            "version": pc.version,
+            "model": {"name": cfg.model.name, "architecture": mi.get("architecture"), "num_parameters": mi.get("num_parameters"),
+                      "dtype": mi.get("dtype"), "eos_token_ids": mi.get("eos_token_ids"), "pad_token_id": mi.get("pad_token_id")},
+            "quant": key_fields(cfg.quant),
+            "build": {"target": settings.target, "backend": settings.backend if settings.target == "tensorrt_llm" else None,
+                      "limits": dict(bi.get("limits") or limits), "knobs": key_fields(cfg.build),
+                      "execution_provider": settings.execution_provider if settings.target == "onnxruntime_genai" else None},
+            "evaluation": {"gate": gate, "headline": (ctx.inputs["evaluate"].result.get("headline") if "evaluate" in ctx.inputs else None)},
+            "serving": {"layout": info["layout"], "models": info["models"], "ensemble": "ensemble", "engine_model": settings.engine_model,
+                        "decoupled": settings.decoupled, "triton_max_batch_size": settings.triton_max_batch_size,
+                        "exclude_input_in_output": settings.exclude_input_in_output, "end_id": settings.end_id, "pad_id": settings.pad_id,
+                        "serving_image": serving_image if settings.target == "tensorrt_llm" else None},
+            "versions": {"engine": dict(bi.get("versions") or {}), "packaging": library_versions(LIBRARIES)},
+            "sources": {"export": export.digest, "build": build.digest,
+                        "evaluate": ctx.inputs["evaluate"].digest if "evaluate" in ctx.inputs else None,
+                        "engine": digest_files(tree_files(engine_dir)), "model_repository": digest_files(repo_files)},
+        }
+        write_json_atomic(ctx.out / "release_manifest.json", manifest)
+        result: dict[str, Any] = {"repository": "model_repository", "models": info["models"], "target": settings.target,
+                                  "decoupled": settings.decoupled, "gate_override": gate["override"]}
+        if pc.archive:
+            rel = ctx.out / "release"
+            rel.mkdir()
+            write_json_atomic(rel / "release_manifest.json", manifest)
+            archive = rel / f"{name}.tar.gz"
+            sha = make_archive(archive, [(repo, f"{name}/model_repository"), (ctx.out / "release_manifest.json", f"{name}/release_manifest.json")])
+            write_sha256sums(rel / "SHA256SUMS", [archive, rel / "release_manifest.json"])
+            result.update(archive=f"release/{archive.name}", archive_sha256=sha)
+        advance(1)
+    result["headline"] = {"target": settings.target, "models": len(info["models"]), "archive": result.get("archive", "-"),
+                          "gate": "override" if gate["override"] else "pass"}
+    return result
+
+
+def _key_extras(cfg: Any, inputs: dict[str, Any]) -> dict[str, Any]:
+    from ..packaging.repository import MODELS_SRC, TEMPLATES
+    from ..store import digest_path
+
+    # the templates and the Python-backend model code are part of the output bytes
+    return {"templates": digest_path(TEMPLATES), "serving_models": digest_path(MODELS_SRC),
+            "serving_image": cfg.package.serving_image or cfg.target.serving_image, "model_name": cfg.model.name}
+
+
+def _dry_run(ctx: StageContext) -> dict[str, Any]:
+    ctx.console.print(f"package: would write model_repository/ and release/{release_name(ctx.cfg)}.tar.gz "
+                      f"(decoupled={ctx.cfg.package.decoupled}, max_batch_size={ctx.cfg.package.max_batch_size or 'engine'})")
+    return {"headline": {"archive": f"release/{release_name(ctx.cfg)}.tar.gz"}}
+
+
+STAGE = Stage(
+    name="package",
+    deps=("export", "build", "evaluate"),
+    config_groups=("package", "quant", "build"),  # the manifest records quant recipe and build knobs
+    libraries=LIBRARIES,
+    run=package,
+    version="1",
+    key_extras=_key_extras,
+    dry_run=_dry_run,
+)
