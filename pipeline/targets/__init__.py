@@ -92,8 +92,8 @@ def config_problems(cfg: "PipelineConfig") -> list["Problem"]:
     from ..config.common import Problem
     from ..errors import InputError
 
-    if not needs_build(cfg):
-        return []
+    if not needs_build(cfg) or cfg.model.path is None:
+        return []  # shapes-only model presets (planner) never reach a build
     try:
         name, _ = resolve_target(cfg)
     except InputError as e:
