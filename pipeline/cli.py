@@ -46,12 +46,25 @@ def _task(cfg) -> int:  # DictConfig
     except Exception as e:  # noqa: BLE001 - OmegaConf errors name the key; show them without a traceback
         print(f"configuration error: {e}", file=sys.stderr)
         code = EXIT_INPUT
+        _write_error_summary(out_dir, overrides, code, f"configuration error: {e}")
     else:
         code = run_pipeline(obj, overrides=overrides, summary_dir=out_dir).exit_code
     _state["exit_code"] = max(_state["exit_code"], code)
     if hc.mode == RunMode.RUN:
         sys.exit(code)
     return code
+
+
+def _write_error_summary(out_dir: Path, overrides: list[str], code: int, error: str) -> None:
+    """A summary.json for a job that failed before the runner started (multirun comparisons read it)."""
+    from .runner import RunSummary
+    from .store import redact, write_json_atomic
+
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(out_dir / "summary.json", redact(RunSummary([], code, overrides, 0.0, None, error).to_json()))
+    except Exception as e:  # noqa: BLE001 - the exit code still reports the failure
+        print(f"could not write {out_dir / 'summary.json'}: {e}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> None:

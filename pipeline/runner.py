@@ -260,33 +260,54 @@ class MultirunComparison(_HydraCallback):  # type: ignore[misc]
     """Hydra callback: after ``-m`` sweeps, join every job's summary.json into one comparison table."""
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
+        """Write the comparison and make the ``pipeline -m`` exit code the worst job's.
+
+        Runs in the launching process; jobs may have run in other processes (joblib, SLURM), so
+        their exit codes are read from their ``summary.json`` files, not from in-process state.
+        """
         sweep_dir = Path(config.hydra.sweep.dir)
-        write_comparison(sweep_dir, Console())
+        doc = write_comparison(sweep_dir, Console())
+        from . import cli
+
+        cli._state["exit_code"] = max(cli._state["exit_code"], int(doc.get("exit_code") or 0))
 
 
 def write_comparison(sweep_dir: Path, console: Console) -> dict[str, Any]:
-    """Read ``<sweep_dir>/*/summary.json`` and write ``comparison.json`` and ``comparison.md``."""
+    """Read every job's ``summary.json`` under ``sweep_dir`` and write ``comparison.json`` and ``comparison.md``.
+
+    Job folders are found recursively (an override value with ``/``, e.g. ``model.path=/data/m``, nests
+    the job folder).  A job folder (it has ``.hydra/``) without a readable summary counts as failed
+    (exit code 1).  The document's ``exit_code`` is the highest job exit code (0 when all passed).
+    """
     rows = []
-    for f in sorted(sweep_dir.glob("*/summary.json")):
+    job_dirs = {f.parent for f in sweep_dir.rglob("summary.json")} | {h.parent for h in sweep_dir.rglob(".hydra") if h.is_dir()}
+    for d in sorted(job_dirs):
+        job = d.relative_to(sweep_dir).as_posix()
         try:
-            s = json.loads(f.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            s = json.loads((d / "summary.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            rows.append({"job": job, "overrides": "", "exit_code": EXIT_FAILED,
+                         "error": f"no readable summary.json ({type(e).__name__}): the job died before finishing"})
             continue
-        row: dict[str, Any] = {"job": f.parent.name, "overrides": " ".join(s.get("overrides", [])), "exit_code": s.get("exit_code")}
+        row: dict[str, Any] = {"job": job, "overrides": " ".join(s.get("overrides", [])), "exit_code": s.get("exit_code")}
         for st in s.get("stages", []):
             for k, v in (st.get("headline") or {}).items():
                 row[f"{st['stage']}.{k}"] = v
+        if s.get("error"):
+            row["error"] = str(s["error"])[:200]
         rows.append(row)
     cols: list[str] = []
     for r in rows:
         for k in r:
             if k not in cols:
                 cols.append(k)
-    doc = {"schema": "pipeline.comparison/v1", "columns": cols, "rows": rows}
+    codes = [r.get("exit_code") for r in rows]
+    worst = max((c if isinstance(c, int) else EXIT_FAILED for c in codes), default=EXIT_OK)
+    doc = {"schema": "pipeline.comparison/v1", "columns": cols, "rows": rows, "exit_code": worst}
     write_json_atomic(sweep_dir / "comparison.json", doc)
     md = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for r in rows:
-        md.append("| " + " | ".join(_fmt(r.get(c, "")) for c in cols) + " |")
+    for r in rows:  # one line per job: newlines and pipes inside a cell would break the table
+        md.append("| " + " | ".join(_fmt(r.get(c, "")).replace("\n", " ").replace("|", "\\|") for c in cols) + " |")
     (sweep_dir / "comparison.md").write_text("\n".join(md) + "\n", encoding="utf-8")
     t = Table(title=f"comparison ({len(rows)} runs) - {sweep_dir}")
     for c in cols:
