@@ -163,6 +163,19 @@ def redact(obj: Any) -> Any:
 
 
 # --------------------------------------------------------------------------- store
+_STORAGE_ERRNOS = {28, 27, 13, 30, 122, 1}  # ENOSPC, EFBIG, EACCES, EROFS, EDQUOT, EPERM
+_STORAGE_MSG_RE = re.compile(r"os error (28|27|13|30|122)\b|No space left|File too large|Read-only file system|Disk quota", re.I)
+
+
+def _is_storage_error(e: BaseException) -> bool:
+    """A write failed for lack of space/quota/permission (also when a library wraps the OSError)."""
+    if not isinstance(e, Exception) or isinstance(e, StoreError) or type(e).__module__.startswith("pipeline."):
+        return False  # PipelineError (input problems, gates) and our own errors keep their meaning and exit code
+    if isinstance(e, OSError) and e.errno in _STORAGE_ERRNOS:
+        return True
+    return bool(_STORAGE_MSG_RE.search(str(e)))
+
+
 @dataclasses.dataclass(frozen=True)
 class Artifact:
     """A complete, trusted artifact folder and its manifest."""
@@ -295,8 +308,11 @@ class ArtifactStore:
                 shutil.move(str(final), str(stage_dir / f".stale-{key[:24]}-{secrets.token_hex(3)}"))
             os.rename(tmp, final)
             _fsync_dir(stage_dir)
-        except BaseException:
+        except BaseException as e:
             shutil.rmtree(tmp, ignore_errors=True)
+            if _is_storage_error(e):  # name the folder: a bare "File too large (os error 27)" says nothing
+                raise StoreError(f"{stage}: writing the artifact into {stage_dir} failed ({e}); nothing was published. "
+                                 f"Fix: free disk space / check the quota and permissions of {self.root}, or set store_dir.") from e
             raise
 
     @contextlib.contextmanager
