@@ -9,8 +9,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +17,7 @@ import pytest
 from pipeline.bench import cli as bench_cli
 from pipeline.bench.core import BenchInputs, run_benchmark
 from pipeline.bench.metrics import HEADLINE, distribution
-from pipeline.bench.report import PLOTS, load, write_outputs
+from pipeline.bench.report import PLOTS, load
 from pipeline.bench.workload import build_requests, sample_lengths
 from pipeline.config import ConfigError, compose, validate
 from pipeline.errors import InputError
@@ -30,41 +28,58 @@ MODEL_INFO = {"eos_token_ids": [2], "bos_token_id": 1, "pad_token_id": 3}
 LIMITS = {"max_batch_size": 4, "max_input_len": 200, "max_seq_len": 256}
 
 
+STAGE_OVERRIDES = ["quant=none", "target=onnxruntime_genai", "eval.limit=4", "build.max_seq_len=256", "build.max_input_len=200",
+                   "build.max_batch_size=4", "progress=false"]
+
+
 @pytest.fixture(scope="module")
-def deployment(tiny_llama, tmp_path_factory):
-    """A real int4 onnxruntime-genai engine of the tiny llama and a Triton model repository around it."""
+def stage_run(tiny_llama, tmp_path_factory):
+    """``pipeline stages=[benchmark] benchmark=smoke`` on the tiny llama: every upstream stage runs for real
+    (export, quantize, onnxruntime-genai build, evaluate, Triton package), then the benchmark stage runs
+    engine, triton (a real server on 127.0.0.1) and baseline modes."""
+    from rich.console import Console
+
+    from pipeline.runner import run_pipeline
+
     out = tmp_path_factory.mktemp("bench")
-    engine = out / "engine"
-    subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(tiny_llama), "-o", str(engine),
-                    "-p", "int4", "-e", "cpu"], check=True, capture_output=True, timeout=300)
-    repo = None
-    try:
-        from pipeline.packaging.repository import generate_repository, settings_from_build
-
-        cfg = compose([])
-        s = settings_from_build({"target": "onnxruntime_genai", "limits": LIMITS}, MODEL_INFO, cfg.package)
-        repo = out / "model_repository"
-        generate_repository(repo, s, engine_dir=engine, tokenizer_dirs=[tiny_llama])
-    except ImportError:  # the package engineer's code has not landed in this checkout
-        repo = None
-    return {"hf": tiny_llama, "engine": engine, "repo": repo}
-
-
-def _inputs(dep) -> BenchInputs:
-    return BenchInputs(hf_dir=dep["hf"], model_info=MODEL_INFO, engine_dir=dep["engine"], model_repository=dep["repo"],
-                       eval_set=EVAL_SET, max_input_len=LIMITS["max_input_len"], max_seq_len=LIMITS["max_seq_len"],
-                       max_batch_size=LIMITS["max_batch_size"], describe={"quant_recipe": "int4 (builder)"})
+    results = out / "results"
+    cfg = compose(["stages=[benchmark]", "benchmark=smoke", f"benchmark.results_dir={results}", f"model.path={tiny_llama}",
+                   f"store_dir={out / 'store'}", *STAGE_OVERRIDES])
+    summary = run_pipeline(cfg, console=Console(quiet=True))
+    assert summary.exit_code == 0, summary.error
+    rep = {r.stage: r for r in summary.stages}
+    assert rep["benchmark"].status == "ran"
+    art = Path(rep["benchmark"].path)
+    return {"cfg": cfg, "summary": summary, "art": art, "results": results,
+            "build": Path(rep["build"].path), "export": Path(rep["export"].path), "package": Path(rep["package"].path)}
 
 
 @pytest.fixture(scope="module")
-def smoke_doc(deployment, tmp_path_factory):
-    out = tmp_path_factory.mktemp("smoke_out")
-    modes = "[engine,triton,baseline]" if deployment["repo"] is not None else "[engine,baseline]"
-    cfg = compose(["benchmark=smoke", f"benchmark.modes={modes}", f"benchmark.results_dir={out}"])
-    validate(cfg)
-    doc = run_benchmark(cfg.benchmark, _inputs(deployment))
-    paths = write_outputs(doc, out)
-    return doc, out, paths, cfg
+def smoke_doc(stage_run):
+    doc = load(stage_run["art"] / "benchmark.json")
+    return doc, stage_run["art"], None, stage_run["cfg"]
+
+
+def _inputs(run) -> BenchInputs:
+    return BenchInputs(hf_dir=run["export"] / "hf", model_info=MODEL_INFO, engine_dir=run["build"] / "engine",
+                       model_repository=run["package"] / "model_repository", eval_set=EVAL_SET,
+                       max_input_len=LIMITS["max_input_len"], max_seq_len=LIMITS["max_seq_len"], max_batch_size=LIMITS["max_batch_size"])
+
+
+def test_stage_publishes_results_and_is_never_cached(stage_run):
+    from pipeline.stages import get_stage
+
+    assert get_stage("benchmark").cacheable is False
+    res = stage_run["results"]
+    assert (res / "smoke.json").is_file() and (res / "smoke.md").is_file()
+    assert load(res / "smoke.json") == load(stage_run["art"] / "benchmark.json")
+    head = {r.stage: r for r in stage_run["summary"].stages}["benchmark"].headline
+    assert head["errors"] == 0 and head["tpot_ms"] > 0 and head["mode"] == "triton"
+    manifest = json.loads((stage_run["art"] / "manifest.json").read_text())
+    assert manifest["result"]["ratios"]["failed_requests"] == 0
+    doc = load(stage_run["art"] / "benchmark.json")
+    assert doc["model"]["quant_recipe"] == "none" and doc["model"]["target"] == "onnxruntime_genai"
+    assert set(doc["model"]["artifacts"]) == {"export", "build", "package"}
 
 
 def _dists(metrics):
@@ -118,8 +133,8 @@ def test_smoke_json_is_consistent(smoke_doc):
     r = doc["ratios"]
     assert r["failed_requests"]["value"] == 0 and r["failed_requests"]["met"] is True
     assert r["engine_speedup_tpot_c1"]["value"] and r["engine_speedup_tpot_c1"]["value"] > 0
-    if "triton" in modes:
-        assert r["triton_overhead_tpot_c1"]["value"] > 0
+    assert modes == ["engine", "triton", "baseline"]
+    assert r["triton_overhead_tpot_c1"]["value"] > 0
     assert doc["headline"]["errors"] == 0 and doc["headline"]["tpot_ms"] > 0
 
 
@@ -127,7 +142,7 @@ def test_smoke_markdown_and_plots(smoke_doc):
     doc, out, paths, cfg = smoke_doc
     md = (out / "benchmark.md").read_text(encoding="utf-8")
     rows = [ln for ln in md.splitlines() if ln.startswith("| engine |") or ln.startswith("| baseline |") or ln.startswith("| triton |")]
-    assert len(rows) == len([r for r in doc["runs"] if r["repeat"] == 0])
+    assert len(rows) == len([r for r in doc["runs"] if r["repeat"] == 0]) == 5
     assert "engine_speedup_tpot_c1" in md
     for p in PLOTS:
         assert (out / p).stat().st_size > 1000, p
@@ -164,12 +179,12 @@ def test_compare_ratios_and_spread(smoke_doc, tmp_path, capsys):
         bench_cli.compare(load(a), load(b), ["no_such_metric"])
 
 
-def test_open_loop_poisson_and_repeats(deployment, tmp_path):
+def test_open_loop_poisson_and_repeats(stage_run, tmp_path):
     cfg = compose(["benchmark=smoke", "benchmark.modes=[engine]", "benchmark.concurrency=[1]", "benchmark.request_rates=[50.0]",
                    "benchmark.repeats=2", "benchmark.dataset=synthetic", "benchmark.input_len.kind=uniform",
                    "benchmark.input_len.mean=24", "benchmark.input_len.spread=8", f"benchmark.results_dir={tmp_path}"])
     validate(cfg)
-    doc = run_benchmark(cfg.benchmark, _inputs(deployment))
+    doc = run_benchmark(cfg.benchmark, _inputs(stage_run))
     keys = [s["key"] for s in doc["summary"]]
     assert keys == ["engine/concurrency=1", "engine/request_rate=50"]
     for s in doc["summary"]:

@@ -110,6 +110,12 @@ class OrtEngineBackend(ThreadedBackend):
         self.stop_ids = set(int(s) for s in stop_token_ids)
         self.max_batch_size: int | None = None
         self._ready = threading.Event()
+        self.steps = 0
+        self.active_sum = 0
+
+    def counters(self) -> dict[str, int]:
+        """Engine steps run and the sum over steps of sequences in the batch (mean batch = ratio)."""
+        return {"steps": self.steps, "active_sum": self.active_sum}
 
     def start(self) -> None:
         """Load the engine on the worker thread (og.Engine must be used from the thread that owns it)."""
@@ -170,8 +176,11 @@ class OrtEngineBackend(ThreadedBackend):
                 if self._stop.is_set():
                     return
                 continue
+            n_active = len(active)
             events = self.engine.run(buf)
             now = time.perf_counter()
+            self.steps += 1
+            self.active_sum += n_active
             for ev in events:
                 key = id(ev.request)
                 entry = active.get(key)

@@ -173,11 +173,18 @@ def run_benchmark(bcfg: Any, inp: BenchInputs, *, progress: Callable[[float], No
             for rep in range(int(bcfg.repeats)):
                 for kind, level in _levels(bcfg, mode):
                     seed, reqs = workloads[(rep, kind, level)]
+                    c0 = backend.counters() if hasattr(backend, "counters") else None
                     if kind == "concurrency":
                         lr = asyncio.run(loadgen.closed_loop(backend, reqs, int(level), float(bcfg.max_duration_s)))
                     else:
                         lr = asyncio.run(loadgen.open_loop(backend, reqs, float(level), seed, float(bcfg.max_duration_s)))
                     met = level_metrics(lr.records)
+                    if c0 is not None:
+                        c1 = backend.counters()
+                        steps = c1["steps"] - c0["steps"]
+                        met["engine_steps"] = {"steps": steps,
+                                               "mean_in_flight": (c1["active_sum"] - c0["active_sum"]) / steps if steps else None,
+                                               "definition": "Engine.run calls in the level, and the mean number of sequences in flight per call"}
                     conc = int(level) if kind == "concurrency" else None
                     rl = roofline_for_level(engine_facts, bw["gbs"], met, conc if conc else 1, mbs) if engine_facts and mode != "baseline" else None
                     runs.append({
