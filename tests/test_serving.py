@@ -1,0 +1,236 @@
+"""CI smoke test with a real Triton server (nvidia-pytriton's tritonserver in .venv-serve) on a packaged repository.
+
+One module-scoped server: a tiny Llama is built into a real onnxruntime-genai engine, packaged by the package
+stage's own functions, validated, and served on free local ports. Answers are compared with the engine's direct
+greedy output (``og.Generator`` in this process, a different code path from the server's ``og.Engine``).
+Needs ``make serve-env``; skipped with the reason when .venv-serve is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.serving.server import DEFAULT_SERVE_VENV, ServerError, TritonServer, free_port
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = [
+    "Where is my order ORD-12345? It was due on 2024-03-05.",
+    "I want a refund for the damaged item.",
+    "我的订单 ORD-55555 什么时候到？",
+    "请取消订单 ORD-99871 并退款。",
+    "Change the shipping address to 12 Main Street.",
+]
+MAX_TOKENS = 20
+
+
+def _eval_prompts() -> list[str]:
+    """A few prompts of the business eval set (Chinese ones included) when it is present."""
+    p = Path(__file__).resolve().parents[1] / "evaluation" / "data" / "support_eval_v1.jsonl"
+    if not p.is_file():
+        return []
+    items = [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+    zh = [i["prompt"] for i in items if i.get("lang") == "zh"][:2]
+    en = [i["prompt"] for i in items if i.get("lang") != "zh"][:2]
+    return en + zh
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, tiny_llama):
+    if not (DEFAULT_SERVE_VENV / "bin" / "python3").exists():
+        pytest.skip("serving environment missing: run `make serve-env`")
+    from pipeline.packaging.repository import generate_repository, settings_from_build
+    from pipeline.packaging.validate import check_repository
+
+    work = tmp_path_factory.mktemp("serving")
+    subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(tiny_llama), "-o", str(work / "engine"),
+                    "-p", "fp32", "-e", "cpu", "-c", str(work / "cache")], check=True, capture_output=True)
+    limits = {"max_batch_size": 16, "max_input_len": 128, "max_seq_len": 192}
+    gc = json.loads((work / "engine" / "genai_config.json").read_text())
+    gc["search"]["max_length"] = limits["max_seq_len"]
+    (work / "engine" / "genai_config.json").write_text(json.dumps(gc))
+    from types import SimpleNamespace
+
+    pc = SimpleNamespace(name="t", max_batch_size=None, max_input_len=None, max_beam_width=None, decoupled=True,
+                         exclude_input_in_output=True, instance_count=1)
+    s = settings_from_build({"target": "onnxruntime_genai", "limits": limits},
+                            {"eos_token_ids": [2], "pad_token_id": 3, "bos_token_id": 1}, pc)
+    repo = work / "model_repository"
+    generate_repository(repo, s, engine_dir=work / "engine", tokenizer_dirs=[tiny_llama])
+    check_repository(repo, limits=limits, target="onnxruntime_genai")
+    srv = TritonServer(repo, grpc_port=0, http_port=0, metrics_port=0, ready_timeout_s=120, log_dir=work / "log")
+    srv.start()
+    try:
+        yield SimpleNamespace(server=srv, engine=work / "engine", tokenizer=tiny_llama, limits=limits)
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(served):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(served.tokenizer))
+
+
+@pytest.fixture(scope="module")
+def direct(served, tokenizer):
+    """prompt -> text of the engine's own greedy output (og.Generator), decoded like the server (skip special tokens)."""
+    import onnxruntime_genai as og
+
+    from pipeline.tokenization import encode_prompt
+
+    model = og.Model(str(served.engine))
+    cache: dict[str, str] = {}
+
+    def run(prompt: str, max_tokens: int = MAX_TOKENS) -> str:
+        if (prompt, max_tokens) not in cache:
+            ids = encode_prompt(tokenizer, prompt)
+            params = og.GeneratorParams(model)
+            params.set_search_options(do_sample=False, max_length=len(ids) + max_tokens)
+            gen = og.Generator(model, params)
+            gen.append_tokens(np.asarray([ids], dtype=np.int32))
+            out: list[int] = []
+            while not gen.is_done() and len(out) < max_tokens:
+                gen.generate_next_token()
+                out.append(int(gen.get_next_tokens()[0]))
+            if tokenizer.eos_token_id in out:  # the end token is never part of the answer
+                out = out[:out.index(tokenizer.eos_token_id)]
+            cache[(prompt, max_tokens)] = tokenizer.decode(out, skip_special_tokens=True)
+        return cache[(prompt, max_tokens)]
+
+    return run
+
+
+@pytest.fixture()
+def client(served, tokenizer):
+    from pipeline.serving.client import LLMClient
+
+    with LLMClient(served.server.grpc_url, tokenizer=tokenizer, timeout_s=60) as c:
+        yield c
+
+
+def test_ready_metadata_and_decoupled(served, client):
+    import tritonclient.grpc as grpcclient
+
+    c = grpcclient.InferenceServerClient(served.server.grpc_url)
+    assert c.is_server_ready() and all(c.is_model_ready(m) for m in ("ensemble", "preprocessing", "onnxruntime_genai", "postprocessing"))
+    assert client.decoupled is True
+    assert client.inputs["max_tokens"]["datatype"] == "INT32" and client.inputs["text_input"]["datatype"] == "BYTES"
+    c.close()
+
+
+def test_streamed_and_unary_answers_equal_direct_greedy(client, direct):
+    prompts = PROMPTS + _eval_prompts()
+    for p in prompts:
+        want = direct(p)
+        non = client.generate(p, MAX_TOKENS, stream=False)
+        st = client.generate(p, MAX_TOKENS, stream=True)
+        assert non.text == want, p
+        assert st.text == want, p
+        assert "".join(st.chunks) == non.text
+        assert len(st.chunks) >= 2 and st.chunk_times_s == sorted(st.chunk_times_s)
+
+
+def test_sixteen_concurrent_streams(served, tokenizer, direct):
+    from pipeline.serving.client import GenerateResult, generate_concurrent
+
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(16)]
+    res = generate_concurrent(served.server.grpc_url, prompts, concurrency=16, tokenizer=tokenizer, max_tokens=MAX_TOKENS, stream=True)
+    assert all(isinstance(r, GenerateResult) for r in res), [r for r in res if not isinstance(r, GenerateResult)]
+    assert [r.text for r in res] == [direct(p) for p in prompts]
+
+
+def _raw_request(url: str, inputs: dict) -> str | None:
+    """Send a hand-made request to the ensemble over the stream API; the server's error message, or None if it answered."""
+    import queue
+
+    import tritonclient.grpc as grpcclient
+
+    c = grpcclient.InferenceServerClient(url)
+    q: queue.Queue = queue.Queue()
+    c.start_stream(callback=lambda result, error: q.put((result, error)))
+    ins = []
+    for name, (arr, dt) in inputs.items():
+        i = grpcclient.InferInput(name, list(arr.shape), dt)
+        i.set_data_from_numpy(arr)
+        ins.append(i)
+    try:
+        c.async_stream_infer("ensemble", ins, enable_empty_final_response=True)
+        while True:
+            r, e = q.get(timeout=30)
+            if e is not None:
+                return e.message() if hasattr(e, "message") else str(e)
+            p = r.get_response().parameters.get("triton_final_response")
+            if p is not None and p.bool_param:
+                return None
+    finally:
+        c.stop_stream()
+        c.close()
+
+
+def test_malformed_requests_get_clean_errors_and_server_keeps_serving(served, client, direct):
+    url = served.server.grpc_url
+    text = lambda s: (np.array([[s.encode()]], dtype=np.object_), "BYTES")  # noqa: E731
+    i32 = lambda v: (np.array([[v]], dtype=np.int32), "INT32")  # noqa: E731
+    assert "max_tokens" in (_raw_request(url, {"text_input": text("hi")}) or "")  # missing required input
+    err = _raw_request(url, {"text_input": text("hi"), "max_tokens": (np.array([[4.0]], dtype=np.float32), "FP32")})
+    assert err and "max_tokens" in err and "FP32" in err  # wrong data type
+    assert "empty" in (_raw_request(url, {"text_input": text(""), "max_tokens": i32(4)}) or "")
+    long = " ".join(["refund"] * 400)
+    err = _raw_request(url, {"text_input": text(long), "max_tokens": i32(4)})
+    assert err and "max_input_len 128" in err
+    assert "max_tokens" in (_raw_request(url, {"text_input": text("hi"), "max_tokens": i32(0)}) or "")
+    assert _raw_request(url, {"text_input": text("hi"), "max_tokens": i32(3)}) is None
+    # local errors name the input; nothing is sent
+    from pipeline.errors import InputError
+
+    with pytest.raises(InputError, match="'max_tokens'.*INT32"):
+        client.generate("hi", 1.5)
+    with pytest.raises(InputError, match="not inputs of model"):
+        client.generate("hi", 4, no_such_input=1)
+    assert client.generate(PROMPTS[0], MAX_TOKENS).text == direct(PROMPTS[0])  # still serving
+
+
+def test_cancellation_and_timeout(client, direct):
+    from pipeline.serving.client import RequestTimeout
+
+    cancel = threading.Event()
+    r = client.generate(PROMPTS[0], 150, stream=True, cancel=cancel, on_chunk=lambda s, t: cancel.set())
+    assert r.cancelled and len(r.chunks) < 150
+    with pytest.raises(RequestTimeout):
+        client.generate(PROMPTS[1], 150, stream=True, timeout_s=0.001)
+    assert client.generate(PROMPTS[2], MAX_TOKENS, stream=True).text == direct(PROMPTS[2])
+
+
+def test_server_down_and_port_in_use_are_clear_errors(served):
+    from pipeline.errors import InputError
+    from pipeline.serving.client import LLMClient, ServerUnavailable
+
+    with pytest.raises(ServerUnavailable, match="pipeline serve"):
+        LLMClient(f"127.0.0.1:{free_port()}")
+    with pytest.raises(InputError, match=f"grpc_port={served.server.grpc_port}"):
+        TritonServer(served.server.repo_dir, grpc_port=served.server.grpc_port).start()
+
+
+def test_shutdown_is_clean(served, tmp_path):
+    # a second server on the same repository: start, answer, stop with exit code 0; a broken repository keeps its log
+    with TritonServer(served.server.repo_dir, ready_timeout_s=120, log_dir=tmp_path / "a") as s2:
+        from pipeline.serving.client import LLMClient
+
+        with LLMClient(s2.grpc_url) as c:
+            assert c.generate("hello", 3, chat=False).request_id
+    assert s2.returncode == 0 and not s2.is_running()
+    bad = tmp_path / "bad"
+    (bad / "m" / "1").mkdir(parents=True)
+    (bad / "m" / "config.pbtxt").write_text("max_batch_size: ${oops}\n")
+    with pytest.raises(ServerError, match="tritonserver") as ei:
+        TritonServer(bad, ready_timeout_s=60, log_dir=tmp_path / "b").start()
+    assert (tmp_path / "b" / "tritonserver.log").is_file() and str(tmp_path / "b" / "tritonserver.log") in str(ei.value)
