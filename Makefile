@@ -42,8 +42,10 @@ run: env serve-env
 test: env serve-env
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
+# The standard benchmark on the default model (int4 engine): engine in-process, Triton over gRPC streaming and the
+# transformers baseline; results in bench/results/default.{json,md} (+ plots, gitignored). See docs/benchmark.md.
 bench: env serve-env
-	$(PIPELINE) stages=[benchmark] $(ARGS)
+	$(PIPELINE) stages=[benchmark] quant=int4_awq target=onnxruntime_genai benchmark=default $(ARGS)
 
 serve: env serve-env
 	$(PIPELINE) serve $(ARGS)
