@@ -493,10 +493,15 @@ def export_checkpoint(src: str | Path, out: str | Path, *, dtype: str = "float16
         if bos_id is not None:
             hf_cfg.bos_token_id = bos_id
         torch_dtype = getattr(torch, dtype)
+        if "tie_word_embeddings" not in cfg_raw and bool(getattr(hf_cfg, "tie_word_embeddings", False)) != facts.tied:
+            facts.tied = bool(hf_cfg.tie_word_embeddings)  # the architecture's default applies; re-check the head
+            if facts.weight_format == "safetensors":
+                check_tensor_shapes(facts)
         advance(1)
 
         # 4. weights: loaded once, after every header-level check passed
-        model = _load_model(facts, hf_cfg, torch_dtype, trust_remote_code)
+        with _quiet_transformers_bars():
+            model = _load_model(facts, hf_cfg, torch_dtype, trust_remote_code)
         advance(1)
 
         # 5. write hf/
@@ -509,7 +514,8 @@ def export_checkpoint(src: str | Path, out: str | Path, *, dtype: str = "float16
         if bos_id is not None:
             gen.bos_token_id = bos_id
         model.generation_config = gen
-        model.save_pretrained(str(hf_dir), safe_serialization=True)
+        with _quiet_transformers_bars():
+            model.save_pretrained(str(hf_dir), safe_serialization=True)
         _finish_config(hf_dir / "config.json", dtype, rope_theta, facts.rope_scaling)
         for name in TOKENIZER_FILES:
             if (src / name).is_file():
@@ -561,6 +567,20 @@ def export_checkpoint(src: str | Path, out: str | Path, *, dtype: str = "float16
         advance(1)
     del model
     return {**info, "_warnings": list(facts.warnings)}
+
+
+@contextlib.contextmanager
+def _quiet_transformers_bars() -> Iterator[None]:
+    """transformers' own tqdm bars off while we load/save (the stage shows one export bar instead)."""
+    from transformers.utils import logging as tlog
+
+    was = tlog.is_progress_bar_enabled()
+    tlog.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            tlog.enable_progress_bar()
 
 
 def _load_model(facts: CheckpointFacts, hf_cfg: Any, torch_dtype: Any, trust_remote_code: bool) -> Any:
