@@ -365,6 +365,11 @@ def main(argv: list[str] | None = None) -> int:
                 extra[k] = json.loads(v)
             except ValueError:
                 extra[k] = v
+        max_tokens = extra.pop("max_tokens", a.max_tokens)
+        stream = bool(extra.pop("stream", a.stream))
+        for k in ("text_input",):
+            if k in extra:
+                raise InputError(f"--input {k}=... : pass the prompt as an argument instead.")
         tok = a.tokenizer
         if tok is None and not a.raw:
             from .serve import find_latest_repository
@@ -374,12 +379,12 @@ def main(argv: list[str] | None = None) -> int:
             tok = str(cand) if cand is not None and cand.is_dir() else None
         with LLMClient(a.url, a.model, tokenizer=tok, timeout_s=a.timeout) as c:
             for p in prompts:
-                if a.stream and not a.json:
-                    r = c.generate(p, a.max_tokens, stream=True, chat=not a.raw,
+                if stream and not a.json:
+                    r = c.generate(p, max_tokens, stream=True, chat=not a.raw,
                                    on_chunk=lambda s, t: (sys.stdout.write(s), sys.stdout.flush()), **extra)
                     sys.stdout.write("\n")
                 else:
-                    r = c.generate(p, a.max_tokens, stream=a.stream, chat=not a.raw, **extra)
+                    r = c.generate(p, max_tokens, stream=stream, chat=not a.raw, **extra)
                     if a.json:
                         print(json.dumps({"prompt": p, "text": r.text, "chunks": len(r.chunks), "ttft_s": r.chunk_times_s[0] if r.chunk_times_s else None,
                                           "total_s": round(r.total_s, 4), "request_id": r.request_id}, ensure_ascii=False))

@@ -182,7 +182,7 @@ class TritonServer:
         self.host = host
         self.serve_venv = serve_venv
         self.ready_timeout_s = float(ready_timeout_s)
-        self.log_dir = Path(log_dir) if log_dir else None
+        self.log_dir = Path(log_dir).absolute() if log_dir else None
         self.models = list(models) if models is not None else sorted(
             p.name for p in self.repo_dir.iterdir() if (p / "config.pbtxt").is_file())
         self.log_verbose = log_verbose
