@@ -142,26 +142,28 @@ def test_killed_stage_leaves_no_trusted_artifact(ckpt, tmp_path):
 
 
 def test_multirun_joblib_writes_one_comparison_and_fails_if_a_job_failed(ckpt, tmp_path):
-    """Two jobs in two joblib worker processes: float16 exports, int8 is not an export dtype (config error, 2).
+    """A sweep over model dtypes in two joblib worker processes: float16 and float32 export; int8 is not an
+    export dtype (a config error, exit 2).
 
-    One comparison covers both; the sweep's exit code is the failed job's, although the job ran in
+    One comparison covers every job; the sweep's exit code is the failed job's although that job ran in
     another process (``MultirunComparison`` reads the jobs' summary.json files).
     """
     sweep = tmp_path / "sweep"
     cmd = [sys.executable, "-m", "pipeline", "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
            f"hydra.sweep.dir={sweep}", f"model.path={ckpt}", "stages=[export]", f"store_dir={tmp_path / 'store'}",
-           "progress=false", "model.dtype=float16,int8"]
+           "progress=false", "model.dtype=float16,float32,int8"]
     r = subprocess.run(cmd, env=_cli_env(), capture_output=True, text=True, timeout=300)
     assert r.returncode == 2, (r.returncode, r.stdout[-3000:], r.stderr[-3000:])
     doc = json.loads((sweep / "comparison.json").read_text())
     md = (sweep / "comparison.md").read_text().splitlines()
-    assert len(md) == 2 + 2 and "export.dtype" in md[0]
-    assert doc["schema"] == "pipeline.comparison/v1" and doc["exit_code"] == 2 and len(doc["rows"]) == 2
+    assert len(md) == 2 + 3 and "export.dtype" in md[0]
+    assert doc["schema"] == "pipeline.comparison/v1" and doc["exit_code"] == 2 and len(doc["rows"]) == 3
     by_dtype = {next(o.split("=", 1)[1] for o in row["overrides"].split() if o.startswith("model.dtype=")): row
                 for row in doc["rows"]}
-    assert set(by_dtype) == {"float16", "int8"}
-    ok, bad = by_dtype["float16"], by_dtype["int8"]
-    assert ok["exit_code"] == 0 and ok["export.dtype"] == "float16" and ok["export.architecture"] == "LlamaForCausalLM"
-    assert ok["export.params"] == 393856
-    assert bad["exit_code"] == 2 and "model.dtype" in bad["error"]
-    assert len(list((tmp_path / "store" / "export").glob("[!.]*"))) == 1
+    assert set(by_dtype) == {"float16", "float32", "int8"}
+    for dt in ("float16", "float32"):
+        row = by_dtype[dt]
+        assert row["exit_code"] == 0 and row["export.dtype"] == dt and row["export.architecture"] == "LlamaForCausalLM"
+        assert row["export.params"] == 393856
+    assert by_dtype["int8"]["exit_code"] == 2 and "model.dtype" in by_dtype["int8"]["error"]
+    assert len(list((tmp_path / "store" / "export").glob("[!.]*"))) == 2  # one artifact per dtype
