@@ -120,8 +120,17 @@ def compose(overrides: list[str] | None = None, config_name: str = "pipeline") -
     gh = GlobalHydra.instance()
     if gh.is_initialized():
         gh.clear()
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        cfg = _compose(config_name=config_name, overrides=list(overrides or []))
+    try:
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+            cfg = _compose(config_name=config_name, overrides=list(overrides or []))
+    except (ValueError, TypeError) as e:
+        from omegaconf.errors import OmegaConfBaseException
+
+        if isinstance(e, (OmegaConfBaseException, ConfigError)):
+            raise
+        # Hydra raises a bare ValueError for some override shapes (found by tests/test_fuzz.py: ``build=0``)
+        raise ConfigError([Problem("overrides", list(overrides or []), f"{type(e).__name__}: {e}.",
+                                   "use group=<preset name> for config groups and key=value for fields")]) from e
     return to_object(cfg)
 
 

@@ -63,9 +63,13 @@ def load_shape(cfg: Any) -> tuple[ModelShape, str]:
 
     m = cfg.model
     if m.path:
-        p = resolve_path(m.path)
-        cj = (p / "config.json") if p is not None else None
-        if cj is not None and cj.is_file():
+        try:
+            p = resolve_path(m.path)
+            cj = (p / "config.json") if p is not None else None
+            found = cj is not None and cj.is_file()
+        except (OSError, ValueError) as e:  # e.g. an embedded NUL byte
+            raise InputError(f"model.path={m.path!r}: not a usable path ({e}).") from None
+        if found:
             return ModelShape.from_hf_config(read_config_json(cj), str(cj)), str(cj)
         if not m.hf_config:
             raise InputError(f"model.path={m.path!r}: no config.json at {cj}. Point model.path at a Hugging Face checkpoint "
@@ -339,10 +343,18 @@ class _Knobs:
 
 def _knobs(cfg: Any, kind: str) -> _Knobs:
     q, b = cfg.quant, cfg.build
-    hp = q.export_dtype if kind == "gpu" else (cfg.model.dtype if q.recipe == "none" else q.export_dtype)
-    return _Knobs(q.recipe, q.kv_cache, hp, q.group_size, tuple(q.exclude_modules or ()), q.sensitive_preset, max(1, q.tp_size),
+    hp_field = "quant.export_dtype" if kind == "gpu" or q.recipe != "none" else "model.dtype"
+    hp = q.export_dtype if hp_field == "quant.export_dtype" else cfg.model.dtype
+    if hp not in ("float16", "bfloat16", "float32"):
+        raise InputError(f"{hp_field}={hp!r}: must be float16, bfloat16 or float32.")
+    if q.recipe not in RECIPE_MIN_SM:
+        raise InputError(f"quant.recipe={q.recipe!r}: unknown; use one of {sorted(RECIPE_MIN_SM)}.")
+    if q.kv_cache not in KV_MIN_SM:
+        raise InputError(f"quant.kv_cache={q.kv_cache!r}: unknown; use one of {sorted(KV_MIN_SM)}.")
+    return _Knobs(q.recipe, q.kv_cache, hp, max(1, q.group_size), tuple(str(x) for x in q.exclude_modules or ()), q.sensitive_preset, max(1, q.tp_size),
                   max(1, q.pp_size), max(1, b.max_batch_size), max(1, b.max_seq_len + max(0, b.speculative.max_draft_len)),
-                  b.max_input_len, max(1, b.max_num_tokens), max(1, b.tokens_per_block), b.kv_cache_free_gpu_mem_fraction, max(1, b.max_beam_width))
+                  b.max_input_len, max(1, b.max_num_tokens), max(1, b.tokens_per_block), min(1.0, max(0.0, b.kv_cache_free_gpu_mem_fraction)),
+                  max(1, b.max_beam_width))
 
 
 def _kv_elem_bytes(k: _Knobs) -> int:

@@ -196,10 +196,13 @@ def eval_prompt_stats(cfg: Any) -> dict[str, Any] | None:
 
     if not cfg.eval.eval_set or not cfg.model.path:
         return None
-    ep = resolve_path(cfg.eval.eval_set)
-    mp = resolve_path(cfg.model.path)
-    if ep is None or mp is None or not ep.is_file() or not (mp / "tokenizer.json").is_file():
-        return None
+    try:
+        ep = resolve_path(cfg.eval.eval_set)
+        mp = resolve_path(cfg.model.path)
+        if ep is None or mp is None or not ep.is_file() or not (mp / "tokenizer.json").is_file():
+            return None
+    except (OSError, ValueError):
+        return None  # the eval loader / export stage name the bad path
     try:
         lens, totals, ids = _prompt_lengths(_file_sig(ep), _file_sig(mp / "tokenizer.json"), cfg.eval.limit,
                                             bool(cfg.model.apply_chat_template), int(cfg.eval.max_new_tokens))

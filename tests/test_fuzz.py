@@ -1,0 +1,128 @@
+"""Fuzzing (hypothesis): config composition + validation + planning, and the JSONL loaders.
+
+Any input must give a result or a clear error of a known kind (our InputError/ConfigError/
+PipelineError, Hydra's composition/override errors, OmegaConf's config errors), never a traceback
+from deep inside a library.  Examples are kept small so the file stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import string
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pipeline.config import ConfigError, compose, validate
+from pipeline.errors import PipelineError
+
+try:
+    from hydra.errors import HydraException
+except ImportError:  # pragma: no cover
+    HydraException = ()  # type: ignore[assignment]
+from omegaconf.errors import OmegaConfBaseException
+
+CLEAR = (ConfigError, PipelineError, HydraException, OmegaConfBaseException)
+FUZZ = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+
+KEYS = [
+    "build.max_seq_len", "build.max_input_len", "build.max_num_tokens", "build.tokens_per_block", "build.max_batch_size",
+    "build.kv_cache_free_gpu_mem_fraction", "build.enable_chunked_context", "build.speculative.max_draft_len",
+    "quant.recipe", "quant.kv_cache", "quant.tp_size", "quant.pp_size", "quant.group_size", "quant.export_dtype",
+    "quant.exclude_modules", "quant.sensitive_preset", "quant.vocab_padding", "target.gpu", "target.name",
+    "model.dtype", "model.path", "model.hf_config.num_key_value_heads", "model.hf_config.hidden_size",
+    "model.hf_config.rope_scaling", "model.hf_config.max_position_embeddings", "calibration.max_seq_len", "eval.limit",
+    "stages", "allow_unsafe_lengths", "nonexistent.key", "build", "quant", "model",
+]
+_TEXT = st.text(alphabet=string.ascii_letters + string.digits + "_-.,:/${}[]'\" =+~*\\", max_size=12)
+VALUES = st.one_of(
+    st.integers(min_value=-(2**40), max_value=2**40).map(str),
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+    st.sampled_from(["true", "false", "null", "[]", "{}", "[export,build]", "fp8", "int4_awq", "h100_sxm", "llama31_8b",
+                     "throughput", "1e9", "-1", "0", "bfloat16", "${oc.env:HOME}", "${nope:x}", "{a:1}", "[1,2"]),
+    _TEXT,
+)
+OVERRIDE = st.tuples(st.sampled_from(KEYS), st.sampled_from(["", "+", "~", "++"]), VALUES).map(
+    lambda t: f"{t[1]}{t[0]}={t[2]}" if t[1] != "~" else f"~{t[0]}")
+BASE = ["model=llama31_8b", "target.gpu=h100_sxm"]
+
+
+@FUZZ
+@given(st.lists(OVERRIDE, max_size=4))
+def test_compose_validate_plan_never_crash(overrides):
+    from pipeline.planner import plan
+
+    try:
+        cfg = compose(BASE + overrides)
+    except CLEAR:
+        return
+    try:
+        problems = validate(cfg, raise_on_error=False)
+    except CLEAR:
+        return
+    assert isinstance(problems, list)
+    for p in problems:
+        assert p.field and p.message  # every problem names its field
+    try:
+        p = plan(cfg)
+    except CLEAR:
+        return
+    assert p.status in ("ok", "warn", "refused", "unplanned")
+    json.dumps(p.to_json())
+
+
+JSON_VALUE = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+                          lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c, max_size=3), max_leaves=6)
+EVAL_ROW = st.fixed_dictionaries(
+    {}, optional={"id": JSON_VALUE | st.text(max_size=6), "prompt": JSON_VALUE | st.text(max_size=20), "reference": JSON_VALUE,
+                  "metric": st.sampled_from(["exact_match", "rouge_l", "nope"]) | JSON_VALUE, "slice": st.text(max_size=5) | JSON_VALUE,
+                  "max_new_tokens": st.integers(-5, 10**6) | JSON_VALUE, "messages": JSON_VALUE, "text": JSON_VALUE | st.text(max_size=20),
+                  "stop": JSON_VALUE, "metric_args": JSON_VALUE})
+LINE = st.one_of(EVAL_ROW.map(json.dumps), JSON_VALUE.map(json.dumps), st.text(max_size=30),
+                 st.binary(max_size=30).map(lambda b: b.decode("latin-1")))
+
+
+def _write(tmp: Path, name: str, lines: list[str], raw: bytes | None) -> Path:
+    p = tmp / name
+    p.write_bytes(raw if raw is not None else "\n".join(lines).encode("utf-8", errors="surrogatepass"))
+    return p
+
+
+@FUZZ
+@given(lines=st.lists(LINE, max_size=6), raw=st.none() | st.binary(max_size=60))
+def test_eval_set_loader_fuzz(tmp_path, lines, raw):
+    dataset = pytest.importorskip("pipeline.evaluation.dataset")
+    p = _write(tmp_path, "eval.jsonl", lines, raw)
+    try:
+        items = dataset.load_eval_set(p)
+    except PipelineError as e:
+        assert str(p) in str(e)  # the message names the file
+        return
+    assert all(isinstance(i.id, str) for i in items)
+
+
+@FUZZ
+@given(lines=st.lists(LINE, max_size=6), raw=st.none() | st.binary(max_size=60))
+def test_calibration_loader_fuzz(tmp_path, lines, raw):
+    calibration = pytest.importorskip("pipeline.calibration")
+    from pipeline.config import CalibrationConfig
+
+    p = _write(tmp_path, "calib.jsonl", lines, raw)
+    try:
+        rows, dropped, fmt = calibration.read_raw(CalibrationConfig(path=str(p), format="jsonl"), p)
+    except PipelineError:
+        return
+    assert fmt == "jsonl" and dropped >= 0 and isinstance(rows, list)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(lines=st.lists(LINE, max_size=6))
+def test_eval_length_check_fuzz(tiny_llama, tmp_path, lines):
+    """The cross-field eval-set length check skips what it cannot read instead of crashing."""
+    from pipeline.planner.validate import cross_field_problems
+
+    p = _write(tmp_path, "e.jsonl", lines, None)
+    cfg = compose([f"model.path={tiny_llama}", f"eval.eval_set={p}", "build.max_seq_len=256", "build.max_input_len=128"])
+    assert isinstance(cross_field_problems(cfg), list)
