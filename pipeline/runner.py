@@ -145,6 +145,8 @@ def run_pipeline(cfg: PipelineConfig, *, overrides: list[str] | None = None, sum
                 "versions": key_doc["versions"],
                 "host": hostinfo.host(),
             }
+            if plan is not None and name == "build":  # the memory/speed plan for exactly this engine's config
+                manifest["plan"] = plan
             ctx = StageContext(cfg=cfg, inputs=inputs, external=external, out=None, manifest=manifest, console=console,
                                log=logging.getLogger(f"pipeline.{name}"), show_progress=show_progress)
             if cfg.dry_run:
