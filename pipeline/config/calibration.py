@@ -36,12 +36,16 @@ class CalibrationConfig:
     """Samples shorter than this (in tokens) are counted and warned about."""
     min_samples: int = 32
     """Fail when fewer usable samples than this remain."""
+    threads: int = 1
+    """CPU threads torch uses while calibrating and exporting (``torch.set_num_threads``). 1 is the fastest
+    on a shared, loaded machine (OpenMP threads spin against each other) and keeps results byte-identical;
+    raise it on a dedicated many-core host. Part of the cache key (thread count may change float sums)."""
 
 
 def validate(cfg: CalibrationConfig, prefix: str = "calibration") -> list[Problem]:
     problems: list[Problem] = []
     choice(problems, f"{prefix}.format", cfg.format, FORMATS)
-    for f in ("num_samples", "max_seq_len", "batch_size", "min_samples"):
+    for f in ("num_samples", "max_seq_len", "batch_size", "min_samples", "threads"):
         v = getattr(cfg, f)
         if v < 1:
             problems.append(Problem(f"{prefix}.{f}", v, "must be >= 1.", f"set {prefix}.{f} to a positive integer"))
