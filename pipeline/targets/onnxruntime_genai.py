@@ -142,12 +142,13 @@ class OnnxRuntimeGenAITarget:
         return {"command": cmd, "precision": precision}
 
     def build(self, cfg: Any, checkpoint: Path, out: Path, log: Any = None, *, export_dir: Path | None = None,
-              progress: Any = None) -> dict[str, Any]:
+              progress: Any = None, model: Any = None) -> dict[str, Any]:
         """Build the engine into ``out/engine``; write ``out/build_info.json`` and ``out/build.log``.
 
         Args:
             checkpoint: the quantize artifact folder (``hf/``, ``quant_state.*``) - or an export artifact for recipe none.
             export_dir: the export artifact folder (``hf/``, ``model_info.json``); needed for quantized recipes.
+            model: an already restored ModelOpt simulated-quant model (skips ``load_simulated_model``; tests).
         Returns: build_info (dict).
         Raises: InputError (unsupported checkpoint), PipelineError (builder failed; log tail included).
         """
@@ -172,13 +173,18 @@ class OnnxRuntimeGenAITarget:
         else:
             if export_dir is None:
                 raise InputError("build: a quantized recipe needs the export artifact (hf/) to rebuild ModelOpt's simulated-quant model.")
-            from ..quantize import load_simulated_model
-            from .ort_quant import convert
+            from .ort_quant import ConversionError, convert
 
-            lg.info("restoring ModelOpt's simulated-quant model from %s", checkpoint)
-            model = load_simulated_model(checkpoint, Path(export_dir), device="cpu")
-            conv = convert(model, Path(export_dir) / "hf", work / "gptq_checkpoint")
-            del model
+            if model is None:
+                from ..quantize import load_simulated_model
+
+                lg.info("restoring ModelOpt's simulated-quant model from %s", checkpoint)
+                model = load_simulated_model(checkpoint, Path(export_dir), device="cpu")
+            hf_src = Path(export_dir) / "hf" if (Path(export_dir) / "hf").is_dir() else Path(export_dir)
+            try:
+                conv = convert(model, hf_src, work / "gptq_checkpoint")
+            except ConversionError as e:
+                raise InputError(f"quant.recipe={rec}: the quantized weights cannot be deployed exactly on onnxruntime_genai: {e}") from e
             precision = "int8" if conv["bits"] == 8 else "int4"
             src = work / "gptq_checkpoint"
             extra.append(f"accuracy_level={cfg.target.accuracy_level}")
