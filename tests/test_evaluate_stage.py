@@ -65,9 +65,12 @@ def _tiny_eval_set(path: Path) -> Path:
 
 
 @needs_stages
-def test_tiny_end_to_end_engine_and_report(tmp_path, tiny_ckpt):
+def test_tiny_end_to_end_engine_and_report(tmp_path, tiny_ckpt, monkeypatch):
+    # the planner refuses configs whose eval set has prompts over build.max_input_len (exit 2); switch that
+    # pre-check off to show the stage itself counts such an item as "skipped: too long" and never crashes
+    monkeypatch.setenv("PIPELINE_SKIP_EVAL_LENGTH_CHECK", "1")
     es = _tiny_eval_set(tmp_path / "tiny_eval.jsonl")
-    summary, rep, out = run(tmp_path, f"model.path={tiny_ckpt}", "model.dtype=float32", "quant=int4_awq", "calibration.num_samples=32",
+    summary, rep, out = run(tmp_path, f"model.path={tiny_ckpt}", "model.dtype=float32", "quant=int4_wo", "calibration.num_samples=32",
                             "calibration.min_samples=8", f"eval.eval_set={es}", "eval.runners=[baseline,engine,simulated]",
                             "eval.max_new_tokens=8", "build.max_input_len=128", "build.max_seq_len=160", "eval.gate.max_drop=1.0")
     assert summary.exit_code in (EXIT_OK, EXIT_GATE), summary.error
@@ -82,7 +85,11 @@ def test_tiny_end_to_end_engine_and_report(tmp_path, tiny_ckpt):
     lines = [json.loads(l) for l in (art / "outputs.jsonl").read_text().splitlines()]
     assert {l["runner"] for l in lines if "runner" in l} == {"baseline", "engine", "simulated"}
     assert all(l["finish_reason"] in ("eos", "stop", "length") for l in lines if "runner" in l)
-    # greedy, same prompts: the int4 engine and ModelOpt's simulated int4 model agree on most items
+    # greedy, same prompts: the int4 engine reproduces ModelOpt's simulated int4 model (same integers and scales)
+    eng = {l["id"]: l["output_ids"] for l in lines if l.get("runner") == "engine"}
+    sim = {l["id"]: l["output_ids"] for l in lines if l.get("runner") == "simulated"}
+    assert sum(eng[i] == sim[i] for i in eng) >= 3, (eng, sim)
+    assert rep["pairwise_agreement"]["engine~simulated"] >= 0.75
     mf = json.loads((art / "manifest.json").read_text())
     assert mf["result"]["gate"]["passed"] is True
     assert set(mf["result"]["headline"]) >= {"score", "baseline", "drop", "agreement", "gate"}

@@ -10,6 +10,7 @@
   finish_reasons: {eos, stop, length, error}, latency_s: {mean, p50, p90}, seconds}}
 - ``comparison``: {"overall": PairedStats, "slices": {slice: PairedStats}} (candidate vs baseline;
   PairedStats = {n, baseline, candidate, drop, ci_low, ci_high, confidence, mcnemar_p, discordant, agreement})
+- ``pairwise_agreement``: {"<runner a>~<runner b>": fraction of items with identical output text}
 - ``gate``: {passed, reason, checks: [{scope, check, value, threshold, passed, detail}], allowed_drop, significant_only, confidence}
 - ``skipped``: {"too_long": [ids], "max_input_len": int}
 - ``worst_regressions``: [{id, slice, prompt, reference, baseline, candidate, baseline_score, candidate_score}]
@@ -75,6 +76,8 @@ def to_markdown(rep: dict[str, Any]) -> str:
         fr = r["finish_reasons"]
         lines.append(f"| {name} | {_pct(r['score'])} | {r['n']} | {r['skipped_too_long']} | {r['errors']} | "
                      f"{fr.get('eos', 0)} / {fr.get('stop', 0)} / {fr.get('length', 0)} | {r['latency_s']['mean']:.3f} |")
+    if rep.get("pairwise_agreement"):
+        lines += ["", "Output agreement between runners: " + ", ".join(f"{k} {_pct(v)}" for k, v in rep["pairwise_agreement"].items())]
     sp = rep.get("speculative")
     if sp:
         lines += ["", f"### Speculative decoding readiness (draft `{sp['draft_model']}`, k={sp['k']})", "",

@@ -261,6 +261,13 @@ def evaluate(ctx: StageContext) -> dict[str, Any]:
         speculative = _speculative_summary(acc, prepared, e, target_runner)
 
     too_long = [p.item.id for p in prepared if p.skipped]
+    # output agreement between every pair of runners (e.g. engine vs simulated checks the engine's numerics)
+    pairwise = {}
+    for a_i, a in enumerate(runners):
+        for b in runners[a_i + 1:]:
+            common = [i for i in outputs[a] if i in outputs[b]]
+            if common:
+                pairwise[f"{a}~{b}"] = sum(outputs[a][i].text.strip() == outputs[b][i].text.strip() for i in common) / len(common)
     rep = {
         "schema": REPORT_SCHEMA,
         "eval_set": {"name": e.name, "path": str(eval_path), "sha256": sha256_file(eval_path), "items": len(items),
@@ -274,6 +281,7 @@ def evaluate(ctx: StageContext) -> dict[str, Any]:
         "limits": {k: limits.get(k) for k in ("max_input_len", "max_seq_len", "max_batch_size")},
         "runners": summaries,
         "comparison": comparison,
+        "pairwise_agreement": pairwise,
         "gate": verdict,
         "skipped": {"too_long": too_long, "max_input_len": int(limits["max_input_len"])},
         "worst_regressions": worst,
