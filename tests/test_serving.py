@@ -1,16 +1,14 @@
 """CI smoke test with a real Triton server (nvidia-pytriton's tritonserver in .venv-serve) on a packaged repository.
 
-One module-scoped server: a tiny Llama is built into a real onnxruntime-genai engine, packaged by the package
-stage's own functions, validated, and served on free local ports. Answers are compared with the engine's direct
-greedy output (``og.Generator`` in this process, a different code path from the server's ``og.Engine``).
+One module-scoped server: the real pipeline (``run_pipeline``, stages up to ``package``) turns a tiny Llama into a
+real onnxruntime-genai engine, evaluates and packages it; the package's repository is served on free local ports.
+Answers are compared with the engine's direct greedy output (the build target's ``EngineRunner``).
 Needs ``make serve-env``; skipped with the reason when .venv-serve is missing.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -44,31 +42,29 @@ def _eval_prompts() -> list[str]:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, tiny_llama):
+    """The real pipeline (export -> quantize -> build -> evaluate -> package) on a tiny Llama, then a real server on it."""
     if not (DEFAULT_SERVE_VENV / "bin" / "python3").exists():
         pytest.skip("serving environment missing: run `make serve-env`")
-    from pipeline.packaging.repository import generate_repository, settings_from_build
-    from pipeline.packaging.validate import check_repository
-
-    work = tmp_path_factory.mktemp("serving")
-    subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(tiny_llama), "-o", str(work / "engine"),
-                    "-p", "fp32", "-e", "cpu", "-c", str(work / "cache")], check=True, capture_output=True)
-    limits = {"max_batch_size": 16, "max_input_len": 128, "max_seq_len": 192}
-    gc = json.loads((work / "engine" / "genai_config.json").read_text())
-    gc["search"]["max_length"] = limits["max_seq_len"]
-    (work / "engine" / "genai_config.json").write_text(json.dumps(gc))
     from types import SimpleNamespace
 
-    pc = SimpleNamespace(name="t", max_batch_size=None, max_input_len=None, max_beam_width=None, decoupled=True,
-                         exclude_input_in_output=True, instance_count=1)
-    s = settings_from_build({"target": "onnxruntime_genai", "limits": limits},
-                            {"eos_token_ids": [2], "pad_token_id": 3, "bos_token_id": 1}, pc)
-    repo = work / "model_repository"
-    generate_repository(repo, s, engine_dir=work / "engine", tokenizer_dirs=[tiny_llama])
-    check_repository(repo, limits=limits, target="onnxruntime_genai")
-    srv = TritonServer(repo, grpc_port=0, http_port=0, metrics_port=0, ready_timeout_s=120, log_dir=work / "log")
+    from rich.console import Console
+
+    from pipeline.config import compose
+    from pipeline.runner import run_pipeline
+
+    store = tmp_path_factory.mktemp("store")
+    cfg = compose([f"model.path={tiny_llama}", "model.name=tiny", "model.dtype=float32", "target=onnxruntime_genai", "quant=none",
+                   "stages=[package]", f"store_dir={store}", "eval.limit=2", "build.max_batch_size=16",
+                   "build.max_input_len=128", "build.max_seq_len=192", "progress=false"])
+    summary = run_pipeline(cfg, console=Console(quiet=True))
+    assert summary.exit_code == 0, summary.error
+    art = {r.stage: Path(r.path) for r in summary.stages}
+    repo = art["package"] / "model_repository"
+    srv = TritonServer(repo, grpc_port=0, http_port=0, metrics_port=0, ready_timeout_s=120, log_dir=store / "serve-log")
     srv.start()
     try:
-        yield SimpleNamespace(server=srv, engine=work / "engine", tokenizer=tiny_llama, limits=limits)
+        yield SimpleNamespace(server=srv, engine=art["build"] / "engine", tokenizer=repo / "preprocessing" / "1" / "tokenizer",
+                              package=art["package"])
     finally:
         srv.stop()
 
@@ -82,31 +78,25 @@ def tokenizer(served):
 
 @pytest.fixture(scope="module")
 def direct(served, tokenizer):
-    """prompt -> text of the engine's own greedy output (og.Generator), decoded like the server (skip special tokens)."""
-    import onnxruntime_genai as og
-
+    """prompt -> text of the built engine's own greedy output (the build target's EngineRunner), decoded like the server."""
+    from pipeline.targets import get_target
+    from pipeline.targets.base import GenerationRequest
     from pipeline.tokenization import encode_prompt
 
-    model = og.Model(str(served.engine))
+    runner = get_target("onnxruntime_genai").load_runner(served.engine)
     cache: dict[str, str] = {}
 
     def run(prompt: str, max_tokens: int = MAX_TOKENS) -> str:
         if (prompt, max_tokens) not in cache:
-            ids = encode_prompt(tokenizer, prompt)
-            params = og.GeneratorParams(model)
-            params.set_search_options(do_sample=False, max_length=len(ids) + max_tokens)
-            gen = og.Generator(model, params)
-            gen.append_tokens(np.asarray([ids], dtype=np.int32))
-            out: list[int] = []
-            while not gen.is_done() and len(out) < max_tokens:
-                gen.generate_next_token()
-                out.append(int(gen.get_next_tokens()[0]))
-            if tokenizer.eos_token_id in out:  # the end token is never part of the answer
-                out = out[:out.index(tokenizer.eos_token_id)]
-            cache[(prompt, max_tokens)] = tokenizer.decode(out, skip_special_tokens=True)
+            req = GenerationRequest(input_ids=encode_prompt(tokenizer, prompt), max_new_tokens=max_tokens,
+                                    stop_token_ids=[tokenizer.eos_token_id])
+            res = runner.generate([req])[0]
+            assert res.error is None, res.error
+            cache[(prompt, max_tokens)] = tokenizer.decode(res.output_ids, skip_special_tokens=True)
         return cache[(prompt, max_tokens)]
 
-    return run
+    yield run
+    runner.close()
 
 
 @pytest.fixture()
@@ -234,3 +224,8 @@ def test_shutdown_is_clean(served, tmp_path):
     with pytest.raises(ServerError, match="tritonserver") as ei:
         TritonServer(bad, ready_timeout_s=60, log_dir=tmp_path / "b").start()
     assert (tmp_path / "b" / "tritonserver.log").is_file() and str(tmp_path / "b" / "tritonserver.log") in str(ei.value)
+    # last: the module server, after every request above (cancelled and failed ones included), exits cleanly:
+    # no request left in flight (Triton would wait for its exit timeout and exit 1)
+    assert served.server.stop() == 0
+    assert "in-flight inferences" not in served.server.log_tail(20000).split("Signal (15) received.")[-1].replace(
+        "Found 0 model versions that have in-flight inferences", "")

@@ -177,7 +177,7 @@ def template_values(s: Settings) -> dict[str, Any]:
         "exclude_input_in_output": s.exclude_input_in_output,
         "execution_provider": s.execution_provider,
         "preprocessing_instance_count": s.instance_count,
-        "postprocessing_instance_count": s.instance_count,
+        "postprocessing_instance_count": 1,  # one instance keeps each stream's deltas in order (docs/package.md)
         "tokenizer_dir": "tokenizer",
         "trtllm_tokenizer_dir": f"{CONTAINER_REPO}/preprocessing/1/tokenizer",
         "bos_id": "" if s.bos_id is None else int(s.bos_id),
