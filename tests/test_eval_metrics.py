@@ -63,6 +63,11 @@ def test_registry_unknown_name_lists_known():
         get_metric("bleu")
     assert "exact_match" in str(e.value) and "rouge_l" in str(e.value)
     assert all(m.higher_is_better for m in METRICS.values())
+    from pipeline.evaluation.metrics import Metric, register
+
+    with pytest.raises(ValueError, match="higher_is_better"):
+        register(Metric("edit_distance", lambda o, i: 0.0, higher_is_better=False))
+    assert "edit_distance" not in METRICS
 
 
 def test_malformed_lines_name_file_line_field(tmp_path):

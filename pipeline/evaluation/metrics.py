@@ -62,6 +62,14 @@ METRICS: dict[str, Metric] = {}
 
 
 def register(metric: Metric) -> Metric:
+    """Add ``metric`` to the registry.
+
+    The gate computes drops as ``baseline - candidate`` of per-item scores in [0, 1], so a metric must
+    score "goodness": one with ``higher_is_better=False`` (an error rate, a distance) is refused with
+    ``ValueError``; register ``1 - x`` instead.
+    """
+    if not metric.higher_is_better:
+        raise ValueError(f"metric {metric.name!r}: the gate needs higher_is_better=True scores in [0, 1]; register 1 - score instead")
     METRICS[metric.name] = metric
     return metric
 
