@@ -117,7 +117,7 @@ def test_calibration_loader_fuzz(tmp_path, lines, raw):
     assert fmt == "jsonl" and dropped >= 0 and isinstance(rows, list)
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(lines=st.lists(LINE, max_size=6))
 def test_eval_length_check_fuzz(tiny_llama, tmp_path, lines):
     """The cross-field eval-set length check skips what it cannot read instead of crashing."""
