@@ -406,6 +406,11 @@ def preflight(qcfg: Any, facts: dict[str, Any], linears: dict[str, tuple[int, in
     out: dict[str, Any] = {"tp_size": tp, "pp_size": pp}
     heads, kv, vocab = facts["num_attention_heads"], facts["num_key_value_heads"], facts["vocab_size"]
     quantized = {n: d for n, d in linears.items() if n not in excluded and qcfg.recipe != "none"}
+    if qcfg.recipe != "none" and not [n for n in quantized if not n.endswith("lm_head")]:
+        problems.append(Problem("quant.exclude_modules", list(qcfg.exclude_modules),
+                                f"with sensitive_preset={qcfg.sensitive_preset!r} every linear layer of the model is kept in high precision "
+                                f"({len(excluded)} excluded), so recipe {qcfg.recipe!r} would quantize nothing.",
+                                "exclude fewer modules, use quant.sensitive_preset=none, or quant=none"))
     if recipe.grouped and quantized:
         g = int(qcfg.group_size)
 
@@ -748,6 +753,8 @@ def _quantize(cfg: Any, export_dir: Path, calib_path: Path | None, out: Path, pr
             for n, mod in hmodel.named_modules():
                 if n.endswith(("k_bmm_quantizer", "v_bmm_quantizer")) and hasattr(mod, "disable"):
                     mod.disable()
+                    if "_amax" in getattr(mod, "_buffers", {}):
+                        del mod._buffers["_amax"]  # the exporter turns any KV amax into a (FP8-only) scale
             hf_notes.append("INT8 KV-cache scales are not representable in ModelOpt's unified HF format; they are only in trtllm_checkpoint/")
         mte.export_hf_checkpoint(hmodel, edtype, export_dir=out / "hf")
         del hmodel
