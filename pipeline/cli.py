@@ -72,6 +72,8 @@ def main(argv: list[str] | None = None) -> None:
     if argv and argv[0] in SUBCOMMANDS:
         mod = importlib.import_module(SUBCOMMANDS[argv[0]])
         sys.exit(mod.main(argv[1:]) or 0)
+    # `target_gpu=X` is accepted as an alias of `target.gpu=X` (as in `pipeline plan`)
+    argv = [f"target.gpu={a.split('=', 1)[1]}" if a.startswith("target_gpu=") else a for a in argv]
     import hydra
 
     from .config import CONFIG_DIR, register

@@ -111,6 +111,11 @@ def test_eval_set_prompt_lengths_checked_with_max_and_p99(tiny_llama):
     ok = cross_field_problems(compose([f"model.path={tiny_llama}", f"build.max_input_len={st['max']}", "build.max_seq_len=256",
                                        "build.max_num_tokens=2048"]))
     assert "build.max_input_len" not in fields(ok)
+    # eval.limit: the same items the evaluate stage takes (round-robin across slices), not the first N lines
+    from pipeline.evaluation.dataset import load_eval_set
+
+    lim = eval_prompt_stats(compose([f"model.path={tiny_llama}", "eval.limit=12"]))
+    assert lim["count"] == 12 and lim["max_id"] in {it.id for it in load_eval_set(ROOT / "evaluation/data/support_eval_v1.jsonl", limit=12)}
 
 
 def test_eval_lengths_equal_the_transformers_tokenizer(tiny_llama):

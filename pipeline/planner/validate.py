@@ -84,7 +84,7 @@ def _length_problems(b: Any) -> list[Problem]:
 def _position_problems(cfg: Any, shape: Any) -> list[Problem]:
     problems: list[Problem] = []
     b = cfg.build
-    if True:
+    if b is not None:
         limit = shape.max_seq_len_limit
         total = b.max_seq_len + max(0, b.speculative.max_draft_len)
         if total > limit and not getattr(cfg, "allow_unsafe_lengths", False):
@@ -100,7 +100,7 @@ def _position_problems(cfg: Any, shape: Any) -> list[Problem]:
 def _parallel_problems(cfg: Any, shape: Any) -> list[Problem]:
     problems: list[Problem] = []
     q = cfg.quant
-    if True:
+    if q is not None:
         tp, pp = max(1, q.tp_size), max(1, q.pp_size)
         if shape.num_heads % tp:
             ok = [t for t in (1, 2, 4, 8, 16) if shape.num_heads % t == 0]
@@ -159,10 +159,9 @@ def _prompt_lengths(eval_sig: tuple[str, int, int], tok_sig: tuple[str, int, int
 
     tok = FastTokenizer(Path(tok_sig[0]).parent)
     lens, totals, ids = [], [], []
+    slices: list[str] = []
     with open(eval_sig[0], encoding="utf-8", errors="replace") as f:
         for i, line in enumerate(f):
-            if limit is not None and len(lens) >= limit:
-                break
             line = line.strip()
             if not line:
                 continue
@@ -186,6 +185,15 @@ def _prompt_lengths(eval_sig: tuple[str, int, int], tok_sig: tuple[str, int, int
             lens.append(n)
             totals.append(n + mnt)
             ids.append(str(row.get("id", f"line {i + 1}")))
+            slices.append(str(row.get("slice", "")))
+    if limit is not None and 0 < limit < len(ids):
+        # the items the evaluate stage will use: eval.limit takes them round-robin across slices
+        from ..evaluation.dataset import EvalItem, stratified_head
+
+        items = [EvalItem(id=f"{k}", slice=sl, metric="", reference=None) for k, sl in enumerate(slices)]
+        keep = {int(it.id) for it in stratified_head(items, limit)}
+        sel = sorted(keep)
+        lens, totals, ids = [lens[k] for k in sel], [totals[k] for k in sel], [ids[k] for k in sel]
     return lens, totals, ids
 
 
