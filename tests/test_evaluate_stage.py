@@ -73,7 +73,8 @@ def test_tiny_end_to_end_engine_and_report(tmp_path, tiny_ckpt, monkeypatch):
     es = _tiny_eval_set(tmp_path / "tiny_eval.jsonl")
     summary, rep, out = run(tmp_path, f"model.path={tiny_ckpt}", "model.dtype=float32", "quant=int4_wo", "calibration.num_samples=32",
                             "calibration.min_samples=8", f"eval.eval_set={es}", "eval.runners=[baseline,engine,simulated]",
-                            "eval.max_new_tokens=8", "build.max_input_len=128", "build.max_seq_len=160", "eval.gate.max_drop=1.0")
+                            "eval.max_new_tokens=8", "build.max_input_len=128", "build.max_seq_len=160", "eval.gate.max_drop=1.0",
+                            f"eval.draft_model_path={tiny_ckpt}", "eval.draft_tokens=3")
     assert summary.exit_code in (EXIT_OK, EXIT_GATE), summary.error
     assert rep["schema"] == "pipeline.eval_report/v1"
     assert rep["candidate"] == "engine" and set(rep["runners"]) == {"baseline", "engine", "simulated"}
@@ -95,6 +96,9 @@ def test_tiny_end_to_end_engine_and_report(tmp_path, tiny_ckpt, monkeypatch):
     assert mf["result"]["gate"]["passed"] is True
     assert set(mf["result"]["headline"]) >= {"score", "baseline", "drop", "agreement", "gate"}
     assert "gate" in out
+    # the draft model is the target itself: every proposed draft token matches the target's greedy token
+    sp = rep["speculative"]
+    assert sp["acceptance_rate"] == 1.0 and sp["proposed"] > 0 and set(sp["slices"]) == {"order", "amount", "reply"}
 
 
 # The default-model runs share one store (the export artifact is reused) and evaluate a round-robin
@@ -130,43 +134,21 @@ def test_destructive_recipe_fails_gate_with_exit_3(default_store):
 DESTRUCTIVE = ["quant=int4_wo", "quant.exclude_modules=[]"]
 
 
-def test_stage_run_baseline_vs_simulated_and_draft_acceptance(tmp_path, tiny_ckpt):
-    """The stage function on hand-made upstream artifacts (the export's hf/ folder and a real ModelOpt
-    int8 quant state written with pipeline.quantize.save_quant_state); runs without the build stage.
-    The draft model is the target itself, so every proposed draft token must be accepted."""
-    import logging
-    import shutil
-
-    import modelopt.torch.quantization as mtq
-    import torch
-    import transformers as tf
-
-    from pipeline.quantize import save_quant_state
-    from pipeline.stages import StageContext
-    from pipeline.stages.evaluate import STAGE
+def test_candidate_auto_falls_back_to_simulated_when_target_cannot_run_recipe(tmp_path):
+    """eval.candidate=auto: the engine when the target runs the recipe and an engine exists, else simulated."""
+    from pipeline.stages.evaluate import resolve_runners
     from pipeline.store import Artifact
 
-    exp = tmp_path / "export"
-    shutil.copytree(tiny_ckpt, exp / "hf")
-    qdir = tmp_path / "quant"
-    qdir.mkdir()
-    model = tf.AutoModelForCausalLM.from_pretrained(str(exp / "hf"), dtype=torch.float32)
-    base = {k: v.clone() for k, v in model.state_dict().items()}
-    ids = torch.tensor([[1, 40, 41, 42, 43, 44, 45, 46]])
-    mtq.quantize(model, mtq.INT8_DEFAULT_CFG, forward_loop=lambda m: m(ids))
-    save_quant_state(model, base, qdir, {"recipe": "int8_wo", "calib_dtype": "float32"})
-    es = _tiny_eval_set(tmp_path / "e.jsonl")
-    cfg = compose(["eval.runners=[baseline,simulated]", "eval.candidate=auto", f"eval.draft_model_path={tiny_ckpt}",
-                   "eval.draft_tokens=3", "eval.max_new_tokens=6", "build.max_input_len=128", "build.max_seq_len=160", "quant=int8_wo"])
-    out = tmp_path / "out"
-    out.mkdir()
-    ctx = StageContext(cfg=cfg, inputs={"export": Artifact("export", "k", exp, {}), "quantize": Artifact("quantize", "k", qdir, {})},
-                       external={"eval_set": es, "draft_model": tiny_ckpt}, out=out, manifest={},
-                       console=Console(file=io.StringIO()), log=logging.getLogger("test"), show_progress=False)
-    res = STAGE.run(ctx)
-    rep = json.loads((out / "eval_report.json").read_text())
-    assert res["candidate"] == "simulated" and "auto -> simulated" in rep["notes"]["candidate"]
-    assert rep["skipped"]["too_long"] == ["c1"] and res["evaluated"] == 4
-    sp = rep["speculative"]
-    assert sp["acceptance_rate"] == 1.0 and sp["proposed"] > 0 and set(sp["slices"]) == {"order", "amount", "reply"}
-    assert res["gate"]["passed"] in (True, False) and "headline" in res
+    build = tmp_path / "build"
+    (build / "engine").mkdir(parents=True)
+    (build / "build_info.json").write_text(json.dumps({"target": "onnxruntime_genai", "limits": {"max_input_len": 64}}))
+    art = Artifact("build", "k", build, {})
+    runners, cand, notes = resolve_runners(compose(["quant=int4_awq"]), art)
+    assert (runners, cand) == (["baseline", "engine"], "engine")
+    runners, cand, notes = resolve_runners(compose(["quant=fp8"]), art)
+    assert (runners, cand) == (["baseline", "simulated"], "simulated")
+    assert "cannot run recipe 'fp8'" in notes["candidate"] and "engine" in notes
+    runners, cand, _ = resolve_runners(compose(["quant=int4_awq", "eval.candidate=simulated"]), art)
+    assert (runners, cand) == (["baseline", "simulated", "engine"], "simulated")
+    runners, cand, notes = resolve_runners(compose(["quant=int4_awq"]), Artifact("build", "k", tmp_path / "nothing", {}))
+    assert cand == "simulated" and "no engine/" in notes["candidate"]
