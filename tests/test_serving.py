@@ -84,7 +84,8 @@ def direct(served, tokenizer):
     from pipeline.tokenization import encode_prompt
 
     runner = get_target("onnxruntime_genai").load_runner(served.engine)
-    cache: dict[str, str] = {}
+    cache: dict[tuple[str, int], str] = {}
+    ids: dict[tuple[str, int], list[int]] = {}
 
     def run(prompt: str, max_tokens: int = MAX_TOKENS) -> str:
         if (prompt, max_tokens) not in cache:
@@ -92,8 +93,11 @@ def direct(served, tokenizer):
                                     stop_token_ids=[tokenizer.eos_token_id])
             res = runner.generate([req])[0]
             assert res.error is None, res.error
+            ids[(prompt, max_tokens)] = list(res.output_ids)
             cache[(prompt, max_tokens)] = tokenizer.decode(res.output_ids, skip_special_tokens=True)
         return cache[(prompt, max_tokens)]
+
+    run.ids = lambda prompt, max_tokens=MAX_TOKENS: (run(prompt, max_tokens), ids[(prompt, max_tokens)])[1]
 
     yield run
     runner.close()
@@ -187,6 +191,27 @@ def test_malformed_requests_get_clean_errors_and_server_keeps_serving(served, cl
     with pytest.raises(InputError, match="not inputs of model"):
         client.generate("hi", 4, no_such_input=1)
     assert client.generate(PROMPTS[0], MAX_TOKENS).text == direct(PROMPTS[0])  # still serving
+
+
+def test_sampling_inputs_stop_words_and_exclude_input(client, direct):
+    want = direct(PROMPTS[0])
+    assert client.generate(PROMPTS[0], MAX_TOKENS, top_k=1, temperature=1.0).text == want  # top_k=1 is greedy
+    assert client.generate(PROMPTS[0], MAX_TOKENS, temperature=0.0, top_p=0.9).text == want  # temperature 0 is greedy
+    sampled = {client.generate(PROMPTS[0], MAX_TOKENS, top_k=50, temperature=1.5).text for _ in range(3)}
+    assert sampled != {want}  # sampling was honoured
+    # a stop word = the text of a generated token (TensorRT-LLM semantics: token sequences; the stop word is kept)
+    out_ids = direct.ids(PROMPTS[0])
+    tok = client.tokenizer
+    k = next(i for i in range(1, len(out_ids)) if (w := tok.decode([out_ids[i]])).strip() and w.isascii()
+             and tok(w, add_special_tokens=False)["input_ids"] == [out_ids[i]] and out_ids[i] not in out_ids[:i])
+    stopped = client.generate(PROMPTS[0], MAX_TOKENS, stop_words=[tok.decode([out_ids[k]])]).text
+    assert stopped == tok.decode(out_ids[: k + 1], skip_special_tokens=True) and len(stopped) < len(want)
+    full = client.generate(PROMPTS[0], MAX_TOKENS, exclude_input_in_output=False).text
+    assert full.endswith(want) and PROMPTS[0] in full
+    from pipeline.serving.client import RequestError
+
+    with pytest.raises(RequestError, match="beam width 1 only"):
+        client.generate(PROMPTS[0], 4, beam_width=2)
 
 
 def test_cancellation_and_timeout(client, direct):

@@ -227,6 +227,16 @@ class TritonPythonModel:
 
     # ------------------------------------------------------------------ engine loop
     def _admit(self, job: Job) -> None:
+        try:
+            self._admit_once(job, with_seed=job.seed is not None and job.do_sample)
+        except RuntimeError as e:
+            if "seed" not in str(e).lower():
+                raise
+            # og.Engine without dynamic batching refuses per-turn seeds: sample without the reseed (logged)
+            self.logger.log_warn(f"request {job.request_id or '-'}: random_seed ignored ({e})")
+            self._admit_once(job, with_seed=False)
+
+    def _admit_once(self, job: Job, *, with_seed: bool) -> None:
         og = self.og
         r = self.engine.create_request()
         opts = og.TurnOptions(r)
@@ -237,13 +247,17 @@ class TritonPythonModel:
             opts.set_top_k(job.top_k)
             if job.top_p > 0:
                 opts.set_top_p(job.top_p)
-            if job.seed is not None:
+            if with_seed and job.seed is not None:
                 opts.set_seed(job.seed)
         if job.repetition_penalty is not None:
             opts.set_repetition_penalty(job.repetition_penalty)
         if job.min_length > 0:
             opts.set_min_generated_tokens(job.min_length)
-        job.turn_id = r.begin_turn(np.asarray(job.input_ids, dtype=np.int32), opts)
+        try:
+            job.turn_id = r.begin_turn(np.asarray(job.input_ids, dtype=np.int32), opts)
+        except Exception:
+            r.close()
+            raise
         job.og_request = r
         self.active[id(r)] = job
 
