@@ -228,3 +228,29 @@ def test_plan_json_is_serialisable_and_complete():
     for k in ("weights", "kv_cache", "memory", "capacity", "decode", "target", "model", "config"):
         assert d[k], k
     assert d["kv_cache"]["bytes_per_token_model"] == 2 * 28 * 4 * 128 * 1
+
+
+# --------------------------------------------------------------------------- doctor
+def test_doctor_json_reports_this_environment():
+    import importlib.metadata
+    import importlib.util
+
+    r = subprocess.run([str(ROOT / ".venv/bin/pipeline"), "doctor", "--json"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["schema"] == "pipeline.doctor/v1" and rep["python"]["version"].count(".") == 2
+    for dist in ("onnxruntime-genai", "nvidia-modelopt", "transformers"):
+        assert rep["packages"][dist] == importlib.metadata.version(dist)
+    assert set(rep["targets"]) == {"onnxruntime_genai", "tensorrt_llm", "triton_serving", "quantize"}
+    assert rep["targets"]["onnxruntime_genai"]["ok"] is True
+    has_trtllm = importlib.util.find_spec("tensorrt_llm") is not None
+    if not has_trtllm:
+        assert rep["targets"]["tensorrt_llm"]["ok"] is False and any("tensorrt_llm" in w for w in rep["targets"]["tensorrt_llm"]["why"])
+        r2 = subprocess.run([str(ROOT / ".venv/bin/pipeline"), "doctor", "--require", "tensorrt_llm"], capture_output=True, text=True,
+                            timeout=120, cwd=ROOT)
+        assert r2.returncode == 4
+    serve = rep["serve"]
+    if serve.get("tritonserver"):
+        assert Path(serve["tritonserver"]).is_file()
+        numpy_major = int((serve.get("numpy") or "2").split(".")[0])
+        assert rep["targets"]["triton_serving"]["ok"] == bool(serve.get("python_backend_stub") and numpy_major < 2)
