@@ -91,7 +91,7 @@ def _position_problems(cfg: Any, shape: Any) -> list[Problem]:
             extra = f" + speculative.max_draft_len={b.speculative.max_draft_len}" if b.speculative.max_draft_len else ""
             how = (f"max_position_embeddings={shape.max_positions} x rope factor {shape.rope_factor:g}"
                    if limit != shape.max_positions else f"max_position_embeddings={shape.max_positions}")
-            problems.append(Problem("build.max_seq_len", b.max_seq_len, f"{extra and 'with' + extra + ' '}exceeds the model's "
+            problems.append(Problem("build.max_seq_len", b.max_seq_len, f"{extra and extra.lstrip() + f' = {total} '}exceeds the model's "
                                     f"{limit} positions ({how}).", f"set build.max_seq_len <= {limit - max(0, b.speculative.max_draft_len)}, "
                                     "or allow_unsafe_lengths=true to accept it (recorded in the plan)"))
     return problems
