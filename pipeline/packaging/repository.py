@@ -17,7 +17,6 @@ file and line.
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 import shutil
 from pathlib import Path

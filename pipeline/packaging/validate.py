@@ -21,7 +21,6 @@ Checks (shared/reference/triton.md sec. 11):
 from __future__ import annotations
 
 import dataclasses
-import re
 from pathlib import Path
 from typing import Any
 

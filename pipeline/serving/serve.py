@@ -2,6 +2,7 @@
 
     pipeline serve                                   # newest package artifact in the store (artifacts/package/*)
     pipeline serve artifacts/package/<key>           # a package artifact (or its model_repository/, or an unpacked release)
+    pipeline serve release/tiny-1.tar.gz             # a release archive (unpacked safely under runs/)
     pipeline serve package.repository=/path/to/model_repository package.grpc_port=0
     make serve ARGS="package.grpc_port=9001"
 
@@ -51,6 +52,12 @@ def resolve_repository(arg: str | None, store_dir: str | None) -> Path:
     """The model repository for a path argument (artifact folder, repository, unpacked release) or the newest one."""
     if arg:
         p = Path(arg).expanduser().absolute()
+        if p.is_file() and p.name.endswith((".tar.gz", ".tgz", ".tar")):
+            from ..packaging import safe_extract
+
+            dest = Path("runs").absolute() / f"serve-release-{time.strftime('%Y%m%d-%H%M%S')}"
+            safe_extract(p, dest)  # refuses members that would land outside dest
+            p = dest
         for cand in (p, p / "model_repository", *sorted(p.glob("*/model_repository"))):
             if cand.is_dir() and ((cand / "ensemble" / "config.pbtxt").is_file() or (cand / "tensorrt_llm" / "config.pbtxt").is_file()):
                 return cand

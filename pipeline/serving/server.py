@@ -23,16 +23,16 @@ Usage::
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import shutil
 import signal
 import socket
 import subprocess
-import sys
-import sysconfig
 import tempfile
 import time
+import weakref
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -45,6 +45,17 @@ PYTRITON_REL = Path("pytriton") / "tritonserver"
 
 class ServerError(PipelineError):
     """The server failed to start, died, or did not become ready; the message names the log file."""
+
+
+_RUNNING: "weakref.WeakSet[TritonServer]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all() -> None:
+    """Stop servers still running when the interpreter exits (the server runs in its own session, so it would outlive us)."""
+    for srv in list(_RUNNING):
+        with contextlib.suppress(Exception):
+            srv.stop(timeout_s=10)
 
 
 # --------------------------------------------------------------------------- ports
@@ -233,6 +244,7 @@ class TritonServer:
             self._log_file.flush()
             self.process = subprocess.Popen(self.command, stdout=self._log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                             env=env.environment(), cwd=str(workdir), start_new_session=True)
+            _RUNNING.add(self)
             try:
                 self._wait_ready()
                 return self
@@ -295,6 +307,7 @@ class TritonServer:
             os.killpg(p.pid, signal.SIGKILL)
         self.returncode = p.returncode
         self.process = None
+        _RUNNING.discard(self)
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
