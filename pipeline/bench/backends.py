@@ -111,11 +111,13 @@ class OrtEngineBackend(ThreadedBackend):
         self.max_batch_size: int | None = None
         self._ready = threading.Event()
         self.steps = 0
+        self.token_events = 0
         self.active_sum = 0
 
     def counters(self) -> dict[str, int]:
-        """Engine steps run and the sum over steps of sequences in the batch (mean batch = ratio)."""
-        return {"steps": self.steps, "active_sum": self.active_sum}
+        """Engine.run calls that produced tokens, tokens they produced (= sequences decoded in the step, summed), and
+        the sum over those calls of requests admitted (in the engine, running or waiting for a batch slot)."""
+        return {"steps": self.steps, "token_events": self.token_events, "active_sum": self.active_sum}
 
     def start(self) -> None:
         """Load the engine on the worker thread (og.Engine must be used from the thread that owns it)."""
@@ -179,8 +181,7 @@ class OrtEngineBackend(ThreadedBackend):
             n_active = len(active)
             events = self.engine.run(buf)
             now = time.perf_counter()
-            self.steps += 1
-            self.active_sum += n_active
+            n_tok = 0
             for ev in events:
                 key = id(ev.request)
                 entry = active.get(key)
@@ -189,6 +190,7 @@ class OrtEngineBackend(ThreadedBackend):
                 r, it = entry
                 flags = int(ev.flags.value)
                 if flags & tok_flag:
+                    n_tok += 1
                     t = int(ev.token)
                     if self.ignore_eos or t not in self.stop_ids:
                         it.rec.token_times.append(now)
@@ -208,6 +210,10 @@ class OrtEngineBackend(ThreadedBackend):
                     except Exception:  # noqa: BLE001
                         pass
                     it.finish()
+            if n_tok:
+                self.steps += 1
+                self.token_events += n_tok
+                self.active_sum += n_active
 
 
 # --------------------------------------------------------------------------- any EngineRunner

@@ -168,6 +168,9 @@ def run_benchmark(bcfg: Any, inp: BenchInputs, *, progress: Callable[[float], No
             if warm_reqs and warm_ok == 0:
                 raise PipelineError(f"benchmark {mode}: every warm-up request failed ({'; '.join(warm_errors)[:500]}); nothing to measure.")
             mbs = getattr(backend, "max_batch_size", None) or inp.max_batch_size
+            if mode == "triton" and mode_info.get("engine", {}).get("max_batch_size"):
+                # the served engine batches no more than the in-process engine measured (same engine folder)
+                mbs = min(mbs or 10**9, mode_info["engine"]["max_batch_size"])
             mode_info[mode] = {"warmup_requests": len(warm_reqs), "warmup_ok": warm_ok, "max_batch_size": mbs,
                                "backend": type(backend).__name__, **getattr(backend, "describe", lambda: {})()}
             for rep in range(int(bcfg.repeats)):
@@ -182,11 +185,16 @@ def run_benchmark(bcfg: Any, inp: BenchInputs, *, progress: Callable[[float], No
                     if c0 is not None:
                         c1 = backend.counters()
                         steps = c1["steps"] - c0["steps"]
-                        met["engine_steps"] = {"steps": steps,
-                                               "mean_in_flight": (c1["active_sum"] - c0["active_sum"]) / steps if steps else None,
-                                               "definition": "Engine.run calls in the level, and the mean number of sequences in flight per call"}
+                        met["engine_steps"] = {
+                            "steps": steps,
+                            "mean_batch": (c1["token_events"] - c0["token_events"]) / steps if steps else None,
+                            "mean_admitted": (c1["active_sum"] - c0["active_sum"]) / steps if steps else None,
+                            "definition": "Engine.run calls that produced tokens; mean sequences decoded per call (batch); "
+                                          "mean requests admitted to the engine per call (batch + waiting)"}
                     conc = int(level) if kind == "concurrency" else None
-                    rl = roofline_for_level(engine_facts, bw["gbs"], met, conc if conc else 1, mbs) if engine_facts and mode != "baseline" else None
+                    batch = (met.get("engine_steps") or {}).get("mean_batch")
+                    rl = (roofline_for_level(engine_facts, bw["gbs"], met, conc if conc else 1, mbs, measured_batch=batch)
+                          if engine_facts and mode != "baseline" else None)
                     runs.append({
                         "mode": mode, "kind": kind, "concurrency": conc, "request_rate": level if kind == "request_rate" else None,
                         "repeat": rep, "seed": seed, "dataset_digest": dataset_digest(reqs), "timed_out": lr.timed_out,

@@ -119,14 +119,17 @@ def bound_tokens_per_s(bw_bytes_s: float, weight_bytes: float, kv_bytes_per_seq:
 
 
 def roofline_for_level(facts: dict[str, Any], bw_gbs: float, metrics: dict[str, Any], concurrency: int | None,
-                       max_batch_size: int | None) -> dict[str, Any] | None:
-    """Bound, achieved decode rate and their ratio for one measured level (``None`` without TPOT)."""
+                       max_batch_size: int | None, measured_batch: float | None = None) -> dict[str, Any] | None:
+    """Bound, achieved decode rate and their ratio for one measured level (``None`` without TPOT).
+
+    ``b`` is ``measured_batch`` (mean sequences per engine step, engine mode) when given, else
+    min(concurrency, max_batch_size)."""
     tpot = (metrics.get("time_per_output_token") or {}).get("avg")
     isl = (metrics.get("input_sequence_length") or {}).get("avg")
     osl = (metrics.get("output_sequence_length") or {}).get("avg")
     if not tpot or isl is None or osl is None:
         return None
-    b = max(1, min(concurrency or 1, max_batch_size or (concurrency or 1)))
+    b = measured_batch if measured_batch else max(1, min(concurrency or 1, max_batch_size or (concurrency or 1)))
     ctx = isl + osl / 2.0
     kv = facts["kv_bytes_per_token"] * ctx
     bound = bound_tokens_per_s(bw_gbs * 1e9, facts["weight_bytes_per_step"], kv, b)
