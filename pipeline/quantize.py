@@ -33,6 +33,7 @@ QUANT_STATE_SCHEMA = "pipeline.quant_state/v1"
 QUANT_STATE_JSON = "quant_state.json"
 QUANT_STATE_TENSORS = "quant_state.safetensors"
 _STATE_TENSOR_PREFIX = "__modelopt_state__."
+PROBE_IDS, PROBE_LOGITS = "__probe__.input_ids", "__probe__.logits"
 
 
 # --------------------------------------------------------------------------- quant state (no pickle)
@@ -87,7 +88,8 @@ def _decode_state(obj: Any, tensors: dict[str, "torch.Tensor"]) -> Any:
     return obj
 
 
-def save_quant_state(model: "torch.nn.Module", base_state: dict[str, "torch.Tensor"], out_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
+def save_quant_state(model: "torch.nn.Module", base_state: dict[str, "torch.Tensor"], out_dir: Path, meta: dict[str, Any],
+                     probe_ids: "torch.Tensor | None" = None) -> dict[str, Any]:
     """Write ``quant_state.safetensors`` + ``quant_state.json`` for a ModelOpt-quantized model.
 
     Stored tensors: every quantizer buffer (``*_quantizer._amax``, ``_pre_quant_scale`` ...), every
@@ -101,6 +103,9 @@ def save_quant_state(model: "torch.nn.Module", base_state: dict[str, "torch.Tens
             same dtype (the restore starts from it).
         out_dir: folder to write into.
         meta: recipe facts stored in the JSON (recipe, kv_cache, modelopt config, calib dtype ...).
+        probe_ids: optional ``(1, T)`` int64 token ids; the quantized model's float32 logits on them are
+            stored (``__probe__.input_ids`` / ``__probe__.logits``) so :func:`load_simulated_model` can
+            prove the restored model is the calibrated one.
     Returns:
         The JSON document written.
     """
@@ -120,6 +125,11 @@ def save_quant_state(model: "torch.nn.Module", base_state: dict[str, "torch.Tens
         else:
             changed.append(name)
         tensors[name] = t.detach().cpu().contiguous().clone()
+    if probe_ids is not None:
+        with torch.no_grad():
+            logits = model(input_ids=probe_ids, attention_mask=torch.ones_like(probe_ids)).logits
+        tensors[PROBE_IDS] = probe_ids.detach().cpu().contiguous().clone()
+        tensors[PROBE_LOGITS] = logits.detach().float().cpu().contiguous()
     doc = {
         "schema": QUANT_STATE_SCHEMA,
         "modelopt_version": modelopt.__version__,
@@ -142,7 +152,8 @@ def _hf_dir(export_dir: Path) -> Path:
     raise InputError(f"{export_dir}: not an export artifact (no hf/config.json). Pass the export stage's artifact folder.")
 
 
-def load_simulated_model(quant_dir: Path, export_dir: Path, device: str = "cpu", dtype: "torch.dtype | None" = None) -> "torch.nn.Module":
+def load_simulated_model(quant_dir: Path, export_dir: Path, device: str = "cpu", dtype: "torch.dtype | None" = None,
+                         verify: bool = True) -> "torch.nn.Module":
     """ModelOpt's simulated-quantization (fake-quant) model of a quantize artifact, without pickle.
 
     Loads the export checkpoint (``export_dir/hf``) with ``transformers`` in float32 (the dtype the
@@ -157,6 +168,8 @@ def load_simulated_model(quant_dir: Path, export_dir: Path, device: str = "cpu",
         export_dir: the export artifact folder (holds ``hf/``) or the ``hf/`` folder itself.
         device: torch device for the returned model ("cpu", "cuda", ...).
         dtype: override the float dtype (default: the calibration dtype, float32).
+        verify: when the state carries a probe (the quantize stage always stores one), run it on CPU in
+            float32 and require the logits to match the calibrated model's (``allclose``, 1e-4).
     Returns:
         ``transformers`` causal-LM ``torch.nn.Module`` in eval mode; for recipe ``none`` the plain
         unquantized model.
@@ -185,16 +198,26 @@ def load_simulated_model(quant_dir: Path, export_dir: Path, device: str = "cpu",
     tensors = load_file(str(quant_dir / QUANT_STATE_TENSORS))
     state = _decode_state(doc["modelopt_state"], tensors)
     mto.restore_from_modelopt_state(model, state)
-    own = {k: v for k, v in tensors.items() if not k.startswith(_STATE_TENSOR_PREFIX)}
+    own = {k: v for k, v in tensors.items() if not k.startswith((_STATE_TENSOR_PREFIX, "__probe__."))}
     res = model.load_state_dict(own, strict=False)
     missing_q = [k for k in res.missing_keys if "_quantizer" in k]
     if res.unexpected_keys or missing_q:
         raise InputError(f"{quant_dir / QUANT_STATE_TENSORS}: does not fit the model from {export_dir} "
                          f"(unexpected {res.unexpected_keys[:5]}, missing quantizer buffers {missing_q[:5]}). "
                          "Quantize and export artifacts must come from the same run.")
+    model.eval()
+    if verify and PROBE_IDS in tensors and dtype is None:
+        ids = tensors[PROBE_IDS]
+        with torch.no_grad():
+            got = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits.float()
+        want = tensors[PROBE_LOGITS]
+        if got.shape != want.shape or not torch.allclose(got, want, rtol=1e-4, atol=1e-4):
+            diff = (got - want).abs().max().item() if got.shape == want.shape else f"shape {tuple(got.shape)} vs {tuple(want.shape)}"
+            raise InputError(f"{quant_dir}: the restored model's logits on the stored probe differ from the calibrated model's "
+                             f"(max |diff| {diff}). The export artifact {export_dir} is not the one this quant state was made from.")
     if dtype is not None:
         model.to(dtype)
-    return model.to(device).eval()
+    return model.to(device)
 
 
 # --------------------------------------------------------------------------- recipes
@@ -426,9 +449,10 @@ def preflight(qcfg: Any, facts: dict[str, Any], linears: dict[str, tuple[int, in
             problems.append(Problem(
                 "quant.group_size", g,
                 f"with tp_size={tp}, the input dimension(s) {bad} of {len(mods)} quantized linear layer(s) (e.g. {mods[:3]}) "
-                f"give per-rank sizes {[d / tp for d in bad]} that are not multiples of the group size.",
-                f"use quant.group_size in {ok_g or 'none of 128/64/32'} or quant.tp_size in {ok_tp}, "
-                "or keep those layers in high precision with quant.exclude_modules"))
+                f"give per-rank sizes {[d // tp if d % tp == 0 else d / tp for d in bad]} that are not multiples of the group size.",
+                (f"use quant.group_size in {ok_g}" if ok_g else "no group size of 128/64/32 fits")
+                + (f" or quant.tp_size in {ok_tp}" if ok_tp else f" and no tp_size fits group_size={g}")
+                + ", or keep those layers in high precision with quant.exclude_modules"))
     valid_tp = [t for t in range(1, heads + 1) if heads % t == 0 and (kv % t == 0 or t % kv == 0)]
     if heads % tp:
         problems.append(Problem("quant.tp_size", tp, f"does not divide num_attention_heads={heads}.", f"use quant.tp_size in {valid_tp}"))
@@ -448,8 +472,14 @@ def preflight(qcfg: Any, facts: dict[str, Any], linears: dict[str, tuple[int, in
     if pp > facts["num_hidden_layers"]:
         problems.append(Problem("quant.pp_size", pp, f"exceeds num_hidden_layers={facts['num_hidden_layers']}.",
                                 f"use quant.pp_size <= {facts['num_hidden_layers']}"))
+    gpu = None
     if target_gpu:
-        sm, rmin, kmin, src = _gpu_facts(target_gpu)
+        try:
+            gpu = _gpu_facts(target_gpu)
+        except InputError as e:
+            problems.append(Problem("target.gpu", target_gpu, str(e).split(": ", 1)[-1], "use a GPU name from the planner catalogue"))
+    if gpu is not None:
+        sm, rmin, kmin, src = gpu
         out["target_gpu"] = {"name": target_gpu, "sm": sm, "source": src}
         if sm < rmin.get(qcfg.recipe, 0):
             ok = [r for r in RECIPES if sm >= rmin.get(r, 0)]
@@ -724,7 +754,8 @@ def _quantize(cfg: Any, export_dir: Path, calib_path: Path | None, out: Path, pr
                                                         "quantizer_buffers": [], "changed_weights": []}, indent=1, sort_keys=True) + "\n",
                                             encoding="utf-8")
     else:
-        save_quant_state(model, base, out, meta)
+        probe = torch.tensor([cset.samples[0][:32]], dtype=torch.long)
+        save_quant_state(model, base, out, meta, probe_ids=probe)
     del base
     # TensorRT-LLM checkpoint (exporters may rewrite the model's weights in place: export from copies)
     import modelopt.torch.export as mte
