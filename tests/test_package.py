@@ -138,6 +138,22 @@ def test_trtllm_repository_fills_every_parameter_from_the_build(tmp_path):
                                                     serving_image="nvcr.io/nvidia/tritonserver:25.03-trtllm-python-py3")[0])
 
 
+
+def test_serve_prints_the_ngc_container_command_for_trtllm(tmp_path, capsys):
+    from pipeline.serving import serve
+
+    repo = tmp_path / "model_repository"
+    (repo / "tensorrt_llm" / "1" / "engine").mkdir(parents=True)
+    (repo / "tensorrt_llm" / "config.pbtxt").write_text('name: "tensorrt_llm"\nbackend: "tensorrtllm"\n')
+    for r in range(2):
+        (repo / "tensorrt_llm" / "1" / "engine" / f"rank{r}.engine").write_bytes(b"\0")
+    image = "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"
+    assert serve.main([str(tmp_path), f"package.serving_image='{image}'", "package.grpc_port=9001"]) == 0
+    out = capsys.readouterr().out
+    assert "docker run --rm -it --gpus all --shm-size=2g" in out and f"-v {repo}:/models {image}" in out
+    assert "launch_triton_server.py --world_size=2 --model_repo=/models --grpc_port=9001" in out
+
+
 def test_pytorch_backend_gets_llmapi_layout(tmp_path, tiny_llama):
     ckpt = tmp_path / "ckpt"
     shutil.copytree(tiny_llama, ckpt)

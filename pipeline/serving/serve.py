@@ -97,8 +97,9 @@ def main(argv: list[str] | None = None) -> int:
         if target == "tensorrt_llm":
             image = (man.get("serving") or {}).get("serving_image") or pc.serving_image or cfg.target.serving_image
             print("TensorRT-LLM engines are served by the NGC Triton + TensorRT-LLM container on a GPU host:\n")
+            ranks = len(list((repo / "tensorrt_llm" / "1" / "engine").glob("rank*.engine"))) or 1
             print("  " + ngc_command(str(repo), image, grpc_port=pc.grpc_port or 8001, http_port=pc.http_port or 8000,
-                                     metrics_port=pc.metrics_port or 8002))
+                                     metrics_port=pc.metrics_port or 8002, world_size=ranks))
             print("\n(the repository's absolute paths expect it mounted at /models, as the command does)")
             return 0
         srv = TritonServer(repo, pc.grpc_port, pc.http_port, pc.metrics_port, host=pc.host, ready_timeout_s=pc.ready_timeout_s,

@@ -333,23 +333,23 @@ class TritonServer:
 
 
 def ngc_command(repo_dir: str, image: str, *, grpc_port: int = 8001, http_port: int = 8000, metrics_port: int = 8002,
-                engine_dir: str | None = None, world_size: int = 1) -> str:
+                world_size: int = 1, container_repo: str = "/models") -> str:
     """The ``docker run`` command that serves ``repo_dir`` in the NGC Triton + TensorRT-LLM image on a GPU host.
 
     Flags follow the TensorRT-LLM backend README (triton.md sec. 5.3): ``--gpus all --shm-size=2g --ulimit memlock=-1
-    --ulimit stack=67108864``; the repository (and the engine folder, when outside it) is mounted at the same path.
+    --ulimit stack=67108864``.  The repository is mounted at ``container_repo`` (``/models``), where the package
+    stage's absolute paths (``gpt_model_path``, tokenizer) point.  ``world_size`` > 1 (tensor x pipeline parallel
+    ranks of the engine) goes through the container's ``launch_triton_server.py`` (MPI, sec. 5.1).
     """
-    mounts = [f"-v {repo_dir}:{repo_dir}"]
-    if engine_dir and not str(engine_dir).startswith(str(repo_dir)):
-        mounts.append(f"-v {engine_dir}:{engine_dir}")
     ports = f"-p {grpc_port}:{grpc_port} -p {http_port}:{http_port} -p {metrics_port}:{metrics_port}"
-    server = (f"tritonserver --model-repository={repo_dir} --grpc-port={grpc_port} --http-port={http_port} "
-              f"--metrics-port={metrics_port} --disable-auto-complete-config")
     if world_size > 1:
-        server = (f"python3 /app/scripts/launch_triton_server.py --world_size={world_size} --model_repo={repo_dir} "
+        server = (f"python3 /app/scripts/launch_triton_server.py --world_size={world_size} --model_repo={container_repo} "
                   f"--grpc_port={grpc_port} --http_port={http_port} --metrics_port={metrics_port}")
+    else:
+        server = (f"tritonserver --model-repository={container_repo} --grpc-port={grpc_port} --http-port={http_port} "
+                  f"--metrics-port={metrics_port} --disable-auto-complete-config")
     return (f"docker run --rm -it --gpus all --shm-size=2g --ulimit memlock=-1 --ulimit stack=67108864 {ports} "
-            f"{' '.join(mounts)} {image} {server}")
+            f"-v {repo_dir}:{container_repo} {image} {server}")
 
 
 __all__ = ["ServeEnv", "ServerError", "TritonServer", "check_port_free", "free_port", "ngc_command", "resolve_ports"]
