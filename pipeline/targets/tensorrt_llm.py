@@ -47,7 +47,7 @@ PYTORCH_MIN_VERSION = (1, 2, 0)
 NGC_IMAGE = "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"
 INSTALL_FIX = ("install TensorRT-LLM 1.2.1 on an NVIDIA GPU host with Python 3.10 or 3.12: "
                "`pip install 'tensorrt-llm==1.2.1' --extra-index-url https://pypi.nvidia.com/` "
-               f"(or `pip install -e '.[tensorrt_llm]'`), or run the pipeline inside the NGC container {NGC_IMAGE} "
+               f"(or this project's `tensorrt_llm` optional extra), or run the pipeline inside the NGC container {NGC_IMAGE} "
                "(TensorRT-LLM 1.2.1, TensorRT 10.14.1); there is no wheel for Python 3.11")
 
 # trtllm-build flag facts (reference sec. 1a/1b)
