@@ -132,6 +132,7 @@ def run_benchmark(bcfg: Any, inp: BenchInputs, *, progress: Callable[[float], No
     from ..tokenization import stop_token_ids
 
     t_begin = time.time()
+    load_start = _loadavg()
     tok = AutoTokenizer.from_pretrained(str(inp.hf_dir), trust_remote_code=False)
     stop_ids = stop_token_ids(inp.model_info)
     n = int(bcfg.num_requests)
@@ -229,7 +230,7 @@ def run_benchmark(bcfg: Any, inp: BenchInputs, *, progress: Callable[[float], No
                   "model_repository": str(inp.model_repository) if inp.model_repository else None, "target": inp.target,
                   "limits": {"max_input_len": inp.max_input_len, "max_seq_len": inp.max_seq_len, "max_batch_size": inp.max_batch_size},
                   **inp.describe},
-        "host": hostinfo.host(),
+        "host": {**hostinfo.host(), "loadavg_1m_start": load_start, "loadavg_1m_end": _loadavg()},
         "versions": hostinfo.library_versions(["onnxruntime-genai", "onnxruntime", "torch", "transformers", "tritonclient"]),
         "modes": mode_info,
         "roofline": {"bandwidth_gbs": bw["gbs"], "bandwidth_source": bw["source"], **(engine_facts or {}),
@@ -241,6 +242,16 @@ def run_benchmark(bcfg: Any, inp: BenchInputs, *, progress: Callable[[float], No
     }
     doc["headline"] = headline(doc)
     return doc
+
+
+def _loadavg() -> float | None:
+    """1-minute load average (other work on a shared host changes every figure; recorded, not corrected)."""
+    try:
+        import os
+
+        return round(os.getloadavg()[0], 2)
+    except (OSError, AttributeError):
+        return None
 
 
 def _cfg_dict(bcfg: Any) -> dict[str, Any]:

@@ -32,6 +32,7 @@ def markdown(doc: dict[str, Any]) -> str:
                  f"({doc['dataset']['requests_per_level']} requests/level, digest `{doc['dataset']['digest'][:12]}`), "
                  f"seed {doc['seeds']['base']}, repeats {doc['config'].get('repeats')}, ignore_eos {doc['config'].get('ignore_eos')}.")
     lines.append(f"Host: {host.get('cpu')} × {host.get('cpu_count')} CPUs, GPUs: {[g['name'] for g in host.get('gpus') or []] or 'none'}. "
+                 f"Load average (1 min) {host.get('loadavg_1m_start')} at start, {host.get('loadavg_1m_end')} at end. "
                  f"Memory bandwidth {doc['roofline']['bandwidth_gbs']:.1f} GB/s ({doc['roofline']['bandwidth_source']}).")
     lines.append("")
     lines.append("| mode | level | req | err | TTFT avg / p50 / p90 / p99 (ms) | TPOT avg / p50 / p90 / p99 (ms) | ITL p99 (ms) | "
