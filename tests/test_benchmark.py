@@ -134,6 +134,7 @@ def test_smoke_json_is_consistent(smoke_doc):
     assert r["failed_requests"]["value"] == 0 and r["failed_requests"]["met"] is True
     assert r["engine_speedup_tpot_c1"]["value"] and r["engine_speedup_tpot_c1"]["value"] > 0
     assert modes == ["engine", "triton", "baseline"]
+    assert doc["modes"]["triton"]["url"].startswith("127.0.0.1:")  # loopback only
     assert r["triton_overhead_tpot_c1"]["value"] > 0
     assert doc["headline"]["errors"] == 0 and doc["headline"]["tpot_ms"] > 0
 
