@@ -429,6 +429,9 @@ def preflight(qcfg: Any, facts: dict[str, Any], linears: dict[str, tuple[int, in
     out: dict[str, Any] = {"tp_size": tp, "pp_size": pp}
     heads, kv, vocab = facts["num_attention_heads"], facts["num_key_value_heads"], facts["vocab_size"]
     quantized = {n: d for n, d in linears.items() if n not in excluded and qcfg.recipe != "none"}
+    if qcfg.recipe == "none" and qcfg.kv_cache != "none":
+        problems.append(Problem("quant.kv_cache", qcfg.kv_cache, "a quantized KV cache needs calibrated K/V scales, and recipe 'none' "
+                                "calibrates nothing.", f"use quant.kv_cache=none, or a quantized recipe, e.g. quant=int8_sq quant.kv_cache={qcfg.kv_cache}"))
     if qcfg.recipe != "none" and not [n for n in quantized if not n.endswith("lm_head")]:
         problems.append(Problem("quant.exclude_modules", list(qcfg.exclude_modules),
                                 f"with sensitive_preset={qcfg.sensitive_preset!r} every linear layer of the model is kept in high precision "

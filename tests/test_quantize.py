@@ -240,6 +240,11 @@ def test_heads_check_lists_valid_tp_and_records_kv_replication():
     assert pre["kv_heads_replicated"] == 2
 
 
+def test_kv_cache_without_a_recipe_is_refused():
+    with pytest.raises(InputError, match="quant.kv_cache='fp8': a quantized KV cache needs calibrated K/V scales"):
+        preflight(_q(recipe="none", kv_cache="fp8"), _facts(), LINEARS, {}, None)
+
+
 def test_vocab_padding_recorded_or_rejected():
     pre = preflight(_q(recipe="int8_wo", tp_size=8), _facts(vocab_size=1001), LINEARS, {}, None)
     assert pre["vocab_padding"] == {"original": 1001, "padded": 1008}
