@@ -132,6 +132,7 @@ class TritonPythonModel:
         self.draining: dict[int, Any] = {}  # og requests we cancelled; closed once the engine reports the turn finished
         self._stop = threading.Event()
         self._ready = threading.Event()
+        self._last_cancel_poll = 0.0
         self._init_error: BaseException | None = None
         # og.Engine operations must all run on the thread that created the engine ("Engine owner thread")
         self.thread = threading.Thread(target=self._owner, name="og-engine", daemon=True)
@@ -290,10 +291,10 @@ class TritonPythonModel:
                         job = self.pending.get_nowait()
                     except queue.Empty:
                         job = None
-                for job in list(self.active.values()):
-                    if not job.cancel_sent and job.sender.is_cancelled():
-                        job.cancel_sent = True
-                        job.og_request.cancel_turn(job.turn_id)
+                now = time.monotonic()
+                if now - self._last_cancel_poll >= 0.05:  # is_cancelled() is an IPC round trip: poll at most every 50 ms
+                    self._last_cancel_poll = now
+                    self._poll_cancellations()
                 if not self.engine.has_pending_requests():
                     continue
                 for ev in self.engine.run(self.buffer):
@@ -304,6 +305,12 @@ class TritonPythonModel:
                 for job in list(self.active.values()):
                     self._fail(job, f"engine error: {msg.strip().splitlines()[-1]}")
                 time.sleep(0.2)
+
+    def _poll_cancellations(self) -> None:
+        for job in list(self.active.values()):
+            if not job.cancel_sent and job.sender.is_cancelled():
+                job.cancel_sent = True
+                job.og_request.cancel_turn(job.turn_id)
 
     def _on_event(self, ev: Any) -> None:
         flags = int(ev.flags)
