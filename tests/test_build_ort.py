@@ -173,7 +173,7 @@ def test_int4_awq_engine_agrees_with_modelopt_simulated_model(tiny_llama, tmp_pa
 
     agree = total = 0
     with get_target("onnxruntime_genai").load_runner(tmp_path / "b" / "engine") as runner:
-        for p in _prompts(10):
+        for p in _prompts(8):
             ids = encode_prompt(tok, p)
             with torch.no_grad():
                 seq = model.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False, min_new_tokens=16, pad_token_id=2)[0].tolist()
@@ -183,4 +183,4 @@ def test_int4_awq_engine_agrees_with_modelopt_simulated_model(tiny_llama, tmp_pa
             total += len(ref)
     rate = agree / total
     print(f"int4_awq teacher-forced next-token agreement engine vs ModelOpt simulated: {agree}/{total} = {rate:.4f}")
-    assert total >= 150 and rate >= 0.99
+    assert total >= 120 and rate >= 0.99
