@@ -269,7 +269,8 @@ KV_CACHE: dict[str, tuple[str | None, list[dict[str, Any]]]] = {
 }
 
 #: HF ``model_type`` -> ModelOpt ``decoder_type`` for export_tensorrt_llm_checkpoint.
-DECODER_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen", "phi3": "phi3"}
+#: phi3 is absent on purpose: ModelOpt 0.47's export_tensorrt_llm_checkpoint raises NotImplementedError for it.
+DECODER_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen"}
 
 #: Module-name patterns of attention output projections (``sensitive_preset`` attn_out).
 ATTN_OUT_PATTERNS = ("*.self_attn.o_proj", "*.self_attention.dense", "*.attention.dense", "*.attn.out_proj")
@@ -714,8 +715,10 @@ def _quantize(cfg: Any, export_dir: Path, calib_path: Path | None, out: Path, pr
     out = Path(out)
     seed = int(cfg.calibration.seed)
     torch.manual_seed(seed)
-    if qcfg.recipe != "none" and facts["model_type"] not in DECODER_TYPES:
-        raise InputError(f"model_type={facts['model_type']!r}: no ModelOpt TensorRT-LLM exporter mapping here; supported: {sorted(DECODER_TYPES)}.")
+    if facts["model_type"] not in DECODER_TYPES:
+        raise InputError(f"model_type={facts['model_type']!r}: ModelOpt {_version('nvidia-modelopt')} cannot write a TensorRT-LLM checkpoint "
+                         f"for this architecture (supported here: {sorted(DECODER_TYPES)}). Fix: skip the quantize stage for this model "
+                         "(build from the export artifact) or use a supported architecture.")
     model = tf.AutoModelForCausalLM.from_pretrained(str(hf), dtype=torch.float32, trust_remote_code=False)
     model.eval()
     linears = {n: (int(m.in_features), int(m.out_features)) for n, m in _linear_modules(model).items()}
@@ -766,9 +769,7 @@ def _quantize(cfg: Any, export_dir: Path, calib_path: Path | None, out: Path, pr
     edtype = getattr(torch, qcfg.export_dtype)
     t2 = time.time()
     ckpt = out / "trtllm_checkpoint"
-    decoder = DECODER_TYPES.get(facts["model_type"])
-    if decoder is None:
-        raise InputError(f"model_type={facts['model_type']!r}: no TensorRT-LLM checkpoint exporter mapping; supported: {sorted(DECODER_TYPES)}.")
+    decoder = DECODER_TYPES[facts["model_type"]]
     torch.manual_seed(seed)
     mte.export_tensorrt_llm_checkpoint(copy.deepcopy(model), decoder, edtype, export_dir=ckpt,
                                        inference_tensor_parallel=int(qcfg.tp_size), inference_pipeline_parallel=int(qcfg.pp_size))

@@ -203,6 +203,31 @@ def test_rope_scaled_model_keeps_scaling_and_vocab_is_padded(runs, tmp_path_fact
     assert _tensors(out / "trtllm_checkpoint/rank1.safetensors")["lm_head.weight"].shape[0] == 193
 
 
+@pytest.mark.parametrize("arch", ["mistral", "qwen2"])
+def test_other_architectures_int4_awq(runs, tmp_path_factory, arch):
+    import tiny
+
+    from pipeline.export import export_checkpoint
+
+    exp = tmp_path_factory.mktemp(f"{arch}_export")
+    export_checkpoint(tiny.make_checkpoint(tmp_path_factory.mktemp(f"{arch}_src"), arch), exp)
+    out, res = runs(f"{arch}_awq", ["quant=int4_awq"], export=exp)
+    c = json.loads((out / "trtllm_checkpoint/config.json").read_text())
+    assert c["quantization"]["quant_algo"] == "W4A16_AWQ" and res["headline"]["compression"] > 1.5
+    load_simulated_model(out, exp)  # probe logits reproduced
+
+
+def test_phi3_is_refused_before_calibration(tmp_path, calib):
+    import tiny
+
+    from pipeline.export import export_checkpoint
+
+    exp = tmp_path / "export"
+    export_checkpoint(tiny.make_checkpoint(tmp_path / "src", "phi3"), exp)
+    with pytest.raises(InputError, match="model_type='phi3': ModelOpt .* cannot write a TensorRT-LLM checkpoint"):
+        quantize(compose(CALIB + ["quant=int4_awq"]), exp, calib, tmp_path / "q")
+
+
 # ----------------------------------------------------------------------------- checks before calibration
 def _facts(**kw):
     f = {"num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 1000, "num_hidden_layers": 4}
