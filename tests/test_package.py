@@ -136,6 +136,11 @@ def test_trtllm_repository_fills_every_parameter_from_the_build(tmp_path):
                          serving_image="nvcr.io/nvidia/tritonserver:25.09-trtllm-python-py3")
     assert "not a known" in str(validate_repository(repo, limits=bi["limits"], target="tensorrt_llm", build_info=bi,
                                                     serving_image="nvcr.io/nvidia/tritonserver:25.03-trtllm-python-py3")[0])
+    # without versions in build_info, the engine's own config.json "version" is compared
+    no_vers = {k: v for k, v in bi.items() if k != "versions"}
+    probs = validate_repository(repo, limits=bi["limits"], target="tensorrt_llm", build_info=no_vers,
+                                serving_image="nvcr.io/nvidia/tritonserver:25.09-trtllm-python-py3")
+    assert any("TensorRT-LLM 1.1.0" in str(p) for p in probs)
 
 
 

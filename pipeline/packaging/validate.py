@@ -231,8 +231,20 @@ def validate_repository(repo: Path, *, limits: dict[str, Any], target: str, buil
         a, b = (tok_dirs["preprocessing"] / "tokenizer.json"), (tok_dirs["postprocessing"] / "tokenizer.json")
         if a.is_file() and b.is_file() and a.read_bytes() != b.read_bytes():
             problems.append(Problem("tokenizer_dir", "pre- and postprocessing use different tokenizers.", "package one tokenizer"))
-    if target == "tensorrt_llm":
-        problems.extend(version_problems(build_info or {}, serving_image))
+    if target == "tensorrt_llm" and (repo / "tensorrt_llm" / "1" / "engine").is_dir():
+        bi = dict(build_info or {})
+        vers = dict(bi.get("versions") or {})
+        eng_cfg = repo / "tensorrt_llm" / "1" / "engine" / "config.json"
+        if not (vers.get("tensorrt_llm") or vers.get("tensorrt-llm")) and eng_cfg.is_file():
+            import json
+
+            try:  # trtllm-build records its version in the engine's config.json ("version")
+                v = json.loads(eng_cfg.read_text(encoding="utf-8")).get("version")
+            except ValueError:
+                v = None
+            if v:
+                vers["tensorrt_llm"] = str(v)
+        problems.extend(version_problems({**bi, "versions": vers}, serving_image))
     return problems
 
 
