@@ -377,6 +377,9 @@ def main(argv: list[str] | None = None) -> int:
             repo = find_latest_repository(None)
             cand = repo / "preprocessing" / "1" / "tokenizer" if repo is not None else None
             tok = str(cand) if cand is not None and cand.is_dir() else None
+            if tok is None:
+                print("note: no package artifact found for the tokenizer; sending prompts without the chat template and without "
+                      "end_id/pad_id (pass --tokenizer DIR, or --raw to silence this)", file=sys.stderr)
         with LLMClient(a.url, a.model, tokenizer=tok, timeout_s=a.timeout) as c:
             for p in prompts:
                 if stream and not a.json:
