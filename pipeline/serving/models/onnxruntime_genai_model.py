@@ -45,7 +45,7 @@ try:  # only inside Triton
 except ImportError:  # pragma: no cover - importable for unit tests of the pure helpers
     pb_utils = None
 
-FLAG_TOKEN, FLAG_TURN_FINISHED, FLAG_FAILED = 1, 2, 16
+FLAG_TOKEN, FLAG_TURN_FINISHED, FLAG_FAILED = 1, 2, 8  # og.EngineEventFlags (0.18); re-read from og in initialize()
 
 # Inputs the engine cannot honour: a request that sets them to a non-default value gets a clear error.
 _UNSUPPORTED = {
@@ -108,6 +108,9 @@ class TritonPythonModel:
         import onnxruntime_genai as og
 
         self.og = og
+        global FLAG_TOKEN, FLAG_TURN_FINISHED, FLAG_FAILED
+        F = og.EngineEventFlags
+        FLAG_TOKEN, FLAG_TURN_FINISHED, FLAG_FAILED = int(F.TOKEN), int(F.TURN_FINISHED), int(F.FAILED)
         self.model_config = json.loads(args["model_config"])
         params = {k: v.get("string_value", "") for k, v in self.model_config.get("parameters", {}).items()}
         version_dir = os.path.join(args["model_repository"], args["model_version"])
