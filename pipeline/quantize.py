@@ -743,7 +743,7 @@ def _quantize(cfg: Any, export_dir: Path, calib_path: Path | None, out: Path, pr
         with prog(f"calibrating {qcfg.recipe}", len(cset.samples)) as advance:
             loop = cset.forward_loop(int(cfg.calibration.batch_size), progress=advance)
             torch.manual_seed(seed)
-            with torch.no_grad():
+            with torch.no_grad(), _quiet("mtq.quantize"):
                 mtq.quantize(model, mcfg, loop)
         timings["calibration_s"] = time.time() - t1
         calib_stats["batches"] = len(cset.batches(int(cfg.calibration.batch_size)))
@@ -771,8 +771,9 @@ def _quantize(cfg: Any, export_dir: Path, calib_path: Path | None, out: Path, pr
     ckpt = out / "trtllm_checkpoint"
     decoder = DECODER_TYPES[facts["model_type"]]
     torch.manual_seed(seed)
-    mte.export_tensorrt_llm_checkpoint(copy.deepcopy(model), decoder, edtype, export_dir=ckpt,
-                                       inference_tensor_parallel=int(qcfg.tp_size), inference_pipeline_parallel=int(qcfg.pp_size))
+    with _quiet("export_tensorrt_llm_checkpoint"):
+        mte.export_tensorrt_llm_checkpoint(copy.deepcopy(model), decoder, edtype, export_dir=ckpt,
+                                           inference_tensor_parallel=int(qcfg.tp_size), inference_pipeline_parallel=int(qcfg.pp_size))
     post = check_trtllm_checkpoint(ckpt, facts, qcfg, pre)
     timings["export_trtllm_s"] = time.time() - t2
     # unified HF checkpoint
@@ -791,7 +792,8 @@ def _quantize(cfg: Any, export_dir: Path, calib_path: Path | None, out: Path, pr
                     if "_amax" in getattr(mod, "_buffers", {}):
                         del mod._buffers["_amax"]  # the exporter turns any KV amax into a (FP8-only) scale
             hf_notes.append("INT8 KV-cache scales are not representable in ModelOpt's unified HF format; they are only in trtllm_checkpoint/")
-        mte.export_hf_checkpoint(hmodel, edtype, export_dir=out / "hf")
+        with _quiet("export_hf_checkpoint"):
+            mte.export_hf_checkpoint(hmodel, edtype, export_dir=out / "hf")
         del hmodel
         for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "generation_config.json"):
             if (hf / f).is_file() and not (out / "hf" / f).exists():
@@ -827,6 +829,28 @@ def _quantize(cfg: Any, export_dir: Path, calib_path: Path | None, out: Path, pr
         "tp_size": int(qcfg.tp_size), "pp_size": int(qcfg.pp_size), "calibration_s": round(timings.get("calibration_s", 0.0), 3),
         "warnings": report["warnings"],
     }
+
+
+class _quiet:
+    """Send ModelOpt's ``print`` chatter (stdout) to the debug log instead of the user's terminal."""
+
+    def __init__(self, what: str) -> None:
+        import io
+
+        self.what, self.buf = what, io.StringIO()
+
+    def __enter__(self) -> "_quiet":
+        import contextlib
+
+        self._cm = contextlib.redirect_stdout(self.buf)
+        self._cm.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._cm.__exit__(*exc)
+        text = self.buf.getvalue().strip()
+        if text:
+            log.debug("%s: %s", self.what, text)
 
 
 def _version(dist: str) -> str | None:
