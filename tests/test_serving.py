@@ -206,6 +206,10 @@ def test_sampling_inputs_stop_words_and_exclude_input(client, direct):
              and tok(w, add_special_tokens=False)["input_ids"] == [out_ids[i]] and out_ids[i] not in out_ids[:i])
     stopped = client.generate(PROMPTS[0], MAX_TOKENS, stop_words=[tok.decode([out_ids[k]])]).text
     assert stopped == tok.decode(out_ids[: k + 1], skip_special_tokens=True) and len(stopped) < len(want)
+    # end_id: generation stops before that token (the client sends the tokenizer's eos by default)
+    k2 = next(i for i in range(1, len(out_ids)) if out_ids[i] not in out_ids[:i])
+    ended = client.generate(PROMPTS[0], MAX_TOKENS, end_id=int(out_ids[k2])).text
+    assert ended == tok.decode(out_ids[:k2], skip_special_tokens=True)
     full = client.generate(PROMPTS[0], MAX_TOKENS, exclude_input_in_output=False).text
     assert full.endswith(want) and PROMPTS[0] in full
     from pipeline.serving.client import RequestError
