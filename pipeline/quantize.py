@@ -568,18 +568,28 @@ def check_trtllm_checkpoint(ckpt: Path, facts: dict[str, Any], qcfg: Any, pre: d
     if [p.name for p in ranks] != [f"rank{i}.safetensors" for i in range(world)]:
         errs.append(f"rank files: {[p.name for p in ranks]} (expected rank0..rank{world - 1}.safetensors)")
     padded = (pre.get("vocab_padding") or {}).get("padded", facts["vocab_size"])
-    kv_layers: dict[int, float] = {}
+    # layer indices are local to a pipeline rank (rank = pp_rank * tp_size + tp_rank); map them to global ones
+    kv_local: dict[tuple[int, int], float] = {}
+    layers_per_pp: dict[int, int] = {}
     shard_rows: set[int] = set()
-    for p in ranks:
+    for r, p in enumerate(ranks):
+        pp_rank = r // int(qcfg.tp_size)
         with safe_open(str(p), "pt") as f:
             for k in f.keys():
                 if k in ("lm_head.weight", "transformer.vocab_embedding.weight"):
                     shard_rows.add(f.get_slice(k).get_shape()[0])
+                if k.startswith("transformer.layers."):
+                    local = int(k.split(".")[2])
+                    layers_per_pp[pp_rank] = max(layers_per_pp.get(pp_rank, 0), local + 1)
                 if k.endswith("attention.kv_cache_scaling_factor"):
-                    layer = int(k.split(".layers.")[1].split(".")[0])
+                    local = int(k.split(".layers.")[1].split(".")[0])
                     t = f.get_tensor(k).float()
                     v = float(t.min()) if bool(t.isfinite().all()) else float("nan")
-                    kv_layers[layer] = min(kv_layers.get(layer, math.inf), v)
+                    kv_local[(pp_rank, local)] = min(kv_local.get((pp_rank, local), math.inf), v)
+    offsets, acc = {}, 0
+    for pr in sorted(layers_per_pp):
+        offsets[pr], acc = acc, acc + layers_per_pp[pr]
+    kv_layers = {offsets.get(pr, 0) + local: v for (pr, local), v in kv_local.items()}
     if shard_rows and shard_rows != {padded // int(qcfg.tp_size)}:
         errs.append(f"embedding/lm_head shard rows {sorted(shard_rows)} != padded vocab {padded} / tp_size {qcfg.tp_size}")
     if qcfg.kv_cache != "none":

@@ -180,6 +180,16 @@ def test_tp2_two_ranks_with_shard_shapes(runs):
     assert res["tp_size"] == 2
 
 
+def test_pp2_splits_layers_and_kv_scales_cover_every_layer(runs):
+    out, res = runs("sq_pp2", ["quant=int8_sq", "quant.kv_cache=int8", "quant.pp_size=2"])
+    c = json.loads((out / "trtllm_checkpoint/config.json").read_text())
+    assert c["mapping"] == {"world_size": 2, "tp_size": 1, "pp_size": 2}
+    r0, r1 = (_tensors(out / f"trtllm_checkpoint/rank{r}.safetensors") for r in (0, 1))
+    assert "transformer.vocab_embedding.weight" in r0 and "lm_head.weight" in r1 and "lm_head.weight" not in r0
+    rep = json.loads((out / "quant_report.json").read_text())
+    assert sorted(rep["export_checks"]["kv_cache_scales"]) == ["0", "1"]
+
+
 def test_rope_scaled_model_keeps_scaling_and_vocab_is_padded(runs, tmp_path_factory):
     import tiny
 
