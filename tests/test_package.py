@@ -168,6 +168,20 @@ def test_pytorch_backend_gets_llmapi_layout(tmp_path, tiny_llama):
     assert generate_repository(repo, s, engine_dir=ckpt, tokenizer_dirs=[tiny_llama])["layout"] == "llmapi"
     text = (repo / "tensorrt_llm" / "1" / "model.yaml").read_text()
     assert "max_batch_size: 16" in text and "max_seq_len: 1024" in text and "${" not in text
+    assert (repo / "tensorrt_llm" / "1" / "checkpoint" / "config.json").is_file()
+    assert validate_repository(repo, limits=bi["limits"], target="tensorrt_llm") == []
+    # with the build's llm_api_options.yaml (engine/ = options + hf/), its LLM() options win
+    import yaml
+
+    eng = tmp_path / "engine"
+    shutil.copytree(tiny_llama, eng / "hf")
+    (eng / "llm_api_options.yaml").write_text(yaml.safe_dump({"max_batch_size": 8, "kv_cache_config": {"free_gpu_memory_fraction": 0.5}}))
+    repo2 = tmp_path / "repo2"
+    generate_repository(repo2, s, engine_dir=eng, tokenizer_dirs=[tiny_llama])
+    opts = yaml.safe_load((repo2 / "tensorrt_llm" / "1" / "model.yaml").read_text())
+    assert opts["max_batch_size"] == 8 and opts["kv_cache_config"] == {"free_gpu_memory_fraction": 0.5}
+    assert opts["model"] == "/models/tensorrt_llm/1/checkpoint" and opts["tokenizer"] == "/models/tensorrt_llm/1/tokenizer"
+    assert (repo2 / "tensorrt_llm" / "1" / "checkpoint" / "config.json").is_file()
     assert parse_config(repo / "tensorrt_llm" / "config.pbtxt").model_transaction_policy.decoupled
 
 

@@ -191,6 +191,7 @@ def template_values(s: Settings) -> dict[str, Any]:
         "cuda_graph_cache_size": s.cuda_graph_cache_size,
         # LLM-API (PyTorch backend) model.yaml
         "checkpoint_dir": f"{CONTAINER_REPO}/tensorrt_llm/1/checkpoint",
+        "llmapi_tokenizer_dir": f"{CONTAINER_REPO}/tensorrt_llm/1/tokenizer",
         "capacity_scheduler_policy": s.batch_scheduler_policy.upper(),
         "cuda_graph_max_batch_size": max(s.cuda_graph_batch_sizes or [s.engine_max_batch_size]),
     }
@@ -243,10 +244,21 @@ def generate_repository(out: Path, settings: Settings, *, engine_dir: Path, toke
 
     if settings.target == "tensorrt_llm" and settings.backend == "pytorch":
         d = write("tensorrt_llm", "llmapi")
-        (d / "1" / "model.yaml").write_text(fill((templates / "llmapi" / "model.yaml").read_text(encoding="utf-8"), vals), encoding="utf-8")
+        text = fill((templates / "llmapi" / "model.yaml").read_text(encoding="utf-8"), vals)
+        build_opts = engine_dir / "llm_api_options.yaml"
+        if build_opts.is_file() and "${" not in text:
+            import yaml
+
+            # the build stage's LLM() options (kv_cache_config, cuda_graph_config, scheduler ...) win over the template's
+            merged = {**yaml.safe_load(text), **(yaml.safe_load(build_opts.read_text(encoding="utf-8")) or {})}
+            merged["model"], merged["tokenizer"] = vals["checkpoint_dir"], vals["llmapi_tokenizer_dir"]
+            text = "# LLM() keyword arguments (TensorRT-LLM PyTorch backend): template + the build's llm_api_options.yaml\n" + \
+                yaml.safe_dump(merged, sort_keys=False)
+        (d / "1" / "model.yaml").write_text(text, encoding="utf-8")
         copy_tokenizer(tokenizer_dirs, d / "1" / "tokenizer")
-        if engine_dir.is_dir():
-            _copy_tree(engine_dir, d / "1" / "checkpoint")
+        src = engine_dir / "hf" if (engine_dir / "hf").is_dir() else engine_dir  # the build copies the checkpoint to engine/hf
+        if src.is_dir():
+            _copy_tree(src, d / "1" / "checkpoint")
         layout = "llmapi"
     else:
         write("ensemble", "ensemble")

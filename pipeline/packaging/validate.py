@@ -260,7 +260,7 @@ def version_problems(build_info: dict[str, Any], serving_image: str | None) -> l
     vers = dict(build_info.get("versions") or {})
     out: list[Problem] = []
     eng_t = vers.get("tensorrt_llm") or vers.get("tensorrt-llm")
-    eng_trt = vers.get("tensorrt")
+    eng_trt = vers.get("tensorrt") or vers.get("tensorrt-cu13") or vers.get("tensorrt-cu12")
     if not eng_t:
         out.append(Problem("build_info.json", "the engine's TensorRT-LLM version is not recorded (versions.tensorrt_llm).",
                            "rebuild with the build stage", "version"))
