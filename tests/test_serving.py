@@ -229,6 +229,39 @@ def test_cancellation_and_timeout(client, direct):
     assert client.generate(PROMPTS[2], MAX_TOKENS, stream=True).text == direct(PROMPTS[2])
 
 
+def test_pipeline_serve_cli_serves_the_package_and_stops_on_sigint(served, tmp_path):
+    import re
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from pipeline.serving.client import LLMClient
+
+    # `make serve` runs exactly this command; the package artifact folder is given as the path argument
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "serve", str(served.package), "package.grpc_port=0",
+                             "package.http_port=0", "package.metrics_port=0"], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = []
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            lines.append(line)
+            if line.startswith("ready:") or not line:
+                break
+        m = re.search(r"gRPC (127\.0\.0\.1:\d+)", "".join(lines))
+        assert m, "".join(lines)
+        with LLMClient(m.group(1), tokenizer=str(served.tokenizer)) as c:
+            assert c.generate(PROMPTS[2], 8, stream=True).text
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0 and "tritonserver stopped (exit code 0)" in out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 def test_server_down_and_port_in_use_are_clear_errors(served):
     from pipeline.errors import InputError
     from pipeline.serving.client import LLMClient, ServerUnavailable
