@@ -196,6 +196,13 @@ class OnnxRuntimeGenAITarget:
         lg.info("building: %s", " ".join(cmd))
         env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
         _run_logged(cmd, logf, "onnxruntime-genai model builder", env=env)
+        from .ort_quant import fix_lm_head_input
+
+        graph_fix = fix_lm_head_input(engine / "model.onnx")
+        if graph_fix:
+            lg.warning("fixed the builder's graph: %s", graph_fix)
+            with open(logf, "a", encoding="utf-8") as fh:
+                fh.write(f"pipeline: fixed the builder's graph: {graph_fix}\n")
         n_mul = 0
         if conv.get("prescale_muls"):
             from .ort_quant import insert_prescale_muls
@@ -225,6 +232,7 @@ class OnnxRuntimeGenAITarget:
                 "bits": conv["bits"], "group_size": conv["group_size"], "quantized_linears": conv["quantized_linears"],
                 "pre_quant_scale": {**conv["folded"], "onnx_mul_inserted": n_mul}, "lm_head_quantized": conv["lm_head_quantized"]},
             "command": cmd,
+            "graph_fixes": [graph_fix] if graph_fix else [],
             "engine_bytes": _dir_bytes(engine),
             "build_s": round(time.time() - t0, 3),
         }

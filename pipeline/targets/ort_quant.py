@@ -341,3 +341,35 @@ def insert_prescale_muls(onnx_path: Path, muls: list[tuple[str, "torch.Tensor"]]
     g.node.extend(new_nodes)
     onnx.save(m, str(onnx_path))
     return done
+
+
+def fix_lm_head_input(onnx_path: Path) -> str | None:
+    """Rewire ``/lm_head/MatMul`` to the final norm's output when the builder connected it elsewhere.
+
+    onnxruntime-genai 0.18.0's builder wires the LM head of Phi-3 (``Phi3MiniModel``) to layer 0's
+    ``post_attention_layernorm`` output, leaving the final RMSNorm dangling (found by comparing every
+    intermediate tensor with transformers; the weights are all correct). This checks the graph and fixes
+    that edge in place.
+
+    Returns:
+        a description of the fix, or ``None`` when the graph was already right (or has no such nodes).
+    """
+    import onnx
+
+    onnx_path = Path(onnx_path)
+    m = onnx.load(str(onnx_path), load_external_data=False)
+    nodes = list(m.graph.node)
+    lm = next((n for n in nodes if n.name.startswith("/lm_head/") and n.op_type in ("MatMul", "MatMulNBits")), None)
+    final = [n for n in nodes if "/final_norm_layernorm/" in n.name]
+    if lm is None or len(final) != 1:
+        return None
+    out0 = final[0].output[0]
+    if lm.input[0] == out0:
+        return None
+    consumers = [n for n in nodes if out0 in n.input]
+    if consumers:  # the final norm feeds something else: not the known defect, leave the graph alone
+        return None
+    old = lm.input[0]
+    lm.input[0] = out0
+    onnx.save(m, str(onnx_path))
+    return f"{lm.name} input rewired from {old} to {out0} (builder defect: final norm was left unused)"
