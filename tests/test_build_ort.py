@@ -180,3 +180,37 @@ def test_int4_awq_engine_agrees_with_modelopt_simulated_model(tiny_llama, tmp_pa
     rate = agree / total
     print(f"int4_awq teacher-forced next-token agreement engine vs ModelOpt simulated: {agree}/{total} = {rate:.4f}")
     assert total >= 120 and rate >= 0.99
+
+
+# ----------------------------------------------------------------------------- the stage through the CLI
+def test_build_stage_cli_auto_builds_ort_and_tensorrt_llm_stops_in_preflight(tiny_llama, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TERM="dumb", COLUMNS="250", TOKENIZERS_PARALLELISM="false")
+    store = tmp_path / "store"
+    base = [sys.executable, "-m", "pipeline", f"model.path={tiny_llama}", "stages=[build]", f"store_dir={store}", "progress=false",
+            "build.max_seq_len=256", "build.max_input_len=200", "build.max_batch_size=4"]
+
+    def cli(name: str, *extra: str) -> tuple[int, str, dict]:
+        run_dir = tmp_path / name
+        p = subprocess.run(base + [f"hydra.run.dir={run_dir}", *extra], env=env, capture_output=True, text=True, timeout=600)
+        return p.returncode, p.stdout + p.stderr, json.loads((run_dir / "summary.json").read_text())
+
+    code, out, summ = cli("auto")
+    assert code == 0, out[-3000:]
+    assert "build target: onnxruntime_genai" in out and "tensorrt_llm is not installed" in out
+    build = next(s for s in summ["stages"] if s["stage"] == "build")
+    assert build["headline"]["target"] == "onnxruntime_genai" and build["headline"]["engine_mb"] > 0
+    art = Path(build["path"])
+    info = json.loads((art / "build_info.json").read_text())
+    assert info["target_reason"].startswith("target=auto") and info["limits"]["max_seq_len"] == 256
+    assert (art / "build.log").stat().st_size > 0 and (art / "engine" / "genai_config.json").is_file()
+    manifest = json.loads((art / "manifest.json").read_text())
+    assert manifest["result"]["limits"] == {"max_batch_size": 4, "max_input_len": 200, "max_seq_len": 256}
+
+    code, out, summ = cli("trt", "target=tensorrt_llm")  # export/quantize cached; build stops in preflight
+    assert code == 4, out[-3000:]
+    assert "cannot build on this machine" in out and "trtllm-build --checkpoint_dir" in out and "pypi.nvidia.com" in out
+    assert summ["exit_code"] == 4 and not list((store / "build").glob("*/engine/rank*.engine"))

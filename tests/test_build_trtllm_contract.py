@@ -123,7 +123,7 @@ def test_speculative_decoding_flags():
     (["build.max_num_tokens=128", "build.max_input_len=256", "build.enable_chunked_context=false"], "build.max_num_tokens"),
     (["build.speculative.mode=eagle"], "build.speculative.max_draft_len"),
     (["build.speculative.max_draft_len=4"], "build.speculative.max_draft_len"),
-    (["build.max_batch_size=4", "build.cuda_graph_batch_sizes=[1,2,4,8]"], "build.cuda_graph_batch_sizes"),
+    (["build.cuda_graph_batch_sizes=[0,2]"], "build.cuda_graph_batch_sizes"),
     (["build.gemm_plugin=fp8", "quant=int4_awq"], "build.gemm_plugin"),
 ])
 def test_cross_field_rules_are_problems_naming_the_field(overrides, field):
@@ -152,6 +152,8 @@ def test_pytorch_backend_emits_llm_api_options():
     assert set(opts) <= REF_LLM_ARGS, set(opts) - REF_LLM_ARGS
     assert set(opts["kv_cache_config"]) <= REF_KV_CACHE_CONFIG
     assert opts["cuda_graph_config"]["batch_sizes"] == [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    small = trt.llm_api_options(_cfg("target=tensorrt_llm_pytorch", "build.max_batch_size=4"))
+    assert small["cuda_graph_config"]["batch_sizes"] == [1, 2, 4]  # sizes above max_batch_size are dropped
     assert opts["scheduler_config"]["capacity_scheduler_policy"] == "MAX_UTILIZATION"
     assert yaml.safe_load(yaml.safe_dump(opts)) == opts
     plan = get_target("tensorrt_llm").plan(cfg, None, None, None)

@@ -211,8 +211,8 @@ def llm_api_options(cfg: Any) -> dict[str, Any]:
         "max_batch_size": b.max_batch_size, "max_num_tokens": b.max_num_tokens, "max_seq_len": b.max_seq_len,
         "max_input_len": b.max_input_len, "max_beam_width": b.max_beam_width,
         "enable_chunked_prefill": b.enable_chunked_context,
-        "cuda_graph_config": ({"batch_sizes": sorted(set(int(x) for x in b.cuda_graph_batch_sizes)), "enable_padding": True}
-                              if b.cuda_graph_mode else None),
+        "cuda_graph_config": ({"batch_sizes": sorted(set(int(x) for x in b.cuda_graph_batch_sizes if 1 <= int(x) <= b.max_batch_size)),
+                               "enable_padding": True} if b.cuda_graph_mode else None),
         "kv_cache_config": {"free_gpu_memory_fraction": b.kv_cache_free_gpu_mem_fraction, "enable_block_reuse": b.enable_kv_cache_reuse,
                             "tokens_per_block": b.tokens_per_block},
         "scheduler_config": {"capacity_scheduler_policy": SCHEDULER_POLICY[b.batch_scheduler_policy]},
@@ -297,10 +297,10 @@ class TensorRTLLMTarget:
                              "set build.speculative.draft_model_path=/path/to/checkpoint"))
         if sp.mode != "none" and b.max_beam_width != 1:
             p.append(Problem("build.max_beam_width", b.max_beam_width, "speculative decoding runs with beam width 1.", "set build.max_beam_width=1"))
-        if b.cuda_graph_mode and any(int(x) > b.max_batch_size or int(x) < 1 for x in b.cuda_graph_batch_sizes):
+        if b.cuda_graph_mode and any(int(x) < 1 for x in b.cuda_graph_batch_sizes):
             p.append(Problem("build.cuda_graph_batch_sizes", list(b.cuda_graph_batch_sizes),
-                             f"every CUDA-graph batch size must be in [1, max_batch_size={b.max_batch_size}].",
-                             "drop the larger sizes or raise build.max_batch_size"))
+                             "CUDA-graph batch sizes must be >= 1 (sizes above max_batch_size are dropped).",
+                             "e.g. build.cuda_graph_batch_sizes=[1,2,4,8]"))
         if cfg.quant.recipe not in RECIPE_QUANT_ALGO:
             p.append(Problem("quant.recipe", cfg.quant.recipe, f"target tensorrt_llm supports {list(RECIPE_QUANT_ALGO)}."))
         hf = model_hf_config(cfg) if not _planner_checks_positions() else None
