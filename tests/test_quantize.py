@@ -366,3 +366,37 @@ def test_default_model_int4_awq(repo_root, calib, tmp_path):
     res = quantize(compose(CALIB + ["quant=int4_awq"]), exp, calib, out)
     assert res["headline"]["compression"] > 1.5
     load_simulated_model(out, exp)  # verifies the stored probe logits
+
+
+def test_stage_through_the_runner_caches_on_calibration_content(tmp_path, repo_root):
+    """Real runner: export -> quantize; a rerun is a cache hit; editing the calibration file re-runs quantize only."""
+    import io
+
+    import tiny
+    from rich.console import Console
+
+    from pipeline.runner import run_pipeline
+
+    src = tiny.make_checkpoint(tmp_path / "src", "llama")
+    cal = tmp_path / "calib.jsonl"
+    lines = (Path(repo_root) / "evaluation/data/support_calib_v1.jsonl").read_text(encoding="utf-8").splitlines()[:40]
+    cal.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    over = [f"model.path={src}", "stages=[export,quantize]", "quant=int8_wo", f"calibration.path={cal}",
+            f"store_dir={tmp_path / 'store'}", "progress=false"] + CALIB
+
+    def go():
+        s = run_pipeline(compose(over), console=Console(file=io.StringIO()))
+        assert s.exit_code == 0, s.error
+        return {r.stage: r for r in s.stages}
+
+    first = go()
+    assert first["quantize"].status == "ran" and first["quantize"].headline["recipe"] == "int8_wo"
+    assert first["quantize"].headline["calib_samples"] == 16
+    again = go()
+    assert again["quantize"].status == "cached" and again["quantize"].path == first["quantize"].path
+    cal.write_text("\n".join(lines[:30]) + "\n", encoding="utf-8")
+    changed = go()
+    assert changed["export"].status == "cached" and changed["quantize"].status == "ran"
+    assert changed["quantize"].path != first["quantize"].path
+    mf = json.loads((Path(changed["quantize"].path) / "manifest.json").read_text())
+    assert "calibration" in mf["external"]
