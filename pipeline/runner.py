@@ -154,9 +154,10 @@ def run_pipeline(cfg: PipelineConfig, *, overrides: list[str] | None = None, sum
                 reports.append(StageReport(name, "dry-run", time.time() - t0, None, key, info.get("headline", {})))
                 cached = store.lookup(name, key)
                 if cached is None:
-                    # downstream stages need an input digest; stop the dry run at the first missing artifact
-                    console.print(f"[yellow]dry run:[/] {name} has no cached artifact; later stages cannot be keyed yet")
-                    break
+                    # Not built yet: later stages are planned against the folder this stage *would* write.
+                    # Their keys are provisional (marked "pending") because the real digest is unknown.
+                    console.print(f"[yellow]dry run:[/] {name} not built yet; would write {store.path_for(name, key)}")
+                    cached = Artifact(name, key, store.path_for(name, key), {"output_digest": f"pending:{key}", "result": {}, "pending": True})
                 done[name] = cached
                 continue
             force = cfg.force and name in cfg.stages
