@@ -103,7 +103,7 @@ def test_tiny_end_to_end_engine_and_report(tmp_path, tiny_ckpt, monkeypatch):
 
 # The default-model runs share one store (the export artifact is reused) and evaluate a round-robin
 # subset of the eval set over all slices; calibration is shortened to keep AWQ fast on this CPU.
-DEFAULT_LIMIT = ["eval.limit=60", "eval.batch_size=30", "calibration.num_samples=64"]
+DEFAULT_LIMIT = ["eval.limit=36", "eval.batch_size=36", "calibration.num_samples=64"]
 
 
 @pytest.fixture(scope="module")
@@ -125,13 +125,21 @@ def test_default_model_passes_gate(default_store, recipe):
 @pytest.mark.skipif(not DEFAULT_MODEL.exists(), reason="models/support-llama not trained yet (models/train.py)")
 @needs_stages
 def test_destructive_recipe_fails_gate_with_exit_3(default_store):
+    """The most destructive recipe the CPU engine can run (int4 weight-only on every linear, lm_head
+    included) against a release policy that requires the baseline's exact answers.
+
+    Measured (docs/evaluate.md): no recipe the onnxruntime-genai engine accepts collapses the default
+    model's accuracy (int4_wo with lm_head quantized: drop 0.0 pp, 84% identical answers on 120 items of
+    an interim checkpoint), so the failing check here is ``min_agreement``, not ``max_drop``.
+    """
     summary, rep, out = run(default_store, *DESTRUCTIVE, *DEFAULT_LIMIT)
     assert summary.exit_code == EXIT_GATE, (summary.error, out)
-    assert rep["gate"]["passed"] is False and "max_drop" in rep["gate"]["reason"]
+    assert rep["gate"]["passed"] is False and "min_agreement" in rep["gate"]["reason"]
+    assert rep["comparison"]["overall"]["agreement"] < 0.99
     assert "gate FAILED" in out
 
 
-DESTRUCTIVE = ["quant=int4_wo", "quant.exclude_modules=[]"]
+DESTRUCTIVE = ["quant=int4_wo", "quant.exclude_modules=[]", "eval.gate.min_agreement=0.99"]
 
 
 def test_candidate_auto_falls_back_to_simulated_when_target_cannot_run_recipe(tmp_path):
