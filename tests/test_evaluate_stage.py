@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from pipeline.config import REPO_ROOT, compose
 from pipeline.errors import EXIT_GATE, EXIT_OK
 from pipeline.runner import run_pipeline
 
-DEFAULT_MODEL = REPO_ROOT / "models" / "support-llama"
+DEFAULT_MODEL = Path(os.environ.get("PIPELINE_TEST_DEFAULT_MODEL", REPO_ROOT / "models" / "support-llama"))
 
 
 def _have_stages() -> str | None:
@@ -103,7 +104,7 @@ def test_tiny_end_to_end_engine_and_report(tmp_path, tiny_ckpt, monkeypatch):
 
 # The default-model runs share one store (the export artifact is reused) and evaluate a round-robin
 # subset of the eval set over all slices; calibration is shortened to keep AWQ fast on this CPU.
-DEFAULT_LIMIT = ["eval.limit=36", "eval.batch_size=36", "calibration.num_samples=64"]
+DEFAULT_LIMIT = [f"model.path={DEFAULT_MODEL}", "eval.limit=36", "eval.batch_size=36", "calibration.num_samples=64"]
 
 
 @pytest.fixture(scope="module")
