@@ -31,7 +31,7 @@ def documented_overrides(group: str, preset: str) -> list[str]:
             break
         comment.append(line.lstrip("# "))
     out: list[str] = []
-    m = re.search(r"\bpipeline\s+(.*)", " ".join(comment))
+    m = next((m for m in (re.search(r"\bpipeline\s+(.*)", line) for line in comment) if m), None)  # first command line only
     for tok in (m.group(1).split() if m else []):
         if tok.startswith("("):
             break
