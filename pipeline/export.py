@@ -476,7 +476,7 @@ def export_checkpoint(src: str | Path, out: str | Path, *, dtype: str = "float16
 
         # 3. transformers config (defaults filled in), cross-checked against the raw file
         import torch
-        from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+        from transformers import AutoConfig, GenerationConfig
 
         try:
             hf_cfg = AutoConfig.from_pretrained(str(src), trust_remote_code=trust_remote_code)
