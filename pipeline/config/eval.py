@@ -55,6 +55,9 @@ class EvalConfig:
     draft_model_path: Optional[str] = runtime(None, doc="draft model for speculative-decoding acceptance measurement")
     draft_tokens: int = 4
     """Draft tokens proposed per speculative step (k) when measuring the draft acceptance rate."""
+    torch_threads: int = runtime(0, doc="PyTorch intra-op threads for the baseline/simulated runners; 0 = auto "
+                                 "(1 on hosts with <= 4 CPUs, where threads contend: measured 10 s vs 0.15 s for one "
+                                 "16-prompt batch on a shared 2-core box; else PyTorch's default)")
     worst_regressions: int = 20
     """How many worst regressions (baseline right, candidate wrong) the report shows side by side."""
 

@@ -9,6 +9,7 @@ A failed gate does not raise: the artifact (with its report) is published and th
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 from collections import Counter, defaultdict
@@ -167,8 +168,35 @@ def _summarise(outputs: dict[str, Any], scores: dict[str, float], prepared: list
     }
 
 
+def _run_all(ctx: StageContext, runners: list[str], prepared: list[Any], tokenizer: Any, stop_ids: list[int], pad_id: int,
+             n_run: int, outputs: dict[str, Any], seconds: dict[str, float]) -> None:
+    for name in runners:
+        t0 = time.perf_counter()
+        runner = _make_runner(name, ctx, tokenizer, stop_ids, pad_id)
+        try:
+            with ctx.progress(f"evaluate: {name}", total=n_run) as adv:
+                outputs[name] = runner.run(prepared, ctx.cfg.eval.batch_size, adv)
+        finally:
+            runner.close()
+        seconds[name] = time.perf_counter() - t0
+
+
 def evaluate(ctx: StageContext) -> dict[str, Any]:
-    """Run, score, gate and report (see module docstring). Returns the stage result."""
+    """Run, score, gate and report (see module docstring). Returns the stage result.
+
+    PyTorch runs with ``eval.torch_threads`` intra-op threads (0 = 1 thread on hosts with <= 4 CPUs,
+    where spinning worker threads contend with other processes; restored afterwards)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(ctx.cfg.eval.torch_threads or (1 if (os.cpu_count() or 1) <= 4 else before))
+    try:
+        return _evaluate(ctx)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _evaluate(ctx: StageContext) -> dict[str, Any]:
     from ..evaluation import gate as G
     from ..evaluation import report as R
     from ..evaluation.dataset import load_eval_set
@@ -196,15 +224,7 @@ def evaluate(ctx: StageContext) -> dict[str, Any]:
 
     outputs: dict[str, dict[str, Any]] = {}
     seconds: dict[str, float] = {}
-    for name in runners:
-        t0 = time.perf_counter()
-        runner = _make_runner(name, ctx, tokenizer, stop_ids, pad_id)
-        try:
-            with ctx.progress(f"evaluate: {name}", total=n_run) as adv:
-                outputs[name] = runner.run(prepared, e.batch_size, adv)
-        finally:
-            runner.close()
-        seconds[name] = time.perf_counter() - t0
+    _run_all(ctx, runners, prepared, tokenizer, stop_ids, pad_id, n_run, outputs, seconds)
 
     metric_of = {p.item.id: get_metric(p.item.metric) for p in prepared}
     item_of = {p.item.id: p.item for p in prepared}
