@@ -186,15 +186,21 @@ figure{{display:inline-block;margin:0 1em 1em 0}}</style></head><body>
 
 
 def print_console(rep: dict[str, Any], console: Any) -> None:
+    """Per-slice table (scores in %, drops and CI in percentage points) and the gate verdict."""
+    from rich import box
     from rich.table import Table
 
     g = rep["gate"]
-    t = Table(title=f"evaluate: {rep['eval_set']['name']} ({rep['candidate']} vs baseline, recipe {rep['recipe']})")
-    for c in ("scope", "n", "baseline", "candidate", "drop", "CI of drop", "agreement", "gate"):
-        t.add_column(c)
+    t = Table(title=f"evaluate: {rep['eval_set']['name']} ({rep['candidate']} vs baseline, recipe {rep['recipe']})",
+              box=box.SIMPLE_HEAD, pad_edge=False)
+    t.add_column("scope", no_wrap=True)
+    for c in ("n", "base%", "cand%", "drop", "CI (pp)", "agree%", "gate"):
+        t.add_column(c, no_wrap=True, justify="right" if c != "gate" else "left")
+    f1 = lambda x: "-" if x is None else f"{100 * x:.1f}"  # noqa: E731
+    d1 = lambda x: "-" if x is None else f"{100 * x:+.1f}"  # noqa: E731
     for r in slice_rows(rep):
-        ci = f"[{_pp(r['ci'][0])}, {_pp(r['ci'][1])}]" if r["ci"] else "-"
-        t.add_row(r["scope"], str(r["n"]), _pct(r["baseline"]), _pct(r["candidate"]), _pp(r["drop"]), ci, _pct(r["agreement"]),
+        ci = f"[{d1(r['ci'][0])},{d1(r['ci'][1])}]" if r["ci"] else "-"
+        t.add_row(r["scope"], str(r["n"]), f1(r["baseline"]), f1(r["candidate"]), d1(r["drop"]), ci, f1(r["agreement"]),
                   "[green]pass[/]" if r["passed"] else "[bold red]FAIL[/]")
     console.print(t)
     if rep["skipped"]["too_long"]:
