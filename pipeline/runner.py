@@ -59,15 +59,16 @@ class RunSummary:
         }
 
 
-def resolve_order(requested: list[str]) -> list[str]:
-    """Requested stages plus their transitive dependencies, in pipeline order."""
+def resolve_order(requested: list[str], cfg: PipelineConfig | None = None) -> list[str]:
+    """Requested stages plus their transitive dependencies (for this ``cfg``), in pipeline order."""
     need: set[str] = set()
 
     def add(name: str) -> None:
         if name in need:
             return
         need.add(name)
-        for d in get_stage(name).deps:
+        stage = get_stage(name)
+        for d in (stage.deps_for(cfg) if cfg is not None else stage.deps):
             add(d)
 
     for s in requested:
@@ -128,13 +129,13 @@ def run_pipeline(cfg: PipelineConfig, *, overrides: list[str] | None = None, sum
         validate_config(cfg)
         plan = _plan(cfg, console)
         store = ArtifactStore(resolve_path(cfg.store_dir) or Path(cfg.store_dir))
-        order = resolve_order(list(cfg.stages))
+        order = resolve_order(list(cfg.stages), cfg)
         done: dict[str, Artifact] = {}
         gate_failed: str | None = None
         for name in order:
             stage = get_stage(name)
             t0 = time.time()
-            inputs = {d: done[d] for d in stage.deps}
+            inputs = {d: done[d] for d in stage.deps_for(cfg)}
             external = _external(stage, cfg)
             key, key_doc = compute_key(stage, cfg, inputs, external)
             manifest: dict[str, Any] = {
@@ -220,7 +221,7 @@ def run_pipeline(cfg: PipelineConfig, *, overrides: list[str] | None = None, sum
 def _mark_failed(reports: list[StageReport], cfg: PipelineConfig, error: str) -> None:
     seen = {r.stage for r in reports}
     try:
-        order = resolve_order(list(cfg.stages))
+        order = resolve_order(list(cfg.stages), cfg)
     except Exception:  # noqa: BLE001
         order = [s for s in STAGES if s in cfg.stages]
     failed_marked = False

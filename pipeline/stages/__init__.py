@@ -86,6 +86,8 @@ class Stage:
             resolved target, the target GPU).
         dry_run: ``f(ctx) -> dict`` describing what would be done, without writing (optional).
         cacheable: ``False`` for measurements (benchmark) that must run every time.
+        select_deps: ``f(cfg) -> deps`` when the inputs depend on the config (e.g. evaluate needs no
+            engine when only the baseline and simulated runners are asked for); a subset of ``deps``.
     """
 
     name: str
@@ -98,6 +100,11 @@ class Stage:
     key_extras: Callable[["PipelineConfig", dict[str, "Artifact"]], dict[str, Any]] = _no_extras
     dry_run: Callable[[StageContext], dict[str, Any]] | None = None
     cacheable: bool = True
+    select_deps: Callable[["PipelineConfig"], tuple[str, ...]] | None = None
+
+    def deps_for(self, cfg: "PipelineConfig") -> tuple[str, ...]:
+        """The upstream stages this run needs (``select_deps(cfg)`` when given, else ``deps``)."""
+        return tuple(self.select_deps(cfg)) if self.select_deps is not None else self.deps
 
 
 def get_stage(name: str) -> Stage:

@@ -372,6 +372,12 @@ def _dry_run(ctx: StageContext) -> dict[str, Any]:
     return {"headline": {"items": len(items), "runners": ",".join(runners), "candidate": cand}}
 
 
+def _select_deps(cfg: Any) -> tuple[str, ...]:
+    # The engine is only an input when the engine runner is asked for; baseline + simulated runs
+    # (e.g. fp8 / int8_sq sweeps on a CPU-only host) need no build.
+    return ("export", "quantize", "build") if "engine" in cfg.eval.runners else ("export", "quantize")
+
+
 STAGE = Stage(
     name="evaluate",
     deps=("export", "quantize", "build"),
@@ -382,4 +388,5 @@ STAGE = Stage(
     external_inputs=_external,
     key_extras=_key_extras,
     dry_run=_dry_run,
+    select_deps=_select_deps,
 )

@@ -84,7 +84,9 @@ def resolve_target(cfg: "PipelineConfig") -> tuple[str, str]:
 
 def needs_build(cfg: "PipelineConfig") -> bool:
     """Whether the configured stages include the build stage or a stage that consumes an engine."""
-    return any(s in cfg.stages for s in ("build", "evaluate", "package", "benchmark"))
+    if any(s in cfg.stages for s in ("build", "package", "benchmark")):
+        return True
+    return "evaluate" in cfg.stages and "engine" in cfg.eval.runners
 
 
 def config_problems(cfg: "PipelineConfig") -> list["Problem"]:
