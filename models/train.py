@@ -199,6 +199,17 @@ def collate(seqs, idx: List[int], pad_id: int):
     return ids, mask, labels
 
 
+def answer_loss(model, ids, mask, labels):
+    """Same value as ``model(..., labels=labels).loss`` (shifted CE over the
+    unmasked answer tokens) but the LM head only runs on those positions
+    (~35 % faster on CPU)."""
+    hidden = model.model(input_ids=ids, attention_mask=mask).last_hidden_state
+    target = labels[:, 1:]
+    keep = target != -100
+    logits = model.lm_head(hidden[:, :-1][keep])
+    return torch.nn.functional.cross_entropy(logits.float(), target[keep])
+
+
 # --------------------------------------------------------------------------
 # scoring (simple, self-contained; the pipeline's evaluate stage has its own)
 # --------------------------------------------------------------------------
@@ -370,6 +381,24 @@ def save_generation_config(out_dir: str) -> None:
         f.write("\n")
 
 
+def save_checkpoint(model, out_dir: str) -> None:
+    """float32 safetensors + config.json (with the legacy top-level ``rope_theta``
+    and ``torch_dtype`` keys that non-transformers readers look for) +
+    generation_config.json."""
+    os.makedirs(out_dir, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    path = os.path.join(out_dir, "config.json")
+    with open(path) as f:
+        cfg = json.load(f)
+    rope = cfg.get("rope_parameters") or {}
+    cfg["rope_theta"] = float(rope.get("rope_theta", ARCH["rope_theta"]))
+    cfg["torch_dtype"] = "float32"
+    with open(path, "w") as f:
+        json.dump(dict(sorted(cfg.items())), f, indent=2)
+        f.write("\n")
+    save_generation_config(out_dir)
+
+
 def write_model_card(out_dir: str, info: dict) -> None:
     ev = info.get("eval") or {}
     rows = "\n".join(
@@ -469,19 +498,21 @@ def main(argv=None) -> None:
     ap.add_argument("--eval-path", default=DEFAULT_EVAL)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--train-seed", type=int, default=gd.DEFAULT_TRAIN_SEED)
-    ap.add_argument("--n-train", type=int, default=200_000)
+    ap.add_argument("--n-train", type=int, default=250_000)
     ap.add_argument("--vocab-size", type=int, default=3072)
     ap.add_argument("--layers", type=int, default=ARCH["num_hidden_layers"])
     ap.add_argument("--intermediate", type=int, default=ARCH["intermediate_size"])
-    ap.add_argument("--steps", type=int, default=3000)
-    ap.add_argument("--batch-tokens", type=int, default=4096)
+    ap.add_argument("--steps", type=int, default=7000)
+    ap.add_argument("--batch-tokens", type=int, default=1024)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--min-lr-ratio", type=float, default=0.05)
-    ap.add_argument("--warmup", type=int, default=150)
+    ap.add_argument("--warmup", type=int, default=200)
     ap.add_argument("--weight-decay", type=float, default=0.05)
-    ap.add_argument("--log-every", type=int, default=50)
+    ap.add_argument("--log-every", type=int, default=200)
     ap.add_argument("--eval-limit", type=int, default=None, help="items per slice in the final eval")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--eval-every", type=int, default=1000, help="probe accuracy every N steps (0: never)")
+    ap.add_argument("--probe-limit", type=int, default=10, help="items per slice in the probes")
     ap.add_argument("--smoke", action="store_true", help="tiny end-to-end run (~1-2 min)")
     ap.add_argument("--eval-only", action="store_true")
     args = ap.parse_args(argv)
@@ -491,8 +522,9 @@ def main(argv=None) -> None:
         evaluate_greedy(args.out, args.eval_path, limit=args.eval_limit)
         return
     if args.smoke:
-        args.n_train, args.steps, args.warmup, args.log_every = 8000, 60, 10, 10
-        args.eval_limit = args.eval_limit or 10
+        args.n_train, args.steps, args.warmup, args.log_every, args.eval_every = 6000, 40, 10, 10, 20
+        args.batch_tokens = min(args.batch_tokens, 2048)
+        args.eval_limit = args.eval_limit or 5
 
     t_start = time.time()
     set_seed(args.seed)
@@ -511,6 +543,9 @@ def main(argv=None) -> None:
     print(f"[tok] vocab {vocab}; seq len mean {lens.mean():.1f} max {lens.max()}; "
           f"{int(lens.sum()):,} tokens", flush=True)
     assert lens.max() <= ARCH["max_position_embeddings"]
+
+    os.makedirs(args.out, exist_ok=True)
+    save_tokenizer(tok, args.out, ARCH["max_position_embeddings"])
 
     arch = dict(ARCH, num_hidden_layers=args.layers, intermediate_size=args.intermediate)
     config = build_config(vocab, arch)
@@ -550,12 +585,12 @@ def main(argv=None) -> None:
         ids, mask, labels = collate(seqs, idx, pad_id)
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
-        out = model(input_ids=ids, attention_mask=mask, labels=labels)
+        loss = answer_loss(model, ids, mask, labels)
         opt.zero_grad(set_to_none=True)
-        out.loss.backward()
+        loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        losses.append(out.loss.item())
+        losses.append(loss.item())
         n_tok = int(mask.sum())
         tok_count += n_tok
         tok_log += n_tok
@@ -567,15 +602,19 @@ def main(argv=None) -> None:
                   f"lr {lr_at(step):.2e} tok/s {tok_log / max(1e-9, now - t_log):.0f} "
                   f"elapsed {now - t_train:.0f}s", flush=True)
             t_log, tok_log = now, 0
+        if args.eval_every and (step + 1) % args.eval_every == 0 and step + 1 < args.steps:
+            # progress probe: save the current weights and score a few items per slice
+            # (greedy decoding consumes no random numbers, so the run stays deterministic)
+            save_checkpoint(model, args.out)
+            res = evaluate_greedy(args.out, args.eval_path, limit=args.probe_limit, model=model, verbose=False)
+            print(f"[probe] step {step + 1} acc {res['overall'] * 100:.1f}% " + " ".join(
+                f"{k}={v * 100:.0f}" for k, v in res["per_slice"].items()), flush=True)
+            t_log = time.time()
     train_seconds = time.time() - t_train
     final_loss = float(np.mean(losses[-100:]))
 
-    os.makedirs(args.out, exist_ok=True)
     model.eval()
-    model.generation_config.do_sample = False
-    model.save_pretrained(args.out, safe_serialization=True)
-    save_generation_config(args.out)  # overwrite with the minimal explicit one
-    save_tokenizer(tok, args.out, ARCH["max_position_embeddings"])
+    save_checkpoint(model, args.out)
     size_mb = os.path.getsize(os.path.join(args.out, "model.safetensors")) / 1e6
     print(f"[save] {args.out} (model.safetensors {size_mb:.2f} MB)", flush=True)
 
