@@ -32,7 +32,8 @@ def _prompts(n: int) -> list[str]:
 
 
 def _cfg(ckpt: Path, *extra: str):
-    return compose(["target=onnxruntime_genai", f"model.path={ckpt}", "build.max_input_len=160", "build.max_seq_len=200",
+    quant = [] if any(x.startswith("quant=") for x in extra) else ["quant=none"]
+    return compose(["target=onnxruntime_genai", *quant, f"model.path={ckpt}", "build.max_input_len=160", "build.max_seq_len=200",
                     "build.max_batch_size=4", *extra])
 
 
@@ -129,10 +130,10 @@ def test_default_model_fp32_parity(tmp_path):
     ckpt = ROOT / "models" / "support-llama"
     if not (ckpt / "config.json").is_file():
         pytest.skip("models/support-llama has not landed yet")
-    cfg = compose(["target=onnxruntime_genai", f"model.path={ckpt}", "build=cpu_default"])
+    cfg = compose(["target=onnxruntime_genai", "quant=none", f"model.path={ckpt}", "build=cpu_default"])
     hf_max = json.loads((ckpt / "config.json").read_text()).get("max_position_embeddings", 384)
     if cfg.build.max_seq_len > hf_max:
-        cfg = compose(["target=onnxruntime_genai", f"model.path={ckpt}", f"build.max_seq_len={hf_max}", f"build.max_input_len={hf_max // 2}"])
+        cfg = compose(["target=onnxruntime_genai", "quant=none", f"model.path={ckpt}", f"build.max_seq_len={hf_max}", f"build.max_input_len={hf_max // 2}"])
     _build(cfg, ckpt, tmp_path)
     tok = tf.AutoTokenizer.from_pretrained(str(ckpt))
     model = tf.AutoModelForCausalLM.from_pretrained(str(ckpt), dtype="float32").eval()

@@ -327,7 +327,7 @@ def _ctx(tmp_path, ort_build, tiny_llama, gate, **pkg):
     from pipeline.stages import StageContext
     from pipeline.store import Artifact
 
-    cfg = compose(["stages=[package]", "model.name=tiny"] + [f"package.{k}={v}" for k, v in pkg.items()])
+    cfg = compose(["stages=[package]", "quant=none", "model.name=tiny"] + [f"package.{k}={v}" for k, v in pkg.items()])
     exp = tmp_path / "export"
     shutil.copytree(tiny_llama, exp / "hf")
     (exp / "model_info.json").write_text(json.dumps(MODEL_INFO))

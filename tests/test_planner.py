@@ -123,12 +123,12 @@ def test_tokens_per_block_rounding_changes_sequences():
 
 # --------------------------------------------------------------------------- refusals and warnings
 def test_weights_that_do_not_fit_are_refused_with_numbers_and_a_fix():
-    p = plan(compose(["model=llama31_70b", "target.gpu=h100_sxm"]))
+    p = plan(compose(["model=llama31_70b", "quant=none", "target.gpu=h100_sxm"]))
     assert p.status == "refused"
     msg = " ".join(p.refusals)
     assert "weights alone need" in msg and "GiB" in msg and "tp=1" in msg and "quant.tp_size=" in msg
     with pytest.raises(PlanRefused) as e:
-        plan_for_run(compose(["model=llama31_70b", "target.gpu=h100_sxm"]), _Quiet())
+        plan_for_run(compose(["model=llama31_70b", "quant=none", "target.gpu=h100_sxm"]), _Quiet())
     assert e.value.exit_code == 4
     # with TP=2 and FP8 the same model plans fine
     assert plan(compose(["model=llama31_70b", "target.gpu=h100_sxm", "quant=fp8", "quant.tp_size=2"])).status in ("ok", "warn")
@@ -207,7 +207,7 @@ def test_cli_json_and_alias(capsys):
     code = plan_main(["--json", "model=llama31_8b", "target_gpu=h100_sxm", "quant=fp8", "build=throughput"])
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and out["plan"]["target"]["key"] == "h100_sxm" and out["plan"]["schema"] == "pipeline.plan/v1"
-    assert plan_main(["--json", "model=llama31_70b", "target.gpu=h100_sxm"]) == 4
+    assert plan_main(["--json", "model=llama31_70b", "quant=none", "target.gpu=h100_sxm"]) == 4
     capsys.readouterr()
     assert plan_main(["--json", "model=llama31_8b", "target.gpu=nonesuch"]) == 2
     assert "nonesuch" in capsys.readouterr().out

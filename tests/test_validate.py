@@ -86,7 +86,7 @@ def test_calibration_length_against_positions():
     p = cross_field_problems(compose(["model=llama2_7b", "quant=int4_awq", "calibration.max_seq_len=8192"]))
     assert "calibration.max_seq_len" in fields(p)
     # no calibration for the unquantized recipe
-    assert "calibration.max_seq_len" not in fields(cross_field_problems(compose(["model=llama2_7b", "calibration.max_seq_len=8192"])))
+    assert "calibration.max_seq_len" not in fields(cross_field_problems(compose(["model=llama2_7b", "quant=none", "calibration.max_seq_len=8192"])))
 
 
 def test_unknown_target_gpu_is_a_problem():
