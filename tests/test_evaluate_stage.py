@@ -125,21 +125,25 @@ def test_default_model_passes_gate(default_store, recipe):
     assert rep["comparison"]["overall"]["agreement"] >= (0.95 if recipe == "none" else 0.5)
 
 
-@pytest.mark.skipif(not DEFAULT_MODEL.exists(), reason="models/support-llama not trained yet (models/train.py)")
 @needs_stages
-def test_destructive_recipe_fails_gate_with_exit_3(default_store):
-    """The most destructive recipe the CPU engine can run (int4 weight-only on every linear, lm_head
-    included) against a release policy that requires the baseline's exact answers.
+def test_destructive_recipe_fails_gate_with_exit_3(tmp_path, tiny_ckpt):
+    """int4 weight-only on every linear (lm_head included) of a small, unconfident model changes its
+    greedy answers; a release policy that requires the baseline's answers (``min_agreement=0.99``) must
+    fail it: exit 3, the report still published and naming the failed check, and the package stage
+    refusing the artifact.
 
-    Measured (docs/evaluate.md): no recipe the onnxruntime-genai engine accepts collapses the default
-    model's accuracy (int4_wo with lm_head quantized: drop 0.0 pp, 84% identical answers on 120 items of
-    an interim checkpoint), so the failing check here is ``min_agreement``, not ``max_drop``.
+    The trained default model is too robust to show this: every recipe kept 100 % of its answers
+    (measured, docs/evaluate.md), so the destructive case runs on the tiny random-weight Llama.
     """
-    summary, rep, out = run(default_store, *DESTRUCTIVE, *DEFAULT_LIMIT)
+    summary, rep, out = run(tmp_path, f"model.path={tiny_ckpt}", "model.dtype=float32", *DESTRUCTIVE, "calibration.num_samples=32",
+                            "calibration.min_samples=8", "eval.limit=24", "eval.max_new_tokens=12", "build.max_input_len=160",
+                            "build.max_seq_len=200", "stages=[evaluate,package]")
     assert summary.exit_code == EXIT_GATE, (summary.error, out)
     assert rep["gate"]["passed"] is False and "min_agreement" in rep["gate"]["reason"]
     assert rep["comparison"]["overall"]["agreement"] < 0.99
     assert "gate FAILED" in out
+    pkg = next(s for s in summary.stages if s.stage == "package")
+    assert pkg.status == "failed" and "gate" in (pkg.error or "")
 
 
 DESTRUCTIVE = ["quant=int4_wo", "quant.exclude_modules=[]", "eval.gate.min_agreement=0.99"]
