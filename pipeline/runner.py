@@ -313,10 +313,17 @@ def write_comparison(sweep_dir: Path, console: Console) -> dict[str, Any]:
     for r in rows:  # one line per job: newlines and pipes inside a cell would break the table
         md.append("| " + " | ".join(_fmt(r.get(c, "")).replace("\n", " ").replace("|", "\\|") for c in cols) + " |")
     (sweep_dir / "comparison.md").write_text("\n".join(md) + "\n", encoding="utf-8")
-    t = Table(title=f"comparison ({len(rows)} runs) - {sweep_dir}")
-    for c in cols:
-        t.add_column(c)
-    for r in rows:
-        t.add_row(*[_fmt(r.get(c, "")) for c in cols])
+    # The console shows what differs between the jobs (the files keep every column): the overrides that
+    # vary, the headline values that vary, and the verdict columns.
+    split = [str(r.get("overrides", "")).split() for r in rows]
+    common = set.intersection(*(set(x) for x in split)) if split else set()
+    keep = {"exit_code", "evaluate.gate", "evaluate.score", "evaluate.drop", "evaluate.agreement"}
+    shown = [c for c in cols if c not in ("job", "overrides") and (c in keep or len({_fmt(r.get(c, "")) for r in rows}) > 1)]
+    t = Table(title=f"comparison of {len(rows)} runs ({sweep_dir / 'comparison.md'})")
+    t.add_column("variant", no_wrap=True)
+    for c in shown:
+        t.add_column(c.replace("evaluate.", "eval.").replace("quantize.", "quant."))
+    for r, ov in zip(rows, split):
+        t.add_row(" ".join(o for o in ov if o not in common) or "-", *[_fmt(r.get(c, "")) for c in shown])
     console.print(t)
     return doc
