@@ -12,9 +12,10 @@ TARGETS = ("auto", "onnxruntime_genai", "tensorrt_llm")
 
 @dataclass
 class TargetConfig:
-    name: str = "auto"
+    name: str = runtime("auto", doc="the *resolved* target enters the build key (build stage key_extras)")
     """auto | onnxruntime_genai | tensorrt_llm. ``auto`` picks tensorrt_llm when it is importable and
-    a GPU is visible, else onnxruntime_genai, and says which and why."""
+    a GPU is visible, else onnxruntime_genai, and says which and why. Not hashed as written: the build
+    stage hashes the resolved target, so ``auto`` and the target it resolves to share artifacts."""
     backend: str = "tensorrt"
     """tensorrt_llm only: tensorrt (trtllm-build engine, TensorRT-LLM <= 1.2.1) | pytorch (LLM API, no engine file)."""
     execution_provider: str = "cpu"
