@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from . import hostinfo
@@ -76,14 +77,32 @@ def resolve_order(requested: list[str], cfg: PipelineConfig | None = None) -> li
     return [s for s in STAGES if s in need]
 
 
+_DIGESTS: dict[tuple[str, int, int], str] = {}
+
+
+def _digest(p: Path) -> str:
+    """digest_path, memoised per process on (path, size, mtime) of the file or folder's newest file."""
+    try:
+        st = p.stat()
+        stamp = (str(p), st.st_size, max([st.st_mtime_ns] + [f.stat().st_mtime_ns for f in p.rglob("*") if f.is_file()] if p.is_dir() else [st.st_mtime_ns]))
+    except OSError:
+        return digest_path(p)
+    if stamp not in _DIGESTS:
+        _DIGESTS[stamp] = digest_path(p)
+    return _DIGESTS[stamp]
+
+
 def compute_key(stage: Stage, cfg: PipelineConfig, inputs: dict[str, Artifact], external: dict[str, Path]) -> tuple[str, dict[str, Any]]:
     """The cache key of ``stage`` and the document it hashes (recorded in the manifest)."""
     doc = {
         "stage": stage.name,
         "stage_version": stage.version,
         "config": {g: key_fields(getattr(cfg, g)) for g in stage.config_groups},
-        "inputs": {name: art.digest for name, art in sorted(inputs.items())},
-        "external": {name: digest_path(p) for name, p in sorted(external.items())},
+        # Upstream artifacts enter by their *key* (itself a hash of their inputs, config and versions), so
+        # the chain is input-addressed like a build system's action keys: timing fields inside an upstream
+        # report never invalidate downstream work. Output digests stay in each manifest for provenance.
+        "inputs": {name: art.key for name, art in sorted(inputs.items())},
+        "external": {name: _digest(p) for name, p in sorted(external.items())},
         "extras": stage.key_extras(cfg, inputs),
         "versions": hostinfo.library_versions(stage.libraries),
     }
@@ -101,6 +120,51 @@ def _external(stage: Stage, cfg: PipelineConfig) -> dict[str, Path]:
             raise InputError(f"{stage.name}: input {name!r} not found at {p!r} (resolved to {rp}). Fix the path in the config.")
         out[name] = rp
     return out
+
+
+def _open_store(store_dir: str) -> ArtifactStore:
+    """The artifact store at ``store_dir``, created if needed; InputError (exit 2) when unusable."""
+    from .errors import InputError
+
+    if not str(store_dir).strip():
+        raise InputError("store_dir='': empty. Fix: set store_dir to a folder, e.g. store_dir=artifacts (the default).")
+    root = resolve_path(str(store_dir)) or Path(store_dir)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe = root / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise InputError(f"store_dir={str(store_dir)!r}: cannot create or write {root} ({e.strerror or e}). "
+                         "Fix: point store_dir at a writable folder (it is created if missing).") from e
+    return ArtifactStore(root)
+
+
+def _target_available(cfg: PipelineConfig, store: ArtifactStore, order: list[str], externals: dict[str, dict[str, Path]]) -> None:
+    """Run the build target's preflight before any stage runs (PreflightError, exit 4, with the exact
+    command), so a request this machine cannot build never spends hours calibrating first.
+
+    Keys are input-addressed, so the quantize artifact's future folder is known before it exists.
+    """
+    try:
+        from .targets import get_target, resolve_target
+    except ImportError:
+        return
+    name, _ = resolve_target(cfg)
+    target = get_target(name)
+    ok, _reason = target.available()
+    if ok:
+        return
+    pending: dict[str, Artifact] = {}
+    for s in order:
+        if s == "build":
+            break
+        st = get_stage(s)
+        key, _ = compute_key(st, cfg, {d: pending[d] for d in st.deps_for(cfg)}, externals[s])
+        pending[s] = Artifact(s, key, store.path_for(s, key), {"output_digest": f"pending:{key}", "result": {}})
+    quant = pending.get("quantize")
+    ckpt = (quant.path if quant else store.root / "quantize" / "<key>") / "trtllm_checkpoint"
+    target.preflight(cfg, ckpt, None)
 
 
 def _plan(cfg: PipelineConfig, console: Console) -> dict[str, Any] | None:
@@ -128,15 +192,20 @@ def run_pipeline(cfg: PipelineConfig, *, overrides: list[str] | None = None, sum
     try:
         validate_config(cfg)
         plan = _plan(cfg, console)
-        store = ArtifactStore(resolve_path(cfg.store_dir) or Path(cfg.store_dir))
+        store = _open_store(cfg.store_dir)
         order = resolve_order(list(cfg.stages), cfg)
+        # Every stage's external inputs (checkpoint, calibration set, eval set) are checked before the first
+        # stage runs, and so is the build target's availability: nothing heavy runs on a doomed request.
+        externals = {name: _external(get_stage(name), cfg) for name in order}
+        if "build" in order and not cfg.dry_run:
+            _target_available(cfg, store, order, externals)
         done: dict[str, Artifact] = {}
         gate_failed: str | None = None
         for name in order:
             stage = get_stage(name)
             t0 = time.time()
             inputs = {d: done[d] for d in stage.deps_for(cfg)}
-            external = _external(stage, cfg)
+            external = externals[name]
             key, key_doc = compute_key(stage, cfg, inputs, external)
             manifest: dict[str, Any] = {
                 "config": redact(key_doc["config"]),
@@ -239,10 +308,10 @@ def print_summary(summary: RunSummary, console: Console) -> None:
     for r in summary.stages:
         style = {"cached": "green", "ran": "cyan", "failed": "red", "not-run": "dim", "dry-run": "yellow"}.get(r.status, "")
         head = ", ".join(f"{k}={_fmt(v)}" for k, v in r.headline.items())
-        t.add_row(r.stage, f"[{style}]{r.status}[/]", f"{r.seconds:.2f} s", r.path or "-", head or (r.error or "")[:120])
+        t.add_row(r.stage, f"[{style}]{r.status}[/]", f"{r.seconds:.2f} s", escape(r.path or "-"), escape(head or (r.error or "")[:120]))
     console.print(t)
     if summary.error:
-        console.print(f"[bold red]error (exit {summary.exit_code}):[/] {summary.error}")
+        console.print(f"[bold red]error (exit {summary.exit_code}):[/] {escape(summary.error)}")
     else:
         console.print(f"[bold green]ok[/] in {summary.total_s:.1f} s")
 

@@ -32,12 +32,14 @@ from typing import Any, Iterator, Mapping
 
 from filelock import FileLock
 
+from .errors import PipelineError
+
 MANIFEST = "manifest.json"
 MANIFEST_SCHEMA = "pipeline.manifest/v1"
 _CHUNK = 1 << 20
 
 
-class StoreError(RuntimeError):
+class StoreError(PipelineError):
     """An artifact could not be written or read; the message names the path."""
 
 

@@ -152,6 +152,8 @@ def validate(cfg: PipelineConfig, *, raise_on_error: bool = True) -> list[Proble
     Raises :class:`ConfigError` listing them all when ``raise_on_error`` and any were found.
     """
     problems: list[Problem] = []
+    if not cfg.stages:
+        problems.append(Problem("stages", [], "no stage to run.", f"use a subset of {list(STAGES)}, e.g. stages=[export,quantize]"))
     for s in cfg.stages:
         if s not in STAGES:
             problems.append(Problem("stages", s, f"unknown stage.", f"use a subset of {list(STAGES)}"))

@@ -66,6 +66,9 @@ def validate(cfg: EvalConfig, prefix: str = "eval") -> list[Problem]:
     problems: list[Problem] = []
     for r in cfg.runners:
         choice(problems, f"{prefix}.runners", r, RUNNERS)
+    if "baseline" not in cfg.runners:
+        problems.append(Problem(f"{prefix}.runners", list(cfg.runners), "must include baseline: the gate judges the candidate against it.",
+                                "e.g. eval.runners=[baseline,engine] or eval.runners=[baseline,simulated]"))
     choice(problems, f"{prefix}.candidate", cfg.candidate, ("auto", "engine", "simulated"))
     if cfg.draft_tokens < 1:
         problems.append(Problem(f"{prefix}.draft_tokens", cfg.draft_tokens, "must be >= 1.", "use eval.draft_tokens=4"))

@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     print(f"ready: gRPC {srv.grpc_url}  HTTP {srv.http_url}  metrics {srv.client_host}:{srv.metrics_port}  (log {srv.log_path})")
-    print(f"try:   pipeline client --url {srv.grpc_url} --stream \"Where is my order ORD-12345?\"")
+    print(f"try:   pipeline client --url {srv.grpc_url} --stream \"Extract the order ID from this message: Hello, I want to cancel order ORD-76526 before it ships.\"")
     print("Ctrl-C stops the server.", flush=True)
     while not stop.wait(1.0):
         if not srv.is_running():

@@ -352,6 +352,14 @@ def _speculative_summary(acc: dict[str, dict[str, int]], prepared: list[Any], e:
 
 
 def _external(cfg: Any) -> dict[str, Any]:
+    from ..config import resolve_path
+    from ..evaluation.dataset import load_eval_set
+
+    # Parse the eval set now: the runner resolves every stage's external inputs before the first stage
+    # runs, so a malformed eval set fails in milliseconds, not after quantization and the build.
+    path = resolve_path(cfg.eval.eval_set)
+    if path is not None and path.is_file():
+        load_eval_set(path, limit=cfg.eval.limit)
     ext: dict[str, Any] = {"eval_set": cfg.eval.eval_set}
     if cfg.eval.draft_model_path:
         ext["draft_model"] = cfg.eval.draft_model_path
