@@ -69,6 +69,10 @@ def _write_error_summary(out_dir: Path, overrides: list[str], code: int, error: 
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("-h", "--help", "help"):
+        print(__doc__.strip())
+        print("\nConfig groups and overrides: pipeline --cfg job (resolved config), pipeline --hydra-help; README.md.")
+        return
     if argv and argv[0] in SUBCOMMANDS:
         mod = importlib.import_module(SUBCOMMANDS[argv[0]])
         sys.exit(mod.main(argv[1:]) or 0)
