@@ -218,6 +218,16 @@ def _check_heads(cfg: dict[str, Any], where: str) -> list[str]:
 
 
 # --------------------------------------------------------------------------- weights (headers only)
+def _read_headers(facts: Any, src: Path, files: list[str]) -> None:
+    """Record ``files`` as the weight files and every tensor's header (dtype, shape) and file in ``facts``."""
+    facts.weight_files = files
+    for f in files:
+        tensors, _ = _safetensors_header(src / f)
+        for name, meta in tensors.items():
+            facts.tensors[name] = meta
+            facts.tensor_file[name] = f
+
+
 def _safetensors_header(path: Path) -> tuple[dict[str, tuple[list[int], str]], dict[str, str]]:
     """Tensor name -> (shape, dtype) and the metadata of one safetensors file, via ``safe_open``.
 
@@ -299,12 +309,7 @@ def inspect_checkpoint(path: str | Path, *, trust_remote_code: bool = False, all
         missing = [f for f in files if not (src / f).is_file()]
         if missing:
             raise InputError(f"{index_path}: lists shard(s) {missing} that are not in {src}. Fix: download the missing shards.")
-        facts.weight_files = files
-        for f in files:
-            tensors, _ = _safetensors_header(src / f)
-            for name, meta in tensors.items():
-                facts.tensors[name] = meta
-                facts.tensor_file[name] = f
+        _read_headers(facts, src, files)
         absent = [n for n, f in wmap.items() if facts.tensor_file.get(n) != f]
         if absent:
             raise InputError(f"{index_path}: {len(absent)} tensor(s) are not in the shard the index names, e.g. {absent[:3]}. "
@@ -317,12 +322,7 @@ def inspect_checkpoint(path: str | Path, *, trust_remote_code: bool = False, all
     else:
         others = sorted(p.name for p in src.glob("*.safetensors"))
         if others:
-            facts.weight_files = others
-            for f in others:
-                tensors, _ = _safetensors_header(src / f)
-                for name, meta in tensors.items():
-                    facts.tensors[name] = meta
-                    facts.tensor_file[name] = f
+            _read_headers(facts, src, others)
         else:
             pickles = sorted(p.name for p in src.iterdir() if p.is_file() and p.suffix in PICKLE_SUFFIXES
                              and not p.name.startswith(("training_args", "optimizer", "scheduler", "rng_state")))
