@@ -157,6 +157,7 @@ class TextCodec:
             self.clean_up_tokenization_spaces = bool(self.config.get("clean_up_tokenization_spaces"))
         self._template = None
         self._plain_tok = self._run_tok = None
+        self._byte_piece_ids = self._find_byte_pieces()
         self._guard = self._find_guard()
         self._adds_bos = self._tokenizer_adds_bos()
 
@@ -200,6 +201,24 @@ class TextCodec:
         if not template and (d / "chat_template.json").is_file():
             template = read("chat_template.json").get("chat_template")
         return cls(tok, config, template if isinstance(template, str) else None, stmap)
+
+    def _find_byte_pieces(self) -> frozenset:
+        """Ids of SentencePiece byte-fallback pieces (``<0x00>``..``<0xFF>``) when the decoder has ``ByteFallback``.
+
+        tokenizers' ByteFallback decoder turns a whole run of consecutive byte pieces into text at once, and into one
+        U+FFFD per piece when the run is not valid UTF-8, so a run's text is known only once a non-byte piece follows.
+        """
+        def has_byte_fallback(node: Any) -> bool:
+            if isinstance(node, dict):
+                return node.get("type") == "ByteFallback" or any(has_byte_fallback(v) for v in node.values())
+            if isinstance(node, list):
+                return any(has_byte_fallback(v) for v in node)
+            return False
+
+        if not has_byte_fallback(json.loads(self.tokenizer.to_str()).get("decoder")):
+            return frozenset()
+        ids = (self.tokenizer.token_to_id(f"<0x{b:02X}>") for b in range(256))
+        return frozenset(i for i in ids if i is not None)
 
     def _find_guard(self) -> int | None:
         """A plain ASCII-letter token whose decoding is context free (used as left context by StreamDecoder)."""
@@ -343,8 +362,14 @@ class TextCodec:
         spans = self._content_spans(real, msgs, add_generation_prompt)
         enc = self.tokenizer.encode(real, add_special_tokens=False)
         legit: list[tuple[int, int, int]] = []  # (start, end, id) of control tokens the template wrote
+        content_of = {i: c for c, i in self._special_by_content.items()}
         for tid, (s, e) in zip(enc.ids, enc.offsets):
-            if tid in self.special_ids and not any(s < ce and cs < e for cs, ce in spans):
+            if tid not in self.special_ids:
+                continue
+            # the token's own characters (an lstrip/rstrip token's span also covers the whitespace it absorbed)
+            k = real.find(content_of.get(tid, ""), s, e)
+            cs0, ce0 = (k, k + len(content_of[tid])) if k >= 0 and tid in content_of else (s, e)
+            if not any(cs0 < ce and cs < ce0 for cs, ce in spans):
                 legit.append((s, e, tid))
         out: list[int] = []
         pos = 0
@@ -414,12 +439,13 @@ class StreamDecoder:
         self._prefix_tail = ""  # cleanup mode: held text of earlier windows, not yet returned
         self.ids: list[int] = []
 
-    def _decode_window(self) -> str:
+    def _decode_window(self, window: list[int] | None = None) -> str:
         c = self.codec
+        window = self._window if window is None else window
         if self._at_start or c._guard is None:
-            return c.tokenizer.decode(self._window, skip_special_tokens=False)
+            return c.tokenizer.decode(window, skip_special_tokens=False)
         g = c.tokenizer.decode([c._guard], skip_special_tokens=False)
-        text = c.tokenizer.decode([c._guard] + self._window, skip_special_tokens=False)
+        text = c.tokenizer.decode([c._guard] + window, skip_special_tokens=False)
         return text[len(g):] if text.startswith(g) else text
 
     def push(self, new_ids: Iterable[int]) -> str:
@@ -431,10 +457,35 @@ class StreamDecoder:
         if not new:
             return ""
         self._window.extend(new)
+        if self._window[-1] in self.codec._byte_piece_ids:
+            # inside a run of byte-fallback pieces: release the text before the run, hold the run itself
+            r = len(self._window)
+            while r > 0 and self._window[r - 1] in self.codec._byte_piece_ids:
+                r -= 1
+            if r == 0:
+                return ""
+            head = self._decode_window(self._window[:r])
+            out = self._advance(head, final_window=False)
+            self._window, self._at_start = self._window[r:], False
+            self._emitted = max(0, self._emitted - len(head))
+            return out
         text = self._decode_window()
         if not text.endswith(REPLACEMENT):
             return self._advance(text, final_window=True)
-        return self._advance(text.rstrip(REPLACEMENT), final_window=False)
+        out = self._advance(text.rstrip(REPLACEMENT), final_window=False)
+        self._rebase(text)
+        return out
+
+    def _rebase(self, text: str) -> None:
+        """Chunks cut mid-character keep the window open; restart it at the last clean point among its last 4 tokens
+        (an unfinished UTF-8 sequence is at most 3 bytes, so one of them is clean unless the model emits stray bytes)."""
+        n = len(self._window)
+        for k in range(n - 1, max(0, n - 4) - 1, -1):
+            pre = self._decode_window(self._window[:k]) if k else ""
+            if pre and not pre.endswith(REPLACEMENT) and text.startswith(pre):
+                self._window, self._at_start = self._window[k:], False
+                self._emitted = max(0, self._emitted - len(pre))
+                return
 
     def _advance(self, text: str, final_window: bool) -> str:
         raw = text[self._emitted:] if len(text) > self._emitted else ""
@@ -476,6 +527,16 @@ def codec_of(tokenizer: Any) -> TextCodec:
         return TextCodec.from_dir(tokenizer)
     c = getattr(tokenizer, "_pipeline_text_codec", None)
     if c is not None:
+        return c
+    src = getattr(tokenizer, "name_or_path", None)
+    if src and (Path(str(src)) / "tokenizer.json").is_file():
+        # the files, not transformers' in-memory rebuild: transformers 5 rebuilds some tokenizers (e.g. LlamaTokenizer
+        # with ``legacy: false``) with a different pre-tokenizer than tokenizer.json, which serving reads
+        c = TextCodec.from_dir(str(src))
+        try:
+            tokenizer._pipeline_text_codec = c
+        except Exception:  # noqa: BLE001
+            pass
         return c
     from tokenizers import Tokenizer
 
