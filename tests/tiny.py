@@ -216,7 +216,10 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "phi3": dict(arch="phi3", tokenizer="spm_legacy", template=PHI3_TEMPLATE, bos="<s>", eos="<|endoftext|>", pad="<|endoftext|>",
                  extra_specials=[("<|endoftext|>", False), ("<|assistant|>", True), ("<|end|>", True), ("<|system|>", True),
                                  ("<|user|>", True)],
-                 eos_list=["<|endoftext|>", "<|end|>"], tokenizer_class="LlamaTokenizer", add_bos_token=False, legacy=False),
+                 eos_list=["<|endoftext|>", "<|end|>"], tokenizer_class="LlamaTokenizer", add_bos_token=False, legacy=False,
+                 # Phi-3-mini-4k: original_max_position_embeddings == max_position_embeddings (no LongRoPE),
+                 # sliding_window = positions - 1 (2047 of 4096 there)
+                 config=dict(original_max_position_embeddings=512, sliding_window=511)),
 }
 #: variants: family name -> (base family, config overrides)
 FAMILY_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -279,7 +282,8 @@ def make_family(out: Path, name: str, *, seed: int = 0, dtype: str = "float32", 
     spec, over = family_spec(name)
     out = Path(out)
     ids = make_family_tokenizer(out, name)
-    cfg = dict(spec.get("config", {}))
+    cfg = dict(max_position_embeddings=512)  # room for the cpu_default build (max_seq_len 384)
+    cfg.update(spec.get("config", {}))
     cfg.update(over)
     cfg.update(overrides)
     eos = ids["eos_ids"]
