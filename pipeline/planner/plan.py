@@ -6,7 +6,7 @@ Every formula and its source:
   the layers kept in high precision (embeddings, norms, biases, ``quant.exclude_modules`` such as
   ``lm_head``, ``quant.sensitive_preset`` layers) in ``quant.export_dtype``.  Packed sizes: FP8 and
   INT8 1 byte, INT4 0.5 byte per weight; scales as ModelOpt exports them for TensorRT-LLM
-  (shared/reference/tensorrt_llm.md sec. 2a/3a): FP8 one fp32 weight scale and one fp32 activation
+  (docs/reference/tensorrt_llm.md §3): FP8 one fp32 weight scale and one fp32 activation
   scale per layer; INT8 per-output-channel fp32 weight scales (SmoothQuant adds per-input-channel
   smoothing scales); INT4 AWQ/WO one fp16 scale per ``quant.group_size`` inputs per output channel
   (AWQ adds an fp16 ``prequant_scaling_factor`` per input channel; W4A8 adds an fp32 activation scale).
