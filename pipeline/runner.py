@@ -20,7 +20,8 @@ from .config import STAGES, PipelineConfig, key_fields, resolve_path
 from .config import validate as validate_config
 from .errors import EXIT_FAILED, EXIT_GATE, EXIT_INTERRUPTED, EXIT_OK, GateFailed, PipelineError
 from .stages import Stage, StageContext, get_stage
-from .store import Artifact, ArtifactStore, cache_key, digest_path, redact, write_json_atomic
+from .store import (Artifact, ArtifactStore, cache_key, digest_path, install_log_redaction, redact, redact_config, redact_files,
+                    redact_text, write_json_atomic)
 
 log = logging.getLogger("pipeline")
 SUMMARY_SCHEMA = "pipeline.summary/v1"
@@ -122,7 +123,7 @@ def _external(stage: Stage, cfg: PipelineConfig) -> dict[str, Path]:
     return out
 
 
-def _open_store(store_dir: str) -> ArtifactStore:
+def _open_store(store_dir: str, verify: bool = False) -> ArtifactStore:
     """The artifact store at ``store_dir``, created if needed; InputError (exit 2) when unusable."""
     from .errors import InputError
 
@@ -137,7 +138,7 @@ def _open_store(store_dir: str) -> ArtifactStore:
     except OSError as e:
         raise InputError(f"store_dir={str(store_dir)!r}: cannot create or write {root} ({e.strerror or e}). "
                          "Fix: point store_dir at a writable folder (it is created if missing).") from e
-    return ArtifactStore(root)
+    return ArtifactStore(root, verify=verify)
 
 
 def _target_available(cfg: PipelineConfig, store: ArtifactStore, order: list[str], externals: dict[str, dict[str, Path]]) -> None:
@@ -189,10 +190,16 @@ def run_pipeline(cfg: PipelineConfig, *, overrides: list[str] | None = None, sum
     overrides = list(overrides or [])
     exit_code, error, plan = EXIT_OK, None, None
     show_progress = cfg.progress and console.is_terminal
+    install_log_redaction()
+    if summary_dir is not None:
+        redact_run_outputs(Path(summary_dir))
+    for field_name in redact_config(cfg):  # before anything derives a key, a file name or a manifest from the config
+        console.print(f"[yellow]warning:[/] {field_name} holds a secret-looking value; it is replaced by "
+                      f"***redacted*** everywhere (secrets belong in the environment, e.g. HF_TOKEN, never in the config).")
     try:
         validate_config(cfg)
         plan = _plan(cfg, console)
-        store = _open_store(cfg.store_dir)
+        store = _open_store(cfg.store_dir, verify=cfg.verify_cache)  # verify_cache holds on every lookup
         order = resolve_order(list(cfg.stages), cfg)
         # Every stage's external inputs (checkpoint, calibration set, eval set) are checked before the first
         # stage runs, and so is the build target's availability: nothing heavy runs on a doomed request.
@@ -231,7 +238,7 @@ def run_pipeline(cfg: PipelineConfig, *, overrides: list[str] | None = None, sum
                 done[name] = cached
                 continue
             force = cfg.force and name in cfg.stages
-            art = None if (force or not stage.cacheable) else store.lookup(name, key, verify=cfg.verify_cache)
+            art = None if (force or not stage.cacheable) else store.lookup(name, key)
             lookup_s = time.time() - t0
             if art is not None:
                 reports.append(StageReport(name, "cached", lookup_s, str(art.path), key, art.result.get("headline", {}), lookup_s=lookup_s))
@@ -276,7 +283,7 @@ def run_pipeline(cfg: PipelineConfig, *, overrides: list[str] | None = None, sum
             log.exception("stage failed")
             exit_code, error = EXIT_FAILED, f"{type(e).__name__}: {e}"
         _mark_failed(reports, cfg, error)
-    summary = RunSummary(reports, exit_code, overrides, time.time() - t_start, plan, error)
+    summary = RunSummary(reports, exit_code, overrides, time.time() - t_start, plan, redact_text(error) if error else error)
     print_summary(summary, console)
     if summary_dir is not None:
         try:
@@ -285,6 +292,14 @@ def run_pipeline(cfg: PipelineConfig, *, overrides: list[str] | None = None, sum
         except OSError as e:
             console.print(f"[red]could not write the run summary to {summary_dir}: {e}[/]")
     return summary
+
+
+def redact_run_outputs(run_dir: Path) -> None:
+    """Apply the one redaction to what Hydra wrote before the run started: ``.hydra/*.yaml`` of the job and the
+    sweep's ``multirun.yaml`` (config and overrides, verbatim)."""
+    files = list((run_dir / ".hydra").glob("*.yaml")) if (run_dir / ".hydra").is_dir() else []
+    files += [p / "multirun.yaml" for p in (run_dir, run_dir.parent, run_dir.parent.parent) if (p / "multirun.yaml").is_file()]
+    redact_files(files)
 
 
 def _mark_failed(reports: list[StageReport], cfg: PipelineConfig, error: str) -> None:

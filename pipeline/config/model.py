@@ -23,6 +23,10 @@ class ModelConfig:
     """Never execute code shipped with a checkpoint unless explicitly set (secure default)."""
     allow_pickle: bool = False
     """Allow pickled ``*.bin``/``*.pt`` weights (arbitrary code execution risk). Off by default."""
+    allow_external_files: bool = runtime(False, doc="accept checkpoint files (symbolic links, index shard names) that "
+                                                    "resolve outside model.path; their contents enter the cache key")
+    """Symbolic links in the checkpoint folder and shard names in the weight index must resolve inside
+    ``model.path`` (or, for a Hugging Face hub cache snapshot, its ``blobs`` folder) unless this is set."""
     apply_chat_template: bool = True
     """Render prompts through the tokenizer's chat template (one shared path for calibration,
     evaluation and serving; the template supplies BOS, so no special tokens are added again)."""
