@@ -681,7 +681,10 @@ def export_checkpoint(src: str | Path, out: str | Path, *, dtype: str = "float16
                 check_tensor_shapes(facts)
         advance(1)
 
-        # 4. weights: loaded once, after every header-level check passed
+        # 4. weights: finite and representable in the target dtype (checked before anything is written), then
+        # loaded once, after every header-level check passed
+        if facts.weight_format == "safetensors":
+            check_weights_castable(facts, dtype)
         with _quiet_transformers_bars():
             model = _load_model(facts, hf_cfg, torch_dtype, trust_remote_code)
         advance(1)
@@ -751,6 +754,86 @@ def export_checkpoint(src: str | Path, out: str | Path, *, dtype: str = "float16
     return {**info, "_warnings": list(facts.warnings)}
 
 
+def cast_losses(tensors: Iterator[tuple[str, Any]], dtype: str) -> list[tuple[str, int, int, int, int, float]]:
+    """Per floating-point tensor: values that are NaN/inf already, that overflow to inf in ``dtype``, and non-zero
+    values that flush to zero in ``dtype`` (the cast torch performs when export loads the weights in ``dtype``).
+
+    A flushed value counts as *significant* when its magnitude exceeds ``finfo(dtype).eps * max|x|`` of its tensor:
+    below that, losing it changes the tensor less than rounding its largest entries already does (a bf16 LLM has
+    thousands of |x| < 6e-8 values that fp16 flushes harmlessly); above it, the tensor's scale itself does not fit.
+
+    Args:
+        tensors: ``(name, torch.Tensor)`` pairs in the checkpoint's own dtype.
+        dtype: target ``float16`` | ``bfloat16`` | ``float32``.
+    Returns:
+        ``[(name, nonfinite, overflow, flush_significant, flush_negligible, max_abs), ...]`` for tensors with any loss.
+    """
+    import torch
+
+    target = getattr(torch, dtype)
+    eps = torch.finfo(target).eps
+    out = []
+    for name, t in tensors:
+        if not t.is_floating_point():
+            continue
+        finite = torch.isfinite(t)
+        nonfinite = int((~finite).sum())
+        max_abs = float(t[finite].abs().max()) if bool(finite.any()) else float("nan")
+        overflow = flush_sig = flush_neg = 0
+        if t.dtype != target:
+            y = t.to(target)
+            overflow = int((torch.isinf(y) & finite).sum())
+            flushed = (y == 0) & (t != 0)
+            if bool(flushed.any()):
+                sig = flushed & (t.abs().float() > eps * max_abs)
+                flush_sig = int(sig.sum())
+                flush_neg = int(flushed.sum()) - flush_sig
+            del y
+        if nonfinite or overflow or flush_sig or flush_neg:
+            out.append((name, nonfinite, overflow, flush_sig, flush_neg, max_abs))
+    return out
+
+
+def check_weights_castable(facts: CheckpointFacts, dtype: str, state_dict: dict[str, Any] | None = None) -> None:
+    """Refuse, before anything is written, weights that are not finite or that ``dtype`` cannot hold.
+
+    Reads every tensor once (memory-mapped safetensors, one tensor at a time; or the loaded pickle state dict).
+    Raises InputError naming the tensors, the counts (NaN/inf, overflow to inf, significant flush to zero, see
+    :func:`cast_losses`), the largest magnitude and the fix (a dtype that holds the values: the checkpoint's own
+    ``torch_dtype`` or float32). Negligible flushes are recorded as a warning with their count.
+    """
+    def _iter() -> Iterator[tuple[str, Any]]:
+        if state_dict is not None:
+            yield from state_dict.items()
+            return
+        from safetensors import safe_open
+
+        for f in facts.weight_files:
+            with safe_open(str(facts.path / f), framework="pt") as sf:
+                for name in sf.keys():
+                    yield name, sf.get_tensor(name)
+
+    losses = cast_losses(_iter(), dtype)
+    nonfinite = [x for x in losses if x[1]]
+    if nonfinite:
+        shown = "; ".join(f"{n}: {c} NaN/inf value(s)" for n, c, *_ in nonfinite[:5])
+        raise InputError(f"{facts.path}: {len(nonfinite)} tensor(s) hold NaN or infinite values ({shown}); an engine built from "
+                         f"them produces garbage. Fix: use a checkpoint whose weights are finite (re-download it, or check "
+                         f"the training run that wrote it).")
+    lossy = [x for x in losses if x[2] or x[3]]
+    if lossy:
+        src_dtypes = sorted({facts.tensors.get(n, ([], "?"))[1] for n, *_ in lossy})
+        shown = "; ".join(f"{n}: {o} value(s) overflow to inf, {fl} flush to zero (max |x| = {m:.4g})" for n, _, o, fl, _n, m in lossy[:5])
+        raise InputError(f"model.dtype={dtype!r}: casting the checkpoint ({'/'.join(src_dtypes)}) to {dtype} loses values in "
+                         f"{len(lossy)} tensor(s): {shown}. Fix: export in a dtype that holds them: model.dtype="
+                         f"{'bfloat16' if dtype == 'float16' else 'float32'} (or leave model.dtype unset: it follows the "
+                         f"checkpoint's torch_dtype), or float32.")
+    neg = sum(x[4] for x in losses)
+    if neg:
+        facts.warnings.append(f"{neg} value(s) below {dtype}'s smallest subnormal flush to zero in {len(losses)} tensor(s), "
+                              f"each smaller than eps x max|x| of its tensor (negligible)")
+
+
 @contextlib.contextmanager
 def _quiet_transformers_bars() -> Iterator[None]:
     """transformers' own tqdm bars off while we load/save (the stage shows one export bar instead)."""
@@ -793,6 +876,7 @@ def _load_model(facts: CheckpointFacts, hf_cfg: Any, torch_dtype: Any, trust_rem
                     facts.tensor_file[k] = f
         check_tensor_shapes(facts)
         _check_tied_head(facts, sd)
+        check_weights_castable(facts, str(torch_dtype).replace("torch.", ""), sd)
         model = AutoModelForCausalLM.from_config(hf_cfg, dtype=torch_dtype, trust_remote_code=trust_remote_code)
         try:
             res = model.load_state_dict(sd, strict=False)
