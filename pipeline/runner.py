@@ -47,10 +47,12 @@ class RunSummary:
     total_s: float
     plan: dict[str, Any] | None = None
     error: str | None = None
+    model: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
             "schema": SUMMARY_SCHEMA,
+            "model": self.model,
             "exit_code": self.exit_code,
             "ok": self.exit_code == EXIT_OK,
             "overrides": self.overrides,
@@ -283,7 +285,8 @@ def run_pipeline(cfg: PipelineConfig, *, overrides: list[str] | None = None, sum
             log.exception("stage failed")
             exit_code, error = EXIT_FAILED, f"{type(e).__name__}: {e}"
         _mark_failed(reports, cfg, error)
-    summary = RunSummary(reports, exit_code, overrides, time.time() - t_start, plan, redact_text(error) if error else error)
+    summary = RunSummary(reports, exit_code, overrides, time.time() - t_start, plan, redact_text(error) if error else error,
+                         model=_model_facts(cfg, overrides))
     print_summary(summary, console)
     if summary_dir is not None:
         try:
@@ -292,6 +295,22 @@ def run_pipeline(cfg: PipelineConfig, *, overrides: list[str] | None = None, sum
         except OSError as e:
             console.print(f"[red]could not write the run summary to {summary_dir}: {e}[/]")
     return summary
+
+
+def _model_facts(cfg: PipelineConfig, overrides: list[str]) -> dict[str, Any] | None:
+    """The model's name and dtype and where each came from (``set`` in the config, or derived from the checkpoint:
+    the folder name / ``config.json`` ``torch_dtype``; pipeline/config/model.py)."""
+    try:
+        from .config.model import checkpoint_dtype, checkpoint_name
+
+        m = cfg.model
+        set_keys = {o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o}
+        derived_name = m.path is not None and "model.name" not in set_keys and m.name == redact_text(checkpoint_name(m.path))
+        derived_dtype = m.path is not None and "model.dtype" not in set_keys and m.dtype == checkpoint_dtype(m.path)
+        return {"name": m.name, "name_source": "checkpoint folder" if derived_name else "config",
+                "dtype": m.dtype, "dtype_source": "checkpoint torch_dtype" if derived_dtype else "config"}
+    except Exception:  # noqa: BLE001 - a summary line must never fail the run
+        return None
 
 
 def redact_run_outputs(run_dir: Path) -> None:
@@ -317,7 +336,11 @@ def _mark_failed(reports: list[StageReport], cfg: PipelineConfig, error: str) ->
 
 
 def print_summary(summary: RunSummary, console: Console) -> None:
-    t = Table(title="pipeline run", show_lines=False)
+    m = summary.model
+    title = "pipeline run"
+    if m:
+        title += f" - model {m['name']} ({m['name_source']}), dtype {m['dtype']} ({m['dtype_source']})"
+    t = Table(title=escape(title), show_lines=False)
     for col in ("stage", "status", "time", "output", "headline"):
         t.add_column(col)
     for r in summary.stages:
