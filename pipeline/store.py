@@ -189,7 +189,7 @@ def redact_config(cfg: Any) -> list[str]:
         if dataclasses.is_dataclass(o) and not isinstance(o, type):
             for f in dataclasses.fields(o):
                 v = getattr(o, f.name)
-                nv = _walk(v, f"{prefix}{f.name}")
+                nv = _walk(v, f"{prefix}.{f.name}" if prefix else f.name)
                 if nv is not v:
                     setattr(o, f.name, nv)
             return o
