@@ -34,8 +34,9 @@ class QuantConfig:
     """Pipeline-parallel ranks."""
     vocab_padding: str = "pad"
     """When vocab_size % tp_size != 0: pad (record original and padded sizes) | reject."""
-    export_dtype: str = "float16"
-    """dtype of the unquantized tensors in the exported TensorRT-LLM checkpoint."""
+    export_dtype: str = "${export_dtype_for:${model.dtype}}"
+    """dtype of the unquantized tensors in the exported TensorRT-LLM checkpoint. Unless set: follows model.dtype
+    (bfloat16/float16 as is, float16 for float32; pipeline/config/model.py export_dtype_for)."""
 
 
 def validate(cfg: QuantConfig, prefix: str = "quant") -> list[Problem]:

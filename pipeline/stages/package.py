@@ -46,7 +46,9 @@ def model_info(export_dir: Path) -> dict[str, Any]:
 
 
 def release_name(cfg: Any) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", f"{cfg.model.name}-{cfg.package.version}")
+    from ..store import redact_text
+
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", redact_text(f"{cfg.model.name}-{cfg.package.version}"))
 
 
 def _gate(ctx: StageContext) -> dict[str, Any]:
@@ -71,7 +73,7 @@ def package(ctx: StageContext) -> dict[str, Any]:
     from ..packaging import make_archive, write_sha256sums
     from ..packaging.repository import generate_repository, settings_from_build
     from ..packaging.validate import check_repository
-    from ..store import digest_files, tree_files, write_json_atomic
+    from ..store import digest_files, redact, tree_files, write_json_atomic
 
     cfg, pc = ctx.cfg, ctx.cfg.package
     assert ctx.out is not None
@@ -116,7 +118,9 @@ def package(ctx: StageContext) -> dict[str, Any]:
             "sources": {"export": export.digest, "build": build.digest,
                         "evaluate": ctx.inputs["evaluate"].digest if "evaluate" in ctx.inputs else None,
                         "engine": digest_files(tree_files(engine_dir)), "model_repository": digest_files(repo_files)},
+            "repository_files": {rel: m["sha256"] for rel, m in sorted(repo_files.items())},  # checked by `pipeline serve x.tar.gz`
         }
+        manifest = redact(manifest)  # the one redaction (pipeline.store.redact) at every place the config is written
         write_json_atomic(ctx.out / "release_manifest.json", manifest)
         result: dict[str, Any] = {"repository": "model_repository", "models": info["models"], "target": settings.target,
                                   "decoupled": settings.decoupled, "gate_override": gate["override"]}
