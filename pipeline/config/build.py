@@ -18,7 +18,10 @@ class SpeculativeConfig:
     """none | draft_tokens_external (draft model) | medusa | eagle | lookahead_decoding."""
     max_draft_len: int = 0
     """Draft tokens per step; added to max_seq_len by trtllm-build."""
-    draft_model_path: Optional[str] = runtime(None, doc="HF checkpoint of the draft model (draft_tokens_external)")
+    draft_model_path: Optional[str] = runtime(None, doc="HF checkpoint of the draft model (draft_tokens_external); its "
+                                              "acceptance is measured with eval.draft_model_path set to the same folder")
+    draft_trtllm_checkpoint: Optional[str] = runtime(None, doc="TensorRT-LLM checkpoint of the draft (config.json + rank*.safetensors) "
+                                                     "for its engine; default <draft_model_path>/trtllm_checkpoint")
 
 
 @dataclass
