@@ -1,7 +1,7 @@
 """What the TensorRT-LLM Triton backend templates declare, and what this package does with each name.
 
 Pinned upstream: NVIDIA/TensorRT-LLM ``release/1.2.1`` (the branch the ``triton-inference-server/tensorrtllm_backend``
-Dockerfile pins with ``TENSORRTLLM_VER=1.2.1`` for ``nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3``), files
+Dockerfile pins with ``TENSORRTLLM_VER=1.2.1``), files
 ``triton_backend/all_models/inflight_batcher_llm/<model>/config.pbtxt``. The name lists below were written from
 those files as read at the commits in :data:`SOURCES` (the 1.x line: ``min_tokens``/``seed`` request inputs,
 ``return_num_*_tokens``, ``prompt_embedding_table_data_type``, active ``enable_trt_overlap``).
@@ -24,7 +24,8 @@ from __future__ import annotations
 
 from typing import Any
 
-UPSTREAM_VERSION = "TensorRT-LLM 1.2.1 (release/1.2.1), Triton image nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"
+UPSTREAM_VERSION = ("TensorRT-LLM 1.2.1 (branch release/1.2.1; the triton-inference-server/tensorrtllm_backend Dockerfile builds "
+                    "it with TENSORRTLLM_VER=1.2.1 on tritonserver:25.12-py3-min)")
 SOURCES = {
     "tensorrt_llm": "triton_backend/all_models/inflight_batcher_llm/tensorrt_llm/config.pbtxt @0c8de69",
     "tensorrt_llm_bls": "triton_backend/all_models/inflight_batcher_llm/tensorrt_llm_bls/config.pbtxt @0193dbd",
