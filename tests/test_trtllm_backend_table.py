@@ -159,3 +159,28 @@ def test_medusa_without_choices_and_wrong_mode_settings_are_refused_naming_the_f
         _repo(tmp_path / "b", {"lookahead_window_size": 4}, {"mode": "none"}, None)
     with pytest.raises(InputError, match="max_attention_window_size=999"):
         _repo(tmp_path / "c", {"max_attention_window_size": 999}, {"mode": "none"}, None)
+
+
+def test_pytorch_layout_states_container_and_files_in_readme_and_serve(tmp_path, capsys):
+    """The LLM-API layout names the container and NVIDIA's model.py/helpers.py it needs, in the package and in `pipeline serve`;
+    model.yaml carries the triton_config block NVIDIA's model.py reads."""
+    import yaml
+
+    from pipeline.serving import serve
+
+    ckpt = tmp_path / "ckpt"
+    tiny.make_checkpoint(ckpt, "llama")
+    cfg = compose(["target=tensorrt_llm_pytorch", "package.serving_image='nvcr.io/nvidia/tritonserver:26.01-trtllm-python-py3'"])
+    bi = {"target": "tensorrt_llm", "backend": "pytorch", "limits": LIMITS}
+    s = settings_from_build(bi, MODEL_INFO, cfg.package, cfg.build, cfg.target)
+    repo = tmp_path / "model_repository"
+    generate_repository(repo, s, engine_dir=ckpt, tokenizer_dirs=[ckpt])
+    readme = (repo / "tensorrt_llm" / "README.md").read_text()
+    assert "nvcr.io/nvidia/tritonserver:26.01-trtllm-python-py3" in readme
+    assert "/app/all_models/llmapi/tensorrt_llm/1/model.py" in readme and "/app/all_models/llmapi/tensorrt_llm/1/helpers.py" in readme
+    my = yaml.safe_load((repo / "tensorrt_llm" / "1" / "model.yaml").read_text())
+    assert my["triton_config"] == {"max_batch_size": 8, "decoupled": True}
+    assert serve.main([str(repo), "package.serving_image='nvcr.io/nvidia/tritonserver:26.01-trtllm-python-py3'"]) == 0
+    out = capsys.readouterr().out
+    assert "helpers.py" in out and "model.py" in out and "cp /app/all_models/llmapi/tensorrt_llm/1/model.py" in out
+    assert f"-v {repo}:/models nvcr.io/nvidia/tritonserver:26.01-trtllm-python-py3" in out

@@ -154,10 +154,10 @@ def settings_from_build(build_info: dict[str, Any], model_info: dict[str, Any], 
         cuda_graph_mode=bool(knob("cuda_graph_mode", False)), cuda_graph_cache_size=int(knob("cuda_graph_cache_size", 0)),
         cuda_graph_batch_sizes=list(knob("cuda_graph_batch_sizes", []) or []),
     )
-    if target == "tensorrt_llm" and s.backend != "pytorch":
+    if target == "tensorrt_llm":
         from .trtllm_config import plan
 
-        s.trtllm = plan(s, build_info, package_cfg, build_cfg)
+        s.trtllm = plan(s, build_info, package_cfg, build_cfg, target_cfg)
     return s
 
 
@@ -270,6 +270,7 @@ def generate_repository(out: Path, settings: Settings, *, engine_dir: Path, toke
                 yaml.safe_dump(merged, sort_keys=False)
         (d / "1" / "model.yaml").write_text(text, encoding="utf-8")
         copy_tokenizer(tokenizer_dirs, d / "1" / "tokenizer")
+        (d / "README.md").write_text(settings.trtllm.get("llmapi_notice", ""), encoding="utf-8")  # container + files it needs
         src = engine_dir / "hf" if (engine_dir / "hf").is_dir() else engine_dir  # the build copies the checkpoint to engine/hf
         if src.is_dir():
             _copy_tree(src, d / "1" / "checkpoint")

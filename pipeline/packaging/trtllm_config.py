@@ -162,8 +162,12 @@ def template_values(s: Any) -> dict[str, Any]:
     }
 
 
-def plan(s: Any, build_info: dict[str, Any], package_cfg: Any, build_cfg: Any = None) -> dict[str, Any]:
+def plan(s: Any, build_info: dict[str, Any], package_cfg: Any, build_cfg: Any = None, target_cfg: Any = None) -> dict[str, Any]:
     """What :func:`pipeline.packaging.repository.settings_from_build` stores in ``Settings.trtllm``."""
+    if s.backend == "pytorch":
+        image = getattr(package_cfg, "serving_image", None) or getattr(target_cfg, "serving_image", None) or \
+            "nvcr.io/nvidia/tritonserver:<yy.mm>-trtllm-python-py3"
+        return {"llmapi_notice": llmapi_notice(image), "serving_image": image}
     sp = speculative_of(build_info, build_cfg)
     return {"parameters": parameters(s, build_info, package_cfg, build_cfg), "speculative": sp,
             "draft": sp["mode"] == "draft_tokens_external",
@@ -293,3 +297,37 @@ def read_measurement(evaluate_dir: Path | None) -> dict[str, Any] | None:
         return (json.loads(p.read_text(encoding="utf-8")) or {}).get("speculative")
     except ValueError as e:
         raise InputError(f"{p}: not valid JSON ({e}). Fix: re-run the evaluate stage.") from e
+
+
+# --------------------------------------------------------------------------- PyTorch backend (LLM API) layout
+LLMAPI_CONTAINER_DIR = "/app/all_models/llmapi/tensorrt_llm/1"
+"""Where NVIDIA's Triton + TensorRT-LLM container ships the LLM-API Python model (TensorRT-LLM
+``triton_backend/all_models/llmapi/tensorrt_llm/1/``)."""
+LLMAPI_FILES = ("model.py", "helpers.py")
+"""The files of that folder the package does not contain (NVIDIA's code, not redistributed here): ``model.py``
+imports ``helpers``; both must sit in ``tensorrt_llm/1/`` next to ``model.yaml``."""
+
+
+def llmapi_command(repo_dir: str, image: str, *, grpc_port: int = 8001, http_port: int = 8000, metrics_port: int = 8002) -> str:
+    """``docker run`` command for the LLM-API layout: copies :data:`LLMAPI_FILES` from the container into the mounted
+    repository's ``tensorrt_llm/1/`` (writes into ``repo_dir``), then starts Triton on ``/models``."""
+    cp = " ".join(f"{LLMAPI_CONTAINER_DIR}/{f}" for f in LLMAPI_FILES)
+    ports = f"-p {grpc_port}:{grpc_port} -p {http_port}:{http_port} -p {metrics_port}:{metrics_port}"
+    return (f"docker run --rm -it --gpus all --shm-size=2g --ulimit memlock=-1 --ulimit stack=67108864 {ports} -v {repo_dir}:/models "
+            f"{image} bash -c 'cp {cp} /models/tensorrt_llm/1/ && tritonserver --model-repository=/models "
+            f"--grpc-port={grpc_port} --http-port={http_port} --metrics-port={metrics_port}'")
+
+
+def llmapi_notice(image: str) -> str:
+    """What the PyTorch-backend (LLM API) package needs to be served; written as ``tensorrt_llm/README.md`` and printed
+    by ``pipeline serve``."""
+    files = ", ".join(f"`{f}`" for f in LLMAPI_FILES)
+    return (f"# Serving this TensorRT-LLM PyTorch-backend (LLM API) model\n\n"
+            f"This model folder holds `config.pbtxt`, `1/model.yaml` (the `LLM()` arguments), `1/checkpoint/` and `1/tokenizer/`. "
+            f"It does **not** hold the Python model code: {files} come from NVIDIA's container and must be copied into "
+            f"`tensorrt_llm/1/` before Triton loads the repository.\n\n"
+            f"- container: `{image}` (TensorRT-LLM >= 1.2 with the PyTorch backend)\n"
+            f"- files: `{LLMAPI_CONTAINER_DIR}/model.py` and `{LLMAPI_CONTAINER_DIR}/helpers.py` -> `tensorrt_llm/1/`\n"
+            f"- GPU: an NVIDIA GPU supported by that TensorRT-LLM release\n\n"
+            f"One command (mounts the repository at `/models`, copies the two files into it, starts Triton):\n\n"
+            f"    {llmapi_command('<model_repository>', image)}\n")
