@@ -608,8 +608,18 @@ class TensorRTLLMTarget:
         return {"command": cmd, "engine": "draft_engine", "checkpoint": str(ck), "draft_model_path": cfg.build.speculative.draft_model_path}
 
     def load_runner(self, engine_dir: Path, **kw: Any) -> Any:
-        raise PreflightError("running a TensorRT-LLM engine needs TensorRT-LLM and a GPU; serve it with the package stage's Triton "
-                             f"model repository ({NGC_IMAGE}) or `trtllm-serve`.")
+        """The engine runner for evaluate/benchmark: TensorRT-LLM 1.2.x ``ModelRunnerCpp`` (engine path) or the LLM API
+        (PyTorch backend), imported lazily (``pipeline.evaluation.trtllm_runner``).
+
+        Raises:
+            PreflightError: TensorRT-LLM is not importable on this machine (exit 4), with the fix.
+        """
+        if installed_version() is None:
+            raise PreflightError(f"running a TensorRT-LLM engine needs TensorRT-LLM and a GPU. Fix: {INSTALL_FIX}; "
+                                 "or evaluate the simulated model (eval.candidate=simulated).")
+        from ..evaluation.trtllm_runner import load_runner
+
+        return load_runner(Path(engine_dir), **kw)
 
 
 TARGET = TensorRTLLMTarget()

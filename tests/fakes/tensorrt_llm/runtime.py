@@ -1,0 +1,72 @@
+"""TEST DOUBLE of ``tensorrt_llm.runtime.ModelRunnerCpp`` (TensorRT-LLM 1.2.x ``tensorrt_llm/runtime/model_runner_cpp.py``
+signatures: ``from_dir(engine_dir, *, max_batch_size, max_input_len, max_output_len, max_beam_width,
+max_attention_window_size, kv_cache_free_gpu_memory_fraction, gather_generation_logits, ...)`` and
+``generate(batch_input_ids, *, max_new_tokens, end_id, pad_id, stop_words_list, return_dict, output_sequence_lengths,
+output_generation_logits, ...)``). Test data: greedy decoding is delegated to a transformers checkpoint the test placed
+in ``<engine_dir>/test_double_hf``; never an engine.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from . import CALLS, _greedy
+
+
+class ModelRunnerCpp:
+    def __init__(self, model: Any, max_batch_size: int, max_input_len: int) -> None:
+        self._model, self.max_batch_size, self.max_input_len = model, max_batch_size, max_input_len
+
+    @classmethod
+    def from_dir(cls, engine_dir: str, *, lora_dir: Optional[str] = None, rank: int = 0, max_batch_size: Optional[int] = None,
+                 max_input_len: Optional[int] = None, max_output_len: Optional[int] = None, max_beam_width: Optional[int] = None,
+                 max_attention_window_size: Optional[list[int]] = None, sink_token_length: Optional[int] = None,
+                 kv_cache_free_gpu_memory_fraction: Optional[float] = None, cross_kv_cache_fraction: Optional[float] = None,
+                 gpu_weights_percent: float = 1, max_tokens_in_paged_kv_cache: Optional[int] = None,
+                 kv_cache_enable_block_reuse: bool = False, enable_chunked_context: bool = False, multi_block_mode: bool = True,
+                 enable_context_fmha_fp32_acc: Optional[bool] = None, cuda_graph_mode: Optional[bool] = None,
+                 gather_generation_logits: bool = False) -> "ModelRunnerCpp":
+        from pathlib import Path
+
+        from transformers import AutoModelForCausalLM
+
+        assert max_attention_window_size is None or isinstance(max_attention_window_size, list)
+        CALLS.append(("ModelRunnerCpp.from_dir", {"engine_dir": engine_dir, "max_batch_size": max_batch_size,
+                                                  "max_input_len": max_input_len, "max_beam_width": max_beam_width,
+                                                  "max_attention_window_size": max_attention_window_size,
+                                                  "kv_cache_free_gpu_memory_fraction": kv_cache_free_gpu_memory_fraction,
+                                                  "gather_generation_logits": gather_generation_logits}))
+        m = AutoModelForCausalLM.from_pretrained(str(Path(engine_dir) / "test_double_hf"))
+        m.eval()
+        return cls(m, max_batch_size or 8, max_input_len or 1024)
+
+    def generate(self, batch_input_ids: list, *, max_new_tokens: int = 1, end_id: Optional[int] = None, pad_id: Optional[int] = None,
+                 bad_words_list: Optional[list] = None, stop_words_list: Optional[list] = None, return_dict: bool = False,
+                 output_sequence_lengths: bool = False, output_generation_logits: bool = False, output_log_probs: bool = False,
+                 output_cum_log_probs: bool = False, streaming: bool = False, **kwargs: Any) -> Any:
+        import torch
+
+        assert len(batch_input_ids) <= self.max_batch_size and all(t.dtype == torch.int32 for t in batch_input_ids)
+        CALLS.append(("ModelRunnerCpp.generate", {"n": len(batch_input_ids), "max_new_tokens": max_new_tokens, "end_id": end_id,
+                                                  "pad_id": pad_id, "stop_words_list": stop_words_list}))
+        rows, lens, logits = [], [], []
+        for b, t in enumerate(batch_input_ids):
+            ids = t.tolist()
+            stops = {end_id} | {w[0] for w in ((stop_words_list or [None] * len(batch_input_ids))[b] or []) if len(w) == 1}
+            gen, lg = _greedy(self._model, ids, max_new_tokens, stops, end_id == -1, output_generation_logits)
+            if gen and gen[-1] == end_id:
+                gen = gen[:-1]  # sequence_lengths do not count the end id
+            rows.append(ids + gen)
+            lens.append(len(ids) + len(gen))
+            logits.append(lg)
+        width = max(len(ids) for ids in [t.tolist() for t in batch_input_ids]) + max_new_tokens
+        out = torch.full((len(rows), 1, width), end_id if end_id is not None and end_id >= 0 else (pad_id or 0), dtype=torch.int32)
+        for b, r in enumerate(rows):
+            out[b, 0, :len(r)] = torch.tensor(r, dtype=torch.int32)
+        res = {"output_ids": out, "sequence_lengths": torch.tensor([[n] for n in lens], dtype=torch.int32)}
+        if output_generation_logits:
+            res["generation_logits"] = [[lg] for lg in logits]
+        return res if return_dict else out
+
+
+ModelRunner = ModelRunnerCpp
