@@ -184,3 +184,28 @@ def test_pytorch_layout_states_container_and_files_in_readme_and_serve(tmp_path,
     out = capsys.readouterr().out
     assert "helpers.py" in out and "model.py" in out and "cp /app/all_models/llmapi/tensorrt_llm/1/model.py" in out
     assert f"-v {repo}:/models nvcr.io/nvidia/tritonserver:26.01-trtllm-python-py3" in out
+
+
+def test_pytorch_backend_maps_runtime_knobs_into_model_yaml_and_refuses_the_rest(tmp_path):
+    import yaml
+
+    from pipeline.errors import InputError
+    from pipeline.targets import get_target
+
+    ckpt = tmp_path / "ckpt"
+    tiny.make_checkpoint(ckpt, "llama")
+    over = ["target=tensorrt_llm_pytorch", "package.runtime.max_tokens_in_paged_kv_cache=4096",
+            "package.runtime.kv_cache_host_memory_bytes=1073741824", "package.runtime.max_attention_window_size=64",
+            "package.runtime.cancellation_check_period_ms=50", "package.runtime.guided_decoding_backend=xgrammar"]
+    cfg = compose(over)
+    s = settings_from_build({"target": "tensorrt_llm", "backend": "pytorch", "limits": LIMITS}, MODEL_INFO, cfg.package, cfg.build, cfg.target)
+    repo = tmp_path / "repo"
+    generate_repository(repo, s, engine_dir=ckpt, tokenizer_dirs=[ckpt])
+    my = yaml.safe_load((repo / "tensorrt_llm" / "1" / "model.yaml").read_text())
+    assert my["kv_cache_config"]["max_tokens"] == 4096 and my["kv_cache_config"]["host_cache_size"] == 1 << 30
+    assert my["kv_cache_config"]["max_attention_window"] == [64] and my["guided_decoding_backend"] == "xgrammar"
+    assert my["triton_config"]["cancellation_check_period_ms"] == 50 and my["kv_cache_config"]["enable_block_reuse"] is False
+    bad = compose(["target=tensorrt_llm_pytorch", "package.runtime.multi_block_mode=false"])
+    assert any(p.field == "package.runtime.multi_block_mode" for p in get_target("tensorrt_llm").check_config(bad))
+    with pytest.raises(InputError, match="package.runtime.multi_block_mode"):
+        settings_from_build({"target": "tensorrt_llm", "backend": "pytorch", "limits": LIMITS}, MODEL_INFO, bad.package, bad.build, bad.target)

@@ -268,7 +268,9 @@ def generate_repository(out: Path, settings: Settings, *, engine_dir: Path, toke
             merged["model"], merged["tokenizer"] = vals["checkpoint_dir"], vals["llmapi_tokenizer_dir"]
             text = "# LLM() keyword arguments (TensorRT-LLM PyTorch backend): template + the build's llm_api_options.yaml\n" + \
                 yaml.safe_dump(merged, sort_keys=False)
-        (d / "1" / "model.yaml").write_text(text, encoding="utf-8")
+        from .trtllm_config import apply_llmapi_overrides
+
+        (d / "1" / "model.yaml").write_text(apply_llmapi_overrides(text, settings), encoding="utf-8")
         copy_tokenizer(tokenizer_dirs, d / "1" / "tokenizer")
         (d / "README.md").write_text(settings.trtllm.get("llmapi_notice", ""), encoding="utf-8")  # container + files it needs
         src = engine_dir / "hf" if (engine_dir / "hf").is_dir() else engine_dir  # the build copies the checkpoint to engine/hf

@@ -312,4 +312,12 @@ def render_markdown() -> str:
           "engine without all three lookahead sizes, is refused at config time).",
           "- `draft`: `build.speculative.mode=draft_tokens_external`; the draft engine is packaged as the model "
           "`tensorrt_llm_draft` and the BLS calls it.", ""]
+    from .trtllm_config import LLMAPI_MAP
+
+    L += ["## PyTorch backend (LLM API layout)", "",
+          "`target.backend=pytorch` packages `tensorrt_llm/config.pbtxt` + `1/model.yaml` (the `LLM()` arguments) for NVIDIA's "
+          "llmapi `model.py`. These `package.runtime` fields map into `model.yaml`; any other field that is set is refused "
+          "(exit 2), since that layout has no place for it:", "", "| package.runtime field | model.yaml key |", "|---|---|"]
+    L += [f"| `{k}` | `{'.'.join(v)}` |" for k, v in LLMAPI_MAP.items()]
+    L.append("")
     return "\n".join(L)

@@ -167,7 +167,12 @@ def plan(s: Any, build_info: dict[str, Any], package_cfg: Any, build_cfg: Any = 
     if s.backend == "pytorch":
         image = getattr(package_cfg, "serving_image", None) or getattr(target_cfg, "serving_image", None) or \
             "nvcr.io/nvidia/tritonserver:<yy.mm>-trtllm-python-py3"
-        return {"llmapi_notice": llmapi_notice(image), "serving_image": image}
+        rt = _runtime(package_cfg)
+        bad = llmapi_unsupported(rt)
+        if bad:
+            raise InputError(f"package.runtime.{bad[0]}={getattr(rt, bad[0])!r}: has no equivalent in the PyTorch-backend (LLM API) "
+                             f"layout (unsupported here: {bad}). Fix: remove it, or build an engine with target.backend=tensorrt.")
+        return {"llmapi_notice": llmapi_notice(image), "serving_image": image, "llmapi_overrides": llmapi_overrides(rt)}
     sp = speculative_of(build_info, build_cfg)
     return {"parameters": parameters(s, build_info, package_cfg, build_cfg), "speculative": sp,
             "draft": sp["mode"] == "draft_tokens_external",
@@ -331,3 +336,69 @@ def llmapi_notice(image: str) -> str:
             f"- GPU: an NVIDIA GPU supported by that TensorRT-LLM release\n\n"
             f"One command (mounts the repository at `/models`, copies the two files into it, starts Triton):\n\n"
             f"    {llmapi_command('<model_repository>', image)}\n")
+
+
+LLMAPI_MAP: dict[str, tuple[str, ...]] = {
+    "max_tokens_in_paged_kv_cache": ("kv_cache_config", "max_tokens"),
+    "kv_cache_free_gpu_mem_fraction": ("kv_cache_config", "free_gpu_memory_fraction"),
+    "kv_cache_host_memory_bytes": ("kv_cache_config", "host_cache_size"),
+    "kv_cache_onboard_blocks": ("kv_cache_config", "onboard_blocks"),
+    "max_attention_window_size": ("kv_cache_config", "max_attention_window"),
+    "sink_token_length": ("kv_cache_config", "sink_token_length"),
+    "cross_kv_cache_fraction": ("kv_cache_config", "cross_kv_cache_fraction"),
+    "iter_stats_max_iterations": ("iter_stats_max_iterations",),
+    "request_stats_max_iterations": ("request_stats_max_iterations",),
+    "guided_decoding_backend": ("guided_decoding_backend",),
+    "cancellation_check_period_ms": ("triton_config", "cancellation_check_period_ms"),
+}
+"""package.runtime field -> key path in the PyTorch-backend ``model.yaml`` (``LLM()`` arguments, TensorRT-LLM 1.2
+``llmapi/llm_args.py`` ``KvCacheConfig``; ``triton_config`` is read by NVIDIA's llmapi ``model.py``)."""
+LLMAPI_DEFAULTS = {"normalize_log_probs": True, "encoder_input_features_data_type": "TYPE_FP16"}
+"""package.runtime fields with a non-null default: refused for the PyTorch backend only when changed."""
+
+
+def llmapi_unsupported(rt: Any) -> list[str]:
+    """package.runtime fields that are set but have no PyTorch-backend (LLM API layout) equivalent."""
+    out = []
+    for f in dataclasses.fields(rt):
+        v = getattr(rt, f.name)
+        if f.name in LLMAPI_MAP or v is None or (f.name in LLMAPI_DEFAULTS and v == LLMAPI_DEFAULTS[f.name]):
+            continue
+        out.append(f.name)
+    return out
+
+
+def llmapi_overrides(rt: Any) -> dict[str, Any]:
+    """The ``model.yaml`` keys the set package.runtime fields map to (:data:`LLMAPI_MAP`)."""
+    out: dict[str, Any] = {}
+    for f, path in LLMAPI_MAP.items():
+        v = getattr(rt, f)
+        if v is None:
+            continue
+        if f == "max_attention_window_size":
+            v = [int(v)]
+        d = out
+        for k in path[:-1]:
+            d = d.setdefault(k, {})
+        d[path[-1]] = v
+    return out
+
+
+def apply_llmapi_overrides(text: str, s: Any) -> str:
+    """Deep-merge the package.runtime overrides (``Settings.trtllm["llmapi_overrides"]``) into a filled ``model.yaml``."""
+    ov = (getattr(s, "trtllm", None) or {}).get("llmapi_overrides") or {}
+    if not ov or "${" in text:
+        return text
+    import yaml
+
+    doc = yaml.safe_load(text) or {}
+
+    def merge(a: dict[str, Any], b: dict[str, Any]) -> None:
+        for k, v in b.items():
+            if isinstance(v, dict) and isinstance(a.get(k), dict):
+                merge(a[k], v)
+            else:
+                a[k] = v
+    merge(doc, ov)
+    return "# LLM() keyword arguments (TensorRT-LLM PyTorch backend): template + build options + package.runtime\n" + \
+        yaml.safe_dump(doc, sort_keys=False)

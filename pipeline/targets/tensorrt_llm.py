@@ -302,11 +302,12 @@ def runtime_problems(cfg: Any) -> list[Problem]:
         p.append(Problem(pre + "max_attention_window_size", w, f"is larger than the model's sliding_window={mw}: attention would reach "
                          "tokens the model never attended to in training.", f"set it <= {mw} or leave it null"))
     spec_mode = {"medusa": "medusa", "eagle": "eagle", "lookahead_decoding": "lookahead"}.get(sp.mode)
-    if sp.mode == "medusa" and not rt.medusa_choices:
+    engine = cfg.target.backend == "tensorrt"  # the PyTorch backend takes these through speculative_config instead
+    if engine and sp.mode == "medusa" and not rt.medusa_choices:
         p.append(Problem(pre + "medusa_choices", None, "a Medusa engine (build.speculative.mode=medusa) needs the Medusa tree its heads "
                          "were trained for; the backend's built-in tree belongs to one specific model.",
                          "set package.runtime.medusa_choices='{0}, {0, 0}, {1}, ...' (the tree from the Medusa checkpoint)"))
-    if sp.mode == "lookahead_decoding":
+    if engine and sp.mode == "lookahead_decoding":
         for f in ("lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size"):
             if getattr(rt, f) is None:
                 p.append(Problem(pre + f, None, "a lookahead engine needs the (window, ngram, verification set) sizes.",
@@ -334,6 +335,12 @@ def runtime_problems(cfg: Any) -> list[Problem]:
     if rt.speculative_decoding_fast_logits and sp.mode != "draft_tokens_external":
         p.append(Problem(pre + "speculative_decoding_fast_logits", True, "only applies to draft-model speculative decoding.",
                          "remove it or set build.speculative.mode=draft_tokens_external"))
+    if cfg.target.backend == "pytorch":
+        from ..packaging.trtllm_config import llmapi_unsupported
+
+        for f in llmapi_unsupported(rt):
+            p.append(Problem(pre + f, getattr(rt, f), "has no equivalent in the PyTorch-backend (LLM API) package.",
+                             "remove it, or build an engine with target.backend=tensorrt"))
     if sp.mode == "draft_tokens_external":
         if cfg.target.backend == "tensorrt" and not sp.draft_model_path and not sp.draft_trtllm_checkpoint:
             p.append(Problem("build.speculative.draft_model_path", None, "draft-model speculative decoding needs the draft checkpoint.",
