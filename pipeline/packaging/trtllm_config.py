@@ -145,6 +145,15 @@ def render_parameters(params: dict[str, str]) -> str:
     return "\n".join([head] + [f'parameters {{ key: "{k}" value: {{ string_value: "{esc(v)}" }} }}' for k, v in params.items()])
 
 
+def _fragment(text: str) -> str:
+    """Mark ``text`` as a pre-rendered fragment for ``repository.fill`` (its ``Fragment`` type where it has one; the
+    leading six spaces of :func:`render_parameters` where it does not)."""
+    from . import repository
+
+    frag = getattr(repository, "Fragment", None)
+    return frag(text) if frag is not None else text
+
+
 def template_values(s: Any) -> dict[str, Any]:
     """Extra ``${name}`` values for the TensorRT-LLM templates (the engine model, the ensemble's step-2 keys, the BLS)."""
     trt = s.target == "tensorrt_llm"
@@ -154,7 +163,7 @@ def template_values(s: Any) -> dict[str, Any]:
         # the 1.x engine model names these request inputs min_tokens / seed; the ensemble keeps its client-facing names
         "engine_input_min_tokens": "min_tokens" if trt else "min_length",
         "engine_input_seed": "seed" if trt else "random_seed",
-        "trtllm_parameters": render_parameters(tr.get("parameters") or {}),
+        "trtllm_parameters": _fragment(render_parameters(tr.get("parameters") or {})),
         "encoder_input_features_data_type": rt,
         "prompt_embedding_table_data_type": "TYPE_FP16",
         "tensorrt_llm_model_name": "tensorrt_llm",
