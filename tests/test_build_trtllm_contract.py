@@ -29,7 +29,7 @@ REF_FLAGS = {
     "--max_beam_width", "--max_num_tokens", "--opt_num_tokens", "--kv_cache_type", "--input_timing_cache", "--output_timing_cache",
     "--profiling_verbosity", "--strip_plan", "--workers", "--log_level", "--logits_dtype", "--speculative_decoding_mode",
     "--max_draft_len", "--gpt_attention_plugin", "--gemm_plugin", "--context_fmha", "--remove_input_padding", "--tokens_per_block",
-    "--use_paged_context_fmha", "--use_fused_mlp", "--multiple_profiles",
+    "--use_paged_context_fmha", "--use_fused_mlp", "--multiple_profiles", "--gather_context_logits",
 }
 REF_CHOICES = {
     "--kv_cache_type": {"continuous", "paged", "disabled"},
@@ -48,6 +48,7 @@ REF_BUILD_CONFIG_FIELDS = {
     "force_num_profiles", "profiling_verbosity", "enable_debug_output", "max_draft_len", "speculative_decoding_mode", "use_refit",
     "input_timing_cache", "output_timing_cache", "lora_config", "weight_sparsity", "weight_streaming", "plugin_config",
     "use_strip_plan", "max_encoder_input_len", "dry_run", "visualize_network", "monitor_memory", "use_mrope", "logits_dtype",
+    "gather_context_logits",
 }
 REF_PLUGIN_FIELDS = {"gpt_attention_plugin", "gemm_plugin", "remove_input_padding", "context_fmha", "paged_kv_cache", "tokens_per_block",
                      "use_paged_context_fmha", "use_fused_mlp", "multiple_profiles"}
@@ -63,8 +64,12 @@ def _cfg(*over: str):
     return compose(["target=tensorrt_llm", *over])
 
 
+STORE_TRUE = {"--gather_context_logits"}  # documented bare flags (sec. 1a)
+
+
 def _pairs(args: list[str]) -> dict[str, str]:
-    assert len(args) % 2 == 0, args  # every flag takes a value in our command (no bare store_true flags)
+    args = [a for a in args if a not in STORE_TRUE]
+    assert len(args) % 2 == 0, args  # every other flag takes a value in our command
     return dict(zip(args[::2], args[1::2]))
 
 
@@ -351,3 +356,12 @@ def test_draft_model_build_runs_a_second_trtllm_build_for_the_draft(monkeypatch,
     assert "--speculative_decoding_mode" not in kv and info["draft"]["engine"] == "draft_engine"
     assert info["runtime"]["speculative"] == {"mode": "draft_tokens_external", "max_draft_len": 4, "draft_model_path": str(draft)}
     assert (out / "draft_engine" / "rank0.engine").is_file()
+
+
+def test_gather_context_logits_flag_and_its_speculative_conflict(tmp_path):
+    args = trt.build_args(_cfg("build.gather_context_logits=true"), "c", "o", "t")
+    assert "--gather_context_logits" in args and set(_pairs(args)) <= REF_FLAGS
+    assert "--gather_context_logits" not in trt.build_args(_cfg(), "c", "o", "t")
+    probs = get_target("tensorrt_llm").check_config(_cfg("build.gather_context_logits=true", "build.speculative.mode=medusa",
+                                                         "build.speculative.max_draft_len=4", "package.runtime.medusa_choices='{0}'"))
+    assert [p.field for p in probs] == ["build.gather_context_logits"]

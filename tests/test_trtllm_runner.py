@@ -142,3 +142,31 @@ def test_without_tensorrt_llm_the_engine_runner_is_a_preflight_error_with_the_fi
     with pytest.raises(PreflightError) as e:
         get_target("tensorrt_llm").load_runner(_engine_dir(tmp_path, ckpt))
     assert e.value.exit_code == 4 and "pip install 'tensorrt-llm==1.2.1'" in str(e.value) and "eval.candidate=simulated" in str(e.value)
+
+
+@pytest.mark.parametrize("backend", ["tensorrt", "pytorch"])
+def test_teacher_forced_logits_match_transformers(tmp_path, ckpt, fake_trtllm, backend):
+    """The gate's fidelity metrics read runner.teacher_forced_logits(prompt, continuation): rows = positions predicting
+    each continuation token. Checked against transformers on the same weights (through the double)."""
+    import numpy as np
+    import torch
+
+    from pipeline.evaluation.runners import load_hf_model
+    from pipeline.evaluation.trtllm_runner import load_runner
+
+    if backend == "tensorrt":
+        eng = _engine_dir(tmp_path, ckpt)
+        with pytest.raises(NotImplementedError, match="build.gather_context_logits=true"):
+            load_runner(eng).teacher_forced_logits([1, 5, 9], [4, 7])
+        cfg = json.loads((eng / "config.json").read_text())
+        cfg["build_config"]["gather_context_logits"] = True
+        (eng / "config.json").write_text(json.dumps(cfg))
+    else:
+        eng = tmp_path / "engine"
+        shutil.copytree(ckpt, eng / "hf")
+        (eng / "llm_api_options.yaml").write_text(yaml.safe_dump({"max_batch_size": 4, "max_seq_len": 96, "max_input_len": 64}))
+    got = load_runner(eng).teacher_forced_logits([1, 5, 9], [4, 7, 11])
+    with torch.inference_mode():
+        ref = load_hf_model(ckpt)(torch.tensor([[1, 5, 9, 4, 7]])).logits[0, 2:5].float().numpy()
+    assert got.shape == ref.shape == (3, ref.shape[1]) and got.dtype == np.float32
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)

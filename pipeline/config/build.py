@@ -49,6 +49,9 @@ class BuildConfig:
     enable_chunked_context: bool = False
     """Split long prompts into chunks of max_num_tokens (needs paged context FMHA)."""
     logits_dtype: Optional[str] = None
+    gather_context_logits: bool = False
+    """trtllm-build --gather_context_logits: the engine returns prompt logits (teacher-forced fidelity metrics in
+    evaluate); not combinable with speculative decoding (max_draft_len > 0)."""
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     # Runtime knobs recorded in build_info.json and used by the package stage (CUDA Graphs are a
     # runtime setting in the TensorRT-LLM 1.2 engine line, not a build flag).

@@ -195,6 +195,45 @@ class TrtllmEngineRunner:
             res.append(([int(t) for t in c.token_ids], getattr(c, "generation_logits", None) if self.generation_logits else None))
         return res
 
+    # ------------------------------------------------------------------ fidelity
+    def teacher_forced_logits(self, prompt: Sequence[int], continuation: Sequence[int]) -> Any:
+        """Logits at the positions predicting each ``continuation`` token, given ``prompt`` + the continuation so far.
+
+        One context pass over ``prompt + continuation[:-1]`` with context logits: ``ModelRunnerCpp.generate(...,
+        max_new_tokens=1, return_dict=True)["context_logits"]`` (engine built with ``--gather_context_logits``,
+        ``build.gather_context_logits=true``), or ``SamplingParams(return_context_logits=True)`` ->
+        ``RequestOutput.context_logits`` on the PyTorch backend.
+
+        Returns:
+            float32 numpy array (len(continuation), vocab).
+        Raises:
+            NotImplementedError: the engine was built without context logits (the fix is named).
+        """
+        import numpy as np
+
+        seq = [int(t) for t in list(prompt) + list(continuation)[:-1]]
+        n = len(continuation)
+        if n == 0:
+            raise ValueError("teacher_forced_logits: empty continuation")
+        if self._llm is not None:
+            sp = self._SamplingParams(max_tokens=1, top_k=1, return_context_logits=True)
+            out = self._llm.generate([{"prompt_token_ids": seq}], sampling_params=[sp], use_tqdm=False)[0]
+            ctx = getattr(out, "context_logits", None)
+        else:
+            if not _engine_limits(self.engine_dir).get("gather_context_logits"):
+                raise NotImplementedError(f"{self.engine_dir}: the engine was built without context logits. Fix: rebuild with "
+                                          "build.gather_context_logits=true (trtllm-build --gather_context_logits) to get fidelity metrics.")
+            import torch
+
+            out = self._runner.generate([torch.tensor(seq, dtype=torch.int32)], max_new_tokens=1, end_id=-1,
+                                        pad_id=self.pad_id if self.pad_id is not None else 0, return_dict=True)
+            ctx = out.get("context_logits")
+            ctx = ctx[0] if ctx is not None else None
+        if ctx is None:
+            raise NotImplementedError("the TensorRT-LLM runtime returned no context logits")
+        arr = ctx.float().cpu().numpy() if hasattr(ctx, "float") else np.asarray(ctx, dtype=np.float32)
+        return arr[len(prompt) - 1:len(prompt) - 1 + n].astype(np.float32, copy=True)
+
     def close(self) -> None:
         if self._llm is not None and hasattr(self._llm, "shutdown"):
             self._llm.shutdown()

@@ -168,6 +168,8 @@ def build_args(cfg: Any, checkpoint_dir: Path | str, output_dir: Path | str, tim
         a += ["--opt_num_tokens", str(b.opt_num_tokens)]
     if b.logits_dtype:
         a += ["--logits_dtype", b.logits_dtype]
+    if b.gather_context_logits:
+        a += ["--gather_context_logits"]  # a store_true flag (sec. 1a)
     if b.speculative.mode != "none":
         a += ["--speculative_decoding_mode", SPEC_MODES[b.speculative.mode], "--max_draft_len", str(b.speculative.max_draft_len)]
     a += ["--input_timing_cache", str(timing_cache), "--output_timing_cache", str(timing_cache),
@@ -187,7 +189,7 @@ def build_config_dict(cfg: Any) -> dict[str, Any]:
                           "remove_input_padding": True, "context_fmha": True, "paged_kv_cache": True,
                           "tokens_per_block": b.tokens_per_block, "use_paged_context_fmha": b.use_paged_context_fmha,
                           "use_fused_mlp": b.use_fused_mlp, "multiple_profiles": b.multiple_profiles},
-        "logits_dtype": b.logits_dtype,
+        "logits_dtype": b.logits_dtype, "gather_context_logits": b.gather_context_logits,
     }
 
 
@@ -399,6 +401,10 @@ class TensorRTLLMTarget:
         if sp.mode in ("draft_tokens_external", "eagle", "medusa") and cfg.target.backend == "pytorch" and not sp.draft_model_path:
             p.append(Problem("build.speculative.draft_model_path", None, f"speculative mode {sp.mode} needs the draft/head checkpoint.",
                              "set build.speculative.draft_model_path=/path/to/checkpoint"))
+        if sp.mode != "none" and b.gather_context_logits:
+            p.append(Problem("build.gather_context_logits", True, "trtllm-build refuses --gather_context_logits with speculative "
+                             "decoding (max_draft_len > 0).", "build the speculative engine without it (fidelity metrics need a "
+                             "separate non-speculative build)"))
         if sp.mode != "none" and b.max_beam_width != 1:
             p.append(Problem("build.max_beam_width", b.max_beam_width, "speculative decoding runs with beam width 1.", "set build.max_beam_width=1"))
         if b.cuda_graph_mode and any(int(x) < 1 for x in b.cuda_graph_batch_sizes):

@@ -49,6 +49,7 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     finished: bool = True
+    context_logits: Any = None
 
 
 def _greedy(model: Any, ids: list[int], max_new: int, stops: set[int], ignore_eos: bool, want_logits: bool):
@@ -91,7 +92,13 @@ class LLM:
             reason = "stop" if gen and gen[-1] in stops else "length"
             if gen and gen[-1] == sp.end_id:
                 gen = gen[:-1]  # the end id is not part of token_ids
-            outs.append(RequestOutput(i, ids, [CompletionOutput(0, "", gen, reason, lg)]))
+            ctx = None
+            if sp.return_context_logits:
+                import torch
+
+                with torch.inference_mode():
+                    ctx = self._model(torch.tensor([ids])).logits[0]
+            outs.append(RequestOutput(i, ids, [CompletionOutput(0, "", gen, reason, lg)], context_logits=ctx))
         return outs
 
     def shutdown(self) -> None:

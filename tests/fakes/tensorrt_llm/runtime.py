@@ -14,8 +14,9 @@ from . import CALLS, _greedy
 
 
 class ModelRunnerCpp:
-    def __init__(self, model: Any, max_batch_size: int, max_input_len: int) -> None:
+    def __init__(self, model: Any, max_batch_size: int, max_input_len: int, gather_context_logits: bool = False) -> None:
         self._model, self.max_batch_size, self.max_input_len = model, max_batch_size, max_input_len
+        self.gather_context_logits = gather_context_logits
 
     @classmethod
     def from_dir(cls, engine_dir: str, *, lora_dir: Optional[str] = None, rank: int = 0, max_batch_size: Optional[int] = None,
@@ -36,9 +37,12 @@ class ModelRunnerCpp:
                                                   "max_attention_window_size": max_attention_window_size,
                                                   "kv_cache_free_gpu_memory_fraction": kv_cache_free_gpu_memory_fraction,
                                                   "gather_generation_logits": gather_generation_logits}))
+        import json
+
         m = AutoModelForCausalLM.from_pretrained(str(Path(engine_dir) / "test_double_hf"))
         m.eval()
-        return cls(m, max_batch_size or 8, max_input_len or 1024)
+        bc = json.loads((Path(engine_dir) / "config.json").read_text()).get("build_config") or {}
+        return cls(m, max_batch_size or 8, max_input_len or 1024, bool(bc.get("gather_context_logits")))
 
     def generate(self, batch_input_ids: list, *, max_new_tokens: int = 1, end_id: Optional[int] = None, pad_id: Optional[int] = None,
                  bad_words_list: Optional[list] = None, stop_words_list: Optional[list] = None, return_dict: bool = False,
@@ -66,6 +70,9 @@ class ModelRunnerCpp:
         res = {"output_ids": out, "sequence_lengths": torch.tensor([[n] for n in lens], dtype=torch.int32)}
         if output_generation_logits:
             res["generation_logits"] = [[lg] for lg in logits]
+        if self.gather_context_logits:  # per request [input_len, vocab] (engines built with --gather_context_logits)
+            with torch.inference_mode():
+                res["context_logits"] = [self._model(torch.tensor([t.tolist()])).logits[0] for t in batch_input_ids]
         return res if return_dict else out
 
 
