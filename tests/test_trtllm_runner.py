@@ -170,3 +170,22 @@ def test_teacher_forced_logits_match_transformers(tmp_path, ckpt, fake_trtllm, b
         ref = load_hf_model(ckpt)(torch.tensor([[1, 5, 9, 4, 7]])).logits[0, 2:5].float().numpy()
     assert got.shape == ref.shape == (3, ref.shape[1]) and got.dtype == np.float32
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_streaming_reports_each_token_as_its_step_returns(tmp_path, ckpt, fake_trtllm):
+    """With on_token (benchmark), the engine path streams: tokens arrive step by step, in order, ids == non-streaming."""
+    from pipeline.evaluation.trtllm_runner import load_runner
+    from pipeline.targets.base import GenerationRequest
+
+    runner = load_runner(_engine_dir(tmp_path, ckpt))
+    reqs = [GenerationRequest(input_ids=[1, 7, 9], max_new_tokens=6, stop_token_ids=[2], request_id="a", ignore_eos=True),
+            GenerationRequest(input_ids=[1, 8], max_new_tokens=6, stop_token_ids=[2], request_id="b", ignore_eos=True)]
+    seen: list[tuple[str, int, float]] = []
+    streamed = runner.generate(reqs, on_token=lambda rid, tok, t: seen.append((rid, tok, t)))
+    plain = runner.generate(reqs)
+    assert [r.output_ids for r in streamed] == [r.output_ids for r in plain]
+    assert [t for rid, t, _ in seen if rid == "a"] == streamed[0].output_ids
+    steps = [kw["k"] for n, kw in fake_trtllm.CALLS if n == "ModelRunnerCpp.generate.stream_step"]
+    assert steps == list(range(1, 7))
+    ta = streamed[0].token_times_s
+    assert len(ta) == 6 and ta == sorted(ta) and runner.streams_tokens

@@ -83,6 +83,7 @@ class TrtllmEngineRunner:
         """request_id -> generation logits [new_tokens, vocab] of the last generate() call (when asked)."""
         opts_file = self.engine_dir / "llm_api_options.yaml"
         self.backend = "pytorch" if opts_file.is_file() else "tensorrt"
+        self.streams_tokens = self.backend == "tensorrt"
         if self.backend == "pytorch":
             import yaml
 
@@ -122,8 +123,10 @@ class TrtllmEngineRunner:
         """Greedy generation for every request (see ``pipeline.targets.base.EngineRunner``).
 
         A prompt longer than ``max_input_len`` (or leaving no room in ``max_seq_len``) gets ``finish_reason="error"``.
-        ``on_token`` is called once per token after the request finished (these runtimes are driven non-streaming here;
-        streaming latency is measured through Triton by the benchmark stage).
+        With ``on_token``, the engine path streams (``generate(..., streaming=True)``) and reports each token when its
+        engine step returned it; the LLM-API path is driven non-streaming, so its tokens are reported at completion
+        (``streams_tokens`` is False there: in-process TTFT of the PyTorch backend is not measured by this runner; the
+        benchmark stage measures streaming through Triton).
         """
         from ..targets.base import GenerationResult
 
@@ -141,18 +144,22 @@ class TrtllmEngineRunner:
             for s in range(0, len(idx), self.max_batch_size):
                 chunk = idx[s:s + self.max_batch_size]
                 t0 = time.perf_counter()
-                outs = (self._run_llmapi if self._llm is not None else self._run_engine)([requests[i] for i in chunk], budget)
+                batch = [requests[i] for i in chunk]
+                if self._llm is not None:
+                    outs = [(ids, lg, None) for ids, lg in self._run_llmapi(batch, budget)]
+                else:
+                    outs = self._run_engine(batch, budget, stream=on_token is not None, t0=t0)
                 dt = time.perf_counter() - t0
-                for i, (ids, logits) in zip(chunk, outs):
+                for i, (ids, logits, ttimes) in zip(chunk, outs):
                     r = requests[i]
                     stops = set(r.stop_token_ids)
                     cut = next((k for k, t in enumerate(ids) if t in stops), None) if not r.ignore_eos else None
                     reason = "eos" if cut is not None or len(ids) < budget else "length"
                     ids = ids[:cut] if cut is not None else ids
-                    times = [dt] * len(ids)
+                    times = list(ttimes[:len(ids)]) if ttimes is not None else [dt] * len(ids)
                     if on_token is not None:
-                        for t in ids:
-                            on_token(r.request_id, t, dt)
+                        for t, ts in zip(ids, times):
+                            on_token(r.request_id, t, ts)
                     if logits is not None:
                         self.last_logits[r.request_id] = logits
                     results[i] = GenerationResult(r.request_id, list(ids), reason, token_times_s=times)
@@ -164,21 +171,39 @@ class TrtllmEngineRunner:
         pad = self.pad_id if self.pad_id is not None else (stop[0] if stop else 0)
         return end_id, pad, [[s] for s in stop[1:]] if not r.ignore_eos else []
 
-    def _run_engine(self, reqs: list[Any], budget: int) -> list[tuple[list[int], Any]]:
+    def _run_engine(self, reqs: list[Any], budget: int, *, stream: bool = False, t0: float = 0.0) -> list[tuple[list[int], Any, Any]]:
+        """(generated ids, generation logits or None, per-token times or None) per request.
+
+        ``stream=True`` drives ``generate(..., streaming=True)`` (a generator of the same dicts, one per engine step) and
+        records when each token arrived; otherwise one blocking call.
+        """
         import torch
 
         end_id, pad, _ = self._ends(reqs[0])
-        out = self._runner.generate(
-            [torch.tensor(r.input_ids, dtype=torch.int32) for r in reqs], max_new_tokens=budget, end_id=end_id, pad_id=pad,
-            stop_words_list=[self._ends(r)[2] or None for r in reqs] if any(self._ends(r)[2] for r in reqs) else None,
-            return_dict=True, output_sequence_lengths=True, output_generation_logits=self.generation_logits)
+        kw = dict(max_new_tokens=budget, end_id=end_id, pad_id=pad,
+                  stop_words_list=[self._ends(r)[2] or None for r in reqs] if any(self._ends(r)[2] for r in reqs) else None,
+                  return_dict=True, output_sequence_lengths=True, output_generation_logits=self.generation_logits)
+        batch = [torch.tensor(r.input_ids, dtype=torch.int32) for r in reqs]
+        times: list[list[float]] | None = None
+        if stream:
+            times = [[] for _ in reqs]
+            out = None
+            for out in self._runner.generate(batch, streaming=True, **kw):
+                now = time.perf_counter() - t0
+                for b, r in enumerate(reqs):
+                    n = int(out["sequence_lengths"][b][0]) - len(r.input_ids)
+                    times[b] += [now] * max(0, n - len(times[b]))
+            if out is None:
+                raise RuntimeError("TensorRT-LLM streaming generate() yielded nothing")
+        else:
+            out = self._runner.generate(batch, **kw)
         ids, lens = out["output_ids"], out["sequence_lengths"]
         gl = out.get("generation_logits") if self.generation_logits else None
         res = []
         for b, r in enumerate(reqs):
             start, end = len(r.input_ids), int(lens[b][0])
             gen = [int(t) for t in ids[b][0][start:end].tolist()]
-            res.append((gen, gl[b][0][:len(gen)] if gl is not None else None))
+            res.append((gen, gl[b][0][:len(gen)] if gl is not None else None, times[b] if times is not None else None))
         return res
 
     def _run_llmapi(self, reqs: list[Any], budget: int) -> list[tuple[list[int], Any]]:

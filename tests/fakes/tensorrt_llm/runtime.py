@@ -48,6 +48,9 @@ class ModelRunnerCpp:
                  bad_words_list: Optional[list] = None, stop_words_list: Optional[list] = None, return_dict: bool = False,
                  output_sequence_lengths: bool = False, output_generation_logits: bool = False, output_log_probs: bool = False,
                  output_cum_log_probs: bool = False, streaming: bool = False, **kwargs: Any) -> Any:
+        if streaming:
+            return self._stream(batch_input_ids, max_new_tokens=max_new_tokens, end_id=end_id, pad_id=pad_id,
+                                stop_words_list=stop_words_list, output_generation_logits=output_generation_logits)
         import torch
 
         assert len(batch_input_ids) <= self.max_batch_size and all(t.dtype == torch.int32 for t in batch_input_ids)
@@ -75,5 +78,19 @@ class ModelRunnerCpp:
                 res["context_logits"] = [self._model(torch.tensor([t.tolist()])).logits[0] for t in batch_input_ids]
         return res if return_dict else out
 
+    def _stream(self, batch_input_ids: list, **kw: Any):
+        """Streaming as the real runner: one dict per step, output_ids/sequence_lengths growing (the final dict is the
+        non-streaming result)."""
+        full = self.generate(batch_input_ids, return_dict=True, output_sequence_lengths=True, **kw)
+        in_lens = [len(t) for t in batch_input_ids]
+        steps = max(int(full["sequence_lengths"][b][0]) - in_lens[b] for b in range(len(in_lens)))
+        for k in range(1, steps + 1):
+            lens = full["sequence_lengths"].clone()
+            for b in range(len(in_lens)):
+                lens[b][0] = min(int(full["sequence_lengths"][b][0]), in_lens[b] + k)
+            CALLS.append(("ModelRunnerCpp.generate.stream_step", {"k": k}))
+            yield {**full, "sequence_lengths": lens}
+
 
 ModelRunner = ModelRunnerCpp
+
