@@ -100,6 +100,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"model repository: {repo}  (target {target})")
         if target == "tensorrt_llm":
             image = (man.get("serving") or {}).get("serving_image") or pc.serving_image or cfg.target.serving_image
+            if (repo / "tensorrt_llm" / "1" / "model.yaml").is_file():  # PyTorch backend (LLM API): NVIDIA's model.py needed
+                from ..packaging.trtllm_config import llmapi_command, llmapi_notice
+
+                print(llmapi_notice(image).split("\n\nOne command")[0] + "\n")
+                print("  " + llmapi_command(str(repo), image, grpc_port=pc.grpc_port or 8001, http_port=pc.http_port or 8000,
+                                            metrics_port=pc.metrics_port or 8002))
+                return 0
             print("TensorRT-LLM engines are served by the NGC Triton + TensorRT-LLM container on a GPU host:\n")
             ranks = len(list((repo / "tensorrt_llm" / "1" / "engine").glob("rank*.engine"))) or 1
             print("  " + ngc_command(str(repo), image, grpc_port=pc.grpc_port or 8001, http_port=pc.http_port or 8000,

@@ -66,6 +66,21 @@ def _gate(ctx: StageContext) -> dict[str, Any]:
             "override_note": "package.allow_failed_gate=true: packaged although the evaluation gate failed"}
 
 
+def _speculative(ctx: StageContext, build_info: dict[str, Any]) -> dict[str, Any] | None:
+    """Acceptance-first decision for a speculative build (``pipeline.packaging.trtllm_config.decide_speculative``)."""
+    from ..packaging.trtllm_config import decide_speculative, read_measurement, speculative_of
+
+    if build_info.get("target") != "tensorrt_llm":
+        return None
+    sp = speculative_of(build_info, ctx.cfg.build)
+    ev = ctx.inputs.get("evaluate")
+    dec = decide_speculative(sp["mode"], read_measurement(ev.path if ev is not None else None), ctx.cfg.package.speculative,
+                             draft_model_path=sp.get("draft_model_path"))
+    if dec.override:
+        ctx.log.warning("speculative decoding enabled by override: %s", dec.reason)
+    return dec.to_json()
+
+
 def package(ctx: StageContext) -> dict[str, Any]:
     """Generate, validate and release (see module docstring). Returns the stage result."""
     from ..config.common import key_fields
@@ -88,6 +103,7 @@ def package(ctx: StageContext) -> dict[str, Any]:
     mi = model_info(export.path)
     settings = settings_from_build(bi, mi, pc, cfg.build, cfg.target)
     settings.model_name = cfg.model.name
+    speculative = _speculative(ctx, bi)
     repo = ctx.out / "model_repository"
     with ctx.progress("package: model repository", total=3) as advance:
         info = generate_repository(repo, settings, engine_dir=engine_dir, tokenizer_dirs=[export.path / "hf", engine_dir])
@@ -110,6 +126,7 @@ def package(ctx: StageContext) -> dict[str, Any]:
                       "limits": dict(bi.get("limits") or limits), "knobs": key_fields(cfg.build),
                       "execution_provider": settings.execution_provider if settings.target == "onnxruntime_genai" else None},
             "evaluation": {"gate": gate, "headline": (ctx.inputs["evaluate"].result.get("headline") if "evaluate" in ctx.inputs else None)},
+            "speculative": speculative,
             "serving": {"layout": info["layout"], "models": info["models"], "ensemble": "ensemble", "engine_model": settings.engine_model,
                         "decoupled": settings.decoupled, "triton_max_batch_size": settings.triton_max_batch_size,
                         "exclude_input_in_output": settings.exclude_input_in_output, "end_id": settings.end_id, "pad_id": settings.pad_id,
