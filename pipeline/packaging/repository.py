@@ -34,10 +34,25 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "generation_config.json", "tokenizer.model")
 REQUIRED_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
-ORT_STREAM_OUT = ('      output_map { key: "prev_sequence_length" value: "_PREV_SEQUENCE_LENGTH" }\n'
-                  '      output_map { key: "is_final" value: "_IS_FINAL" }')
-ORT_STREAM_IN = ('      input_map { key: "PREV_SEQUENCE_LENGTH" value: "_PREV_SEQUENCE_LENGTH" }\n'
-                 '      input_map { key: "IS_FINAL" value: "_IS_FINAL" }')
+
+class Fragment(str):
+    """A multi-line config.pbtxt fragment: inserted verbatim by :func:`fill` (no string-literal escaping)."""
+
+
+# The ensemble's engine step: TensorRT-LLM's engine emits ids, which the postprocessing step detokenizes (three steps,
+# as NVIDIA's inflight_batcher_llm ensemble); the onnxruntime_genai model detokenizes in-process and its text_output
+# goes straight to the client (two steps: one hop per streamed token instead of two; docs/package.md "Serving path").
+IDS_OUTPUT_MAP = Fragment('      output_map { key: "output_ids" value: "_TOKENS_BATCH" }\n'
+                          '      output_map { key: "sequence_length" value: "_SEQUENCE_LENGTH" }')
+TEXT_OUTPUT_MAP = Fragment('      output_map { key: "text_output" value: "text_output" }')
+POSTPROCESSING_STEP = Fragment(",\n"
+                               "    {\n"
+                               '      model_name: "postprocessing"\n'
+                               "      model_version: -1\n"
+                               '      input_map { key: "TOKENS_BATCH" value: "_TOKENS_BATCH" }\n'
+                               '      input_map { key: "SEQUENCE_LENGTH" value: "_SEQUENCE_LENGTH" }\n'
+                               '      output_map { key: "OUTPUT" value: "text_output" }\n'
+                               "    }")
 
 
 def fill(text: str, values: dict[str, Any]) -> str:
@@ -52,7 +67,7 @@ def fill(text: str, values: dict[str, Any]) -> str:
         v = values[k]
         if isinstance(v, bool):
             return "true" if v else "false"
-        if isinstance(v, str) and not v.startswith("      "):  # multi-line mapping fragments are inserted verbatim
+        if isinstance(v, str) and not isinstance(v, Fragment):
             return v.replace("\\", "\\\\").replace('"', '\\"')
         return str(v)
     return PLACEHOLDER.sub(rep, text)
@@ -128,6 +143,11 @@ def settings_from_build(build_info: dict[str, Any], model_info: dict[str, Any], 
             raise InputError(f"build_info.json has no limits.{name}. Fix: rebuild with the build stage (it records the engine limits).")
         return int(v)
 
+    served_bw = getattr(package_cfg, "max_beam_width", None)
+    if target == "onnxruntime_genai" and served_bw is not None and int(served_bw) != 1:
+        raise InputError(f"package.max_beam_width={served_bw}: the onnxruntime_genai target serves beam width 1 only "
+                         f"(og.Engine in onnxruntime-genai 0.18 has no beam search; every request with beam_width > 1 would be "
+                         f"refused). Fix: set package.max_beam_width=1 (or null), or package a target=tensorrt_llm build.")
     eng_bs = limit("max_batch_size")
     eos = model_info.get("eos_token_ids") or []
     end_id = int(eos[0]) if eos else int(model_info.get("eos_token_id", -1) if not isinstance(model_info.get("eos_token_id"), list) else model_info["eos_token_id"][0])
@@ -165,8 +185,8 @@ def template_values(s: Settings) -> dict[str, Any]:
         "max_queue_size": 0,
         "logits_datatype": "TYPE_FP32",
         "engine_model": s.engine_model,
-        "engine_extra_output_map": ORT_STREAM_OUT if ort else "",
-        "postprocessing_extra_input_map": ORT_STREAM_IN if ort else "",
+        "engine_text_output_map": TEXT_OUTPUT_MAP if ort else IDS_OUTPUT_MAP,
+        "postprocessing_step": Fragment("") if ort else POSTPROCESSING_STEP,
         "engine_dir": "engine" if ort else trt_root,
         "max_input_len": s.served_max_input_len or s.max_input_len,
         "max_seq_len": s.max_seq_len,
@@ -176,7 +196,7 @@ def template_values(s: Settings) -> dict[str, Any]:
         "exclude_input_in_output": s.exclude_input_in_output,
         "execution_provider": s.execution_provider,
         "preprocessing_instance_count": s.instance_count,
-        "postprocessing_instance_count": 1,  # one instance keeps each stream's deltas in order (docs/package.md)
+        "postprocessing_instance_count": s.instance_count,
         "tokenizer_dir": "tokenizer",
         "trtllm_tokenizer_dir": f"{CONTAINER_REPO}/preprocessing/1/tokenizer",
         "bos_id": "" if s.bos_id is None else int(s.bos_id),
@@ -268,6 +288,7 @@ def generate_repository(out: Path, settings: Settings, *, engine_dir: Path, toke
         copy_tokenizer(tokenizer_dirs, post / "1" / "tokenizer")
         if settings.target == "onnxruntime_genai":
             eng = write("onnxruntime_genai", "onnxruntime_genai", model_py="onnxruntime_genai_model.py")
+            copy_tokenizer(tokenizer_dirs, eng / "1" / "tokenizer")  # in-process detokenization (text_output)
         else:
             eng = write("tensorrt_llm", "tensorrt_llm")
         _copy_tree(engine_dir, eng / "1" / "engine")
