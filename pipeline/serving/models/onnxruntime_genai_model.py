@@ -212,6 +212,7 @@ class TritonPythonModel:
         self._ready = threading.Event()
         self._init_error: BaseException | None = None
         self._engine_broken: str | None = None
+        self._next_reload = 0.0
         # og.Engine operations must all run on the thread that created the engine ("Engine owner thread")
         self.thread = threading.Thread(target=self._owner, name="og-engine", daemon=True)
         self.thread.start()
@@ -419,6 +420,11 @@ class TritonPythonModel:
         for job in list(self.active.values()):
             self._fail(job, f"engine error: {reason}")
         self.active.clear()
+        for r in self.draining.values():
+            try:
+                r.close()
+            except Exception:  # noqa: BLE001
+                pass
         self.draining.clear()
         for name in ("buffer", "engine", "model"):
             setattr(self, name, None)
@@ -428,12 +434,13 @@ class TritonPythonModel:
             self.logger.log_warn(f"onnxruntime_genai engine reloaded after an engine error ({reason})")
         except Exception as e:  # noqa: BLE001
             self._engine_broken = f"{reason}; reloading the engine failed: {e}"
+            self._next_reload = time.monotonic() + 5.0
             self.logger.log_error(f"onnxruntime_genai engine unusable: {self._engine_broken}")
 
     def _loop(self) -> None:
         while not self._stop.is_set():
             try:
-                if self._engine_broken is not None:
+                if self._engine_broken is not None and time.monotonic() >= self._next_reload:
                     self._recover(self._engine_broken)
                 idle = not self.active
                 try:
@@ -451,13 +458,20 @@ class TritonPythonModel:
                         try:
                             self._admit(job)
                         except Exception as e:  # noqa: BLE001 - e.g. prompt too long for the session
+                            if "no longer healthy" in str(e):  # og.Engine refuses every request after a failed step
+                                self._recover(str(e))
+                                try:
+                                    self._admit(job)
+                                    continue
+                                except Exception as e2:  # noqa: BLE001
+                                    e = e2
                             self._fail(job, f"request rejected by the engine: {e}")
                     try:
                         jobs = self.pending.get_nowait()
                     except queue.Empty:
                         jobs = None
                 self._poll_cancellations()
-                if not self.engine.has_pending_requests():
+                if self.engine is None or not self.engine.has_pending_requests():
                     continue
                 for ev in self.engine.run(self.buffer):
                     self._on_event(ev)
@@ -498,7 +512,10 @@ class TritonPythonModel:
                         pass
             return
         if flags & FLAG_FAILED:
-            self._fail(job, f"engine failed the request ({ev.error_code})")
+            code = str(ev.error_code)
+            self._fail(job, f"engine failed the request ({code})")
+            if "EXECUTION" in code:  # a failed step leaves og.Engine unhealthy: reload it before the next request
+                self._engine_broken = f"a step failed ({code})"
             return
         turn_done = bool(flags & FLAG_TURN_FINISHED)
         finished = turn_done
