@@ -65,6 +65,16 @@ _UNSUPPORTED = {
     "prompt_table_extra_ids": "prompt tuning", "lora_weights": "LoRA", "lora_config": "LoRA", "lora_task_id": "LoRA",
     "guided_decoding_guide": "guided decoding", "prompt_vocab_size": "prompt tuning",
 }
+# The text interface (served as ``ensemble`` and ``tensorrt_llm_bls`` on the CPU target): the ensemble's input names
+# for the engine inputs they feed (TensorRT-LLM ensemble step 2 mapping); the prompt and the word lists are text.
+TEXT_NAMES = {"request_output_len": "max_tokens", "streaming": "stream", "runtime_top_k": "top_k", "runtime_top_p": "top_p",
+              "len_penalty": "length_penalty"}
+_UNSUPPORTED_TEXT = {
+    "decoder_text_input": "encoder-decoder models", "embedding_bias_words": "embedding bias", "embedding_bias_weights": "embedding bias",
+    "prompt_embedding_table": "prompt tuning", "prompt_table_extra_id": "prompt tuning", "prompt_vocab_size": "prompt tuning",
+    "lora_weights": "LoRA", "lora_config": "LoRA", "lora_task_id": "LoRA", "guided_decoding_guide": "guided decoding",
+    "num_draft_tokens": "speculative decoding", "use_draft_logits": "speculative decoding",
+}
 # FP32 inputs whose neutral value is accepted and any other value refused (og.Engine 0.18 has no such search option).
 _NEUTRAL_FLOATS = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "len_penalty": 1.0}
 REPLACEMENT = "\ufffd"
@@ -194,6 +204,12 @@ class TritonPythonModel:
         self.default_exclude_input = params.get("exclude_input_in_output", "true").lower() in ("1", "true", "yes")
         self.skip_special = params.get("skip_special_tokens", "true").lower() in ("1", "true", "yes")
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(self.model_config)
+        self.text = params.get("interface", "ids") == "text"
+        self.lazy = params.get("load", "eager") == "lazy"
+        self.add_special_tokens = params.get("add_special_tokens", "false").lower() == "true"
+        self.prepend_bos = params.get("prepend_bos", "true").lower() == "true"
+        self.bos_id = int(params["bos_id"]) if params.get("bos_id", "").lstrip("-").isdigit() else None
+        self.outputs = {o["name"] for o in self.model_config.get("output", [])}
         self.logger = pb_utils.Logger
         self.engine_dir = engine_dir
         self.buffer_size = int(params.get("event_buffer_size") or 256)
@@ -219,7 +235,7 @@ class TritonPythonModel:
         self._ready.wait()
         if self._init_error is not None:
             raise pb_utils.TritonModelException(f"cannot load the onnxruntime_genai engine from {engine_dir}: {self._init_error}")
-        self.logger.log_info(f"onnxruntime_genai engine loaded from {engine_dir} (og {getattr(og, '__version__', '?')}); "
+        self.logger.log_info(f"onnxruntime_genai engine {'will load on first request' if self.lazy else 'loaded'} from {engine_dir} (og {getattr(og, '__version__', '?')}); "
                              f"vocab_size={self.vocab_size} max_input_len={self.max_input_len} max_seq_len={self.max_seq_len} "
                              f"decoupled={self.decoupled}")
 
@@ -243,6 +259,8 @@ class TritonPythonModel:
         raise ValueError(f"has {a.shape[0]} rows but the request has {n} prompts")
 
     def _scalar(self, cache: dict, request: Any, name: str, b: int, n: int, default: Any) -> Any:
+        if self.text:
+            name = TEXT_NAMES.get(name, name)
         if name not in cache:
             cache[name] = self._get(request, name)
         try:
@@ -254,22 +272,25 @@ class TritonPythonModel:
         return np.asarray(r).reshape(-1)[0].item()
 
     def _parse(self, request: Any) -> list[Job]:
-        ids_arr = self._get(request, "input_ids")
-        if ids_arr is None:
-            raise ValueError("input 'input_ids' is missing")
-        ids_arr = ids_arr.reshape(1, -1) if ids_arr.ndim == 1 else ids_arr.reshape(ids_arr.shape[0], -1)
-        n = int(ids_arr.shape[0])
+        if self.text:
+            ids_arr = self._encode_rows(self._get(request, "text_input"))
+        else:
+            ids_arr = self._get(request, "input_ids")
+            if ids_arr is None:
+                raise ValueError("input 'input_ids' is missing")
+            ids_arr = ids_arr.reshape(1, -1) if ids_arr.ndim == 1 else ids_arr.reshape(ids_arr.shape[0], -1)
+        n = int(len(ids_arr))
         if n > 1 and not self.decoupled:
             raise ValueError(f"{n} prompts in one request need the model deployed in decoupled mode (package.decoupled=true); "
                              f"send one prompt per request")
         cache: dict[str, Any] = {}
         sc = lambda name, b, default: self._scalar(cache, request, name, b, n, default)  # noqa: E731
-        for name, what in _UNSUPPORTED.items():
+        for name, what in (_UNSUPPORTED_TEXT if self.text else _UNSUPPORTED).items():
             a = self._get(request, name)
             if a is not None and a.size and any(bool(x) for x in a.reshape(-1).tolist()):  # zeros / empty strings = unset
                 raise ValueError(f"input '{name}' ({what}) is not supported by the onnxruntime_genai engine; remove it")
         for name, neutral in _NEUTRAL_FLOATS.items():
-            a = self._get(request, name)
+            a = self._get(request, TEXT_NAMES.get(name, name) if self.text else name)
             if a is not None and a.size and any(float(x) != neutral for x in a.reshape(-1).tolist()):
                 raise ValueError(f"input '{name}'={a.reshape(-1).tolist()[0]} is not supported by the onnxruntime_genai engine "
                                  f"(no such search option in onnxruntime-genai 0.18); remove it or send {neutral}")
@@ -289,9 +310,35 @@ class TritonPythonModel:
                 raise ValueError(f"{where}{e}") from None
         return jobs
 
-    def _parse_row(self, request: Any, row_ids: np.ndarray, b: int, sc: Any, group: Group, requested: set[str]) -> Job:
-        ids = [int(t) for t in row_ids.tolist()]
-        n_in = int(sc("input_lengths", b, len(ids)))
+    def _encode(self, text: str) -> list[int]:
+        """Prompt text -> ids, the preprocessing model's rule (no special tokens added; BOS prepended when configured)."""
+        ids = self.tokenizer.encode(text, add_special_tokens=self.add_special_tokens).ids
+        if self.prepend_bos and self.bos_id is not None and (not ids or ids[0] != self.bos_id):
+            ids = [self.bos_id] + ids
+        return ids
+
+    def _encode_rows(self, arr: np.ndarray | None) -> list[list[int]]:
+        if arr is None or arr.size == 0:
+            raise ValueError("text_input is empty; send a non-empty prompt")
+        arr = np.asarray(arr).reshape(arr.shape[0], -1)
+        out = []
+        for b, row in enumerate(arr):
+            where = f" (prompt {b})" if len(arr) > 1 else ""
+            if row.size != 1:
+                raise ValueError(f"text_input{where} has {row.size} strings; send one prompt per row ([N, 1])")
+            x = row[0]
+            try:
+                text = x.decode("utf-8") if isinstance(x, bytes) else str(x)
+            except UnicodeDecodeError:
+                raise ValueError(f"text_input{where} is not valid UTF-8") from None
+            if not text:
+                raise ValueError(f"text_input is empty{where}; send a non-empty prompt")
+            out.append(self._encode(text))
+        return out
+
+    def _parse_row(self, request: Any, row_ids: Any, b: int, sc: Any, group: Group, requested: set[str]) -> Job:
+        ids = [int(t) for t in (row_ids if isinstance(row_ids, list) else row_ids.tolist())]
+        n_in = len(ids) if self.text else int(sc("input_lengths", b, len(ids)))
         if not 0 <= n_in <= len(ids):
             raise ValueError(f"input_lengths={n_in} but input_ids has {len(ids)} ids")
         ids = ids[:n_in]
@@ -348,12 +395,23 @@ class TritonPythonModel:
                   top_p=top_p, temperature=temperature, repetition_penalty=None if rp is None else float(rp),
                   min_length=int(sc("min_length", b, 0)), seed=None if seed is None else int(seed),
                   perf=bool(sc("return_perf_metrics", b, False)), requested=requested)
-        if streaming:
+        if streaming and (self.text or "text_output" in requested):
             job.decoder = IncrementalDecoder(self._decode)
         return job
 
     def _words_row(self, request: Any, name: str, b: int) -> list[list[int]]:
-        """Token sequences of row ``b`` of a words-list input ([N, 2, L]; a [1, 2, L] list applies to every row)."""
+        """Token sequences of row ``b`` of a words-list input ([N, 2, L]; a [1, 2, L] list applies to every row).
+
+        Text interface: ``stop_words``/``bad_words`` BYTES [N, k], each word encoded without special tokens.
+        """
+        if self.text:
+            a = self._get(request, name.replace("_list", ""))
+            if a is None or a.size == 0:
+                return []
+            a = np.asarray(a).reshape(a.shape[0], -1)
+            row = a[b] if a.shape[0] > b else a[0]
+            words = [x.decode("utf-8") if isinstance(x, bytes) else str(x) for x in row.tolist()]
+            return [ids for ids in (self.tokenizer.encode(w, add_special_tokens=False).ids for w in words if w) if ids]
         a = self._get(request, name)
         if a is None or a.size == 0:
             return []
@@ -406,8 +464,10 @@ class TritonPythonModel:
         self.buffer = self.engine.create_event_buffer(self.buffer_size)
 
     def _owner(self) -> None:
+        self.engine = None
         try:
-            self._create_engine()
+            if not self.lazy:
+                self._create_engine()
         except BaseException as e:  # noqa: BLE001 - reported by initialize()
             self._init_error = e
             self._ready.set()
@@ -431,7 +491,7 @@ class TritonPythonModel:
         try:
             self._create_engine()
             self._engine_broken = None
-            self.logger.log_warn(f"onnxruntime_genai engine reloaded after an engine error ({reason})")
+            self.logger.log_warn(f"onnxruntime_genai engine (re)loaded ({reason})")
         except Exception as e:  # noqa: BLE001
             self._engine_broken = f"{reason}; reloading the engine failed: {e}"
             self._next_reload = time.monotonic() + 5.0
@@ -447,6 +507,8 @@ class TritonPythonModel:
                     jobs = self.pending.get(timeout=0.05) if idle else self.pending.get_nowait()
                 except queue.Empty:
                     jobs = None
+                if jobs is not None and self.engine is None and self._engine_broken is None:
+                    self._recover("not loaded yet")  # lazy load (load=lazy): the first request loads the engine
                 while jobs is not None:
                     for job in jobs:
                         if job.group.cancelled:
@@ -536,7 +598,7 @@ class TritonPythonModel:
                         job.og_request.cancel_turn(job.turn_id)
                 if job.streaming:
                     if finished:
-                        piece += job.decoder.flush()
+                        piece += job.decoder.flush() if job.decoder is not None else ""
                         self._send(job, [tok], piece, final=True)
                         self._end(job, turn_done)
                         return
@@ -558,10 +620,10 @@ class TritonPythonModel:
         if job.group.cancelled:
             self._complete(job)
         elif job.streaming:
-            self._send(job, [], job.decoder.flush(), final=True)
+            self._send(job, [], job.decoder.flush() if job.decoder is not None else "", final=True)
         else:
             ids = job.tokens if job.exclude_input else job.input_ids + job.tokens
-            self._send(job, ids, self._decode(ids), final=True)
+            self._send(job, ids, self._decode(ids) if (self.text or "text_output" in job.requested) else "", final=True)
 
     def _complete(self, job: Job) -> None:
         """Count the job as done; the last job of its group sends the request's FINAL flag."""
@@ -604,12 +666,13 @@ class TritonPythonModel:
     def _send(self, job: Job, ids: list[int], text: str, *, final: bool) -> None:
         """One response for one prompt; shapes as TensorRT-LLM's backend (module docstring)."""
         n = len(ids)
-        outs = [
-            pb_utils.Tensor("output_ids", np.asarray(ids, dtype=np.int32).reshape(1, 1, n)),
-            pb_utils.Tensor("sequence_length", np.asarray([[n]], dtype=np.int32)),
-            pb_utils.Tensor("text_output", np.asarray([text.encode("utf-8")], dtype=np.object_)),
-        ]
         req = job.requested
+        outs = []
+        if "output_ids" in self.outputs:
+            outs.append(pb_utils.Tensor("output_ids", np.asarray(ids, dtype=np.int32).reshape(1, 1, n)))
+            outs.append(pb_utils.Tensor("sequence_length", np.asarray([[n]], dtype=np.int32)))
+        if "text_output" in req or self.text:
+            outs.append(pb_utils.Tensor("text_output", np.asarray([text.encode("utf-8")], dtype=np.object_)))
         if "batch_index" in req:
             outs.append(pb_utils.Tensor("batch_index", np.asarray([[job.batch_index]], np.int32)))
         if "sequence_index" in req:
