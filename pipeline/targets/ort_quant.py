@@ -158,7 +158,8 @@ def convert(model: Any, hf_dir: Path, out: Path) -> dict[str, Any]:
         out: output folder (created).
     Returns:
         ``{"bits", "group_size", "quantized_linears", "folded": {...}, "prescale_muls": [(node, tensor)],
-        "lm_head_quantized"}``; ``prescale_muls`` must be applied to the built ONNX model with
+        "lm_head_quantized", "untied_embeddings"}`` (``untied_embeddings``: the source tied the LM head to the
+        embedding; the checkpoint written has both as separate tensors, ``tie_word_embeddings: false``); ``prescale_muls`` must be applied to the built ONNX model with
         :func:`insert_prescale_muls`.
     Raises:
         ConversionError: a layout that cannot be expressed exactly (mixed quantized/unquantized
@@ -274,6 +275,8 @@ def convert(model: Any, hf_dir: Path, out: Path) -> dict[str, Any]:
             muls.append(("/lm_head/MatMul", _pre_quant_scale(lm)))
     elif "lm_head.weight" in sd:
         tensors["lm_head.weight"] = sd["lm_head.weight"].clone()
+    elif lm is not None:  # tied and not listed in the state dict: the LM head is the embedding matrix
+        tensors["lm_head.weight"] = sd["model.embed_tokens.weight"].clone()
     if len(bits_seen) != 1 or len(groups_seen) != 1:
         raise ConversionError(f"mixed bit widths {sorted(bits_seen)} / group sizes {sorted(groups_seen)} are not supported by the reader")
     bits, group = bits_seen.pop(), groups_seen.pop()
@@ -281,6 +284,11 @@ def convert(model: Any, hf_dir: Path, out: Path) -> dict[str, Any]:
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
     conf = json.loads((Path(hf_dir) / "config.json").read_text(encoding="utf-8"))
     conf["torch_dtype"] = "float32"
+    # Always untied: the embedding stays the float table ModelOpt's simulated model looks up (a Gather), and the LM
+    # head is its own MatMul (MatMulNBits with ModelOpt's integers when quantized, float otherwise). A tied config
+    # makes onnxruntime-genai's builder share one matrix and quantize the embedding itself (GatherBlockQuantized).
+    tied = bool(conf.get("tie_word_embeddings", False))
+    conf["tie_word_embeddings"] = False
     conf.pop("dtype", None)
     conf["quantization_config"] = {"quant_method": "gptq", "bits": bits, "group_size": group, "desc_act": False, "sym": True,
                                    "checkpoint_format": "gptq"}
@@ -289,7 +297,7 @@ def convert(model: Any, hf_dir: Path, out: Path) -> dict[str, Any]:
         if (Path(hf_dir) / f).is_file():
             shutil.copy2(Path(hf_dir) / f, out / f)
     return {"bits": bits, "group_size": group, "quantized_linears": n_quant + int(lm_quant), "folded": folded,
-            "prescale_muls": muls, "lm_head_quantized": lm_quant}
+            "prescale_muls": muls, "lm_head_quantized": lm_quant, "untied_embeddings": tied}
 
 
 def insert_prescale_muls(onnx_path: Path, muls: list[tuple[str, "torch.Tensor"]]) -> int:
@@ -373,3 +381,32 @@ def fix_lm_head_input(onnx_path: Path) -> str | None:
     lm.input[0] = out0
     onnx.save(m, str(onnx_path))
     return f"{lm.name} input rewired from {old} to {out0} (builder defect: final norm was left unused)"
+
+
+def check_deployed_graph(onnx_path: Path, lm_head_quantized: bool) -> dict[str, Any]:
+    """Check that the built graph deploys what the quant report says; return what it found.
+
+    The embedding must be a float ``Gather`` (ModelOpt never quantizes it): a ``GatherBlockQuantized`` means the
+    builder quantized it itself. The LM head must be ``MatMulNBits`` exactly when ``lm_head_quantized``.
+
+    Returns:
+        ``{"embedding_op", "lm_head_op", "matmulnbits": n, "mul": n}`` (op types found in the graph).
+    Raises:
+        ConversionError: the graph differs from the report (names the node and what was expected).
+    """
+    import onnx
+
+    m = onnx.load(str(onnx_path), load_external_data=False)
+    nodes = list(m.graph.node)
+    emb = next((n.op_type for n in nodes if n.name.startswith("/model/embed_tokens/")
+                and n.op_type in ("Gather", "GatherBlockQuantized")), None)
+    lm = next((n.op_type for n in nodes if n.name.startswith("/lm_head/") and n.op_type in ("MatMul", "MatMulNBits")), None)
+    found = {"embedding_op": emb, "lm_head_op": lm, "matmulnbits": sum(n.op_type == "MatMulNBits" for n in nodes),
+             "mul": sum(n.op_type == "Mul" for n in nodes)}
+    if emb != "Gather":
+        raise ConversionError(f"{onnx_path}: the embedding lookup is {emb!r}, expected a float 'Gather' (the quant report keeps "
+                              "the embedding in high precision; the builder must not quantize it)")
+    want = "MatMulNBits" if lm_head_quantized else "MatMul"
+    if lm != want:
+        raise ConversionError(f"{onnx_path}: /lm_head is {lm!r}, expected {want!r} (lm_head_quantized={lm_head_quantized})")
+    return found
