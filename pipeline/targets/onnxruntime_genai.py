@@ -58,6 +58,24 @@ def _run_logged(cmd: list[str], logf: Path, title: str, env: dict[str, str] | No
         raise PipelineError(f"{title} failed (exit {proc.returncode}); last lines of {logf}:\n{tail}")
 
 
+def set_runtime_limits(engine: Path, *, max_batch_size: int, max_seq_len: int) -> dict[str, Any]:
+    """Write the batch and length limits into ``engine/genai_config.json`` (in place); return the config.
+
+    * ``search.max_length = max_seq_len``: the runtime refuses a prompt that leaves no room before it;
+    * ``engine.static_batching.max_batch_size = max_batch_size``: og.Engine schedules a static batch on a
+      non-paged model (paged attention, ``engine.dynamic_batching``, is CUDA-only in onnxruntime-genai 0.18); without
+      this key 0.18 caps it at 4 sequences (``Engine.get_capabilities().configured_max_batch_size``).
+    """
+    gc_path = Path(engine) / "genai_config.json"
+    gc = json.loads(gc_path.read_text(encoding="utf-8"))
+    gc.setdefault("search", {})["max_length"] = int(max_seq_len)
+    eng = gc.setdefault("engine", {})
+    if "dynamic_batching" not in eng:
+        eng.setdefault("static_batching", {})["max_batch_size"] = int(max_batch_size)
+    gc_path.write_text(json.dumps(gc, indent=4) + "\n", encoding="utf-8")
+    return gc
+
+
 class OnnxRuntimeGenAITarget:
     name = "onnxruntime_genai"
     supported_recipes = SUPPORTED_RECIPES
@@ -265,13 +283,7 @@ class OnnxRuntimeGenAITarget:
         if ctx and b.max_seq_len > ctx and not cfg.allow_unsafe_lengths:
             raise InputError(f"build.max_seq_len={b.max_seq_len} exceeds the model's context_length {ctx} (max_position_embeddings). "
                              f"Fix: set build.max_seq_len<={ctx} (or allow_unsafe_lengths=true).")
-        gc.setdefault("search", {})["max_length"] = int(b.max_seq_len)
-        # og.Engine on a non-paged (CPU) model schedules a static batch; without this key onnxruntime-genai 0.18
-        # caps it at 4 sequences (Engine.get_capabilities().configured_max_batch_size), whatever the runner admits.
-        eng = gc.setdefault("engine", {})
-        if "dynamic_batching" not in eng:
-            eng.setdefault("static_batching", {})["max_batch_size"] = int(b.max_batch_size)
-        gc_path.write_text(json.dumps(gc, indent=4) + "\n", encoding="utf-8")
+        set_runtime_limits(engine, max_batch_size=b.max_batch_size, max_seq_len=b.max_seq_len)
         limits = {"max_batch_size": int(b.max_batch_size), "max_input_len": int(b.max_input_len), "max_seq_len": int(b.max_seq_len)}
         (engine / LIMITS_FILE).write_text(json.dumps({"schema": "pipeline.engine_limits/v1", **limits}, indent=2) + "\n", encoding="utf-8")
         return limits
