@@ -63,7 +63,7 @@ def markdown(doc: dict[str, Any]) -> str:
         for r in c1:
             rf = r["roofline"]
             w = (per_mode.get(r["mode"]) or doc["roofline"]).get("weight_bytes_per_step")
-            lines.append(f"| {r['mode']} | {_f(w / 1e6 if w else None, 2)} | {_f(rf['kv_bytes_per_seq'] * rf['batch'] / 1e6, 2)} | "
+            lines.append(f"| `{r['mode']}` | {_f(w / 1e6 if w else None, 2)} | {_f(rf['kv_bytes_per_seq'] * rf['batch'] / 1e6, 2)} | "
                          f"{_f(rf['bound_tokens_per_s'], 0)} | {_f(rf['achieved_decode_tokens_per_s'], 0)} | {_f(rf['fraction'], 3)} |")
     if any(s["repeats"] > 1 for s in doc["summary"]):
         lines += ["", "Spread over repeats (mean ± std, n):", "",
