@@ -77,7 +77,7 @@ def markdown(doc: dict[str, Any]) -> str:
             lines.append(f"| {s['key']} | {ms('time_per_output_token.avg')} | {ms('time_to_first_token.p50')} | {ms('output_token_throughput.avg')} |")
     lines += ["", "| ratio | value | target | met | definition |", "|---|---|---|---|---|"]
     for k, v in doc["ratios"].items():
-        met = {True: "yes", False: "**no**", None: "not measured"}[v["met"]]
+        met = {True: "yes", False: "**no**", None: "not measured"}[v["met"]] if v.get("judged", True) else "(not a target here)"
         lines.append(f"| {k} | {_f(v['value'], 3) if isinstance(v['value'], float) else _f(v['value'])} | {v['target']} | {met} | {v['definition']} |")
     lines += ["", "TTFT = send → first token; TPOT = (last − first token) / (tokens − 1); ITL = gaps between tokens; "
               "latency = send → last token; out tok/s = output tokens / (first send → last completion). "

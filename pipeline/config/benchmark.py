@@ -50,6 +50,9 @@ class BenchmarkConfig:
     server_ready_timeout_s: float = runtime(180.0, doc="triton mode: how long to wait for the server to be ready")
     repeats: int = 1
     """Run every level this many times (fresh seeded workload each); compare reports the spread."""
+    targets: List[str] = field(default_factory=list)
+    """Ratios this benchmark is held to (names in ``pipeline.bench.core.TARGETS``); empty = all. The others are still
+    reported, marked as not a target for this benchmark."""
     results_dir: str = runtime("bench/results", doc="where JSON, Markdown and plots go")
 
 
