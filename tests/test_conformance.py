@@ -627,3 +627,92 @@ def test_trtllm_package_engine_model_accepts_stop_and_batch_when_decoupled(trt_r
     assert {"stop", "streaming", "input_ids", "input_lengths", "request_output_len", "end_id", "pad_id"} <= names
     assert eng.model_transaction_policy.decoupled  # batch > 1 and streaming need decoupled (triton.md sec. 1.1)
     assert eng.max_batch_size > 1
+
+
+# --------------------------------------------------------------------------- our client (LLMClient, `pipeline client`)
+def test_llmclient_construction_is_thread_safe_with_a_tokenizer_path(served):
+    """8 threads creating an LLMClient with a tokenizer folder at once, in a fresh interpreter (transformers' lazy
+    imports not yet resolved, as in a real client process): every one gets a working client."""
+    import subprocess
+    import sys
+
+    # the tokenizer step of the construction, released at the same instant (the race: transformers' lazy imports)
+    step = f"from pipeline.serving.client import _load_tokenizer\nmake = lambda: _load_tokenizer({str(served.tokenizer_dir)!r})"
+    # the whole construction
+    whole = (f"from pipeline.serving.client import LLMClient\n"
+             f"make = lambda: LLMClient({served.url!r}, tokenizer={str(served.tokenizer_dir)!r})")
+    for setup in (step, whole):
+        script = setup + """
+import threading
+errors, ok = [], []
+start = threading.Barrier(8)
+def one():
+    start.wait()
+    try:
+        obj = make()
+        tok = getattr(obj, "tokenizer", obj)
+        ok.append(tok.eos_token_id is not None)
+        getattr(obj, "close", lambda: None)()
+    except BaseException as e:
+        errors.append(repr(e))
+ts = [threading.Thread(target=one) for _ in range(8)]
+[t.start() for t in ts]; [t.join() for t in ts]
+print(len(ok), errors)
+raise SystemExit(0 if len(ok) == 8 and all(ok) and not errors else 1)
+"""
+        r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+
+
+def test_pipeline_client_uses_the_served_packages_tokenizer_not_the_newest(served, tmp_path, tok):
+    """`pipeline serve` records what it serves; `pipeline client` renders with that package's chat template even when a
+    newer package (another chat template) sits in the store, and refuses to guess when nothing is recorded."""
+    import re
+    import shutil
+    import signal
+    import subprocess
+    import sys
+
+    from pipeline.serving.client import LLMClient
+
+    # a newer, complete package artifact in the store of the working folder, whose chat template differs
+    newer = tmp_path / "artifacts" / "package" / "newer"
+    shutil.copytree(served.tokenizer_dir, newer / "model_repository" / "preprocessing" / "1" / "tokenizer")
+    cfg_p = newer / "model_repository" / "preprocessing" / "1" / "tokenizer" / "tokenizer_config.json"
+    tc = json.loads(cfg_p.read_text())
+    tc["chat_template"] = "{{ bos_token }}SYSTEM SAYS SOMETHING ELSE\n{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    cfg_p.write_text(json.dumps(tc))
+    (newer / "model_repository" / "preprocessing" / "1" / "tokenizer" / "chat_template.jinja").unlink(missing_ok=True)
+    (newer / "manifest.json").write_text(json.dumps({"complete": True}))
+
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "serve", str(served.package), "package.grpc_port=0", "package.http_port=0",
+                             "package.metrics_port=0"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = []
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            lines.append(line)
+            if line.startswith("ready:") or not line:
+                break
+        m = re.search(r"gRPC (127\.0\.0\.1:\d+)", "".join(lines))
+        assert m, "".join(lines)
+        url = m.group(1)
+        with LLMClient(url, tokenizer=tok) as c:
+            want = c.generate(PROMPTS[1], 8).text  # rendered with the served package's template
+        r = subprocess.run([sys.executable, "-m", "pipeline", "client", "--url", url, "--max-tokens", "8", "--json", PROMPTS[1]],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout.splitlines()[-1])["text"] == want
+        # elsewhere (no record of what that server serves), the client refuses to guess and says how to fix it
+        elsewhere = tmp_path / "elsewhere"
+        shutil.copytree(tmp_path / "artifacts", elsewhere / "artifacts")
+        r2 = subprocess.run([sys.executable, "-m", "pipeline", "client", "--url", url, "--max-tokens", "8", PROMPTS[1]],
+                            cwd=elsewhere, capture_output=True, text=True, timeout=120)
+        assert r2.returncode == 2 and "--tokenizer" in r2.stderr and "cannot tell which package" in r2.stderr, r2.stderr
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+        assert not (tmp_path / "runs" / "serving" / f"{url.replace(':', '_')}.json").exists()  # the record goes with the server
+    finally:
+        if proc.poll() is None:
+            proc.kill()
