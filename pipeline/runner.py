@@ -340,9 +340,12 @@ def print_gate(gate: dict[str, Any], console: Console) -> None:
         verdict = str(ev.get("verdict") or ("pass" if ev.get("passed") else "fail"))
         color = {"pass": "green", "inconclusive": "yellow", "fail": "red"}.get(verdict, "red")
         b = ev.get("bound") or {}
-        bound = (f": drop {100 * b['drop']:+.1f} pp, upper bound {100 * b['upper']:+.1f} pp vs allowed {100 * b['allowance']:.1f} pp"
+        bound = (f" drop {100 * b['drop']:+.1f} pp, upper bound {100 * b['upper']:+.1f} pp vs allowed {100 * b['allowance']:.1f} pp"
                  if b.get("upper") is not None else "")
         mode = " (exploratory: not releasable)" if ev.get("mode") == "exploratory" and verdict != "pass" else ""
+        sc = ev.get("scopes") or {}
+        if sc:
+            bound = f" (overall{bound}; scopes: " + ", ".join(f"{n} {v}" for v, n in sc.items() if n) + ")"
         console.print(f"[bold]gate[/]  non-inferiority [{color}]{verdict}[/]{escape(bound)}{mode}")
         f = ev.get("fidelity")
         if f:

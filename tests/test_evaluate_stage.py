@@ -75,6 +75,7 @@ def test_tiny_end_to_end_engine_and_report(tmp_path, tiny_ckpt, monkeypatch):
     summary, rep, out = run(tmp_path, f"model.path={tiny_ckpt}", "model.dtype=float32", "quant=int4_wo", "calibration.num_samples=32",
                             "calibration.min_samples=8", f"eval.eval_set={es}", "eval.runners=[baseline,engine,simulated]",
                             "eval.max_new_tokens=8", "build.max_input_len=128", "build.max_seq_len=160", "eval.gate.max_drop=1.0",
+                            "eval.gate.max_kld=100", "eval.gate.min_top1=0",
                             f"eval.draft_model_path={tiny_ckpt}", "eval.draft_tokens=3")
     assert summary.exit_code in (EXIT_OK, EXIT_GATE), summary.error
     assert rep["schema"] == "pipeline.eval_report/v1"

@@ -179,6 +179,8 @@ def _run_all(ctx: StageContext, runners: list[str], prepared: list[Any], tokeniz
         try:
             with ctx.progress(f"evaluate: {name}", total=n_run) as adv:
                 outputs[name] = runner.run(prepared, ctx.cfg.eval.batch_size, adv)
+            if fid is not None and name == "baseline":
+                fid["seqs"] = fid["make"](outputs[name])
             if fid is not None and name in fid["runners"] and "unavailable" not in fid:
                 t1 = time.perf_counter()
                 try:
@@ -238,7 +240,14 @@ def _evaluate(ctx: StageContext) -> dict[str, Any]:
     seconds: dict[str, float] = {}
     fid: dict[str, Any] | None = None
     if e.fidelity and "baseline" in runners and cand != "baseline":
-        fid = {"seqs": F.build_sequences(prepared, tokenizer, stop_ids), "runners": ("baseline", cand), "logits": {}, "seconds": {}}
+        def make_seqs(base_out: dict[str, Any]) -> list[Any]:
+            # the reference answer in the baseline's own tokens where it answered correctly (fidelity.build_sequences)
+            ok = {i: o.output_ids for i, o in base_out.items()
+                  if o.finish_reason == "eos" and get_metric(item_by_id[i].metric)(o.text, item_by_id[i]) >= 1.0}
+            return F.build_sequences(prepared, tokenizer, stop_ids, ok)
+
+        item_by_id = {p.item.id: p.item for p in prepared}
+        fid = {"make": make_seqs, "runners": ("baseline", cand), "logits": {}, "seconds": {}}
     _run_all(ctx, runners, prepared, tokenizer, stop_ids, pad_id, n_run, outputs, seconds, fid)
     fidelity = None
     if fid is not None:
@@ -246,7 +255,8 @@ def _evaluate(ctx: StageContext) -> dict[str, Any]:
             fidelity = {"candidate": cand, "unavailable": fid["unavailable"], "seconds": fid["seconds"]}
         else:
             fidelity = {"candidate": cand, **F.compare(fid["seqs"], fid["logits"]["baseline"], fid["logits"][cand]),
-                        "seconds": fid["seconds"], "sequence": "prompt + reference answer + eos, cut to the item budget"}
+                        "seconds": fid["seconds"],
+                        "sequence": "prompt + reference answer (the baseline's tokens where it answered correctly) + eos, cut to the item budget"}
         del fid
 
     metric_of = {p.item.id: get_metric(p.item.metric) for p in prepared}
@@ -367,7 +377,7 @@ def _evaluate(ctx: StageContext) -> dict[str, Any]:
         headline["top1"] = round(fo["top1"], 4)
     if verdict["bound"]:
         headline["drop_ub"] = round(verdict["bound"]["upper"], 4)
-    summary = {"verdict": verdict["verdict"], "mode": verdict["mode"], "bound": verdict["bound"],
+    summary = {"verdict": verdict["verdict"], "mode": verdict["mode"], "bound": verdict["bound"], "scopes": verdict["scopes"],
                "fidelity": {"kld_mean": fo["kld"]["mean"], "kld_se": fo["kld"]["se"], "top1": fo["top1"],
                             "ln_ppl_ratio": fo["ln_ppl_ratio"], "positions": fo["positions"]} if fo.get("positions") else None}
     return {"gate": {"passed": verdict["passed"], "reason": verdict["reason"], **summary}, "headline": headline,
