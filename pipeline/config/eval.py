@@ -91,6 +91,10 @@ class EvalConfig:
     fidelity: bool = True
     """Teacher-forced fidelity metrics (KL divergence, top-1 agreement, ln PPL ratio) of the candidate vs
     the baseline over every eval prompt + its reference answer (``pipeline/evaluation/fidelity.py``)."""
+    fidelity_heldout: int = 64
+    """Also teacher-force this many calibration-domain samples that calibration did *not* use (the next ones
+    in the calibration set's seeded order after ``calibration.num_samples``), reported as
+    ``fidelity.calibration_heldout`` (not gated); 0 = off, and skipped when the set has no more samples."""
     worst_regressions: int = 20
     """How many worst regressions (baseline right, candidate wrong) the report shows side by side."""
 
@@ -120,6 +124,8 @@ def validate(cfg: EvalConfig, prefix: str = "eval") -> list[Problem]:
         v = getattr(cfg.gate, name)
         if v is not None and (v < 0 or (name == "min_top1" and v > 1)):
             problems.append(Problem(f"{prefix}.gate.{name}", v, "out of range.", "max_kld >= 0 (nats); min_top1 in [0, 1]"))
+    if cfg.fidelity_heldout < 0:
+        problems.append(Problem(f"{prefix}.fidelity_heldout", cfg.fidelity_heldout, "must be >= 0.", "use 64, or 0 to turn it off"))
     if cfg.batch_size < 1:
         problems.append(Problem(f"{prefix}.batch_size", cfg.batch_size, "must be >= 1.", "use eval.batch_size=16"))
     if not cfg.eval_set:

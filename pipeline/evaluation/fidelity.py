@@ -77,6 +77,12 @@ def build_sequences(prepared: Sequence[Any], tokenizer: Any, stop_ids: Sequence[
     return out
 
 
+def heldout_sequences(samples: Sequence[Sequence[int]], slice_name: str = "calibration_heldout") -> list[TFSequence]:
+    """Whole calibration samples (token ids, chat-rendered as calibration does) teacher-forced from their
+    first token: every later position is compared."""
+    return [TFSequence(f"heldout-{k}", slice_name, [int(s[0])], [int(t) for t in s[1:]]) for k, s in enumerate(samples) if len(s) >= 2]
+
+
 def _log_softmax(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x, dtype=np.float64)
     m = x.max(axis=-1, keepdims=True)
