@@ -261,9 +261,11 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
            "SmoothQuant (Xiao et al. 2023): INT8 per-channel weights, INT8 activations with a calibrated per-tensor scale; "
            "smoothing strength quant.smoothquant_alpha"),
     Recipe("int8_wo", "INT8_WEIGHT_ONLY_CFG", "W8A16", False, 8, "fp16", "INT8 per-channel weight-only"),
+    Recipe("int4_rtn", "INT4_BLOCKWISE_WEIGHT_ONLY_CFG", "W4A16_AWQ", True, 4, "fp16",
+           "INT4 group-wise weight-only, plain round-to-nearest with max calibration (no AWQ scale search; ModelOpt "
+           "exports it to TensorRT-LLM's group-wise W4A16_AWQ kernel path with unit pre-quant scales)"),
     Recipe("int4_wo", "INT4_BLOCKWISE_WEIGHT_ONLY_CFG", "W4A16_AWQ", True, 4, "fp16",
-           "INT4 group-wise weight-only, max calibration without the AWQ scale search (ModelOpt exports it to the "
-           "W4A16_AWQ kernel path with unit pre-quant scales)"),
+           "deprecated alias of int4_rtn (same ModelOpt config, same bytes); use quant=int4_rtn"),
     Recipe("int4_awq", "INT4_AWQ_CFG", "W4A16_AWQ", True, 4, "fp16",
            "INT4 group-wise weights with AWQ activation-aware scales (Lin et al. 2023; ModelOpt awq_lite)"),
     Recipe("w4a8_awq", "W4A8_AWQ_BETA_CFG", "W4A8_AWQ", True, 4, "fp8", "INT4 AWQ weights with FP8 activations"),
@@ -288,7 +290,7 @@ ATTN_OUT_PATTERNS = ("*.self_attn.o_proj", "*.self_attention.dense", "*.attentio
 _LOCAL_SM = {"h100": 90, "h100_sxm": 90, "h100_pcie": 90, "h200": 90, "a100": 80, "a100_40gb": 80, "a100_80gb": 80,
              "a10g": 86, "a10": 86, "l4": 89, "l40s": 89, "t4": 75, "v100": 70, "b200": 100}
 #: Minimum SM per recipe / KV format, TensorRT-LLM support matrix (shared/reference/tensorrt_llm.md sec. 3c).
-_LOCAL_RECIPE_MIN_SM = {"none": 80, "int8_wo": 80, "int4_wo": 80, "int4_awq": 80, "int8_sq": 80, "fp8": 89, "w4a8_awq": 89}
+_LOCAL_RECIPE_MIN_SM = {"none": 80, "int8_wo": 80, "int4_rtn": 80, "int4_wo": 80, "int4_awq": 80, "int8_sq": 80, "fp8": 89, "w4a8_awq": 89}
 _LOCAL_KV_MIN_SM = {"none": 80, "int8": 80, "fp8": 89}
 
 
@@ -832,7 +834,7 @@ def _quantize(cfg: Any, export_dir: Path, calib_path: Path | None, out: Path, pr
         "bytes": {"source_safetensors": before, "trtllm_rank_files": after,
                   "modules_before": sum(p["bytes_before"] for p in precisions), "modules_after": sum(p["bytes_after"] for p in precisions)},
         "compression": round(before / after, 4) if after else None,
-        "calibration": calib_stats, "warnings": calib_warnings + hf_notes,
+        "calibration": calib_stats, "warnings": _deprecation_notes(qcfg.recipe) + calib_warnings + hf_notes,
         "timings_s": {k: round(v, 3) for k, v in timings.items()},
         "modelopt_version": _version("nvidia-modelopt"), "torch_version": torch.__version__,
     }
@@ -847,6 +849,18 @@ def _quantize(cfg: Any, export_dir: Path, calib_path: Path | None, out: Path, pr
         "tp_size": int(qcfg.tp_size), "pp_size": int(qcfg.pp_size), "calibration_s": round(timings.get("calibration_s", 0.0), 3),
         "warnings": report["warnings"],
     }
+
+
+def _deprecation_notes(recipe: str) -> list[str]:
+    """Warnings for a deprecated ``quant.recipe`` name (:data:`pipeline.config.quant.DEPRECATED_RECIPES`); also logged."""
+    from .config.quant import DEPRECATED_RECIPES
+
+    if recipe not in DEPRECATED_RECIPES:
+        return []
+    note = (f"quant.recipe={recipe!r} is a deprecated alias of {DEPRECATED_RECIPES[recipe]!r} (same ModelOpt config, same result); "
+            f"use quant={DEPRECATED_RECIPES[recipe]}")
+    log.warning(note)
+    return [note]
 
 
 class _quiet:

@@ -7,7 +7,9 @@ from typing import List
 
 from .common import Problem, choice
 
-RECIPES = ("none", "fp8", "int8_sq", "int8_wo", "int4_wo", "int4_awq", "w4a8_awq")
+RECIPES = ("none", "fp8", "int8_sq", "int8_wo", "int4_rtn", "int4_awq", "w4a8_awq", "int4_wo")
+#: deprecated recipe names -> the name to use (still accepted for one release; the quant report warns)
+DEPRECATED_RECIPES = {"int4_wo": "int4_rtn"}
 KV_CACHE = ("none", "fp8", "int8")
 SENSITIVE_PRESETS = ("none", "first_last", "attn_out", "first_last_attn_out")
 
@@ -15,8 +17,8 @@ SENSITIVE_PRESETS = ("none", "first_last", "attn_out", "first_last_attn_out")
 @dataclass
 class QuantConfig:
     recipe: str = "none"
-    """none | fp8 | int8_sq | int8_wo | int4_wo | int4_awq | w4a8_awq (TensorRT-LLM quant_algo names in
-    pipeline/quantize.py RECIPES)."""
+    """none | fp8 | int8_sq | int8_wo | int4_rtn | int4_awq | w4a8_awq (TensorRT-LLM quant_algo names in
+    pipeline/quantize.py RECIPES). ``int4_wo`` is a deprecated alias of ``int4_rtn``."""
     kv_cache: str = "none"
     """KV-cache quantization: none | fp8 | int8 (TensorRT-LLM kv_cache_quant_algo FP8 / INT8)."""
     group_size: int = 128
