@@ -46,6 +46,8 @@ class RunSummary:
     total_s: float
     plan: dict[str, Any] | None = None
     error: str | None = None
+    gate: dict[str, Any] | None = None
+    """The release-gate section: the evaluate stage's ``gate`` result and the package stage's ``parity``."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -56,6 +58,7 @@ class RunSummary:
             "total_s": round(self.total_s, 3),
             "error": self.error,
             "plan": self.plan,
+            "gate": self.gate,
             "stages": [dataclasses.asdict(s) for s in self.stages],
         }
 
@@ -188,6 +191,7 @@ def run_pipeline(cfg: PipelineConfig, *, overrides: list[str] | None = None, sum
     reports: list[StageReport] = []
     overrides = list(overrides or [])
     exit_code, error, plan = EXIT_OK, None, None
+    gate_info: dict[str, Any] = {}
     show_progress = cfg.progress and console.is_terminal
     try:
         validate_config(cfg)
@@ -257,8 +261,16 @@ def run_pipeline(cfg: PipelineConfig, *, overrides: list[str] | None = None, sum
                 console.print(f"[green]✓[/] {name:<9} {status} in {secs:.1f} s  {art.path}")
             done[name] = art
             gate = art.result.get("gate")
+            if name == "evaluate" and isinstance(gate, dict):
+                gate_info["evaluate"] = gate
+            if name == "package" and isinstance(art.result.get("parity"), dict):
+                gate_info["parity"] = art.result["parity"]
             if isinstance(gate, dict) and gate.get("passed") is False:
-                gate_failed = gate.get("reason", "evaluation gate failed")
+                if name == "evaluate" and gate.get("mode") == "exploratory" and gate.get("verdict") == "inconclusive":
+                    console.print("[bold yellow]EXPLORATORY RUN: the gate is INCONCLUSIVE (eval.gate.mode=exploratory); exit 0, "
+                                  "but the package stage will refuse to release this candidate[/]")
+                else:
+                    gate_failed = gate.get("reason", "evaluation gate failed")
         if gate_failed and exit_code == EXIT_OK:
             exit_code, error = EXIT_GATE, f"evaluation gate failed: {gate_failed}"
     except KeyboardInterrupt:
@@ -276,7 +288,8 @@ def run_pipeline(cfg: PipelineConfig, *, overrides: list[str] | None = None, sum
             log.exception("stage failed")
             exit_code, error = EXIT_FAILED, f"{type(e).__name__}: {e}"
         _mark_failed(reports, cfg, error)
-    summary = RunSummary(reports, exit_code, overrides, time.time() - t_start, plan, error)
+    summary = RunSummary(reports, exit_code, overrides, time.time() - t_start, plan, error,
+                         gate_info or None)
     print_summary(summary, console)
     if summary_dir is not None:
         try:
@@ -310,10 +323,37 @@ def print_summary(summary: RunSummary, console: Console) -> None:
         head = ", ".join(f"{k}={_fmt(v)}" for k, v in r.headline.items())
         t.add_row(r.stage, f"[{style}]{r.status}[/]", f"{r.seconds:.2f} s", escape(r.path or "-"), escape(head or (r.error or "")[:120]))
     console.print(t)
+    if summary.gate:
+        print_gate(summary.gate, console)
     if summary.error:
         console.print(f"[bold red]error (exit {summary.exit_code}):[/] {escape(summary.error)}")
     else:
         console.print(f"[bold green]ok[/] in {summary.total_s:.1f} s")
+
+
+def print_gate(gate: dict[str, Any], console: Console) -> None:
+    """The release-gate section of the run summary: non-inferiority verdict (bound vs allowance), fidelity
+    (mean KLD, top-1 agreement) and serving parity (``served == evaluated: N/N`` from the package stage's
+    ``parity`` result; "not checked" when absent)."""
+    ev = gate.get("evaluate") or {}
+    if ev:
+        verdict = str(ev.get("verdict") or ("pass" if ev.get("passed") else "fail"))
+        color = {"pass": "green", "inconclusive": "yellow", "fail": "red"}.get(verdict, "red")
+        b = ev.get("bound") or {}
+        bound = (f": drop {100 * b['drop']:+.1f} pp, upper bound {100 * b['upper']:+.1f} pp vs allowed {100 * b['allowance']:.1f} pp"
+                 if b.get("upper") is not None else "")
+        mode = " (exploratory: not releasable)" if ev.get("mode") == "exploratory" and verdict != "pass" else ""
+        console.print(f"[bold]gate[/]  non-inferiority [{color}]{verdict}[/]{escape(bound)}{mode}")
+        f = ev.get("fidelity")
+        if f:
+            console.print(f"[bold]gate[/]  fidelity: mean KLD {f['kld_mean']:.6f} ± {f['kld_se']:.6f} nats, same top token "
+                          f"{100 * f['top1']:.2f}% ({f['positions']} teacher-forced tokens)")
+    p = gate.get("parity")
+    if isinstance(p, dict) and p.get("total") is not None:
+        console.print(f"[bold]gate[/]  served == evaluated: {p.get('matched')}/{p.get('total')}"
+                      + (f" ({escape(str(p['note']))})" if p.get("note") else ""))
+    else:
+        console.print("[bold]gate[/]  served == evaluated: not checked in this run")
 
 
 def _fmt(v: Any) -> str:
