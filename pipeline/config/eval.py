@@ -20,7 +20,7 @@ class GateConfig:
     """Maximum score drop vs the baseline (absolute, 0..1). ``None`` = the recipe default in
     ``max_drop_by_recipe``."""
     max_drop_by_recipe: Dict[str, float] = field(
-        default_factory=lambda: {"none": 0.02, "fp8": 0.02, "int8_wo": 0.02, "int8_sq": 0.04, "int4_wo": 0.06, "int4_awq": 0.05, "w4a8_awq": 0.06}
+        default_factory=lambda: {"none": 0.02, "fp8": 0.02, "int8_wo": 0.02, "int8_sq": 0.04, "int4_wo": 0.06, "int4_rtn": 0.06, "int4_awq": 0.05, "w4a8_awq": 0.06}
     )
     """Default allowed drop per recipe: tighter for near-lossless formats (fp8) than for int4.  An allowance
     must be demonstrable on the eval set: with no discordant pair the 95 % upper bound is z^2 / (n + z^2), so

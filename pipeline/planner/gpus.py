@@ -28,6 +28,7 @@ RECIPE_MIN_SM = {
     "none": 80,      # float16 works earlier, bfloat16 needs SM80; Volta/V100 removed in 0.15/0.16
     "int8_wo": 80,
     "int4_wo": 80,
+    "int4_rtn": 80,
     "int4_awq": 80,
     "int8_sq": 80,
     "fp8": 89,

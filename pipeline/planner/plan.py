@@ -177,7 +177,7 @@ def _linear_bytes(out_f: int, in_f: int, recipe: str, hp_bytes: float, group: in
         return n + out_f * 4
     if recipe == "int8_sq":
         return n + out_f * 4 + in_f * 4
-    if recipe in ("int4_awq", "int4_wo", "w4a8_awq"):
+    if recipe in ("int4_awq", "int4_wo", "int4_rtn", "w4a8_awq"):
         b = n / 2 + math.ceil(in_f / group) * out_f * 2
         if recipe in ("int4_awq", "w4a8_awq"):
             b += in_f * 2

@@ -37,7 +37,7 @@ from .base import GenerationRequest, GenerationResult, TokenCallback
 
 log = logging.getLogger("pipeline.targets.onnxruntime_genai")
 
-SUPPORTED_RECIPES = ("none", "int4_awq", "int4_wo", "int8_wo")
+SUPPORTED_RECIPES = ("none", "int4_awq", "int4_rtn", "int4_wo", "int8_wo")
 """Recipes whose weights this target deploys unchanged: float, and integer weight-only (MatMulNBits 4/8 bit)."""
 LIMITS_FILE = "engine_limits.json"
 BUILDER = "onnxruntime_genai.models.builder"
