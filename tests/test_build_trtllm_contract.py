@@ -307,6 +307,10 @@ def test_sliding_window_is_passed_through_as_max_attention_window_size(make_chec
     (["package.runtime.kv_cache_host_memory_bytes=1073741824", "build.enable_kv_cache_reuse=false"], "package.runtime.kv_cache_host_memory_bytes"),
     (["build.speculative.mode=draft_tokens_external", "build.speculative.max_draft_len=4", "build.speculative.draft_model_path=/d"],
      "eval.draft_model_path"),
+    (["build.speculative.mode=draft_tokens_external", "build.speculative.max_draft_len=4", "build.speculative.draft_model_path=/d",
+      "eval.draft_model_path=/other"], "eval.draft_model_path"),
+    (["build.speculative.mode=draft_tokens_external", "build.speculative.max_draft_len=6", "build.speculative.draft_model_path=/d",
+      "eval.draft_model_path=/d"], "eval.draft_tokens"),
 ])
 def test_runtime_knobs_are_checked_across_fields(overrides, field):
     probs = get_target("tensorrt_llm").check_config(_cfg(*overrides))

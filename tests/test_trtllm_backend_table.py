@@ -140,16 +140,6 @@ def test_tensorrt_llm_tensors_match_upstream_exactly(tmp_path):
     assert req == {"input_lengths", "request_output_len"}  # as upstream 1.2 (input_ids optional for encoder inputs)
 
 
-def test_the_old_template_fails_the_conformance_check(tmp_path):
-    """The pre-1.2 template (13 parameters, v0.19 tensor names) is caught: upstream parameters neither set nor documented
-    as default (e.g. executor_worker_path) and the renamed request inputs (min_tokens, seed) are missing."""
-    old = {"gpt_model_path", "gpt_model_type", "max_beam_width", "kv_cache_free_gpu_mem_fraction", "enable_kv_cache_reuse",
-           "batch_scheduler_policy", "enable_chunked_context", "cuda_graph_mode", "cuda_graph_cache_size", "exclude_input_in_output",
-           "normalize_log_probs", "tokenizer_dir", "FORCE_CPU_ONLY_INPUT_TENSORS"}
-    must = {n for n in T.UPSTREAM["tensorrt_llm"]["parameters"] if T.disposition("tensorrt_llm", "parameters", n)["kind"] == "set"}
-    assert must - old == {"executor_worker_path"}
-
-
 def test_medusa_without_choices_and_wrong_mode_settings_are_refused_naming_the_field(tmp_path):
     from pipeline.errors import InputError
 

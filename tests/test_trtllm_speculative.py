@@ -100,6 +100,8 @@ def test_unmeasured_mode_other_draft_and_low_slice_are_refused():
         decide_speculative("draft_tokens_external", m, _gate(), draft_model_path="/a")
     with pytest.raises(GateFailed, match="measured with draft /a"):
         decide_speculative("draft_tokens_external", {**m, "slices": {}}, _gate(), draft_model_path="/b")
+    with pytest.raises(GateFailed, match="measured with k=4 draft tokens"):
+        decide_speculative("draft_tokens_external", {**m, "slices": {}}, _gate(), draft_model_path="/a", max_draft_len=8)
     assert expected_tokens_per_step(0.0, 4) == 1.0 and expected_tokens_per_step(1.0, 4) == 5.0
 
 
@@ -153,7 +155,7 @@ def test_package_stage_gates_a_draft_model_package_on_measured_acceptance(tmp_pa
     res = stage.run(ctx)
     man = json.loads((ctx.out / "release_manifest.json").read_text())
     sp = man["speculative"]
-    assert sp["enabled"] and not sp["override"] and sp["mode"] == "draft_tokens_external"
+    assert sp["enabled"] and not sp["override"] and sp["mode"] == "draft_tokens_external" and sp["max_draft_len"] == sp["k"] == 4
     assert sp["acceptance_rate"] >= 0.99 and sp["expected_tokens_per_step"] > 4.9 and sp["measured_tokens_per_step"] > 3.0
     assert DRAFT_MODEL in res["models"]
     repo = ctx.out / "model_repository"

@@ -264,6 +264,12 @@ class TrtllmEngineRunner:
             self._llm.shutdown()
         self._llm = self._runner = None
 
+    def __enter__(self) -> "TrtllmEngineRunner":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
 
 def load_runner(engine_dir: Path, **kw: Any) -> TrtllmEngineRunner:
     """The runner for a ``tensorrt_llm`` build's ``engine/`` folder (lazy imports; see module docstring).

@@ -274,6 +274,11 @@ def render_markdown() -> str:
     L = ["# TensorRT-LLM Triton backend: every template parameter and tensor, and what this package does with it", "",
          f"Pinned upstream: **{UPSTREAM_VERSION}**. Files (NVIDIA/TensorRT-LLM):", ""]
     L += [f"- `{m}`: `{s}`" for m, s in SOURCES.items()]
+    L += ["", "The commits are the file versions these lists were written from (1.x content: `min_tokens`/`seed`, "
+          "`return_num_*_tokens`, `prompt_embedding_table_data_type`, active `enable_trt_overlap`, lookahead inputs). That "
+          "they equal the `v1.2.1` tag was not checked file by file; when bumping TensorRT-LLM, diff "
+          "`triton_backend/all_models/inflight_batcher_llm` between the tags and update `UPSTREAM`/`TABLE` (the tests then "
+          "name every new or removed name)."]
     L += ["", "Generated from `pipeline/packaging/trtllm_backend_table.py` (`render_markdown`); "
           "`tests/test_trtllm_backend_table.py` fails when a generated repository disagrees with this table, when upstream "
           "declares a parameter without an entry here, or when this page is stale.", "",

@@ -226,6 +226,7 @@ class SpeculativeDecision:
     measured_tokens_per_step: float | None = None
     slices: dict[str, float] | None = None
     k: int | None = None
+    max_draft_len: int | None = None
     threshold: float | None = None
     slice_threshold: float | None = None
     draft_model: str | None = None
@@ -243,7 +244,8 @@ def expected_tokens_per_step(alpha: float, k: int) -> float:
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
-def decide_speculative(mode: str, measured: dict[str, Any] | None, gate_cfg: Any, *, draft_model_path: str | None = None) -> SpeculativeDecision:
+def decide_speculative(mode: str, measured: dict[str, Any] | None, gate_cfg: Any, *, draft_model_path: str | None = None,
+                       max_draft_len: int | None = None) -> SpeculativeDecision:
     """Acceptance-first decision for a speculative build.
 
     Args:
@@ -253,6 +255,7 @@ def decide_speculative(mode: str, measured: dict[str, Any] | None, gate_cfg: Any
         gate_cfg: ``package.speculative`` (``min_acceptance_rate``, ``min_slice_acceptance_rate``, ``allow_low_acceptance``).
         draft_model_path: the draft the build packages (``build.speculative.draft_model_path``); the measurement must
             be of the same draft.
+        max_draft_len: the engine's draft length; the measurement must use the same k.
     Returns:
         The decision; ``enabled`` is False only when mode is none. A refusal raises.
     Raises:
@@ -264,7 +267,8 @@ def decide_speculative(mode: str, measured: dict[str, Any] | None, gate_cfg: Any
     thr = float(gate_cfg.min_acceptance_rate)
     sthr = float(gate_cfg.min_slice_acceptance_rate if gate_cfg.min_slice_acceptance_rate is not None else thr)
     problems: list[str] = []
-    dec = SpeculativeDecision(mode, enabled=True, override=False, reason="", threshold=thr, slice_threshold=sthr)
+    dec = SpeculativeDecision(mode, enabled=True, override=False, reason="", threshold=thr, slice_threshold=sthr,
+                              max_draft_len=max_draft_len)
     if not measured:
         how = ("eval.draft_model_path=<the draft checkpoint>" if mode == "draft_tokens_external"
                else "an acceptance measurement for this mode (the evaluate stage measures draft-model acceptance only)")
@@ -279,6 +283,9 @@ def decide_speculative(mode: str, measured: dict[str, Any] | None, gate_cfg: Any
         if draft_model_path and dec.draft_model and Path(str(draft_model_path)).resolve() != Path(str(dec.draft_model)).resolve():
             problems.append(f"the acceptance was measured with draft {dec.draft_model}, but the build packages "
                             f"build.speculative.draft_model_path={draft_model_path}")
+        if max_draft_len and dec.k and int(max_draft_len) != dec.k:
+            problems.append(f"the acceptance was measured with k={dec.k} draft tokens (eval.draft_tokens), but the engine drafts "
+                            f"build.speculative.max_draft_len={max_draft_len}")
         if dec.acceptance_rate < thr:
             problems.append(f"overall acceptance rate {dec.acceptance_rate:.3f} < package.speculative.min_acceptance_rate={thr:g} "
                             f"(expected {dec.expected_tokens_per_step:.2f} tokens per target step with k={dec.k})")

@@ -75,7 +75,7 @@ def _speculative(ctx: StageContext, build_info: dict[str, Any]) -> dict[str, Any
     sp = speculative_of(build_info, ctx.cfg.build)
     ev = ctx.inputs.get("evaluate")
     dec = decide_speculative(sp["mode"], read_measurement(ev.path if ev is not None else None), ctx.cfg.package.speculative,
-                             draft_model_path=sp.get("draft_model_path"))
+                             draft_model_path=sp.get("draft_model_path"), max_draft_len=sp.get("max_draft_len"))
     if dec.override:
         ctx.log.warning("speculative decoding enabled by override: %s", dec.reason)
     return dec.to_json()

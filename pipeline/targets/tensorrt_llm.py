@@ -348,6 +348,15 @@ def runtime_problems(cfg: Any) -> list[Problem]:
         if cfg.target.backend == "tensorrt" and not sp.draft_model_path and not sp.draft_trtllm_checkpoint:
             p.append(Problem("build.speculative.draft_model_path", None, "draft-model speculative decoding needs the draft checkpoint.",
                              "set build.speculative.draft_model_path=/path/to/draft (HF checkpoint with trtllm_checkpoint/)"))
+        if cfg.eval.draft_model_path and sp.draft_model_path and \
+                Path(str(cfg.eval.draft_model_path)).resolve() != Path(str(sp.draft_model_path)).resolve():
+            p.append(Problem("eval.draft_model_path", cfg.eval.draft_model_path, "measures another draft than the one the build "
+                             f"packages (build.speculative.draft_model_path={sp.draft_model_path}).",
+                             "set both to the same draft checkpoint"))
+        if cfg.eval.draft_model_path and cfg.eval.draft_tokens != sp.max_draft_len:
+            p.append(Problem("eval.draft_tokens", cfg.eval.draft_tokens, f"measures acceptance with k={cfg.eval.draft_tokens} draft tokens, "
+                             f"but the engine drafts build.speculative.max_draft_len={sp.max_draft_len}.",
+                             f"set eval.draft_tokens={sp.max_draft_len}"))
         gate = getattr(pk, "speculative", None)
         if "package" in cfg.stages and not cfg.eval.draft_model_path and not (gate is not None and gate.allow_low_acceptance):
             p.append(Problem("eval.draft_model_path", None, "the package stage enables a draft model only after its acceptance rate was "
