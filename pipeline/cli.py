@@ -41,6 +41,11 @@ def _task(cfg) -> int:  # DictConfig
     hc = HydraConfig.get()
     overrides = list(hc.overrides.task)
     out_dir = Path(hc.runtime.output_dir)
+    from .runner import redact_run_outputs
+    from .store import install_log_redaction
+
+    install_log_redaction()
+    redact_run_outputs(out_dir)  # Hydra wrote .hydra/*.yaml with the config verbatim
     try:
         obj = to_object(cfg)
     except Exception as e:  # noqa: BLE001 - OmegaConf errors name the key; show them without a traceback

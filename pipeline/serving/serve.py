@@ -4,6 +4,7 @@
     pipeline serve artifacts/package/<key>           # a package artifact (or its model_repository/, or an unpacked release)
     pipeline serve release/tiny-1.tar.gz             # a release archive (unpacked safely under runs/)
     pipeline serve package.repository=/path/to/model_repository package.grpc_port=0
+    pipeline serve --openai                          # + an OpenAI-compatible endpoint on 127.0.0.1:9000/v1 (package.openai_port)
     make serve ARGS="package.grpc_port=9001"
 
 onnxruntime_genai packages run here, on the Triton binary of the nvidia-pytriton wheel in ``.venv-serve``
@@ -15,6 +16,8 @@ printed instead (TensorRT-LLM engines need the trtllm container and a GPU).  Eve
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
 import sys
 import threading
@@ -26,15 +29,10 @@ from ..errors import EXIT_INPUT, InputError, PipelineError
 
 
 def _complete_package_artifacts(store: Path) -> list[Path]:
-    out = []
-    for mf in (store / "package").glob("*/manifest.json"):
-        try:
-            m = json.loads(mf.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        if m.get("complete") and (mf.parent / "model_repository").is_dir():
-            out.append(mf.parent)
-    return sorted(out, key=lambda p: (p / "manifest.json").stat().st_mtime)
+    """Published, trusted package artifacts (never ``.tmp-*`` staging folders), oldest first."""
+    from ..store import ArtifactStore
+
+    return [a.path for a in ArtifactStore(store).published("package") if (a.path / "model_repository").is_dir()]
 
 
 def find_latest_repository(store_dir: str | None) -> Path | None:
@@ -54,9 +52,16 @@ def resolve_repository(arg: str | None, store_dir: str | None) -> Path:
         p = Path(arg).expanduser().absolute()
         if p.is_file() and p.name.endswith((".tar.gz", ".tgz", ".tar")):
             from ..packaging import safe_extract
+            from ..packaging.release import verify_extracted_release, verify_release_archive
 
-            dest = Path("runs").absolute() / f"serve-release-{time.strftime('%Y%m%d-%H%M%S')}"
-            safe_extract(p, dest)  # refuses members that would land outside dest
+            manifest = verify_release_archive(p)  # SHA256SUMS (+ release manifest) before anything is unpacked
+            dest = Path("runs").absolute() / f"serve-release-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+            safe_extract(p, dest)  # refuses members that would land outside dest, writes nothing then
+            try:
+                verify_extracted_release(dest, manifest)
+            except InputError:
+                shutil.rmtree(dest, ignore_errors=True)
+                raise
             p = dest
         for cand in (p, p / "model_repository", *sorted(p.glob("*/model_repository"))):
             if cand.is_dir() and ((cand / "ensemble" / "config.pbtxt").is_file() or (cand / "tensorrt_llm" / "config.pbtxt").is_file()):
@@ -85,6 +90,11 @@ def main(argv: list[str] | None = None) -> int:
     if any(a in ("-h", "--help") for a in argv):
         print(__doc__)
         return 0
+    openai = "--openai" in argv
+    unknown_flags = [a for a in argv if a.startswith("-") and a != "--openai"]
+    if unknown_flags:
+        print(f"error: unknown option(s) {unknown_flags}; `pipeline serve --help` lists them.", file=sys.stderr)
+        return EXIT_INPUT
     paths = [a for a in argv if "=" not in a and not a.startswith("-")]
     overrides = [a for a in argv if "=" in a]
     try:
@@ -96,11 +106,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"model repository: {repo}  (target {target})")
         if target == "tensorrt_llm":
             image = (man.get("serving") or {}).get("serving_image") or pc.serving_image or cfg.target.serving_image
+            if (repo / "tensorrt_llm" / "1" / "model.yaml").is_file():  # PyTorch backend (LLM API): NVIDIA's model.py needed
+                from ..packaging.trtllm_config import llmapi_command, llmapi_notice
+
+                print(llmapi_notice(image).split("\n\nOne command")[0] + "\n")
+                print("  " + llmapi_command(str(repo), image, grpc_port=pc.grpc_port or 8001, http_port=pc.http_port or 8000,
+                                            metrics_port=pc.metrics_port or 8002))
+                return 0
             print("TensorRT-LLM engines are served by the NGC Triton + TensorRT-LLM container on a GPU host:\n")
             ranks = len(list((repo / "tensorrt_llm" / "1" / "engine").glob("rank*.engine"))) or 1
             print("  " + ngc_command(str(repo), image, grpc_port=pc.grpc_port or 8001, http_port=pc.http_port or 8000,
                                      metrics_port=pc.metrics_port or 8002, world_size=ranks))
             print("\n(the repository's absolute paths expect it mounted at /models, as the command does)")
+            if openai:
+                print("error: --openai starts the endpoint next to a server this command runs; for a TensorRT-LLM package, run the "
+                      "OpenAI front end on the GPU host (docs/package.md, OpenAI-compatible endpoint).", file=sys.stderr)
+                return EXIT_INPUT
             return 0
         srv = TritonServer(repo, pc.grpc_port, pc.http_port, pc.metrics_port, host=pc.host, ready_timeout_s=pc.ready_timeout_s,
                            log_dir=Path("runs") / f"serve-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -112,18 +133,39 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - Hydra composition errors name the key
         print(f"error: {e}", file=sys.stderr)
         return EXIT_INPUT
+    oai = None
+    if openai:
+        from .openai_server import OpenAIServer
+
+        try:
+            oai = OpenAIServer(srv.grpc_url, repo, host=pc.host, port=pc.openai_port).start()
+        except PipelineError as e:
+            srv.stop()
+            print(f"error: {e}", file=sys.stderr)
+            return e.exit_code
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    from .registry import forget, record
+
+    record(srv.grpc_url, srv.http_url, repo, srv.process.pid)  # `pipeline client` reads the served package's tokenizer from it
     print(f"ready: gRPC {srv.grpc_url}  HTTP {srv.http_url}  metrics {srv.client_host}:{srv.metrics_port}  (log {srv.log_path})")
     print(f"try:   pipeline client --url {srv.grpc_url} --stream \"Extract the order ID from this message: Hello, I want to cancel order ORD-76526 before it ships.\"")
+    if oai is not None:
+        print(f"OpenAI-compatible endpoint: {oai.url}  (model {oai.frontend.model_id!r}; /v1/models, /v1/completions, /v1/chat/completions)")
     print("Ctrl-C stops the server.", flush=True)
     while not stop.wait(1.0):
         if not srv.is_running():
             print(f"error: tritonserver exited unexpectedly; log: {srv.log_path}\n{srv.log_tail(3000)}", file=sys.stderr)
+            if oai is not None:
+                oai.stop()
             srv.stop()
+            forget(srv.grpc_url)
             return 1
+    if oai is not None:
+        oai.stop()
     rc = srv.stop()
+    forget(srv.grpc_url)
     print(f"tritonserver stopped (exit code {rc})")
     return 0 if rc == 0 else 1
 
