@@ -402,7 +402,8 @@ import os, sys
 import numpy as np
 import tritonclient.grpc as g
 c = g.InferenceServerClient(sys.argv[1])
-c.start_stream(callback=lambda result, error: os._exit(0))  # the client process dies at its first response
+sent = []
+c.start_stream(callback=lambda result, error: sent and os._exit(0))  # dies at its first response once all are sent
 def inp(name, arr, dt):
     i = g.InferInput(name, list(arr.shape), dt); i.set_data_from_numpy(arr); return i
 n = int(sys.argv[3])
@@ -411,6 +412,7 @@ for k in range(n):
                                        inp("max_tokens", np.array([[170]], np.int32), "INT32"),
                                        inp("min_length", np.array([[170]], np.int32), "INT32"),
                                        inp("stream", np.array([[True]]), "BOOL")], request_id=f"vanished-{sys.argv[2]}-{k}")
+sent.append(True)
 import time
 time.sleep(60)
 os._exit(1)
