@@ -6,7 +6,6 @@ The Triton models import ``triton_python_backend_utils`` only inside Triton; the
 from __future__ import annotations
 
 import importlib.util
-import random
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -24,67 +23,12 @@ def _load(name: str):
     return mod
 
 
-def _byte_fallback_tokenizer():
-    """A Llama-2/Mistral-style SentencePiece BPE with byte fallback (``<0xE5>`` tokens) trained on a few sentences."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, trainers
-
-    tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>", fuse_unk=True))
-    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
-    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)])
-    byte_tokens = [f"<0x{i:02X}>" for i in range(256)]
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<unk>", "<s>", "</s>"] + byte_tokens, show_progress=False)
-    tok.train_from_iterator(["where is my order", "refund the damaged item", "hello world"] * 20, trainer)
-    return tok
-
-
-def _byte_level_tokenizer(tmp_path: Path):
-    import tiny
-    from tokenizers import Tokenizer
-
-    tiny.make_tokenizer(tmp_path, vocab_size=320)
-    return Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
-
-
-def _texts(seed: int, n: int = 40) -> list[str]:
-    rng = random.Random(seed)
-    pools = ["订单退款取消地址发货", "😀🚚📦✅", "Where is my order ORD-12345?", "naïve café ☕", " \n\t"]
-    return ["".join(rng.choice(rng.choice(pools)) for _ in range(rng.randint(1, 30))) for _ in range(n)]
-
-
-@pytest.mark.parametrize("kind", ["byte_level", "byte_fallback"])
-def test_incremental_detokenizer_joined_pieces_equal_the_full_decode(tmp_path, kind):
-    mod = _load("onnxruntime_genai_model")
-    tok = _byte_level_tokenizer(tmp_path) if kind == "byte_level" else _byte_fallback_tokenizer()
-    decode = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
-    for text in _texts(1 if kind == "byte_level" else 2):
-        ids = tok.encode(text, add_special_tokens=False).ids
-        dec = mod.IncrementalDecoder(decode)
-        pieces = [dec.push(t) for t in ids] + [dec.flush()]
-        assert "".join(pieces) == decode(ids), (text, pieces)
-        assert all("\ufffd" not in p for p in pieces[:-1]) or "\ufffd" in decode(ids)
-    # a truncated multi-byte character: nothing until flush, which gives what a full decode shows
-    ids = tok.encode("订", add_special_tokens=False).ids
-    if len(ids) > 1:
-        dec = mod.IncrementalDecoder(decode)
-        assert dec.push(ids[0]) == "" and dec.flush() == decode(ids[:1])
-
-
-def test_incremental_detokenizer_work_per_token_does_not_grow(tmp_path):
-    mod = _load("onnxruntime_genai_model")
-    tok = _byte_level_tokenizer(tmp_path)
-    seen: list[int] = []
-    dec = mod.IncrementalDecoder(lambda ids: (seen.append(len(ids)), tok.decode(ids))[1])
-    for t in tok.encode("where is my order " * 200, add_special_tokens=False).ids:
-        dec.push(t)
-    assert max(seen) <= 4, max(seen)  # the window decoded per token stays a few ids, not the whole sequence
-
-
 def test_words_list_round_trip():
     import numpy as np
 
     mod = _load("onnxruntime_genai_model")
     pre = _load("preprocessing_model")
-    stacked = pre.stack_words([np.array([[5, 6, 7], [2, 3, -1]], np.int32), np.array([[9], [1]], np.int32)])
+    stacked = pre.stack_words([np.array([[5, 6, 7], [2, 3, -1]], np.int32), np.array([[9], [1]], np.int32)])  # [N, 2, L]
     assert stacked.shape == (2, 2, 3)
     assert mod.parse_words_list(stacked[0]) == [[5, 6], [7]] and mod.parse_words_list(stacked[1]) == [[9]]
 
