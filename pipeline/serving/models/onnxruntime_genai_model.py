@@ -555,13 +555,17 @@ class TritonPythonModel:
             if id(g) in seen:
                 continue
             seen.add(id(g))
-            if not g.cancelled and g.sender.is_cancelled():
+            try:
+                gone = g.sender.is_cancelled()
+            except Exception:  # noqa: BLE001 - cannot tell: treat as cancelled (the response path is broken anyway)
+                gone = True
+            if not g.cancelled and gone:
                 g.cancelled = True
                 self.logger.log_info(f"request {g.request_id or '-'} cancelled by the client after "
                                      f"{sum(len(j.tokens) for j in self.active.values() if j.group is g)} generated token(s)")
             if g.cancelled:
                 for j in [j for j in self.active.values() if j.group is g]:
-                    if not j.done and not g.sender.is_cancelled():  # stopped by a stop request: answer with what it has
+                    if not j.done and not gone:  # stopped by a stop request: answer with what it has
                         self._final_response(j)
                     j.og_request.cancel_turn(j.turn_id)
                     self.active.pop(id(j.og_request), None)
@@ -644,7 +648,7 @@ class TritonPythonModel:
         g = job.group
         g.open -= 1
         if g.open == 0:
-            g.sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            self._emit(g, None, pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def _fail(self, job: Job, msg: str) -> None:
         if job.og_request is not None:
@@ -660,8 +664,18 @@ class TritonPythonModel:
         job.done = True
         g.open -= 1
         where = f"prompt {job.batch_index}: " if g.size > 1 else ""
-        g.sender.send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(f"onnxruntime_genai: {where}{msg}")),
-                      flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if g.open == 0 else 0)
+        self._emit(g, pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(f"onnxruntime_genai: {where}{msg}")),
+                   pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if g.open == 0 else 0)
+
+    def _emit(self, g: Group, response: Any = None, flags: int = 0) -> None:
+        """``g.sender.send``; a sender whose client vanished may refuse: log it, never let it stop the engine loop."""
+        try:
+            if response is None:
+                g.sender.send(flags=flags)
+            else:
+                g.sender.send(response, flags=flags)
+        except Exception as e:  # noqa: BLE001
+            self.logger.log_warn(f"request {g.request_id or '-'}: response not delivered ({e})")
 
     @staticmethod
     def _close(job: Job) -> None:
@@ -706,8 +720,7 @@ class TritonPythonModel:
             job.done = True
             g.open -= 1
             last = g.open == 0
-        g.sender.send(pb_utils.InferenceResponse(output_tensors=outs),
-                      flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if last else 0)
+        self._emit(g, pb_utils.InferenceResponse(output_tensors=outs), pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if last else 0)
 
     def finalize(self) -> None:
         self._stop.set()
