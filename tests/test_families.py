@@ -164,7 +164,7 @@ def test_matrix_row_packages_or_is_refused(matrix, family, recipe):
     s = matrix[(family, recipe)]
     if (family, recipe) in REFUSED:
         assert s["exit_code"] == 2 and REFUSED[(family, recipe)] in (s.get("error") or "")
-        assert all(st["status"] == "not-run" for st in s["stages"]) or not s["stages"]
+        assert not [st for st in s["stages"] if st["status"] in ("ran", "cached") or st.get("path")]  # nothing ran
         return
     assert s["exit_code"] == 0, s.get("error")
     assert [st["stage"] for st in s["stages"]] == ["export", "quantize", "build", "evaluate", "package"]
