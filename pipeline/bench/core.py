@@ -304,7 +304,7 @@ def run_benchmark(bcfg: Any, inp: BenchInputs, *, progress: Callable[[float], No
                   "model_repository": str(inp.model_repository) if inp.model_repository else None, "target": inp.target,
                   "limits": {"max_input_len": inp.max_input_len, "max_seq_len": inp.max_seq_len, "max_batch_size": inp.max_batch_size},
                   **inp.describe},
-        "host": {**hostinfo.host(), "loadavg_1m_start": load_start, "loadavg_1m_end": _loadavg()},
+        "host": {**hostinfo.host(), "loadavg_1m_start": load_start, "loadavg_1m_end": _loadavg(), "sched_autogroup": _autogroup()},
         "versions": hostinfo.library_versions(["onnxruntime-genai", "onnxruntime", "torch", "transformers", "tritonclient"]),
         "modes": mode_info,
         "roofline": {"bandwidth_gbs": bw["gbs"], "bandwidth_source": bw["source"], "bandwidth_gbs_start": bw.get("gbs_start"),
@@ -318,6 +318,16 @@ def run_benchmark(bcfg: Any, inp: BenchInputs, *, progress: Callable[[float], No
     }
     doc["headline"] = headline(doc)
     return doc
+
+
+def _autogroup() -> bool | None:
+    """Linux ``kernel.sched_autogroup_enabled``: when on, every session (the Triton server is started in its own)
+    gets an equal CPU share under contention, so on a loaded host the server process can out-run an in-process
+    engine that shares the benchmark's session with other work (docs/benchmark.md)."""
+    try:
+        return Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1"
+    except OSError:
+        return None
 
 
 def _loadavg() -> float | None:
