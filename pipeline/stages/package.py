@@ -135,6 +135,8 @@ def package(ctx: StageContext) -> dict[str, Any]:
         advance(1)
     result["headline"] = {"target": settings.target, "models": len(info["models"]), "archive": result.get("archive", "-"),
                           "gate": "override" if gate["override"] else "pass"}
+    result["headline"]["served == evaluated"] = (f"{parity['matched']}/{parity['total']}" if parity.get("total") is not None
+                                                 else parity["status"])
     return result
 
 
