@@ -4,9 +4,10 @@ Reads a local JSONL (``text`` or chat ``messages`` per line), plain text (one sa
 blank-line separated paragraphs), parquet, or - only when one is reachable - a Hugging Face dataset,
 and turns it into the token batches ModelOpt calibrates on.
 
-Every sample goes through the one tokenization path (:mod:`pipeline.tokenization`): chat
-``messages`` are rendered with the chat template (which supplies BOS), plain text gets BOS
-prepended by :func:`pipeline.tokenization.render`, and encoding never adds special tokens again.
+Every sample goes through the one tokenization path (:class:`pipeline.tokenization.TextCodec`): chat
+``messages`` are rendered with the chat template (which supplies BOS) and plain text gets BOS when the
+tokenizer or its template starts sequences with it; sample text is data, so a ``</s>`` inside it is
+encoded as text, never as the control token.
 
 Batches hold samples sorted by length and are cut to their shortest member, so no padding token ever
 reaches a quantizer's statistics (amax, AWQ activation means); ``attention_mask`` is still passed
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
 from .errors import InputError
-from .tokenization import encode, render
+from .tokenization import codec_of
 
 if TYPE_CHECKING:
     import torch
@@ -32,7 +33,17 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pipeline.calibration")
 
-SUFFIX_FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".txt": "text", ".text": "text", ".parquet": "parquet", ".pq": "parquet"}
+#: file suffix -> format read by ``calibration.format: auto`` (the default, also in the shipped preset).
+SUFFIX_FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".txt": "text", ".text": "text",
+                  ".parquet": "parquet", ".pq": "parquet"}
+#: what each file format holds (named in every refusal).
+FILE_FORMATS = {
+    "jsonl": "one JSON object per line with 'text' (calibration.text_field) or chat 'messages'",
+    "json": "one JSON array of such objects (or of strings)",
+    "text": "UTF-8 text, one sample per line (or blank-line separated paragraphs with calibration.paragraphs=true)",
+    "parquet": "a table with a 'text' (calibration.text_field) or 'messages' column",
+}
+_PARQUET_MAGIC = b"PAR1"
 
 
 @dataclasses.dataclass
@@ -99,14 +110,60 @@ class CalibrationSet:
         return loop
 
 
+def _formats_help() -> str:
+    by_fmt: dict[str, list[str]] = {}
+    for suf, f in SUFFIX_FORMATS.items():
+        by_fmt.setdefault(f, []).append(suf)
+    return "; ".join(f"{f} ({', '.join(by_fmt.get(f, []))}): {what}" for f, what in FILE_FORMATS.items()) + \
+        "; hf: a Hugging Face dataset (calibration.hf_dataset, needs the datasets package and network access)"
+
+
+def _sniff(path: Path) -> str | None:
+    """The format the bytes of ``path`` show (parquet magic, a JSON array), or None when they do not tell."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return None
+    if head.startswith(_PARQUET_MAGIC):
+        return "parquet"
+    text = head.lstrip(b"\xef\xbb\xbf").lstrip()
+    if text.startswith(b"["):
+        return "json"
+    return None
+
+
 def detect_format(path: Path, fmt: str) -> str:
-    if fmt != "auto":
-        return fmt
-    f = SUFFIX_FORMATS.get(path.suffix.lower())
-    if f is None:
-        raise InputError(f"calibration.path={str(path)!r}: cannot tell the format from the suffix {path.suffix!r}. "
-                         f"Fix: set calibration.format to one of jsonl, text, parquet (known suffixes: {sorted(SUFFIX_FORMATS)}).")
-    return f
+    """The file format to read ``path`` with: ``fmt`` itself, or (``auto``) the one its suffix names.
+
+    Raises InputError (naming ``calibration.path``/``calibration.format``, the formats that exist and their suffixes)
+    for an unknown suffix under ``auto``, or an explicit format the file's bytes contradict (a parquet file read as
+    jsonl/text, a JSON array read as jsonl).
+    """
+    sniffed = _sniff(path)
+    if fmt == "auto":
+        f = SUFFIX_FORMATS.get(path.suffix.lower())
+        if f is None:
+            raise InputError(f"calibration.path={str(path)!r}: cannot tell the format from the suffix {path.suffix!r}. "
+                             f"Fix: rename the file or set calibration.format to one of: {_formats_help()}.")
+        if f == "json" and sniffed != "json":
+            f = "jsonl"  # a .json file holding JSON lines (common), not an array
+        if sniffed == "parquet" and f != "parquet":
+            raise InputError(f"calibration.path={str(path)!r}: the suffix says {f} but the file is parquet (it starts with "
+                             f"{_PARQUET_MAGIC!r}). Fix: rename it to .parquet or set calibration.format=parquet.")
+        return f
+    if fmt not in FILE_FORMATS:
+        raise InputError(f"calibration.format={fmt!r}: unknown. Fix: use auto or one of: {_formats_help()}.")
+    if sniffed == "parquet" and fmt != "parquet":
+        raise InputError(f"calibration.path={str(path)!r} is a parquet file but calibration.format={fmt}. "
+                         "Fix: calibration.format=auto (or parquet).")
+    if sniffed == "json" and fmt == "jsonl":
+        raise InputError(f"calibration.path={str(path)!r} holds a JSON array, not JSON lines, but calibration.format=jsonl. "
+                         "Fix: calibration.format=auto (or json).")
+    if fmt == "parquet" and sniffed != "parquet":
+        raise InputError(f"calibration.path={str(path)!r}: calibration.format=parquet but the file does not start with the "
+                         f"parquet magic {_PARQUET_MAGIC!r}. Fix: calibration.format=auto, or pass a parquet file.")
+    return fmt
 
 
 def _decoded_lines(path: Path) -> Iterator[tuple[int, str]]:
@@ -143,6 +200,30 @@ def _read_jsonl(path: Path, text_field: str) -> tuple[list[RawSample], int]:
             raise InputError(f"{where}: expected a JSON object with {text_field!r} or 'messages', got {type(obj).__name__}.")
         out.append(_row(obj, where, text_field))
     return out, blank
+
+
+def _read_json_array(path: Path, text_field: str) -> tuple[list[RawSample], int]:
+    try:
+        data = path.read_bytes().removeprefix(b"\xef\xbb\xbf").decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(f"{path}: not valid UTF-8 (byte offset {e.start}). Fix: re-encode the calibration file as UTF-8.") from e
+    try:
+        arr = json.loads(data)
+    except ValueError as e:
+        raise InputError(f"{path}:{getattr(e, 'lineno', '?')}: not valid JSON ({getattr(e, 'msg', e)}). "
+                         "Fix: calibration.format=json reads one JSON array of objects; for one object per line use .jsonl.") from e
+    if not isinstance(arr, list):
+        raise InputError(f"{path}: calibration.format=json expects a JSON array at the top level, got {type(arr).__name__}. "
+                         f"Fix: write [{{{text_field!r}: ...}}, ...], or one object per line in a .jsonl file.")
+    records = []
+    for i, obj in enumerate(arr, start=1):
+        if isinstance(obj, str):
+            obj = {text_field: obj}
+        if not isinstance(obj, dict):
+            raise InputError(f"{path}[item {i}]: expected an object with {text_field!r} or 'messages' (or a string), "
+                             f"got {type(obj).__name__}.")
+        records.append(obj)
+    return _rows_from_records(records, str(path), text_field)
 
 
 def _row(obj: dict, where: str, text_field: str) -> RawSample:
@@ -242,12 +323,14 @@ def read_raw(cfg: "CalibrationConfig", path: Path | None) -> tuple[list[RawSampl
     fmt = detect_format(path, fmt)
     if fmt == "jsonl":
         rows, blank = _read_jsonl(path, cfg.text_field)
+    elif fmt == "json":
+        rows, blank = _read_json_array(path, cfg.text_field)
     elif fmt == "text":
         rows, blank = _read_text(path, cfg.paragraphs)
     elif fmt == "parquet":
         rows, blank = _read_parquet(path, cfg.text_field)
-    else:
-        raise InputError(f"calibration.format={fmt!r}: unknown; use jsonl, text, parquet or hf.")
+    else:  # pragma: no cover - detect_format refuses unknown formats
+        raise InputError(f"calibration.format={fmt!r}: unknown. Fix: use auto or one of: {_formats_help()}.")
     return rows, blank, fmt
 
 
@@ -281,6 +364,7 @@ def load_calibration(cfg: "CalibrationConfig", tokenizer: Any, path: Path | None
     """
     rows, blank, fmt = read_raw(cfg, path)
     pad, pad_set = ensure_pad_token(tokenizer)
+    codec = codec_of(tokenizer)
     order = list(range(len(rows)))
     random.Random(cfg.seed).shuffle(order)
     samples: list[list[int]] = []
@@ -291,13 +375,13 @@ def load_calibration(cfg: "CalibrationConfig", tokenizer: Any, path: Path | None
             break
         r = rows[i]
         if r.messages is not None:
-            text = render(tokenizer, messages=r.messages, apply_chat_template=cfg.apply_chat_template)
+            ids = codec.encode_prompt(messages=r.messages, apply_chat_template=cfg.apply_chat_template,
+                                      add_generation_prompt=False)
         else:
             if not r.text or not r.text.strip():
                 empty += 1
                 continue
-            text = render(tokenizer, messages=[{"role": "user", "content": r.text}], apply_chat_template=False)
-        ids = encode(tokenizer, text)
+            ids = codec.encode_prompt(r.text, apply_chat_template=False)
         if not ids:
             empty += 1
             continue

@@ -67,6 +67,106 @@ def _write_error_summary(out_dir: Path, overrides: list[str], code: int, error: 
         print(f"could not write {out_dir / 'summary.json'}: {e}", file=sys.stderr)
 
 
+_CONFIG_NAME_FLAGS = ("--config-name", "-cn")
+_CONFIG_DIR_FLAGS = ("--config-dir", "-cd")
+
+
+def _flag_value(argv: list[str], flags: tuple[str, ...]) -> tuple[int, int, str] | None:
+    """(start, end, value) of ``--flag VALUE`` / ``--flag=VALUE`` in ``argv`` (end exclusive), or None."""
+    for i, a in enumerate(argv):
+        for f in flags:
+            if a == f and i + 1 < len(argv):
+                return i, i + 2, argv[i + 1]
+            if a.startswith(f + "="):
+                return i, i + 1, a.split("=", 1)[1]
+    return None
+
+
+def user_config_argv(argv: list[str], tmp_root: Path) -> list[str]:
+    """Let ``--config-dir D --config-name NAME`` name a plain YAML of values (no ``defaults`` list).
+
+    Hydra would make such a file the *primary* config, so none of the pipeline's defaults (presets, schema) apply
+    and the run fails.  This rewrites the arguments so the pipeline's own config stays primary and the file is
+    merged on top: top-level ``group: preset`` strings (``quant: int4_awq``) become ``group=preset`` overrides,
+    everything else goes into ``tmp_root/user_config/NAME.yaml``, appended as ``+user_config@_global_=NAME``
+    (so command-line overrides still win).  ``tmp_root`` is also the search path (it links the entries of ``D``,
+    so presets kept there, e.g. ``D/model/mine.yaml``, resolve too).
+
+    A file that has a ``defaults`` list is left to Hydra (it composes it as written).
+
+    Returns the new argv; raises :class:`pipeline.errors.InputError` (exit 2) when the file is missing or is
+    not a YAML mapping, naming the file and the fix.
+    """
+    from omegaconf import OmegaConf
+
+    from .config import CONFIG_DIR, GROUPS
+    from .errors import InputError
+
+    name = _flag_value(argv, _CONFIG_NAME_FLAGS)
+    if name is None:
+        return argv
+    cdir = _flag_value(argv, _CONFIG_DIR_FLAGS)
+    base = Path(cdir[2]).expanduser() if cdir else CONFIG_DIR
+    stem = name[2][:-5] if name[2].endswith(".yaml") else name[2]
+    path = base / f"{stem}.yaml"
+    if not path.is_file():
+        if cdir is None:
+            return argv  # a config of the pipeline's own folder: Hydra reports a missing one
+        raise InputError(f"--config-name={name[2]}: no {path}. Fix: pass the YAML's name without .yaml and the folder "
+                         f"holding it as --config-dir (found there: {sorted(p.name for p in base.glob('*.yaml'))[:10]}).")
+    try:
+        doc = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    except Exception as e:  # noqa: BLE001 - YAML errors carry line numbers
+        raise InputError(f"{path}: not valid YAML ({e}). Fix: correct the file.") from e
+    if doc is None:
+        doc = {}
+    if not isinstance(doc, dict):
+        raise InputError(f"{path}: expected a mapping of config values (e.g. `model: {{path: /ckpt}}`), got {type(doc).__name__}.")
+    if "defaults" in doc:
+        return argv
+    overrides = []
+    for g in list(doc):
+        if g in GROUPS and isinstance(doc[g], str):
+            overrides.append(f"{g}={doc.pop(g)}")
+    ucfg = tmp_root / "user_config"
+    ucfg.mkdir(parents=True, exist_ok=True)
+    (ucfg / f"{stem}.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(doc)), encoding="utf-8")
+    if cdir is not None:
+        for entry in base.iterdir():
+            if entry.name != "user_config" and not (tmp_root / entry.name).exists():
+                (tmp_root / entry.name).symlink_to(entry.resolve())
+    drop = {i for r in (name, cdir) if r for i in range(r[0], r[1])}
+    options, positionals = _split_hydra_args([a for i, a in enumerate(argv) if i not in drop])
+    given = {o.lstrip("+~").split("=", 1)[0].split("@", 1)[0] for o in positionals}
+    overrides = [o for o in overrides if o.split("=", 1)[0] not in given]  # the command line wins over the file
+    # Hydra's argparse takes the overrides as one run of positionals: options first, then every override
+    return [f"--config-dir={tmp_root}", *options, *overrides, f"+user_config@_global_={stem}", *positionals]
+
+
+#: Hydra command-line options that take a value (hydra/_internal/utils.py get_args_parser, Hydra 1.3).
+_HYDRA_VALUE_FLAGS = ("--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--experimental-rerun")
+_HYDRA_INFO_CHOICES = ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")
+
+
+def _split_hydra_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(options with their values, overrides) of a Hydra command line, each in its original order."""
+    options: list[str] = []
+    positionals: list[str] = []
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a.startswith("-"):  # overrides never start with "-" (key=value, +key=, ~key)
+            options.append(a)
+            takes = a in _HYDRA_VALUE_FLAGS or (a in ("--info", "-i") and i + 1 < len(argv) and argv[i + 1] in _HYDRA_INFO_CHOICES)
+            if takes and i + 1 < len(argv):
+                options.append(argv[i + 1])
+                i += 1
+        else:
+            positionals.append(a)
+        i += 1
+    return options, positionals
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in ("-h", "--help", "help"):
@@ -78,12 +178,20 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(mod.main(argv[1:]) or 0)
     # `target_gpu=X` is accepted as an alias of `target.gpu=X` (as in `pipeline plan`)
     argv = [f"target.gpu={a.split('=', 1)[1]}" if a.startswith("target_gpu=") else a for a in argv]
+    import tempfile
+
     import hydra
 
     from .config import CONFIG_DIR, register
-    from .errors import EXIT_INPUT
+    from .errors import EXIT_INPUT, InputError
 
     register()
+    tmp_root = Path(tempfile.mkdtemp(prefix="pipeline-user-config-"))
+    try:
+        argv = user_config_argv(argv, tmp_root)
+    except InputError as e:
+        print(f"error (exit {EXIT_INPUT}): {e}", file=sys.stderr)
+        sys.exit(EXIT_INPUT)
     sys.argv = [sys.argv[0], *argv]
     app = hydra.main(config_path=str(CONFIG_DIR), config_name="pipeline", version_base="1.3")(_task)
     try:
@@ -94,6 +202,10 @@ def main(argv: list[str] | None = None) -> None:
             # they are configuration errors for a CI job.
             sys.exit(EXIT_INPUT)
         raise
+    finally:
+        import shutil
+
+        shutil.rmtree(tmp_root, ignore_errors=True)
     sys.exit(_state["exit_code"])
 
 

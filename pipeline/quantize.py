@@ -279,6 +279,11 @@ KV_CACHE: dict[str, tuple[str | None, list[dict[str, Any]]]] = {
 #: HF ``model_type`` -> ModelOpt ``decoder_type`` for export_tensorrt_llm_checkpoint.
 #: phi3 is absent on purpose: ModelOpt 0.47's export_tensorrt_llm_checkpoint raises NotImplementedError for it.
 DECODER_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen"}
+#: model_type -> why ModelOpt writes no TensorRT-LLM checkpoint for it; quantize still calibrates and writes the
+#: simulated-quant state and the unified HF checkpoint (onnxruntime_genai and tensorrt_llm_pytorch deploy those).
+#: Source: modelopt/torch/export/tensorrt_llm_utils.py (0.47) raises NotImplementedError for Phi3ForCausalLM.
+NO_TRTLLM_CHECKPOINT = {"phi3": "ModelOpt 0.47 cannot export Phi3ForCausalLM to a TensorRT-LLM checkpoint (its converter "
+                                "raises NotImplementedError and points to the unified HF checkpoint + the PyTorch backend)"}
 
 #: Module-name patterns of attention output projections (``sensitive_preset`` attn_out).
 ATTN_OUT_PATTERNS = ("*.self_attn.o_proj", "*.self_attention.dense", "*.attention.dense", "*.attn.out_proj")
@@ -733,7 +738,7 @@ def _quantize(cfg: Any, export_dir: Path, calib_path: Path | None, out: Path, pr
     out = Path(out)
     seed = int(cfg.calibration.seed)
     torch.manual_seed(seed)
-    if facts["model_type"] not in DECODER_TYPES:
+    if facts["model_type"] not in DECODER_TYPES and facts["model_type"] not in NO_TRTLLM_CHECKPOINT:
         raise InputError(f"model_type={facts['model_type']!r}: ModelOpt {_version('nvidia-modelopt')} cannot write a TensorRT-LLM checkpoint "
                          f"for this architecture (supported here: {sorted(DECODER_TYPES)}). Fix: skip the quantize stage for this model "
                          "(build from the export artifact) or use a supported architecture.")
@@ -787,16 +792,22 @@ def _quantize(cfg: Any, export_dir: Path, calib_path: Path | None, out: Path, pr
     edtype = getattr(torch, qcfg.export_dtype)
     t2 = time.time()
     ckpt = out / "trtllm_checkpoint"
-    decoder = DECODER_TYPES[facts["model_type"]]
+    decoder = DECODER_TYPES.get(facts["model_type"])
     torch.manual_seed(seed)
-    with _quiet("export_tensorrt_llm_checkpoint"):
-        mte.export_tensorrt_llm_checkpoint(copy.deepcopy(model), decoder, edtype, export_dir=ckpt,
-                                           inference_tensor_parallel=int(qcfg.tp_size), inference_pipeline_parallel=int(qcfg.pp_size))
-    post = check_trtllm_checkpoint(ckpt, facts, qcfg, pre)
+    hf_notes: list[str] = []
+    if decoder is None:  # NO_TRTLLM_CHECKPOINT: recorded here; target=tensorrt_llm refuses the model at config time
+        ckpt.mkdir()
+        (ckpt / "NOT_EXPORTED").write_text(NO_TRTLLM_CHECKPOINT[facts["model_type"]] + "\n", encoding="utf-8")
+        hf_notes.append(f"no TensorRT-LLM checkpoint: {NO_TRTLLM_CHECKPOINT[facts['model_type']]}")
+        post: dict[str, Any] = {"skipped": NO_TRTLLM_CHECKPOINT[facts["model_type"]]}
+    else:
+        with _quiet("export_tensorrt_llm_checkpoint"):
+            mte.export_tensorrt_llm_checkpoint(copy.deepcopy(model), decoder, edtype, export_dir=ckpt,
+                                               inference_tensor_parallel=int(qcfg.tp_size), inference_pipeline_parallel=int(qcfg.pp_size))
+        post = check_trtllm_checkpoint(ckpt, facts, qcfg, pre)
     timings["export_trtllm_s"] = time.time() - t2
     # unified HF checkpoint
     t3 = time.time()
-    hf_notes: list[str] = []
     if qcfg.recipe == "none":
         _link_tree(hf, out / "hf")
     else:

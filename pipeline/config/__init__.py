@@ -102,7 +102,15 @@ def to_object(cfg: DictConfig | PipelineConfig) -> PipelineConfig:
     if isinstance(cfg, PipelineConfig):
         return cfg
     obj = OmegaConf.to_object(cfg)
-    assert isinstance(obj, PipelineConfig), type(obj)
+    if not isinstance(obj, PipelineConfig):
+        missing = [g for g in GROUPS if g not in (obj if isinstance(obj, dict) else {})]
+        raise ConfigError([Problem(
+            "defaults", None,
+            "the composed config is not a pipeline config: its defaults list does not start from the pipeline schema "
+            f"(missing: {missing}).",
+            "drop the defaults list from your YAML (the pipeline's defaults then apply, your values on top), or start "
+            "it like build_configs/pipeline.yaml: `- pipeline_schema` then one preset per group "
+            f"({', '.join(f'{g}: <preset>' for g in GROUPS)}) and `- _self_`")])
     return obj
 
 
@@ -176,6 +184,9 @@ def validate(cfg: PipelineConfig, *, raise_on_error: bool = True) -> list[Proble
         target_problems = None
     if target_problems is not None and not any(p.field == "target.name" for p in problems):
         problems.extend(target_problems(cfg))
+    from ..families import config_problems as family_problems  # the checkpoint's family vs target/recipe (docs/models.md)
+
+    problems.extend(p for p in family_problems(cfg) if not any(q.field == p.field and q.message == p.message for q in problems))
     if problems and raise_on_error:
         raise ConfigError(problems)
     return problems

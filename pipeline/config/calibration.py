@@ -7,7 +7,7 @@ from typing import Optional
 
 from .common import Problem, choice, runtime
 
-FORMATS = ("auto", "jsonl", "text", "parquet", "hf")
+FORMATS = ("auto", "jsonl", "json", "text", "parquet", "hf")
 
 
 @dataclass
@@ -15,8 +15,9 @@ class CalibrationConfig:
     name: str = "calibration"
     path: Optional[str] = runtime(None, doc="local JSONL / text / parquet file (its content digest enters the cache key)")
     format: str = "auto"
-    """auto (by file suffix) | jsonl (``text`` or chat ``messages``) | text (one sample per line,
-    or blank-line separated with ``paragraphs: true``) | parquet | hf (a datasets name, only when reachable)."""
+    """auto (by file suffix: .jsonl/.ndjson, .json, .txt/.text, .parquet/.pq) | jsonl (one object per line with
+    ``text`` or chat ``messages``) | json (one array of such objects or strings) | text (one sample per line, or
+    blank-line separated with ``paragraphs: true``) | parquet | hf (a datasets name, only when reachable)."""
     hf_dataset: Optional[str] = None
     """Hugging Face dataset name for ``format: hf`` (requires network access to the hub)."""
     hf_split: str = "train"

@@ -27,6 +27,9 @@ from ..errors import InputError
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TEMPLATES = REPO_ROOT / "triton_models"
 MODELS_SRC = Path(__file__).resolve().parents[1] / "serving" / "models"
+TOKENIZATION_SRC = Path(__file__).resolve().parents[1] / "tokenization.py"
+"""Copied next to every served Python model's ``model.py`` as ``tokenization.py``: the served text is produced by
+the same ``TextCodec`` as the evaluated text (standalone module: ``tokenizers`` + lazy ``jinja2``)."""
 CONTAINER_REPO = "/models"
 """Where the GPU container command mounts the repository; TensorRT-LLM's C++ backend needs absolute engine paths."""
 PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -34,10 +37,25 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "generation_config.json", "tokenizer.model")
 REQUIRED_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
-ORT_STREAM_OUT = ('      output_map { key: "prev_sequence_length" value: "_PREV_SEQUENCE_LENGTH" }\n'
-                  '      output_map { key: "is_final" value: "_IS_FINAL" }')
-ORT_STREAM_IN = ('      input_map { key: "PREV_SEQUENCE_LENGTH" value: "_PREV_SEQUENCE_LENGTH" }\n'
-                 '      input_map { key: "IS_FINAL" value: "_IS_FINAL" }')
+
+class Fragment(str):
+    """A multi-line config.pbtxt fragment: inserted verbatim by :func:`fill` (no string-literal escaping)."""
+
+
+# The ensemble's engine step: TensorRT-LLM's engine emits ids, which the postprocessing step detokenizes (three steps,
+# as NVIDIA's inflight_batcher_llm ensemble); the onnxruntime_genai model detokenizes in-process and its text_output
+# goes straight to the client (two steps: one hop per streamed token instead of two; docs/package.md "Serving path").
+IDS_OUTPUT_MAP = Fragment('      output_map { key: "output_ids" value: "_TOKENS_BATCH" }\n'
+                          '      output_map { key: "sequence_length" value: "_SEQUENCE_LENGTH" }')
+TEXT_OUTPUT_MAP = Fragment('      output_map { key: "text_output" value: "text_output" }')
+POSTPROCESSING_STEP = Fragment(",\n"
+                               "    {\n"
+                               '      model_name: "postprocessing"\n'
+                               "      model_version: -1\n"
+                               '      input_map { key: "TOKENS_BATCH" value: "_TOKENS_BATCH" }\n'
+                               '      input_map { key: "SEQUENCE_LENGTH" value: "_SEQUENCE_LENGTH" }\n'
+                               '      output_map { key: "OUTPUT" value: "text_output" }\n'
+                               "    }")
 
 
 def fill(text: str, values: dict[str, Any]) -> str:
@@ -52,7 +70,7 @@ def fill(text: str, values: dict[str, Any]) -> str:
         v = values[k]
         if isinstance(v, bool):
             return "true" if v else "false"
-        if isinstance(v, str) and not v.startswith("      "):  # multi-line mapping fragments are inserted verbatim
+        if isinstance(v, str) and not isinstance(v, Fragment):
             return v.replace("\\", "\\\\").replace('"', '\\"')
         return str(v)
     return PLACEHOLDER.sub(rep, text)
@@ -128,6 +146,11 @@ def settings_from_build(build_info: dict[str, Any], model_info: dict[str, Any], 
             raise InputError(f"build_info.json has no limits.{name}. Fix: rebuild with the build stage (it records the engine limits).")
         return int(v)
 
+    served_bw = getattr(package_cfg, "max_beam_width", None)
+    if target == "onnxruntime_genai" and served_bw is not None and int(served_bw) != 1:
+        raise InputError(f"package.max_beam_width={served_bw}: the onnxruntime_genai target serves beam width 1 only "
+                         f"(og.Engine in onnxruntime-genai 0.18 has no beam search; every request with beam_width > 1 would be "
+                         f"refused). Fix: set package.max_beam_width=1 (or null), or package a target=tensorrt_llm build.")
     eng_bs = limit("max_batch_size")
     eos = model_info.get("eos_token_ids") or []
     end_id = int(eos[0]) if eos else int(model_info.get("eos_token_id", -1) if not isinstance(model_info.get("eos_token_id"), list) else model_info["eos_token_id"][0])
@@ -154,6 +177,48 @@ def settings_from_build(build_info: dict[str, Any], model_info: dict[str, Any], 
     )
 
 
+def python_text_model_config(ensemble_config: str, name: str, *, decoupled: bool, instance_count: int,
+                             params: dict[str, Any], extra_inputs: tuple[tuple[str, str, list[int]], ...] = ()) -> str:
+    """``config.pbtxt`` of a Python model with the ensemble's tensor interface (CPU target's ``ensemble``/``tensorrt_llm_bls``).
+
+    The inputs and outputs are taken from the filled ensemble template (one definition of the interface), the
+    ensemble scheduling is dropped, and ``model.py`` (``onnxruntime_genai_model.py`` with ``interface=text``) does
+    tokenization, generation and incremental detokenization in one process.
+
+    Args:
+        ensemble_config: the filled ``triton_models/ensemble/config.pbtxt`` text.
+        name: model name (``ensemble`` or ``tensorrt_llm_bls``).
+        decoupled: ``model_transaction_policy.decoupled``.
+        instance_count: CPU instances.
+        params: ``parameters`` (string values).
+        extra_inputs: further optional inputs ``(name, TYPE_*, dims)`` (the BLS model's speculative-decoding inputs).
+    Returns:
+        Protobuf text; raises ``text_format.ParseError`` when the ensemble text does not parse.
+    """
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    cfg = text_format.Parse(ensemble_config, mc.ModelConfig())
+    cfg.name = name
+    cfg.ClearField("platform")
+    cfg.ClearField("ensemble_scheduling")
+    cfg.backend = "python"
+    cfg.model_transaction_policy.decoupled = decoupled
+    g = cfg.instance_group.add()
+    g.count, g.kind = instance_count, mc.ModelInstanceGroup.KIND_CPU
+    for k, v in params.items():
+        cfg.parameters[k].string_value = str(v).lower() if isinstance(v, bool) else str(v)
+    for iname, dtype, dims in extra_inputs:
+        i = cfg.input.add()
+        i.name, i.data_type, i.optional = iname, mc.DataType.Value(dtype), True
+        i.dims.extend(dims)
+    head = (f"# {name}: text in, text out, with the tensor interface of TensorRT-LLM's {name} (tensorrtllm_backend\n"
+            f"# all_models/inflight_batcher_llm), served on the CPU target by one Python model that tokenizes, runs the\n"
+            f"# onnxruntime-genai engine and detokenizes incrementally in-process (docs/package.md \"Serving path\").\n"
+            f"# Generated by pipeline/packaging/repository.py from triton_models/ensemble/config.pbtxt.\n")
+    return head + text_format.MessageToString(cfg)
+
+
 def template_values(s: Settings) -> dict[str, Any]:
     """The ``${name}`` values of every template for these settings."""
     ort = s.target == "onnxruntime_genai"
@@ -165,8 +230,8 @@ def template_values(s: Settings) -> dict[str, Any]:
         "max_queue_size": 0,
         "logits_datatype": "TYPE_FP32",
         "engine_model": s.engine_model,
-        "engine_extra_output_map": ORT_STREAM_OUT if ort else "",
-        "postprocessing_extra_input_map": ORT_STREAM_IN if ort else "",
+        "engine_text_output_map": TEXT_OUTPUT_MAP if ort else IDS_OUTPUT_MAP,
+        "postprocessing_step": Fragment("") if ort else POSTPROCESSING_STEP,
         "engine_dir": "engine" if ort else trt_root,
         "max_input_len": s.served_max_input_len or s.max_input_len,
         "max_seq_len": s.max_seq_len,
@@ -176,7 +241,7 @@ def template_values(s: Settings) -> dict[str, Any]:
         "exclude_input_in_output": s.exclude_input_in_output,
         "execution_provider": s.execution_provider,
         "preprocessing_instance_count": s.instance_count,
-        "postprocessing_instance_count": 1,  # one instance keeps each stream's deltas in order (docs/package.md)
+        "postprocessing_instance_count": s.instance_count,
         "tokenizer_dir": "tokenizer",
         "trtllm_tokenizer_dir": f"{CONTAINER_REPO}/preprocessing/1/tokenizer",
         "bos_id": "" if s.bos_id is None else int(s.bos_id),
@@ -239,6 +304,7 @@ def generate_repository(out: Path, settings: Settings, *, engine_dir: Path, toke
         (d / "config.pbtxt").write_text(text, encoding="utf-8")
         if model_py:
             shutil.copy2(MODELS_SRC / model_py, d / "1" / "model.py")
+            shutil.copy2(TOKENIZATION_SRC, d / "1" / "tokenization.py")
         models.append(model)
         return d
 
@@ -268,6 +334,23 @@ def generate_repository(out: Path, settings: Settings, *, engine_dir: Path, toke
         copy_tokenizer(tokenizer_dirs, post / "1" / "tokenizer")
         if settings.target == "onnxruntime_genai":
             eng = write("onnxruntime_genai", "onnxruntime_genai", model_py="onnxruntime_genai_model.py")
+            copy_tokenizer(tokenizer_dirs, eng / "1" / "tokenizer")  # in-process detokenization (text_output)
+            ens_text = (out / "ensemble" / "config.pbtxt").read_text(encoding="utf-8")
+            common = {"interface": "text", "engine_dir": "../../onnxruntime_genai/1/engine", "tokenizer_dir": "../../onnxruntime_genai/1/tokenizer",
+                      "max_input_len": vals["max_input_len"], "max_seq_len": vals["max_seq_len"],
+                      "exclude_input_in_output": vals["exclude_input_in_output"], "skip_special_tokens": "true"}
+            for name, load, extra in (("ensemble", "eager", ()),
+                                      ("tensorrt_llm_bls", "lazy", (("num_draft_tokens", "TYPE_INT32", [1]),
+                                                                    ("use_draft_logits", "TYPE_BOOL", [1])))):
+                d = out / name
+                (d / "1").mkdir(parents=True, exist_ok=True)
+                (d / "config.pbtxt").write_text(python_text_model_config(
+                    ens_text, name, decoupled=settings.decoupled, instance_count=1, params={**common, "load": load},
+                    extra_inputs=extra), encoding="utf-8")
+                shutil.copy2(MODELS_SRC / "onnxruntime_genai_model.py", d / "1" / "model.py")
+                shutil.copy2(TOKENIZATION_SRC, d / "1" / "tokenization.py")
+                if name not in models:
+                    models.append(name)
         else:
             eng = write("tensorrt_llm", "tensorrt_llm")
         _copy_tree(engine_dir, eng / "1" / "engine")

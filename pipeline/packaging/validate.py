@@ -6,11 +6,12 @@ Checks (shared/reference/triton.md sec. 11):
    ``google.protobuf.text_format``), ``name`` equals the folder name, a numeric version folder exists and Python
    models have ``<version>/model.py``;
 2. no unresolved ``${...}`` is left in any text file (file, line and placeholder named);
-3. the ensemble's tensor graph is consistent end to end: every ``input_map`` key is an input of the step model,
+3. the ensemble (CPU target: a Python model with the ensemble's interface; its required inputs and ``text_output``
+   are checked) has a tensor graph consistent end to end: every ``input_map`` key is an input of the step model,
    every value is an ensemble input or an earlier step's output, data types and dims match, every required step
    input is mapped, every ensemble output is produced exactly once, every ensemble input is consumed;
 4. ``max_batch_size``, the served input length and beam width never exceed the engine's (an error names both numbers);
-5. decoupled mode is the same on every model that needs it (engine model, BLS);
+5. decoupled mode is the same on every model that needs it (engine model, BLS, the CPU target's Python ``ensemble``);
 6. tokenizer files are present (``tokenizer.json`` + ``tokenizer_config.json``) and pre/postprocessing agree;
 7. ``tensorrt_llm`` target: the engine's TensorRT-LLM/TensorRT versions match the serving image (:mod:`.versions`).
 
@@ -82,6 +83,14 @@ def _tensor_table(cfg: Any, which: str) -> dict[str, Any]:
 def _check_ensemble(configs: dict[str, Any], problems: list[Problem]) -> None:
     ens = configs.get("ensemble")
     if ens is None:
+        return
+    if ens.backend == "python":  # CPU target: one Python model with the ensemble's interface (docs/package.md "Serving path")
+        ins, outs = _tensor_table(ens, "input"), _tensor_table(ens, "output")
+        for name in ("text_input", "max_tokens"):
+            if name not in ins or ins[name].optional:
+                problems.append(Problem("ensemble/config.pbtxt", f"required input {name!r} is missing or optional."))
+        if "text_output" not in outs:
+            problems.append(Problem("ensemble/config.pbtxt", "output 'text_output' is missing."))
         return
     if ens.platform != "ensemble" or ens.WhichOneof("scheduling_choice") != "ensemble_scheduling":
         problems.append(Problem("ensemble/config.pbtxt", "is not an ensemble (platform 'ensemble' + ensemble_scheduling)."))
@@ -192,7 +201,8 @@ def validate_repository(repo: Path, *, limits: dict[str, Any], target: str, buil
                 problems.append(Problem(f"{engine_model}/config.pbtxt", f"{key} {int(v)} exceeds the engine's {lim} {int(e)}.",
                                         f"set package.{key} <= {int(e)} (or null for the engine's)"))
         # decoupled consistency
-        dec = {n: c.model_transaction_policy.decoupled for n, c in configs.items() if n in (engine_model, "tensorrt_llm_bls")}
+        dec = {n: c.model_transaction_policy.decoupled for n, c in configs.items()
+               if n in (engine_model, "tensorrt_llm_bls") or (n == "ensemble" and c.backend == "python")}
         if len(set(dec.values())) > 1:
             problems.append(Problem("model_transaction_policy", f"decoupled differs between models: {dec}.",
                                     "use the same package.decoupled for every model"))

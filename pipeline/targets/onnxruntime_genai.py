@@ -195,6 +195,12 @@ class OnnxRuntimeGenAITarget:
         cmd = self.command(cfg, src, engine, work / "cache", precision, extra)
         lg.info("building: %s", " ".join(cmd))
         env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+        from ..families import builder_input  # sliding-window models: tell the builder which layers are windowed
+
+        builder_src, window_note = builder_input(src, work / "builder_input", int(cfg.build.max_seq_len))
+        cmd[cmd.index("-i") + 1] = str(builder_src)
+        if window_note:
+            lg.info("sliding window: %s (builder input %s)", window_note, builder_src)
         _run_logged(cmd, logf, "onnxruntime-genai model builder", env=env)
         from .ort_quant import fix_lm_head_input
 
@@ -282,6 +288,9 @@ class OrtEngineRunner:
         gc = json.loads((self.engine_dir / "genai_config.json").read_text(encoding="utf-8"))
         lim = json.loads(lim_path.read_text(encoding="utf-8")) if lim_path.is_file() else {}
         self.max_seq_len = int(lim.get("max_seq_len") or gc["search"]["max_length"])
+        # windowed layers: onnxruntime-genai needs each request's KV capacity (max_length) >= the window
+        sw = gc.get("model", {}).get("decoder", {}).get("sliding_window") or {}
+        self.min_length = min(self.max_seq_len, int(sw.get("window_size") or 0)) if sw.get("layers") else 0
         self.max_input_len = int(lim.get("max_input_len") or self.max_seq_len - 1)
         self.max_batch_size = int(min(max_batch_size or 10**9, lim.get("max_batch_size") or 8))
         self.model = og.Model(str(self.engine_dir))
@@ -410,7 +419,7 @@ class OrtEngineRunner:
         t0 = time.perf_counter()
         try:
             gp = og.GeneratorParams(self.model)
-            gp.set_search_options(do_sample=False, max_length=min(self.max_seq_len, len(r.input_ids) + int(r.max_new_tokens)))
+            gp.set_search_options(do_sample=False, max_length=min(self.max_seq_len, max(self.min_length, len(r.input_ids) + int(r.max_new_tokens))))
             g = og.Generator(self.model, gp)
             g.append_tokens(np.asarray([r.input_ids], dtype=np.int32))
         except Exception as e:  # noqa: BLE001
@@ -440,7 +449,7 @@ class OrtEngineRunner:
 
         og = self._og
         gp = og.GeneratorParams(self.model)
-        gp.set_search_options(do_sample=False, max_length=min(self.max_seq_len, len(input_ids) + len(continuation) + 1))
+        gp.set_search_options(do_sample=False, max_length=min(self.max_seq_len, max(self.min_length, len(input_ids) + len(continuation) + 1)))
         g = og.Generator(self.model, gp)
         g.append_tokens(np.asarray([list(input_ids)], dtype=np.int32))
         out = []

@@ -1,30 +1,43 @@
 """Triton Python-backend model: an onnxruntime-genai engine with continuous batching (``og.Engine``).
 
 Copied by the package stage to ``<repository>/onnxruntime_genai/1/model.py``.  It runs inside Triton's
-Python backend stub with the serving virtualenv's site-packages (numpy < 2, onnxruntime-genai); it must
-not import the ``pipeline`` package.
+Python backend stub with the serving virtualenv's site-packages (numpy < 2, onnxruntime-genai, tokenizers);
+it must not import the ``pipeline`` package.
 
-Tensor interface: the same names, data types and shapes as TensorRT-LLM's ``tensorrt_llm`` model
-(``shared/reference/triton.md`` sec. 2.4), so the ensemble maps to it exactly as it maps to
+Tensor interface: the names, data types and shapes of TensorRT-LLM's ``tensorrt_llm`` model (tensorrtllm_backend
+``all_models/inflight_batcher_llm/tensorrt_llm/config.pbtxt``), so the ensemble maps to it exactly as it maps to
 ``tensorrt_llm``.  Inputs (without the batch dim): ``input_ids`` INT32 [-1], ``input_lengths`` INT32 [1],
-``request_output_len`` INT32 [1], ``end_id``/``pad_id`` INT32 [1], ``streaming`` BOOL [1], sampling
-inputs (``runtime_top_k`` INT32, ``runtime_top_p``/``temperature``/``repetition_penalty`` FP32,
-``random_seed`` UINT64, ``min_length`` INT32), ``stop_words_list``/``bad_words_list`` INT32 [2, -1] ...
-Outputs: ``output_ids`` INT32 [-1, -1] (beams x tokens), ``sequence_length`` INT32 [-1] and two
-outputs of our own that the postprocessing model uses to stream text correctly:
+``request_output_len`` INT32 [1], ``end_id``/``pad_id`` INT32 [1], ``streaming`` BOOL [1], sampling inputs
+(``runtime_top_k`` INT32, ``runtime_top_p``/``temperature``/``repetition_penalty`` FP32, ``random_seed`` UINT64,
+``min_length`` INT32), ``stop_words_list``/``bad_words_list`` INT32 [2, -1] ...
 
-* ``prev_sequence_length`` INT32 [1]: tokens already covered by earlier responses of this request;
-* ``is_final`` BOOL [1]: this is the request's last response.
+Outputs of one response (shapes as the TensorRT-LLM C++ backend sends them, ``inflight_batcher_llm/src/
+model_instance_state.cc`` ``fillTritonResponse``; every response answers ONE prompt of the request):
 
-Streaming (decoupled mode): one response per generated token carrying **all** generated ids so far;
-postprocessing decodes the full sequence and emits only the stable new suffix, so multi-byte characters
-are never split (never decodes single tokens in isolation; cf. tensorrtllm_backend issue #112).
+* ``output_ids`` INT32 [1, beams, len], ``sequence_length`` INT32 [1, beams];
+* ``batch_index``, ``sequence_index`` INT32 [1, 1]; perf metrics (``arrival_time_ns`` ... INT64, ``kv_cache_*`` INT32)
+  [1, 1] when ``return_perf_metrics``;
+* ``text_output`` BYTES [beams] (our addition; the ensemble maps it straight to its ``text_output`` so a streamed
+  token costs one hop, not engine -> postprocessing -> client): the text these ids add, detokenized in-process.
 
-Decoding is greedy unless the request asks for sampling (``runtime_top_k`` > 1 or ``runtime_top_p`` > 0
-with ``temperature`` > 0) - the TensorRT-LLM convention (triton.md sec. 6.4: "greedy by default").
+Several prompts in one request (``input_ids`` [N, L], ``input_lengths`` [N, 1], per-row sampling inputs): every
+prompt becomes its own engine request; each response carries its ``batch_index``; the request's FINAL flag is sent
+with the last prompt's last response (decoupled mode only, as TensorRT-LLM's backend requires).
 
-Concurrency: ``execute`` only validates and queues; one background thread owns the ``og.Engine``
-(admits requests, calls ``engine.run`` step by step, dispatches token events, polls cancellation).
+Streaming (decoupled): one response per generated token; ``output_ids`` holds that token only (TensorRT-LLM's
+streaming convention) and ``text_output`` the text it completes, from an incremental detokenizer (constant work per
+token, never a re-decode of the whole sequence: ``TextCodec.stream_decoder`` of ``pipeline/tokenization.py``, copied next
+to this file; a multi-byte or byte-fallback character is emitted once all its bytes arrived, so the joined stream
+equals the non-streamed text).
+
+Decoding is greedy unless the request asks for sampling (``runtime_top_k`` > 1 or ``runtime_top_p`` > 0 with
+``temperature`` > 0), the TensorRT-LLM convention.  Inputs the engine cannot honour (beam search, log probs,
+presence/frequency penalties, bad words, LoRA, ...) are refused per request with the input's name; nothing is
+silently ignored.  Token ids are checked against the vocabulary before they reach the engine.
+
+Concurrency: ``execute`` only validates and queues; one background thread owns the ``og.Engine`` (admits requests,
+calls ``engine.run`` step by step, dispatches token events, checks cancellation every step).  If the engine itself
+raises, the requests in flight fail with the reason and the engine is rebuilt before the next request.
 """
 
 from __future__ import annotations
@@ -50,9 +63,21 @@ FLAG_TOKEN, FLAG_TURN_FINISHED, FLAG_FAILED = 1, 2, 8  # og.EngineEventFlags (0.
 # Inputs the engine cannot honour: a request that sets them to a non-default value gets a clear error.
 _UNSUPPORTED = {
     "decoder_input_ids": "encoder-decoder models", "embedding_bias": "embedding_bias", "prompt_embedding_table": "prompt tuning",
-    "prompt_table_extra_ids": "prompt tuning", "lora_weights": "LoRA", "lora_config": "LoRA",
-    "guided_decoding_guide": "guided decoding",
+    "prompt_table_extra_ids": "prompt tuning", "lora_weights": "LoRA", "lora_config": "LoRA", "lora_task_id": "LoRA",
+    "guided_decoding_guide": "guided decoding", "prompt_vocab_size": "prompt tuning",
 }
+# The text interface (served as ``ensemble`` and ``tensorrt_llm_bls`` on the CPU target): the ensemble's input names
+# for the engine inputs they feed (TensorRT-LLM ensemble step 2 mapping); the prompt and the word lists are text.
+TEXT_NAMES = {"request_output_len": "max_tokens", "streaming": "stream", "runtime_top_k": "top_k", "runtime_top_p": "top_p",
+              "len_penalty": "length_penalty"}
+_UNSUPPORTED_TEXT = {
+    "decoder_text_input": "encoder-decoder models", "embedding_bias_words": "embedding bias", "embedding_bias_weights": "embedding bias",
+    "prompt_embedding_table": "prompt tuning", "prompt_table_extra_id": "prompt tuning", "prompt_vocab_size": "prompt tuning",
+    "lora_weights": "LoRA", "lora_config": "LoRA", "lora_task_id": "LoRA", "guided_decoding_guide": "guided decoding",
+    "num_draft_tokens": "speculative decoding", "use_draft_logits": "speculative decoding",
+}
+# FP32 inputs whose neutral value is accepted and any other value refused (og.Engine 0.18 has no such search option).
+_NEUTRAL_FLOATS = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "len_penalty": 1.0}
 
 
 def parse_words_list(arr: np.ndarray | None) -> list[list[int]]:
@@ -75,10 +100,44 @@ def ends_with_any(tokens: list[int], sequences: list[list[int]]) -> bool:
     return any(len(s) <= len(tokens) and tokens[-len(s):] == s for s in sequences)
 
 
+def load_codec(tokenizer_dir: str) -> Any:
+    """``TextCodec.from_dir`` of ``pipeline/tokenization.py``, which the package stage copies next to this file."""
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    from tokenization import TextCodec
+
+    return TextCodec.from_dir(tokenizer_dir)
+
+
+def encode_served(codec: Any, text: str) -> list[int]:
+    """Ids of a served ``text_input``: already-rendered prompt text (the client applied the chat template, whose
+    control tokens are control ids), nothing added; BOS prepended only when the tokenizer itself adds it
+    (``TextCodec.adds_bos``: tokenizer post-processor, ``add_bos_token`` or a template that starts with BOS) and the
+    text lacks it - never from ``config.json`` (a Qwen2-style tokenizer gets none)."""
+    ids = codec.encode_rendered(text)
+    if codec.adds_bos and codec.bos_id is not None and (not ids or ids[0] != codec.bos_id):
+        ids = [codec.bos_id] + ids
+    return ids
+
+
 @dataclass
-class Job:
+class Group:
+    """One Triton request: its response sender and how many of its prompts are still running."""
+
     sender: Any
     request_id: str
+    size: int
+    open: int
+    cancelled: bool = False
+
+
+@dataclass
+class Job:
+    group: Group
+    batch_index: int
     input_ids: list[int]
     max_new_tokens: int
     streaming: bool
@@ -96,11 +155,11 @@ class Job:
     requested: set[str]
     arrival_ns: int = field(default_factory=time.time_ns)
     tokens: list[int] = field(default_factory=list)
-    sent: int = 0
     og_request: Any = None
     turn_id: int = 0
     first_token_ns: int = 0
-    cancel_sent: bool = False
+    decoder: Any = None
+    done: bool = False
 
 
 class TritonPythonModel:
@@ -123,28 +182,45 @@ class TritonPythonModel:
             gcfg = json.load(f)
         eos = gcfg.get("model", {}).get("eos_token_id", [])
         self.eos_ids = {int(e) for e in (eos if isinstance(eos, list) else [eos])}
+        self.vocab_size = int(gcfg.get("model", {}).get("vocab_size") or 0)
+        # og.Engine honours TurnOptions.set_seed only when genai_config.json configures engine.dynamic_batching
+        # ("A per-turn seed requires an Engine configured for dynamic batching.", onnxruntime-genai 0.18)
+        self.per_turn_seed = isinstance(gcfg.get("engine"), dict) and "dynamic_batching" in gcfg["engine"]
         self.max_input_len = int(params.get("max_input_len") or 0)
         self.max_seq_len = int(params.get("max_seq_len") or gcfg.get("search", {}).get("max_length") or 0)
         self.default_exclude_input = params.get("exclude_input_in_output", "true").lower() in ("1", "true", "yes")
+        self.skip_special = params.get("skip_special_tokens", "true").lower() in ("1", "true", "yes")
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(self.model_config)
+        self.text = params.get("interface", "ids") == "text"
+        self.lazy = params.get("load", "eager") == "lazy"
+        self.outputs = {o["name"] for o in self.model_config.get("output", [])}
         self.logger = pb_utils.Logger
         self.engine_dir = engine_dir
         self.buffer_size = int(params.get("event_buffer_size") or 256)
-        self.pending: "queue.Queue[Job]" = queue.Queue()
+        tok_dir = params.get("tokenizer_dir") or "tokenizer"
+        if not os.path.isabs(tok_dir):
+            tok_dir = os.path.join(version_dir, tok_dir)
+        self.codec = load_codec(tok_dir)
+        self.tokenizer = self.codec.tokenizer
+        if not self.vocab_size:
+            self.vocab_size = int(self.tokenizer.get_vocab_size(with_added_tokens=True))
+        self.pending: "queue.Queue[list[Job]]" = queue.Queue()
         self.active: dict[int, Job] = {}
         self.draining: dict[int, Any] = {}  # og requests we cancelled; closed once the engine reports the turn finished
         self._stop = threading.Event()
         self._ready = threading.Event()
-        self._last_cancel_poll = 0.0
         self._init_error: BaseException | None = None
+        self._engine_broken: str | None = None
+        self._next_reload = 0.0
         # og.Engine operations must all run on the thread that created the engine ("Engine owner thread")
         self.thread = threading.Thread(target=self._owner, name="og-engine", daemon=True)
         self.thread.start()
         self._ready.wait()
         if self._init_error is not None:
             raise pb_utils.TritonModelException(f"cannot load the onnxruntime_genai engine from {engine_dir}: {self._init_error}")
-        self.logger.log_info(f"onnxruntime_genai engine loaded from {engine_dir} (og {getattr(og, '__version__', '?')}); "
-                             f"max_input_len={self.max_input_len} max_seq_len={self.max_seq_len} decoupled={self.decoupled}")
+        self.logger.log_info(f"onnxruntime_genai engine {'will load on first request' if self.lazy else 'loaded'} from {engine_dir} (og {getattr(og, '__version__', '?')}); "
+                             f"vocab_size={self.vocab_size} max_input_len={self.max_input_len} max_seq_len={self.max_seq_len} "
+                             f"decoupled={self.decoupled}")
 
     # ------------------------------------------------------------------ request parsing
     @staticmethod
@@ -152,25 +228,110 @@ class TritonPythonModel:
         t = pb_utils.get_input_tensor_by_name(request, name)
         return None if t is None else t.as_numpy()
 
-    def _scalar(self, request: Any, name: str, default: Any) -> Any:
-        a = self._get(request, name)
+    @staticmethod
+    def _row(a: np.ndarray | None, b: int, n: int) -> np.ndarray | None:
+        """Row ``b`` of a batched input (a [1, ...] input applies to every row)."""
         if a is None or a.size == 0:
-            return default
-        return a.reshape(-1)[0].item()
+            return None
+        if a.ndim == 0:
+            return a.reshape(1)
+        if a.shape[0] == n:
+            return a[b]
+        if a.shape[0] == 1:
+            return a[0]
+        raise ValueError(f"has {a.shape[0]} rows but the request has {n} prompts")
 
-    def _parse(self, request: Any) -> Job:
-        ids_arr = self._get(request, "input_ids")
-        if ids_arr is None:
-            raise ValueError("input 'input_ids' is missing")
-        ids = [int(t) for t in ids_arr.reshape(-1).tolist()]
-        n_in = int(self._scalar(request, "input_lengths", len(ids)))
+    def _scalar(self, cache: dict, request: Any, name: str, b: int, n: int, default: Any) -> Any:
+        if self.text:
+            name = TEXT_NAMES.get(name, name)
+        if name not in cache:
+            cache[name] = self._get(request, name)
+        try:
+            r = self._row(cache[name], b, n)
+        except ValueError as e:
+            raise ValueError(f"input '{name}' {e}") from None
+        if r is None or np.asarray(r).size == 0:
+            return default
+        return np.asarray(r).reshape(-1)[0].item()
+
+    def _parse(self, request: Any) -> list[Job]:
+        if self.text:
+            ids_arr = self._encode_rows(self._get(request, "text_input"))
+        else:
+            ids_arr = self._get(request, "input_ids")
+            if ids_arr is None:
+                raise ValueError("input 'input_ids' is missing")
+            ids_arr = ids_arr.reshape(1, -1) if ids_arr.ndim == 1 else ids_arr.reshape(ids_arr.shape[0], -1)
+        n = int(len(ids_arr))
+        if n > 1 and not self.decoupled:
+            raise ValueError(f"{n} prompts in one request need the model deployed in decoupled mode (package.decoupled=true); "
+                             f"send one prompt per request")
+        cache: dict[str, Any] = {}
+        sc = lambda name, b, default: self._scalar(cache, request, name, b, n, default)  # noqa: E731
+        for name, what in (_UNSUPPORTED_TEXT if self.text else _UNSUPPORTED).items():
+            a = self._get(request, name)
+            if a is not None and a.size and any(bool(x) for x in a.reshape(-1).tolist()):  # zeros / empty strings = unset
+                raise ValueError(f"input '{name}' ({what}) is not supported by the onnxruntime_genai engine; remove it")
+        for name, neutral in _NEUTRAL_FLOATS.items():
+            a = self._get(request, TEXT_NAMES.get(name, name) if self.text else name)
+            if a is not None and a.size and any(float(x) != neutral for x in a.reshape(-1).tolist()):
+                raise ValueError(f"input '{name}'={a.reshape(-1).tolist()[0]} is not supported by the onnxruntime_genai engine "
+                                 f"(no such search option in onnxruntime-genai 0.18); remove it or send {neutral}")
+        for name in ("return_log_probs", "return_context_logits", "return_generation_logits"):
+            a = self._get(request, name)
+            if a is not None and a.size and bool(a.reshape(-1).any()):
+                raise ValueError(f"{name}=true is not supported by the onnxruntime_genai engine (og.Engine 0.18 exposes no "
+                                 f"logits or log probs); remove it")
+        requested = set(request.requested_output_names())
+        group = Group(sender=request.get_response_sender(), request_id=request.request_id(), size=n, open=n)
+        jobs = []
+        for b in range(n):
+            where = f"prompt {b}: " if n > 1 else ""
+            try:
+                jobs.append(self._parse_row(request, ids_arr[b], b, sc, group, requested))
+            except ValueError as e:
+                raise ValueError(f"{where}{e}") from None
+        return jobs
+
+    def _encode(self, text: str) -> list[int]:
+        """Prompt text -> ids, the preprocessing model's rule (:func:`encode_served`)."""
+        return encode_served(self.codec, text)
+
+    def _encode_rows(self, arr: np.ndarray | None) -> list[list[int]]:
+        if arr is None or arr.size == 0:
+            raise ValueError("text_input is empty; send a non-empty prompt")
+        arr = np.asarray(arr).reshape(arr.shape[0], -1)
+        out = []
+        for b, row in enumerate(arr):
+            where = f" (prompt {b})" if len(arr) > 1 else ""
+            if row.size != 1:
+                raise ValueError(f"text_input{where} has {row.size} strings; send one prompt per row ([N, 1])")
+            x = row[0]
+            try:
+                text = x.decode("utf-8") if isinstance(x, bytes) else str(x)
+            except UnicodeDecodeError:
+                raise ValueError(f"text_input{where} is not valid UTF-8") from None
+            if not text:
+                raise ValueError(f"text_input is empty{where}; send a non-empty prompt")
+            out.append(self._encode(text))
+        return out
+
+    def _parse_row(self, request: Any, row_ids: Any, b: int, sc: Any, group: Group, requested: set[str]) -> Job:
+        ids = [int(t) for t in (row_ids if isinstance(row_ids, list) else row_ids.tolist())]
+        n_in = len(ids) if self.text else int(sc("input_lengths", b, len(ids)))
+        if not 0 <= n_in <= len(ids):
+            raise ValueError(f"input_lengths={n_in} but input_ids has {len(ids)} ids")
         ids = ids[:n_in]
         if not ids:
             raise ValueError("the prompt is empty (0 tokens); send a non-empty text_input")
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"input_ids contains token id {bad[0]} outside the vocabulary [0, {self.vocab_size}); "
+                             f"send ids produced by this model's tokenizer")
         if self.max_input_len and len(ids) > self.max_input_len:
             raise ValueError(f"prompt has {len(ids)} tokens, more than the engine's max_input_len {self.max_input_len}; "
                              f"shorten the prompt (the server never truncates)")
-        max_new = int(self._scalar(request, "request_output_len", 0))
+        max_new = int(sc("request_output_len", b, 0))
         if max_new < 1:
             raise ValueError(f"max_tokens (request_output_len) must be >= 1, got {max_new}")
         if self.max_seq_len:
@@ -178,69 +339,81 @@ class TritonPythonModel:
             if room < 1:
                 raise ValueError(f"prompt ({len(ids)} tokens) leaves no room under the engine's max_seq_len {self.max_seq_len}")
             max_new = min(max_new, room)
-        streaming = bool(self._scalar(request, "streaming", False))
+        streaming = bool(sc("streaming", b, False))
         if streaming and not self.decoupled:
             raise ValueError("streaming is only supported when the model is deployed in decoupled mode (package.decoupled=true)")
-        beam = int(self._scalar(request, "beam_width", 1))
+        beam = int(sc("beam_width", b, 1))
         if beam != 1:
-            raise ValueError(f"beam_width={beam}: the onnxruntime_genai engine serves beam width 1 only")
-        nrs = int(self._scalar(request, "num_return_sequences", 1))
+            raise ValueError(f"beam_width={beam}: the onnxruntime_genai engine serves beam width 1 only (og.Engine 0.18 has "
+                             f"no beam search); send beam_width=1")
+        nrs = int(sc("num_return_sequences", b, 1))
         if nrs != 1:
-            raise ValueError(f"num_return_sequences={nrs}: only 1 is supported by the onnxruntime_genai engine")
-        for name, what in _UNSUPPORTED.items():
-            a = self._get(request, name)
-            if a is not None and a.size and any(bool(x) for x in a.reshape(-1).tolist()):  # zeros / empty strings = unset
-                raise ValueError(f"input '{name}' ({what}) is not supported by the onnxruntime_genai engine; remove it")
-        bad = parse_words_list(self._get(request, "bad_words_list"))
-        if bad:
-            raise ValueError("bad_words is not supported by the onnxruntime_genai engine; send an empty bad_words list")
-        for name in ("return_log_probs", "return_context_logits", "return_generation_logits"):
-            if bool(self._scalar(request, name, False)):
-                raise ValueError(f"{name}=true is not supported by the onnxruntime_genai engine")
-        top_k = int(self._scalar(request, "runtime_top_k", 0))
-        top_p = float(self._scalar(request, "runtime_top_p", 0.0))
-        temperature = float(self._scalar(request, "temperature", 1.0))
+            raise ValueError(f"num_return_sequences={nrs}: only 1 is supported by the onnxruntime_genai engine; send one "
+                             f"request per sequence (with sampling) instead")
+        top_k = int(sc("runtime_top_k", b, 0))
+        top_p = float(sc("runtime_top_p", b, 0.0))
+        temperature = float(sc("temperature", b, 1.0))
         if top_k < 0 or not 0.0 <= top_p <= 1.0 or temperature < 0:
             raise ValueError(f"invalid sampling values top_k={top_k} top_p={top_p} temperature={temperature}")
         do_sample = (top_k > 1 or top_p > 0.0) and temperature > 0.0
-        rp = self._scalar(request, "repetition_penalty", None)
+        rp = sc("repetition_penalty", b, None)
         if rp is not None and not float(rp) > 0:
             raise ValueError(f"repetition_penalty must be > 0, got {rp}")
-        end_id = self._scalar(request, "end_id", None)
-        exclude = self._scalar(request, "exclude_input_in_output", None)
-        seed = self._scalar(request, "random_seed", None)
-        return Job(sender=request.get_response_sender(), request_id=request.request_id(), input_ids=ids, max_new_tokens=max_new,
-                   streaming=streaming, exclude_input=self.default_exclude_input if exclude is None else bool(exclude),
-                   end_id=None if end_id is None or int(end_id) < 0 else int(end_id),
-                   stop_sequences=parse_words_list(self._get(request, "stop_words_list")), do_sample=do_sample, top_k=top_k,
-                   top_p=top_p, temperature=temperature, repetition_penalty=None if rp is None else float(rp),
-                   min_length=int(self._scalar(request, "min_length", 0)), seed=None if seed is None else int(seed),
-                   perf=bool(self._scalar(request, "return_perf_metrics", False)), requested=set(request.requested_output_names()))
+        end_id = sc("end_id", b, None)
+        exclude = sc("exclude_input_in_output", b, None)
+        seed = sc("random_seed", b, None)
+        if seed is not None and do_sample and not self.per_turn_seed:
+            raise ValueError(f"random_seed={seed} with sampling cannot be honoured: this engine was built without onnxruntime-genai's "
+                             f"engine.dynamic_batching, and og.Engine applies per-request seeds only there; remove random_seed "
+                             f"(or decode greedily, which is deterministic)")
+        if self._words_row(request, "bad_words_list", b):
+            raise ValueError("bad_words is not supported by the onnxruntime_genai engine; send an empty bad_words list")
+        job = Job(group=group, batch_index=b, input_ids=ids, max_new_tokens=max_new, streaming=streaming,
+                  exclude_input=self.default_exclude_input if exclude is None else bool(exclude),
+                  end_id=None if end_id is None or int(end_id) < 0 else int(end_id),
+                  stop_sequences=self._words_row(request, "stop_words_list", b), do_sample=do_sample, top_k=top_k,
+                  top_p=top_p, temperature=temperature, repetition_penalty=None if rp is None else float(rp),
+                  min_length=int(sc("min_length", b, 0)), seed=None if seed is None else int(seed),
+                  perf=bool(sc("return_perf_metrics", b, False)), requested=requested)
+        if streaming and (self.text or "text_output" in requested):
+            job.decoder = self.codec.stream_decoder(skip_special_tokens=self.skip_special)
+        return job
+
+    def _words_row(self, request: Any, name: str, b: int) -> list[list[int]]:
+        """Token sequences of row ``b`` of a words-list input ([N, 2, L]; a [1, 2, L] list applies to every row).
+
+        Text interface: ``stop_words``/``bad_words`` BYTES [N, k], each word encoded without special tokens.
+        """
+        if self.text:
+            a = self._get(request, name.replace("_list", ""))
+            if a is None or a.size == 0:
+                return []
+            a = np.asarray(a).reshape(a.shape[0], -1)
+            row = a[b] if a.shape[0] > b else a[0]
+            words = [x.decode("utf-8") if isinstance(x, bytes) else str(x) for x in row.tolist()]
+            return [ids for ids in (self.codec.encode_text(w) for w in words if w) if ids]
+        a = self._get(request, name)
+        if a is None or a.size == 0:
+            return []
+        a = np.asarray(a)
+        if a.ndim == 3:
+            a = a[b] if a.shape[0] > b else a[0]
+        return parse_words_list(a)
 
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
             try:
-                job = self._parse(request)
+                jobs = self._parse(request)
             except Exception as e:  # noqa: BLE001 - every bad request gets its own clean error, the server keeps serving
                 sender = request.get_response_sender()
                 sender.send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(f"onnxruntime_genai: {e}")),
                             flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 continue
-            self.pending.put(job)
+            self.pending.put(jobs)
         return None
 
     # ------------------------------------------------------------------ engine loop
     def _admit(self, job: Job) -> None:
-        try:
-            self._admit_once(job, with_seed=job.seed is not None and job.do_sample)
-        except RuntimeError as e:
-            if "seed" not in str(e).lower():
-                raise
-            # og.Engine without dynamic batching refuses per-turn seeds: sample without the reseed (logged)
-            self.logger.log_warn(f"request {job.request_id or '-'}: random_seed ignored ({e})")
-            self._admit_once(job, with_seed=False)
-
-    def _admit_once(self, job: Job, *, with_seed: bool) -> None:
         og = self.og
         r = self.engine.create_request()
         opts = og.TurnOptions(r)
@@ -251,7 +424,7 @@ class TritonPythonModel:
             opts.set_top_k(job.top_k)
             if job.top_p > 0:
                 opts.set_top_p(job.top_p)
-            if with_seed and job.seed is not None:
+            if job.seed is not None:
                 opts.set_seed(job.seed)
         if job.repetition_penalty is not None:
             opts.set_repetition_penalty(job.repetition_penalty)
@@ -265,11 +438,16 @@ class TritonPythonModel:
         job.og_request = r
         self.active[id(r)] = job
 
+    def _create_engine(self) -> None:
+        self.model = self.og.Model(self.engine_dir)
+        self.engine = self.og.Engine(self.model)
+        self.buffer = self.engine.create_event_buffer(self.buffer_size)
+
     def _owner(self) -> None:
+        self.engine = None
         try:
-            self.model = self.og.Model(self.engine_dir)
-            self.engine = self.og.Engine(self.model)
-            self.buffer = self.engine.create_event_buffer(self.buffer_size)
+            if not self.lazy:
+                self._create_engine()
         except BaseException as e:  # noqa: BLE001 - reported by initialize()
             self._init_error = e
             self._ready.set()
@@ -277,43 +455,91 @@ class TritonPythonModel:
         self._ready.set()
         self._loop()
 
+    def _recover(self, reason: str) -> None:
+        """The engine raised: fail what is in flight, drop the engine and load a fresh one (same thread)."""
+        for job in list(self.active.values()):
+            self._fail(job, f"engine error: {reason}")
+        self.active.clear()
+        for r in self.draining.values():
+            try:
+                r.close()
+            except Exception:  # noqa: BLE001
+                pass
+        self.draining.clear()
+        for name in ("buffer", "engine", "model"):
+            setattr(self, name, None)
+        try:
+            self._create_engine()
+            self._engine_broken = None
+            self.logger.log_warn(f"onnxruntime_genai engine (re)loaded ({reason})")
+        except Exception as e:  # noqa: BLE001
+            self._engine_broken = f"{reason}; reloading the engine failed: {e}"
+            self._next_reload = time.monotonic() + 5.0
+            self.logger.log_error(f"onnxruntime_genai engine unusable: {self._engine_broken}")
+
     def _loop(self) -> None:
         while not self._stop.is_set():
             try:
+                if self._engine_broken is not None and time.monotonic() >= self._next_reload:
+                    self._recover(self._engine_broken)
                 idle = not self.active
                 try:
-                    job = self.pending.get(timeout=0.05) if idle else self.pending.get_nowait()
+                    jobs = self.pending.get(timeout=0.05) if idle else self.pending.get_nowait()
                 except queue.Empty:
-                    job = None
-                while job is not None:
+                    jobs = None
+                if jobs is not None and self.engine is None and self._engine_broken is None:
+                    self._recover("not loaded yet")  # lazy load (load=lazy): the first request loads the engine
+                while jobs is not None:
+                    for job in jobs:
+                        if job.group.cancelled:
+                            self._finish(job, True)
+                            continue
+                        if self._engine_broken is not None:
+                            self._fail(job, f"the engine is not usable ({self._engine_broken}); restart the server")
+                            continue
+                        try:
+                            self._admit(job)
+                        except Exception as e:  # noqa: BLE001 - e.g. prompt too long for the session
+                            if "no longer healthy" in str(e):  # og.Engine refuses every request after a failed step
+                                self._recover(str(e))
+                                try:
+                                    self._admit(job)
+                                    continue
+                                except Exception as e2:  # noqa: BLE001
+                                    e = e2
+                            self._fail(job, f"request rejected by the engine: {e}")
                     try:
-                        self._admit(job)
-                    except Exception as e:  # noqa: BLE001 - e.g. prompt too long for the session
-                        self._fail(job, f"request rejected by the engine: {e}")
-                    try:
-                        job = self.pending.get_nowait()
+                        jobs = self.pending.get_nowait()
                     except queue.Empty:
-                        job = None
-                now = time.monotonic()
-                if now - self._last_cancel_poll >= 0.05:  # is_cancelled() is an IPC round trip: poll at most every 50 ms
-                    self._last_cancel_poll = now
-                    self._poll_cancellations()
-                if not self.engine.has_pending_requests():
+                        jobs = None
+                self._poll_cancellations()
+                if self.engine is None or not self.engine.has_pending_requests():
                     continue
                 for ev in self.engine.run(self.buffer):
                     self._on_event(ev)
-            except Exception:  # noqa: BLE001 - keep serving; fail only the requests in flight
+            except Exception:  # noqa: BLE001 - fail only the requests in flight, then reload the engine
                 msg = traceback.format_exc(limit=3)
                 self.logger.log_error(f"engine loop error: {msg}")
-                for job in list(self.active.values()):
-                    self._fail(job, f"engine error: {msg.strip().splitlines()[-1]}")
-                time.sleep(0.2)
+                self._recover(msg.strip().splitlines()[-1])
 
     def _poll_cancellations(self) -> None:
+        """Once per engine step: a cancelled or vanished client stops its request before the next step."""
+        seen: set[int] = set()
         for job in list(self.active.values()):
-            if not job.cancel_sent and job.sender.is_cancelled():
-                job.cancel_sent = True
-                job.og_request.cancel_turn(job.turn_id)
+            g = job.group
+            if id(g) in seen:
+                continue
+            seen.add(id(g))
+            if not g.cancelled and g.sender.is_cancelled():
+                g.cancelled = True
+                self.logger.log_info(f"request {g.request_id or '-'} cancelled by the client after "
+                                     f"{sum(len(j.tokens) for j in self.active.values() if j.group is g)} generated token(s)")
+            if g.cancelled:
+                for j in [j for j in self.active.values() if j.group is g]:
+                    j.og_request.cancel_turn(j.turn_id)
+                    self.active.pop(id(j.og_request), None)
+                    self.draining[id(j.og_request)] = j.og_request
+                    self._complete(j)
 
     def _on_event(self, ev: Any) -> None:
         flags = int(ev.flags)
@@ -328,7 +554,10 @@ class TritonPythonModel:
                         pass
             return
         if flags & FLAG_FAILED:
-            self._fail(job, f"engine failed the request ({ev.error_code})")
+            code = str(ev.error_code)
+            self._fail(job, f"engine failed the request ({code})")
+            if "EXECUTION" in code:  # a failed step leaves og.Engine unhealthy: reload it before the next request
+                self._engine_broken = f"a step failed ({code})"
             return
         turn_done = bool(flags & FLAG_TURN_FINISHED)
         finished = turn_done
@@ -336,31 +565,55 @@ class TritonPythonModel:
             tok = int(ev.token)
             if tok in self.eos_ids or (job.end_id is not None and tok == job.end_id):
                 finished = True  # the end token is never part of the output
-                if not flags & FLAG_TURN_FINISHED:
+                if not turn_done:
                     job.og_request.cancel_turn(job.turn_id)
             else:
                 if not job.first_token_ns:
                     job.first_token_ns = time.time_ns()
                 job.tokens.append(tok)
+                piece = job.decoder.push((tok,)) if job.decoder is not None else ""
                 if job.stop_sequences and ends_with_any(job.tokens, job.stop_sequences):
                     finished = True
-                    if not flags & FLAG_TURN_FINISHED:
+                    if not turn_done:
                         job.og_request.cancel_turn(job.turn_id)
-                elif job.streaming and not finished:
-                    self._send(job, final=False)
+                if job.streaming:
+                    if finished:
+                        piece += job.decoder.flush() if job.decoder is not None else ""
+                        self._send(job, [tok], piece, final=True)
+                        self._end(job, turn_done)
+                        return
+                    self._send(job, [tok], piece, final=False)
         if finished:
             self._finish(job, turn_done)
 
-    def _finish(self, job: Job, turn_done: bool = True) -> None:
+    def _end(self, job: Job, turn_done: bool) -> None:
         self.active.pop(id(job.og_request), None)
-        if job.sender.is_cancelled():
-            job.sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        else:
-            self._send(job, final=True)
         if turn_done:
             self._close(job)
         else:
             self.draining[id(job.og_request)] = job.og_request
+
+    def _finish(self, job: Job, turn_done: bool = True) -> None:
+        """The job produced its last token (or was cancelled): send its last response and release the engine request."""
+        if job.og_request is not None:
+            self._end(job, turn_done)
+        if job.group.cancelled:
+            self._complete(job)
+        elif job.streaming:
+            self._send(job, [], job.decoder.flush() if job.decoder is not None else "", final=True)
+        else:
+            ids = job.tokens if job.exclude_input else job.input_ids + job.tokens
+            self._send(job, ids, self._decode(ids) if (self.text or "text_output" in job.requested) else "", final=True)
+
+    def _complete(self, job: Job) -> None:
+        """Count the job as done; the last job of its group sends the request's FINAL flag."""
+        if job.done:
+            return
+        job.done = True
+        g = job.group
+        g.open -= 1
+        if g.open == 0:
+            g.sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def _fail(self, job: Job, msg: str) -> None:
         if job.og_request is not None:
@@ -369,9 +622,15 @@ class TritonPythonModel:
                 job.og_request.cancel_turn(job.turn_id)
             except Exception:  # noqa: BLE001
                 pass
-        job.sender.send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(f"onnxruntime_genai: {msg}")),
-                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        self._close(job)
+            self._close(job)
+        if job.done:
+            return
+        g = job.group
+        job.done = True
+        g.open -= 1
+        where = f"prompt {job.batch_index}: " if g.size > 1 else ""
+        g.sender.send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(f"onnxruntime_genai: {where}{msg}")),
+                      flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if g.open == 0 else 0)
 
     @staticmethod
     def _close(job: Job) -> None:
@@ -381,30 +640,43 @@ class TritonPythonModel:
             except Exception:  # noqa: BLE001
                 pass
 
-    def _send(self, job: Job, *, final: bool) -> None:
-        ids = job.tokens if (job.streaming or job.exclude_input) else job.input_ids + job.tokens
-        prev = job.sent if job.streaming else 0
+    def _decode(self, ids: list[int]) -> str:
+        return self.codec.decode(ids, skip_special_tokens=self.skip_special)
+
+    def _send(self, job: Job, ids: list[int], text: str, *, final: bool) -> None:
+        """One response for one prompt; shapes as TensorRT-LLM's backend (module docstring)."""
         n = len(ids)
-        outs = [
-            pb_utils.Tensor("output_ids", np.asarray(ids, dtype=np.int32).reshape(1, 1, n)),
-            pb_utils.Tensor("sequence_length", np.asarray([[n]], dtype=np.int32)),
-            pb_utils.Tensor("prev_sequence_length", np.asarray([[prev]], dtype=np.int32)),
-            pb_utils.Tensor("is_final", np.asarray([[final]], dtype=np.bool_)),
-        ]
         req = job.requested
-        zero = np.zeros((1, 1), np.int32)
-        for name in ("batch_index", "sequence_index"):
-            if name in req:
-                outs.append(pb_utils.Tensor(name, zero))
+        outs = []
+        if "output_ids" in self.outputs:
+            outs.append(pb_utils.Tensor("output_ids", np.asarray(ids, dtype=np.int32).reshape(1, 1, n)))
+            outs.append(pb_utils.Tensor("sequence_length", np.asarray([[n]], dtype=np.int32)))
+        if "text_output" in req or self.text:
+            outs.append(pb_utils.Tensor("text_output", np.asarray([text.encode("utf-8")], dtype=np.object_)))
+        if "batch_index" in req:
+            outs.append(pb_utils.Tensor("batch_index", np.asarray([[job.batch_index]], np.int32)))
+        if "sequence_index" in req:
+            outs.append(pb_utils.Tensor("sequence_index", np.zeros((1, 1), np.int32)))
         if job.perf:
             now = time.time_ns()
             for name, v in (("arrival_time_ns", job.arrival_ns), ("first_scheduled_time_ns", job.arrival_ns),
                             ("first_token_time_ns", job.first_token_ns or now), ("last_token_time_ns", now)):
                 if name in req:
                     outs.append(pb_utils.Tensor(name, np.asarray([[v]], dtype=np.int64)))
-        job.sent = len(job.tokens)
-        resp = pb_utils.InferenceResponse(output_tensors=outs)
-        job.sender.send(resp, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
+            for name in ("kv_cache_alloc_new_blocks", "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks",
+                         "total_accepted_draft_tokens", "total_draft_tokens"):
+                if name in req:
+                    outs.append(pb_utils.Tensor(name, np.zeros((1, 1), np.int32)))
+            if "acceptance_rate" in req:
+                outs.append(pb_utils.Tensor("acceptance_rate", np.zeros((1, 1), np.float32)))
+        g = job.group
+        last = False
+        if final and not job.done:
+            job.done = True
+            g.open -= 1
+            last = g.open == 0
+        g.sender.send(pb_utils.InferenceResponse(output_tensors=outs),
+                      flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if last else 0)
 
     def finalize(self) -> None:
         self._stop.set()
