@@ -290,8 +290,7 @@ def run_pipeline(cfg: PipelineConfig, *, overrides: list[str] | None = None, sum
             log.exception("stage failed")
             exit_code, error = EXIT_FAILED, f"{type(e).__name__}: {e}"
         _mark_failed(reports, cfg, error)
-    summary = RunSummary(reports, exit_code, overrides, time.time() - t_start, plan, error,
-                         gate_info or None)
+    summary = RunSummary(reports, exit_code, overrides, time.time() - t_start, plan, error, gate=gate_info or None)
     print_summary(summary, console)
     if summary_dir is not None:
         try:
