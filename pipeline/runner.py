@@ -263,8 +263,10 @@ def run_pipeline(cfg: PipelineConfig, *, overrides: list[str] | None = None, sum
             gate = art.result.get("gate")
             if name == "evaluate" and isinstance(gate, dict):
                 gate_info["evaluate"] = gate
-            if name == "package" and isinstance(art.result.get("parity"), dict):
-                gate_info["parity"] = art.result["parity"]
+            if name == "package":
+                parity = _parity_record(art)
+                if parity is not None:
+                    gate_info["parity"] = parity
             if isinstance(gate, dict) and gate.get("passed") is False:
                 if name == "evaluate" and gate.get("mode") == "exploratory" and gate.get("verdict") == "inconclusive":
                     console.print("[bold yellow]EXPLORATORY RUN: the gate is INCONCLUSIVE (eval.gate.mode=exploratory); exit 0, "
@@ -331,6 +333,17 @@ def print_summary(summary: RunSummary, console: Console) -> None:
         console.print(f"[bold green]ok[/] in {summary.total_s:.1f} s")
 
 
+def _parity_record(art: Artifact) -> dict[str, Any] | None:
+    """The package stage's serving-parity record: its result's ``parity``, else ``release_manifest.json`` ``parity``."""
+    p = art.result.get("parity")
+    if not isinstance(p, dict):
+        try:
+            p = json.loads((art.path / "release_manifest.json").read_text(encoding="utf-8")).get("parity")
+        except (OSError, ValueError, AttributeError):
+            p = None
+    return p if isinstance(p, dict) else None
+
+
 def print_gate(gate: dict[str, Any], console: Console) -> None:
     """The release-gate section of the run summary: non-inferiority verdict (bound vs allowance), fidelity
     (mean KLD, top-1 agreement) and serving parity (``served == evaluated: N/N`` from the package stage's
@@ -340,9 +353,12 @@ def print_gate(gate: dict[str, Any], console: Console) -> None:
         verdict = str(ev.get("verdict") or ("pass" if ev.get("passed") else "fail"))
         color = {"pass": "green", "inconclusive": "yellow", "fail": "red"}.get(verdict, "red")
         b = ev.get("bound") or {}
-        bound = (f": drop {100 * b['drop']:+.1f} pp, upper bound {100 * b['upper']:+.1f} pp vs allowed {100 * b['allowance']:.1f} pp"
+        bound = (f" drop {100 * b['drop']:+.1f} pp, upper bound {100 * b['upper']:+.1f} pp vs allowed {100 * b['allowance']:.1f} pp"
                  if b.get("upper") is not None else "")
         mode = " (exploratory: not releasable)" if ev.get("mode") == "exploratory" and verdict != "pass" else ""
+        sc = ev.get("scopes") or {}
+        if sc:
+            bound = f" (overall{bound}; scopes: " + ", ".join(f"{n} {v}" for v, n in sc.items() if n) + ")"
         console.print(f"[bold]gate[/]  non-inferiority [{color}]{verdict}[/]{escape(bound)}{mode}")
         f = ev.get("fidelity")
         if f:
@@ -352,6 +368,8 @@ def print_gate(gate: dict[str, Any], console: Console) -> None:
     if isinstance(p, dict) and p.get("total") is not None:
         console.print(f"[bold]gate[/]  served == evaluated: {p.get('matched')}/{p.get('total')}"
                       + (f" ({escape(str(p['note']))})" if p.get("note") else ""))
+    elif isinstance(p, dict):
+        console.print(f"[bold]gate[/]  served == evaluated: {escape(str(p.get('status') or 'not checked'))}")
     else:
         console.print("[bold]gate[/]  served == evaluated: not checked in this run")
 

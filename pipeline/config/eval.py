@@ -20,9 +20,12 @@ class GateConfig:
     """Maximum score drop vs the baseline (absolute, 0..1). ``None`` = the recipe default in
     ``max_drop_by_recipe``."""
     max_drop_by_recipe: Dict[str, float] = field(
-        default_factory=lambda: {"none": 0.01, "fp8": 0.02, "int8_wo": 0.02, "int8_sq": 0.04, "int4_wo": 0.06, "int4_rtn": 0.06, "int4_awq": 0.05, "w4a8_awq": 0.06}
+        default_factory=lambda: {"none": 0.02, "fp8": 0.02, "int8_wo": 0.02, "int8_sq": 0.04, "int4_wo": 0.06, "int4_rtn": 0.06, "int4_awq": 0.05, "w4a8_awq": 0.06}
     )
-    """Default allowed drop per recipe: tighter for near-lossless formats (fp8) than for int4."""
+    """Default allowed drop per recipe: tighter for near-lossless formats (fp8) than for int4.  An allowance
+    must be demonstrable on the eval set: with no discordant pair the 95 % upper bound is z^2 / (n + z^2), so
+    the shipped 480-item set (80 items per slice) can show 0.6 pp overall and 3.3 pp per slice at best; hence
+    2 pp (4 pp per slice) for ``none``, whose numerics the fidelity thresholds (max_kld, min_top1) hold tighter."""
     slice_max_drop: Optional[float] = None
     """Allowed drop on any single slice (default: 2 x the overall allowance)."""
     min_agreement: float = 0.0
@@ -88,6 +91,10 @@ class EvalConfig:
     fidelity: bool = True
     """Teacher-forced fidelity metrics (KL divergence, top-1 agreement, ln PPL ratio) of the candidate vs
     the baseline over every eval prompt + its reference answer (``pipeline/evaluation/fidelity.py``)."""
+    fidelity_heldout: int = 64
+    """Also teacher-force this many calibration-domain samples that calibration did *not* use (the next ones
+    in the calibration set's seeded order after ``calibration.num_samples``), reported as
+    ``fidelity.calibration_heldout`` (not gated); 0 = off, and skipped when the set has no more samples."""
     worst_regressions: int = 20
     """How many worst regressions (baseline right, candidate wrong) the report shows side by side."""
 
@@ -117,6 +124,8 @@ def validate(cfg: EvalConfig, prefix: str = "eval") -> list[Problem]:
         v = getattr(cfg.gate, name)
         if v is not None and (v < 0 or (name == "min_top1" and v > 1)):
             problems.append(Problem(f"{prefix}.gate.{name}", v, "out of range.", "max_kld >= 0 (nats); min_top1 in [0, 1]"))
+    if cfg.fidelity_heldout < 0:
+        problems.append(Problem(f"{prefix}.fidelity_heldout", cfg.fidelity_heldout, "must be >= 0.", "use 64, or 0 to turn it off"))
     if cfg.batch_size < 1:
         problems.append(Problem(f"{prefix}.batch_size", cfg.batch_size, "must be >= 1.", "use eval.batch_size=16"))
     if not cfg.eval_set:

@@ -1,7 +1,7 @@
 """Token-level fidelity of the candidate against the baseline, teacher-forced.
 
 Both models read the *same* token stream: every eval prompt followed by its reference answer and the
-first eos id (cut to the item's generation budget).  At every answer position t the baseline's
+first eos id (cut to the item's generation budget; see :func:`build_sequences` for the answer's tokens).  At every answer position t the baseline's
 next-token distribution P_t and the candidate's Q_t are compared, as llama.cpp's perplexity tool does in
 its KL-divergence mode (``tools/perplexity``, ``--kl-divergence-base`` then ``--kl-divergence``):
 
@@ -53,18 +53,34 @@ def reference_text(reference: Any) -> str:
     return str(reference)
 
 
-def build_sequences(prepared: Sequence[Any], tokenizer: Any, stop_ids: Sequence[int]) -> list[TFSequence]:
-    """Prompt ids + reference answer ids (no special tokens added) + the first stop id, cut to the item's
-    budget (``Prepared.max_new_tokens``); skipped items and empty answers are left out."""
+def build_sequences(prepared: Sequence[Any], tokenizer: Any, stop_ids: Sequence[int],
+                    answers: dict[str, Sequence[int]] | None = None) -> list[TFSequence]:
+    """Prompt ids + the reference answer's ids + the first stop id, cut to the item's budget
+    (``Prepared.max_new_tokens``); skipped items and empty answers are left out.
+
+    The reference answer is taken in the token form the baseline itself writes it when the baseline
+    answered the item correctly and stopped on eos (``answers[id]``: its generated ids; e.g. with the
+    leading space the model learned, which a bare ``encode(reference)`` lacks); otherwise the reference text
+    encoded without special tokens.  Teacher forcing on a spelling the model never produces would measure
+    the models far off their own distribution (measured: baseline PPL 650 instead of ~1 on the default model).
+    """
     out = []
     for p in prepared:
         if p.skipped:
             continue
-        ref = tokenizer.encode(reference_text(p.item.reference), add_special_tokens=False)
+        ref = (answers or {}).get(p.item.id)
+        if ref is None:
+            ref = tokenizer.encode(reference_text(p.item.reference), add_special_tokens=False)
         cont = (list(ref) + ([int(stop_ids[0])] if stop_ids else []))[: max(1, int(p.max_new_tokens))]
         if cont:
             out.append(TFSequence(p.item.id, p.item.slice, list(p.input_ids), [int(t) for t in cont]))
     return out
+
+
+def heldout_sequences(samples: Sequence[Sequence[int]], slice_name: str = "calibration_heldout") -> list[TFSequence]:
+    """Whole calibration samples (token ids, chat-rendered as calibration does) teacher-forced from their
+    first token: every later position is compared."""
+    return [TFSequence(f"heldout-{k}", slice_name, [int(s[0])], [int(t) for t in s[1:]]) for k, s in enumerate(samples) if len(s) >= 2]
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:

@@ -299,7 +299,8 @@ def judge(gate: Any, recipe: str, stats: dict[str, PairedStats | None], cand_sco
     bad = [c for c in checks if not c.passed]
     reason = "; ".join(f"{c.scope} {c.check}: {c.detail}" for c in bad) if bad else "all checks passed"
     ov = next((c for c in checks if c.scope == "overall" and c.check == "max_drop"), None)
-    return {"passed": verdict == "pass", "verdict": verdict, "mode": gate.mode, "reason": reason,
+    counts = {v: sum(1 for c in checks if c.check == "max_drop" and c.verdict == v) for v in VERDICTS}
+    return {"passed": verdict == "pass", "verdict": verdict, "mode": gate.mode, "reason": reason, "scopes": counts,
             "checks": [c.to_json() for c in checks], "allowed_drop": {"overall": allow_all, "slice": allow_slice},
             "confidence": gate.confidence,
             "bound": ({"drop": ov.value, "upper": ov.upper, "allowance": ov.threshold} if ov is not None else None),

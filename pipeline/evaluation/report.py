@@ -63,6 +63,9 @@ def fidelity_markdown(rep: dict[str, Any]) -> list[str]:
             f"| p99 / p99.9 / max KLD | {k['p99']:.6f} / {k['p99_9']:.6f} / {k['max']:.6f} |",
             f"| same top token | {100 * o['top1']:.2f} ± {100 * o['top1_se']:.2f} % |",
             f"| ln(PPL_cand / PPL_base) | {o['ln_ppl_ratio']:+.6f} ± {o['ln_ppl_ratio_se']:.6f} (PPL {o['ppl_base']:.4f} -> {o['ppl_cand']:.4f}) |",
+            *([f"| calibration hold-out ({h['samples']} samples, {h['positions']} tokens): mean KLD / top-1 / ln PPL ratio | "
+               f"{h['kld']['mean']:.6f} ± {h['kld']['se']:.6f} / {100 * h['top1']:.2f} % / {h['ln_ppl_ratio']:+.6f} |"]
+              if (h := f.get("calibration_heldout")) and h.get("positions") else []),
             ""]
 
 
@@ -256,6 +259,11 @@ def print_console(rep: dict[str, Any], console: Any) -> None:
         console.print(f"fidelity ({o['positions']} teacher-forced tokens): mean KLD {k['mean']:.6f} ± {k['se']:.6f} nats, median "
                       f"{k['median']:.6f}, p99 {k['p99']:.6f}, max {k['max']:.6f}; same top token {100 * o['top1']:.2f}%; "
                       f"ln(PPL ratio) {o['ln_ppl_ratio']:+.5f} ± {o['ln_ppl_ratio_se']:.5f}")
+        h = f.get("calibration_heldout") or {}
+        if h.get("positions"):
+            console.print(f"fidelity on {h['samples']} held-out calibration samples ({h['positions']} tokens): mean KLD "
+                          f"{h['kld']['mean']:.6f} ± {h['kld']['se']:.6f}, same top token {100 * h['top1']:.2f}%, "
+                          f"ln(PPL ratio) {h['ln_ppl_ratio']:+.5f}")
     elif f.get("unavailable"):
         console.print(f"[yellow]fidelity not measured:[/] {f['unavailable']}")
     if rep["skipped"]["too_long"]:

@@ -174,21 +174,31 @@ class HFRunner:
 def og_teacher_forced_logits(og_model: Any, prompt: Sequence[int], continuation: Sequence[int]) -> Any:
     """Teacher-forced logits from an onnxruntime-genai ``og.Model`` (0.18 ``og.Generator`` API).
 
-    ``append_tokens(prompt)`` then, for each continuation token, ``get_logits()`` (the next-token logits
-    after everything appended so far, shape (1, 1, vocab)) and ``append_tokens([token])``.  Returns float32
-    (len(continuation), vocab).
+    One prefill: ``append_tokens(prompt + continuation[:-1])``, then ``get_output("logits")`` holds every
+    position's logits (1, T, vocab) (measured on 0.18: equal to step-by-step ``get_logits()`` within 5e-5).
+    A model whose output holds only the last position falls back to appending one token at a time and
+    reading ``get_logits()`` after each.  Returns float32 (len(continuation), vocab).
     """
     import numpy as np
     import onnxruntime_genai as og
 
+    seq = [*prompt, *continuation[:-1]]
     gp = og.GeneratorParams(og_model)
-    gp.set_search_options(do_sample=False, max_length=len(prompt) + len(continuation) + 1)
+    gp.set_search_options(do_sample=False, max_length=len(seq) + 1)
+    g = og.Generator(og_model, gp)
+    g.append_tokens(np.asarray([seq], dtype=np.int32))
+    full = np.asarray(g.get_output("logits"), dtype=np.float32)
+    a, n = len(prompt) - 1, len(continuation)
+    if full.ndim == 3 and full.shape[1] == len(seq):
+        return np.ascontiguousarray(full[0, a:a + n])
+    gp = og.GeneratorParams(og_model)
+    gp.set_search_options(do_sample=False, max_length=len(seq) + 1)
     g = og.Generator(og_model, gp)
     g.append_tokens(np.asarray([list(prompt)], dtype=np.int32))
     rows = []
     for k, t in enumerate(continuation):
-        rows.append(np.asarray(g.get_logits(), dtype=np.float32).reshape(-1)[None, :])
-        if k + 1 < len(continuation):
+        rows.append(np.asarray(g.get_logits(), dtype=np.float32).reshape(1, -1))
+        if k + 1 < n:
             g.append_tokens(np.asarray([[int(t)]], dtype=np.int32))
     return np.concatenate(rows, axis=0)
 

@@ -16,6 +16,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+from ..config.common import key_fields
 from ..errors import InputError
 from ..store import sha256_file
 from . import Stage, StageContext
@@ -179,6 +180,8 @@ def _run_all(ctx: StageContext, runners: list[str], prepared: list[Any], tokeniz
         try:
             with ctx.progress(f"evaluate: {name}", total=n_run) as adv:
                 outputs[name] = runner.run(prepared, ctx.cfg.eval.batch_size, adv)
+            if fid is not None and name == "baseline":
+                fid["seqs"] = fid["make"](outputs[name]) + fid["heldout"]
             if fid is not None and name in fid["runners"] and "unavailable" not in fid:
                 t1 = time.perf_counter()
                 try:
@@ -238,15 +241,28 @@ def _evaluate(ctx: StageContext) -> dict[str, Any]:
     seconds: dict[str, float] = {}
     fid: dict[str, Any] | None = None
     if e.fidelity and "baseline" in runners and cand != "baseline":
-        fid = {"seqs": F.build_sequences(prepared, tokenizer, stop_ids), "runners": ("baseline", cand), "logits": {}, "seconds": {}}
+        def make_seqs(base_out: dict[str, Any]) -> list[Any]:
+            # the reference answer in the baseline's own tokens where it answered correctly (fidelity.build_sequences)
+            ok = {i: o.output_ids for i, o in base_out.items()
+                  if o.finish_reason == "eos" and get_metric(item_by_id[i].metric)(o.text, item_by_id[i]) >= 1.0}
+            return F.build_sequences(prepared, tokenizer, stop_ids, ok)
+
+        item_by_id = {p.item.id: p.item for p in prepared}
+        fid = {"make": make_seqs, "runners": ("baseline", cand), "logits": {}, "seconds": {},
+               "heldout": F.heldout_sequences(_heldout_samples(ctx, tokenizer))}
     _run_all(ctx, runners, prepared, tokenizer, stop_ids, pad_id, n_run, outputs, seconds, fid)
     fidelity = None
     if fid is not None:
         if "unavailable" in fid:
             fidelity = {"candidate": cand, "unavailable": fid["unavailable"], "seconds": fid["seconds"]}
         else:
-            fidelity = {"candidate": cand, **F.compare(fid["seqs"], fid["logits"]["baseline"], fid["logits"][cand]),
-                        "seconds": fid["seconds"], "sequence": "prompt + reference answer + eos, cut to the item budget"}
+            k = len(fid["seqs"]) - len(fid["heldout"])
+            base_l, cand_l = fid["logits"]["baseline"], fid["logits"][cand]
+            held = F.compare(fid["seqs"][k:], base_l[k:], cand_l[k:]) if fid["heldout"] else None
+            fidelity = {"candidate": cand, **F.compare(fid["seqs"][:k], base_l[:k], cand_l[:k]),
+                        "calibration_heldout": ({"samples": held["items"], **held["overall"]} if held else None),
+                        "seconds": fid["seconds"],
+                        "sequence": "prompt + reference answer (the baseline's tokens where it answered correctly) + eos, cut to the item budget"}
         del fid
 
     metric_of = {p.item.id: get_metric(p.item.metric) for p in prepared}
@@ -367,11 +383,32 @@ def _evaluate(ctx: StageContext) -> dict[str, Any]:
         headline["top1"] = round(fo["top1"], 4)
     if verdict["bound"]:
         headline["drop_ub"] = round(verdict["bound"]["upper"], 4)
-    summary = {"verdict": verdict["verdict"], "mode": verdict["mode"], "bound": verdict["bound"],
+    summary = {"verdict": verdict["verdict"], "mode": verdict["mode"], "bound": verdict["bound"], "scopes": verdict["scopes"],
                "fidelity": {"kld_mean": fo["kld"]["mean"], "kld_se": fo["kld"]["se"], "top1": fo["top1"],
                             "ln_ppl_ratio": fo["ln_ppl_ratio"], "positions": fo["positions"]} if fo.get("positions") else None}
     return {"gate": {"passed": verdict["passed"], "reason": verdict["reason"], **summary}, "headline": headline,
             "skipped_too_long": len(too_long), "evaluated": n_run, "candidate": cand, "report": "eval_report.json"}
+
+
+def _heldout_samples(ctx: StageContext, tokenizer: Any) -> list[list[int]]:
+    """Calibration samples calibration did not use: the ``eval.fidelity_heldout`` samples after the first
+    ``calibration.num_samples`` in the calibration set's seeded order (``pipeline.calibration.load_calibration``)."""
+    import dataclasses
+
+    n = ctx.cfg.eval.fidelity_heldout
+    path = ctx.external.get("calibration")
+    if not n or path is None:
+        return []
+    from ..calibration import load_calibration
+
+    c = ctx.cfg.calibration
+    wider = dataclasses.replace(c, num_samples=c.num_samples + n, min_samples=0)
+    try:
+        cs = load_calibration(wider, tokenizer, path)
+    except InputError as e:  # the measurement is optional; the quantize stage reports calibration problems
+        ctx.log.warning("fidelity: no calibration hold-out (%s)", e)
+        return []
+    return [list(s) for s in cs.samples[c.num_samples:]]
 
 
 def _speculative_summary(acc: dict[str, dict[str, int]], prepared: list[Any], e: Any, target_runner: str) -> dict[str, Any]:
@@ -405,7 +442,13 @@ def _external(cfg: Any) -> dict[str, Any]:
         ext["reference_checkpoint"] = cfg.model.path
     if cfg.eval.draft_model_path:
         ext["draft_model"] = cfg.eval.draft_model_path
+    if _heldout_wanted(cfg):
+        ext["calibration"] = cfg.calibration.path
     return ext
+
+
+def _heldout_wanted(cfg: Any) -> bool:
+    return bool(cfg.eval.fidelity and cfg.eval.fidelity_heldout and cfg.calibration.path)
 
 
 def _key_extras(cfg: Any, inputs: dict[str, Any]) -> dict[str, Any]:
@@ -417,12 +460,14 @@ def _key_extras(cfg: Any, inputs: dict[str, Any]) -> dict[str, Any]:
                       "allow_pickle": m.allow_pickle},
             # the build artifact's limits win when there is one; these are the fallback (baseline + simulated runs)
             "build": {"max_input_len": b.max_input_len, "max_seq_len": b.max_seq_len, "max_batch_size": b.max_batch_size},
-            "target": cfg.target.name}
+            "target": cfg.target.name,
+            # the calibration hold-out (fidelity) depends on the calibration set's order and size
+            "calibration": key_fields(cfg.calibration) if _heldout_wanted(cfg) else None}
 
 
 # Fields evaluate reads that never change its report: paths whose content is digested as an external input,
 # and how the work is scheduled.
-RUNTIME_READS = ("model.path", "eval.eval_set", "eval.draft_model_path", "eval.batch_size", "eval.torch_threads")
+RUNTIME_READS = ("model.path", "eval.eval_set", "eval.draft_model_path", "eval.batch_size", "eval.torch_threads", "calibration.path")
 
 
 def _dry_run(ctx: StageContext) -> dict[str, Any]:
