@@ -248,7 +248,9 @@ def _evaluate(ctx: StageContext) -> dict[str, Any]:
 
         item_by_id = {p.item.id: p.item for p in prepared}
         fid = {"make": make_seqs, "runners": ("baseline", cand), "logits": {}, "seconds": {},
-               "heldout": F.heldout_sequences(_heldout_samples(ctx, tokenizer))}
+               # held-out samples that fit the engine's limits (one context pass of len - 1 tokens)
+               "heldout": F.heldout_sequences([h for h in _heldout_samples(ctx, tokenizer)
+                                               if len(h) - 1 <= min(int(limits["max_input_len"]), int(limits.get("max_seq_len") or 1 << 30) - 1)])}
     _run_all(ctx, runners, prepared, tokenizer, stop_ids, pad_id, n_run, outputs, seconds, fid)
     fidelity = None
     if fid is not None:
