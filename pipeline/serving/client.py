@@ -301,12 +301,24 @@ def _classify(e: Any, url: str) -> PipelineError:
     return RequestError(f"server error: {msg}")
 
 
+_TOKENIZER_LOCK = threading.Lock()
+
+
 def _load_tokenizer(tok: Any) -> Any:
+    """A ``transformers`` tokenizer from a folder (``tok`` is returned as is when it is already a tokenizer or None).
+
+    Loading is serialised by a process-wide lock: ``transformers`` resolves its lazily imported tokenizer classes on
+    first use, and concurrent first uses from several threads fail with ``ImportError`` (issue 13: 8 threads
+    creating an ``LLMClient`` at once).  Raises :class:`InputError` naming the folder when it holds no tokenizer.
+    """
     if tok is None or not isinstance(tok, (str, Path)):
         return tok
-    from transformers import AutoTokenizer
+    if not Path(tok).is_dir():
+        raise InputError(f"tokenizer {str(tok)!r} is not a folder. Fix: pass a package's model_repository/preprocessing/1/tokenizer.")
+    with _TOKENIZER_LOCK:
+        from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(tok), trust_remote_code=False)
+        return AutoTokenizer.from_pretrained(str(tok), trust_remote_code=False)
 
 
 def generate_concurrent(url: str, prompts: Sequence[str], *, concurrency: int = 8, model: str = "ensemble", tokenizer: Any = None,
@@ -340,6 +352,46 @@ def generate_concurrent(url: str, prompts: Sequence[str], *, concurrency: int = 
 
 
 # --------------------------------------------------------------------------- CLI
+def _parity_main(package: Path, url: str) -> int:
+    from ..errors import EXIT_GATE
+    from ..packaging.parity import check_against_server, side_by_side
+
+    try:
+        res = check_against_server(package, url)
+    except PipelineError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    print(f"served == evaluated: {res['matched']}/{res['total']} (grpc ensemble at {url}, {' + '.join(res.get('modes') or [])}; "
+          f"{res.get('sample')} of {res.get('of')} evaluated items, seed {res.get('seed')})")
+    if res["status"] != "passed":
+        print("first difference, " + side_by_side(res["first_mismatch"]), file=sys.stderr)
+        return EXIT_GATE
+    return 0
+
+
+def served_tokenizer(url: str) -> Path:
+    """The tokenizer folder (chat template included) of the package served at ``url``.
+
+    Read from the record ``pipeline serve`` keeps for that endpoint (:mod:`pipeline.serving.registry`), checked
+    against the configs the server reports; never "the newest package" of the store, which need not be the served
+    one.  Raises :class:`InputError` with the fix when the served package cannot be identified.
+    """
+    import tritonclient.grpc as grpcclient
+
+    from .registry import served_repository
+
+    c = grpcclient.InferenceServerClient(url)
+    try:
+        repo, why = served_repository(url, c)
+    finally:
+        c.close()
+    if repo is None:
+        raise InputError(f"cannot tell which package the server at {url} serves ({why}), so its tokenizer and chat template are "
+                         f"unknown. Fix: pass --tokenizer <package>/model_repository/preprocessing/1/tokenizer, or --raw to send "
+                         f"the text without a chat template.")
+    return repo / "preprocessing" / "1" / "tokenizer"
+
+
 def main(argv: list[str] | None = None) -> int:
     """``pipeline client [PROMPT ...] [--url ...] [--stream] [--max-tokens N] [--input name=value ...]``."""
     from ..errors import EXIT_FAILED, EXIT_INPUT
@@ -351,11 +403,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--stream", action="store_true", help="stream the answer (decoupled deployments)")
     ap.add_argument("--raw", action="store_true", help="send the text as is (no chat template)")
-    ap.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the latest package's, when found)")
+    ap.add_argument("--tokenizer", default=None,
+                    help="tokenizer folder (default: the served package's, recorded by `pipeline serve` for --url)")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
     ap.add_argument("--input", action="append", default=[], metavar="NAME=JSON", help="extra input, e.g. --input temperature=0.7")
     ap.add_argument("--json", action="store_true", help="print one JSON object per answer")
+    ap.add_argument("--parity", metavar="PACKAGE", default=None,
+                    help="serving parity check: replay the package's parity_expected.jsonl (a package artifact or an unpacked "
+                         "release folder) against the server at --url; exit 3 when a served answer differs from the evaluated one")
     a = ap.parse_args(argv)
+    if a.parity:
+        return _parity_main(Path(a.parity), a.url)
     prompts = a.prompts or [line.rstrip("\n") for line in sys.stdin if line.strip()]
     extra: dict[str, Any] = {}
     try:
@@ -372,14 +430,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise InputError(f"--input {k}=... : pass the prompt as an argument instead.")
         tok = a.tokenizer
         if tok is None and not a.raw:
-            from .serve import find_latest_repository
-
-            repo = find_latest_repository(None)
-            cand = repo / "preprocessing" / "1" / "tokenizer" if repo is not None else None
-            tok = str(cand) if cand is not None and cand.is_dir() else None
-            if tok is None:
-                print("note: no package artifact found for the tokenizer; sending prompts without the chat template and without "
-                      "end_id/pad_id (pass --tokenizer DIR, or --raw to silence this)", file=sys.stderr)
+            tok = str(served_tokenizer(a.url))
         with LLMClient(a.url, a.model, tokenizer=tok, timeout_s=a.timeout) as c:
             for p in prompts:
                 if stream and not a.json:

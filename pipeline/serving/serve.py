@@ -4,6 +4,7 @@
     pipeline serve artifacts/package/<key>           # a package artifact (or its model_repository/, or an unpacked release)
     pipeline serve release/tiny-1.tar.gz             # a release archive (unpacked safely under runs/)
     pipeline serve package.repository=/path/to/model_repository package.grpc_port=0
+    pipeline serve --openai                          # + an OpenAI-compatible endpoint on 127.0.0.1:9000/v1 (package.openai_port)
     make serve ARGS="package.grpc_port=9001"
 
 onnxruntime_genai packages run here, on the Triton binary of the nvidia-pytriton wheel in ``.venv-serve``
@@ -85,6 +86,11 @@ def main(argv: list[str] | None = None) -> int:
     if any(a in ("-h", "--help") for a in argv):
         print(__doc__)
         return 0
+    openai = "--openai" in argv
+    unknown_flags = [a for a in argv if a.startswith("-") and a != "--openai"]
+    if unknown_flags:
+        print(f"error: unknown option(s) {unknown_flags}; `pipeline serve --help` lists them.", file=sys.stderr)
+        return EXIT_INPUT
     paths = [a for a in argv if "=" not in a and not a.startswith("-")]
     overrides = [a for a in argv if "=" in a]
     try:
@@ -101,6 +107,10 @@ def main(argv: list[str] | None = None) -> int:
             print("  " + ngc_command(str(repo), image, grpc_port=pc.grpc_port or 8001, http_port=pc.http_port or 8000,
                                      metrics_port=pc.metrics_port or 8002, world_size=ranks))
             print("\n(the repository's absolute paths expect it mounted at /models, as the command does)")
+            if openai:
+                print("error: --openai starts the endpoint next to a server this command runs; for a TensorRT-LLM package, run the "
+                      "OpenAI front end on the GPU host (docs/package.md, OpenAI-compatible endpoint).", file=sys.stderr)
+                return EXIT_INPUT
             return 0
         srv = TritonServer(repo, pc.grpc_port, pc.http_port, pc.metrics_port, host=pc.host, ready_timeout_s=pc.ready_timeout_s,
                            log_dir=Path("runs") / f"serve-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -112,18 +122,39 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - Hydra composition errors name the key
         print(f"error: {e}", file=sys.stderr)
         return EXIT_INPUT
+    oai = None
+    if openai:
+        from .openai_server import OpenAIServer
+
+        try:
+            oai = OpenAIServer(srv.grpc_url, repo, host=pc.host, port=pc.openai_port).start()
+        except PipelineError as e:
+            srv.stop()
+            print(f"error: {e}", file=sys.stderr)
+            return e.exit_code
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    from .registry import forget, record
+
+    record(srv.grpc_url, srv.http_url, repo, srv.process.pid)  # `pipeline client` reads the served package's tokenizer from it
     print(f"ready: gRPC {srv.grpc_url}  HTTP {srv.http_url}  metrics {srv.client_host}:{srv.metrics_port}  (log {srv.log_path})")
     print(f"try:   pipeline client --url {srv.grpc_url} --stream \"Extract the order ID from this message: Hello, I want to cancel order ORD-76526 before it ships.\"")
+    if oai is not None:
+        print(f"OpenAI-compatible endpoint: {oai.url}  (model {oai.frontend.model_id!r}; /v1/models, /v1/completions, /v1/chat/completions)")
     print("Ctrl-C stops the server.", flush=True)
     while not stop.wait(1.0):
         if not srv.is_running():
             print(f"error: tritonserver exited unexpectedly; log: {srv.log_path}\n{srv.log_tail(3000)}", file=sys.stderr)
+            if oai is not None:
+                oai.stop()
             srv.stop()
+            forget(srv.grpc_url)
             return 1
+    if oai is not None:
+        oai.stop()
     rc = srv.stop()
+    forget(srv.grpc_url)
     print(f"tritonserver stopped (exit code {rc})")
     return 0 if rc == 0 else 1
 
