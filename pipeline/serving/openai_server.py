@@ -167,18 +167,15 @@ class Frontend:
         man = release_manifest(self.repository)
         self.model_id = model_id or (man.get("model") or {}).get("name") or self.repository.parent.name
         self.created = int(time.time())
+        from ..tokenization import codec_of
+
         self.tokenizer = _load_tokenizer(self.repository / "preprocessing" / "1" / "tokenizer")
+        self.codec = codec_of(self.tokenizer)
         probe = LLMClient(grpc_url, timeout_s=self.timeout_s)
         try:
-            pre = probe.client.get_model_config("preprocessing", as_json=True)["config"]
-            params = {k: v.get("string_value", "") for k, v in pre.get("parameters", {}).items()}
             self.decoupled = probe.decoupled
         finally:
             probe.close()
-        self.prepend_bos = params.get("prepend_bos", "true").lower() == "true"
-        self.bos_id = int(params["bos_id"]) if params.get("bos_id", "").lstrip("-").isdigit() else None
-        eos = self.tokenizer.eos_token_id
-        self.end_id = int(params["end_id"]) if params.get("end_id", "").lstrip("-").isdigit() else eos
         self._local = threading.local()
         self._clients: list[Any] = []
         self._lock = threading.Lock()
@@ -201,8 +198,11 @@ class Frontend:
             self._clients.clear()
 
     def prompt_tokens(self, text: str) -> int:
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        if self.prepend_bos and self.bos_id is not None and (not ids or ids[0] != self.bos_id):
+        """Ids the served model feeds the engine for ``text``: the served encode rule (``encode_served`` in
+        ``serving/models/onnxruntime_genai_model.py``: rendered text as is, BOS only where the tokenizer adds it)."""
+        c = self.codec
+        ids = c.encode_rendered(text)
+        if c.adds_bos and c.bos_id is not None and (not ids or ids[0] != c.bos_id):
             return len(ids) + 1
         return len(ids)
 
@@ -258,12 +258,11 @@ class Frontend:
 
         try:
             r = self.client().generate(text, self.budget(p), stream=stream, chat=False, cancel=cancel, on_chunk=chunk if stream else None,
-                                       end_id=self.end_id, **ensemble_inputs(p))
+                                       **ensemble_inputs(p))
         except InputError as e:
             raise APIError(str(e)) from None
-        except RequestError as e:
-            raise APIError(str(e), status=400 if "not supported" in str(e) or "must be" in str(e) else 502,
-                           type_="invalid_request_error") from None
+        except RequestError as e:  # the deployment refused or failed this request: its message names the input
+            raise APIError(str(e), status=400) from None
         except PipelineError as e:
             raise APIError(str(e), status=503, type_="server_error") from None
         out, stopped = cut_stop(r.text, stops)
