@@ -145,7 +145,15 @@ def _parity(ctx: StageContext, repo: Path, target: str) -> dict[str, Any]:
     from ..packaging.parity import run_parity
 
     assert ctx.out is not None
-    return run_parity(ctx.out, repo, ctx.inputs["evaluate"].path, target=target, cfg=ctx.cfg, log=ctx.log)
+    rec = run_parity(ctx.out, repo, ctx.inputs["evaluate"].path, target=target, cfg=ctx.cfg, log=ctx.log)
+    if rec.get("total") is not None:
+        ctx.console.print(f"package: served == evaluated: {rec['matched']}/{rec['total']} ({rec['mode']}; {rec['sample']} of "
+                          f"{rec['of']} evaluated items, seed {rec['seed']})")
+    elif rec["status"] == "not run here":
+        ctx.console.print(f"package: serving parity not run here ({rec['reason']}): {rec['command']}")
+    else:
+        ctx.console.print(f"package: serving parity {rec['status']} ({rec.get('disabled_by', '')})")
+    return rec
 
 
 def _parity_members(out: Path, name: str) -> list[tuple[Path, str]]:
