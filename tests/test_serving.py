@@ -402,17 +402,21 @@ import os, sys
 import numpy as np
 import tritonclient.grpc as g
 c = g.InferenceServerClient(sys.argv[1])
-sent = []
-c.start_stream(callback=lambda result, error: sent and os._exit(0))  # dies at its first response once all are sent
+n = int(sys.argv[3])
+running = set()
+def on_response(result, error):  # the process dies once every request has produced a token (all are running)
+    if result is not None:
+        running.add(result.get_response().id)
+    if len(running) == n:
+        os._exit(0)
+c.start_stream(callback=on_response)
 def inp(name, arr, dt):
     i = g.InferInput(name, list(arr.shape), dt); i.set_data_from_numpy(arr); return i
-n = int(sys.argv[3])
 for k in range(n):
     c.async_stream_infer(sys.argv[2], [inp("text_input", np.array([[b"Where is my order?"]], dtype=object), "BYTES"),
                                        inp("max_tokens", np.array([[170]], np.int32), "INT32"),
                                        inp("min_length", np.array([[170]], np.int32), "INT32"),
                                        inp("stream", np.array([[True]]), "BOOL")], request_id=f"vanished-{sys.argv[2]}-{k}")
-sent.append(True)
 import time
 time.sleep(60)
 os._exit(1)

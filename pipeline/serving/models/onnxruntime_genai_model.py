@@ -402,6 +402,19 @@ class TritonPythonModel:
 
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
+            stop = self._get(request, "stop")
+            if stop is not None and stop.size and bool(stop.reshape(-1)[0]):
+                # TensorRT-LLM's convention: a request with stop=true and the running request's id ends that request
+                rid = request.request_id()
+                sender = request.get_response_sender()
+                if not rid:
+                    sender.send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(
+                        "onnxruntime_genai: stop=true needs the request id of the request to stop (send it as request_id)")),
+                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                else:
+                    self.pending.put(rid)
+                    sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                continue
             try:
                 jobs = self._parse(request)
             except Exception as e:  # noqa: BLE001 - every bad request gets its own clean error, the server keeps serving
@@ -490,6 +503,9 @@ class TritonPythonModel:
                 if jobs is not None and self.engine is None and self._engine_broken is None:
                     self._recover("not loaded yet")  # lazy load (load=lazy): the first request loads the engine
                 while jobs is not None:
+                    if isinstance(jobs, str):  # a stop request: its id names the request to end
+                        self._stop_by_id(jobs)
+                        jobs = []
                     for job in jobs:
                         if job.group.cancelled:
                             self._finish(job, True)
@@ -522,6 +538,15 @@ class TritonPythonModel:
                 self.logger.log_error(f"engine loop error: {msg}")
                 self._recover(msg.strip().splitlines()[-1])
 
+    def _stop_by_id(self, request_id: str) -> None:
+        """``stop=true``: mark the running request(s) with this id cancelled; the next poll ends them."""
+        found = False
+        for job in self.active.values():
+            if job.group.request_id == request_id:
+                job.group.cancelled = found = True
+        if found:
+            self.logger.log_info(f"request {request_id} stopped by a stop request")
+
     def _poll_cancellations(self) -> None:
         """Once per engine step: a cancelled or vanished client stops its request before the next step."""
         seen: set[int] = set()
@@ -530,12 +555,18 @@ class TritonPythonModel:
             if id(g) in seen:
                 continue
             seen.add(id(g))
-            if not g.cancelled and g.sender.is_cancelled():
+            try:
+                gone = g.sender.is_cancelled()
+            except Exception:  # noqa: BLE001 - cannot tell: treat as cancelled (the response path is broken anyway)
+                gone = True
+            if not g.cancelled and gone:
                 g.cancelled = True
                 self.logger.log_info(f"request {g.request_id or '-'} cancelled by the client after "
                                      f"{sum(len(j.tokens) for j in self.active.values() if j.group is g)} generated token(s)")
             if g.cancelled:
                 for j in [j for j in self.active.values() if j.group is g]:
+                    if not j.done and not gone:  # stopped by a stop request: answer with what it has
+                        self._final_response(j)
                     j.og_request.cancel_turn(j.turn_id)
                     self.active.pop(id(j.og_request), None)
                     self.draining[id(j.og_request)] = j.og_request
@@ -599,7 +630,11 @@ class TritonPythonModel:
             self._end(job, turn_done)
         if job.group.cancelled:
             self._complete(job)
-        elif job.streaming:
+        else:
+            self._final_response(job)
+
+    def _final_response(self, job: Job) -> None:
+        if job.streaming:
             self._send(job, [], job.decoder.flush() if job.decoder is not None else "", final=True)
         else:
             ids = job.tokens if job.exclude_input else job.input_ids + job.tokens
@@ -613,7 +648,7 @@ class TritonPythonModel:
         g = job.group
         g.open -= 1
         if g.open == 0:
-            g.sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            self._emit(g, None, pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def _fail(self, job: Job, msg: str) -> None:
         if job.og_request is not None:
@@ -629,8 +664,18 @@ class TritonPythonModel:
         job.done = True
         g.open -= 1
         where = f"prompt {job.batch_index}: " if g.size > 1 else ""
-        g.sender.send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(f"onnxruntime_genai: {where}{msg}")),
-                      flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if g.open == 0 else 0)
+        self._emit(g, pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(f"onnxruntime_genai: {where}{msg}")),
+                   pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if g.open == 0 else 0)
+
+    def _emit(self, g: Group, response: Any = None, flags: int = 0) -> None:
+        """``g.sender.send``; a sender whose client vanished may refuse: log it, never let it stop the engine loop."""
+        try:
+            if response is None:
+                g.sender.send(flags=flags)
+            else:
+                g.sender.send(response, flags=flags)
+        except Exception as e:  # noqa: BLE001
+            self.logger.log_warn(f"request {g.request_id or '-'}: response not delivered ({e})")
 
     @staticmethod
     def _close(job: Job) -> None:
@@ -675,8 +720,7 @@ class TritonPythonModel:
             job.done = True
             g.open -= 1
             last = g.open == 0
-        g.sender.send(pb_utils.InferenceResponse(output_tensors=outs),
-                      flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if last else 0)
+        self._emit(g, pb_utils.InferenceResponse(output_tensors=outs), pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if last else 0)
 
     def finalize(self) -> None:
         self._stop.set()
