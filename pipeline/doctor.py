@@ -3,7 +3,7 @@
 Reports Python, torch, ModelOpt, transformers, onnxruntime(-genai), TensorRT-LLM / TensorRT (if
 present), the GPUs and driver (``nvidia-smi``), ``trtllm-build``, and the Triton server that
 ``nvidia-pytriton`` ships in ``.venv-serve`` (binary, Python-backend stub for the serving Python,
-numpy < 2 there, see shared/reference/environment.md).  Nothing heavy is imported: versions come from
+numpy < 2 there, see docs/reference/triton.md §5).  Nothing heavy is imported: versions come from
 package metadata, so the command takes well under a second.
 
 Exit codes: 0; 4 (PreflightError) when a ``--require``d target cannot run here.

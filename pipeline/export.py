@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -217,6 +218,175 @@ def _check_heads(cfg: dict[str, Any], where: str) -> list[str]:
     return problems
 
 
+# --------------------------------------------------------------------------- path confinement
+def confinement_roots(src: Path) -> list[Path]:
+    """Folders a checkpoint's files may resolve into: the checkpoint folder itself and, for a Hugging Face hub
+    cache snapshot (``.../models--<org>--<name>/snapshots/<rev>``, whose files are links to ``../../blobs/<sha>``),
+    that repository's ``blobs`` folder."""
+    src = Path(src).resolve()
+    roots = [src]
+    if src.parent.name == "snapshots" and src.parent.parent.name.startswith(("models--", "datasets--")):
+        roots.append(src.parent.parent / "blobs")
+    return roots
+
+
+def _is_inside(p: Path, roots: list[Path]) -> bool:
+    return any(p == r or r in p.parents for r in roots)
+
+
+def confine(src: Path, rel: Any, what: str, *, allow_external: bool = False) -> Path:
+    """The path of ``rel`` (a file name taken from a checkpoint file, e.g. a shard in the safetensors index)
+    under the checkpoint folder ``src``, refused unless it resolves inside it.
+
+    This is the one confinement rule for names read from user-supplied files: ``rel`` must be a non-empty string,
+    relative, and its *resolved* path (links followed) must lie inside :func:`confinement_roots`; with
+    ``allow_external`` (``model.allow_external_files``) a resolved path outside is accepted and reported by
+    :func:`external_files` so that the cache key covers it. Raises InputError naming ``what``, the value and the fix.
+    """
+    if not isinstance(rel, str) or not rel or "\0" in rel:
+        raise InputError(f"{what}={rel!r}: expected a non-empty file name (a string). "
+                         f"Fix: restore the file from the original checkpoint.")
+    p = Path(rel)
+    if p.is_absolute() and not allow_external:
+        raise InputError(f"{what}={rel!r}: an absolute path; checkpoint files must be named relative to model.path={str(src)!r}. "
+                         f"Fix: copy the file into the checkpoint folder and name it relatively.")
+    full = (Path(src) / p)
+    resolved = full.resolve()
+    if not allow_external and not _is_inside(resolved, confinement_roots(src)):
+        raise InputError(f"{what}={rel!r} resolves to {resolved}, outside model.path={str(src)!r}; files from outside the "
+                         f"checkpoint folder are refused (they could be any file on this machine, and would not be covered by "
+                         f"the cache key). Fix: copy the file into the checkpoint folder, or, if this is intended, set "
+                         f"model.allow_external_files=true.")
+    return full
+
+
+def check_folder_links(src: Path, *, allow_external: bool = False) -> list[Path]:
+    """Refuse symbolic links in the checkpoint folder that resolve outside it (see :func:`confine`).
+
+    Returns the resolved outside targets (empty unless ``allow_external``). Broken links are refused too.
+    """
+    roots = confinement_roots(src)
+    outside: list[Path] = []
+    for dirpath, dirnames, filenames in os.walk(src, followlinks=False):
+        for name in sorted(dirnames + filenames):
+            p = Path(dirpath) / name
+            if not p.is_symlink():
+                continue
+            rel = p.relative_to(src).as_posix()
+            if not p.exists():
+                raise InputError(f"{p}: broken symbolic link (to {os.readlink(p)!r}). Fix: restore the file it points to.")
+            target = p.resolve()
+            if not _is_inside(target, roots):
+                if not allow_external:
+                    raise InputError(f"{p}: a symbolic link to {target}, outside model.path={str(src)!r}; files from outside "
+                                     f"the checkpoint folder are refused (a link can point at any file on this machine, e.g. "
+                                     f"a secret, which would then be exported and shipped). Fix: replace the link by a copy of "
+                                     f"the file, or, if this is intended, set model.allow_external_files=true.")
+                outside.append(target)
+    return outside
+
+
+def external_files(src: Path) -> list[Path]:
+    """Files outside the checkpoint folder that export reads (only with ``model.allow_external_files``): the
+    targets of out-of-folder shard names in the weight index. Their contents enter the cache key. Links inside the
+    folder are already covered: the folder digest hashes what a link points to."""
+    out: list[Path] = []
+    roots = confinement_roots(src)
+    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        ip = Path(src) / index
+        if not ip.is_file():
+            continue
+        try:
+            wmap = json.loads(ip.read_text(encoding="utf-8")).get("weight_map") or {}
+        except (OSError, ValueError, AttributeError):
+            continue
+        for f in sorted({v for v in wmap.values() if isinstance(v, str)}):
+            r = (Path(src) / f).resolve()
+            if not _is_inside(r, roots) and r not in out:
+                out.append(r)
+    return out
+
+
+# --------------------------------------------------------------------------- config.json field types
+_INT, _NUM, _BOOL, _STR = "an integer", "a number", "true or false", "a string"
+#: config.json / generation_config.json fields with their expected JSON type (checked where data enters, so a
+#: wrong type is an exit 2 naming the file and the field, never a TypeError deep inside transformers).
+CONFIG_FIELD_TYPES: dict[str, tuple[str, bool]] = {  # name -> (kind, nullable)
+    "vocab_size": (_INT, False), "hidden_size": (_INT, False), "intermediate_size": (_INT, False),
+    "num_hidden_layers": (_INT, False), "num_attention_heads": (_INT, False), "num_key_value_heads": (_INT, True),
+    "head_dim": (_INT, True), "max_position_embeddings": (_INT, False), "sliding_window": (_INT, True),
+    "original_max_position_embeddings": (_INT, True), "max_window_layers": (_INT, True),
+    "rope_theta": (_NUM, True), "rms_norm_eps": (_NUM, False), "initializer_range": (_NUM, False),
+    "attention_dropout": (_NUM, False), "partial_rotary_factor": (_NUM, True), "resid_pdrop": (_NUM, False),
+    "embd_pdrop": (_NUM, False),
+    "tie_word_embeddings": (_BOOL, False), "attention_bias": (_BOOL, False), "mlp_bias": (_BOOL, False),
+    "use_cache": (_BOOL, False), "use_sliding_window": (_BOOL, False),
+    "hidden_act": (_STR, False), "model_type": (_STR, False), "torch_dtype": (_STR, True), "dtype": (_STR, True),
+}
+_ID_FIELDS = ("eos_token_id", "bos_token_id", "pad_token_id")
+_ROPE_NUMBERS = ("factor", "low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow", "attention_factor",
+                 "mscale", "mscale_all_dim", "rope_theta", "partial_rotary_factor")
+_ROPE_INTS = ("original_max_position_embeddings",)
+_ROPE_LISTS = ("short_factor", "long_factor")
+
+
+def _type_ok(v: Any, kind: str) -> bool:
+    import math
+
+    if kind == _BOOL:
+        return isinstance(v, bool)
+    if kind == _STR:
+        return isinstance(v, str)
+    if isinstance(v, bool):
+        return False
+    if kind == _INT:
+        return isinstance(v, int)
+    return isinstance(v, (int, float)) and math.isfinite(v)
+
+
+def check_config_types(cfg: dict[str, Any], where: str) -> None:
+    """Every known field of a ``config.json``/``generation_config.json`` dict has the right JSON type.
+
+    Covers :data:`CONFIG_FIELD_TYPES`, the special-token id fields (an integer >= 0, a list of them, or null),
+    ``architectures`` (a list of strings) and the numeric fields of ``rope_scaling``/``rope_parameters``.
+    Raises InputError naming ``where``, the field (dotted for nested ones), its value and the fix; all problems
+    are reported together.
+    """
+    problems: list[str] = []
+
+    def bad(name: str, v: Any, kind: str) -> None:
+        problems.append(f"{name}={v!r} ({type(v).__name__}) must be {kind}. Fix: correct \"{name.split('.')[0]}\" in {Path(where).name}.")
+
+    for name, (kind, nullable) in CONFIG_FIELD_TYPES.items():
+        if name not in cfg or (cfg[name] is None and nullable):
+            continue
+        if not _type_ok(cfg[name], kind):
+            bad(name, cfg[name], kind + (" or null" if nullable else ""))
+    for name in _ID_FIELDS:
+        v = cfg.get(name)
+        items = v if isinstance(v, list) else [v]
+        if v is not None and (not items or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in items)):
+            bad(name, v, "a token id (an integer >= 0), a list of them, or null")
+    archs = cfg.get("architectures")
+    if archs is not None and not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
+        bad("architectures", archs, "a list of strings")
+    for key in ("rope_scaling", "rope_parameters"):
+        d = cfg.get(key)
+        if not isinstance(d, dict):
+            continue  # null, or not an object: normalise_rope names it
+        for k, v in d.items():
+            if k in _ROPE_NUMBERS and v is not None and not _type_ok(v, _NUM):
+                bad(f"{key}.{k}", v, _NUM)
+            elif k in _ROPE_INTS and v is not None and not _type_ok(v, _INT):
+                bad(f"{key}.{k}", v, _INT)
+            elif k in _ROPE_LISTS and v is not None and not (isinstance(v, list) and all(_type_ok(x, _NUM) for x in v)):
+                bad(f"{key}.{k}", v, "a list of numbers")
+            elif k in ("type", "rope_type") and v is not None and not isinstance(v, str):
+                bad(f"{key}.{k}", v, _STR)
+    if problems:
+        raise InputError(f"{where}: {len(problems)} field(s) with the wrong type:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
 # --------------------------------------------------------------------------- weights (headers only)
 def _read_headers(facts: Any, src: Path, files: list[str]) -> None:
     """Record ``files`` as the weight files and every tensor's header (dtype, shape) and file in ``facts``."""
@@ -251,13 +421,15 @@ def _safetensors_header(path: Path) -> tuple[dict[str, tuple[list[int], str]], d
     return tensors, meta
 
 
-def inspect_checkpoint(path: str | Path, *, trust_remote_code: bool = False, allow_pickle: bool = False) -> CheckpointFacts:
+def inspect_checkpoint(path: str | Path, *, trust_remote_code: bool = False, allow_pickle: bool = False,
+                       allow_external_files: bool = False) -> CheckpointFacts:
     """Every check that needs only ``config.json`` and the weight-file headers (no torch, no transformers).
 
     Args:
         path: local checkpoint folder.
         trust_remote_code: allow a config with ``auto_map`` (custom modelling code).
         allow_pickle: allow pickled ``*.bin``/``*.pt``/``*.pth`` weights when no safetensors exist.
+        allow_external_files: accept links and index shard names that resolve outside the folder (:func:`confine`).
     Returns:
         :class:`CheckpointFacts`.  For pickled weights, tensor shapes are checked later, after loading.
     Raises:
@@ -267,10 +439,12 @@ def inspect_checkpoint(path: str | Path, *, trust_remote_code: bool = False, all
     if not src.is_dir():
         raise InputError(f"model.path={str(path)!r}: not a folder. Fix: point model.path at a local Hugging Face checkpoint "
                          f"folder (config.json, *.safetensors, tokenizer files).")
+    check_folder_links(src, allow_external=allow_external_files)
     cfg_path = src / "config.json"
     cfg = _read_json(cfg_path, "config.json")
     if not isinstance(cfg, dict):
         raise InputError(f"{cfg_path}: expected a JSON object, found {type(cfg).__name__}. Fix: restore config.json.")
+    check_config_types(cfg, str(cfg_path))
     supported = ", ".join(f"{a} ({t})" for a, t in SUPPORTED_ARCHITECTURES.items())
     if cfg.get("auto_map") and not trust_remote_code:
         raise InputError(f"{cfg_path}: auto_map={cfg['auto_map']!r} asks to run Python code shipped with the checkpoint, and "
@@ -305,6 +479,8 @@ def inspect_checkpoint(path: str | Path, *, trust_remote_code: bool = False, all
         wmap = index.get("weight_map") if isinstance(index, dict) else None
         if not isinstance(wmap, dict) or not wmap:
             raise InputError(f"{index_path}: no weight_map. Fix: restore model.safetensors.index.json from the source checkpoint.")
+        for tname, f in wmap.items():
+            confine(src, f, f"{index_path}: weight_map[{tname!r}]", allow_external=allow_external_files)
         files = sorted(set(wmap.values()))
         missing = [f for f in files if not (src / f).is_file()]
         if missing:
@@ -337,7 +513,12 @@ def inspect_checkpoint(path: str | Path, *, trust_remote_code: bool = False, all
             bin_index = src / "pytorch_model.bin.index.json"
             if bin_index.exists():
                 index = _read_json(bin_index, "pickle weight index")
-                files = sorted(set((index.get("weight_map") or {}).values()))
+                wmap = index.get("weight_map") if isinstance(index, dict) else None
+                if not isinstance(wmap, dict) or not wmap:
+                    raise InputError(f"{bin_index}: no weight_map. Fix: restore pytorch_model.bin.index.json from the source checkpoint.")
+                for tname, f in wmap.items():
+                    confine(src, f, f"{bin_index}: weight_map[{tname!r}]", allow_external=allow_external_files)
+                files = sorted(set(wmap.values()))
                 missing = [f for f in files if not (src / f).is_file()]
                 if missing:
                     raise InputError(f"{bin_index}: lists shard(s) {missing} that are not in {src}. Fix: download them.")
@@ -457,6 +638,7 @@ def export_checkpoint(src: str | Path, out: str | Path, *, dtype: str = "float16
         gen_raw = _read_json(gen_path, "generation_config.json") if gen_path.exists() else {}
         if not isinstance(gen_raw, dict):
             raise InputError(f"{gen_path}: expected a JSON object. Fix: restore generation_config.json or delete it.")
+        check_config_types(gen_raw, str(gen_path))
         eos_ids = _merge_ids(_ids(cfg_raw.get("eos_token_id")), _ids(gen_raw.get("eos_token_id")), _ids(tok.eos_token_id))
         if not eos_ids:
             raise InputError(f"{src / 'config.json'}: no eos_token_id in config.json, generation_config.json or the tokenizer; "
@@ -499,7 +681,10 @@ def export_checkpoint(src: str | Path, out: str | Path, *, dtype: str = "float16
                 check_tensor_shapes(facts)
         advance(1)
 
-        # 4. weights: loaded once, after every header-level check passed
+        # 4. weights: finite and representable in the target dtype (checked before anything is written), then
+        # loaded once, after every header-level check passed
+        if facts.weight_format == "safetensors":
+            check_weights_castable(facts, dtype)
         with _quiet_transformers_bars():
             model = _load_model(facts, hf_cfg, torch_dtype, trust_remote_code)
         advance(1)
@@ -569,6 +754,86 @@ def export_checkpoint(src: str | Path, out: str | Path, *, dtype: str = "float16
     return {**info, "_warnings": list(facts.warnings)}
 
 
+def cast_losses(tensors: Iterator[tuple[str, Any]], dtype: str) -> list[tuple[str, int, int, int, int, float]]:
+    """Per floating-point tensor: values that are NaN/inf already, that overflow to inf in ``dtype``, and non-zero
+    values that flush to zero in ``dtype`` (the cast torch performs when export loads the weights in ``dtype``).
+
+    A flushed value counts as *significant* when its magnitude exceeds ``finfo(dtype).eps * max|x|`` of its tensor:
+    below that, losing it changes the tensor less than rounding its largest entries already does (a bf16 LLM has
+    thousands of |x| < 6e-8 values that fp16 flushes harmlessly); above it, the tensor's scale itself does not fit.
+
+    Args:
+        tensors: ``(name, torch.Tensor)`` pairs in the checkpoint's own dtype.
+        dtype: target ``float16`` | ``bfloat16`` | ``float32``.
+    Returns:
+        ``[(name, nonfinite, overflow, flush_significant, flush_negligible, max_abs), ...]`` for tensors with any loss.
+    """
+    import torch
+
+    target = getattr(torch, dtype)
+    eps = torch.finfo(target).eps
+    out = []
+    for name, t in tensors:
+        if not t.is_floating_point():
+            continue
+        finite = torch.isfinite(t)
+        nonfinite = int((~finite).sum())
+        max_abs = float(t[finite].abs().max()) if bool(finite.any()) else float("nan")
+        overflow = flush_sig = flush_neg = 0
+        if t.dtype != target:
+            y = t.to(target)
+            overflow = int((torch.isinf(y) & finite).sum())
+            flushed = (y == 0) & (t != 0)
+            if bool(flushed.any()):
+                sig = flushed & (t.abs().float() > eps * max_abs)
+                flush_sig = int(sig.sum())
+                flush_neg = int(flushed.sum()) - flush_sig
+            del y
+        if nonfinite or overflow or flush_sig or flush_neg:
+            out.append((name, nonfinite, overflow, flush_sig, flush_neg, max_abs))
+    return out
+
+
+def check_weights_castable(facts: CheckpointFacts, dtype: str, state_dict: dict[str, Any] | None = None) -> None:
+    """Refuse, before anything is written, weights that are not finite or that ``dtype`` cannot hold.
+
+    Reads every tensor once (memory-mapped safetensors, one tensor at a time; or the loaded pickle state dict).
+    Raises InputError naming the tensors, the counts (NaN/inf, overflow to inf, significant flush to zero, see
+    :func:`cast_losses`), the largest magnitude and the fix (a dtype that holds the values: the checkpoint's own
+    ``torch_dtype`` or float32). Negligible flushes are recorded as a warning with their count.
+    """
+    def _iter() -> Iterator[tuple[str, Any]]:
+        if state_dict is not None:
+            yield from state_dict.items()
+            return
+        from safetensors import safe_open
+
+        for f in facts.weight_files:
+            with safe_open(str(facts.path / f), framework="pt") as sf:
+                for name in sf.keys():
+                    yield name, sf.get_tensor(name)
+
+    losses = cast_losses(_iter(), dtype)
+    nonfinite = [x for x in losses if x[1]]
+    if nonfinite:
+        shown = "; ".join(f"{n}: {c} NaN/inf value(s)" for n, c, *_ in nonfinite[:5])
+        raise InputError(f"{facts.path}: {len(nonfinite)} tensor(s) hold NaN or infinite values ({shown}); an engine built from "
+                         f"them produces garbage. Fix: use a checkpoint whose weights are finite (re-download it, or check "
+                         f"the training run that wrote it).")
+    lossy = [x for x in losses if x[2] or x[3]]
+    if lossy:
+        src_dtypes = sorted({facts.tensors.get(n, ([], "?"))[1] for n, *_ in lossy})
+        shown = "; ".join(f"{n}: {o} value(s) overflow to inf, {fl} flush to zero (max |x| = {m:.4g})" for n, _, o, fl, _n, m in lossy[:5])
+        raise InputError(f"model.dtype={dtype!r}: casting the checkpoint ({'/'.join(src_dtypes)}) to {dtype} loses values in "
+                         f"{len(lossy)} tensor(s): {shown}. Fix: export in a dtype that holds them: model.dtype="
+                         f"{'bfloat16' if dtype == 'float16' else 'float32'} (or leave model.dtype unset: it follows the "
+                         f"checkpoint's torch_dtype), or float32.")
+    neg = sum(x[4] for x in losses)
+    if neg:
+        facts.warnings.append(f"{neg} value(s) below {dtype}'s smallest subnormal flush to zero in {len(losses)} tensor(s), "
+                              f"each smaller than eps x max|x| of its tensor (negligible)")
+
+
 @contextlib.contextmanager
 def _quiet_transformers_bars() -> Iterator[None]:
     """transformers' own tqdm bars off while we load/save (the stage shows one export bar instead)."""
@@ -611,6 +876,7 @@ def _load_model(facts: CheckpointFacts, hf_cfg: Any, torch_dtype: Any, trust_rem
                     facts.tensor_file[k] = f
         check_tensor_shapes(facts)
         _check_tied_head(facts, sd)
+        check_weights_castable(facts, str(torch_dtype).replace("torch.", ""), sd)
         model = AutoModelForCausalLM.from_config(hf_cfg, dtype=torch_dtype, trust_remote_code=trust_remote_code)
         try:
             res = model.load_state_dict(sd, strict=False)

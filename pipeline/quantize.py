@@ -261,12 +261,17 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
            "SmoothQuant (Xiao et al. 2023): INT8 per-channel weights, INT8 activations with a calibrated per-tensor scale; "
            "smoothing strength quant.smoothquant_alpha"),
     Recipe("int8_wo", "INT8_WEIGHT_ONLY_CFG", "W8A16", False, 8, "fp16", "INT8 per-channel weight-only"),
+    Recipe("int4_rtn", "INT4_BLOCKWISE_WEIGHT_ONLY_CFG", "W4A16_AWQ", True, 4, "fp16",
+           "INT4 group-wise weight-only, plain round-to-nearest with max calibration (no AWQ scale search; ModelOpt "
+           "exports it to TensorRT-LLM's group-wise W4A16_AWQ kernel path with unit pre-quant scales)"),
     Recipe("int4_wo", "INT4_BLOCKWISE_WEIGHT_ONLY_CFG", "W4A16_AWQ", True, 4, "fp16",
-           "INT4 group-wise weight-only, max calibration without the AWQ scale search (ModelOpt exports it to the "
-           "W4A16_AWQ kernel path with unit pre-quant scales)"),
+           "deprecated alias of int4_rtn (same ModelOpt config, same bytes); use quant=int4_rtn"),
     Recipe("int4_awq", "INT4_AWQ_CFG", "W4A16_AWQ", True, 4, "fp16",
            "INT4 group-wise weights with AWQ activation-aware scales (Lin et al. 2023; ModelOpt awq_lite)"),
     Recipe("w4a8_awq", "W4A8_AWQ_BETA_CFG", "W4A8_AWQ", True, 4, "fp8", "INT4 AWQ weights with FP8 activations"),
+    Recipe("auto", None, "MIXED_PRECISION", False, 16, "fp16",
+           "per-layer format search under an effective-bits budget (ModelOpt auto_quantize; formats quant.auto.formats "
+           "or not quantized); TensorRT-LLM MIXED_PRECISION with per-layer quant_cfg.json, or the one format chosen"),
 )}
 
 #: quant.kv_cache -> (TensorRT-LLM kv_cache_quant_algo, ModelOpt quantizer entries for the K/V bmm quantizers).
@@ -293,7 +298,7 @@ ATTN_OUT_PATTERNS = ("*.self_attn.o_proj", "*.self_attention.dense", "*.attentio
 _LOCAL_SM = {"h100": 90, "h100_sxm": 90, "h100_pcie": 90, "h200": 90, "a100": 80, "a100_40gb": 80, "a100_80gb": 80,
              "a10g": 86, "a10": 86, "l4": 89, "l40s": 89, "t4": 75, "v100": 70, "b200": 100}
 #: Minimum SM per recipe / KV format, TensorRT-LLM support matrix (shared/reference/tensorrt_llm.md sec. 3c).
-_LOCAL_RECIPE_MIN_SM = {"none": 80, "int8_wo": 80, "int4_wo": 80, "int4_awq": 80, "int8_sq": 80, "fp8": 89, "w4a8_awq": 89}
+_LOCAL_RECIPE_MIN_SM = {"none": 80, "int8_wo": 80, "int4_rtn": 80, "int4_wo": 80, "int4_awq": 80, "int8_sq": 80, "fp8": 89, "w4a8_awq": 89}
 _LOCAL_KV_MIN_SM = {"none": 80, "int8": 80, "fp8": 89}
 
 
@@ -387,16 +392,18 @@ def excluded_modules(qcfg: Any, linear_names: list[str], num_layers: int) -> dic
     return out
 
 
-def modelopt_config(qcfg: Any, excluded: dict[str, str]) -> dict[str, Any]:
+def modelopt_config(qcfg: Any, excluded: dict[str, str], recipe_name: str | None = None) -> dict[str, Any]:
     """The ModelOpt ``mtq.quantize`` config for ``quant`` (a deep copy of the recipe's ModelOpt constant).
 
     Changes applied: ``block_sizes[-1] = quant.group_size`` for grouped recipes; SmoothQuant
     ``alpha = quant.smoothquant_alpha``; the KV-cache quantizer entries of ``quant.kv_cache``; one
     ``enable: False`` entry per excluded module (``<module>.*``), last so that it wins.
+    ``recipe_name`` overrides ``quant.recipe`` (the candidate formats of ``quant=auto``).
     """
     import modelopt.torch.quantization as mtq
 
-    recipe = RECIPES[qcfg.recipe]
+    name = recipe_name or qcfg.recipe
+    recipe = RECIPES[name]
     cfg = copy.deepcopy(getattr(mtq, recipe.modelopt_cfg))
     entries = cfg["quant_cfg"]
     if recipe.grouped:
@@ -405,7 +412,7 @@ def modelopt_config(qcfg: Any, excluded: dict[str, str]) -> dict[str, Any]:
             for c in (qc if isinstance(qc, list) else [qc]):
                 if isinstance(c, dict) and isinstance(c.get("block_sizes"), dict) and -1 in c["block_sizes"]:
                     c["block_sizes"][-1] = int(qcfg.group_size)
-    if qcfg.recipe == "int8_sq":
+    if name == "int8_sq":
         algo = cfg.get("algorithm")
         cfg["algorithm"] = {**(algo if isinstance(algo, dict) else {"method": "smoothquant"}), "alpha": float(qcfg.smoothquant_alpha)}
     entries.extend(copy.deepcopy(KV_CACHE[qcfg.kv_cache][1]))
@@ -451,7 +458,8 @@ def preflight(qcfg: Any, facts: dict[str, Any], linears: dict[str, tuple[int, in
                                 f"with sensitive_preset={qcfg.sensitive_preset!r} every linear layer of the model is kept in high precision "
                                 f"({len(excluded)} excluded), so recipe {qcfg.recipe!r} would quantize nothing.",
                                 "exclude fewer modules, use quant.sensitive_preset=none, or quant=none"))
-    if recipe.grouped and quantized:
+    grouped = recipe.grouped or (qcfg.recipe == "auto" and any(RECIPES[f].grouped for f in qcfg.auto.formats))
+    if grouped and quantized:
         g = int(qcfg.group_size)
 
         def fits(dims: list[int], t: int, gs: int) -> bool:
@@ -513,8 +521,98 @@ def preflight(qcfg: Any, facts: dict[str, Any], linears: dict[str, tuple[int, in
     return out
 
 
+# --------------------------------------------------------------------------- quant=auto (per-layer format search)
+def auto_min_bits(qcfg: Any, linears: dict[str, tuple[int, int]], excluded: dict[str, str]) -> float:
+    """The smallest ``effective_bits`` ``quant=auto`` can reach: every searched Linear in the lowest-bit candidate
+    format, every excluded one at 16 bits (ModelOpt's ``auto_quantize`` weight cost model counts all Linear weights)."""
+    low = min(RECIPES[f].weight_bits for f in qcfg.auto.formats)
+    total = sum(i * o for i, o in linears.values())
+    cost = sum(i * o * (16 if n in excluded else low) for n, (i, o) in linears.items())
+    return cost / total if total else 16.0
+
+
+def auto_search(model: "torch.nn.Module", qcfg: Any, excluded: dict[str, str], batches: list[list[list[int]]],
+                seed: int) -> dict[str, Any]:
+    """Run ModelOpt's per-layer format search (``mtq.auto_quantize``) on ``model`` in place.
+
+    Candidates: the ModelOpt configs of ``quant.auto.formats`` (with ``quant.group_size``), plus "not quantized",
+    which ModelOpt always adds. ModelOpt calibrates every candidate on all ``batches``, scores each layer group
+    (q/k/v share one format, as do gate/up: TensorRT-LLM fuses them) on the first ``quant.auto.num_score_steps``
+    batches, and picks the formats that minimise the summed score under ``constraints.effective_bits``
+    (``method=kl_div``: KL divergence of the model's output with only that group quantized, threshold search;
+    ``gradient``: Taylor estimate of the causal-LM loss change, linear programming).
+
+    Args:
+        batches: token-id batches (each a list of equal-length rows, as :meth:`CalibrationSet.batches`).
+    Returns:
+        The report section: ``effective_bits`` (budget, achieved, satisfied), ``method``, ``formats``,
+        ``layers`` (per group: ``layer``, ``modules``, ``format``, ``scores`` {format: score}, ``bits``
+        {format: bits}, ``sensitivity`` = the score of the lowest-bit candidate) and ``per_module``
+        {module: format}.
+    Raises:
+        InputError: the budget is below what the candidate formats can reach.
+    """
+    import modelopt.torch.quantization as mtq
+    import torch
+    from modelopt.torch.quantization.algorithms import QuantRecipe
+
+    a = qcfg.auto
+    cfgs, labels = [], {"NONE": "none"}
+    for i, f in enumerate(a.formats):
+        c = modelopt_config(qcfg, {}, f)
+        cfgs.append(c)
+        labels[QuantRecipe.get_auto_name_for_config(c) or f"CUSTOM_{i}"] = f
+    data = [torch.tensor(ids, dtype=torch.long) for ids in batches]
+
+    def forward_step(m: Any, ids: "torch.Tensor") -> Any:
+        return m(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+
+    def loss_func(logits: "torch.Tensor", ids: "torch.Tensor") -> "torch.Tensor":  # causal-LM loss (gradient method)
+        return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), ids[:, 1:].reshape(-1))
+
+    def label(r: Any) -> str:
+        return labels.get(str(r).split("(")[0], str(r))
+
+    torch.manual_seed(seed)
+    kw: dict[str, Any] = {"loss_func": loss_func} if a.method == "gradient" else {}
+    with _quiet("mtq.auto_quantize"), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Received custom quantization formats")
+        _, state = mtq.auto_quantize(model, constraints={"effective_bits": float(a.effective_bits)}, quantization_formats=cfgs,
+                                     data_loader=data, forward_step=forward_step, disabled_layers=sorted(excluded) or None,
+                                     num_calib_steps=len(data), num_score_steps=min(len(data), int(a.num_score_steps)),
+                                     method=a.method, verbose=False, **kw)
+    best = state["best"]
+    layers, per_module = [], {}
+    for key, st in state["candidate_stats"].items():
+        fmts = [label(f) for f in st["formats"]]
+        chosen = label(best["recipe"].get(key, "NONE"))
+        bits = {f: float(str(r).split("effective-bits:")[1].rstrip(")").strip()) if "effective-bits:" in str(r) else None
+                for f, r in zip(fmts, st["formats"])}
+        scores = {f: float(x) for f, x in zip(fmts, st["scores"])}
+        low = min((f for f in fmts if f != "none"), key=lambda f: bits.get(f) or 16.0, default="none")
+        mods = list(st["module_names"])
+        layers.append({"layer": key.removesuffix(".quant_recipe"), "modules": mods, "format": chosen, "scores": scores,
+                       "bits": bits, "sensitivity": scores.get(low)})
+        for n in mods:
+            per_module[n] = chosen
+    return {"method": a.method, "formats": list(a.formats), "num_score_steps": min(len(data), int(a.num_score_steps)),
+            "effective_bits": {"budget": float(a.effective_bits), "achieved": float(best["constraints"].get("effective_bits", float("nan"))),
+                               "satisfied": bool(best.get("is_satisfied"))},
+            "layers": layers, "per_module": per_module}
+
+
+def auto_quant_algo(per_module: dict[str, str]) -> str | None:
+    """TensorRT-LLM ``quant_algo`` ModelOpt writes for a searched model: the one format's, or MIXED_PRECISION
+    (``modelopt/torch/export/quant_utils.py``: more than one layer format) with per-layer ``quant_cfg.json``."""
+    algos = {RECIPES[f].quant_algo for f in per_module.values() if f != "none"}
+    if not algos:
+        return None
+    return algos.pop() if len(algos) == 1 else "MIXED_PRECISION"
+
+
 # --------------------------------------------------------------------------- checks after export
-def check_trtllm_checkpoint(ckpt: Path, facts: dict[str, Any], qcfg: Any, pre: dict[str, Any]) -> dict[str, Any]:
+def check_trtllm_checkpoint(ckpt: Path, facts: dict[str, Any], qcfg: Any, pre: dict[str, Any],
+                            quant_algo: str | None = None) -> dict[str, Any]:
     """Repair known exporter omissions, then verify the TensorRT-LLM checkpoint against the source model.
 
     Repair (recorded in the result's ``patched``): ModelOpt 0.47 reads ``rope_theta``/``rope_scaling`` as
@@ -525,7 +623,7 @@ def check_trtllm_checkpoint(ckpt: Path, facts: dict[str, Any], qcfg: Any, pre: d
     Checks (InputError listing all mismatches): ``rotary_base``, ``rotary_scaling``,
     ``max_position_embeddings``, ``vocab_size``, ``num_attention_heads``, ``num_key_value_heads``,
     ``head_size``, ``num_hidden_layers``, ``norm_epsilon`` equal the source's; ``quant_algo`` and
-    ``kv_cache_quant_algo`` are the recipe's; ``mapping`` has the configured tp/pp; one
+    ``kv_cache_quant_algo`` are the recipe's (``quant_algo`` overrides it: quant=auto's result); ``mapping`` has the configured tp/pp; one
     ``rank{N}.safetensors`` per rank; with a quantized KV cache every attention layer has a finite,
     positive ``kv_cache_scaling_factor``; embedding/lm_head shards have ``padded_vocab / tp`` rows.
     """
@@ -571,7 +669,7 @@ def check_trtllm_checkpoint(ckpt: Path, facts: dict[str, Any], qcfg: Any, pre: d
         eq(f, c.get(f), facts[k])
     eq("norm_epsilon", c.get("norm_epsilon"), facts["norm_epsilon"])
     q = c.get("quantization") or {}
-    eq("quantization.quant_algo", q.get("quant_algo"), RECIPES[qcfg.recipe].quant_algo)
+    eq("quantization.quant_algo", q.get("quant_algo"), quant_algo if quant_algo is not None else RECIPES[qcfg.recipe].quant_algo)
     eq("quantization.kv_cache_quant_algo", q.get("kv_cache_quant_algo"), KV_CACHE[qcfg.kv_cache][0])
     m = c.get("mapping") or {}
     eq("mapping.tp_size", m.get("tp_size"), int(qcfg.tp_size))
@@ -646,16 +744,20 @@ def _describe_quantizer(q: Any) -> str | None:
 
 
 def module_precisions(model: "torch.nn.Module", excluded: dict[str, str], recipe: Recipe, group_size: int,
-                      source_dtype: str, export_dtype: str) -> list[dict[str, Any]]:
+                      source_dtype: str, export_dtype: str, per_module: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """Per Linear module: the weight and activation format it got, parameter count and estimated bytes.
 
     ``bytes_before`` = params x bytes(source dtype); ``bytes_after`` = params x weight bits / 8 plus the
     scales (group-wise: one fp16 scale per group; per-channel: one fp32 scale per output row; per-tensor:
     one fp32), following the TensorRT-LLM checkpoint layout (``weights_scaling_factor`` tensors); a module
-    left in high precision costs params x bytes(quant.export_dtype).
+    left in high precision costs params x bytes(quant.export_dtype). ``per_module`` (quant=auto): module name ->
+    the recipe the search chose for it (its bits and grouping are used instead of ``recipe``'s).
     """
     out = []
+    chosen = recipe
     for name, m in _linear_modules(model).items():
+        if per_module is not None:
+            chosen = RECIPES.get(per_module.get(name, "none"), recipe)
         n_out, n_in = m.weight.shape
         params = n_out * n_in
         wq = getattr(m, "weight_quantizer", None)
@@ -666,15 +768,15 @@ def module_precisions(model: "torch.nn.Module", excluded: dict[str, str], recipe
         if wfmt is None:
             after, precision = params * _DTYPE_BYTES[export_dtype], export_dtype
         else:
-            bits = recipe.weight_bits
-            if recipe.grouped:
+            bits = chosen.weight_bits
+            if chosen.grouped:
                 scales = (params // group_size) * 2
             elif "channel" in wfmt:
                 scales = n_out * 4
             else:
                 scales = 4
             after = params * bits // 8 + scales
-            precision = recipe.quant_algo or wfmt
+            precision = chosen.quant_algo or wfmt
         out.append({"module": name, "shape": [int(n_out), int(n_in)], "params": int(params), "weight": wfmt or export_dtype,
                     "activation": afmt or export_dtype, "precision": precision, "kept_high_precision": excluded.get(name) or
                     (None if wfmt else "ModelOpt default (not quantized by the recipe)"),
@@ -747,11 +849,18 @@ def _quantize(cfg: Any, export_dir: Path, calib_path: Path | None, out: Path, pr
     linears = {n: (int(m.in_features), int(m.out_features)) for n, m in _linear_modules(model).items()}
     excluded = excluded_modules(qcfg, list(linears), facts["num_hidden_layers"]) if qcfg.recipe != "none" else {}
     pre = preflight(qcfg, facts, linears, excluded, getattr(cfg.target, "gpu", None))
+    if qcfg.recipe == "auto":
+        floor = auto_min_bits(qcfg, linears, excluded)
+        if float(qcfg.auto.effective_bits) < floor - 1e-6:
+            raise InputError(f"quant.auto.effective_bits={qcfg.auto.effective_bits}: below the {floor:.2f} bits per weight this model can "
+                             f"reach with formats {list(qcfg.auto.formats)} ({len(excluded)} Linear layer(s) kept at 16 bits: "
+                             f"{sorted(excluded)[:4]}). Fix: quant.auto.effective_bits >= {floor:.2f}, or exclude fewer modules.")
     timings["load_s"] = time.time() - t0
     prog = progress or (lambda d, t: contextlib.nullcontext(lambda n=1: None))
     calib_stats: dict[str, Any] | None = None
     calib_warnings: list[str] = []
     mcfg: dict[str, Any] | None = None
+    auto: dict[str, Any] | None = None
     base = {k: v.detach().clone() for k, v in model.state_dict().items()}
     if qcfg.recipe != "none":
         import modelopt.torch.quantization as mtq
@@ -761,20 +870,29 @@ def _quantize(cfg: Any, export_dir: Path, calib_path: Path | None, out: Path, pr
         tok = tf.AutoTokenizer.from_pretrained(str(hf), trust_remote_code=False)
         cset = load_calibration(cfg.calibration, tok, calib_path)
         calib_stats, calib_warnings = cset.stats, cset.warnings
-        mcfg = modelopt_config(qcfg, excluded)
         t1 = time.time()
-        with prog(f"calibrating {qcfg.recipe}", len(cset.samples)) as advance:
-            loop = cset.forward_loop(int(cfg.calibration.batch_size), progress=advance)
-            torch.manual_seed(seed)
-            with torch.no_grad(), _quiet("mtq.quantize"):
-                mtq.quantize(model, mcfg, loop)
+        if qcfg.recipe == "auto":
+            mcfg = {"auto_quantize": {f: modelopt_config(qcfg, {}, f) for f in qcfg.auto.formats}}
+            with prog("searching per-layer formats (auto_quantize)", 1) as advance:
+                auto = auto_search(model, qcfg, excluded, [ids for _, ids in cset.batches(int(cfg.calibration.batch_size))], seed)
+                advance(1)
+            model.eval()
+        else:
+            mcfg = modelopt_config(qcfg, excluded)
+            with prog(f"calibrating {qcfg.recipe}", len(cset.samples)) as advance:
+                loop = cset.forward_loop(int(cfg.calibration.batch_size), progress=advance)
+                torch.manual_seed(seed)
+                with torch.no_grad(), _quiet("mtq.quantize"):
+                    mtq.quantize(model, mcfg, loop)
         timings["calibration_s"] = time.time() - t1
         calib_stats["batches"] = len(cset.batches(int(cfg.calibration.batch_size)))
         calib_stats["tokens_trimmed"] = cset.trimmed_tokens(int(cfg.calibration.batch_size))
-    precisions = module_precisions(model, excluded, recipe, int(qcfg.group_size), str(facts["dtype"]), qcfg.export_dtype)
+    precisions = module_precisions(model, excluded, recipe, int(qcfg.group_size), str(facts["dtype"]), qcfg.export_dtype,
+                                   per_module=auto["per_module"] if auto else None)
+    quant_algo = auto_quant_algo(auto["per_module"]) if auto else recipe.quant_algo
     meta = {"recipe": qcfg.recipe, "kv_cache": qcfg.kv_cache, "calib_dtype": "float32",
             "modelopt_config": _encode_state(mcfg, {}) if mcfg is not None else None,
-            "quant_algo": recipe.quant_algo, "kv_cache_quant_algo": KV_CACHE[qcfg.kv_cache][0], "group_size": int(qcfg.group_size)}
+            "quant_algo": quant_algo, "kv_cache_quant_algo": KV_CACHE[qcfg.kv_cache][0], "group_size": int(qcfg.group_size)}
     if qcfg.recipe == "none":
         from safetensors.torch import save_file
 
@@ -804,7 +922,7 @@ def _quantize(cfg: Any, export_dir: Path, calib_path: Path | None, out: Path, pr
         with _quiet("export_tensorrt_llm_checkpoint"):
             mte.export_tensorrt_llm_checkpoint(copy.deepcopy(model), decoder, edtype, export_dir=ckpt,
                                                inference_tensor_parallel=int(qcfg.tp_size), inference_pipeline_parallel=int(qcfg.pp_size))
-        post = check_trtllm_checkpoint(ckpt, facts, qcfg, pre)
+        post = check_trtllm_checkpoint(ckpt, facts, qcfg, pre, quant_algo=quant_algo if auto else None)
     timings["export_trtllm_s"] = time.time() - t2
     # unified HF checkpoint
     t3 = time.time()
@@ -834,8 +952,8 @@ def _quantize(cfg: Any, export_dir: Path, calib_path: Path | None, out: Path, pr
     report = {
         "schema": "pipeline.quant_report/v1",
         "recipe": qcfg.recipe, "description": recipe.description, "kv_cache": qcfg.kv_cache,
-        "quant_algo": recipe.quant_algo, "kv_cache_quant_algo": KV_CACHE[qcfg.kv_cache][0],
-        "group_size": int(qcfg.group_size) if recipe.grouped else None,
+        "quant_algo": quant_algo, "kv_cache_quant_algo": KV_CACHE[qcfg.kv_cache][0],
+        "group_size": int(qcfg.group_size) if recipe.grouped or (auto and any(RECIPES[f].grouped for f in auto["formats"])) else None,
         "smoothquant_alpha": float(qcfg.smoothquant_alpha) if qcfg.recipe == "int8_sq" else None,
         "export_dtype": qcfg.export_dtype, "source_dtype": facts["dtype"],
         "tp_size": int(qcfg.tp_size), "pp_size": int(qcfg.pp_size), "preflight": pre, "export_checks": post,
@@ -843,7 +961,8 @@ def _quantize(cfg: Any, export_dir: Path, calib_path: Path | None, out: Path, pr
         "bytes": {"source_safetensors": before, "trtllm_rank_files": after,
                   "modules_before": sum(p["bytes_before"] for p in precisions), "modules_after": sum(p["bytes_after"] for p in precisions)},
         "compression": round(before / after, 4) if after else None,
-        "calibration": calib_stats, "warnings": calib_warnings + hf_notes,
+        "auto": {k: v for k, v in auto.items() if k != "per_module"} if auto else None,
+        "calibration": calib_stats, "warnings": _deprecation_notes(qcfg.recipe) + calib_warnings + hf_notes,
         "timings_s": {k: round(v, 3) for k, v in timings.items()},
         "modelopt_version": _version("nvidia-modelopt"), "torch_version": torch.__version__,
     }
@@ -854,10 +973,22 @@ def _quantize(cfg: Any, export_dir: Path, calib_path: Path | None, out: Path, pr
     return {
         "headline": {"recipe": qcfg.recipe, "kv_cache": qcfg.kv_cache, "compression": report["compression"],
                      "calib_samples": calib_stats["used"] if calib_stats else 0},
-        "quant_algo": recipe.quant_algo, "kv_cache_quant_algo": KV_CACHE[qcfg.kv_cache][0],
+        "quant_algo": quant_algo, "kv_cache_quant_algo": KV_CACHE[qcfg.kv_cache][0],
         "tp_size": int(qcfg.tp_size), "pp_size": int(qcfg.pp_size), "calibration_s": round(timings.get("calibration_s", 0.0), 3),
         "warnings": report["warnings"],
     }
+
+
+def _deprecation_notes(recipe: str) -> list[str]:
+    """Warnings for a deprecated ``quant.recipe`` name (:data:`pipeline.config.quant.DEPRECATED_RECIPES`); also logged."""
+    from .config.quant import DEPRECATED_RECIPES
+
+    if recipe not in DEPRECATED_RECIPES:
+        return []
+    note = (f"quant.recipe={recipe!r} is a deprecated alias of {DEPRECATED_RECIPES[recipe]!r} (same ModelOpt config, same result); "
+            f"use quant={DEPRECATED_RECIPES[recipe]}")
+    log.warning(note)
+    return [note]
 
 
 class _quiet:
@@ -938,6 +1069,18 @@ def render_report_md(r: dict[str, Any]) -> str:
         lines.append(f"- config.json fields written from the source model (exporter omitted them): {r['export_checks']['patched']}")
     for w in r.get("warnings") or []:
         lines.append(f"- warning: {w}")
+    auto = r.get("auto")
+    if auto:
+        eb = auto["effective_bits"]
+        lines += ["", "## Per-layer format search (quant=auto, ModelOpt auto_quantize)", "",
+                  f"Budget {eb['budget']} effective bits, achieved {eb['achieved']:.3f} ({'satisfied' if eb['satisfied'] else 'NOT satisfied'}); "
+                  f"method {auto['method']} on {auto['num_score_steps']} batches; candidates {auto['formats']} + none. "
+                  "Sensitivity = the score of the lowest-bit candidate (higher = more sensitive).", "",
+                  "| layer | modules | format | sensitivity | scores |", "|---|---|---|---|---|"]
+        for g in auto["layers"]:
+            sc = ", ".join(f"{k} {v:.4g}" for k, v in g["scores"].items())
+            sens = f"{g['sensitivity']:.4g}" if g["sensitivity"] is not None else ""
+            lines.append(f"| {g['layer']} | {len(g['modules'])} | {g['format']} | {sens} | {sc} |")
     lines += ["", "## Per-module precision", "", "| module | shape | weight | activation | precision | kept high precision | bytes before | bytes after |",
               "|---|---|---|---|---|---|---|---|"]
     for m in r["modules"]:

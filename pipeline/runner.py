@@ -20,7 +20,8 @@ from .config import STAGES, PipelineConfig, key_fields, resolve_path
 from .config import validate as validate_config
 from .errors import EXIT_FAILED, EXIT_GATE, EXIT_INTERRUPTED, EXIT_OK, GateFailed, PipelineError
 from .stages import Stage, StageContext, get_stage
-from .store import Artifact, ArtifactStore, cache_key, digest_path, redact, write_json_atomic
+from .store import (Artifact, ArtifactStore, cache_key, digest_path, install_log_redaction, redact, redact_config, redact_files,
+                    redact_text, write_json_atomic)
 
 log = logging.getLogger("pipeline")
 SUMMARY_SCHEMA = "pipeline.summary/v1"
@@ -46,16 +47,21 @@ class RunSummary:
     total_s: float
     plan: dict[str, Any] | None = None
     error: str | None = None
+    model: dict[str, Any] | None = None
+    gate: dict[str, Any] | None = None
+    """The release-gate section: the evaluate stage's ``gate`` result and the package stage's ``parity``."""
 
     def to_json(self) -> dict[str, Any]:
         return {
             "schema": SUMMARY_SCHEMA,
+            "model": self.model,
             "exit_code": self.exit_code,
             "ok": self.exit_code == EXIT_OK,
             "overrides": self.overrides,
             "total_s": round(self.total_s, 3),
             "error": self.error,
             "plan": self.plan,
+            "gate": self.gate,
             "stages": [dataclasses.asdict(s) for s in self.stages],
         }
 
@@ -122,7 +128,7 @@ def _external(stage: Stage, cfg: PipelineConfig) -> dict[str, Path]:
     return out
 
 
-def _open_store(store_dir: str) -> ArtifactStore:
+def _open_store(store_dir: str, verify: bool = False) -> ArtifactStore:
     """The artifact store at ``store_dir``, created if needed; InputError (exit 2) when unusable."""
     from .errors import InputError
 
@@ -137,7 +143,7 @@ def _open_store(store_dir: str) -> ArtifactStore:
     except OSError as e:
         raise InputError(f"store_dir={str(store_dir)!r}: cannot create or write {root} ({e.strerror or e}). "
                          "Fix: point store_dir at a writable folder (it is created if missing).") from e
-    return ArtifactStore(root)
+    return ArtifactStore(root, verify=verify)
 
 
 def _target_available(cfg: PipelineConfig, store: ArtifactStore, order: list[str], externals: dict[str, dict[str, Path]]) -> None:
@@ -188,11 +194,18 @@ def run_pipeline(cfg: PipelineConfig, *, overrides: list[str] | None = None, sum
     reports: list[StageReport] = []
     overrides = list(overrides or [])
     exit_code, error, plan = EXIT_OK, None, None
+    gate_info: dict[str, Any] = {}
     show_progress = cfg.progress and console.is_terminal
+    install_log_redaction()
+    if summary_dir is not None:
+        redact_run_outputs(Path(summary_dir))
+    for field_name in redact_config(cfg):  # before anything derives a key, a file name or a manifest from the config
+        console.print(f"[yellow]warning:[/] {field_name} holds a secret-looking value; it is replaced by "
+                      f"***redacted*** everywhere (secrets belong in the environment, e.g. HF_TOKEN, never in the config).")
     try:
         validate_config(cfg)
         plan = _plan(cfg, console)
-        store = _open_store(cfg.store_dir)
+        store = _open_store(cfg.store_dir, verify=cfg.verify_cache)  # verify_cache holds on every lookup
         order = resolve_order(list(cfg.stages), cfg)
         # Every stage's external inputs (checkpoint, calibration set, eval set) are checked before the first
         # stage runs, and so is the build target's availability: nothing heavy runs on a doomed request.
@@ -231,7 +244,7 @@ def run_pipeline(cfg: PipelineConfig, *, overrides: list[str] | None = None, sum
                 done[name] = cached
                 continue
             force = cfg.force and name in cfg.stages
-            art = None if (force or not stage.cacheable) else store.lookup(name, key, verify=cfg.verify_cache)
+            art = None if (force or not stage.cacheable) else store.lookup(name, key)
             lookup_s = time.time() - t0
             if art is not None:
                 reports.append(StageReport(name, "cached", lookup_s, str(art.path), key, art.result.get("headline", {}), lookup_s=lookup_s))
@@ -257,8 +270,18 @@ def run_pipeline(cfg: PipelineConfig, *, overrides: list[str] | None = None, sum
                 console.print(f"[green]✓[/] {name:<9} {status} in {secs:.1f} s  {art.path}")
             done[name] = art
             gate = art.result.get("gate")
+            if name == "evaluate" and isinstance(gate, dict):
+                gate_info["evaluate"] = gate
+            if name == "package":
+                parity = _parity_record(art)
+                if parity is not None:
+                    gate_info["parity"] = parity
             if isinstance(gate, dict) and gate.get("passed") is False:
-                gate_failed = gate.get("reason", "evaluation gate failed")
+                if name == "evaluate" and gate.get("mode") == "exploratory" and gate.get("verdict") == "inconclusive":
+                    console.print("[bold yellow]EXPLORATORY RUN: the gate is INCONCLUSIVE (eval.gate.mode=exploratory); exit 0, "
+                                  "but the package stage will refuse to release this candidate[/]")
+                else:
+                    gate_failed = gate.get("reason", "evaluation gate failed")
         if gate_failed and exit_code == EXIT_OK:
             exit_code, error = EXIT_GATE, f"evaluation gate failed: {gate_failed}"
     except KeyboardInterrupt:
@@ -276,7 +299,8 @@ def run_pipeline(cfg: PipelineConfig, *, overrides: list[str] | None = None, sum
             log.exception("stage failed")
             exit_code, error = EXIT_FAILED, f"{type(e).__name__}: {e}"
         _mark_failed(reports, cfg, error)
-    summary = RunSummary(reports, exit_code, overrides, time.time() - t_start, plan, error)
+    summary = RunSummary(reports, exit_code, overrides, time.time() - t_start, plan, redact_text(error) if error else error,
+                         model=_model_facts(cfg, overrides), gate=gate_info or None)
     print_summary(summary, console)
     if summary_dir is not None:
         try:
@@ -285,6 +309,30 @@ def run_pipeline(cfg: PipelineConfig, *, overrides: list[str] | None = None, sum
         except OSError as e:
             console.print(f"[red]could not write the run summary to {summary_dir}: {e}[/]")
     return summary
+
+
+def _model_facts(cfg: PipelineConfig, overrides: list[str]) -> dict[str, Any] | None:
+    """The model's name and dtype and where each came from (``set`` in the config, or derived from the checkpoint:
+    the folder name / ``config.json`` ``torch_dtype``; pipeline/config/model.py)."""
+    try:
+        from .config.model import checkpoint_dtype, checkpoint_name
+
+        m = cfg.model
+        set_keys = {o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o}
+        derived_name = m.path is not None and "model.name" not in set_keys and m.name == redact_text(checkpoint_name(m.path))
+        derived_dtype = m.path is not None and "model.dtype" not in set_keys and m.dtype == checkpoint_dtype(m.path)
+        return {"name": m.name, "name_source": "checkpoint folder" if derived_name else "config",
+                "dtype": m.dtype, "dtype_source": "checkpoint torch_dtype" if derived_dtype else "config"}
+    except Exception:  # noqa: BLE001 - a summary line must never fail the run
+        return None
+
+
+def redact_run_outputs(run_dir: Path) -> None:
+    """Apply the one redaction to what Hydra wrote before the run started: ``.hydra/*.yaml`` of the job and the
+    sweep's ``multirun.yaml`` (config and overrides, verbatim)."""
+    files = list((run_dir / ".hydra").glob("*.yaml")) if (run_dir / ".hydra").is_dir() else []
+    files += [p / "multirun.yaml" for p in (run_dir, run_dir.parent, run_dir.parent.parent) if (p / "multirun.yaml").is_file()]
+    redact_files(files)
 
 
 def _mark_failed(reports: list[StageReport], cfg: PipelineConfig, error: str) -> None:
@@ -302,7 +350,11 @@ def _mark_failed(reports: list[StageReport], cfg: PipelineConfig, error: str) ->
 
 
 def print_summary(summary: RunSummary, console: Console) -> None:
-    t = Table(title="pipeline run", show_lines=False)
+    m = summary.model
+    title = "pipeline run"
+    if m:
+        title += f" - model {m['name']} ({m['name_source']}), dtype {m['dtype']} ({m['dtype_source']})"
+    t = Table(title=escape(title), show_lines=False)
     for col in ("stage", "status", "time", "output", "headline"):
         t.add_column(col)
     for r in summary.stages:
@@ -310,10 +362,53 @@ def print_summary(summary: RunSummary, console: Console) -> None:
         head = ", ".join(f"{k}={_fmt(v)}" for k, v in r.headline.items())
         t.add_row(r.stage, f"[{style}]{r.status}[/]", f"{r.seconds:.2f} s", escape(r.path or "-"), escape(head or (r.error or "")[:120]))
     console.print(t)
+    if summary.gate:
+        print_gate(summary.gate, console)
     if summary.error:
         console.print(f"[bold red]error (exit {summary.exit_code}):[/] {escape(summary.error)}")
     else:
         console.print(f"[bold green]ok[/] in {summary.total_s:.1f} s")
+
+
+def _parity_record(art: Artifact) -> dict[str, Any] | None:
+    """The package stage's serving-parity record: its result's ``parity``, else ``release_manifest.json`` ``parity``."""
+    p = art.result.get("parity")
+    if not isinstance(p, dict):
+        try:
+            p = json.loads((art.path / "release_manifest.json").read_text(encoding="utf-8")).get("parity")
+        except (OSError, ValueError, AttributeError):
+            p = None
+    return p if isinstance(p, dict) else None
+
+
+def print_gate(gate: dict[str, Any], console: Console) -> None:
+    """The release-gate section of the run summary: non-inferiority verdict (bound vs allowance), fidelity
+    (mean KLD, top-1 agreement) and serving parity (``served == evaluated: N/N`` from the package stage's
+    ``parity`` result; "not checked" when absent)."""
+    ev = gate.get("evaluate") or {}
+    if ev:
+        verdict = str(ev.get("verdict") or ("pass" if ev.get("passed") else "fail"))
+        color = {"pass": "green", "inconclusive": "yellow", "fail": "red"}.get(verdict, "red")
+        b = ev.get("bound") or {}
+        bound = (f" drop {100 * b['drop']:+.1f} pp, upper bound {100 * b['upper']:+.1f} pp vs allowed {100 * b['allowance']:.1f} pp"
+                 if b.get("upper") is not None else "")
+        mode = " (exploratory: not releasable)" if ev.get("mode") == "exploratory" and verdict != "pass" else ""
+        sc = ev.get("scopes") or {}
+        if sc:
+            bound = f" (overall{bound}; scopes: " + ", ".join(f"{n} {v}" for v, n in sc.items() if n) + ")"
+        console.print(f"[bold]gate[/]  non-inferiority [{color}]{verdict}[/]{escape(bound)}{mode}")
+        f = ev.get("fidelity")
+        if f:
+            console.print(f"[bold]gate[/]  fidelity: mean KLD {f['kld_mean']:.4g} ± {f['kld_se']:.2g} nats, same top token "
+                          f"{100 * f['top1']:.2f}% ({f['positions']} teacher-forced tokens)")
+    p = gate.get("parity")
+    if isinstance(p, dict) and p.get("total") is not None:
+        console.print(f"[bold]gate[/]  served == evaluated: {p.get('matched')}/{p.get('total')}"
+                      + (f" ({escape(str(p['note']))})" if p.get("note") else ""))
+    elif isinstance(p, dict):
+        console.print(f"[bold]gate[/]  served == evaluated: {escape(str(p.get('status') or 'not checked'))}")
+    else:
+        console.print("[bold]gate[/]  served == evaluated: not checked in this run")
 
 
 def _fmt(v: Any) -> str:
@@ -386,7 +481,7 @@ def write_comparison(sweep_dir: Path, console: Console) -> dict[str, Any]:
     # vary, the headline values that vary, and the verdict columns.
     split = [str(r.get("overrides", "")).split() for r in rows]
     common = set.intersection(*(set(x) for x in split)) if split else set()
-    keep = {"exit_code", "evaluate.gate", "evaluate.score", "evaluate.drop", "evaluate.agreement"}
+    keep = {"exit_code", "evaluate.gate", "evaluate.score", "evaluate.drop", "evaluate.agreement", "evaluate.kld", "evaluate.top1"}
     shown = [c for c in cols if c not in ("job", "overrides") and (c in keep or len({_fmt(r.get(c, "")) for r in rows}) > 1)]
     t = Table(title=f"comparison of {len(rows)} runs ({sweep_dir / 'comparison.md'})")
     t.add_column("variant", no_wrap=True)

@@ -137,31 +137,119 @@ _SECRET_KEY_RE = re.compile(r"(token|secret|password|passwd|api[_-]?key|credenti
 _SECRET_VALUE_RE = re.compile(r"(hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9]{20,}|nvapi-[A-Za-z0-9_-]{20,}|ghp_[A-Za-z0-9]{20,})")
 
 
+REDACTED = "***redacted***"
+
+
+def _env_secrets() -> set[str]:
+    return {v for k, v in os.environ.items() if _SECRET_KEY_RE.search(k) and len(v) >= 8}
+
+
+def redact_text(text: str) -> str:
+    """``text`` with token-shaped substrings (``hf_...``, ``sk-...``, ``nvapi-...``, ``ghp_...``) and the values of
+    secret-named environment variables (``HF_TOKEN``, ``*_API_KEY`` ...) replaced by ``***redacted***``."""
+    s = _SECRET_VALUE_RE.sub(REDACTED, text)
+    for sec in _env_secrets():
+        if sec in s:
+            s = s.replace(sec, REDACTED)
+    return s
+
+
 def redact(obj: Any) -> Any:
     """Copy of ``obj`` with values under secret-looking keys and token-shaped strings replaced.
 
-    Also replaces any value equal to the content of an environment variable whose name looks
-    secret (``HF_TOKEN``, ``*_API_KEY`` ...), so a secret passed through config never lands in
-    a manifest or log.
+    This is the project's one redaction: every place that writes the config (or anything derived from it:
+    manifests, the run summary, the release manifest, archive and file names, Hydra's ``.hydra/*.yaml``, log
+    records) goes through it or :func:`redact_text`.  Keys are redacted like values (file-name keys can carry a
+    secret too), and any value equal to the content of a secret-named environment variable is replaced.
     """
-    env_secrets = {v for k, v in os.environ.items() if _SECRET_KEY_RE.search(k) and len(v) >= 8}
-
     def _r(o: Any, key: str = "") -> Any:
         if isinstance(o, Mapping):
-            return {k: _r(v, str(k)) for k, v in o.items()}
+            return {(redact_text(k) if isinstance(k, str) else k): _r(v, str(k)) for k, v in o.items()}
         if isinstance(o, (list, tuple)):
             return [_r(v, key) for v in o]
         if isinstance(o, str):
             if key and _SECRET_KEY_RE.search(key) and o and not key.endswith(("_id", "_ids", "tokens", "_token_id")):
-                return "***redacted***"
-            s = _SECRET_VALUE_RE.sub("***redacted***", o)
-            for sec in env_secrets:
-                if sec in s:
-                    s = s.replace(sec, "***redacted***")
-            return s
+                return REDACTED
+            return redact_text(o)
         return o
 
     return _r(obj)
+
+
+def redact_config(cfg: Any) -> list[str]:
+    """Replace secret-looking string values inside a config dataclass tree, in place; returns the dotted field names.
+
+    Run once where the config enters (:func:`pipeline.runner.run_pipeline`), so nothing derived from the config
+    (cache keys, model repository, archive name, manifests) can carry the secret. Secrets belong in the
+    environment (``HF_TOKEN``), never in a config value.
+    """
+    changed: list[str] = []
+
+    def _walk(o: Any, prefix: str) -> Any:
+        if dataclasses.is_dataclass(o) and not isinstance(o, type):
+            for f in dataclasses.fields(o):
+                v = getattr(o, f.name)
+                nv = _walk(v, f"{prefix}.{f.name}" if prefix else f.name)
+                if nv is not v:
+                    setattr(o, f.name, nv)
+            return o
+        if isinstance(o, str):
+            r = redact_text(o)
+            if r != o:
+                changed.append(prefix)
+                return r
+            return o
+        if isinstance(o, list):
+            new = [_walk(v, f"{prefix}[{i}]") for i, v in enumerate(o)]
+            return new if any(a is not b for a, b in zip(new, o)) else o
+        if isinstance(o, dict):
+            new = {k: _walk(v, f"{prefix}.{k}") for k, v in o.items()}
+            return new if any(new[k] is not o[k] for k in o) else o
+        return o
+
+    _walk(cfg, "")
+    return changed
+
+
+class RedactingFilter:
+    """``logging`` filter: the formatted message of every record passes :func:`redact_text` (installed on every
+    handler of the root logger by :func:`install_log_redaction`)."""
+
+    def filter(self, record: Any) -> bool:
+        try:
+            msg = record.getMessage()
+        except Exception:  # noqa: BLE001 - a bad format string must not break logging
+            return True
+        red = redact_text(msg)
+        if red != msg or record.args:
+            record.msg, record.args = red, ()
+        if record.exc_text:
+            record.exc_text = redact_text(record.exc_text)
+        return True
+
+
+def install_log_redaction() -> None:
+    """Add :class:`RedactingFilter` to every handler of the root logger (idempotent)."""
+    import logging
+
+    for h in logging.getLogger().handlers:
+        if not any(isinstance(f, RedactingFilter) for f in h.filters):
+            h.addFilter(RedactingFilter())
+
+
+def redact_files(paths: Any) -> None:
+    """Rewrite text files (e.g. Hydra's ``.hydra/*.yaml``, ``multirun.yaml``) with :func:`redact_text` applied."""
+    for p in paths:
+        p = Path(p)
+        try:
+            text = p.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        red = redact_text(text)
+        if red != text:
+            tmp = p.with_name(f".{p.name}.{secrets.token_hex(4)}.tmp")
+            tmp.write_text(red, encoding="utf-8")
+            os.replace(tmp, p)
 
 
 # --------------------------------------------------------------------------- store
@@ -225,9 +313,12 @@ def write_json_atomic(path: Path, data: Any) -> None:
 class ArtifactStore:
     """Folder of content-addressed stage artifacts (see module docstring)."""
 
-    def __init__(self, root: str | os.PathLike, *, lock_timeout_s: float = 3600.0) -> None:
+    def __init__(self, root: str | os.PathLike, *, lock_timeout_s: float = 3600.0, verify: bool = False) -> None:
+        """``verify``: every :meth:`lookup` of this store re-hashes the artifact's files (``verify_cache=true``);
+        one setting, so no lookup path (first look, the look under the lock, after publishing) can skip it."""
         self.root = Path(root).absolute()
         self.lock_timeout_s = lock_timeout_s
+        self.verify = verify
 
     def path_for(self, stage: str, key: str) -> Path:
         return self.root / stage / key[:24]
@@ -240,13 +331,16 @@ class ArtifactStore:
             raise StoreError(f"cannot create artifact folder {d}: {e.strerror or e}") from e
         return FileLock(str(d / f".{key[:24]}.lock"), timeout=self.lock_timeout_s)
 
-    def lookup(self, stage: str, key: str, *, verify: bool = False) -> Artifact | None:
+    def lookup(self, stage: str, key: str, *, verify: bool | None = None) -> Artifact | None:
         """Return the complete artifact for ``key`` or ``None``.
 
         A folder is trusted only if its manifest parses, says ``complete``, carries the same
-        key, and every listed output file exists with the recorded size (``verify=True``
-        also re-hashes every file).  Anything else is treated as absent.
+        key, and every listed output file exists with the recorded size (``verify=True``, or
+        the store's ``verify`` when None, also re-hashes every file).  Anything else is treated
+        as absent: the caller produces the key again, and :meth:`produce` moves the rejected
+        folder aside before publishing, so a rejected artifact is never reused.
         """
+        verify = self.verify if verify is None else verify
         path = self.path_for(stage, key)
         mf = path / MANIFEST
         try:
@@ -265,6 +359,30 @@ class ArtifactStore:
             if verify and sha256_file(f) != meta["sha256"]:
                 return None
         return Artifact(stage, key, path, manifest)
+
+    def published(self, stage: str, *, verify: bool | None = None) -> list[Artifact]:
+        """Every trusted artifact of ``stage``, oldest first (by manifest time).
+
+        Only published folders count: staging (``.tmp-*``) and moved-aside (``.stale-*``) folders, folders whose
+        name is not their manifest's key, and anything :meth:`lookup` would not trust are skipped.
+        """
+        out = []
+        stage_dir = self.root / stage
+        if not stage_dir.is_dir():
+            return []
+        for d in stage_dir.iterdir():
+            if d.name.startswith(".") or not d.is_dir():
+                continue
+            try:
+                key = json.loads((d / MANIFEST).read_text(encoding="utf-8")).get("key")
+            except (OSError, ValueError, AttributeError):
+                continue
+            if not isinstance(key, str) or self.path_for(stage, key) != d:
+                continue
+            art = self.lookup(stage, key, verify=verify)
+            if art is not None:
+                out.append(art)
+        return sorted(out, key=lambda a: ((a.path / MANIFEST).stat().st_mtime, a.path.name))
 
     @contextlib.contextmanager
     def produce(self, stage: str, key: str, manifest: dict[str, Any]) -> Iterator[tuple[Path, dict[str, Any]]]:

@@ -29,7 +29,7 @@ REF_FLAGS = {
     "--max_beam_width", "--max_num_tokens", "--opt_num_tokens", "--kv_cache_type", "--input_timing_cache", "--output_timing_cache",
     "--profiling_verbosity", "--strip_plan", "--workers", "--log_level", "--logits_dtype", "--speculative_decoding_mode",
     "--max_draft_len", "--gpt_attention_plugin", "--gemm_plugin", "--context_fmha", "--remove_input_padding", "--tokens_per_block",
-    "--use_paged_context_fmha", "--use_fused_mlp", "--multiple_profiles",
+    "--use_paged_context_fmha", "--use_fused_mlp", "--multiple_profiles", "--gather_context_logits",
 }
 REF_CHOICES = {
     "--kv_cache_type": {"continuous", "paged", "disabled"},
@@ -48,6 +48,7 @@ REF_BUILD_CONFIG_FIELDS = {
     "force_num_profiles", "profiling_verbosity", "enable_debug_output", "max_draft_len", "speculative_decoding_mode", "use_refit",
     "input_timing_cache", "output_timing_cache", "lora_config", "weight_sparsity", "weight_streaming", "plugin_config",
     "use_strip_plan", "max_encoder_input_len", "dry_run", "visualize_network", "monitor_memory", "use_mrope", "logits_dtype",
+    "gather_context_logits",
 }
 REF_PLUGIN_FIELDS = {"gpt_attention_plugin", "gemm_plugin", "remove_input_padding", "context_fmha", "paged_kv_cache", "tokens_per_block",
                      "use_paged_context_fmha", "use_fused_mlp", "multiple_profiles"}
@@ -63,8 +64,12 @@ def _cfg(*over: str):
     return compose(["target=tensorrt_llm", *over])
 
 
+STORE_TRUE = {"--gather_context_logits"}  # documented bare flags (sec. 1a)
+
+
 def _pairs(args: list[str]) -> dict[str, str]:
-    assert len(args) % 2 == 0, args  # every flag takes a value in our command (no bare store_true flags)
+    args = [a for a in args if a not in STORE_TRUE]
+    assert len(args) % 2 == 0, args  # every other flag takes a value in our command
     return dict(zip(args[::2], args[1::2]))
 
 
@@ -269,3 +274,98 @@ def test_build_stage_dry_run_prints_the_command_and_key_includes_target(tmp_path
     text = con.export_text()
     assert "trtllm-build --checkpoint_dir" in text and "--max_batch_size 4" in text and "build target: tensorrt_llm" in text
     assert info["command"][0] == "trtllm-build" and info["headline"]["target"] == "tensorrt_llm"
+
+
+# ----------------------------------------------------------------------------- serving knobs (package.runtime)
+def test_sliding_window_is_passed_through_as_max_attention_window_size(make_checkpoint, tmp_path):
+    """A Mistral-style window smaller than max_seq_len reaches the package as max_attention_window_size; a window that
+    no sequence can exceed is full attention (nothing passed); Qwen2's use_sliding_window=false is no window."""
+    ck = make_checkpoint("mistral", sliding_window=16)
+    cfg = _cfg(f"model.path={ck}", "build.max_seq_len=256", "build.max_input_len=128")
+    assert trt.sliding_window(trt.model_hf_config(cfg)) == 16
+    assert trt.runtime_knobs(cfg)["max_attention_window_size"] == 16
+    assert not get_target("tensorrt_llm").check_config(cfg)
+    wide = make_checkpoint("mistral", name="wide", sliding_window=4096)
+    assert "max_attention_window_size" not in trt.runtime_knobs(_cfg(f"model.path={wide}", "build.max_seq_len=256", "build.max_input_len=128"))
+    assert trt.sliding_window({"sliding_window": 4096, "use_sliding_window": False}) is None
+    from pipeline.packaging.repository import settings_from_build
+
+    bi = {"target": "tensorrt_llm", "backend": "tensorrt", "limits": {"max_batch_size": 8, "max_input_len": 128, "max_seq_len": 256},
+          "runtime": trt.runtime_knobs(cfg)}
+    s = settings_from_build(bi, {"eos_token_ids": [2]}, cfg.package, cfg.build, cfg.target)
+    assert s.trtllm["parameters"]["max_attention_window_size"] == "16"
+
+
+@pytest.mark.parametrize(("overrides", "field"), [
+    (["package.runtime.max_attention_window_size=1000", "build.max_seq_len=384"], "package.runtime.max_attention_window_size"),
+    (["build.speculative.mode=medusa", "build.speculative.max_draft_len=4"], "package.runtime.medusa_choices"),
+    (["build.speculative.mode=lookahead_decoding", "build.speculative.max_draft_len=8", "package.runtime.lookahead_window_size=4"],
+     "package.runtime.lookahead_ngram_size"),
+    (["package.runtime.medusa_choices='{0}, {1}'"], "package.runtime.medusa_choices"),
+    (["build.speculative.mode=eagle", "build.speculative.max_draft_len=4", "package.runtime.decoding_mode=medusa"],
+     "package.runtime.decoding_mode"),
+    (["package.runtime.kv_cache_host_memory_bytes=1073741824", "build.enable_kv_cache_reuse=false"], "package.runtime.kv_cache_host_memory_bytes"),
+    (["build.speculative.mode=draft_tokens_external", "build.speculative.max_draft_len=4", "build.speculative.draft_model_path=/d"],
+     "eval.draft_model_path"),
+    (["build.speculative.mode=draft_tokens_external", "build.speculative.max_draft_len=4", "build.speculative.draft_model_path=/d",
+      "eval.draft_model_path=/other"], "eval.draft_model_path"),
+    (["build.speculative.mode=draft_tokens_external", "build.speculative.max_draft_len=6", "build.speculative.draft_model_path=/d",
+      "eval.draft_model_path=/d"], "eval.draft_tokens"),
+])
+def test_runtime_knobs_are_checked_across_fields(overrides, field):
+    probs = get_target("tensorrt_llm").check_config(_cfg(*overrides))
+    hit = [p for p in probs if p.field == field]
+    assert hit, [str(p) for p in probs]
+    assert all(p.fix for p in hit)
+
+
+def test_window_larger_than_the_models_window_is_refused(make_checkpoint):
+    ck = make_checkpoint("mistral", sliding_window=16)
+    probs = get_target("tensorrt_llm").check_config(_cfg(f"model.path={ck}", "build.max_seq_len=256", "build.max_input_len=128",
+                                                         "package.runtime.max_attention_window_size=32"))
+    assert any(p.field == "package.runtime.max_attention_window_size" and "sliding_window=16" in p.message for p in probs)
+
+
+@pytest.mark.parametrize(("over", "field"), [
+    ("package.runtime.kv_cache_free_gpu_mem_fraction=1.5", "package.runtime.kv_cache_free_gpu_mem_fraction"),
+    ("package.runtime.gpu_device_ids='0;x'", "package.runtime.gpu_device_ids"),
+    ("package.runtime.decoding_mode=greedy", "package.runtime.decoding_mode"),
+    ("package.runtime.medusa_choices='0,1'", "package.runtime.medusa_choices"),
+    ("package.speculative.min_acceptance_rate=2", "package.speculative.min_acceptance_rate"),
+    ("package.runtime.encoder_model_path=relative/enc", "package.runtime.encoder_model_path"),
+])
+def test_runtime_field_errors_exit_2_naming_field_value_and_fix(over, field):
+    from pipeline.config import validate as cfg_validate
+
+    with pytest.raises(ConfigError) as e:
+        cfg_validate(compose([over]))
+    assert field in str(e.value) and "Fix:" in str(e.value)
+    assert e.value.problems and all(p.fix for p in e.value.problems if p.field == field)
+
+
+def test_draft_model_build_runs_a_second_trtllm_build_for_the_draft(monkeypatch, tmp_path):
+    _fake_gpu(monkeypatch)
+    exe = _double(tmp_path)
+    draft = tmp_path / "draft"
+    (draft / "trtllm_checkpoint").mkdir(parents=True)
+    (draft / "trtllm_checkpoint" / "config.json").write_text("{}")
+    cfg = _cfg("quant=int4_awq", f"target.trtllm_build={exe}", f"build.timing_cache={tmp_path / 'tc'}",
+               "build.speculative.mode=draft_tokens_external", "build.speculative.max_draft_len=4",
+               f"build.speculative.draft_model_path={draft}")
+    out = tmp_path / "out"
+    info = get_target("tensorrt_llm").build(cfg, _quant_dir(tmp_path), out)
+    argv = json.loads((tmp_path / "argv.json").read_text())  # the last call: the draft
+    kv = _pairs(argv)
+    assert kv["--checkpoint_dir"] == str(draft / "trtllm_checkpoint") and kv["--output_dir"] == str(out / "draft_engine")
+    assert "--speculative_decoding_mode" not in kv and info["draft"]["engine"] == "draft_engine"
+    assert info["runtime"]["speculative"] == {"mode": "draft_tokens_external", "max_draft_len": 4, "draft_model_path": str(draft)}
+    assert (out / "draft_engine" / "rank0.engine").is_file()
+
+
+def test_gather_context_logits_flag_and_its_speculative_conflict(tmp_path):
+    args = trt.build_args(_cfg("build.gather_context_logits=true"), "c", "o", "t")
+    assert "--gather_context_logits" in args and set(_pairs(args)) <= REF_FLAGS
+    assert "--gather_context_logits" not in trt.build_args(_cfg(), "c", "o", "t")
+    probs = get_target("tensorrt_llm").check_config(_cfg("build.gather_context_logits=true", "build.speculative.mode=medusa",
+                                                         "build.speculative.max_draft_len=4", "package.runtime.medusa_choices='{0}'"))
+    assert [p.field for p in probs] == ["build.gather_context_logits"]

@@ -142,7 +142,7 @@ def grpc(served):
 def _has_model(grpc: Any, name: str) -> bool:
     try:
         return bool(grpc.is_model_ready(name))
-    except Exception:  # noqa: BLE001 - unknown model
+    except Exception:
         return False
 
 
@@ -532,7 +532,7 @@ def test_stop_input_with_the_same_request_id_ends_a_running_request(served, grpc
 def _post(url: str, body: dict) -> tuple[int, bytes]:
     req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(req, timeout=60) as r:  # noqa: S310 - 127.0.0.1 only
+        with urllib.request.urlopen(req, timeout=60) as r:
             return r.status, r.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()
@@ -611,7 +611,7 @@ def test_trtllm_package_has_bls_with_the_backend_interface(trt_repo):
     assert (trt_repo / "tensorrt_llm_bls" / "config.pbtxt").is_file()
     cfg = _parse(trt_repo / "tensorrt_llm_bls" / "config.pbtxt")
     ins = {i.name: i for i in cfg.input}
-    for name, dt, dims, optional in _BLS_INPUTS:
+    for name, dt, dims, _optional in _BLS_INPUTS:
         assert name in ins and _dt(cfg, ins[name].data_type) == dt and list(ins[name].dims) == dims, name
     eng = _parse(trt_repo / "tensorrt_llm" / "config.pbtxt")
     assert cfg.model_transaction_policy.decoupled == eng.model_transaction_policy.decoupled

@@ -75,7 +75,9 @@ def test_tiny_end_to_end_engine_and_report(tmp_path, tiny_ckpt, monkeypatch):
     summary, rep, out = run(tmp_path, f"model.path={tiny_ckpt}", "model.dtype=float32", "quant=int4_wo", "calibration.num_samples=32",
                             "calibration.min_samples=8", f"eval.eval_set={es}", "eval.runners=[baseline,engine,simulated]",
                             "eval.max_new_tokens=8", "build.max_input_len=128", "build.max_seq_len=160", "eval.gate.max_drop=1.0",
-                            f"eval.draft_model_path={tiny_ckpt}", "eval.draft_tokens=3")
+                            "eval.gate.max_kld=100", "eval.gate.min_top1=0",
+                            f"eval.draft_model_path={tiny_ckpt}", "eval.draft_tokens=3",
+                            "target.accuracy_level=1")  # fp32 activations: the engine's exact numerics are checked below
     assert summary.exit_code in (EXIT_OK, EXIT_GATE), summary.error
     assert rep["schema"] == "pipeline.eval_report/v1"
     assert rep["candidate"] == "engine" and set(rep["runners"]) == {"baseline", "engine", "simulated"}
@@ -116,14 +118,24 @@ def default_store(tmp_path_factory):
 @needs_stages
 @pytest.mark.parametrize("recipe", ["none", "int4_awq"])
 def test_default_model_passes_gate(default_store, recipe):
-    # recipe none: the whole eval set, to hold the default model to its recorded accuracy (README: 100 % on
-    # all 480 items, >= 90 % required); int4_awq: a round-robin subset with a short calibration (AWQ on CPU)
+    # recipe none: the whole eval set (480 items, 80 per slice), enough to show non-inferiority on every slice,
+    # and the default model held to its recorded accuracy; int4_awq: a 36-item round-robin subset with a short
+    # calibration (AWQ on CPU), too small to show non-inferiority per slice: run as exploratory (exit 0, recorded
+    # inconclusive, not releasable), and never a measured drop or a fidelity failure
     overrides = [f"quant={recipe}", *DEFAULT_LIMIT]
     if recipe == "none":
         overrides = [o for o in overrides if not o.startswith(("eval.limit", "eval.batch_size"))]
+    else:
+        overrides.append("eval.gate.mode=exploratory")
     summary, rep, out = run(default_store, *overrides)
     assert summary.exit_code == EXIT_OK, (summary.error, out)
-    assert rep["gate"]["passed"] and rep["candidate"] == "engine"
+    assert rep["candidate"] == "engine"
+    if recipe == "none":
+        assert rep["gate"]["passed"] and rep["gate"]["verdict"] == "pass", rep["gate"]["reason"]
+    else:
+        assert rep["gate"]["verdict"] == "inconclusive" and not rep["gate"]["passed"] and rep["gate"]["mode"] == "exploratory"
+        assert "EXPLORATORY RUN" in out
+    assert not [c for c in rep["gate"]["checks"] if c["verdict"] == "fail"], rep["gate"]["reason"]
     base = rep["runners"]["baseline"]
     if recipe == "none":
         assert base["n"] == 480, base
@@ -131,6 +143,8 @@ def test_default_model_passes_gate(default_store, recipe):
     assert all(v["score"] >= 0.95 for v in base["slices"].values()), base["slices"]
     # the fp32 engine reproduces transformers' greedy answers; int4_awq kept all of them (measured 480/480)
     assert rep["comparison"]["overall"]["agreement"] >= (0.99 if recipe == "none" else 0.9)
+    assert rep["fidelity"]["overall"]["positions"] > 0 and rep["fidelity"]["overall"]["top1"] >= 0.95
+    assert "served == evaluated" in out and "fidelity: mean KLD" in out
 
 
 @needs_stages

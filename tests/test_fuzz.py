@@ -126,3 +126,73 @@ def test_eval_length_check_fuzz(tiny_llama, tmp_path, lines):
     p = _write(tmp_path, "e.jsonl", lines, None)
     cfg = compose([f"model.path={tiny_llama}", f"eval.eval_set={p}", "build.max_seq_len=256", "build.max_input_len=128"])
     assert isinstance(cross_field_problems(cfg), list)
+
+
+# --------------------------------------------------------------------------- config.json field types (issue 16 item 9)
+def _valid(kind: str, v) -> bool:
+    import math
+
+    if kind == "int":
+        return isinstance(v, int) and not isinstance(v, bool)
+    if kind == "num":
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    if kind == "bool":
+        return isinstance(v, bool)
+    if kind == "str":
+        return isinstance(v, str)
+    if kind == "id":  # token id, a list of them, or null
+        items = v if isinstance(v, list) else [v]
+        return v is None or (bool(items) and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in items))
+    raise AssertionError(kind)
+
+
+#: (config.json field, expected kind, may be null); nested rope_scaling fields are written as "rope_scaling.<k>".
+TYPED_FIELDS = [
+    ("vocab_size", "int", False), ("hidden_size", "int", False), ("num_hidden_layers", "int", False),
+    ("num_attention_heads", "int", False), ("num_key_value_heads", "int", True), ("max_position_embeddings", "int", False),
+    ("rope_theta", "num", True), ("rms_norm_eps", "num", False), ("tie_word_embeddings", "bool", False),
+    ("attention_bias", "bool", False), ("hidden_act", "str", False), ("torch_dtype", "str", True),
+    ("eos_token_id", "id", True), ("bos_token_id", "id", True), ("pad_token_id", "id", True),
+    ("rope_scaling.factor", "num", True), ("rope_scaling.original_max_position_embeddings", "int", True),
+]
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-10, 10**6) | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=2), max_leaves=4)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(field=st.sampled_from(TYPED_FIELDS), value=JSON_VALUES)
+def test_config_json_wrong_types_exit_2_naming_the_field(tiny_llama, tmp_path_factory, field, value):
+    """A wrong JSON type in any known config.json field: InputError (exit 2) naming config.json and the field,
+    never a traceback and never the tokenizer; a right type passes the type check."""
+    import shutil
+
+    from hypothesis import assume
+
+    from pipeline.errors import EXIT_INPUT
+    from pipeline.export import check_config_types
+
+    name, kind, nullable = field
+    assume(not (value is None and nullable))
+    cfg = json.loads((tiny_llama / "config.json").read_text())
+    if name.startswith("rope_scaling."):
+        cfg["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                               "original_max_position_embeddings": 64, name.split(".", 1)[1]: value}
+    else:
+        cfg[name] = value
+    if _valid(kind, value):
+        check_config_types(cfg, "config.json")  # accepted types are never refused
+        return
+    ck = tmp_path_factory.mktemp("fuzzck")
+    for f in tiny_llama.iterdir():
+        if f.name != "config.json":
+            (ck / f.name).symlink_to(f)
+    (ck / "config.json").write_text(json.dumps(cfg))
+    from pipeline.export import inspect_checkpoint
+
+    with pytest.raises(PipelineError) as e:
+        inspect_checkpoint(ck, allow_external_files=True)  # the other files are links to the fixture's
+    shutil.rmtree(ck, ignore_errors=True)
+    msg = str(e.value)
+    assert e.value.exit_code == EXIT_INPUT
+    assert "config.json" in msg and name in msg and "tokenizer" not in msg, msg

@@ -71,12 +71,16 @@ def test_miss_then_hit_manifest_and_summary(ckpt, tmp_path):
     assert HEX64.match(mf["outputs"]["hf/model.safetensors"]["sha256"]) and HEX64.match(mf["output_digest"])
     assert mf["result"]["headline"] == {"architecture": "LlamaForCausalLM", "params": 393856, "dtype": "float32"}
 
-    # paths never enter the key: the same bytes in another folder (or behind symlinks, like a
-    # Hugging Face cache snapshot) are a cache hit
-    links = tmp_path / "snapshot"
-    links.mkdir()
+    # paths never enter the key: the same bytes in another folder (or behind symlinks, as in a
+    # Hugging Face hub cache snapshot: snapshots/<rev>/<file> -> ../../blobs/<sha256>) are a cache hit
+    repo = tmp_path / "hub" / "models--org--tiny"
+    links = repo / "snapshots" / "0123abc"
+    (repo / "blobs").mkdir(parents=True)
+    links.mkdir(parents=True)
     for f in ckpt.iterdir():
-        (links / f.name).symlink_to(f)
+        blob = repo / "blobs" / digest_path(f)
+        shutil.copyfile(f, blob)
+        (links / f.name).symlink_to(Path("..") / ".." / "blobs" / blob.name)
     assert run(links, store).status == "cached"
 
 

@@ -52,6 +52,19 @@ def markdown(doc: dict[str, Any]) -> str:
             f"{_f(e2.get('p50'), 1)} / {_f(e2.get('p90'), 1)} / {_f(e2.get('p99'), 1)} | "
             f"{_f(mt['output_token_throughput']['avg'], 1)} | {_f(mt['request_throughput']['avg'])} | "
             f"{_f(mt['prefill_decode']['prefill_share'])} | {_f(rf.get('fraction'), 3)} |")
+    per_mode = (doc.get("roofline") or {}).get("per_mode") or {}
+    c1 = [r for r in doc["runs"] if r["repeat"] == 0 and r["kind"] == "concurrency" and r["concurrency"] == 1 and r.get("roofline")]
+    if c1:
+        bw = doc["roofline"]["bandwidth_gbs"]
+        lines += ["", f"Decode roofline at concurrency 1 (host bandwidth {bw:.1f} GB/s, {doc['roofline']['bandwidth_source']}): "
+                  "bytes read per decode step = weights (every initializer except Gather-ed embedding tables) + KV cache at the "
+                  "mean context; bound = bandwidth / bytes per step.", "",
+                  "| mode | weight MB/step | KV MB/step | bound tok/s | achieved tok/s | fraction of bound |", "|---|---|---|---|---|---|"]
+        for r in c1:
+            rf = r["roofline"]
+            w = (per_mode.get(r["mode"]) or doc["roofline"]).get("weight_bytes_per_step")
+            lines.append(f"| `{r['mode']}` | {_f(w / 1e6 if w else None, 2)} | {_f(rf['kv_bytes_per_seq'] * rf['batch'] / 1e6, 2)} | "
+                         f"{_f(rf['bound_tokens_per_s'], 0)} | {_f(rf['achieved_decode_tokens_per_s'], 0)} | {_f(rf['fraction'], 3)} |")
     if any(s["repeats"] > 1 for s in doc["summary"]):
         lines += ["", "Spread over repeats (mean ± std, n):", "",
                   "| mode/level | TPOT avg (ms) | TTFT p50 (ms) | out tok/s |", "|---|---|---|---|"]
@@ -64,7 +77,7 @@ def markdown(doc: dict[str, Any]) -> str:
             lines.append(f"| {s['key']} | {ms('time_per_output_token.avg')} | {ms('time_to_first_token.p50')} | {ms('output_token_throughput.avg')} |")
     lines += ["", "| ratio | value | target | met | definition |", "|---|---|---|---|---|"]
     for k, v in doc["ratios"].items():
-        met = {True: "yes", False: "**no**", None: "not measured"}[v["met"]]
+        met = {True: "yes", False: "**no**", None: "not measured"}[v["met"]] if v.get("judged", True) else "(not a target here)"
         lines.append(f"| {k} | {_f(v['value'], 3) if isinstance(v['value'], float) else _f(v['value'])} | {v['target']} | {met} | {v['definition']} |")
     lines += ["", "TTFT = send → first token; TPOT = (last − first token) / (tokens − 1); ITL = gaps between tokens; "
               "latency = send → last token; out tok/s = output tokens / (first send → last completion). "

@@ -23,11 +23,14 @@ class LengthDist:
 class BenchmarkConfig:
     name: str = "default"
     modes: List[str] = field(default_factory=lambda: ["engine", "triton", "baseline"])
-    """Where to send load: engine (in-process) | triton (gRPC streaming to the packaged server) | baseline (transformers)."""
+    """Where to send load: engine (in-process) | triton (gRPC streaming to the packaged server) | baseline (transformers)
+    | builder_int4 (onnxruntime-genai's own int4 build of the export checkpoint, a speed reference; pipeline.bench.reference)."""
     concurrency: List[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
     """Closed-loop levels: that many clients, each sending its next request when the last one finished."""
     baseline_concurrency: List[int] = field(default_factory=lambda: [1])
     """Levels for the transformers baseline (it serves one request at a time; higher levels only queue)."""
+    reference_concurrency: List[int] = field(default_factory=lambda: [1])
+    """Levels for reference engines (mode builder_int4: onnxruntime-genai's own int4 build of the same checkpoint)."""
     request_rates: List[float] = field(default_factory=list)
     """Open-loop Poisson arrival rates in requests/s (empty = only the concurrency sweep)."""
     dataset: str = "eval"
@@ -47,13 +50,16 @@ class BenchmarkConfig:
     server_ready_timeout_s: float = runtime(180.0, doc="triton mode: how long to wait for the server to be ready")
     repeats: int = 1
     """Run every level this many times (fresh seeded workload each); compare reports the spread."""
+    targets: List[str] = field(default_factory=list)
+    """Ratios this benchmark is held to (names in ``pipeline.bench.core.TARGETS``); empty = all. The others are still
+    reported, marked as not a target for this benchmark."""
     results_dir: str = runtime("bench/results", doc="where JSON, Markdown and plots go")
 
 
 def validate(cfg: BenchmarkConfig, prefix: str = "benchmark") -> list[Problem]:
     problems: list[Problem] = []
     for m in cfg.modes:
-        choice(problems, f"{prefix}.modes", m, ("engine", "triton", "baseline"))
+        choice(problems, f"{prefix}.modes", m, ("engine", "triton", "baseline", "builder_int4"))
     choice(problems, f"{prefix}.dataset", cfg.dataset, ("eval", "synthetic"))
     for name, d in (("input_len", cfg.input_len), ("output_len", cfg.output_len)):
         choice(problems, f"{prefix}.{name}.kind", d.kind, ("fixed", "uniform", "normal", "lognormal"))

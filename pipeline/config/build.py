@@ -18,7 +18,10 @@ class SpeculativeConfig:
     """none | draft_tokens_external (draft model) | medusa | eagle | lookahead_decoding."""
     max_draft_len: int = 0
     """Draft tokens per step; added to max_seq_len by trtllm-build."""
-    draft_model_path: Optional[str] = runtime(None, doc="HF checkpoint of the draft model (draft_tokens_external)")
+    draft_model_path: Optional[str] = runtime(None, doc="HF checkpoint of the draft model (draft_tokens_external); its "
+                                              "acceptance is measured with eval.draft_model_path set to the same folder")
+    draft_trtllm_checkpoint: Optional[str] = runtime(None, doc="TensorRT-LLM checkpoint of the draft (config.json + rank*.safetensors) "
+                                                     "for its engine; default <draft_model_path>/trtllm_checkpoint")
 
 
 @dataclass
@@ -46,6 +49,9 @@ class BuildConfig:
     enable_chunked_context: bool = False
     """Split long prompts into chunks of max_num_tokens (needs paged context FMHA)."""
     logits_dtype: Optional[str] = None
+    gather_context_logits: bool = False
+    """trtllm-build --gather_context_logits: the engine returns prompt logits (teacher-forced fidelity metrics in
+    evaluate); not combinable with speculative decoding (max_draft_len > 0)."""
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     # Runtime knobs recorded in build_info.json and used by the package stage (CUDA Graphs are a
     # runtime setting in the TensorRT-LLM 1.2 engine line, not a build flag).

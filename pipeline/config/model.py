@@ -2,27 +2,92 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Dict, List, Optional
+
+from omegaconf import OmegaConf
 
 from .common import Problem, choice, runtime
 
 DTYPES = ("float16", "bfloat16", "float32")
+#: what an unset ``model.name`` / ``model.dtype`` becomes: derived from ``model.path`` (see the resolvers below).
+NAME_FROM_CHECKPOINT = "${checkpoint_name:${.path}}"
+DTYPE_FROM_CHECKPOINT = "${checkpoint_dtype:${.path}}"
+
+
+def _checkpoint_folder(path: Any) -> Optional[Path]:
+    if path is None or str(path).strip() == "":
+        return None
+    from . import resolve_path  # late: pipeline.config imports this module
+
+    return resolve_path(str(path))
+
+
+def checkpoint_name(path: Any) -> str:
+    """A user's model's own name: the checkpoint folder's name (for a Hugging Face hub cache snapshot
+    ``models--<org>--<name>/snapshots/<rev>``, ``<name>``); ``"model"`` without a path."""
+    folder = _checkpoint_folder(path)
+    if folder is None:
+        return "model"
+    folder = Path(folder)
+    if folder.parent.name == "snapshots" and folder.parent.parent.name.startswith("models--"):
+        return folder.parent.parent.name.split("--")[-1]
+    return folder.name or "model"
+
+
+def checkpoint_dtype(path: Any) -> str:
+    """The checkpoint's own dtype: ``config.json`` ``torch_dtype`` (or transformers 5's ``dtype``) when it is one of
+    :data:`DTYPES`, else ``float32`` (transformers' default when a config states none). A bf16 checkpoint therefore
+    exports as bf16, which holds every value it has; float16 must be asked for (and export refuses a lossy cast)."""
+    folder = _checkpoint_folder(path)
+    if folder is None:
+        return "float32"
+    try:
+        cfg = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "float32"  # the export stage names the unreadable file
+    if not isinstance(cfg, dict):
+        return "float32"
+    for key in ("torch_dtype", "dtype"):
+        v = cfg.get(key)
+        if isinstance(v, str) and v.replace("torch.", "") in DTYPES:
+            return v.replace("torch.", "")
+    return "float32"
+
+
+def export_dtype_for(model_dtype: Any) -> str:
+    """Default ``quant.export_dtype`` (high-precision tensors of the TensorRT-LLM checkpoint) for a ``model.dtype``:
+    the same half type for bfloat16/float16 checkpoints (a bf16 model is never narrowed to fp16 behind the user's
+    back), float16 for float32 ones (the TensorRT-LLM engines' usual compute type)."""
+    return str(model_dtype) if model_dtype in ("bfloat16", "float16") else "float16"
+
+
+OmegaConf.register_new_resolver("export_dtype_for", export_dtype_for, replace=True)
+OmegaConf.register_new_resolver("checkpoint_name", checkpoint_name, replace=True)
+OmegaConf.register_new_resolver("checkpoint_dtype", checkpoint_dtype, replace=True)
 
 
 @dataclass
 class ModelConfig:
-    name: str = "model"
-    """Short name used in reports, artifact manifests and the Triton model repository."""
+    name: str = NAME_FROM_CHECKPOINT
+    """Short name used in reports, artifact manifests and the Triton model repository. Unless set: the
+    checkpoint folder's name (:func:`checkpoint_name`), so a user's model never carries a preset's name."""
     path: Optional[str] = runtime(None, doc="local HF checkpoint folder; relative paths resolve against the cwd, then the repo root")
     """Local Hugging Face checkpoint folder (config.json, *.safetensors, tokenizer files).
     ``None`` for shapes-only presets (planner), which carry ``hf_config`` instead."""
-    dtype: str = "float16"
-    """dtype of the normalised checkpoint written by export: float16 | bfloat16 | float32."""
+    dtype: str = DTYPE_FROM_CHECKPOINT
+    """dtype of the normalised checkpoint written by export: float16 | bfloat16 | float32. Unless set: the
+    checkpoint's ``torch_dtype`` (:func:`checkpoint_dtype`). Export refuses a cast that loses values."""
     trust_remote_code: bool = False
     """Never execute code shipped with a checkpoint unless explicitly set (secure default)."""
     allow_pickle: bool = False
     """Allow pickled ``*.bin``/``*.pt`` weights (arbitrary code execution risk). Off by default."""
+    allow_external_files: bool = runtime(False, doc="accept checkpoint files (symbolic links, index shard names) that "
+                                                    "resolve outside model.path; their contents enter the cache key")
+    """Symbolic links in the checkpoint folder and shard names in the weight index must resolve inside
+    ``model.path`` (or, for a Hugging Face hub cache snapshot, its ``blobs`` folder) unless this is set."""
     apply_chat_template: bool = True
     """Render prompts through the tokenizer's chat template (one shared path for calibration,
     evaluation and serving; the template supplies BOS, so no special tokens are added again)."""

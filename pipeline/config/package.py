@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 from .common import Problem, runtime
+from .serving import RuntimeConfig, SpeculativeGateConfig
+from .serving import validate as _validate_runtime
+from .serving import validate_speculative as _validate_speculative
 
 
 @dataclass
@@ -40,10 +43,15 @@ class PackageConfig:
     grpc_port: int = runtime(8001, doc="serve: gRPC port (0 = pick a free one)")
     http_port: int = runtime(8000, doc="serve: HTTP port (0 = pick a free one)")
     metrics_port: int = runtime(8002, doc="serve: metrics port (0 = pick a free one)")
+    openai_port: int = runtime(9000, doc="serve --openai: port of the OpenAI-compatible endpoint (0 = pick a free one)")
     ready_timeout_s: float = runtime(180.0, doc="serve: how long to wait for readiness")
     repository: Optional[str] = runtime(None, doc="serve: model repository to serve (default: the newest package artifact in the store)")
     host: str = runtime("127.0.0.1", doc="serve: bind address of every endpoint (127.0.0.1 = this machine only)")
-    openai_port: int = runtime(9000, doc="serve --openai: port of the OpenAI-compatible endpoint (0 = pick a free one)")
+    # declared last: the field name `runtime` shadows the helper of the same name inside this class body
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    """TensorRT-LLM serving knobs (``pipeline/config/serving.py``; backend parameter names)."""
+    speculative: SpeculativeGateConfig = field(default_factory=SpeculativeGateConfig)
+    """Acceptance gate for a speculative build (``pipeline/config/serving.py``)."""
 
 
 def validate(cfg: PackageConfig, prefix: str = "package") -> list[Problem]:
@@ -60,4 +68,5 @@ def validate(cfg: PackageConfig, prefix: str = "package") -> list[Problem]:
         problems.append(Problem(f"{prefix}.instance_count", cfg.instance_count, "must be >= 1.", "use 1"))
     if not cfg.version or "/" in cfg.version or ".." in cfg.version:
         problems.append(Problem(f"{prefix}.version", cfg.version, "must be a plain non-empty name.", "use e.g. package.version=1"))
+    problems += _validate_runtime(cfg.runtime, f"{prefix}.runtime") + _validate_speculative(cfg.speculative, f"{prefix}.speculative")
     return problems

@@ -7,16 +7,38 @@ from typing import List
 
 from .common import Problem, choice
 
-RECIPES = ("none", "fp8", "int8_sq", "int8_wo", "int4_wo", "int4_awq", "w4a8_awq")
+RECIPES = ("none", "fp8", "int8_sq", "int8_wo", "int4_rtn", "int4_awq", "w4a8_awq", "auto", "int4_wo")
+#: deprecated recipe names -> the name to use (still accepted for one release; the quant report warns)
+DEPRECATED_RECIPES = {"int4_wo": "int4_rtn"}
 KV_CACHE = ("none", "fp8", "int8")
 SENSITIVE_PRESETS = ("none", "first_last", "attn_out", "first_last_attn_out")
+#: formats ``quant=auto`` may pick per layer (besides "not quantized", which ModelOpt always adds)
+AUTO_FORMATS = ("int4_awq", "int4_rtn", "int8_wo", "int8_sq", "fp8", "w4a8_awq")
+AUTO_METHODS = ("kl_div", "gradient")
+
+
+@dataclass
+class AutoQuantConfig:
+    """``quant.auto``: the per-layer format search of ``quant=auto`` (ModelOpt ``mtq.auto_quantize``)."""
+
+    effective_bits: float = 8.0
+    """Budget: average stored bits per weight over the searched linear layers (ModelOpt ``constraints.effective_bits``;
+    e.g. 4.0 = all int4, 8.0 = all int8, 16.0 = nothing quantized). Layers kept in high precision by
+    ``exclude_modules`` count at 16 bits."""
+    formats: List[str] = field(default_factory=lambda: ["int4_awq", "int8_wo"])
+    """Candidate formats per layer (recipe names); "not quantized" is always a candidate."""
+    method: str = "kl_div"
+    """Sensitivity score: kl_div (KL divergence of the model's output distribution when only that layer is
+    quantized; forward passes only) | gradient (Taylor estimate of the loss change; needs backward passes)."""
+    num_score_steps: int = 16
+    """Calibration batches used to score sensitivity (ModelOpt ``num_score_steps``; all batches calibrate)."""
 
 
 @dataclass
 class QuantConfig:
     recipe: str = "none"
-    """none | fp8 | int8_sq | int8_wo | int4_wo | int4_awq | w4a8_awq (TensorRT-LLM quant_algo names in
-    pipeline/quantize.py RECIPES)."""
+    """none | fp8 | int8_sq | int8_wo | int4_rtn | int4_awq | w4a8_awq (TensorRT-LLM quant_algo names in
+    pipeline/quantize.py RECIPES). ``int4_wo`` is a deprecated alias of ``int4_rtn``."""
     kv_cache: str = "none"
     """KV-cache quantization: none | fp8 | int8 (TensorRT-LLM kv_cache_quant_algo FP8 / INT8)."""
     group_size: int = 128
@@ -34,8 +56,11 @@ class QuantConfig:
     """Pipeline-parallel ranks."""
     vocab_padding: str = "pad"
     """When vocab_size % tp_size != 0: pad (record original and padded sizes) | reject."""
-    export_dtype: str = "float16"
-    """dtype of the unquantized tensors in the exported TensorRT-LLM checkpoint."""
+    export_dtype: str = "${export_dtype_for:${model.dtype}}"
+    """dtype of the unquantized tensors in the exported TensorRT-LLM checkpoint. Unless set: follows model.dtype
+    (bfloat16/float16 as is, float16 for float32; pipeline/config/model.py export_dtype_for)."""
+    auto: AutoQuantConfig = field(default_factory=AutoQuantConfig)
+    """Per-layer format search, read only when recipe=auto."""
 
 
 def validate(cfg: QuantConfig, prefix: str = "quant") -> list[Problem]:
@@ -49,6 +74,21 @@ def validate(cfg: QuantConfig, prefix: str = "quant") -> list[Problem]:
         problems.append(Problem(f"{prefix}.group_size", cfg.group_size, "must be 32, 64 or 128.", "use quant.group_size=128 (the default)"))
     if not 0.0 <= cfg.smoothquant_alpha <= 1.0:
         problems.append(Problem(f"{prefix}.smoothquant_alpha", cfg.smoothquant_alpha, "must be in [0, 1].", "use 0.5"))
+    if cfg.recipe == "auto":
+        a = cfg.auto
+        bad = [f for f in a.formats if f not in AUTO_FORMATS]
+        if not a.formats or bad:
+            problems.append(Problem(f"{prefix}.auto.formats", list(a.formats), f"must be a non-empty list of {list(AUTO_FORMATS)}.",
+                                    "e.g. quant.auto.formats=[int4_awq,int8_wo]"))
+        if not 4.0 <= float(a.effective_bits) <= 16.0:
+            problems.append(Problem(f"{prefix}.auto.effective_bits", a.effective_bits, "must be in [4, 16] (bits per weight).",
+                                    "e.g. quant.auto.effective_bits=6"))
+        choice(problems, f"{prefix}.auto.method", a.method, AUTO_METHODS)
+        if a.num_score_steps < 1:
+            problems.append(Problem(f"{prefix}.auto.num_score_steps", a.num_score_steps, "must be >= 1.", "use 16"))
+        if cfg.kv_cache != "none":
+            problems.append(Problem(f"{prefix}.kv_cache", cfg.kv_cache, "quant=auto searches weight formats only; ModelOpt's "
+                                    "auto_quantize disables KV-cache quantizers.", "use quant.kv_cache=none with quant=auto"))
     for f in ("tp_size", "pp_size"):
         if getattr(cfg, f) < 1:
             problems.append(Problem(f"{prefix}.{f}", getattr(cfg, f), "must be >= 1.", f"set {prefix}.{f}=1"))

@@ -1,19 +1,45 @@
-"""Release gate: thresholds overall and per slice, with paired statistics for small eval sets.
+"""Release gate: a non-inferiority test overall and on every slice, plus fidelity thresholds.
 
-Checks (each overall and on every slice):
+The question a release asks is "is the candidate *not worse* than the baseline by more than the
+allowance delta?", so the null hypothesis is H0: drop >= delta, where drop = baseline score -
+candidate score on the same items (paired).  A scope passes only when H0 is rejected, i.e. when the
+one-sided upper confidence bound (level ``gate.confidence``) of the drop is <= delta.  Absence of
+evidence of a drop is not evidence of no drop: a collapse on 3 items is never "not significant enough
+to fail" (the previous ``significant_only`` rule), it is *inconclusive* at best.
 
-- ``min_score``: candidate score >= ``gate.min_score`` (point estimate).
-- ``max_drop``: the drop ``baseline - candidate`` (mean paired difference of per-item scores) must
-  not exceed the allowance (``gate.max_drop``, else ``gate.max_drop_by_recipe[recipe]``; per slice
-  ``gate.slice_max_drop``, else 2 x the overall allowance).  With ``gate.significant_only`` the check
-  fails only when the drop is *significantly* larger than the allowance: the lower bound of the
-  two-sided paired-bootstrap percentile interval (Efron & Tibshirani 1993, "An Introduction to the
-  Bootstrap", ch. 13; items resampled with replacement, pairs kept together) lies above the
-  allowance, and, for binary metrics, McNemar's exact test on the discordant pairs (McNemar 1947;
-  exact binomial form, two-sided, via ``scipy.stats.binomtest``) rejects "no difference" at
-  ``1 - confidence``.  Without it the point estimate is compared with the allowance.
-- ``min_agreement``: fraction of items whose candidate text equals the baseline's text (stripped)
-  >= ``gate.min_agreement``.
+Verdict per scope (check ``max_drop``):
+
+- ``fail``: the point estimate of the drop is above the allowance (always fails, in every mode);
+- ``pass``: the upper bound is within the allowance;
+- ``inconclusive``: neither; the set is too small (or too discordant) to show non-inferiority.  The
+  detail names the number of items that would be needed (:func:`items_needed`).
+
+The gate's verdict is the worst scope verdict (fail > inconclusive > pass).  Requiring *every* scope
+to pass is an intersection-union test, so the whole gate keeps the per-scope level without a
+multiplicity correction (Berger 1982, "Multiparameter hypothesis testing and acceptance sampling",
+Technometrics 24:295-300).  ``gate.mode=release`` (default) fails on ``inconclusive`` (exit 3);
+``gate.mode=exploratory`` lets an inconclusive run finish with exit 0, loudly, and records it: the
+verdict stays ``passed: false`` for the package stage, which refuses to release it.
+
+Upper bounds:
+
+- binary metrics (every item's score is 0 or 1): Tango's asymmetric score interval for the difference
+  of paired proportions (Tango 1998, "Equivalence test and confidence interval for the difference in
+  proportions for the paired-sample design", Statistics in Medicine 17:891-908; recommended by
+  Fagerland, Lydersen & Laake 2014, "Recommended tests and confidence intervals for paired binomial
+  proportions", Statistics in Medicine 33:2850-2875).  It uses the discordant counts b (baseline right,
+  candidate wrong) and c (the reverse): drop = (b - c) / n.  Unlike a bound conditioned on b + c, it
+  stays informative when there are no discordant pairs: with b = c = 0 the bound is z^2 / (n + z^2).
+- continuous metrics (e.g. ``rouge_l``, ``json_fields``) and mixed scopes: the paired-bootstrap
+  one-sided percentile bound (Efron & Tibshirani 1993, "An Introduction to the Bootstrap", ch. 13;
+  items resampled with replacement, pairs kept together), floored by Tango's bound on the fractional
+  counts b = sum(max(d, 0)), c = sum(max(-d, 0)) of the paired differences d in [-1, 1].  The floor is
+  needed because the bootstrap of n identical differences has zero width (3 items would "prove" a 0
+  drop); it is conservative because a difference in [-1, 1] with the same positive and negative means
+  has at most the variance of the {-1, 0, 1} variable Tango's interval assumes.
+
+Other checks (point estimates): ``min_score`` (candidate score), ``min_agreement`` (identical output
+text), and the fidelity thresholds ``max_kld`` / ``min_top1`` (overall, from ``fidelity.py``).
 
 Items skipped by either runner (too long, engine error) are excluded pairwise and counted.
 """
@@ -26,78 +52,152 @@ from typing import Any, Sequence
 
 import numpy as np
 
+VERDICTS = ("pass", "inconclusive", "fail")
+"""Ordered from best to worst: the gate's verdict is the worst of its scopes'."""
+MAX_ITEMS_NEEDED = 10_000_000
+
 
 @dataclasses.dataclass
 class PairedStats:
-    """Paired comparison of baseline and candidate scores on the same items."""
+    """Paired comparison of baseline and candidate scores on the same items (scores in [0, 1])."""
 
     n: int
     baseline: float
     candidate: float
     drop: float
     """mean(baseline - candidate) over the paired items (0..1 scale)."""
-    ci_low: float
-    ci_high: float
+    upper: float
+    """One-sided ``confidence`` upper bound of the drop (Tango score bound or bootstrap, see module doc)."""
     confidence: float
-    mcnemar_p: float | None
-    """Two-sided exact McNemar p-value (binary metrics only), else None."""
-    discordant: tuple[int, int] | None
-    """(baseline right & candidate wrong, baseline wrong & candidate right) for binary metrics."""
+    method: str
+    """``tango`` (binary scores) or ``bootstrap+tango-floor`` (continuous / mixed)."""
+    discordant: tuple[float, float]
+    """(b, c): baseline right & candidate wrong, the reverse; fractional sums of positive / negative
+    paired differences for continuous metrics."""
     agreement: float | None
+    """Fraction of items whose candidate text equals the baseline's, or None."""
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        d["discordant"] = list(self.discordant) if self.discordant else None
+        d["discordant"] = [round(x, 6) for x in self.discordant]
         return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in d.items()}
 
 
-def bootstrap_ci(diff: np.ndarray, *, confidence: float, samples: int, seed: int) -> tuple[float, float]:
-    """Percentile interval of the mean of ``diff`` over ``samples`` resamples with replacement.
+def _z(confidence: float) -> float:
+    from scipy.stats import norm
 
-    ``diff``: float array (n,), the per-item paired differences.  Returns (low, high); (0, 0) for n = 0.
+    return float(norm.ppf(confidence))
+
+
+def tango_statistic(b: float, c: float, n: float, delta: float) -> float:
+    """Tango's score statistic T(delta) for H0: p_b - p_c = delta (Tango 1998, eq. 3; Fagerland et al. 2014, sec. 4.2).
+
+    T = (b - c - n delta) / sqrt(n (2 q + delta (1 - delta))), with q the restricted maximum-likelihood
+    estimate of p_c under H0: q = (sqrt(B^2 - 4 A C) - B) / (2 A), A = 2n, B = -b - c + (2n - b + c) delta,
+    C = -c delta (1 - delta).  Decreasing in delta.  Counts may be fractional (continuous floor).
     """
+    A = 2.0 * n
+    B = -b - c + (2.0 * n - b + c) * delta
+    C = -c * delta * (1.0 - delta)
+    q = (math.sqrt(max(B * B - 4.0 * A * C, 0.0)) - B) / (2.0 * A)
+    var = n * (2.0 * q + delta * (1.0 - delta))
+    num = b - c - n * delta
+    if var <= 0.0:
+        return 0.0 if num == 0 else math.copysign(math.inf, num)
+    return num / math.sqrt(var)
+
+
+def tango_upper(b: float, c: float, n: float, confidence: float) -> float:
+    """One-sided ``confidence`` upper bound of the paired drop (b - c) / n from Tango's score interval.
+
+    The largest delta in [d, 1] with T(delta) >= -z_{confidence} (root found with ``scipy.optimize.brentq``);
+    1.0 when T stays above -z up to delta = 1.  Returns 1.0 for n = 0.
+    """
+    if n <= 0:
+        return 1.0
+    from scipy.optimize import brentq
+
+    z = _z(confidence)
+    d = (b - c) / n
+    hi = 1.0 - 1e-12
+    f = lambda delta: tango_statistic(b, c, n, delta) + z  # noqa: E731
+    if f(hi) >= 0.0:
+        return 1.0
+    lo = max(-1.0 + 1e-12, d)
+    if f(lo) <= 0.0:  # numerical edge (d = 1 handled above)
+        return float(lo)
+    return float(brentq(f, lo, hi, xtol=1e-10))
+
+
+def bootstrap_upper(diff: np.ndarray, *, confidence: float, samples: int, seed: int) -> float:
+    """One-sided percentile upper bound of mean(``diff``) over ``samples`` paired resamples (float array (n,))."""
     n = len(diff)
     if n == 0:
-        return 0.0, 0.0
+        return 1.0
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, n, size=(samples, n))
-    means = diff[idx].mean(axis=1)
-    a = (1.0 - confidence) / 2.0
-    lo, hi = np.quantile(means, [a, 1.0 - a])
-    return float(lo), float(hi)
+    return float(np.quantile(diff[idx].mean(axis=1), confidence))
 
 
-def mcnemar_exact(b: int, c: int) -> float:
-    """Two-sided exact McNemar p-value: ``binomtest(b, b + c, 0.5)`` (1.0 when there are no discordant pairs).
+def items_needed(b: float, c: float, n: int, allowance: float, confidence: float) -> int | None:
+    """Smallest eval-set size whose upper bound would be within ``allowance`` at the observed rates.
 
-    ``b``: pairs where only the baseline is right; ``c``: pairs where only the candidate is right.
+    Assumes the observed discordance rates p_b = b / n and p_c = c / n stay the same on a larger set
+    (counts scaled) and searches the smallest n' with ``tango_upper(p_b n', p_c n', n') <= allowance``.
+    Large-sample form: n ~ z^2 (p_disc - d^2) / (allowance - d)^2 with p_disc = (b + c) / n, d = (b - c) / n;
+    at d = 0 that is the familiar (z sqrt(p_disc) / allowance)^2.  When no discordant pair was observed
+    (b + c = 0) that formula would say 0; the score interval instead uses the discordance H0 itself
+    implies (p_disc = allowance, every discordant pair a loss), giving n = z^2 (1 - allowance) / allowance.
+    Returns None when the observed drop is at or above the allowance (no size can show non-inferiority).
     """
-    if b + c == 0:
-        return 1.0
-    try:
-        from scipy.stats import binomtest
-
-        return float(binomtest(b, b + c, 0.5, alternative="two-sided").pvalue)
-    except ImportError:  # exact binomial tail from math (doubling the smaller tail; Agresti 2013, sec. 11.1.4)
-        n, k = b + c, min(b, c)
-        tail = sum(math.comb(n, i) for i in range(k + 1)) / 2.0 ** n
-        return min(1.0, 2.0 * tail)
+    if n <= 0 or allowance <= 0:
+        return None
+    pb, pc = b / n, c / n
+    if pb - pc >= allowance:
+        return None
+    ok = lambda m: tango_upper(pb * m, pc * m, m, confidence) <= allowance  # noqa: E731
+    lo, hi = 1, max(2, n)
+    while not ok(hi):
+        lo, hi = hi, hi * 2
+        if hi > MAX_ITEMS_NEEDED:
+            return None
+    while lo < hi:  # the bound shrinks with m at fixed rates
+        mid = (lo + hi) // 2
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return int(hi)
 
 
 def paired_stats(base: Sequence[float], cand: Sequence[float], *, binary: bool, agree: Sequence[bool] | None,
                  confidence: float, samples: int, seed: int) -> PairedStats:
-    b = np.asarray(base, dtype=float)
-    c = np.asarray(cand, dtype=float)
-    n = len(b)
-    diff = b - c
-    lo, hi = bootstrap_ci(diff, confidence=confidence, samples=samples, seed=seed)
-    p, disc = None, None
-    if binary and n:
-        nb = int(np.sum((b >= 0.5) & (c < 0.5)))
-        nc = int(np.sum((b < 0.5) & (c >= 0.5)))
-        disc, p = (nb, nc), mcnemar_exact(nb, nc)
-    return PairedStats(n, float(b.mean()) if n else 0.0, float(c.mean()) if n else 0.0, float(diff.mean()) if n else 0.0,
-                       lo, hi, confidence, p, disc, (float(np.mean(agree)) if agree is not None and n else None))
+    """Paired statistics of ``base`` and ``cand`` (per-item scores in [0, 1], same order, same length).
+
+    ``binary``: every score is 0 or 1 (Tango's bound); else the bootstrap bound with the Tango floor.
+    """
+    b_ = np.asarray(base, dtype=float)
+    c_ = np.asarray(cand, dtype=float)
+    n = len(b_)
+    diff = b_ - c_
+    nb, nc = float(np.clip(diff, 0, None).sum()), float(np.clip(-diff, 0, None).sum())
+    if binary:
+        nb, nc = float(np.sum((b_ >= 0.5) & (c_ < 0.5))), float(np.sum((b_ < 0.5) & (c_ >= 0.5)))
+        upper, method = tango_upper(nb, nc, n, confidence), "tango"
+    else:
+        upper = max(bootstrap_upper(diff, confidence=confidence, samples=samples, seed=seed), tango_upper(nb, nc, n, confidence))
+        method = "bootstrap+tango-floor"
+    return PairedStats(n, float(b_.mean()) if n else 0.0, float(c_.mean()) if n else 0.0, float(diff.mean()) if n else 0.0,
+                       float(upper), confidence, method, (nb, nc), (float(np.mean(agree)) if agree is not None and n else None))
+
+
+def scope_verdict(st: PairedStats, allowance: float) -> tuple[str, int | None]:
+    """(``pass`` | ``inconclusive`` | ``fail``, items needed or None) for one scope (see module doc)."""
+    if st.drop > allowance + 1e-12:
+        return "fail", None
+    if st.upper <= allowance + 1e-12:
+        return "pass", None
+    return "inconclusive", items_needed(st.discordant[0], st.discordant[1], st.n, allowance, st.confidence)
 
 
 @dataclasses.dataclass
@@ -105,15 +205,25 @@ class Check:
     scope: str
     """``overall`` or ``slice:<name>``."""
     check: str
-    """min_score | max_drop | min_agreement."""
+    """min_score | max_drop | min_agreement | max_kld | min_top1."""
     value: float
     threshold: float
-    passed: bool
+    verdict: str
+    """pass | inconclusive | fail."""
     detail: str
+    upper: float | None = None
+    items_needed: int | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict == "pass"
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
+        d["passed"] = self.passed
         d["value"], d["threshold"] = round(self.value, 6), round(self.threshold, 6)
+        if self.upper is not None:
+            d["upper"] = round(self.upper, 6)
         return d
 
 
@@ -124,41 +234,74 @@ def allowances(gate: Any, recipe: str) -> tuple[float, float]:
     return float(overall), float(per_slice)
 
 
-def judge(gate: Any, recipe: str, stats: dict[str, PairedStats | None], cand_scores: dict[str, float]) -> dict[str, Any]:
+def fidelity_thresholds(gate: Any, recipe: str) -> tuple[float | None, float | None]:
+    """(max mean KLD in nats, min top-1 agreement) for ``recipe``; None = not checked."""
+    kld = gate.max_kld if gate.max_kld is not None else gate.max_kld_by_recipe.get(recipe)
+    top1 = gate.min_top1 if gate.min_top1 is not None else gate.min_top1_by_recipe.get(recipe)
+    return (None if kld is None else float(kld)), (None if top1 is None else float(top1))
+
+
+def _needed_text(k: int | None) -> str:
+    return (f"about {k} paired items would be needed at the observed discordance" if k is not None
+            else "no eval-set size can show it at the observed drop")
+
+
+def judge(gate: Any, recipe: str, stats: dict[str, PairedStats | None], cand_scores: dict[str, float],
+          fidelity: dict[str, Any] | None = None) -> dict[str, Any]:
     """Apply the gate.
 
     Args:
         gate: ``pipeline.config.eval.GateConfig``.
-        recipe: the quantization recipe (selects the default allowance).
+        recipe: the quantization recipe (selects the default allowance and fidelity thresholds).
         stats: ``{"overall": PairedStats, "slice:<name>": PairedStats}``; None values mean no baseline.
-        cand_scores: candidate score per scope (used for ``min_score`` when there is no baseline).
+        cand_scores: candidate score per scope (used for ``min_score``).
+        fidelity: the overall fidelity summary (``fidelity.summarize``: ``kld.mean``, ``top1``) or None.
     Returns:
-        ``{"passed": bool, "reason": str, "checks": [Check.to_json()...], "allowed_drop": {...}}``;
-        ``reason`` names every failed scope, the measured value, the threshold and the interval.
+        ``{"passed", "verdict", "mode", "reason", "checks": [...], "allowed_drop": {...}, "confidence",
+        "bound"}``: ``verdict`` is the worst check verdict; ``passed`` is ``verdict == "pass"`` (in both
+        modes: the package stage never releases an unproven candidate); ``reason`` names every
+        non-passing scope with the value, the bound, the threshold and, when inconclusive, the items needed.
     """
     allow_all, allow_slice = allowances(gate, recipe)
-    alpha = 1.0 - gate.confidence
     checks: list[Check] = []
+    pct = f"{gate.confidence:.0%}"
     for scope, cand in cand_scores.items():
-        checks.append(Check(scope, "min_score", cand, gate.min_score, cand >= gate.min_score - 1e-12,
+        checks.append(Check(scope, "min_score", cand, gate.min_score, "pass" if cand >= gate.min_score - 1e-12 else "fail",
                             f"score {cand:.3f} vs minimum {gate.min_score:.3f}"))
         st = stats.get(scope)
         if st is None or st.n == 0:
             continue
         allow = allow_all if scope == "overall" else allow_slice
-        ci = f"{gate.confidence:.0%} CI [{st.ci_low:+.3f}, {st.ci_high:+.3f}]"
-        if gate.significant_only:
-            sig = st.ci_low > allow and (st.mcnemar_p is None or st.mcnemar_p < alpha)
-            mc = f", McNemar p={st.mcnemar_p:.3g}" if st.mcnemar_p is not None else ""
-            detail = f"drop {st.drop:+.3f} ({ci}{mc}) vs allowed {allow:.3f}; fails only if significantly above"
-            checks.append(Check(scope, "max_drop", st.drop, allow, not sig, detail))
+        verdict, need = scope_verdict(st, allow)
+        head = f"drop {100 * st.drop:+.1f} pp, {pct} upper bound {100 * st.upper:+.1f} pp vs allowed {100 * allow:.1f} pp (n={st.n})"
+        if verdict == "fail":
+            detail = f"{head}: the measured drop itself is above the allowance"
+        elif verdict == "inconclusive":
+            detail = f"{head}: inconclusive, too few items to show non-inferiority; {_needed_text(need)}"
         else:
-            checks.append(Check(scope, "max_drop", st.drop, allow, st.drop <= allow + 1e-12, f"drop {st.drop:+.3f} ({ci}) vs allowed {allow:.3f}"))
+            detail = head
+        checks.append(Check(scope, "max_drop", st.drop, allow, verdict, detail, st.upper, need))
         if gate.min_agreement > 0 and st.agreement is not None:
-            checks.append(Check(scope, "min_agreement", st.agreement, gate.min_agreement, st.agreement >= gate.min_agreement - 1e-12,
+            ok = st.agreement >= gate.min_agreement - 1e-12
+            checks.append(Check(scope, "min_agreement", st.agreement, gate.min_agreement, "pass" if ok else "fail",
                                 f"agreement {st.agreement:.3f} vs minimum {gate.min_agreement:.3f}"))
-    failed = [c for c in checks if not c.passed]
-    reason = "; ".join(f"{c.scope} {c.check}: {c.detail}" for c in failed) if failed else "all checks passed"
-    return {"passed": not failed, "reason": reason, "checks": [c.to_json() for c in checks],
-            "allowed_drop": {"overall": allow_all, "slice": allow_slice}, "significant_only": bool(gate.significant_only),
-            "confidence": gate.confidence}
+    max_kld, min_top1 = fidelity_thresholds(gate, recipe)
+    if fidelity and fidelity.get("positions"):
+        if max_kld is not None:
+            v = float(fidelity["kld"]["mean"])
+            checks.append(Check("overall", "max_kld", v, max_kld, "pass" if v <= max_kld else "fail",
+                                f"mean KLD {v:.5f} nats vs maximum {max_kld:.5f} ({fidelity['positions']} teacher-forced tokens)"))
+        if min_top1 is not None:
+            v = float(fidelity["top1"])
+            checks.append(Check("overall", "min_top1", v, min_top1, "pass" if v >= min_top1 - 1e-12 else "fail",
+                                f"top-1 agreement {100 * v:.2f}% vs minimum {100 * min_top1:.2f}%"))
+    verdict = max((c.verdict for c in checks), key=VERDICTS.index, default="pass")
+    bad = [c for c in checks if not c.passed]
+    reason = "; ".join(f"{c.scope} {c.check}: {c.detail}" for c in bad) if bad else "all checks passed"
+    ov = next((c for c in checks if c.scope == "overall" and c.check == "max_drop"), None)
+    counts = {v: sum(1 for c in checks if c.check == "max_drop" and c.verdict == v) for v in VERDICTS}
+    return {"passed": verdict == "pass", "verdict": verdict, "mode": gate.mode, "reason": reason, "scopes": counts,
+            "checks": [c.to_json() for c in checks], "allowed_drop": {"overall": allow_all, "slice": allow_slice},
+            "confidence": gate.confidence,
+            "bound": ({"drop": ov.value, "upper": ov.upper, "allowance": ov.threshold} if ov is not None else None),
+            "fidelity_thresholds": {"max_kld": max_kld, "min_top1": min_top1}}

@@ -2,7 +2,7 @@
 
 Register a metric with :func:`register`; look one up with :func:`get_metric` (an unknown name raises
 ``KeyError`` listing the known names).  Each metric declares ``higher_is_better`` and whether its
-scores are ``binary`` (0/1; McNemar's test applies to binary metrics only, see gate.py).
+scores are ``binary`` (0/1; binary metrics get Tango's paired score bound, see gate.py).
 
 Metrics (``metric_args`` are optional per-item arguments in the eval set):
 
@@ -49,7 +49,7 @@ class Metric:
     """score(output_text, item) -> float in [0, 1]."""
     higher_is_better: bool = True
     binary: bool = True
-    """Scores are 0 or 1 (enables McNemar's exact test)."""
+    """Scores are 0 or 1 (the gate uses Tango's paired score bound; else the bootstrap bound)."""
     check: Callable[["EvalItem"], str | None] = lambda item: None
     """Validate an item's reference/metric_args at load time; returns an error message or None."""
     description: str = ""

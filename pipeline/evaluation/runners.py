@@ -1,8 +1,8 @@
 """Runners: greedy generation of the same prompts through the baseline, the engine and the
 ModelOpt simulated-quantization model, with one stop handling and one tokenization path.
 
-- ``baseline``: the unquantized export (``export/hf``) in transformers, batched with left padding
-  and an ``attention_mask``.
+- ``baseline``: the *source* checkpoint (``model.path``, never the export) in transformers in the
+  reference dtype (``eval.reference_dtype``), batched with left padding and an ``attention_mask``.
 - ``simulated``: ``pipeline.quantize.load_simulated_model`` (ModelOpt fake-quant modules in PyTorch),
   driven exactly like the baseline.
 - ``engine``: the built engine through its own runtime (``pipeline.targets.get_target(t).load_runner``).
@@ -139,8 +139,68 @@ class HFRunner:
             advance(len(chunk))
         return out
 
+    def teacher_forced_logits(self, seqs: Sequence[Any], batch_size: int, advance: Advance = lambda n: None) -> list[Any]:
+        """One forward pass per batch over ``prompt + continuation`` (right-padded, ``attention_mask``).
+
+        Returns, per sequence, the float32 logits (len(continuation), vocab) at the positions predicting each
+        continuation token (``fidelity.TFSequence``).
+        """
+        import numpy as np
+        import torch
+
+        out: list[Any] = [None] * len(seqs)
+        order = sorted(range(len(seqs)), key=lambda i: len(seqs[i].prompt) + len(seqs[i].continuation))
+        for s in range(0, len(order), max(1, batch_size)):
+            idx = order[s:s + batch_size]
+            rows = [list(seqs[i].prompt) + list(seqs[i].continuation)[:-1] for i in idx]
+            width = max(len(r) for r in rows)
+            ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+            mask = torch.zeros((len(rows), width), dtype=torch.long)
+            for j, r in enumerate(rows):
+                ids[j, :len(r)] = torch.tensor(r, dtype=torch.long)
+                mask[j, :len(r)] = 1
+            with torch.inference_mode():
+                logits = self.model(input_ids=ids, attention_mask=mask).logits
+            for j, i in enumerate(idx):
+                a, n = len(seqs[i].prompt) - 1, len(seqs[i].continuation)
+                out[i] = logits[j, a:a + n].float().numpy().astype(np.float32, copy=True)
+            advance(len(idx))
+        return out
+
     def close(self) -> None:
         self.model = None
+
+
+def og_teacher_forced_logits(og_model: Any, prompt: Sequence[int], continuation: Sequence[int]) -> Any:
+    """Teacher-forced logits from an onnxruntime-genai ``og.Model`` (0.18 ``og.Generator`` API).
+
+    One prefill: ``append_tokens(prompt + continuation[:-1])``, then ``get_output("logits")`` holds every
+    position's logits (1, T, vocab) (measured on 0.18: equal to step-by-step ``get_logits()`` within 5e-5).
+    A model whose output holds only the last position falls back to appending one token at a time and
+    reading ``get_logits()`` after each.  Returns float32 (len(continuation), vocab).
+    """
+    import numpy as np
+    import onnxruntime_genai as og
+
+    seq = [*prompt, *continuation[:-1]]
+    gp = og.GeneratorParams(og_model)
+    gp.set_search_options(do_sample=False, max_length=len(seq) + 1)
+    g = og.Generator(og_model, gp)
+    g.append_tokens(np.asarray([seq], dtype=np.int32))
+    full = np.asarray(g.get_output("logits"), dtype=np.float32)
+    a, n = len(prompt) - 1, len(continuation)
+    if full.ndim == 3 and full.shape[1] == len(seq):
+        return np.ascontiguousarray(full[0, a:a + n])
+    gp = og.GeneratorParams(og_model)
+    gp.set_search_options(do_sample=False, max_length=len(seq) + 1)
+    g = og.Generator(og_model, gp)
+    g.append_tokens(np.asarray([list(prompt)], dtype=np.int32))
+    rows = []
+    for k, t in enumerate(continuation):
+        rows.append(np.asarray(g.get_logits(), dtype=np.float32).reshape(1, -1))
+        if k + 1 < n:
+            g.append_tokens(np.asarray([[int(t)]], dtype=np.int32))
+    return np.concatenate(rows, axis=0)
 
 
 class EngineAdapter:
@@ -175,6 +235,23 @@ class EngineAdapter:
             advance(len(chunk))
         return out
 
+    def teacher_forced_logits(self, seqs: Sequence[Any], batch_size: int, advance: Advance = lambda n: None) -> list[Any]:
+        """Teacher-forced logits from the engine: the engine runner's own ``teacher_forced_logits(prompt,
+        continuation) -> (len(continuation), vocab)`` when it has one (e.g. TensorRT-LLM context/generation
+        logits), else onnxruntime-genai's generator on the runner's ``og.Model`` (``og_teacher_forced_logits``).
+
+        Raises ``NotImplementedError`` when the engine exposes no logits (the report says so).
+        """
+        own = getattr(self.runner, "teacher_forced_logits", None)
+        model = getattr(self.runner, "model", None)
+        if own is None and not type(model).__module__.startswith("onnxruntime_genai"):
+            raise NotImplementedError(f"engine runner {type(self.runner).__name__} exposes no teacher-forced logits")
+        out = []
+        for s in seqs:
+            out.append(own(s.prompt, s.continuation) if own is not None else og_teacher_forced_logits(model, s.prompt, s.continuation))
+            advance(1)
+        return out
+
     def close(self) -> None:
         close = getattr(self.runner, "close", None)
         if close:
@@ -187,6 +264,35 @@ def load_hf_model(hf_dir: Path, dtype: str = "float32") -> Any:
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=getattr(torch, dtype), trust_remote_code=False, use_safetensors=True)
+
+
+def reference_dtype(checkpoint: Path, requested: str) -> str:
+    """The baseline's compute dtype: ``requested`` (float32 | bfloat16 | float16), or for ``checkpoint``
+    the source ``config.json`` ``torch_dtype`` (``dtype`` in transformers 5; float32 when absent)."""
+    if requested != "checkpoint":
+        return requested
+    import json
+
+    try:
+        cfg = json.loads((Path(checkpoint) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "float32"
+    d = str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32")
+    return d if d in ("float32", "bfloat16", "float16") else "float32"
+
+
+def load_reference_model(checkpoint: Path, dtype: str, *, allow_pickle: bool = False) -> Any:
+    """The *source* checkpoint (the user's ``model.path``, never the export artifact) in ``dtype`` on CPU.
+
+    An independent reference: a defect of the export (a lossy cast, a corrupted tensor) shows up as a
+    difference between baseline and candidate instead of being shared by both.  safetensors only unless
+    ``model.allow_pickle`` (then transformers' ``weights_only`` loader); never remote code.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=getattr(torch, dtype), trust_remote_code=False,
+                                                use_safetensors=None if allow_pickle else True)
 
 
 def load_tokenizer(hf_dir: Path) -> Any:

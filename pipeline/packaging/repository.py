@@ -109,6 +109,8 @@ class Settings:
     cuda_graph_mode: bool = False
     cuda_graph_cache_size: int = 0
     cuda_graph_batch_sizes: list[int] = dataclasses.field(default_factory=list)
+    trtllm: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """tensorrt_llm target: parameters, speculative wiring (``pipeline.packaging.trtllm_config.plan``)."""
 
     @property
     def engine_model(self) -> str:
@@ -157,7 +159,7 @@ def settings_from_build(build_info: dict[str, Any], model_info: dict[str, Any], 
     pad = model_info.get("pad_token_id")
     backend = build_info.get("backend") or (getattr(target_cfg, "backend", "tensorrt") if target_cfg is not None else "tensorrt")
     ep = build_info.get("execution_provider") or (getattr(target_cfg, "execution_provider", "cpu") if target_cfg is not None else "cpu")
-    return Settings(
+    s = Settings(
         target=target, backend=str(backend), model_name=str(model_info.get("name") or getattr(package_cfg, "name", "model")),
         engine_max_batch_size=eng_bs, max_input_len=limit("max_input_len"), max_seq_len=limit("max_seq_len"),
         max_num_tokens=int(limits.get("max_num_tokens", knob("max_num_tokens", 2048))),
@@ -175,6 +177,11 @@ def settings_from_build(build_info: dict[str, Any], model_info: dict[str, Any], 
         cuda_graph_mode=bool(knob("cuda_graph_mode", False)), cuda_graph_cache_size=int(knob("cuda_graph_cache_size", 0)),
         cuda_graph_batch_sizes=list(knob("cuda_graph_batch_sizes", []) or []),
     )
+    if target == "tensorrt_llm":
+        from .trtllm_config import plan
+
+        s.trtllm = plan(s, build_info, package_cfg, build_cfg, target_cfg)
+    return s
 
 
 def python_text_model_config(ensemble_config: str, name: str, *, decoupled: bool, instance_count: int,
@@ -259,7 +266,14 @@ def template_values(s: Settings) -> dict[str, Any]:
         "llmapi_tokenizer_dir": f"{CONTAINER_REPO}/tensorrt_llm/1/tokenizer",
         "capacity_scheduler_policy": s.batch_scheduler_policy.upper(),
         "cuda_graph_max_batch_size": max(s.cuda_graph_batch_sizes or [s.engine_max_batch_size]),
+        **_trtllm_values(s),
     }
+
+
+def _trtllm_values(s: Settings) -> dict[str, Any]:
+    from .trtllm_config import template_values
+
+    return template_values(s)
 
 
 def _copy_tree(src: Path, dst: Path) -> None:
@@ -320,8 +334,11 @@ def generate_repository(out: Path, settings: Settings, *, engine_dir: Path, toke
             merged["model"], merged["tokenizer"] = vals["checkpoint_dir"], vals["llmapi_tokenizer_dir"]
             text = "# LLM() keyword arguments (TensorRT-LLM PyTorch backend): template + the build's llm_api_options.yaml\n" + \
                 yaml.safe_dump(merged, sort_keys=False)
-        (d / "1" / "model.yaml").write_text(text, encoding="utf-8")
+        from .trtllm_config import apply_llmapi_overrides
+
+        (d / "1" / "model.yaml").write_text(apply_llmapi_overrides(text, settings), encoding="utf-8")
         copy_tokenizer(tokenizer_dirs, d / "1" / "tokenizer")
+        (d / "README.md").write_text(settings.trtllm.get("llmapi_notice", ""), encoding="utf-8")  # container + files it needs
         src = engine_dir / "hf" if (engine_dir / "hf").is_dir() else engine_dir  # the build copies the checkpoint to engine/hf
         if src.is_dir():
             _copy_tree(src, d / "1" / "checkpoint")
@@ -354,6 +371,11 @@ def generate_repository(out: Path, settings: Settings, *, engine_dir: Path, toke
         else:
             eng = write("tensorrt_llm", "tensorrt_llm")
         _copy_tree(engine_dir, eng / "1" / "engine")
+        if settings.target == "tensorrt_llm":
+            from .trtllm_config import write_draft_model
+
+            if write_draft_model(out, settings, engine_dir):
+                models.append("tensorrt_llm_draft")
         layout = "inflight_batcher_llm"
     n = sum(1 for p in out.rglob("*") if p.is_file())
     return {"models": sorted(models), "files": n, "layout": layout}

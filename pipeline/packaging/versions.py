@@ -1,7 +1,7 @@
 """Serving image tag -> TensorRT-LLM / TensorRT versions of the NGC ``tritonserver:<yy.mm>-trtllm-python-py3`` images.
 
 Source: NVIDIA Triton compatibility matrix (docs ``user-guide/docs/introduction/compatibility.html`` and the 2.53/2.54
-archives), as recorded in ``shared/reference/triton.md`` sec. 5.4.  25.02-25.05 are not recorded there and are
+archives), as recorded in ``docs/reference/triton.md`` §3.  25.02-25.05 are not recorded there and are
 therefore unknown here (an unknown tag is refused rather than guessed).
 """
 
@@ -28,7 +28,7 @@ TRTLLM_IMAGES: dict[str, tuple[str, str, str]] = {
     "25.11": ("1.0.3.2510", "10.13.3.9", "3.12.3"),
     "25.12": ("1.1.0", "10.13.3.9", "3.12.3"),
 }
-SOURCE = "NVIDIA Triton compatibility matrix (introduction/compatibility.html), via shared/reference/triton.md sec. 5.4"
+SOURCE = "NVIDIA Triton compatibility matrix (introduction/compatibility.html), summarised in docs/reference/triton.md §3"
 
 _TAG = re.compile(r":(\d{2}\.\d{2})-trtllm-python-py3$")
 

@@ -36,7 +36,12 @@ class FastTokenizer:
         tj = folder / "tokenizer.json"
         if not tj.is_file():
             raise FileNotFoundError(f"{tj}: no fast tokenizer file")
-        self._tok = Tokenizer.from_file(str(tj))
+        try:
+            self._tok = Tokenizer.from_file(str(tj))
+        except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception for corrupt/truncated files
+            from ..errors import InputError
+
+            raise InputError(f"{tj}: not a readable tokenizer.json ({e}). Fix: restore tokenizer.json from the original checkpoint.") from None
         cfg: dict[str, Any] = {}
         tc = folder / "tokenizer_config.json"
         if tc.is_file():

@@ -9,7 +9,7 @@ Sources (every number below cites one of these):
           B200 183359MiB, L4 23034MiB, L40S 46068MiB, A10G 23028MiB).
 * [CC]    CUDA compute capability table, https://developer.nvidia.com/cuda-gpus
 * [TRTLLM-SM] TensorRT-LLM support matrix (docs/source/reference/support-matrix.md @9b062a8, summarised
-          in shared/reference/tensorrt_llm.md sec. 3c): FP8 weights/activations/KV cache and W4A8 need
+          in docs/reference/tensorrt_llm.md §4): FP8 weights/activations/KV cache and W4A8 need
           SM >= 89; INT8 SmoothQuant, INT8/INT4 weight-only and INT4-AWQ (W4A16) work from SM80;
           NVFP4 needs SM100/SM120; BF16 needs SM80.
 """
@@ -28,6 +28,8 @@ RECIPE_MIN_SM = {
     "none": 80,      # float16 works earlier, bfloat16 needs SM80; Volta/V100 removed in 0.15/0.16
     "int8_wo": 80,
     "int4_wo": 80,
+    "int4_rtn": 80,
+    "auto": 80,      # per-layer formats of quant.auto.formats (fp8/w4a8 candidates need 89: checked by the target)
     "int4_awq": 80,
     "int8_sq": 80,
     "fp8": 89,

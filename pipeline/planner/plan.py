@@ -6,7 +6,7 @@ Every formula and its source:
   the layers kept in high precision (embeddings, norms, biases, ``quant.exclude_modules`` such as
   ``lm_head``, ``quant.sensitive_preset`` layers) in ``quant.export_dtype``.  Packed sizes: FP8 and
   INT8 1 byte, INT4 0.5 byte per weight; scales as ModelOpt exports them for TensorRT-LLM
-  (shared/reference/tensorrt_llm.md sec. 2a/3a): FP8 one fp32 weight scale and one fp32 activation
+  (docs/reference/tensorrt_llm.md §3): FP8 one fp32 weight scale and one fp32 activation
   scale per layer; INT8 per-output-channel fp32 weight scales (SmoothQuant adds per-input-channel
   smoothing scales); INT4 AWQ/WO one fp16 scale per ``quant.group_size`` inputs per output channel
   (AWQ adds an fp16 ``prequant_scaling_factor`` per input channel; W4A8 adds an fp32 activation scale).
@@ -169,6 +169,8 @@ def _high_precision(lin: Linear, shape: ModelShape, exclude: list[str], sensitiv
 def _linear_bytes(out_f: int, in_f: int, recipe: str, hp_bytes: float, group: int) -> float:
     """Bytes of one (out_f x in_f) weight under ``recipe`` including its scales (module docstring)."""
     n = out_f * in_f
+    if recipe == "auto":  # planned as int8 weight-only: an upper bound at the default 8-bit budget (quant.auto)
+        recipe = "int8_wo"
     if recipe == "none":
         return n * hp_bytes
     if recipe == "fp8":
@@ -177,7 +179,7 @@ def _linear_bytes(out_f: int, in_f: int, recipe: str, hp_bytes: float, group: in
         return n + out_f * 4
     if recipe == "int8_sq":
         return n + out_f * 4 + in_f * 4
-    if recipe in ("int4_awq", "int4_wo", "w4a8_awq"):
+    if recipe in ("int4_awq", "int4_wo", "int4_rtn", "w4a8_awq"):
         b = n / 2 + math.ceil(in_f / group) * out_f * 2
         if recipe in ("int4_awq", "w4a8_awq"):
             b += in_f * 2

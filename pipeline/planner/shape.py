@@ -16,7 +16,7 @@ from typing import Any, Iterator
 from ..errors import InputError
 
 # rope types whose factor TensorRT-LLM does NOT multiply into the default max_seq_len
-# (tensorrt_llm/builder.py, summarised in shared/reference/tensorrt_llm.md sec. 1c): for these,
+# (tensorrt_llm/builder.py, summarised in docs/reference/tensorrt_llm.md §2): for these,
 # max_position_embeddings already is the extended length (e.g. Llama 3.1: 131072).
 _ROPE_NO_FACTOR = ("su", "longrope", "llama3")
 
@@ -152,7 +152,7 @@ class ModelShape:
     def kv_bytes_per_token(self, kv_bytes: float, tp: int = 1, layers: int | None = None) -> int:
         """2 (K and V) x layers x KV heads per rank x head_dim x bytes per element.
 
-        Source: TensorRT-LLM memory.md (shared/reference/tensorrt_llm.md sec. 7), checked against its
+        Source: TensorRT-LLM docs/source/legacy/reference/memory.md (docs/reference/tensorrt_llm.md §5), checked against its
         log example (Llama-7B, FP8 KV: 256 KiB per token).  KV heads are split by TP and replicated
         when TP exceeds their count (each rank keeps at least one)."""
         n_layers = self.num_layers if layers is None else layers

@@ -41,8 +41,9 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 from ..errors import InputError, PipelineError
 
@@ -228,7 +229,7 @@ class Frontend:
             out.append({"role": "system" if m["role"] == "developer" else m["role"], "content": content})
         try:
             return render(self.tokenizer, messages=out)
-        except Exception as e:  # noqa: BLE001 - a template that refuses the conversation (e.g. roles out of order)
+        except Exception as e:
             raise APIError(f"the model's chat template refused these messages: {e}", "messages") from None
 
     def budget(self, p: dict[str, Any]) -> int:
@@ -325,7 +326,8 @@ def build_app(fe: Frontend) -> Any:
                 except APIError as e:
                     loop.call_soon_threadsafe(q.put_nowait, ("error", idx, e))
 
-            tasks = [asyncio.create_task(asyncio.to_thread(worker, i, texts[i // p["n"]])) for i in range(n_choices)]
+            # the references keep the tasks alive until the stream ends
+            _running = [asyncio.create_task(asyncio.to_thread(worker, i, texts[i // p["n"]])) for i in range(n_choices)]
 
             def chunk(idx: int, content: str | None, reason: str | None, first: bool = False) -> bytes:
                 if kind == "completions":
@@ -444,7 +446,7 @@ class OpenAIServer:
         host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
         return f"http://{host}:{self.port}/v1"
 
-    def start(self, timeout_s: float = 60.0) -> "OpenAIServer":
+    def start(self, timeout_s: float = 60.0) -> OpenAIServer:
         import uvicorn
 
         from .server import check_port_free, free_port
@@ -475,7 +477,7 @@ class OpenAIServer:
         if self.frontend is not None:
             self.frontend.close()
 
-    def __enter__(self) -> "OpenAIServer":
+    def __enter__(self) -> OpenAIServer:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:

@@ -16,6 +16,8 @@ printed instead (TensorRT-LLM engines need the trtllm container and a GPU).  Eve
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
 import sys
 import threading
@@ -27,15 +29,10 @@ from ..errors import EXIT_INPUT, InputError, PipelineError
 
 
 def _complete_package_artifacts(store: Path) -> list[Path]:
-    out = []
-    for mf in (store / "package").glob("*/manifest.json"):
-        try:
-            m = json.loads(mf.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        if m.get("complete") and (mf.parent / "model_repository").is_dir():
-            out.append(mf.parent)
-    return sorted(out, key=lambda p: (p / "manifest.json").stat().st_mtime)
+    """Published, trusted package artifacts (never ``.tmp-*`` staging folders), oldest first."""
+    from ..store import ArtifactStore
+
+    return [a.path for a in ArtifactStore(store).published("package") if (a.path / "model_repository").is_dir()]
 
 
 def find_latest_repository(store_dir: str | None) -> Path | None:
@@ -55,9 +52,16 @@ def resolve_repository(arg: str | None, store_dir: str | None) -> Path:
         p = Path(arg).expanduser().absolute()
         if p.is_file() and p.name.endswith((".tar.gz", ".tgz", ".tar")):
             from ..packaging import safe_extract
+            from ..packaging.release import verify_extracted_release, verify_release_archive
 
-            dest = Path("runs").absolute() / f"serve-release-{time.strftime('%Y%m%d-%H%M%S')}"
-            safe_extract(p, dest)  # refuses members that would land outside dest
+            manifest = verify_release_archive(p)  # SHA256SUMS (+ release manifest) before anything is unpacked
+            dest = Path("runs").absolute() / f"serve-release-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+            safe_extract(p, dest)  # refuses members that would land outside dest, writes nothing then
+            try:
+                verify_extracted_release(dest, manifest)
+            except InputError:
+                shutil.rmtree(dest, ignore_errors=True)
+                raise
             p = dest
         for cand in (p, p / "model_repository", *sorted(p.glob("*/model_repository"))):
             if cand.is_dir() and ((cand / "ensemble" / "config.pbtxt").is_file() or (cand / "tensorrt_llm" / "config.pbtxt").is_file()):
@@ -102,6 +106,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"model repository: {repo}  (target {target})")
         if target == "tensorrt_llm":
             image = (man.get("serving") or {}).get("serving_image") or pc.serving_image or cfg.target.serving_image
+            if (repo / "tensorrt_llm" / "1" / "model.yaml").is_file():  # PyTorch backend (LLM API): NVIDIA's model.py needed
+                from ..packaging.trtllm_config import llmapi_command, llmapi_notice
+
+                print(llmapi_notice(image).split("\n\nOne command")[0] + "\n")
+                print("  " + llmapi_command(str(repo), image, grpc_port=pc.grpc_port or 8001, http_port=pc.http_port or 8000,
+                                            metrics_port=pc.metrics_port or 8002))
+                return 0
             print("TensorRT-LLM engines are served by the NGC Triton + TensorRT-LLM container on a GPU host:\n")
             ranks = len(list((repo / "tensorrt_llm" / "1" / "engine").glob("rank*.engine"))) or 1
             print("  " + ngc_command(str(repo), image, grpc_port=pc.grpc_port or 8001, http_port=pc.http_port or 8000,

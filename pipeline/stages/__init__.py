@@ -88,6 +88,8 @@ class Stage:
         cacheable: ``False`` for measurements (benchmark) that must run every time.
         select_deps: ``f(cfg) -> deps`` when the inputs depend on the config (e.g. evaluate needs no
             engine when only the baseline and simulated runners are asked for); a subset of ``deps``.
+        runtime_reads: dotted config fields outside the key that the stage reads but that never change its
+            output (paths whose content is digested, scheduling knobs); checked by tests/test_gate_key_reads.py.
     """
 
     name: str
@@ -101,6 +103,7 @@ class Stage:
     dry_run: Callable[[StageContext], dict[str, Any]] | None = None
     cacheable: bool = True
     select_deps: Callable[["PipelineConfig"], tuple[str, ...]] | None = None
+    runtime_reads: tuple[str, ...] = ()
 
     def deps_for(self, cfg: "PipelineConfig") -> tuple[str, ...]:
         """The upstream stages this run needs (``select_deps(cfg)`` when given, else ``deps``)."""

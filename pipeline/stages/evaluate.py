@@ -1,6 +1,7 @@
-"""Evaluate stage: run the business eval set through the unquantized baseline and the candidate
-(the built engine, or the ModelOpt simulated-quantization model), score it, apply the release gate
-and write the report (``eval_report.json`` / ``.md`` / ``.html``, ``outputs.jsonl``).
+"""Evaluate stage: run the business eval set through the baseline (the *source* checkpoint in the reference
+dtype, never the export) and the candidate (the built engine, or the ModelOpt simulated-quantization model),
+score it, measure teacher-forced fidelity (``evaluation/fidelity.py``), apply the non-inferiority release gate
+(``evaluation/gate.py``) and write the report (``eval_report.json`` / ``.md`` / ``.html``, ``outputs.jsonl``).
 
 A failed gate does not raise: the artifact (with its report) is published and the result carries
 ``gate = {"passed": False, "reason": ...}``; the runner then exits 3 and the package stage refuses it.
@@ -16,6 +17,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+from ..config.common import key_fields
 from ..errors import InputError
 from ..store import sha256_file
 from . import Stage, StageContext
@@ -116,15 +118,13 @@ def resolve_runners(cfg: Any, build_art: Any) -> tuple[list[str], str, dict[str,
 
 # --------------------------------------------------------------------------- running
 def _make_runner(name: str, ctx: StageContext, tokenizer: Any, stop_ids: list[int], pad_id: int) -> Any:
-    from ..evaluation.runners import EngineAdapter, HFRunner, load_hf_model
+    from ..evaluation.runners import EngineAdapter, HFRunner, load_reference_model, reference_dtype
 
     export_dir = ctx.inputs["export"].path
-    dtype = getattr(ctx.cfg.model, "dtype", "float32") or "float32"
-    if dtype not in ("float32", "bfloat16", "float16"):
-        dtype = "float32"
     if name == "baseline":
-        return HFRunner(load_hf_model(export_dir / "hf", "float32" if dtype == "float16" else dtype), tokenizer,
-                        stop_ids=stop_ids, pad_id=pad_id, name=name)
+        src = ctx.external["reference_checkpoint"]
+        model = load_reference_model(src, reference_dtype(src, ctx.cfg.eval.reference_dtype), allow_pickle=ctx.cfg.model.allow_pickle)
+        return HFRunner(model, tokenizer, stop_ids=stop_ids, pad_id=pad_id, name=name)
     if name == "simulated":
         from ..quantize import load_simulated_model
 
@@ -169,13 +169,26 @@ def _summarise(outputs: dict[str, Any], scores: dict[str, float], prepared: list
 
 
 def _run_all(ctx: StageContext, runners: list[str], prepared: list[Any], tokenizer: Any, stop_ids: list[int], pad_id: int,
-             n_run: int, outputs: dict[str, Any], seconds: dict[str, float]) -> None:
+             n_run: int, outputs: dict[str, Any], seconds: dict[str, float], fid: dict[str, Any] | None = None) -> None:
+    """Generate with every runner (one loaded at a time); with ``fid`` (``{"seqs", "runners": (baseline, cand)}``)
+    the baseline and the candidate also compute teacher-forced logits (``fid["logits"][runner]``, seconds in
+    ``fid["seconds"][runner]``); an engine without logits records ``fid["unavailable"]``."""
     for name in runners:
         t0 = time.perf_counter()
         runner = _make_runner(name, ctx, tokenizer, stop_ids, pad_id)
         try:
             with ctx.progress(f"evaluate: {name}", total=n_run) as adv:
                 outputs[name] = runner.run(prepared, ctx.cfg.eval.batch_size, adv)
+            if fid is not None and name == "baseline":
+                fid["seqs"] = fid["make"](outputs[name]) + fid["heldout"]
+            if fid is not None and name in fid["runners"] and "unavailable" not in fid:
+                t1 = time.perf_counter()
+                try:
+                    with ctx.progress(f"evaluate: {name} fidelity", total=len(fid["seqs"])) as adv:
+                        fid["logits"][name] = runner.teacher_forced_logits(fid["seqs"], ctx.cfg.eval.batch_size, adv)
+                except NotImplementedError as e:
+                    fid["unavailable"] = str(e)
+                fid["seconds"][name] = round(time.perf_counter() - t1, 3)
         finally:
             runner.close()
         seconds[name] = time.perf_counter() - t0
@@ -197,6 +210,7 @@ def evaluate(ctx: StageContext) -> dict[str, Any]:
 
 
 def _evaluate(ctx: StageContext) -> dict[str, Any]:
+    from ..evaluation import fidelity as F
     from ..evaluation import gate as G
     from ..evaluation import report as R
     from ..evaluation.dataset import load_eval_set
@@ -224,7 +238,33 @@ def _evaluate(ctx: StageContext) -> dict[str, Any]:
 
     outputs: dict[str, dict[str, Any]] = {}
     seconds: dict[str, float] = {}
-    _run_all(ctx, runners, prepared, tokenizer, stop_ids, pad_id, n_run, outputs, seconds)
+    fid: dict[str, Any] | None = None
+    if e.fidelity and "baseline" in runners and cand != "baseline":
+        def make_seqs(base_out: dict[str, Any]) -> list[Any]:
+            # the reference answer in the baseline's own tokens where it answered correctly (fidelity.build_sequences)
+            ok = {i: o.output_ids for i, o in base_out.items()
+                  if o.finish_reason == "eos" and get_metric(item_by_id[i].metric)(o.text, item_by_id[i]) >= 1.0}
+            return F.build_sequences(prepared, tokenizer, stop_ids, ok)
+
+        item_by_id = {p.item.id: p.item for p in prepared}
+        fid = {"make": make_seqs, "runners": ("baseline", cand), "logits": {}, "seconds": {},
+               # held-out samples that fit the engine's limits (one context pass of len - 1 tokens)
+               "heldout": F.heldout_sequences([h for h in _heldout_samples(ctx, tokenizer)
+                                               if len(h) - 1 <= min(int(limits["max_input_len"]), int(limits.get("max_seq_len") or 1 << 30) - 1)])}
+    _run_all(ctx, runners, prepared, tokenizer, stop_ids, pad_id, n_run, outputs, seconds, fid)
+    fidelity = None
+    if fid is not None:
+        if "unavailable" in fid:
+            fidelity = {"candidate": cand, "unavailable": fid["unavailable"], "seconds": fid["seconds"]}
+        else:
+            k = len(fid["seqs"]) - len(fid["heldout"])
+            base_l, cand_l = fid["logits"]["baseline"], fid["logits"][cand]
+            held = F.compare(fid["seqs"][k:], base_l[k:], cand_l[k:]) if fid["heldout"] else None
+            fidelity = {"candidate": cand, **F.compare(fid["seqs"][:k], base_l[:k], cand_l[:k]),
+                        "calibration_heldout": ({"samples": held["items"], **held["overall"]} if held else None),
+                        "seconds": fid["seconds"],
+                        "sequence": "prompt + reference answer (the baseline's tokens where it answered correctly) + eos, cut to the item budget"}
+        del fid
 
     metric_of = {p.item.id: get_metric(p.item.metric) for p in prepared}
     item_of = {p.item.id: p.item for p in prepared}
@@ -252,7 +292,7 @@ def _evaluate(ctx: StageContext) -> dict[str, Any]:
                 confidence=e.gate.confidence, samples=e.gate.bootstrap_samples, seed=e.gate.seed)
         comparison = {"overall": stats["overall"].to_json() if "overall" in stats else None,
                       "slices": {k.split(":", 1)[1]: v.to_json() for k, v in stats.items() if k.startswith("slice:")}}
-    verdict = G.judge(e.gate, cfg.quant.recipe, stats, cand_scores)
+    verdict = G.judge(e.gate, cfg.quant.recipe, stats, cand_scores, (fidelity or {}).get("overall"))
 
     worst = []
     if comparison:
@@ -281,6 +321,9 @@ def _evaluate(ctx: StageContext) -> dict[str, Any]:
         speculative = _speculative_summary(acc, prepared, e, target_runner)
 
     too_long = [p.item.id for p in prepared if p.skipped]
+    from ..evaluation.runners import reference_dtype
+
+    ref_dtype = reference_dtype(ctx.external["reference_checkpoint"], e.reference_dtype) if "baseline" in outputs else None
     # output agreement between every pair of runners (e.g. engine vs simulated checks the engine's numerics)
     pairwise = {}
     for a_i, a in enumerate(runners):
@@ -303,6 +346,9 @@ def _evaluate(ctx: StageContext) -> dict[str, Any]:
         "comparison": comparison,
         "pairwise_agreement": pairwise,
         "gate": verdict,
+        "fidelity": fidelity,
+        "reference": {"checkpoint": str(ctx.external.get("reference_checkpoint")), "dtype": ref_dtype,
+                      "requested": e.reference_dtype} if "baseline" in outputs else None,
         "skipped": {"too_long": too_long, "max_input_len": int(limits["max_input_len"])},
         "worst_regressions": worst,
         "speculative": speculative,
@@ -329,11 +375,41 @@ def _evaluate(ctx: StageContext) -> dict[str, Any]:
         "baseline": round(ov.baseline, 4) if ov else None,
         "drop": round(ov.drop, 4) if ov else None,
         "agreement": round(ov.agreement, 4) if ov and ov.agreement is not None else None,
-        "gate": "pass" if verdict["passed"] else "FAIL",
+        "gate": verdict["verdict"] if verdict["passed"] else verdict["verdict"].upper(),
         "runner": cand,
     }
-    return {"gate": {"passed": verdict["passed"], "reason": verdict["reason"]}, "headline": headline,
+    fo = (fidelity or {}).get("overall") or {}
+    if fo.get("positions"):
+        headline["kld"] = round(fo["kld"]["mean"], 6)
+        headline["top1"] = round(fo["top1"], 4)
+    if verdict["bound"]:
+        headline["drop_ub"] = round(verdict["bound"]["upper"], 4)
+    summary = {"verdict": verdict["verdict"], "mode": verdict["mode"], "bound": verdict["bound"], "scopes": verdict["scopes"],
+               "fidelity": {"kld_mean": fo["kld"]["mean"], "kld_se": fo["kld"]["se"], "top1": fo["top1"],
+                            "ln_ppl_ratio": fo["ln_ppl_ratio"], "positions": fo["positions"]} if fo.get("positions") else None}
+    return {"gate": {"passed": verdict["passed"], "reason": verdict["reason"], **summary}, "headline": headline,
             "skipped_too_long": len(too_long), "evaluated": n_run, "candidate": cand, "report": "eval_report.json"}
+
+
+def _heldout_samples(ctx: StageContext, tokenizer: Any) -> list[list[int]]:
+    """Calibration samples calibration did not use: the ``eval.fidelity_heldout`` samples after the first
+    ``calibration.num_samples`` in the calibration set's seeded order (``pipeline.calibration.load_calibration``)."""
+    import dataclasses
+
+    n = ctx.cfg.eval.fidelity_heldout
+    path = ctx.external.get("calibration")
+    if not n or path is None:
+        return []
+    from ..calibration import load_calibration
+
+    c = ctx.cfg.calibration
+    wider = dataclasses.replace(c, num_samples=c.num_samples + n, min_samples=0)
+    try:
+        cs = load_calibration(wider, tokenizer, path)
+    except InputError as e:  # the measurement is optional; the quantize stage reports calibration problems
+        ctx.log.warning("fidelity: no calibration hold-out (%s)", e)
+        return []
+    return [list(s) for s in cs.samples[c.num_samples:]]
 
 
 def _speculative_summary(acc: dict[str, dict[str, int]], prepared: list[Any], e: Any, target_runner: str) -> dict[str, Any]:
@@ -361,14 +437,38 @@ def _external(cfg: Any) -> dict[str, Any]:
     if path is not None and path.is_file():
         load_eval_set(path, limit=cfg.eval.limit)
     ext: dict[str, Any] = {"eval_set": cfg.eval.eval_set}
+    if cfg.model.path is not None and "baseline" in cfg.eval.runners:
+        # the baseline's independent reference: the user's checkpoint (its content digest enters this key; the
+        # runner memoises digests per process, so the export stage's digest of the same folder is reused)
+        ext["reference_checkpoint"] = cfg.model.path
     if cfg.eval.draft_model_path:
         ext["draft_model"] = cfg.eval.draft_model_path
+    if _heldout_wanted(cfg):
+        ext["calibration"] = cfg.calibration.path
     return ext
 
 
+def _heldout_wanted(cfg: Any) -> bool:
+    return bool(cfg.eval.fidelity and cfg.eval.fidelity_heldout and cfg.calibration.path)
+
+
 def _key_extras(cfg: Any, inputs: dict[str, Any]) -> dict[str, Any]:
-    # the gate's default allowance depends on the recipe; the candidate choice on the target
-    return {"recipe": cfg.quant.recipe, "gate": "v1"}
+    """Every field outside the ``eval`` group that evaluate reads (tests/test_gate_key_reads.py records the reads
+    of a real run and fails on any field that is neither here, in ``eval``'s cache fields, nor in ``RUNTIME_READS``)."""
+    m, b = cfg.model, cfg.build
+    return {"recipe": cfg.quant.recipe, "gate": "v2",
+            "model": {"extra_stop_token_ids": list(m.extra_stop_token_ids or []), "apply_chat_template": m.apply_chat_template,
+                      "allow_pickle": m.allow_pickle},
+            # the build artifact's limits win when there is one; these are the fallback (baseline + simulated runs)
+            "build": {"max_input_len": b.max_input_len, "max_seq_len": b.max_seq_len, "max_batch_size": b.max_batch_size},
+            "target": cfg.target.name,
+            # the calibration hold-out (fidelity) depends on the calibration set's order and size
+            "calibration": key_fields(cfg.calibration) if _heldout_wanted(cfg) else None}
+
+
+# Fields evaluate reads that never change its report: paths whose content is digested as an external input,
+# and how the work is scheduled.
+RUNTIME_READS = ("model.path", "eval.eval_set", "eval.draft_model_path", "eval.batch_size", "eval.torch_threads", "calibration.path")
 
 
 def _dry_run(ctx: StageContext) -> dict[str, Any]:
@@ -392,9 +492,10 @@ STAGE = Stage(
     config_groups=("eval",),
     libraries=("transformers", "torch", "tokenizers", "nvidia-modelopt", "onnxruntime-genai", "rouge-score", "scipy", "numpy"),
     run=evaluate,
-    version="1",
+    version="2",
     external_inputs=_external,
     key_extras=_key_extras,
+    runtime_reads=RUNTIME_READS,
     dry_run=_dry_run,
     select_deps=_select_deps,
 )

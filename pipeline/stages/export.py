@@ -26,7 +26,7 @@ def _checkpoint(cfg: "PipelineConfig") -> dict[str, Path]:
     unsupported architecture fails in milliseconds instead of after hashing gigabytes.
     """
     from ..config import resolve_path
-    from ..export import inspect_checkpoint
+    from ..export import external_files, inspect_checkpoint
 
     m = cfg.model
     if m.path is None:
@@ -40,8 +40,12 @@ def _checkpoint(cfg: "PipelineConfig") -> dict[str, Path]:
     if path is None or not path.exists():
         raise InputError(f"model.path={m.path!r}: not found (resolved to {path}). Fix: point model.path at a local Hugging Face "
                          f"checkpoint folder (relative paths resolve against the current folder, then the repository root).")
-    inspect_checkpoint(path, trust_remote_code=m.trust_remote_code, allow_pickle=m.allow_pickle)
-    return {"checkpoint": path}
+    inspect_checkpoint(path, trust_remote_code=m.trust_remote_code, allow_pickle=m.allow_pickle,
+                       allow_external_files=m.allow_external_files)
+    # the key covers what export reads: the folder (links hashed by content) and, only when allowed, the
+    # out-of-folder files the weight index names
+    extra = {f"outside:{i}": p for i, p in enumerate(external_files(path))} if m.allow_external_files else {}
+    return {"checkpoint": path, **extra}
 
 
 def _preset_of(name: str) -> str:
@@ -69,7 +73,8 @@ def _run(ctx: StageContext) -> dict[str, Any]:
     m = ctx.cfg.model
     src = ctx.external["checkpoint"]
     assert ctx.out is not None
-    facts = inspect_checkpoint(src, trust_remote_code=m.trust_remote_code, allow_pickle=m.allow_pickle)
+    facts = inspect_checkpoint(src, trust_remote_code=m.trust_remote_code, allow_pickle=m.allow_pickle,
+                               allow_external_files=m.allow_external_files)
     info = export_checkpoint(src, ctx.out, dtype=m.dtype, trust_remote_code=m.trust_remote_code, allow_pickle=m.allow_pickle,
                              progress=ctx.progress, facts=facts)
     warnings = info.pop("_warnings", [])
@@ -89,7 +94,8 @@ def _dry_run(ctx: StageContext) -> dict[str, Any]:
     from ..export import inspect_checkpoint
 
     m = ctx.cfg.model
-    facts = inspect_checkpoint(ctx.external["checkpoint"], trust_remote_code=m.trust_remote_code, allow_pickle=m.allow_pickle)
+    facts = inspect_checkpoint(ctx.external["checkpoint"], trust_remote_code=m.trust_remote_code, allow_pickle=m.allow_pickle,
+                               allow_external_files=m.allow_external_files)
     n = sum(_numel(shape) for shape, _ in facts.tensors.values()) if facts.tensors else None
     return {"headline": _headline(facts.architecture, n, m.dtype), "weight_files": facts.weight_files}
 

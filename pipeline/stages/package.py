@@ -46,7 +46,9 @@ def model_info(export_dir: Path) -> dict[str, Any]:
 
 
 def release_name(cfg: Any) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", f"{cfg.model.name}-{cfg.package.version}")
+    from ..store import redact_text
+
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", redact_text(f"{cfg.model.name}-{cfg.package.version}"))
 
 
 def _gate(ctx: StageContext) -> dict[str, Any]:
@@ -64,6 +66,21 @@ def _gate(ctx: StageContext) -> dict[str, Any]:
             "override_note": "package.allow_failed_gate=true: packaged although the evaluation gate failed"}
 
 
+def _speculative(ctx: StageContext, build_info: dict[str, Any]) -> dict[str, Any] | None:
+    """Acceptance-first decision for a speculative build (``pipeline.packaging.trtllm_config.decide_speculative``)."""
+    from ..packaging.trtllm_config import decide_speculative, read_measurement, speculative_of
+
+    if build_info.get("target") != "tensorrt_llm":
+        return None
+    sp = speculative_of(build_info, ctx.cfg.build)
+    ev = ctx.inputs.get("evaluate")
+    dec = decide_speculative(sp["mode"], read_measurement(ev.path if ev is not None else None), ctx.cfg.package.speculative,
+                             draft_model_path=sp.get("draft_model_path"), max_draft_len=sp.get("max_draft_len"))
+    if dec.override:
+        ctx.log.warning("speculative decoding enabled by override: %s", dec.reason)
+    return dec.to_json()
+
+
 def package(ctx: StageContext) -> dict[str, Any]:
     """Generate, validate and release (see module docstring). Returns the stage result."""
     from ..config.common import key_fields
@@ -71,7 +88,7 @@ def package(ctx: StageContext) -> dict[str, Any]:
     from ..packaging import make_archive, write_sha256sums
     from ..packaging.repository import generate_repository, settings_from_build
     from ..packaging.validate import check_repository
-    from ..store import digest_files, tree_files, write_json_atomic
+    from ..store import digest_files, redact, tree_files, write_json_atomic
 
     cfg, pc = ctx.cfg, ctx.cfg.package
     assert ctx.out is not None
@@ -86,6 +103,7 @@ def package(ctx: StageContext) -> dict[str, Any]:
     mi = model_info(export.path)
     settings = settings_from_build(bi, mi, pc, cfg.build, cfg.target)
     settings.model_name = cfg.model.name
+    speculative = _speculative(ctx, bi)
     repo = ctx.out / "model_repository"
     with ctx.progress("package: model repository", total=3) as advance:
         info = generate_repository(repo, settings, engine_dir=engine_dir, tokenizer_dirs=[export.path / "hf", engine_dir])
@@ -109,6 +127,7 @@ def package(ctx: StageContext) -> dict[str, Any]:
                       "limits": dict(bi.get("limits") or limits), "knobs": key_fields(cfg.build),
                       "execution_provider": settings.execution_provider if settings.target == "onnxruntime_genai" else None},
             "evaluation": {"gate": gate, "headline": (ctx.inputs["evaluate"].result.get("headline") if "evaluate" in ctx.inputs else None)},
+            "speculative": speculative,
             "serving": {"layout": info["layout"], "models": info["models"], "ensemble": "ensemble", "engine_model": settings.engine_model,
                         "decoupled": settings.decoupled, "triton_max_batch_size": settings.triton_max_batch_size,
                         "exclude_input_in_output": settings.exclude_input_in_output, "end_id": settings.end_id, "pad_id": settings.pad_id,
@@ -118,10 +137,12 @@ def package(ctx: StageContext) -> dict[str, Any]:
             "sources": {"export": export.digest, "build": build.digest,
                         "evaluate": ctx.inputs["evaluate"].digest if "evaluate" in ctx.inputs else None,
                         "engine": digest_files(tree_files(engine_dir)), "model_repository": digest_files(repo_files)},
+            "repository_files": {rel: m["sha256"] for rel, m in sorted(repo_files.items())},  # checked by `pipeline serve x.tar.gz`
         }
+        manifest = redact(manifest)  # the one redaction (pipeline.store.redact) at every place the config is written
         write_json_atomic(ctx.out / "release_manifest.json", manifest)
         result: dict[str, Any] = {"repository": "model_repository", "models": info["models"], "target": settings.target,
-                                  "decoupled": settings.decoupled, "gate_override": gate["override"]}
+                                  "decoupled": settings.decoupled, "gate_override": gate["override"], "parity": parity}
         if pc.archive:
             rel = ctx.out / "release"
             rel.mkdir()

@@ -37,7 +37,7 @@ from .base import GenerationRequest, GenerationResult, TokenCallback
 
 log = logging.getLogger("pipeline.targets.onnxruntime_genai")
 
-SUPPORTED_RECIPES = ("none", "int4_awq", "int4_wo", "int8_wo")
+SUPPORTED_RECIPES = ("none", "int4_awq", "int4_rtn", "int4_wo", "int8_wo")
 """Recipes whose weights this target deploys unchanged: float, and integer weight-only (MatMulNBits 4/8 bit)."""
 LIMITS_FILE = "engine_limits.json"
 BUILDER = "onnxruntime_genai.models.builder"
@@ -56,6 +56,24 @@ def _run_logged(cmd: list[str], logf: Path, title: str, env: dict[str, str] | No
     if proc.returncode != 0:
         tail = "".join(Path(logf).read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)[-25:])
         raise PipelineError(f"{title} failed (exit {proc.returncode}); last lines of {logf}:\n{tail}")
+
+
+def set_runtime_limits(engine: Path, *, max_batch_size: int, max_seq_len: int) -> dict[str, Any]:
+    """Write the batch and length limits into ``engine/genai_config.json`` (in place); return the config.
+
+    * ``search.max_length = max_seq_len``: the runtime refuses a prompt that leaves no room before it;
+    * ``engine.static_batching.max_batch_size = max_batch_size``: og.Engine schedules a static batch on a
+      non-paged model (paged attention, ``engine.dynamic_batching``, is CUDA-only in onnxruntime-genai 0.18); without
+      this key 0.18 caps it at 4 sequences (``Engine.get_capabilities().configured_max_batch_size``).
+    """
+    gc_path = Path(engine) / "genai_config.json"
+    gc = json.loads(gc_path.read_text(encoding="utf-8"))
+    gc.setdefault("search", {})["max_length"] = int(max_seq_len)
+    eng = gc.setdefault("engine", {})
+    if "dynamic_batching" not in eng:
+        eng.setdefault("static_batching", {})["max_batch_size"] = int(max_batch_size)
+    gc_path.write_text(json.dumps(gc, indent=4) + "\n", encoding="utf-8")
+    return gc
 
 
 class OnnxRuntimeGenAITarget:
@@ -137,7 +155,8 @@ class OnnxRuntimeGenAITarget:
         else:
             precision = "int8" if rec == "int8_wo" else "int4"
             src = Path("<work>/gptq_checkpoint (converted from ModelOpt's simulated-quant model)")
-        extra = ["hf_token=false", "hf_remote=false"] + ([] if rec == "none" else [f"accuracy_level={cfg.target.accuracy_level}"])
+        extra = ["hf_token=false", "hf_remote=false"] + ([] if rec == "none" else [f"accuracy_level={cfg.target.accuracy_level}",
+                                                                                    "shared_embeddings=false"])
         cmd = self.command(cfg, src, Path(out or "<out>") / "engine", Path("<work>/cache"), precision, extra)
         return {"command": cmd, "precision": precision}
 
@@ -190,8 +209,10 @@ class OnnxRuntimeGenAITarget:
             extra.append(f"accuracy_level={cfg.target.accuracy_level}")
             if conv["prescale_muls"]:
                 extra.append("fuse_qkv=false")
-            if not conv["lm_head_quantized"]:
-                extra.append("nodes_to_exclude=/lm_head/MatMul")
+            # the embedding stays the float table ModelOpt looks up; the LM head is quantized exactly when ModelOpt did
+            extra.append("shared_embeddings=false")
+            extra.append("nodes_to_exclude=" + ",".join((["/lm_head/MatMul"] if not conv["lm_head_quantized"] else [])
+                                                        + ["/model/embed_tokens/Gather"]))
         cmd = self.command(cfg, src, engine, work / "cache", precision, extra)
         lg.info("building: %s", " ".join(cmd))
         env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
@@ -214,6 +235,14 @@ class OnnxRuntimeGenAITarget:
             from .ort_quant import insert_prescale_muls
 
             n_mul = insert_prescale_muls(engine / "model.onnx", conv["prescale_muls"])
+        graph = None
+        if rec != "none":
+            from .ort_quant import ConversionError as _CE, check_deployed_graph
+
+            try:
+                graph = check_deployed_graph(engine / "model.onnx", conv["lm_head_quantized"])
+            except _CE as e:
+                raise PipelineError(f"build: the engine graph does not deploy the quantized checkpoint as reported: {e}") from e
         limits = self.write_limits(cfg, engine)
         shutil.rmtree(work, ignore_errors=True)
         import onnxruntime_genai as og  # noqa: F401 - version check only
@@ -236,7 +265,8 @@ class OnnxRuntimeGenAITarget:
             "quantized_weights": None if rec == "none" else {
                 "source": "ModelOpt simulated-quant model (quant_state) -> GPTQ-format checkpoint, integers and scales unchanged",
                 "bits": conv["bits"], "group_size": conv["group_size"], "quantized_linears": conv["quantized_linears"],
-                "pre_quant_scale": {**conv["folded"], "onnx_mul_inserted": n_mul}, "lm_head_quantized": conv["lm_head_quantized"]},
+                "pre_quant_scale": {**conv["folded"], "onnx_mul_inserted": n_mul}, "lm_head_quantized": conv["lm_head_quantized"],
+                "untied_embeddings": conv.get("untied_embeddings", False), "graph": graph},
             "command": cmd,
             "graph_fixes": [graph_fix] if graph_fix else [],
             "engine_bytes": _dir_bytes(engine),
@@ -248,7 +278,8 @@ class OnnxRuntimeGenAITarget:
         """Put the build limits into the engine's runtime config; return them.
 
         ``genai_config.json``: ``search.max_length = max_seq_len`` (the runtime refuses a prompt that
-        leaves no room before it). ``engine_limits.json``: ``max_batch_size``, ``max_input_len``,
+        leaves no room before it) and ``engine.static_batching.max_batch_size = max_batch_size`` (og.Engine's
+        batch on a non-paged model; onnxruntime-genai 0.18 uses 4 without it). ``engine_limits.json``: ``max_batch_size``, ``max_input_len``,
         ``max_seq_len`` (genai_config has no key for them on a non-paged model; the runner enforces them).
         """
         b = cfg.build
@@ -258,8 +289,7 @@ class OnnxRuntimeGenAITarget:
         if ctx and b.max_seq_len > ctx and not cfg.allow_unsafe_lengths:
             raise InputError(f"build.max_seq_len={b.max_seq_len} exceeds the model's context_length {ctx} (max_position_embeddings). "
                              f"Fix: set build.max_seq_len<={ctx} (or allow_unsafe_lengths=true).")
-        gc.setdefault("search", {})["max_length"] = int(b.max_seq_len)
-        gc_path.write_text(json.dumps(gc, indent=4) + "\n", encoding="utf-8")
+        set_runtime_limits(engine, max_batch_size=b.max_batch_size, max_seq_len=b.max_seq_len)
         limits = {"max_batch_size": int(b.max_batch_size), "max_input_len": int(b.max_input_len), "max_seq_len": int(b.max_seq_len)}
         (engine / LIMITS_FILE).write_text(json.dumps({"schema": "pipeline.engine_limits/v1", **limits}, indent=2) + "\n", encoding="utf-8")
         return limits

@@ -149,16 +149,33 @@ def _layers(model: Any) -> list[Any]:
     return list(layers)
 
 
-def convert(model: Any, hf_dir: Path, out: Path) -> dict[str, Any]:
+def reblock(scale: "torch.Tensor", group: int, block_size: int | None) -> tuple["torch.Tensor", int]:
+    """The same block-quantized weight with smaller blocks: each scale repeated ``group // block_size`` times.
+
+    Exact (every integer keeps its scale); used to pick the MatMulNBits block size that runs fastest.
+    Returns ``(scale [out, in/block_size], block_size)``; unchanged when ``block_size`` is None or >= ``group``.
+    Raises ConversionError when ``block_size`` does not divide ``group``.
+    """
+    if not block_size or block_size >= group:
+        return scale, group
+    if group % block_size:
+        raise ConversionError(f"block size {block_size} does not divide the quantization group size {group}")
+    return scale.repeat_interleave(group // block_size, dim=1).contiguous(), block_size
+
+
+def convert(model: Any, hf_dir: Path, out: Path, *, block_size: int | None = None) -> dict[str, Any]:
     """Write a GPTQ-format HF checkpoint of ModelOpt's simulated-quant ``model`` into ``out``.
 
     Args:
         model: ``transformers`` causal LM with ModelOpt quantizers (``load_simulated_model``), float32.
         hf_dir: the export checkpoint folder (config + tokenizer files are copied from it).
         out: output folder (created).
+        block_size: MatMulNBits block size (a divisor of the group size; smaller blocks repeat the scales, exact);
+            ``None`` = the group size.
     Returns:
         ``{"bits", "group_size", "quantized_linears", "folded": {...}, "prescale_muls": [(node, tensor)],
-        "lm_head_quantized"}``; ``prescale_muls`` must be applied to the built ONNX model with
+        "lm_head_quantized", "untied_embeddings"}`` (``untied_embeddings``: the source tied the LM head to the
+        embedding; the checkpoint written has both as separate tensors, ``tie_word_embeddings: false``); ``prescale_muls`` must be applied to the built ONNX model with
         :func:`insert_prescale_muls`.
     Raises:
         ConversionError: a layout that cannot be expressed exactly (mixed quantized/unquantized
@@ -255,7 +272,8 @@ def convert(model: Any, hf_dir: Path, out: Path) -> dict[str, Any]:
         for n, m in mods.items():
             base = f"{pfx}.{'self_attn' if n in ATTN else 'mlp'}.{n}"
             q, _, b, g = ints[n]
-            for k, v in gptq_tensors(q, scales[n], b, g).items():
+            sc, g = reblock(scales[n], g, block_size)
+            for k, v in gptq_tensors(q, sc, b, g).items():
                 tensors[f"{base}.{k}"] = v
             if biases[n] is not None:
                 tensors[f"{base}.bias"] = biases[n]
@@ -266,7 +284,8 @@ def convert(model: Any, hf_dir: Path, out: Path) -> dict[str, Any]:
     lm_quant = lm is not None and _is_quantized(lm)
     if lm_quant:
         q, s, b, g = integer_weights(lm)
-        for k, v in gptq_tensors(q, s, b, g).items():
+        s, g_blk = reblock(s, g, block_size)
+        for k, v in gptq_tensors(q, s, b, g_blk).items():
             tensors[f"lm_head.{k}"] = v
         bits_seen.add(b)
         groups_seen.add(g)
@@ -274,22 +293,30 @@ def convert(model: Any, hf_dir: Path, out: Path) -> dict[str, Any]:
             muls.append(("/lm_head/MatMul", _pre_quant_scale(lm)))
     elif "lm_head.weight" in sd:
         tensors["lm_head.weight"] = sd["lm_head.weight"].clone()
+    elif lm is not None:  # tied and not listed in the state dict: the LM head is the embedding matrix
+        tensors["lm_head.weight"] = sd["model.embed_tokens.weight"].clone()
     if len(bits_seen) != 1 or len(groups_seen) != 1:
         raise ConversionError(f"mixed bit widths {sorted(bits_seen)} / group sizes {sorted(groups_seen)} are not supported by the reader")
     bits, group = bits_seen.pop(), groups_seen.pop()
+    blocks = block_size if block_size and block_size < group else group
 
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
     conf = json.loads((Path(hf_dir) / "config.json").read_text(encoding="utf-8"))
     conf["torch_dtype"] = "float32"
+    # Always untied: the embedding stays the float table ModelOpt's simulated model looks up (a Gather), and the LM
+    # head is its own MatMul (MatMulNBits with ModelOpt's integers when quantized, float otherwise). A tied config
+    # makes onnxruntime-genai's builder share one matrix and quantize the embedding itself (GatherBlockQuantized).
+    tied = bool(conf.get("tie_word_embeddings", False))
+    conf["tie_word_embeddings"] = False
     conf.pop("dtype", None)
-    conf["quantization_config"] = {"quant_method": "gptq", "bits": bits, "group_size": group, "desc_act": False, "sym": True,
+    conf["quantization_config"] = {"quant_method": "gptq", "bits": bits, "group_size": blocks, "desc_act": False, "sym": True,
                                    "checkpoint_format": "gptq"}
     (out / "config.json").write_text(json.dumps(conf, indent=2) + "\n", encoding="utf-8")
     for f in TOKENIZER_FILES:
         if (Path(hf_dir) / f).is_file():
             shutil.copy2(Path(hf_dir) / f, out / f)
-    return {"bits": bits, "group_size": group, "quantized_linears": n_quant + int(lm_quant), "folded": folded,
-            "prescale_muls": muls, "lm_head_quantized": lm_quant}
+    return {"bits": bits, "group_size": group, "block_size": blocks, "quantized_linears": n_quant + int(lm_quant), "folded": folded,
+            "prescale_muls": muls, "lm_head_quantized": lm_quant, "untied_embeddings": tied}
 
 
 def insert_prescale_muls(onnx_path: Path, muls: list[tuple[str, "torch.Tensor"]]) -> int:
@@ -373,3 +400,32 @@ def fix_lm_head_input(onnx_path: Path) -> str | None:
     lm.input[0] = out0
     onnx.save(m, str(onnx_path))
     return f"{lm.name} input rewired from {old} to {out0} (builder defect: final norm was left unused)"
+
+
+def check_deployed_graph(onnx_path: Path, lm_head_quantized: bool) -> dict[str, Any]:
+    """Check that the built graph deploys what the quant report says; return what it found.
+
+    The embedding must be a float ``Gather`` (ModelOpt never quantizes it): a ``GatherBlockQuantized`` means the
+    builder quantized it itself. The LM head must be ``MatMulNBits`` exactly when ``lm_head_quantized``.
+
+    Returns:
+        ``{"embedding_op", "lm_head_op", "matmulnbits": n, "mul": n}`` (op types found in the graph).
+    Raises:
+        ConversionError: the graph differs from the report (names the node and what was expected).
+    """
+    import onnx
+
+    m = onnx.load(str(onnx_path), load_external_data=False)
+    nodes = list(m.graph.node)
+    emb = next((n.op_type for n in nodes if n.name.startswith("/model/embed_tokens/")
+                and n.op_type in ("Gather", "GatherBlockQuantized")), None)
+    lm = next((n.op_type for n in nodes if n.name.startswith("/lm_head/") and n.op_type in ("MatMul", "MatMulNBits")), None)
+    found = {"embedding_op": emb, "lm_head_op": lm, "matmulnbits": sum(n.op_type == "MatMulNBits" for n in nodes),
+             "mul": sum(n.op_type == "Mul" for n in nodes)}
+    if emb != "Gather":
+        raise ConversionError(f"{onnx_path}: the embedding lookup is {emb!r}, expected a float 'Gather' (the quant report keeps "
+                              "the embedding in high precision; the builder must not quantize it)")
+    want = "MatMulNBits" if lm_head_quantized else "MatMul"
+    if lm != want:
+        raise ConversionError(f"{onnx_path}: /lm_head is {lm!r}, expected {want!r} (lm_head_quantized={lm_head_quantized})")
+    return found

@@ -69,10 +69,12 @@ INT_FLAGS = ("--max_batch_size", "--max_input_len", "--max_seq_len", "--max_beam
 PATH_FLAGS = ("--checkpoint_dir", "--output_dir", "--input_timing_cache", "--output_timing_cache")
 KNOWN_FLAGS = tuple(FLAG_CHOICES) + INT_FLAGS + PATH_FLAGS
 
-RECIPE_QUANT_ALGO = {"none": None, "fp8": "FP8", "int8_sq": "W8A8_SQ_PER_CHANNEL", "int8_wo": "W8A16", "int4_wo": "W4A16",
+RECIPE_QUANT_ALGO = {"none": None, "fp8": "FP8", "int8_sq": "W8A8_SQ_PER_CHANNEL", "int8_wo": "W8A16", "int4_wo": "W4A16_AWQ",
+                     "int4_rtn": "W4A16_AWQ",  # group-wise INT4: ModelOpt writes W4A16_AWQ with unit pre_quant_scale
+                     "auto": "MIXED_PRECISION",  # per-layer quant_cfg.json (or the one format auto_quantize chose)
                      "int4_awq": "W4A16_AWQ", "w4a8_awq": "W4A8_AWQ"}
 """quant.recipe -> the checkpoint's ``quantization.quant_algo`` (ModelOpt export conventions, sec. 3a)."""
-RECIPE_MIN_SM = {"none": (7, 5), "int8_sq": (8, 0), "int8_wo": (8, 0), "int4_wo": (8, 0), "int4_awq": (8, 0), "fp8": (8, 9),
+RECIPE_MIN_SM = {"none": (7, 5), "int8_sq": (8, 0), "int8_wo": (8, 0), "int4_wo": (8, 0), "int4_rtn": (8, 0), "auto": (8, 0), "int4_awq": (8, 0), "fp8": (8, 9),
                  "w4a8_awq": (8, 9)}
 KV_MIN_SM = {"none": (7, 5), "int8": (8, 0), "fp8": (8, 9)}
 SPEC_MODES = {"draft_tokens_external": "draft_tokens_external", "medusa": "medusa", "eagle": "eagle",
@@ -168,6 +170,8 @@ def build_args(cfg: Any, checkpoint_dir: Path | str, output_dir: Path | str, tim
         a += ["--opt_num_tokens", str(b.opt_num_tokens)]
     if b.logits_dtype:
         a += ["--logits_dtype", b.logits_dtype]
+    if b.gather_context_logits:
+        a += ["--gather_context_logits"]  # a store_true flag (sec. 1a)
     if b.speculative.mode != "none":
         a += ["--speculative_decoding_mode", SPEC_MODES[b.speculative.mode], "--max_draft_len", str(b.speculative.max_draft_len)]
     a += ["--input_timing_cache", str(timing_cache), "--output_timing_cache", str(timing_cache),
@@ -187,17 +191,51 @@ def build_config_dict(cfg: Any) -> dict[str, Any]:
                           "remove_input_padding": True, "context_fmha": True, "paged_kv_cache": True,
                           "tokens_per_block": b.tokens_per_block, "use_paged_context_fmha": b.use_paged_context_fmha,
                           "use_fused_mlp": b.use_fused_mlp, "multiple_profiles": b.multiple_profiles},
-        "logits_dtype": b.logits_dtype,
+        "logits_dtype": b.logits_dtype, "gather_context_logits": b.gather_context_logits,
     }
 
 
+def sliding_window(hf: dict[str, Any] | None) -> int | None:
+    """The model's attention window in tokens (``sliding_window`` of Mistral-style configs), or None.
+
+    Qwen2-style configs carry ``sliding_window`` with ``use_sliding_window: false`` (full attention): None then.
+    """
+    if not hf:
+        return None
+    w = hf.get("sliding_window")
+    if w in (None, 0) or hf.get("use_sliding_window") is False:
+        return None
+    try:
+        return int(w)
+    except (TypeError, ValueError):
+        return None
+
+
+def attention_window(cfg: Any) -> int | None:
+    """The ``max_attention_window_size`` the build decides: ``package.runtime.max_attention_window_size`` when set,
+    else the model's sliding window when it is smaller than ``build.max_seq_len`` (a window >= max_seq_len is full
+    attention for every sequence the engine accepts, so nothing is passed)."""
+    rt = getattr(getattr(cfg, "package", None), "runtime", None)
+    if rt is not None and rt.max_attention_window_size is not None:
+        return int(rt.max_attention_window_size)
+    w = sliding_window(model_hf_config(cfg))
+    return w if w is not None and w < cfg.build.max_seq_len else None
+
+
 def runtime_knobs(cfg: Any) -> dict[str, Any]:
-    """Runtime settings for the package stage (Triton tensorrt_llm config.pbtxt / ExtendedRuntimePerfKnobConfig, sec. 4e/9)."""
-    b = cfg.build
-    return {"cuda_graph_mode": b.cuda_graph_mode, "cuda_graph_cache_size": b.cuda_graph_cache_size,
-            "kv_cache_free_gpu_mem_fraction": b.kv_cache_free_gpu_mem_fraction, "enable_kv_cache_reuse": b.enable_kv_cache_reuse,
-            "batch_scheduler_policy": b.batch_scheduler_policy, "enable_chunked_context": b.enable_chunked_context,
-            "batching_strategy": "inflight_fused_batching", "max_beam_width": b.max_beam_width}
+    """Runtime settings for the package stage (Triton tensorrt_llm config.pbtxt / ExtendedRuntimePerfKnobConfig, sec. 4e/9):
+    the build's KV/scheduler/CUDA-graph knobs, the attention window and the speculative-decoding setup."""
+    b, sp = cfg.build, cfg.build.speculative
+    out = {"cuda_graph_mode": b.cuda_graph_mode, "cuda_graph_cache_size": b.cuda_graph_cache_size,
+           "kv_cache_free_gpu_mem_fraction": b.kv_cache_free_gpu_mem_fraction, "enable_kv_cache_reuse": b.enable_kv_cache_reuse,
+           "batch_scheduler_policy": b.batch_scheduler_policy, "enable_chunked_context": b.enable_chunked_context,
+           "batching_strategy": "inflight_fused_batching", "max_beam_width": b.max_beam_width,
+           "speculative": {"mode": sp.mode, "max_draft_len": sp.max_draft_len if sp.mode != "none" else 0,
+                           "draft_model_path": sp.draft_model_path if sp.mode != "none" else None}}
+    w = attention_window(cfg)
+    if w is not None:
+        out["max_attention_window_size"] = w
+    return out
 
 
 def llm_api_options(cfg: Any) -> dict[str, Any]:
@@ -249,6 +287,85 @@ def default_timing_cache(cfg: Any) -> Path:
     return Path(resolve_path(cfg.store_dir) or cfg.store_dir) / "_trtllm_timing_cache" / f"{gpu}-trtllm{ver}.cache"
 
 
+def runtime_problems(cfg: Any) -> list[Problem]:
+    """Cross-field checks of ``package.runtime`` against the build and the model (speculative mode vs its settings,
+    attention window vs max_seq_len and the model's window, KV offload vs reuse, acceptance measurement)."""
+    pk = getattr(cfg, "package", None)
+    rt = getattr(pk, "runtime", None)
+    if rt is None:
+        return []
+    b, sp = cfg.build, cfg.build.speculative
+    p: list[Problem] = []
+    pre = "package.runtime."
+    w = rt.max_attention_window_size
+    if w is not None and w > b.max_seq_len:
+        p.append(Problem(pre + "max_attention_window_size", w, f"is larger than build.max_seq_len={b.max_seq_len}: no sequence can use it.",
+                         f"set it <= {b.max_seq_len} or leave it null (full attention, or the model's own sliding window)"))
+    mw = sliding_window(model_hf_config(cfg))
+    if w is not None and mw is not None and w > mw:
+        p.append(Problem(pre + "max_attention_window_size", w, f"is larger than the model's sliding_window={mw}: attention would reach "
+                         "tokens the model never attended to in training.", f"set it <= {mw} or leave it null"))
+    spec_mode = {"medusa": "medusa", "eagle": "eagle", "lookahead_decoding": "lookahead"}.get(sp.mode)
+    engine = cfg.target.backend == "tensorrt"  # the PyTorch backend takes these through speculative_config instead
+    if engine and sp.mode == "medusa" and not rt.medusa_choices:
+        p.append(Problem(pre + "medusa_choices", None, "a Medusa engine (build.speculative.mode=medusa) needs the Medusa tree its heads "
+                         "were trained for; the backend's built-in tree belongs to one specific model.",
+                         "set package.runtime.medusa_choices='{0}, {0, 0}, {1}, ...' (the tree from the Medusa checkpoint)"))
+    if engine and sp.mode == "lookahead_decoding":
+        for f in ("lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size"):
+            if getattr(rt, f) is None:
+                p.append(Problem(pre + f, None, "a lookahead engine needs the (window, ngram, verification set) sizes.",
+                                 "set package.runtime.lookahead_window_size, lookahead_ngram_size and lookahead_verification_set_size"))
+    for f, m in (("medusa_choices", "medusa"), ("eagle_choices", "eagle"), ("lookahead_window_size", "lookahead_decoding"),
+                 ("lookahead_ngram_size", "lookahead_decoding"), ("lookahead_verification_set_size", "lookahead_decoding")):
+        if getattr(rt, f) is not None and sp.mode != m:
+            p.append(Problem(pre + f, getattr(rt, f), f"is only used by a {m} engine; build.speculative.mode={sp.mode}.",
+                             f"remove it or set build.speculative.mode={m}"))
+    if rt.decoding_mode is not None:
+        if spec_mode and rt.decoding_mode != spec_mode:
+            p.append(Problem(pre + "decoding_mode", rt.decoding_mode, f"contradicts build.speculative.mode={sp.mode}.",
+                             f"set it to {spec_mode} or null"))
+        if rt.decoding_mode in ("medusa", "eagle", "lookahead", "redrafter") and rt.decoding_mode != spec_mode:
+            p.append(Problem(pre + "decoding_mode", rt.decoding_mode, "needs an engine built for that speculative mode.",
+                             "set build.speculative.mode accordingly or leave decoding_mode null"))
+        if rt.decoding_mode == "beam_search" and b.max_beam_width < 2:
+            p.append(Problem(pre + "decoding_mode", rt.decoding_mode, "needs build.max_beam_width >= 2.", "raise build.max_beam_width"))
+    if rt.kv_cache_host_memory_bytes and not b.enable_kv_cache_reuse:
+        p.append(Problem(pre + "kv_cache_host_memory_bytes", rt.kv_cache_host_memory_bytes,
+                         "host offload of KV blocks only works with KV-cache reuse.", "set build.enable_kv_cache_reuse=true"))
+    if rt.kv_cache_onboard_blocks is not None and not rt.kv_cache_host_memory_bytes:
+        p.append(Problem(pre + "kv_cache_onboard_blocks", rt.kv_cache_onboard_blocks, "only applies with kv_cache_host_memory_bytes > 0.",
+                         "set package.runtime.kv_cache_host_memory_bytes or remove kv_cache_onboard_blocks"))
+    if rt.speculative_decoding_fast_logits and sp.mode != "draft_tokens_external":
+        p.append(Problem(pre + "speculative_decoding_fast_logits", True, "only applies to draft-model speculative decoding.",
+                         "remove it or set build.speculative.mode=draft_tokens_external"))
+    if cfg.target.backend == "pytorch":
+        from ..packaging.trtllm_config import llmapi_unsupported
+
+        for f in llmapi_unsupported(rt):
+            p.append(Problem(pre + f, getattr(rt, f), "has no equivalent in the PyTorch-backend (LLM API) package.",
+                             "remove it, or build an engine with target.backend=tensorrt"))
+    if sp.mode == "draft_tokens_external":
+        if cfg.target.backend == "tensorrt" and not sp.draft_model_path and not sp.draft_trtllm_checkpoint:
+            p.append(Problem("build.speculative.draft_model_path", None, "draft-model speculative decoding needs the draft checkpoint.",
+                             "set build.speculative.draft_model_path=/path/to/draft (HF checkpoint with trtllm_checkpoint/)"))
+        if cfg.eval.draft_model_path and sp.draft_model_path and \
+                Path(str(cfg.eval.draft_model_path)).resolve() != Path(str(sp.draft_model_path)).resolve():
+            p.append(Problem("eval.draft_model_path", cfg.eval.draft_model_path, "measures another draft than the one the build "
+                             f"packages (build.speculative.draft_model_path={sp.draft_model_path}).",
+                             "set both to the same draft checkpoint"))
+        if cfg.eval.draft_model_path and cfg.eval.draft_tokens != sp.max_draft_len:
+            p.append(Problem("eval.draft_tokens", cfg.eval.draft_tokens, f"measures acceptance with k={cfg.eval.draft_tokens} draft tokens, "
+                             f"but the engine drafts build.speculative.max_draft_len={sp.max_draft_len}.",
+                             f"set eval.draft_tokens={sp.max_draft_len}"))
+        gate = getattr(pk, "speculative", None)
+        if "package" in cfg.stages and not cfg.eval.draft_model_path and not (gate is not None and gate.allow_low_acceptance):
+            p.append(Problem("eval.draft_model_path", None, "the package stage enables a draft model only after its acceptance rate was "
+                             "measured on the eval set.", f"set eval.draft_model_path={sp.draft_model_path or '<the draft HF checkpoint>'} "
+                             "(or package.speculative.allow_low_acceptance=true)"))
+    return p
+
+
 class TensorRTLLMTarget:
     name = "tensorrt_llm"
     supported_recipes = tuple(RECIPE_QUANT_ALGO)
@@ -295,6 +412,10 @@ class TensorRTLLMTarget:
         if sp.mode in ("draft_tokens_external", "eagle", "medusa") and cfg.target.backend == "pytorch" and not sp.draft_model_path:
             p.append(Problem("build.speculative.draft_model_path", None, f"speculative mode {sp.mode} needs the draft/head checkpoint.",
                              "set build.speculative.draft_model_path=/path/to/checkpoint"))
+        if sp.mode != "none" and b.gather_context_logits:
+            p.append(Problem("build.gather_context_logits", True, "trtllm-build refuses --gather_context_logits with speculative "
+                             "decoding (max_draft_len > 0).", "build the speculative engine without it (fidelity metrics need a "
+                             "separate non-speculative build)"))
         if sp.mode != "none" and b.max_beam_width != 1:
             p.append(Problem("build.max_beam_width", b.max_beam_width, "speculative decoding runs with beam width 1.", "set build.max_beam_width=1"))
         if b.cuda_graph_mode and any(int(x) < 1 for x in b.cuda_graph_batch_sizes):
@@ -303,6 +424,7 @@ class TensorRTLLMTarget:
                              "e.g. build.cuda_graph_batch_sizes=[1,2,4,8]"))
         if cfg.quant.recipe not in RECIPE_QUANT_ALGO:
             p.append(Problem("quant.recipe", cfg.quant.recipe, f"target tensorrt_llm supports {list(RECIPE_QUANT_ALGO)}."))
+        p += runtime_problems(cfg)
         hf = model_hf_config(cfg) if not _planner_checks_positions() else None
         if hf is not None and not cfg.allow_unsafe_lengths:
             lim, why = max_positions(hf)
@@ -457,6 +579,8 @@ class TensorRTLLMTarget:
             ranks = sorted(engine.glob("rank*.engine"))
             if not ranks or not (engine / "config.json").is_file():
                 raise PipelineError(f"trtllm-build exited 0 but wrote no engine (rank*.engine + config.json) into {engine}; log {logf}:\n{tail}")
+            if cfg.build.speculative.mode == "draft_tokens_external":
+                info["draft"] = self._build_draft(cfg, out, lg)
             for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "generation_config.json"):
                 if (hf / f).is_file():  # trtllm-build does not copy the tokenizer (sec. 5a)
                     shutil.copy2(hf / f, engine / f)
@@ -476,9 +600,50 @@ class TensorRTLLMTarget:
         })
         return info
 
+    def draft_command(self, cfg: Any, out: Path | str) -> list[str]:
+        """trtllm-build command of the draft engine (draft-model mode): same limits, no speculative flags, into ``out/draft_engine``."""
+        from ..config import resolve_path
+
+        sp = cfg.build.speculative
+        ck = sp.draft_trtllm_checkpoint or (str(Path(sp.draft_model_path) / "trtllm_checkpoint") if sp.draft_model_path else None)
+        if ck is None:
+            raise InputError("build.speculative.draft_model_path is not set. Fix: set it to the draft checkpoint (HF + trtllm_checkpoint/).")
+        args = build_args(cfg, Path(resolve_path(ck) or ck), Path(out) / "draft_engine", default_timing_cache(cfg))
+        i = args.index("--speculative_decoding_mode")
+        del args[i:i + 4]  # --speculative_decoding_mode X --max_draft_len N: the draft is a plain model
+        return [self.trtllm_build_exe(cfg)] + args
+
+    def _build_draft(self, cfg: Any, out: Path, lg: Any) -> dict[str, Any]:
+        cmd = self.draft_command(cfg, out)
+        ck = Path(cmd[cmd.index("--checkpoint_dir") + 1])
+        if not (ck / "config.json").is_file():
+            raise InputError(f"{ck}: no TensorRT-LLM checkpoint of the draft (config.json + rank*.safetensors). Fix: quantize/convert the "
+                             "draft (e.g. `pipeline model.path=<draft> stages=[export,quantize]`) and point build.speculative.draft_trtllm_checkpoint at it.")
+        logf = out / "build_draft.log"
+        lg.info("running (draft): %s", shlex.join(cmd))
+        with open(logf, "w", encoding="utf-8") as fh:
+            fh.write(f"$ {shlex.join(cmd)}\n")
+            fh.flush()
+            proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, check=False)
+        tail = "".join(logf.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)[-30:])
+        eng = out / "draft_engine"
+        if proc.returncode != 0 or not sorted(eng.glob("rank*.engine")) or not (eng / "config.json").is_file():
+            raise PipelineError(f"trtllm-build of the draft engine failed (exit {proc.returncode}) or wrote no engine into {eng}; log {logf}:\n{tail}")
+        return {"command": cmd, "engine": "draft_engine", "checkpoint": str(ck), "draft_model_path": cfg.build.speculative.draft_model_path}
+
     def load_runner(self, engine_dir: Path, **kw: Any) -> Any:
-        raise PreflightError("running a TensorRT-LLM engine needs TensorRT-LLM and a GPU; serve it with the package stage's Triton "
-                             f"model repository ({NGC_IMAGE}) or `trtllm-serve`.")
+        """The engine runner for evaluate/benchmark: TensorRT-LLM 1.2.x ``ModelRunnerCpp`` (engine path) or the LLM API
+        (PyTorch backend), imported lazily (``pipeline.evaluation.trtllm_runner``).
+
+        Raises:
+            PreflightError: TensorRT-LLM is not importable on this machine (exit 4), with the fix.
+        """
+        if installed_version() is None:
+            raise PreflightError(f"running a TensorRT-LLM engine needs TensorRT-LLM and a GPU. Fix: {INSTALL_FIX}; "
+                                 "or evaluate the simulated model (eval.candidate=simulated).")
+        from ..evaluation.trtllm_runner import load_runner
+
+        return load_runner(Path(engine_dir), **kw)
 
 
 TARGET = TensorRTLLMTarget()

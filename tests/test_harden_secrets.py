@@ -1,0 +1,75 @@
+"""Issue 16 item 6: one redaction at every place the config is written.
+
+A token-shaped secret is planted in a config value (``model.name``) and another one in ``HF_TOKEN`` pulled into
+the config with ``${oc.env:...}``; the real CLI then runs the whole chain to a release archive on a tiny real
+checkpoint (export, quantize, onnxruntime-genai build, evaluate, package).  Every produced file (run folder,
+Hydra's ``.hydra/*.yaml``, logs, summary, every artifact, the archive's *unpacked* content, ``SHA256SUMS``) and
+every file name is searched for both secrets.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+from pathlib import Path
+
+from pipeline.packaging import safe_extract
+from pipeline.store import redact, redact_config
+
+ROOT = Path(__file__).resolve().parents[1]
+PIPELINE = str(ROOT / ".venv" / "bin" / "pipeline")
+SECRET_IN_CONFIG = "hf_" + "Qk7" * 10          # token-shaped, never a real one
+SECRET_IN_ENV = "envsecret-" + "x9Y" * 8         # only known as the value of a secret-named variable
+
+
+def _hits(root: Path, needles: list[str]) -> list[str]:
+    hits = []
+    for p in root.rglob("*"):
+        name = str(p.relative_to(root))
+        if any(n in name for n in needles):
+            hits.append(f"file name: {name}")
+        if not p.is_file() or p.is_symlink():
+            continue
+        data = p.read_bytes()
+        if p.name.endswith((".tar.gz", ".tgz")):
+            data = gzip.decompress(data)
+        if any(n.encode() in data for n in needles):
+            hits.append(f"content: {name}")
+    return hits
+
+
+def test_planted_secret_appears_in_no_produced_file(tiny_llama, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
+    env.update(HF_TOKEN=SECRET_IN_ENV, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    run = tmp_path / "run"
+    args = [PIPELINE, f"model.path={tiny_llama}", f"model.name={SECRET_IN_CONFIG}", "package.version=${oc.env:HF_TOKEN}",
+            f"store_dir={tmp_path / 'store'}", "stages=[package]", "quant=none", "target=onnxruntime_genai", "eval.limit=4",
+            "build.max_seq_len=256", "build.max_input_len=200", "build.max_batch_size=4", "progress=false",
+            "package.allow_failed_gate=true", f"hydra.run.dir={run}"]
+    p = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200)
+    (tmp_path / "stdout.txt").write_text(p.stdout + p.stderr)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    pkg = Path(next(s for s in summary["stages"] if s["stage"] == "package")["path"])
+    archives = list((pkg / "release").glob("*.tar.gz"))
+    assert archives, "the package stage wrote no archive"
+    unpacked = tmp_path / "unpacked"
+    safe_extract(archives[0], unpacked)
+    assert (run / ".hydra" / "config.yaml").is_file() and (run / "pipeline.log").is_file()
+    assert _hits(tmp_path, [SECRET_IN_CONFIG, SECRET_IN_ENV]) == []
+    assert "redacted" in (pkg / "release_manifest.json").read_text()
+    assert "secret-looking value" in p.stdout  # the user is told, not silently changed
+
+
+def test_redaction_covers_keys_and_config_objects(monkeypatch):
+    monkeypatch.setenv("MY_API_KEY", SECRET_IN_ENV)
+    doc = redact({f"files/{SECRET_IN_CONFIG}.json": {"note": f"x {SECRET_IN_ENV} y"}})
+    assert SECRET_IN_CONFIG not in json.dumps(doc) and SECRET_IN_ENV not in json.dumps(doc)
+
+    from pipeline.config import compose
+
+    cfg = compose([f"model.name={SECRET_IN_CONFIG}", "model.path=models/support-llama"])
+    assert redact_config(cfg) == ["model.name"]
+    assert SECRET_IN_CONFIG not in cfg.model.name
