@@ -95,7 +95,7 @@ def test_tensorrt_llm_package_is_recorded_not_run_here_with_the_command(tmp_path
                           eval=SimpleNamespace(max_new_tokens=64, stop=[]), model=SimpleNamespace(apply_chat_template=True))
     from pipeline.config import compose
 
-    real = compose([f"model.path=unused", *BASE, "quant=none", "eval.limit=6"])
+    real = compose(["model.path=unused", *BASE, "quant=none", "eval.limit=6"])
     cfg.eval.max_new_tokens, cfg.eval.stop = real.eval.max_new_tokens, list(real.eval.stop)
     rec = run_parity(tmp_path, packaged["package"] / "model_repository", packaged["evaluate"], target="tensorrt_llm", cfg=cfg)
     assert rec["status"] == "not run here" and rec["matched"] is None

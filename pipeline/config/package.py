@@ -43,10 +43,10 @@ class PackageConfig:
     grpc_port: int = runtime(8001, doc="serve: gRPC port (0 = pick a free one)")
     http_port: int = runtime(8000, doc="serve: HTTP port (0 = pick a free one)")
     metrics_port: int = runtime(8002, doc="serve: metrics port (0 = pick a free one)")
+    openai_port: int = runtime(9000, doc="serve --openai: port of the OpenAI-compatible endpoint (0 = pick a free one)")
     ready_timeout_s: float = runtime(180.0, doc="serve: how long to wait for readiness")
     repository: Optional[str] = runtime(None, doc="serve: model repository to serve (default: the newest package artifact in the store)")
     host: str = runtime("127.0.0.1", doc="serve: bind address of every endpoint (127.0.0.1 = this machine only)")
-    openai_port: int = runtime(9000, doc="serve --openai: port of the OpenAI-compatible endpoint (0 = pick a free one)")
     # declared last: the field name `runtime` shadows the helper of the same name inside this class body
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     """TensorRT-LLM serving knobs (``pipeline/config/serving.py``; backend parameter names)."""

@@ -9,8 +9,8 @@ tokenizer and chat template (``model_repository/preprocessing/1/tokenizer``), as
 How a served answer is compared (the same rules the evaluate stage applies, ``pipeline.evaluation.runners``):
 
 * budget: the item's ``max_new_tokens`` after the engine limits (``prepare``), sent as ``max_tokens``;
-* stop ids: the first eos id is sent as ``end_id``; further eos ids as ``stop_words`` (special tokens, which the
-  postprocessing's ``skip_special_tokens`` drops from the text);
+* stop ids: nothing is sent: the deployment's own defaults (``end_id`` and the engine's eos list) must stop where
+  evaluate stopped (every eos id of ``model_info.json``) - a deployment that does not is a parity failure;
 * stop strings: the served text is cut at the first stop string, as evaluate cuts its text.
 
 The expected answers and rendered requests are also written to ``parity_expected.jsonl`` in the package artifact,
@@ -31,9 +31,10 @@ import json
 import random
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from ..errors import GateFailed, InputError, PreflightError
 
@@ -64,8 +65,8 @@ def expected_requests(eval_dir: Path, repo: Path, *, max_new_tokens: int, extra_
             ``model.apply_chat_template`` (the budget/stop rules evaluate applied).
         sample: how many items (all when fewer were evaluated); ``seed``: the sampling seed.
     Returns:
-        (requests, number of evaluated items).  Each request: ``{id, text_input, max_tokens, end_id, stop_words,
-        stop_strings, expected}``.
+        (requests, number of evaluated items).  Each request: ``{id, text_input, max_tokens, stop_strings, expected,
+        prompt}``.
     Raises:
         InputError: the evaluate artifact lacks what is needed, or the eval set changed since it was evaluated.
     """
@@ -96,14 +97,11 @@ def expected_requests(eval_dir: Path, repo: Path, *, max_new_tokens: int, extra_
     prepared = prepare([items[i] for i in chosen], tok, max_input_len=int(limits.get("max_input_len") or 10**9),
                        max_seq_len=limits.get("max_seq_len"), default_max_new_tokens=max_new_tokens, extra_stop=extra_stop,
                        apply_chat_template=apply_chat_template)
-    stop_ids = [int(i) for i in (rep.get("stop") or {}).get("eos_token_ids") or []]
-    extra_eos = [tok.convert_ids_to_tokens(i) for i in stop_ids[1:]]
     out = []
     for p in prepared:
         it = p.item
         out.append({"id": it.id, "text_input": render(tok, it.prompt, it.messages, apply_chat_template=apply_chat_template),
-                    "max_tokens": p.max_new_tokens, "end_id": stop_ids[0] if stop_ids else None, "stop_words": extra_eos,
-                    "stop_strings": p.stop_strings, "expected": rows[it.id]["text"], "prompt": it.prompt_text()})
+                    "max_tokens": p.max_new_tokens, "stop_strings": p.stop_strings, "expected": rows[it.id]["text"], "prompt": it.prompt_text()})
     return out, len(ids)
 
 
@@ -142,15 +140,10 @@ def replay(url: str, requests: list[dict[str, Any]], *, modes: Sequence[str] = M
             c = local.c = LLMClient(url, timeout_s=timeout_s)
             with lock:
                 clients.append(c)
-        kw: dict[str, Any] = {}
-        if r.get("end_id") is not None:
-            kw["end_id"] = int(r["end_id"])
-        if r.get("stop_words"):
-            kw["stop_words"] = list(r["stop_words"])
-        try:
-            res = c.generate(r["text_input"], int(r["max_tokens"]), stream=(mode == "stream"), chat=False, **kw)
+        try:  # text_input + max_tokens (+ stream): the deployment's defaults do the rest, as for any client
+            res = c.generate(r["text_input"], int(r["max_tokens"]), stream=(mode == "stream"), chat=False)
             served = cut_at_stop_strings(res.text, r.get("stop_strings") or [])
-        except Exception as e:  # noqa: BLE001 - a failed request is a mismatch, shown with its error
+        except Exception as e:
             served = f"<request failed: {e}>"
         return r["id"], mode, served
 

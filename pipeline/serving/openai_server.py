@@ -41,8 +41,9 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 from ..errors import InputError, PipelineError
 
@@ -167,18 +168,15 @@ class Frontend:
         man = release_manifest(self.repository)
         self.model_id = model_id or (man.get("model") or {}).get("name") or self.repository.parent.name
         self.created = int(time.time())
+        from ..tokenization import codec_of
+
         self.tokenizer = _load_tokenizer(self.repository / "preprocessing" / "1" / "tokenizer")
+        self.codec = codec_of(self.tokenizer)
         probe = LLMClient(grpc_url, timeout_s=self.timeout_s)
         try:
-            pre = probe.client.get_model_config("preprocessing", as_json=True)["config"]
-            params = {k: v.get("string_value", "") for k, v in pre.get("parameters", {}).items()}
             self.decoupled = probe.decoupled
         finally:
             probe.close()
-        self.prepend_bos = params.get("prepend_bos", "true").lower() == "true"
-        self.bos_id = int(params["bos_id"]) if params.get("bos_id", "").lstrip("-").isdigit() else None
-        eos = self.tokenizer.eos_token_id
-        self.end_id = int(params["end_id"]) if params.get("end_id", "").lstrip("-").isdigit() else eos
         self._local = threading.local()
         self._clients: list[Any] = []
         self._lock = threading.Lock()
@@ -201,8 +199,11 @@ class Frontend:
             self._clients.clear()
 
     def prompt_tokens(self, text: str) -> int:
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        if self.prepend_bos and self.bos_id is not None and (not ids or ids[0] != self.bos_id):
+        """Ids the served model feeds the engine for ``text``: the served encode rule (``encode_served`` in
+        ``serving/models/onnxruntime_genai_model.py``: rendered text as is, BOS only where the tokenizer adds it)."""
+        c = self.codec
+        ids = c.encode_rendered(text)
+        if c.adds_bos and c.bos_id is not None and (not ids or ids[0] != c.bos_id):
             return len(ids) + 1
         return len(ids)
 
@@ -228,7 +229,7 @@ class Frontend:
             out.append({"role": "system" if m["role"] == "developer" else m["role"], "content": content})
         try:
             return render(self.tokenizer, messages=out)
-        except Exception as e:  # noqa: BLE001 - a template that refuses the conversation (e.g. roles out of order)
+        except Exception as e:
             raise APIError(f"the model's chat template refused these messages: {e}", "messages") from None
 
     def budget(self, p: dict[str, Any]) -> int:
@@ -258,12 +259,11 @@ class Frontend:
 
         try:
             r = self.client().generate(text, self.budget(p), stream=stream, chat=False, cancel=cancel, on_chunk=chunk if stream else None,
-                                       end_id=self.end_id, **ensemble_inputs(p))
+                                       **ensemble_inputs(p))
         except InputError as e:
             raise APIError(str(e)) from None
-        except RequestError as e:
-            raise APIError(str(e), status=400 if "not supported" in str(e) or "must be" in str(e) else 502,
-                           type_="invalid_request_error") from None
+        except RequestError as e:  # the deployment refused or failed this request: its message names the input
+            raise APIError(str(e), status=400) from None
         except PipelineError as e:
             raise APIError(str(e), status=503, type_="server_error") from None
         out, stopped = cut_stop(r.text, stops)
@@ -326,7 +326,8 @@ def build_app(fe: Frontend) -> Any:
                 except APIError as e:
                     loop.call_soon_threadsafe(q.put_nowait, ("error", idx, e))
 
-            tasks = [asyncio.create_task(asyncio.to_thread(worker, i, texts[i // p["n"]])) for i in range(n_choices)]
+            # the references keep the tasks alive until the stream ends
+            _running = [asyncio.create_task(asyncio.to_thread(worker, i, texts[i // p["n"]])) for i in range(n_choices)]
 
             def chunk(idx: int, content: str | None, reason: str | None, first: bool = False) -> bytes:
                 if kind == "completions":
@@ -445,7 +446,7 @@ class OpenAIServer:
         host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
         return f"http://{host}:{self.port}/v1"
 
-    def start(self, timeout_s: float = 60.0) -> "OpenAIServer":
+    def start(self, timeout_s: float = 60.0) -> OpenAIServer:
         import uvicorn
 
         from .server import check_port_free, free_port
@@ -476,7 +477,7 @@ class OpenAIServer:
         if self.frontend is not None:
             self.frontend.close()
 
-    def __enter__(self) -> "OpenAIServer":
+    def __enter__(self) -> OpenAIServer:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:

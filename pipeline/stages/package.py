@@ -142,7 +142,7 @@ def package(ctx: StageContext) -> dict[str, Any]:
         manifest = redact(manifest)  # the one redaction (pipeline.store.redact) at every place the config is written
         write_json_atomic(ctx.out / "release_manifest.json", manifest)
         result: dict[str, Any] = {"repository": "model_repository", "models": info["models"], "target": settings.target,
-                                  "decoupled": settings.decoupled, "gate_override": gate["override"]}
+                                  "decoupled": settings.decoupled, "gate_override": gate["override"], "parity": parity}
         if pc.archive:
             rel = ctx.out / "release"
             rel.mkdir()
