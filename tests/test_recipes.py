@@ -196,4 +196,4 @@ def test_auto_budget_below_reach_is_refused_before_search(export_dir, repo_root,
 def test_cpu_target_refuses_auto_with_the_fix():
     with pytest.raises(ConfigError) as e:
         validate(compose(["quant=auto", "target=onnxruntime_genai"]))
-    assert "quant.recipe" in str(e.value) and "tensorrt_llm" in str(e.value)
+    assert "quant.recipe" in str(e.value) and "mixes per-layer weight formats" in str(e.value) and "eval.runners=[baseline,simulated]" in str(e.value)
