@@ -290,8 +290,7 @@ def run_pipeline(cfg: PipelineConfig, *, overrides: list[str] | None = None, sum
             log.exception("stage failed")
             exit_code, error = EXIT_FAILED, f"{type(e).__name__}: {e}"
         _mark_failed(reports, cfg, error)
-    summary = RunSummary(reports, exit_code, overrides, time.time() - t_start, plan, error,
-                         gate_info or None)
+    summary = RunSummary(reports, exit_code, overrides, time.time() - t_start, plan, error, gate=gate_info or None)
     print_summary(summary, console)
     if summary_dir is not None:
         try:
@@ -362,7 +361,7 @@ def print_gate(gate: dict[str, Any], console: Console) -> None:
         console.print(f"[bold]gate[/]  non-inferiority [{color}]{verdict}[/]{escape(bound)}{mode}")
         f = ev.get("fidelity")
         if f:
-            console.print(f"[bold]gate[/]  fidelity: mean KLD {f['kld_mean']:.6f} ± {f['kld_se']:.6f} nats, same top token "
+            console.print(f"[bold]gate[/]  fidelity: mean KLD {f['kld_mean']:.4g} ± {f['kld_se']:.2g} nats, same top token "
                           f"{100 * f['top1']:.2f}% ({f['positions']} teacher-forced tokens)")
     p = gate.get("parity")
     if isinstance(p, dict) and p.get("total") is not None:
@@ -444,7 +443,7 @@ def write_comparison(sweep_dir: Path, console: Console) -> dict[str, Any]:
     # vary, the headline values that vary, and the verdict columns.
     split = [str(r.get("overrides", "")).split() for r in rows]
     common = set.intersection(*(set(x) for x in split)) if split else set()
-    keep = {"exit_code", "evaluate.gate", "evaluate.score", "evaluate.drop", "evaluate.agreement"}
+    keep = {"exit_code", "evaluate.gate", "evaluate.score", "evaluate.drop", "evaluate.agreement", "evaluate.kld", "evaluate.top1"}
     shown = [c for c in cols if c not in ("job", "overrides") and (c in keep or len({_fmt(r.get(c, "")) for r in rows}) > 1)]
     t = Table(title=f"comparison of {len(rows)} runs ({sweep_dir / 'comparison.md'})")
     t.add_column("variant", no_wrap=True)

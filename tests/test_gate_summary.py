@@ -25,7 +25,7 @@ def test_gate_section_shows_verdict_bound_fidelity_and_parity():
     out = _print({"evaluate": EV, "parity": {"status": "passed", "matched": 64, "total": 64}})
     assert "non-inferiority inconclusive" in out and "upper bound +3.3 pp vs allowed 2.0 pp" in out
     assert "1 pass, 6 inconclusive" in out
-    assert "mean KLD 0.000142" in out and "same top token 100.00%" in out
+    assert "mean KLD 0.000142 ± 9e-05" in out and "same top token 100.00%" in out
     assert "served == evaluated: 64/64" in out
 
 
