@@ -88,9 +88,12 @@ class OnnxRuntimeGenAITarget:
         p: list[Problem] = []
         fix = f"use quant=<one of {list(SUPPORTED_RECIPES)}> with target=onnxruntime_genai, or target=tensorrt_llm on an NVIDIA GPU"
         if q.recipe not in SUPPORTED_RECIPES:
+            why = ("it mixes per-layer weight formats (int4/int8/float), and this target's converter writes one weight format per model"
+                   if q.recipe == "auto" else f"it needs activation quantization kernels onnxruntime-genai does not have on {cfg.target.execution_provider}")
             p.append(Problem("quant.recipe", q.recipe,
-                             f"target onnxruntime_genai cannot execute this recipe (it needs activation quantization kernels "
-                             f"onnxruntime-genai does not have on {cfg.target.execution_provider}); it supports {list(SUPPORTED_RECIPES)}.", fix))
+                             f"target onnxruntime_genai cannot execute this recipe ({why}); it supports {list(SUPPORTED_RECIPES)}.",
+                             fix + (" (to measure quant=auto on CPU: stages=[export,quantize,evaluate] eval.runners=[baseline,simulated])"
+                                    if q.recipe == "auto" else "")))
         if q.kv_cache != "none":
             p.append(Problem("quant.kv_cache", q.kv_cache, "target onnxruntime_genai deploys an unquantized KV cache only.",
                              "set quant.kv_cache=none"))
