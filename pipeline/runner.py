@@ -152,10 +152,8 @@ def _target_available(cfg: PipelineConfig, store: ArtifactStore, order: list[str
 
     Keys are input-addressed, so the quantize artifact's future folder is known before it exists.
     """
-    try:
-        from .targets import get_target, resolve_target
-    except ImportError:
-        return
+    from .targets import get_target, resolve_target
+
     name, _ = resolve_target(cfg)
     target = get_target(name)
     ok, _reason = target.available()
@@ -174,10 +172,8 @@ def _target_available(cfg: PipelineConfig, store: ArtifactStore, order: list[str
 
 
 def _plan(cfg: PipelineConfig, console: Console) -> dict[str, Any] | None:
-    try:
-        from .planner import plan_for_run
-    except ImportError:
-        return None
+    from .planner import plan_for_run
+
     try:
         return plan_for_run(cfg, console)
     except PipelineError:
