@@ -131,7 +131,7 @@ def needs_build(cfg: "PipelineConfig") -> bool:
 
 
 def config_problems(cfg: "PipelineConfig") -> list["Problem"]:
-    """The resolved target's config-time checks (called from ``pipeline.config.validate``)."""
+    """The resolved target's config-time checks (called from ``pipeline.validation.validate``)."""
     from ..config.common import Problem
     from ..errors import InputError
 
