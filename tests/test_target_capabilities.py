@@ -86,3 +86,14 @@ def test_named_gpu_resolves_auto_to_tensorrt_llm_for_plan_and_build():
     assert resolve_target(cfg).name == "tensorrt_llm"
     kind, gpu, _why = plan_device(cfg)
     assert kind == "gpu" and gpu is not None and gpu.sm == 90
+
+
+def test_cpu_plan_notes_every_recipe_the_cpu_target_refuses():
+    """The planner asks the registry: int8_sq (refused by onnxruntime_genai) gets the note that fp8 got
+    (old behaviour: a hard-coded fp8/w4a8 list, so int8_sq and auto were planned for the CPU without a word)."""
+    from pipeline.planner import plan
+
+    for recipe in ("int8_sq", "fp8", "int4_awq"):
+        p = plan(compose(["model=llama31_8b", "target=onnxruntime_genai", f"quant={recipe}"]))
+        noted = [n for n in p.notes if n.startswith(f"quant.recipe={recipe}: target onnxruntime_genai cannot run it")]
+        assert bool(noted) == (recipe != "int4_awq"), (recipe, p.notes)

@@ -588,8 +588,11 @@ def _cpu_plan(p: Plan, shape: ModelShape, k: _Knobs) -> Plan:
     elif avail and need > avail:
         p.warnings.append(f"weights + KV for {k.max_batch_size} x {k.max_seq_len} tokens + activations need {_gib(need)}; "
                           f"{_gib(avail)} is available now. Fix: lower build.max_batch_size or build.max_seq_len.")
-    if k.recipe in ("fp8", "w4a8_awq"):
-        p.notes.append(f"quant.recipe={k.recipe}: FP8 has no CPU kernels in onnxruntime-genai (CUDA EP only); "
+    from ..targets import get_target
+
+    refusal = get_target("onnxruntime_genai").capabilities().recipe_refusal(k.recipe)
+    if refusal is not None:
+        p.notes.append(f"quant.recipe={k.recipe}: target onnxruntime_genai cannot run it ({refusal}); "
                        "the sizes assume the recipe's packed weights.")
     p.status = "refused" if p.refusals else ("warn" if p.warnings else "ok")
     return p

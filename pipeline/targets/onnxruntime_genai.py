@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..artifacts import BuildArtifact
 from ..config.common import Problem
 from ..errors import InputError, PipelineError, PreflightError
 from .base import Capabilities, GenerationRequest, GenerationResult, Target, TokenCallback
@@ -56,7 +57,7 @@ CAPABILITIES = Capabilities(
     max_batch_size=None,
 )
 """What this target can do (pipeline.targets.capabilities)."""
-LIMITS_FILE = "engine_limits.json"
+LIMITS_FILE = BuildArtifact.ENGINE_LIMITS
 BUILDER = "onnxruntime_genai.models.builder"
 
 
@@ -193,7 +194,7 @@ class OnnxRuntimeGenAITarget:
         t0 = time.time()
         checkpoint = Path(checkpoint)
         out = Path(out)
-        engine = out / "engine"
+        engine = BuildArtifact(out).engine_dir
         work = out / ".work"
         work.mkdir(parents=True, exist_ok=True)
         logf = out / "build.log"

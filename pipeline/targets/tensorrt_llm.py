@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..artifacts import BuildArtifact
 from ..config.common import Problem
 from ..errors import InputError, PipelineError, PreflightError
 from .base import Capabilities, Target
@@ -563,7 +564,7 @@ class TensorRTLLMTarget:
         self.preflight(cfg, checkpoint, out)
         t0 = time.time()
         out = Path(out)
-        engine = out / "engine"
+        engine = BuildArtifact(out).engine_dir
         engine.mkdir(parents=True, exist_ok=True)
         logf = out / "build.log"
         hf = Path(checkpoint) / "hf"
