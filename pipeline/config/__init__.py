@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, Callable, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -142,7 +142,7 @@ def compose(overrides: list[str] | None = None, config_name: str = "pipeline") -
     return to_object(cfg)
 
 
-_VALIDATORS = {
+_VALIDATORS: dict[str, Callable[..., list[Problem]]] = {
     "model": _model.validate,
     "calibration": _calibration.validate,
     "quant": _quant.validate,
