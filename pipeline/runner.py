@@ -167,7 +167,9 @@ def _target_available(cfg: PipelineConfig, store: ArtifactStore, order: list[str
         key, _ = compute_key(st, cfg, {d: pending[d] for d in st.deps_for(cfg)}, externals[s])
         pending[s] = Artifact(s, key, store.path_for(s, key), {"output_digest": f"pending:{key}", "result": {}})
     quant = pending.get("quantize")
-    ckpt = (quant.path if quant else store.root / "quantize" / "<key>") / "trtllm_checkpoint"
+    from .artifacts import QuantizeArtifact
+
+    ckpt = QuantizeArtifact(quant.path if quant else store.root / "quantize" / "<key>").trtllm_checkpoint
     target.preflight(cfg, ckpt, None)
 
 

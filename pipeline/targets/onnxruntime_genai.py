@@ -197,7 +197,7 @@ class OnnxRuntimeGenAITarget:
         engine = BuildArtifact(out).engine_dir
         work = out / ".work"
         work.mkdir(parents=True, exist_ok=True)
-        logf = out / "build.log"
+        logf = BuildArtifact(out).build_log_path
         ep = cfg.target.execution_provider
         rec = cfg.quant.recipe
         if rec not in SUPPORTED_RECIPES:

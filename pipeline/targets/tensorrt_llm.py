@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..artifacts import BuildArtifact
+from ..artifacts import BuildArtifact, QuantizeArtifact
 from ..config.common import Problem
 from ..errors import InputError, PipelineError, PreflightError
 from .base import Capabilities, Target
@@ -464,7 +464,8 @@ class TensorRTLLMTarget:
 
     def command(self, cfg: Any, checkpoint: Path | str, out: Path | str) -> list[str]:
         """The exact command :meth:`build` runs (backend tensorrt)."""
-        ckpt = Path(checkpoint) / "trtllm_checkpoint" if not str(checkpoint).endswith("trtllm_checkpoint") else Path(checkpoint)
+        T = QuantizeArtifact.TRTLLM_CHECKPOINT
+        ckpt = QuantizeArtifact(Path(checkpoint)).trtllm_checkpoint if not str(checkpoint).endswith(T) else Path(checkpoint)
         return [self.trtllm_build_exe(cfg)] + build_args(cfg, ckpt, Path(out) / "engine", default_timing_cache(cfg))
 
     def plan(self, cfg: Any, checkpoint: Path | None, export_dir: Path | None, out: Path | None) -> dict[str, Any]:
@@ -530,7 +531,7 @@ class TensorRTLLMTarget:
             cmd = shlex.join(self.command(cfg, checkpoint, out or "<build artifact>")) if backend == "tensorrt" else "(PyTorch backend: no trtllm-build)"
             msg = "target tensorrt_llm cannot build on this machine:\n" + "\n".join(f"  - {f}" for f in fails)
             raise PreflightError(msg + f"\nCommand it would run:\n  {cmd}")
-        ck = Path(checkpoint) / "trtllm_checkpoint"
+        ck = QuantizeArtifact(Path(checkpoint)).trtllm_checkpoint
         if backend == "tensorrt" and not (ck / "config.json").is_file():
             raise InputError(f"{ck}: no TensorRT-LLM checkpoint (config.json + rank*.safetensors). The quantize stage writes it; re-run it.")
 
@@ -566,7 +567,7 @@ class TensorRTLLMTarget:
         out = Path(out)
         engine = BuildArtifact(out).engine_dir
         engine.mkdir(parents=True, exist_ok=True)
-        logf = out / "build.log"
+        logf = BuildArtifact(out).build_log_path
         hf = Path(checkpoint) / "hf"
         info: dict[str, Any] = {"schema": "pipeline.build_info/v1", "target": self.name, "backend": cfg.target.backend,
                                 "recipe": cfg.quant.recipe, "kv_cache": cfg.quant.kv_cache}
