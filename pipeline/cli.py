@@ -29,6 +29,19 @@ SUBCOMMANDS = {
 _state = {"task_started": False}
 
 
+def _register_redact_resolver() -> None:
+    """``${redact:...}`` (pipeline.store.redact_text) for Hydra's sweep folder names (build_configs/pipeline.yaml);
+    registered at import so joblib/SLURM job processes that unpickle ``_task`` have it too."""
+    from omegaconf import OmegaConf
+
+    from .store import redact_text
+
+    OmegaConf.register_new_resolver("redact", lambda s: redact_text(str(s)), replace=True)
+
+
+_register_redact_resolver()
+
+
 def _task(cfg) -> int:  # DictConfig
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
@@ -46,6 +59,10 @@ def _task(cfg) -> int:  # DictConfig
 
     install_log_redaction()
     redact_run_outputs(out_dir)  # Hydra wrote .hydra/*.yaml with the config verbatim
+    if hc.mode == RunMode.MULTIRUN:
+        from .store import redact_files
+
+        redact_files([Path(hc.sweep.dir) / "multirun.yaml"])
     try:
         obj = to_object(cfg)
     except Exception as e:  # noqa: BLE001 - OmegaConf errors name the key; show them without a traceback

@@ -29,8 +29,9 @@ from typing import Any
 #: (transformers 5: ``modeling_mistral.py`` / ``modeling_phi3.py`` pass ``config.sliding_window`` to each attention).
 WINDOW_ALL_LAYERS = ("mistral", "phi3")
 
-#: model_type -> {"architecture", "targets": {target: None | "reason. Fix: ..."}, "recipes": {recipe: reason}}.
-#: ``None`` = supported.  A recipe entry refuses that recipe on every target.
+#: model_type -> {"architecture", "targets": {target: None | "reason. Fix: ..."}, "recipes": {recipe: reason},
+#: "quantized_on": {target: reason}}.  ``None`` = supported; a ``recipes`` entry refuses that recipe on every target,
+#: a ``quantized_on`` entry every recipe but ``none`` on that target.
 FAMILY_SUPPORT: dict[str, dict[str, Any]] = {
     "llama": {"architecture": "LlamaForCausalLM", "targets": {"onnxruntime_genai": None, "tensorrt_llm": None, "tensorrt_llm_pytorch": None}},
     "mistral": {"architecture": "MistralForCausalLM", "targets": {"onnxruntime_genai": None, "tensorrt_llm": None, "tensorrt_llm_pytorch": None}},
@@ -41,6 +42,12 @@ FAMILY_SUPPORT: dict[str, dict[str, Any]] = {
         "tensorrt_llm": "ModelOpt 0.47 cannot write a TensorRT-LLM checkpoint for Phi3ForCausalLM (its converter raises "
                         "NotImplementedError), so there is nothing for trtllm-build to compile. Fix: target=tensorrt_llm_pytorch "
                         "(the PyTorch backend serves the unified HF checkpoint) or target=onnxruntime_genai.",
+    }, "quantized_on": {
+        "onnxruntime_genai": "the CPU engine deploys ModelOpt's own integers through a GPTQ-layout checkpoint "
+                             "(pipeline/targets/ort_quant.py), which handles separate q/k/v and gate/up projections only; "
+                             "Phi-3's fused qkv_proj and gate_up_proj would be re-quantized, not deployed exactly. "
+                             "Fix: quant=none on target=onnxruntime_genai, or the quantized recipe on target=tensorrt_llm_pytorch "
+                             "(GPU host).",
     }},
 }
 
@@ -163,8 +170,48 @@ def config_problems(cfg: Any) -> list[Any]:
         if why:
             problems.append(Problem("target.name", target, f"{fam['architecture']}: {why.split(' Fix: ')[0]}",
                                     why.split(" Fix: ", 1)[1] if " Fix: " in why else "use another target"))
-    recipe_why = fam.get("recipes", {}).get(getattr(cfg.quant, "recipe", None))
+    problems.extend(_window_problems(cfg, mc))
+    recipe = getattr(cfg.quant, "recipe", None)
+    recipe_why = fam.get("recipes", {}).get(recipe)
+    if recipe_why is None and recipe != "none" and needs_build(cfg):
+        try:
+            recipe_why = fam.get("quantized_on", {}).get(resolve_target(cfg)[0])
+        except Exception:  # noqa: BLE001
+            recipe_why = None
     if recipe_why:
         problems.append(Problem("quant.recipe", cfg.quant.recipe, f"{fam['architecture']}: {recipe_why.split(' Fix: ')[0]}",
                                 recipe_why.split(" Fix: ", 1)[1] if " Fix: " in recipe_why else "use another recipe"))
     return problems
+
+
+def _window_problems(cfg: Any, mc: dict[str, Any]) -> list[Any]:
+    """A sliding window that binds inside the engine's context on onnxruntime_genai needs ``build.max_batch_size=1``.
+
+    onnxruntime-genai 0.18's ``og.Engine`` runs a static batch of prompts of different lengths through the
+    window-sized KV cache wrongly (``GroupQueryAttention: seqlens_k[1] = 40 is too small for sequence_length 61``,
+    after which the engine refuses every request); one sequence at a time matches transformers.
+    """
+    from .config.common import Problem
+    from .targets import needs_build, resolve_target
+
+    if not needs_build(cfg):
+        return []
+    try:
+        if resolve_target(cfg)[0] != "onnxruntime_genai":
+            return []
+    except Exception:  # noqa: BLE001
+        return []
+    b = cfg.build
+    new, _ = builder_config(mc, int(b.max_seq_len))
+    windowed = new is not None and new.get("sliding_window") is not None and "sliding_attention" in (new.get("layer_types") or [])
+    if not windowed and mc.get("layer_types") and "sliding_attention" in mc["layer_types"] and new is None:
+        windowed = True  # e.g. Qwen2 with use_sliding_window: the config lists its windowed layers itself
+    if not windowed or int(b.max_batch_size) <= 1:
+        return []
+    sw = mc.get("sliding_window")
+    return [Problem("build.max_batch_size", b.max_batch_size,
+                    f"the model's sliding_window={sw} is smaller than build.max_seq_len={b.max_seq_len}, so the "
+                    "onnxruntime_genai engine is built with a windowed KV cache, and onnxruntime-genai 0.18 runs batches of "
+                    "prompts of different lengths through it wrongly.",
+                    f"build.max_batch_size=1 (one sequence at a time, matches transformers), or build.max_seq_len<={sw} "
+                    "(the window then never binds and the engine uses full attention)")]

@@ -327,6 +327,7 @@ def _ctx(tmp_path, ort_build, tiny_llama, gate, **pkg):
     from pipeline.stages import StageContext
     from pipeline.store import Artifact
 
+    pkg.setdefault("parity", "false")  # this hand-made evaluate artifact has no answers to replay (tests/test_parity.py)
     cfg = compose(["stages=[package]", "quant=none", "model.name=tiny"] + [f"package.{k}={v}" for k, v in pkg.items()])
     exp = tmp_path / "export"
     shutil.copytree(tiny_llama, exp / "hf")

@@ -272,6 +272,181 @@ def test_server_down_and_port_in_use_are_clear_errors(served):
         TritonServer(served.server.repo_dir, grpc_port=served.server.grpc_port).start()
 
 
+# --------------------------------------------------------------------------- TensorRT-LLM backend conformance (server side)
+def _stream_request(url: str, inputs: dict, model: str = "ensemble", outputs: tuple[str, ...] = ("text_output",),
+                    request_id: str = "") -> tuple[list, str | None]:
+    """One request over the stream API, as NVIDIA's end_to_end_grpc_client sends it: (responses as {name: array}, error)."""
+    import queue
+
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import np_to_triton_dtype
+
+    c = grpcclient.InferenceServerClient(url)
+    q: queue.Queue = queue.Queue()
+    c.start_stream(callback=lambda result, error: q.put((result, error)))
+    ins = []
+    for name, arr in inputs.items():
+        i = grpcclient.InferInput(name, list(arr.shape), np_to_triton_dtype(arr.dtype))
+        i.set_data_from_numpy(arr)
+        ins.append(i)
+    got: list = []
+    try:
+        c.async_stream_infer(model, ins, outputs=[grpcclient.InferRequestedOutput(o) for o in outputs], request_id=request_id,
+                             enable_empty_final_response=True)
+        while True:
+            r, e = q.get(timeout=60)
+            if e is not None:
+                return got, e.message() if hasattr(e, "message") else str(e)
+            d = {o: r.as_numpy(o) for o in outputs}
+            if any(v is not None for v in d.values()):
+                got.append(d)
+            p = r.get_response().parameters.get("triton_final_response")
+            if p is not None and p.bool_param:
+                return got, None
+    finally:
+        c.stop_stream()
+        c.close()
+
+
+def _texts(*s: str) -> np.ndarray:
+    return np.array([[x.encode()] for x in s], dtype=np.object_)
+
+
+def _col(dtype, *v) -> np.ndarray:
+    return np.array([[x] for x in v], dtype=dtype)
+
+
+@pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls"])
+def test_output_shapes_are_the_tensorrt_llm_backends(served, tokenizer, direct, model):
+    # NVIDIA's end_to_end_grpc_client reads text_output[0] as bytes and batch_index/perf metrics as [0][0]
+    # (tensorrtllm_backend inflight_batcher_llm/client/end_to_end_grpc_client.py; C++ backend fillTritonResponse)
+    from pipeline.tokenization import render
+
+    prompt = render(tokenizer, PROMPTS[0])
+    want = direct(PROMPTS[0])
+    perf = ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns", "kv_cache_alloc_new_blocks")
+    outs = ("text_output", "batch_index", "sequence_index") + perf
+    for stream in (False, True):
+        got, err = _stream_request(served.server.grpc_url, {"text_input": _texts(prompt), "max_tokens": _col(np.int32, MAX_TOKENS),
+                                                            "stream": _col(bool, stream), "return_perf_metrics": _col(bool, True)},
+                                   model=model, outputs=outs)
+        assert err is None, err
+        assert all(r["text_output"].shape == (1,) and isinstance(r["text_output"][0], bytes) for r in got), [r["text_output"] for r in got]
+        assert "".join(r["text_output"][0].decode("utf-8") for r in got) == want
+        for r in got:
+            assert r["batch_index"].shape == (1, 1) and r["batch_index"][0][0] == 0
+            assert all(r[m].shape == (1, 1) for m in perf), {m: r[m].shape for m in perf}
+            assert r["arrival_time_ns"][0][0] <= r["first_token_time_ns"][0][0] <= r["last_token_time_ns"][0][0]
+        assert stream or len(got) == 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_three_prompts_in_one_request_get_three_answers(served, tokenizer, direct, stream):
+    from pipeline.tokenization import render
+
+    prompts = PROMPTS[:3]
+    got, err = _stream_request(served.server.grpc_url, {"text_input": _texts(*[render(tokenizer, p) for p in prompts]),
+                                                        "max_tokens": _col(np.int32, *[MAX_TOKENS] * 3), "stream": _col(bool, *[stream] * 3)},
+                               outputs=("text_output", "batch_index"))
+    assert err is None, err
+    texts = ["", "", ""]
+    for r in got:
+        texts[int(r["batch_index"][0][0])] += r["text_output"][0].decode("utf-8")
+    assert texts == [direct(p) for p in prompts]
+    # a per-row input whose row count is not the number of prompts is refused with the input's name
+    _, err = _stream_request(served.server.grpc_url, {"text_input": _texts("a", "b", "c"), "max_tokens": _col(np.int32, 4, 4)})
+    assert err and "batch size does not match" in err  # Triton refuses it before the model runs
+
+
+@pytest.mark.parametrize("name,value,dtype", [("presence_penalty", 0.5, np.float32), ("frequency_penalty", 0.3, np.float32),
+                                              ("return_log_probs", True, bool), ("beam_width", 2, np.int32),
+                                              ("num_return_sequences", 2, np.int32), ("embedding_bias_words", b"x", np.object_)])
+def test_inputs_the_cpu_engine_cannot_honour_are_refused_by_name(served, name, value, dtype):
+    got, err = _stream_request(served.server.grpc_url, {"text_input": _texts("hello"), "max_tokens": _col(np.int32, 4),
+                                                        name: _col(dtype, value)})
+    assert err and name in err and not got, (got, err)
+
+
+def test_random_seed_is_honoured_or_refused(served, client, direct):
+    import json as _json
+
+    engine_cfg = _json.loads((served.package / "model_repository" / "onnxruntime_genai" / "1" / "engine" / "genai_config.json").read_text())
+    seeded = lambda s: client.generate(PROMPTS[0], MAX_TOKENS, top_k=50, temperature=1.5, random_seed=s).text  # noqa: E731
+    if "dynamic_batching" in engine_cfg.get("engine", {}):
+        assert seeded(7) == seeded(7)
+    else:
+        from pipeline.serving.client import RequestError
+
+        with pytest.raises(RequestError, match="random_seed"):
+            seeded(7)
+    assert client.generate(PROMPTS[0], MAX_TOKENS, random_seed=7).text == direct(PROMPTS[0])  # greedy: the seed changes nothing
+
+
+def test_out_of_vocabulary_ids_get_a_clear_error_and_the_engine_keeps_serving(served, client, direct):
+    # issue 16 item 2: ids >= vocab sent straight to the engine model used to leave og.Engine unhealthy for every later request
+    url = served.server.grpc_url
+    for bad in (10**6, -5):
+        got, err = _stream_request(url, {"input_ids": np.array([[5, bad, 7]], np.int32), "input_lengths": _col(np.int32, 3),
+                                         "request_output_len": _col(np.int32, 4)}, model="onnxruntime_genai", outputs=("output_ids",))
+        assert err and "vocabulary" in err and str(bad) in err
+    ids = client.tokenizer(PROMPTS[1], add_special_tokens=False)["input_ids"]
+    got, err = _stream_request(url, {"input_ids": np.array([ids], np.int32), "input_lengths": _col(np.int32, len(ids)),
+                                     "request_output_len": _col(np.int32, 4)}, model="onnxruntime_genai", outputs=("output_ids", "sequence_length"))
+    assert err is None and got[-1]["output_ids"].shape[:2] == (1, 1) and got[-1]["sequence_length"].shape == (1, 1)
+    for p in PROMPTS[:2]:
+        assert client.generate(p, MAX_TOKENS, stream=True).text == direct(p)
+
+
+_VICTIM = r'''
+import os, sys
+import numpy as np
+import tritonclient.grpc as g
+c = g.InferenceServerClient(sys.argv[1])
+n = int(sys.argv[3])
+running = set()
+def on_response(result, error):  # the process dies once every request has produced a token (all are running)
+    if result is not None:
+        running.add(result.get_response().id)
+    if len(running) == n:
+        os._exit(0)
+c.start_stream(callback=on_response)
+def inp(name, arr, dt):
+    i = g.InferInput(name, list(arr.shape), dt); i.set_data_from_numpy(arr); return i
+for k in range(n):
+    c.async_stream_infer(sys.argv[2], [inp("text_input", np.array([[b"Where is my order?"]], dtype=object), "BYTES"),
+                                       inp("max_tokens", np.array([[170]], np.int32), "INT32"),
+                                       inp("min_length", np.array([[170]], np.int32), "INT32"),
+                                       inp("stream", np.array([[True]]), "BOOL")], request_id=f"vanished-{sys.argv[2]}-{k}")
+import time
+time.sleep(60)
+os._exit(1)
+'''
+
+
+@pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls"])
+def test_a_vanished_streaming_client_stops_its_generation(served, client, direct, tmp_path, model):
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "victim.py"
+    script.write_text(_VICTIM)
+    n = 16  # the server's max batch: 16 x 170 tokens take long enough that the disconnect arrives mid-generation
+    subprocess.run([sys.executable, str(script), served.server.grpc_url, model, str(n)], check=True, timeout=120)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        lines = [ln for ln in served.server.log_tail(200000).splitlines() if f"vanished-{model}-" in ln and "cancelled by the client" in ln]
+        if len(lines) == n:
+            break
+        time.sleep(0.5)
+    assert len(lines) == n, lines
+    import re
+
+    generated = [int(re.search(r"after (\d+) generated", ln).group(1)) for ln in lines]
+    assert sum(generated) < n * 170, generated  # without cancellation every request runs its 170 tokens (min_length)
+    assert client.generate(PROMPTS[0], MAX_TOKENS, stream=True).text == direct(PROMPTS[0])
+
+
 def test_shutdown_is_clean(served, tmp_path):
     # a second server on the same repository: start, answer, stop with exit code 0; a broken repository keeps its log
     with TritonServer(served.server.repo_dir, ready_timeout_s=120, log_dir=tmp_path / "a") as s2:

@@ -59,6 +59,8 @@ def hf_config(arch: str, **overrides: Any):
         raise ValueError(f"unknown arch {arch!r}; known: {ARCHS}")
     for k, v in overrides.items():
         setattr(cfg, k, v)
+        if k == "rope_theta" and isinstance(getattr(cfg, "rope_parameters", None), dict):
+            cfg.rope_parameters["rope_theta"] = v  # transformers 5 reads rope_parameters
     return cfg
 
 

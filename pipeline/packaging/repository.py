@@ -27,6 +27,9 @@ from ..errors import InputError
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TEMPLATES = REPO_ROOT / "triton_models"
 MODELS_SRC = Path(__file__).resolve().parents[1] / "serving" / "models"
+TOKENIZATION_SRC = Path(__file__).resolve().parents[1] / "tokenization.py"
+"""Copied next to every served Python model's ``model.py`` as ``tokenization.py``: the served text is produced by
+the same ``TextCodec`` as the evaluated text (standalone module: ``tokenizers`` + lazy ``jinja2``)."""
 CONTAINER_REPO = "/models"
 """Where the GPU container command mounts the repository; TensorRT-LLM's C++ backend needs absolute engine paths."""
 PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -315,6 +318,7 @@ def generate_repository(out: Path, settings: Settings, *, engine_dir: Path, toke
         (d / "config.pbtxt").write_text(text, encoding="utf-8")
         if model_py:
             shutil.copy2(MODELS_SRC / model_py, d / "1" / "model.py")
+            shutil.copy2(TOKENIZATION_SRC, d / "1" / "tokenization.py")
         models.append(model)
         return d
 
@@ -351,9 +355,7 @@ def generate_repository(out: Path, settings: Settings, *, engine_dir: Path, toke
             ens_text = (out / "ensemble" / "config.pbtxt").read_text(encoding="utf-8")
             common = {"interface": "text", "engine_dir": "../../onnxruntime_genai/1/engine", "tokenizer_dir": "../../onnxruntime_genai/1/tokenizer",
                       "max_input_len": vals["max_input_len"], "max_seq_len": vals["max_seq_len"],
-                      "exclude_input_in_output": vals["exclude_input_in_output"], "skip_special_tokens": "true",
-                      "add_special_tokens": "false", "prepend_bos": "true", "bos_id": vals["bos_id"], "end_id": vals["end_id"],
-                      "pad_id": vals["pad_id"]}
+                      "exclude_input_in_output": vals["exclude_input_in_output"], "skip_special_tokens": "true"}
             for name, load, extra in (("ensemble", "eager", ()),
                                       ("tensorrt_llm_bls", "lazy", (("num_draft_tokens", "TYPE_INT32", [1]),
                                                                     ("use_draft_logits", "TYPE_BOOL", [1])))):
@@ -363,6 +365,7 @@ def generate_repository(out: Path, settings: Settings, *, engine_dir: Path, toke
                     ens_text, name, decoupled=settings.decoupled, instance_count=1, params={**common, "load": load},
                     extra_inputs=extra), encoding="utf-8")
                 shutil.copy2(MODELS_SRC / "onnxruntime_genai_model.py", d / "1" / "model.py")
+                shutil.copy2(TOKENIZATION_SRC, d / "1" / "tokenization.py")
                 if name not in models:
                     models.append(name)
         else:

@@ -170,6 +170,8 @@ def _high_precision(lin: Linear, shape: ModelShape, exclude: list[str], sensitiv
 def _linear_bytes(out_f: int, in_f: int, recipe: str, hp_bytes: float, group: int) -> float:
     """Bytes of one (out_f x in_f) weight under ``recipe`` including its scales (module docstring)."""
     n = out_f * in_f
+    if recipe == "auto":  # planned as int8 weight-only: an upper bound at the default 8-bit budget (quant.auto)
+        recipe = "int8_wo"
     if recipe == "none":
         return n * hp_bytes
     if recipe == "fp8":

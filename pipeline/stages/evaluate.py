@@ -1,6 +1,7 @@
-"""Evaluate stage: run the business eval set through the unquantized baseline and the candidate
-(the built engine, or the ModelOpt simulated-quantization model), score it, apply the release gate
-and write the report (``eval_report.json`` / ``.md`` / ``.html``, ``outputs.jsonl``).
+"""Evaluate stage: run the business eval set through the baseline (the *source* checkpoint in the reference
+dtype, never the export) and the candidate (the built engine, or the ModelOpt simulated-quantization model),
+score it, measure teacher-forced fidelity (``evaluation/fidelity.py``), apply the non-inferiority release gate
+(``evaluation/gate.py``) and write the report (``eval_report.json`` / ``.md`` / ``.html``, ``outputs.jsonl``).
 
 A failed gate does not raise: the artifact (with its report) is published and the result carries
 ``gate = {"passed": False, "reason": ...}``; the runner then exits 3 and the package stage refuses it.
@@ -84,9 +85,7 @@ def resolve_runners(cfg: Any, build_art: Any) -> tuple[list[str], str, dict[str,
 
 # --------------------------------------------------------------------------- running
 def _make_runner(name: str, ctx: StageContext, tokenizer: Any, stop_ids: list[int], pad_id: int) -> Any:
-    from ..evaluation.runners import EngineAdapter, HFRunner
-
-    from ..evaluation.runners import load_reference_model, reference_dtype
+    from ..evaluation.runners import EngineAdapter, HFRunner, load_reference_model, reference_dtype
 
     export_dir = ctx.inputs["export"].path
     if name == "baseline":
@@ -216,7 +215,9 @@ def _evaluate(ctx: StageContext) -> dict[str, Any]:
 
         item_by_id = {p.item.id: p.item for p in prepared}
         fid = {"make": make_seqs, "runners": ("baseline", cand), "logits": {}, "seconds": {},
-               "heldout": F.heldout_sequences(_heldout_samples(ctx, tokenizer))}
+               # held-out samples that fit the engine's limits (one context pass of len - 1 tokens)
+               "heldout": F.heldout_sequences([h for h in _heldout_samples(ctx, tokenizer)
+                                               if len(h) - 1 <= min(int(limits["max_input_len"]), int(limits.get("max_seq_len") or 1 << 30) - 1)])}
     _run_all(ctx, runners, prepared, tokenizer, stop_ids, pad_id, n_run, outputs, seconds, fid)
     fidelity = None
     if fid is not None:

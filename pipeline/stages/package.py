@@ -98,6 +98,7 @@ def package(ctx: StageContext) -> dict[str, Any]:
                   "max_seq_len": settings.max_seq_len, "max_beam_width": settings.max_beam_width}
         check_repository(repo, limits=limits, target=settings.target, build_info=bi, serving_image=serving_image, streaming=pc.decoupled)
         advance(1)
+        parity = _parity(ctx, repo, settings.target)
         name = release_name(cfg)
         repo_files = tree_files(repo)
         manifest = {
@@ -116,6 +117,7 @@ def package(ctx: StageContext) -> dict[str, Any]:
                         "decoupled": settings.decoupled, "triton_max_batch_size": settings.triton_max_batch_size,
                         "exclude_input_in_output": settings.exclude_input_in_output, "end_id": settings.end_id, "pad_id": settings.pad_id,
                         "serving_image": serving_image if settings.target == "tensorrt_llm" else None},
+            "parity": parity,
             "versions": {"engine": dict(bi.get("versions") or {}), "packaging": library_versions(LIBRARIES)},
             "sources": {"export": export.digest, "build": build.digest,
                         "evaluate": ctx.inputs["evaluate"].digest if "evaluate" in ctx.inputs else None,
@@ -131,13 +133,32 @@ def package(ctx: StageContext) -> dict[str, Any]:
             rel.mkdir()
             write_json_atomic(rel / "release_manifest.json", manifest)
             archive = rel / f"{name}.tar.gz"
-            sha = make_archive(archive, [(repo, f"{name}/model_repository"), (ctx.out / "release_manifest.json", f"{name}/release_manifest.json")])
+            members = [(repo, f"{name}/model_repository"), (ctx.out / "release_manifest.json", f"{name}/release_manifest.json")]
+            members += _parity_members(ctx.out, name)
+            sha = make_archive(archive, members)
             write_sha256sums(rel / "SHA256SUMS", [archive, rel / "release_manifest.json"])
             result.update(archive=f"release/{archive.name}", archive_sha256=sha)
         advance(1)
     result["headline"] = {"target": settings.target, "models": len(info["models"]), "archive": result.get("archive", "-"),
                           "gate": "override" if gate["override"] else "pass"}
+    result["headline"]["served == evaluated"] = (f"{parity['matched']}/{parity['total']}" if parity.get("total") is not None
+                                                 else parity["status"])
     return result
+
+
+def _parity(ctx: StageContext, repo: Path, target: str) -> dict[str, Any]:
+    """Serving parity (``pipeline.packaging.parity``): served answers == evaluated answers, or GateFailed (exit 3)."""
+    from ..packaging.parity import run_parity
+
+    assert ctx.out is not None
+    return run_parity(ctx.out, repo, ctx.inputs["evaluate"].path, target=target, cfg=ctx.cfg, log=ctx.log)
+
+
+def _parity_members(out: Path, name: str) -> list[tuple[Path, str]]:
+    """The parity requests + expected answers travel in the release, so the check can run on the serving host."""
+    from ..packaging.parity import EXPECTED_FILE
+
+    return [(out / EXPECTED_FILE, f"{name}/{EXPECTED_FILE}")] if (out / EXPECTED_FILE).is_file() else []
 
 
 def _key_extras(cfg: Any, inputs: dict[str, Any]) -> dict[str, Any]:

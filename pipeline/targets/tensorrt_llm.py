@@ -72,9 +72,10 @@ KNOWN_FLAGS = tuple(FLAG_CHOICES) + INT_FLAGS + PATH_FLAGS
 
 RECIPE_QUANT_ALGO = {"none": None, "fp8": "FP8", "int8_sq": "W8A8_SQ_PER_CHANNEL", "int8_wo": "W8A16", "int4_wo": "W4A16_AWQ",
                      "int4_rtn": "W4A16_AWQ",  # group-wise INT4: ModelOpt writes W4A16_AWQ with unit pre_quant_scale
+                     "auto": "MIXED_PRECISION",  # per-layer quant_cfg.json (or the one format auto_quantize chose)
                      "int4_awq": "W4A16_AWQ", "w4a8_awq": "W4A8_AWQ"}
 """quant.recipe -> the checkpoint's ``quantization.quant_algo`` (ModelOpt export conventions, sec. 3a)."""
-RECIPE_MIN_SM = {"none": (7, 5), "int8_sq": (8, 0), "int8_wo": (8, 0), "int4_wo": (8, 0), "int4_rtn": (8, 0), "int4_awq": (8, 0), "fp8": (8, 9),
+RECIPE_MIN_SM = {"none": (7, 5), "int8_sq": (8, 0), "int8_wo": (8, 0), "int4_wo": (8, 0), "int4_rtn": (8, 0), "auto": (8, 0), "int4_awq": (8, 0), "fp8": (8, 9),
                  "w4a8_awq": (8, 9)}
 KV_MIN_SM = {"none": (7, 5), "int8": (8, 0), "fp8": (8, 9)}
 SPEC_MODES = {"draft_tokens_external": "draft_tokens_external", "medusa": "medusa", "eagle": "eagle",

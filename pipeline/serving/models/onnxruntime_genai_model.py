@@ -26,8 +26,9 @@ with the last prompt's last response (decoupled mode only, as TensorRT-LLM's bac
 
 Streaming (decoupled): one response per generated token; ``output_ids`` holds that token only (TensorRT-LLM's
 streaming convention) and ``text_output`` the text it completes, from an incremental detokenizer (constant work per
-token, never a re-decode of the whole sequence; a multi-byte character is emitted once all its bytes arrived, so the
-joined stream equals the non-streamed text).
+token, never a re-decode of the whole sequence: ``TextCodec.stream_decoder`` of ``pipeline/tokenization.py``, copied next
+to this file; a multi-byte or byte-fallback character is emitted once all its bytes arrived, so the joined stream
+equals the non-streamed text).
 
 Decoding is greedy unless the request asks for sampling (``runtime_top_k`` > 1 or ``runtime_top_p`` > 0 with
 ``temperature`` > 0), the TensorRT-LLM convention.  Inputs the engine cannot honour (beam search, log probs,
@@ -77,7 +78,6 @@ _UNSUPPORTED_TEXT = {
 }
 # FP32 inputs whose neutral value is accepted and any other value refused (og.Engine 0.18 has no such search option).
 _NEUTRAL_FLOATS = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "len_penalty": 1.0}
-REPLACEMENT = "\ufffd"
 
 
 def parse_words_list(arr: np.ndarray | None) -> list[list[int]]:
@@ -100,40 +100,27 @@ def ends_with_any(tokens: list[int], sequences: list[list[int]]) -> bool:
     return any(len(s) <= len(tokens) and tokens[-len(s):] == s for s in sequences)
 
 
-class IncrementalDecoder:
-    """Token ids -> text pieces, constant work per token (the prefix/read-offset method of Hugging Face TGI).
+def load_codec(tokenizer_dir: str) -> Any:
+    """``TextCodec.from_dir`` of ``pipeline/tokenization.py``, which the package stage copies next to this file."""
+    import sys
 
-    ``push(id)`` returns the text that id completes ("" while a multi-byte character is still incomplete);
-    ``flush()`` returns what is left (with U+FFFD for an unfinished character, as a full decode shows it).
-    The joined pieces equal ``decode(all ids)`` for byte-level and byte-fallback tokenizers.
-    Work per token: two decodes of a window that never grows past the ids of one pending character + 1.
-    """
+    here = os.path.dirname(os.path.abspath(__file__))
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    from tokenization import TextCodec
 
-    def __init__(self, decode: Any):
-        self._decode = decode
-        self.ids: list[int] = []
-        self.prefix = 0
-        self.read = 0
+    return TextCodec.from_dir(tokenizer_dir)
 
-    def push(self, tok: int) -> str:
-        self.ids.append(tok)
-        before = self._decode(self.ids[self.prefix:self.read])
-        now = self._decode(self.ids[self.prefix:])
-        if len(now) > len(before) and not now.endswith(REPLACEMENT):
-            piece = now[len(before):]
-            self.prefix, self.read = self.read, len(self.ids)
-            if self.prefix < len(self.ids) - 1:  # keep the window small: one id of context is enough for the decoders
-                self.prefix = len(self.ids) - 1
-            return piece
-        return ""
 
-    def flush(self) -> str:
-        if self.read >= len(self.ids):
-            return ""
-        before = self._decode(self.ids[self.prefix:self.read])
-        now = self._decode(self.ids[self.prefix:])
-        self.read = len(self.ids)
-        return now[len(before):]
+def encode_served(codec: Any, text: str) -> list[int]:
+    """Ids of a served ``text_input``: already-rendered prompt text (the client applied the chat template, whose
+    control tokens are control ids), nothing added; BOS prepended only when the tokenizer itself adds it
+    (``TextCodec.adds_bos``: tokenizer post-processor, ``add_bos_token`` or a template that starts with BOS) and the
+    text lacks it - never from ``config.json`` (a Qwen2-style tokenizer gets none)."""
+    ids = codec.encode_rendered(text)
+    if codec.adds_bos and codec.bos_id is not None and (not ids or ids[0] != codec.bos_id):
+        ids = [codec.bos_id] + ids
+    return ids
 
 
 @dataclass
@@ -206,9 +193,6 @@ class TritonPythonModel:
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(self.model_config)
         self.text = params.get("interface", "ids") == "text"
         self.lazy = params.get("load", "eager") == "lazy"
-        self.add_special_tokens = params.get("add_special_tokens", "false").lower() == "true"
-        self.prepend_bos = params.get("prepend_bos", "true").lower() == "true"
-        self.bos_id = int(params["bos_id"]) if params.get("bos_id", "").lstrip("-").isdigit() else None
         self.outputs = {o["name"] for o in self.model_config.get("output", [])}
         self.logger = pb_utils.Logger
         self.engine_dir = engine_dir
@@ -216,9 +200,8 @@ class TritonPythonModel:
         tok_dir = params.get("tokenizer_dir") or "tokenizer"
         if not os.path.isabs(tok_dir):
             tok_dir = os.path.join(version_dir, tok_dir)
-        from tokenizers import Tokenizer
-
-        self.tokenizer = Tokenizer.from_file(os.path.join(tok_dir, "tokenizer.json"))
+        self.codec = load_codec(tok_dir)
+        self.tokenizer = self.codec.tokenizer
         if not self.vocab_size:
             self.vocab_size = int(self.tokenizer.get_vocab_size(with_added_tokens=True))
         self.pending: "queue.Queue[list[Job]]" = queue.Queue()
@@ -311,11 +294,8 @@ class TritonPythonModel:
         return jobs
 
     def _encode(self, text: str) -> list[int]:
-        """Prompt text -> ids, the preprocessing model's rule (no special tokens added; BOS prepended when configured)."""
-        ids = self.tokenizer.encode(text, add_special_tokens=self.add_special_tokens).ids
-        if self.prepend_bos and self.bos_id is not None and (not ids or ids[0] != self.bos_id):
-            ids = [self.bos_id] + ids
-        return ids
+        """Prompt text -> ids, the preprocessing model's rule (:func:`encode_served`)."""
+        return encode_served(self.codec, text)
 
     def _encode_rows(self, arr: np.ndarray | None) -> list[list[int]]:
         if arr is None or arr.size == 0:
@@ -396,7 +376,7 @@ class TritonPythonModel:
                   min_length=int(sc("min_length", b, 0)), seed=None if seed is None else int(seed),
                   perf=bool(sc("return_perf_metrics", b, False)), requested=requested)
         if streaming and (self.text or "text_output" in requested):
-            job.decoder = IncrementalDecoder(self._decode)
+            job.decoder = self.codec.stream_decoder(skip_special_tokens=self.skip_special)
         return job
 
     def _words_row(self, request: Any, name: str, b: int) -> list[list[int]]:
@@ -411,7 +391,7 @@ class TritonPythonModel:
             a = np.asarray(a).reshape(a.shape[0], -1)
             row = a[b] if a.shape[0] > b else a[0]
             words = [x.decode("utf-8") if isinstance(x, bytes) else str(x) for x in row.tolist()]
-            return [ids for ids in (self.tokenizer.encode(w, add_special_tokens=False).ids for w in words if w) if ids]
+            return [ids for ids in (self.codec.encode_text(w) for w in words if w) if ids]
         a = self._get(request, name)
         if a is None or a.size == 0:
             return []
@@ -422,6 +402,19 @@ class TritonPythonModel:
 
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
+            stop = self._get(request, "stop")
+            if stop is not None and stop.size and bool(stop.reshape(-1)[0]):
+                # TensorRT-LLM's convention: a request with stop=true and the running request's id ends that request
+                rid = request.request_id()
+                sender = request.get_response_sender()
+                if not rid:
+                    sender.send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(
+                        "onnxruntime_genai: stop=true needs the request id of the request to stop (send it as request_id)")),
+                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                else:
+                    self.pending.put(rid)
+                    sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                continue
             try:
                 jobs = self._parse(request)
             except Exception as e:  # noqa: BLE001 - every bad request gets its own clean error, the server keeps serving
@@ -510,6 +503,9 @@ class TritonPythonModel:
                 if jobs is not None and self.engine is None and self._engine_broken is None:
                     self._recover("not loaded yet")  # lazy load (load=lazy): the first request loads the engine
                 while jobs is not None:
+                    if isinstance(jobs, str):  # a stop request: its id names the request to end
+                        self._stop_by_id(jobs)
+                        jobs = []
                     for job in jobs:
                         if job.group.cancelled:
                             self._finish(job, True)
@@ -542,6 +538,15 @@ class TritonPythonModel:
                 self.logger.log_error(f"engine loop error: {msg}")
                 self._recover(msg.strip().splitlines()[-1])
 
+    def _stop_by_id(self, request_id: str) -> None:
+        """``stop=true``: mark the running request(s) with this id cancelled; the next poll ends them."""
+        found = False
+        for job in self.active.values():
+            if job.group.request_id == request_id:
+                job.group.cancelled = found = True
+        if found:
+            self.logger.log_info(f"request {request_id} stopped by a stop request")
+
     def _poll_cancellations(self) -> None:
         """Once per engine step: a cancelled or vanished client stops its request before the next step."""
         seen: set[int] = set()
@@ -550,12 +555,18 @@ class TritonPythonModel:
             if id(g) in seen:
                 continue
             seen.add(id(g))
-            if not g.cancelled and g.sender.is_cancelled():
+            try:
+                gone = g.sender.is_cancelled()
+            except Exception:  # noqa: BLE001 - cannot tell: treat as cancelled (the response path is broken anyway)
+                gone = True
+            if not g.cancelled and gone:
                 g.cancelled = True
                 self.logger.log_info(f"request {g.request_id or '-'} cancelled by the client after "
                                      f"{sum(len(j.tokens) for j in self.active.values() if j.group is g)} generated token(s)")
             if g.cancelled:
                 for j in [j for j in self.active.values() if j.group is g]:
+                    if not j.done and not gone:  # stopped by a stop request: answer with what it has
+                        self._final_response(j)
                     j.og_request.cancel_turn(j.turn_id)
                     self.active.pop(id(j.og_request), None)
                     self.draining[id(j.og_request)] = j.og_request
@@ -591,7 +602,7 @@ class TritonPythonModel:
                 if not job.first_token_ns:
                     job.first_token_ns = time.time_ns()
                 job.tokens.append(tok)
-                piece = job.decoder.push(tok) if job.decoder is not None else ""
+                piece = job.decoder.push((tok,)) if job.decoder is not None else ""
                 if job.stop_sequences and ends_with_any(job.tokens, job.stop_sequences):
                     finished = True
                     if not turn_done:
@@ -619,7 +630,11 @@ class TritonPythonModel:
             self._end(job, turn_done)
         if job.group.cancelled:
             self._complete(job)
-        elif job.streaming:
+        else:
+            self._final_response(job)
+
+    def _final_response(self, job: Job) -> None:
+        if job.streaming:
             self._send(job, [], job.decoder.flush() if job.decoder is not None else "", final=True)
         else:
             ids = job.tokens if job.exclude_input else job.input_ids + job.tokens
@@ -633,7 +648,7 @@ class TritonPythonModel:
         g = job.group
         g.open -= 1
         if g.open == 0:
-            g.sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            self._emit(g, None, pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def _fail(self, job: Job, msg: str) -> None:
         if job.og_request is not None:
@@ -649,8 +664,18 @@ class TritonPythonModel:
         job.done = True
         g.open -= 1
         where = f"prompt {job.batch_index}: " if g.size > 1 else ""
-        g.sender.send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(f"onnxruntime_genai: {where}{msg}")),
-                      flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if g.open == 0 else 0)
+        self._emit(g, pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(f"onnxruntime_genai: {where}{msg}")),
+                   pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if g.open == 0 else 0)
+
+    def _emit(self, g: Group, response: Any = None, flags: int = 0) -> None:
+        """``g.sender.send``; a sender whose client vanished may refuse: log it, never let it stop the engine loop."""
+        try:
+            if response is None:
+                g.sender.send(flags=flags)
+            else:
+                g.sender.send(response, flags=flags)
+        except Exception as e:  # noqa: BLE001
+            self.logger.log_warn(f"request {g.request_id or '-'}: response not delivered ({e})")
 
     @staticmethod
     def _close(job: Job) -> None:
@@ -661,7 +686,7 @@ class TritonPythonModel:
                 pass
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special)
+        return self.codec.decode(ids, skip_special_tokens=self.skip_special)
 
     def _send(self, job: Job, ids: list[int], text: str, *, final: bool) -> None:
         """One response for one prompt; shapes as TensorRT-LLM's backend (module docstring)."""
@@ -695,8 +720,7 @@ class TritonPythonModel:
             job.done = True
             g.open -= 1
             last = g.open == 0
-        g.sender.send(pb_utils.InferenceResponse(output_tensors=outs),
-                      flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if last else 0)
+        self._emit(g, pb_utils.InferenceResponse(output_tensors=outs), pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if last else 0)
 
     def finalize(self) -> None:
         self._stop.set()

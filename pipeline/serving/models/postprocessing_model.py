@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import Any
 
 import numpy as np
@@ -30,14 +31,17 @@ except ImportError:  # pragma: no cover
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
-        from tokenizers import Tokenizer
-
         cfg = json.loads(args["model_config"])
         params = {k: v.get("string_value", "") for k, v in cfg.get("parameters", {}).items()}
         tok_dir = params["tokenizer_dir"]
         if not os.path.isabs(tok_dir):
             tok_dir = os.path.join(args["model_repository"], args["model_version"], tok_dir)
-        self.tokenizer = Tokenizer.from_file(os.path.join(tok_dir, "tokenizer.json"))
+        here = os.path.dirname(os.path.abspath(__file__))
+        if here not in sys.path:
+            sys.path.insert(0, here)
+        from tokenization import TextCodec  # pipeline/tokenization.py, copied next to this file by the package stage
+
+        self.codec = TextCodec.from_dir(tok_dir)
         self.skip_special = params.get("skip_special_tokens", "true").lower() == "true"
 
     def _one(self, request: Any) -> Any:
@@ -49,7 +53,7 @@ class TritonPythonModel:
         for b in range(tokens.shape[0]):
             for beam in range(tokens.shape[1]):
                 n = int(lengths[b][beam])
-                outs.append(self.tokenizer.decode(tokens[b][beam][:n].tolist(), skip_special_tokens=self.skip_special).encode("utf-8"))
+                outs.append(self.codec.decode(tokens[b][beam][:n].tolist(), skip_special_tokens=self.skip_special).encode("utf-8"))
         # flat [batch * beams], as TensorRT-LLM's postprocessing returns it: a client reads text_output[0] as bytes
         return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUTPUT", np.array(outs, dtype=np.object_))])
 

@@ -7,9 +7,9 @@ Tensor names, data types and shapes follow TensorRT-LLM's ``preprocessing`` mode
 ``all_models/inflight_batcher_llm/preprocessing``).  Several prompts in one request (``QUERY`` [N, 1]) give
 ``INPUT_ID`` [N, L] (right-padded with the pad id), ``REQUEST_INPUT_LEN`` [N, 1] and per-row ids/lists, as
 NVIDIA's preprocessing pads a batch.
-Tokenization follows ``pipeline/tokenization.py``: the text is encoded **without** adding special tokens
-(a chat-rendered prompt already carries BOS); when ``prepend_bos`` is true and the ids do not start with
-BOS, BOS is prepended (the rule for prompts rendered without a chat template).  ``END_ID``/``PAD_ID``
+Tokenization is ``pipeline/tokenization.py``'s ``TextCodec`` (copied next to this file): ``text_input`` is
+already-rendered prompt text, encoded without adding special tokens; BOS is prepended only when the tokenizer
+itself adds it and the text lacks it (never from ``config.json``).  ``END_ID``/``PAD_ID``
 default to the tokenizer's eos/pad ids (``end_id``/``pad_id`` parameters, written from ``model_info.json``).
 
 Errors (one per request, the server keeps serving): empty ``QUERY`` (naming the prompt), non-UTF-8 text,
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import Any
 
 import numpy as np
@@ -30,14 +31,14 @@ except ImportError:  # pragma: no cover
     pb_utils = None
 
 
-def words_to_list(tokenizer: Any, words: list[str]) -> np.ndarray:
+def words_to_list(codec: Any, words: list[str]) -> np.ndarray:
     """TensorRT-LLM ``[2, L]`` words list: row 0 = concatenated ids, row 1 = end offsets padded with -1."""
     ids: list[int] = []
     offsets: list[int] = []
     for w in words:
         if not w:
             continue
-        enc = tokenizer.encode(w, add_special_tokens=False).ids
+        enc = codec.encode_text(w)  # a stop/bad word is data: special-token strings stay text
         if not enc:
             continue
         ids.extend(enc)
@@ -69,24 +70,26 @@ def _strings(arr: np.ndarray | None) -> list[str]:
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
-        from tokenizers import Tokenizer
-
         cfg = json.loads(args["model_config"])
         params = {k: v.get("string_value", "") for k, v in cfg.get("parameters", {}).items()}
         tok_dir = params["tokenizer_dir"]
         if not os.path.isabs(tok_dir):
             tok_dir = os.path.join(args["model_repository"], args["model_version"], tok_dir)
-        self.tokenizer = Tokenizer.from_file(os.path.join(tok_dir, "tokenizer.json"))
-        self.add_special_tokens = params.get("add_special_tokens", "false").lower() == "true"
-        self.prepend_bos = params.get("prepend_bos", "true").lower() == "true"
-        self.bos_id = int(params["bos_id"]) if params.get("bos_id", "").lstrip("-").isdigit() else None
+        here = os.path.dirname(os.path.abspath(__file__))
+        if here not in sys.path:
+            sys.path.insert(0, here)
+        from tokenization import TextCodec  # pipeline/tokenization.py, copied next to this file by the package stage
+
+        self.codec = TextCodec.from_dir(tok_dir)
         self.end_id = int(params.get("end_id") or -1)
         self.pad_id = int(params.get("pad_id") or self.end_id)
 
     def _ids(self, text: str) -> list[int]:
-        ids = self.tokenizer.encode(text, add_special_tokens=self.add_special_tokens).ids
-        if self.prepend_bos and self.bos_id is not None and (not ids or ids[0] != self.bos_id):
-            ids = [self.bos_id] + ids
+        """Already-rendered prompt text -> ids; BOS only where the tokenizer adds it (``TextCodec.adds_bos``)."""
+        c = self.codec
+        ids = c.encode_rendered(text)
+        if c.adds_bos and c.bos_id is not None and (not ids or ids[0] != c.bos_id):
+            ids = [c.bos_id] + ids
         return ids
 
     def _one(self, request: Any) -> Any:
@@ -136,8 +139,8 @@ class TritonPythonModel:
             pb_utils.Tensor("DECODER_INPUT_ID", np.zeros((n, 0), dtype=np.int32)),
             pb_utils.Tensor("REQUEST_DECODER_INPUT_LEN", np.zeros((n, 1), dtype=np.int32)),
             pb_utils.Tensor("REQUEST_OUTPUT_LEN", np.asarray([[v] for v in out_len], dtype=np.int32)),
-            pb_utils.Tensor("BAD_WORDS_IDS", stack_words([words_to_list(self.tokenizer, w) for w in words("BAD_WORDS_DICT")])),
-            pb_utils.Tensor("STOP_WORDS_IDS", stack_words([words_to_list(self.tokenizer, w) for w in words("STOP_WORDS_DICT")])),
+            pb_utils.Tensor("BAD_WORDS_IDS", stack_words([words_to_list(self.codec, w) for w in words("BAD_WORDS_DICT")])),
+            pb_utils.Tensor("STOP_WORDS_IDS", stack_words([words_to_list(self.codec, w) for w in words("STOP_WORDS_DICT")])),
             pb_utils.Tensor("EMBEDDING_BIAS", np.zeros((n, 0), dtype=np.float32)),
             pb_utils.Tensor("OUT_END_ID", np.asarray([[v] for v in end_ids], dtype=np.int32)),
             pb_utils.Tensor("OUT_PAD_ID", np.asarray([[v] for v in pad_ids], dtype=np.int32)),
