@@ -40,14 +40,12 @@ log = logging.getLogger("pipeline.targets.onnxruntime_genai")
 
 SUPPORTED_RECIPES = ("none", "int4_awq", "int4_rtn", "int4_wo", "int8_wo")
 """Recipes whose weights this target deploys unchanged: float, and integer weight-only (MatMulNBits 4/8 bit)."""
-_NO_ACT_QUANT = ("it needs activation-quantization kernels (FP8 or INT8 activations) that onnxruntime-genai's "
-                 "MatMulNBits does not have; use target=tensorrt_llm on an NVIDIA GPU")
+_NO_ACT_QUANT = "it needs activation quantization kernels (FP8 or INT8 activations) onnxruntime-genai's MatMulNBits does not have"
 CAPABILITIES = Capabilities(
     name="onnxruntime_genai", device="cpu", recipes=SUPPORTED_RECIPES,
     refused_recipes={
         "fp8": _NO_ACT_QUANT, "int8_sq": _NO_ACT_QUANT, "w4a8_awq": _NO_ACT_QUANT,
-        "auto": "its per-layer mixed formats (ModelOpt auto_quantize) have no onnxruntime-genai builder path; "
-                "use one format (quant=int4_awq, int8_wo) or target=tensorrt_llm",
+        "auto": "it mixes per-layer weight formats (int4/int8/float), and this target's converter writes one weight format per model",
     },
     kv_cache_dtypes=("none",),
     beam_search=False,   # OrtEngineRunner is greedy; check_config refuses build.max_beam_width != 1
@@ -109,8 +107,10 @@ class OnnxRuntimeGenAITarget:
         refusal = CAPABILITIES.recipe_refusal(q.recipe)
         if refusal is not None:
             p.append(Problem("quant.recipe", q.recipe,
-                             f"target onnxruntime_genai cannot execute this recipe on {cfg.target.execution_provider}: {refusal}; "
-                             f"it supports {list(SUPPORTED_RECIPES)}.", fix))
+                             f"target onnxruntime_genai cannot execute this recipe on {cfg.target.execution_provider} ({refusal}); "
+                             f"it supports {list(SUPPORTED_RECIPES)}.",
+                             fix + (" (to measure quant=auto on CPU: stages=[export,quantize,evaluate] eval.runners=[baseline,simulated])"
+                                    if q.recipe == "auto" else "")))
         if q.kv_cache not in CAPABILITIES.kv_cache_dtypes:
             p.append(Problem("quant.kv_cache", q.kv_cache, "target onnxruntime_genai deploys an unquantized KV cache only.",
                              "set quant.kv_cache=none"))
