@@ -97,3 +97,14 @@ def test_cpu_plan_notes_every_recipe_the_cpu_target_refuses():
         p = plan(compose(["model=llama31_8b", "target=onnxruntime_genai", f"quant={recipe}"]))
         noted = [n for n in p.notes if n.startswith(f"quant.recipe={recipe}: target onnxruntime_genai cannot run it")]
         assert bool(noted) == (recipe != "int4_awq"), (recipe, p.notes)
+
+
+def test_docs_capabilities_table_is_the_registry():
+    from pathlib import Path
+
+    from pipeline.targets import capabilities_table
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "build.md").read_text(encoding="utf-8")
+    start = text.index("<!-- capabilities table:")
+    table = text[text.index("\n", start) + 1: text.index("<!-- end capabilities table -->")].strip()
+    assert table == capabilities_table(), "docs/build.md: regenerate the table with pipeline.targets.capabilities_table()"

@@ -123,6 +123,20 @@ def all_capabilities() -> dict[str, "Capabilities"]:
     return out
 
 
+def capabilities_table() -> str:
+    """The Markdown table of :func:`all_capabilities` that docs/build.md carries (a test keeps them equal)."""
+    def yn(b: bool) -> str:
+        return "yes" if b else "no"
+
+    rows = ["| target | recipes | refused (reason in `pipeline.targets.capabilities`) | KV cache | beam search | logits | "
+            "sliding window | streaming | max batch |", "|---|---|---|---|---|---|---|---|---|"]
+    for c in all_capabilities().values():
+        rows.append(f"| `{c.name}` | {', '.join(c.recipes)} | {', '.join(sorted(c.refused_recipes)) or '-'} | "
+                    f"{', '.join(c.kv_cache_dtypes)} | {yn(c.beam_search)} | {yn(c.logits)} | {yn(c.sliding_window)} | "
+                    f"{yn(c.streaming)} | {c.max_batch_size or 'no limit'} |")
+    return "\n".join(rows)
+
+
 def needs_build(cfg: "PipelineConfig") -> bool:
     """Whether the configured stages include the build stage or a stage that consumes an engine."""
     if any(s in cfg.stages for s in ("build", "package", "benchmark")):
@@ -144,4 +158,4 @@ def config_problems(cfg: "PipelineConfig") -> list["Problem"]:
     return list(get_target(name).check_config(cfg))
 
 
-__all__ = ["TARGETS", "Resolution", "all_capabilities", "capabilities", "config_problems", "get_target", "known_targets", "needs_build", "resolve_target", "tensorrt_llm_installed"]
+__all__ = ["TARGETS", "Resolution", "all_capabilities", "capabilities", "capabilities_table", "config_problems", "get_target", "known_targets", "needs_build", "resolve_target", "tensorrt_llm_installed"]
