@@ -1014,12 +1014,9 @@ class _quiet:
 
 
 def _version(dist: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
+    from .hostinfo import installed_version
 
-    try:
-        return version(dist)
-    except PackageNotFoundError:
-        return None
+    return installed_version(dist)
 
 
 def _link_file(src: Path, dst: Path) -> None:

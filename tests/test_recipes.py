@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import ConfigError, compose, validate
+from pipeline.config import ConfigError, compose
+from pipeline.validation import validate
 from pipeline.errors import InputError
 from pipeline.quantize import RECIPES, auto_quant_algo, load_simulated_model, quantize
 
