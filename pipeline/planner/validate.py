@@ -1,6 +1,6 @@
 """Cross-field configuration checks (``cross_field_problems``), run on every invocation.
 
-Called by :func:`pipeline.config.validate` after the per-group field checks, so every problem of a
+Called by :func:`pipeline.validation.validate` after the per-group field checks, so every problem of a
 config is reported together.  Fast (well under a second for the default model) and never imports
 torch or transformers: the model shape comes from ``config.json`` / ``model.hf_config``, prompt lengths
 from :class:`~pipeline.planner.fasttok.FastTokenizer` through :mod:`pipeline.tokenization`.
