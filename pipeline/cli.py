@@ -26,7 +26,20 @@ SUBCOMMANDS = {
     "benchmark": "pipeline.bench.cli",
 }
 
-_state = {"task_started": False, "exit_code": 0}
+_state = {"task_started": False}
+
+
+def _register_redact_resolver() -> None:
+    """``${redact:...}`` (pipeline.store.redact_text) for Hydra's sweep folder names (build_configs/pipeline.yaml);
+    registered at import so joblib/SLURM job processes that unpickle ``_task`` have it too."""
+    from omegaconf import OmegaConf
+
+    from .store import redact_text
+
+    OmegaConf.register_new_resolver("redact", lambda s: redact_text(str(s)), replace=True)
+
+
+_register_redact_resolver()
 
 
 def _task(cfg) -> int:  # DictConfig
@@ -35,7 +48,7 @@ def _task(cfg) -> int:  # DictConfig
 
     from .config import to_object
     from .errors import EXIT_INPUT
-    from .runner import run_pipeline
+    from .runner import record_exit_code, run_pipeline
 
     _state["task_started"] = True
     hc = HydraConfig.get()
@@ -46,6 +59,10 @@ def _task(cfg) -> int:  # DictConfig
 
     install_log_redaction()
     redact_run_outputs(out_dir)  # Hydra wrote .hydra/*.yaml with the config verbatim
+    if hc.mode == RunMode.MULTIRUN:
+        from .store import redact_files
+
+        redact_files([Path(hc.sweep.dir) / "multirun.yaml"])
     try:
         obj = to_object(cfg)
     except Exception as e:  # noqa: BLE001 - OmegaConf errors name the key; show them without a traceback
@@ -54,7 +71,7 @@ def _task(cfg) -> int:  # DictConfig
         _write_error_summary(out_dir, overrides, code, f"configuration error: {e}")
     else:
         code = run_pipeline(obj, overrides=overrides, summary_dir=out_dir).exit_code
-    _state["exit_code"] = max(_state["exit_code"], code)
+    record_exit_code(code)
     if hc.mode == RunMode.RUN:
         sys.exit(code)
     return code
@@ -211,7 +228,9 @@ def main(argv: list[str] | None = None) -> None:
         import shutil
 
         shutil.rmtree(tmp_root, ignore_errors=True)
-    sys.exit(_state["exit_code"])
+    from .runner import worst_exit_code
+
+    sys.exit(worst_exit_code())
 
 
 if __name__ == "__main__":

@@ -132,7 +132,7 @@ def builder_input(src: Path, dst: Path, max_seq_len: int) -> tuple[Path, str | N
 
 
 def config_problems(cfg: Any) -> list[Any]:
-    """Config-time refusals for the checkpoint at ``model.path`` (called from ``pipeline.config.validate``).
+    """Config-time refusals for the checkpoint at ``model.path`` (called from ``pipeline.validation.validate``).
 
     * an architecture this pipeline has no support for (e.g. ``GemmaForCausalLM``), named with the supported list;
     * a target the family cannot be built for (Phi-3 on ``tensorrt_llm``), with the reason and the alternative.

@@ -17,7 +17,7 @@ from rich.table import Table
 
 from . import hostinfo
 from .config import STAGES, PipelineConfig, key_fields, resolve_path
-from .config import validate as validate_config
+from .validation import validate as validate_config
 from .errors import EXIT_FAILED, EXIT_GATE, EXIT_INTERRUPTED, EXIT_OK, GateFailed, PipelineError
 from .stages import Stage, StageContext, get_stage
 from .store import (Artifact, ArtifactStore, cache_key, digest_path, install_log_redaction, redact, redact_config, redact_files,
@@ -152,10 +152,8 @@ def _target_available(cfg: PipelineConfig, store: ArtifactStore, order: list[str
 
     Keys are input-addressed, so the quantize artifact's future folder is known before it exists.
     """
-    try:
-        from .targets import get_target, resolve_target
-    except ImportError:
-        return
+    from .targets import get_target, resolve_target
+
     name, _ = resolve_target(cfg)
     target = get_target(name)
     ok, _reason = target.available()
@@ -169,15 +167,15 @@ def _target_available(cfg: PipelineConfig, store: ArtifactStore, order: list[str
         key, _ = compute_key(st, cfg, {d: pending[d] for d in st.deps_for(cfg)}, externals[s])
         pending[s] = Artifact(s, key, store.path_for(s, key), {"output_digest": f"pending:{key}", "result": {}})
     quant = pending.get("quantize")
-    ckpt = (quant.path if quant else store.root / "quantize" / "<key>") / "trtllm_checkpoint"
+    from .artifacts import QuantizeArtifact
+
+    ckpt = QuantizeArtifact(quant.path if quant else store.root / "quantize" / "<key>").trtllm_checkpoint
     target.preflight(cfg, ckpt, None)
 
 
 def _plan(cfg: PipelineConfig, console: Console) -> dict[str, Any] | None:
-    try:
-        from .planner import plan_for_run
-    except ImportError:
-        return None
+    from .planner import plan_for_run
+
     try:
         return plan_for_run(cfg, console)
     except PipelineError:
@@ -272,8 +270,10 @@ def run_pipeline(cfg: PipelineConfig, *, overrides: list[str] | None = None, sum
             gate = art.result.get("gate")
             if name == "evaluate" and isinstance(gate, dict):
                 gate_info["evaluate"] = gate
-            if name == "package" and isinstance(art.result.get("parity"), dict):
-                gate_info["parity"] = art.result["parity"]
+            if name == "package":
+                parity = _parity_record(art)
+                if parity is not None:
+                    gate_info["parity"] = parity
             if isinstance(gate, dict) and gate.get("passed") is False:
                 if name == "evaluate" and gate.get("mode") == "exploratory" and gate.get("verdict") == "inconclusive":
                     console.print("[bold yellow]EXPLORATORY RUN: the gate is INCONCLUSIVE (eval.gate.mode=exploratory); exit 0, "
@@ -368,6 +368,17 @@ def print_summary(summary: RunSummary, console: Console) -> None:
         console.print(f"[bold green]ok[/] in {summary.total_s:.1f} s")
 
 
+def _parity_record(art: Artifact) -> dict[str, Any] | None:
+    """The package stage's serving-parity record: its result's ``parity``, else ``release_manifest.json`` ``parity``."""
+    p = art.result.get("parity")
+    if not isinstance(p, dict):
+        try:
+            p = json.loads((art.path / "release_manifest.json").read_text(encoding="utf-8")).get("parity")
+        except (OSError, ValueError, AttributeError):
+            p = None
+    return p if isinstance(p, dict) else None
+
+
 def print_gate(gate: dict[str, Any], console: Console) -> None:
     """The release-gate section of the run summary: non-inferiority verdict (bound vs allowance), fidelity
     (mean KLD, top-1 agreement) and serving parity (``served == evaluated: N/N`` from the package stage's
@@ -386,12 +397,14 @@ def print_gate(gate: dict[str, Any], console: Console) -> None:
         console.print(f"[bold]gate[/]  non-inferiority [{color}]{verdict}[/]{escape(bound)}{mode}")
         f = ev.get("fidelity")
         if f:
-            console.print(f"[bold]gate[/]  fidelity: mean KLD {f['kld_mean']:.6f} ± {f['kld_se']:.6f} nats, same top token "
+            console.print(f"[bold]gate[/]  fidelity: mean KLD {f['kld_mean']:.4g} ± {f['kld_se']:.2g} nats, same top token "
                           f"{100 * f['top1']:.2f}% ({f['positions']} teacher-forced tokens)")
     p = gate.get("parity")
     if isinstance(p, dict) and p.get("total") is not None:
         console.print(f"[bold]gate[/]  served == evaluated: {p.get('matched')}/{p.get('total')}"
                       + (f" ({escape(str(p['note']))})" if p.get("note") else ""))
+    elif isinstance(p, dict):
+        console.print(f"[bold]gate[/]  served == evaluated: {escape(str(p.get('status') or 'not checked'))}")
     else:
         console.print("[bold]gate[/]  served == evaluated: not checked in this run")
 
@@ -420,9 +433,20 @@ class MultirunComparison(_HydraCallback):  # type: ignore[misc]
         """
         sweep_dir = Path(config.hydra.sweep.dir)
         doc = write_comparison(sweep_dir, Console())
-        from . import cli
+        record_exit_code(int(doc.get("exit_code") or 0))
 
-        cli._state["exit_code"] = max(cli._state["exit_code"], int(doc.get("exit_code") or 0))
+
+_WORST_EXIT = [0]
+
+
+def record_exit_code(code: int) -> None:
+    """Remember ``code`` for :func:`worst_exit_code` (the runs and multirun comparisons of this process)."""
+    _WORST_EXIT[0] = max(_WORST_EXIT[0], int(code))
+
+
+def worst_exit_code() -> int:
+    """The highest exit code recorded in this process: what ``pipeline`` (single run or ``-m`` sweep) exits with."""
+    return _WORST_EXIT[0]
 
 
 def write_comparison(sweep_dir: Path, console: Console) -> dict[str, Any]:
@@ -466,7 +490,7 @@ def write_comparison(sweep_dir: Path, console: Console) -> dict[str, Any]:
     # vary, the headline values that vary, and the verdict columns.
     split = [str(r.get("overrides", "")).split() for r in rows]
     common = set.intersection(*(set(x) for x in split)) if split else set()
-    keep = {"exit_code", "evaluate.gate", "evaluate.score", "evaluate.drop", "evaluate.agreement"}
+    keep = {"exit_code", "evaluate.gate", "evaluate.score", "evaluate.drop", "evaluate.agreement", "evaluate.kld", "evaluate.top1"}
     shown = [c for c in cols if c not in ("job", "overrides") and (c in keep or len({_fmt(r.get(c, "")) for r in rows}) > 1)]
     t = Table(title=f"comparison of {len(rows)} runs ({sweep_dir / 'comparison.md'})")
     t.add_column("variant", no_wrap=True)

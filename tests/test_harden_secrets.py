@@ -13,9 +13,9 @@ import gzip
 import json
 import os
 import subprocess
-import tarfile
 from pathlib import Path
 
+from pipeline.packaging import safe_extract
 from pipeline.store import redact, redact_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,8 +56,7 @@ def test_planted_secret_appears_in_no_produced_file(tiny_llama, tmp_path):
     archives = list((pkg / "release").glob("*.tar.gz"))
     assert archives, "the package stage wrote no archive"
     unpacked = tmp_path / "unpacked"
-    with tarfile.open(archives[0]) as t:
-        t.extractall(unpacked, filter="data")  # our own archive, for searching only
+    safe_extract(archives[0], unpacked)
     assert (run / ".hydra" / "config.yaml").is_file() and (run / "pipeline.log").is_file()
     assert _hits(tmp_path, [SECRET_IN_CONFIG, SECRET_IN_ENV]) == []
     assert "redacted" in (pkg / "release_manifest.json").read_text()

@@ -48,6 +48,11 @@ def _inputs(grpcclient, **arrays):
     return out
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "Triton 2.51 (nvidia-pytriton wheel): a request the server core rejects (missing input, wrong dtype) followed by a "
+    "client cancel on the same gRPC stream leaves the model referenced, so it never unloads and tritonserver exits 1 "
+    "after --exit-timeout-secs. Measured: cancel alone 2.4 s rc 0; malformed alone 2.6 s rc 0; both 15.6 s rc 1 (also "
+    "with the serving branch's Python 'ensemble'). Strict: remove this marker when the server exits cleanly."))
 def test_ctrl_c_after_malformed_and_cancelled_streams_is_clean(package, tmp_path):
     import tritonclient.grpc as grpcclient
 

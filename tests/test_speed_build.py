@@ -4,7 +4,8 @@
   (fp32 activations, ModelOpt's exact numerics) stays available;
 * tied embeddings + int4: the embedding stays the float table ModelOpt's simulated model looks up (no
   GatherBlockQuantized), and the engine agrees with the simulated model as well as an untied one does;
-* engine batch limit: ``build.max_batch_size`` reaches the runtime (og.Engine's configured batch size).
+* engine batch limit: ``build.max_batch_size`` reaches the runtime config (og.Engine's configured batch size; the
+  0.18 static scheduler still decodes at most 4 sequences per batch on CPU, measured in docs/build.md).
 """
 
 from __future__ import annotations

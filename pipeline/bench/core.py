@@ -19,7 +19,7 @@ from ..errors import InputError, PipelineError, PreflightError
 from . import loadgen
 from .metrics import aggregate_repeats, level_metrics
 from .records import RequestRecord
-from .roofline import memory_bandwidth, onnx_engine_bytes, roofline_for_level
+from .roofline import measure_host_bandwidth_gbs, memory_bandwidth, onnx_engine_bytes, roofline_for_level
 from .workload import BenchRequest, build_requests, dataset_digest
 
 SCHEMA = "pipeline.benchmark/v1"
@@ -200,19 +200,24 @@ def run_benchmark(bcfg: Any, inp: BenchInputs, *, progress: Callable[[float], No
     runs: list[dict[str, Any]] = []
     mode_info: dict[str, Any] = {}
     facts_by_mode: dict[str, Any] = {}
-    for mode in bcfg.modes:
-        t_mode = time.time()
-        backend, close = _make_backend(mode, bcfg, inp, stop_ids)
-        facts = engine_facts
-        if mode in REFERENCE_MODES:
-            try:
-                facts = onnx_engine_bytes(backend.engine_dir)
-            except Exception as e:  # noqa: BLE001 - the roofline is a report extra
-                log.warning("could not read the %s engine's weight sizes: %s", mode, e)
-                facts = None
-        if facts and mode != "baseline":
-            facts_by_mode[mode] = facts
-        try:
+    backends: dict[str, tuple[Any, Callable[[], None], Any, Any]] = {}  # mode -> (backend, close, facts, batch limit)
+    pending_roofline: list[tuple[int, Any, dict[str, Any], int, Any, Any]] = []
+    try:
+        # every backend is started and warmed up first; then each level is measured mode after mode, so the ratios
+        # between modes compare measurements taken minutes apart at most, not a whole mode's sweep apart
+        for mode in bcfg.modes:
+            t_mode = time.time()
+            backend, close = _make_backend(mode, bcfg, inp, stop_ids)
+            facts = engine_facts
+            if mode in REFERENCE_MODES:
+                try:
+                    facts = onnx_engine_bytes(backend.engine_dir)
+                except Exception as e:  # noqa: BLE001 - the roofline is a report extra
+                    log.warning("could not read the %s engine's weight sizes: %s", mode, e)
+                    facts = None
+            if facts and mode != "baseline":
+                facts_by_mode[mode] = facts
+            backends[mode] = (backend, close, facts, None)
             warm_ok, warm_errors = asyncio.run(loadgen.warmup(backend, warm_reqs, float(bcfg.max_duration_s)))
             if warm_reqs and warm_ok == 0:
                 raise PipelineError(f"benchmark {mode}: every warm-up request failed ({'; '.join(warm_errors)[:500]}); nothing to measure.")
@@ -220,10 +225,17 @@ def run_benchmark(bcfg: Any, inp: BenchInputs, *, progress: Callable[[float], No
             if mode == "triton" and mode_info.get("engine", {}).get("max_batch_size"):
                 # the served engine batches no more than the in-process engine measured (same engine folder)
                 mbs = min(mbs or 10**9, mode_info["engine"]["max_batch_size"])
+            backends[mode] = (backend, close, facts, mbs)
             mode_info[mode] = {"warmup_requests": len(warm_reqs), "warmup_ok": warm_ok, "max_batch_size": mbs,
-                               "backend": type(backend).__name__, **getattr(backend, "describe", lambda: {})()}
-            for rep in range(int(bcfg.repeats)):
-                for kind, level in _levels(bcfg, mode):
+                               "backend": type(backend).__name__, **getattr(backend, "describe", lambda: {})(),
+                               "seconds": round(time.time() - t_mode, 2)}
+        for rep in range(int(bcfg.repeats)):
+            for kind, level in all_levels:
+                for mode in bcfg.modes:
+                    if (kind, level) not in _levels(bcfg, mode):
+                        continue
+                    t_level = time.time()
+                    backend, _, facts, mbs = backends[mode]
                     seed, reqs = workloads[(rep, kind, level)]
                     c0 = backend.counters() if hasattr(backend, "counters") else None
                     if kind == "concurrency":
@@ -242,24 +254,38 @@ def run_benchmark(bcfg: Any, inp: BenchInputs, *, progress: Callable[[float], No
                                           "mean requests admitted to the engine per call (batch + waiting)"}
                     conc = int(level) if kind == "concurrency" else None
                     batch = (met.get("engine_steps") or {}).get("mean_batch")
-                    rl = (roofline_for_level(facts, bw["gbs"], met, conc if conc else 1, mbs, measured_batch=batch)
-                          if facts and mode != "baseline" else None)
+                    pending_roofline.append((len(runs), facts if mode != "baseline" else None, met, conc if conc else 1, mbs, batch))
+                    rl = None
                     runs.append({
                         "mode": mode, "kind": kind, "concurrency": conc, "request_rate": level if kind == "request_rate" else None,
                         "repeat": rep, "seed": seed, "dataset_digest": dataset_digest(reqs), "timed_out": lr.timed_out,
-                        "wall_s": lr.t_end - lr.t_start, "metrics": met, "roofline": rl,
+                        "wall_s": lr.t_end - lr.t_start, "loadavg_1m": _loadavg(), "metrics": met, "roofline": rl,
                         "requests": [_compact(r) for r in lr.records],
                     })
+                    mode_info[mode]["seconds"] = round(mode_info[mode]["seconds"] + time.time() - t_level, 2)
                     if console is not None:
                         console.print(f"  {mode:<8} {'c' if kind == 'concurrency' else 'rate'}={level:g} r{rep}: "
                                       f"TTFT p50 {met['time_to_first_token'].get('p50', float('nan')):.1f} ms  "
                                       f"TPOT {met['time_per_output_token'].get('avg', float('nan')):.2f} ms  "
-                                      f"{met['output_token_throughput']['avg']:.0f} tok/s  err {met['requests']['errors']}", soft_wrap=True)
+                                      f"{met['output_token_throughput']['avg']:.0f} tok/s  err {met['requests']['errors']}  "
+                                      f"load {runs[-1]['loadavg_1m']}", soft_wrap=True)
                     if progress:
                         progress(1)
-        finally:
-            close()
-        mode_info[mode]["seconds"] = round(time.time() - t_mode, 2)
+    finally:
+        for _, close, _, _ in backends.values():
+            try:
+                close()
+            except Exception as e:  # noqa: BLE001 - closing one backend must not hide the others' results
+                log.warning("closing a benchmark backend failed: %s", e)
+    # On a shared host a copy benchmark taken while other jobs run understates the memory system: measure again at
+    # the end and take the higher figure as the host's bandwidth (both are recorded).
+    bw["gbs_start"] = bw["gbs"]
+    if not hostinfo.gpus():
+        bw["gbs_end"] = measure_host_bandwidth_gbs()
+        bw["gbs"] = max(bw["gbs"], bw["gbs_end"])
+    for i, facts, met, conc, mbs, batch in pending_roofline:
+        if facts:
+            runs[i]["roofline"] = roofline_for_level(facts, bw["gbs"], met, conc, mbs, measured_batch=batch)
 
     summary = summarize(runs)
     doc: dict[str, Any] = {
@@ -278,10 +304,11 @@ def run_benchmark(bcfg: Any, inp: BenchInputs, *, progress: Callable[[float], No
                   "model_repository": str(inp.model_repository) if inp.model_repository else None, "target": inp.target,
                   "limits": {"max_input_len": inp.max_input_len, "max_seq_len": inp.max_seq_len, "max_batch_size": inp.max_batch_size},
                   **inp.describe},
-        "host": {**hostinfo.host(), "loadavg_1m_start": load_start, "loadavg_1m_end": _loadavg()},
+        "host": {**hostinfo.host(), "loadavg_1m_start": load_start, "loadavg_1m_end": _loadavg(), "sched_autogroup": _autogroup()},
         "versions": hostinfo.library_versions(["onnxruntime-genai", "onnxruntime", "torch", "transformers", "tritonclient"]),
         "modes": mode_info,
-        "roofline": {"bandwidth_gbs": bw["gbs"], "bandwidth_source": bw["source"], **(engine_facts or {}),
+        "roofline": {"bandwidth_gbs": bw["gbs"], "bandwidth_source": bw["source"], "bandwidth_gbs_start": bw.get("gbs_start"),
+                     "bandwidth_gbs_end": bw.get("gbs_end"), **(engine_facts or {}),
                      "per_mode": facts_by_mode,
                      "formula": "bound_tokens_per_s(b) = b * BW / (W + b * KV(L)); fraction = (b / TPOT) / bound"},
         "runs": runs,
@@ -291,6 +318,16 @@ def run_benchmark(bcfg: Any, inp: BenchInputs, *, progress: Callable[[float], No
     }
     doc["headline"] = headline(doc)
     return doc
+
+
+def _autogroup() -> bool | None:
+    """Linux ``kernel.sched_autogroup_enabled``: when on, every session (the Triton server is started in its own)
+    gets an equal CPU share under contention, so on a loaded host the server process can out-run an in-process
+    engine that shares the benchmark's session with other work (docs/benchmark.md)."""
+    try:
+        return Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1"
+    except OSError:
+        return None
 
 
 def _loadavg() -> float | None:

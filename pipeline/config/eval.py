@@ -42,17 +42,20 @@ class GateConfig:
     """Maximum mean per-token KL divergence (nats) of the candidate from the baseline, teacher-forced
     (``pipeline/evaluation/fidelity.py``). ``None`` = ``max_kld_by_recipe[recipe]`` (no check when absent)."""
     max_kld_by_recipe: Dict[str, float] = field(
-        default_factory=lambda: {"none": 0.001, "int8_wo": 0.005, "int4_awq": 0.05, "int4_wo": 0.05}
+        default_factory=lambda: {"none": 0.001, "int8_wo": 0.01, "int4_awq": 0.05, "int4_wo": 0.05, "int4_rtn": 0.05}
     )
-    """Default mean-KLD ceiling per recipe: a few times the value measured on the default model
-    (docs/evaluate.md, "Measured"); recipes without an entry are not checked."""
+    """Default mean-KLD ceiling per recipe (eval answers, overall).  Measured on the default model (docs/evaluate.md,
+    "Measured"): none 2e-14, int8_wo 6e-8, int4_awq 8e-5, int4_wo 1.4e-4 nats; on its held-out calibration text
+    3e-12 / 1.4e-4 / 0.034 / 0.037.  The ceilings sit well above those (a less confident user model measures more)
+    and orders of magnitude below a broken build (negated lm_head: > 1 nat); recipes without an entry are not checked."""
     min_top1: Optional[float] = None
     """Minimum top-1 agreement (share of teacher-forced positions where the candidate's argmax token is the
     baseline's). ``None`` = ``min_top1_by_recipe[recipe]`` (no check when absent)."""
     min_top1_by_recipe: Dict[str, float] = field(
-        default_factory=lambda: {"none": 0.999, "int8_wo": 0.99, "int4_awq": 0.95, "int4_wo": 0.95}
+        default_factory=lambda: {"none": 0.99, "int8_wo": 0.98, "int4_awq": 0.95, "int4_wo": 0.95, "int4_rtn": 0.95}
     )
-    """Default top-1 agreement floor per recipe (from measurement, docs/evaluate.md)."""
+    """Default top-1 agreement floor per recipe.  Measured on the default model: 100 % on the eval answers for every
+    recipe; on held-out calibration text none 100 %, int8_wo 99.6 %, int4_awq 94.9 %, int4_wo 94.5 %."""
     confidence: float = 0.95
     """Level of the one-sided upper bound of the drop (non-inferiority test at alpha = 1 - confidence)."""
     bootstrap_samples: int = 2000

@@ -30,11 +30,20 @@ class PackageConfig:
     """Package an artifact whose evaluation gate failed (recorded in the manifest). Off by default."""
     archive: bool = True
     """Also write ``<name>-<version>.tar.gz`` and ``SHA256SUMS``."""
+    parity: bool = True
+    """Serving parity check after packaging (pipeline/packaging/parity.py): the packaged repository is served on the
+    real Triton server and a seeded sample of eval items must get the evaluated answers byte for byte (exit 3
+    otherwise). ``false`` disables it explicitly; the release manifest records that."""
+    parity_sample: int = 64
+    """Eval items replayed by the parity check (all when fewer were evaluated)."""
+    parity_seed: int = 0
+    """Seed of the parity sample."""
     serving_image: Optional[str] = None
     """Triton image the package is for (tensorrt_llm target); its TensorRT-LLM version must match the engine's."""
     grpc_port: int = runtime(8001, doc="serve: gRPC port (0 = pick a free one)")
     http_port: int = runtime(8000, doc="serve: HTTP port (0 = pick a free one)")
     metrics_port: int = runtime(8002, doc="serve: metrics port (0 = pick a free one)")
+    openai_port: int = runtime(9000, doc="serve --openai: port of the OpenAI-compatible endpoint (0 = pick a free one)")
     ready_timeout_s: float = runtime(180.0, doc="serve: how long to wait for readiness")
     repository: Optional[str] = runtime(None, doc="serve: model repository to serve (default: the newest package artifact in the store)")
     host: str = runtime("127.0.0.1", doc="serve: bind address of every endpoint (127.0.0.1 = this machine only)")
@@ -53,6 +62,8 @@ def validate(cfg: PackageConfig, prefix: str = "package") -> list[Problem]:
         v = getattr(cfg, f)
         if v is not None and v < 1:
             problems.append(Problem(f"{prefix}.{f}", v, "must be >= 1 or null.", "remove it to use the engine's"))
+    if cfg.parity_sample < 1:
+        problems.append(Problem(f"{prefix}.parity_sample", cfg.parity_sample, "must be >= 1.", "use 64, or package.parity=false to disable"))
     if cfg.instance_count < 1:
         problems.append(Problem(f"{prefix}.instance_count", cfg.instance_count, "must be >= 1.", "use 1"))
     if not cfg.version or "/" in cfg.version or ".." in cfg.version:

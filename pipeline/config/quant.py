@@ -21,7 +21,7 @@ AUTO_METHODS = ("kl_div", "gradient")
 class AutoQuantConfig:
     """``quant.auto``: the per-layer format search of ``quant=auto`` (ModelOpt ``mtq.auto_quantize``)."""
 
-    effective_bits: float = 6.0
+    effective_bits: float = 8.0
     """Budget: average stored bits per weight over the searched linear layers (ModelOpt ``constraints.effective_bits``;
     e.g. 4.0 = all int4, 8.0 = all int8, 16.0 = nothing quantized). Layers kept in high precision by
     ``exclude_modules`` count at 16 bits."""

@@ -43,7 +43,7 @@ def _pp(x: float | None) -> str:
 
 
 def _kld(x: float | None) -> str:
-    return "-" if x is None else f"{x:.5f}"
+    return "-" if x is None else f"{x:.3g}"
 
 
 def fidelity_markdown(rep: dict[str, Any]) -> list[str]:
@@ -59,12 +59,12 @@ def fidelity_markdown(rep: dict[str, Any]) -> list[str]:
     k = o["kld"]
     return [f"### Fidelity ({f['candidate']} vs baseline, teacher-forced over {o['positions']} answer tokens of {f['items']} items)", "",
             "| statistic | value |", "|---|---|",
-            f"| mean KLD (nats) | {k['mean']:.6f} ± {k['se']:.6f} |", f"| median / p90 / p95 KLD | {k['median']:.6f} / {k['p90']:.6f} / {k['p95']:.6f} |",
-            f"| p99 / p99.9 / max KLD | {k['p99']:.6f} / {k['p99_9']:.6f} / {k['max']:.6f} |",
+            f"| mean KLD (nats) | {k['mean']:.4g} ± {k['se']:.4g} |", f"| median / p90 / p95 KLD | {k['median']:.4g} / {k['p90']:.4g} / {k['p95']:.4g} |",
+            f"| p99 / p99.9 / max KLD | {k['p99']:.4g} / {k['p99_9']:.4g} / {k['max']:.4g} |",
             f"| same top token | {100 * o['top1']:.2f} ± {100 * o['top1_se']:.2f} % |",
-            f"| ln(PPL_cand / PPL_base) | {o['ln_ppl_ratio']:+.6f} ± {o['ln_ppl_ratio_se']:.6f} (PPL {o['ppl_base']:.4f} -> {o['ppl_cand']:.4f}) |",
+            f"| ln(PPL_cand / PPL_base) | {o['ln_ppl_ratio']:+.4g} ± {o['ln_ppl_ratio_se']:.2g} (PPL {o['ppl_base']:.4f} -> {o['ppl_cand']:.4f}) |",
             *([f"| calibration hold-out ({h['samples']} samples, {h['positions']} tokens): mean KLD / top-1 / ln PPL ratio | "
-               f"{h['kld']['mean']:.6f} ± {h['kld']['se']:.6f} / {100 * h['top1']:.2f} % / {h['ln_ppl_ratio']:+.6f} |"]
+               f"{h['kld']['mean']:.4g} ± {h['kld']['se']:.2g} / {100 * h['top1']:.2f} % / {h['ln_ppl_ratio']:+.4g} |"]
               if (h := f.get("calibration_heldout")) and h.get("positions") else []),
             ""]
 
@@ -256,13 +256,13 @@ def print_console(rep: dict[str, Any], console: Any) -> None:
     o = f.get("overall") or {}
     if o.get("positions"):
         k = o["kld"]
-        console.print(f"fidelity ({o['positions']} teacher-forced tokens): mean KLD {k['mean']:.6f} ± {k['se']:.6f} nats, median "
-                      f"{k['median']:.6f}, p99 {k['p99']:.6f}, max {k['max']:.6f}; same top token {100 * o['top1']:.2f}%; "
+        console.print(f"fidelity ({o['positions']} teacher-forced tokens): mean KLD {k['mean']:.4g} ± {k['se']:.2g} nats, median "
+                      f"{k['median']:.3g}, p99 {k['p99']:.3g}, max {k['max']:.3g}; same top token {100 * o['top1']:.2f}%; "
                       f"ln(PPL ratio) {o['ln_ppl_ratio']:+.5f} ± {o['ln_ppl_ratio_se']:.5f}")
         h = f.get("calibration_heldout") or {}
         if h.get("positions"):
             console.print(f"fidelity on {h['samples']} held-out calibration samples ({h['positions']} tokens): mean KLD "
-                          f"{h['kld']['mean']:.6f} ± {h['kld']['se']:.6f}, same top token {100 * h['top1']:.2f}%, "
+                          f"{h['kld']['mean']:.4g} ± {h['kld']['se']:.2g}, same top token {100 * h['top1']:.2f}%, "
                           f"ln(PPL ratio) {h['ln_ppl_ratio']:+.5f}")
     elif f.get("unavailable"):
         console.print(f"[yellow]fidelity not measured:[/] {f['unavailable']}")
@@ -279,8 +279,9 @@ def print_console(rep: dict[str, Any], console: Any) -> None:
 
 
 def write_all(out: Path, rep: dict[str, Any], latencies: dict[str, list[float]]) -> None:
+    from ..artifacts import EvalArtifact as E
     from ..store import write_json_atomic
 
-    write_json_atomic(out / "eval_report.json", rep)
-    (out / "eval_report.md").write_text(to_markdown(rep), encoding="utf-8")
-    (out / "eval_report.html").write_text(to_html(rep, latencies), encoding="utf-8")
+    write_json_atomic(out / E.REPORT_JSON, rep)
+    (out / E.REPORT_MD).write_text(to_markdown(rep), encoding="utf-8")
+    (out / E.REPORT_HTML).write_text(to_html(rep, latencies), encoding="utf-8")

@@ -29,6 +29,7 @@ RECIPE_MIN_SM = {
     "int8_wo": 80,
     "int4_wo": 80,
     "int4_rtn": 80,
+    "auto": 80,      # per-layer formats of quant.auto.formats (fp8/w4a8 candidates need 89: checked by the target)
     "int4_awq": 80,
     "int8_sq": 80,
     "fp8": 89,

@@ -33,9 +33,10 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -234,7 +235,7 @@ class LLMClient:
 
     def _stream(self, ins: list[Any], outs: list[Any], rid: str, timeout: float, cancel: threading.Event | None,
                 on_chunk: Callable[[str, float], None] | None) -> GenerateResult:
-        q: "queue.Queue[tuple[float, Any, Any]]" = queue.Queue()
+        q: queue.Queue[tuple[float, Any, Any]] = queue.Queue()
         self.client.start_stream(callback=lambda result, error: q.put((time.perf_counter(), result, error)))
         chunks: list[str] = []
         times: list[float] = []
@@ -276,7 +277,7 @@ class LLMClient:
     def close(self) -> None:
         self.client.close()
 
-    def __enter__(self) -> "LLMClient":
+    def __enter__(self) -> LLMClient:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -93,7 +93,7 @@ def served_repository(grpc_url: str, client: Any = None, root: Path | None = Non
         try:
             served = client.get_model_config("preprocessing", as_json=True, client_timeout=10)["config"]
             got = {k: v.get("string_value", "") for k, v in served.get("parameters", {}).items()}
-        except Exception as e:  # noqa: BLE001 - any failure means we cannot confirm
+        except Exception as e:
             return None, f"cannot read the served preprocessing config: {e}"
         if got != _file_parameters(repo, "preprocessing"):
             return None, f"the server at {grpc_url} does not serve {repo} (its preprocessing parameters differ from the record's)"

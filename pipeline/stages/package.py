@@ -14,35 +14,20 @@ release file is written; a problem raises ``InputError`` (exit 2) or ``Preflight
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
 
+from ..artifacts import BuildArtifact, ExportArtifact
 from ..errors import GateFailed, InputError
 from . import Stage, StageContext
 
 LIBRARIES = ("tritonclient", "protobuf", "onnxruntime-genai", "tokenizers")
 
 
-def _read_json(p: Path) -> dict[str, Any]:
-    try:
-        return json.loads(p.read_text(encoding="utf-8")) if p.is_file() else {}
-    except ValueError as e:
-        raise InputError(f"{p}: not valid JSON ({e}). Fix: rebuild the upstream artifact.") from e
-
-
 def model_info(export_dir: Path) -> dict[str, Any]:
-    """``model_info.json`` of the export artifact, else ids read from the checkpoint's config/tokenizer files."""
-    mi = _read_json(export_dir / "model_info.json")
-    if mi:
-        return mi
-    cfg = _read_json(export_dir / "hf" / "config.json")
-    gen = _read_json(export_dir / "hf" / "generation_config.json")
-    eos = gen.get("eos_token_id", cfg.get("eos_token_id"))
-    return {"eos_token_ids": eos if isinstance(eos, list) else ([eos] if eos is not None else []),
-            "pad_token_id": gen.get("pad_token_id", cfg.get("pad_token_id")), "bos_token_id": gen.get("bos_token_id", cfg.get("bos_token_id")),
-            "architecture": (cfg.get("architectures") or [None])[0]}
+    """``model_info.json`` of the export artifact (:meth:`pipeline.artifacts.ExportArtifact.model_info`)."""
+    return ExportArtifact(export_dir).model_info()
 
 
 def release_name(cfg: Any) -> str:
@@ -94,10 +79,10 @@ def package(ctx: StageContext) -> dict[str, Any]:
     assert ctx.out is not None
     gate = _gate(ctx)
     build, export = ctx.inputs["build"], ctx.inputs["export"]
-    bi = _read_json(build.path / "build_info.json")
+    bi = BuildArtifact(build.path).build_info()
     if not bi:
         raise InputError(f"{build.path}/build_info.json is missing. Fix: rebuild with the build stage.")
-    engine_dir = build.path / "engine"
+    engine_dir = BuildArtifact(build.path).engine_dir
     if not engine_dir.is_dir():
         raise InputError(f"{engine_dir} is missing: the build artifact has no engine. Fix: rebuild with the build stage.")
     mi = model_info(export.path)
@@ -113,6 +98,7 @@ def package(ctx: StageContext) -> dict[str, Any]:
                   "max_seq_len": settings.max_seq_len, "max_beam_width": settings.max_beam_width}
         check_repository(repo, limits=limits, target=settings.target, build_info=bi, serving_image=serving_image, streaming=pc.decoupled)
         advance(1)
+        parity = _parity(ctx, repo, settings.target)
         name = release_name(cfg)
         repo_files = tree_files(repo)
         manifest = {
@@ -131,6 +117,7 @@ def package(ctx: StageContext) -> dict[str, Any]:
                         "decoupled": settings.decoupled, "triton_max_batch_size": settings.triton_max_batch_size,
                         "exclude_input_in_output": settings.exclude_input_in_output, "end_id": settings.end_id, "pad_id": settings.pad_id,
                         "serving_image": serving_image if settings.target == "tensorrt_llm" else None},
+            "parity": parity,
             "versions": {"engine": dict(bi.get("versions") or {}), "packaging": library_versions(LIBRARIES)},
             "sources": {"export": export.digest, "build": build.digest,
                         "evaluate": ctx.inputs["evaluate"].digest if "evaluate" in ctx.inputs else None,
@@ -140,19 +127,38 @@ def package(ctx: StageContext) -> dict[str, Any]:
         manifest = redact(manifest)  # the one redaction (pipeline.store.redact) at every place the config is written
         write_json_atomic(ctx.out / "release_manifest.json", manifest)
         result: dict[str, Any] = {"repository": "model_repository", "models": info["models"], "target": settings.target,
-                                  "decoupled": settings.decoupled, "gate_override": gate["override"]}
+                                  "decoupled": settings.decoupled, "gate_override": gate["override"], "parity": parity}
         if pc.archive:
             rel = ctx.out / "release"
             rel.mkdir()
             write_json_atomic(rel / "release_manifest.json", manifest)
             archive = rel / f"{name}.tar.gz"
-            sha = make_archive(archive, [(repo, f"{name}/model_repository"), (ctx.out / "release_manifest.json", f"{name}/release_manifest.json")])
+            members = [(repo, f"{name}/model_repository"), (ctx.out / "release_manifest.json", f"{name}/release_manifest.json")]
+            members += _parity_members(ctx.out, name)
+            sha = make_archive(archive, members)
             write_sha256sums(rel / "SHA256SUMS", [archive, rel / "release_manifest.json"])
             result.update(archive=f"release/{archive.name}", archive_sha256=sha)
         advance(1)
     result["headline"] = {"target": settings.target, "models": len(info["models"]), "archive": result.get("archive", "-"),
                           "gate": "override" if gate["override"] else "pass"}
+    result["headline"]["served == evaluated"] = (f"{parity['matched']}/{parity['total']}" if parity.get("total") is not None
+                                                 else parity["status"])
     return result
+
+
+def _parity(ctx: StageContext, repo: Path, target: str) -> dict[str, Any]:
+    """Serving parity (``pipeline.packaging.parity``): served answers == evaluated answers, or GateFailed (exit 3)."""
+    from ..packaging.parity import run_parity
+
+    assert ctx.out is not None
+    return run_parity(ctx.out, repo, ctx.inputs["evaluate"].path, target=target, cfg=ctx.cfg, log=ctx.log)
+
+
+def _parity_members(out: Path, name: str) -> list[tuple[Path, str]]:
+    """The parity requests + expected answers travel in the release, so the check can run on the serving host."""
+    from ..packaging.parity import EXPECTED_FILE
+
+    return [(out / EXPECTED_FILE, f"{name}/{EXPECTED_FILE}")] if (out / EXPECTED_FILE).is_file() else []
 
 
 def _key_extras(cfg: Any, inputs: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,487 @@
+"""OpenAI-compatible HTTP endpoint in front of the Triton deployment (``pipeline serve --openai``).
+
+Routes (the OpenAI API's shapes; https://platform.openai.com/docs/api-reference):
+
+* ``GET  /v1/models``                 the one served model (its id = the package's model name);
+* ``POST /v1/completions``            ``prompt`` (text or list of texts) -> ``choices[i].text``;
+* ``POST /v1/chat/completions``       ``messages`` rendered **server-side** with the served package's chat template.
+
+Both POST routes take ``max_tokens`` (default 16, as OpenAI), ``temperature`` (default 1), ``top_p`` (default 1),
+``stop`` (text or up to 4 texts), ``n`` (1-16: n independent requests), ``seed``, ``presence_penalty``,
+``frequency_penalty``, ``stream`` (Server-Sent Events, ending with ``data: [DONE]``) and
+``stream_options.include_usage``.  Every answer carries ``usage`` (prompt / completion / total tokens).
+
+How a request maps onto the ``ensemble`` (TensorRT-LLM backend interface, over gRPC via :class:`LLMClient`):
+
+* ``temperature == 0`` -> greedy (no sampling inputs sent: the backend is greedy by default); ``temperature > 0``
+  -> ``temperature`` and ``top_p`` are sent and the engine samples; ``seed`` -> ``random_seed``;
+  ``presence_penalty``/``frequency_penalty`` -> the inputs of the same names (non-zero only);
+* ``stop`` -> the ensemble's ``stop_words`` (ends generation early) **and** the text is cut before the first stop
+  string (OpenAI semantics: the stop text is not returned; ``finish_reason`` = ``"stop"``);
+* ``finish_reason`` = ``"length"`` when the answer used all ``max_tokens``, else ``"stop"``.
+
+Token counts: ``prompt_tokens`` = the ids the served preprocessing feeds the engine (the rendered text encoded by the
+served tokenizer without special tokens, plus BOS when the deployment prepends it); ``completion_tokens`` = the
+answer re-encoded by the same tokenizer (how genai-perf counts output tokens, client side).
+
+Refused with an OpenAI-style error (HTTP 400, ``{"error": {"message", "type", "param", "code"}}``) naming the
+field: ``logprobs``/``top_logprobs`` (no log probabilities on this endpoint), ``echo``, ``suffix``, ``best_of`` other
+than ``n``, a non-empty ``logit_bias``, ``tools``/``functions``/``response_format`` other than text, an unknown
+``model``, values out of range.  Unknown fields are refused too (never silently ignored); ``user`` is accepted as
+the caller's metadata and only logged.
+
+Binds to 127.0.0.1 unless told otherwise.  Starlette + uvicorn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError, PipelineError
+
+log = logging.getLogger("pipeline.openai")
+
+DEFAULT_PORT = 9000
+MAX_N = 16
+_KNOWN_COMMON = {"model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "n", "seed", "presence_penalty",
+                 "frequency_penalty", "stream", "stream_options", "user", "logprobs", "top_logprobs", "logit_bias", "best_of"}
+_KNOWN = {"completions": _KNOWN_COMMON | {"prompt", "echo", "suffix"},
+          "chat": _KNOWN_COMMON | {"messages", "tools", "tool_choice", "functions", "function_call", "response_format",
+                                   "parallel_tool_calls"}}
+
+
+class APIError(Exception):
+    """An OpenAI-style error response."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400, code: str | None = None,
+                 type_: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.message, self.param, self.status, self.code, self.type = message, param, status, code, type_
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+# --------------------------------------------------------------------------- request validation
+def _num(body: dict[str, Any], name: str, default: float, lo: float, hi: float) -> float:
+    v = body.get(name, default)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= float(v) <= hi:
+        raise APIError(f"{name}={v!r}: must be a number in [{lo}, {hi}].", name)
+    return float(v)
+
+
+def _int(body: dict[str, Any], name: str, default: int | None, lo: int, hi: int | None = None) -> int | None:
+    v = body.get(name, default)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo or (hi is not None and v > hi):
+        raise APIError(f"{name}={v!r}: must be an integer >= {lo}" + (f" and <= {hi}." if hi is not None else "."), name)
+    return v
+
+
+def parse_common(body: dict[str, Any], kind: str) -> dict[str, Any]:
+    """Validate the fields both routes share; returns the generation parameters.  Raises :class:`APIError`."""
+    unknown = sorted(set(body) - _KNOWN[kind])
+    if unknown:
+        raise APIError(f"unsupported field(s) {unknown}: this endpoint honours {sorted(_KNOWN[kind])}. Fix: remove them.", unknown[0])
+    for name in ("logprobs", "top_logprobs"):
+        if body.get(name) not in (None, False, 0):
+            raise APIError(f"{name}={body[name]!r}: log probabilities are not returned by this endpoint. Fix: remove {name}.", name)
+    if body.get("logit_bias"):
+        raise APIError("logit_bias is not supported by this deployment. Fix: remove it.", "logit_bias")
+    n = _int(body, "n", 1, 1, MAX_N)
+    if body.get("best_of") not in (None, n):
+        raise APIError(f"best_of={body['best_of']!r}: only best_of == n is supported (no server-side ranking).", "best_of")
+    max_tokens = _int(body, "max_completion_tokens", None, 1) or _int(body, "max_tokens", 16 if kind == "completions" else None, 1)
+    stop = body.get("stop")
+    if stop is None:
+        stops: list[str] = []
+    elif isinstance(stop, str):
+        stops = [stop]
+    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop) and len(stop) <= 4:
+        stops = list(stop)
+    else:
+        raise APIError(f"stop={stop!r}: must be a string or a list of up to 4 strings.", "stop")
+    stops = [s for s in stops if s]
+    so = body.get("stream_options")
+    if so is not None and (not isinstance(so, dict) or set(so) - {"include_usage"}):
+        raise APIError(f"stream_options={so!r}: only {{'include_usage': bool}} is supported.", "stream_options")
+    if not isinstance(body.get("stream", False), bool):
+        raise APIError(f"stream={body.get('stream')!r}: must be true or false.", "stream")
+    seed = body.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64):
+        raise APIError(f"seed={seed!r}: must be an integer in [0, 2**64).", "seed")
+    return {"n": n, "max_tokens": max_tokens, "temperature": _num(body, "temperature", 1.0, 0.0, 2.0),
+            "top_p": _num(body, "top_p", 1.0, 0.0, 1.0), "stop": stops, "seed": seed,
+            "presence_penalty": _num(body, "presence_penalty", 0.0, -2.0, 2.0),
+            "frequency_penalty": _num(body, "frequency_penalty", 0.0, -2.0, 2.0),
+            "stream": bool(body.get("stream", False)), "include_usage": bool((so or {}).get("include_usage", False))}
+
+
+def ensemble_inputs(p: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI parameters -> extra ``ensemble`` inputs (see module docstring)."""
+    extra: dict[str, Any] = {}
+    if p["temperature"] > 0:
+        extra.update(temperature=p["temperature"], top_p=p["top_p"])
+        if p["seed"] is not None:
+            extra["random_seed"] = int(p["seed"])
+    if p["stop"]:
+        extra["stop_words"] = list(p["stop"])
+    for k in ("presence_penalty", "frequency_penalty"):
+        if p[k]:
+            extra[k] = p[k]
+    return extra
+
+
+def cut_stop(text: str, stops: list[str]) -> tuple[str, bool]:
+    """``text`` before the first stop string, and whether one was found."""
+    cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
+    return (text[:cut], True) if cut >= 0 else (text, False)
+
+
+# --------------------------------------------------------------------------- the front end
+class Frontend:
+    """Translates OpenAI requests into ``ensemble`` requests.
+
+    Args:
+        grpc_url: Triton's gRPC endpoint serving ``repository``.
+        repository: the served model repository (its ``preprocessing/1/tokenizer`` gives the chat template and counts).
+        model_id: the id clients pass as ``model`` (default: the release manifest's model name, else the folder name).
+        max_tokens_default: budget for chat requests without ``max_tokens`` (default: the engine's room).
+    """
+
+    def __init__(self, grpc_url: str, repository: Path, model_id: str | None = None, *, timeout_s: float = 300.0) -> None:
+        from .client import LLMClient, _load_tokenizer
+        from .serve import release_manifest
+
+        self.grpc_url, self.repository, self.timeout_s = grpc_url, Path(repository), float(timeout_s)
+        man = release_manifest(self.repository)
+        self.model_id = model_id or (man.get("model") or {}).get("name") or self.repository.parent.name
+        self.created = int(time.time())
+        from ..tokenization import codec_of
+
+        self.tokenizer = _load_tokenizer(self.repository / "preprocessing" / "1" / "tokenizer")
+        self.codec = codec_of(self.tokenizer)
+        probe = LLMClient(grpc_url, timeout_s=self.timeout_s)
+        try:
+            self.decoupled = probe.decoupled
+        finally:
+            probe.close()
+        self._local = threading.local()
+        self._clients: list[Any] = []
+        self._lock = threading.Lock()
+
+    # -- helpers
+    def client(self) -> Any:
+        from .client import LLMClient
+
+        c = getattr(self._local, "c", None)
+        if c is None:
+            c = self._local.c = LLMClient(self.grpc_url, timeout_s=self.timeout_s)
+            with self._lock:
+                self._clients.append(c)
+        return c
+
+    def close(self) -> None:
+        with self._lock:
+            for c in self._clients:
+                c.close()
+            self._clients.clear()
+
+    def prompt_tokens(self, text: str) -> int:
+        """Ids the served model feeds the engine for ``text``: the served encode rule (``encode_served`` in
+        ``serving/models/onnxruntime_genai_model.py``: rendered text as is, BOS only where the tokenizer adds it)."""
+        c = self.codec
+        ids = c.encode_rendered(text)
+        if c.adds_bos and c.bos_id is not None and (not ids or ids[0] != c.bos_id):
+            return len(ids) + 1
+        return len(ids)
+
+    def completion_tokens(self, text: str) -> int:
+        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else 0
+
+    def render_chat(self, messages: Any) -> str:
+        from ..tokenization import render
+
+        if not isinstance(messages, list) or not messages:
+            raise APIError("messages must be a non-empty list of {role, content} objects.", "messages")
+        out = []
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "developer"):
+                raise APIError(f"messages[{i}]: role must be system, developer, user or assistant.", f"messages[{i}].role")
+            content = m.get("content")
+            if isinstance(content, list):  # content parts: text only
+                if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+                    raise APIError(f"messages[{i}].content: only text parts are supported.", f"messages[{i}].content")
+                content = "".join(p.get("text", "") for p in content)
+            if not isinstance(content, str):
+                raise APIError(f"messages[{i}].content must be text.", f"messages[{i}].content")
+            out.append({"role": "system" if m["role"] == "developer" else m["role"], "content": content})
+        try:
+            return render(self.tokenizer, messages=out)
+        except Exception as e:
+            raise APIError(f"the model's chat template refused these messages: {e}", "messages") from None
+
+    def budget(self, p: dict[str, Any]) -> int:
+        return int(p["max_tokens"]) if p["max_tokens"] is not None else 256
+
+    def generate(self, text: str, p: dict[str, Any], *, on_chunk: Any = None, cancel: threading.Event | None = None) -> tuple[str, str]:
+        """Blocking: one ensemble request; returns (text, finish_reason)."""
+        from .client import RequestError
+
+        stream = on_chunk is not None and self.decoupled
+        sent = {"n": 0}
+        held = {"text": ""}
+        stops = p["stop"]
+
+        def chunk(delta: str, _t: float) -> None:
+            # hold back text that could be the start of a stop string; never emit text past a stop string
+            held["text"] += delta
+            safe, found = cut_stop(held["text"], stops)
+            if found:
+                emit = safe[sent["n"]:]
+            else:
+                keep = max((len(s) - 1 for s in stops), default=0)
+                emit = held["text"][sent["n"]:max(sent["n"], len(held["text"]) - keep)]
+            if emit:
+                sent["n"] += len(emit)
+                on_chunk(emit)
+
+        try:
+            r = self.client().generate(text, self.budget(p), stream=stream, chat=False, cancel=cancel, on_chunk=chunk if stream else None,
+                                       **ensemble_inputs(p))
+        except InputError as e:
+            raise APIError(str(e)) from None
+        except RequestError as e:  # the deployment refused or failed this request: its message names the input
+            raise APIError(str(e), status=400) from None
+        except PipelineError as e:
+            raise APIError(str(e), status=503, type_="server_error") from None
+        out, stopped = cut_stop(r.text, stops)
+        if stream and len(out) > sent["n"]:
+            on_chunk(out[sent["n"]:])
+        reason = "stop" if stopped or self.completion_tokens(r.text) < self.budget(p) else "length"
+        return out, reason
+
+
+def build_app(fe: Frontend) -> Any:
+    """The Starlette application for ``fe``."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, StreamingResponse
+    from starlette.routing import Route
+
+    async def models(_request: Request) -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [{"id": fe.model_id, "object": "model", "created": fe.created, "owned_by": "pipeline"}]})
+
+    async def body_of(request: Request, kind: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        try:
+            body = await request.json()
+        except (ValueError, UnicodeDecodeError):
+            raise APIError("the request body is not valid JSON.") from None
+        if not isinstance(body, dict):
+            raise APIError("the request body must be a JSON object.")
+        if body.get("model") != fe.model_id:
+            raise APIError(f"model {body.get('model')!r} does not exist here; this endpoint serves {fe.model_id!r} (GET /v1/models).",
+                           "model", status=404, code="model_not_found")
+        p = parse_common(body, kind)
+        if p["stream"] and not fe.decoupled:
+            raise APIError("stream=true needs a decoupled deployment (package.decoupled=true).", "stream")
+        return body, p
+
+    async def run_choices(texts: list[str], p: dict[str, Any]) -> list[tuple[str, str]]:
+        jobs = [asyncio.to_thread(fe.generate, t, p) for t in texts for _ in range(p["n"])]
+        return list(await asyncio.gather(*jobs))
+
+    def usage(prompts: list[str], outs: list[str]) -> dict[str, int]:
+        pt = sum(fe.prompt_tokens(t) for t in prompts)
+        ct = sum(fe.completion_tokens(o) for o in outs)
+        return {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct}
+
+    def stream_response(kind: str, texts: list[str], p: dict[str, Any], rid: str, created: int) -> StreamingResponse:
+        obj = "text_completion" if kind == "completions" else "chat.completion.chunk"
+        n_choices = len(texts) * p["n"]
+
+        async def events() -> AsyncIterator[bytes]:
+            loop = asyncio.get_running_loop()
+            q: asyncio.Queue = asyncio.Queue()
+            cancel = threading.Event()
+            outs: list[str] = [""] * n_choices
+
+            def worker(idx: int, text: str) -> None:
+                def on_chunk(delta: str) -> None:
+                    loop.call_soon_threadsafe(q.put_nowait, ("delta", idx, delta))
+                try:
+                    out, reason = fe.generate(text, p, on_chunk=on_chunk, cancel=cancel)
+                    loop.call_soon_threadsafe(q.put_nowait, ("done", idx, (out, reason)))
+                except APIError as e:
+                    loop.call_soon_threadsafe(q.put_nowait, ("error", idx, e))
+
+            # the references keep the tasks alive until the stream ends
+            _running = [asyncio.create_task(asyncio.to_thread(worker, i, texts[i // p["n"]])) for i in range(n_choices)]
+
+            def chunk(idx: int, content: str | None, reason: str | None, first: bool = False) -> bytes:
+                if kind == "completions":
+                    choice: dict[str, Any] = {"index": idx, "text": content or "", "logprobs": None, "finish_reason": reason}
+                else:
+                    delta: dict[str, Any] = {}
+                    if first:
+                        delta["role"] = "assistant"
+                    if content:
+                        delta["content"] = content
+                    choice = {"index": idx, "delta": delta, "logprobs": None, "finish_reason": reason}
+                ev = {"id": rid, "object": obj, "created": created, "model": fe.model_id, "choices": [choice]}
+                if p["include_usage"]:
+                    ev["usage"] = None
+                return f"data: {json.dumps(ev, ensure_ascii=False)}\n\n".encode()
+
+            try:
+                if kind == "chat":
+                    for i in range(n_choices):
+                        yield chunk(i, None, None, first=True)
+                done = 0
+                while done < n_choices:
+                    what, idx, val = await q.get()
+                    if what == "delta":
+                        outs[idx] += val
+                        yield chunk(idx, val, None)
+                    elif what == "done":
+                        done += 1
+                        yield chunk(idx, None, val[1])
+                    else:
+                        cancel.set()
+                        yield f"data: {json.dumps(val.body())}\n\n".encode()
+                        return
+                if p["include_usage"]:
+                    ev = {"id": rid, "object": obj, "created": created, "model": fe.model_id, "choices": [],
+                          "usage": usage(texts, outs) if p["n"] == 1 else {**usage(texts * p["n"], outs)}}
+                    yield f"data: {json.dumps(ev, ensure_ascii=False)}\n\n".encode()
+                yield b"data: [DONE]\n\n"
+            finally:
+                cancel.set()  # a client that went away cancels its requests in Triton (LLMClient stops the stream)
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    async def completions(request: Request) -> Any:
+        try:
+            body, p = await body_of(request, "completions")
+            for f in ("echo", "suffix"):
+                if body.get(f):
+                    raise APIError(f"{f} is not supported by this endpoint. Fix: remove it.", f)
+            prompt = body.get("prompt")
+            texts = [prompt] if isinstance(prompt, str) else prompt
+            if not isinstance(texts, list) or not texts or not all(isinstance(t, str) and t for t in texts):
+                raise APIError("prompt must be a non-empty string or a list of non-empty strings (token-id prompts are not supported).",
+                               "prompt")
+            rid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+            if p["stream"]:
+                return stream_response("completions", texts, p, rid, created)
+            outs = await run_choices(texts, p)
+            choices = [{"index": i, "text": o, "logprobs": None, "finish_reason": r} for i, (o, r) in enumerate(outs)]
+            return JSONResponse({"id": rid, "object": "text_completion", "created": created, "model": fe.model_id, "choices": choices,
+                                 "usage": usage([t for t in texts for _ in range(p["n"])], [o for o, _ in outs])})
+        except APIError as e:
+            return JSONResponse(e.body(), status_code=e.status)
+
+    async def chat(request: Request) -> Any:
+        try:
+            body, p = await body_of(request, "chat")
+            if body.get("tools") or body.get("functions"):
+                raise APIError("tool/function calling is not supported by this deployment. Fix: remove tools/functions.", "tools")
+            rf = body.get("response_format")
+            if rf not in (None, {"type": "text"}):
+                raise APIError(f"response_format={rf!r}: only text is supported.", "response_format")
+            text = fe.render_chat(body.get("messages"))
+            rid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+            if p["stream"]:
+                return stream_response("chat", [text], p, rid, created)
+            outs = await run_choices([text], p)
+            choices = [{"index": i, "message": {"role": "assistant", "content": o}, "logprobs": None, "finish_reason": r}
+                       for i, (o, r) in enumerate(outs)]
+            return JSONResponse({"id": rid, "object": "chat.completion", "created": created, "model": fe.model_id, "choices": choices,
+                                 "usage": usage([text] * p["n"], [o for o, _ in outs])})
+        except APIError as e:
+            return JSONResponse(e.body(), status_code=e.status)
+
+    async def health(_request: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok"})
+
+    return Starlette(routes=[
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/health", health, methods=["GET"]),
+    ])
+
+
+class OpenAIServer:
+    """uvicorn serving :func:`build_app` in a background thread (context manager).
+
+    Args:
+        grpc_url, repository, model_id: see :class:`Frontend`.
+        host: bind address (default 127.0.0.1: this machine only); port: 0 = a free one.
+    Attributes after :meth:`start`: ``port``, ``url`` (``http://host:port/v1``).
+    Raises :class:`InputError` when the port is taken.
+    """
+
+    def __init__(self, grpc_url: str, repository: Path, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
+                 model_id: str | None = None) -> None:
+        self.grpc_url, self.repository, self.host, self.requested_port, self.model_id = grpc_url, Path(repository), host, int(port), model_id
+        self.port = 0
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+        self.frontend: Frontend | None = None
+
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        return f"http://{host}:{self.port}/v1"
+
+    def start(self, timeout_s: float = 60.0) -> OpenAIServer:
+        import uvicorn
+
+        from .server import check_port_free, free_port
+
+        if self.requested_port:
+            check_port_free(self.requested_port, self.host, "package.openai_port")
+        self.port = self.requested_port or free_port(self.host)
+        self.frontend = Frontend(self.grpc_url, self.repository, self.model_id)
+        cfg = uvicorn.Config(build_app(self.frontend), host=self.host, port=self.port, log_level="warning", access_log=False,
+                             lifespan="off")
+        self._server = uvicorn.Server(cfg)
+        self._thread = threading.Thread(target=self._server.run, name="openai-http", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive():
+                raise PipelineError(f"the OpenAI endpoint could not start on {self.host}:{self.port} (see the log above).")
+            if time.monotonic() > deadline:
+                raise PipelineError(f"the OpenAI endpoint did not start within {timeout_s:.0f} s.")
+            time.sleep(0.05)
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=15)
+        if self.frontend is not None:
+            self.frontend.close()
+
+    def __enter__(self) -> OpenAIServer:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+__all__ = ["APIError", "DEFAULT_PORT", "Frontend", "OpenAIServer", "build_app", "cut_stop", "ensemble_inputs", "parse_common"]
