@@ -206,9 +206,20 @@ def _window_problems(cfg: Any, mc: dict[str, Any]) -> list[Any]:
     windowed = new is not None and new.get("sliding_window") is not None and "sliding_attention" in (new.get("layer_types") or [])
     if not windowed and mc.get("layer_types") and "sliding_attention" in mc["layer_types"] and new is None:
         windowed = True  # e.g. Qwen2 with use_sliding_window: the config lists its windowed layers itself
-    if not windowed or int(b.max_batch_size) <= 1:
+    if not windowed:
         return []
     sw = mc.get("sliding_window")
+    served = sorted(set(getattr(cfg, "stages", ())) & {"package", "benchmark"})
+    if served:
+        return [Problem("build.max_seq_len", b.max_seq_len,
+                        f"the model's sliding_window={sw} is smaller than build.max_seq_len={b.max_seq_len}: the "
+                        "onnxruntime_genai engine gets a windowed KV cache, which builds and evaluates correctly one sequence "
+                        f"at a time, but the served engine (Triton, og.Engine 0.18) fails its requests (ENGINE_EXECUTION_FAILURE, "
+                        f"measured), so stages {served} cannot ship it.",
+                        f"build.max_seq_len<={sw} (the window then never binds: full attention), or stop at stages=[evaluate] "
+                        "with build.max_batch_size=1")]
+    if int(b.max_batch_size) <= 1:
+        return []
     return [Problem("build.max_batch_size", b.max_batch_size,
                     f"the model's sliding_window={sw} is smaller than build.max_seq_len={b.max_seq_len}, so the "
                     "onnxruntime_genai engine is built with a windowed KV cache, and onnxruntime-genai 0.18 runs batches of "

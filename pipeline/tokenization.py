@@ -456,6 +456,9 @@ class StreamDecoder:
         self.ids.extend(new)
         if self.skip:
             new = [i for i in new if i not in self.codec.special_ids]
+        # ids the tokenizer has no token for (a model vocabulary padded past the tokenizer's) decode to nothing and do
+        # not end a run of byte pieces, exactly as in the unary decode
+        new = [i for i in new if self.codec.tokenizer.id_to_token(i) is not None]
         if not new:
             return ""
         self._window.extend(new)
