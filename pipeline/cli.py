@@ -26,7 +26,7 @@ SUBCOMMANDS = {
     "benchmark": "pipeline.bench.cli",
 }
 
-_state = {"task_started": False, "exit_code": 0}
+_state = {"task_started": False}
 
 
 def _register_redact_resolver() -> None:
@@ -48,7 +48,7 @@ def _task(cfg) -> int:  # DictConfig
 
     from .config import to_object
     from .errors import EXIT_INPUT
-    from .runner import run_pipeline
+    from .runner import record_exit_code, run_pipeline
 
     _state["task_started"] = True
     hc = HydraConfig.get()
@@ -71,7 +71,7 @@ def _task(cfg) -> int:  # DictConfig
         _write_error_summary(out_dir, overrides, code, f"configuration error: {e}")
     else:
         code = run_pipeline(obj, overrides=overrides, summary_dir=out_dir).exit_code
-    _state["exit_code"] = max(_state["exit_code"], code)
+    record_exit_code(code)
     if hc.mode == RunMode.RUN:
         sys.exit(code)
     return code
@@ -228,7 +228,9 @@ def main(argv: list[str] | None = None) -> None:
         import shutil
 
         shutil.rmtree(tmp_root, ignore_errors=True)
-    sys.exit(_state["exit_code"])
+    from .runner import worst_exit_code
+
+    sys.exit(worst_exit_code())
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ Exit codes: 0; 4 (PreflightError) when a ``--require``d target cannot run here.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import importlib.util
 import json
 import os
@@ -23,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from . import hostinfo
 from .errors import EXIT_OK, EXIT_PREFLIGHT
 
 PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "nvidia-modelopt", "onnxruntime", "onnxruntime-genai",
@@ -31,12 +31,7 @@ TARGETS = ("onnxruntime_genai", "tensorrt_llm", "triton_serving", "quantize")
 
 
 def _version(dist: str) -> str | None:
-    for name in (dist, dist.replace("_", "-"), dist.replace("-", "_")):
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
+    return hostinfo.installed_version(dist)
 
 
 def _serve_env(root: Path) -> dict[str, Any]:

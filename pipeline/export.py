@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterator
 
+from .artifacts import ExportArtifact
 from .errors import InputError
 
 log = logging.getLogger("pipeline.export")
@@ -690,7 +691,7 @@ def export_checkpoint(src: str | Path, out: str | Path, *, dtype: str = "float16
         advance(1)
 
         # 5. write hf/
-        hf_dir = out / "hf"
+        hf_dir = ExportArtifact(out).hf_dir
         hf_dir.mkdir(parents=True, exist_ok=False)
         gen = GenerationConfig.from_dict({k: v for k, v in gen_raw.items() if k != "transformers_version"}) if gen_raw \
             else GenerationConfig.from_model_config(hf_cfg)
@@ -748,7 +749,7 @@ def export_checkpoint(src: str | Path, out: str | Path, *, dtype: str = "float16
         }
         from .store import write_json_atomic
 
-        write_json_atomic(out / "model_info.json", info)
+        write_json_atomic(ExportArtifact(out).model_info_path, info)
         advance(1)
     del model
     return {**info, "_warnings": list(facts.warnings)}

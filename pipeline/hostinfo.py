@@ -16,14 +16,25 @@ import sys
 from typing import Any
 
 
+def installed_version(dist: str) -> str | None:
+    """Installed version of distribution ``dist`` (package metadata; nothing is imported), ``None`` when not installed.
+
+    Tries ``dist`` as written, then with ``_``/``-`` swapped (``tensorrt_llm`` is published as ``tensorrt-llm``).
+    The one "installed version of X" helper: the doctor, the targets, the quantize stage and manifests use it.
+    """
+    for name in dict.fromkeys((dist, dist.replace("_", "-"), dist.replace("-", "_"))):
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
 def library_versions(names: tuple[str, ...] | list[str]) -> dict[str, str | None]:
-    """Installed distribution versions (``None`` when not installed)."""
+    """Installed distribution versions (``None`` when not installed), plus ``python``."""
     out: dict[str, str | None] = {"python": platform.python_version()}
     for n in names:
-        try:
-            out[n] = importlib.metadata.version(n)
-        except importlib.metadata.PackageNotFoundError:
-            out[n] = None
+        out[n] = installed_version(n)
     return out
 
 

@@ -298,7 +298,7 @@ ATTN_OUT_PATTERNS = ("*.self_attn.o_proj", "*.self_attention.dense", "*.attentio
 _LOCAL_SM = {"h100": 90, "h100_sxm": 90, "h100_pcie": 90, "h200": 90, "a100": 80, "a100_40gb": 80, "a100_80gb": 80,
              "a10g": 86, "a10": 86, "l4": 89, "l40s": 89, "t4": 75, "v100": 70, "b200": 100}
 #: Minimum SM per recipe / KV format, TensorRT-LLM support matrix (shared/reference/tensorrt_llm.md sec. 3c).
-_LOCAL_RECIPE_MIN_SM = {"none": 80, "int8_wo": 80, "int4_rtn": 80, "int4_wo": 80, "int4_awq": 80, "int8_sq": 80, "fp8": 89, "w4a8_awq": 89}
+_LOCAL_RECIPE_MIN_SM = {"none": 80, "int8_wo": 80, "int4_rtn": 80, "int4_wo": 80, "auto": 80, "int4_awq": 80, "int8_sq": 80, "fp8": 89, "w4a8_awq": 89}
 _LOCAL_KV_MIN_SM = {"none": 80, "int8": 80, "fp8": 89}
 
 
@@ -1014,12 +1014,9 @@ class _quiet:
 
 
 def _version(dist: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
+    from .hostinfo import installed_version
 
-    try:
-        return version(dist)
-    except PackageNotFoundError:
-        return None
+    return installed_version(dist)
 
 
 def _link_file(src: Path, dst: Path) -> None:

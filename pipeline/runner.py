@@ -17,7 +17,7 @@ from rich.table import Table
 
 from . import hostinfo
 from .config import STAGES, PipelineConfig, key_fields, resolve_path
-from .config import validate as validate_config
+from .validation import validate as validate_config
 from .errors import EXIT_FAILED, EXIT_GATE, EXIT_INTERRUPTED, EXIT_OK, GateFailed, PipelineError
 from .stages import Stage, StageContext, get_stage
 from .store import (Artifact, ArtifactStore, cache_key, digest_path, install_log_redaction, redact, redact_config, redact_files,
@@ -152,10 +152,8 @@ def _target_available(cfg: PipelineConfig, store: ArtifactStore, order: list[str
 
     Keys are input-addressed, so the quantize artifact's future folder is known before it exists.
     """
-    try:
-        from .targets import get_target, resolve_target
-    except ImportError:
-        return
+    from .targets import get_target, resolve_target
+
     name, _ = resolve_target(cfg)
     target = get_target(name)
     ok, _reason = target.available()
@@ -169,15 +167,15 @@ def _target_available(cfg: PipelineConfig, store: ArtifactStore, order: list[str
         key, _ = compute_key(st, cfg, {d: pending[d] for d in st.deps_for(cfg)}, externals[s])
         pending[s] = Artifact(s, key, store.path_for(s, key), {"output_digest": f"pending:{key}", "result": {}})
     quant = pending.get("quantize")
-    ckpt = (quant.path if quant else store.root / "quantize" / "<key>") / "trtllm_checkpoint"
+    from .artifacts import QuantizeArtifact
+
+    ckpt = QuantizeArtifact(quant.path if quant else store.root / "quantize" / "<key>").trtllm_checkpoint
     target.preflight(cfg, ckpt, None)
 
 
 def _plan(cfg: PipelineConfig, console: Console) -> dict[str, Any] | None:
-    try:
-        from .planner import plan_for_run
-    except ImportError:
-        return None
+    from .planner import plan_for_run
+
     try:
         return plan_for_run(cfg, console)
     except PipelineError:
@@ -435,9 +433,20 @@ class MultirunComparison(_HydraCallback):  # type: ignore[misc]
         """
         sweep_dir = Path(config.hydra.sweep.dir)
         doc = write_comparison(sweep_dir, Console())
-        from . import cli
+        record_exit_code(int(doc.get("exit_code") or 0))
 
-        cli._state["exit_code"] = max(cli._state["exit_code"], int(doc.get("exit_code") or 0))
+
+_WORST_EXIT = [0]
+
+
+def record_exit_code(code: int) -> None:
+    """Remember ``code`` for :func:`worst_exit_code` (the runs and multirun comparisons of this process)."""
+    _WORST_EXIT[0] = max(_WORST_EXIT[0], int(code))
+
+
+def worst_exit_code() -> int:
+    """The highest exit code recorded in this process: what ``pipeline`` (single run or ``-m`` sweep) exits with."""
+    return _WORST_EXIT[0]
 
 
 def write_comparison(sweep_dir: Path, console: Console) -> dict[str, Any]:

@@ -160,6 +160,7 @@ class TextCodec:
         self._byte_piece_ids = self._find_byte_pieces()
         self._guard = self._find_guard()
         self._adds_bos = self._tokenizer_adds_bos()
+        self._adds_bos_cached: bool | None = None
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -241,14 +242,15 @@ class TextCodec:
     def adds_bos(self) -> bool:
         """Whether a prompt encoded without a chat template starts with BOS: the tokenizer adds it (post-processor or
         ``add_bos_token``) or the chat template begins every conversation with it."""
-        if self._adds_bos:
-            return True
-        if self.bos_token and self.chat_template:
-            try:
-                return self._render_template([{"role": "user", "content": "a"}], True).startswith(self.bos_token)
-            except Exception:  # noqa: BLE001 - a template that refuses this probe says nothing about BOS
-                return False
-        return False
+        if self._adds_bos_cached is None:
+            v = self._adds_bos
+            if not v and self.bos_token and self.chat_template:
+                try:
+                    v = self._render_template([{"role": "user", "content": "a"}], True).startswith(self.bos_token)
+                except Exception:  # noqa: BLE001 - a template that refuses this probe says nothing about BOS
+                    v = False
+            self._adds_bos_cached = bool(v)
+        return self._adds_bos_cached
 
     # ------------------------------------------------------------------ rendering
     def _render_template(self, messages: Sequence[dict], add_generation_prompt: bool) -> str:

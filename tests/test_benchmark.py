@@ -19,7 +19,8 @@ from pipeline.bench.core import BenchInputs, run_benchmark
 from pipeline.bench.metrics import HEADLINE, distribution
 from pipeline.bench.report import PLOTS, load
 from pipeline.bench.workload import build_requests, sample_lengths
-from pipeline.config import ConfigError, compose, validate
+from pipeline.config import ConfigError, compose
+from pipeline.validation import validate
 from pipeline.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import ConfigError, compose, validate
+from pipeline.config import ConfigError, compose
+from pipeline.validation import validate
 from pipeline.errors import InputError
 from pipeline.targets import get_target, known_targets, resolve_target
 from pipeline.targets.base import GenerationRequest

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.config import ConfigError, compose, validate
+from pipeline.config import ConfigError, compose
+from pipeline.validation import validate
 from pipeline.errors import EXIT_PREFLIGHT, PipelineError, PreflightError
 from pipeline.targets import get_target
 from pipeline.targets import tensorrt_llm as trt
@@ -335,7 +336,7 @@ def test_window_larger_than_the_models_window_is_refused(make_checkpoint):
     ("package.runtime.encoder_model_path=relative/enc", "package.runtime.encoder_model_path"),
 ])
 def test_runtime_field_errors_exit_2_naming_field_value_and_fix(over, field):
-    from pipeline.config import validate as cfg_validate
+    from pipeline.validation import validate as cfg_validate
 
     with pytest.raises(ConfigError) as e:
         cfg_validate(compose([over]))

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import CONFIG_DIR, GROUPS, compose, validate
+from pipeline.config import CONFIG_DIR, GROUPS, compose
+from pipeline.validation import validate
 
 ROOT = Path(__file__).resolve().parents[1]
 PIPELINE = [sys.executable, "-m", "pipeline"]

@@ -478,7 +478,6 @@ def _engine_model(grpc: Any) -> str:
     raise AssertionError("no token-id engine model (tensorrt_llm / onnxruntime_genai) is served")
 
 
-@_xfail("the CPU engine model `onnxruntime_genai` has no `stop` input (TensorRT-LLM's `tensorrt_llm` model has one)")
 def test_stop_input_with_the_same_request_id_ends_a_running_request(served, grpc, tok):
     """``inflight_batcher_llm_client.py --stop-after-ms``: a second request with the same id and ``stop=true`` to the
     engine model ends the first one; the first stream then finishes long before ``request_output_len``."""

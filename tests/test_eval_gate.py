@@ -134,7 +134,8 @@ def test_items_needed_large_sample_form():
 
 
 def test_significant_only_is_refused_with_the_replacement_named():
-    from pipeline.config import compose, validate
+    from pipeline.config import compose
+    from pipeline.validation import validate
 
     cfg = compose(["eval.gate.significant_only=true"])
     probs = validate(cfg, raise_on_error=False)

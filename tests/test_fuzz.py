@@ -15,7 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.config import ConfigError, compose, validate
+from pipeline.config import ConfigError, compose
+from pipeline.validation import validate
 from pipeline.errors import PipelineError
 
 try:

@@ -224,7 +224,8 @@ def test_remote_code_is_not_run_by_default(tiny_llama, tmp_path):
 def test_config_values_are_never_turned_into_code(tmp_path):
     """A ``_target_`` key is data (nothing calls hydra.utils.instantiate on user config); unknown
     resolvers (``${eval:...}``) are refused at compose time; no code runs either way."""
-    from pipeline.config import compose, key_fields, validate
+    from pipeline.config import compose, key_fields
+    from pipeline.validation import validate
     from pipeline.planner import plan
     from pipeline.store import canonical_json
 

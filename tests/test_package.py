@@ -84,7 +84,7 @@ def ort_limits(ort_build: Path) -> dict:
 # --------------------------------------------------------------------------- repository + interface
 def test_ort_repository_parses_validates_and_matches_trtllm_ensemble_interface(tmp_path, ort_build, tiny_llama):
     repo, s = make_repo(tmp_path, ort_build, tiny_llama)
-    assert sorted(p.name for p in repo.iterdir()) == ["ensemble", "onnxruntime_genai", "postprocessing", "preprocessing"]
+    assert sorted(p.name for p in repo.iterdir()) == ["ensemble", "onnxruntime_genai", "postprocessing", "preprocessing", "tensorrt_llm_bls"]
     assert validate_repository(repo, limits=ort_limits(ort_build), target="onnxruntime_genai") == []
     iface = ensemble_interface(repo)
     assert iface["inputs"] == EXPECTED_INPUTS
@@ -94,8 +94,11 @@ def test_ort_repository_parses_validates_and_matches_trtllm_ensemble_interface(t
     assert eng.max_batch_size == 4 and eng.parameters["max_input_len"].string_value == "96"
     assert (repo / "onnxruntime_genai" / "1" / "engine" / "genai_config.json").is_file()
     assert (repo / "preprocessing" / "1" / "tokenizer" / "tokenizer.json").is_file()
-    ens = parse_config(repo / "ensemble" / "config.pbtxt")
-    assert [st.model_name for st in ens.ensemble_scheduling.step] == ["preprocessing", "onnxruntime_genai", "postprocessing"]
+    # CPU target: `ensemble` and `tensorrt_llm_bls` are Python models with the ensemble's interface (docs/package.md)
+    for name in ("ensemble", "tensorrt_llm_bls"):
+        cfg = parse_config(repo / name / "config.pbtxt")
+        assert cfg.backend == "python" and not cfg.HasField("ensemble_scheduling") and cfg.model_transaction_policy.decoupled
+        assert (repo / name / "1" / "model.py").is_file() and (repo / name / "1" / "tokenization.py").is_file()
 
 
 def test_trtllm_repository_fills_every_parameter_from_the_build(tmp_path):
@@ -220,18 +223,31 @@ def test_user_limits_above_engine_are_errors_naming_both_numbers(tmp_path, ort_b
 def test_validation_catches_broken_ensemble_decoupled_and_tokenizer(tmp_path, ort_build, tiny_llama):
     repo, _ = make_repo(tmp_path, ort_build, tiny_llama)
     lim = ort_limits(ort_build)
-    pre = repo / "preprocessing" / "config.pbtxt"
-    pre.write_text(pre.read_text().replace('{ name: "REQUEST_OUTPUT_LEN" data_type: TYPE_INT32 dims: [ 1 ] }',
-                                           '{ name: "REQUEST_OUTPUT_LEN" data_type: TYPE_FP32 dims: [ 1 ] }'))
     eng = repo / "onnxruntime_genai" / "config.pbtxt"
     eng.write_text(eng.read_text().replace("decoupled: true", "decoupled: false"))
     (repo / "postprocessing" / "1" / "tokenizer" / "tokenizer.json").unlink()
-    ens = repo / "ensemble" / "config.pbtxt"
-    ens.write_text(ens.read_text().replace('output_map { key: "OUTPUT" value: "text_output" }', ""))
+    ens = repo / "ensemble" / "config.pbtxt"  # CPU target: a Python model with the ensemble's interface
+    ens.write_text(ens.read_text().replace('name: "text_output"', 'name: "text_out"'))
     msgs = "\n".join(str(p) for p in validate_repository(repo, limits=lim, target="onnxruntime_genai", streaming=True))
-    assert "'max_tokens' is TYPE_INT32 but preprocessing.REQUEST_OUTPUT_LEN expects TYPE_FP32" in msgs
-    assert "streaming is enabled but decoupled" in msgs
+    assert "decoupled differs between models" in msgs
     assert "tokenizer.json is missing" in msgs
+    assert "output 'text_output' is missing" in msgs
+    # the ensemble graph checks (TensorRT-LLM target's three-step ensemble)
+    from pipeline.packaging.repository import TEMPLATES, Settings, fill, template_values
+
+    trt = tmp_path / "trt"
+    (trt / "ensemble").mkdir(parents=True)
+    for m in ("ensemble", "preprocessing", "postprocessing", "tensorrt_llm"):
+        (trt / m / "1").mkdir(parents=True, exist_ok=True)
+        text = fill((TEMPLATES / m / "config.pbtxt").read_text(), template_values(Settings(target="tensorrt_llm")))
+        if m == "preprocessing":
+            text = text.replace('{ name: "REQUEST_OUTPUT_LEN" data_type: TYPE_INT32 dims: [ 1 ] }',
+                                '{ name: "REQUEST_OUTPUT_LEN" data_type: TYPE_FP32 dims: [ 1 ] }')
+        if m == "ensemble":
+            text = text.replace('output_map { key: "OUTPUT" value: "text_output" }', "")
+        (trt / m / "config.pbtxt").write_text(text)
+    msgs = "\n".join(str(p) for p in validate_repository(trt, limits=lim, target="tensorrt_llm", streaming=True))
+    assert "'max_tokens' is TYPE_INT32 but preprocessing.REQUEST_OUTPUT_LEN expects TYPE_FP32" in msgs
     assert "ensemble output 'text_output' is produced by no step" in msgs
 
 
@@ -300,23 +316,23 @@ def test_safe_extract_keeps_links_inside(tmp_path):
 
 # --------------------------------------------------------------------------- stable streaming deltas (postprocessing)
 def test_stream_deltas_concatenate_to_full_text_with_chinese(tiny_llama):
-    from tokenizers import Tokenizer
+    # the served models stream with TextCodec.stream_decoder (pipeline/tokenization.py, copied next to them)
+    from pipeline.tokenization import TextCodec
 
-    from pipeline.serving.models.postprocessing_model import stream_delta
-
-    tok = Tokenizer.from_file(str(tiny_llama / "tokenizer.json"))
+    codec = TextCodec.from_dir(tiny_llama)
     text = "我的订单 ORD-55555 什么时候到？ refund 129.50 dollars"
-    ids = tok.encode(text, add_special_tokens=False).ids
+    ids = codec.encode_text(text)
     assert len(ids) > len(text.split())  # byte-level BPE: Chinese characters span several tokens
-    decode = lambda x: tok.decode(x, skip_special_tokens=True)  # noqa: E731
-    deltas = [stream_delta(decode, ids[:n], n - 1, final=(n == len(ids))) for n in range(1, len(ids) + 1)]
-    assert "".join(deltas) == decode(ids) == text
+    dec = codec.stream_decoder()
+    deltas = [dec.push([i]) for i in ids] + [dec.flush()]
+    assert "".join(deltas) == codec.decode(ids) == text
     assert all("\ufffd" not in d for d in deltas)  # a character is emitted only once all its bytes arrived
     # decoding single tokens independently (the upstream postprocessing behaviour) breaks the characters
-    assert "".join(decode([i]) for i in ids) != text
-    # a sequence cut inside a character: the final response carries the replacement char, like the non-streamed text
+    assert "".join(codec.decode([i]) for i in ids) != text
+    # a sequence cut inside a character: the flush carries the replacement char, like the non-streamed text
     cut = ids[:2]
-    assert "".join(stream_delta(decode, cut[:n], n - 1, final=(n == 2)) for n in (1, 2)) == decode(cut)
+    dec = codec.stream_decoder()
+    assert "".join([dec.push([i]) for i in cut] + [dec.flush()]) == codec.decode(cut)
 
 
 # --------------------------------------------------------------------------- the stage

@@ -228,15 +228,22 @@ def test_other_architectures_int4_awq(runs, tmp_path_factory, arch):
     load_simulated_model(out, exp)  # probe logits reproduced
 
 
-def test_phi3_is_refused_before_calibration(tmp_path, calib):
+def test_phi3_quantizes_without_a_tensorrt_llm_checkpoint(tmp_path, calib):
+    """Issue 12 case 1: ModelOpt 0.47 has no TensorRT-LLM converter for Phi-3; quantize still calibrates (the CPU target
+    and tensorrt_llm_pytorch need no such checkpoint), says so, and target=tensorrt_llm is refused at config time."""
     import tiny
 
     from pipeline.export import export_checkpoint
 
     exp = tmp_path / "export"
     export_checkpoint(tiny.make_checkpoint(tmp_path / "src", "phi3"), exp)
-    with pytest.raises(InputError, match="model_type='phi3': ModelOpt .* cannot write a TensorRT-LLM checkpoint"):
-        quantize(compose(CALIB + ["quant=int4_awq"]), exp, calib, tmp_path / "q")
+    out = tmp_path / "q"
+    out.mkdir()
+    quantize(compose(CALIB + ["quant=int4_awq"]), exp, calib, out)
+    assert (out / "trtllm_checkpoint" / "NOT_EXPORTED").is_file() and not list((out / "trtllm_checkpoint").glob("rank*"))
+    report = json.loads((out / "quant_report.json").read_text())
+    assert "skipped" in report["export_checks"] and any("no TensorRT-LLM checkpoint" in w for w in report["warnings"])
+    load_simulated_model(out, exp)  # the simulated-quant state is complete
 
 
 # ----------------------------------------------------------------------------- checks before calibration

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import ConfigError, compose, validate
+from pipeline.config import ConfigError, compose
+from pipeline.validation import validate
 from pipeline.errors import InputError
 from pipeline.quantize import RECIPES, auto_quant_algo, load_simulated_model, quantize
 
@@ -196,4 +197,24 @@ def test_auto_budget_below_reach_is_refused_before_search(export_dir, repo_root,
 def test_cpu_target_refuses_auto_with_the_fix():
     with pytest.raises(ConfigError) as e:
         validate(compose(["quant=auto", "target=onnxruntime_genai"]))
-    assert "quant.recipe" in str(e.value) and "tensorrt_llm" in str(e.value)
+    assert "quant.recipe" in str(e.value) and "mixes per-layer weight formats" in str(e.value) and "eval.runners=[baseline,simulated]" in str(e.value)
+
+
+# ----------------------------------------------------------------------------- generic calibration set
+def test_generic_calibration_set_is_the_generator_output(repo_root):
+    """evaluation/data/generic_calib_v1.jsonl is exactly what evaluation/generate_generic_calib.py makes (same CPython
+    minor version as recorded in its rows; other versions' docstrings differ, so the check is skipped there)."""
+    import importlib.util
+    import platform
+
+    path = Path(repo_root) / "evaluation/data/generic_calib_v1.jsonl"
+    rows = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines()]
+    made_with = rows[0]["source"].split()[1]
+    assert all(r["source"].startswith(f"CPython {made_with} docstring of ") for r in rows)
+    assert len(rows) == len({r["text"] for r in rows}) >= 448  # the generic_v1 preset uses 448
+    if made_with.rsplit(".", 1)[0] != platform.python_version().rsplit(".", 1)[0]:
+        pytest.skip(f"file made with CPython {made_with}, running {platform.python_version()}")
+    spec = importlib.util.spec_from_file_location("gen", Path(repo_root) / "evaluation/generate_generic_calib.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    assert [{k: r[k] for k in ("id", "text")} for r in gen.rows()] == [{k: r[k] for k in ("id", "text")} for r in rows]

@@ -73,7 +73,7 @@ def test_miss_then_hit_manifest_and_summary(ckpt, tmp_path):
 
     # paths never enter the key: the same bytes in another folder (or behind symlinks, as in a
     # Hugging Face hub cache snapshot: snapshots/<rev>/<file> -> ../../blobs/<sha256>) are a cache hit
-    repo = tmp_path / "hub" / "models--org--tiny"
+    repo = tmp_path / "hub" / "models--org--ckpt"  # same derived model.name ("ckpt") as the folder above
     links = repo / "snapshots" / "0123abc"
     (repo / "blobs").mkdir(parents=True)
     links.mkdir(parents=True)

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import ConfigError, compose, validate
+from pipeline.config import ConfigError, compose
+from pipeline.validation import validate
 from pipeline.planner import plan
 from pipeline.planner.validate import cross_field_problems, eval_prompt_stats
 
@@ -139,7 +140,8 @@ def test_eval_lengths_equal_the_transformers_tokenizer(tiny_llama):
 def test_validation_does_not_import_torch_or_transformers(tiny_llama):
     code = (
         "import sys\n"
-        "from pipeline.config import compose, validate\n"
+        "from pipeline.config import compose\n"
+        "from pipeline.validation import validate\n"
         f"cfg = compose(['model.path={tiny_llama}', 'build.max_seq_len=256', 'build.max_input_len=200'])\n"
         "problems = validate(cfg, raise_on_error=False)\n"
         "from pipeline.planner import plan\n"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, Callable, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -142,7 +142,7 @@ def compose(overrides: list[str] | None = None, config_name: str = "pipeline") -
     return to_object(cfg)
 
 
-_VALIDATORS = {
+_VALIDATORS: dict[str, Callable[..., list[Problem]]] = {
     "model": _model.validate,
     "calibration": _calibration.validate,
     "quant": _quant.validate,
@@ -155,7 +155,11 @@ _VALIDATORS = {
 
 
 def validate(cfg: PipelineConfig, *, raise_on_error: bool = True) -> list[Problem]:
-    """Run every group's field checks and the cross-field checks; collect all problems.
+    """Run every group's field checks (this layer's rules only); collect all problems.
+
+    Cross-layer rules (the model's limits, the target's capabilities, the model family) belong to the layers
+    above: :func:`pipeline.validation.validate` runs these field checks and then those, and is what the runner
+    and the planner call.
 
     Raises :class:`ConfigError` listing them all when ``raise_on_error`` and any were found.
     """
@@ -172,21 +176,6 @@ def validate(cfg: PipelineConfig, *, raise_on_error: bool = True) -> list[Proble
         if group == "eval" and "evaluate" not in needs:
             continue
         problems.extend(fn(getattr(cfg, group)))
-    try:  # cross-field checks live with the planner (pipeline/planner)
-        from ..planner.validate import cross_field_problems
-    except ImportError:
-        cross_field_problems = None
-    if cross_field_problems is not None:
-        problems.extend(cross_field_problems(cfg))
-    try:  # the resolved build target's own checks (recipes it can execute, limits); pipeline/targets
-        from ..targets import config_problems as target_problems
-    except ImportError:
-        target_problems = None
-    if target_problems is not None and not any(p.field == "target.name" for p in problems):
-        problems.extend(target_problems(cfg))
-    from ..families import config_problems as family_problems  # the checkpoint's family vs target/recipe (docs/models.md)
-
-    problems.extend(p for p in family_problems(cfg) if not any(q.field == p.field and q.message == p.message for q in problems))
     if problems and raise_on_error:
         raise ConfigError(problems)
     return problems

@@ -279,8 +279,9 @@ def print_console(rep: dict[str, Any], console: Any) -> None:
 
 
 def write_all(out: Path, rep: dict[str, Any], latencies: dict[str, list[float]]) -> None:
+    from ..artifacts import EvalArtifact as E
     from ..store import write_json_atomic
 
-    write_json_atomic(out / "eval_report.json", rep)
-    (out / "eval_report.md").write_text(to_markdown(rep), encoding="utf-8")
-    (out / "eval_report.html").write_text(to_html(rep, latencies), encoding="utf-8")
+    write_json_atomic(out / E.REPORT_JSON, rep)
+    (out / E.REPORT_MD).write_text(to_markdown(rep), encoding="utf-8")
+    (out / E.REPORT_HTML).write_text(to_html(rep, latencies), encoding="utf-8")

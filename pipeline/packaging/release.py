@@ -20,6 +20,7 @@ import tarfile
 from pathlib import Path
 from typing import Iterable
 
+from ..artifacts import PackageArtifact
 from ..errors import InputError
 from ..store import sha256_file
 
@@ -279,13 +280,13 @@ def verify_release_archive(archive: str | os.PathLike) -> dict:
     sha256 that differs.
     """
     archive = Path(archive)
-    sums_path = archive.parent / "SHA256SUMS"
+    sums_path = archive.parent / PackageArtifact.SHA256SUMS
     if not sums_path.is_file():
         raise InputError(f"{archive}: no SHA256SUMS beside it, so its integrity cannot be checked; refusing to serve it. "
                          f"Fix: keep the release folder together (<name>.tar.gz, SHA256SUMS, release_manifest.json).")
     sums = read_sha256sums(sums_path)
     manifest: dict = {}
-    for f in (archive, archive.parent / "release_manifest.json"):
+    for f in (archive, archive.parent / PackageArtifact.RELEASE_MANIFEST):
         if f != archive and not f.is_file():
             continue
         want = sums.get(f.name)
@@ -319,7 +320,7 @@ def verify_extracted_release(root: Path, manifest: dict) -> None:
     inner_doc = json.loads(inner[0].read_text(encoding="utf-8"))
     if manifest and inner_doc != manifest:
         raise InputError(f"{inner[0]}: differs from the release_manifest.json beside the archive; refusing to serve it.")
-    repo = inner[0].parent / "model_repository"
+    repo = PackageArtifact(inner[0].parent).model_repository
     files = tree_files(repo) if repo.is_dir() else {}
     recorded = inner_doc.get("repository_files")
     if isinstance(recorded, dict):

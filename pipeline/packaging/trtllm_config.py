@@ -311,7 +311,9 @@ def read_measurement(evaluate_dir: Path | None) -> dict[str, Any] | None:
         return None
     import json
 
-    p = Path(evaluate_dir) / "eval_report.json"
+    from ..artifacts import EvalArtifact
+
+    p = EvalArtifact(Path(evaluate_dir)).report_path
     if not p.is_file():
         return None
     try:

@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             console.print(f"[bold red]{msg}[/]")
         return EXIT_INPUT
 
-    from ..config import validate
+    from ..validation import validate
     from .plan import plan
     from .render import render
 

@@ -80,10 +80,14 @@ def load_shape(cfg: Any) -> tuple[ModelShape, str]:
     raise InputError("model: neither model.path nor model.hf_config is set. Pass model.path=/path/to/checkpoint or a preset (model=llama31_8b).")
 
 
-def resolve_target(cfg: Any) -> tuple[str, GPU | None, str]:
-    """(kind, gpu, why): kind is ``gpu`` or ``cpu``; ``gpu`` is ``None`` when none is named or visible.
+def plan_device(cfg: Any) -> tuple[str, GPU | None, str]:
+    """(kind, gpu, why) of the hardware to plan for: kind is ``gpu`` or ``cpu`` (the device of the target that
+    :func:`pipeline.targets.resolve_target` picks, so the plan and the build agree); ``gpu`` is the named
+    (``target.gpu``) or local GPU, ``None`` when none is named or visible.
 
-    Raises :class:`InputError` for an unknown ``target.gpu`` name (listing the catalogue)."""
+    Raises :class:`InputError` for an unknown ``target.gpu`` name (listing the catalogue) or ``target.name``."""
+    from ..targets import resolve_target
+
     t = cfg.target
     named = None
     if t.gpu:
@@ -91,19 +95,16 @@ def resolve_target(cfg: Any) -> tuple[str, GPU | None, str]:
             named = lookup(t.gpu)
         except KeyError as e:
             raise InputError(f"target.gpu={t.gpu!r}: {e.args[0]}. Fix: target.gpu=<one of them>") from None
-    wants_gpu = t.name == "tensorrt_llm" or (t.name == "onnxruntime_genai" and t.execution_provider == "cuda")
-    if t.name == "auto" and named is not None:
-        wants_gpu = True
-    if t.name == "onnxruntime_genai" and t.execution_provider == "cpu":
-        return "cpu", None, "target onnxruntime_genai on the CPU"
+    name, reason = resolve_target(cfg)
+    if name == "onnxruntime_genai" and t.execution_provider == "cpu":
+        why = "target onnxruntime_genai on the CPU" if t.name != "auto" else f"{reason}"
+        return "cpu", None, why
     if named is not None:
         return "gpu", named, f"target.gpu={t.gpu}"
     local = local_gpus()
     if local:
         return "gpu", local[0][1], f"local GPU 0 ({local[0][0].get('name')})"
-    if wants_gpu:
-        return "gpu", None, f"target {t.name} needs a GPU, none is named (target.gpu) or visible"
-    return "cpu", None, "no GPU named or visible: target auto resolves to onnxruntime_genai on the CPU"
+    return "gpu", None, f"target {name} needs a GPU, none is named (target.gpu) or visible"
 
 
 # --------------------------------------------------------------------------- host
@@ -411,7 +412,7 @@ def plan(cfg: Any) -> Plan:
     Raises :class:`InputError` when the model's config.json cannot be read or ``target.gpu`` is
     unknown.  Does not import torch; on a CPU target it measures host bandwidth (~0.2 s, cached)."""
     shape, src = load_shape(cfg)
-    kind, gpu, why = resolve_target(cfg)
+    kind, gpu, why = plan_device(cfg)
     k = _knobs(cfg, kind)
     b = cfg.build
     model = {
@@ -589,8 +590,11 @@ def _cpu_plan(p: Plan, shape: ModelShape, k: _Knobs) -> Plan:
     elif avail and need > avail:
         p.warnings.append(f"weights + KV for {k.max_batch_size} x {k.max_seq_len} tokens + activations need {_gib(need)}; "
                           f"{_gib(avail)} is available now. Fix: lower build.max_batch_size or build.max_seq_len.")
-    if k.recipe in ("fp8", "w4a8_awq"):
-        p.notes.append(f"quant.recipe={k.recipe}: FP8 has no CPU kernels in onnxruntime-genai (CUDA EP only); "
+    from ..targets import get_target
+
+    refusal = get_target("onnxruntime_genai").capabilities().recipe_refusal(k.recipe)
+    if refusal is not None:
+        p.notes.append(f"quant.recipe={k.recipe}: target onnxruntime_genai cannot run it ({refusal}); "
                        "the sizes assume the recipe's packed weights.")
     p.status = "refused" if p.refusals else ("warn" if p.warnings else "ok")
     return p

@@ -122,11 +122,15 @@ def _parallel_problems(cfg: Any, shape: Any) -> list[Problem]:
 
 def _gpu_problems(cfg: Any) -> list[Problem]:
     from .gpus import KV_MIN_SM, RECIPE_MIN_SM
-    from .plan import resolve_target
+    from .plan import plan_device
 
+    from ..targets import TARGETS
+
+    if cfg.target.name != "auto" and cfg.target.name not in TARGETS:
+        return []  # the target.name field check reports it
     try:
-        kind, gpu, _why = resolve_target(cfg)
-    except PipelineError as e:
+        kind, gpu, _why = plan_device(cfg)
+    except PipelineError:
         from .gpus import CATALOGUE
 
         return [Problem("target.gpu", cfg.target.gpu, "is not in the GPU catalogue.", f"use one of {sorted(CATALOGUE)}")]

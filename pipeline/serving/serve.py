@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..artifacts import PackageArtifact
 from ..errors import EXIT_INPUT, InputError, PipelineError
 
 
@@ -32,7 +33,7 @@ def _complete_package_artifacts(store: Path) -> list[Path]:
     """Published, trusted package artifacts (never ``.tmp-*`` staging folders), oldest first."""
     from ..store import ArtifactStore
 
-    return [a.path for a in ArtifactStore(store).published("package") if (a.path / "model_repository").is_dir()]
+    return [a.path for a in ArtifactStore(store).published("package") if PackageArtifact(a.path).model_repository.is_dir()]
 
 
 def find_latest_repository(store_dir: str | None) -> Path | None:
@@ -43,7 +44,7 @@ def find_latest_repository(store_dir: str | None) -> Path | None:
     if store is None or not store.is_dir():
         return None
     arts = _complete_package_artifacts(store)
-    return arts[-1] / "model_repository" if arts else None
+    return PackageArtifact(arts[-1]).model_repository if arts else None
 
 
 def resolve_repository(arg: str | None, store_dir: str | None) -> Path:
@@ -76,7 +77,8 @@ def resolve_repository(arg: str | None, store_dir: str | None) -> Path:
 
 
 def release_manifest(repo: Path) -> dict[str, Any]:
-    for p in (repo.parent / "release_manifest.json", repo.parent / "release" / "release_manifest.json"):
+    pkg = PackageArtifact(repo.parent)
+    for p in (pkg.release_manifest_path, pkg.release_dir / PackageArtifact.RELEASE_MANIFEST):
         if p.is_file():
             return json.loads(p.read_text(encoding="utf-8"))
     return {}

@@ -18,16 +18,16 @@ from . import Stage, StageContext
 
 
 def _inputs(ctx: StageContext):
+    from ..artifacts import BuildArtifact, ExportArtifact, PackageArtifact, target_of
     from ..bench.core import BenchInputs
-    from .evaluate import engine_limits, model_info, target_name
 
     cfg = ctx.cfg
-    exp, bld = ctx.inputs["export"], ctx.inputs["build"]
+    exp, bld = ExportArtifact(ctx.inputs["export"].path), ctx.inputs["build"]
     pkg = ctx.inputs.get("package")
-    limits = engine_limits(bld, cfg)
-    target = target_name(cfg, bld)
-    engine_dir = bld.path / "engine"
-    repo = pkg.path / "model_repository" if pkg is not None else None
+    limits = BuildArtifact(bld.path).limits(bld.result, cfg.build)
+    target = target_of(bld, cfg.target.name)
+    engine_dir = BuildArtifact(bld.path).engine_dir
+    repo = PackageArtifact(pkg.path).model_repository if pkg is not None else None
 
     def load_runner() -> Any:
         from ..targets import get_target
@@ -35,7 +35,7 @@ def _inputs(ctx: StageContext):
         return get_target(target).load_runner(engine_dir)
 
     return BenchInputs(
-        hf_dir=exp.path / "hf", model_info=model_info(exp.path), engine_dir=engine_dir if engine_dir.is_dir() else None,
+        hf_dir=exp.hf_dir, model_info=exp.model_info(), engine_dir=engine_dir if engine_dir.is_dir() else None,
         model_repository=repo, eval_set=ctx.external.get("eval_set"), corpus=ctx.external.get("corpus"), target=target,
         max_input_len=limits.get("max_input_len"), max_seq_len=limits.get("max_seq_len"), max_batch_size=limits.get("max_batch_size"),
         describe={"model_name": cfg.model.name, "quant_recipe": cfg.quant.recipe, "kv_cache": getattr(cfg.quant, "kv_cache", None),

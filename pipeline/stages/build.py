@@ -15,6 +15,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from ..artifacts import BuildArtifact
 from ..store import write_json_atomic
 from . import Stage, StageContext
 
@@ -52,11 +53,12 @@ def _run(ctx: StageContext) -> dict[str, Any]:
     export = ctx.inputs["export"].path
     assert ctx.out is not None
     target.preflight(ctx.cfg, quant, ctx.out)
-    (ctx.out / "build.log").touch()
+    out = BuildArtifact(ctx.out)
+    out.build_log_path.touch()
     with ctx.progress(f"building {name} engine", None):
         info = target.build(ctx.cfg, quant, ctx.out, ctx.log, export_dir=export)
     info["target_reason"] = reason
-    write_json_atomic(ctx.out / "build_info.json", info)
+    write_json_atomic(out.build_info_path, info)
     engine_mb = round(info["engine_bytes"] / 1e6, 3)
     ctx.console.print(f"  engine: {engine_mb} MB in {info['build_s']:.1f} s  limits={info['limits']}")
     return {"headline": {"target": name, "engine_mb": engine_mb}, "limits": info["limits"], "target": name,

@@ -17,6 +17,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+from ..artifacts import BuildArtifact, EvalArtifact, ExportArtifact, target_of
 from ..config.common import key_fields
 from ..errors import InputError
 from ..store import sha256_file
@@ -26,68 +27,34 @@ REPORT_SCHEMA = "pipeline.eval_report/v1"
 
 
 # --------------------------------------------------------------------------- inputs
-def model_info(export_dir: Path) -> dict[str, Any]:
-    """``model_info.json`` of the export artifact; for an export without it, the eos/pad/bos ids are read
-    from ``hf/generation_config.json`` and ``hf/config.json`` (generation_config wins)."""
-    p = export_dir / "model_info.json"
-    if p.exists():
-        return json.loads(p.read_text(encoding="utf-8"))
-    info: dict[str, Any] = {}
-    for name in ("config.json", "generation_config.json"):
-        f = export_dir / "hf" / name
-        if f.exists():
-            d = json.loads(f.read_text(encoding="utf-8"))
-            for k in ("eos_token_id", "pad_token_id", "bos_token_id"):
-                if d.get(k) is not None:
-                    info[k] = d[k]
-    eos = info.pop("eos_token_id", None)
-    info["eos_token_ids"] = eos if isinstance(eos, list) else ([eos] if eos is not None else [])
-    return info
-
-
 def engine_limits(build_art: Any, cfg: Any) -> dict[str, Any]:
-    """Engine limits (max_input_len, max_seq_len, max_batch_size) from the build artifact's
-    ``build_info.json`` ``limits`` (else its manifest result ``limits``, else the build config)."""
-    limits: dict[str, Any] = {}
-    if build_art is not None:
-        bi = build_art.path / "build_info.json"
-        if bi.exists():
-            limits = dict(json.loads(bi.read_text(encoding="utf-8")).get("limits") or {})
-        if not limits:
-            limits = dict(build_art.result.get("limits") or {})
-    for k in ("max_input_len", "max_seq_len", "max_batch_size"):
-        limits.setdefault(k, getattr(cfg.build, k))
-    return limits
-
-
-def build_info(build_art: Any) -> dict[str, Any]:
+    """Engine limits (max_input_len, max_seq_len, max_batch_size) of the build artifact (``BuildArtifact.limits``),
+    else the build config's."""
     if build_art is None:
-        return {}
-    bi = build_art.path / "build_info.json"
-    return json.loads(bi.read_text(encoding="utf-8")) if bi.exists() else {}
+        return {k: getattr(cfg.build, k) for k in BuildArtifact.LIMIT_KEYS}
+    return BuildArtifact(build_art.path).limits(build_art.result, cfg.build)
 
 
 def target_name(cfg: Any, build_art: Any) -> str:
-    bi = build_info(build_art)
-    head = (build_art.result.get("headline") or {}) if build_art is not None else {}
-    return str(bi.get("target") or head.get("target") or cfg.target.name)
+    return target_of(build_art, cfg.target.name)
 
 
 def engine_usable(cfg: Any, build_art: Any) -> tuple[bool, str]:
     """Can the ``engine`` runner run this recipe here? (usable, reason)."""
-    if build_art is None or not (build_art.path / "engine").is_dir():
+    if build_art is None or not BuildArtifact(build_art.path).engine_dir.is_dir():
         return False, "the build artifact has no engine/ folder"
     name = target_name(cfg, build_art)
-    try:
-        from ..targets import get_target
+    from ..errors import InputError
+    from ..targets import get_target
 
+    try:
         tgt = get_target(name)
-    except (ImportError, KeyError, AttributeError) as e:
+    except InputError as e:
         return False, f"build target {name!r} is not available ({e})"
-    recipes = getattr(tgt, "supported_recipes", None)
-    if recipes is not None and cfg.quant.recipe not in recipes:
-        return False, f"target {name!r} cannot run recipe {cfg.quant.recipe!r} (supports {list(recipes)})"
-    ok, why = tgt.available() if hasattr(tgt, "available") else (True, "")
+    refusal = tgt.capabilities(cfg).recipe_refusal(cfg.quant.recipe)
+    if refusal is not None:
+        return False, f"target {name!r} cannot run recipe {cfg.quant.recipe!r}: {refusal}"
+    ok, why = tgt.available()
     if not ok:
         return False, f"target {name!r} is not usable here: {why}"
     return True, f"target {name!r} runs recipe {cfg.quant.recipe!r}"
@@ -134,7 +101,7 @@ def _make_runner(name: str, ctx: StageContext, tokenizer: Any, stop_ids: list[in
         from ..targets import get_target
 
         build_art = ctx.inputs["build"]
-        runner = get_target(target_name(ctx.cfg, build_art)).load_runner(build_art.path / "engine")
+        runner = get_target(target_name(ctx.cfg, build_art)).load_runner(BuildArtifact(build_art.path).engine_dir)
         return EngineAdapter(runner, tokenizer, stop_ids=stop_ids)
     raise InputError(f"eval.runners: unknown runner {name!r}. Fix: use baseline, engine or simulated.")
 
@@ -223,8 +190,8 @@ def _evaluate(ctx: StageContext) -> dict[str, Any]:
     items = load_eval_set(eval_path, limit=e.limit)
     export_dir = ctx.inputs["export"].path
     build_art = ctx.inputs.get("build")
-    info = model_info(export_dir)
-    tokenizer = load_tokenizer(export_dir / "hf")
+    info = ExportArtifact(export_dir).model_info()
+    tokenizer = load_tokenizer(ExportArtifact(export_dir).hf_dir)
     stop_ids = stop_token_ids(info, list(getattr(cfg.model, "extra_stop_token_ids", []) or []))
     pad_id = _pad_id(info, tokenizer, stop_ids)
     limits = engine_limits(build_art, cfg)
@@ -355,7 +322,7 @@ def _evaluate(ctx: StageContext) -> dict[str, Any]:
     }
     out = ctx.out
     assert out is not None
-    with open(out / "outputs.jsonl", "w", encoding="utf-8") as f:
+    with open(EvalArtifact(out).outputs_path, "w", encoding="utf-8") as f:
         for p in prepared:
             base = {"id": p.item.id, "slice": p.item.slice, "metric": p.item.metric, "prompt_tokens": len(p.input_ids)}
             if p.skipped:
@@ -388,7 +355,7 @@ def _evaluate(ctx: StageContext) -> dict[str, Any]:
                "fidelity": {"kld_mean": fo["kld"]["mean"], "kld_se": fo["kld"]["se"], "top1": fo["top1"],
                             "ln_ppl_ratio": fo["ln_ppl_ratio"], "positions": fo["positions"]} if fo.get("positions") else None}
     return {"gate": {"passed": verdict["passed"], "reason": verdict["reason"], **summary}, "headline": headline,
-            "skipped_too_long": len(too_long), "evaluated": n_run, "candidate": cand, "report": "eval_report.json"}
+            "skipped_too_long": len(too_long), "evaluated": n_run, "candidate": cand, "report": EvalArtifact.REPORT_JSON}
 
 
 def _heldout_samples(ctx: StageContext, tokenizer: Any) -> list[list[int]]:

@@ -14,35 +14,20 @@ release file is written; a problem raises ``InputError`` (exit 2) or ``Preflight
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
 
+from ..artifacts import BuildArtifact, ExportArtifact
 from ..errors import GateFailed, InputError
 from . import Stage, StageContext
 
 LIBRARIES = ("tritonclient", "protobuf", "onnxruntime-genai", "tokenizers")
 
 
-def _read_json(p: Path) -> dict[str, Any]:
-    try:
-        return json.loads(p.read_text(encoding="utf-8")) if p.is_file() else {}
-    except ValueError as e:
-        raise InputError(f"{p}: not valid JSON ({e}). Fix: rebuild the upstream artifact.") from e
-
-
 def model_info(export_dir: Path) -> dict[str, Any]:
-    """``model_info.json`` of the export artifact, else ids read from the checkpoint's config/tokenizer files."""
-    mi = _read_json(export_dir / "model_info.json")
-    if mi:
-        return mi
-    cfg = _read_json(export_dir / "hf" / "config.json")
-    gen = _read_json(export_dir / "hf" / "generation_config.json")
-    eos = gen.get("eos_token_id", cfg.get("eos_token_id"))
-    return {"eos_token_ids": eos if isinstance(eos, list) else ([eos] if eos is not None else []),
-            "pad_token_id": gen.get("pad_token_id", cfg.get("pad_token_id")), "bos_token_id": gen.get("bos_token_id", cfg.get("bos_token_id")),
-            "architecture": (cfg.get("architectures") or [None])[0]}
+    """``model_info.json`` of the export artifact (:meth:`pipeline.artifacts.ExportArtifact.model_info`)."""
+    return ExportArtifact(export_dir).model_info()
 
 
 def release_name(cfg: Any) -> str:
@@ -94,10 +79,10 @@ def package(ctx: StageContext) -> dict[str, Any]:
     assert ctx.out is not None
     gate = _gate(ctx)
     build, export = ctx.inputs["build"], ctx.inputs["export"]
-    bi = _read_json(build.path / "build_info.json")
+    bi = BuildArtifact(build.path).build_info()
     if not bi:
         raise InputError(f"{build.path}/build_info.json is missing. Fix: rebuild with the build stage.")
-    engine_dir = build.path / "engine"
+    engine_dir = BuildArtifact(build.path).engine_dir
     if not engine_dir.is_dir():
         raise InputError(f"{engine_dir} is missing: the build artifact has no engine. Fix: rebuild with the build stage.")
     mi = model_info(export.path)

@@ -5,21 +5,26 @@
 | ``onnxruntime_genai`` | a real ONNX Runtime GenAI engine (model builder + continuous-batching ``og.Engine``) | CPU (or CUDA EP) |
 | ``tensorrt_llm`` | a TensorRT-LLM 1.2.x engine with ``trtllm-build`` (``target.backend=tensorrt``), or the LLM-API options of the PyTorch backend (``target.backend=pytorch``) | NVIDIA GPU host |
 
-``target=auto`` resolves to ``tensorrt_llm`` when the ``tensorrt_llm`` package is installed *and* an
-NVIDIA GPU is visible, else to ``onnxruntime_genai``; :func:`resolve_target` says which and why.
-Importing this package imports neither torch nor any target library.
+Each target declares what it can do (:class:`~pipeline.targets.base.Capabilities`: recipes, KV-cache dtypes,
+beam search, logits, sliding window, streaming, max batch); :func:`capabilities` is the one place the planner,
+config validation, preflight and the evaluate stage ask. The registry names: ``onnxruntime_genai``,
+``tensorrt_llm`` (engine path) and ``tensorrt_llm_pytorch`` (``target=tensorrt_llm target.backend=pytorch``).
+
+``target=auto`` resolves (:func:`resolve_target`, the only resolver; the planner uses it too) to ``tensorrt_llm``
+when ``target.gpu`` names a GPU, or when the ``tensorrt_llm`` package is installed *and* an NVIDIA GPU is
+visible; else to ``onnxruntime_genai``. Importing this package imports neither torch nor any target library.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from ..config import PipelineConfig
     from ..config.common import Problem
-    from .base import Target
+    from .base import Capabilities, Target
 
 TARGETS: dict[str, str] = {
     "onnxruntime_genai": "pipeline.targets.onnxruntime_genai",
@@ -58,28 +63,78 @@ def tensorrt_llm_installed() -> bool:
         return False
 
 
-def resolve_target(cfg: "PipelineConfig") -> tuple[str, str]:
-    """``(name, reason)`` of the target a run uses.
+class Resolution(NamedTuple):
+    """The target a run uses (``name`` in :data:`TARGETS`) and why (printed and recorded in build_info.json)."""
 
-    ``auto``: ``tensorrt_llm`` when it is installed and ``nvidia-smi``/torch sees a GPU, else
-    ``onnxruntime_genai``. An explicit name is returned as is (validated by :func:`get_target`).
+    name: str
+    reason: str
+
+
+def resolve_target(cfg: "PipelineConfig") -> Resolution:
+    """``(name, reason)`` of the target a run uses; the one resolver (build, preflight, planner, families).
+
+    ``auto``: ``tensorrt_llm`` when ``target.gpu`` names a GPU (a plan or build for that GPU), or when
+    ``tensorrt_llm`` is installed and ``nvidia-smi``/torch sees a GPU; else ``onnxruntime_genai``. An explicit
+    name is returned as is (validated by :func:`get_target`).
+
+    Raises:
+        InputError: unknown ``target.name``.
     """
     name = cfg.target.name
     if name != "auto":
         get_target(name)
-        return name, f"target.name={name} was set explicitly"
+        return Resolution(name, f"target.name={name} was set explicitly")
+    if cfg.target.gpu:
+        return Resolution("tensorrt_llm", f"target=auto: target.gpu={cfg.target.gpu} names an NVIDIA GPU -> tensorrt_llm")
     from ..hostinfo import gpus
 
     trt = tensorrt_llm_installed()
     g = gpus()
     if trt and g:
-        return "tensorrt_llm", f"target=auto: tensorrt_llm is installed and a GPU is visible ({g[0]['name']}, SM {g[0]['compute_capability']})"
+        return Resolution("tensorrt_llm", f"target=auto: tensorrt_llm is installed and a GPU is visible ({g[0]['name']}, "
+                                          f"SM {g[0]['compute_capability']})")
     why = []
     if not trt:
         why.append("tensorrt_llm is not installed")
     if not g:
         why.append("no NVIDIA GPU is visible")
-    return "onnxruntime_genai", "target=auto: " + " and ".join(why) + " -> onnxruntime_genai (CPU engine)"
+    return Resolution("onnxruntime_genai", "target=auto: " + " and ".join(why) + " -> onnxruntime_genai (CPU engine)")
+
+
+def capabilities(cfg: "PipelineConfig") -> "Capabilities":
+    """What the target ``cfg`` resolves to can do (its backend's capabilities for ``tensorrt_llm``).
+
+    Raises:
+        InputError: unknown ``target.name``.
+    """
+    return get_target(resolve_target(cfg).name).capabilities(cfg)
+
+
+def all_capabilities() -> dict[str, "Capabilities"]:
+    """Registry name -> capabilities, for every target and backend (README table, tests)."""
+    from types import SimpleNamespace
+
+    out: dict[str, "Capabilities"] = {}
+    for name in TARGETS:
+        t = get_target(name)
+        for backend in ("tensorrt", "pytorch") if name == "tensorrt_llm" else ("default",):
+            c = t.capabilities(SimpleNamespace(target=SimpleNamespace(backend=backend)))  # type: ignore[arg-type]
+            out[c.name] = c
+    return out
+
+
+def capabilities_table() -> str:
+    """The Markdown table of :func:`all_capabilities` that docs/build.md carries (a test keeps them equal)."""
+    def yn(b: bool) -> str:
+        return "yes" if b else "no"
+
+    rows = ["| target | recipes | refused (reason in `pipeline.targets.capabilities`) | KV cache | beam search | logits | "
+            "sliding window | streaming | max batch |", "|---|---|---|---|---|---|---|---|---|"]
+    for c in all_capabilities().values():
+        rows.append(f"| `{c.name}` | {', '.join(c.recipes)} | {', '.join(sorted(c.refused_recipes)) or '-'} | "
+                    f"{', '.join(c.kv_cache_dtypes)} | {yn(c.beam_search)} | {yn(c.logits)} | {yn(c.sliding_window)} | "
+                    f"{yn(c.streaming)} | {c.max_batch_size or 'no limit'} |")
+    return "\n".join(rows)
 
 
 def needs_build(cfg: "PipelineConfig") -> bool:
@@ -90,7 +145,7 @@ def needs_build(cfg: "PipelineConfig") -> bool:
 
 
 def config_problems(cfg: "PipelineConfig") -> list["Problem"]:
-    """The resolved target's config-time checks (called from ``pipeline.config.validate``)."""
+    """The resolved target's config-time checks (called from ``pipeline.validation.validate``)."""
     from ..config.common import Problem
     from ..errors import InputError
 
@@ -103,4 +158,4 @@ def config_problems(cfg: "PipelineConfig") -> list["Problem"]:
     return list(get_target(name).check_config(cfg))
 
 
-__all__ = ["TARGETS", "config_problems", "get_target", "known_targets", "needs_build", "resolve_target", "tensorrt_llm_installed"]
+__all__ = ["TARGETS", "Resolution", "all_capabilities", "capabilities", "capabilities_table", "config_problems", "get_target", "known_targets", "needs_build", "resolve_target", "tensorrt_llm_installed"]

@@ -59,12 +59,52 @@ class EngineRunner(Protocol):
     def close(self) -> None: ...
 
 
-class Target(Protocol):
-    """A build target (``onnxruntime_genai``, ``tensorrt_llm``)."""
+@dataclasses.dataclass(frozen=True)
+class Capabilities:
+    """What one target (and backend) can do; the one place config validation, preflight, the planner and the
+    evaluate stage look this up (:func:`pipeline.targets.capabilities`).
+
+    Every recipe the project knows (``pipeline.config.quant.RECIPES``) is either in ``recipes`` or refused
+    with a reason in ``refused_recipes`` (tests/test_target_capabilities.py checks both against ``check_config``).
+    """
 
     name: str
-    supported_recipes: tuple[str, ...]
-    supported_kv_cache: tuple[str, ...]
+    """Registry name: onnxruntime_genai | tensorrt_llm | tensorrt_llm_pytorch."""
+    device: str
+    """Where its engine runs by default: cpu | gpu."""
+    recipes: tuple[str, ...]
+    """``quant.recipe`` values it builds and runs."""
+    refused_recipes: dict[str, str]
+    """recipe -> why this target cannot run it (shown to the user, with the fix)."""
+    kv_cache_dtypes: tuple[str, ...]
+    """``quant.kv_cache`` values its runtime deploys."""
+    beam_search: bool
+    """Builds engines with ``build.max_beam_width`` > 1."""
+    logits: bool
+    """Its engine runner returns teacher-forced logits (the evaluate stage's fidelity metrics)."""
+    sliding_window: bool
+    """Honours a model's ``sliding_window`` (windowed KV cache)."""
+    streaming: bool
+    """Its runner reports each token as it is generated (``on_token``; TTFT/TPOT measurements)."""
+    max_batch_size: int | None
+    """Largest ``build.max_batch_size`` it accepts; ``None`` = no limit of its own."""
+
+    def recipe_refusal(self, recipe: str) -> str | None:
+        """``None`` when ``recipe`` is buildable here, else the reason it is refused."""
+        if recipe in self.recipes:
+            return None
+        return self.refused_recipes.get(recipe, f"target {self.name} does not know recipe {recipe!r} (it supports {list(self.recipes)})")
+
+
+class Target(Protocol):
+    """A build target (``onnxruntime_genai``, ``tensorrt_llm``); implementations in this package, registered in
+    :data:`pipeline.targets.TARGETS` and checked against this protocol by mypy and tests/test_target_capabilities.py."""
+
+    name: str
+
+    def capabilities(self, cfg: "PipelineConfig | None" = None) -> Capabilities:
+        """What this target can do (for ``cfg``'s backend where the target has several)."""
+        ...
 
     def check_config(self, cfg: "PipelineConfig") -> list["Problem"]:
         """Config-time checks (recipe supported, limits consistent); no heavy imports."""
@@ -74,12 +114,19 @@ class Target(Protocol):
         """(usable here, reason) - e.g. (False, "tensorrt_llm is not installed")."""
         ...
 
-    def preflight(self, cfg: "PipelineConfig", checkpoint: Path) -> None:
+    def plan(self, cfg: "PipelineConfig", checkpoint: Path | None, export_dir: Path | None, out: Path | None) -> dict[str, Any]:
+        """What :meth:`build` would do (``dry_run``): the command or options, no side effects."""
+        ...
+
+    def preflight(self, cfg: "PipelineConfig", checkpoint: Path, out: Path | None = None) -> None:
         """Raise PreflightError with the fix when this machine cannot build."""
         ...
 
-    def build(self, cfg: "PipelineConfig", checkpoint: Path, out: Path, log: Any) -> dict[str, Any]:
+    def build(self, cfg: "PipelineConfig", checkpoint: Path, out: Path, log: Any = None, *, export_dir: Path | None = None,
+              progress: Any = None) -> dict[str, Any]:
         """Build the engine into ``out/engine`` and return build_info (also written to out/build_info.json)."""
         ...
 
-    def load_runner(self, engine_dir: Path, **kw: Any) -> EngineRunner: ...
+    def load_runner(self, engine_dir: Path, **kw: Any) -> Any:
+        """An :class:`EngineRunner` over the built engine."""
+        ...

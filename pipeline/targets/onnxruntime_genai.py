@@ -31,15 +31,31 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..artifacts import BuildArtifact
 from ..config.common import Problem
 from ..errors import InputError, PipelineError, PreflightError
-from .base import GenerationRequest, GenerationResult, TokenCallback
+from .base import Capabilities, GenerationRequest, GenerationResult, Target, TokenCallback
 
 log = logging.getLogger("pipeline.targets.onnxruntime_genai")
 
 SUPPORTED_RECIPES = ("none", "int4_awq", "int4_rtn", "int4_wo", "int8_wo")
 """Recipes whose weights this target deploys unchanged: float, and integer weight-only (MatMulNBits 4/8 bit)."""
-LIMITS_FILE = "engine_limits.json"
+_NO_ACT_QUANT = "it needs activation quantization kernels (FP8 or INT8 activations) onnxruntime-genai's MatMulNBits does not have"
+CAPABILITIES = Capabilities(
+    name="onnxruntime_genai", device="cpu", recipes=SUPPORTED_RECIPES,
+    refused_recipes={
+        "fp8": _NO_ACT_QUANT, "int8_sq": _NO_ACT_QUANT, "w4a8_awq": _NO_ACT_QUANT,
+        "auto": "it mixes per-layer weight formats (int4/int8/float), and this target's converter writes one weight format per model",
+    },
+    kv_cache_dtypes=("none",),
+    beam_search=False,   # OrtEngineRunner is greedy; check_config refuses build.max_beam_width != 1
+    logits=True,         # next_token_logits / og_teacher_forced_logits (pipeline.evaluation.runners)
+    sliding_window=True,  # the model builder reads config.json sliding_window (families.py refuses the broken batch>1 case)
+    streaming=True,      # og.Engine token events -> on_token
+    max_batch_size=None,
+)
+"""What this target can do (pipeline.targets.capabilities)."""
+LIMITS_FILE = BuildArtifact.ENGINE_LIMITS
 BUILDER = "onnxruntime_genai.models.builder"
 
 
@@ -78,8 +94,9 @@ def set_runtime_limits(engine: Path, *, max_batch_size: int, max_seq_len: int) -
 
 class OnnxRuntimeGenAITarget:
     name = "onnxruntime_genai"
-    supported_recipes = SUPPORTED_RECIPES
-    supported_kv_cache = ("none",)
+
+    def capabilities(self, cfg: Any = None) -> Capabilities:
+        return CAPABILITIES
 
     # ------------------------------------------------------------------ config time
     def check_config(self, cfg: Any) -> list[Problem]:
@@ -87,11 +104,14 @@ class OnnxRuntimeGenAITarget:
         q, b = cfg.quant, cfg.build
         p: list[Problem] = []
         fix = f"use quant=<one of {list(SUPPORTED_RECIPES)}> with target=onnxruntime_genai, or target=tensorrt_llm on an NVIDIA GPU"
-        if q.recipe not in SUPPORTED_RECIPES:
+        refusal = CAPABILITIES.recipe_refusal(q.recipe)
+        if refusal is not None:
             p.append(Problem("quant.recipe", q.recipe,
-                             f"target onnxruntime_genai cannot execute this recipe (it needs activation quantization kernels "
-                             f"onnxruntime-genai does not have on {cfg.target.execution_provider}); it supports {list(SUPPORTED_RECIPES)}.", fix))
-        if q.kv_cache != "none":
+                             f"target onnxruntime_genai cannot execute this recipe on {cfg.target.execution_provider} ({refusal}); "
+                             f"it supports {list(SUPPORTED_RECIPES)}.",
+                             fix + (" (to measure quant=auto on CPU: stages=[export,quantize,evaluate] eval.runners=[baseline,simulated])"
+                                    if q.recipe == "auto" else "")))
+        if q.kv_cache not in CAPABILITIES.kv_cache_dtypes:
             p.append(Problem("quant.kv_cache", q.kv_cache, "target onnxruntime_genai deploys an unquantized KV cache only.",
                              "set quant.kv_cache=none"))
         if q.recipe != "none" and q.sensitive_preset != "none":
@@ -119,11 +139,10 @@ class OnnxRuntimeGenAITarget:
         return p
 
     def available(self) -> tuple[bool, str]:
-        try:
-            import importlib.metadata as md
+        from ..hostinfo import installed_version
 
-            v = md.version("onnxruntime-genai")
-        except Exception:  # noqa: BLE001
+        v = installed_version("onnxruntime-genai")
+        if v is None:
             return False, "onnxruntime-genai is not installed (pip install onnxruntime-genai onnx onnx-ir onnxscript)"
         return True, f"onnxruntime-genai {v}"
 
@@ -175,10 +194,10 @@ class OnnxRuntimeGenAITarget:
         t0 = time.time()
         checkpoint = Path(checkpoint)
         out = Path(out)
-        engine = out / "engine"
+        engine = BuildArtifact(out).engine_dir
         work = out / ".work"
         work.mkdir(parents=True, exist_ok=True)
-        logf = out / "build.log"
+        logf = BuildArtifact(out).build_log_path
         ep = cfg.target.execution_provider
         rec = cfg.quant.recipe
         if rec not in SUPPORTED_RECIPES:
@@ -499,4 +518,4 @@ class OrtEngineRunner:
         self.close()
 
 
-TARGET = OnnxRuntimeGenAITarget()
+TARGET: Target = OnnxRuntimeGenAITarget()

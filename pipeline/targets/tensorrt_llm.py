@@ -23,7 +23,6 @@ Facts used (``shared/reference/tensorrt_llm.md``; section numbers below refer to
 
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 import json
 import logging
@@ -36,8 +35,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..artifacts import BuildArtifact, QuantizeArtifact
 from ..config.common import Problem
 from ..errors import InputError, PipelineError, PreflightError
+from .base import Capabilities, Target
 
 log = logging.getLogger("pipeline.targets.tensorrt_llm")
 
@@ -82,6 +83,27 @@ SPEC_MODES = {"draft_tokens_external": "draft_tokens_external", "medusa": "medus
 SCHEDULER_POLICY = {"guaranteed_no_evict": "GUARANTEED_NO_EVICT", "max_utilization": "MAX_UTILIZATION"}
 
 
+def _capabilities(name: str) -> Capabilities:
+    """Capabilities of the engine path (``tensorrt_llm``) or the PyTorch backend (``tensorrt_llm_pytorch``).
+
+    Recipes: those with a checkpoint ``quant_algo`` in :data:`RECIPE_QUANT_ALGO`; every other known recipe is
+    refused with the reason below. Both backends read the same ModelOpt checkpoint, so they share the recipe list.
+    """
+    from ..config.quant import RECIPES
+
+    refused = {r: ("TensorRT-LLM has no checkpoint quant_algo for it in this target (RECIPE_QUANT_ALGO); "
+                   f"use one of {list(RECIPE_QUANT_ALGO)}") for r in RECIPES if r not in RECIPE_QUANT_ALGO}
+    return Capabilities(
+        name=name, device="gpu", recipes=tuple(RECIPE_QUANT_ALGO), refused_recipes=refused,
+        kv_cache_dtypes=tuple(KV_MIN_SM),
+        beam_search=True,         # trtllm-build --max_beam_width; the evaluate/benchmark runner itself decodes greedily
+        logits=True,              # context/generation logits (build.gather_context_logits; pipeline.evaluation.trtllm_runner)
+        sliding_window=True,      # max_attention_window_size (package.runtime; sliding_window() below)
+        streaming=True,           # decoupled Triton model / LLM API streaming
+        max_batch_size=None,
+    )
+
+
 def _ver_tuple(v: str) -> tuple[int, ...]:
     out = []
     for part in v.split(".")[:3]:
@@ -93,12 +115,13 @@ def _ver_tuple(v: str) -> tuple[int, ...]:
 
 
 def installed_version() -> str | None:
-    """Installed TensorRT-LLM version, or None (checked without importing tensorrt_llm)."""
-    for dist in ("tensorrt-llm", "tensorrt_llm"):
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            continue
+    """Installed TensorRT-LLM version, ``"unknown"`` when importable without package metadata, or None (checked
+    without importing tensorrt_llm)."""
+    from ..hostinfo import installed_version as _installed
+
+    v = _installed("tensorrt-llm")
+    if v is not None:
+        return v
     try:
         if importlib.util.find_spec("tensorrt_llm") is not None:
             return "unknown"
@@ -135,14 +158,6 @@ def max_positions(hf: dict[str, Any]) -> tuple[int | None, str]:
     if rtype in ("su", "longrope", "llama3") or factor < 1:
         factor = 1.0
     return int(mpe * factor), f"max_position_embeddings {mpe} x rope factor {factor:g}"
-
-
-def _planner_checks_positions() -> bool:
-    """The planner's cross-field checks (pipeline/planner/validate.py) already report max_seq_len vs positions."""
-    try:
-        return importlib.util.find_spec("pipeline.planner.validate") is not None
-    except (ImportError, ValueError):
-        return False
 
 
 def en(flag: bool) -> str:
@@ -368,8 +383,12 @@ def runtime_problems(cfg: Any) -> list[Problem]:
 
 class TensorRTLLMTarget:
     name = "tensorrt_llm"
-    supported_recipes = tuple(RECIPE_QUANT_ALGO)
-    supported_kv_cache = ("none", "fp8", "int8")
+
+    def capabilities(self, cfg: Any = None) -> Capabilities:
+        """The engine path's capabilities, or the PyTorch backend's when ``cfg.target.backend=pytorch``."""
+        if cfg is not None and cfg.target.backend == "pytorch":
+            return _capabilities("tensorrt_llm_pytorch")
+        return _capabilities("tensorrt_llm")
 
     # ------------------------------------------------------------------ config time
     def check_config(self, cfg: Any) -> list[Problem]:
@@ -422,17 +441,16 @@ class TensorRTLLMTarget:
             p.append(Problem("build.cuda_graph_batch_sizes", list(b.cuda_graph_batch_sizes),
                              "CUDA-graph batch sizes must be >= 1 (sizes above max_batch_size are dropped).",
                              "e.g. build.cuda_graph_batch_sizes=[1,2,4,8]"))
-        if cfg.quant.recipe not in RECIPE_QUANT_ALGO:
-            p.append(Problem("quant.recipe", cfg.quant.recipe, f"target tensorrt_llm supports {list(RECIPE_QUANT_ALGO)}."))
+        caps = self.capabilities(cfg)
+        refusal = caps.recipe_refusal(cfg.quant.recipe)
+        if refusal is not None:
+            p.append(Problem("quant.recipe", cfg.quant.recipe, f"target {caps.name} cannot build this recipe: {refusal}.",
+                             f"use quant=<one of {list(caps.recipes)}>"))
+        if cfg.quant.kv_cache not in caps.kv_cache_dtypes:
+            p.append(Problem("quant.kv_cache", cfg.quant.kv_cache, f"target {caps.name} deploys KV caches {list(caps.kv_cache_dtypes)}.",
+                             "set quant.kv_cache=none"))
         p += runtime_problems(cfg)
-        hf = model_hf_config(cfg) if not _planner_checks_positions() else None
-        if hf is not None and not cfg.allow_unsafe_lengths:
-            lim, why = max_positions(hf)
-            total = b.max_seq_len + (sp.max_draft_len if sp.mode != "none" else 0)
-            if lim is not None and total > lim:
-                p.append(Problem("build.max_seq_len", b.max_seq_len,
-                                 f"max_seq_len{' + max_draft_len' if sp.mode != 'none' else ''} = {total} exceeds the model's {lim} ({why}).",
-                                 f"set build.max_seq_len<={lim - (total - b.max_seq_len)} (or allow_unsafe_lengths=true)"))
+        # max_seq_len (+ draft) vs the model's positions: pipeline/planner/validate.py (one rule, one place)
         return p
 
     def available(self) -> tuple[bool, str]:
@@ -447,7 +465,8 @@ class TensorRTLLMTarget:
 
     def command(self, cfg: Any, checkpoint: Path | str, out: Path | str) -> list[str]:
         """The exact command :meth:`build` runs (backend tensorrt)."""
-        ckpt = Path(checkpoint) / "trtllm_checkpoint" if not str(checkpoint).endswith("trtllm_checkpoint") else Path(checkpoint)
+        T = QuantizeArtifact.TRTLLM_CHECKPOINT
+        ckpt = QuantizeArtifact(Path(checkpoint)).trtllm_checkpoint if not str(checkpoint).endswith(T) else Path(checkpoint)
         return [self.trtllm_build_exe(cfg)] + build_args(cfg, ckpt, Path(out) / "engine", default_timing_cache(cfg))
 
     def plan(self, cfg: Any, checkpoint: Path | None, export_dir: Path | None, out: Path | None) -> dict[str, Any]:
@@ -500,23 +519,20 @@ class TensorRTLLMTarget:
                              f"needs SM >= {need[0]}.{need[1]} (FP8/W4A8 need Ada/Hopper, SM 8.9+). "
                              "Fix: use quant=int4_awq or int8_sq on Ampere, or a newer GPU.")
         if not fails:
+            from ..planner import plan as _plan
+
             try:
-                from ..planner import plan as _plan
-            except ImportError:
-                _plan = None
-            if _plan is not None:
-                try:
-                    pl = _plan(cfg)
-                except PipelineError as e:
-                    log.warning("memory plan unavailable: %s", e)
-                    pl = None
-                if pl is not None and getattr(pl, "status", None) == "refused":
-                    fails.append("the memory plan does not fit: " + " | ".join(getattr(pl, "refusals", [])) + " (see `pipeline plan`).")
+                pl = _plan(cfg)
+            except PipelineError as e:
+                log.warning("memory plan unavailable: %s", e)
+                pl = None
+            if pl is not None and pl.status == "refused":
+                fails.append("the memory plan does not fit: " + " | ".join(pl.refusals) + " (see `pipeline plan`).")
         if fails:
             cmd = shlex.join(self.command(cfg, checkpoint, out or "<build artifact>")) if backend == "tensorrt" else "(PyTorch backend: no trtllm-build)"
             msg = "target tensorrt_llm cannot build on this machine:\n" + "\n".join(f"  - {f}" for f in fails)
             raise PreflightError(msg + f"\nCommand it would run:\n  {cmd}")
-        ck = Path(checkpoint) / "trtllm_checkpoint"
+        ck = QuantizeArtifact(Path(checkpoint)).trtllm_checkpoint
         if backend == "tensorrt" and not (ck / "config.json").is_file():
             raise InputError(f"{ck}: no TensorRT-LLM checkpoint (config.json + rank*.safetensors). The quantize stage writes it; re-run it.")
 
@@ -550,9 +566,9 @@ class TensorRTLLMTarget:
         self.preflight(cfg, checkpoint, out)
         t0 = time.time()
         out = Path(out)
-        engine = out / "engine"
+        engine = BuildArtifact(out).engine_dir
         engine.mkdir(parents=True, exist_ok=True)
-        logf = out / "build.log"
+        logf = BuildArtifact(out).build_log_path
         hf = Path(checkpoint) / "hf"
         info: dict[str, Any] = {"schema": "pipeline.build_info/v1", "target": self.name, "backend": cfg.target.backend,
                                 "recipe": cfg.quant.recipe, "kv_cache": cfg.quant.kv_cache}
@@ -646,4 +662,4 @@ class TensorRTLLMTarget:
         return load_runner(Path(engine_dir), **kw)
 
 
-TARGET = TensorRTLLMTarget()
+TARGET: Target = TensorRTLLMTarget()
