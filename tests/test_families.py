@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 import tiny
-from pipeline.config import ConfigError, compose, validate
+from pipeline.config import ConfigError, compose
+from pipeline.validation import validate
 from pipeline.families import builder_config
 
 ROOT = Path(__file__).resolve().parents[1]
