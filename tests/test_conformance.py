@@ -298,7 +298,7 @@ def test_bls_model_is_served_with_the_backend_interface(grpc):
         assert bool(ins[name].get("optional", False)) == optional, name
     outs = {o["name"] for o in cfg["output"]}
     assert {"text_output", "cum_log_probs", "output_log_probs", "batch_index", "sequence_index"} <= outs
-    assert cfg.get("model_transaction_policy", {}).get("decoupled") is True  # same as the engine model (triton.md pitfall 4)
+    assert cfg.get("model_transaction_policy", {}).get("decoupled") is True  # same as the engine model (docs/reference/triton.md §6)
 
 
 # --------------------------------------------------------------------------- text_output shape and bytes
@@ -625,7 +625,7 @@ def test_trtllm_package_engine_model_accepts_stop_and_batch_when_decoupled(trt_r
     eng = _parse(trt_repo / "tensorrt_llm" / "config.pbtxt")
     names = {i.name for i in eng.input}
     assert {"stop", "streaming", "input_ids", "input_lengths", "request_output_len", "end_id", "pad_id"} <= names
-    assert eng.model_transaction_policy.decoupled  # batch > 1 and streaming need decoupled (triton.md sec. 1.1)
+    assert eng.model_transaction_policy.decoupled  # batch > 1 and streaming need decoupled (docs/reference/triton.md §1)
     assert eng.max_batch_size > 1
 
 

@@ -11,7 +11,7 @@ Checks (each a :class:`~pipeline.config.common.Problem` naming field, value and 
 * ``build.max_input_len < build.max_seq_len``; ``max_seq_len (+ speculative.max_draft_len) <=
   max_position_embeddings x rope factor`` unless ``allow_unsafe_lengths=true`` (then recorded in the plan);
 * ``build.max_num_tokens >= build.max_input_len`` unless ``build.enable_chunked_context``; chunked
-  context needs ``build.use_paged_context_fmha`` (TensorRT-LLM sec. 1b);
+  context needs ``build.use_paged_context_fmha`` (TensorRT-LLM plugin/plugin.py);
 * ``quant.tp_size`` divides the attention heads; KV heads are divided or replicated (TP a multiple of
   them); a vocabulary not divisible by TP is padded (``quant.vocab_padding=pad``, recorded) or rejected;
   ``quant.pp_size`` <= layers;
