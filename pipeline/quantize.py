@@ -237,7 +237,7 @@ class Recipe:
         name: ``quant.recipe`` value.
         modelopt_cfg: name of the ``modelopt.torch.quantization`` config constant (None: no quantization).
         quant_algo: TensorRT-LLM ``quantization.quant_algo`` ModelOpt 0.47's exporter writes
-            (shared/reference/tensorrt_llm.md sec. 2b/3a; checked after export).
+            (TensorRT-LLM quantization/mode.py QuantAlgo, docs/reference/tensorrt_llm.md §3; checked after export).
         grouped: weights quantized in groups of ``quant.group_size`` along the input dimension.
         weight_bits: stored weight bits (for the report's size estimate).
         activations: activation format at inference ("fp16" = not quantized).
@@ -297,7 +297,7 @@ ATTN_OUT_PATTERNS = ("*.self_attn.o_proj", "*.self_attention.dense", "*.attentio
 #: Source: https://developer.nvidia.com/cuda-gpus (compute capability per GPU).
 _LOCAL_SM = {"h100": 90, "h100_sxm": 90, "h100_pcie": 90, "h200": 90, "a100": 80, "a100_40gb": 80, "a100_80gb": 80,
              "a10g": 86, "a10": 86, "l4": 89, "l40s": 89, "t4": 75, "v100": 70, "b200": 100}
-#: Minimum SM per recipe / KV format, TensorRT-LLM support matrix (shared/reference/tensorrt_llm.md sec. 3c).
+#: Minimum SM per recipe / KV format, TensorRT-LLM support matrix (docs/source/reference/support-matrix.md; docs/reference/tensorrt_llm.md §4).
 _LOCAL_RECIPE_MIN_SM = {"none": 80, "int8_wo": 80, "int4_rtn": 80, "int4_wo": 80, "auto": 80, "int4_awq": 80, "int8_sq": 80, "fp8": 89, "w4a8_awq": 89}
 _LOCAL_KV_MIN_SM = {"none": 80, "int8": 80, "fp8": 89}
 
@@ -437,7 +437,7 @@ def preflight(qcfg: Any, facts: dict[str, Any], linears: dict[str, tuple[int, in
       padded sizes recorded; TensorRT-LLM pads the same way) or rejected (``reject``);
     * ``pp_size <= num_hidden_layers``;
     * ``target.gpu`` set: the recipe and KV format must run on its compute capability (TensorRT-LLM support
-      matrix, shared/reference/tensorrt_llm.md sec. 3c: FP8 and W4A8 need SM 8.9+).
+      matrix, docs/reference/tensorrt_llm.md §4: FP8 and W4A8 need SM 8.9+).
 
     Args:
         linears: ``{module name: (in_features, out_features)}`` of the model's Linear layers.

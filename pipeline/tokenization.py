@@ -179,7 +179,11 @@ class TextCodec:
         if not tj.is_file():
             raise TokenizationError(f"{tj}: missing. The pipeline needs a fast tokenizer (tokenizer.json). "
                                     "Fix: save the tokenizer with transformers' PreTrainedTokenizerFast.save_pretrained.")
-        tok = Tokenizer.from_file(str(tj))
+        try:
+            tok = Tokenizer.from_file(str(tj))
+        except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception for corrupt/truncated files
+            raise TokenizationError(f"{tj}: not a readable tokenizer.json ({e}). "
+                                    "Fix: restore tokenizer.json from the original checkpoint.") from None
 
         def read(name: str) -> dict:
             p = d / name

@@ -29,8 +29,10 @@ MODEL_INFO = {"eos_token_ids": [2], "bos_token_id": 1, "pad_token_id": 3}
 LIMITS = {"max_batch_size": 4, "max_input_len": 200, "max_seq_len": 256}
 
 
-STAGE_OVERRIDES = ["quant=none", "target=onnxruntime_genai", "eval.limit=4", "build.max_seq_len=256", "build.max_input_len=200",
-                   "build.max_batch_size=4", "progress=false"]
+# 4 eval items cannot show non-inferiority (the gate says inconclusive): exploratory mode, and the package is allowed
+# for the benchmark (the gate itself is tested in tests/test_eval_gate.py and tests/test_gate_*.py).
+STAGE_OVERRIDES = ["quant=none", "target=onnxruntime_genai", "eval.limit=4", "eval.gate.mode=exploratory", "package.allow_failed_gate=true",
+                   "build.max_seq_len=256", "build.max_input_len=200", "build.max_batch_size=4", "progress=false"]
 
 
 @pytest.fixture(scope="module")

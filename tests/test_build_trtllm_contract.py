@@ -1,4 +1,4 @@
-"""Build stage, tensorrt_llm target: contract tests against the reference facts (shared/reference/tensorrt_llm.md).
+"""Build stage, tensorrt_llm target: contract tests against the reference facts (docs/reference/tensorrt_llm.md and the upstream files it names).
 
 TensorRT-LLM cannot be installed here, so these tests check every generated ``trtllm-build`` argument and
 ``BuildConfig`` field against the documented flags/choices/rules, what happens when the package or the binary

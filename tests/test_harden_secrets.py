@@ -50,9 +50,13 @@ def test_planted_secret_appears_in_no_produced_file(tiny_llama, tmp_path):
             "package.allow_failed_gate=true", f"hydra.run.dir={run}"]
     p = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200)
     (tmp_path / "stdout.txt").write_text(p.stdout + p.stderr)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    # 4 eval items on a random tiny model cannot show non-inferiority: the gate may end the run with exit 3; the
+    # package is written anyway (package.allow_failed_gate=true), which is all this test needs
+    assert p.returncode in (0, 3), p.stdout[-3000:] + p.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
-    pkg = Path(next(s for s in summary["stages"] if s["stage"] == "package")["path"])
+    pkg_stage = next(s for s in summary["stages"] if s["stage"] == "package")
+    assert pkg_stage["status"] == "ran", pkg_stage
+    pkg = Path(pkg_stage["path"])
     archives = list((pkg / "release").glob("*.tar.gz"))
     assert archives, "the package stage wrote no archive"
     unpacked = tmp_path / "unpacked"

@@ -34,8 +34,10 @@ def package(tmp_path_factory, tiny_llama) -> Path:
                    f"store_dir={store}", "eval.limit=2", "build.max_batch_size=4", "build.max_input_len=128",
                    "build.max_seq_len=192", "progress=false", "package.allow_failed_gate=true"])
     summary = run_pipeline(cfg, console=Console(quiet=True))
-    assert summary.exit_code == 0, summary.error
-    return Path(next(r.path for r in summary.stages if r.stage == "package"))
+    # 2 eval items cannot show non-inferiority (exit 3); the package is written anyway (allow_failed_gate)
+    pkg = next(r for r in summary.stages if r.stage == "package")
+    assert summary.exit_code in (0, 3) and pkg.status == "ran", summary.error
+    return Path(pkg.path)
 
 
 def _inputs(grpcclient, **arrays):

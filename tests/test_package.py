@@ -25,7 +25,7 @@ from pipeline.packaging import versions as V
 from pipeline.packaging.repository import Settings, generate_repository, settings_from_build
 from pipeline.packaging.validate import check_repository, ensemble_interface, parse_config, validate_repository
 
-# TensorRT-LLM in-flight-batcher ensemble interface: shared/reference/triton.md sec. 2.1 (v0.19.0 templates),
+# TensorRT-LLM in-flight-batcher ensemble interface: docs/reference/triton.md §2 (tensorrtllm_backend v0.19.0 templates),
 # name -> (data type, dims without the batch dim, optional)
 EXPECTED_INPUTS = {
     "text_input": ("TYPE_STRING", [1], False), "decoder_text_input": ("TYPE_STRING", [1], True), "max_tokens": ("TYPE_INT32", [1], False),

@@ -20,7 +20,9 @@ from pipeline.serving.server import DEFAULT_SERVE_VENV, TritonServer
 pytestmark = pytest.mark.slow
 
 BASE = ["model.name=tiny", "model.dtype=float32", "target=onnxruntime_genai", "stages=[package]", "build.max_batch_size=8",
-        "build.max_input_len=128", "build.max_seq_len=192", "progress=false"]
+        "build.max_input_len=128", "build.max_seq_len=192", "progress=false",
+        # a 6-item eval set cannot show non-inferiority (gate verdict inconclusive): packaged anyway, explicitly and recorded
+        "eval.gate.mode=exploratory", "package.allow_failed_gate=true"]
 
 
 def _run(tiny_llama: Path, store: Path, *extra: str):

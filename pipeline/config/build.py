@@ -1,7 +1,7 @@
 """``build`` config group: engine limits and build/runtime knobs (build stage).
 
 Names follow TensorRT-LLM's ``BuildConfig`` / ``trtllm-build`` flags (see
-``shared/reference/tensorrt_llm.md`` sec. 1 and 4c) so a preset reads the same for both targets.
+TensorRT-LLM ``tensorrt_llm/commands/build.py`` and ``tensorrt_llm/builder.py``; docs/reference/tensorrt_llm.md §2) so a preset reads the same for both targets.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Validate a generated Triton model repository before it is released (no server, no GPU needed).
 
-Checks (shared/reference/triton.md sec. 11):
+Checks (docs/reference/triton.md §6, from the tensorrtllm_backend templates and issues):
 
 1. every ``config.pbtxt`` parses with Triton's own ``ModelConfig`` protobuf (``tritonclient.grpc.model_config_pb2`` +
    ``google.protobuf.text_format``), ``name`` equals the folder name, a numeric version folder exists and Python
@@ -167,7 +167,7 @@ def validate_repository(repo: Path, *, limits: dict[str, Any], target: str, buil
         cfgp = d / "config.pbtxt"
         if not cfgp.is_file():
             problems.append(Problem(str(d.relative_to(repo)), "folder at the repository root without config.pbtxt (Triton polls it as a model).",
-                                    "keep only model folders at the root (triton.md pitfall 10)"))
+                                    "keep only model folders at the root (tensorrtllm_backend issue #83)"))
             continue
         try:
             cfg = parse_config(cfgp)
@@ -208,7 +208,7 @@ def validate_repository(repo: Path, *, limits: dict[str, Any], target: str, buil
                                     "use the same package.decoupled for every model"))
         if streaming and not all(dec.values()):
             problems.append(Problem("model_transaction_policy", f"streaming is enabled but decoupled is {dec}.",
-                                    "set package.decoupled=true (streaming needs decoupled mode, triton.md pitfalls 2-4)"))
+                                    "set package.decoupled=true (streaming needs decoupled mode, tensorrtllm_backend issues #177, #626)"))
         # engine files
         vdir = repo / engine_model / "1"
         if target == "onnxruntime_genai":
@@ -259,7 +259,7 @@ def validate_repository(repo: Path, *, limits: dict[str, Any], target: str, buil
 
 
 def version_problems(build_info: dict[str, Any], serving_image: str | None) -> list[Problem]:
-    """Engine TensorRT-LLM/TensorRT versions (``build_info.json`` ``versions``) vs the serving image's (sec. 5.4 table)."""
+    """Engine TensorRT-LLM/TensorRT versions (``build_info.json`` ``versions``) vs the serving image's (NVIDIA compatibility matrix, docs/reference/triton.md §3)."""
     if not serving_image:
         return [Problem("package.serving_image", "no serving image given for a TensorRT-LLM engine.",
                         "set package.serving_image (or target.serving_image) to nvcr.io/nvidia/tritonserver:<yy.mm>-trtllm-python-py3", "version")]

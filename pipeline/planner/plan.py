@@ -10,20 +10,20 @@ Every formula and its source:
   scale per layer; INT8 per-output-channel fp32 weight scales (SmoothQuant adds per-input-channel
   smoothing scales); INT4 AWQ/WO one fp16 scale per ``quant.group_size`` inputs per output channel
   (AWQ adds an fp16 ``prequant_scaling_factor`` per input channel; W4A8 adds an fp32 activation scale).
-* **Sharding** (TensorRT-LLM checkpoint layout, sec. 2): column-parallel layers (q, k, v, gate, up)
+* **Sharding** (TensorRT-LLM checkpoint layout, docs/source/legacy/architecture/checkpoint.md): column-parallel layers (q, k, v, gate, up)
   split their outputs, row-parallel layers (o, down) their inputs over ``quant.tp_size``; K/V heads are
   replicated when TP exceeds their count; ``lm_head`` is split along the vocabulary (padded to a
   multiple of TP); the embedding table is replicated (``use_parallel_embedding`` is off by default).
   Pipeline parallelism splits decoder layers as evenly as possible; the embedding sits on the first
   stage, ``lm_head`` and the final norm on the last.  The plan reports the fullest rank.
-* **KV cache** per token = 2 x layers x KV heads x head_dim x bytes per element (memory.md, sec. 7);
+* **KV cache** per token = 2 x layers x KV heads x head_dim x bytes per element (TensorRT-LLM memory.md; docs/reference/tensorrt_llm.md §5);
   FP8/INT8 KV = 1 byte, else the export dtype.  The pool holds whole blocks of ``tokens_per_block``.
 * **Activations**: with packed input and paged KV, TensorRT fixes activation memory at build time
-  from ``max_num_tokens`` (memory.md, sec. 7; issue #1222).  Estimate: ``max_num_tokens`` x (2 x hidden
+  from ``max_num_tokens`` (TensorRT-LLM memory.md; NVIDIA/TensorRT-LLM issue #1222).  Estimate: ``max_num_tokens`` x (2 x hidden
   + q/k/v width + 2 x intermediate) / TP x activation bytes (the live tensors of one decoder layer)
   + fp32 logits for ``max_batch_size`` rows.  An estimate, not TensorRT's number.
 * **KV capacity**: TensorRT-LLM allocates ``kv_cache_free_gpu_mem_fraction`` of the memory left after
-  weights, activations and runtime buffers (sec. 7).  Runtime buffers: ``RUNTIME_OVERHEAD_BYTES``
+  weights, activations and runtime buffers (memory.md).  Runtime buffers: ``RUNTIME_OVERHEAD_BYTES``
   (assumption: CUDA context + cuBLAS workspaces, about 1 GiB) + per-sequence decoder buffers.
 * **Decode roofline**: one decode step must read every weight of a rank once and each sequence's KV
   cache; time >= bytes / memory bandwidth (the memory-bound lower bound).  Reported at batch 1 and

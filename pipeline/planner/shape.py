@@ -81,7 +81,7 @@ class ModelShape:
         inter = d.get("intermediate_size") or 4 * hidden
         if not isinstance(inter, int) or inter < 1:
             raise InputError(f"{source}: intermediate_size must be a positive integer, got {inter!r}")
-        maxpos = d.get("max_position_embeddings") or 2048  # TensorRT-LLM's fallback when unknown (sec. 1c)
+        maxpos = d.get("max_position_embeddings") or 2048  # TensorRT-LLM's fallback when unknown (tensorrt_llm/builder.py)
         if not isinstance(maxpos, int) or maxpos < 1:
             raise InputError(f"{source}: max_position_embeddings must be a positive integer, got {maxpos!r}")
         rs = d.get("rope_scaling") or {}

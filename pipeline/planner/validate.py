@@ -3,14 +3,15 @@
 Called by :func:`pipeline.validation.validate` after the per-group field checks, so every problem of a
 config is reported together.  Fast (well under a second for the default model) and never imports
 torch or transformers: the model shape comes from ``config.json`` / ``model.hf_config``, prompt lengths
-from :class:`~pipeline.planner.fasttok.FastTokenizer` through :mod:`pipeline.tokenization`.
+from :class:`pipeline.tokenization.TextCodec` (``tokenizers`` + ``jinja2``, no transformers), the one
+tokenization path every runtime uses.
 
 Checks (each a :class:`~pipeline.config.common.Problem` naming field, value and fix):
 
 * ``build.max_input_len < build.max_seq_len``; ``max_seq_len (+ speculative.max_draft_len) <=
   max_position_embeddings x rope factor`` unless ``allow_unsafe_lengths=true`` (then recorded in the plan);
 * ``build.max_num_tokens >= build.max_input_len`` unless ``build.enable_chunked_context``; chunked
-  context needs ``build.use_paged_context_fmha`` (TensorRT-LLM sec. 1b);
+  context needs ``build.use_paged_context_fmha`` (TensorRT-LLM plugin/plugin.py);
 * ``quant.tp_size`` divides the attention heads; KV heads are divided or replicated (TP a multiple of
   them); a vocabulary not divisible by TP is padded (``quant.vocab_padding=pad``, recorded) or rejected;
   ``quant.pp_size`` <= layers;
@@ -159,9 +160,12 @@ def _prompt_lengths(eval_sig: tuple[str, int, int], tok_sig: tuple[str, int, int
                     apply_chat_template: bool, default_new: int) -> tuple[list[int], list[int], list[str]]:
     """(prompt token lengths, prompt + max_new_tokens, ids) for the eval set; cached per file version."""
     from .. import tokenization
-    from .fasttok import FastTokenizer
+    from ..errors import InputError
 
-    tok = FastTokenizer(Path(tok_sig[0]).parent)
+    try:
+        tok = tokenization.TextCodec.from_dir(Path(tok_sig[0]).parent)
+    except tokenization.TokenizationError as e:
+        raise InputError(str(e)) from None
     lens, totals, ids = [], [], []
     slices: list[str] = []
     with open(eval_sig[0], encoding="utf-8", errors="replace") as f:

@@ -5,7 +5,7 @@ Everything protocol-specific is read from the server, not hard-coded:
 * each input's data type and shape come from the model metadata (``get_model_metadata``); a value that does not
   fit (``max_tokens=1.5`` for INT32, an unknown input name) is a local :class:`InputError` naming the input;
 * decoupled mode is read from the configs of the ensemble's step models (an ensemble is decoupled when a step
-  is, triton.md sec. 1.1); a decoupled model is always called through the streaming API, since unary ``infer``
+  is, docs/reference/triton.md §1); a decoupled model is always called through the streaming API, since unary ``infer``
   is refused for decoupled models (tensorrtllm_backend issue #177);
 * ``end_id``/``pad_id`` come from the tokenizer when one is given.
 

@@ -2,7 +2,7 @@
 
 On a CPU machine the server binary is the one shipped in the ``nvidia-pytriton`` wheel (Triton 2.51)
 inside the serving virtualenv ``.venv-serve`` (``make serve-env``).  The facts this module relies on
-are in ``shared/reference/environment.md`` ("A real Triton Inference Server on CPU"):
+are in ``docs/reference/triton.md`` §5 (checked on this project's CI machines):
 
 * binary ``pytriton/tritonserver/bin/tritonserver``; Python backend in ``pytriton/tritonserver/backends/python``;
   per-Python stubs in ``pytriton/tritonserver/python_backend_stubs/3.X/`` (the matching one is linked into a
@@ -336,10 +336,10 @@ def ngc_command(repo_dir: str, image: str, *, grpc_port: int = 8001, http_port: 
                 world_size: int = 1, container_repo: str = "/models") -> str:
     """The ``docker run`` command that serves ``repo_dir`` in the NGC Triton + TensorRT-LLM image on a GPU host.
 
-    Flags follow the TensorRT-LLM backend README (triton.md sec. 5.3): ``--gpus all --shm-size=2g --ulimit memlock=-1
+    Flags follow the TensorRT-LLM backend README (docs/reference/triton.md §3): ``--gpus all --shm-size=2g --ulimit memlock=-1
     --ulimit stack=67108864``.  The repository is mounted at ``container_repo`` (``/models``), where the package
     stage's absolute paths (``gpt_model_path``, tokenizer) point.  ``world_size`` > 1 (tensor x pipeline parallel
-    ranks of the engine) goes through the container's ``launch_triton_server.py`` (MPI, sec. 5.1).
+    ranks of the engine) goes through the container's ``launch_triton_server.py`` (MPI; tensorrtllm_backend scripts/launch_triton_server.py).
     """
     ports = f"-p {grpc_port}:{grpc_port} -p {http_port}:{http_port} -p {metrics_port}:{metrics_port}"
     if world_size > 1:

@@ -6,18 +6,18 @@ command it would run; ``dry_run=true`` prints that command without failing.  Not
 an engine was built: a build succeeds only when ``trtllm-build`` exits 0 *and* wrote
 ``rank*.engine`` + ``config.json``.
 
-Facts used (``shared/reference/tensorrt_llm.md``; section numbers below refer to it):
+Facts used (TensorRT-LLM 1.2.x upstream files named in brackets; summarised in docs/reference/tensorrt_llm.md):
 
-* engine path = TensorRT-LLM ``>=1.2.0,<=1.2.1`` (sec. 0: 1.2.1 is the last stable with ``trtllm-build``;
-  the TensorRT backend is removed on main after July 2026); Python 3.10/3.12 wheels only (sec. 8).
-* flags and choices of ``trtllm-build`` (sec. 1a/1b): in-flight batching needs paged KV
+* engine path = TensorRT-LLM ``>=1.2.0,<=1.2.1`` (release notes: 1.2.1 is the last stable with ``trtllm-build``;
+  the TensorRT backend is removed on main after July 2026); Python 3.10/3.12 wheels only (installation docs).
+* flags and choices of ``trtllm-build`` (``commands/build.py``, ``plugin/plugin.py``): in-flight batching needs paged KV
   (``--kv_cache_type paged``), ``--remove_input_padding enable`` and the GPT attention plugin, which
   this target always sets; ``--multiple_profiles enable`` cannot be combined with ``--opt_num_tokens``.
-* ``max_seq_len`` default = ``max_position_embeddings`` x rope factor (sec. 1c); speculative
+* ``max_seq_len`` default = ``max_position_embeddings`` x rope factor (``builder.py``); speculative
   decoding adds ``max_draft_len`` to it.
-* GPU support per format (sec. 3c): FP8 and W4A8-AWQ need SM >= 8.9; INT8-SQ, INT8/INT4 weight-only and
+* GPU support per format (``docs/source/reference/support-matrix.md``): FP8 and W4A8-AWQ need SM >= 8.9; INT8-SQ, INT8/INT4 weight-only and
   INT4-AWQ need SM >= 8.0; BF16 needs SM 8.0.
-* CUDA Graphs are a runtime setting for engines (sec. 4e, Triton ``cuda_graph_mode``/``cuda_graph_cache_size``),
+* CUDA Graphs are a runtime setting for engines (``llmapi/llm_args.py`` ExtendedRuntimePerfKnobConfig, Triton ``cuda_graph_mode``/``cuda_graph_cache_size``),
   recorded in ``build_info.json`` for the package stage; the PyTorch backend takes ``cuda_graph_config``.
 """
 
@@ -51,7 +51,7 @@ INSTALL_FIX = ("install TensorRT-LLM 1.2.1 on an NVIDIA GPU host with Python 3.1
                f"(or this project's `tensorrt_llm` optional extra), or run the pipeline inside the NGC container {NGC_IMAGE} "
                "(TensorRT-LLM 1.2.1, TensorRT 10.14.1); there is no wheel for Python 3.11")
 
-# trtllm-build flag facts (reference sec. 1a/1b)
+# trtllm-build flag facts (tensorrt_llm/commands/build.py, plugin/plugin.py)
 FLAG_CHOICES: dict[str, tuple[str, ...]] = {
     "--kv_cache_type": ("continuous", "paged", "disabled"),
     "--gpt_attention_plugin": ("auto", "float16", "float32", "bfloat16", "int32", "disable"),
@@ -74,7 +74,7 @@ RECIPE_QUANT_ALGO = {"none": None, "fp8": "FP8", "int8_sq": "W8A8_SQ_PER_CHANNEL
                      "int4_rtn": "W4A16_AWQ",  # group-wise INT4: ModelOpt writes W4A16_AWQ with unit pre_quant_scale
                      "auto": "MIXED_PRECISION",  # per-layer quant_cfg.json (or the one format auto_quantize chose)
                      "int4_awq": "W4A16_AWQ", "w4a8_awq": "W4A8_AWQ"}
-"""quant.recipe -> the checkpoint's ``quantization.quant_algo`` (ModelOpt export conventions, sec. 3a)."""
+"""quant.recipe -> the checkpoint's ``quantization.quant_algo`` (ModelOpt export conventions, as examples/quantization/quantize.py writes them)."""
 RECIPE_MIN_SM = {"none": (7, 5), "int8_sq": (8, 0), "int8_wo": (8, 0), "int4_wo": (8, 0), "int4_rtn": (8, 0), "auto": (8, 0), "int4_awq": (8, 0), "fp8": (8, 9),
                  "w4a8_awq": (8, 9)}
 KV_MIN_SM = {"none": (7, 5), "int8": (8, 0), "fp8": (8, 9)}
@@ -148,7 +148,7 @@ def model_hf_config(cfg: Any) -> dict[str, Any] | None:
 
 
 def max_positions(hf: dict[str, Any]) -> tuple[int | None, str]:
-    """``(limit, explanation)``: max_position_embeddings x rope factor (factor not applied for su/longrope/llama3, sec. 1c)."""
+    """``(limit, explanation)``: max_position_embeddings x rope factor (factor not applied for su/longrope/llama3; tensorrt_llm/builder.py)."""
     mpe = hf.get("max_position_embeddings")
     if not mpe:
         return None, "max_position_embeddings unknown"
@@ -168,7 +168,7 @@ def build_args(cfg: Any, checkpoint_dir: Path | str, output_dir: Path | str, tim
     """The ``trtllm-build`` arguments for this config (without the executable).
 
     Paged KV, remove_input_padding, context FMHA and the GPT attention plugin are always on (in-flight
-    batching requires them, reference sec. 1b/7).  The timing cache is read and written at the same path.
+    batching requires them, plugin/plugin.py, docs/source/legacy/reference/memory.md).  The timing cache is read and written at the same path.
     """
     b = cfg.build
     a: list[str] = [
@@ -186,7 +186,7 @@ def build_args(cfg: Any, checkpoint_dir: Path | str, output_dir: Path | str, tim
     if b.logits_dtype:
         a += ["--logits_dtype", b.logits_dtype]
     if b.gather_context_logits:
-        a += ["--gather_context_logits"]  # a store_true flag (sec. 1a)
+        a += ["--gather_context_logits"]  # a store_true flag (commands/build.py)
     if b.speculative.mode != "none":
         a += ["--speculative_decoding_mode", SPEC_MODES[b.speculative.mode], "--max_draft_len", str(b.speculative.max_draft_len)]
     a += ["--input_timing_cache", str(timing_cache), "--output_timing_cache", str(timing_cache),
@@ -195,7 +195,7 @@ def build_args(cfg: Any, checkpoint_dir: Path | str, output_dir: Path | str, tim
 
 
 def build_config_dict(cfg: Any) -> dict[str, Any]:
-    """The TensorRT-LLM ``BuildConfig`` fields (sec. 4c) this build sets; recorded in build_info.json."""
+    """The TensorRT-LLM ``BuildConfig`` fields (tensorrt_llm/builder.py) this build sets; recorded in build_info.json."""
     b = cfg.build
     return {
         "max_input_len": b.max_input_len, "max_seq_len": b.max_seq_len, "max_batch_size": b.max_batch_size,
@@ -238,7 +238,7 @@ def attention_window(cfg: Any) -> int | None:
 
 
 def runtime_knobs(cfg: Any) -> dict[str, Any]:
-    """Runtime settings for the package stage (Triton tensorrt_llm config.pbtxt / ExtendedRuntimePerfKnobConfig, sec. 4e/9):
+    """Runtime settings for the package stage (Triton tensorrt_llm config.pbtxt / ExtendedRuntimePerfKnobConfig; tensorrtllm_backend docs/model_config.md):
     the build's KV/scheduler/CUDA-graph knobs, the attention window and the speculative-decoding setup."""
     b, sp = cfg.build, cfg.build.speculative
     out = {"cuda_graph_mode": b.cuda_graph_mode, "cuda_graph_cache_size": b.cuda_graph_cache_size,
@@ -256,7 +256,7 @@ def runtime_knobs(cfg: Any) -> dict[str, Any]:
 def llm_api_options(cfg: Any) -> dict[str, Any]:
     """``llm_api_options.yaml`` for the PyTorch backend (``trtllm-serve``/``trtllm-bench`` ``--extra_llm_api_options``).
 
-    Keys are ``LLM()`` arguments (sec. 4a/4d): ``cuda_graph_config`` (batch sizes), ``kv_cache_config``,
+    Keys are ``LLM()`` arguments (tensorrt_llm/llmapi/llm_args.py): ``cuda_graph_config`` (batch sizes), ``kv_cache_config``,
     ``scheduler_config``, limits, chunked prefill, speculative decoding.
     """
     b = cfg.build
@@ -392,7 +392,7 @@ class TensorRTLLMTarget:
 
     # ------------------------------------------------------------------ config time
     def check_config(self, cfg: Any) -> list[Problem]:
-        """Cross-field rules of trtllm-build / BuildConfig (reference sec. 1, 4c); no heavy imports."""
+        """Cross-field rules of trtllm-build / BuildConfig (commands/build.py, builder.py); no heavy imports."""
         b, sp = cfg.build, cfg.build.speculative
         p: list[Problem] = []
         if cfg.target.backend == "tensorrt":
@@ -598,7 +598,7 @@ class TensorRTLLMTarget:
             if cfg.build.speculative.mode == "draft_tokens_external":
                 info["draft"] = self._build_draft(cfg, out, lg)
             for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "generation_config.json"):
-                if (hf / f).is_file():  # trtllm-build does not copy the tokenizer (sec. 5a)
+                if (hf / f).is_file():  # trtllm-build does not copy the tokenizer (builder.py Engine.save)
                     shutil.copy2(hf / f, engine / f)
             info.update(command=cmd, timing_cache=str(tc), ranks=[r.name for r in ranks])
         g = gpus()
