@@ -163,3 +163,17 @@ def test_verdict_is_monotone_in_the_drop(n, c, b1, extra, allow):
 
     (v1, u1), (v2, u2) = verdict(b1), verdict(b2)
     assert v1 <= v2 and u1 <= u2 + 1e-9
+
+
+def test_an_engine_that_errors_fails_even_when_the_baseline_scores_zero():
+    """A random-weight model scores 0 everywhere; an engine that errors on every item also scores 0. Without an
+    error check the paired drop is 0 on 480 items and the gate passed (seen on a windowed engine that failed
+    every request)."""
+    n = 480
+    base, cand = np.zeros(n), np.zeros(n)
+    stats = {"overall": G.paired_stats(base, cand, binary=True, agree=[True] * n, confidence=0.95, samples=200, seed=0)}
+    ok = G.judge(GateConfig(), "none", stats, {"overall": 0.0})
+    assert ok["passed"], ok  # the same scores without errors: non-inferior
+    v = G.judge(GateConfig(), "none", stats, {"overall": 0.0}, cand_errors=n)
+    assert not v["passed"] and v["verdict"] == "fail"
+    assert "engine_errors" in v["reason"] and f"failed on {n} item" in v["reason"]

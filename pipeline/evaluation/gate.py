@@ -205,7 +205,7 @@ class Check:
     scope: str
     """``overall`` or ``slice:<name>``."""
     check: str
-    """min_score | max_drop | min_agreement | max_kld | min_top1."""
+    """min_score | max_drop | min_agreement | max_kld | min_top1 | engine_errors."""
     value: float
     threshold: float
     verdict: str
@@ -247,7 +247,7 @@ def _needed_text(k: int | None) -> str:
 
 
 def judge(gate: Any, recipe: str, stats: dict[str, PairedStats | None], cand_scores: dict[str, float],
-          fidelity: dict[str, Any] | None = None) -> dict[str, Any]:
+          fidelity: dict[str, Any] | None = None, cand_errors: int = 0) -> dict[str, Any]:
     """Apply the gate.
 
     Args:
@@ -256,6 +256,8 @@ def judge(gate: Any, recipe: str, stats: dict[str, PairedStats | None], cand_sco
         stats: ``{"overall": PairedStats, "slice:<name>": PairedStats}``; None values mean no baseline.
         cand_scores: candidate score per scope (used for ``min_score``).
         fidelity: the overall fidelity summary (``fidelity.summarize``: ``kld.mean``, ``top1``) or None.
+        cand_errors: eval items on which the candidate runner failed (an engine error). Any error fails the gate:
+            a broken engine must not pass because its baseline scores as low as its empty answers.
     Returns:
         ``{"passed", "verdict", "mode", "reason", "checks": [...], "allowed_drop": {...}, "confidence",
         "bound"}``: ``verdict`` is the worst check verdict; ``passed`` is ``verdict == "pass"`` (in both
@@ -285,6 +287,9 @@ def judge(gate: Any, recipe: str, stats: dict[str, PairedStats | None], cand_sco
             ok = st.agreement >= gate.min_agreement - 1e-12
             checks.append(Check(scope, "min_agreement", st.agreement, gate.min_agreement, "pass" if ok else "fail",
                                 f"agreement {st.agreement:.3f} vs minimum {gate.min_agreement:.3f}"))
+    checks.append(Check("overall", "engine_errors", float(cand_errors), 0.0, "fail" if cand_errors else "pass",
+                        f"the candidate failed on {cand_errors} item(s) (see eval_report.json items[].error)" if cand_errors
+                        else "no candidate errors"))
     max_kld, min_top1 = fidelity_thresholds(gate, recipe)
     if fidelity and fidelity.get("positions"):
         if max_kld is not None:

@@ -259,7 +259,8 @@ def _evaluate(ctx: StageContext) -> dict[str, Any]:
                 confidence=e.gate.confidence, samples=e.gate.bootstrap_samples, seed=e.gate.seed)
         comparison = {"overall": stats["overall"].to_json() if "overall" in stats else None,
                       "slices": {k.split(":", 1)[1]: v.to_json() for k, v in stats.items() if k.startswith("slice:")}}
-    verdict = G.judge(e.gate, cfg.quant.recipe, stats, cand_scores, (fidelity or {}).get("overall"))
+    verdict = G.judge(e.gate, cfg.quant.recipe, stats, cand_scores, (fidelity or {}).get("overall"),
+                      cand_errors=int(summaries[cand]["errors"]))
 
     worst = []
     if comparison:
