@@ -372,10 +372,11 @@ def generate_repository(out: Path, settings: Settings, *, engine_dir: Path, toke
             eng = write("tensorrt_llm", "tensorrt_llm")
         _copy_tree(engine_dir, eng / "1" / "engine")
         if settings.target == "tensorrt_llm":
-            from .trtllm_config import write_draft_model
+            from .trtllm_config import write_bls_model, write_draft_model
 
             if write_draft_model(out, settings, engine_dir):
                 models.append("tensorrt_llm_draft")
+            models.append(write_bls_model(out, settings, MODELS_SRC))
         layout = "inflight_batcher_llm"
     n = sum(1 for p in out.rglob("*") if p.is_file())
     return {"models": sorted(models), "files": n, "layout": layout}

@@ -1,0 +1,216 @@
+"""Triton Python-backend model ``tensorrt_llm_bls`` of the TensorRT-LLM package: text in, text out, by BLS calls.
+
+Copied by the package stage to ``<repository>/tensorrt_llm_bls/1/model.py``; runs in Triton's Python stub (numpy only);
+must not import the ``pipeline`` package.
+
+Interface: the inputs, outputs and parameters of TensorRT-LLM's ``tensorrt_llm_bls`` model (TensorRT-LLM 1.2.1
+``triton_backend/all_models/inflight_batcher_llm/tensorrt_llm_bls/config.pbtxt``; the list is
+``pipeline/packaging/trtllm_backend_table.py``), plus the ensemble's client names ``min_length``/``random_seed`` (aliases
+of ``min_tokens``/``seed``, so one client drives ``ensemble`` and ``tensorrt_llm_bls`` alike).
+
+Behaviour (this file's own implementation; it does what the package's ensemble does, step for step, inside one
+``execute``):
+
+1. ``preprocessing``: the ensemble's step-1 ``input_map`` (:data:`PRE_INPUTS`), all of its outputs requested;
+2. the engine model (parameter ``tensorrt_llm_model_name``): the ensemble's step-2 ``input_map`` (:data:`ENGINE_FROM_PRE`,
+   :data:`ENGINE_FROM_CLIENT`); ``InferenceRequest(...).exec(decoupled=True)`` when this model is decoupled (the
+   engine model has the same ``decoupled``; ``validate.py`` checks), one response per engine response;
+3. ``postprocessing``: ``TOKENS_BATCH``/``SEQUENCE_LENGTH`` <- ``output_ids``/``sequence_length`` of each engine
+   response; its ``OUTPUT`` (BYTES, flat ``[batch * beams]``) is ``text_output``, with the engine's per-sequence
+   outputs (``cum_log_probs`` ...) passed through unchanged, so shapes are the backend's.
+
+``accumulate_tokens`` (parameter, default ``false``): when ``true`` and streaming, each response's ``text_output`` is
+the decode of all ids generated so far for that (``batch_index``, ``sequence_index``), not of the new ids only.
+
+Speculative decoding with a draft model (``num_draft_tokens`` > 0 or ``use_draft_logits``) is refused by name: this
+BLS does not run the draft/target loop (docs/package.md "Serving path"); requests without draft tokens are served by
+the target engine alone.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+
+try:
+    import triton_python_backend_utils as pb_utils
+except ImportError:  # pragma: no cover - outside Triton
+    pb_utils = None
+
+PRE_INPUTS = {"QUERY": "text_input", "DECODER_QUERY": "decoder_text_input", "REQUEST_OUTPUT_LEN": "max_tokens",
+              "BAD_WORDS_DICT": "bad_words", "STOP_WORDS_DICT": "stop_words", "EMBEDDING_BIAS_WORDS": "embedding_bias_words",
+              "EMBEDDING_BIAS_WEIGHTS": "embedding_bias_weights", "END_ID": "end_id", "PAD_ID": "pad_id",
+              "PROMPT_TABLE_EXTRA_ID": "prompt_table_extra_id"}
+"""preprocessing input <- client input (the ensemble's step 1)."""
+ENGINE_FROM_PRE = {"input_ids": "INPUT_ID", "decoder_input_ids": "DECODER_INPUT_ID", "input_lengths": "REQUEST_INPUT_LEN",
+                   "decoder_input_lengths": "REQUEST_DECODER_INPUT_LEN", "request_output_len": "REQUEST_OUTPUT_LEN",
+                   "end_id": "OUT_END_ID", "pad_id": "OUT_PAD_ID", "embedding_bias": "EMBEDDING_BIAS",
+                   "stop_words_list": "STOP_WORDS_IDS", "bad_words_list": "BAD_WORDS_IDS",
+                   "prompt_table_extra_ids": "OUT_PROMPT_TABLE_EXTRA_IDS"}
+"""engine input <- preprocessing output (the ensemble's step 2)."""
+ENGINE_FROM_CLIENT = {"runtime_top_k": ("top_k",), "runtime_top_p": ("top_p",), "len_penalty": ("length_penalty",),
+                      "streaming": ("stream",), "exclude_input_in_output": ("exclude_input_in_output",),
+                      "temperature": ("temperature",), "repetition_penalty": ("repetition_penalty",),
+                      "min_tokens": ("min_tokens", "min_length"), "presence_penalty": ("presence_penalty",),
+                      "frequency_penalty": ("frequency_penalty",), "seed": ("seed", "random_seed"),
+                      "return_log_probs": ("return_log_probs",), "return_context_logits": ("return_context_logits",),
+                      "return_generation_logits": ("return_generation_logits",), "return_perf_metrics": ("return_perf_metrics",),
+                      "return_num_input_tokens": ("return_num_input_tokens",),
+                      "return_num_output_tokens": ("return_num_output_tokens",),
+                      "num_return_sequences": ("num_return_sequences",), "beam_width": ("beam_width",),
+                      "prompt_embedding_table": ("prompt_embedding_table",), "prompt_vocab_size": ("prompt_vocab_size",),
+                      "lora_task_id": ("lora_task_id",), "lora_weights": ("lora_weights",), "lora_config": ("lora_config",),
+                      "guided_decoding_guide_type": ("guided_decoding_guide_type",),
+                      "guided_decoding_guide": ("guided_decoding_guide",)}
+"""engine input <- client input names (the first present wins; two present is refused: they mean the same)."""
+PASS_OUTPUTS = ("cum_log_probs", "output_log_probs", "context_logits", "generation_logits", "batch_index", "sequence_index",
+                "kv_cache_alloc_new_blocks", "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks", "arrival_time_ns",
+                "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns", "acceptance_rate",
+                "total_accepted_draft_tokens", "total_draft_tokens", "num_input_tokens", "num_output_tokens")
+"""engine outputs returned unchanged (requested from the engine only when the client requested them)."""
+
+
+class BlsError(ValueError):
+    """A request this model refuses (message names the input and the fix)."""
+
+
+def engine_inputs_from_client(present: dict[str, Any]) -> dict[str, Any]:
+    """Engine input name -> client tensor for the client inputs in ``present`` (name -> tensor).
+
+    Raises:
+        BlsError: two client names for one engine input (``min_tokens`` and ``min_length``, ``seed`` and ``random_seed``).
+    """
+    out = {}
+    for eng, names in ENGINE_FROM_CLIENT.items():
+        given = [n for n in names if present.get(n) is not None]
+        if len(given) > 1:
+            raise BlsError(f"inputs {given[0]!r} and {given[1]!r} were both given; they set the same engine input {eng!r}. "
+                           f"Fix: send only one of them.")
+        if given:
+            out[eng] = present[given[0]]
+    return out
+
+
+def refuse_draft(present: dict[str, np.ndarray | None]) -> None:
+    """Refuse a request asking for draft-model speculative decoding (``num_draft_tokens`` > 0, ``use_draft_logits``)."""
+    n = present.get("num_draft_tokens")
+    if n is not None and np.asarray(n).size and int(np.max(n)) > 0:
+        raise BlsError(f"num_draft_tokens={int(np.max(n))}: this tensorrt_llm_bls does not run draft-model speculative "
+                       f"decoding. Fix: send num_draft_tokens=0 (or leave it out) to decode with the target engine alone.")
+    u = present.get("use_draft_logits")
+    if u is not None and np.asarray(u).size and bool(np.any(u)):
+        raise BlsError("use_draft_logits=true: this tensorrt_llm_bls does not run draft-model speculative decoding. "
+                       "Fix: leave use_draft_logits out (or false).")
+
+
+class Accumulator:
+    """Ids generated so far per (batch_index, sequence_index), for ``accumulate_tokens=true`` (beam width 1)."""
+
+    def __init__(self) -> None:
+        self.ids: dict[tuple[int, int], np.ndarray] = {}
+
+    def add(self, key: tuple[int, int], output_ids: np.ndarray, seq_len: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Append one response's ids (``output_ids`` [1, 1, n], ``sequence_length`` [1, 1]); returns all ids so far in the
+        same layout. Raises BlsError for beam width > 1 (beams are re-ranked, not appended)."""
+        if output_ids.ndim != 3 or output_ids.shape[0] != 1 or output_ids.shape[1] != 1:
+            raise BlsError(f"accumulate_tokens=true needs one sequence per response (output_ids [1, 1, n]); got shape "
+                           f"{list(output_ids.shape)}. Fix: beam_width=1, or set the tensorrt_llm_bls parameter accumulate_tokens=false.")
+        new = output_ids[0, 0, : int(np.asarray(seq_len).reshape(-1)[0])]
+        acc = np.concatenate([self.ids.get(key, np.zeros(0, dtype=new.dtype)), new])
+        self.ids[key] = acc
+        return acc.reshape(1, 1, -1).astype(np.int32), np.asarray([[acc.size]], dtype=np.int32)
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict[str, Any]) -> None:
+        self.model_config = json.loads(args["model_config"])
+        params = {k: v.get("string_value", "") for k, v in self.model_config.get("parameters", {}).items()}
+        self.engine = params.get("tensorrt_llm_model_name") or "tensorrt_llm"
+        self.draft = params.get("tensorrt_llm_draft_model_name") or ""
+        self.accumulate = params.get("accumulate_tokens", "false").strip().lower() in ("true", "1", "yes")
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(self.model_config)
+        self.inputs = [i["name"] for i in self.model_config.get("input", [])]
+        self.pre_outputs = sorted(set(ENGINE_FROM_PRE.values()))
+
+    # ------------------------------------------------------------------ one request
+    def _present(self, request: Any) -> dict[str, Any]:
+        out = {}
+        for name in self.inputs:
+            t = pb_utils.get_input_tensor_by_name(request, name)
+            if t is not None:
+                out[name] = t
+        return out
+
+    @staticmethod
+    def _check(resp: Any, step: str) -> Any:
+        if resp.has_error():
+            raise BlsError(f"{step}: {resp.error().message()}")
+        return resp
+
+    def _run(self, request: Any, send: Any) -> None:
+        present = self._present(request)
+        refuse_draft({k: present[k].as_numpy() for k in ("num_draft_tokens", "use_draft_logits") if k in present})
+        stream = "stream" in present and bool(np.any(present["stream"].as_numpy()))
+        if stream and not self.decoupled:
+            raise BlsError("stream=true needs tensorrt_llm_bls deployed in decoupled mode (package.decoupled=true). "
+                           "Fix: send stream=false, or repackage with package.decoupled=true.")
+        # 1. preprocessing
+        pre_in = [pb_utils.Tensor(k, present[v].as_numpy()) for k, v in PRE_INPUTS.items() if v in present]
+        pre = self._check(pb_utils.InferenceRequest(model_name="preprocessing", requested_output_names=self.pre_outputs,
+                                                    inputs=pre_in).exec(), "preprocessing")
+        eng_in = []
+        for eng, out in ENGINE_FROM_PRE.items():
+            t = pb_utils.get_output_tensor_by_name(pre, out)
+            if t is not None:
+                eng_in.append(pb_utils.Tensor(eng, t.as_numpy()))
+        eng_in += [pb_utils.Tensor(k, t.as_numpy()) for k, t in engine_inputs_from_client(present).items()]
+        # 2. the engine; requested outputs: ids + the per-sequence outputs the client asked for
+        wanted = set(request.requested_output_names())
+        passed = [o for o in PASS_OUTPUTS if o in wanted]
+        ereq = pb_utils.InferenceRequest(model_name=self.engine, requested_output_names=["output_ids", "sequence_length", *passed],
+                                         inputs=eng_in)
+        responses = ereq.exec(decoupled=True) if self.decoupled else [ereq.exec()]
+        acc = Accumulator() if (self.accumulate and stream) else None
+        for r in responses:
+            self._check(r, self.engine)
+            ids = pb_utils.get_output_tensor_by_name(r, "output_ids")
+            if ids is None:  # the engine's empty final-flag response
+                continue
+            ids = ids.as_numpy()
+            lens = pb_utils.get_output_tensor_by_name(r, "sequence_length").as_numpy()
+            extra = {o: pb_utils.get_output_tensor_by_name(r, o) for o in passed}
+            if acc is not None:
+                key = tuple(int(np.asarray(extra[k].as_numpy()).reshape(-1)[0]) if extra.get(k) is not None else 0
+                            for k in ("batch_index", "sequence_index"))
+                ids, lens = acc.add(key, ids, lens)
+            # 3. postprocessing
+            post = self._check(pb_utils.InferenceRequest(
+                model_name="postprocessing", requested_output_names=["OUTPUT"],
+                inputs=[pb_utils.Tensor("TOKENS_BATCH", ids), pb_utils.Tensor("SEQUENCE_LENGTH", lens)]).exec(), "postprocessing")
+            outs = [pb_utils.Tensor("text_output", pb_utils.get_output_tensor_by_name(post, "OUTPUT").as_numpy())]
+            outs += [pb_utils.Tensor(o, t.as_numpy()) for o, t in extra.items() if t is not None]
+            send(pb_utils.InferenceResponse(output_tensors=outs))
+
+    # ------------------------------------------------------------------ Triton entry points
+    def execute(self, requests: list[Any]) -> list[Any] | None:
+        if self.decoupled:
+            for request in requests:
+                sender = request.get_response_sender()
+                try:
+                    self._run(request, sender.send)
+                    sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                except Exception as e:  # noqa: BLE001 - every failure goes to the client, the model keeps serving
+                    sender.send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(f"tensorrt_llm_bls: {e}")),
+                                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            return None
+        responses = []
+        for request in requests:
+            got: list[Any] = []
+            try:
+                self._run(request, got.append)
+                responses.append(got[-1])
+            except Exception as e:  # noqa: BLE001
+                responses.append(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(f"tensorrt_llm_bls: {e}")))
+        return responses
