@@ -1,0 +1,133 @@
+"""The TensorRT-LLM package's ``tensorrt_llm_bls`` served for real, against the package's own ensemble.
+
+TensorRT-LLM cannot run here, so the ``tensorrt_llm`` model of the generated TensorRT-LLM repository is replaced by a
+test double with its token-id interface: the CPU target's ``onnxruntime_genai`` model (a real onnxruntime-genai engine
+built from a tiny random Llama, served under the name ``tensorrt_llm``; its config additionally declares the 1.x input
+names ``min_tokens``/``seed`` the TensorRT-LLM ensemble maps, unused here). Everything else (``ensemble``,
+``preprocessing``, ``postprocessing``, ``tensorrt_llm_bls``) is the generated package as shipped. The outputs below are
+the double's, not a TensorRT-LLM engine's: what is checked is that the BLS (preprocessing -> engine -> postprocessing
+by BLS calls) answers exactly as the ensemble does, unary and streamed, and refuses draft-model requests by name.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import tiny
+from pipeline.serving.server import DEFAULT_SERVE_VENV, TritonServer
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = ["Where is my order ORD-12345?", "我的订单什么时候到？"]
+MAX_TOKENS = 10
+LIMITS = {"max_batch_size": 4, "max_input_len": 96, "max_seq_len": 128}
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, tiny_llama):
+    if not (DEFAULT_SERVE_VENV / "bin" / "python3").exists():
+        pytest.skip("serving environment missing: run `make serve-env`")
+    from pipeline.config import compose
+    from pipeline.packaging.repository import generate_repository, settings_from_build
+    from pipeline.targets import get_target
+
+    d = tmp_path_factory.mktemp("trtbls")
+    info = tiny.read_json(tiny_llama / "config.json")
+    model_info = {"eos_token_ids": [info["eos_token_id"]], "pad_token_id": info["pad_token_id"], "bos_token_id": info["bos_token_id"]}
+    # the real engine behind the double: an fp32 onnxruntime-genai build of the tiny Llama
+    cfg = compose(["target=onnxruntime_genai", "quant=none", f"model.path={tiny_llama}", "build.max_batch_size=4",
+                   "build.max_input_len=96", "build.max_seq_len=128"])
+    (d / "q").mkdir()
+    (d / "q" / "hf").symlink_to(tiny_llama, target_is_directory=True)
+    (d / "b").mkdir()
+    get_target("onnxruntime_genai").build(cfg, d / "q", d / "b", export_dir=d / "q")
+    pc = SimpleNamespace(max_batch_size=None, max_input_len=None, max_beam_width=None, decoupled=True,
+                         exclude_input_in_output=True, instance_count=1, name="tiny")
+    # the TensorRT-LLM package as generated (its engine folder is placeholder test data, never loaded: replaced below)
+    trt_engine = d / "trt_engine"
+    trt_engine.mkdir()
+    (trt_engine / "config.json").write_text(json.dumps({"version": "1.2.1"}))
+    bi = {"target": "tensorrt_llm", "backend": "tensorrt", "limits": LIMITS, "versions": {"tensorrt_llm": "1.2.1"}}
+    repo = d / "repo"
+    generate_repository(repo, settings_from_build(bi, model_info, pc), engine_dir=trt_engine, tokenizer_dirs=[tiny_llama])
+    # the double: the CPU package's onnxruntime_genai model, renamed tensorrt_llm
+    cpu = d / "cpu"
+    generate_repository(cpu, settings_from_build({**bi, "target": "onnxruntime_genai"}, model_info, pc),
+                        engine_dir=d / "b" / "engine", tokenizer_dirs=[tiny_llama])
+    shutil.rmtree(repo / "tensorrt_llm")
+    shutil.copytree(cpu / "onnxruntime_genai", repo / "tensorrt_llm")
+    c = (repo / "tensorrt_llm" / "config.pbtxt").read_text(encoding="utf-8")
+    assert 'name: "onnxruntime_genai"' in c
+    c = c.replace('name: "onnxruntime_genai"', 'name: "tensorrt_llm"', 1).replace(
+        "input [", 'input [\n  { name: "min_tokens" data_type: TYPE_INT32 dims: [ 1 ] optional: true },\n'
+                   '  { name: "seed" data_type: TYPE_UINT64 dims: [ 1 ] optional: true },', 1)
+    (repo / "tensorrt_llm" / "config.pbtxt").write_text(c, encoding="utf-8")
+    srv = TritonServer(repo, grpc_port=0, http_port=0, metrics_port=0, ready_timeout_s=120, log_dir=d / "serve-log")
+    srv.start()
+    try:
+        yield SimpleNamespace(server=srv, url=srv.grpc_url, repo=repo)
+    finally:
+        srv.stop()
+
+
+def _call(url: str, model: str, prompt: str, *, stream: bool, **extra: tuple[np.ndarray, str]) -> tuple[list[bytes], str | None]:
+    """One request on a gRPC stream, built with plain tritonclient; returns (text_output chunks, error or None)."""
+    import tritonclient.grpc as g
+
+    def t(name: str, arr: np.ndarray, dt: str) -> g.InferInput:
+        i = g.InferInput(name, list(arr.shape), dt)
+        i.set_data_from_numpy(arr)
+        return i
+
+    inputs = [t("text_input", np.array([[prompt.encode()]], dtype=object), "BYTES"),
+              t("max_tokens", np.array([[MAX_TOKENS]], dtype=np.int32), "INT32"),
+              t("stream", np.array([[stream]], dtype=bool), "BOOL")]
+    inputs += [t(k, a, dt) for k, (a, dt) in extra.items()]
+    q: queue.Queue = queue.Queue()
+    cli = g.InferenceServerClient(url)
+    cli.start_stream(callback=lambda result, error: q.put((result, error)))
+    try:
+        cli.async_stream_infer(model, inputs, outputs=[g.InferRequestedOutput("text_output")], enable_empty_final_response=True)
+        chunks: list[bytes] = []
+        while True:
+            r, e = q.get(timeout=60)
+            if e is not None:
+                return chunks, str(e)
+            resp = r.get_response()
+            if resp.outputs:
+                chunks += [x for x in r.as_numpy("text_output").reshape(-1)]
+            if resp.parameters.get("triton_final_response") and resp.parameters["triton_final_response"].bool_param:
+                return chunks, None
+    finally:
+        cli.stop_stream()
+        cli.close()
+
+
+def test_bls_answers_equal_the_ensemble_unary_and_streamed(served):
+    for p in PROMPTS:
+        for stream in (False, True):
+            ens, err = _call(served.url, "ensemble", p, stream=stream)
+            assert err is None, err
+            bls, err = _call(served.url, "tensorrt_llm_bls", p, stream=stream)
+            assert err is None, err
+            assert bls == ens, (p, stream)
+            assert b"".join(bls), (p, stream)  # the engine generated something
+            if not stream:
+                assert len(bls) == 1  # text_output [1]: one entry for batch 1, beam 1
+            else:
+                assert len(bls) > 1  # one response per generated token
+
+
+def test_bls_refuses_draft_tokens_by_name(served):
+    chunks, err = _call(served.url, "tensorrt_llm_bls", PROMPTS[0], stream=False,
+                        num_draft_tokens=(np.array([[3]], dtype=np.int32), "INT32"))
+    assert chunks == [] and err is not None and "num_draft_tokens=3" in err
+    ok, err = _call(served.url, "tensorrt_llm_bls", PROMPTS[0], stream=False)  # the model keeps serving
+    assert err is None and ok
