@@ -69,6 +69,12 @@ def served(tmp_path_factory, tiny_llama):
         "input [", 'input [\n  { name: "min_tokens" data_type: TYPE_INT32 dims: [ 1 ] optional: true },\n'
                    '  { name: "seed" data_type: TYPE_UINT64 dims: [ 1 ] optional: true },', 1)
     (repo / "tensorrt_llm" / "config.pbtxt").write_text(c, encoding="utf-8")
+    # a second BLS with accumulate_tokens=true (the shipped one has false)
+    shutil.copytree(repo / "tensorrt_llm_bls", repo / "tensorrt_llm_bls_acc")
+    c = (repo / "tensorrt_llm_bls_acc" / "config.pbtxt").read_text(encoding="utf-8")
+    assert c.count('name: "tensorrt_llm_bls"') == 1 and c.count('string_value: "false"') == 1
+    c = c.replace('name: "tensorrt_llm_bls"', 'name: "tensorrt_llm_bls_acc"').replace('string_value: "false"', 'string_value: "true"')
+    (repo / "tensorrt_llm_bls_acc" / "config.pbtxt").write_text(c, encoding="utf-8")
     srv = TritonServer(repo, grpc_port=0, http_port=0, metrics_port=0, ready_timeout_s=120, log_dir=d / "serve-log")
     srv.start()
     try:
@@ -131,3 +137,36 @@ def test_bls_refuses_draft_tokens_by_name(served):
     assert chunks == [] and err is not None and "num_draft_tokens=3" in err
     ok, err = _call(served.url, "tensorrt_llm_bls", PROMPTS[0], stream=False)  # the model keeps serving
     assert err is None and ok
+
+
+def test_bls_accumulate_tokens_streams_the_text_so_far(served):
+    """accumulate_tokens=true: the k-th streamed text_output decodes the first k ids, so the last one is the whole answer."""
+    whole, err = _call(served.url, "ensemble", PROMPTS[0], stream=False)
+    assert err is None, err
+    deltas, err = _call(served.url, "tensorrt_llm_bls", PROMPTS[0], stream=True)
+    assert err is None, err
+    acc, err = _call(served.url, "tensorrt_llm_bls_acc", PROMPTS[0], stream=True)
+    assert err is None, err
+    assert len(acc) == len(deltas) > 1 and acc[-1] == whole[0]
+    assert all(acc[k].startswith(acc[k - 1]) for k in range(1, len(acc))), acc
+
+
+def test_bls_decoupled_follows_the_engine_model(tmp_path):
+    """package.decoupled=false: tensorrt_llm and tensorrt_llm_bls are both non-decoupled (and both true otherwise)."""
+    from pipeline.packaging.repository import generate_repository, settings_from_build
+    from pipeline.packaging.validate import parse_config
+
+    eng = tmp_path / "e"
+    eng.mkdir()
+    (eng / "config.json").write_text("{}")
+    tiny.make_tokenizer(tmp_path / "tok")
+    bi = {"target": "tensorrt_llm", "backend": "tensorrt", "limits": LIMITS}
+    for decoupled in (False, True):
+        pc = SimpleNamespace(max_batch_size=None, max_input_len=None, max_beam_width=None, decoupled=decoupled,
+                             exclude_input_in_output=True, instance_count=2, name="t")
+        repo = tmp_path / f"r{decoupled}"
+        out = generate_repository(repo, settings_from_build(bi, {"eos_token_ids": [2]}, pc), engine_dir=eng, tokenizer_dirs=[tmp_path / "tok"])
+        assert "tensorrt_llm_bls" in out["models"]
+        bls, trt = parse_config(repo / "tensorrt_llm_bls" / "config.pbtxt"), parse_config(repo / "tensorrt_llm" / "config.pbtxt")
+        assert bls.model_transaction_policy.decoupled == trt.model_transaction_policy.decoupled == decoupled
+        assert bls.backend == "python" and bls.instance_group[0].count == 2 and (repo / "tensorrt_llm_bls" / "1" / "model.py").is_file()
