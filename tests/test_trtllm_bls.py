@@ -6,7 +6,8 @@ built from a tiny random Llama, served under the name ``tensorrt_llm``; its conf
 names ``min_tokens``/``seed`` the TensorRT-LLM ensemble maps, unused here). Everything else (``ensemble``,
 ``preprocessing``, ``postprocessing``, ``tensorrt_llm_bls``) is the generated package as shipped. The outputs below are
 the double's, not a TensorRT-LLM engine's: what is checked is that the BLS (preprocessing -> engine -> postprocessing
-by BLS calls) answers exactly as the ensemble does, unary and streamed, and refuses draft-model requests by name.
+by BLS calls) answers exactly as the ensemble does, unary and streamed, and that its draft/verify rounds (a draft-model
+package: `tensorrt_llm_draft` is the same double) give the greedy answer.
 """
 
 from __future__ import annotations
@@ -54,21 +55,30 @@ def served(tmp_path_factory, tiny_llama):
     trt_engine = d / "trt_engine"
     trt_engine.mkdir()
     (trt_engine / "config.json").write_text(json.dumps({"version": "1.2.1"}))
-    bi = {"target": "tensorrt_llm", "backend": "tensorrt", "limits": LIMITS, "versions": {"tensorrt_llm": "1.2.1"}}
+    (d / "draft_engine").mkdir()
+    (d / "draft_engine" / "config.json").write_text(json.dumps({"version": "1.2.1"}))
+    # a draft-model build (build.speculative.mode=draft_tokens_external): the package has tensorrt_llm_draft too
+    bi = {"target": "tensorrt_llm", "backend": "tensorrt", "limits": LIMITS, "versions": {"tensorrt_llm": "1.2.1"},
+          "runtime": {"speculative": {"mode": "draft_tokens_external", "max_draft_len": 3, "draft_model_path": str(tiny_llama)}}}
     repo = d / "repo"
     generate_repository(repo, settings_from_build(bi, model_info, pc), engine_dir=trt_engine, tokenizer_dirs=[tiny_llama])
+    assert (repo / "tensorrt_llm_draft" / "config.pbtxt").is_file()
     # the double: the CPU package's onnxruntime_genai model, renamed tensorrt_llm
     cpu = d / "cpu"
     generate_repository(cpu, settings_from_build({**bi, "target": "onnxruntime_genai"}, model_info, pc),
                         engine_dir=d / "b" / "engine", tokenizer_dirs=[tiny_llama])
-    shutil.rmtree(repo / "tensorrt_llm")
-    shutil.copytree(cpu / "onnxruntime_genai", repo / "tensorrt_llm")
-    c = (repo / "tensorrt_llm" / "config.pbtxt").read_text(encoding="utf-8")
-    assert 'name: "onnxruntime_genai"' in c
-    c = c.replace('name: "onnxruntime_genai"', 'name: "tensorrt_llm"', 1).replace(
-        "input [", 'input [\n  { name: "min_tokens" data_type: TYPE_INT32 dims: [ 1 ] optional: true },\n'
-                   '  { name: "seed" data_type: TYPE_UINT64 dims: [ 1 ] optional: true },', 1)
-    (repo / "tensorrt_llm" / "config.pbtxt").write_text(c, encoding="utf-8")
+    # (the draft double is the same engine: with greedy decoding every draft id is the engine's own, and the target
+    # double ignores draft_input_ids and generates its k + 1 greedy ids, which is what verification yields when greedy)
+    for name in ("tensorrt_llm", "tensorrt_llm_draft"):
+        shutil.rmtree(repo / name)
+        shutil.copytree(cpu / "onnxruntime_genai", repo / name)
+        c = (repo / name / "config.pbtxt").read_text(encoding="utf-8")
+        assert 'name: "onnxruntime_genai"' in c
+        c = c.replace('name: "onnxruntime_genai"', f'name: "{name}"', 1).replace(
+            "input [", 'input [\n  { name: "min_tokens" data_type: TYPE_INT32 dims: [ 1 ] optional: true },\n'
+                       '  { name: "seed" data_type: TYPE_UINT64 dims: [ 1 ] optional: true },\n'
+                       '  { name: "draft_input_ids" data_type: TYPE_INT32 dims: [ -1 ] optional: true allow_ragged_batch: true },', 1)
+        (repo / name / "config.pbtxt").write_text(c, encoding="utf-8")
     # a second BLS with accumulate_tokens=true (the shipped one has false)
     shutil.copytree(repo / "tensorrt_llm_bls", repo / "tensorrt_llm_bls_acc")
     c = (repo / "tensorrt_llm_bls_acc" / "config.pbtxt").read_text(encoding="utf-8")
@@ -131,12 +141,41 @@ def test_bls_answers_equal_the_ensemble_unary_and_streamed(served):
                 assert len(bls) > 1  # one response per generated token
 
 
-def test_bls_refuses_draft_tokens_by_name(served):
+def test_bls_speculative_with_the_draft_model_answers_as_greedy(served):
+    """num_draft_tokens=3 (draft/verify rounds through tensorrt_llm_draft and tensorrt_llm): the greedy answer is the
+    ensemble's; streamed, one response per round (up to 4 ids each)."""
+    k = {"num_draft_tokens": (np.array([[3]], dtype=np.int32), "INT32")}
+    for p in PROMPTS:
+        ens, err = _call(served.url, "ensemble", p, stream=False)
+        assert err is None, err
+        spec, err = _call(served.url, "tensorrt_llm_bls", p, stream=False, **k)
+        assert err is None, err
+        assert spec == ens, p
+        chunks, err = _call(served.url, "tensorrt_llm_bls", p, stream=True, **k)
+        assert err is None, err
+        per_token, _ = _call(served.url, "ensemble", p, stream=True)
+        assert 1 < len(chunks) <= -(-MAX_TOKENS // 4) + 1 and len(chunks) < len(per_token), (chunks, per_token)
+
+
+def test_bls_refuses_draft_logits_and_the_model_keeps_serving(served):
     chunks, err = _call(served.url, "tensorrt_llm_bls", PROMPTS[0], stream=False,
-                        num_draft_tokens=(np.array([[3]], dtype=np.int32), "INT32"))
-    assert chunks == [] and err is not None and "num_draft_tokens=3" in err
-    ok, err = _call(served.url, "tensorrt_llm_bls", PROMPTS[0], stream=False)  # the model keeps serving
+                        num_draft_tokens=(np.array([[3]], dtype=np.int32), "INT32"), use_draft_logits=(np.array([[True]]), "BOOL"))
+    assert chunks == [] and err is not None and "use_draft_logits=true" in err
+    ok, err = _call(served.url, "tensorrt_llm_bls", PROMPTS[0], stream=False)
     assert err is None and ok
+
+
+def test_bls_refuses_draft_tokens_without_a_draft_model():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("served_bls", Path(__file__).resolve().parents[1] / "pipeline" / "serving" /
+                                                  "models" / "tensorrt_llm_bls_model.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    with pytest.raises(mod.BlsError, match="num_draft_tokens=2: this package has no draft model"):
+        mod.draft_tokens({"num_draft_tokens": np.array([[2]], np.int32)}, "")
+    assert mod.draft_tokens({"num_draft_tokens": np.array([[2]], np.int32)}, "tensorrt_llm_draft") == 2
+    assert mod.draft_tokens({}, "") == 0
 
 
 def test_bls_accumulate_tokens_streams_the_text_so_far(served):

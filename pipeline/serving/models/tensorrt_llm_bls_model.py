@@ -22,9 +22,13 @@ Behaviour (this file's own implementation; it does what the package's ensemble d
 ``accumulate_tokens`` (parameter, default ``false``): when ``true`` and streaming, each response's ``text_output`` is
 the decode of all ids generated so far for that (``batch_index``, ``sequence_index``), not of the new ids only.
 
-Speculative decoding with a draft model (``num_draft_tokens`` > 0 or ``use_draft_logits``) is refused by name: this
-BLS does not run the draft/target loop (docs/package.md "Serving path"); requests without draft tokens are served by
-the target engine alone.
+Draft-model speculative decoding (``num_draft_tokens`` = k > 0, a package whose ``tensorrt_llm_draft_model_name`` is
+set): per round, the draft model proposes k ids greedily from the ids so far, the engine model verifies them
+(``draft_input_ids``) and returns the accepted ids plus one of its own (k + 1 at most), until ``max_tokens``, an end/stop
+token (the engine returned fewer ids than asked) or an empty round. Batch 1 and beam width 1 only; each round's new
+ids are one streamed response. Refused by name: ``num_draft_tokens`` > 0 without a draft model in the package, with
+more than one prompt or beam, and ``use_draft_logits`` (draft logits are not passed). Requests without draft tokens
+are served by the engine model alone.
 """
 
 from __future__ import annotations
@@ -93,16 +97,19 @@ def engine_inputs_from_client(present: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def refuse_draft(present: dict[str, np.ndarray | None]) -> None:
-    """Refuse a request asking for draft-model speculative decoding (``num_draft_tokens`` > 0, ``use_draft_logits``)."""
+def draft_tokens(present: dict[str, np.ndarray | None], draft_model: str) -> int:
+    """k of a speculative request (0: plain decoding). Raises BlsError for ``use_draft_logits`` and for k > 0 without a
+    draft model (``draft_model`` empty)."""
     n = present.get("num_draft_tokens")
-    if n is not None and np.asarray(n).size and int(np.max(n)) > 0:
-        raise BlsError(f"num_draft_tokens={int(np.max(n))}: this tensorrt_llm_bls does not run draft-model speculative "
-                       f"decoding. Fix: send num_draft_tokens=0 (or leave it out) to decode with the target engine alone.")
+    k = int(np.max(n)) if n is not None and np.asarray(n).size else 0
+    if k > 0 and not draft_model:
+        raise BlsError(f"num_draft_tokens={k}: this package has no draft model (tensorrt_llm_draft_model_name is empty; "
+                       f"build with build.speculative.mode=draft_tokens_external). Fix: send num_draft_tokens=0 or leave it out.")
     u = present.get("use_draft_logits")
     if u is not None and np.asarray(u).size and bool(np.any(u)):
-        raise BlsError("use_draft_logits=true: this tensorrt_llm_bls does not run draft-model speculative decoding. "
-                       "Fix: leave use_draft_logits out (or false).")
+        raise BlsError("use_draft_logits=true: this tensorrt_llm_bls does not pass draft logits to the engine (the draft "
+                       "ids are verified against the engine's own tokens). Fix: leave use_draft_logits out (or false).")
+    return max(k, 0)
 
 
 class Accumulator:
@@ -151,7 +158,8 @@ class TritonPythonModel:
 
     def _run(self, request: Any, send: Any) -> None:
         present = self._present(request)
-        refuse_draft({k: present[k].as_numpy() for k in ("num_draft_tokens", "use_draft_logits") if k in present})
+        k_draft = draft_tokens({k: present[k].as_numpy() for k in ("num_draft_tokens", "use_draft_logits") if k in present},
+                               self.draft)
         stream = "stream" in present and bool(np.any(present["stream"].as_numpy()))
         if stream and not self.decoupled:
             raise BlsError("stream=true needs tensorrt_llm_bls deployed in decoupled mode (package.decoupled=true). "
@@ -166,6 +174,8 @@ class TritonPythonModel:
             if t is not None:
                 eng_in.append(pb_utils.Tensor(eng, t.as_numpy()))
         eng_in += [pb_utils.Tensor(k, t.as_numpy()) for k, t in engine_inputs_from_client(present).items()]
+        if k_draft > 0:
+            return self._speculative(request, present, pre, eng_in, k_draft, stream, send)
         # 2. the engine; requested outputs: ids + the per-sequence outputs the client asked for
         wanted = set(request.requested_output_names())
         passed = [o for o in PASS_OUTPUTS if o in wanted]
@@ -192,6 +202,70 @@ class TritonPythonModel:
             outs = [pb_utils.Tensor("text_output", pb_utils.get_output_tensor_by_name(post, "OUTPUT").as_numpy())]
             outs += [pb_utils.Tensor(o, t.as_numpy()) for o, t in extra.items() if t is not None]
             send(pb_utils.InferenceResponse(output_tensors=outs))
+
+    # ------------------------------------------------------------------ draft-model speculative decoding
+    def _ids_call(self, model: str, inputs: list[Any]) -> np.ndarray:
+        """One non-streamed call of an id model; returns its generated ids (1-D)."""
+        req = pb_utils.InferenceRequest(model_name=model, requested_output_names=["output_ids", "sequence_length"], inputs=inputs)
+        got = np.zeros(0, dtype=np.int32)
+        for r in (req.exec(decoupled=True) if self.decoupled else [req.exec()]):
+            self._check(r, model)
+            ids = pb_utils.get_output_tensor_by_name(r, "output_ids")
+            if ids is not None:
+                n = int(pb_utils.get_output_tensor_by_name(r, "sequence_length").as_numpy().reshape(-1)[0])
+                got = np.concatenate([got, ids.as_numpy().reshape(-1)[:n].astype(np.int32)])
+        return got
+
+    def _speculative(self, request: Any, present: dict[str, Any], pre: Any, eng_in: list[Any], k: int, stream: bool,
+                     send: Any) -> None:
+        def out(name: str) -> np.ndarray:
+            return pb_utils.get_output_tensor_by_name(pre, name).as_numpy()
+
+        ids_in, lens = out("INPUT_ID"), out("REQUEST_INPUT_LEN").reshape(-1)
+        if ids_in.shape[0] != 1:
+            raise BlsError(f"num_draft_tokens={k} with {ids_in.shape[0]} prompts in one request: speculative decoding here "
+                           f"serves one prompt per request. Fix: send the prompts as separate requests.")
+        for name in ("beam_width", "num_return_sequences"):
+            if name in present and int(np.max(present[name].as_numpy())) > 1:
+                raise BlsError(f"num_draft_tokens={k} with {name}>1: speculative decoding here serves one sequence. "
+                               f"Fix: {name}=1, or num_draft_tokens=0.")
+        prompt = ids_in[0, : int(lens[0])].astype(np.int32)
+        max_new = int(out("REQUEST_OUTPUT_LEN").reshape(-1)[0])
+        same = {"end_id": out("OUT_END_ID"), "pad_id": out("OUT_PAD_ID")}
+        # the client's engine inputs, except those this loop sets itself
+        own = {"input_ids", "input_lengths", "request_output_len", "streaming", "exclude_input_in_output", "draft_input_ids"}
+        kept = [t for t in eng_in if t.name() not in own]
+        exclude = "exclude_input_in_output" not in present or bool(np.any(present["exclude_input_in_output"].as_numpy()))
+
+        def ids_inputs(seq: np.ndarray, n: int) -> list[Any]:
+            return [pb_utils.Tensor("input_ids", seq.reshape(1, -1)), pb_utils.Tensor("input_lengths", np.array([[seq.size]], np.int32)),
+                    pb_utils.Tensor("request_output_len", np.array([[n]], np.int32)),
+                    pb_utils.Tensor("exclude_input_in_output", np.array([[True]])), pb_utils.Tensor("streaming", np.array([[False]]))]
+
+        def emit(ids: np.ndarray) -> None:
+            post = self._check(pb_utils.InferenceRequest(
+                model_name="postprocessing", requested_output_names=["OUTPUT"],
+                inputs=[pb_utils.Tensor("TOKENS_BATCH", ids.reshape(1, 1, -1).astype(np.int32)),
+                        pb_utils.Tensor("SEQUENCE_LENGTH", np.array([[ids.size]], np.int32))]).exec(), "postprocessing")
+            send(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("text_output", pb_utils.get_output_tensor_by_name(post, "OUTPUT").as_numpy())]))
+
+        seq, new_total = prompt, np.zeros(0, dtype=np.int32)
+        while new_total.size < max_new:
+            want = min(k, max_new - new_total.size - 1)
+            draft = np.zeros(0, dtype=np.int32)
+            if want > 0:
+                draft = self._ids_call(self.draft, ids_inputs(seq, want) + [pb_utils.Tensor(n, a) for n, a in same.items()])
+            extra = [pb_utils.Tensor("draft_input_ids", draft.reshape(1, -1))] if draft.size else []
+            got = self._ids_call(self.engine, ids_inputs(seq, draft.size + 1) + extra + kept)
+            if got.size == 0:
+                break
+            seq, new_total = np.concatenate([seq, got]), np.concatenate([new_total, got])
+            if stream:
+                emit(got)
+            if got.size < draft.size + 1:  # the engine stopped early: end id or stop word
+                break
+        if not stream:
+            emit(new_total if exclude else np.concatenate([prompt, new_total]))
 
     # ------------------------------------------------------------------ Triton entry points
     def execute(self, requests: list[Any]) -> list[Any] | None:
