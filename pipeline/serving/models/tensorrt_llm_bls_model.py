@@ -179,10 +179,11 @@ class TritonPythonModel:
         # 2. the engine; requested outputs: ids + the per-sequence outputs the client asked for
         wanted = set(request.requested_output_names())
         passed = [o for o in PASS_OUTPUTS if o in wanted]
-        ereq = pb_utils.InferenceRequest(model_name=self.engine, requested_output_names=["output_ids", "sequence_length", *passed],
+        acc = Accumulator() if (self.accumulate and stream) else None
+        keys = [o for o in ("batch_index", "sequence_index") if acc is not None and o not in passed]  # to tell streams apart
+        ereq = pb_utils.InferenceRequest(model_name=self.engine, requested_output_names=["output_ids", "sequence_length", *passed, *keys],
                                          inputs=eng_in)
         responses = ereq.exec(decoupled=True) if self.decoupled else [ereq.exec()]
-        acc = Accumulator() if (self.accumulate and stream) else None
         for r in responses:
             self._check(r, self.engine)
             ids = pb_utils.get_output_tensor_by_name(r, "output_ids")
@@ -192,8 +193,8 @@ class TritonPythonModel:
             lens = pb_utils.get_output_tensor_by_name(r, "sequence_length").as_numpy()
             extra = {o: pb_utils.get_output_tensor_by_name(r, o) for o in passed}
             if acc is not None:
-                key = tuple(int(np.asarray(extra[k].as_numpy()).reshape(-1)[0]) if extra.get(k) is not None else 0
-                            for k in ("batch_index", "sequence_index"))
+                tags = [pb_utils.get_output_tensor_by_name(r, k) for k in ("batch_index", "sequence_index")]
+                key = tuple(int(x.as_numpy().reshape(-1)[0]) if x is not None else 0 for x in tags)
                 ids, lens = acc.add(key, ids, lens)
             # 3. postprocessing
             post = self._check(pb_utils.InferenceRequest(
@@ -225,6 +226,11 @@ class TritonPythonModel:
         if ids_in.shape[0] != 1:
             raise BlsError(f"num_draft_tokens={k} with {ids_in.shape[0]} prompts in one request: speculative decoding here "
                            f"serves one prompt per request. Fix: send the prompts as separate requests.")
+        for name in ("return_log_probs", "return_context_logits", "return_generation_logits", "return_perf_metrics",
+                     "return_num_input_tokens", "return_num_output_tokens"):
+            if name in present and bool(np.any(present[name].as_numpy())):
+                raise BlsError(f"{name}=true with num_draft_tokens={k}: the speculative rounds return text_output only. "
+                               f"Fix: leave {name} out, or num_draft_tokens=0.")
         for name in ("beam_width", "num_return_sequences"):
             if name in present and int(np.max(present[name].as_numpy())) > 1:
                 raise BlsError(f"num_draft_tokens={k} with {name}>1: speculative decoding here serves one sequence. "
