@@ -204,7 +204,8 @@ def test_bls_decoupled_follows_the_engine_model(tmp_path):
         pc = SimpleNamespace(max_batch_size=None, max_input_len=None, max_beam_width=None, decoupled=decoupled,
                              exclude_input_in_output=True, instance_count=2, name="t")
         repo = tmp_path / f"r{decoupled}"
-        out = generate_repository(repo, settings_from_build(bi, {"eos_token_ids": [2]}, pc), engine_dir=eng, tokenizer_dirs=[tmp_path / "tok"])
+        out = generate_repository(repo, settings_from_build(bi, {"eos_token_ids": [2]}, pc), engine_dir=eng,
+                                  tokenizer_dirs=[tmp_path / "tok"])
         assert "tensorrt_llm_bls" in out["models"]
         bls, trt = parse_config(repo / "tensorrt_llm_bls" / "config.pbtxt"), parse_config(repo / "tensorrt_llm" / "config.pbtxt")
         assert bls.model_transaction_policy.decoupled == trt.model_transaction_policy.decoupled == decoupled

@@ -253,7 +253,8 @@ class TritonPythonModel:
                 model_name="postprocessing", requested_output_names=["OUTPUT"],
                 inputs=[pb_utils.Tensor("TOKENS_BATCH", ids.reshape(1, 1, -1).astype(np.int32)),
                         pb_utils.Tensor("SEQUENCE_LENGTH", np.array([[ids.size]], np.int32))]).exec(), "postprocessing")
-            send(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("text_output", pb_utils.get_output_tensor_by_name(post, "OUTPUT").as_numpy())]))
+            text = pb_utils.get_output_tensor_by_name(post, "OUTPUT").as_numpy()
+            send(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("text_output", text)]))
 
         seq, new_total = prompt, np.zeros(0, dtype=np.int32)
         while new_total.size < max_new:
