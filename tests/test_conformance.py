@@ -608,7 +608,6 @@ def test_trtllm_package_ensemble_interface_matches_the_backend(trt_repo):
     assert [(o.name, list(o.dims)) for o in post.output] == [("OUTPUT", [-1])]
 
 
-@_xfail("tensorrt_llm_bls is absent from the TensorRT-LLM package")
 def test_trtllm_package_has_bls_with_the_backend_interface(trt_repo):
     assert (trt_repo / "tensorrt_llm_bls" / "config.pbtxt").is_file()
     cfg = _parse(trt_repo / "tensorrt_llm_bls" / "config.pbtxt")

@@ -119,7 +119,7 @@ def test_trtllm_repository_fills_every_parameter_from_the_build(tmp_path):
     s = settings_from_build(bi, MODEL_INFO, pkg_cfg(max_batch_size=32, exclude_input_in_output=False))
     repo = tmp_path / "repo"
     info = generate_repository(repo, s, engine_dir=engine, tokenizer_dirs=[tok])
-    assert info["models"] == ["ensemble", "postprocessing", "preprocessing", "tensorrt_llm"]
+    assert info["models"] == ["ensemble", "postprocessing", "preprocessing", "tensorrt_llm", "tensorrt_llm_bls"]
     image = "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"
     assert validate_repository(repo, limits=bi["limits"], target="tensorrt_llm", build_info=bi, serving_image=image) == []
     t = parse_config(repo / "tensorrt_llm" / "config.pbtxt")

@@ -6,7 +6,8 @@ Layouts (``docs/package.md``):
   decoupled) -> ``postprocessing``; the engine folder is copied to ``onnxruntime_genai/1/engine``.
 * ``tensorrt_llm`` (TensorRT engine): ``ensemble`` -> ``preprocessing`` -> ``tensorrt_llm`` (C++ ``tensorrtllm``
   backend, ``inflight_fused_batching``) -> ``postprocessing``; engine copied to ``tensorrt_llm/1/engine``; absolute
-  paths point into the container mount ``/models`` (:data:`CONTAINER_REPO`).
+  paths point into the container mount ``/models`` (:data:`CONTAINER_REPO`); plus ``tensorrt_llm_bls`` (our Python
+  BLS model calling those three, ``trtllm_config.write_bls_model``).
 * ``tensorrt_llm`` with the PyTorch backend: the LLM-API layout ``tensorrt_llm/config.pbtxt`` + ``1/model.yaml``.
 
 Every value comes from the build (limits, runtime knobs, versions) or the package config; templates are filled
@@ -372,10 +373,11 @@ def generate_repository(out: Path, settings: Settings, *, engine_dir: Path, toke
             eng = write("tensorrt_llm", "tensorrt_llm")
         _copy_tree(engine_dir, eng / "1" / "engine")
         if settings.target == "tensorrt_llm":
-            from .trtllm_config import write_draft_model
+            from .trtllm_config import write_bls_model, write_draft_model
 
             if write_draft_model(out, settings, engine_dir):
                 models.append("tensorrt_llm_draft")
+            models.append(write_bls_model(out, settings, MODELS_SRC))
         layout = "inflight_batcher_llm"
     n = sum(1 for p in out.rglob("*") if p.is_file())
     return {"models": sorted(models), "files": n, "layout": layout}

@@ -194,10 +194,11 @@ TABLE: dict[str, dict[str, dict[str, dict[str, Any]]]] = {
     },
     "tensorrt_llm_bls": {
         "parameters": {
-            "accumulate_tokens": _e("set", source="the BLS template (owned by the serving layer)"),
+            "accumulate_tokens": _e("set", source='"false" (each streamed text_output decodes the new ids only, as the ensemble)'),
             "tensorrt_llm_model_name": _e("set", source='"tensorrt_llm"'),
             "tensorrt_llm_draft_model_name": _e("cond", when="draft", source='"tensorrt_llm_draft" (build.speculative.mode='
-                                                'draft_tokens_external: the draft engine packaged as its own model)', default="none"),
+                                                'draft_tokens_external: the draft engine packaged as its own model; our BLS runs draft/verify rounds for requests '
+                                                'with num_draft_tokens > 0)', default="none (num_draft_tokens > 0 refused by name)"),
             "multimodal_encoders_name": _e("n/a", why=_MM),
         },
         "inputs": {n: _e("n/a", why=_MM) for n in ("image_input", "image_bytes_input", "image_url_input", "video_bytes_input")},
@@ -316,7 +317,7 @@ def render_markdown() -> str:
           "- `medusa` / `eagle` / `lookahead`: that speculative mode (a Medusa engine without `medusa_choices`, or a lookahead "
           "engine without all three lookahead sizes, is refused at config time).",
           "- `draft`: `build.speculative.mode=draft_tokens_external`; the draft engine is packaged as the model "
-          "`tensorrt_llm_draft` and the BLS calls it.", ""]
+          "`tensorrt_llm_draft` and the BLS calls it for requests with `num_draft_tokens` > 0 (docs/package.md).", ""]
     from .trtllm_config import LLMAPI_MAP
 
     L += ["## PyTorch backend (LLM API layout)", "",
