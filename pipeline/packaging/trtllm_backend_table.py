@@ -207,8 +207,9 @@ TABLE: dict[str, dict[str, dict[str, dict[str, Any]]]] = {
     "preprocessing": {
         "parameters": {
             "tokenizer_dir": _e("set", source="tokenizer (the export's tokenizer, copied next to model.py)"),
-            "add_special_tokens": _e("set", source='"false": the chat template (or BOS rule) adds special tokens once, '
-                                     "exactly as evaluation encodes prompts"),
+            "add_special_tokens": _e("n/a", why="our preprocessing has no such switch: it encodes the rendered prompt and adds BOS "
+                                     "only where the tokenizer itself does (pipeline/tokenization.py TextCodec), exactly as "
+                                     "evaluation encodes prompts; the chat template supplies the other special tokens"),
             "multimodal_model_path": _e("n/a", why=_MM),
             "gpt_model_path": _e("n/a", why="read by upstream preprocessing only for multimodal prompt tables"),
             "max_num_images": _e("n/a", why=_MM),
