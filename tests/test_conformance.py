@@ -535,9 +535,11 @@ def _engine_model(grpc: Any) -> str:
     raise AssertionError("no token-id engine model (tensorrt_llm / onnxruntime_genai) is served")
 
 
-def test_stop_input_with_the_same_request_id_ends_a_running_request(served, grpc, tok):
+@pytest.mark.parametrize("log_probs", [False, True], ids=["engine", "generator-log-probs"])
+def test_stop_input_with_the_same_request_id_ends_a_running_request(served, grpc, tok, log_probs):
     """``inflight_batcher_llm_client.py --stop-after-ms``: a second request with the same id and ``stop=true`` to the
-    engine model ends the first one; the first stream then finishes long before ``request_output_len``."""
+    engine model ends the first one; the first stream then finishes long before ``request_output_len`` (on both paths:
+    og.Engine, and og.Generator for return_log_probs)."""
     import tritonclient.grpc as grpcclient
 
     model = _engine_model(grpc)
@@ -560,7 +562,10 @@ def test_stop_input_with_the_same_request_id_ends_a_running_request(served, grpc
     c.start_stream(callback=lambda result, error: q.put((result, error)))
     c.async_stream_infer(model, tensors(input_ids=ids, input_lengths=np.array([[ids.shape[1]]], np.int32),
                                         request_output_len=np.array([[150]], np.int32), streaming=np.array([[True]]),
-                                        end_id=np.array([[-1]], np.int32)),
+                                        end_id=np.array([[-1]], np.int32),
+                                        # min_length: without the stop the request runs its 150 tokens
+                                        **({"return_log_probs": np.array([[True]]), "min_length": np.array([[150]], np.int32)}
+                                           if log_probs else {})),
                          request_id=rid, enable_empty_final_response=True)
     n = 0
     r, e = q.get(timeout=60)
@@ -584,7 +589,7 @@ def test_stop_input_with_the_same_request_id_ends_a_running_request(served, grpc
     stopper.stop_stream()
     c.close()
     stopper.close()
-    assert n < 150
+    assert n + 1 < 150, n  # responses: the first one (read before the loop) + n; 150 without the stop
 
 
 # --------------------------------------------------------------------------- Triton's HTTP generate extension
