@@ -31,9 +31,15 @@ to this file; a multi-byte or byte-fallback character is emitted once all its by
 equals the non-streamed text).
 
 Decoding is greedy unless the request asks for sampling (``runtime_top_k`` > 1 or ``runtime_top_p`` > 0 with
-``temperature`` > 0), the TensorRT-LLM convention.  Inputs the engine cannot honour (beam search, log probs,
-presence/frequency penalties, bad words, LoRA, ...) are refused per request with the input's name; nothing is
-silently ignored.  Token ids are checked against the vocabulary before they reach the engine.
+``temperature`` > 0), the TensorRT-LLM convention.  Inputs the engine cannot honour (presence/frequency penalties,
+bad words, LoRA, ...) are refused per request with the input's name; nothing is silently ignored.  Token ids are
+checked against the vocabulary before they reach the engine.
+
+``return_log_probs`` and beam search (``beam_width`` > 1, ``num_return_sequences``): og.Engine 0.18 exposes neither
+logits nor beams, so such a request runs on an ``og.Generator`` over the same ``og.Model`` (``_generator_steps``), one
+step per engine-loop turn, cancellation checked before each step.  Extra outputs: ``cum_log_probs`` FP32 [1, beams],
+``output_log_probs`` FP32 [1, beams, len] (shapes of TensorRT-LLM's C++ backend; values defined in
+``_generator_steps``).
 
 Concurrency: ``execute`` only validates and queues; one background thread owns the ``og.Engine`` (admits requests,
 calls ``engine.run`` step by step, dispatches token events, checks cancellation every step).  If the engine itself
