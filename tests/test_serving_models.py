@@ -33,17 +33,16 @@ def test_words_list_round_trip():
     assert mod.parse_words_list(stacked[0]) == [[5, 6], [7]] and mod.parse_words_list(stacked[1]) == [[9]]
 
 
-def test_cpu_target_refuses_a_served_beam_width_above_one():
-    from pipeline.errors import InputError
+def test_cpu_target_serves_the_packaged_beam_width():
     from pipeline.packaging.repository import settings_from_build
 
     bi = {"target": "onnxruntime_genai", "limits": {"max_batch_size": 8, "max_input_len": 64, "max_seq_len": 128}}
     pc = SimpleNamespace(max_batch_size=None, max_input_len=None, max_beam_width=4, decoupled=True, exclude_input_in_output=True,
                          instance_count=1, name="m")
-    with pytest.raises(InputError, match=r"package\.max_beam_width=4.*beam width 1"):
-        settings_from_build(bi, {"eos_token_ids": [2]}, pc)
-    pc.max_beam_width = 1
-    assert settings_from_build(bi, {"eos_token_ids": [2]}, pc).target == "onnxruntime_genai"
+    s = settings_from_build(bi, {"eos_token_ids": [2]}, pc)  # og beam search needs no build-time limit
+    assert (s.max_beam_width, s.served_max_beam_width) == (4, 4)
+    pc.max_beam_width = None
+    assert settings_from_build(bi, {"eos_token_ids": [2]}, pc).max_beam_width == 1
 
 
 def test_python_text_model_config_has_the_ensembles_interface():

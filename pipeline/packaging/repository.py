@@ -150,10 +150,8 @@ def settings_from_build(build_info: dict[str, Any], model_info: dict[str, Any], 
         return int(v)
 
     served_bw = getattr(package_cfg, "max_beam_width", None)
-    if target == "onnxruntime_genai" and served_bw is not None and int(served_bw) != 1:
-        raise InputError(f"package.max_beam_width={served_bw}: the onnxruntime_genai target serves beam width 1 only "
-                         f"(og.Engine in onnxruntime-genai 0.18 has no beam search; every request with beam_width > 1 would be "
-                         f"refused). Fix: set package.max_beam_width=1 (or null), or package a target=tensorrt_llm build.")
+    # onnxruntime_genai: beam search runs on og.Generator (num_beams is a per-request search option; genai_config.json
+    # needs no change), so package.max_beam_width only bounds the beam_width a request may ask for.
     eng_bs = limit("max_batch_size")
     eos = model_info.get("eos_token_ids") or []
     end_id = int(eos[0]) if eos else int(model_info.get("eos_token_id", -1) if not isinstance(model_info.get("eos_token_id"), list) else model_info["eos_token_id"][0])
@@ -164,7 +162,8 @@ def settings_from_build(build_info: dict[str, Any], model_info: dict[str, Any], 
         target=target, backend=str(backend), model_name=str(model_info.get("name") or getattr(package_cfg, "name", "model")),
         engine_max_batch_size=eng_bs, max_input_len=limit("max_input_len"), max_seq_len=limit("max_seq_len"),
         max_num_tokens=int(limits.get("max_num_tokens", knob("max_num_tokens", 2048))),
-        max_beam_width=int(limits.get("max_beam_width", knob("max_beam_width", 1))),
+        max_beam_width=max(int(limits.get("max_beam_width", knob("max_beam_width", 1))),
+                           int(served_bw or 1) if target == "onnxruntime_genai" else 1),  # og: no beam limit in the engine
         triton_max_batch_size=int(package_cfg.max_batch_size or eng_bs),
         served_max_input_len=getattr(package_cfg, "max_input_len", None),
         served_max_beam_width=getattr(package_cfg, "max_beam_width", None),
@@ -355,7 +354,7 @@ def generate_repository(out: Path, settings: Settings, *, engine_dir: Path, toke
             copy_tokenizer(tokenizer_dirs, eng / "1" / "tokenizer")  # in-process detokenization (text_output)
             ens_text = (out / "ensemble" / "config.pbtxt").read_text(encoding="utf-8")
             common = {"interface": "text", "engine_dir": "../../onnxruntime_genai/1/engine", "tokenizer_dir": "../../onnxruntime_genai/1/tokenizer",
-                      "max_input_len": vals["max_input_len"], "max_seq_len": vals["max_seq_len"],
+                      "max_input_len": vals["max_input_len"], "max_seq_len": vals["max_seq_len"], "max_beam_width": vals["max_beam_width"],
                       "exclude_input_in_output": vals["exclude_input_in_output"], "skip_special_tokens": "true"}
             for name, load, extra in (("ensemble", "eager", ()),
                                       ("tensorrt_llm_bls", "lazy", (("num_draft_tokens", "TYPE_INT32", [1]),

@@ -31,9 +31,15 @@ to this file; a multi-byte or byte-fallback character is emitted once all its by
 equals the non-streamed text).
 
 Decoding is greedy unless the request asks for sampling (``runtime_top_k`` > 1 or ``runtime_top_p`` > 0 with
-``temperature`` > 0), the TensorRT-LLM convention.  Inputs the engine cannot honour (beam search, log probs,
-presence/frequency penalties, bad words, LoRA, ...) are refused per request with the input's name; nothing is
-silently ignored.  Token ids are checked against the vocabulary before they reach the engine.
+``temperature`` > 0), the TensorRT-LLM convention.  Inputs the engine cannot honour (presence/frequency penalties,
+bad words, LoRA, ...) are refused per request with the input's name; nothing is silently ignored.  Token ids are
+checked against the vocabulary before they reach the engine.
+
+``return_log_probs`` and beam search (``beam_width`` > 1, ``num_return_sequences``): og.Engine 0.18 exposes neither
+logits nor beams, so such a request runs on an ``og.Generator`` over the same ``og.Model`` (``_generator_steps``), one
+step per engine-loop turn, cancellation checked before each step.  Extra outputs: ``cum_log_probs`` FP32 [1, beams],
+``output_log_probs`` FP32 [1, beams, len] (shapes of TensorRT-LLM's C++ backend; values defined in
+``_generator_steps``).
 
 Concurrency: ``execute`` only validates and queues; one background thread owns the ``og.Engine`` (admits requests,
 calls ``engine.run`` step by step, dispatches token events, checks cancellation every step).  If the engine itself
@@ -160,6 +166,11 @@ class Job:
     first_token_ns: int = 0
     decoder: Any = None
     done: bool = False
+    beams: int = 1  # beam_width (og search option num_beams)
+    n_return: int = 1  # sequences returned (num_return_sequences, <= beams)
+    log_probs: bool = False  # return_log_probs
+    logps: list[float] = field(default_factory=list)  # log prob of each generated token (greedy/sampled Generator path)
+    steps: Any = None  # the Generator path's step iterator (None: the job runs on og.Engine)
 
 
 class TritonPythonModel:
@@ -188,6 +199,7 @@ class TritonPythonModel:
         self.per_turn_seed = isinstance(gcfg.get("engine"), dict) and "dynamic_batching" in gcfg["engine"]
         self.max_input_len = int(params.get("max_input_len") or 0)
         self.max_seq_len = int(params.get("max_seq_len") or gcfg.get("search", {}).get("max_length") or 0)
+        self.max_beam_width = max(1, int(params.get("max_beam_width") or 1))  # package.max_beam_width
         self.default_exclude_input = params.get("exclude_input_in_output", "true").lower() in ("1", "true", "yes")
         self.skip_special = params.get("skip_special_tokens", "true").lower() in ("1", "true", "yes")
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(self.model_config)
@@ -206,6 +218,7 @@ class TritonPythonModel:
             self.vocab_size = int(self.tokenizer.get_vocab_size(with_added_tokens=True))
         self.pending: "queue.Queue[list[Job]]" = queue.Queue()
         self.active: dict[int, Job] = {}
+        self.gen_jobs: list[Job] = []  # jobs on the og.Generator path (log probs, beam search), stepped by the owner thread
         self.draining: dict[int, Any] = {}  # og requests we cancelled; closed once the engine reports the turn finished
         self._stop = threading.Event()
         self._ready = threading.Event()
@@ -277,18 +290,20 @@ class TritonPythonModel:
             if a is not None and a.size and any(float(x) != neutral for x in a.reshape(-1).tolist()):
                 raise ValueError(f"input '{name}'={a.reshape(-1).tolist()[0]} is not supported by the onnxruntime_genai engine "
                                  f"(no such search option in onnxruntime-genai 0.18); remove it or send {neutral}")
-        for name in ("return_log_probs", "return_context_logits", "return_generation_logits"):
+        for name in ("return_context_logits", "return_generation_logits"):
             a = self._get(request, name)
             if a is not None and a.size and bool(a.reshape(-1).any()):
                 raise ValueError(f"{name}=true is not supported by the onnxruntime_genai engine (og.Engine 0.18 exposes no "
                                  f"logits or log probs); remove it")
+        lp = self._get(request, "return_log_probs")
+        log_probs = bool(lp is not None and lp.size and bool(lp.reshape(-1).any()))
         requested = set(request.requested_output_names())
         group = Group(sender=request.get_response_sender(), request_id=request.request_id(), size=n, open=n)
         jobs = []
         for b in range(n):
             where = f"prompt {b}: " if n > 1 else ""
             try:
-                jobs.append(self._parse_row(request, ids_arr[b], b, sc, group, requested))
+                jobs.append(self._parse_row(request, ids_arr[b], b, sc, group, requested, log_probs))
             except ValueError as e:
                 raise ValueError(f"{where}{e}") from None
         return jobs
@@ -316,7 +331,8 @@ class TritonPythonModel:
             out.append(self._encode(text))
         return out
 
-    def _parse_row(self, request: Any, row_ids: Any, b: int, sc: Any, group: Group, requested: set[str]) -> Job:
+    def _parse_row(self, request: Any, row_ids: Any, b: int, sc: Any, group: Group, requested: set[str],
+                   log_probs: bool = False) -> Job:
         ids = [int(t) for t in (row_ids if isinstance(row_ids, list) else row_ids.tolist())]
         n_in = len(ids) if self.text else int(sc("input_lengths", b, len(ids)))
         if not 0 <= n_in <= len(ids):
@@ -343,13 +359,16 @@ class TritonPythonModel:
         if streaming and not self.decoupled:
             raise ValueError("streaming is only supported when the model is deployed in decoupled mode (package.decoupled=true)")
         beam = int(sc("beam_width", b, 1))
-        if beam != 1:
-            raise ValueError(f"beam_width={beam}: the onnxruntime_genai engine serves beam width 1 only (og.Engine 0.18 has "
-                             f"no beam search); send beam_width=1")
-        nrs = int(sc("num_return_sequences", b, 1))
-        if nrs != 1:
-            raise ValueError(f"num_return_sequences={nrs}: only 1 is supported by the onnxruntime_genai engine; send one "
-                             f"request per sequence (with sampling) instead")
+        if not 1 <= beam <= self.max_beam_width:
+            raise ValueError(f"beam_width={beam} is outside this deployment's range 1..{self.max_beam_width} "
+                             f"(package.max_beam_width); send a beam_width in that range or repackage with a larger "
+                             f"package.max_beam_width")
+        nrs = sc("num_return_sequences", b, None)
+        n_return = beam if nrs is None or int(nrs) == 0 else int(nrs)
+        if not 1 <= n_return <= beam:
+            raise ValueError(f"num_return_sequences={nrs} with beam_width={beam}: the onnxruntime_genai engine returns 1.."
+                             f"beam_width beams of one beam search (several sampled sequences per request are not supported); "
+                             f"send num_return_sequences <= beam_width, or one request per sampled sequence")
         top_k = int(sc("runtime_top_k", b, 0))
         top_p = float(sc("runtime_top_p", b, 0.0))
         temperature = float(sc("temperature", b, 1.0))
@@ -368,13 +387,22 @@ class TritonPythonModel:
                              f"(or decode greedily, which is deterministic)")
         if self._words_row(request, "bad_words_list", b):
             raise ValueError("bad_words is not supported by the onnxruntime_genai engine; send an empty bad_words list")
+        if beam > 1:  # og beam search (Generator, num_beams) runs to its own end; what it cannot honour is refused
+            for bad, why in ((streaming, "streaming"), (do_sample, "sampling (top_k > 1 / top_p > 0)"),
+                             (self._words_row(request, "stop_words_list", b), "stop words"),
+                             (end_id is not None and int(end_id) >= 0 and int(end_id) not in self.eos_ids, f"end_id={end_id}"),
+                             (int(sc("min_length", b, 0)) > 0, "min_length")):
+                if bad:
+                    raise ValueError(f"beam_width={beam} with {why} is not supported by the onnxruntime_genai engine "
+                                     f"(og.Generator beam search 0.18); send beam_width=1 or remove {why.split(' ')[0]}")
         job = Job(group=group, batch_index=b, input_ids=ids, max_new_tokens=max_new, streaming=streaming,
                   exclude_input=self.default_exclude_input if exclude is None else bool(exclude),
                   end_id=None if end_id is None or int(end_id) < 0 else int(end_id),
                   stop_sequences=self._words_row(request, "stop_words_list", b), do_sample=do_sample, top_k=top_k,
                   top_p=top_p, temperature=temperature, repetition_penalty=None if rp is None else float(rp),
                   min_length=int(sc("min_length", b, 0)), seed=None if seed is None else int(seed),
-                  perf=bool(sc("return_perf_metrics", b, False)), requested=requested)
+                  perf=bool(sc("return_perf_metrics", b, False)), requested=requested, beams=beam, n_return=n_return,
+                  log_probs=log_probs)
         if streaming and (self.text or "text_output" in requested):
             job.decoder = self.codec.stream_decoder(skip_special_tokens=self.skip_special)
         return job
@@ -458,6 +486,7 @@ class TritonPythonModel:
 
     def _owner(self) -> None:
         self.engine = None
+        self.model = None
         try:
             if not self.lazy:
                 self._create_engine()
@@ -495,7 +524,7 @@ class TritonPythonModel:
             try:
                 if self._engine_broken is not None and time.monotonic() >= self._next_reload:
                     self._recover(self._engine_broken)
-                idle = not self.active
+                idle = not self.active and not self.gen_jobs
                 try:
                     jobs = self.pending.get(timeout=0.05) if idle else self.pending.get_nowait()
                 except queue.Empty:
@@ -513,6 +542,10 @@ class TritonPythonModel:
                         if self._engine_broken is not None:
                             self._fail(job, f"the engine is not usable ({self._engine_broken}); restart the server")
                             continue
+                        if job.beams > 1 or job.log_probs:
+                            job.steps = self._generator_steps(job)
+                            self.gen_jobs.append(job)
+                            continue
                         try:
                             self._admit(job)
                         except Exception as e:  # noqa: BLE001 - e.g. prompt too long for the session
@@ -529,6 +562,7 @@ class TritonPythonModel:
                     except queue.Empty:
                         jobs = None
                 self._poll_cancellations()
+                self._step_generators()
                 if self.engine is None or not self.engine.has_pending_requests():
                     continue
                 for ev in self.engine.run(self.buffer):
@@ -538,10 +572,142 @@ class TritonPythonModel:
                 self.logger.log_error(f"engine loop error: {msg}")
                 self._recover(msg.strip().splitlines()[-1])
 
+    # ------------------------------------------------------------------ og.Generator path (log probs, beam search)
+    @staticmethod
+    def _log_softmax_at(logits: np.ndarray, token: int) -> float:
+        """``log_softmax(logits)[token]`` in float64 (logits: FP32 [vocab], the model's raw next-token scores)."""
+        z = np.asarray(logits, dtype=np.float64).reshape(-1)
+        m = float(z.max())
+        return float(z[token] - m - np.log(np.exp(z - m).sum()))
+
+    def _new_generator(self, job: Job, num_beams: int, max_length: int, sample: bool) -> Any:
+        og = self.og
+        p = og.GeneratorParams(self.model)
+        opts: dict[str, Any] = {"max_length": max_length, "num_beams": num_beams, "num_return_sequences": num_beams,
+                                "do_sample": sample}
+        if sample:
+            opts.update(temperature=job.temperature, top_k=job.top_k or 0, top_p=job.top_p if job.top_p > 0 else 1.0)
+            if job.seed is not None:
+                opts["random_seed"] = job.seed
+        if job.repetition_penalty is not None:
+            opts["repetition_penalty"] = job.repetition_penalty
+        if job.min_length > 0:  # og's min_length counts the prompt too
+            opts["min_length"] = min(max_length, len(job.input_ids) + job.min_length)
+        if num_beams > 1:
+            opts.update(early_stopping=True, length_penalty=1.0)
+        p.set_search_options(**opts)
+        return og.Generator(self.model, p)
+
+    def _generator_steps(self, job: Job) -> Any:
+        """The job as an iterator of og.Generator steps (the owner thread advances every such job one step per loop).
+
+        Beam width 1: one token per step; its log prob is ``log_softmax`` of the model's raw logits for that step
+        (``og.Generator.get_logits``, before repetition penalty / temperature / top-k / top-p) at the token the
+        search chose; streamed tokens go out as they come.  The end token is never part of the output.
+        Beam width > 1: onnxruntime-genai beam search (``num_beams``, length_penalty 1, early stopping) runs to its
+        end; og exposes no per-beam history of log probs, so when ``return_log_probs`` is set every returned beam is
+        re-scored token by token with a fresh beam-1 Generator (teacher forcing, same raw ``log_softmax``): its
+        ``output_log_probs`` are the model's log probs of that beam's tokens and ``cum_log_probs`` their sum (no length
+        penalty; og ranks beams with length_penalty 1, i.e. sum / length).
+        """
+        if self.model is None:
+            self._recover("not loaded yet")
+        if self.model is None:
+            raise RuntimeError(f"the engine is not usable ({self._engine_broken})")
+        n_in = len(job.input_ids)
+        limit = n_in + job.max_new_tokens
+        if job.beams == 1:
+            g = self._new_generator(job, 1, limit, job.do_sample)
+            g.append_tokens(np.asarray(job.input_ids, dtype=np.int32))
+            while not g.is_done() and len(job.tokens) < job.max_new_tokens:
+                logits = g.get_logits()[0, -1] if job.log_probs else None
+                g.generate_next_token()
+                tok = int(g.get_next_tokens()[0])
+                if tok in self.eos_ids or (job.end_id is not None and tok == job.end_id):
+                    break  # the end token is never part of the output
+                lp = self._log_softmax_at(logits, tok) if logits is not None else None
+                if not job.first_token_ns:
+                    job.first_token_ns = time.time_ns()
+                job.tokens.append(tok)
+                if lp is not None:
+                    job.logps.append(lp)
+                piece = job.decoder.push((tok,)) if job.decoder is not None else ""
+                stop = bool(job.stop_sequences and ends_with_any(job.tokens, job.stop_sequences))
+                if job.streaming:
+                    last = stop or len(job.tokens) >= job.max_new_tokens
+                    if last:
+                        piece += job.decoder.flush() if job.decoder is not None else ""
+                    self._send(job, [tok], piece, final=last, logps=[[lp]] if lp is not None else None)
+                    if last:
+                        return
+                if stop:
+                    break
+                yield
+            del g
+            self._final_response(job)
+            return
+        g = self._new_generator(job, job.beams, limit, False)
+        g.append_tokens(np.asarray(job.input_ids, dtype=np.int32))
+        while not g.is_done():
+            g.generate_next_token()
+            yield
+        seqs = []
+        for i in range(job.n_return):
+            out = [int(t) for t in g.get_sequence(i)[n_in:].tolist()]
+            cut = next((k for k, t in enumerate(out) if t in self.eos_ids), len(out))
+            seqs.append(out[:cut])
+        del g
+        job.first_token_ns = job.first_token_ns or time.time_ns()
+        logps = None
+        if job.log_probs:
+            logps = []
+            for seq in seqs:
+                r = self._new_generator(job, 1, n_in + len(seq) + 1, False)
+                r.append_tokens(np.asarray(job.input_ids, dtype=np.int32))
+                row = []
+                for tok in seq:
+                    row.append(self._log_softmax_at(r.get_logits()[0, -1], tok))
+                    r.append_tokens(np.asarray([tok], dtype=np.int32))
+                    yield
+                logps.append(row)
+                del r
+        job.tokens = seqs[0]
+        full = [s if job.exclude_input else job.input_ids + s for s in seqs]
+        texts = [self._decode(ids) for ids in full] if (self.text or "text_output" in job.requested) else [""] * len(full)
+        self._send(job, full, texts, final=True, logps=logps)
+
+    def _step_generators(self) -> None:
+        """Advance every Generator-path job by one step; cancellation is checked before each step."""
+        for job in list(self.gen_jobs):
+            g = job.group
+            try:
+                gone = g.sender.is_cancelled()
+            except Exception:  # noqa: BLE001
+                gone = True
+            if gone and not g.cancelled:
+                g.cancelled = True
+                self.logger.log_info(f"request {g.request_id or '-'} cancelled by the client after {len(job.tokens)} generated token(s)")
+            if g.cancelled:
+                self.gen_jobs.remove(job)
+                job.steps = None
+                if not job.done and not gone:  # stopped by a stop request: answer with what it has
+                    self._final_response(job)
+                self._complete(job)
+                continue
+            try:
+                next(job.steps)
+            except StopIteration:
+                self.gen_jobs.remove(job)
+                job.steps = None
+            except Exception as e:  # noqa: BLE001 - this request fails; the others and the engine keep running
+                self.gen_jobs.remove(job)
+                job.steps = None
+                self._fail(job, f"generation failed: {e}")
+
     def _stop_by_id(self, request_id: str) -> None:
         """``stop=true``: mark the running request(s) with this id cancelled; the next poll ends them."""
         found = False
-        for job in self.active.values():
+        for job in [*self.active.values(), *self.gen_jobs]:
             if job.group.request_id == request_id:
                 job.group.cancelled = found = True
         if found:
@@ -635,10 +801,12 @@ class TritonPythonModel:
 
     def _final_response(self, job: Job) -> None:
         if job.streaming:
-            self._send(job, [], job.decoder.flush() if job.decoder is not None else "", final=True)
+            self._send(job, [], job.decoder.flush() if job.decoder is not None else "", final=True,
+                       logps=[[]] if job.log_probs else None)
         else:
             ids = job.tokens if job.exclude_input else job.input_ids + job.tokens
-            self._send(job, ids, self._decode(ids) if (self.text or "text_output" in job.requested) else "", final=True)
+            self._send(job, ids, self._decode(ids) if (self.text or "text_output" in job.requested) else "", final=True,
+                       logps=[job.logps] if job.log_probs else None)
 
     def _complete(self, job: Job) -> None:
         """Count the job as done; the last job of its group sends the request's FINAL flag."""
@@ -688,16 +856,44 @@ class TritonPythonModel:
     def _decode(self, ids: list[int]) -> str:
         return self.codec.decode(ids, skip_special_tokens=self.skip_special)
 
-    def _send(self, job: Job, ids: list[int], text: str, *, final: bool) -> None:
-        """One response for one prompt; shapes as TensorRT-LLM's backend (module docstring)."""
-        n = len(ids)
+    def _send(self, job: Job, ids: list[int] | list[list[int]], text: str | list[str], *, final: bool,
+              logps: list[list[float]] | None = None) -> None:
+        """One response for one prompt; shapes as TensorRT-LLM's backend (module docstring).
+
+        ``ids``: one sequence, or one per returned beam (then ``text`` is a list too); ``output_ids`` INT32
+        [1, beams, max len] padded with the end id, ``sequence_length`` INT32 [1, beams].  ``logps`` (return_log_probs):
+        per beam the log prob of each generated token of this response -> ``output_log_probs`` FP32 [1, beams, max len]
+        (padded with 0.0) and ``cum_log_probs`` FP32 [1, beams] (the sum over every token generated so far, streamed or
+        not).
+        """
+        seqs = ids if ids and isinstance(ids[0], list) else [ids]
+        texts = text if isinstance(text, list) else [text]
+        lens = [len(x) for x in seqs]
+        n = max(lens)
+        pad = next(iter(sorted(self.eos_ids)), 0) if job.end_id is None else job.end_id
         req = job.requested
         outs = []
         if "output_ids" in self.outputs:
-            outs.append(pb_utils.Tensor("output_ids", np.asarray(ids, dtype=np.int32).reshape(1, 1, n)))
-            outs.append(pb_utils.Tensor("sequence_length", np.asarray([[n]], dtype=np.int32)))
+            arr = np.full((1, len(seqs), n), pad, dtype=np.int32)
+            for i, x in enumerate(seqs):
+                arr[0, i, :len(x)] = x
+            outs.append(pb_utils.Tensor("output_ids", arr))
+            outs.append(pb_utils.Tensor("sequence_length", np.asarray([lens], dtype=np.int32)))
         if "text_output" in req or self.text:
-            outs.append(pb_utils.Tensor("text_output", np.asarray([text.encode("utf-8")], dtype=np.object_)))
+            outs.append(pb_utils.Tensor("text_output", np.asarray([t.encode("utf-8") for t in texts], dtype=np.object_)))
+        if logps is not None:
+            width = max(len(r) for r in logps)
+            per = np.zeros((1, len(logps), width), dtype=np.float32)
+            for i, r in enumerate(logps):
+                per[0, i, :len(r)] = r
+            if len(logps) == 1 and job.streaming:
+                cum = [float(np.sum(job.logps, dtype=np.float64))]
+            else:
+                cum = [float(np.sum(r, dtype=np.float64)) for r in logps]
+            if "output_log_probs" in req and "output_log_probs" in self.outputs:
+                outs.append(pb_utils.Tensor("output_log_probs", per))
+            if "cum_log_probs" in req and "cum_log_probs" in self.outputs:
+                outs.append(pb_utils.Tensor("cum_log_probs", np.asarray([cum], dtype=np.float32)))
         if "batch_index" in req:
             outs.append(pb_utils.Tensor("batch_index", np.asarray([[job.batch_index]], np.int32)))
         if "sequence_index" in req:
