@@ -191,6 +191,12 @@ def _split_hydra_args(argv: list[str]) -> tuple[list[str], list[str]]:
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
+    # A job started in the background of a non-interactive shell (CI runners, `cmd &`) inherits SIGINT as
+    # *ignored*, and Python then never raises KeyboardInterrupt: restore it so SIGINT always stops a run (exit 130).
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     if argv and argv[0] in ("-h", "--help", "help"):
         print(__doc__.strip())
         print("\nConfig groups and overrides: pipeline --cfg job (resolved config), pipeline --hydra-help; README.md.")
