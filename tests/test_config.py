@@ -108,6 +108,14 @@ def test_validation_collects_every_problem():
     assert any("float16" in str(p) for p in problems if p.field == "model.dtype")
 
 
+@pytest.mark.parametrize("field,value", [("eval.max_new_tokens", -1), ("eval.max_new_tokens", 0), ("eval.worst_regressions", -1),
+                                         ("eval.torch_threads", -2)])
+def test_eval_counts_out_of_range_are_refused(field, value):
+    """eval.max_new_tokens=-1 was accepted and the whole evaluation ran with it."""
+    problems = validate(compose([f"{field}={value}"]), raise_on_error=False)
+    assert field in {p.field for p in problems}
+
+
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(ROOT), TERM="dumb", COLUMNS="200")
     return subprocess.run([*PIPELINE, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)

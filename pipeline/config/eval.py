@@ -131,6 +131,13 @@ def validate(cfg: EvalConfig, prefix: str = "eval") -> list[Problem]:
         problems.append(Problem(f"{prefix}.fidelity_heldout", cfg.fidelity_heldout, "must be >= 0.", "use 64, or 0 to turn it off"))
     if cfg.batch_size < 1:
         problems.append(Problem(f"{prefix}.batch_size", cfg.batch_size, "must be >= 1.", "use eval.batch_size=16"))
+    if cfg.max_new_tokens < 1:
+        problems.append(Problem(f"{prefix}.max_new_tokens", cfg.max_new_tokens, "must be >= 1 (tokens generated per item).",
+                                "use eval.max_new_tokens=48"))
+    if cfg.worst_regressions < 0:
+        problems.append(Problem(f"{prefix}.worst_regressions", cfg.worst_regressions, "must be >= 0.", "use 20, or 0 to list none"))
+    if cfg.torch_threads < 0:
+        problems.append(Problem(f"{prefix}.torch_threads", cfg.torch_threads, "must be >= 0.", "use 0 (auto) or a thread count"))
     if not cfg.eval_set:
         problems.append(Problem(f"{prefix}.eval_set", None, "no eval set given.", "set eval.eval_set=/path/to/eval.jsonl or eval=support_v1"))
     if not 0.5 <= cfg.gate.confidence < 1.0:
