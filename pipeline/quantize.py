@@ -297,6 +297,10 @@ ATTN_OUT_PATTERNS = ("*.self_attn.o_proj", "*.self_attention.dense", "*.attentio
 #: Source: https://developer.nvidia.com/cuda-gpus (compute capability per GPU).
 _LOCAL_SM = {"h100": 90, "h100_sxm": 90, "h100_pcie": 90, "h200": 90, "a100": 80, "a100_40gb": 80, "a100_80gb": 80,
              "a10g": 86, "a10": 86, "l4": 89, "l40s": 89, "t4": 75, "v100": 70, "b200": 100}
+#: ModelOpt pads vocab_embedding/lm_head rows to a multiple of this when it exports AWQ-format (W4A16_AWQ, W4A8_AWQ)
+#: TensorRT-LLM checkpoints (modelopt/torch/export/model_config_export.py, postprocess.pad_embedding_lm_head).
+AWQ_VOCAB_MULTIPLE = 64
+
 #: Minimum SM per recipe / KV format, TensorRT-LLM support matrix (docs/source/reference/support-matrix.md; docs/reference/tensorrt_llm.md §4).
 _LOCAL_RECIPE_MIN_SM = {"none": 80, "int8_wo": 80, "int4_rtn": 80, "int4_wo": 80, "auto": 80, "int4_awq": 80, "int8_sq": 80, "fp8": 89, "w4a8_awq": 89}
 _LOCAL_KV_MIN_SM = {"none": 80, "int8": 80, "fp8": 89}
@@ -663,7 +667,15 @@ def check_trtllm_checkpoint(ckpt: Path, facts: dict[str, Any], qcfg: Any, pre: d
             errs.append(f"rotary_scaling: exported {got_sc!r} != source {want_sc!r}")
     elif got_sc:
         errs.append(f"rotary_scaling: exported {got_sc!r} but the source has none")
-    for f, k in (("max_position_embeddings", "max_position_embeddings"), ("vocab_size", "vocab_size"),
+    algo = quant_algo if quant_algo is not None else RECIPES[qcfg.recipe].quant_algo
+    awq_padded = None
+    if facts["vocab_size"] % AWQ_VOCAB_MULTIPLE and c.get("vocab_size") == -(-facts["vocab_size"] // AWQ_VOCAB_MULTIPLE) * AWQ_VOCAB_MULTIPLE \
+            and algo in ("W4A16_AWQ", "W4A8_AWQ", "MIXED_PRECISION"):
+        # ModelOpt pads embedding and lm_head rows to a multiple of 64 when it exports AWQ-format weights
+        # (modelopt/torch/export/postprocess.py pad_embedding_lm_head); the padded rows are zeros.
+        awq_padded = int(c["vocab_size"])
+    eq("vocab_size", c.get("vocab_size"), awq_padded or facts["vocab_size"])
+    for f, k in (("max_position_embeddings", "max_position_embeddings"),
                  ("num_attention_heads", "num_attention_heads"), ("num_key_value_heads", "num_key_value_heads"),
                  ("head_size", "head_dim"), ("num_hidden_layers", "num_hidden_layers")):
         eq(f, c.get(f), facts[k])
@@ -679,6 +691,8 @@ def check_trtllm_checkpoint(ckpt: Path, facts: dict[str, Any], qcfg: Any, pre: d
     if [p.name for p in ranks] != [f"rank{i}.safetensors" for i in range(world)]:
         errs.append(f"rank files: {[p.name for p in ranks]} (expected rank0..rank{world - 1}.safetensors)")
     padded = (pre.get("vocab_padding") or {}).get("padded", facts["vocab_size"])
+    if awq_padded:
+        padded = -(-awq_padded // int(qcfg.tp_size)) * int(qcfg.tp_size)
     # layer indices are local to a pipeline rank (rank = pp_rank * tp_size + tp_rank); map them to global ones
     kv_local: dict[tuple[int, int], float] = {}
     layers_per_pp: dict[int, int] = {}
@@ -715,7 +729,9 @@ def check_trtllm_checkpoint(ckpt: Path, facts: dict[str, Any], qcfg: Any, pre: d
         raise InputError(f"{cpath}: the exported TensorRT-LLM checkpoint does not match the source model:\n"
                          + "\n".join(f"  - {e}" for e in errs)
                          + "\nFix: this is an exporter problem for this architecture/recipe; report it with the quant_report.json.")
-    return {"patched": patched, "ranks": [p.name for p in ranks], "kv_cache_scales": {str(k): v for k, v in sorted(kv_layers.items())},
+    return {"patched": patched, "ranks": [p.name for p in ranks],
+            "vocab_padded": ({"original": facts["vocab_size"], "padded": awq_padded, "by": "ModelOpt AWQ export (multiple of 64, zero rows)"}
+                             if awq_padded else None), "kv_cache_scales": {str(k): v for k, v in sorted(kv_layers.items())},
             "config": {k: c.get(k) for k in ("architecture", "dtype", "vocab_size", "rotary_base", "rotary_scaling", "quantization", "mapping")}}
 
 

@@ -218,3 +218,25 @@ def test_generic_calibration_set_is_the_generator_output(repo_root):
     gen = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen)
     assert [{k: r[k] for k in ("id", "text")} for r in gen.rows()] == [{k: r[k] for k in ("id", "text")} for r in rows]
+
+
+def test_vocab_not_a_multiple_of_64_survives_awq_export_and_builds(tmp_path, repo_root):
+    """A user's tokenizer-trained vocabulary (330 rows here; 326 in the report) is padded to 384 by ModelOpt's AWQ
+    export; the export check refused that padding as a mismatch (exit 2) although TensorRT-LLM reads it as is."""
+    import sys
+
+    sys.path.insert(0, str(repo_root / "tests"))
+    import tiny
+    from rich.console import Console
+
+    from pipeline.runner import run_pipeline
+
+    ckpt = tiny.make_checkpoint(tmp_path / "odd_vocab", "llama", vocab_size=330)
+    cfg = compose([f"model.path={ckpt}", "model.name=odd-vocab", "quant=int4_awq", "quant.group_size=64", "target=onnxruntime_genai",
+                   f"store_dir={tmp_path / 'store'}", "stages=[build]", "calibration.num_samples=16", "calibration.min_samples=8",
+                   "build.max_input_len=128", "build.max_seq_len=192", "build.max_batch_size=4", "progress=false"])
+    summary = run_pipeline(cfg, console=Console(quiet=True))
+    assert summary.exit_code == 0, summary.error
+    q = next(s for s in summary.stages if s.stage == "quantize")
+    rep = json.loads((Path(q.path) / "quant_report.json").read_text())
+    assert rep["export_checks"]["vocab_padded"] == {"original": 330, "padded": 384, "by": "ModelOpt AWQ export (multiple of 64, zero rows)"}
