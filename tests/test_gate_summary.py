@@ -17,7 +17,7 @@ EV = {"passed": False, "verdict": "inconclusive", "mode": "release", "reason": "
 
 def _print(gate):
     buf = io.StringIO()
-    print_summary(RunSummary([], 3, [], 1.0, None, "evaluation gate failed", gate), Console(file=buf, width=200))
+    print_summary(RunSummary([], 3, [], 1.0, None, "evaluation gate failed", gate=gate), Console(file=buf, width=200))
     return buf.getvalue()
 
 
@@ -42,5 +42,5 @@ def test_parity_read_from_release_manifest(tmp_path):
 
 
 def test_summary_json_carries_the_gate():
-    s = RunSummary([], 0, [], 1.0, None, None, {"evaluate": EV})
+    s = RunSummary([], 0, [], 1.0, None, None, gate={"evaluate": EV})
     assert s.to_json()["gate"]["evaluate"]["verdict"] == "inconclusive"
