@@ -10,6 +10,7 @@ Old behaviour: the new names did not exist (compose refused them), so every test
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import logging
 import os
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from pipeline.config import ConfigError, PipelineConfig, compose, deprecations
+from pipeline.config import ConfigError, compose, deprecations
 from pipeline.runner import compute_key, run_pipeline
 from pipeline.stages import get_stage
 
@@ -97,7 +98,7 @@ def test_without_overrides_a_non_default_new_value_conflicts():
 def test_run_summary_records_the_deprecations(tmp_path):
     cfg = compose(["quant.kv_cache=none", "calibration.num_samples=64"])
     cfg.stages = []  # refused by validation: the run ends before any stage, the summary is still written
-    s = run_pipeline(cfg, summary_dir=tmp_path, console=Console(file=open(os.devnull, "w")))
+    s = run_pipeline(cfg, summary_dir=tmp_path, console=Console(file=io.StringIO()))
     doc = json.loads((tmp_path / "summary.json").read_text())
     assert s.exit_code == 2
     assert [d.split(" ")[0] for d in doc["deprecations"]] == ["calibration.num_samples", "quant.kv_cache"]
