@@ -53,7 +53,7 @@ bench: env serve-env
 	$(PIPELINE) stages=[benchmark] quant=int4_awq target=onnxruntime_genai benchmark=default $(ARGS)
 	$(PY) -m pipeline.bench.shapes llama80m $(BENCH_80M)
 	$(PIPELINE) stages=[benchmark] model.path=$(BENCH_80M) model.name=llama80m quant=int4_awq target=onnxruntime_genai \
-	  benchmark=llama80m calibration.num_samples=16 calibration.min_samples=16 calibration.max_seq_len=64 eval.limit=16 package.allow_failed_gate=true $(ARGS) || [ $$? -eq 3 ]
+	  benchmark=llama80m calibration.calib_size=16 calibration.min_samples=16 calibration.calib_max_seq_length=64 eval.limit=16 package.allow_failed_gate=true $(ARGS) || [ $$? -eq 3 ]
 	$(PIPELINE) benchmark show bench/results/default.json
 	$(PIPELINE) benchmark show bench/results/llama80m.json
 

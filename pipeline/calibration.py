@@ -305,7 +305,7 @@ def _read_hf(cfg: "CalibrationConfig") -> tuple[list[RawSample], int]:
     except Exception as e:  # noqa: BLE001 - offline hub, unknown name, auth ...
         raise InputError(f"calibration.hf_dataset={cfg.hf_dataset!r} (split {cfg.hf_split!r}) could not be loaded: {type(e).__name__}: {e}. "
                          "Fix: check the name and network access, or download it and pass calibration.path=<file>.") from e
-    n = min(len(ds), max(cfg.num_samples * 4, cfg.num_samples))
+    n = min(len(ds), max(cfg.calib_size * 4, cfg.calib_size))
     return _rows_from_records([dict(r) for r in ds.select(range(n))], f"hf:{cfg.hf_dataset}", cfg.text_field)
 
 
@@ -353,11 +353,11 @@ def load_calibration(cfg: "CalibrationConfig", tokenizer: Any, path: Path | None
     """Read, shuffle (seeded), tokenize and check a calibration set.
 
     Args:
-        cfg: the ``calibration`` config group (num_samples, max_seq_len, seed, min_tokens, min_samples ...).
+        cfg: the ``calibration`` config group (calib_size, calib_max_seq_length, seed, min_tokens, min_samples ...).
         tokenizer: the export checkpoint's ``transformers`` tokenizer.
         path: the resolved calibration file (``None`` for ``format: hf``).
     Returns:
-        :class:`CalibrationSet` with up to ``num_samples`` samples, each truncated to ``max_seq_len`` tokens.
+        :class:`CalibrationSet` with up to ``calib_size`` samples, each truncated to ``calib_max_seq_length`` tokens.
     Raises:
         InputError: unreadable / non-UTF-8 / malformed input (file and line named), or fewer than
         ``min_samples`` usable samples (counts named).
@@ -371,7 +371,7 @@ def load_calibration(cfg: "CalibrationConfig", tokenizer: Any, path: Path | None
     short: list[str] = []
     truncated = empty = 0
     for i in order:
-        if len(samples) >= cfg.num_samples:
+        if len(samples) >= cfg.calib_size:
             break
         r = rows[i]
         if r.messages is not None:
@@ -385,8 +385,8 @@ def load_calibration(cfg: "CalibrationConfig", tokenizer: Any, path: Path | None
         if not ids:
             empty += 1
             continue
-        if len(ids) > cfg.max_seq_len:
-            ids = ids[: cfg.max_seq_len]
+        if len(ids) > cfg.calib_max_seq_length:
+            ids = ids[: cfg.calib_max_seq_length]
             truncated += 1
         if len(ids) < cfg.min_tokens:
             short.append(r.where)
@@ -398,19 +398,19 @@ def load_calibration(cfg: "CalibrationConfig", tokenizer: Any, path: Path | None
     if short:
         warnings.append(f"{source}: {len(short)} sample(s) shorter than calibration.min_tokens={cfg.min_tokens} tokens "
                         f"(e.g. {', '.join(short[:3])}); they are kept but carry little signal")
-    if len(samples) < cfg.num_samples:
-        warnings.append(f"{source}: {len(samples)} usable sample(s) of {cfg.num_samples} requested")
+    if len(samples) < cfg.calib_size:
+        warnings.append(f"{source}: {len(samples)} usable sample(s) of {cfg.calib_size} requested")
     for w in warnings:
         log.warning(w)
     stats = {
-        "source": source, "format": fmt, "requested": cfg.num_samples, "available": len(rows), "used": len(samples),
+        "source": source, "format": fmt, "requested": cfg.calib_size, "available": len(rows), "used": len(samples),
         "blank_dropped": blank, "empty_dropped": empty, "short": len(short), "truncated": truncated,
-        "min_tokens": cfg.min_tokens, "max_seq_len": cfg.max_seq_len, "batch_size": cfg.batch_size, "seed": cfg.seed,
+        "min_tokens": cfg.min_tokens, "max_seq_len": cfg.calib_max_seq_length, "batch_size": cfg.batch_size, "seed": cfg.seed,
         "tokens": sum(len(s) for s in samples), "pad_token": pad, "pad_token_set": pad_set,
         "apply_chat_template": cfg.apply_chat_template,
     }
     if len(samples) < cfg.min_samples:
         raise InputError(f"calibration: only {len(samples)} usable sample(s) in {source} ({len(rows)} read, {blank} blank dropped, "
-                         f"{empty} empty), fewer than calibration.min_samples={cfg.min_samples} (requested num_samples={cfg.num_samples}). "
+                         f"{empty} empty), fewer than calibration.min_samples={cfg.min_samples} (requested calib_size={cfg.calib_size}). "
                          "Fix: provide a larger calibration set or lower calibration.min_samples.")
     return CalibrationSet(samples, stats, warnings)

@@ -64,7 +64,7 @@ def _task(cfg) -> int:  # DictConfig
 
         redact_files([Path(hc.sweep.dir) / "multirun.yaml"])
     try:
-        obj = to_object(cfg)
+        obj = to_object(cfg, overrides)
     except Exception as e:  # noqa: BLE001 - OmegaConf errors name the key; show them without a traceback
         print(f"configuration error: {e}", file=sys.stderr)
         code = EXIT_INPUT

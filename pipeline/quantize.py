@@ -274,7 +274,7 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
            "or not quantized); TensorRT-LLM MIXED_PRECISION with per-layer quant_cfg.json, or the one format chosen"),
 )}
 
-#: quant.kv_cache -> (TensorRT-LLM kv_cache_quant_algo, ModelOpt quantizer entries for the K/V bmm quantizers).
+#: quant.kv_cache_dtype -> (TensorRT-LLM kv_cache_quant_algo, ModelOpt quantizer entries for the K/V bmm quantizers).
 KV_CACHE: dict[str, tuple[str | None, list[dict[str, Any]]]] = {
     "none": (None, []),
     "fp8": ("FP8", [{"quantizer_name": "*[kv]_bmm_quantizer", "cfg": {"num_bits": (4, 3), "axis": None}, "enable": True}]),
@@ -400,7 +400,7 @@ def modelopt_config(qcfg: Any, excluded: dict[str, str], recipe_name: str | None
     """The ModelOpt ``mtq.quantize`` config for ``quant`` (a deep copy of the recipe's ModelOpt constant).
 
     Changes applied: ``block_sizes[-1] = quant.group_size`` for grouped recipes; SmoothQuant
-    ``alpha = quant.smoothquant_alpha``; the KV-cache quantizer entries of ``quant.kv_cache``; one
+    ``alpha = quant.smoothquant_alpha``; the KV-cache quantizer entries of ``quant.kv_cache_dtype``; one
     ``enable: False`` entry per excluded module (``<module>.*``), last so that it wins.
     ``recipe_name`` overrides ``quant.recipe`` (the candidate formats of ``quant=auto``).
     """
@@ -419,7 +419,7 @@ def modelopt_config(qcfg: Any, excluded: dict[str, str], recipe_name: str | None
     if name == "int8_sq":
         algo = cfg.get("algorithm")
         cfg["algorithm"] = {**(algo if isinstance(algo, dict) else {"method": "smoothquant"}), "alpha": float(qcfg.smoothquant_alpha)}
-    entries.extend(copy.deepcopy(KV_CACHE[qcfg.kv_cache][1]))
+    entries.extend(copy.deepcopy(KV_CACHE[qcfg.kv_cache_dtype][1]))
     for name in sorted(excluded):
         entries.append({"quantizer_name": f"{name}.*", "enable": False})
     return cfg
@@ -454,9 +454,9 @@ def preflight(qcfg: Any, facts: dict[str, Any], linears: dict[str, tuple[int, in
     out: dict[str, Any] = {"tp_size": tp, "pp_size": pp}
     heads, kv, vocab = facts["num_attention_heads"], facts["num_key_value_heads"], facts["vocab_size"]
     quantized = {n: d for n, d in linears.items() if n not in excluded and qcfg.recipe != "none"}
-    if qcfg.recipe == "none" and qcfg.kv_cache != "none":
-        problems.append(Problem("quant.kv_cache", qcfg.kv_cache, "a quantized KV cache needs calibrated K/V scales, and recipe 'none' "
-                                "calibrates nothing.", f"use quant.kv_cache=none, or a quantized recipe, e.g. quant=int8_sq quant.kv_cache={qcfg.kv_cache}"))
+    if qcfg.recipe == "none" and qcfg.kv_cache_dtype != "none":
+        problems.append(Problem("quant.kv_cache_dtype", qcfg.kv_cache_dtype, "a quantized KV cache needs calibrated K/V scales, and recipe 'none' "
+                                "calibrates nothing.", f"use quant.kv_cache_dtype=none, or a quantized recipe, e.g. quant=int8_sq quant.kv_cache_dtype={qcfg.kv_cache_dtype}"))
     if qcfg.recipe != "none" and not [n for n in quantized if not n.endswith("lm_head")]:
         problems.append(Problem("quant.exclude_modules", list(qcfg.exclude_modules),
                                 f"with sensitive_preset={qcfg.sensitive_preset!r} every linear layer of the model is kept in high precision "
@@ -515,10 +515,10 @@ def preflight(qcfg: Any, facts: dict[str, Any], linears: dict[str, tuple[int, in
             problems.append(Problem("quant.recipe", qcfg.recipe, f"needs compute capability >= {rmin[qcfg.recipe] / 10:.1f}; "
                                     f"target.gpu={target_gpu} is SM {sm / 10:.1f}.",
                                     f"use one of {ok} (e.g. int4_awq or int8_sq), or a newer GPU (Ada/Hopper)"))
-        if sm < kmin.get(qcfg.kv_cache, 0):
+        if sm < kmin.get(qcfg.kv_cache_dtype, 0):
             ok = [k for k in KV_CACHE if sm >= kmin.get(k, 0)]
-            problems.append(Problem("quant.kv_cache", qcfg.kv_cache, f"needs compute capability >= {kmin[qcfg.kv_cache] / 10:.1f}; "
-                                    f"target.gpu={target_gpu} is SM {sm / 10:.1f}.", f"use quant.kv_cache in {ok}"))
+            problems.append(Problem("quant.kv_cache_dtype", qcfg.kv_cache_dtype, f"needs compute capability >= {kmin[qcfg.kv_cache_dtype] / 10:.1f}; "
+                                    f"target.gpu={target_gpu} is SM {sm / 10:.1f}.", f"use quant.kv_cache_dtype in {ok}"))
     if problems:
         lines = "\n".join(f"  - {p}" for p in problems)
         raise InputError(f"quantize: {len(problems)} problem(s) found before calibration:\n{lines}")
@@ -682,7 +682,7 @@ def check_trtllm_checkpoint(ckpt: Path, facts: dict[str, Any], qcfg: Any, pre: d
     eq("norm_epsilon", c.get("norm_epsilon"), facts["norm_epsilon"])
     q = c.get("quantization") or {}
     eq("quantization.quant_algo", q.get("quant_algo"), quant_algo if quant_algo is not None else RECIPES[qcfg.recipe].quant_algo)
-    eq("quantization.kv_cache_quant_algo", q.get("kv_cache_quant_algo"), KV_CACHE[qcfg.kv_cache][0])
+    eq("quantization.kv_cache_quant_algo", q.get("kv_cache_quant_algo"), KV_CACHE[qcfg.kv_cache_dtype][0])
     m = c.get("mapping") or {}
     eq("mapping.tp_size", m.get("tp_size"), int(qcfg.tp_size))
     eq("mapping.pp_size", m.get("pp_size", 1), int(qcfg.pp_size))
@@ -717,7 +717,7 @@ def check_trtllm_checkpoint(ckpt: Path, facts: dict[str, Any], qcfg: Any, pre: d
     kv_layers = {offsets.get(pr, 0) + local: v for (pr, local), v in kv_local.items()}
     if shard_rows and shard_rows != {padded // int(qcfg.tp_size)}:
         errs.append(f"embedding/lm_head shard rows {sorted(shard_rows)} != padded vocab {padded} / tp_size {qcfg.tp_size}")
-    if qcfg.kv_cache != "none":
+    if qcfg.kv_cache_dtype != "none":
         n = facts["num_hidden_layers"]
         missing = [i for i in range(n) if i not in kv_layers]
         bad = {i: v for i, v in kv_layers.items() if not (math.isfinite(v) and v > 0)}
@@ -906,9 +906,9 @@ def _quantize(cfg: Any, export_dir: Path, calib_path: Path | None, out: Path, pr
     precisions = module_precisions(model, excluded, recipe, int(qcfg.group_size), str(facts["dtype"]), qcfg.export_dtype,
                                    per_module=auto["per_module"] if auto else None)
     quant_algo = auto_quant_algo(auto["per_module"]) if auto else recipe.quant_algo
-    meta = {"recipe": qcfg.recipe, "kv_cache": qcfg.kv_cache, "calib_dtype": "float32",
+    meta = {"recipe": qcfg.recipe, "kv_cache": qcfg.kv_cache_dtype, "calib_dtype": "float32",
             "modelopt_config": _encode_state(mcfg, {}) if mcfg is not None else None,
-            "quant_algo": quant_algo, "kv_cache_quant_algo": KV_CACHE[qcfg.kv_cache][0], "group_size": int(qcfg.group_size)}
+            "quant_algo": quant_algo, "kv_cache_quant_algo": KV_CACHE[qcfg.kv_cache_dtype][0], "group_size": int(qcfg.group_size)}
     if qcfg.recipe == "none":
         from safetensors.torch import save_file
 
@@ -946,7 +946,7 @@ def _quantize(cfg: Any, export_dir: Path, calib_path: Path | None, out: Path, pr
         _link_tree(hf, out / "hf")
     else:
         hmodel = copy.deepcopy(model)
-        if qcfg.kv_cache == "int8":
+        if qcfg.kv_cache_dtype == "int8":
             # ModelOpt's unified HF format has no INT8 KV cache (export_hf_checkpoint asserts); the INT8
             # KV scales live in trtllm_checkpoint/, the hf/ copy carries the weights without them.
             for n, mod in hmodel.named_modules():
@@ -967,8 +967,8 @@ def _quantize(cfg: Any, export_dir: Path, calib_path: Path | None, out: Path, pr
     after = _files_bytes(ckpt, "rank*.safetensors")
     report = {
         "schema": "pipeline.quant_report/v1",
-        "recipe": qcfg.recipe, "description": recipe.description, "kv_cache": qcfg.kv_cache,
-        "quant_algo": quant_algo, "kv_cache_quant_algo": KV_CACHE[qcfg.kv_cache][0],
+        "recipe": qcfg.recipe, "description": recipe.description, "kv_cache": qcfg.kv_cache_dtype,
+        "quant_algo": quant_algo, "kv_cache_quant_algo": KV_CACHE[qcfg.kv_cache_dtype][0],
         "group_size": int(qcfg.group_size) if recipe.grouped or (auto and any(RECIPES[f].grouped for f in auto["formats"])) else None,
         "smoothquant_alpha": float(qcfg.smoothquant_alpha) if qcfg.recipe == "int8_sq" else None,
         "export_dtype": qcfg.export_dtype, "source_dtype": facts["dtype"],
@@ -987,9 +987,9 @@ def _quantize(cfg: Any, export_dir: Path, calib_path: Path | None, out: Path, pr
     write_json_atomic(out / "quant_report.json", report)
     (out / "quant_report.md").write_text(render_report_md(report), encoding="utf-8")
     return {
-        "headline": {"recipe": qcfg.recipe, "kv_cache": qcfg.kv_cache, "compression": report["compression"],
+        "headline": {"recipe": qcfg.recipe, "kv_cache": qcfg.kv_cache_dtype, "compression": report["compression"],
                      "calib_samples": calib_stats["used"] if calib_stats else 0},
-        "quant_algo": quant_algo, "kv_cache_quant_algo": KV_CACHE[qcfg.kv_cache][0],
+        "quant_algo": quant_algo, "kv_cache_quant_algo": KV_CACHE[qcfg.kv_cache_dtype][0],
         "tp_size": int(qcfg.tp_size), "pp_size": int(qcfg.pp_size), "calibration_s": round(timings.get("calibration_s", 0.0), 3),
         "warnings": report["warnings"],
     }

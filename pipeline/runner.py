@@ -16,7 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from . import hostinfo
-from .config import STAGES, PipelineConfig, key_fields, resolve_path
+from .config import STAGES, PipelineConfig, deprecations, key_fields, resolve_path
 from .validation import validate as validate_config
 from .errors import EXIT_FAILED, EXIT_GATE, EXIT_INTERRUPTED, EXIT_OK, GateFailed, PipelineError
 from .stages import Stage, StageContext, get_stage
@@ -50,6 +50,8 @@ class RunSummary:
     model: dict[str, Any] | None = None
     gate: dict[str, Any] | None = None
     """The release-gate section: the evaluate stage's ``gate`` result and the package stage's ``parity``."""
+    deprecations: list[str] = dataclasses.field(default_factory=list)
+    """One warning per deprecated config spelling the run used (:func:`pipeline.config.deprecations`)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -62,6 +64,7 @@ class RunSummary:
             "error": self.error,
             "plan": self.plan,
             "gate": self.gate,
+            "deprecations": self.deprecations,
             "stages": [dataclasses.asdict(s) for s in self.stages],
         }
 
@@ -200,6 +203,9 @@ def run_pipeline(cfg: PipelineConfig, *, overrides: list[str] | None = None, sum
     for field_name in redact_config(cfg):  # before anything derives a key, a file name or a manifest from the config
         console.print(f"[yellow]warning:[/] {field_name} holds a secret-looking value; it is replaced by "
                       f"***redacted*** everywhere (secrets belong in the environment, e.g. HF_TOKEN, never in the config).")
+    deprecated = deprecations(cfg)
+    for note in deprecated:
+        console.print(f"[yellow]warning:[/] {escape(note)}")
     try:
         validate_config(cfg)
         plan = _plan(cfg, console)
@@ -298,7 +304,7 @@ def run_pipeline(cfg: PipelineConfig, *, overrides: list[str] | None = None, sum
             exit_code, error = EXIT_FAILED, f"{type(e).__name__}: {e}"
         _mark_failed(reports, cfg, error)
     summary = RunSummary(reports, exit_code, overrides, time.time() - t_start, plan, redact_text(error) if error else error,
-                         model=_model_facts(cfg, overrides), gate=gate_info or None)
+                         model=_model_facts(cfg, overrides), gate=gate_info or None, deprecations=deprecated)
     print_summary(summary, console)
     if summary_dir is not None:
         try:

@@ -25,7 +25,7 @@ def tok(tmp_path_factory):
 
 def _cfg(**kw):
     cfg = compose([]).calibration
-    cfg.num_samples, cfg.min_samples, cfg.max_seq_len, cfg.format = 8, 2, 32, "auto"
+    cfg.calib_size, cfg.min_samples, cfg.calib_max_seq_length, cfg.format = 8, 2, 32, "auto"
     for k, v in kw.items():
         setattr(cfg, k, v)
     return cfg
@@ -40,7 +40,7 @@ def test_jsonl_text_and_messages(tmp_path, tok):
     rows = [{"id": i, "text": s} for i, s in enumerate(SENT)]
     rows.append({"messages": [{"role": "user", "content": "Where is my order?"}, {"role": "assistant", "content": "On its way."}]})
     p.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n   \n", encoding="utf-8")
-    cs = load_calibration(_cfg(apply_chat_template=True, max_seq_len=256), tok, p)
+    cs = load_calibration(_cfg(apply_chat_template=True, calib_max_seq_length=256), tok, p)
     assert cs.stats["used"] == 6 and cs.stats["available"] == 6 and cs.stats["blank_dropped"] == 2
     bos = tok.convert_tokens_to_ids("<s>")
     assert all(s[0] == bos for s in cs.samples), "every sample starts with exactly one BOS"
@@ -103,7 +103,7 @@ def test_short_samples_warned_and_usable_vs_requested(tmp_path, tok, caplog):
     p = tmp_path / "c.txt"
     p.write_text("hi\nok\n" + "\n".join(SENT) + "\n", encoding="utf-8")
     with caplog.at_level(logging.WARNING, logger="pipeline.calibration"):
-        cs = load_calibration(_cfg(min_tokens=5, num_samples=10), tok, p)
+        cs = load_calibration(_cfg(min_tokens=5, calib_size=10), tok, p)
     assert cs.stats["short"] == 2 and cs.stats["used"] == 7 and cs.stats["requested"] == 10
     assert any("shorter than calibration.min_tokens=5" in r.message for r in caplog.records)
     assert any("7 usable sample(s) of 10 requested" in w for w in cs.warnings)
@@ -112,9 +112,9 @@ def test_short_samples_warned_and_usable_vs_requested(tmp_path, tok, caplog):
 def test_seeded_selection_and_truncation(tmp_path, tok):
     p = tmp_path / "c.txt"
     p.write_text("\n".join(f"{s} number {i}" for i, s in enumerate(SENT * 6)) + "\n", encoding="utf-8")
-    a = load_calibration(_cfg(num_samples=5, seed=1, max_seq_len=6), tok, p)
-    b = load_calibration(_cfg(num_samples=5, seed=1, max_seq_len=6), tok, p)
-    c = load_calibration(_cfg(num_samples=5, seed=2, max_seq_len=6), tok, p)
+    a = load_calibration(_cfg(calib_size=5, seed=1, calib_max_seq_length=6), tok, p)
+    b = load_calibration(_cfg(calib_size=5, seed=1, calib_max_seq_length=6), tok, p)
+    c = load_calibration(_cfg(calib_size=5, seed=2, calib_max_seq_length=6), tok, p)
     assert a.samples == b.samples and a.samples != c.samples
     assert max(len(s) for s in a.samples) == 6 and a.stats["truncated"] == 5
 
@@ -158,7 +158,7 @@ def test_hf_format_without_datasets_is_a_clear_error(tok):
 
 def test_shipped_calibration_set_loads(repo_root, tok):
     cfg = compose(["calibration=support_v1"]).calibration
-    cfg.num_samples = 64
+    cfg.calib_size = 64
     cs = load_calibration(cfg, tok, Path(repo_root) / cfg.path)
     assert cs.stats["used"] == 64 and cs.stats["blank_dropped"] == 0 and cs.stats["format"] == "jsonl"
 

@@ -28,7 +28,7 @@ def tok(tmp_path_factory):
 def _shipped(**kw):
     """The shipped preset with a user's file, as `pipeline calibration.path=...` composes it."""
     cfg = compose(["calibration=support_v1"]).calibration
-    cfg.num_samples, cfg.min_samples = 8, 2
+    cfg.calib_size, cfg.min_samples = 8, 2
     for k, v in kw.items():
         setattr(cfg, k, v)
     return cfg

@@ -72,7 +72,7 @@ def test_tiny_end_to_end_engine_and_report(tmp_path, tiny_ckpt, monkeypatch):
     # pre-check off to show the stage itself counts such an item as "skipped: too long" and never crashes
     monkeypatch.setenv("PIPELINE_SKIP_EVAL_LENGTH_CHECK", "1")
     es = _tiny_eval_set(tmp_path / "tiny_eval.jsonl")
-    summary, rep, out = run(tmp_path, f"model.path={tiny_ckpt}", "model.dtype=float32", "quant=int4_wo", "calibration.num_samples=32",
+    summary, rep, out = run(tmp_path, f"model.path={tiny_ckpt}", "model.dtype=float32", "quant=int4_wo", "calibration.calib_size=32",
                             "calibration.min_samples=8", f"eval.eval_set={es}", "eval.runners=[baseline,engine,simulated]",
                             "eval.max_new_tokens=8", "build.max_input_len=128", "build.max_seq_len=160", "eval.gate.max_drop=1.0",
                             "eval.gate.max_kld=100", "eval.gate.min_top1=0",
@@ -106,7 +106,7 @@ def test_tiny_end_to_end_engine_and_report(tmp_path, tiny_ckpt, monkeypatch):
 
 # The default-model runs share one store (the export artifact is reused) and evaluate a round-robin
 # subset of the eval set over all slices; calibration is shortened to keep AWQ fast on this CPU.
-DEFAULT_LIMIT = [f"model.path={DEFAULT_MODEL}", "eval.limit=36", "eval.batch_size=36", "calibration.num_samples=64"]
+DEFAULT_LIMIT = [f"model.path={DEFAULT_MODEL}", "eval.limit=36", "eval.batch_size=36", "calibration.calib_size=64"]
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +157,7 @@ def test_destructive_recipe_fails_gate_with_exit_3(tmp_path, tiny_ckpt):
     The trained default model is too robust to show this: every recipe kept 100 % of its answers
     (measured, docs/evaluate.md), so the destructive case runs on the tiny random-weight Llama.
     """
-    summary, rep, out = run(tmp_path, f"model.path={tiny_ckpt}", "model.dtype=float32", *DESTRUCTIVE, "calibration.num_samples=32",
+    summary, rep, out = run(tmp_path, f"model.path={tiny_ckpt}", "model.dtype=float32", *DESTRUCTIVE, "calibration.calib_size=32",
                             "calibration.min_samples=8", "eval.limit=24", "eval.max_new_tokens=12", "build.max_input_len=160",
                             "build.max_seq_len=200", "stages=[evaluate,package]")
     assert summary.exit_code == EXIT_GATE, (summary.error, out)

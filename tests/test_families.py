@@ -143,7 +143,7 @@ def matrix(ckpts, tmp_path_factory):
     work = tmp_path_factory.mktemp("matrix")
     paths = ",".join(str(ckpts[n]) for n in MATRIX)
     r = _cli(["-m", f"model.path={paths}", "quant=" + ",".join(RECIPES), "target=onnxruntime_genai", "stages=[package]",
-              f"store_dir={work / 'store'}", "eval.limit=6", "calibration.num_samples=32", "calibration.min_samples=8",
+              f"store_dir={work / 'store'}", "eval.limit=6", "calibration.calib_size=32", "calibration.min_samples=8",
               "build.max_batch_size=1", "progress=false",
               # fp32 activations in MatMulNBits: the engine computes exactly what ModelOpt's simulated model does (the
               # default accuracy_level=4 rounds activations to int8; on random weights that flips 2-4 % of near-tie argmaxes)

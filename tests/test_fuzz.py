@@ -31,10 +31,10 @@ FUZZ = settings(max_examples=30, deadline=None, suppress_health_check=[HealthChe
 KEYS = [
     "build.max_seq_len", "build.max_input_len", "build.max_num_tokens", "build.tokens_per_block", "build.max_batch_size",
     "build.kv_cache_free_gpu_mem_fraction", "build.enable_chunked_context", "build.speculative.max_draft_len",
-    "quant.recipe", "quant.kv_cache", "quant.tp_size", "quant.pp_size", "quant.group_size", "quant.export_dtype",
+    "quant.recipe", "quant.kv_cache_dtype", "quant.tp_size", "quant.pp_size", "quant.group_size", "quant.export_dtype",
     "quant.exclude_modules", "quant.sensitive_preset", "quant.vocab_padding", "target.gpu", "target.name",
     "model.dtype", "model.path", "model.hf_config.num_key_value_heads", "model.hf_config.hidden_size",
-    "model.hf_config.rope_scaling", "model.hf_config.max_position_embeddings", "calibration.max_seq_len", "eval.limit",
+    "model.hf_config.rope_scaling", "model.hf_config.max_position_embeddings", "calibration.calib_max_seq_length", "eval.limit",
     "stages", "allow_unsafe_lengths", "nonexistent.key", "build", "quant", "model",
 ]
 _TEXT = st.text(alphabet=string.ascii_letters + string.digits + "_-.,:/${}[]'\" =+~*\\", max_size=12)

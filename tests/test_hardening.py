@@ -25,7 +25,7 @@ from pipeline.store import MANIFEST, ArtifactStore
 ROOT = Path(__file__).resolve().parents[1]
 PIPELINE = str(ROOT / ".venv" / "bin" / "pipeline")
 SECRET = "hf_" + "Zq3" * 10  # token-shaped, never a real one
-QUANT_ARGS = ["stages=[export,quantize]", "quant=int4_awq", "calibration.num_samples=16", "calibration.min_samples=8"]
+QUANT_ARGS = ["stages=[export,quantize]", "quant=int4_awq", "calibration.calib_size=16", "calibration.min_samples=8"]
 
 
 def _env(**extra: str) -> dict[str, str]:

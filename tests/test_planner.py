@@ -31,7 +31,7 @@ def test_llama2_7b_fp8_kv_is_256_kib_per_token():
     # TensorRT-LLM memory.md log: 4060 blocks x 64 tokens in 63.44 GiB ~ 256 KiB/token (7B Llama, FP8 KV)
     s = shape_of("llama2_7b")
     assert s.kv_bytes_per_token(1) == 256 * KiB
-    p = plan(compose(["model=llama2_7b", "quant.kv_cache=fp8", "target.gpu=h100_sxm"]))
+    p = plan(compose(["model=llama2_7b", "quant.kv_cache_dtype=fp8", "target.gpu=h100_sxm"]))
     assert p.kv_cache["bytes_per_token_model"] == 256 * KiB
 
 
@@ -138,14 +138,14 @@ def test_zero_sequences_is_refused():
     p = plan(compose(["model=llama31_8b", "target.gpu=l4", "build.max_seq_len=131072", "build.max_input_len=2048"]))
     assert p.status == "refused"
     assert "zero sequences fit at max_seq_len=131072" in p.refusals[0]
-    assert "quant.kv_cache=fp8" in p.refusals[0] or "build.max_seq_len=" in p.refusals[0]
+    assert "quant.kv_cache_dtype=fp8" in p.refusals[0] or "build.max_seq_len=" in p.refusals[0]
 
 
 def test_kv_bound_plan_warns_with_fixes():
     p = plan(compose(["model=llama31_8b", "target.gpu=h100_sxm", "quant=fp8", "build=throughput"]))
     assert p.status == "warn"
     w = p.warnings[0]
-    assert "concurrency is KV-bound" in w and "quant.kv_cache=fp8" in w and "quant.tp_size=2" in w
+    assert "concurrency is KV-bound" in w and "quant.kv_cache_dtype=fp8" in w and "quant.tp_size=2" in w
 
 
 def test_unsupported_formats_are_refused_on_older_gpus():
@@ -223,7 +223,7 @@ def test_pipeline_plan_command_end_to_end():
 
 
 def test_plan_json_is_serialisable_and_complete():
-    d = plan(compose(["model=qwen25_7b", "target.gpu=l40s", "quant=int4_awq", "quant.kv_cache=fp8"])).to_json()
+    d = plan(compose(["model=qwen25_7b", "target.gpu=l40s", "quant=int4_awq", "quant.kv_cache_dtype=fp8"])).to_json()
     json.dumps(d)
     for k in ("weights", "kv_cache", "memory", "capacity", "decode", "target", "model", "config"):
         assert d[k], k

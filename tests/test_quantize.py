@@ -17,7 +17,7 @@ from pipeline.config import compose
 from pipeline.errors import InputError
 from pipeline.quantize import KV_CACHE, RECIPES, check_trtllm_checkpoint, load_simulated_model, preflight, quantize, source_facts
 
-CALIB = ["calibration.num_samples=16", "calibration.min_samples=4", "calibration.max_seq_len=48", "calibration.batch_size=8"]
+CALIB = ["calibration.calib_size=16", "calibration.min_samples=4", "calibration.calib_max_seq_length=48", "calibration.batch_size=8"]
 RECIPE_KV = {"none": "none", "fp8": "fp8", "int8_sq": "int8", "int8_wo": "none", "int4_wo": "none", "int4_rtn": "none", "int4_awq": "none", "w4a8_awq": "none",
              "auto": "none"}
 
@@ -56,7 +56,7 @@ def runs(tmp_path_factory, export_dir, calib):
 
 
 def _recipe_run(runs, recipe):
-    return runs(recipe, [f"quant={recipe}", f"quant.kv_cache={RECIPE_KV[recipe]}"])
+    return runs(recipe, [f"quant={recipe}", f"quant.kv_cache_dtype={RECIPE_KV[recipe]}"])
 
 
 def _tensors(path: Path) -> dict:
@@ -182,7 +182,7 @@ def test_tp2_two_ranks_with_shard_shapes(runs):
 
 
 def test_pp2_splits_layers_and_kv_scales_cover_every_layer(runs):
-    out, res = runs("sq_pp2", ["quant=int8_sq", "quant.kv_cache=int8", "quant.pp_size=2"])
+    out, res = runs("sq_pp2", ["quant=int8_sq", "quant.kv_cache_dtype=int8", "quant.pp_size=2"])
     c = json.loads((out / "trtllm_checkpoint/config.json").read_text())
     assert c["mapping"] == {"world_size": 2, "tp_size": 1, "pp_size": 2}
     r0, r1 = (_tensors(out / f"trtllm_checkpoint/rank{r}.safetensors") for r in (0, 1))
@@ -284,8 +284,8 @@ def test_heads_check_lists_valid_tp_and_records_kv_replication():
 
 
 def test_kv_cache_without_a_recipe_is_refused():
-    with pytest.raises(InputError, match="quant.kv_cache='fp8': a quantized KV cache needs calibrated K/V scales"):
-        preflight(_q(recipe="none", kv_cache="fp8"), _facts(), LINEARS, {}, None)
+    with pytest.raises(InputError, match="quant.kv_cache_dtype='fp8': a quantized KV cache needs calibrated K/V scales"):
+        preflight(_q(recipe="none", kv_cache_dtype="fp8"), _facts(), LINEARS, {}, None)
 
 
 def test_vocab_padding_recorded_or_rejected():
@@ -297,12 +297,12 @@ def test_vocab_padding_recorded_or_rejected():
 
 def test_target_gpu_refuses_fp8_and_w4a8_before_sm89():
     with pytest.raises(InputError) as e:
-        preflight(_q(recipe="fp8", kv_cache="fp8"), _facts(), LINEARS, {}, "a100_80gb")
+        preflight(_q(recipe="fp8", kv_cache_dtype="fp8"), _facts(), LINEARS, {}, "a100_80gb")
     msg = str(e.value)
-    assert "2 problem(s)" in msg and "quant.recipe='fp8'" in msg and "quant.kv_cache='fp8'" in msg and "int4_awq" in msg
+    assert "2 problem(s)" in msg and "quant.recipe='fp8'" in msg and "quant.kv_cache_dtype='fp8'" in msg and "int4_awq" in msg
     with pytest.raises(InputError, match="quant.recipe='w4a8_awq': needs compute capability >= 8.9"):
         preflight(_q(recipe="w4a8_awq", group_size=64), _facts(), LINEARS, {}, "a10g")
-    assert preflight(_q(recipe="fp8", kv_cache="fp8"), _facts(), LINEARS, {}, "h100_sxm")["target_gpu"]["sm"] == 90
+    assert preflight(_q(recipe="fp8", kv_cache_dtype="fp8"), _facts(), LINEARS, {}, "h100_sxm")["target_gpu"]["sm"] == 90
     with pytest.raises(InputError, match="target.gpu='nope': unknown GPU"):
         preflight(_q(recipe="fp8"), _facts(), LINEARS, {}, "nope")
 
@@ -332,7 +332,7 @@ def test_export_checks_catch_wrong_fields_and_bad_kv_scales(runs, export_dir, tm
     ck = tmp_path / "ck"
     shutil.copytree(out / "trtllm_checkpoint", ck)
     facts = source_facts(export_dir / "hf")
-    q = compose(["quant=int8_sq", "quant.kv_cache=int8"]).quant
+    q = compose(["quant=int8_sq", "quant.kv_cache_dtype=int8"]).quant
     assert check_trtllm_checkpoint(ck, facts, q, {})["kv_cache_scales"]
     c = json.loads((ck / "config.json").read_text())
     c.update(rotary_base=20000.0, norm_epsilon=1e-5, num_key_value_heads=4)
@@ -358,7 +358,7 @@ def test_stage_keys_calibration_only_when_calibrating(repo_root):
     assert STAGE.key_extras(cfg, {})["calibration"] is None
     cfg = compose(["quant=int4_awq"])
     assert STAGE.external_inputs(cfg) == {"calibration": Path("evaluation/data/support_calib_v1.jsonl")}
-    assert STAGE.key_extras(cfg, {})["calibration"]["num_samples"] == 512
+    assert STAGE.key_extras(cfg, {})["calibration"]["calib_size"] == 512
 
 
 def test_default_model_int4_awq(repo_root, calib, tmp_path):

@@ -17,7 +17,7 @@ from pipeline.validation import validate
 from pipeline.errors import InputError
 from pipeline.quantize import RECIPES, auto_quant_algo, load_simulated_model, quantize
 
-CALIB = ["calibration.num_samples=16", "calibration.min_samples=4", "calibration.max_seq_len=48", "calibration.batch_size=8"]
+CALIB = ["calibration.calib_size=16", "calibration.min_samples=4", "calibration.calib_max_seq_length=48", "calibration.batch_size=8"]
 
 
 @pytest.fixture(scope="module")
@@ -152,8 +152,8 @@ def test_auto_config_is_validated():
     msg = str(e.value)
     for field in ("quant.auto.formats", "quant.auto.effective_bits", "quant.auto.method"):
         assert field in msg, msg
-    with pytest.raises(ConfigError, match="quant.kv_cache"):
-        validate(compose(["quant=auto", "quant.kv_cache=fp8", "target=tensorrt_llm"]))
+    with pytest.raises(ConfigError, match="quant.kv_cache_dtype"):
+        validate(compose(["quant=auto", "quant.kv_cache_dtype=fp8", "target=tensorrt_llm"]))
 
 
 def test_auto_writes_a_per_layer_report_and_mixed_precision_checkpoint(runs, export_dir):

@@ -51,8 +51,8 @@ def test_kv_cache_dtypes_match_config_check(cap_name):
     caps = all_capabilities()[cap_name]
     target, backend = BACKEND[cap_name]
     for kv in KV_CACHE:
-        cfg = compose([f"target={target}", f"target.backend={backend}", f"quant.kv_cache={kv}"])
-        refused = [p for p in get_target(target).check_config(cfg) if p.field == "quant.kv_cache"]
+        cfg = compose([f"target={target}", f"target.backend={backend}", f"quant.kv_cache_dtype={kv}"])
+        refused = [p for p in get_target(target).check_config(cfg) if p.field == "quant.kv_cache_dtype"]
         assert bool(refused) == (kv not in caps.kv_cache_dtypes), (cap_name, kv, refused)
 
 

@@ -22,12 +22,12 @@ def fields(problems) -> list[str]:
 
 
 def test_all_problems_are_reported_together():
-    cfg = compose(["model=llama31_8b", "target.gpu=a100_80gb", "quant=fp8", "quant.kv_cache=fp8", "quant.tp_size=3",
+    cfg = compose(["model=llama31_8b", "target.gpu=a100_80gb", "quant=fp8", "quant.kv_cache_dtype=fp8", "quant.tp_size=3",
                    "build.max_input_len=4096", "build.max_seq_len=4096", "build.max_num_tokens=1024", "build.tokens_per_block=48"])
     with pytest.raises(ConfigError) as e:
         validate(cfg)
     got = fields(e.value.problems)
-    for f in ("build.max_input_len", "build.max_num_tokens", "build.tokens_per_block", "quant.tp_size", "quant.recipe", "quant.kv_cache"):
+    for f in ("build.max_input_len", "build.max_num_tokens", "build.tokens_per_block", "quant.tp_size", "quant.recipe", "quant.kv_cache_dtype"):
         assert f in got, (f, got)
     text = str(e.value)
     assert "use one of [1, 2, 4, 8, 16]" in text and "compute capability >= 8.9" in text
@@ -84,10 +84,10 @@ def test_tensor_parallel_heads_kv_heads_and_vocab():
 
 
 def test_calibration_length_against_positions():
-    p = cross_field_problems(compose(["model=llama2_7b", "quant=int4_awq", "calibration.max_seq_len=8192"]))
-    assert "calibration.max_seq_len" in fields(p)
+    p = cross_field_problems(compose(["model=llama2_7b", "quant=int4_awq", "calibration.calib_max_seq_length=8192"]))
+    assert "calibration.calib_max_seq_length" in fields(p)
     # no calibration for the unquantized recipe
-    assert "calibration.max_seq_len" not in fields(cross_field_problems(compose(["model=llama2_7b", "quant=none", "calibration.max_seq_len=8192"])))
+    assert "calibration.calib_max_seq_length" not in fields(cross_field_problems(compose(["model=llama2_7b", "quant=none", "calibration.calib_max_seq_length=8192"])))
 
 
 def test_unknown_target_gpu_is_a_problem():

@@ -7,6 +7,8 @@ named.  :func:`compose` gives the same composed object outside a Hydra app (plan
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,8 +99,62 @@ def resolve_path(p: Optional[str]) -> Optional[Path]:
     return repo.resolve() if repo.exists() else cwd
 
 
-def to_object(cfg: DictConfig | PipelineConfig) -> PipelineConfig:
-    """DictConfig (from Hydra) -> PipelineConfig dataclass instance."""
+def _alias_fields(obj: Any, prefix: str = ""):
+    """(dotted alias path, dotted new path, owning dataclass, alias name, new name) of every deprecated alias
+    field (:func:`pipeline.config.common.deprecated_alias`) in the config tree ``obj``."""
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        if dataclasses.is_dataclass(v):
+            yield from _alias_fields(v, f"{prefix}{f.name}.")
+        elif "alias_of" in f.metadata:
+            yield prefix + f.name, prefix + f.metadata["alias_of"], obj, f.name, f.metadata["alias_of"]
+
+
+def _override_key(o: str) -> str:
+    """``calibration.calib_size`` of the Hydra override ``++calibration.calib_size=64``."""
+    return o.lstrip("+~").split("=", 1)[0].strip()
+
+
+def resolve_aliases(cfg: PipelineConfig, explicit: Optional[list[str]] = None) -> list[str]:
+    """Copy every deprecated alias that is set into its new field; return one warning per alias used.
+
+    ``explicit``: the command-line overrides (``key=value`` strings).  A preset or the schema default of the new
+    field gives way to the alias; a new field the user set explicitly (in ``explicit``; when ``explicit`` is None:
+    any value other than the schema default) must agree with the alias.  Idempotent (the alias keeps its value).
+    Raises :class:`ConfigError` (exit 2) naming both spellings when they disagree.
+    """
+    given = None if explicit is None else {_override_key(o) for o in explicit}
+    problems: list[Problem] = []
+    notes: list[str] = []
+    for old_path, new_path, owner, old, new in _alias_fields(cfg):
+        value = getattr(owner, old)
+        if value is None:
+            continue
+        current = getattr(owner, new)
+        if current != value:
+            default = next(f.default for f in dataclasses.fields(owner) if f.name == new)
+            user_set_new = (new_path in given) if given is not None else current != default
+            if user_set_new:
+                problems.append(Problem(old_path, value, f"is a deprecated alias of {new_path}, which is set to {current!r}.",
+                                        f"set only {new_path} (drop {old_path})"))
+                continue
+            setattr(owner, new, value)
+        notes.append(f"{old_path} is a deprecated alias of {new_path} (removed in the next release); "
+                     f"{new_path}={value!r} is used. Fix: write {new_path}={value}")
+    if problems:
+        raise ConfigError(problems)
+    return notes
+
+
+def deprecations(cfg: PipelineConfig) -> list[str]:
+    """The deprecation warnings of the aliases set in an already resolved ``cfg`` (for the run summary)."""
+    return [f"{old_path} is a deprecated alias of {new_path} (removed in the next release); write {new_path}={getattr(owner, new)}"
+            for old_path, new_path, owner, old, new in _alias_fields(cfg) if getattr(owner, old) is not None]
+
+
+def to_object(cfg: DictConfig | PipelineConfig, explicit: Optional[list[str]] = None) -> PipelineConfig:
+    """DictConfig (from Hydra) -> PipelineConfig dataclass instance, deprecated aliases resolved
+    (:func:`resolve_aliases`; ``explicit`` = the command-line overrides; each alias used is logged as a warning)."""
     if isinstance(cfg, PipelineConfig):
         return cfg
     obj = OmegaConf.to_object(cfg)
@@ -111,6 +167,8 @@ def to_object(cfg: DictConfig | PipelineConfig) -> PipelineConfig:
             "drop the defaults list from your YAML (the pipeline's defaults then apply, your values on top), or start "
             "it like build_configs/pipeline.yaml: `- pipeline_schema` then one preset per group "
             f"({', '.join(f'{g}: <preset>' for g in GROUPS)}) and `- _self_`")])
+    for note in resolve_aliases(obj, explicit):
+        logging.getLogger("pipeline.config").warning(note)
     return obj
 
 
@@ -139,7 +197,7 @@ def compose(overrides: list[str] | None = None, config_name: str = "pipeline") -
         # Hydra raises a bare ValueError for some override shapes (found by tests/test_fuzz.py: ``build=0``)
         raise ConfigError([Problem("overrides", list(overrides or []), f"{type(e).__name__}: {e}.",
                                    "use group=<preset name> for config groups and key=value for fields")]) from e
-    return to_object(cfg)
+    return to_object(cfg, list(overrides or []))
 
 
 _VALIDATORS: dict[str, Callable[..., list[Problem]]] = {
@@ -184,5 +242,6 @@ def validate(cfg: PipelineConfig, *, raise_on_error: bool = True) -> list[Proble
 __all__ = [
     "BenchmarkConfig", "BuildConfig", "CalibrationConfig", "ConfigError", "EvalConfig", "GateConfig", "ModelConfig",
     "PackageConfig", "PipelineConfig", "Problem", "QuantConfig", "SpeculativeConfig", "TargetConfig", "CONFIG_DIR",
-    "REPO_ROOT", "STAGES", "compose", "key_fields", "register", "resolve_path", "runtime", "to_object", "validate",
+    "REPO_ROOT", "STAGES", "compose", "deprecations", "key_fields", "register", "resolve_aliases", "resolve_path", "runtime",
+    "to_object", "validate",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from .common import Problem, choice, runtime
+from .common import Problem, choice, deprecated_alias, runtime
 
 FORMATS = ("auto", "jsonl", "json", "text", "parquet", "hf")
 
@@ -25,10 +25,15 @@ class CalibrationConfig:
     """Column / JSON key holding the sample text."""
     paragraphs: bool = False
     """For ``format: text``: samples are separated by blank lines instead of one per line."""
-    num_samples: int = 512
-    """Samples requested (the first ``num_samples`` usable ones after a seeded shuffle)."""
-    max_seq_len: int = 512
-    """Samples are truncated to this many tokens."""
+    calib_size: int = 512
+    """Samples requested (the first ``calib_size`` usable ones after a seeded shuffle; ModelOpt / TensorRT-LLM
+    ``quantize.py --calib_size``)."""
+    calib_max_seq_length: int = 512
+    """Samples are truncated to this many tokens (TensorRT-LLM ``quantize.py --calib_max_seq_length``)."""
+    num_samples: Optional[int] = deprecated_alias("calib_size")
+    """Deprecated alias of ``calib_size``, removed in the next release."""
+    max_seq_len: Optional[int] = deprecated_alias("calib_max_seq_length")
+    """Deprecated alias of ``calib_max_seq_length``, removed in the next release."""
     batch_size: int = 8
     seed: int = 1234
     apply_chat_template: bool = False
@@ -46,12 +51,13 @@ class CalibrationConfig:
 def validate(cfg: CalibrationConfig, prefix: str = "calibration") -> list[Problem]:
     problems: list[Problem] = []
     choice(problems, f"{prefix}.format", cfg.format, FORMATS)
-    for f in ("num_samples", "max_seq_len", "batch_size", "min_samples", "threads"):
+    for f in ("calib_size", "calib_max_seq_length", "batch_size", "min_samples", "threads"):
         v = getattr(cfg, f)
         if v < 1:
             problems.append(Problem(f"{prefix}.{f}", v, "must be >= 1.", f"set {prefix}.{f} to a positive integer"))
-    if cfg.min_samples > cfg.num_samples:
-        problems.append(Problem(f"{prefix}.min_samples", cfg.min_samples, f"exceeds num_samples={cfg.num_samples}.", "lower min_samples or raise num_samples"))
+    if cfg.min_samples > cfg.calib_size:
+        problems.append(Problem(f"{prefix}.min_samples", cfg.min_samples, f"exceeds calib_size={cfg.calib_size}.",
+                                "lower min_samples or raise calib_size"))
     if cfg.format == "hf" and not cfg.hf_dataset:
         problems.append(Problem(f"{prefix}.hf_dataset", None, "format=hf needs a dataset name.", "set calibration.hf_dataset=<name> or use a local file"))
     if cfg.format != "hf" and not cfg.path:

@@ -20,6 +20,17 @@ def runtime(default: Any = dataclasses.MISSING, *, default_factory: Any = datacl
     return field(default=default, **kw)
 
 
+def deprecated_alias(of: str) -> Any:
+    """A field kept for one release as the old spelling of the field ``of`` (same group): default None.
+
+    It is not part of the cache key (``runtime``), so both spellings of one config give the same keys.
+    :func:`pipeline.config.resolve_aliases` copies a value set here into ``of`` when the config is resolved
+    (warning with both spellings) and refuses the config when both are set to different values.
+    """
+    return field(default=None, metadata={"cache": False, "alias_of": of,
+                                         "doc": f"deprecated alias of {of}, removed in the next release"})
+
+
 def key_fields(obj: Any) -> dict[str, Any]:
     """The fields of a config dataclass that affect an artifact's bytes (recursively)."""
     if not dataclasses.is_dataclass(obj):

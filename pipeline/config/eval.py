@@ -96,7 +96,7 @@ class EvalConfig:
     the baseline over every eval prompt + its reference answer (``pipeline/evaluation/fidelity.py``)."""
     fidelity_heldout: int = 64
     """Also teacher-force this many calibration-domain samples that calibration did *not* use (the next ones
-    in the calibration set's seeded order after ``calibration.num_samples``), reported as
+    in the calibration set's seeded order after ``calibration.calib_size``), reported as
     ``fidelity.calibration_heldout`` (not gated); 0 = off, and skipped when the set has no more samples."""
     worst_regressions: int = 20
     """How many worst regressions (baseline right, candidate wrong) the report shows side by side."""

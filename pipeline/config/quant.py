@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List
+from typing import List, Optional
 
-from .common import Problem, choice
+from .common import Problem, choice, deprecated_alias
 
 RECIPES = ("none", "fp8", "int8_sq", "int8_wo", "int4_rtn", "int4_awq", "w4a8_awq", "auto", "int4_wo")
 #: deprecated recipe names -> the name to use (still accepted for one release; the quant report warns)
@@ -39,8 +39,12 @@ class QuantConfig:
     recipe: str = "none"
     """none | fp8 | int8_sq | int8_wo | int4_rtn | int4_awq | w4a8_awq (TensorRT-LLM quant_algo names in
     pipeline/quantize.py RECIPES). ``int4_wo`` is a deprecated alias of ``int4_rtn``."""
-    kv_cache: str = "none"
-    """KV-cache quantization: none | fp8 | int8 (TensorRT-LLM kv_cache_quant_algo FP8 / INT8)."""
+    kv_cache_dtype: str = "none"
+    """KV-cache quantization: none | fp8 | int8 (TensorRT-LLM ``kv_cache_quant_algo`` FP8 / INT8; the
+    ``kv_cache_config.dtype`` of the TensorRT-LLM LLM API)."""
+    kv_cache: Optional[str] = deprecated_alias("kv_cache_dtype")
+    """Deprecated alias of ``kv_cache_dtype``, removed in the next release (a value set here is copied into
+    ``kv_cache_dtype`` with a warning; both set to different values is a configuration error)."""
     group_size: int = 128
     """AWQ / int4 block size along the input dimension (64 or 128 are the TensorRT-LLM kernels' sizes)."""
     smoothquant_alpha: float = 0.5
@@ -66,7 +70,7 @@ class QuantConfig:
 def validate(cfg: QuantConfig, prefix: str = "quant") -> list[Problem]:
     problems: list[Problem] = []
     choice(problems, f"{prefix}.recipe", cfg.recipe, RECIPES, "pick one of the presets: quant=<recipe>")
-    choice(problems, f"{prefix}.kv_cache", cfg.kv_cache, KV_CACHE)
+    choice(problems, f"{prefix}.kv_cache_dtype", cfg.kv_cache_dtype, KV_CACHE)
     choice(problems, f"{prefix}.sensitive_preset", cfg.sensitive_preset, SENSITIVE_PRESETS)
     choice(problems, f"{prefix}.vocab_padding", cfg.vocab_padding, ("pad", "reject"))
     choice(problems, f"{prefix}.export_dtype", cfg.export_dtype, ("float16", "bfloat16", "float32"))
@@ -86,9 +90,10 @@ def validate(cfg: QuantConfig, prefix: str = "quant") -> list[Problem]:
         choice(problems, f"{prefix}.auto.method", a.method, AUTO_METHODS)
         if a.num_score_steps < 1:
             problems.append(Problem(f"{prefix}.auto.num_score_steps", a.num_score_steps, "must be >= 1.", "use 16"))
-        if cfg.kv_cache != "none":
-            problems.append(Problem(f"{prefix}.kv_cache", cfg.kv_cache, "quant=auto searches weight formats only; ModelOpt's "
-                                    "auto_quantize disables KV-cache quantizers.", "use quant.kv_cache=none with quant=auto"))
+        if cfg.kv_cache_dtype != "none":
+            problems.append(Problem(f"{prefix}.kv_cache_dtype", cfg.kv_cache_dtype, "quant=auto searches weight formats only; "
+                                    "ModelOpt's auto_quantize disables KV-cache quantizers.",
+                                    "use quant.kv_cache_dtype=none with quant=auto"))
     for f in ("tp_size", "pp_size"):
         if getattr(cfg, f) < 1:
             problems.append(Problem(f"{prefix}.{f}", getattr(cfg, f), "must be >= 1.", f"set {prefix}.{f}=1"))

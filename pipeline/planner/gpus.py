@@ -36,7 +36,7 @@ RECIPE_MIN_SM = {
     "w4a8_awq": 89,  # INT4 weights with FP8 activations
     "nvfp4": 100,
 }
-# quant.kv_cache -> minimum compute capability [TRTLLM-SM]
+# quant.kv_cache_dtype -> minimum compute capability [TRTLLM-SM]
 KV_MIN_SM = {"none": 80, "int8": 80, "fp8": 89, "nvfp4": 100}
 
 
@@ -74,7 +74,7 @@ class GPU:
 
     @property
     def kv_formats(self) -> list[str]:
-        """KV-cache formats (``quant.kv_cache``) this GPU supports [TRTLLM-SM]."""
+        """KV-cache formats (``quant.kv_cache_dtype``) this GPU supports [TRTLLM-SM]."""
         return [k for k, m in KV_MIN_SM.items() if self.sm >= m]
 
     def to_json(self) -> dict[str, Any]:

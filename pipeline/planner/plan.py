@@ -352,9 +352,9 @@ def _knobs(cfg: Any, kind: str) -> _Knobs:
         raise InputError(f"{hp_field}={hp!r}: must be float16, bfloat16 or float32.")
     if q.recipe not in RECIPE_MIN_SM:
         raise InputError(f"quant.recipe={q.recipe!r}: unknown; use one of {sorted(RECIPE_MIN_SM)}.")
-    if q.kv_cache not in KV_MIN_SM:
-        raise InputError(f"quant.kv_cache={q.kv_cache!r}: unknown; use one of {sorted(KV_MIN_SM)}.")
-    return _Knobs(q.recipe, q.kv_cache, hp, max(1, q.group_size), tuple(str(x) for x in q.exclude_modules or ()), q.sensitive_preset, max(1, q.tp_size),
+    if q.kv_cache_dtype not in KV_MIN_SM:
+        raise InputError(f"quant.kv_cache_dtype={q.kv_cache_dtype!r}: unknown; use one of {sorted(KV_MIN_SM)}.")
+    return _Knobs(q.recipe, q.kv_cache_dtype, hp, max(1, q.group_size), tuple(str(x) for x in q.exclude_modules or ()), q.sensitive_preset, max(1, q.tp_size),
                   max(1, q.pp_size), max(1, b.max_batch_size), max(1, b.max_seq_len + max(0, b.speculative.max_draft_len)),
                   b.max_input_len, max(1, b.max_num_tokens), max(1, b.tokens_per_block), min(1.0, max(0.0, b.kv_cache_free_gpu_mem_fraction)),
                   max(1, b.max_beam_width))
@@ -491,7 +491,7 @@ def _gpu_plan(p: Plan, shape: ModelShape, k: _Knobs, gpu: GPU) -> Plan:
         p.refusals.append(f"quant.recipe={k.recipe} needs compute capability >= {RECIPE_MIN_SM[k.recipe] / 10:.1f}; "
                           f"{gpu.name} is {gpu.compute_capability}. Use one of {gpu.quant_formats}.")
     if gpu.sm < KV_MIN_SM.get(k.kv_cache, 0):
-        p.refusals.append(f"quant.kv_cache={k.kv_cache} needs compute capability >= {KV_MIN_SM[k.kv_cache] / 10:.1f}; "
+        p.refusals.append(f"quant.kv_cache_dtype={k.kv_cache} needs compute capability >= {KV_MIN_SM[k.kv_cache] / 10:.1f}; "
                           f"{gpu.name} is {gpu.compute_capability}. Use one of {gpu.kv_formats}.")
     # --- fit
     g = gpu.memory_bytes
@@ -533,10 +533,10 @@ def _fit_fixes(shape: ModelShape, k: _Knobs, gpu: GPU, need: str) -> str:
             out.append(f"build.max_seq_len={s} ({target} sequence(s) fit)")
         if k.kv_cache == "none" and "fp8" in gpu.kv_formats and _kv_elem_bytes(k) > 1:
             n2 = _gpu_numbers(shape, dataclasses.replace(k, kv_cache="fp8"), gpu)
-            out.append(f"quant.kv_cache=fp8 ({n2['seqs']} sequences fit)")
+            out.append(f"quant.kv_cache_dtype=fp8 ({n2['seqs']} sequences fit)")
         elif k.kv_cache == "none" and _kv_elem_bytes(k) > 1:
             n2 = _gpu_numbers(shape, dataclasses.replace(k, kv_cache="int8"), gpu)
-            out.append(f"quant.kv_cache=int8 ({n2['seqs']} sequences fit)")
+            out.append(f"quant.kv_cache_dtype=int8 ({n2['seqs']} sequences fit)")
     for tp in TP_CHOICES:
         if tp <= k.tp or shape.num_heads % tp:
             continue

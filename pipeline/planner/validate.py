@@ -18,7 +18,7 @@ Checks (each a :class:`~pipeline.config.common.Problem` naming field, value and 
 * ``target.gpu`` is a catalogue name; the recipe and KV format are supported by the target GPU;
 * the business eval set's prompts, rendered and tokenized as the engine will see them, fit
   ``build.max_input_len`` (max and P99 reported), and prompt + ``max_new_tokens`` fit ``max_seq_len``;
-* ``calibration.max_seq_len`` <= the model's positions.
+* ``calibration.calib_max_seq_length`` <= the model's positions.
 
 (``tokens_per_block`` being a power of two is checked by the ``build`` group itself.)
 """
@@ -115,9 +115,9 @@ def _parallel_problems(cfg: Any, shape: Any) -> list[Problem]:
                                     f"set quant.vocab_padding=pad (pads to {padded}) or a TP size dividing {shape.vocab_size}"))
         if pp > shape.num_layers:
             problems.append(Problem("quant.pp_size", q.pp_size, f"exceeds the model's {shape.num_layers} layers.", f"use quant.pp_size <= {shape.num_layers}"))
-        if q.recipe != "none" and cfg.calibration.max_seq_len > shape.max_seq_len_limit:
-            problems.append(Problem("calibration.max_seq_len", cfg.calibration.max_seq_len, f"exceeds the model's {shape.max_seq_len_limit} positions.",
-                                    f"set calibration.max_seq_len <= {shape.max_seq_len_limit}"))
+        if q.recipe != "none" and cfg.calibration.calib_max_seq_length > shape.max_seq_len_limit:
+            problems.append(Problem("calibration.calib_max_seq_length", cfg.calibration.calib_max_seq_length, f"exceeds the model's {shape.max_seq_len_limit} positions.",
+                                    f"set calibration.calib_max_seq_length <= {shape.max_seq_len_limit}"))
     return problems
 
 
@@ -143,8 +143,8 @@ def _gpu_problems(cfg: Any) -> list[Problem]:
         out.append(Problem("quant.recipe", q.recipe, f"needs compute capability >= {RECIPE_MIN_SM[q.recipe] / 10:.1f}; "
                            f"the target {gpu.name} is {gpu.compute_capability} (TensorRT-LLM support matrix).",
                            f"use one of {gpu.quant_formats}, or a newer GPU"))
-    if gpu.sm < KV_MIN_SM.get(q.kv_cache, 0):
-        out.append(Problem("quant.kv_cache", q.kv_cache, f"needs compute capability >= {KV_MIN_SM[q.kv_cache] / 10:.1f}; "
+    if gpu.sm < KV_MIN_SM.get(q.kv_cache_dtype, 0):
+        out.append(Problem("quant.kv_cache_dtype", q.kv_cache_dtype, f"needs compute capability >= {KV_MIN_SM[q.kv_cache_dtype] / 10:.1f}; "
                            f"the target {gpu.name} is {gpu.compute_capability}.", f"use one of {gpu.kv_formats}"))
     return out
 

@@ -38,7 +38,7 @@ def _inputs(ctx: StageContext):
         hf_dir=exp.hf_dir, model_info=exp.model_info(), engine_dir=engine_dir if engine_dir.is_dir() else None,
         model_repository=repo, eval_set=ctx.external.get("eval_set"), corpus=ctx.external.get("corpus"), target=target,
         max_input_len=limits.get("max_input_len"), max_seq_len=limits.get("max_seq_len"), max_batch_size=limits.get("max_batch_size"),
-        describe={"model_name": cfg.model.name, "quant_recipe": cfg.quant.recipe, "kv_cache": getattr(cfg.quant, "kv_cache", None),
+        describe={"model_name": cfg.model.name, "quant_recipe": cfg.quant.recipe, "kv_cache": cfg.quant.kv_cache_dtype,
                   "build_preset": cfg.build.name,
                   "artifacts": {n: {"key": a.key, "digest": a.digest} for n, a in ctx.inputs.items()}},
         load_runner=load_runner,

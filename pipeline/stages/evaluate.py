@@ -361,7 +361,7 @@ def _evaluate(ctx: StageContext) -> dict[str, Any]:
 
 def _heldout_samples(ctx: StageContext, tokenizer: Any) -> list[list[int]]:
     """Calibration samples calibration did not use: the ``eval.fidelity_heldout`` samples after the first
-    ``calibration.num_samples`` in the calibration set's seeded order (``pipeline.calibration.load_calibration``)."""
+    ``calibration.calib_size`` in the calibration set's seeded order (``pipeline.calibration.load_calibration``)."""
     import dataclasses
 
     n = ctx.cfg.eval.fidelity_heldout
@@ -371,13 +371,13 @@ def _heldout_samples(ctx: StageContext, tokenizer: Any) -> list[list[int]]:
     from ..calibration import load_calibration
 
     c = ctx.cfg.calibration
-    wider = dataclasses.replace(c, num_samples=c.num_samples + n, min_samples=0)
+    wider = dataclasses.replace(c, calib_size=c.calib_size + n, min_samples=0)
     try:
         cs = load_calibration(wider, tokenizer, path)
     except InputError as e:  # the measurement is optional; the quantize stage reports calibration problems
         ctx.log.warning("fidelity: no calibration hold-out (%s)", e)
         return []
-    return [list(s) for s in cs.samples[c.num_samples:]]
+    return [list(s) for s in cs.samples[c.calib_size:]]
 
 
 def _speculative_summary(acc: dict[str, dict[str, int]], prepared: list[Any], e: Any, target_runner: str) -> dict[str, Any]:

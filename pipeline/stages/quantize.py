@@ -38,9 +38,9 @@ def _dry_run(ctx: StageContext) -> dict[str, Any]:
     from ..quantize import KV_CACHE, RECIPES
 
     r = RECIPES[q.recipe]
-    return {"headline": {"recipe": q.recipe, "quant_algo": r.quant_algo, "kv_cache": KV_CACHE[q.kv_cache][0],
+    return {"headline": {"recipe": q.recipe, "quant_algo": r.quant_algo, "kv_cache": KV_CACHE[q.kv_cache_dtype][0],
                          "tp_size": q.tp_size, "pp_size": q.pp_size,
-                         "calib_samples": 0 if q.recipe == "none" else ctx.cfg.calibration.num_samples}}
+                         "calib_samples": 0 if q.recipe == "none" else ctx.cfg.calibration.calib_size}}
 
 
 STAGE = Stage(

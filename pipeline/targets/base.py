@@ -77,7 +77,7 @@ class Capabilities:
     refused_recipes: dict[str, str]
     """recipe -> why this target cannot run it (shown to the user, with the fix)."""
     kv_cache_dtypes: tuple[str, ...]
-    """``quant.kv_cache`` values its runtime deploys."""
+    """``quant.kv_cache_dtype`` values its runtime deploys."""
     beam_search: bool
     """Builds engines with ``build.max_beam_width`` > 1."""
     logits: bool

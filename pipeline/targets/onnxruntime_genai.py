@@ -111,9 +111,9 @@ class OnnxRuntimeGenAITarget:
                              f"it supports {list(SUPPORTED_RECIPES)}.",
                              fix + (" (to measure quant=auto on CPU: stages=[export,quantize,evaluate] eval.runners=[baseline,simulated])"
                                     if q.recipe == "auto" else "")))
-        if q.kv_cache not in CAPABILITIES.kv_cache_dtypes:
-            p.append(Problem("quant.kv_cache", q.kv_cache, "target onnxruntime_genai deploys an unquantized KV cache only.",
-                             "set quant.kv_cache=none"))
+        if q.kv_cache_dtype not in CAPABILITIES.kv_cache_dtypes:
+            p.append(Problem("quant.kv_cache_dtype", q.kv_cache_dtype, "target onnxruntime_genai deploys an unquantized KV cache only.",
+                             "set quant.kv_cache_dtype=none"))
         if q.recipe != "none" and q.sensitive_preset != "none":
             p.append(Problem("quant.sensitive_preset", q.sensitive_preset,
                              "target onnxruntime_genai reads quantized checkpoints whose decoder projections are all quantized.",

@@ -270,8 +270,8 @@ def llm_api_options(cfg: Any) -> dict[str, Any]:
                             "tokens_per_block": b.tokens_per_block},
         "scheduler_config": {"capacity_scheduler_policy": SCHEDULER_POLICY[b.batch_scheduler_policy]},
     }
-    if cfg.quant.kv_cache != "none":
-        doc["kv_cache_config"]["dtype"] = cfg.quant.kv_cache
+    if cfg.quant.kv_cache_dtype != "none":
+        doc["kv_cache_config"]["dtype"] = cfg.quant.kv_cache_dtype
     sp = b.speculative
     if sp.mode == "draft_tokens_external":
         doc["speculative_config"] = {"decoding_type": "DraftTarget", "max_draft_len": sp.max_draft_len,
@@ -446,9 +446,9 @@ class TensorRTLLMTarget:
         if refusal is not None:
             p.append(Problem("quant.recipe", cfg.quant.recipe, f"target {caps.name} cannot build this recipe: {refusal}.",
                              f"use quant=<one of {list(caps.recipes)}>"))
-        if cfg.quant.kv_cache not in caps.kv_cache_dtypes:
-            p.append(Problem("quant.kv_cache", cfg.quant.kv_cache, f"target {caps.name} deploys KV caches {list(caps.kv_cache_dtypes)}.",
-                             "set quant.kv_cache=none"))
+        if cfg.quant.kv_cache_dtype not in caps.kv_cache_dtypes:
+            p.append(Problem("quant.kv_cache_dtype", cfg.quant.kv_cache_dtype, f"target {caps.name} deploys KV caches {list(caps.kv_cache_dtypes)}.",
+                             "set quant.kv_cache_dtype=none"))
         p += runtime_problems(cfg)
         # max_seq_len (+ draft) vs the model's positions: pipeline/planner/validate.py (one rule, one place)
         return p
@@ -511,11 +511,11 @@ class TensorRTLLMTarget:
                 cc = tuple(int(x) for x in str(g[0]["compute_capability"]).split(".")[:2])
             except ValueError:
                 cc = (0, 0)
-            need = max(RECIPE_MIN_SM.get(cfg.quant.recipe, (8, 0)), KV_MIN_SM.get(cfg.quant.kv_cache, (7, 5)))
+            need = max(RECIPE_MIN_SM.get(cfg.quant.recipe, (8, 0)), KV_MIN_SM.get(cfg.quant.kv_cache_dtype, (7, 5)))
             if cfg.quant.export_dtype == "bfloat16":
                 need = max(need, (8, 0))
             if cc < need:
-                fails.append(f"GPU {g[0]['name']} has compute capability {cc[0]}.{cc[1]}; quant={cfg.quant.recipe} kv_cache={cfg.quant.kv_cache} "
+                fails.append(f"GPU {g[0]['name']} has compute capability {cc[0]}.{cc[1]}; quant={cfg.quant.recipe} kv_cache_dtype={cfg.quant.kv_cache_dtype} "
                              f"needs SM >= {need[0]}.{need[1]} (FP8/W4A8 need Ada/Hopper, SM 8.9+). "
                              "Fix: use quant=int4_awq or int8_sq on Ampere, or a newer GPU.")
         if not fails:
@@ -571,7 +571,7 @@ class TensorRTLLMTarget:
         logf = BuildArtifact(out).build_log_path
         hf = Path(checkpoint) / "hf"
         info: dict[str, Any] = {"schema": "pipeline.build_info/v1", "target": self.name, "backend": cfg.target.backend,
-                                "recipe": cfg.quant.recipe, "kv_cache": cfg.quant.kv_cache}
+                                "recipe": cfg.quant.recipe, "kv_cache": cfg.quant.kv_cache_dtype}
         if cfg.target.backend == "pytorch":
             import yaml
 
