@@ -243,7 +243,7 @@ def test_vocab_not_a_multiple_of_64_survives_awq_export_and_builds(tmp_path, rep
 
     ckpt = tiny.make_checkpoint(tmp_path / "odd_vocab", "llama", vocab_size=330)
     cfg = compose([f"model.path={ckpt}", "model.name=odd-vocab", "quant=int4_awq", "quant.group_size=64", "target=onnxruntime_genai",
-                   f"store_dir={tmp_path / 'store'}", "stages=[build]", "calibration.num_samples=16", "calibration.min_samples=8",
+                   f"store_dir={tmp_path / 'store'}", "stages=[build]", "calibration.calib_size=16", "calibration.min_samples=8",
                    "build.max_input_len=128", "build.max_seq_len=192", "build.max_batch_size=4", "progress=false"])
     summary = run_pipeline(cfg, console=Console(quiet=True))
     assert summary.exit_code == 0, summary.error
