@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import sys
 from pathlib import Path
+from typing import Any
 
 SUBCOMMANDS = {
     "plan": "pipeline.planner.cli",
@@ -189,6 +190,66 @@ def _split_hydra_args(argv: list[str]) -> tuple[list[str], list[str]]:
     return options, positionals
 
 
+def _schema_fields(cls: Any) -> dict[str, Any]:
+    """``{field name: resolved type}`` of a config dataclass (empty when ``cls`` is not one)."""
+    import dataclasses
+    import typing
+
+    if not dataclasses.is_dataclass(cls):
+        return {}
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:  # noqa: BLE001 - an unresolvable annotation: check names only
+        hints = {}
+    return {f.name: hints.get(f.name) for f in dataclasses.fields(cls)}
+
+
+def check_overrides(argv: list[str]) -> list[str]:
+    """Problems with plain ``key=value`` / ``group=preset`` overrides, found before Hydra composes the config, each
+    naming the override, the valid names (closest first) and the fix. Hydra's own messages for these cases suggest
+    ``+key=...`` (which would add an unknown field) and point to ``HYDRA_FULL_ERROR``. ``+``/``~`` overrides,
+    ``hydra.*`` keys and runs with a user ``--config-dir`` (other presets) are left to Hydra."""
+    import difflib
+
+    from .config import CONFIG_DIR, GROUPS, PipelineConfig
+
+    if any(a in ("--config-dir", "-cd") or a.startswith("--config-dir=") for a in argv):
+        return []
+    out: list[str] = []
+
+    def closest(name: str, choices: list[str]) -> str:
+        near = difflib.get_close_matches(name, choices, n=3, cutoff=0.5)
+        return (f"did you mean {' or '.join(near)}? " if near else "") + f"valid: {', '.join(sorted(choices))}"
+
+    for arg in argv:
+        if arg.startswith(("-", "+", "~")) or "=" not in arg:
+            continue
+        key, value = arg.split("=", 1)
+        if key.startswith(("hydra.", "hydra/")) or not key:
+            continue
+        if key in GROUPS:
+            presets = sorted(p.stem for p in (CONFIG_DIR / key).glob("*.yaml"))
+            for v in value.split(","):
+                if v and v not in presets:
+                    out.append(f"{key}={v}: no such {key} preset ({CONFIG_DIR / key}/). {closest(v, presets)}. "
+                               f"Fix: pick a preset, or set fields directly (e.g. {key}.<field>=...).")
+            continue
+        cls: Any = PipelineConfig
+        path: list[str] = []
+        for part in key.split("."):
+            fields = _schema_fields(cls)
+            if not fields:
+                break  # a dict-valued field (e.g. per-recipe tables) or a plain value: Hydra checks the rest
+            if part not in fields:
+                where = ".".join(path) or "the top level"
+                out.append(f"{key}: no such field in {where}; {closest(part, list(fields))}. "
+                           f"Fix: use one of those names ({'pipeline --cfg job' } prints the whole config).")
+                break
+            path.append(part)
+            cls = GROUPS.get(part, fields[part]) if len(path) == 1 else fields[part]
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     # A job started in the background of a non-interactive shell (CI runners, `cmd &`) inherits SIGINT as
@@ -214,6 +275,11 @@ def main(argv: list[str] | None = None) -> None:
     from .errors import EXIT_INPUT, InputError
 
     register()
+    problems = check_overrides(argv)
+    if problems:
+        for msg in problems:
+            print(f"error (exit {EXIT_INPUT}): {msg}", file=sys.stderr)
+        sys.exit(EXIT_INPUT)
     tmp_root = Path(tempfile.mkdtemp(prefix="pipeline-user-config-"))
     try:
         argv = user_config_argv(argv, tmp_root)

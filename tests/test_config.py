@@ -140,3 +140,17 @@ def test_cli_config_error_exits_2(args, tmp_path):
     key = {"model.nope=1": "nope", "build.max_batch_size=lots": "max_batch_size", "quant=int3_magic": "int3_magic",
            "model.dtype=int8": "model.dtype"}[args[0]]
     assert key in out
+
+
+@pytest.mark.parametrize("arg,expect", [
+    ("eval.path=/x.jsonl", "eval_set"),            # Hydra suggested `+eval.path=...`, which would add an unknown field
+    ("quant=int5", "int4_awq"),                    # Hydra printed its search path, base_quant and HYDRA_FULL_ERROR
+    ("eval.gate.max_dropp=1", "did you mean max_drop"),
+])
+def test_unknown_field_or_preset_names_the_valid_ones(arg, expect):
+    from pipeline.cli import check_overrides
+
+    problems = check_overrides([arg])
+    assert len(problems) == 1 and arg.split("=")[0] in problems[0] and expect in problems[0], problems
+    assert "base_" not in problems[0] and "HYDRA_FULL_ERROR" not in problems[0]
+    assert check_overrides(["quant=int4_awq", "eval.eval_set=/x", "+model.extra=1", "hydra.run.dir=x", "-m"]) == []
