@@ -104,6 +104,15 @@ def test_user_markers_are_data_via_llmclient_and_openai_sdk(served):
             r = sdk.chat.completions.create(model=sdk.models.list().data[0].id, messages=[{"role": "user", "content": m}], max_tokens=TOKENS, temperature=0)
             assert r.choices[0].message.content == w, (s.family, m)
             assert r.usage.prompt_tokens == len(codec.encode_prompt(m))
+        # `pipeline client` (the served package's tokenizer) takes the same path
+        import subprocess
+        import sys
+
+        r = subprocess.run([sys.executable, "-m", "pipeline", "client", "--url", s.server.grpc_url, "--tokenizer", str(s.tok_dir),
+                            "--max-tokens", str(TOKENS), "--json", msgs[0]], capture_output=True, text=True, timeout=300,
+                           cwd=str(Path(__file__).resolve().parents[1]))
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout.splitlines()[-1])["text"] == want[0]
         # raw text stays raw (its sender owns it): the rendered text is read with control tokens, as NVIDIA's preprocessing does
         assert c.generate(codec.render(msgs[0]), TOKENS, chat=False).text == want_ctrl[0]
 
