@@ -4,7 +4,8 @@ Routes (the OpenAI API's shapes; https://platform.openai.com/docs/api-reference)
 
 * ``GET  /v1/models``                 the one served model (its id = the package's model name);
 * ``POST /v1/completions``            ``prompt`` (text or list of texts) -> ``choices[i].text``;
-* ``POST /v1/chat/completions``       ``messages`` rendered **server-side** with the served package's chat template.
+* ``POST /v1/chat/completions``       ``messages`` rendered **server-side** with the served package's chat template
+  (passed on as the ensemble's ``messages`` input where it has one: user content stays data, docs/package.md).
 
 Both POST routes take ``max_tokens`` (default 16, as OpenAI), ``temperature`` (default 1), ``top_p`` (default 1),
 ``stop`` (text or up to 4 texts), ``n`` (1-16: n independent requests), ``seed``, ``presence_penalty``,
