@@ -87,7 +87,8 @@ def test_ort_repository_parses_validates_and_matches_trtllm_ensemble_interface(t
     assert sorted(p.name for p in repo.iterdir()) == ["ensemble", "onnxruntime_genai", "postprocessing", "preprocessing", "tensorrt_llm_bls"]
     assert validate_repository(repo, limits=ort_limits(ort_build), target="onnxruntime_genai") == []
     iface = ensemble_interface(repo)
-    assert iface["inputs"] == EXPECTED_INPUTS
+    # plus the documented extension input (trtllm_backend_table.EXTENSION_INPUTS): server-side chat rendering
+    assert iface["inputs"] == {**EXPECTED_INPUTS, "messages": ("TYPE_STRING", [1], True)}
     assert iface["outputs"] == EXPECTED_OUTPUTS
     eng = parse_config(repo / "onnxruntime_genai" / "config.pbtxt")
     assert eng.backend == "python" and eng.model_transaction_policy.decoupled is True

@@ -66,14 +66,15 @@ def expected_requests(eval_dir: Path, repo: Path, *, max_new_tokens: int, extra_
         sample: how many items (all when fewer were evaluated); ``seed``: the sampling seed.
     Returns:
         (requests, number of evaluated items).  Each request: ``{id, text_input, max_tokens, stop_strings, expected,
-        prompt}``.
+        prompt}`` plus ``messages`` when the chat template applies (replayed as the ensemble's ``messages`` input where
+        the deployment has it, so user content stays data as in evaluate's ``encode_prompt``; else ``text_input``).
     Raises:
         InputError: the evaluate artifact lacks what is needed, or the eval set changed since it was evaluated.
     """
     from ..evaluation.dataset import load_eval_set
     from ..evaluation.runners import prepare
     from ..store import sha256_file
-    from ..tokenization import render
+    from ..tokenization import codec_of, render
 
     rep_p, out_p = eval_dir / "eval_report.json", eval_dir / "outputs.jsonl"
     if not rep_p.is_file() or not out_p.is_file():
@@ -98,10 +99,14 @@ def expected_requests(eval_dir: Path, repo: Path, *, max_new_tokens: int, extra_
                        max_seq_len=limits.get("max_seq_len"), default_max_new_tokens=max_new_tokens, extra_stop=extra_stop,
                        apply_chat_template=apply_chat_template)
     out = []
+    chat = codec_of(tok).uses_template(apply_chat_template)
     for p in prepared:
         it = p.item
-        out.append({"id": it.id, "text_input": render(tok, it.prompt, it.messages, apply_chat_template=apply_chat_template),
-                    "max_tokens": p.max_new_tokens, "stop_strings": p.stop_strings, "expected": rows[it.id]["text"], "prompt": it.prompt_text()})
+        r = {"id": it.id, "text_input": render(tok, it.prompt, it.messages, apply_chat_template=apply_chat_template),
+             "max_tokens": p.max_new_tokens, "stop_strings": p.stop_strings, "expected": rows[it.id]["text"], "prompt": it.prompt_text()}
+        if chat:  # served as `messages`: the server renders and keeps user content as data, as evaluate's encode_prompt
+            r["messages"] = list(it.messages) if it.messages else [{"role": "user", "content": it.prompt}]
+        out.append(r)
     return out, len(ids)
 
 
@@ -141,7 +146,9 @@ def replay(url: str, requests: list[dict[str, Any]], *, modes: Sequence[str] = M
             with lock:
                 clients.append(c)
         try:  # text_input + max_tokens (+ stream): the deployment's defaults do the rest, as for any client
-            res = c.generate(r["text_input"], int(r["max_tokens"]), stream=(mode == "stream"), chat=False)
+            how = ({"messages": r["messages"]} if r.get("messages") and "messages" in c.inputs
+                   else {"prompt": r["text_input"], "chat": False})
+            res = c.generate(max_tokens=int(r["max_tokens"]), stream=(mode == "stream"), **how)
             served = cut_at_stop_strings(res.text, r.get("stop_strings") or [])
         except Exception as e:
             served = f"<request failed: {e}>"

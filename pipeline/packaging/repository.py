@@ -356,8 +356,11 @@ def generate_repository(out: Path, settings: Settings, *, engine_dir: Path, toke
             common = {"interface": "text", "engine_dir": "../../onnxruntime_genai/1/engine", "tokenizer_dir": "../../onnxruntime_genai/1/tokenizer",
                       "max_input_len": vals["max_input_len"], "max_seq_len": vals["max_seq_len"], "max_beam_width": vals["max_beam_width"],
                       "exclude_input_in_output": vals["exclude_input_in_output"], "skip_special_tokens": "true"}
-            for name, load, extra in (("ensemble", "eager", ()),
-                                      ("tensorrt_llm_bls", "lazy", (("num_draft_tokens", "TYPE_INT32", [1]),
+            from .trtllm_backend_table import EXTENSION_INPUTS  # server-side chat rendering (docs/package.md)
+
+            ext = lambda model: tuple((n, e["type"], list(e["dims"])) for n, e in EXTENSION_INPUTS.items() if model in e["models"])  # noqa: E731
+            for name, load, extra in (("ensemble", "eager", ext("ensemble")),
+                                      ("tensorrt_llm_bls", "lazy", ext("tensorrt_llm_bls") + (("num_draft_tokens", "TYPE_INT32", [1]),
                                                                     ("use_draft_logits", "TYPE_BOOL", [1])))):
                 d = out / name
                 (d / "1").mkdir(parents=True, exist_ok=True)

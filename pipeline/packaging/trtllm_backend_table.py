@@ -250,6 +250,16 @@ TENSORRT_LLM_EXTRAS: dict[str, str] = {}
 """Parameters our tensorrt_llm model writes that upstream does not declare (none: every key is an upstream key)."""
 
 
+EXTENSION_INPUTS: dict[str, dict[str, Any]] = {
+    "messages": {"models": ("ensemble", "tensorrt_llm_bls"), "target": "onnxruntime_genai", "type": "TYPE_STRING", "dims": [1],
+                 "why": "optional: a JSON list of {role, content}; the server renders it with the package's chat template "
+                        "and encodes message contents as text (a user's `</s>` or `<|im_end|>` never becomes a control id). "
+                        "`text_input` must then be empty (both non-empty: refused). Clients that omit it (NVIDIA's) are "
+                        "unaffected: their `text_input` is encoded as before, control tokens parsed."},
+}
+"""Inputs we declare that upstream does not (``extension``): name -> models, target, data type, dims, why."""
+
+
 def disposition(model: str, section: str, name: str) -> dict[str, Any]:
     """The table entry for an upstream name (``set`` for tensors that need no note)."""
     ent = TABLE[model][section].get(name)
@@ -310,7 +320,9 @@ def render_markdown() -> str:
                 else:
                     L.append(f"| `{n}` | {d['kind']} | {d.get('default', '')} | {d['why']} |")
             L.append("")
-    L += ["## Conditions of `cond` entries", "",
+    L += ["## Extensions (declared by us, not upstream)", "", "| input | models | target | type, dims | why |", "|---|---|---|---|---|"]
+    L += [f"| `{n}` | {', '.join(e['models'])} | {e['target']} | {e['type']} {e['dims']} | {e['why']} |" for n, e in EXTENSION_INPUTS.items()]
+    L += ["", "## Conditions of `cond` entries", "",
           "- `runtime`: the matching `package.runtime.<name>` is set (not null).",
           "- `window`: `package.runtime.max_attention_window_size` is set, or the model's `sliding_window` is smaller than "
           "`build.max_seq_len` (a larger window than `max_seq_len` is refused at config time).",

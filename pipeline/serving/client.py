@@ -196,13 +196,39 @@ class LLMClient:
             return render(self.tokenizer, prompt)
         return prompt
 
-    def generate(self, prompt: str, max_tokens: int = 64, *, stream: bool = False, chat: bool = True, timeout_s: float | None = None,
-                 cancel: threading.Event | None = None, on_chunk: Callable[[str, float], None] | None = None,
-                 request_id: str | None = None, **inputs: Any) -> GenerateResult:
+    def chat_inputs(self, prompt: str | None, messages: list[dict] | None, chat: bool) -> tuple[str, dict[str, Any]]:
+        """``(text_input, extra inputs)`` of one prompt.
+
+        When the model declares the ``messages`` input (the CPU target's ``ensemble``/``tensorrt_llm_bls``) and the
+        prompt is chat (``messages`` given, or ``chat`` with a tokenizer loaded), the conversation is sent as
+        ``messages`` (JSON) with an empty ``text_input``: the server renders it with its own chat template and keeps
+        user content as data (``TextCodec.encode_prompt``), so a user's ``</s>`` never becomes a control id. Otherwise
+        the text is rendered here (:meth:`prompt_text`) and the server encodes it with control tokens parsed.
+        Raises InputError: neither prompt nor messages, or messages without a way to render them.
+        """
+        if messages is None and prompt is None:
+            raise InputError("generate() needs a prompt or messages.")
+        if messages is not None or (chat and self.tokenizer is not None):
+            msgs = list(messages) if messages is not None else [{"role": "user", "content": prompt}]
+            if "messages" in self.inputs:
+                return "", {"messages": json.dumps(msgs, ensure_ascii=False)}
+            if self.tokenizer is None:
+                raise InputError(f"model {self.model!r} has no 'messages' input, so messages must be rendered here. Fix: pass "
+                                 f"tokenizer= (the package's tokenizer folder).")
+            from ..tokenization import render
+
+            return render(self.tokenizer, messages=msgs), {}
+        return str(prompt), {}
+
+    def generate(self, prompt: str | None = None, max_tokens: int = 64, *, stream: bool = False, chat: bool = True,
+                 timeout_s: float | None = None, cancel: threading.Event | None = None,
+                 on_chunk: Callable[[str, float], None] | None = None, request_id: str | None = None,
+                 messages: list[dict] | None = None, **inputs: Any) -> GenerateResult:
         """Send one prompt and wait for the complete answer.
 
         Args:
-            prompt: user text (rendered through the chat template when ``chat`` and a tokenizer is loaded).
+            prompt: user text (a chat turn when ``chat`` and a tokenizer is loaded; see :meth:`chat_inputs`).
+            messages: ``[{"role", "content"}, ...]`` instead of ``prompt`` (always chat).
             max_tokens: generated tokens at most.
             stream: ask for a streamed answer (one response per token); needs a decoupled deployment.
             timeout_s: cancel and raise :class:`RequestTimeout` after this many seconds.
@@ -215,9 +241,11 @@ class LLMClient:
         if stream and not self.decoupled:
             raise InputError(f"stream=True needs a decoupled deployment, but {self.model!r} on {self.url} is not decoupled. "
                              f"Fix: package with package.decoupled=true, or call with stream=False.")
-        text = self.prompt_text(prompt, chat)
+        if "messages" in inputs:
+            raise InputError("pass messages=[...] as the messages argument (a list), not as a raw input.")
+        text, chat_extra = self.chat_inputs(prompt, messages, chat)
         rid = request_id or uuid.uuid4().hex[:16]
-        ins = self.build_inputs(text, max_tokens, stream=stream, **inputs)
+        ins = self.build_inputs(text, max_tokens, stream=stream, **chat_extra, **inputs)
         outs = [self._grpc.InferRequestedOutput("text_output")]
         timeout = self.timeout_s if timeout_s is None else float(timeout_s)
         if not self.decoupled:
@@ -426,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
                 extra[k] = v
         max_tokens = extra.pop("max_tokens", a.max_tokens)
         stream = bool(extra.pop("stream", a.stream))
-        for k in ("text_input",):
+        for k in ("text_input", "messages"):
             if k in extra:
                 raise InputError(f"--input {k}=... : pass the prompt as an argument instead.")
         tok = a.tokenizer

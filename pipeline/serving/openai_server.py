@@ -4,7 +4,8 @@ Routes (the OpenAI API's shapes; https://platform.openai.com/docs/api-reference)
 
 * ``GET  /v1/models``                 the one served model (its id = the package's model name);
 * ``POST /v1/completions``            ``prompt`` (text or list of texts) -> ``choices[i].text``;
-* ``POST /v1/chat/completions``       ``messages`` rendered **server-side** with the served package's chat template.
+* ``POST /v1/chat/completions``       ``messages`` rendered **server-side** with the served package's chat template
+  (passed on as the ensemble's ``messages`` input where it has one: user content stays data, docs/package.md).
 
 Both POST routes take ``max_tokens`` (default 16, as OpenAI), ``temperature`` (default 1), ``top_p`` (default 1),
 ``stop`` (text or up to 4 texts), ``n`` (1-16: n independent requests), ``seed``, ``presence_penalty``,
@@ -175,6 +176,7 @@ class Frontend:
         probe = LLMClient(grpc_url, timeout_s=self.timeout_s)
         try:
             self.decoupled = probe.decoupled
+            self.server_renders = "messages" in probe.inputs  # the CPU target's ensemble renders chat itself
         finally:
             probe.close()
         self._local = threading.local()
@@ -198,10 +200,15 @@ class Frontend:
                 c.close()
             self._clients.clear()
 
-    def prompt_tokens(self, text: str) -> int:
+    def prompt_tokens(self, text: str | list[dict]) -> int:
         """Ids the served model feeds the engine for ``text``: the served encode rule (``encode_served`` in
-        ``serving/models/onnxruntime_genai_model.py``: rendered text as is, BOS only where the tokenizer adds it)."""
+        ``serving/models/onnxruntime_genai_model.py``: rendered text as is, BOS only where the tokenizer adds it);
+        for chat messages rendered server-side, ``TextCodec.encode_prompt`` (what the served model runs)."""
         c = self.codec
+        if isinstance(text, list):
+            if self.server_renders:
+                return len(c.encode_prompt(messages=text))
+            text = c.render(messages=text)
         ids = c.encode_rendered(text)
         if c.adds_bos and c.bos_id is not None and (not ids or ids[0] != c.bos_id):
             return len(ids) + 1
@@ -210,9 +217,9 @@ class Frontend:
     def completion_tokens(self, text: str) -> int:
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else 0
 
-    def render_chat(self, messages: Any) -> str:
-        from ..tokenization import render
-
+    def render_chat(self, messages: Any) -> list[dict]:
+        """The validated conversation ``[{"role", "content"}, ...]``; sent as the ensemble's ``messages`` input when
+        the deployment renders chat itself (user content stays data), else rendered here (TensorRT-LLM target)."""
         if not isinstance(messages, list) or not messages:
             raise APIError("messages must be a non-empty list of {role, content} objects.", "messages")
         out = []
@@ -228,15 +235,17 @@ class Frontend:
                 raise APIError(f"messages[{i}].content must be text.", f"messages[{i}].content")
             out.append({"role": "system" if m["role"] == "developer" else m["role"], "content": content})
         try:
-            return render(self.tokenizer, messages=out)
+            self.codec.encode_prompt(messages=out)  # the template accepts them (refused here, as a 400, before sending)
+            return out
         except Exception as e:
             raise APIError(f"the model's chat template refused these messages: {e}", "messages") from None
 
     def budget(self, p: dict[str, Any]) -> int:
         return int(p["max_tokens"]) if p["max_tokens"] is not None else 256
 
-    def generate(self, text: str, p: dict[str, Any], *, on_chunk: Any = None, cancel: threading.Event | None = None) -> tuple[str, str]:
-        """Blocking: one ensemble request; returns (text, finish_reason)."""
+    def generate(self, text: str | list[dict], p: dict[str, Any], *, on_chunk: Any = None,
+                 cancel: threading.Event | None = None) -> tuple[str, str]:
+        """Blocking: one ensemble request for a prompt text or chat messages; returns (text, finish_reason)."""
         from .client import RequestError
 
         stream = on_chunk is not None and self.decoupled
@@ -258,8 +267,11 @@ class Frontend:
                 on_chunk(emit)
 
         try:
-            r = self.client().generate(text, self.budget(p), stream=stream, chat=False, cancel=cancel, on_chunk=chunk if stream else None,
-                                       **ensemble_inputs(p))
+            if isinstance(text, list) and not self.server_renders:
+                text = self.codec.render(messages=text)
+            how = {"messages": text} if isinstance(text, list) else {"prompt": text}
+            r = self.client().generate(max_tokens=self.budget(p), stream=stream, chat=False, cancel=cancel,
+                                       on_chunk=chunk if stream else None, **how, **ensemble_inputs(p))
         except InputError as e:
             raise APIError(str(e)) from None
         except RequestError as e:  # the deployment refused or failed this request: its message names the input

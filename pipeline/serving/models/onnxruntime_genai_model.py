@@ -269,7 +269,7 @@ class TritonPythonModel:
 
     def _parse(self, request: Any) -> list[Job]:
         if self.text:
-            ids_arr = self._encode_rows(self._get(request, "text_input"))
+            ids_arr = self._encode_rows(self._get(request, "text_input"), self._get(request, "messages"))
         else:
             ids_arr = self._get(request, "input_ids")
             if ids_arr is None:
@@ -312,7 +312,38 @@ class TritonPythonModel:
         """Prompt text -> ids, the preprocessing model's rule (:func:`encode_served`)."""
         return encode_served(self.codec, text)
 
-    def _encode_rows(self, arr: np.ndarray | None) -> list[list[int]]:
+    def _encode_messages(self, arr: np.ndarray, text: np.ndarray | None) -> list[list[int]]:
+        """Rows of the optional ``messages`` input (BYTES [N, 1], each a JSON list of ``{"role", "content"}``): rendered
+        with this package's chat template by ``TextCodec.encode_prompt`` (message contents are data: a special-token
+        string inside a content never becomes a control id; BOS only where the template puts it), exactly the ids the
+        evaluate stage fed the engine.  ``text_input`` must then be empty (it stays a required tensor of the
+        TensorRT-LLM interface): sending both is refused, never resolved silently."""
+        arr = np.asarray(arr).reshape(arr.shape[0], -1)
+        if text is not None and any((x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x)) for x in np.asarray(text).reshape(-1).tolist()):
+            raise ValueError("both text_input and messages are set; send the conversation as messages with an empty text_input, "
+                             "or the rendered prompt as text_input without messages")
+        out = []
+        for b, row in enumerate(arr):
+            where = f" (prompt {b})" if len(arr) > 1 else ""
+            if row.size != 1:
+                raise ValueError(f"messages{where} has {row.size} strings; send one JSON list per row ([N, 1])")
+            x = row[0]
+            try:
+                msgs = json.loads(x.decode("utf-8") if isinstance(x, bytes) else str(x))
+            except (UnicodeDecodeError, ValueError) as e:
+                raise ValueError(f"messages{where} is not a UTF-8 JSON list of {{role, content}} objects ({e})") from None
+            if not isinstance(msgs, list) or not msgs or not all(
+                    isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in msgs):
+                raise ValueError(f"messages{where} must be a non-empty JSON list of {{\"role\": str, \"content\": str}} objects")
+            try:
+                out.append(self.codec.encode_prompt(messages=msgs))
+            except Exception as e:  # the template refused the conversation, or a content cannot be kept as data
+                raise ValueError(f"messages{where}: {e}") from None
+        return out
+
+    def _encode_rows(self, arr: np.ndarray | None, messages: np.ndarray | None = None) -> list[list[int]]:
+        if messages is not None and messages.size:
+            return self._encode_messages(messages, arr)
         if arr is None or arr.size == 0:
             raise ValueError("text_input is empty; send a non-empty prompt")
         arr = np.asarray(arr).reshape(arr.shape[0], -1)
