@@ -25,7 +25,7 @@ GB = 10**9
 
 # recipe (pipeline quant.recipe) -> minimum compute capability (major*10+minor) [TRTLLM-SM]
 RECIPE_MIN_SM = {
-    "none": 80,      # float16 works earlier, bfloat16 needs SM80; Volta/V100 removed in 0.15/0.16
+    "none": 75,      # float16 engines from Turing (Volta/V100 removed in 0.15/0.16); bfloat16 needs SM80 (checked on the dtype)
     "int8_wo": 80,
     "int4_wo": 80,
     "int4_rtn": 80,
@@ -37,7 +37,9 @@ RECIPE_MIN_SM = {
     "nvfp4": 100,
 }
 # quant.kv_cache_dtype -> minimum compute capability [TRTLLM-SM]
-KV_MIN_SM = {"none": 80, "int8": 80, "fp8": 89, "nvfp4": 100}
+KV_MIN_SM = {"none": 75, "int8": 80, "fp8": 89, "nvfp4": 100}
+# bfloat16 weights/activations need SM80 whatever the recipe [TRTLLM-SM]
+BF16_MIN_SM = 80
 
 
 @dataclasses.dataclass(frozen=True)

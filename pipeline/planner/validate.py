@@ -122,7 +122,7 @@ def _parallel_problems(cfg: Any, shape: Any) -> list[Problem]:
 
 
 def _gpu_problems(cfg: Any) -> list[Problem]:
-    from .gpus import KV_MIN_SM, RECIPE_MIN_SM
+    from .gpus import BF16_MIN_SM, KV_MIN_SM, RECIPE_MIN_SM
     from .plan import plan_device
 
     from ..targets import TARGETS
@@ -143,6 +143,11 @@ def _gpu_problems(cfg: Any) -> list[Problem]:
         out.append(Problem("quant.recipe", q.recipe, f"needs compute capability >= {RECIPE_MIN_SM[q.recipe] / 10:.1f}; "
                            f"the target {gpu.name} is {gpu.compute_capability} (TensorRT-LLM support matrix).",
                            f"use one of {gpu.quant_formats}, or a newer GPU"))
+    dtype = q.export_dtype if q.recipe != "none" else cfg.model.dtype
+    if dtype == "bfloat16" and gpu.sm < BF16_MIN_SM:
+        out.append(Problem("model.dtype" if q.recipe == "none" else "quant.export_dtype", dtype,
+                           f"bfloat16 needs compute capability >= {BF16_MIN_SM / 10:.1f}; the target {gpu.name} is {gpu.compute_capability}.",
+                           "use float16 on this GPU, or a newer GPU"))
     if gpu.sm < KV_MIN_SM.get(q.kv_cache_dtype, 0):
         out.append(Problem("quant.kv_cache_dtype", q.kv_cache_dtype, f"needs compute capability >= {KV_MIN_SM[q.kv_cache_dtype] / 10:.1f}; "
                            f"the target {gpu.name} is {gpu.compute_capability}.", f"use one of {gpu.kv_formats}"))

@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..planner.gpus import KV_MIN_SM as _GPU_KV_MIN_SM
+from ..planner.gpus import RECIPE_MIN_SM as _GPU_RECIPE_MIN_SM
 from ..artifacts import BuildArtifact, QuantizeArtifact
 from ..config.common import Problem
 from ..errors import InputError, PipelineError, PreflightError
@@ -75,9 +77,9 @@ RECIPE_QUANT_ALGO = {"none": None, "fp8": "FP8", "int8_sq": "W8A8_SQ_PER_CHANNEL
                      "auto": "MIXED_PRECISION",  # per-layer quant_cfg.json (or the one format auto_quantize chose)
                      "int4_awq": "W4A16_AWQ", "w4a8_awq": "W4A8_AWQ"}
 """quant.recipe -> the checkpoint's ``quantization.quant_algo`` (ModelOpt export conventions, as examples/quantization/quantize.py writes them)."""
-RECIPE_MIN_SM = {"none": (7, 5), "int8_sq": (8, 0), "int8_wo": (8, 0), "int4_wo": (8, 0), "int4_rtn": (8, 0), "auto": (8, 0), "int4_awq": (8, 0), "fp8": (8, 9),
-                 "w4a8_awq": (8, 9)}
-KV_MIN_SM = {"none": (7, 5), "int8": (8, 0), "fp8": (8, 9)}
+# Minimum compute capability per recipe / KV dtype: the one table in pipeline/planner/gpus.py, as (major, minor).
+RECIPE_MIN_SM = {r: divmod(sm, 10) for r, sm in _GPU_RECIPE_MIN_SM.items() if r in RECIPE_QUANT_ALGO}
+KV_MIN_SM = {k: divmod(sm, 10) for k, sm in _GPU_KV_MIN_SM.items() if k in ("none", "int8", "fp8")}
 SPEC_MODES = {"draft_tokens_external": "draft_tokens_external", "medusa": "medusa", "eagle": "eagle",
               "lookahead_decoding": "lookahead_decoding"}
 SCHEDULER_POLICY = {"guaranteed_no_evict": "GUARANTEED_NO_EVICT", "max_utilization": "MAX_UTILIZATION"}
