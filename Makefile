@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 STAMP := $(VENV)/.installed
 SERVE_STAMP := $(SERVE_VENV)/.installed
 
-.PHONY: env serve-env run test bench serve plan doctor clean
+.PHONY: env serve-env run test lint bench serve plan doctor clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,12 @@ run: env serve-env
 
 test: env serve-env
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# Static checks (issue 15); settings in pyproject.toml [tool.ruff] / [tool.mypy].
+lint: env
+	$(PY) -m ruff check pipeline tests
+	$(PY) -m ruff format --check pipeline tests
+	$(PY) -m mypy pipeline
 
 # The standard benchmarks (docs/benchmark.md), int4 engines on onnxruntime_genai:
 # 1. the default model: engine in-process, Triton over gRPC streaming, transformers baseline -> bench/results/default.*

@@ -428,7 +428,7 @@ except ImportError:  # pragma: no cover
     _HydraCallback = object  # type: ignore[misc,assignment]
 
 
-class MultirunComparison(_HydraCallback):  # type: ignore[misc]
+class MultirunComparison(_HydraCallback):  # type: ignore[misc,unused-ignore]  # _HydraCallback is Any when hydra is absent
     """Hydra callback: after ``-m`` sweeps, join every job's summary.json into one comparison table."""
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:

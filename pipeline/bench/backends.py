@@ -33,7 +33,11 @@ class _Item:
 
     def finish(self) -> None:
         self.rec.t_done = time.perf_counter()
-        self.loop.call_soon_threadsafe(lambda: self.fut.done() or self.fut.set_result(None))
+        def _resolve() -> None:
+            if not self.fut.done():
+                self.fut.set_result(None)
+
+        self.loop.call_soon_threadsafe(_resolve)
 
 
 class ThreadedBackend:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ..errors import InputError
 
@@ -103,6 +103,8 @@ def _check_line(obj: Any, where: str, known_metrics: set[str]) -> tuple[EvalItem
         bad("metric_args", "must be an object", 'use e.g. "metric_args": {"tol": 0.01}')
     if errs:
         return None, errs
+    # every field was checked above (errs is empty), so these are str
+    iid, sl, metric = cast(str, iid), cast(str, sl), cast(str, metric)
     item = EvalItem(id=iid, slice=sl, metric=metric, reference=obj["reference"], prompt=prompt, messages=messages,
                     max_new_tokens=mnt, stop=list(stop), metric_args=dict(margs),
                     meta={k: v for k, v in obj.items() if k not in _KNOWN})

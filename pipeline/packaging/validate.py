@@ -196,10 +196,10 @@ def validate_repository(repo: Path, *, limits: dict[str, Any], target: str, buil
         problems.append(Problem(engine_model, "the engine model is missing from the repository."))
     else:
         for key, lim in (("max_input_len", "max_input_len"), ("max_beam_width", "max_beam_width")):
-            v, e = _param(eng, key), limits.get(lim)
-            if v not in (None, "") and e is not None and v.lstrip("-").isdigit() and int(v) > int(e):
-                problems.append(Problem(f"{engine_model}/config.pbtxt", f"{key} {int(v)} exceeds the engine's {lim} {int(e)}.",
-                                        f"set package.{key} <= {int(e)} (or null for the engine's)"))
+            v, lim_v = _param(eng, key), limits.get(lim)
+            if v not in (None, "") and lim_v is not None and v.lstrip("-").isdigit() and int(v) > int(lim_v):
+                problems.append(Problem(f"{engine_model}/config.pbtxt", f"{key} {int(v)} exceeds the engine's {lim} {int(lim_v)}.",
+                                        f"set package.{key} <= {int(lim_v)} (or null for the engine's)"))
         # decoupled consistency
         dec = {n: c.model_transaction_policy.decoupled for n, c in configs.items()
                if n in (engine_model, "tensorrt_llm_bls") or (n == "ensemble" and c.backend == "python")}

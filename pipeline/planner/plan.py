@@ -69,7 +69,7 @@ def load_shape(cfg: Any) -> tuple[ModelShape, str]:
             found = cj is not None and cj.is_file()
         except (OSError, ValueError) as e:  # e.g. an embedded NUL byte
             raise InputError(f"model.path={m.path!r}: not a usable path ({e}).") from None
-        if found:
+        if found and cj is not None:  # found implies cj is set; the check narrows the type
             return ModelShape.from_hf_config(read_config_json(cj), str(cj)), str(cj)
         if not m.hf_config:
             raise InputError(f"model.path={m.path!r}: no config.json at {cj}. Point model.path at a Hugging Face checkpoint "
@@ -154,6 +154,7 @@ def host_memory() -> dict[str, int | None]:
 
 # --------------------------------------------------------------------------- weights
 def _high_precision(lin: Linear, shape: ModelShape, exclude: list[str], sensitive: str) -> bool:
+    names: tuple[str, ...]
     if lin.name == "lm_head":
         names = ("lm_head",)
     else:
@@ -441,6 +442,7 @@ def plan(cfg: Any) -> Plan:
         return p
     if kind == "cpu":
         return _cpu_plan(p, shape, k)
+    assert gpu is not None  # kind == "gpu" with gpu None returned above
     return _gpu_plan(p, shape, k, gpu)
 
 

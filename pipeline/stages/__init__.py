@@ -49,7 +49,10 @@ class StageContext:
     def progress(self, description: str, total: float | None) -> Iterator[Callable[[float], None]]:
         """A rich progress bar; yields ``advance(n)``. Silent when progress is off."""
         if not self.show_progress:
-            yield lambda n=1: None
+            def _noop(n: float = 1) -> None:
+                return None
+
+            yield _noop
             return
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
@@ -58,7 +61,11 @@ class StageContext:
             console=self.console, transient=True,
         ) as prog:
             task = prog.add_task(description, total=total)
-            yield lambda n=1: prog.advance(task, n)
+
+            def _advance(n: float = 1) -> None:
+                prog.advance(task, n)
+
+            yield _advance
 
 
 def _no_external(cfg: "PipelineConfig") -> dict[str, Path]:

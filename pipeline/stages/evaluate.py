@@ -224,10 +224,10 @@ def _evaluate(ctx: StageContext) -> dict[str, Any]:
         if "unavailable" in fid:
             fidelity = {"candidate": cand, "unavailable": fid["unavailable"], "seconds": fid["seconds"]}
         else:
-            k = len(fid["seqs"]) - len(fid["heldout"])
+            n_tune = len(fid["seqs"]) - len(fid["heldout"])
             base_l, cand_l = fid["logits"]["baseline"], fid["logits"][cand]
-            held = F.compare(fid["seqs"][k:], base_l[k:], cand_l[k:]) if fid["heldout"] else None
-            fidelity = {"candidate": cand, **F.compare(fid["seqs"][:k], base_l[:k], cand_l[:k]),
+            held = F.compare(fid["seqs"][n_tune:], base_l[n_tune:], cand_l[n_tune:]) if fid["heldout"] else None
+            fidelity = {"candidate": cand, **F.compare(fid["seqs"][:n_tune], base_l[:n_tune], cand_l[:n_tune]),
                         "calibration_heldout": ({"samples": held["items"], **held["overall"]} if held else None),
                         "seconds": fid["seconds"],
                         "sequence": "prompt + reference answer (the baseline's tokens where it answered correctly) + eos, cut to the item budget"}
