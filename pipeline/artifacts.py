@@ -69,10 +69,12 @@ class ExportArtifact:
         cfg = _read_json(self.hf_dir / "config.json", fix)
         gen = _read_json(self.hf_dir / "generation_config.json", fix)
         eos = gen.get("eos_token_id", cfg.get("eos_token_id"))
-        return {"eos_token_ids": eos if isinstance(eos, list) else ([eos] if eos is not None else []),
-                "pad_token_id": gen.get("pad_token_id", cfg.get("pad_token_id")),
-                "bos_token_id": gen.get("bos_token_id", cfg.get("bos_token_id")),
-                "architecture": (cfg.get("architectures") or [None])[0]}
+        return {
+            "eos_token_ids": eos if isinstance(eos, list) else ([eos] if eos is not None else []),
+            "pad_token_id": gen.get("pad_token_id", cfg.get("pad_token_id")),
+            "bos_token_id": gen.get("bos_token_id", cfg.get("bos_token_id")),
+            "architecture": (cfg.get("architectures") or [None])[0],
+        }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,8 +88,14 @@ class QuantizeArtifact:
     QUANT_STATE_JSON: ClassVar[str] = "quant_state.json"
     REPORT_JSON: ClassVar[str] = "quant_report.json"
     REPORT_MD: ClassVar[str] = "quant_report.md"
-    FILES: ClassVar[tuple[str, ...]] = ("hf/", "trtllm_checkpoint/", "quant_state.safetensors", "quant_state.json",
-                                        "quant_report.json", "quant_report.md")
+    FILES: ClassVar[tuple[str, ...]] = (
+        "hf/",
+        "trtllm_checkpoint/",
+        "quant_state.safetensors",
+        "quant_state.json",
+        "quant_report.json",
+        "quant_report.md",
+    )
 
     @property
     def hf_dir(self) -> Path:
@@ -202,8 +210,14 @@ class BenchmarkArtifact:
         return self.path / self.RESULT_JSON
 
 
-ARTIFACTS: dict[str, type] = {"export": ExportArtifact, "quantize": QuantizeArtifact, "build": BuildArtifact,
-                              "evaluate": EvalArtifact, "package": PackageArtifact, "benchmark": BenchmarkArtifact}
+ARTIFACTS: dict[str, type] = {
+    "export": ExportArtifact,
+    "quantize": QuantizeArtifact,
+    "build": BuildArtifact,
+    "evaluate": EvalArtifact,
+    "package": PackageArtifact,
+    "benchmark": BenchmarkArtifact,
+}
 """stage name -> its artifact class."""
 
 
@@ -217,5 +231,13 @@ def target_of(build_art: Any, default: str) -> str:
     return str(bi.get("target") or head.get("target") or default)
 
 
-__all__ = ["ARTIFACTS", "BenchmarkArtifact", "BuildArtifact", "EvalArtifact", "ExportArtifact", "PackageArtifact",
-           "QuantizeArtifact", "target_of"]
+__all__ = [
+    "ARTIFACTS",
+    "BenchmarkArtifact",
+    "BuildArtifact",
+    "EvalArtifact",
+    "ExportArtifact",
+    "PackageArtifact",
+    "QuantizeArtifact",
+    "target_of",
+]

@@ -20,8 +20,9 @@ import dataclasses
 import json
 import logging
 import random
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 from .errors import InputError
 from .tokenization import codec_of
@@ -34,8 +35,15 @@ if TYPE_CHECKING:
 log = logging.getLogger("pipeline.calibration")
 
 #: file suffix -> format read by ``calibration.format: auto`` (the default, also in the shipped preset).
-SUFFIX_FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".txt": "text", ".text": "text",
-                  ".parquet": "parquet", ".pq": "parquet"}
+SUFFIX_FORMATS = {
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "json",
+    ".txt": "text",
+    ".text": "text",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+}
 #: what each file format holds (named in every refusal).
 FILE_FORMATS = {
     "jsonl": "one JSON object per line with 'text' (calibration.text_field) or chat 'messages'",
@@ -81,7 +89,7 @@ class CalibrationSet:
         order = sorted(range(len(self.samples)), key=lambda i: (len(self.samples[i]), i))
         out = []
         for j in range(0, len(order), batch_size):
-            chunk = order[j:j + batch_size]
+            chunk = order[j : j + batch_size]
             n = min(len(self.samples[i]) for i in chunk)
             out.append((chunk, [self.samples[i][:n] for i in chunk]))
         return out
@@ -99,7 +107,7 @@ class CalibrationSet:
 
         batches = self.batches(batch_size)
 
-        def loop(model: "torch.nn.Module") -> None:
+        def loop(model: torch.nn.Module) -> None:
             with torch.no_grad():
                 for _, ids in batches:
                     t = torch.tensor(ids, dtype=torch.long, device=device)
@@ -114,8 +122,10 @@ def _formats_help() -> str:
     by_fmt: dict[str, list[str]] = {}
     for suf, f in SUFFIX_FORMATS.items():
         by_fmt.setdefault(f, []).append(suf)
-    return "; ".join(f"{f} ({', '.join(by_fmt.get(f, []))}): {what}" for f, what in FILE_FORMATS.items()) + \
-        "; hf: a Hugging Face dataset (calibration.hf_dataset, needs the datasets package and network access)"
+    return (
+        "; ".join(f"{f} ({', '.join(by_fmt.get(f, []))}): {what}" for f, what in FILE_FORMATS.items())
+        + "; hf: a Hugging Face dataset (calibration.hf_dataset, needs the datasets package and network access)"
+    )
 
 
 def _sniff(path: Path) -> str | None:
@@ -144,25 +154,34 @@ def detect_format(path: Path, fmt: str) -> str:
     if fmt == "auto":
         f = SUFFIX_FORMATS.get(path.suffix.lower())
         if f is None:
-            raise InputError(f"calibration.path={str(path)!r}: cannot tell the format from the suffix {path.suffix!r}. "
-                             f"Fix: rename the file or set calibration.format to one of: {_formats_help()}.")
+            raise InputError(
+                f"calibration.path={str(path)!r}: cannot tell the format from the suffix {path.suffix!r}. "
+                f"Fix: rename the file or set calibration.format to one of: {_formats_help()}."
+            )
         if f == "json" and sniffed != "json":
             f = "jsonl"  # a .json file holding JSON lines (common), not an array
         if sniffed == "parquet" and f != "parquet":
-            raise InputError(f"calibration.path={str(path)!r}: the suffix says {f} but the file is parquet (it starts with "
-                             f"{_PARQUET_MAGIC!r}). Fix: rename it to .parquet or set calibration.format=parquet.")
+            raise InputError(
+                f"calibration.path={str(path)!r}: the suffix says {f} but the file is parquet (it starts with "
+                f"{_PARQUET_MAGIC!r}). Fix: rename it to .parquet or set calibration.format=parquet."
+            )
         return f
     if fmt not in FILE_FORMATS:
         raise InputError(f"calibration.format={fmt!r}: unknown. Fix: use auto or one of: {_formats_help()}.")
     if sniffed == "parquet" and fmt != "parquet":
-        raise InputError(f"calibration.path={str(path)!r} is a parquet file but calibration.format={fmt}. "
-                         "Fix: calibration.format=auto (or parquet).")
+        raise InputError(
+            f"calibration.path={str(path)!r} is a parquet file but calibration.format={fmt}. Fix: calibration.format=auto (or parquet)."
+        )
     if sniffed == "json" and fmt == "jsonl":
-        raise InputError(f"calibration.path={str(path)!r} holds a JSON array, not JSON lines, but calibration.format=jsonl. "
-                         "Fix: calibration.format=auto (or json).")
+        raise InputError(
+            f"calibration.path={str(path)!r} holds a JSON array, not JSON lines, but calibration.format=jsonl. "
+            "Fix: calibration.format=auto (or json)."
+        )
     if fmt == "parquet" and sniffed != "parquet":
-        raise InputError(f"calibration.path={str(path)!r}: calibration.format=parquet but the file does not start with the "
-                         f"parquet magic {_PARQUET_MAGIC!r}. Fix: calibration.format=auto, or pass a parquet file.")
+        raise InputError(
+            f"calibration.path={str(path)!r}: calibration.format=parquet but the file does not start with the "
+            f"parquet magic {_PARQUET_MAGIC!r}. Fix: calibration.format=auto, or pass a parquet file."
+        )
     return fmt
 
 
@@ -181,8 +200,10 @@ def _decoded_lines(path: Path) -> Iterator[tuple[int, str]]:
         try:
             yield n, raw.decode("utf-8").rstrip("\r")
         except UnicodeDecodeError as e:
-            raise InputError(f"{path}:{n}: not valid UTF-8 (byte {raw[e.start]:#04x} at column {e.start + 1}). "
-                             "Fix: re-encode the calibration file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`).") from e
+            raise InputError(
+                f"{path}:{n}: not valid UTF-8 (byte {raw[e.start]:#04x} at column {e.start + 1}). "
+                "Fix: re-encode the calibration file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)."
+            ) from e
 
 
 def _read_jsonl(path: Path, text_field: str) -> tuple[list[RawSample], int]:
@@ -210,18 +231,23 @@ def _read_json_array(path: Path, text_field: str) -> tuple[list[RawSample], int]
     try:
         arr = json.loads(data)
     except ValueError as e:
-        raise InputError(f"{path}:{getattr(e, 'lineno', '?')}: not valid JSON ({getattr(e, 'msg', e)}). "
-                         "Fix: calibration.format=json reads one JSON array of objects; for one object per line use .jsonl.") from e
+        raise InputError(
+            f"{path}:{getattr(e, 'lineno', '?')}: not valid JSON ({getattr(e, 'msg', e)}). "
+            "Fix: calibration.format=json reads one JSON array of objects; for one object per line use .jsonl."
+        ) from e
     if not isinstance(arr, list):
-        raise InputError(f"{path}: calibration.format=json expects a JSON array at the top level, got {type(arr).__name__}. "
-                         f"Fix: write [{{{text_field!r}: ...}}, ...], or one object per line in a .jsonl file.")
+        raise InputError(
+            f"{path}: calibration.format=json expects a JSON array at the top level, got {type(arr).__name__}. "
+            f"Fix: write [{{{text_field!r}: ...}}, ...], or one object per line in a .jsonl file."
+        )
     records = []
     for i, obj in enumerate(arr, start=1):
         if isinstance(obj, str):
             obj = {text_field: obj}
         if not isinstance(obj, dict):
-            raise InputError(f"{path}[item {i}]: expected an object with {text_field!r} or 'messages' (or a string), "
-                             f"got {type(obj).__name__}.")
+            raise InputError(
+                f"{path}[item {i}]: expected an object with {text_field!r} or 'messages' (or a string), got {type(obj).__name__}."
+            )
         records.append(obj)
     return _rows_from_records(records, str(path), text_field)
 
@@ -237,8 +263,10 @@ def _row(obj: dict, where: str, text_field: str) -> RawSample:
         if not isinstance(v, str):
             raise InputError(f"{where}: field {text_field!r} must be a string, got {type(v).__name__}.")
         return RawSample(where, text=v)
-    raise InputError(f"{where}: neither {text_field!r} nor 'messages' present (keys: {sorted(obj)[:8]}). "
-                     f"Fix: set calibration.text_field to the key holding the text.")
+    raise InputError(
+        f"{where}: neither {text_field!r} nor 'messages' present (keys: {sorted(obj)[:8]}). "
+        f"Fix: set calibration.text_field to the key holding the text."
+    )
 
 
 def _read_text(path: Path, paragraphs: bool) -> tuple[list[RawSample], int]:
@@ -285,31 +313,37 @@ def _read_parquet(path: Path, text_field: str) -> tuple[list[RawSample], int]:
         raise InputError("calibration.format=parquet needs pyarrow: pip install pyarrow") from e
     try:
         table = pq.read_table(str(path))
-    except Exception as e:  # noqa: BLE001 - pyarrow raises several types for corrupt files
+    except Exception as e:
         raise InputError(f"calibration.path={str(path)!r}: not a readable parquet file ({e}).") from e
     cols = [c for c in (text_field, "messages") if c in table.column_names]
     if not cols:
-        raise InputError(f"{path}: no {text_field!r} or 'messages' column (columns: {table.column_names}). "
-                         "Fix: set calibration.text_field to the text column.")
+        raise InputError(
+            f"{path}: no {text_field!r} or 'messages' column (columns: {table.column_names}). "
+            "Fix: set calibration.text_field to the text column."
+        )
     return _rows_from_records(table.select(cols).to_pylist(), str(path), text_field)
 
 
-def _read_hf(cfg: "CalibrationConfig") -> tuple[list[RawSample], int]:
+def _read_hf(cfg: CalibrationConfig) -> tuple[list[RawSample], int]:
     try:
-        import datasets  # noqa: F401 - optional, imported only for format=hf
+        import datasets
     except ImportError as e:
-        raise InputError(f"calibration.format=hf (hf_dataset={cfg.hf_dataset!r}) needs the `datasets` package, which is not installed. "
-                         "Fix: pip install datasets (and network access to the Hub), or use a local file: calibration=support_v1.") from e
+        raise InputError(
+            f"calibration.format=hf (hf_dataset={cfg.hf_dataset!r}) needs the `datasets` package, which is not installed. "
+            "Fix: pip install datasets (and network access to the Hub), or use a local file: calibration=support_v1."
+        ) from e
     try:
         ds = datasets.load_dataset(cfg.hf_dataset, split=cfg.hf_split)
-    except Exception as e:  # noqa: BLE001 - offline hub, unknown name, auth ...
-        raise InputError(f"calibration.hf_dataset={cfg.hf_dataset!r} (split {cfg.hf_split!r}) could not be loaded: {type(e).__name__}: {e}. "
-                         "Fix: check the name and network access, or download it and pass calibration.path=<file>.") from e
+    except Exception as e:
+        raise InputError(
+            f"calibration.hf_dataset={cfg.hf_dataset!r} (split {cfg.hf_split!r}) could not be loaded: {type(e).__name__}: {e}. "
+            "Fix: check the name and network access, or download it and pass calibration.path=<file>."
+        ) from e
     n = min(len(ds), max(cfg.calib_size * 4, cfg.calib_size))
     return _rows_from_records([dict(r) for r in ds.select(range(n))], f"hf:{cfg.hf_dataset}", cfg.text_field)
 
 
-def read_raw(cfg: "CalibrationConfig", path: Path | None) -> tuple[list[RawSample], int, str]:
+def read_raw(cfg: CalibrationConfig, path: Path | None) -> tuple[list[RawSample], int, str]:
     """Raw samples, blank lines/rows dropped, and the format used. InputError on unreadable input."""
     fmt = cfg.format
     if fmt == "hf":
@@ -345,11 +379,13 @@ def ensure_pad_token(tokenizer: Any) -> tuple[str, bool]:
         if cand is not None:
             tokenizer.pad_token = cand
             return str(cand), True
-    raise InputError("the tokenizer has no pad, eos or unk token to pad calibration batches with. "
-                     "Fix: add a pad token to the checkpoint's tokenizer (export stage).")
+    raise InputError(
+        "the tokenizer has no pad, eos or unk token to pad calibration batches with. "
+        "Fix: add a pad token to the checkpoint's tokenizer (export stage)."
+    )
 
 
-def load_calibration(cfg: "CalibrationConfig", tokenizer: Any, path: Path | None) -> CalibrationSet:
+def load_calibration(cfg: CalibrationConfig, tokenizer: Any, path: Path | None) -> CalibrationSet:
     """Read, shuffle (seeded), tokenize and check a calibration set.
 
     Args:
@@ -375,8 +411,7 @@ def load_calibration(cfg: "CalibrationConfig", tokenizer: Any, path: Path | None
             break
         r = rows[i]
         if r.messages is not None:
-            ids = codec.encode_prompt(messages=r.messages, apply_chat_template=cfg.apply_chat_template,
-                                      add_generation_prompt=False)
+            ids = codec.encode_prompt(messages=r.messages, apply_chat_template=cfg.apply_chat_template, add_generation_prompt=False)
         else:
             if not r.text or not r.text.strip():
                 empty += 1
@@ -396,21 +431,37 @@ def load_calibration(cfg: "CalibrationConfig", tokenizer: Any, path: Path | None
     if blank:
         warnings.append(f"{source}: dropped {blank} blank line(s)/row(s)")
     if short:
-        warnings.append(f"{source}: {len(short)} sample(s) shorter than calibration.min_tokens={cfg.min_tokens} tokens "
-                        f"(e.g. {', '.join(short[:3])}); they are kept but carry little signal")
+        warnings.append(
+            f"{source}: {len(short)} sample(s) shorter than calibration.min_tokens={cfg.min_tokens} tokens "
+            f"(e.g. {', '.join(short[:3])}); they are kept but carry little signal"
+        )
     if len(samples) < cfg.calib_size:
         warnings.append(f"{source}: {len(samples)} usable sample(s) of {cfg.calib_size} requested")
     for w in warnings:
         log.warning(w)
     stats = {
-        "source": source, "format": fmt, "requested": cfg.calib_size, "available": len(rows), "used": len(samples),
-        "blank_dropped": blank, "empty_dropped": empty, "short": len(short), "truncated": truncated,
-        "min_tokens": cfg.min_tokens, "max_seq_len": cfg.calib_max_seq_length, "batch_size": cfg.batch_size, "seed": cfg.seed,
-        "tokens": sum(len(s) for s in samples), "pad_token": pad, "pad_token_set": pad_set,
+        "source": source,
+        "format": fmt,
+        "requested": cfg.calib_size,
+        "available": len(rows),
+        "used": len(samples),
+        "blank_dropped": blank,
+        "empty_dropped": empty,
+        "short": len(short),
+        "truncated": truncated,
+        "min_tokens": cfg.min_tokens,
+        "max_seq_len": cfg.calib_max_seq_length,
+        "batch_size": cfg.batch_size,
+        "seed": cfg.seed,
+        "tokens": sum(len(s) for s in samples),
+        "pad_token": pad,
+        "pad_token_set": pad_set,
         "apply_chat_template": cfg.apply_chat_template,
     }
     if len(samples) < cfg.min_samples:
-        raise InputError(f"calibration: only {len(samples)} usable sample(s) in {source} ({len(rows)} read, {blank} blank dropped, "
-                         f"{empty} empty), fewer than calibration.min_samples={cfg.min_samples} (requested calib_size={cfg.calib_size}). "
-                         "Fix: provide a larger calibration set or lower calibration.min_samples.")
+        raise InputError(
+            f"calibration: only {len(samples)} usable sample(s) in {source} ({len(rows)} read, {blank} blank dropped, "
+            f"{empty} empty), fewer than calibration.min_samples={cfg.min_samples} (requested calib_size={cfg.calib_size}). "
+            "Fix: provide a larger calibration set or lower calibration.min_samples."
+        )
     return CalibrationSet(samples, stats, warnings)

@@ -66,7 +66,7 @@ def _task(cfg) -> int:  # DictConfig
         redact_files([Path(hc.sweep.dir) / "multirun.yaml"])
     try:
         obj = to_object(cfg, overrides)
-    except Exception as e:  # noqa: BLE001 - OmegaConf errors name the key; show them without a traceback
+    except Exception as e:
         print(f"configuration error: {e}", file=sys.stderr)
         code = EXIT_INPUT
         _write_error_summary(out_dir, overrides, code, f"configuration error: {e}")
@@ -86,7 +86,7 @@ def _write_error_summary(out_dir: Path, overrides: list[str], code: int, error: 
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(out_dir / "summary.json", redact(RunSummary([], code, overrides, 0.0, None, error).to_json()))
-    except Exception as e:  # noqa: BLE001 - the exit code still reports the failure
+    except Exception as e:
         print(f"could not write {out_dir / 'summary.json'}: {e}", file=sys.stderr)
 
 
@@ -135,11 +135,13 @@ def user_config_argv(argv: list[str], tmp_root: Path) -> list[str]:
     if not path.is_file():
         if cdir is None:
             return argv  # a config of the pipeline's own folder: Hydra reports a missing one
-        raise InputError(f"--config-name={name[2]}: no {path}. Fix: pass the YAML's name without .yaml and the folder "
-                         f"holding it as --config-dir (found there: {sorted(p.name for p in base.glob('*.yaml'))[:10]}).")
+        raise InputError(
+            f"--config-name={name[2]}: no {path}. Fix: pass the YAML's name without .yaml and the folder "
+            f"holding it as --config-dir (found there: {sorted(p.name for p in base.glob('*.yaml'))[:10]})."
+        )
     try:
         doc = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
-    except Exception as e:  # noqa: BLE001 - YAML errors carry line numbers
+    except Exception as e:
         raise InputError(f"{path}: not valid YAML ({e}). Fix: correct the file.") from e
     if doc is None:
         doc = {}
@@ -199,7 +201,7 @@ def _schema_fields(cls: Any) -> dict[str, Any]:
         return {}
     try:
         hints = typing.get_type_hints(cls)
-    except Exception:  # noqa: BLE001 - an unresolvable annotation: check names only
+    except Exception:
         hints = {}
     return {f.name: hints.get(f.name) for f in dataclasses.fields(cls)}
 
@@ -231,8 +233,10 @@ def check_overrides(argv: list[str]) -> list[str]:
             presets = sorted(p.stem for p in (CONFIG_DIR / key).glob("*.yaml"))
             for v in value.split(","):
                 if v and v not in presets:
-                    out.append(f"{key}={v}: no such {key} preset ({CONFIG_DIR / key}/). {closest(v, presets)}. "
-                               f"Fix: pick a preset, or set fields directly (e.g. {key}.<field>=...).")
+                    out.append(
+                        f"{key}={v}: no such {key} preset ({CONFIG_DIR / key}/). {closest(v, presets)}. "
+                        f"Fix: pick a preset, or set fields directly (e.g. {key}.<field>=...)."
+                    )
             continue
         cls: Any = PipelineConfig
         path: list[str] = []
@@ -242,8 +246,10 @@ def check_overrides(argv: list[str]) -> list[str]:
                 break  # a dict-valued field (e.g. per-recipe tables) or a plain value: Hydra checks the rest
             if part not in fields:
                 where = ".".join(path) or "the top level"
-                out.append(f"{key}: no such field in {where}; {closest(part, list(fields))}. "
-                           f"Fix: use one of those names ({'pipeline --cfg job' } prints the whole config).")
+                out.append(
+                    f"{key}: no such field in {where}; {closest(part, list(fields))}. "
+                    f"Fix: use one of those names ({'pipeline --cfg job'} prints the whole config)."
+                )
                 break
             path.append(part)
             cls = GROUPS.get(part, fields[part]) if len(path) == 1 else fields[part]

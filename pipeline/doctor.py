@@ -12,7 +12,6 @@ Exit codes: 0; 4 (PreflightError) when a ``--require``d target cannot run here.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import platform
@@ -25,8 +24,24 @@ from typing import Any
 from . import hostinfo
 from .errors import EXIT_OK, EXIT_PREFLIGHT
 
-PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "nvidia-modelopt", "onnxruntime", "onnxruntime-genai",
-            "onnxruntime-genai-cuda", "onnx", "onnx-ir", "onnxscript", "tensorrt_llm", "tensorrt", "tritonclient", "hydra-core", "numpy")
+PACKAGES = (
+    "torch",
+    "transformers",
+    "tokenizers",
+    "safetensors",
+    "nvidia-modelopt",
+    "onnxruntime",
+    "onnxruntime-genai",
+    "onnxruntime-genai-cuda",
+    "onnx",
+    "onnx-ir",
+    "onnxscript",
+    "tensorrt_llm",
+    "tensorrt",
+    "tritonclient",
+    "hydra-core",
+    "numpy",
+)
 TARGETS = ("onnxruntime_genai", "tensorrt_llm", "triton_serving", "quantize")
 
 
@@ -55,7 +70,7 @@ def _serve_env(root: Path) -> dict[str, Any]:
 
     def dist_version(prefix: str) -> str | None:
         for d in site.glob(f"{prefix}-*.dist-info"):
-            return d.name[len(prefix) + 1: -len(".dist-info")]
+            return d.name[len(prefix) + 1 : -len(".dist-info")]
         return None
 
     out["nvidia_pytriton"] = dist_version("nvidia_pytriton")
@@ -84,12 +99,17 @@ def collect(root: Path | None = None) -> dict[str, Any]:
     targets: dict[str, dict[str, Any]] = {}
 
     why = [f"{p} not installed" for p in ("onnxruntime-genai", "onnx", "onnx-ir", "onnxscript") if not pkgs.get(p)]
-    targets["onnxruntime_genai"] = {"ok": not why, "why": why or ["CPU execution provider available"],
-                                    "cuda": bool(gpus and pkgs.get("onnxruntime-genai-cuda"))}
+    targets["onnxruntime_genai"] = {
+        "ok": not why,
+        "why": why or ["CPU execution provider available"],
+        "cuda": bool(gpus and pkgs.get("onnxruntime-genai-cuda")),
+    }
     why = []
     if not pkgs.get("tensorrt_llm"):
-        why.append("tensorrt_llm not installed (pip install --extra-index-url https://pypi.nvidia.com 'tensorrt-llm<=1.2.1'; "
-                   "Python 3.10/3.12 on Linux with a CUDA driver)")
+        why.append(
+            "tensorrt_llm not installed (pip install --extra-index-url https://pypi.nvidia.com 'tensorrt-llm<=1.2.1'; "
+            "Python 3.10/3.12 on Linux with a CUDA driver)"
+        )
     if not trtllm_build:
         why.append("trtllm-build not on PATH")
     if not gpus:
@@ -147,12 +167,18 @@ def main(argv: list[str] | None = None) -> int:
         t.add_row("platform", f"{rep['platform']}; {rep['cpu']} x{rep['cpu_count']}")
         for p, v in rep["packages"].items():
             t.add_row(p, v or "[dim]not installed[/]")
-        t.add_row("GPUs", ", ".join(f"{g['name']} (SM {g['compute_capability']}, {g['memory_mib']:.0f} MiB)" for g in rep["gpus"]) or "none visible")
+        t.add_row(
+            "GPUs",
+            ", ".join(f"{g['name']} (SM {g['compute_capability']}, {g['memory_mib']:.0f} MiB)" for g in rep["gpus"]) or "none visible",
+        )
         t.add_row("driver", str(rep["driver"] or "-"))
         t.add_row("trtllm-build", rep["trtllm_build"] or "[dim]not on PATH[/]")
         s = rep["serve"]
-        t.add_row("tritonserver", f"{s.get('tritonserver') or 'not found'} (nvidia-pytriton {s.get('nvidia_pytriton')}, "
-                                  f"serve Python {s.get('python')}, numpy {s.get('numpy')})")
+        t.add_row(
+            "tritonserver",
+            f"{s.get('tritonserver') or 'not found'} (nvidia-pytriton {s.get('nvidia_pytriton')}, "
+            f"serve Python {s.get('python')}, numpy {s.get('numpy')})",
+        )
         con.print(t)
         tt = Table(title="targets on this host")
         tt.add_column("target")

@@ -38,9 +38,11 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Iterator
+from typing import Any
 
 from .artifacts import ExportArtifact
 from .errors import InputError
@@ -57,8 +59,15 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = {
 DTYPES = ("float16", "bfloat16", "float32")
 #: tokenizer files copied byte for byte into ``hf/`` when present.
 TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "chat_template.json",
-    "tokenizer.model", "added_tokens.json", "vocab.json", "merges.txt",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "tokenizer.model",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
 )
 TOKENIZER_DIRS = ("additional_chat_templates",)
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
@@ -66,10 +75,22 @@ EMBED_NAME = "model.embed_tokens.weight"
 LM_HEAD_NAME = "lm_head.weight"
 # non-persistent buffers that old checkpoints sometimes carry; harmless when "unexpected"
 _IGNORABLE_UNEXPECTED = ("rotary_emb.inv_freq",)
-_SAFETENSORS_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
-                            "F8_E4M3": 1, "F8_E5M2": 1}
+_SAFETENSORS_DTYPE_BYTES = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+}
 
-ProgressFactory = Callable[[str, "float | None"], ContextManager[Callable[[float], None]]]
+ProgressFactory = Callable[[str, "float | None"], AbstractContextManager[Callable[[float], None]]]
 
 
 @dataclass
@@ -110,12 +131,16 @@ def _read_json(path: Path, what: str) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise InputError(f"{path}: {what} not found. Fix: point model.path at a Hugging Face checkpoint folder that has {path.name}.") from None
+        raise InputError(
+            f"{path}: {what} not found. Fix: point model.path at a Hugging Face checkpoint folder that has {path.name}."
+        ) from None
     except UnicodeDecodeError as e:
         raise InputError(f"{path}: {what} is not UTF-8 text ({e}). Fix: restore {path.name} from the original checkpoint.") from None
     except json.JSONDecodeError as e:
-        raise InputError(f"{path}: {what} is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg}). "
-                         f"Fix: restore {path.name} from the original checkpoint.") from None
+        raise InputError(
+            f"{path}: {what} is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg}). "
+            f"Fix: restore {path.name} from the original checkpoint."
+        ) from None
     except OSError as e:
         raise InputError(f"{path}: cannot read {what}: {e.strerror or e}. Fix: check the file's permissions.") from None
 
@@ -154,16 +179,22 @@ def normalise_rope(config: dict[str, Any], where: str = "config.json") -> tuple[
         if d is None:
             continue
         if not isinstance(d, dict):
-            raise InputError(f"{where}: {key}={d!r} is not an object. Fix: write {key} as "
-                             '{"rope_type": "...", "factor": ...} or remove it for plain RoPE.')
+            raise InputError(
+                f"{where}: {key}={d!r} is not an object. Fix: write {key} as "
+                '{"rope_type": "...", "factor": ...} or remove it for plain RoPE.'
+            )
         legacy, new = d.get("type"), d.get("rope_type")
         if legacy is not None and new is not None and legacy != new:
-            raise InputError(f"{where}: {key} has type={legacy!r} and rope_type={new!r}, which disagree. "
-                             f"Fix: keep one spelling (rope_type) with the intended scaling type.")
+            raise InputError(
+                f"{where}: {key} has type={legacy!r} and rope_type={new!r}, which disagree. "
+                f"Fix: keep one spelling (rope_type) with the intended scaling type."
+            )
         for k, v in d.items():
             if k in merged and merged[k] != v and k not in ("type", "rope_type"):
-                raise InputError(f"{where}: rope_parameters.{k}={merged[k]!r} but rope_scaling.{k}={v!r}. "
-                                 f"Fix: make them agree or keep only one of rope_parameters/rope_scaling.")
+                raise InputError(
+                    f"{where}: rope_parameters.{k}={merged[k]!r} but rope_scaling.{k}={v!r}. "
+                    f"Fix: make them agree or keep only one of rope_parameters/rope_scaling."
+                )
             merged[k] = v
         if new is None and legacy is not None:
             merged["rope_type"] = legacy
@@ -175,8 +206,10 @@ def normalise_rope(config: dict[str, Any], where: str = "config.json") -> tuple[
     if not merged:
         return (float(theta) if theta is not None else None), None
     if merged.get("rope_type") is None:
-        raise InputError(f"{where}: rope_scaling={merged!r} names no scaling type. "
-                         f"Fix: add \"rope_type\" (e.g. \"linear\", \"dynamic\", \"yarn\", \"longrope\", \"llama3\").")
+        raise InputError(
+            f"{where}: rope_scaling={merged!r} names no scaling type. "
+            f'Fix: add "rope_type" (e.g. "linear", "dynamic", "yarn", "longrope", "llama3").'
+        )
     if merged.get("rope_type") == "default":  # plain RoPE; other keys (e.g. partial_rotary_factor) are not scaling
         return (float(theta) if theta is not None else None), None
     return (float(theta) if theta is not None else None), merged
@@ -207,15 +240,19 @@ def _check_heads(cfg: dict[str, Any], where: str) -> list[str]:
     for name in ("num_hidden_layers", "vocab_size", "intermediate_size"):
         pos_int(name)
     if heads and kv and heads % kv:
-        problems.append(f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv} (grouped-query attention "
-                        f"shares each KV head among heads/kv_heads query heads). Fix: correct one of them in {where}.")
+        problems.append(
+            f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv} (grouped-query attention "
+            f"shares each KV head among heads/kv_heads query heads). Fix: correct one of them in {where}."
+        )
     head_dim = cfg.get("head_dim")
     if head_dim is not None:
         if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0:
             problems.append(f"head_dim={head_dim!r} must be a positive integer. Fix: correct or remove head_dim in {where}.")
     elif hidden and heads and hidden % heads:
-        problems.append(f"hidden_size={hidden} is not num_attention_heads={heads} x head_dim (it is not divisible by {heads}) and "
-                        f"head_dim is not given. Fix: correct hidden_size/num_attention_heads, or state head_dim in {where}.")
+        problems.append(
+            f"hidden_size={hidden} is not num_attention_heads={heads} x head_dim (it is not divisible by {heads}) and "
+            f"head_dim is not given. Fix: correct hidden_size/num_attention_heads, or state head_dim in {where}."
+        )
     return problems
 
 
@@ -245,19 +282,22 @@ def confine(src: Path, rel: Any, what: str, *, allow_external: bool = False) -> 
     :func:`external_files` so that the cache key covers it. Raises InputError naming ``what``, the value and the fix.
     """
     if not isinstance(rel, str) or not rel or "\0" in rel:
-        raise InputError(f"{what}={rel!r}: expected a non-empty file name (a string). "
-                         f"Fix: restore the file from the original checkpoint.")
+        raise InputError(f"{what}={rel!r}: expected a non-empty file name (a string). Fix: restore the file from the original checkpoint.")
     p = Path(rel)
     if p.is_absolute() and not allow_external:
-        raise InputError(f"{what}={rel!r}: an absolute path; checkpoint files must be named relative to model.path={str(src)!r}. "
-                         f"Fix: copy the file into the checkpoint folder and name it relatively.")
-    full = (Path(src) / p)
+        raise InputError(
+            f"{what}={rel!r}: an absolute path; checkpoint files must be named relative to model.path={str(src)!r}. "
+            f"Fix: copy the file into the checkpoint folder and name it relatively."
+        )
+    full = Path(src) / p
     resolved = full.resolve()
     if not allow_external and not _is_inside(resolved, confinement_roots(src)):
-        raise InputError(f"{what}={rel!r} resolves to {resolved}, outside model.path={str(src)!r}; files from outside the "
-                         f"checkpoint folder are refused (they could be any file on this machine, and would not be covered by "
-                         f"the cache key). Fix: copy the file into the checkpoint folder, or, if this is intended, set "
-                         f"model.allow_external_files=true.")
+        raise InputError(
+            f"{what}={rel!r} resolves to {resolved}, outside model.path={str(src)!r}; files from outside the "
+            f"checkpoint folder are refused (they could be any file on this machine, and would not be covered by "
+            f"the cache key). Fix: copy the file into the checkpoint folder, or, if this is intended, set "
+            f"model.allow_external_files=true."
+        )
     return full
 
 
@@ -273,16 +313,17 @@ def check_folder_links(src: Path, *, allow_external: bool = False) -> list[Path]
             p = Path(dirpath) / name
             if not p.is_symlink():
                 continue
-            rel = p.relative_to(src).as_posix()
             if not p.exists():
                 raise InputError(f"{p}: broken symbolic link (to {os.readlink(p)!r}). Fix: restore the file it points to.")
             target = p.resolve()
             if not _is_inside(target, roots):
                 if not allow_external:
-                    raise InputError(f"{p}: a symbolic link to {target}, outside model.path={str(src)!r}; files from outside "
-                                     f"the checkpoint folder are refused (a link can point at any file on this machine, e.g. "
-                                     f"a secret, which would then be exported and shipped). Fix: replace the link by a copy of "
-                                     f"the file, or, if this is intended, set model.allow_external_files=true.")
+                    raise InputError(
+                        f"{p}: a symbolic link to {target}, outside model.path={str(src)!r}; files from outside "
+                        f"the checkpoint folder are refused (a link can point at any file on this machine, e.g. "
+                        f"a secret, which would then be exported and shipped). Fix: replace the link by a copy of "
+                        f"the file, or, if this is intended, set model.allow_external_files=true."
+                    )
                 outside.append(target)
     return outside
 
@@ -313,20 +354,47 @@ _INT, _NUM, _BOOL, _STR = "an integer", "a number", "true or false", "a string"
 #: config.json / generation_config.json fields with their expected JSON type (checked where data enters, so a
 #: wrong type is an exit 2 naming the file and the field, never a TypeError deep inside transformers).
 CONFIG_FIELD_TYPES: dict[str, tuple[str, bool]] = {  # name -> (kind, nullable)
-    "vocab_size": (_INT, False), "hidden_size": (_INT, False), "intermediate_size": (_INT, False),
-    "num_hidden_layers": (_INT, False), "num_attention_heads": (_INT, False), "num_key_value_heads": (_INT, True),
-    "head_dim": (_INT, True), "max_position_embeddings": (_INT, False), "sliding_window": (_INT, True),
-    "original_max_position_embeddings": (_INT, True), "max_window_layers": (_INT, True),
-    "rope_theta": (_NUM, True), "rms_norm_eps": (_NUM, False), "initializer_range": (_NUM, False),
-    "attention_dropout": (_NUM, False), "partial_rotary_factor": (_NUM, True), "resid_pdrop": (_NUM, False),
+    "vocab_size": (_INT, False),
+    "hidden_size": (_INT, False),
+    "intermediate_size": (_INT, False),
+    "num_hidden_layers": (_INT, False),
+    "num_attention_heads": (_INT, False),
+    "num_key_value_heads": (_INT, True),
+    "head_dim": (_INT, True),
+    "max_position_embeddings": (_INT, False),
+    "sliding_window": (_INT, True),
+    "original_max_position_embeddings": (_INT, True),
+    "max_window_layers": (_INT, True),
+    "rope_theta": (_NUM, True),
+    "rms_norm_eps": (_NUM, False),
+    "initializer_range": (_NUM, False),
+    "attention_dropout": (_NUM, False),
+    "partial_rotary_factor": (_NUM, True),
+    "resid_pdrop": (_NUM, False),
     "embd_pdrop": (_NUM, False),
-    "tie_word_embeddings": (_BOOL, False), "attention_bias": (_BOOL, False), "mlp_bias": (_BOOL, False),
-    "use_cache": (_BOOL, False), "use_sliding_window": (_BOOL, False),
-    "hidden_act": (_STR, False), "model_type": (_STR, False), "torch_dtype": (_STR, True), "dtype": (_STR, True),
+    "tie_word_embeddings": (_BOOL, False),
+    "attention_bias": (_BOOL, False),
+    "mlp_bias": (_BOOL, False),
+    "use_cache": (_BOOL, False),
+    "use_sliding_window": (_BOOL, False),
+    "hidden_act": (_STR, False),
+    "model_type": (_STR, False),
+    "torch_dtype": (_STR, True),
+    "dtype": (_STR, True),
 }
 _ID_FIELDS = ("eos_token_id", "bos_token_id", "pad_token_id")
-_ROPE_NUMBERS = ("factor", "low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow", "attention_factor",
-                 "mscale", "mscale_all_dim", "rope_theta", "partial_rotary_factor")
+_ROPE_NUMBERS = (
+    "factor",
+    "low_freq_factor",
+    "high_freq_factor",
+    "beta_fast",
+    "beta_slow",
+    "attention_factor",
+    "mscale",
+    "mscale_all_dim",
+    "rope_theta",
+    "partial_rotary_factor",
+)
 _ROPE_INTS = ("original_max_position_embeddings",)
 _ROPE_LISTS = ("short_factor", "long_factor")
 
@@ -356,7 +424,7 @@ def check_config_types(cfg: dict[str, Any], where: str) -> None:
     problems: list[str] = []
 
     def bad(name: str, v: Any, kind: str) -> None:
-        problems.append(f"{name}={v!r} ({type(v).__name__}) must be {kind}. Fix: correct \"{name.split('.')[0]}\" in {Path(where).name}.")
+        problems.append(f'{name}={v!r} ({type(v).__name__}) must be {kind}. Fix: correct "{name.split(".")[0]}" in {Path(where).name}.')
 
     for name, (kind, nullable) in CONFIG_FIELD_TYPES.items():
         if name not in cfg or (cfg[name] is None and nullable):
@@ -416,14 +484,17 @@ def _safetensors_header(path: Path) -> tuple[dict[str, tuple[list[int], str]], d
             meta = f.metadata() or {}
     except (SafetensorError, OSError, ValueError) as e:
         size = path.stat().st_size if path.exists() else None
-        raise InputError(f"{path}: unreadable safetensors file ({e}; {size} bytes on disk). It is truncated or corrupt "
-                         f"(an interrupted download or copy). Fix: download or copy {path.name} again and compare its "
-                         f"sha256 with the source.") from None
+        raise InputError(
+            f"{path}: unreadable safetensors file ({e}; {size} bytes on disk). It is truncated or corrupt "
+            f"(an interrupted download or copy). Fix: download or copy {path.name} again and compare its "
+            f"sha256 with the source."
+        ) from None
     return tensors, meta
 
 
-def inspect_checkpoint(path: str | Path, *, trust_remote_code: bool = False, allow_pickle: bool = False,
-                       allow_external_files: bool = False) -> CheckpointFacts:
+def inspect_checkpoint(
+    path: str | Path, *, trust_remote_code: bool = False, allow_pickle: bool = False, allow_external_files: bool = False
+) -> CheckpointFacts:
     """Every check that needs only ``config.json`` and the weight-file headers (no torch, no transformers).
 
     Args:
@@ -438,8 +509,10 @@ def inspect_checkpoint(path: str | Path, *, trust_remote_code: bool = False, all
     """
     src = Path(path)
     if not src.is_dir():
-        raise InputError(f"model.path={str(path)!r}: not a folder. Fix: point model.path at a local Hugging Face checkpoint "
-                         f"folder (config.json, *.safetensors, tokenizer files).")
+        raise InputError(
+            f"model.path={str(path)!r}: not a folder. Fix: point model.path at a local Hugging Face checkpoint "
+            f"folder (config.json, *.safetensors, tokenizer files)."
+        )
     check_folder_links(src, allow_external=allow_external_files)
     cfg_path = src / "config.json"
     cfg = _read_json(cfg_path, "config.json")
@@ -448,29 +521,44 @@ def inspect_checkpoint(path: str | Path, *, trust_remote_code: bool = False, all
     check_config_types(cfg, str(cfg_path))
     supported = ", ".join(f"{a} ({t})" for a, t in SUPPORTED_ARCHITECTURES.items())
     if cfg.get("auto_map") and not trust_remote_code:
-        raise InputError(f"{cfg_path}: auto_map={cfg['auto_map']!r} asks to run Python code shipped with the checkpoint, and "
-                         f"model.trust_remote_code is false (the secure default: that code would run with your permissions). "
-                         f"Fix: use a checkpoint of a supported architecture in standard transformers format ({supported}), "
-                         f"or, only if you trust its source, set model.trust_remote_code=true.")
+        raise InputError(
+            f"{cfg_path}: auto_map={cfg['auto_map']!r} asks to run Python code shipped with the checkpoint, and "
+            f"model.trust_remote_code is false (the secure default: that code would run with your permissions). "
+            f"Fix: use a checkpoint of a supported architecture in standard transformers format ({supported}), "
+            f"or, only if you trust its source, set model.trust_remote_code=true."
+        )
     archs = cfg.get("architectures") or []
     arch = archs[0] if isinstance(archs, list) and archs else None
     if arch is None:
         by_type = {t: a for a, t in SUPPORTED_ARCHITECTURES.items()}
         arch = by_type.get(cfg.get("model_type"))
     if arch not in SUPPORTED_ARCHITECTURES:
-        raise InputError(f"{cfg_path}: architectures={archs!r} (model_type={cfg.get('model_type')!r}) is not supported. "
-                         f"Supported architectures: {supported}. Fix: export a checkpoint of a supported architecture.")
+        raise InputError(
+            f"{cfg_path}: architectures={archs!r} (model_type={cfg.get('model_type')!r}) is not supported. "
+            f"Supported architectures: {supported}. Fix: export a checkpoint of a supported architecture."
+        )
     model_type = SUPPORTED_ARCHITECTURES[arch]
     if cfg.get("model_type") not in (None, model_type):
-        raise InputError(f"{cfg_path}: architectures[0]={arch!r} but model_type={cfg.get('model_type')!r} (expected "
-                         f"{model_type!r}). Fix: correct model_type in config.json.")
+        raise InputError(
+            f"{cfg_path}: architectures[0]={arch!r} but model_type={cfg.get('model_type')!r} (expected "
+            f"{model_type!r}). Fix: correct model_type in config.json."
+        )
     problems = _check_heads(cfg, "config.json")
     if problems:
         raise InputError(f"{cfg_path}: {len(problems)} problem(s):\n" + "\n".join(f"  - {p}" for p in problems))
     theta, scaling = normalise_rope(cfg, str(cfg_path))
-    facts = CheckpointFacts(path=src, config=cfg, architecture=arch, model_type=model_type, weight_format="safetensors",
-                            weight_files=[], tied=bool(cfg.get("tie_word_embeddings", False)), rope_theta=theta,
-                            rope_scaling=scaling, head_dim_explicit=cfg.get("head_dim") is not None)
+    facts = CheckpointFacts(
+        path=src,
+        config=cfg,
+        architecture=arch,
+        model_type=model_type,
+        weight_format="safetensors",
+        weight_files=[],
+        tied=bool(cfg.get("tie_word_embeddings", False)),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        head_dim_explicit=cfg.get("head_dim") is not None,
+    )
 
     # ---- weight files
     index_path = src / "model.safetensors.index.json"
@@ -489,8 +577,10 @@ def inspect_checkpoint(path: str | Path, *, trust_remote_code: bool = False, all
         _read_headers(facts, src, files)
         absent = [n for n, f in wmap.items() if facts.tensor_file.get(n) != f]
         if absent:
-            raise InputError(f"{index_path}: {len(absent)} tensor(s) are not in the shard the index names, e.g. {absent[:3]}. "
-                             f"Fix: restore the index and shards from one consistent source.")
+            raise InputError(
+                f"{index_path}: {len(absent)} tensor(s) are not in the shard the index names, e.g. {absent[:3]}. "
+                f"Fix: restore the index and shards from one consistent source."
+            )
     elif single.exists():
         facts.weight_files = ["model.safetensors"]
         tensors, _ = _safetensors_header(single)
@@ -501,16 +591,25 @@ def inspect_checkpoint(path: str | Path, *, trust_remote_code: bool = False, all
         if others:
             _read_headers(facts, src, others)
         else:
-            pickles = sorted(p.name for p in src.iterdir() if p.is_file() and p.suffix in PICKLE_SUFFIXES
-                             and not p.name.startswith(("training_args", "optimizer", "scheduler", "rng_state")))
+            pickles = sorted(
+                p.name
+                for p in src.iterdir()
+                if p.is_file()
+                and p.suffix in PICKLE_SUFFIXES
+                and not p.name.startswith(("training_args", "optimizer", "scheduler", "rng_state"))
+            )
             if not pickles:
-                raise InputError(f"{src}: no weights found (model.safetensors, model-*.safetensors + index, or pickled "
-                                 f"pytorch_model*.bin). Fix: point model.path at a complete checkpoint folder.")
+                raise InputError(
+                    f"{src}: no weights found (model.safetensors, model-*.safetensors + index, or pickled "
+                    f"pytorch_model*.bin). Fix: point model.path at a complete checkpoint folder."
+                )
             if not allow_pickle:
-                raise InputError(f"{src}: the weights are pickled ({', '.join(pickles)}); loading a pickle can run arbitrary "
-                                 f"code, so it is refused by default. Fix: convert the checkpoint to safetensors "
-                                 f"(model.save_pretrained(dir, safe_serialization=True)), or, only for a file you trust, set "
-                                 f"model.allow_pickle=true (it is then loaded with torch.load(weights_only=True)).")
+                raise InputError(
+                    f"{src}: the weights are pickled ({', '.join(pickles)}); loading a pickle can run arbitrary "
+                    f"code, so it is refused by default. Fix: convert the checkpoint to safetensors "
+                    f"(model.save_pretrained(dir, safe_serialization=True)), or, only for a file you trust, set "
+                    f"model.allow_pickle=true (it is then loaded with torch.load(weights_only=True))."
+                )
             bin_index = src / "pytorch_model.bin.index.json"
             if bin_index.exists():
                 index = _read_json(bin_index, "pickle weight index")
@@ -540,26 +639,36 @@ def check_tensor_shapes(facts: CheckpointFacts) -> None:
     vocab, hidden = cfg["vocab_size"], cfg["hidden_size"]
     emb = facts.tensors.get(EMBED_NAME)
     if emb is None:
-        raise InputError(f"{src}: the weights have no {EMBED_NAME} (found e.g. {sorted(facts.tensors)[:4]}). "
-                         f"Fix: export a standard transformers {facts.architecture} checkpoint.")
+        raise InputError(
+            f"{src}: the weights have no {EMBED_NAME} (found e.g. {sorted(facts.tensors)[:4]}). "
+            f"Fix: export a standard transformers {facts.architecture} checkpoint."
+        )
     where_emb = facts.tensor_file.get(EMBED_NAME, "the weights")
     if len(emb[0]) != 2 or emb[0][1] != hidden:
-        raise InputError(f"{src / where_emb}: {EMBED_NAME} has shape {emb[0]}, expected [vocab_size, hidden_size={hidden}]. "
-                         f"Fix: correct hidden_size in config.json or use matching weights.")
+        raise InputError(
+            f"{src / where_emb}: {EMBED_NAME} has shape {emb[0]}, expected [vocab_size, hidden_size={hidden}]. "
+            f"Fix: correct hidden_size in config.json or use matching weights."
+        )
     if emb[0][0] != vocab:
-        raise InputError(f"{src / 'config.json'}: vocab_size={vocab} but {EMBED_NAME} in {where_emb} has {emb[0][0]} rows. "
-                         f"Fix: set vocab_size={emb[0][0]} in config.json (or use the weights that match the config).")
+        raise InputError(
+            f"{src / 'config.json'}: vocab_size={vocab} but {EMBED_NAME} in {where_emb} has {emb[0][0]} rows. "
+            f"Fix: set vocab_size={emb[0][0]} in config.json (or use the weights that match the config)."
+        )
     head = facts.tensors.get(LM_HEAD_NAME)
     if head is not None:
         where_head = facts.tensor_file.get(LM_HEAD_NAME, "the weights")
         if head[0] != [vocab, hidden]:
-            raise InputError(f"{src / where_head}: {LM_HEAD_NAME} has shape {head[0]} but vocab_size={vocab}, hidden_size={hidden} "
-                             f"(expected [{vocab}, {hidden}]). Fix: correct vocab_size in config.json or use matching weights.")
+            raise InputError(
+                f"{src / where_head}: {LM_HEAD_NAME} has shape {head[0]} but vocab_size={vocab}, hidden_size={hidden} "
+                f"(expected [{vocab}, {hidden}]). Fix: correct vocab_size in config.json or use matching weights."
+            )
     elif not facts.tied:
-        raise InputError(f"{src / 'config.json'}: tie_word_embeddings={cfg.get('tie_word_embeddings', False)!r} (untied) but the "
-                         f"weights have no {LM_HEAD_NAME}; the output projection would be random. The export never ties "
-                         f"silently. Fix: if the model really shares the embedding as its output head, set "
-                         f"\"tie_word_embeddings\": true in config.json; otherwise supply the checkpoint's {LM_HEAD_NAME}.")
+        raise InputError(
+            f"{src / 'config.json'}: tie_word_embeddings={cfg.get('tie_word_embeddings', False)!r} (untied) but the "
+            f"weights have no {LM_HEAD_NAME}; the output projection would be random. The export never ties "
+            f"silently. Fix: if the model really shares the embedding as its output head, set "
+            f'"tie_word_embeddings": true in config.json; otherwise supply the checkpoint\'s {LM_HEAD_NAME}.'
+        )
 
 
 # --------------------------------------------------------------------------- tokenizer
@@ -568,29 +677,37 @@ def _load_tokenizer(src: Path, vocab_rows: int, trust_remote_code: bool) -> Any:
     has_model = (src / "tokenizer.json").is_file() or (src / "tokenizer.model").is_file()
     if not has_model or not (src / "tokenizer_config.json").is_file():
         present = [f for f in TOKENIZER_FILES if (src / f).exists()]
-        raise InputError(f"{src}: tokenizer files missing (found {present or 'none'}; need tokenizer.json or tokenizer.model, "
-                         f"and tokenizer_config.json). Fix: copy the tokenizer files of the model (tokenizer.json, "
-                         f"tokenizer_config.json, special_tokens_map.json, chat_template.jinja) into the checkpoint folder.")
+        raise InputError(
+            f"{src}: tokenizer files missing (found {present or 'none'}; need tokenizer.json or tokenizer.model, "
+            f"and tokenizer_config.json). Fix: copy the tokenizer files of the model (tokenizer.json, "
+            f"tokenizer_config.json, special_tokens_map.json, chat_template.jinja) into the checkpoint folder."
+        )
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "chat_template.json"):
         if (src / name).exists():
             doc = _read_json(src / name, name)
             if name == "tokenizer_config.json" and isinstance(doc, dict) and doc.get("auto_map") and not trust_remote_code:
-                raise InputError(f"{src / name}: auto_map={doc['auto_map']!r} asks to run tokenizer code shipped with the "
-                                 f"checkpoint and model.trust_remote_code is false. Fix: use a standard tokenizer "
-                                 f"(tokenizer.json), or, only if you trust its source, set model.trust_remote_code=true.")
+                raise InputError(
+                    f"{src / name}: auto_map={doc['auto_map']!r} asks to run tokenizer code shipped with the "
+                    f"checkpoint and model.trust_remote_code is false. Fix: use a standard tokenizer "
+                    f"(tokenizer.json), or, only if you trust its source, set model.trust_remote_code=true."
+                )
     from transformers import AutoTokenizer
 
     try:
         tok = AutoTokenizer.from_pretrained(str(src), trust_remote_code=trust_remote_code)
-    except Exception as e:  # noqa: BLE001 - transformers raises many types; the user needs the file names
-        raise InputError(f"{src}: the tokenizer files (tokenizer.json/tokenizer.model, tokenizer_config.json) could not be "
-                         f"loaded: {type(e).__name__}: {e}. Fix: restore them from the original model.") from None
+    except Exception as e:
+        raise InputError(
+            f"{src}: the tokenizer files (tokenizer.json/tokenizer.model, tokenizer_config.json) could not be "
+            f"loaded: {type(e).__name__}: {e}. Fix: restore them from the original model."
+        ) from None
     n = len(tok)
     if n > vocab_rows:
-        raise InputError(f"{src}: the tokenizer has {n} tokens (tokenizer.json incl. added tokens) but the embedding "
-                         f"({EMBED_NAME}, vocab_size) has only {vocab_rows} rows; ids >= {vocab_rows} would index past the "
-                         f"embedding. Fix: use the tokenizer the model was trained with, or resize the embeddings "
-                         f"(model.resize_token_embeddings(len(tokenizer))) and re-save the checkpoint.")
+        raise InputError(
+            f"{src}: the tokenizer has {n} tokens (tokenizer.json incl. added tokens) but the embedding "
+            f"({EMBED_NAME}, vocab_size) has only {vocab_rows} rows; ids >= {vocab_rows} would index past the "
+            f"embedding. Fix: use the tokenizer the model was trained with, or resize the embeddings "
+            f"(model.resize_token_embeddings(len(tokenizer))) and re-save the checkpoint."
+        )
     return tok
 
 
@@ -600,9 +717,16 @@ def _no_progress(description: str, total: float | None) -> Iterator[Callable[[fl
     yield lambda n=1: None
 
 
-def export_checkpoint(src: str | Path, out: str | Path, *, dtype: str = "float16", trust_remote_code: bool = False,
-                      allow_pickle: bool = False, progress: ProgressFactory | None = None,
-                      facts: CheckpointFacts | None = None) -> dict[str, Any]:
+def export_checkpoint(
+    src: str | Path,
+    out: str | Path,
+    *,
+    dtype: str = "float16",
+    trust_remote_code: bool = False,
+    allow_pickle: bool = False,
+    progress: ProgressFactory | None = None,
+    facts: CheckpointFacts | None = None,
+) -> dict[str, Any]:
     """Validate the checkpoint at ``src`` and write ``out/hf/`` and ``out/model_info.json``.
 
     Args:
@@ -642,8 +766,10 @@ def export_checkpoint(src: str | Path, out: str | Path, *, dtype: str = "float16
         check_config_types(gen_raw, str(gen_path))
         eos_ids = _merge_ids(_ids(cfg_raw.get("eos_token_id")), _ids(gen_raw.get("eos_token_id")), _ids(tok.eos_token_id))
         if not eos_ids:
-            raise InputError(f"{src / 'config.json'}: no eos_token_id in config.json, generation_config.json or the tokenizer; "
-                             f"generation could never stop. Fix: set \"eos_token_id\" in config.json (an int or a list of stop ids).")
+            raise InputError(
+                f"{src / 'config.json'}: no eos_token_id in config.json, generation_config.json or the tokenizer; "
+                f'generation could never stop. Fix: set "eos_token_id" in config.json (an int or a list of stop ids).'
+            )
         bos_id = next(iter(_ids(cfg_raw.get("bos_token_id")) + _ids(gen_raw.get("bos_token_id")) + _ids(tok.bos_token_id)), None)
         pad_candidates = _ids(cfg_raw.get("pad_token_id")) + _ids(gen_raw.get("pad_token_id")) + _ids(tok.pad_token_id)
         pad_derived = not pad_candidates
@@ -651,8 +777,10 @@ def export_checkpoint(src: str | Path, out: str | Path, *, dtype: str = "float16
         for name, ids in (("eos_token_id", eos_ids), ("bos_token_id", _ids(bos_id)), ("pad_token_id", [pad_id])):
             bad = [i for i in ids if not 0 <= i < vocab]
             if bad:
-                raise InputError(f"{src}: {name}={bad} is outside the vocabulary [0, vocab_size={vocab}). "
-                                 f"Fix: correct {name} in config.json/generation_config.json/tokenizer_config.json.")
+                raise InputError(
+                    f"{src}: {name}={bad} is outside the vocabulary [0, vocab_size={vocab}). "
+                    f"Fix: correct {name} in config.json/generation_config.json/tokenizer_config.json."
+                )
         if pad_derived:
             facts.warnings.append(f"no pad token id in the checkpoint: using the first eos id {pad_id} (pad_token_derived=true)")
         advance(1)
@@ -663,9 +791,10 @@ def export_checkpoint(src: str | Path, out: str | Path, *, dtype: str = "float16
 
         try:
             hf_cfg = AutoConfig.from_pretrained(str(src), trust_remote_code=trust_remote_code)
-        except Exception as e:  # noqa: BLE001
-            raise InputError(f"{src / 'config.json'}: transformers cannot parse it: {type(e).__name__}: {e}. "
-                             f"Fix: correct the field named above.") from None
+        except Exception as e:
+            raise InputError(
+                f"{src / 'config.json'}: transformers cannot parse it: {type(e).__name__}: {e}. Fix: correct the field named above."
+            ) from None
         rope_params = getattr(hf_cfg, "rope_parameters", None)
         rope_theta = facts.rope_theta
         if rope_theta is None:
@@ -693,8 +822,11 @@ def export_checkpoint(src: str | Path, out: str | Path, *, dtype: str = "float16
         # 5. write hf/
         hf_dir = ExportArtifact(out).hf_dir
         hf_dir.mkdir(parents=True, exist_ok=False)
-        gen = GenerationConfig.from_dict({k: v for k, v in gen_raw.items() if k != "transformers_version"}) if gen_raw \
+        gen = (
+            GenerationConfig.from_dict({k: v for k, v in gen_raw.items() if k != "transformers_version"})
+            if gen_raw
             else GenerationConfig.from_model_config(hf_cfg)
+        )
         gen.eos_token_id = eos_ids if len(eos_ids) > 1 else eos_ids[0]
         gen.pad_token_id = pad_id
         if bos_id is not None:
@@ -803,6 +935,7 @@ def check_weights_castable(facts: CheckpointFacts, dtype: str, state_dict: dict[
     :func:`cast_losses`), the largest magnitude and the fix (a dtype that holds the values: the checkpoint's own
     ``torch_dtype`` or float32). Negligible flushes are recorded as a warning with their count.
     """
+
     def _iter() -> Iterator[tuple[str, Any]]:
         if state_dict is not None:
             yield from state_dict.items()
@@ -818,21 +951,27 @@ def check_weights_castable(facts: CheckpointFacts, dtype: str, state_dict: dict[
     nonfinite = [x for x in losses if x[1]]
     if nonfinite:
         shown = "; ".join(f"{n}: {c} NaN/inf value(s)" for n, c, *_ in nonfinite[:5])
-        raise InputError(f"{facts.path}: {len(nonfinite)} tensor(s) hold NaN or infinite values ({shown}); an engine built from "
-                         f"them produces garbage. Fix: use a checkpoint whose weights are finite (re-download it, or check "
-                         f"the training run that wrote it).")
+        raise InputError(
+            f"{facts.path}: {len(nonfinite)} tensor(s) hold NaN or infinite values ({shown}); an engine built from "
+            f"them produces garbage. Fix: use a checkpoint whose weights are finite (re-download it, or check "
+            f"the training run that wrote it)."
+        )
     lossy = [x for x in losses if x[2] or x[3]]
     if lossy:
         src_dtypes = sorted({facts.tensors.get(n, ([], "?"))[1] for n, *_ in lossy})
         shown = "; ".join(f"{n}: {o} value(s) overflow to inf, {fl} flush to zero (max |x| = {m:.4g})" for n, _, o, fl, _n, m in lossy[:5])
-        raise InputError(f"model.dtype={dtype!r}: casting the checkpoint ({'/'.join(src_dtypes)}) to {dtype} loses values in "
-                         f"{len(lossy)} tensor(s): {shown}. Fix: export in a dtype that holds them: model.dtype="
-                         f"{'bfloat16' if dtype == 'float16' else 'float32'} (or leave model.dtype unset: it follows the "
-                         f"checkpoint's torch_dtype), or float32.")
+        raise InputError(
+            f"model.dtype={dtype!r}: casting the checkpoint ({'/'.join(src_dtypes)}) to {dtype} loses values in "
+            f"{len(lossy)} tensor(s): {shown}. Fix: export in a dtype that holds them: model.dtype="
+            f"{'bfloat16' if dtype == 'float16' else 'float32'} (or leave model.dtype unset: it follows the "
+            f"checkpoint's torch_dtype), or float32."
+        )
     neg = sum(x[4] for x in losses)
     if neg:
-        facts.warnings.append(f"{neg} value(s) below {dtype}'s smallest subnormal flush to zero in {len(losses)} tensor(s), "
-                              f"each smaller than eps x max|x| of its tensor (negligible)")
+        facts.warnings.append(
+            f"{neg} value(s) below {dtype}'s smallest subnormal flush to zero in {len(losses)} tensor(s), "
+            f"each smaller than eps x max|x| of its tensor (negligible)"
+        )
 
 
 @contextlib.contextmanager
@@ -864,10 +1003,12 @@ def _load_model(facts: CheckpointFacts, hf_cfg: Any, torch_dtype: Any, trust_rem
                     part = torch.load(str(p), map_location="cpu", weights_only=True, mmap=True)
                 except RuntimeError:  # legacy (non-zip) serialisation cannot be memory-mapped
                     part = torch.load(str(p), map_location="cpu", weights_only=True)
-            except Exception as e:  # noqa: BLE001 - UnpicklingError, EOFError, RuntimeError ...
-                raise InputError(f"{p}: cannot load pickled weights with torch.load(weights_only=True): {type(e).__name__}: "
-                                 f"{str(e)[:300]}. Fix: the file is corrupt or holds more than tensors; convert the "
-                                 f"checkpoint to safetensors.") from None
+            except Exception as e:
+                raise InputError(
+                    f"{p}: cannot load pickled weights with torch.load(weights_only=True): {type(e).__name__}: "
+                    f"{str(e)[:300]}. Fix: the file is corrupt or holds more than tensors; convert the "
+                    f"checkpoint to safetensors."
+                ) from None
             if not isinstance(part, dict):
                 raise InputError(f"{p}: holds a {type(part).__name__}, not a state dict. Fix: save model.state_dict().")
             for k, v in part.items():
@@ -882,8 +1023,10 @@ def _load_model(facts: CheckpointFacts, hf_cfg: Any, torch_dtype: Any, trust_rem
         try:
             res = model.load_state_dict(sd, strict=False)
         except RuntimeError as e:
-            raise InputError(f"{src}: the pickled weights do not fit a {facts.architecture} with this config.json: {str(e)[:500]}. "
-                             f"Fix: use the config.json that belongs to these weights.") from None
+            raise InputError(
+                f"{src}: the pickled weights do not fit a {facts.architecture} with this config.json: {str(e)[:500]}. "
+                f"Fix: use the config.json that belongs to these weights."
+            ) from None
         missing, unexpected = list(res.missing_keys), list(res.unexpected_keys)
         if facts.tied:
             model.tie_weights()
@@ -892,26 +1035,38 @@ def _load_model(facts: CheckpointFacts, hf_cfg: Any, torch_dtype: Any, trust_rem
         _check_tied_head(facts, None)
         try:
             model, info = AutoModelForCausalLM.from_pretrained(
-                str(src), config=hf_cfg, dtype=torch_dtype, trust_remote_code=trust_remote_code, use_safetensors=True,
-                output_loading_info=True)
-        except Exception as e:  # noqa: BLE001 - shape mismatches, corrupt data ...
-            raise InputError(f"{src}: loading the weights failed: {type(e).__name__}: {str(e)[:500]}. Fix: use the config.json "
-                             f"that belongs to these weights.") from None
+                str(src),
+                config=hf_cfg,
+                dtype=torch_dtype,
+                trust_remote_code=trust_remote_code,
+                use_safetensors=True,
+                output_loading_info=True,
+            )
+        except Exception as e:
+            raise InputError(
+                f"{src}: loading the weights failed: {type(e).__name__}: {str(e)[:500]}. Fix: use the config.json "
+                f"that belongs to these weights."
+            ) from None
         missing, unexpected = list(info.get("missing_keys", [])), list(info.get("unexpected_keys", []))
         mismatched = list(info.get("mismatched_keys", []))
         if mismatched:
-            raise InputError(f"{src}: tensors with shapes that do not match config.json: {mismatched[:5]}. "
-                             f"Fix: use the config.json that belongs to these weights.")
+            raise InputError(
+                f"{src}: tensors with shapes that do not match config.json: {mismatched[:5]}. "
+                f"Fix: use the config.json that belongs to these weights."
+            )
     if facts.tied:
         missing = [k for k in missing if k != LM_HEAD_NAME]
     if missing:
-        raise InputError(f"{src}: {len(missing)} tensor(s) the {facts.architecture} needs are not in the checkpoint, e.g. "
-                         f"{sorted(missing)[:5]}; transformers would initialise them randomly. Fix: use a complete checkpoint "
-                         f"(all shards) whose config.json matches the weights.")
+        raise InputError(
+            f"{src}: {len(missing)} tensor(s) the {facts.architecture} needs are not in the checkpoint, e.g. "
+            f"{sorted(missing)[:5]}; transformers would initialise them randomly. Fix: use a complete checkpoint "
+            f"(all shards) whose config.json matches the weights."
+        )
     unexpected = [k for k in unexpected if not k.endswith(_IGNORABLE_UNEXPECTED)]
     if unexpected:
-        facts.warnings.append(f"{len(unexpected)} tensor(s) in the checkpoint are not used by {facts.architecture}: "
-                              f"{sorted(unexpected)[:5]}")
+        facts.warnings.append(
+            f"{len(unexpected)} tensor(s) in the checkpoint are not used by {facts.architecture}: {sorted(unexpected)[:5]}"
+        )
     model.eval()
     return model
 
@@ -933,9 +1088,11 @@ def _check_tied_head(facts: CheckpointFacts, state_dict: dict[str, Any] | None) 
 
         emb, head = get(EMBED_NAME), get(LM_HEAD_NAME)
     if not torch.equal(emb, head):
-        raise InputError(f"{facts.path / 'config.json'}: tie_word_embeddings=true but {LM_HEAD_NAME} differs from {EMBED_NAME}; "
-                         f"tying would silently drop the trained head. Fix: set \"tie_word_embeddings\": false in config.json "
-                         f"if the head is trained separately, or remove {LM_HEAD_NAME} if it is meant to be shared.")
+        raise InputError(
+            f"{facts.path / 'config.json'}: tie_word_embeddings=true but {LM_HEAD_NAME} differs from {EMBED_NAME}; "
+            f'tying would silently drop the trained head. Fix: set "tie_word_embeddings": false in config.json '
+            f"if the head is trained separately, or remove {LM_HEAD_NAME} if it is meant to be shared."
+        )
     facts.warnings.append(f"tie_word_embeddings=true and {LM_HEAD_NAME} equals the embedding: written once (tied)")
 
 

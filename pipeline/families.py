@@ -33,22 +33,35 @@ WINDOW_ALL_LAYERS = ("mistral", "phi3")
 #: "quantized_on": {target: reason}}.  ``None`` = supported; a ``recipes`` entry refuses that recipe on every target,
 #: a ``quantized_on`` entry every recipe but ``none`` on that target.
 FAMILY_SUPPORT: dict[str, dict[str, Any]] = {
-    "llama": {"architecture": "LlamaForCausalLM", "targets": {"onnxruntime_genai": None, "tensorrt_llm": None, "tensorrt_llm_pytorch": None}},
-    "mistral": {"architecture": "MistralForCausalLM", "targets": {"onnxruntime_genai": None, "tensorrt_llm": None, "tensorrt_llm_pytorch": None}},
-    "qwen2": {"architecture": "Qwen2ForCausalLM", "targets": {"onnxruntime_genai": None, "tensorrt_llm": None, "tensorrt_llm_pytorch": None}},
-    "phi3": {"architecture": "Phi3ForCausalLM", "targets": {
-        "onnxruntime_genai": None,
-        "tensorrt_llm_pytorch": None,
-        "tensorrt_llm": "ModelOpt 0.47 cannot write a TensorRT-LLM checkpoint for Phi3ForCausalLM (its converter raises "
-                        "NotImplementedError), so there is nothing for trtllm-build to compile. Fix: target=tensorrt_llm_pytorch "
-                        "(the PyTorch backend serves the unified HF checkpoint) or target=onnxruntime_genai.",
-    }, "quantized_on": {
-        "onnxruntime_genai": "the CPU engine deploys ModelOpt's own integers through a GPTQ-layout checkpoint "
-                             "(pipeline/targets/ort_quant.py), which handles separate q/k/v and gate/up projections only; "
-                             "Phi-3's fused qkv_proj and gate_up_proj would be re-quantized, not deployed exactly. "
-                             "Fix: quant=none on target=onnxruntime_genai, or the quantized recipe on target=tensorrt_llm_pytorch "
-                             "(GPU host).",
-    }},
+    "llama": {
+        "architecture": "LlamaForCausalLM",
+        "targets": {"onnxruntime_genai": None, "tensorrt_llm": None, "tensorrt_llm_pytorch": None},
+    },
+    "mistral": {
+        "architecture": "MistralForCausalLM",
+        "targets": {"onnxruntime_genai": None, "tensorrt_llm": None, "tensorrt_llm_pytorch": None},
+    },
+    "qwen2": {
+        "architecture": "Qwen2ForCausalLM",
+        "targets": {"onnxruntime_genai": None, "tensorrt_llm": None, "tensorrt_llm_pytorch": None},
+    },
+    "phi3": {
+        "architecture": "Phi3ForCausalLM",
+        "targets": {
+            "onnxruntime_genai": None,
+            "tensorrt_llm_pytorch": None,
+            "tensorrt_llm": "ModelOpt 0.47 cannot write a TensorRT-LLM checkpoint for Phi3ForCausalLM (its converter raises "
+            "NotImplementedError), so there is nothing for trtllm-build to compile. Fix: target=tensorrt_llm_pytorch "
+            "(the PyTorch backend serves the unified HF checkpoint) or target=onnxruntime_genai.",
+        },
+        "quantized_on": {
+            "onnxruntime_genai": "the CPU engine deploys ModelOpt's own integers through a GPTQ-layout checkpoint "
+            "(pipeline/targets/ort_quant.py), which handles separate q/k/v and gate/up projections only; "
+            "Phi-3's fused qkv_proj and gate_up_proj would be re-quantized, not deployed exactly. "
+            "Fix: quant=none on target=onnxruntime_genai, or the quantized recipe on target=tensorrt_llm_pytorch "
+            "(GPU host).",
+        },
+    },
 }
 
 
@@ -154,33 +167,50 @@ def config_problems(cfg: Any) -> list[Any]:
     fam = FAMILY_SUPPORT.get(mt)
     if fam is None or (arch is not None and arch != fam["architecture"]):
         supported = sorted(f["architecture"] for f in FAMILY_SUPPORT.values())
-        problems.append(Problem("model.path", cfg.model.path,
-                                f"architecture {arch!r} (model_type {mt!r}) is not supported by this pipeline (supported: {supported}).",
-                                "convert the model to one of the supported architectures, or use a checkpoint of a supported "
-                                "family (docs/models.md lists what works on which target)"))
+        problems.append(
+            Problem(
+                "model.path",
+                cfg.model.path,
+                f"architecture {arch!r} (model_type {mt!r}) is not supported by this pipeline (supported: {supported}).",
+                "convert the model to one of the supported architectures, or use a checkpoint of a supported "
+                "family (docs/models.md lists what works on which target)",
+            )
+        )
         return problems
     from .targets import needs_build, resolve_target
 
     if needs_build(cfg):
         try:
             target, _ = resolve_target(cfg)
-        except Exception:  # noqa: BLE001 - an unknown target is reported by the target checks
+        except Exception:
             return problems
         why = fam["targets"].get(target)
         if why:
-            problems.append(Problem("target.name", target, f"{fam['architecture']}: {why.split(' Fix: ')[0]}",
-                                    why.split(" Fix: ", 1)[1] if " Fix: " in why else "use another target"))
+            problems.append(
+                Problem(
+                    "target.name",
+                    target,
+                    f"{fam['architecture']}: {why.split(' Fix: ')[0]}",
+                    why.split(" Fix: ", 1)[1] if " Fix: " in why else "use another target",
+                )
+            )
     problems.extend(_window_problems(cfg, mc))
     recipe = getattr(cfg.quant, "recipe", None)
     recipe_why = fam.get("recipes", {}).get(recipe)
     if recipe_why is None and recipe != "none" and needs_build(cfg):
         try:
             recipe_why = fam.get("quantized_on", {}).get(resolve_target(cfg)[0])
-        except Exception:  # noqa: BLE001
+        except Exception:
             recipe_why = None
     if recipe_why:
-        problems.append(Problem("quant.recipe", cfg.quant.recipe, f"{fam['architecture']}: {recipe_why.split(' Fix: ')[0]}",
-                                recipe_why.split(" Fix: ", 1)[1] if " Fix: " in recipe_why else "use another recipe"))
+        problems.append(
+            Problem(
+                "quant.recipe",
+                cfg.quant.recipe,
+                f"{fam['architecture']}: {recipe_why.split(' Fix: ')[0]}",
+                recipe_why.split(" Fix: ", 1)[1] if " Fix: " in recipe_why else "use another recipe",
+            )
+        )
     return problems
 
 
@@ -199,7 +229,7 @@ def _window_problems(cfg: Any, mc: dict[str, Any]) -> list[Any]:
     try:
         if resolve_target(cfg)[0] != "onnxruntime_genai":
             return []
-    except Exception:  # noqa: BLE001
+    except Exception:
         return []
     b = cfg.build
     new, _ = builder_config(mc, int(b.max_seq_len))
@@ -211,18 +241,28 @@ def _window_problems(cfg: Any, mc: dict[str, Any]) -> list[Any]:
     sw = mc.get("sliding_window")
     served = sorted(set(getattr(cfg, "stages", ())) & {"package", "benchmark"})
     if served:
-        return [Problem("build.max_seq_len", b.max_seq_len,
-                        f"the model's sliding_window={sw} is smaller than build.max_seq_len={b.max_seq_len}: the "
-                        "onnxruntime_genai engine gets a windowed KV cache, which builds and evaluates correctly one sequence "
-                        f"at a time, but the served engine (Triton, og.Engine 0.18) fails its requests (ENGINE_EXECUTION_FAILURE, "
-                        f"measured), so stages {served} cannot ship it.",
-                        f"build.max_seq_len<={sw} (the window then never binds: full attention), or stop at stages=[evaluate] "
-                        "with build.max_batch_size=1")]
+        return [
+            Problem(
+                "build.max_seq_len",
+                b.max_seq_len,
+                f"the model's sliding_window={sw} is smaller than build.max_seq_len={b.max_seq_len}: the "
+                "onnxruntime_genai engine gets a windowed KV cache, which builds and evaluates correctly one sequence "
+                f"at a time, but the served engine (Triton, og.Engine 0.18) fails its requests (ENGINE_EXECUTION_FAILURE, "
+                f"measured), so stages {served} cannot ship it.",
+                f"build.max_seq_len<={sw} (the window then never binds: full attention), or stop at stages=[evaluate] "
+                "with build.max_batch_size=1",
+            )
+        ]
     if int(b.max_batch_size) <= 1:
         return []
-    return [Problem("build.max_batch_size", b.max_batch_size,
-                    f"the model's sliding_window={sw} is smaller than build.max_seq_len={b.max_seq_len}, so the "
-                    "onnxruntime_genai engine is built with a windowed KV cache, and onnxruntime-genai 0.18 runs batches of "
-                    "prompts of different lengths through it wrongly.",
-                    f"build.max_batch_size=1 (one sequence at a time, matches transformers), or build.max_seq_len<={sw} "
-                    "(the window then never binds and the engine uses full attention)")]
+    return [
+        Problem(
+            "build.max_batch_size",
+            b.max_batch_size,
+            f"the model's sliding_window={sw} is smaller than build.max_seq_len={b.max_seq_len}, so the "
+            "onnxruntime_genai engine is built with a windowed KV cache, and onnxruntime-genai 0.18 runs batches of "
+            "prompts of different lengths through it wrongly.",
+            f"build.max_batch_size=1 (one sequence at a time, matches transformers), or build.max_seq_len<={sw} "
+            "(the window then never binds and the engine uses full attention)",
+        )
+    ]

@@ -57,7 +57,10 @@ def gpus() -> list[dict[str, Any]]:
         try:
             out = subprocess.run(
                 [smi, "--query-gpu=name,compute_cap,memory.total,driver_version", "--format=csv,noheader,nounits"],
-                capture_output=True, text=True, timeout=15, check=True,
+                capture_output=True,
+                text=True,
+                timeout=15,
+                check=True,
             ).stdout
             res = []
             for line in out.strip().splitlines():
@@ -74,9 +77,11 @@ def gpus() -> list[dict[str, Any]]:
                 res = []
                 for i in range(torch.cuda.device_count()):
                     p = torch.cuda.get_device_properties(i)
-                    res.append({"name": p.name, "compute_capability": f"{p.major}.{p.minor}", "memory_mib": p.total_memory / 2**20, "driver": None})
+                    res.append(
+                        {"name": p.name, "compute_capability": f"{p.major}.{p.minor}", "memory_mib": p.total_memory / 2**20, "driver": None}
+                    )
                 return res
-        except Exception:  # noqa: BLE001 - a broken CUDA install must not break a CPU run
+        except Exception:
             pass
     return []
 

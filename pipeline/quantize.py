@@ -19,10 +19,9 @@ import copy
 import dataclasses
 import json
 import logging
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import warnings
 
 from .errors import InputError
 
@@ -45,7 +44,7 @@ PROBE_IDS, PROBE_LOGITS = "__probe__.input_ids", "__probe__.logits"
 
 
 # --------------------------------------------------------------------------- quant state (no pickle)
-def _encode_state(obj: Any, tensors: dict[str, "torch.Tensor"]) -> Any:
+def _encode_state(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
     """ModelOpt's ``modelopt_state`` -> plain JSON; tensors go to ``tensors`` (saved as safetensors).
 
     Tagged forms: ``{"__dtype__": "float32"}``, ``{"__size__": [..]}``, ``{"__tuple__": [..]}``,
@@ -74,14 +73,14 @@ def _encode_state(obj: Any, tensors: dict[str, "torch.Tensor"]) -> Any:
     raise TypeError(f"cannot store {type(obj).__name__} value {obj!r} of the modelopt state as JSON")
 
 
-def _decode_state(obj: Any, tensors: dict[str, "torch.Tensor"]) -> Any:
+def _decode_state(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
     import torch
 
     if isinstance(obj, list):
         return [_decode_state(v, tensors) for v in obj]
     if isinstance(obj, dict):
         if len(obj) == 1:
-            (k, v), = obj.items()
+            ((k, v),) = obj.items()
             if k == "__dtype__":
                 return getattr(torch, v)
             if k == "__size__":
@@ -96,8 +95,9 @@ def _decode_state(obj: Any, tensors: dict[str, "torch.Tensor"]) -> Any:
     return obj
 
 
-def save_quant_state(model: "torch.nn.Module", base_state: dict[str, "torch.Tensor"], out_dir: Path, meta: dict[str, Any],
-                     probe_ids: "torch.Tensor | None" = None) -> dict[str, Any]:
+def save_quant_state(
+    model: torch.nn.Module, base_state: dict[str, torch.Tensor], out_dir: Path, meta: dict[str, Any], probe_ids: torch.Tensor | None = None
+) -> dict[str, Any]:
     """Write ``quant_state.safetensors`` + ``quant_state.json`` for a ModelOpt-quantized model.
 
     Stored tensors: every quantizer buffer (``*_quantizer._amax``, ``_pre_quant_scale`` ...), every
@@ -160,8 +160,9 @@ def _hf_dir(export_dir: Path) -> Path:
     raise InputError(f"{export_dir}: not an export artifact (no hf/config.json). Pass the export stage's artifact folder.")
 
 
-def load_simulated_model(quant_dir: Path, export_dir: Path, device: str = "cpu", dtype: "torch.dtype | None" = None,
-                         verify: bool = True) -> "torch.nn.Module":
+def load_simulated_model(
+    quant_dir: Path, export_dir: Path, device: str = "cpu", dtype: torch.dtype | None = None, verify: bool = True
+) -> torch.nn.Module:
     """ModelOpt's simulated-quantization (fake-quant) model of a quantize artifact, without pickle.
 
     Loads the export checkpoint (``export_dir/hf``) with ``transformers`` in float32 (the dtype the
@@ -210,9 +211,11 @@ def load_simulated_model(quant_dir: Path, export_dir: Path, device: str = "cpu",
     res = model.load_state_dict(own, strict=False)
     missing_q = [k for k in res.missing_keys if "_quantizer" in k]
     if res.unexpected_keys or missing_q:
-        raise InputError(f"{quant_dir / QUANT_STATE_TENSORS}: does not fit the model from {export_dir} "
-                         f"(unexpected {res.unexpected_keys[:5]}, missing quantizer buffers {missing_q[:5]}). "
-                         "Quantize and export artifacts must come from the same run.")
+        raise InputError(
+            f"{quant_dir / QUANT_STATE_TENSORS}: does not fit the model from {export_dir} "
+            f"(unexpected {res.unexpected_keys[:5]}, missing quantizer buffers {missing_q[:5]}). "
+            "Quantize and export artifacts must come from the same run."
+        )
     model.eval()
     if verify and PROBE_IDS in tensors and dtype is None:
         ids = tensors[PROBE_IDS]
@@ -221,8 +224,10 @@ def load_simulated_model(quant_dir: Path, export_dir: Path, device: str = "cpu",
         want = tensors[PROBE_LOGITS]
         if got.shape != want.shape or not torch.allclose(got, want, rtol=1e-4, atol=1e-4):
             diff = (got - want).abs().max().item() if got.shape == want.shape else f"shape {tuple(got.shape)} vs {tuple(want.shape)}"
-            raise InputError(f"{quant_dir}: the restored model's logits on the stored probe differ from the calibrated model's "
-                             f"(max |diff| {diff}). The export artifact {export_dir} is not the one this quant state was made from.")
+            raise InputError(
+                f"{quant_dir}: the restored model's logits on the stored probe differ from the calibrated model's "
+                f"(max |diff| {diff}). The export artifact {export_dir} is not the one this quant state was made from."
+            )
     if dtype is not None:
         model.to(dtype)
     return model.to(device)
@@ -253,26 +258,63 @@ class Recipe:
     description: str
 
 
-RECIPES: dict[str, Recipe] = {r.name: r for r in (
-    Recipe("none", None, None, False, 16, "fp16", "no quantization: the export checkpoint in quant.export_dtype"),
-    Recipe("fp8", "FP8_DEFAULT_CFG", "FP8", False, 8, "fp8",
-           "FP8 E4M3 weights and activations, per-tensor scales (max calibration)"),
-    Recipe("int8_sq", "INT8_SMOOTHQUANT_CFG", "W8A8_SQ_PER_CHANNEL", False, 8, "int8",
-           "SmoothQuant (Xiao et al. 2023): INT8 per-channel weights, INT8 activations with a calibrated per-tensor scale; "
-           "smoothing strength quant.smoothquant_alpha"),
-    Recipe("int8_wo", "INT8_WEIGHT_ONLY_CFG", "W8A16", False, 8, "fp16", "INT8 per-channel weight-only"),
-    Recipe("int4_rtn", "INT4_BLOCKWISE_WEIGHT_ONLY_CFG", "W4A16_AWQ", True, 4, "fp16",
-           "INT4 group-wise weight-only, plain round-to-nearest with max calibration (no AWQ scale search; ModelOpt "
-           "exports it to TensorRT-LLM's group-wise W4A16_AWQ kernel path with unit pre-quant scales)"),
-    Recipe("int4_wo", "INT4_BLOCKWISE_WEIGHT_ONLY_CFG", "W4A16_AWQ", True, 4, "fp16",
-           "deprecated alias of int4_rtn (same ModelOpt config, same bytes); use quant=int4_rtn"),
-    Recipe("int4_awq", "INT4_AWQ_CFG", "W4A16_AWQ", True, 4, "fp16",
-           "INT4 group-wise weights with AWQ activation-aware scales (Lin et al. 2023; ModelOpt awq_lite)"),
-    Recipe("w4a8_awq", "W4A8_AWQ_BETA_CFG", "W4A8_AWQ", True, 4, "fp8", "INT4 AWQ weights with FP8 activations"),
-    Recipe("auto", None, "MIXED_PRECISION", False, 16, "fp16",
-           "per-layer format search under an effective-bits budget (ModelOpt auto_quantize; formats quant.auto.formats "
-           "or not quantized); TensorRT-LLM MIXED_PRECISION with per-layer quant_cfg.json, or the one format chosen"),
-)}
+RECIPES: dict[str, Recipe] = {
+    r.name: r
+    for r in (
+        Recipe("none", None, None, False, 16, "fp16", "no quantization: the export checkpoint in quant.export_dtype"),
+        Recipe("fp8", "FP8_DEFAULT_CFG", "FP8", False, 8, "fp8", "FP8 E4M3 weights and activations, per-tensor scales (max calibration)"),
+        Recipe(
+            "int8_sq",
+            "INT8_SMOOTHQUANT_CFG",
+            "W8A8_SQ_PER_CHANNEL",
+            False,
+            8,
+            "int8",
+            "SmoothQuant (Xiao et al. 2023): INT8 per-channel weights, INT8 activations with a calibrated per-tensor scale; "
+            "smoothing strength quant.smoothquant_alpha",
+        ),
+        Recipe("int8_wo", "INT8_WEIGHT_ONLY_CFG", "W8A16", False, 8, "fp16", "INT8 per-channel weight-only"),
+        Recipe(
+            "int4_rtn",
+            "INT4_BLOCKWISE_WEIGHT_ONLY_CFG",
+            "W4A16_AWQ",
+            True,
+            4,
+            "fp16",
+            "INT4 group-wise weight-only, plain round-to-nearest with max calibration (no AWQ scale search; ModelOpt "
+            "exports it to TensorRT-LLM's group-wise W4A16_AWQ kernel path with unit pre-quant scales)",
+        ),
+        Recipe(
+            "int4_wo",
+            "INT4_BLOCKWISE_WEIGHT_ONLY_CFG",
+            "W4A16_AWQ",
+            True,
+            4,
+            "fp16",
+            "deprecated alias of int4_rtn (same ModelOpt config, same bytes); use quant=int4_rtn",
+        ),
+        Recipe(
+            "int4_awq",
+            "INT4_AWQ_CFG",
+            "W4A16_AWQ",
+            True,
+            4,
+            "fp16",
+            "INT4 group-wise weights with AWQ activation-aware scales (Lin et al. 2023; ModelOpt awq_lite)",
+        ),
+        Recipe("w4a8_awq", "W4A8_AWQ_BETA_CFG", "W4A8_AWQ", True, 4, "fp8", "INT4 AWQ weights with FP8 activations"),
+        Recipe(
+            "auto",
+            None,
+            "MIXED_PRECISION",
+            False,
+            16,
+            "fp16",
+            "per-layer format search under an effective-bits budget (ModelOpt auto_quantize; formats quant.auto.formats "
+            "or not quantized); TensorRT-LLM MIXED_PRECISION with per-layer quant_cfg.json, or the one format chosen",
+        ),
+    )
+}
 
 #: quant.kv_cache_dtype -> (TensorRT-LLM kv_cache_quant_algo, ModelOpt quantizer entries for the K/V bmm quantizers).
 KV_CACHE: dict[str, tuple[str | None, list[dict[str, Any]]]] = {
@@ -287,22 +329,48 @@ DECODER_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen"}
 #: model_type -> why ModelOpt writes no TensorRT-LLM checkpoint for it; quantize still calibrates and writes the
 #: simulated-quant state and the unified HF checkpoint (onnxruntime_genai and tensorrt_llm_pytorch deploy those).
 #: Source: modelopt/torch/export/tensorrt_llm_utils.py (0.47) raises NotImplementedError for Phi3ForCausalLM.
-NO_TRTLLM_CHECKPOINT = {"phi3": "ModelOpt 0.47 cannot export Phi3ForCausalLM to a TensorRT-LLM checkpoint (its converter "
-                                "raises NotImplementedError and points to the unified HF checkpoint + the PyTorch backend)"}
+NO_TRTLLM_CHECKPOINT = {
+    "phi3": "ModelOpt 0.47 cannot export Phi3ForCausalLM to a TensorRT-LLM checkpoint (its converter "
+    "raises NotImplementedError and points to the unified HF checkpoint + the PyTorch backend)"
+}
 
 #: Module-name patterns of attention output projections (``sensitive_preset`` attn_out).
 ATTN_OUT_PATTERNS = ("*.self_attn.o_proj", "*.self_attention.dense", "*.attention.dense", "*.attn.out_proj")
 
 #: Minimal compute-capability table used only when ``pipeline.planner.gpus`` is unavailable.
 #: Source: https://developer.nvidia.com/cuda-gpus (compute capability per GPU).
-_LOCAL_SM = {"h100": 90, "h100_sxm": 90, "h100_pcie": 90, "h200": 90, "a100": 80, "a100_40gb": 80, "a100_80gb": 80,
-             "a10g": 86, "a10": 86, "l4": 89, "l40s": 89, "t4": 75, "v100": 70, "b200": 100}
+_LOCAL_SM = {
+    "h100": 90,
+    "h100_sxm": 90,
+    "h100_pcie": 90,
+    "h200": 90,
+    "a100": 80,
+    "a100_40gb": 80,
+    "a100_80gb": 80,
+    "a10g": 86,
+    "a10": 86,
+    "l4": 89,
+    "l40s": 89,
+    "t4": 75,
+    "v100": 70,
+    "b200": 100,
+}
 #: ModelOpt pads vocab_embedding/lm_head rows to a multiple of this when it exports AWQ-format (W4A16_AWQ, W4A8_AWQ)
 #: TensorRT-LLM checkpoints (modelopt/torch/export/model_config_export.py, postprocess.pad_embedding_lm_head).
 AWQ_VOCAB_MULTIPLE = 64
 
 #: Minimum SM per recipe / KV format, TensorRT-LLM support matrix (docs/source/reference/support-matrix.md; docs/reference/tensorrt_llm.md §4).
-_LOCAL_RECIPE_MIN_SM = {"none": 80, "int8_wo": 80, "int4_rtn": 80, "int4_wo": 80, "auto": 80, "int4_awq": 80, "int8_sq": 80, "fp8": 89, "w4a8_awq": 89}
+_LOCAL_RECIPE_MIN_SM = {
+    "none": 80,
+    "int8_wo": 80,
+    "int4_rtn": 80,
+    "int4_wo": 80,
+    "auto": 80,
+    "int4_awq": 80,
+    "int8_sq": 80,
+    "fp8": 89,
+    "w4a8_awq": 89,
+}
 _LOCAL_KV_MIN_SM = {"none": 80, "int8": 80, "fp8": 89}
 
 
@@ -359,7 +427,7 @@ def source_facts(hf_dir: Path) -> dict[str, Any]:
     }
 
 
-def _linear_modules(model: "torch.nn.Module") -> dict[str, "torch.nn.Module"]:
+def _linear_modules(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
     import torch
 
     return {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
@@ -413,7 +481,7 @@ def modelopt_config(qcfg: Any, excluded: dict[str, str], recipe_name: str | None
     if recipe.grouped:
         for e in entries:
             qc = e.get("cfg")
-            for c in (qc if isinstance(qc, list) else [qc]):
+            for c in qc if isinstance(qc, list) else [qc]:
                 if isinstance(c, dict) and isinstance(c.get("block_sizes"), dict) and -1 in c["block_sizes"]:
                     c["block_sizes"][-1] = int(qcfg.group_size)
     if name == "int8_sq":
@@ -426,8 +494,9 @@ def modelopt_config(qcfg: Any, excluded: dict[str, str], recipe_name: str | None
 
 
 # --------------------------------------------------------------------------- checks before calibration
-def preflight(qcfg: Any, facts: dict[str, Any], linears: dict[str, tuple[int, int]], excluded: dict[str, str],
-              target_gpu: str | None) -> dict[str, Any]:
+def preflight(
+    qcfg: Any, facts: dict[str, Any], linears: dict[str, tuple[int, int]], excluded: dict[str, str], target_gpu: str | None
+) -> dict[str, Any]:
     """Checks that must pass before any calibration; returns the facts they establish.
 
     Collects every problem and raises one :class:`InputError` listing them all (field, value, fix).
@@ -455,13 +524,24 @@ def preflight(qcfg: Any, facts: dict[str, Any], linears: dict[str, tuple[int, in
     heads, kv, vocab = facts["num_attention_heads"], facts["num_key_value_heads"], facts["vocab_size"]
     quantized = {n: d for n, d in linears.items() if n not in excluded and qcfg.recipe != "none"}
     if qcfg.recipe == "none" and qcfg.kv_cache_dtype != "none":
-        problems.append(Problem("quant.kv_cache_dtype", qcfg.kv_cache_dtype, "a quantized KV cache needs calibrated K/V scales, and recipe 'none' "
-                                "calibrates nothing.", f"use quant.kv_cache_dtype=none, or a quantized recipe, e.g. quant=int8_sq quant.kv_cache_dtype={qcfg.kv_cache_dtype}"))
+        problems.append(
+            Problem(
+                "quant.kv_cache_dtype",
+                qcfg.kv_cache_dtype,
+                "a quantized KV cache needs calibrated K/V scales, and recipe 'none' calibrates nothing.",
+                f"use quant.kv_cache_dtype=none, or a quantized recipe, e.g. quant=int8_sq quant.kv_cache_dtype={qcfg.kv_cache_dtype}",
+            )
+        )
     if qcfg.recipe != "none" and not [n for n in quantized if not n.endswith("lm_head")]:
-        problems.append(Problem("quant.exclude_modules", list(qcfg.exclude_modules),
-                                f"with sensitive_preset={qcfg.sensitive_preset!r} every linear layer of the model is kept in high precision "
-                                f"({len(excluded)} excluded), so recipe {qcfg.recipe!r} would quantize nothing.",
-                                "exclude fewer modules, use quant.sensitive_preset=none, or quant=none"))
+        problems.append(
+            Problem(
+                "quant.exclude_modules",
+                list(qcfg.exclude_modules),
+                f"with sensitive_preset={qcfg.sensitive_preset!r} every linear layer of the model is kept in high precision "
+                f"({len(excluded)} excluded), so recipe {qcfg.recipe!r} would quantize nothing.",
+                "exclude fewer modules, use quant.sensitive_preset=none, or quant=none",
+            )
+        )
     grouped = recipe.grouped or (qcfg.recipe == "auto" and any(RECIPES[f].grouped for f in qcfg.auto.formats))
     if grouped and quantized:
         g = int(qcfg.group_size)
@@ -475,32 +555,54 @@ def preflight(qcfg: Any, facts: dict[str, Any], linears: dict[str, tuple[int, in
             mods = [n for n, d in quantized.items() if d[0] in bad]
             ok_g = [x for x in (128, 64, 32) if fits(dims, tp, x)]
             ok_tp = [t for t in range(1, 17) if fits(dims, t, g)]
-            problems.append(Problem(
-                "quant.group_size", g,
-                f"with tp_size={tp}, the input dimension(s) {bad} of {len(mods)} quantized linear layer(s) (e.g. {mods[:3]}) "
-                f"give per-rank sizes {[d // tp if d % tp == 0 else d / tp for d in bad]} that are not multiples of the group size.",
-                (f"use quant.group_size in {ok_g}" if ok_g else "no group size of 128/64/32 fits")
-                + (f" or quant.tp_size in {ok_tp}" if ok_tp else f" and no tp_size fits group_size={g}")
-                + ", or keep those layers in high precision with quant.exclude_modules"))
+            problems.append(
+                Problem(
+                    "quant.group_size",
+                    g,
+                    f"with tp_size={tp}, the input dimension(s) {bad} of {len(mods)} quantized linear layer(s) (e.g. {mods[:3]}) "
+                    f"give per-rank sizes {[d // tp if d % tp == 0 else d / tp for d in bad]} that are not multiples of the group size.",
+                    (f"use quant.group_size in {ok_g}" if ok_g else "no group size of 128/64/32 fits")
+                    + (f" or quant.tp_size in {ok_tp}" if ok_tp else f" and no tp_size fits group_size={g}")
+                    + ", or keep those layers in high precision with quant.exclude_modules",
+                )
+            )
     valid_tp = [t for t in range(1, heads + 1) if heads % t == 0 and (kv % t == 0 or t % kv == 0)]
     if heads % tp:
         problems.append(Problem("quant.tp_size", tp, f"does not divide num_attention_heads={heads}.", f"use quant.tp_size in {valid_tp}"))
     elif kv % tp and tp % kv:
-        problems.append(Problem("quant.tp_size", tp, f"neither divides num_key_value_heads={kv} nor is a multiple of it "
-                                "(KV heads cannot be split or replicated evenly).", f"use quant.tp_size in {valid_tp}"))
+        problems.append(
+            Problem(
+                "quant.tp_size",
+                tp,
+                f"neither divides num_key_value_heads={kv} nor is a multiple of it (KV heads cannot be split or replicated evenly).",
+                f"use quant.tp_size in {valid_tp}",
+            )
+        )
     elif tp > kv:
         out["kv_heads_replicated"] = tp // kv
     if vocab % tp:
         padded = -(-vocab // tp) * tp
         if qcfg.vocab_padding == "reject":
             ok = [t for t in range(1, 17) if vocab % t == 0 and t in valid_tp]
-            problems.append(Problem("quant.vocab_padding", "reject", f"vocab_size={vocab} is not divisible by tp_size={tp}.",
-                                    f"set quant.vocab_padding=pad (pads to {padded}) or quant.tp_size in {ok}"))
+            problems.append(
+                Problem(
+                    "quant.vocab_padding",
+                    "reject",
+                    f"vocab_size={vocab} is not divisible by tp_size={tp}.",
+                    f"set quant.vocab_padding=pad (pads to {padded}) or quant.tp_size in {ok}",
+                )
+            )
         else:
             out["vocab_padding"] = {"original": vocab, "padded": padded}
     if pp > facts["num_hidden_layers"]:
-        problems.append(Problem("quant.pp_size", pp, f"exceeds num_hidden_layers={facts['num_hidden_layers']}.",
-                                f"use quant.pp_size <= {facts['num_hidden_layers']}"))
+        problems.append(
+            Problem(
+                "quant.pp_size",
+                pp,
+                f"exceeds num_hidden_layers={facts['num_hidden_layers']}.",
+                f"use quant.pp_size <= {facts['num_hidden_layers']}",
+            )
+        )
     gpu = None
     if target_gpu:
         try:
@@ -512,13 +614,24 @@ def preflight(qcfg: Any, facts: dict[str, Any], linears: dict[str, tuple[int, in
         out["target_gpu"] = {"name": target_gpu, "sm": sm, "source": src}
         if sm < rmin.get(qcfg.recipe, 0):
             ok = [r for r in RECIPES if sm >= rmin.get(r, 0)]
-            problems.append(Problem("quant.recipe", qcfg.recipe, f"needs compute capability >= {rmin[qcfg.recipe] / 10:.1f}; "
-                                    f"target.gpu={target_gpu} is SM {sm / 10:.1f}.",
-                                    f"use one of {ok} (e.g. int4_awq or int8_sq), or a newer GPU (Ada/Hopper)"))
+            problems.append(
+                Problem(
+                    "quant.recipe",
+                    qcfg.recipe,
+                    f"needs compute capability >= {rmin[qcfg.recipe] / 10:.1f}; target.gpu={target_gpu} is SM {sm / 10:.1f}.",
+                    f"use one of {ok} (e.g. int4_awq or int8_sq), or a newer GPU (Ada/Hopper)",
+                )
+            )
         if sm < kmin.get(qcfg.kv_cache_dtype, 0):
             ok = [k for k in KV_CACHE if sm >= kmin.get(k, 0)]
-            problems.append(Problem("quant.kv_cache_dtype", qcfg.kv_cache_dtype, f"needs compute capability >= {kmin[qcfg.kv_cache_dtype] / 10:.1f}; "
-                                    f"target.gpu={target_gpu} is SM {sm / 10:.1f}.", f"use quant.kv_cache_dtype in {ok}"))
+            problems.append(
+                Problem(
+                    "quant.kv_cache_dtype",
+                    qcfg.kv_cache_dtype,
+                    f"needs compute capability >= {kmin[qcfg.kv_cache_dtype] / 10:.1f}; target.gpu={target_gpu} is SM {sm / 10:.1f}.",
+                    f"use quant.kv_cache_dtype in {ok}",
+                )
+            )
     if problems:
         lines = "\n".join(f"  - {p}" for p in problems)
         raise InputError(f"quantize: {len(problems)} problem(s) found before calibration:\n{lines}")
@@ -535,8 +648,7 @@ def auto_min_bits(qcfg: Any, linears: dict[str, tuple[int, int]], excluded: dict
     return cost / total if total else 16.0
 
 
-def auto_search(model: "torch.nn.Module", qcfg: Any, excluded: dict[str, str], batches: list[list[list[int]]],
-                seed: int) -> dict[str, Any]:
+def auto_search(model: torch.nn.Module, qcfg: Any, excluded: dict[str, str], batches: list[list[list[int]]], seed: int) -> dict[str, Any]:
     """Run ModelOpt's per-layer format search (``mtq.auto_quantize``) on ``model`` in place.
 
     Candidates: the ModelOpt configs of ``quant.auto.formats`` (with ``quant.group_size``), plus "not quantized",
@@ -568,10 +680,10 @@ def auto_search(model: "torch.nn.Module", qcfg: Any, excluded: dict[str, str], b
         labels[QuantRecipe.get_auto_name_for_config(c) or f"CUSTOM_{i}"] = f
     data = [torch.tensor(ids, dtype=torch.long) for ids in batches]
 
-    def forward_step(m: Any, ids: "torch.Tensor") -> Any:
+    def forward_step(m: Any, ids: torch.Tensor) -> Any:
         return m(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
 
-    def loss_func(logits: "torch.Tensor", ids: "torch.Tensor") -> "torch.Tensor":  # causal-LM loss (gradient method)
+    def loss_func(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:  # causal-LM loss (gradient method)
         return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), ids[:, 1:].reshape(-1))
 
     def label(r: Any) -> str:
@@ -581,28 +693,55 @@ def auto_search(model: "torch.nn.Module", qcfg: Any, excluded: dict[str, str], b
     kw: dict[str, Any] = {"loss_func": loss_func} if a.method == "gradient" else {}
     with _quiet("mtq.auto_quantize"), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"Received custom quantization formats")
-        _, state = mtq.auto_quantize(model, constraints={"effective_bits": float(a.effective_bits)}, quantization_formats=cfgs,
-                                     data_loader=data, forward_step=forward_step, disabled_layers=sorted(excluded) or None,
-                                     num_calib_steps=len(data), num_score_steps=min(len(data), int(a.num_score_steps)),
-                                     method=a.method, verbose=False, **kw)
+        _, state = mtq.auto_quantize(
+            model,
+            constraints={"effective_bits": float(a.effective_bits)},
+            quantization_formats=cfgs,
+            data_loader=data,
+            forward_step=forward_step,
+            disabled_layers=sorted(excluded) or None,
+            num_calib_steps=len(data),
+            num_score_steps=min(len(data), int(a.num_score_steps)),
+            method=a.method,
+            verbose=False,
+            **kw,
+        )
     best = state["best"]
     layers, per_module = [], {}
     for key, st in state["candidate_stats"].items():
         fmts = [label(f) for f in st["formats"]]
         chosen = label(best["recipe"].get(key, "NONE"))
-        bits = {f: float(str(r).split("effective-bits:")[1].rstrip(")").strip()) if "effective-bits:" in str(r) else None
-                for f, r in zip(fmts, st["formats"])}
+        bits = {
+            f: float(str(r).split("effective-bits:")[1].rstrip(")").strip()) if "effective-bits:" in str(r) else None
+            for f, r in zip(fmts, st["formats"])
+        }
         scores = {f: float(x) for f, x in zip(fmts, st["scores"])}
         low = min((f for f in fmts if f != "none"), key=lambda f: bits.get(f) or 16.0, default="none")
         mods = list(st["module_names"])
-        layers.append({"layer": key.removesuffix(".quant_recipe"), "modules": mods, "format": chosen, "scores": scores,
-                       "bits": bits, "sensitivity": scores.get(low)})
+        layers.append(
+            {
+                "layer": key.removesuffix(".quant_recipe"),
+                "modules": mods,
+                "format": chosen,
+                "scores": scores,
+                "bits": bits,
+                "sensitivity": scores.get(low),
+            }
+        )
         for n in mods:
             per_module[n] = chosen
-    return {"method": a.method, "formats": list(a.formats), "num_score_steps": min(len(data), int(a.num_score_steps)),
-            "effective_bits": {"budget": float(a.effective_bits), "achieved": float(best["constraints"].get("effective_bits", float("nan"))),
-                               "satisfied": bool(best.get("is_satisfied"))},
-            "layers": layers, "per_module": per_module}
+    return {
+        "method": a.method,
+        "formats": list(a.formats),
+        "num_score_steps": min(len(data), int(a.num_score_steps)),
+        "effective_bits": {
+            "budget": float(a.effective_bits),
+            "achieved": float(best["constraints"].get("effective_bits", float("nan"))),
+            "satisfied": bool(best.get("is_satisfied")),
+        },
+        "layers": layers,
+        "per_module": per_module,
+    }
 
 
 def auto_quant_algo(per_module: dict[str, str]) -> str | None:
@@ -615,8 +754,9 @@ def auto_quant_algo(per_module: dict[str, str]) -> str | None:
 
 
 # --------------------------------------------------------------------------- checks after export
-def check_trtllm_checkpoint(ckpt: Path, facts: dict[str, Any], qcfg: Any, pre: dict[str, Any],
-                            quant_algo: str | None = None) -> dict[str, Any]:
+def check_trtllm_checkpoint(
+    ckpt: Path, facts: dict[str, Any], qcfg: Any, pre: dict[str, Any], quant_algo: str | None = None
+) -> dict[str, Any]:
     """Repair known exporter omissions, then verify the TensorRT-LLM checkpoint against the source model.
 
     Repair (recorded in the result's ``patched``): ModelOpt 0.47 reads ``rope_theta``/``rope_scaling`` as
@@ -653,8 +793,11 @@ def check_trtllm_checkpoint(ckpt: Path, facts: dict[str, Any], qcfg: Any, pre: d
     errs: list[str] = []
 
     def eq(field: str, got: Any, want: Any) -> None:
-        same = (math.isclose(float(got), float(want), rel_tol=1e-9) if isinstance(want, float) and isinstance(got, (int, float))
-                else got == want)
+        same = (
+            math.isclose(float(got), float(want), rel_tol=1e-9)
+            if isinstance(want, float) and isinstance(got, (int, float))
+            else got == want
+        )
         if not same:
             errs.append(f"{field}: exported {got!r} != source {want!r}")
 
@@ -662,22 +805,32 @@ def check_trtllm_checkpoint(ckpt: Path, facts: dict[str, Any], qcfg: Any, pre: d
     want_sc = facts["rope_scaling"]
     got_sc = c.get("rotary_scaling")
     if want_sc:
-        if not isinstance(got_sc, dict) or any(got_sc.get(k) != v for k, v in want_sc.items() if k not in ("type", "rope_type")) \
-                or (got_sc.get("rope_type") or got_sc.get("type")) != want_sc.get("rope_type"):
+        if (
+            not isinstance(got_sc, dict)
+            or any(got_sc.get(k) != v for k, v in want_sc.items() if k not in ("type", "rope_type"))
+            or (got_sc.get("rope_type") or got_sc.get("type")) != want_sc.get("rope_type")
+        ):
             errs.append(f"rotary_scaling: exported {got_sc!r} != source {want_sc!r}")
     elif got_sc:
         errs.append(f"rotary_scaling: exported {got_sc!r} but the source has none")
     algo = quant_algo if quant_algo is not None else RECIPES[qcfg.recipe].quant_algo
     awq_padded = None
-    if facts["vocab_size"] % AWQ_VOCAB_MULTIPLE and c.get("vocab_size") == -(-facts["vocab_size"] // AWQ_VOCAB_MULTIPLE) * AWQ_VOCAB_MULTIPLE \
-            and algo in ("W4A16_AWQ", "W4A8_AWQ", "MIXED_PRECISION"):
+    if (
+        facts["vocab_size"] % AWQ_VOCAB_MULTIPLE
+        and c.get("vocab_size") == -(-facts["vocab_size"] // AWQ_VOCAB_MULTIPLE) * AWQ_VOCAB_MULTIPLE
+        and algo in ("W4A16_AWQ", "W4A8_AWQ", "MIXED_PRECISION")
+    ):
         # ModelOpt pads embedding and lm_head rows to a multiple of 64 when it exports AWQ-format weights
         # (modelopt/torch/export/postprocess.py pad_embedding_lm_head); the padded rows are zeros.
         awq_padded = int(c["vocab_size"])
     eq("vocab_size", c.get("vocab_size"), awq_padded or facts["vocab_size"])
-    for f, k in (("max_position_embeddings", "max_position_embeddings"),
-                 ("num_attention_heads", "num_attention_heads"), ("num_key_value_heads", "num_key_value_heads"),
-                 ("head_size", "head_dim"), ("num_hidden_layers", "num_hidden_layers")):
+    for f, k in (
+        ("max_position_embeddings", "max_position_embeddings"),
+        ("num_attention_heads", "num_attention_heads"),
+        ("num_key_value_heads", "num_key_value_heads"),
+        ("head_size", "head_dim"),
+        ("num_hidden_layers", "num_hidden_layers"),
+    ):
         eq(f, c.get(f), facts[k])
     eq("norm_epsilon", c.get("norm_epsilon"), facts["norm_epsilon"])
     q = c.get("quantization") or {}
@@ -726,13 +879,24 @@ def check_trtllm_checkpoint(ckpt: Path, facts: dict[str, Any], qcfg: Any, pre: d
         if bad:
             errs.append(f"kv_cache_scaling_factor not finite and positive on layer(s) {bad}")
     if errs:
-        raise InputError(f"{cpath}: the exported TensorRT-LLM checkpoint does not match the source model:\n"
-                         + "\n".join(f"  - {e}" for e in errs)
-                         + "\nFix: this is an exporter problem for this architecture/recipe; report it with the quant_report.json.")
-    return {"patched": patched, "ranks": [p.name for p in ranks],
-            "vocab_padded": ({"original": facts["vocab_size"], "padded": awq_padded, "by": "ModelOpt AWQ export (multiple of 64, zero rows)"}
-                             if awq_padded else None), "kv_cache_scales": {str(k): v for k, v in sorted(kv_layers.items())},
-            "config": {k: c.get(k) for k in ("architecture", "dtype", "vocab_size", "rotary_base", "rotary_scaling", "quantization", "mapping")}}
+        raise InputError(
+            f"{cpath}: the exported TensorRT-LLM checkpoint does not match the source model:\n"
+            + "\n".join(f"  - {e}" for e in errs)
+            + "\nFix: this is an exporter problem for this architecture/recipe; report it with the quant_report.json."
+        )
+    return {
+        "patched": patched,
+        "ranks": [p.name for p in ranks],
+        "vocab_padded": (
+            {"original": facts["vocab_size"], "padded": awq_padded, "by": "ModelOpt AWQ export (multiple of 64, zero rows)"}
+            if awq_padded
+            else None
+        ),
+        "kv_cache_scales": {str(k): v for k, v in sorted(kv_layers.items())},
+        "config": {
+            k: c.get(k) for k in ("architecture", "dtype", "vocab_size", "rotary_base", "rotary_scaling", "quantization", "mapping")
+        },
+    }
 
 
 # --------------------------------------------------------------------------- per-module precision
@@ -759,8 +923,15 @@ def _describe_quantizer(q: Any) -> str | None:
     return "+".join(parts) or None
 
 
-def module_precisions(model: "torch.nn.Module", excluded: dict[str, str], recipe: Recipe, group_size: int,
-                      source_dtype: str, export_dtype: str, per_module: dict[str, str] | None = None) -> list[dict[str, Any]]:
+def module_precisions(
+    model: torch.nn.Module,
+    excluded: dict[str, str],
+    recipe: Recipe,
+    group_size: int,
+    source_dtype: str,
+    export_dtype: str,
+    per_module: dict[str, str] | None = None,
+) -> list[dict[str, Any]]:
     """Per Linear module: the weight and activation format it got, parameter count and estimated bytes.
 
     ``bytes_before`` = params x bytes(source dtype); ``bytes_after`` = params x weight bits / 8 plus the
@@ -793,10 +964,19 @@ def module_precisions(model: "torch.nn.Module", excluded: dict[str, str], recipe
                 scales = 4
             after = params * bits // 8 + scales
             precision = chosen.quant_algo or wfmt
-        out.append({"module": name, "shape": [int(n_out), int(n_in)], "params": int(params), "weight": wfmt or export_dtype,
-                    "activation": afmt or export_dtype, "precision": precision, "kept_high_precision": excluded.get(name) or
-                    (None if wfmt else "ModelOpt default (not quantized by the recipe)"),
-                    "bytes_before": int(before), "bytes_after": int(after)})
+        out.append(
+            {
+                "module": name,
+                "shape": [int(n_out), int(n_in)],
+                "params": int(params),
+                "weight": wfmt or export_dtype,
+                "activation": afmt or export_dtype,
+                "precision": precision,
+                "kept_high_precision": excluded.get(name) or (None if wfmt else "ModelOpt default (not quantized by the recipe)"),
+                "bytes_before": int(before),
+                "bytes_after": int(after),
+            }
+        )
     return out
 
 
@@ -826,11 +1006,8 @@ def quantize(cfg: Any, export_dir: Path, calib_path: Path | None, out: Path, *, 
     Raises:
         InputError: failed checks, bad calibration input.
     """
-    import contextlib
-    import time
 
     import torch
-    import transformers as tf
 
     threads_before = torch.get_num_threads()
     torch.set_num_threads(max(1, int(getattr(cfg.calibration, "threads", 1))))
@@ -857,9 +1034,11 @@ def _quantize(cfg: Any, export_dir: Path, calib_path: Path | None, out: Path, pr
     seed = int(cfg.calibration.seed)
     torch.manual_seed(seed)
     if facts["model_type"] not in DECODER_TYPES and facts["model_type"] not in NO_TRTLLM_CHECKPOINT:
-        raise InputError(f"model_type={facts['model_type']!r}: ModelOpt {_version('nvidia-modelopt')} cannot write a TensorRT-LLM checkpoint "
-                         f"for this architecture (supported here: {sorted(DECODER_TYPES)}). Fix: skip the quantize stage for this model "
-                         "(build from the export artifact) or use a supported architecture.")
+        raise InputError(
+            f"model_type={facts['model_type']!r}: ModelOpt {_version('nvidia-modelopt')} cannot write a TensorRT-LLM checkpoint "
+            f"for this architecture (supported here: {sorted(DECODER_TYPES)}). Fix: skip the quantize stage for this model "
+            "(build from the export artifact) or use a supported architecture."
+        )
     model = tf.AutoModelForCausalLM.from_pretrained(str(hf), dtype=torch.float32, trust_remote_code=False)
     model.eval()
     linears = {n: (int(m.in_features), int(m.out_features)) for n, m in _linear_modules(model).items()}
@@ -868,9 +1047,11 @@ def _quantize(cfg: Any, export_dir: Path, calib_path: Path | None, out: Path, pr
     if qcfg.recipe == "auto":
         floor = auto_min_bits(qcfg, linears, excluded)
         if float(qcfg.auto.effective_bits) < floor - 1e-6:
-            raise InputError(f"quant.auto.effective_bits={qcfg.auto.effective_bits}: below the {floor:.2f} bits per weight this model can "
-                             f"reach with formats {list(qcfg.auto.formats)} ({len(excluded)} Linear layer(s) kept at 16 bits: "
-                             f"{sorted(excluded)[:4]}). Fix: quant.auto.effective_bits >= {floor:.2f}, or exclude fewer modules.")
+            raise InputError(
+                f"quant.auto.effective_bits={qcfg.auto.effective_bits}: below the {floor:.2f} bits per weight this model can "
+                f"reach with formats {list(qcfg.auto.formats)} ({len(excluded)} Linear layer(s) kept at 16 bits: "
+                f"{sorted(excluded)[:4]}). Fix: quant.auto.effective_bits >= {floor:.2f}, or exclude fewer modules."
+            )
     timings["load_s"] = time.time() - t0
     prog = progress or (lambda d, t: contextlib.nullcontext(lambda n=1: None))
     calib_stats: dict[str, Any] | None = None
@@ -903,19 +1084,38 @@ def _quantize(cfg: Any, export_dir: Path, calib_path: Path | None, out: Path, pr
         timings["calibration_s"] = time.time() - t1
         calib_stats["batches"] = len(cset.batches(int(cfg.calibration.batch_size)))
         calib_stats["tokens_trimmed"] = cset.trimmed_tokens(int(cfg.calibration.batch_size))
-    precisions = module_precisions(model, excluded, recipe, int(qcfg.group_size), str(facts["dtype"]), qcfg.export_dtype,
-                                   per_module=auto["per_module"] if auto else None)
+    precisions = module_precisions(
+        model,
+        excluded,
+        recipe,
+        int(qcfg.group_size),
+        str(facts["dtype"]),
+        qcfg.export_dtype,
+        per_module=auto["per_module"] if auto else None,
+    )
     quant_algo = auto_quant_algo(auto["per_module"]) if auto else recipe.quant_algo
-    meta = {"recipe": qcfg.recipe, "kv_cache": qcfg.kv_cache_dtype, "calib_dtype": "float32",
-            "modelopt_config": _encode_state(mcfg, {}) if mcfg is not None else None,
-            "quant_algo": quant_algo, "kv_cache_quant_algo": KV_CACHE[qcfg.kv_cache_dtype][0], "group_size": int(qcfg.group_size)}
+    meta = {
+        "recipe": qcfg.recipe,
+        "kv_cache": qcfg.kv_cache_dtype,
+        "calib_dtype": "float32",
+        "modelopt_config": _encode_state(mcfg, {}) if mcfg is not None else None,
+        "quant_algo": quant_algo,
+        "kv_cache_quant_algo": KV_CACHE[qcfg.kv_cache_dtype][0],
+        "group_size": int(qcfg.group_size),
+    }
     if qcfg.recipe == "none":
         from safetensors.torch import save_file
 
         save_file({}, str(out / QUANT_STATE_TENSORS), metadata={"schema": QUANT_STATE_SCHEMA})
-        (out / QUANT_STATE_JSON).write_text(json.dumps({"schema": QUANT_STATE_SCHEMA, **meta, "modelopt_state": None,
-                                                        "quantizer_buffers": [], "changed_weights": []}, indent=1, sort_keys=True) + "\n",
-                                            encoding="utf-8")
+        (out / QUANT_STATE_JSON).write_text(
+            json.dumps(
+                {"schema": QUANT_STATE_SCHEMA, **meta, "modelopt_state": None, "quantizer_buffers": [], "changed_weights": []},
+                indent=1,
+                sort_keys=True,
+            )
+            + "\n",
+            encoding="utf-8",
+        )
     else:
         probe = torch.tensor([cset.samples[0][:32]], dtype=torch.long)
         save_quant_state(model, base, out, meta, probe_ids=probe)
@@ -936,8 +1136,14 @@ def _quantize(cfg: Any, export_dir: Path, calib_path: Path | None, out: Path, pr
         post: dict[str, Any] = {"skipped": NO_TRTLLM_CHECKPOINT[facts["model_type"]]}
     else:
         with _quiet("export_tensorrt_llm_checkpoint"):
-            mte.export_tensorrt_llm_checkpoint(copy.deepcopy(model), decoder, edtype, export_dir=ckpt,
-                                               inference_tensor_parallel=int(qcfg.tp_size), inference_pipeline_parallel=int(qcfg.pp_size))
+            mte.export_tensorrt_llm_checkpoint(
+                copy.deepcopy(model),
+                decoder,
+                edtype,
+                export_dir=ckpt,
+                inference_tensor_parallel=int(qcfg.tp_size),
+                inference_pipeline_parallel=int(qcfg.pp_size),
+            )
         post = check_trtllm_checkpoint(ckpt, facts, qcfg, pre, quant_algo=quant_algo if auto else None)
     timings["export_trtllm_s"] = time.time() - t2
     # unified HF checkpoint
@@ -954,7 +1160,9 @@ def _quantize(cfg: Any, export_dir: Path, calib_path: Path | None, out: Path, pr
                     mod.disable()
                     if "_amax" in getattr(mod, "_buffers", {}):
                         del mod._buffers["_amax"]  # the exporter turns any KV amax into a (FP8-only) scale
-            hf_notes.append("INT8 KV-cache scales are not representable in ModelOpt's unified HF format; they are only in trtllm_checkpoint/")
+            hf_notes.append(
+                "INT8 KV-cache scales are not representable in ModelOpt's unified HF format; they are only in trtllm_checkpoint/"
+            )
         with _quiet("export_hf_checkpoint"):
             mte.export_hf_checkpoint(hmodel, edtype, export_dir=out / "hf")
         del hmodel
@@ -967,30 +1175,51 @@ def _quantize(cfg: Any, export_dir: Path, calib_path: Path | None, out: Path, pr
     after = _files_bytes(ckpt, "rank*.safetensors")
     report = {
         "schema": "pipeline.quant_report/v1",
-        "recipe": qcfg.recipe, "description": recipe.description, "kv_cache": qcfg.kv_cache_dtype,
-        "quant_algo": quant_algo, "kv_cache_quant_algo": KV_CACHE[qcfg.kv_cache_dtype][0],
+        "recipe": qcfg.recipe,
+        "description": recipe.description,
+        "kv_cache": qcfg.kv_cache_dtype,
+        "quant_algo": quant_algo,
+        "kv_cache_quant_algo": KV_CACHE[qcfg.kv_cache_dtype][0],
         "group_size": int(qcfg.group_size) if recipe.grouped or (auto and any(RECIPES[f].grouped for f in auto["formats"])) else None,
         "smoothquant_alpha": float(qcfg.smoothquant_alpha) if qcfg.recipe == "int8_sq" else None,
-        "export_dtype": qcfg.export_dtype, "source_dtype": facts["dtype"],
-        "tp_size": int(qcfg.tp_size), "pp_size": int(qcfg.pp_size), "preflight": pre, "export_checks": post,
-        "excluded_modules": excluded, "modules": precisions,
-        "bytes": {"source_safetensors": before, "trtllm_rank_files": after,
-                  "modules_before": sum(p["bytes_before"] for p in precisions), "modules_after": sum(p["bytes_after"] for p in precisions)},
+        "export_dtype": qcfg.export_dtype,
+        "source_dtype": facts["dtype"],
+        "tp_size": int(qcfg.tp_size),
+        "pp_size": int(qcfg.pp_size),
+        "preflight": pre,
+        "export_checks": post,
+        "excluded_modules": excluded,
+        "modules": precisions,
+        "bytes": {
+            "source_safetensors": before,
+            "trtllm_rank_files": after,
+            "modules_before": sum(p["bytes_before"] for p in precisions),
+            "modules_after": sum(p["bytes_after"] for p in precisions),
+        },
         "compression": round(before / after, 4) if after else None,
         "auto": {k: v for k, v in auto.items() if k != "per_module"} if auto else None,
-        "calibration": calib_stats, "warnings": _deprecation_notes(qcfg.recipe) + calib_warnings + hf_notes,
+        "calibration": calib_stats,
+        "warnings": _deprecation_notes(qcfg.recipe) + calib_warnings + hf_notes,
         "timings_s": {k: round(v, 3) for k, v in timings.items()},
-        "modelopt_version": _version("nvidia-modelopt"), "torch_version": torch.__version__,
+        "modelopt_version": _version("nvidia-modelopt"),
+        "torch_version": torch.__version__,
     }
     from .store import write_json_atomic
 
     write_json_atomic(out / "quant_report.json", report)
     (out / "quant_report.md").write_text(render_report_md(report), encoding="utf-8")
     return {
-        "headline": {"recipe": qcfg.recipe, "kv_cache": qcfg.kv_cache_dtype, "compression": report["compression"],
-                     "calib_samples": calib_stats["used"] if calib_stats else 0},
-        "quant_algo": quant_algo, "kv_cache_quant_algo": KV_CACHE[qcfg.kv_cache_dtype][0],
-        "tp_size": int(qcfg.tp_size), "pp_size": int(qcfg.pp_size), "calibration_s": round(timings.get("calibration_s", 0.0), 3),
+        "headline": {
+            "recipe": qcfg.recipe,
+            "kv_cache": qcfg.kv_cache_dtype,
+            "compression": report["compression"],
+            "calib_samples": calib_stats["used"] if calib_stats else 0,
+        },
+        "quant_algo": quant_algo,
+        "kv_cache_quant_algo": KV_CACHE[qcfg.kv_cache_dtype][0],
+        "tp_size": int(qcfg.tp_size),
+        "pp_size": int(qcfg.pp_size),
+        "calibration_s": round(timings.get("calibration_s", 0.0), 3),
         "warnings": report["warnings"],
     }
 
@@ -1001,8 +1230,10 @@ def _deprecation_notes(recipe: str) -> list[str]:
 
     if recipe not in DEPRECATED_RECIPES:
         return []
-    note = (f"quant.recipe={recipe!r} is a deprecated alias of {DEPRECATED_RECIPES[recipe]!r} (same ModelOpt config, same result); "
-            f"use quant={DEPRECATED_RECIPES[recipe]}")
+    note = (
+        f"quant.recipe={recipe!r} is a deprecated alias of {DEPRECATED_RECIPES[recipe]!r} (same ModelOpt config, same result); "
+        f"use quant={DEPRECATED_RECIPES[recipe]}"
+    )
     log.warning(note)
     return [note]
 
@@ -1015,7 +1246,7 @@ class _quiet:
 
         self.what, self.buf = what, io.StringIO()
 
-    def __enter__(self) -> "_quiet":
+    def __enter__(self) -> _quiet:
         import contextlib
 
         self._cm = contextlib.redirect_stdout(self.buf)
@@ -1056,22 +1287,31 @@ def _link_tree(src: Path, dst: Path) -> None:
 def render_report_md(r: dict[str, Any]) -> str:
     """The Markdown quant report (same facts as quant_report.json)."""
     mb = 1 << 20
-    lines = [f"# Quantization report: {r['recipe']}", "",
-             f"{r['description']}", "",
-             "| field | value |", "|---|---|",
-             f"| recipe | {r['recipe']} |", f"| quant_algo | {r['quant_algo']} |",
-             f"| kv_cache | {r['kv_cache']} ({r['kv_cache_quant_algo']}) |",
-             f"| group_size | {r['group_size']} |", f"| tp_size x pp_size | {r['tp_size']} x {r['pp_size']} |",
-             f"| export dtype | {r['export_dtype']} |",
-             f"| source weights | {r['bytes']['source_safetensors'] / mb:.2f} MiB |",
-             f"| TensorRT-LLM rank files | {r['bytes']['trtllm_rank_files'] / mb:.2f} MiB |",
-             f"| compression (source / rank files) | {r['compression']} |"]
+    lines = [
+        f"# Quantization report: {r['recipe']}",
+        "",
+        f"{r['description']}",
+        "",
+        "| field | value |",
+        "|---|---|",
+        f"| recipe | {r['recipe']} |",
+        f"| quant_algo | {r['quant_algo']} |",
+        f"| kv_cache | {r['kv_cache']} ({r['kv_cache_quant_algo']}) |",
+        f"| group_size | {r['group_size']} |",
+        f"| tp_size x pp_size | {r['tp_size']} x {r['pp_size']} |",
+        f"| export dtype | {r['export_dtype']} |",
+        f"| source weights | {r['bytes']['source_safetensors'] / mb:.2f} MiB |",
+        f"| TensorRT-LLM rank files | {r['bytes']['trtllm_rank_files'] / mb:.2f} MiB |",
+        f"| compression (source / rank files) | {r['compression']} |",
+    ]
     cal = r.get("calibration")
     if cal:
-        lines += [f"| calibration samples | {cal['used']} used of {cal['requested']} requested ({cal['available']} read, "
-                  f"{cal['blank_dropped']} blank dropped, {cal['short']} short, {cal['truncated']} truncated) |",
-                  f"| calibration tokens / batches | {cal['tokens']} ({cal.get('tokens_trimmed')} trimmed to keep batches padding-free) / {cal.get('batches')} |",
-                  f"| pad token | {cal['pad_token']!r}{' (set by the pipeline)' if cal['pad_token_set'] else ''} |"]
+        lines += [
+            f"| calibration samples | {cal['used']} used of {cal['requested']} requested ({cal['available']} read, "
+            f"{cal['blank_dropped']} blank dropped, {cal['short']} short, {cal['truncated']} truncated) |",
+            f"| calibration tokens / batches | {cal['tokens']} ({cal.get('tokens_trimmed')} trimmed to keep batches padding-free) / {cal.get('batches')} |",
+            f"| pad token | {cal['pad_token']!r}{' (set by the pipeline)' if cal['pad_token_set'] else ''} |",
+        ]
     t = r["timings_s"]
     lines += [f"| time | calibration {t.get('calibration_s', 0):.2f} s, total {t['total_s']:.2f} s |", ""]
     pre = r.get("preflight") or {}
@@ -1085,18 +1325,31 @@ def render_report_md(r: dict[str, Any]) -> str:
     auto = r.get("auto")
     if auto:
         eb = auto["effective_bits"]
-        lines += ["", "## Per-layer format search (quant=auto, ModelOpt auto_quantize)", "",
-                  f"Budget {eb['budget']} effective bits, achieved {eb['achieved']:.3f} ({'satisfied' if eb['satisfied'] else 'NOT satisfied'}); "
-                  f"method {auto['method']} on {auto['num_score_steps']} batches; candidates {auto['formats']} + none. "
-                  "Sensitivity = the score of the lowest-bit candidate (higher = more sensitive).", "",
-                  "| layer | modules | format | sensitivity | scores |", "|---|---|---|---|---|"]
+        lines += [
+            "",
+            "## Per-layer format search (quant=auto, ModelOpt auto_quantize)",
+            "",
+            f"Budget {eb['budget']} effective bits, achieved {eb['achieved']:.3f} ({'satisfied' if eb['satisfied'] else 'NOT satisfied'}); "
+            f"method {auto['method']} on {auto['num_score_steps']} batches; candidates {auto['formats']} + none. "
+            "Sensitivity = the score of the lowest-bit candidate (higher = more sensitive).",
+            "",
+            "| layer | modules | format | sensitivity | scores |",
+            "|---|---|---|---|---|",
+        ]
         for g in auto["layers"]:
             sc = ", ".join(f"{k} {v:.4g}" for k, v in g["scores"].items())
             sens = f"{g['sensitivity']:.4g}" if g["sensitivity"] is not None else ""
             lines.append(f"| {g['layer']} | {len(g['modules'])} | {g['format']} | {sens} | {sc} |")
-    lines += ["", "## Per-module precision", "", "| module | shape | weight | activation | precision | kept high precision | bytes before | bytes after |",
-              "|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "## Per-module precision",
+        "",
+        "| module | shape | weight | activation | precision | kept high precision | bytes before | bytes after |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for m in r["modules"]:
-        lines.append(f"| {m['module']} | {m['shape'][0]}x{m['shape'][1]} | {m['weight']} | {m['activation']} | {m['precision']} | "
-                     f"{m['kept_high_precision'] or ''} | {m['bytes_before']} | {m['bytes_after']} |")
+        lines.append(
+            f"| {m['module']} | {m['shape'][0]}x{m['shape'][1]} | {m['weight']} | {m['activation']} | {m['precision']} | "
+            f"{m['kept_high_precision'] or ''} | {m['bytes_before']} | {m['bytes_after']} |"
+        )
     return "\n".join(lines) + "\n"

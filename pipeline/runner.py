@@ -6,7 +6,6 @@ import dataclasses
 import json
 import logging
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -17,11 +16,21 @@ from rich.table import Table
 
 from . import hostinfo
 from .config import STAGES, PipelineConfig, deprecations, key_fields, resolve_path
-from .validation import validate as validate_config
-from .errors import EXIT_FAILED, EXIT_GATE, EXIT_INTERRUPTED, EXIT_OK, GateFailed, PipelineError
+from .errors import EXIT_FAILED, EXIT_GATE, EXIT_INTERRUPTED, EXIT_OK, PipelineError
 from .stages import Stage, StageContext, get_stage
-from .store import (Artifact, ArtifactStore, cache_key, digest_path, install_log_redaction, redact, redact_config, redact_files,
-                    redact_text, write_json_atomic)
+from .store import (
+    Artifact,
+    ArtifactStore,
+    cache_key,
+    digest_path,
+    install_log_redaction,
+    redact,
+    redact_config,
+    redact_files,
+    redact_text,
+    write_json_atomic,
+)
+from .validation import validate as validate_config
 
 log = logging.getLogger("pipeline")
 SUMMARY_SCHEMA = "pipeline.summary/v1"
@@ -78,7 +87,7 @@ def resolve_order(requested: list[str], cfg: PipelineConfig | None = None) -> li
             return
         need.add(name)
         stage = get_stage(name)
-        for d in (stage.deps_for(cfg) if cfg is not None else stage.deps):
+        for d in stage.deps_for(cfg) if cfg is not None else stage.deps:
             add(d)
 
     for s in requested:
@@ -93,7 +102,11 @@ def _digest(p: Path) -> str:
     """digest_path, memoised per process on (path, size, mtime) of the file or folder's newest file."""
     try:
         st = p.stat()
-        stamp = (str(p), st.st_size, max([st.st_mtime_ns] + [f.stat().st_mtime_ns for f in p.rglob("*") if f.is_file()] if p.is_dir() else [st.st_mtime_ns]))
+        stamp = (
+            str(p),
+            st.st_size,
+            max([st.st_mtime_ns] + [f.stat().st_mtime_ns for f in p.rglob("*") if f.is_file()] if p.is_dir() else [st.st_mtime_ns]),
+        )
     except OSError:
         return digest_path(p)
     if stamp not in _DIGESTS:
@@ -144,8 +157,10 @@ def _open_store(store_dir: str, verify: bool = False) -> ArtifactStore:
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as e:
-        raise InputError(f"store_dir={str(store_dir)!r}: cannot create or write {root} ({e.strerror or e}). "
-                         "Fix: point store_dir at a writable folder (it is created if missing).") from e
+        raise InputError(
+            f"store_dir={str(store_dir)!r}: cannot create or write {root} ({e.strerror or e}). "
+            "Fix: point store_dir at a writable folder (it is created if missing)."
+        ) from e
     return ArtifactStore(root, verify=verify)
 
 
@@ -183,12 +198,14 @@ def _plan(cfg: PipelineConfig, console: Console) -> dict[str, Any] | None:
         return plan_for_run(cfg, console)
     except PipelineError:
         raise
-    except Exception as e:  # noqa: BLE001 - the plan is advisory here; `pipeline plan` is strict
+    except Exception as e:
         log.warning("planner failed: %s", e)
         return None
 
 
-def run_pipeline(cfg: PipelineConfig, *, overrides: list[str] | None = None, summary_dir: Path | None = None, console: Console | None = None) -> RunSummary:
+def run_pipeline(
+    cfg: PipelineConfig, *, overrides: list[str] | None = None, summary_dir: Path | None = None, console: Console | None = None
+) -> RunSummary:
     """Run the configured stages; never raises for stage failures (see ``RunSummary.exit_code``)."""
     console = console or Console(stderr=False)
     t_start = time.time()
@@ -201,8 +218,10 @@ def run_pipeline(cfg: PipelineConfig, *, overrides: list[str] | None = None, sum
     if summary_dir is not None:
         redact_run_outputs(Path(summary_dir))
     for field_name in redact_config(cfg):  # before anything derives a key, a file name or a manifest from the config
-        console.print(f"[yellow]warning:[/] {field_name} holds a secret-looking value; it is replaced by "
-                      f"***redacted*** everywhere (secrets belong in the environment, e.g. HF_TOKEN, never in the config).")
+        console.print(
+            f"[yellow]warning:[/] {field_name} holds a secret-looking value; it is replaced by "
+            f"***redacted*** everywhere (secrets belong in the environment, e.g. HF_TOKEN, never in the config)."
+        )
     deprecated = deprecations(cfg)
     for note in deprecated:
         console.print(f"[yellow]warning:[/] {escape(note)}")
@@ -234,8 +253,16 @@ def run_pipeline(cfg: PipelineConfig, *, overrides: list[str] | None = None, sum
             }
             if plan is not None and name == "build":  # the memory/speed plan for exactly this engine's config
                 manifest["plan"] = plan
-            ctx = StageContext(cfg=cfg, inputs=inputs, external=external, out=None, manifest=manifest, console=console,
-                               log=logging.getLogger(f"pipeline.{name}"), show_progress=show_progress)
+            ctx = StageContext(
+                cfg=cfg,
+                inputs=inputs,
+                external=external,
+                out=None,
+                manifest=manifest,
+                console=console,
+                log=logging.getLogger(f"pipeline.{name}"),
+                show_progress=show_progress,
+            )
             if cfg.dry_run:
                 info = stage.dry_run(ctx) if stage.dry_run else {}
                 reports.append(StageReport(name, "dry-run", time.time() - t0, None, key, info.get("headline", {})))
@@ -244,7 +271,9 @@ def run_pipeline(cfg: PipelineConfig, *, overrides: list[str] | None = None, sum
                     # Not built yet: later stages are planned against the folder this stage *would* write.
                     # Their keys are provisional (marked "pending") because the real digest is unknown.
                     console.print(f"[yellow]dry run:[/] {name} not built yet; would write {store.path_for(name, key)}")
-                    cached = Artifact(name, key, store.path_for(name, key), {"output_digest": f"pending:{key}", "result": {}, "pending": True})
+                    cached = Artifact(
+                        name, key, store.path_for(name, key), {"output_digest": f"pending:{key}", "result": {}, "pending": True}
+                    )
                 done[name] = cached
                 continue
             force = cfg.force and name in cfg.stages
@@ -282,8 +311,10 @@ def run_pipeline(cfg: PipelineConfig, *, overrides: list[str] | None = None, sum
                     gate_info["parity"] = parity
             if isinstance(gate, dict) and gate.get("passed") is False:
                 if name == "evaluate" and gate.get("mode") == "exploratory" and gate.get("verdict") == "inconclusive":
-                    console.print("[bold yellow]EXPLORATORY RUN: the gate is INCONCLUSIVE (eval.gate.mode=exploratory); exit 0, "
-                                  "but the package stage will refuse to release this candidate[/]")
+                    console.print(
+                        "[bold yellow]EXPLORATORY RUN: the gate is INCONCLUSIVE (eval.gate.mode=exploratory); exit 0, "
+                        "but the package stage will refuse to release this candidate[/]"
+                    )
                 else:
                     gate_failed = gate.get("reason", "evaluation gate failed")
         if gate_failed and exit_code == EXIT_OK:
@@ -294,7 +325,7 @@ def run_pipeline(cfg: PipelineConfig, *, overrides: list[str] | None = None, sum
     except PipelineError as e:
         exit_code, error = e.exit_code, str(e)
         _mark_failed(reports, cfg, error)
-    except Exception as e:  # noqa: BLE001 - summarise, keep the traceback in the log
+    except Exception as e:
         from .config import ConfigError
 
         if isinstance(e, ConfigError):
@@ -303,8 +334,17 @@ def run_pipeline(cfg: PipelineConfig, *, overrides: list[str] | None = None, sum
             log.exception("stage failed")
             exit_code, error = EXIT_FAILED, f"{type(e).__name__}: {e}"
         _mark_failed(reports, cfg, error)
-    summary = RunSummary(reports, exit_code, overrides, time.time() - t_start, plan, redact_text(error) if error else error,
-                         model=_model_facts(cfg, overrides), gate=gate_info or None, deprecations=deprecated)
+    summary = RunSummary(
+        reports,
+        exit_code,
+        overrides,
+        time.time() - t_start,
+        plan,
+        redact_text(error) if error else error,
+        model=_model_facts(cfg, overrides),
+        gate=gate_info or None,
+        deprecations=deprecated,
+    )
     print_summary(summary, console)
     if summary_dir is not None:
         try:
@@ -325,9 +365,13 @@ def _model_facts(cfg: PipelineConfig, overrides: list[str]) -> dict[str, Any] | 
         set_keys = {o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o}
         derived_name = m.path is not None and "model.name" not in set_keys and m.name == redact_text(checkpoint_name(m.path))
         derived_dtype = m.path is not None and "model.dtype" not in set_keys and m.dtype == checkpoint_dtype(m.path)
-        return {"name": m.name, "name_source": "checkpoint folder" if derived_name else "config",
-                "dtype": m.dtype, "dtype_source": "checkpoint torch_dtype" if derived_dtype else "config"}
-    except Exception:  # noqa: BLE001 - a summary line must never fail the run
+        return {
+            "name": m.name,
+            "name_source": "checkpoint folder" if derived_name else "config",
+            "dtype": m.dtype,
+            "dtype_source": "checkpoint torch_dtype" if derived_dtype else "config",
+        }
+    except Exception:
         return None
 
 
@@ -343,7 +387,7 @@ def _mark_failed(reports: list[StageReport], cfg: PipelineConfig, error: str) ->
     seen = {r.stage for r in reports}
     try:
         order = resolve_order(list(cfg.stages), cfg)
-    except Exception:  # noqa: BLE001
+    except Exception:
         order = [s for s in STAGES if s in cfg.stages]
     failed_marked = False
     for s in order:
@@ -394,8 +438,11 @@ def print_gate(gate: dict[str, Any], console: Console) -> None:
         verdict = str(ev.get("verdict") or ("pass" if ev.get("passed") else "fail"))
         color = {"pass": "green", "inconclusive": "yellow", "fail": "red"}.get(verdict, "red")
         b = ev.get("bound") or {}
-        bound = (f" drop {100 * b['drop']:+.1f} pp, upper bound {100 * b['upper']:+.1f} pp vs allowed {100 * b['allowance']:.1f} pp"
-                 if b.get("upper") is not None else "")
+        bound = (
+            f" drop {100 * b['drop']:+.1f} pp, upper bound {100 * b['upper']:+.1f} pp vs allowed {100 * b['allowance']:.1f} pp"
+            if b.get("upper") is not None
+            else ""
+        )
         mode = " (exploratory: not releasable)" if ev.get("mode") == "exploratory" and verdict != "pass" else ""
         sc = ev.get("scopes") or {}
         if sc:
@@ -403,12 +450,16 @@ def print_gate(gate: dict[str, Any], console: Console) -> None:
         console.print(f"[bold]gate[/]  non-inferiority [{color}]{verdict}[/]{escape(bound)}{mode}")
         f = ev.get("fidelity")
         if f:
-            console.print(f"[bold]gate[/]  fidelity: mean KLD {f['kld_mean']:.4g} ± {f['kld_se']:.2g} nats, same top token "
-                          f"{100 * f['top1']:.2f}% ({f['positions']} teacher-forced tokens)")
+            console.print(
+                f"[bold]gate[/]  fidelity: mean KLD {f['kld_mean']:.4g} ± {f['kld_se']:.2g} nats, same top token "
+                f"{100 * f['top1']:.2f}% ({f['positions']} teacher-forced tokens)"
+            )
     p = gate.get("parity")
     if isinstance(p, dict) and p.get("total") is not None:
-        console.print(f"[bold]gate[/]  served == evaluated: {p.get('matched')}/{p.get('total')}"
-                      + (f" ({escape(str(p['note']))})" if p.get("note") else ""))
+        console.print(
+            f"[bold]gate[/]  served == evaluated: {p.get('matched')}/{p.get('total')}"
+            + (f" ({escape(str(p['note']))})" if p.get("note") else "")
+        )
     elif isinstance(p, dict):
         console.print(f"[bold]gate[/]  served == evaluated: {escape(str(p.get('status') or 'not checked'))}")
     else:
@@ -469,8 +520,14 @@ def write_comparison(sweep_dir: Path, console: Console) -> dict[str, Any]:
         try:
             s = json.loads((d / "summary.json").read_text(encoding="utf-8"))
         except (OSError, ValueError) as e:
-            rows.append({"job": job, "overrides": "", "exit_code": EXIT_FAILED,
-                         "error": f"no readable summary.json ({type(e).__name__}): the job died before finishing"})
+            rows.append(
+                {
+                    "job": job,
+                    "overrides": "",
+                    "exit_code": EXIT_FAILED,
+                    "error": f"no readable summary.json ({type(e).__name__}): the job died before finishing",
+                }
+            )
             continue
         row: dict[str, Any] = {"job": job, "overrides": " ".join(s.get("overrides", [])), "exit_code": s.get("exit_code")}
         for st in s.get("stages", []):

@@ -27,8 +27,9 @@ import re
 import secrets
 import shutil
 import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 from filelock import FileLock
 
@@ -162,6 +163,7 @@ def redact(obj: Any) -> Any:
     records) goes through it or :func:`redact_text`.  Keys are redacted like values (file-name keys can carry a
     secret too), and any value equal to the content of a secret-named environment variable is replaced.
     """
+
     def _r(o: Any, key: str = "") -> Any:
         if isinstance(o, Mapping):
             return {(redact_text(k) if isinstance(k, str) else k): _r(v, str(k)) for k, v in o.items()}
@@ -218,7 +220,7 @@ class RedactingFilter:
     def filter(self, record: Any) -> bool:
         try:
             msg = record.getMessage()
-        except Exception:  # noqa: BLE001 - a bad format string must not break logging
+        except Exception:
             return True
         red = redact_text(msg)
         if red != msg or record.args:
@@ -431,8 +433,10 @@ class ArtifactStore:
         except BaseException as e:
             shutil.rmtree(tmp, ignore_errors=True)
             if _is_storage_error(e):  # name the folder: a bare "File too large (os error 27)" says nothing
-                raise StoreError(f"{stage}: writing the artifact into {stage_dir} failed ({e}); nothing was published. "
-                                 f"Fix: free disk space / check the quota and permissions of {self.root}, or set store_dir.") from e
+                raise StoreError(
+                    f"{stage}: writing the artifact into {stage_dir} failed ({e}); nothing was published. "
+                    f"Fix: free disk space / check the quota and permissions of {self.root}, or set store_dir."
+                ) from e
             raise
 
     @contextlib.contextmanager

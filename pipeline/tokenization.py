@@ -34,16 +34,27 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 REPLACEMENT = "\ufffd"
 # Private-use code points mark where message contents go in a rendered template (never produced by templates).
 _MARK_OPEN, _MARK_CLOSE, _RUN_MARKER = "\ue000", "\ue001", "\ue002"
 _MARK_RE = re.compile(_MARK_OPEN + r"(\d+)" + _MARK_CLOSE)
 # transformers.PreTrainedTokenizerBase.clean_up_tokenization (order matters: applied in sequence).
-_CLEANUP = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"), (" 'm", "'m"),
-            (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"))
+_CLEANUP = (
+    (" .", "."),
+    (" ?", "?"),
+    (" !", "!"),
+    (" ,", ","),
+    (" ' ", "'"),
+    (" n't", "n't"),
+    (" 'm", "'m"),
+    (" 's", "'s"),
+    (" 've", "'ve"),
+    (" 're", "'re"),
+)
 _SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token")
 
 
@@ -77,8 +88,9 @@ def _compile_template(source: str) -> Any:
         raise TokenizationError("rendering a chat template needs jinja2>=3.1.6 (pip install 'jinja2>=3.1.6')") from e
     ver = tuple(int(x) for x in re.findall(r"\d+", jinja2.__version__)[:3])
     if ver < (3, 1, 6):
-        raise TokenizationError(f"jinja2 {jinja2.__version__} has known sandbox escapes; chat templates are untrusted "
-                                "code. Fix: pip install 'jinja2>=3.1.6'.")
+        raise TokenizationError(
+            f"jinja2 {jinja2.__version__} has known sandbox escapes; chat templates are untrusted code. Fix: pip install 'jinja2>=3.1.6'."
+        )
 
     class _Generation(Extension):  # ``{% generation %}`` blocks (assistant masks in transformers) render their body
         tags = {"generation"}
@@ -131,8 +143,9 @@ class TextCodec:
         special_ids: ids of every special added token (skipped by ``decode(skip_special_tokens=True)``).
     """
 
-    def __init__(self, tokenizer: Any, config: dict | None = None, chat_template: str | None = None,
-                 special_tokens: dict | None = None) -> None:
+    def __init__(
+        self, tokenizer: Any, config: dict | None = None, chat_template: str | None = None, special_tokens: dict | None = None
+    ) -> None:
         self.tokenizer = tokenizer
         self.config = dict(config or {})
         self.chat_template = chat_template or None
@@ -150,7 +163,9 @@ class TextCodec:
         added = tokenizer.get_added_tokens_decoder()  # {id: AddedToken}
         self.special_ids = frozenset(int(i) for i, t in added.items() if t.special)
         self._special_by_content = {t.content: int(i) for i, t in added.items() if t.special}
-        model_type = json.loads(tokenizer.to_str()).get("model", {}).get("type") if self.config.get("clean_up_tokenization_spaces") else None
+        model_type = (
+            json.loads(tokenizer.to_str()).get("model", {}).get("type") if self.config.get("clean_up_tokenization_spaces") else None
+        )
         # transformers 5.x: clean_up_tokenization_spaces is ignored for BPE models (it corrupts their output)
         self.clean_up_tokenization_spaces = bool(self.config.get("clean_up_tokenization_spaces")) and model_type != "BPE"
         if self.config.get("clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output"):
@@ -164,7 +179,7 @@ class TextCodec:
 
     # ------------------------------------------------------------------ loading
     @classmethod
-    def from_dir(cls, tokenizer_dir: str | os.PathLike) -> "TextCodec":
+    def from_dir(cls, tokenizer_dir: str | os.PathLike) -> TextCodec:
         """Load ``tokenizer.json`` (required), ``tokenizer_config.json``, ``special_tokens_map.json`` and the chat
         template (``tokenizer_config.json``'s ``chat_template``, else ``chat_template.jinja``, else
         ``chat_template.json``) from ``tokenizer_dir``.
@@ -177,13 +192,16 @@ class TextCodec:
         d = Path(tokenizer_dir)
         tj = d / "tokenizer.json"
         if not tj.is_file():
-            raise TokenizationError(f"{tj}: missing. The pipeline needs a fast tokenizer (tokenizer.json). "
-                                    "Fix: save the tokenizer with transformers' PreTrainedTokenizerFast.save_pretrained.")
+            raise TokenizationError(
+                f"{tj}: missing. The pipeline needs a fast tokenizer (tokenizer.json). "
+                "Fix: save the tokenizer with transformers' PreTrainedTokenizerFast.save_pretrained."
+            )
         try:
             tok = Tokenizer.from_file(str(tj))
-        except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception for corrupt/truncated files
-            raise TokenizationError(f"{tj}: not a readable tokenizer.json ({e}). "
-                                    "Fix: restore tokenizer.json from the original checkpoint.") from None
+        except Exception as e:
+            raise TokenizationError(
+                f"{tj}: not a readable tokenizer.json ({e}). Fix: restore tokenizer.json from the original checkpoint."
+            ) from None
 
         def read(name: str) -> dict:
             p = d / name
@@ -213,6 +231,7 @@ class TextCodec:
         tokenizers' ByteFallback decoder turns a whole run of consecutive byte pieces into text at once, and into one
         U+FFFD per piece when the run is not valid UTF-8, so a run's text is known only once a non-byte piece follows.
         """
+
         def has_byte_fallback(node: Any) -> bool:
             if isinstance(node, dict):
                 return node.get("type") == "ByteFallback" or any(has_byte_fallback(v) for v in node.values())
@@ -251,7 +270,7 @@ class TextCodec:
             if not v and self.bos_token and self.chat_template:
                 try:
                     v = self._render_template([{"role": "user", "content": "a"}], True).startswith(self.bos_token)
-                except Exception:  # noqa: BLE001 - a template that refuses this probe says nothing about BOS
+                except Exception:
                     v = False
             self._adds_bos_cached = bool(v)
         return self._adds_bos_cached
@@ -261,8 +280,9 @@ class TextCodec:
         if self._template is None:
             self._template = _compile_template(self.chat_template)
         kw = dict(self.special_tokens)
-        return self._template.render(messages=_plain(list(messages)), add_generation_prompt=add_generation_prompt,
-                                     tools=None, documents=None, **kw)
+        return self._template.render(
+            messages=_plain(list(messages)), add_generation_prompt=add_generation_prompt, tools=None, documents=None, **kw
+        )
 
     @staticmethod
     def _messages(prompt: str | None, messages: Sequence[dict] | None) -> list[dict]:
@@ -280,8 +300,13 @@ class TextCodec:
     def uses_template(self, apply_chat_template: bool = True) -> bool:
         return bool(apply_chat_template and self.chat_template)
 
-    def render(self, prompt: str | None = None, messages: Sequence[dict] | None = None, apply_chat_template: bool = True,
-               add_generation_prompt: bool = True) -> str:
+    def render(
+        self,
+        prompt: str | None = None,
+        messages: Sequence[dict] | None = None,
+        apply_chat_template: bool = True,
+        add_generation_prompt: bool = True,
+    ) -> str:
         """The prompt as text: the chat-template rendering, or (no template / ``apply_chat_template=False``) the
         message contents joined by newlines with the BOS *string* in front when :attr:`adds_bos`.
 
@@ -305,8 +330,13 @@ class TextCodec:
         """Ids of trusted, already-rendered text: special-token strings *are* control tokens; nothing is added."""
         return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
 
-    def encode_prompt(self, prompt: str | None = None, messages: Sequence[dict] | None = None,
-                      apply_chat_template: bool = True, add_generation_prompt: bool = True) -> list[int]:
+    def encode_prompt(
+        self,
+        prompt: str | None = None,
+        messages: Sequence[dict] | None = None,
+        apply_chat_template: bool = True,
+        add_generation_prompt: bool = True,
+    ) -> list[int]:
         """The ids every runtime is fed for this prompt.
 
         Args:
@@ -339,8 +369,9 @@ class TextCodec:
         a content the template trimmed is matched in its stripped forms.  Raises TokenizationError when the
         template transforms contents beyond that (the prompt is then refused rather than guessed).
         """
-        marked = self._render_template([{**m, "content": f"{_MARK_OPEN}{i}{_MARK_CLOSE}"} for i, m in enumerate(msgs)],
-                                       add_generation_prompt)
+        marked = self._render_template(
+            [{**m, "content": f"{_MARK_OPEN}{i}{_MARK_CLOSE}"} for i, m in enumerate(msgs)], add_generation_prompt
+        )
         parts = _MARK_RE.split(marked)  # literal, idx, literal, idx, ..., literal
         spans: list[tuple[int, int]] = []
         pos = 0
@@ -360,9 +391,11 @@ class TextCodec:
         else:
             if real[pos:] == parts[-1]:
                 return spans
-        raise TokenizationError("the chat template transforms message contents in a way the tokenizer cannot separate "
-                                "from template text, and a message contains a special-token string. Fix: remove "
-                                f"special-token strings ({sorted(self._special_by_content)[:6]}...) from the content.")
+        raise TokenizationError(
+            "the chat template transforms message contents in a way the tokenizer cannot separate "
+            "from template text, and a message contains a special-token string. Fix: remove "
+            f"special-token strings ({sorted(self._special_by_content)[:6]}...) from the content."
+        )
 
     def _encode_guarded(self, real: str, msgs: list[dict], add_generation_prompt: bool) -> list[int]:
         spans = self._content_spans(real, msgs, add_generation_prompt)
@@ -418,7 +451,7 @@ class TextCodec:
         text = self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
         return _clean_up(text) if self.clean_up_tokenization_spaces else text
 
-    def stream_decoder(self, skip_special_tokens: bool = True) -> "StreamDecoder":
+    def stream_decoder(self, skip_special_tokens: bool = True) -> StreamDecoder:
         return StreamDecoder(self, skip_special_tokens=skip_special_tokens)
 
 
@@ -452,7 +485,7 @@ class StreamDecoder:
             return c.tokenizer.decode(window, skip_special_tokens=False)
         g = c.tokenizer.decode([c._guard], skip_special_tokens=False)
         text = c.tokenizer.decode([c._guard] + window, skip_special_tokens=False)
-        return text[len(g):] if text.startswith(g) else text
+        return text[len(g) :] if text.startswith(g) else text
 
     def push(self, new_ids: Iterable[int]) -> str:
         """Append generated ids; return the newly stable text (may be ``""``)."""
@@ -497,7 +530,7 @@ class StreamDecoder:
                 return
 
     def _advance(self, text: str, final_window: bool) -> str:
-        raw = text[self._emitted:] if len(text) > self._emitted else ""
+        raw = text[self._emitted :] if len(text) > self._emitted else ""
         if final_window and (text or not self._at_start):
             # the window's text is final: restart it (at the start of a sequence an empty text, e.g. a lone
             # SentencePiece "▁" whose space the decoder strips, keeps the window so the strip rule stays right)
@@ -511,15 +544,15 @@ class StreamDecoder:
         # cleaning the pieces equals cleaning the whole (the patterns only delete spaces).
         pending = self._prefix_tail + raw
         cut = len(pending)
-        while cut > 0 and " " in pending[max(0, cut - 3):cut]:
-            cut = max(0, cut - 3) + pending[max(0, cut - 3):cut].index(" ")
+        while cut > 0 and " " in pending[max(0, cut - 3) : cut]:
+            cut = max(0, cut - 3) + pending[max(0, cut - 3) : cut].index(" ")
         self._prefix_tail = pending[cut:]
         return _clean_up(pending[:cut])
 
     def flush(self) -> str:
         """The rest of the text, including a trailing U+FFFD of an unfinished character (as the unary decode has)."""
         text = self._decode_window() if self._window else ""
-        rest = text[self._emitted:]
+        rest = text[self._emitted :]
         if self.codec.clean_up_tokenization_spaces:
             rest = _clean_up(self._prefix_tail + rest)
             self._prefix_tail = ""
@@ -544,15 +577,17 @@ def codec_of(tokenizer: Any) -> TextCodec:
         c = TextCodec.from_dir(str(src))
         try:
             tokenizer._pipeline_text_codec = c
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
         return c
     from tokenizers import Tokenizer
 
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
-        raise TokenizationError(f"{type(tokenizer).__name__} is not a fast tokenizer (no tokenizer.json); the pipeline "
-                                "needs one. Fix: load it with transformers' PreTrainedTokenizerFast.")
+        raise TokenizationError(
+            f"{type(tokenizer).__name__} is not a fast tokenizer (no tokenizer.json); the pipeline "
+            "needs one. Fix: load it with transformers' PreTrainedTokenizerFast."
+        )
     cfg = {k: getattr(tokenizer, k, None) for k in _SPECIAL_KEYS}
     cfg = {k: (str(v) if v is not None else None) for k, v in cfg.items()}
     for k in ("add_bos_token", "clean_up_tokenization_spaces", "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output"):
@@ -562,7 +597,7 @@ def codec_of(tokenizer: Any) -> TextCodec:
     c = TextCodec(Tokenizer.from_str(backend.to_str()), cfg, getattr(tokenizer, "chat_template", None))
     try:
         tokenizer._pipeline_text_codec = c
-    except Exception:  # noqa: BLE001 - objects that refuse attributes just are not cached
+    except Exception:
         pass
     return c
 
@@ -577,7 +612,9 @@ def encode(tokenizer: Any, text: str) -> list[int]:
     return codec_of(tokenizer).encode_rendered(text)
 
 
-def encode_prompt(tokenizer: Any, prompt: str | None = None, messages: Sequence[dict] | None = None, *, apply_chat_template: bool = True) -> list[int]:
+def encode_prompt(
+    tokenizer: Any, prompt: str | None = None, messages: Sequence[dict] | None = None, *, apply_chat_template: bool = True
+) -> list[int]:
     """``codec_of(tokenizer).encode_prompt(...)``: the ids every runtime must be fed for this prompt."""
     return codec_of(tokenizer).encode_prompt(prompt, messages, apply_chat_template)
 

@@ -33,6 +33,8 @@ def tiny_llama(tmp_path_factory) -> Path:
 @pytest.fixture()
 def make_checkpoint(tmp_path):
     """Factory: make_checkpoint(arch='llama', name=None, **config_overrides) -> Path."""
+
     def _make(arch: str = "llama", name: str | None = None, **kw):
         return tiny.make_checkpoint(tmp_path / (name or arch), arch, **kw)
+
     return _make

@@ -55,8 +55,9 @@ def test_one_model_info_reader_for_evaluate_package_and_benchmark(tmp_path):
     a corrupt model_info.json raised a bare ValueError in evaluate and InputError in package."""
     from pipeline.stages import package
 
-    exp = _export(tmp_path, config={"architectures": ["LlamaForCausalLM"], "eos_token_id": 2, "bos_token_id": 1},
-                  gen={"eos_token_id": [2, 7]})
+    exp = _export(
+        tmp_path, config={"architectures": ["LlamaForCausalLM"], "eos_token_id": 2, "bos_token_id": 1}, gen={"eos_token_id": [2, 7]}
+    )
     info = A.ExportArtifact(exp).model_info()
     assert info == {"eos_token_ids": [2, 7], "pad_token_id": None, "bos_token_id": 1, "architecture": "LlamaForCausalLM"}
     assert package.model_info(exp) == info

@@ -6,7 +6,6 @@ No timed assertions: speed belongs in the benchmark's own report (docs/benchmark
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import json
 from pathlib import Path
@@ -20,8 +19,8 @@ from pipeline.bench.metrics import HEADLINE, distribution
 from pipeline.bench.report import PLOTS, load
 from pipeline.bench.workload import build_requests, sample_lengths
 from pipeline.config import ConfigError, compose
-from pipeline.validation import validate
 from pipeline.errors import InputError
+from pipeline.validation import validate
 
 ROOT = Path(__file__).resolve().parents[1]
 EVAL_SET = ROOT / "evaluation" / "data" / "support_eval_v1.jsonl"
@@ -31,8 +30,17 @@ LIMITS = {"max_batch_size": 4, "max_input_len": 200, "max_seq_len": 256}
 
 # 4 eval items cannot show non-inferiority (the gate says inconclusive): exploratory mode, and the package is allowed
 # for the benchmark (the gate itself is tested in tests/test_eval_gate.py and tests/test_gate_*.py).
-STAGE_OVERRIDES = ["quant=none", "target=onnxruntime_genai", "eval.limit=4", "eval.gate.mode=exploratory", "package.allow_failed_gate=true",
-                   "build.max_seq_len=256", "build.max_input_len=200", "build.max_batch_size=4", "progress=false"]
+STAGE_OVERRIDES = [
+    "quant=none",
+    "target=onnxruntime_genai",
+    "eval.limit=4",
+    "eval.gate.mode=exploratory",
+    "package.allow_failed_gate=true",
+    "build.max_seq_len=256",
+    "build.max_input_len=200",
+    "build.max_batch_size=4",
+    "progress=false",
+]
 
 
 @pytest.fixture(scope="module")
@@ -46,15 +54,30 @@ def stage_run(tiny_llama, tmp_path_factory):
 
     out = tmp_path_factory.mktemp("bench")
     results = out / "results"
-    cfg = compose(["stages=[benchmark]", "benchmark=smoke", f"benchmark.results_dir={results}", f"model.path={tiny_llama}",
-                   f"store_dir={out / 'store'}", *STAGE_OVERRIDES])
+    cfg = compose(
+        [
+            "stages=[benchmark]",
+            "benchmark=smoke",
+            f"benchmark.results_dir={results}",
+            f"model.path={tiny_llama}",
+            f"store_dir={out / 'store'}",
+            *STAGE_OVERRIDES,
+        ]
+    )
     summary = run_pipeline(cfg, console=Console(quiet=True))
     assert summary.exit_code == 0, summary.error
     rep = {r.stage: r for r in summary.stages}
     assert rep["benchmark"].status == "ran"
     art = Path(rep["benchmark"].path)
-    return {"cfg": cfg, "summary": summary, "art": art, "results": results,
-            "build": Path(rep["build"].path), "export": Path(rep["export"].path), "package": Path(rep["package"].path)}
+    return {
+        "cfg": cfg,
+        "summary": summary,
+        "art": art,
+        "results": results,
+        "build": Path(rep["build"].path),
+        "export": Path(rep["export"].path),
+        "package": Path(rep["package"].path),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -64,9 +87,16 @@ def smoke_doc(stage_run):
 
 
 def _inputs(run) -> BenchInputs:
-    return BenchInputs(hf_dir=run["export"] / "hf", model_info=MODEL_INFO, engine_dir=run["build"] / "engine",
-                       model_repository=run["package"] / "model_repository", eval_set=EVAL_SET,
-                       max_input_len=LIMITS["max_input_len"], max_seq_len=LIMITS["max_seq_len"], max_batch_size=LIMITS["max_batch_size"])
+    return BenchInputs(
+        hf_dir=run["export"] / "hf",
+        model_info=MODEL_INFO,
+        engine_dir=run["build"] / "engine",
+        model_repository=run["package"] / "model_repository",
+        eval_set=EVAL_SET,
+        max_input_len=LIMITS["max_input_len"],
+        max_seq_len=LIMITS["max_seq_len"],
+        max_batch_size=LIMITS["max_batch_size"],
+    )
 
 
 def test_stage_publishes_results_and_is_never_cached(stage_run):
@@ -184,9 +214,20 @@ def test_compare_ratios_and_spread(smoke_doc, tmp_path, capsys):
 
 
 def test_open_loop_poisson_and_repeats(stage_run, tmp_path):
-    cfg = compose(["benchmark=smoke", "benchmark.modes=[engine]", "benchmark.concurrency=[1]", "benchmark.request_rates=[50.0]",
-                   "benchmark.repeats=2", "benchmark.dataset=synthetic", "benchmark.input_len.kind=uniform",
-                   "benchmark.input_len.mean=24", "benchmark.input_len.spread=8", f"benchmark.results_dir={tmp_path}"])
+    cfg = compose(
+        [
+            "benchmark=smoke",
+            "benchmark.modes=[engine]",
+            "benchmark.concurrency=[1]",
+            "benchmark.request_rates=[50.0]",
+            "benchmark.repeats=2",
+            "benchmark.dataset=synthetic",
+            "benchmark.input_len.kind=uniform",
+            "benchmark.input_len.mean=24",
+            "benchmark.input_len.spread=8",
+            f"benchmark.results_dir={tmp_path}",
+        ]
+    )
     validate(cfg)
     doc = run_benchmark(cfg.benchmark, _inputs(stage_run))
     keys = [s["key"] for s in doc["summary"]]

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import ConfigError, compose
-from pipeline.validation import validate
 from pipeline.errors import InputError
 from pipeline.targets import get_target, known_targets, resolve_target
 from pipeline.targets.base import GenerationRequest
 from pipeline.tokenization import encode_prompt
+from pipeline.validation import validate
 
 ROOT = Path(__file__).resolve().parents[1]
 EVAL = ROOT / "evaluation" / "data" / "support_eval_v1.jsonl"
@@ -34,8 +34,17 @@ def _prompts(n: int) -> list[str]:
 
 def _cfg(ckpt: Path, *extra: str):
     quant = [] if any(x.startswith("quant=") for x in extra) else ["quant=none"]
-    return compose(["target=onnxruntime_genai", *quant, f"model.path={ckpt}", "build.max_input_len=160", "build.max_seq_len=200",
-                    "build.max_batch_size=4", *extra])
+    return compose(
+        [
+            "target=onnxruntime_genai",
+            *quant,
+            f"model.path={ckpt}",
+            "build.max_input_len=160",
+            "build.max_seq_len=200",
+            "build.max_batch_size=4",
+            *extra,
+        ]
+    )
 
 
 def _build(cfg, ckpt: Path, out: Path, **kw):
@@ -50,7 +59,7 @@ def _hf_greedy(model, ids: list[int], n: int, eos: int) -> list[int]:
 
     with torch.no_grad():
         g = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, eos_token_id=eos, pad_token_id=eos)
-    out = g[0, len(ids):].tolist()
+    out = g[0, len(ids) :].tolist()
     return out[: out.index(eos)] if eos in out else out
 
 
@@ -71,8 +80,9 @@ def test_auto_resolves_to_onnxruntime_genai_here_and_says_why(tiny_llama):
 
 @pytest.mark.parametrize("recipe", ["int8_sq", "fp8", "w4a8_awq"])
 def test_unexecutable_recipe_fails_at_config_time(tiny_llama, recipe):
-    cfg = compose(["target=onnxruntime_genai", f"quant={recipe}", f"model.path={tiny_llama}", "build.max_seq_len=200",
-                   "build.max_input_len=100"])
+    cfg = compose(
+        ["target=onnxruntime_genai", f"quant={recipe}", f"model.path={tiny_llama}", "build.max_seq_len=200", "build.max_input_len=100"]
+    )
     with pytest.raises(ConfigError) as e:
         validate(cfg)
     msg = str(e.value)
@@ -134,7 +144,15 @@ def test_default_model_fp32_parity(tmp_path):
     cfg = compose(["target=onnxruntime_genai", "quant=none", f"model.path={ckpt}", "build=cpu_default"])
     hf_max = json.loads((ckpt / "config.json").read_text()).get("max_position_embeddings", 384)
     if cfg.build.max_seq_len > hf_max:
-        cfg = compose(["target=onnxruntime_genai", "quant=none", f"model.path={ckpt}", f"build.max_seq_len={hf_max}", f"build.max_input_len={hf_max // 2}"])
+        cfg = compose(
+            [
+                "target=onnxruntime_genai",
+                "quant=none",
+                f"model.path={ckpt}",
+                f"build.max_seq_len={hf_max}",
+                f"build.max_input_len={hf_max // 2}",
+            ]
+        )
     _build(cfg, ckpt, tmp_path)
     tok = tf.AutoTokenizer.from_pretrained(str(ckpt))
     model = tf.AutoModelForCausalLM.from_pretrained(str(ckpt), dtype="float32").eval()
@@ -175,8 +193,8 @@ def test_int4_awq_engine_agrees_with_modelopt_simulated_model(tiny_llama, tmp_pa
             ids = encode_prompt(tok, p)
             with torch.no_grad():
                 seq = model.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False, min_new_tokens=16, pad_token_id=2)[0].tolist()
-                ref = model(torch.tensor([seq])).logits[0, len(ids) - 1:len(seq) - 1].argmax(-1).tolist()
-            eng = runner.next_token_logits(ids, seq[len(ids):])
+                ref = model(torch.tensor([seq])).logits[0, len(ids) - 1 : len(seq) - 1].argmax(-1).tolist()
+            eng = runner.next_token_logits(ids, seq[len(ids) :])
             agree += sum(a == b for a, b in zip(eng, ref))
             total += len(ref)
     rate = agree / total
@@ -192,8 +210,18 @@ def test_build_stage_cli_auto_builds_ort_and_tensorrt_llm_stops_in_preflight(tin
 
     env = dict(os.environ, PYTHONPATH=str(ROOT), TERM="dumb", COLUMNS="250", TOKENIZERS_PARALLELISM="false")
     store = tmp_path / "store"
-    base = [sys.executable, "-m", "pipeline", f"model.path={tiny_llama}", "stages=[build]", f"store_dir={store}", "progress=false",
-            "build.max_seq_len=256", "build.max_input_len=200", "build.max_batch_size=4"]
+    base = [
+        sys.executable,
+        "-m",
+        "pipeline",
+        f"model.path={tiny_llama}",
+        "stages=[build]",
+        f"store_dir={store}",
+        "progress=false",
+        "build.max_seq_len=256",
+        "build.max_input_len=200",
+        "build.max_batch_size=4",
+    ]
 
     def cli(name: str, *extra: str) -> tuple[int, str, dict]:
         run_dir = tmp_path / name

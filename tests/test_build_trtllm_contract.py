@@ -10,7 +10,6 @@ records its arguments); what it writes is test data, never reported as a built e
 from __future__ import annotations
 
 import json
-import os
 import stat
 import sys
 from pathlib import Path
@@ -19,44 +18,124 @@ import pytest
 import yaml
 
 from pipeline.config import ConfigError, compose
-from pipeline.validation import validate
 from pipeline.errors import EXIT_PREFLIGHT, PipelineError, PreflightError
 from pipeline.targets import get_target
 from pipeline.targets import tensorrt_llm as trt
+from pipeline.validation import validate
 
 # Reference facts (sec. 1a/1b: flags; sec. 4c: BuildConfig fields; sec. 4d: KvCacheConfig fields)
 REF_FLAGS = {
-    "--checkpoint_dir", "--model_config", "--build_config", "--output_dir", "--max_batch_size", "--max_input_len", "--max_seq_len",
-    "--max_beam_width", "--max_num_tokens", "--opt_num_tokens", "--kv_cache_type", "--input_timing_cache", "--output_timing_cache",
-    "--profiling_verbosity", "--strip_plan", "--workers", "--log_level", "--logits_dtype", "--speculative_decoding_mode",
-    "--max_draft_len", "--gpt_attention_plugin", "--gemm_plugin", "--context_fmha", "--remove_input_padding", "--tokens_per_block",
-    "--use_paged_context_fmha", "--use_fused_mlp", "--multiple_profiles", "--gather_context_logits",
+    "--checkpoint_dir",
+    "--model_config",
+    "--build_config",
+    "--output_dir",
+    "--max_batch_size",
+    "--max_input_len",
+    "--max_seq_len",
+    "--max_beam_width",
+    "--max_num_tokens",
+    "--opt_num_tokens",
+    "--kv_cache_type",
+    "--input_timing_cache",
+    "--output_timing_cache",
+    "--profiling_verbosity",
+    "--strip_plan",
+    "--workers",
+    "--log_level",
+    "--logits_dtype",
+    "--speculative_decoding_mode",
+    "--max_draft_len",
+    "--gpt_attention_plugin",
+    "--gemm_plugin",
+    "--context_fmha",
+    "--remove_input_padding",
+    "--tokens_per_block",
+    "--use_paged_context_fmha",
+    "--use_fused_mlp",
+    "--multiple_profiles",
+    "--gather_context_logits",
 }
 REF_CHOICES = {
     "--kv_cache_type": {"continuous", "paged", "disabled"},
     "--gpt_attention_plugin": {"auto", "float16", "float32", "bfloat16", "int32", "disable"},
     "--gemm_plugin": {"auto", "float16", "float32", "bfloat16", "int32", "fp8", "nvfp4", "disable"},
-    "--context_fmha": {"enable", "disable"}, "--remove_input_padding": {"enable", "disable"},
-    "--use_paged_context_fmha": {"enable", "disable"}, "--use_fused_mlp": {"enable", "disable"},
+    "--context_fmha": {"enable", "disable"},
+    "--remove_input_padding": {"enable", "disable"},
+    "--use_paged_context_fmha": {"enable", "disable"},
+    "--use_fused_mlp": {"enable", "disable"},
     "--multiple_profiles": {"enable", "disable"},
     "--speculative_decoding_mode": {"draft_tokens_external", "lookahead_decoding", "medusa", "explicit_draft_tokens", "eagle"},
     "--logits_dtype": {"float16", "float32"},
     "--log_level": {"internal_error", "error", "warning", "info", "verbose", "debug", "trace"},
 }
 REF_BUILD_CONFIG_FIELDS = {
-    "max_input_len", "max_seq_len", "opt_batch_size", "max_batch_size", "max_beam_width", "max_num_tokens", "opt_num_tokens",
-    "max_prompt_embedding_table_size", "kv_cache_type", "gather_context_logits", "gather_generation_logits", "strongly_typed",
-    "force_num_profiles", "profiling_verbosity", "enable_debug_output", "max_draft_len", "speculative_decoding_mode", "use_refit",
-    "input_timing_cache", "output_timing_cache", "lora_config", "weight_sparsity", "weight_streaming", "plugin_config",
-    "use_strip_plan", "max_encoder_input_len", "dry_run", "visualize_network", "monitor_memory", "use_mrope", "logits_dtype",
+    "max_input_len",
+    "max_seq_len",
+    "opt_batch_size",
+    "max_batch_size",
+    "max_beam_width",
+    "max_num_tokens",
+    "opt_num_tokens",
+    "max_prompt_embedding_table_size",
+    "kv_cache_type",
     "gather_context_logits",
+    "gather_generation_logits",
+    "strongly_typed",
+    "force_num_profiles",
+    "profiling_verbosity",
+    "enable_debug_output",
+    "max_draft_len",
+    "speculative_decoding_mode",
+    "use_refit",
+    "input_timing_cache",
+    "output_timing_cache",
+    "lora_config",
+    "weight_sparsity",
+    "weight_streaming",
+    "plugin_config",
+    "use_strip_plan",
+    "max_encoder_input_len",
+    "dry_run",
+    "visualize_network",
+    "monitor_memory",
+    "use_mrope",
+    "logits_dtype",
 }
-REF_PLUGIN_FIELDS = {"gpt_attention_plugin", "gemm_plugin", "remove_input_padding", "context_fmha", "paged_kv_cache", "tokens_per_block",
-                     "use_paged_context_fmha", "use_fused_mlp", "multiple_profiles"}
-REF_KV_CACHE_CONFIG = {"enable_block_reuse", "max_tokens", "max_attention_window", "sink_token_length", "free_gpu_memory_fraction",
-                       "host_cache_size", "onboard_blocks", "enable_partial_reuse", "dtype", "tokens_per_block"}
-REF_LLM_ARGS = {"max_batch_size", "max_num_tokens", "max_seq_len", "max_input_len", "max_beam_width", "enable_chunked_prefill",
-                "cuda_graph_config", "kv_cache_config", "scheduler_config", "speculative_config"}
+REF_PLUGIN_FIELDS = {
+    "gpt_attention_plugin",
+    "gemm_plugin",
+    "remove_input_padding",
+    "context_fmha",
+    "paged_kv_cache",
+    "tokens_per_block",
+    "use_paged_context_fmha",
+    "use_fused_mlp",
+    "multiple_profiles",
+}
+REF_KV_CACHE_CONFIG = {
+    "enable_block_reuse",
+    "max_tokens",
+    "max_attention_window",
+    "sink_token_length",
+    "free_gpu_memory_fraction",
+    "host_cache_size",
+    "onboard_blocks",
+    "enable_partial_reuse",
+    "dtype",
+    "tokens_per_block",
+}
+REF_LLM_ARGS = {
+    "max_batch_size",
+    "max_num_tokens",
+    "max_seq_len",
+    "max_input_len",
+    "max_beam_width",
+    "enable_chunked_prefill",
+    "cuda_graph_config",
+    "kv_cache_config",
+    "scheduler_config",
+    "speculative_config",
+}
 
 PRESETS = ["latency", "throughput", "long_context", "cpu_default"]
 
@@ -106,7 +185,13 @@ def test_buildconfig_fields_and_runtime_knobs_match_the_facts():
     assert set(bc["plugin_config"]) <= REF_PLUGIN_FIELDS
     assert bc["kv_cache_type"] == "PAGED" and bc["plugin_config"]["paged_kv_cache"] and bc["plugin_config"]["remove_input_padding"]
     rk = trt.runtime_knobs(cfg)
-    for k in ("cuda_graph_mode", "cuda_graph_cache_size", "kv_cache_free_gpu_mem_fraction", "enable_kv_cache_reuse", "batch_scheduler_policy"):
+    for k in (
+        "cuda_graph_mode",
+        "cuda_graph_cache_size",
+        "kv_cache_free_gpu_mem_fraction",
+        "enable_kv_cache_reuse",
+        "batch_scheduler_policy",
+    ):
         assert k in rk
     assert rk["batch_scheduler_policy"] in ("guaranteed_no_evict", "max_utilization")  # Triton's values (sec. 9)
     assert 0 < rk["kv_cache_free_gpu_mem_fraction"] <= 1
@@ -120,18 +205,21 @@ def test_speculative_decoding_flags():
     assert _pairs(trt.build_args(cfg, "c", "o", "t"))["--speculative_decoding_mode"] == "draft_tokens_external"
 
 
-@pytest.mark.parametrize(("overrides", "field"), [
-    (["build.multiple_profiles=true", "build.opt_num_tokens=256"], "build.opt_num_tokens"),
-    (["build.kv_cache_type=continuous"], "build.kv_cache_type"),
-    (["build.enable_chunked_context=true", "build.use_paged_context_fmha=false"], "build.enable_chunked_context"),
-    (["build.enable_kv_cache_reuse=true", "build.use_paged_context_fmha=false"], "build.enable_kv_cache_reuse"),
-    (["build.max_input_len=512", "build.max_seq_len=256"], "build.max_input_len"),
-    (["build.max_num_tokens=128", "build.max_input_len=256", "build.enable_chunked_context=false"], "build.max_num_tokens"),
-    (["build.speculative.mode=eagle"], "build.speculative.max_draft_len"),
-    (["build.speculative.max_draft_len=4"], "build.speculative.max_draft_len"),
-    (["build.cuda_graph_batch_sizes=[0,2]"], "build.cuda_graph_batch_sizes"),
-    (["build.gemm_plugin=fp8", "quant=int4_awq"], "build.gemm_plugin"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        (["build.multiple_profiles=true", "build.opt_num_tokens=256"], "build.opt_num_tokens"),
+        (["build.kv_cache_type=continuous"], "build.kv_cache_type"),
+        (["build.enable_chunked_context=true", "build.use_paged_context_fmha=false"], "build.enable_chunked_context"),
+        (["build.enable_kv_cache_reuse=true", "build.use_paged_context_fmha=false"], "build.enable_kv_cache_reuse"),
+        (["build.max_input_len=512", "build.max_seq_len=256"], "build.max_input_len"),
+        (["build.max_num_tokens=128", "build.max_input_len=256", "build.enable_chunked_context=false"], "build.max_num_tokens"),
+        (["build.speculative.mode=eagle"], "build.speculative.max_draft_len"),
+        (["build.speculative.max_draft_len=4"], "build.speculative.max_draft_len"),
+        (["build.cuda_graph_batch_sizes=[0,2]"], "build.cuda_graph_batch_sizes"),
+        (["build.gemm_plugin=fp8", "quant=int4_awq"], "build.gemm_plugin"),
+    ],
+)
 def test_cross_field_rules_are_problems_naming_the_field(overrides, field):
     probs = get_target("tensorrt_llm").check_config(_cfg(*overrides))
     assert any(p.field == field for p in probs), [str(p) for p in probs]
@@ -183,7 +271,9 @@ def test_missing_package_and_binary_stop_in_preflight_with_fix_and_command(tmp_p
 def _fake_gpu(monkeypatch, cc="9.0", version="1.2.1"):
     import pipeline.hostinfo as hi
 
-    monkeypatch.setattr(hi, "gpus", lambda: [{"name": "NVIDIA H100 80GB HBM3", "compute_capability": cc, "memory_mib": 81559.0, "driver": "580"}])
+    monkeypatch.setattr(
+        hi, "gpus", lambda: [{"name": "NVIDIA H100 80GB HBM3", "compute_capability": cc, "memory_mib": 81559.0, "driver": "580"}]
+    )
     monkeypatch.setattr(trt, "installed_version", lambda: version)
 
 
@@ -223,7 +313,9 @@ sys.exit({rc})
 def _quant_dir(tmp_path: Path) -> Path:
     q = tmp_path / "quant"
     (q / "trtllm_checkpoint").mkdir(parents=True)
-    (q / "trtllm_checkpoint" / "config.json").write_text(json.dumps({"architecture": "LlamaForCausalLM", "quantization": {"quant_algo": "W4A16_AWQ"}}))
+    (q / "trtllm_checkpoint" / "config.json").write_text(
+        json.dumps({"architecture": "LlamaForCausalLM", "quantization": {"quant_algo": "W4A16_AWQ"}})
+    )
     (q / "hf").mkdir()
     (q / "hf" / "tokenizer.json").write_text("{}")
     return q
@@ -287,32 +379,64 @@ def test_sliding_window_is_passed_through_as_max_attention_window_size(make_chec
     assert trt.runtime_knobs(cfg)["max_attention_window_size"] == 16
     assert not get_target("tensorrt_llm").check_config(cfg)
     wide = make_checkpoint("mistral", name="wide", sliding_window=4096)
-    assert "max_attention_window_size" not in trt.runtime_knobs(_cfg(f"model.path={wide}", "build.max_seq_len=256", "build.max_input_len=128"))
+    assert "max_attention_window_size" not in trt.runtime_knobs(
+        _cfg(f"model.path={wide}", "build.max_seq_len=256", "build.max_input_len=128")
+    )
     assert trt.sliding_window({"sliding_window": 4096, "use_sliding_window": False}) is None
     from pipeline.packaging.repository import settings_from_build
 
-    bi = {"target": "tensorrt_llm", "backend": "tensorrt", "limits": {"max_batch_size": 8, "max_input_len": 128, "max_seq_len": 256},
-          "runtime": trt.runtime_knobs(cfg)}
+    bi = {
+        "target": "tensorrt_llm",
+        "backend": "tensorrt",
+        "limits": {"max_batch_size": 8, "max_input_len": 128, "max_seq_len": 256},
+        "runtime": trt.runtime_knobs(cfg),
+    }
     s = settings_from_build(bi, {"eos_token_ids": [2]}, cfg.package, cfg.build, cfg.target)
     assert s.trtllm["parameters"]["max_attention_window_size"] == "16"
 
 
-@pytest.mark.parametrize(("overrides", "field"), [
-    (["package.runtime.max_attention_window_size=1000", "build.max_seq_len=384"], "package.runtime.max_attention_window_size"),
-    (["build.speculative.mode=medusa", "build.speculative.max_draft_len=4"], "package.runtime.medusa_choices"),
-    (["build.speculative.mode=lookahead_decoding", "build.speculative.max_draft_len=8", "package.runtime.lookahead_window_size=4"],
-     "package.runtime.lookahead_ngram_size"),
-    (["package.runtime.medusa_choices='{0}, {1}'"], "package.runtime.medusa_choices"),
-    (["build.speculative.mode=eagle", "build.speculative.max_draft_len=4", "package.runtime.decoding_mode=medusa"],
-     "package.runtime.decoding_mode"),
-    (["package.runtime.kv_cache_host_memory_bytes=1073741824", "build.enable_kv_cache_reuse=false"], "package.runtime.kv_cache_host_memory_bytes"),
-    (["build.speculative.mode=draft_tokens_external", "build.speculative.max_draft_len=4", "build.speculative.draft_model_path=/d"],
-     "eval.draft_model_path"),
-    (["build.speculative.mode=draft_tokens_external", "build.speculative.max_draft_len=4", "build.speculative.draft_model_path=/d",
-      "eval.draft_model_path=/other"], "eval.draft_model_path"),
-    (["build.speculative.mode=draft_tokens_external", "build.speculative.max_draft_len=6", "build.speculative.draft_model_path=/d",
-      "eval.draft_model_path=/d"], "eval.draft_tokens"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        (["package.runtime.max_attention_window_size=1000", "build.max_seq_len=384"], "package.runtime.max_attention_window_size"),
+        (["build.speculative.mode=medusa", "build.speculative.max_draft_len=4"], "package.runtime.medusa_choices"),
+        (
+            ["build.speculative.mode=lookahead_decoding", "build.speculative.max_draft_len=8", "package.runtime.lookahead_window_size=4"],
+            "package.runtime.lookahead_ngram_size",
+        ),
+        (["package.runtime.medusa_choices='{0}, {1}'"], "package.runtime.medusa_choices"),
+        (
+            ["build.speculative.mode=eagle", "build.speculative.max_draft_len=4", "package.runtime.decoding_mode=medusa"],
+            "package.runtime.decoding_mode",
+        ),
+        (
+            ["package.runtime.kv_cache_host_memory_bytes=1073741824", "build.enable_kv_cache_reuse=false"],
+            "package.runtime.kv_cache_host_memory_bytes",
+        ),
+        (
+            ["build.speculative.mode=draft_tokens_external", "build.speculative.max_draft_len=4", "build.speculative.draft_model_path=/d"],
+            "eval.draft_model_path",
+        ),
+        (
+            [
+                "build.speculative.mode=draft_tokens_external",
+                "build.speculative.max_draft_len=4",
+                "build.speculative.draft_model_path=/d",
+                "eval.draft_model_path=/other",
+            ],
+            "eval.draft_model_path",
+        ),
+        (
+            [
+                "build.speculative.mode=draft_tokens_external",
+                "build.speculative.max_draft_len=6",
+                "build.speculative.draft_model_path=/d",
+                "eval.draft_model_path=/d",
+            ],
+            "eval.draft_tokens",
+        ),
+    ],
+)
 def test_runtime_knobs_are_checked_across_fields(overrides, field):
     probs = get_target("tensorrt_llm").check_config(_cfg(*overrides))
     hit = [p for p in probs if p.field == field]
@@ -322,19 +446,23 @@ def test_runtime_knobs_are_checked_across_fields(overrides, field):
 
 def test_window_larger_than_the_models_window_is_refused(make_checkpoint):
     ck = make_checkpoint("mistral", sliding_window=16)
-    probs = get_target("tensorrt_llm").check_config(_cfg(f"model.path={ck}", "build.max_seq_len=256", "build.max_input_len=128",
-                                                         "package.runtime.max_attention_window_size=32"))
+    probs = get_target("tensorrt_llm").check_config(
+        _cfg(f"model.path={ck}", "build.max_seq_len=256", "build.max_input_len=128", "package.runtime.max_attention_window_size=32")
+    )
     assert any(p.field == "package.runtime.max_attention_window_size" and "sliding_window=16" in p.message for p in probs)
 
 
-@pytest.mark.parametrize(("over", "field"), [
-    ("package.runtime.kv_cache_free_gpu_mem_fraction=1.5", "package.runtime.kv_cache_free_gpu_mem_fraction"),
-    ("package.runtime.gpu_device_ids='0;x'", "package.runtime.gpu_device_ids"),
-    ("package.runtime.decoding_mode=greedy", "package.runtime.decoding_mode"),
-    ("package.runtime.medusa_choices='0,1'", "package.runtime.medusa_choices"),
-    ("package.speculative.min_acceptance_rate=2", "package.speculative.min_acceptance_rate"),
-    ("package.runtime.encoder_model_path=relative/enc", "package.runtime.encoder_model_path"),
-])
+@pytest.mark.parametrize(
+    ("over", "field"),
+    [
+        ("package.runtime.kv_cache_free_gpu_mem_fraction=1.5", "package.runtime.kv_cache_free_gpu_mem_fraction"),
+        ("package.runtime.gpu_device_ids='0;x'", "package.runtime.gpu_device_ids"),
+        ("package.runtime.decoding_mode=greedy", "package.runtime.decoding_mode"),
+        ("package.runtime.medusa_choices='0,1'", "package.runtime.medusa_choices"),
+        ("package.speculative.min_acceptance_rate=2", "package.speculative.min_acceptance_rate"),
+        ("package.runtime.encoder_model_path=relative/enc", "package.runtime.encoder_model_path"),
+    ],
+)
 def test_runtime_field_errors_exit_2_naming_field_value_and_fix(over, field):
     from pipeline.validation import validate as cfg_validate
 
@@ -350,9 +478,14 @@ def test_draft_model_build_runs_a_second_trtllm_build_for_the_draft(monkeypatch,
     draft = tmp_path / "draft"
     (draft / "trtllm_checkpoint").mkdir(parents=True)
     (draft / "trtllm_checkpoint" / "config.json").write_text("{}")
-    cfg = _cfg("quant=int4_awq", f"target.trtllm_build={exe}", f"build.timing_cache={tmp_path / 'tc'}",
-               "build.speculative.mode=draft_tokens_external", "build.speculative.max_draft_len=4",
-               f"build.speculative.draft_model_path={draft}")
+    cfg = _cfg(
+        "quant=int4_awq",
+        f"target.trtllm_build={exe}",
+        f"build.timing_cache={tmp_path / 'tc'}",
+        "build.speculative.mode=draft_tokens_external",
+        "build.speculative.max_draft_len=4",
+        f"build.speculative.draft_model_path={draft}",
+    )
     out = tmp_path / "out"
     info = get_target("tensorrt_llm").build(cfg, _quant_dir(tmp_path), out)
     argv = json.loads((tmp_path / "argv.json").read_text())  # the last call: the draft
@@ -367,6 +500,12 @@ def test_gather_context_logits_flag_and_its_speculative_conflict(tmp_path):
     args = trt.build_args(_cfg("build.gather_context_logits=true"), "c", "o", "t")
     assert "--gather_context_logits" in args and set(_pairs(args)) <= REF_FLAGS
     assert "--gather_context_logits" not in trt.build_args(_cfg(), "c", "o", "t")
-    probs = get_target("tensorrt_llm").check_config(_cfg("build.gather_context_logits=true", "build.speculative.mode=medusa",
-                                                         "build.speculative.max_draft_len=4", "package.runtime.medusa_choices='{0}'"))
+    probs = get_target("tensorrt_llm").check_config(
+        _cfg(
+            "build.gather_context_logits=true",
+            "build.speculative.mode=medusa",
+            "build.speculative.max_draft_len=4",
+            "package.runtime.medusa_choices='{0}'",
+        )
+    )
     assert [p.field for p in probs] == ["build.gather_context_logits"]

@@ -31,8 +31,13 @@ def _cfg(**kw):
     return cfg
 
 
-SENT = ["Where is my order ORD-12345?", "I want a refund for the damaged item.", "Please cancel order ORD-99871.",
-        "Change the shipping address to 12 Main Street.", "The quick brown fox jumps over the lazy dog."]
+SENT = [
+    "Where is my order ORD-12345?",
+    "I want a refund for the damaged item.",
+    "Please cancel order ORD-99871.",
+    "Change the shipping address to 12 Main Street.",
+    "The quick brown fox jumps over the lazy dog.",
+]
 
 
 def test_jsonl_text_and_messages(tmp_path, tok):
@@ -149,6 +154,7 @@ def test_batches_are_padding_free_prefixes():
 def test_hf_format_without_datasets_is_a_clear_error(tok):
     try:
         import datasets  # noqa: F401
+
         pytest.skip("datasets is installed; this checks the not-installed message")
     except ImportError:
         pass

@@ -11,8 +11,13 @@ from pipeline.calibration import load_calibration
 from pipeline.config import compose
 from pipeline.errors import InputError
 
-SENT = ["Where is my order ORD-12345?", "I want a refund for the damaged item.", "Please cancel order ORD-99871.",
-        "Change the shipping address to 12 Main Street.", "The quick brown fox jumps over the lazy dog."]
+SENT = [
+    "Where is my order ORD-12345?",
+    "I want a refund for the damaged item.",
+    "Please cancel order ORD-99871.",
+    "Change the shipping address to 12 Main Street.",
+    "The quick brown fox jumps over the lazy dog.",
+]
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +84,15 @@ def test_unknown_suffix_lists_the_formats(tmp_path, tok):
     with pytest.raises(InputError) as e:
         load_calibration(_shipped(path=str(p)), tok, p)
     msg = str(e.value)
-    for part in ("calibration.format", "'.csv'", "jsonl (.jsonl, .ndjson)", "json (.json)", "text (.txt, .text)", "parquet (.parquet, .pq)", "hf"):
+    for part in (
+        "calibration.format",
+        "'.csv'",
+        "jsonl (.jsonl, .ndjson)",
+        "json (.json)",
+        "text (.txt, .text)",
+        "parquet (.parquet, .pq)",
+        "hf",
+    ):
         assert part in msg, part
 
 

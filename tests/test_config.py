@@ -33,12 +33,17 @@ def documented_overrides(group: str, preset: str) -> list[str]:
         comment.append(line.lstrip("# "))
     out: list[str] = []
     m = next((m for m in (re.search(r"\bpipeline\s+(.*)", line) for line in comment) if m), None)  # first command line only
-    for tok in (m.group(1).split() if m else []):
+    for tok in m.group(1).split() if m else []:
         if tok.startswith("("):
             break
         tok = tok.rstrip("`.,;")
-        if _KV.match(tok) and "..." not in tok and "|" not in tok and "," not in tok.split("=", 1)[1].strip("[]") or \
-                tok.startswith("stages=["):
+        if (
+            _KV.match(tok)
+            and "..." not in tok
+            and "|" not in tok
+            and "," not in tok.split("=", 1)[1].strip("[]")
+            or tok.startswith("stages=[")
+        ):
             out.append(tok)
     if f"{group}={preset}" not in out:
         out.append(f"{group}={preset}")
@@ -108,8 +113,9 @@ def test_validation_collects_every_problem():
     assert any("float16" in str(p) for p in problems if p.field == "model.dtype")
 
 
-@pytest.mark.parametrize("field,value", [("eval.max_new_tokens", -1), ("eval.max_new_tokens", 0), ("eval.worst_regressions", -1),
-                                         ("eval.torch_threads", -2)])
+@pytest.mark.parametrize(
+    "field,value", [("eval.max_new_tokens", -1), ("eval.max_new_tokens", 0), ("eval.worst_regressions", -1), ("eval.torch_threads", -2)]
+)
 def test_eval_counts_out_of_range_are_refused(field, value):
     """eval.max_new_tokens=-1 was accepted and the whole evaluation ran with it."""
     problems = validate(compose([f"{field}={value}"]), raise_on_error=False)
@@ -127,26 +133,37 @@ def test_cli_prints_the_resolved_config(tmp_path):
     assert "recipe: int4_awq" in r.stdout and "- export" in r.stdout and "model:" in r.stdout
 
 
-@pytest.mark.parametrize("args", [
-    ["model.nope=1"],                      # unknown key (Hydra composition error)
-    ["build.max_batch_size=lots"],         # wrong type
-    ["quant=int3_magic"],                  # unknown preset
-    ["model.dtype=int8", "stages=[export]"],  # composes, fails validation inside the run
-], ids=["unknown-key", "wrong-type", "unknown-preset", "invalid-value"])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["model.nope=1"],  # unknown key (Hydra composition error)
+        ["build.max_batch_size=lots"],  # wrong type
+        ["quant=int3_magic"],  # unknown preset
+        ["model.dtype=int8", "stages=[export]"],  # composes, fails validation inside the run
+    ],
+    ids=["unknown-key", "wrong-type", "unknown-preset", "invalid-value"],
+)
 def test_cli_config_error_exits_2(args, tmp_path):
     r = _cli(*args, f"hydra.run.dir={tmp_path / 'run'}", f"store_dir={tmp_path / 'store'}", cwd=tmp_path)
     assert r.returncode == 2, (r.returncode, r.stdout[-2000:], r.stderr[-2000:])
     out = r.stdout + r.stderr
-    key = {"model.nope=1": "nope", "build.max_batch_size=lots": "max_batch_size", "quant=int3_magic": "int3_magic",
-           "model.dtype=int8": "model.dtype"}[args[0]]
+    key = {
+        "model.nope=1": "nope",
+        "build.max_batch_size=lots": "max_batch_size",
+        "quant=int3_magic": "int3_magic",
+        "model.dtype=int8": "model.dtype",
+    }[args[0]]
     assert key in out
 
 
-@pytest.mark.parametrize("arg,expect", [
-    ("eval.path=/x.jsonl", "eval_set"),            # Hydra suggested `+eval.path=...`, which would add an unknown field
-    ("quant=int5", "int4_awq"),                    # Hydra printed its search path, base_quant and HYDRA_FULL_ERROR
-    ("eval.gate.max_dropp=1", "did you mean max_drop"),
-])
+@pytest.mark.parametrize(
+    "arg,expect",
+    [
+        ("eval.path=/x.jsonl", "eval_set"),  # Hydra suggested `+eval.path=...`, which would add an unknown field
+        ("quant=int5", "int4_awq"),  # Hydra printed its search path, base_quant and HYDRA_FULL_ERROR
+        ("eval.gate.max_dropp=1", "did you mean max_drop"),
+    ],
+)
 def test_unknown_field_or_preset_names_the_valid_ones(arg, expect):
     from pipeline.cli import check_overrides
 

@@ -26,9 +26,11 @@ from pipeline.runner import compute_key, run_pipeline
 from pipeline.stages import get_stage
 
 ROOT = Path(__file__).resolve().parents[1]
-RENAMES = [("quant.kv_cache", "quant.kv_cache_dtype", "fp8"),
-           ("calibration.num_samples", "calibration.calib_size", 64),
-           ("calibration.max_seq_len", "calibration.calib_max_seq_length", 96)]
+RENAMES = [
+    ("quant.kv_cache", "quant.kv_cache_dtype", "fp8"),
+    ("calibration.num_samples", "calibration.calib_size", 64),
+    ("calibration.max_seq_len", "calibration.calib_max_seq_length", 96),
+]
 
 
 def _get(cfg, path):
@@ -49,7 +51,7 @@ def _alias_paths(obj, prefix=""):
 def test_every_alias_is_listed_documented_and_outside_the_key():
     found = {(old, new) for old, new, _ in _alias_paths(compose([]))}
     assert found == {(o, n) for o, n, _ in RENAMES}
-    for old, new, f in _alias_paths(compose([])):
+    for _old, new, f in _alias_paths(compose([])):
         assert f.default is None and f.metadata["cache"] is False
         assert "deprecated alias of" in f.metadata["doc"] and new.rsplit(".", 1)[1] in f.metadata["doc"]
 

@@ -56,36 +56,78 @@ MAX_TOKENS = 12
 # (name, Triton data type, dims without the batch dim, optional) of TensorRT-LLM's inflight_batcher_llm ensemble
 # (v0.19.0 ensemble/config.pbtxt) and tensorrt_llm_bls (tensorrt_llm_bls/config.pbtxt).
 _ENSEMBLE_INPUTS = [
-    ("text_input", "TYPE_STRING", [1], False), ("decoder_text_input", "TYPE_STRING", [1], True),
+    ("text_input", "TYPE_STRING", [1], False),
+    ("decoder_text_input", "TYPE_STRING", [1], True),
     ("max_tokens", "TYPE_INT32", [1], False),
-    *[(n, "TYPE_INT32", [1], True) for n in ("num_return_sequences", "end_id", "pad_id", "top_k", "min_length", "beam_width",
-                                             "prompt_vocab_size")],
+    *[
+        (n, "TYPE_INT32", [1], True)
+        for n in ("num_return_sequences", "end_id", "pad_id", "top_k", "min_length", "beam_width", "prompt_vocab_size")
+    ],
     *[(n, "TYPE_STRING", [-1], True) for n in ("bad_words", "stop_words", "embedding_bias_words")],
-    *[(n, "TYPE_BOOL", [1], True) for n in ("exclude_input_in_output", "return_log_probs", "return_context_logits",
-                                            "return_generation_logits", "return_perf_metrics", "stream")],
-    *[(n, "TYPE_FP32", [1], True) for n in ("top_p", "temperature", "length_penalty", "repetition_penalty", "presence_penalty",
-                                            "frequency_penalty")],
+    *[
+        (n, "TYPE_BOOL", [1], True)
+        for n in (
+            "exclude_input_in_output",
+            "return_log_probs",
+            "return_context_logits",
+            "return_generation_logits",
+            "return_perf_metrics",
+            "stream",
+        )
+    ],
+    *[
+        (n, "TYPE_FP32", [1], True)
+        for n in ("top_p", "temperature", "length_penalty", "repetition_penalty", "presence_penalty", "frequency_penalty")
+    ],
     *[(n, "TYPE_UINT64", [1], True) for n in ("random_seed", "prompt_table_extra_id", "lora_task_id")],
-    ("prompt_embedding_table", "TYPE_FP16", [-1, -1], True), ("embedding_bias_weights", "TYPE_FP32", [-1], True),
-    ("lora_weights", "TYPE_FP16", [-1, -1], True), ("lora_config", "TYPE_INT32", [-1, 3], True),
-    ("guided_decoding_guide_type", "TYPE_STRING", [1], True), ("guided_decoding_guide", "TYPE_STRING", [1], True),
+    ("prompt_embedding_table", "TYPE_FP16", [-1, -1], True),
+    ("embedding_bias_weights", "TYPE_FP32", [-1], True),
+    ("lora_weights", "TYPE_FP16", [-1, -1], True),
+    ("lora_config", "TYPE_INT32", [-1, 3], True),
+    ("guided_decoding_guide_type", "TYPE_STRING", [1], True),
+    ("guided_decoding_guide", "TYPE_STRING", [1], True),
 ]
 _OUTPUTS = [
-    ("text_output", "TYPE_STRING", [-1]), ("cum_log_probs", "TYPE_FP32", [-1]), ("output_log_probs", "TYPE_FP32", [-1, -1]),
-    ("context_logits", "TYPE_FP32", [-1, -1]), ("generation_logits", "TYPE_FP32", [-1, -1, -1]),
-    *[(n, "TYPE_INT32", [1]) for n in ("batch_index", "sequence_index", "kv_cache_alloc_new_blocks", "kv_cache_reused_blocks",
-                                       "kv_cache_alloc_total_blocks", "total_accepted_draft_tokens", "total_draft_tokens")],
+    ("text_output", "TYPE_STRING", [-1]),
+    ("cum_log_probs", "TYPE_FP32", [-1]),
+    ("output_log_probs", "TYPE_FP32", [-1, -1]),
+    ("context_logits", "TYPE_FP32", [-1, -1]),
+    ("generation_logits", "TYPE_FP32", [-1, -1, -1]),
+    *[
+        (n, "TYPE_INT32", [1])
+        for n in (
+            "batch_index",
+            "sequence_index",
+            "kv_cache_alloc_new_blocks",
+            "kv_cache_reused_blocks",
+            "kv_cache_alloc_total_blocks",
+            "total_accepted_draft_tokens",
+            "total_draft_tokens",
+        )
+    ],
     *[(n, "TYPE_INT64", [1]) for n in ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns")],
     ("acceptance_rate", "TYPE_FP32", [1]),
 ]
 _BLS_INPUTS = [
-    ("text_input", "TYPE_STRING", [1], False), ("max_tokens", "TYPE_INT32", [1], False),
+    ("text_input", "TYPE_STRING", [1], False),
+    ("max_tokens", "TYPE_INT32", [1], False),
     *[(n, "TYPE_STRING", [-1], True) for n in ("bad_words", "stop_words", "embedding_bias_words")],
-    *[(n, "TYPE_BOOL", [1], True) for n in ("exclude_input_in_output", "stream", "return_log_probs", "return_context_logits",
-                                            "return_generation_logits", "return_perf_metrics")],
+    *[
+        (n, "TYPE_BOOL", [1], True)
+        for n in (
+            "exclude_input_in_output",
+            "stream",
+            "return_log_probs",
+            "return_context_logits",
+            "return_generation_logits",
+            "return_perf_metrics",
+        )
+    ],
     *[(n, "TYPE_INT32", [1], True) for n in ("end_id", "pad_id", "top_k", "beam_width", "num_return_sequences")],
-    *[(n, "TYPE_FP32", [1], True) for n in ("top_p", "temperature", "length_penalty", "repetition_penalty", "presence_penalty",
-                                            "frequency_penalty")],
+    *[
+        (n, "TYPE_FP32", [1], True)
+        for n in ("top_p", "temperature", "length_penalty", "repetition_penalty", "presence_penalty", "frequency_penalty")
+    ],
     ("random_seed", "TYPE_UINT64", [1], True),
 ]
 SERVED_MODELS = ("ensemble", "tensorrt_llm_bls")
@@ -109,9 +151,24 @@ def served(tmp_path_factory, tiny_llama):
     from pipeline.runner import run_pipeline
 
     store = tmp_path_factory.mktemp("store")
-    cfg = compose([f"model.path={tiny_llama}", "model.name=tiny", "model.dtype=float32", "target=onnxruntime_genai", "quant=none",
-                   "stages=[package]", f"store_dir={store}", "eval.limit=2", *SMALL_EVAL, "build.max_batch_size=16",
-                   "build.max_input_len=128", "build.max_seq_len=192", "package.max_beam_width=2", "progress=false"])
+    cfg = compose(
+        [
+            f"model.path={tiny_llama}",
+            "model.name=tiny",
+            "model.dtype=float32",
+            "target=onnxruntime_genai",
+            "quant=none",
+            "stages=[package]",
+            f"store_dir={store}",
+            "eval.limit=2",
+            *SMALL_EVAL,
+            "build.max_batch_size=16",
+            "build.max_input_len=128",
+            "build.max_seq_len=192",
+            "package.max_beam_width=2",
+            "progress=false",
+        ]
+    )
     summary = run_pipeline(cfg, console=Console(quiet=True))
     assert summary.exit_code == 0, summary.error
     art = {r.stage: Path(r.path) for r in summary.stages}
@@ -119,8 +176,14 @@ def served(tmp_path_factory, tiny_llama):
     srv = TritonServer(repo, ready_timeout_s=180, log_dir=store / "serve-log")
     srv.start()
     try:
-        yield SimpleNamespace(server=srv, repo=repo, package=art["package"], url=srv.grpc_url, http=f"http://{srv.http_url}",
-                              tokenizer_dir=repo / "preprocessing" / "1" / "tokenizer")
+        yield SimpleNamespace(
+            server=srv,
+            repo=repo,
+            package=art["package"],
+            url=srv.grpc_url,
+            http=f"http://{srv.http_url}",
+            tokenizer_dir=repo / "preprocessing" / "1" / "tokenizer",
+        )
     finally:
         srv.stop()
 
@@ -188,8 +251,18 @@ class Call(SimpleNamespace):
         return [r.as_numpy("text_output").reshape(-1)[0] for r in self.results if r.as_numpy("text_output") is not None]
 
 
-def stream_call(url: str, model: str, prompts: list[str], max_tokens: int = MAX_TOKENS, *, outputs: tuple[str, ...] = ("text_output",),
-                request_id: str = "", timeout_s: float = 90.0, stop_after_first: Any = None, **extra: Any) -> Call:
+def stream_call(
+    url: str,
+    model: str,
+    prompts: list[str],
+    max_tokens: int = MAX_TOKENS,
+    *,
+    outputs: tuple[str, ...] = ("text_output",),
+    request_id: str = "",
+    timeout_s: float = 90.0,
+    stop_after_first: Any = None,
+    **extra: Any,
+) -> Call:
     """One request over the gRPC streaming API (``start_stream`` + ``async_stream_infer``), as the backend's clients do
     for every request to a decoupled deployment; waits for the final flag of every batch item."""
     import tritonclient.grpc as grpcclient
@@ -199,8 +272,13 @@ def stream_call(url: str, model: str, prompts: list[str], max_tokens: int = MAX_
     c.start_stream(callback=lambda result, error: q.put((result, error)))
     results, error = [], None
     try:
-        c.async_stream_infer(model, _inputs(prompts, max_tokens, **extra), request_id=request_id,
-                             outputs=[grpcclient.InferRequestedOutput(o) for o in outputs], enable_empty_final_response=True)
+        c.async_stream_infer(
+            model,
+            _inputs(prompts, max_tokens, **extra),
+            request_id=request_id,
+            outputs=[grpcclient.InferRequestedOutput(o) for o in outputs],
+            enable_empty_final_response=True,
+        )
         finals, deadline = 0, time.monotonic() + timeout_s
         while finals < 1:
             r, e = q.get(timeout=max(0.1, deadline - time.monotonic()))
@@ -247,6 +325,7 @@ def single(served):
             arr = call.results[0].as_numpy("text_output")
             cache[key] = arr.reshape(-1)[0].decode("utf-8")
         return cache[key]
+
     return get
 
 
@@ -360,8 +439,14 @@ def test_stop_words_cut_the_answer(served, single, tok, generated_ids):
     ids = generated_ids(PROMPTS[0], 24)
     # a word whose tokenization is one token that occurs in the answer after its start (backend semantics: token
     # sequences, the stop word itself is kept in the output)
-    k = next((i for i in range(1, len(ids)) if (w := tok.decode([ids[i]])).strip() and tok(w, add_special_tokens=False)["input_ids"] == [ids[i]]
-              and ids[i] not in ids[:i]), None)
+    k = next(
+        (
+            i
+            for i in range(1, len(ids))
+            if (w := tok.decode([ids[i]])).strip() and tok(w, add_special_tokens=False)["input_ids"] == [ids[i]] and ids[i] not in ids[:i]
+        ),
+        None,
+    )
     assert k is not None, "the tiny model's answer has no single-token word to stop on"
     stopped = unary_text(served.url, PROMPTS[0], max_tokens=24, stop_words=[tok.decode([ids[k]])])
     assert stopped == tok.decode(ids[: k + 1], skip_special_tokens=True) and len(stopped) < len(want)
@@ -369,7 +454,9 @@ def test_stop_words_cut_the_answer(served, single, tok, generated_ids):
 
 def test_bad_words_take_effect_or_are_refused(served, single, tok, generated_ids):
     ids = generated_ids(PROMPTS[1])
-    k = next(i for i in range(len(ids)) if (w := tok.decode([ids[i]])).strip() and tok(w, add_special_tokens=False)["input_ids"] == [ids[i]])
+    k = next(
+        i for i in range(len(ids)) if (w := tok.decode([ids[i]])).strip() and tok(w, add_special_tokens=False)["input_ids"] == [ids[i]]
+    )
     call = stream_call(served.url, "ensemble", [PROMPTS[1]], stream=False, bad_words=[tok.decode([ids[k]])])
     if call.error is not None:
         assert "bad_words" in call.error  # refused, naming the input
@@ -422,8 +509,15 @@ def test_beam_width_above_the_package_is_refused_naming_it(served):
 
 
 def _log_probs_call(served: Any, **extra: Any) -> Any:
-    call = stream_call(served.url, "ensemble", [PROMPTS[0]], stream=False, return_log_probs=True,
-                       outputs=("text_output", "cum_log_probs", "output_log_probs"), **extra)
+    call = stream_call(
+        served.url,
+        "ensemble",
+        [PROMPTS[0]],
+        stream=False,
+        return_log_probs=True,
+        outputs=("text_output", "cum_log_probs", "output_log_probs"),
+        **extra,
+    )
     assert call.error is None, call.error
     assert len(call.results) == 1
     return call.results[0]
@@ -457,14 +551,20 @@ def test_log_probs_match_a_transformers_fp32_reference(served, tok, tiny_llama, 
     model = AutoModelForCausalLM.from_pretrained(str(tiny_llama), torch_dtype=torch.float32).eval()
     with torch.no_grad():
         logits = model(torch.tensor([ids + gen])).logits[0].double()
-    ref = torch.log_softmax(logits, -1)[len(ids) - 1: len(ids) - 1 + len(gen)].gather(1, torch.tensor(gen)[:, None])[:, 0]
+    ref = torch.log_softmax(logits, -1)[len(ids) - 1 : len(ids) - 1 + len(gen)].gather(1, torch.tensor(gen)[:, None])[:, 0]
     np.testing.assert_allclose(per, ref.numpy(), atol=1e-4, rtol=1e-4)  # measured max |diff| 1.3e-6 (og 0.18 CPU fp32)
 
 
 def test_streamed_log_probs_equal_the_unary_ones(served):
     unary = _log_probs_call(served)
-    call = stream_call(served.url, "ensemble", [PROMPTS[0]], stream=True, return_log_probs=True,
-                       outputs=("text_output", "cum_log_probs", "output_log_probs"))
+    call = stream_call(
+        served.url,
+        "ensemble",
+        [PROMPTS[0]],
+        stream=True,
+        return_log_probs=True,
+        outputs=("text_output", "cum_log_probs", "output_log_probs"),
+    )
     assert call.error is None, call.error
     pieces = [r.as_numpy("output_log_probs") for r in call.results]
     assert all(p.shape[:2] == (1, 1) and p.shape[2] <= 1 for p in pieces)
@@ -503,8 +603,14 @@ def test_return_perf_metrics(served):
 
 
 def test_perf_metric_output_shapes(served):
-    call = stream_call(served.url, "ensemble", [PROMPTS[0]], stream=False, return_perf_metrics=True,
-                       outputs=("text_output", "arrival_time_ns", "last_token_time_ns"))
+    call = stream_call(
+        served.url,
+        "ensemble",
+        [PROMPTS[0]],
+        stream=False,
+        return_perf_metrics=True,
+        outputs=("text_output", "arrival_time_ns", "last_token_time_ns"),
+    )
     assert call.error is None, call.error
     assert call.results[-1].as_numpy("arrival_time_ns").shape == (1, 1)
     assert call.results[-1].as_numpy("last_token_time_ns").shape == (1, 1)
@@ -560,22 +666,37 @@ def test_stop_input_with_the_same_request_id_ends_a_running_request(served, grpc
     c = grpcclient.InferenceServerClient(served.url)
     q: queue.Queue = queue.Queue()
     c.start_stream(callback=lambda result, error: q.put((result, error)))
-    c.async_stream_infer(model, tensors(input_ids=ids, input_lengths=np.array([[ids.shape[1]]], np.int32),
-                                        request_output_len=np.array([[150]], np.int32), streaming=np.array([[True]]),
-                                        end_id=np.array([[-1]], np.int32),
-                                        # min_length: without the stop the request runs its 150 tokens
-                                        **({"return_log_probs": np.array([[True]]), "min_length": np.array([[150]], np.int32)}
-                                           if log_probs else {})),
-                         request_id=rid, enable_empty_final_response=True)
+    c.async_stream_infer(
+        model,
+        tensors(
+            input_ids=ids,
+            input_lengths=np.array([[ids.shape[1]]], np.int32),
+            request_output_len=np.array([[150]], np.int32),
+            streaming=np.array([[True]]),
+            end_id=np.array([[-1]], np.int32),
+            # min_length: without the stop the request runs its 150 tokens
+            **({"return_log_probs": np.array([[True]]), "min_length": np.array([[150]], np.int32)} if log_probs else {}),
+        ),
+        request_id=rid,
+        enable_empty_final_response=True,
+    )
     n = 0
     r, e = q.get(timeout=60)
     assert e is None
     stopper = grpcclient.InferenceServerClient(served.url)
     sq: queue.Queue = queue.Queue()
     stopper.start_stream(callback=lambda result, error: sq.put((result, error)))
-    stopper.async_stream_infer(model, tensors(input_ids=ids, input_lengths=np.array([[ids.shape[1]]], np.int32),
-                                              request_output_len=np.array([[1]], np.int32), stop=np.array([[True]])),
-                               request_id=rid, enable_empty_final_response=True)
+    stopper.async_stream_infer(
+        model,
+        tensors(
+            input_ids=ids,
+            input_lengths=np.array([[ids.shape[1]]], np.int32),
+            request_output_len=np.array([[1]], np.int32),
+            stop=np.array([[True]]),
+        ),
+        request_id=rid,
+        enable_empty_final_response=True,
+    )
     final = False
     deadline = time.monotonic() + 60
     while not final and time.monotonic() < deadline:
@@ -609,7 +730,7 @@ def test_http_generate_and_generate_stream(served, single):
     assert json.loads(data)["text_output"] == single(PROMPTS[0])
     status, data = _post(f"{served.http}/v2/models/ensemble/generate_stream", {**body, "stream": True})
     assert status == 200, data
-    events = [json.loads(line[len(b"data:"):]) for line in data.splitlines() if line.startswith(b"data:")]
+    events = [json.loads(line[len(b"data:") :]) for line in data.splitlines() if line.startswith(b"data:")]
     assert events and not any("error" in ev for ev in events), events
     assert "".join(ev.get("text_output", "") for ev in events) == single(PROMPTS[0])
 
@@ -631,10 +752,21 @@ def trt_repo(tmp_path_factory):
     (engine / "config.json").write_text(json.dumps({"version": "1.1.0"}))
     (engine / "rank0.engine").write_bytes(b"\0")  # a placeholder: never loaded
     tiny.make_tokenizer(d / "tok")
-    bi = {"target": "tensorrt_llm", "backend": "tensorrt", "limits": {"max_batch_size": 16, "max_input_len": 256, "max_seq_len": 512},
-          "versions": {"tensorrt_llm": "1.1.0"}}
-    pc = SimpleNamespace(max_batch_size=None, max_input_len=None, max_beam_width=None, decoupled=True,
-                         exclude_input_in_output=True, instance_count=1, name="tiny")
+    bi = {
+        "target": "tensorrt_llm",
+        "backend": "tensorrt",
+        "limits": {"max_batch_size": 16, "max_input_len": 256, "max_seq_len": 512},
+        "versions": {"tensorrt_llm": "1.1.0"},
+    }
+    pc = SimpleNamespace(
+        max_batch_size=None,
+        max_input_len=None,
+        max_beam_width=None,
+        decoupled=True,
+        exclude_input_in_output=True,
+        instance_count=1,
+        name="tiny",
+    )
     s = settings_from_build(bi, {"eos_token_ids": [2], "pad_token_id": 0, "bos_token_id": 1}, pc)
     repo = d / "repo"
     generate_repository(repo, s, engine_dir=engine, tokenizer_dirs=[d / "tok"])
@@ -700,10 +832,13 @@ def test_llmclient_construction_is_thread_safe_with_a_tokenizer_path(served):
     # the tokenizer step of the construction, released at the same instant (the race: transformers' lazy imports)
     step = f"from pipeline.serving.client import _load_tokenizer\nmake = lambda: _load_tokenizer({str(served.tokenizer_dir)!r})"
     # the whole construction
-    whole = (f"from pipeline.serving.client import LLMClient\n"
-             f"make = lambda: LLMClient({served.url!r}, tokenizer={str(served.tokenizer_dir)!r})")
+    whole = (
+        f"from pipeline.serving.client import LLMClient\nmake = lambda: LLMClient({served.url!r}, tokenizer={str(served.tokenizer_dir)!r})"
+    )
     for setup in (step, whole):
-        script = setup + """
+        script = (
+            setup
+            + """
 import threading
 errors, ok = [], []
 start = threading.Barrier(8)
@@ -721,6 +856,7 @@ ts = [threading.Thread(target=one) for _ in range(8)]
 print(len(ok), errors)
 raise SystemExit(0 if len(ok) == 8 and all(ok) and not errors else 1)
 """
+        )
         r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stdout + r.stderr[-3000:]
 
@@ -746,8 +882,22 @@ def test_pipeline_client_uses_the_served_packages_tokenizer_not_the_newest(serve
     (newer / "model_repository" / "preprocessing" / "1" / "tokenizer" / "chat_template.jinja").unlink(missing_ok=True)
     (newer / "manifest.json").write_text(json.dumps({"complete": True}))
 
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "serve", str(served.package), "package.grpc_port=0", "package.http_port=0",
-                             "package.metrics_port=0"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "serve",
+            str(served.package),
+            "package.grpc_port=0",
+            "package.http_port=0",
+            "package.metrics_port=0",
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         lines = []
         deadline = time.monotonic() + 180
@@ -761,15 +911,25 @@ def test_pipeline_client_uses_the_served_packages_tokenizer_not_the_newest(serve
         url = m.group(1)
         with LLMClient(url, tokenizer=tok) as c:
             want = c.generate(PROMPTS[1], 8).text  # rendered with the served package's template
-        r = subprocess.run([sys.executable, "-m", "pipeline", "client", "--url", url, "--max-tokens", "8", "--json", PROMPTS[1]],
-                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        r = subprocess.run(
+            [sys.executable, "-m", "pipeline", "client", "--url", url, "--max-tokens", "8", "--json", PROMPTS[1]],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert r.returncode == 0, r.stderr
         assert json.loads(r.stdout.splitlines()[-1])["text"] == want
         # elsewhere (no record of what that server serves), the client refuses to guess and says how to fix it
         elsewhere = tmp_path / "elsewhere"
         shutil.copytree(tmp_path / "artifacts", elsewhere / "artifacts")
-        r2 = subprocess.run([sys.executable, "-m", "pipeline", "client", "--url", url, "--max-tokens", "8", PROMPTS[1]],
-                            cwd=elsewhere, capture_output=True, text=True, timeout=120)
+        r2 = subprocess.run(
+            [sys.executable, "-m", "pipeline", "client", "--url", url, "--max-tokens", "8", PROMPTS[1]],
+            cwd=elsewhere,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert r2.returncode == 2 and "--tokenizer" in r2.stderr and "cannot tell which package" in r2.stderr, r2.stderr
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=60)

@@ -1,4 +1,5 @@
 """Tests for the embedded default model (models/support-llama) and its data sets."""
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,7 @@ EVAL_PATH = os.path.join(DATA_DIR, gd.EVAL_FILENAME)
 CALIB_PATH = os.path.join(DATA_DIR, gd.CALIB_FILENAME)
 MODEL_DIR = os.path.join(REPO, "models", "support-llama")
 
-METRICS = {"exact_match", "normalized_exact_match", "numeric", "contains", "json_fields",
-           "choice", "regex", "rouge_l"}
+METRICS = {"exact_match", "normalized_exact_match", "numeric", "contains", "json_fields", "choice", "regex", "rouge_l"}
 N_TRAIN_CHECK = 20000
 
 
@@ -106,7 +106,7 @@ def test_sets_pairwise_disjoint(eval_rows, calib_rows, train_rows):
     norm = {k: {gd.normalize_text(p) for p in v} for k, v in sets.items()}
     names = list(sets)
     for i, a in enumerate(names):
-        for b in names[i + 1:]:
+        for b in names[i + 1 :]:
             assert not exact[a] & exact[b], f"{a}/{b} share prompts"
             assert not norm[a] & norm[b], f"{a}/{b} share normalized prompts"
     # calibration texts are not eval texts either
@@ -134,8 +134,7 @@ def test_generator_filter_is_what_keeps_training_disjoint(eval_rows):
 
 # ---------------------------------------------------------------- checkpoint
 def test_checkpoint_files_and_config():
-    for name in ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
-                 "tokenizer_config.json", "README.md"):
+    for name in ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "README.md"):
         assert os.path.isfile(os.path.join(MODEL_DIR, name)), name
     assert os.path.getsize(os.path.join(MODEL_DIR, "model.safetensors")) <= 25 * 1024 * 1024
     with open(os.path.join(MODEL_DIR, "config.json")) as f:
@@ -186,10 +185,8 @@ def hf_tok():
 
 
 def test_tokenizer_special_tokens(hf_tok):
-    assert (hf_tok.unk_token, hf_tok.bos_token, hf_tok.eos_token, hf_tok.pad_token) == \
-        ("<unk>", "<s>", "</s>", "<pad>")
-    assert (hf_tok.unk_token_id, hf_tok.bos_token_id, hf_tok.eos_token_id, hf_tok.pad_token_id) == \
-        (0, 1, 2, 3)
+    assert (hf_tok.unk_token, hf_tok.bos_token, hf_tok.eos_token, hf_tok.pad_token) == ("<unk>", "<s>", "</s>", "<pad>")
+    assert (hf_tok.unk_token_id, hf_tok.bos_token_id, hf_tok.eos_token_id, hf_tok.pad_token_id) == (0, 1, 2, 3)
     with open(os.path.join(MODEL_DIR, "config.json")) as f:
         cfg = json.load(f)
     assert len(hf_tok) <= cfg["vocab_size"]
@@ -209,8 +206,7 @@ def test_tokenizer_json_is_plain_byte_level_bpe():
 
 def test_chat_template_and_single_bos(hf_tok):
     for p in ("Where is my order ORD-12345?", "请帮我取消订单ORD-54321。"):
-        text = hf_tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
-                                          add_generation_prompt=True)
+        text = hf_tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
         assert text == f"<s>User: {p}\nAssistant:"
         ids = hf_tok(text, add_special_tokens=False)["input_ids"]
         assert ids[0] == hf_tok.bos_token_id and ids.count(hf_tok.bos_token_id) == 1
@@ -224,8 +220,12 @@ def test_tokenizer_round_trip_and_byte_coverage(hf_tok):
     from tokenizers import Tokenizer
 
     raw = Tokenizer.from_file(os.path.join(MODEL_DIR, "tokenizer.json"))
-    for s in ("Your refund for order ORD-48213 has been approved.", "您的订单ORD-48213已退款。",
-              "2024年3月5日 ¥1,250.50", "emoji 🙂 and 韩文 한국어 never seen in training"):
+    for s in (
+        "Your refund for order ORD-48213 has been approved.",
+        "您的订单ORD-48213已退款。",
+        "2024年3月5日 ¥1,250.50",
+        "emoji 🙂 and 韩文 한국어 never seen in training",
+    ):
         ids = hf_tok(s, add_special_tokens=False)["input_ids"]
         assert ids == raw.encode(s, add_special_tokens=False).ids
         assert hf_tok.unk_token_id not in ids
@@ -240,6 +240,5 @@ def test_eval_max_new_tokens_fits_reference(hf_tok, eval_rows):
         refs = r["reference"] if isinstance(r["reference"], list) else [r["reference"]]
         n = max(len(hf_tok(" " + x, add_special_tokens=False)["input_ids"]) for x in refs)
         assert n + 1 <= r["max_new_tokens"], (r["id"], n)
-        text = hf_tok.apply_chat_template([{"role": "user", "content": r["prompt"]}], tokenize=False,
-                                          add_generation_prompt=True)
+        text = hf_tok.apply_chat_template([{"role": "user", "content": r["prompt"]}], tokenize=False, add_generation_prompt=True)
         assert len(hf_tok(text, add_special_tokens=False)["input_ids"]) + r["max_new_tokens"] <= 512

@@ -21,12 +21,22 @@ def _scores(n, acc, seed):
 
 def _judge(base, cand, gate, recipe="int4_awq", slices=None, binary=True):
     base, cand = np.asarray(base, float), np.asarray(cand, float)
-    stats = {"overall": G.paired_stats(base, cand, binary=binary, agree=list(base == cand), confidence=gate.confidence,
-                                       samples=gate.bootstrap_samples, seed=gate.seed)}
+    stats = {
+        "overall": G.paired_stats(
+            base, cand, binary=binary, agree=list(base == cand), confidence=gate.confidence, samples=gate.bootstrap_samples, seed=gate.seed
+        )
+    }
     scores = {"overall": float(np.mean(cand))}
     for name, idx in (slices or {}).items():
-        stats[f"slice:{name}"] = G.paired_stats(base[idx], cand[idx], binary=binary, agree=list(base[idx] == cand[idx]),
-                                                confidence=gate.confidence, samples=gate.bootstrap_samples, seed=gate.seed)
+        stats[f"slice:{name}"] = G.paired_stats(
+            base[idx],
+            cand[idx],
+            binary=binary,
+            agree=list(base[idx] == cand[idx]),
+            confidence=gate.confidence,
+            samples=gate.bootstrap_samples,
+            seed=gate.seed,
+        )
         scores[f"slice:{name}"] = float(np.mean(cand[idx]))
     return G.judge(gate, recipe, stats, scores)
 
@@ -72,7 +82,7 @@ def test_true_zero_drop_on_480_items_passes():
     v = _judge(base, base.copy(), GateConfig(max_drop=0.01), recipe="none")
     assert v["passed"] and v["verdict"] == "pass", v["reason"]
     # b = c = 0: the bound is z^2 / (n + z^2)
-    z2 = 1.6448536269514722 ** 2
+    z2 = 1.6448536269514722**2
     assert v["bound"]["upper"] == pytest.approx(z2 / (480 + z2), abs=1e-6)
 
 
@@ -144,8 +154,13 @@ def test_significant_only_is_refused_with_the_replacement_named():
 
 
 @settings(max_examples=60, deadline=None)
-@given(n=st.integers(3, 400), c=st.integers(0, 20), b1=st.integers(0, 60), extra=st.integers(1, 60),
-       allow=st.sampled_from([0.01, 0.02, 0.05, 0.1]))
+@given(
+    n=st.integers(3, 400),
+    c=st.integers(0, 20),
+    b1=st.integers(0, 60),
+    extra=st.integers(1, 60),
+    allow=st.sampled_from([0.01, 0.02, 0.05, 0.1]),
+)
 def test_verdict_is_monotone_in_the_drop(n, c, b1, extra, allow):
     """More losses (b) at the same n and gains (c) never give a better verdict (pass < inconclusive < fail)."""
     c = min(c, n)
@@ -155,7 +170,7 @@ def test_verdict_is_monotone_in_the_drop(n, c, b1, extra, allow):
     def verdict(b):
         d = np.zeros(n)
         d[:b] = 1.0
-        d[b:b + c] = -1.0
+        d[b : b + c] = -1.0
         base = np.where(d > 0, 1.0, np.where(d < 0, 0.0, 1.0))
         cand = base - d
         st_ = G.paired_stats(base, cand, binary=True, agree=None, confidence=0.95, samples=200, seed=0)

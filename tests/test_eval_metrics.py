@@ -16,33 +16,36 @@ def item(metric, reference, **args):
     return EvalItem(id="x", slice="s", metric=metric, reference=reference, prompt="p", metric_args=args)
 
 
-@pytest.mark.parametrize("metric,ref,args,out,want", [
-    ("exact_match", "damaged_item", {}, " damaged_item\n", 1.0),
-    ("exact_match", "damaged_item", {}, "Damaged_item", 0.0),
-    ("exact_match", ["a", "b"], {}, "b", 1.0),
-    ("normalized_exact_match", "We are sorry that order ORD-1 is delayed.", {}, "we are sorry that order ord 1 is delayed", 1.0),
-    ("normalized_exact_match", "The answer", {}, "answer!", 1.0),
-    ("normalized_exact_match", "refund", {}, "no refund", 0.0),
-    ("normalized_exact_match", "你好", {}, "你好。", 1.0),
-    ("contains", "ORD-123", {}, "Your order ord-123 shipped", 1.0),
-    ("contains", "ORD-124", {}, "Your order ORD-123 shipped", 0.0),
-    ("regex", "42", {"pattern": r"answer:\s*(\d+)", "flags": "i"}, "Reasoning... ANSWER: 42.", 1.0),
-    ("regex", "42", {"pattern": r"answer:\s*(\d+)"}, "the answer is 42", 0.0),
-    ("numeric", "1234.50", {}, "Total: 1,234.5 dollars", 1.0),
-    ("numeric", "38.00", {}, "38", 1.0),
-    ("numeric", "38.00", {}, "38.01", 0.0),
-    ("numeric", "38.00", {"abs_tol": 0.05}, "38.01", 1.0),
-    ("numeric", "100", {"rel_tol": 0.1}, "109", 1.0),
-    ("numeric", "5", {}, "five", 0.0),
-    ("numeric", "22.20", {}, "２２.２０", 1.0),
-    ("json_fields", {"order_id": "ORD-1", "amount": 12.5}, {}, 'Sure: {"order_id": "ORD-1", "amount": 12.50}', 1.0),
-    ("json_fields", {"order_id": "ORD-1", "amount": 12.5}, {}, '{"order_id": "ORD-2", "amount": 12.5}', 0.5),
-    ("json_fields", {"order_id": "ORD-1"}, {}, "not json {", 0.0),
-    ("choice", "B", {}, "The answer is (B).", 1.0),
-    ("choice", "B", {}, "A", 0.0),
-    ("choice", "C", {"options": {"C": "Refund the order"}}, "refund the order", 1.0),
-    ("choice", "B", {}, "Because", 0.0),
-])
+@pytest.mark.parametrize(
+    "metric,ref,args,out,want",
+    [
+        ("exact_match", "damaged_item", {}, " damaged_item\n", 1.0),
+        ("exact_match", "damaged_item", {}, "Damaged_item", 0.0),
+        ("exact_match", ["a", "b"], {}, "b", 1.0),
+        ("normalized_exact_match", "We are sorry that order ORD-1 is delayed.", {}, "we are sorry that order ord 1 is delayed", 1.0),
+        ("normalized_exact_match", "The answer", {}, "answer!", 1.0),
+        ("normalized_exact_match", "refund", {}, "no refund", 0.0),
+        ("normalized_exact_match", "你好", {}, "你好。", 1.0),
+        ("contains", "ORD-123", {}, "Your order ord-123 shipped", 1.0),
+        ("contains", "ORD-124", {}, "Your order ORD-123 shipped", 0.0),
+        ("regex", "42", {"pattern": r"answer:\s*(\d+)", "flags": "i"}, "Reasoning... ANSWER: 42.", 1.0),
+        ("regex", "42", {"pattern": r"answer:\s*(\d+)"}, "the answer is 42", 0.0),
+        ("numeric", "1234.50", {}, "Total: 1,234.5 dollars", 1.0),
+        ("numeric", "38.00", {}, "38", 1.0),
+        ("numeric", "38.00", {}, "38.01", 0.0),
+        ("numeric", "38.00", {"abs_tol": 0.05}, "38.01", 1.0),
+        ("numeric", "100", {"rel_tol": 0.1}, "109", 1.0),
+        ("numeric", "5", {}, "five", 0.0),
+        ("numeric", "22.20", {}, "２２.２０", 1.0),
+        ("json_fields", {"order_id": "ORD-1", "amount": 12.5}, {}, 'Sure: {"order_id": "ORD-1", "amount": 12.50}', 1.0),
+        ("json_fields", {"order_id": "ORD-1", "amount": 12.5}, {}, '{"order_id": "ORD-2", "amount": 12.5}', 0.5),
+        ("json_fields", {"order_id": "ORD-1"}, {}, "not json {", 0.0),
+        ("choice", "B", {}, "The answer is (B).", 1.0),
+        ("choice", "B", {}, "A", 0.0),
+        ("choice", "C", {"options": {"C": "Refund the order"}}, "refund the order", 1.0),
+        ("choice", "B", {}, "Because", 0.0),
+    ],
+)
 def test_metric_cases(metric, ref, args, out, want):
     assert get_metric(metric)(out, item(metric, ref, **args)) == pytest.approx(want)
 
@@ -137,21 +140,39 @@ def test_chat_template_with_bos_gives_exactly_one_bos(tok):
     from pipeline.evaluation.runners import prepare
 
     assert "bos_token" in tok.chat_template
-    p = prepare([EvalItem(id="a", slice="s", metric="exact_match", reference="r", prompt="Where is my order?")], tok,
-                max_input_len=256, max_seq_len=384, default_max_new_tokens=8)[0]
+    p = prepare(
+        [EvalItem(id="a", slice="s", metric="exact_match", reference="r", prompt="Where is my order?")],
+        tok,
+        max_input_len=256,
+        max_seq_len=384,
+        default_max_new_tokens=8,
+    )[0]
     assert p.input_ids.count(tok.bos_token_id) == 1 and p.input_ids[0] == tok.bos_token_id
-    chat = prepare([EvalItem(id="b", slice="s", metric="exact_match", reference="r",
-                             messages=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"},
-                                       {"role": "user", "content": "refund"}])], tok, max_input_len=256, max_seq_len=None,
-                   default_max_new_tokens=8)[0]
+    chat = prepare(
+        [
+            EvalItem(
+                id="b",
+                slice="s",
+                metric="exact_match",
+                reference="r",
+                messages=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}, {"role": "user", "content": "refund"}],
+            )
+        ],
+        tok,
+        max_input_len=256,
+        max_seq_len=None,
+        default_max_new_tokens=8,
+    )[0]
     assert chat.input_ids.count(tok.bos_token_id) == 1
 
 
 def test_over_long_prompt_is_skipped_not_truncated(tok):
     from pipeline.evaluation.runners import SKIP_TOO_LONG, prepare
 
-    items = [EvalItem(id="short", slice="s", metric="exact_match", reference="r", prompt="refund", max_new_tokens=50),
-             EvalItem(id="long", slice="s", metric="exact_match", reference="r", prompt="refund the damaged item " * 40)]
+    items = [
+        EvalItem(id="short", slice="s", metric="exact_match", reference="r", prompt="refund", max_new_tokens=50),
+        EvalItem(id="long", slice="s", metric="exact_match", reference="r", prompt="refund the damaged item " * 40),
+    ]
     ps = prepare(items, tok, max_input_len=64, max_seq_len=70, default_max_new_tokens=8)
     assert ps[0].skipped is None and len(ps[0].input_ids) + ps[0].max_new_tokens <= 70
     assert ps[1].skipped == SKIP_TOO_LONG and len(ps[1].input_ids) > 64

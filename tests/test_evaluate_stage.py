@@ -58,9 +58,22 @@ def _tiny_eval_set(path: Path) -> Path:
         {"id": "a1", "prompt": "Where is my order ORD-12345?", "reference": "ORD-12345", "metric": "exact_match", "slice": "order"},
         {"id": "a2", "prompt": "Please cancel order ORD-99871.", "reference": "ORD-99871", "metric": "contains", "slice": "order"},
         {"id": "b1", "prompt": "Refund 129.50 dollars.", "reference": "129.50", "metric": "numeric", "slice": "amount"},
-        {"id": "b2", "messages": [{"role": "user", "content": "I want a refund for the damaged item."}], "reference": "refund",
-         "metric": "rouge_l", "slice": "reply", "max_new_tokens": 12, "stop": ["\n"]},
-        {"id": "c1", "prompt": "Change the shipping address to 12 Main Street." * 30, "reference": "x", "metric": "exact_match", "slice": "order"},
+        {
+            "id": "b2",
+            "messages": [{"role": "user", "content": "I want a refund for the damaged item."}],
+            "reference": "refund",
+            "metric": "rouge_l",
+            "slice": "reply",
+            "max_new_tokens": 12,
+            "stop": ["\n"],
+        },
+        {
+            "id": "c1",
+            "prompt": "Change the shipping address to 12 Main Street." * 30,
+            "reference": "x",
+            "metric": "exact_match",
+            "slice": "order",
+        },
     ]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n", encoding="utf-8")
     return path
@@ -72,12 +85,25 @@ def test_tiny_end_to_end_engine_and_report(tmp_path, tiny_ckpt, monkeypatch):
     # pre-check off to show the stage itself counts such an item as "skipped: too long" and never crashes
     monkeypatch.setenv("PIPELINE_SKIP_EVAL_LENGTH_CHECK", "1")
     es = _tiny_eval_set(tmp_path / "tiny_eval.jsonl")
-    summary, rep, out = run(tmp_path, f"model.path={tiny_ckpt}", "model.dtype=float32", "quant=int4_wo", "calibration.calib_size=32",
-                            "calibration.min_samples=8", f"eval.eval_set={es}", "eval.runners=[baseline,engine,simulated]",
-                            "eval.max_new_tokens=8", "build.max_input_len=128", "build.max_seq_len=160", "eval.gate.max_drop=1.0",
-                            "eval.gate.max_kld=100", "eval.gate.min_top1=0",
-                            f"eval.draft_model_path={tiny_ckpt}", "eval.draft_tokens=3",
-                            "target.accuracy_level=1")  # fp32 activations: the engine's exact numerics are checked below
+    summary, rep, out = run(
+        tmp_path,
+        f"model.path={tiny_ckpt}",
+        "model.dtype=float32",
+        "quant=int4_wo",
+        "calibration.calib_size=32",
+        "calibration.min_samples=8",
+        f"eval.eval_set={es}",
+        "eval.runners=[baseline,engine,simulated]",
+        "eval.max_new_tokens=8",
+        "build.max_input_len=128",
+        "build.max_seq_len=160",
+        "eval.gate.max_drop=1.0",
+        "eval.gate.max_kld=100",
+        "eval.gate.min_top1=0",
+        f"eval.draft_model_path={tiny_ckpt}",
+        "eval.draft_tokens=3",
+        "target.accuracy_level=1",
+    )  # fp32 activations: the engine's exact numerics are checked below
     assert summary.exit_code in (EXIT_OK, EXIT_GATE), summary.error
     assert rep["schema"] == "pipeline.eval_report/v1"
     assert rep["candidate"] == "engine" and set(rep["runners"]) == {"baseline", "engine", "simulated"}
@@ -157,9 +183,19 @@ def test_destructive_recipe_fails_gate_with_exit_3(tmp_path, tiny_ckpt):
     The trained default model is too robust to show this: every recipe kept 100 % of its answers
     (measured, docs/evaluate.md), so the destructive case runs on the tiny random-weight Llama.
     """
-    summary, rep, out = run(tmp_path, f"model.path={tiny_ckpt}", "model.dtype=float32", *DESTRUCTIVE, "calibration.calib_size=32",
-                            "calibration.min_samples=8", "eval.limit=24", "eval.max_new_tokens=12", "build.max_input_len=160",
-                            "build.max_seq_len=200", "stages=[evaluate,package]")
+    summary, rep, out = run(
+        tmp_path,
+        f"model.path={tiny_ckpt}",
+        "model.dtype=float32",
+        *DESTRUCTIVE,
+        "calibration.calib_size=32",
+        "calibration.min_samples=8",
+        "eval.limit=24",
+        "eval.max_new_tokens=12",
+        "build.max_input_len=160",
+        "build.max_seq_len=200",
+        "stages=[evaluate,package]",
+    )
     assert summary.exit_code == EXIT_GATE, (summary.error, out)
     assert rep["gate"]["passed"] is False and "min_agreement" in rep["gate"]["reason"]
     assert rep["comparison"]["overall"]["agreement"] < 0.99

@@ -72,8 +72,15 @@ def test_each_architecture_exports_with_identical_logits(arch, base, tmp_path):
     src = base[arch]
     info = export_checkpoint(src, tmp_path / "out", dtype="float32")
     hf = tmp_path / "out" / "hf"
-    for f in ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-              "chat_template.jinja", "special_tokens_map.json"):
+    for f in (
+        "config.json",
+        "model.safetensors",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+        "special_tokens_map.json",
+    ):
         assert (hf / f).is_file(), f
     written = json.loads((tmp_path / "out" / "model_info.json").read_text())
     assert written["model_type"] == arch and written["architecture"] in SUPPORTED_ARCHITECTURES
@@ -84,6 +91,7 @@ def test_each_architecture_exports_with_identical_logits(arch, base, tmp_path):
     assert written["dtype"] == "float32" and written["chat_template"] is True and written["rope_scaling"] is None
     assert set(written["files"]) >= {"config.json", "model.safetensors", "tokenizer.json"}
     import hashlib
+
     assert written["files"]["tokenizer.json"] == hashlib.sha256((src / "tokenizer.json").read_bytes()).hexdigest()
     assert info["num_parameters"] == written["num_parameters"] > 0
     assert (hf / "tokenizer.json").read_bytes() == (src / "tokenizer.json").read_bytes()
@@ -97,8 +105,9 @@ def test_runs_as_a_real_stage_through_the_runner(base, tmp_path):
     from pipeline.runner import run_pipeline
     from pipeline.store import ArtifactStore
 
-    cfg = compose([f"model.path={base['llama']}", "stages=[export]", f"store_dir={tmp_path / 'store'}", "model.dtype=float16",
-                   "progress=false"])
+    cfg = compose(
+        [f"model.path={base['llama']}", "stages=[export]", f"store_dir={tmp_path / 'store'}", "model.dtype=float16", "progress=false"]
+    )
     summary = run_pipeline(cfg, console=Console(file=io.StringIO()))
     assert summary.exit_code == 0, summary.error
     (rep,) = summary.stages
@@ -107,6 +116,7 @@ def test_runs_as_a_real_stage_through_the_runner(base, tmp_path):
     art = ArtifactStore(tmp_path / "store").lookup("export", rep.key, verify=True)
     assert art is not None and art.result["headline"]["params"] == 393856
     from safetensors import safe_open
+
     with safe_open(str(art.path / "hf" / "model.safetensors"), framework="np") as f:
         assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"F16"}
     info = json.loads((art.path / "model_info.json").read_text())
@@ -249,13 +259,19 @@ def test_rope_scaling_legacy_type_is_normalised_and_kept(base, tmp_path):
     plain = copy_of(tmp_path / "out" / "hf", tmp_path / "plain")
     edit_json(plain / "config.json", rope_scaling=None, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
     import torch
+
     assert not torch.allclose(logits(plain), logits(tmp_path / "out" / "hf"), atol=1e-4)
 
 
 def test_llama31_rope_type_llama3_is_kept(base, tmp_path):
     ck = copy_of(base["llama"], tmp_path / "ck")
-    llama3 = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192,
-              "rope_type": "llama3"}
+    llama3 = {
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+        "rope_type": "llama3",
+    }
     _no_rope_params(ck, rope_theta=500000.0, rope_scaling=llama3, max_position_embeddings=131072, eos_token_id=[2, 0])
     info = export_checkpoint(ck, tmp_path / "out", dtype="float32")
     assert info["rope_scaling"] == llama3 and info["rope_theta"] == 500000.0
@@ -263,6 +279,7 @@ def test_llama31_rope_type_llama3_is_kept(base, tmp_path):
     out_cfg = json.loads((tmp_path / "out" / "hf" / "config.json").read_text())
     assert out_cfg["rope_scaling"] == llama3
     import transformers as tf
+
     assert tf.AutoConfig.from_pretrained(str(tmp_path / "out" / "hf")).rope_parameters == {**llama3, "rope_theta": 500000.0}
     assert_same_logits(ck, tmp_path / "out" / "hf")
 
@@ -284,6 +301,7 @@ def test_eos_list_is_kept_whole(base, tmp_path):
     gen = json.loads((tmp_path / "out" / "hf" / "generation_config.json").read_text())
     assert gen["eos_token_id"] == [2, 5, 7]
     from pipeline.tokenization import stop_token_ids
+
     assert stop_token_ids(json.loads((tmp_path / "out" / "model_info.json").read_text()), [9]) == [2, 5, 7, 9]
 
 
@@ -346,10 +364,8 @@ def test_unknown_dtype_and_missing_folder(base, tmp_path):
 def test_shapes_only_preset_cannot_be_exported(tmp_path):
     from rich.console import Console
 
-    from pipeline.config import compose
+    from pipeline.config import CONFIG_DIR, compose
     from pipeline.runner import run_pipeline
-
-    from pipeline.config import CONFIG_DIR
 
     presets = []
     for f in sorted((CONFIG_DIR / "model").glob("*.yaml")):

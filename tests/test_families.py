@@ -18,25 +18,26 @@ import sys
 from pathlib import Path
 
 import pytest
-
 import tiny
+
 from pipeline.config import ConfigError, compose
-from pipeline.validation import validate
 from pipeline.families import builder_config
+from pipeline.validation import validate
 
 ROOT = Path(__file__).resolve().parents[1]
 MATRIX = ["llama2", "llama3", "mistral", "mistral_window", "qwen2", "qwen2_tied", "phi3"]
 RECIPES = ["none", "int4_awq"]
 #: (family, recipe) -> the config-time refusal the matrix expects instead of a package
-REFUSED = {("phi3", "int4_awq"): "quant.recipe='int4_awq': Phi3ForCausalLM",
-           ("mistral_window", "none"): "build.max_seq_len=384: the model's sliding_window=16",
-           ("mistral_window", "int4_awq"): "build.max_seq_len=384: the model's sliding_window=16"}
+REFUSED = {
+    ("phi3", "int4_awq"): "quant.recipe='int4_awq': Phi3ForCausalLM",
+    ("mistral_window", "none"): "build.max_seq_len=384: the model's sliding_window=16",
+    ("mistral_window", "int4_awq"): "build.max_seq_len=384: the model's sliding_window=16",
+}
 
 
 def _cli(args: list[str], cwd: Path, timeout: int = 1800) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    return subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=str(cwd), env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=str(cwd), env=env, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +70,19 @@ def test_config_time_refusals(ckpts, tmp_path):
     p = _problems([f"model.path={win}", "target=onnxruntime_genai", "quant=none", "stages=[evaluate]"])
     assert len(p) == 1 and "build.max_batch_size=1" in p[0]
     assert _problems([f"model.path={win}", "target=onnxruntime_genai", "quant=none", "stages=[evaluate]", "build.max_batch_size=1"]) == []
-    assert _problems([f"model.path={win}", "target=onnxruntime_genai", "quant=none", "build.max_seq_len=16", "build.max_input_len=8",
-                      "stages=[build]"]) == []  # the window never binds: full attention, nothing to refuse
+    assert (
+        _problems(
+            [
+                f"model.path={win}",
+                "target=onnxruntime_genai",
+                "quant=none",
+                "build.max_seq_len=16",
+                "build.max_input_len=8",
+                "stages=[build]",
+            ]
+        )
+        == []
+    )  # the window never binds: full attention, nothing to refuse
     # an architecture the pipeline does not support (Gemma here) is refused with the supported list
     gemma = tmp_path / "gemma"
     gemma.mkdir()
@@ -81,8 +93,9 @@ def test_config_time_refusals(ckpts, tmp_path):
 
 
 def test_cli_refusal_exits_2_before_any_stage(ckpts, tmp_path):
-    r = _cli([f"model.path={ckpts['phi3']}", "target=tensorrt_llm", "quant=none", f"store_dir={tmp_path / 'store'}", "progress=false"],
-             tmp_path)
+    r = _cli(
+        [f"model.path={ckpts['phi3']}", "target=tensorrt_llm", "quant=none", f"store_dir={tmp_path / 'store'}", "progress=false"], tmp_path
+    )
     assert r.returncode == 2, r.stderr[-2000:]
     assert "target=tensorrt_llm_pytorch" in r.stderr + r.stdout
     assert not (tmp_path / "store" / "export").exists()
@@ -97,8 +110,13 @@ def test_builder_config_window_rules():
     assert new["sliding_window"] is None and "full attention" in note
     assert builder_config({**mistral, "sliding_window": None}, 384) == (None, None)
     assert builder_config({"model_type": "llama", "num_hidden_layers": 2}, 384) == (None, None)
-    qwen = {"model_type": "qwen2", "num_hidden_layers": 2, "sliding_window": 4096, "use_sliding_window": True,
-            "layer_types": ["full_attention", "sliding_attention"]}
+    qwen = {
+        "model_type": "qwen2",
+        "num_hidden_layers": 2,
+        "sliding_window": 4096,
+        "use_sliding_window": True,
+        "layer_types": ["full_attention", "sliding_attention"],
+    }
     assert builder_config(qwen, 8192) == (None, None)  # Qwen2 lists its windowed layers itself
     new, _ = builder_config(qwen, 384)
     assert new["layer_types"] == ["full_attention", "full_attention"] and new["use_sliding_window"] is False
@@ -108,8 +126,10 @@ def test_builder_config_window_rules():
 def test_user_yaml_without_defaults_gets_the_pipeline_defaults(ckpts, tmp_path):
     d = tmp_path / "conf"
     d.mkdir()
-    (d / "mine.yaml").write_text(f"model:\n  path: {ckpts['qwen2']}\n  name: my-qwen\nquant: none\neval:\n  limit: 3\n"
-                                 f"store_dir: {tmp_path / 'store'}\n", encoding="utf-8")
+    (d / "mine.yaml").write_text(
+        f"model:\n  path: {ckpts['qwen2']}\n  name: my-qwen\nquant: none\neval:\n  limit: 3\nstore_dir: {tmp_path / 'store'}\n",
+        encoding="utf-8",
+    )
     r = _cli(["--config-dir", str(d), "--config-name", "mine", "--cfg", "job", "eval.limit=5"], tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     job = r.stdout
@@ -142,16 +162,34 @@ def matrix(ckpts, tmp_path_factory):
     """One `pipeline -m` over every family x {none, int4_awq} on onnxruntime_genai; {(family, recipe): summary}."""
     work = tmp_path_factory.mktemp("matrix")
     paths = ",".join(str(ckpts[n]) for n in MATRIX)
-    r = _cli(["-m", f"model.path={paths}", "quant=" + ",".join(RECIPES), "target=onnxruntime_genai", "stages=[package]",
-              f"store_dir={work / 'store'}", "eval.limit=6", "calibration.calib_size=32", "calibration.min_samples=8",
-              "build.max_batch_size=1", "progress=false",
-              # fp32 activations in MatMulNBits: the engine computes exactly what ModelOpt's simulated model does (the
-              # default accuracy_level=4 rounds activations to int8; on random weights that flips 2-4 % of near-tie argmaxes)
-              "target.accuracy_level=1",
-              # random weights score 0 everywhere: the accuracy gate cannot show non-inferiority on 6 items and int4 noise
-              # moves a random model's logits; the matrix checks fidelity itself (ids for none, simulated model for int4)
-              "eval.gate.max_drop=1.0", "eval.gate.slice_max_drop=1.0", "eval.gate.max_kld=1000", "eval.gate.min_top1=0", f"hydra.sweep.dir={work / 'sweep'}", "hydra.sweep.subdir=${hydra.job.num}"],
-             work, timeout=3000)
+    r = _cli(
+        [
+            "-m",
+            f"model.path={paths}",
+            "quant=" + ",".join(RECIPES),
+            "target=onnxruntime_genai",
+            "stages=[package]",
+            f"store_dir={work / 'store'}",
+            "eval.limit=6",
+            "calibration.calib_size=32",
+            "calibration.min_samples=8",
+            "build.max_batch_size=1",
+            "progress=false",
+            # fp32 activations in MatMulNBits: the engine computes exactly what ModelOpt's simulated model does (the
+            # default accuracy_level=4 rounds activations to int8; on random weights that flips 2-4 % of near-tie argmaxes)
+            "target.accuracy_level=1",
+            # random weights score 0 everywhere: the accuracy gate cannot show non-inferiority on 6 items and int4 noise
+            # moves a random model's logits; the matrix checks fidelity itself (ids for none, simulated model for int4)
+            "eval.gate.max_drop=1.0",
+            "eval.gate.slice_max_drop=1.0",
+            "eval.gate.max_kld=1000",
+            "eval.gate.min_top1=0",
+            f"hydra.sweep.dir={work / 'sweep'}",
+            "hydra.sweep.subdir=${hydra.job.num}",
+        ],
+        work,
+        timeout=3000,
+    )
     by_path = {str(p): n for n, p in ckpts.items()}
     out = {}
     for f in (work / "sweep").glob("*/summary.json"):
@@ -164,8 +202,6 @@ def matrix(ckpts, tmp_path_factory):
 
 def _stage(summary: dict, name: str) -> Path:
     return Path(next(s["path"] for s in summary["stages"] if s["stage"] == name))
-
-
 
 
 @pytest.mark.slow
@@ -226,9 +262,14 @@ def test_int4_engine_matches_modelopt_simulated_model(matrix, family):
         for it in items:
             ids = codec.encode_prompt(it.prompt, it.messages)
             with torch.no_grad():
-                out = model.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False, eos_token_id=None,
-                                     pad_token_id=codec.pad_id if codec.pad_id is not None else 0)
-            cont = out[0, len(ids):].tolist()
+                out = model.generate(
+                    torch.tensor([ids]),
+                    max_new_tokens=24,
+                    do_sample=False,
+                    eos_token_id=None,
+                    pad_token_id=codec.pad_id if codec.pad_id is not None else 0,
+                )
+            cont = out[0, len(ids) :].tolist()
             choices = runner.next_token_logits(ids, cont)
             agree += sum(int(a == b) for a, b in zip(choices, cont))
             total += len(cont)
@@ -240,8 +281,11 @@ def test_int4_engine_matches_modelopt_simulated_model(matrix, family):
 
 # ------------------------------------------------------------------------- served on real Triton (slow)
 SERVED = ["llama2", "qwen2"]  # one family per tokenizer kind: SentencePiece byte fallback, byte-level BPE (ChatML, no BOS)
-SERVED_PROMPTS = ["Where is my order ORD-12345? It was due on 2024-03-05.", "我的订单 ORD-55555 什么时候到？请尽快回复😀",
-                  "Please cancel order ORD-99871 and refund 129.50 dollars."]
+SERVED_PROMPTS = [
+    "Where is my order ORD-12345? It was due on 2024-03-05.",
+    "我的订单 ORD-55555 什么时候到？请尽快回复😀",
+    "Please cancel order ORD-99871 and refund 129.50 dollars.",
+]
 SERVED_TOKENS = 20
 
 
@@ -285,9 +329,14 @@ def test_served_text_equals_transformers_greedy(served_family):
             if family == "qwen2":
                 assert ids[0] != info["bos_token_id"] or info["bos_token_id"] is None  # ChatML: no BOS from config.json
             with torch.no_grad():
-                out = model.generate(torch.tensor([ids]), max_new_tokens=SERVED_TOKENS, do_sample=False,
-                                     eos_token_id=info["eos_token_ids"], pad_token_id=info["pad_token_id"])
-            gen, _ = cut_at_stop(out[0, len(ids):].tolist(), info["eos_token_ids"])
+                out = model.generate(
+                    torch.tensor([ids]),
+                    max_new_tokens=SERVED_TOKENS,
+                    do_sample=False,
+                    eos_token_id=info["eos_token_ids"],
+                    pad_token_id=info["pad_token_id"],
+                )
+            gen, _ = cut_at_stop(out[0, len(ids) :].tolist(), info["eos_token_ids"])
             want = codec.decode(gen)
             unary = client.generate(p, SERVED_TOKENS, stream=False)
             streamed = client.generate(p, SERVED_TOKENS, stream=True)
@@ -299,9 +348,22 @@ def test_served_text_equals_transformers_greedy(served_family):
 def test_windowed_engine_equals_transformers_through_evaluate(ckpts, tmp_path):
     """Issue 12 case 3 on the CPU target: sliding_window=16 < max_seq_len=384 builds a windowed KV cache; the CLI's
     evaluate (one sequence at a time) shows the engine's greedy ids equal transformers' for prompts of 80-120 tokens."""
-    r = _cli([f"model.path={ckpts['mistral_window']}", "quant=none", "target=onnxruntime_genai", "stages=[evaluate]",
-              "build.max_batch_size=1", f"store_dir={tmp_path / 'store'}", "eval.limit=6", "progress=false",
-              "eval.gate.max_drop=1.0", "eval.gate.slice_max_drop=1.0", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    r = _cli(
+        [
+            f"model.path={ckpts['mistral_window']}",
+            "quant=none",
+            "target=onnxruntime_genai",
+            "stages=[evaluate]",
+            "build.max_batch_size=1",
+            f"store_dir={tmp_path / 'store'}",
+            "eval.limit=6",
+            "progress=false",
+            "eval.gate.max_drop=1.0",
+            "eval.gate.slice_max_drop=1.0",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        tmp_path,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     s = json.loads((tmp_path / "run" / "summary.json").read_text())
     gc = json.loads((_stage(s, "build") / "engine" / "genai_config.json").read_text())

@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.config import ConfigError, compose
-from pipeline.validation import validate
 from pipeline.errors import PipelineError
+from pipeline.validation import validate
 
 try:
     from hydra.errors import HydraException
@@ -29,24 +29,72 @@ CLEAR = (ConfigError, PipelineError, HydraException, OmegaConfBaseException)
 FUZZ = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
 KEYS = [
-    "build.max_seq_len", "build.max_input_len", "build.max_num_tokens", "build.tokens_per_block", "build.max_batch_size",
-    "build.kv_cache_free_gpu_mem_fraction", "build.enable_chunked_context", "build.speculative.max_draft_len",
-    "quant.recipe", "quant.kv_cache_dtype", "quant.tp_size", "quant.pp_size", "quant.group_size", "quant.export_dtype",
-    "quant.exclude_modules", "quant.sensitive_preset", "quant.vocab_padding", "target.gpu", "target.name",
-    "model.dtype", "model.path", "model.hf_config.num_key_value_heads", "model.hf_config.hidden_size",
-    "model.hf_config.rope_scaling", "model.hf_config.max_position_embeddings", "calibration.calib_max_seq_length", "eval.limit",
-    "stages", "allow_unsafe_lengths", "nonexistent.key", "build", "quant", "model",
+    "build.max_seq_len",
+    "build.max_input_len",
+    "build.max_num_tokens",
+    "build.tokens_per_block",
+    "build.max_batch_size",
+    "build.kv_cache_free_gpu_mem_fraction",
+    "build.enable_chunked_context",
+    "build.speculative.max_draft_len",
+    "quant.recipe",
+    "quant.kv_cache_dtype",
+    "quant.tp_size",
+    "quant.pp_size",
+    "quant.group_size",
+    "quant.export_dtype",
+    "quant.exclude_modules",
+    "quant.sensitive_preset",
+    "quant.vocab_padding",
+    "target.gpu",
+    "target.name",
+    "model.dtype",
+    "model.path",
+    "model.hf_config.num_key_value_heads",
+    "model.hf_config.hidden_size",
+    "model.hf_config.rope_scaling",
+    "model.hf_config.max_position_embeddings",
+    "calibration.calib_max_seq_length",
+    "eval.limit",
+    "stages",
+    "allow_unsafe_lengths",
+    "nonexistent.key",
+    "build",
+    "quant",
+    "model",
 ]
 _TEXT = st.text(alphabet=string.ascii_letters + string.digits + "_-.,:/${}[]'\" =+~*\\", max_size=12)
 VALUES = st.one_of(
     st.integers(min_value=-(2**40), max_value=2**40).map(str),
     st.floats(allow_nan=True, allow_infinity=True).map(repr),
-    st.sampled_from(["true", "false", "null", "[]", "{}", "[export,build]", "fp8", "int4_awq", "h100_sxm", "llama31_8b",
-                     "throughput", "1e9", "-1", "0", "bfloat16", "${oc.env:HOME}", "${nope:x}", "{a:1}", "[1,2"]),
+    st.sampled_from(
+        [
+            "true",
+            "false",
+            "null",
+            "[]",
+            "{}",
+            "[export,build]",
+            "fp8",
+            "int4_awq",
+            "h100_sxm",
+            "llama31_8b",
+            "throughput",
+            "1e9",
+            "-1",
+            "0",
+            "bfloat16",
+            "${oc.env:HOME}",
+            "${nope:x}",
+            "{a:1}",
+            "[1,2",
+        ]
+    ),
     _TEXT,
 )
 OVERRIDE = st.tuples(st.sampled_from(KEYS), st.sampled_from(["", "+", "~", "++"]), VALUES).map(
-    lambda t: f"{t[1]}{t[0]}={t[2]}" if t[1] != "~" else f"~{t[0]}")
+    lambda t: f"{t[1]}{t[0]}={t[2]}" if t[1] != "~" else f"~{t[0]}"
+)
 BASE = ["model=llama31_8b", "target.gpu=h100_sxm"]
 
 
@@ -74,15 +122,29 @@ def test_compose_validate_plan_never_crash(overrides):
     json.dumps(p.to_json())
 
 
-JSON_VALUE = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
-                          lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c, max_size=3), max_leaves=6)
+JSON_VALUE = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c, max_size=3),
+    max_leaves=6,
+)
 EVAL_ROW = st.fixed_dictionaries(
-    {}, optional={"id": JSON_VALUE | st.text(max_size=6), "prompt": JSON_VALUE | st.text(max_size=20), "reference": JSON_VALUE,
-                  "metric": st.sampled_from(["exact_match", "rouge_l", "nope"]) | JSON_VALUE, "slice": st.text(max_size=5) | JSON_VALUE,
-                  "max_new_tokens": st.integers(-5, 10**6) | JSON_VALUE, "messages": JSON_VALUE, "text": JSON_VALUE | st.text(max_size=20),
-                  "stop": JSON_VALUE, "metric_args": JSON_VALUE})
-LINE = st.one_of(EVAL_ROW.map(json.dumps), JSON_VALUE.map(json.dumps), st.text(max_size=30),
-                 st.binary(max_size=30).map(lambda b: b.decode("latin-1")))
+    {},
+    optional={
+        "id": JSON_VALUE | st.text(max_size=6),
+        "prompt": JSON_VALUE | st.text(max_size=20),
+        "reference": JSON_VALUE,
+        "metric": st.sampled_from(["exact_match", "rouge_l", "nope"]) | JSON_VALUE,
+        "slice": st.text(max_size=5) | JSON_VALUE,
+        "max_new_tokens": st.integers(-5, 10**6) | JSON_VALUE,
+        "messages": JSON_VALUE,
+        "text": JSON_VALUE | st.text(max_size=20),
+        "stop": JSON_VALUE,
+        "metric_args": JSON_VALUE,
+    },
+)
+LINE = st.one_of(
+    EVAL_ROW.map(json.dumps), JSON_VALUE.map(json.dumps), st.text(max_size=30), st.binary(max_size=30).map(lambda b: b.decode("latin-1"))
+)
 
 
 def _write(tmp: Path, name: str, lines: list[str], raw: bytes | None) -> Path:
@@ -149,16 +211,29 @@ def _valid(kind: str, v) -> bool:
 
 #: (config.json field, expected kind, may be null); nested rope_scaling fields are written as "rope_scaling.<k>".
 TYPED_FIELDS = [
-    ("vocab_size", "int", False), ("hidden_size", "int", False), ("num_hidden_layers", "int", False),
-    ("num_attention_heads", "int", False), ("num_key_value_heads", "int", True), ("max_position_embeddings", "int", False),
-    ("rope_theta", "num", True), ("rms_norm_eps", "num", False), ("tie_word_embeddings", "bool", False),
-    ("attention_bias", "bool", False), ("hidden_act", "str", False), ("torch_dtype", "str", True),
-    ("eos_token_id", "id", True), ("bos_token_id", "id", True), ("pad_token_id", "id", True),
-    ("rope_scaling.factor", "num", True), ("rope_scaling.original_max_position_embeddings", "int", True),
+    ("vocab_size", "int", False),
+    ("hidden_size", "int", False),
+    ("num_hidden_layers", "int", False),
+    ("num_attention_heads", "int", False),
+    ("num_key_value_heads", "int", True),
+    ("max_position_embeddings", "int", False),
+    ("rope_theta", "num", True),
+    ("rms_norm_eps", "num", False),
+    ("tie_word_embeddings", "bool", False),
+    ("attention_bias", "bool", False),
+    ("hidden_act", "str", False),
+    ("torch_dtype", "str", True),
+    ("eos_token_id", "id", True),
+    ("bos_token_id", "id", True),
+    ("pad_token_id", "id", True),
+    ("rope_scaling.factor", "num", True),
+    ("rope_scaling.original_max_position_embeddings", "int", True),
 ]
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers(-10, 10**6) | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=2), max_leaves=4)
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=2),
+    max_leaves=4,
+)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
@@ -177,8 +252,14 @@ def test_config_json_wrong_types_exit_2_naming_the_field(tiny_llama, tmp_path_fa
     assume(not (value is None and nullable))
     cfg = json.loads((tiny_llama / "config.json").read_text())
     if name.startswith("rope_scaling."):
-        cfg["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                               "original_max_position_embeddings": 64, name.split(".", 1)[1]: value}
+        cfg["rope_scaling"] = {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+            name.split(".", 1)[1]: value,
+        }
     else:
         cfg[name] = value
     if _valid(kind, value):

@@ -17,7 +17,10 @@ def test_kld_top1_and_nll_match_hand_computation():
     p = np.log(np.array([[0.7, 0.2, 0.1], [0.5, 0.25, 0.25]]))
     q = np.log(np.array([[0.6, 0.3, 0.1], [0.2, 0.5, 0.3]]))
     st = F.position_stats(p + 3.0, q - 1.0, [0, 1])  # logits: shifts do not matter
-    want = [0.7 * math.log(0.7 / 0.6) + 0.2 * math.log(0.2 / 0.3), 0.5 * math.log(0.5 / 0.2) + 0.25 * math.log(0.25 / 0.5) + 0.25 * math.log(0.25 / 0.3)]
+    want = [
+        0.7 * math.log(0.7 / 0.6) + 0.2 * math.log(0.2 / 0.3),
+        0.5 * math.log(0.5 / 0.2) + 0.25 * math.log(0.25 / 0.5) + 0.25 * math.log(0.25 / 0.3),
+    ]
     assert st["kld"] == pytest.approx(want, abs=1e-12)
     assert st["same_top"].tolist() == [True, False]
     assert st["nll_base"] == pytest.approx([-math.log(0.7), -math.log(0.25)])
@@ -73,6 +76,6 @@ def test_hf_teacher_forced_logits_equal_an_unpadded_forward(tiny_llama):
     for s, g in zip(seqs, got):
         ids = torch.tensor([s.prompt + s.continuation[:-1]])
         with torch.inference_mode():
-            ref = model(input_ids=ids).logits[0, len(s.prompt) - 1:].numpy()
+            ref = model(input_ids=ids).logits[0, len(s.prompt) - 1 :].numpy()
         assert g.shape == (len(s.continuation), model.config.vocab_size)
         np.testing.assert_allclose(g, ref, atol=1e-4)

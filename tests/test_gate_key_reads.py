@@ -28,7 +28,8 @@ _CLASSES: dict[type, type] = {}
 
 def _recording_class(cls: type) -> type:
     if cls not in _CLASSES:
-        def __getattribute__(self, name):  # noqa: N807
+
+        def __getattribute__(self, name):
             v = object.__getattribute__(self, name)
             fields = type(self).__dataclass_fields__
             if name in fields and not dataclasses.is_dataclass(v):
@@ -134,11 +135,26 @@ def test_evaluate_key_covers_every_field_it_reads(tmp_path, tiny_llama, monkeypa
     outside its key, unless the field is declared runtime-only."""
     log = record_stage_reads(monkeypatch)
     rows = tmp_path / "eval.jsonl"
-    rows.write_text('{"id": "a", "prompt": "Where is order ORD-1?", "reference": "ORD-1", "metric": "exact_match", "slice": "s"}\n'
-                    '{"id": "b", "prompt": "Refund 2 dollars.", "reference": "2", "metric": "numeric", "slice": "s"}\n', encoding="utf-8")
-    overrides = [f"model.path={tiny_llama}", "model.dtype=float32", "quant=int4_wo", "calibration.calib_size=16", "calibration.min_samples=8",
-                 f"eval.eval_set={rows}", "eval.max_new_tokens=4", "build.max_input_len=96", "build.max_seq_len=128",
-                 "model.extra_stop_token_ids=[5]", "eval.gate.mode=exploratory", "eval.gate.max_kld=100", "eval.gate.min_top1=0"]
+    rows.write_text(
+        '{"id": "a", "prompt": "Where is order ORD-1?", "reference": "ORD-1", "metric": "exact_match", "slice": "s"}\n'
+        '{"id": "b", "prompt": "Refund 2 dollars.", "reference": "2", "metric": "numeric", "slice": "s"}\n',
+        encoding="utf-8",
+    )
+    overrides = [
+        f"model.path={tiny_llama}",
+        "model.dtype=float32",
+        "quant=int4_wo",
+        "calibration.calib_size=16",
+        "calibration.min_samples=8",
+        f"eval.eval_set={rows}",
+        "eval.max_new_tokens=4",
+        "build.max_input_len=96",
+        "build.max_seq_len=128",
+        "model.extra_stop_token_ids=[5]",
+        "eval.gate.mode=exploratory",
+        "eval.gate.max_kld=100",
+        "eval.gate.min_top1=0",
+    ]
     cfg = compose(["stages=[evaluate]", f"store_dir={tmp_path / 'store'}", "progress=false", *overrides])
     summary = run_pipeline(cfg, overrides=overrides, console=Console(file=io.StringIO(), width=160))
     assert summary.exit_code == 0, summary.error

@@ -23,12 +23,21 @@ def _run(store: Path, *overrides: str):
 
 
 def test_small_set_release_fails_exploratory_runs_but_is_not_packaged(tmp_path, tiny_llama):
-    rows = [{"id": f"q{i}", "prompt": f"Where is order ORD-{i}?", "reference": f"ORD-{i}", "metric": "exact_match", "slice": "s"}
-            for i in range(4)]
+    rows = [
+        {"id": f"q{i}", "prompt": f"Where is order ORD-{i}?", "reference": f"ORD-{i}", "metric": "exact_match", "slice": "s"}
+        for i in range(4)
+    ]
     es = tmp_path / "e.jsonl"
     es.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    common = [f"model.path={tiny_llama}", "model.dtype=float32", "quant=none", f"eval.eval_set={es}", "eval.max_new_tokens=4",
-              "build.max_input_len=96", "build.max_seq_len=128"]
+    common = [
+        f"model.path={tiny_llama}",
+        "model.dtype=float32",
+        "quant=none",
+        f"eval.eval_set={es}",
+        "eval.max_new_tokens=4",
+        "build.max_input_len=96",
+        "build.max_seq_len=128",
+    ]
     store = tmp_path / "store"
 
     summary, out = _run(store, "stages=[evaluate]", *common)

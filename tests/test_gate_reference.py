@@ -24,9 +24,19 @@ def _run(store: Path, *overrides: str):
 
 
 def _eval_set(path: Path) -> Path:
-    rows = [{"id": f"q{i}", "prompt": p, "reference": "ORD-1", "metric": "exact_match", "slice": "s"}
-            for i, p in enumerate(["Where is my order ORD-12345?", "Cancel order ORD-99871.", "Refund 129.50 dollars.",
-                                   "Change the address to 12 Main Street.", "My parcel is late.", "Reset my password."])]
+    rows = [
+        {"id": f"q{i}", "prompt": p, "reference": "ORD-1", "metric": "exact_match", "slice": "s"}
+        for i, p in enumerate(
+            [
+                "Where is my order ORD-12345?",
+                "Cancel order ORD-99871.",
+                "Refund 129.50 dollars.",
+                "Change the address to 12 Main Street.",
+                "My parcel is late.",
+                "Reset my password.",
+            ]
+        )
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     return path
 
@@ -39,8 +49,16 @@ def test_broken_export_fails_the_gate_because_the_baseline_runs_the_source(tmp_p
     from safetensors.torch import load_file, save_file
 
     store = tmp_path / "store"
-    common = [f"model.path={tiny_llama}", "model.dtype=float32", "quant=none", f"eval.eval_set={_eval_set(tmp_path / 'e.jsonl')}",
-              "eval.max_new_tokens=6", "build.max_input_len=96", "build.max_seq_len=128", "eval.gate.mode=exploratory"]
+    common = [
+        f"model.path={tiny_llama}",
+        "model.dtype=float32",
+        "quant=none",
+        f"eval.eval_set={_eval_set(tmp_path / 'e.jsonl')}",
+        "eval.max_new_tokens=6",
+        "build.max_input_len=96",
+        "build.max_seq_len=128",
+        "eval.gate.mode=exploratory",
+    ]
     summary, out = _run(store, "stages=[export]", *common)
     assert summary.exit_code == 0, summary.error
     export_dir = Path(next(s for s in summary.stages if s.stage == "export").path)

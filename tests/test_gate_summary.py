@@ -10,9 +10,15 @@ from rich.console import Console
 from pipeline.runner import RunSummary, _parity_record, print_summary
 from pipeline.store import Artifact
 
-EV = {"passed": False, "verdict": "inconclusive", "mode": "release", "reason": "r",
-      "bound": {"drop": 0.0, "upper": 0.0327, "allowance": 0.02}, "scopes": {"pass": 1, "inconclusive": 6, "fail": 0},
-      "fidelity": {"kld_mean": 0.000142, "kld_se": 0.00009, "top1": 1.0, "ln_ppl_ratio": 0.0001, "positions": 4051}}
+EV = {
+    "passed": False,
+    "verdict": "inconclusive",
+    "mode": "release",
+    "reason": "r",
+    "bound": {"drop": 0.0, "upper": 0.0327, "allowance": 0.02},
+    "scopes": {"pass": 1, "inconclusive": 6, "fail": 0},
+    "fidelity": {"kld_mean": 0.000142, "kld_se": 0.00009, "top1": 1.0, "ln_ppl_ratio": 0.0001, "positions": 4051},
+}
 
 
 def _print(gate):
@@ -31,7 +37,9 @@ def test_gate_section_shows_verdict_bound_fidelity_and_parity():
 
 def test_parity_placeholder_and_status():
     assert "served == evaluated: not checked in this run" in _print({"evaluate": EV})
-    assert "served == evaluated: not run here" in _print({"evaluate": EV, "parity": {"status": "not run here", "matched": None, "total": None}})
+    assert "served == evaluated: not run here" in _print(
+        {"evaluate": EV, "parity": {"status": "not run here", "matched": None, "total": None}}
+    )
 
 
 def test_parity_read_from_release_manifest(tmp_path):

@@ -18,8 +18,15 @@ from pipeline.errors import InputError
 from pipeline.packaging import safe_extract
 
 
-def _add(tar: tarfile.TarFile, name: str, *, content: bytes | None = None, symlink_to: str | None = None,
-         hardlink_to: str | None = None, directory: bool = False) -> None:
+def _add(
+    tar: tarfile.TarFile,
+    name: str,
+    *,
+    content: bytes | None = None,
+    symlink_to: str | None = None,
+    hardlink_to: str | None = None,
+    directory: bool = False,
+) -> None:
     ti = tarfile.TarInfo(name)
     if directory:
         ti.type, ti.mode = tarfile.DIRTYPE, 0o777
@@ -58,8 +65,11 @@ def realpath_limit_archive(path: Path, dest: Path) -> Path:
 
 
 def _outside_state(root: Path, dest: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else b"<dir>")
-            for p in root.rglob("*") if not str(p).startswith(str(dest)) and not p.name.endswith(".tar")}
+    return {
+        str(p.relative_to(root)): (p.read_bytes() if p.is_file() else b"<dir>")
+        for p in root.rglob("*")
+        if not str(p).startswith(str(dest)) and not p.name.endswith(".tar")
+    }
 
 
 def test_cve_2025_4517_realpath_limit_archive_is_refused_and_nothing_is_written(tmp_path):
@@ -72,7 +82,7 @@ def test_cve_2025_4517_realpath_limit_archive_is_refused_and_nothing_is_written(
     with pytest.raises(InputError, match="refusing to extract"):
         safe_extract(arch, dest)
     assert (outer / "flag").read_bytes() == b"original"  # not overwritten
-    assert not (outer / "newfile").exists()             # nothing created outside
+    assert not (outer / "newfile").exists()  # nothing created outside
     assert _outside_state(tmp_path, dest) == before
     assert not dest.exists() or not any(dest.iterdir())  # nothing written inside either
 
@@ -85,19 +95,21 @@ def _tar(path: Path, *entries: dict) -> Path:
     return path
 
 
-@pytest.mark.parametrize("entries,match", [
-    ([{"name": "pkg/" + "x" * 300, "content": b"long"}], "NAME_MAX"),
-    ([{"name": "/".join(["y" * 200] * 25), "content": b"long"}], "PATH_MAX"),
-    ([{"name": "../escaped.txt", "content": b"bad"}], r"'\.\.'"),
-    ([{"name": "/tmp/harden_abs_escape.txt", "content": b"bad"}], "absolute path"),
-    ([{"name": "up", "symlink_to": ".."}, {"name": "up/escaped.txt", "content": b"bad"}], "symbolic link"),
-    ([{"name": "a", "directory": True}, {"name": "a/self", "symlink_to": "."}, {"name": "a/self/x", "content": b"x"}],
-     "not a folder"),
-    ([{"name": "chain1", "symlink_to": "chain2"}, {"name": "chain2", "symlink_to": "chain1/.."}], "symbolic link"),
-    ([{"name": "abs", "symlink_to": "/etc"}], "symbolic link"),
-    ([{"name": "pkg/good.txt", "content": b"overwritten"}], "appears twice"),
-    ([{"name": "h", "hardlink_to": "pkg/good.txt"}], "hard link"),
-])
+@pytest.mark.parametrize(
+    "entries,match",
+    [
+        ([{"name": "pkg/" + "x" * 300, "content": b"long"}], "NAME_MAX"),
+        ([{"name": "/".join(["y" * 200] * 25), "content": b"long"}], "PATH_MAX"),
+        ([{"name": "../escaped.txt", "content": b"bad"}], r"'\.\.'"),
+        ([{"name": "/tmp/harden_abs_escape.txt", "content": b"bad"}], "absolute path"),
+        ([{"name": "up", "symlink_to": ".."}, {"name": "up/escaped.txt", "content": b"bad"}], "symbolic link"),
+        ([{"name": "a", "directory": True}, {"name": "a/self", "symlink_to": "."}, {"name": "a/self/x", "content": b"x"}], "not a folder"),
+        ([{"name": "chain1", "symlink_to": "chain2"}, {"name": "chain2", "symlink_to": "chain1/.."}], "symbolic link"),
+        ([{"name": "abs", "symlink_to": "/etc"}], "symbolic link"),
+        ([{"name": "pkg/good.txt", "content": b"overwritten"}], "appears twice"),
+        ([{"name": "h", "hardlink_to": "pkg/good.txt"}], "hard link"),
+    ],
+)
 def test_hostile_members_are_refused_before_anything_is_written(tmp_path, entries, match):
     arch = _tar(tmp_path / "evil.tar.gz", *entries)
     dest = tmp_path / "dest"
@@ -118,8 +130,9 @@ def test_existing_files_are_never_overwritten(tmp_path):
 
 
 def test_inside_links_and_files_extract(tmp_path):
-    arch = _tar(tmp_path / "ok.tar.gz", {"name": "pkg/link", "symlink_to": "good.txt"},
-                {"name": "pkg/sub/run.sh", "content": b"#!/bin/sh\n"})
+    arch = _tar(
+        tmp_path / "ok.tar.gz", {"name": "pkg/link", "symlink_to": "good.txt"}, {"name": "pkg/sub/run.sh", "content": b"#!/bin/sh\n"}
+    )
     names = safe_extract(arch, tmp_path / "dest")
     assert "pkg/link" in names
     assert (tmp_path / "dest" / "pkg" / "link").read_bytes() == b"good"

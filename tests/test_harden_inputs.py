@@ -108,15 +108,18 @@ def test_absolute_and_non_string_shard_names_are_refused(tiny_llama, tmp_path):
 
 
 # --------------------------------------------------------------------------- item 9: the field is named, exit 2
-@pytest.mark.parametrize("field,value,shown", [
-    ("rope_theta", "10000", "rope_theta='10000'"),
-    ("rope_scaling", {"rope_type": "linear", "factor": "2.0"}, "rope_scaling.factor='2.0'"),
-    ("eos_token_id", "2", "eos_token_id='2'"),
-    ("eos_token_id", [2, "x"], "eos_token_id=[2, 'x']"),
-    ("tie_word_embeddings", "false", "tie_word_embeddings='false'"),
-    ("max_position_embeddings", "256", "max_position_embeddings='256'"),
-    ("max_position_embeddings", 256.5, "max_position_embeddings=256.5"),
-])
+@pytest.mark.parametrize(
+    "field,value,shown",
+    [
+        ("rope_theta", "10000", "rope_theta='10000'"),
+        ("rope_scaling", {"rope_type": "linear", "factor": "2.0"}, "rope_scaling.factor='2.0'"),
+        ("eos_token_id", "2", "eos_token_id='2'"),
+        ("eos_token_id", [2, "x"], "eos_token_id=[2, 'x']"),
+        ("tie_word_embeddings", "false", "tie_word_embeddings='false'"),
+        ("max_position_embeddings", "256", "max_position_embeddings='256'"),
+        ("max_position_embeddings", 256.5, "max_position_embeddings=256.5"),
+    ],
+)
 def test_wrong_types_in_config_json_name_the_field_not_the_tokenizer(tiny_llama, tmp_path, field, value, shown):
     ck = edit_config(copy(tiny_llama, tmp_path / "ck"), **{field: value})
     with pytest.raises(InputError) as e:
@@ -138,15 +141,25 @@ def test_corrupt_tokenizer_json_names_the_file(tiny_llama, tmp_path, case):
 def _cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", COLUMNS="250")
-    return subprocess.run([PIPELINE, *args, f"hydra.run.dir={cwd / 'run'}", f"store_dir={cwd / 'store'}", "progress=false",
-                           "allow_unsafe_lengths=true"], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [PIPELINE, *args, f"hydra.run.dir={cwd / 'run'}", f"store_dir={cwd / 'store'}", "progress=false", "allow_unsafe_lengths=true"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
-@pytest.mark.parametrize("mutate,needle", [
-    (lambda d: (d / "tokenizer.json").write_bytes((d / "tokenizer.json").read_bytes()[:700]), "tokenizer.json"),
-    (lambda d: edit_config(d, rope_theta="10000"), "rope_theta"),
-    (lambda d: edit_config(d, rope_scaling={"rope_type": "linear", "factor": "2"}), "rope_scaling.factor"),
-], ids=["tokenizer_truncated", "rope_theta_str", "rope_factor_str"])
+@pytest.mark.parametrize(
+    "mutate,needle",
+    [
+        (lambda d: (d / "tokenizer.json").write_bytes((d / "tokenizer.json").read_bytes()[:700]), "tokenizer.json"),
+        (lambda d: edit_config(d, rope_theta="10000"), "rope_theta"),
+        (lambda d: edit_config(d, rope_scaling={"rope_type": "linear", "factor": "2"}), "rope_scaling.factor"),
+    ],
+    ids=["tokenizer_truncated", "rope_theta_str", "rope_factor_str"],
+)
 def test_cli_bad_inputs_exit_2_naming_the_field_without_traceback(tiny_llama, tmp_path, mutate, needle):
     """The full default chain (validation, planner, eval-length check read the checkpoint before export)."""
     ck = copy(tiny_llama, tmp_path / "ck")
@@ -200,8 +213,12 @@ def test_user_checkpoint_gets_its_own_name_and_dtype_unless_set(tmp_path):
     summary, out = run(ck, tmp_path / "store")
     assert summary.exit_code == 0, summary.error
     assert "model my-bf16-model (checkpoint folder), dtype bfloat16 (checkpoint torch_dtype)" in out
-    assert summary.to_json()["model"] == {"name": "my-bf16-model", "name_source": "checkpoint folder", "dtype": "bfloat16",
-                                          "dtype_source": "checkpoint torch_dtype"}
+    assert summary.to_json()["model"] == {
+        "name": "my-bf16-model",
+        "name_source": "checkpoint folder",
+        "dtype": "bfloat16",
+        "dtype_source": "checkpoint torch_dtype",
+    }
     from safetensors.torch import load_file
 
     sd = load_file(str(Path(summary.stages[0].path) / "hf" / "model.safetensors"))

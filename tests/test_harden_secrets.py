@@ -20,8 +20,8 @@ from pipeline.store import redact, redact_config
 
 ROOT = Path(__file__).resolve().parents[1]
 PIPELINE = str(ROOT / ".venv" / "bin" / "pipeline")
-SECRET_IN_CONFIG = "hf_" + "Qk7" * 10          # token-shaped, never a real one
-SECRET_IN_ENV = "envsecret-" + "x9Y" * 8         # only known as the value of a secret-named variable
+SECRET_IN_CONFIG = "hf_" + "Qk7" * 10  # token-shaped, never a real one
+SECRET_IN_ENV = "envsecret-" + "x9Y" * 8  # only known as the value of a secret-named variable
 
 
 def _hits(root: Path, needles: list[str]) -> list[str]:
@@ -44,10 +44,23 @@ def test_planted_secret_appears_in_no_produced_file(tiny_llama, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
     env.update(HF_TOKEN=SECRET_IN_ENV, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     run = tmp_path / "run"
-    args = [PIPELINE, f"model.path={tiny_llama}", f"model.name={SECRET_IN_CONFIG}", "package.version=${oc.env:HF_TOKEN}",
-            f"store_dir={tmp_path / 'store'}", "stages=[package]", "quant=none", "target=onnxruntime_genai", "eval.limit=4",
-            "build.max_seq_len=256", "build.max_input_len=200", "build.max_batch_size=4", "progress=false",
-            "package.allow_failed_gate=true", f"hydra.run.dir={run}"]
+    args = [
+        PIPELINE,
+        f"model.path={tiny_llama}",
+        f"model.name={SECRET_IN_CONFIG}",
+        "package.version=${oc.env:HF_TOKEN}",
+        f"store_dir={tmp_path / 'store'}",
+        "stages=[package]",
+        "quant=none",
+        "target=onnxruntime_genai",
+        "eval.limit=4",
+        "build.max_seq_len=256",
+        "build.max_input_len=200",
+        "build.max_batch_size=4",
+        "progress=false",
+        "package.allow_failed_gate=true",
+        f"hydra.run.dir={run}",
+    ]
     p = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200)
     (tmp_path / "stdout.txt").write_text(p.stdout + p.stderr)
     # 4 eval items on a random tiny model cannot show non-inferiority: the gate may end the run with exit 3; the

@@ -26,9 +26,13 @@ def _release(root: Path, model_py: str = MODEL_PY, *, manifest_files_from: str |
     (repo / "preprocessing" / "1").mkdir(parents=True, exist_ok=True)
     (repo / "preprocessing" / "1" / "model.py").write_text(manifest_files_from or model_py)
     files = tree_files(repo)
-    manifest = {"schema": "pipeline.release_manifest/v1", "name": "m-1", "build": {"target": "onnxruntime_genai"},
-                "sources": {"model_repository": digest_files(files)},
-                "repository_files": {rel: m["sha256"] for rel, m in files.items()}}
+    manifest = {
+        "schema": "pipeline.release_manifest/v1",
+        "name": "m-1",
+        "build": {"target": "onnxruntime_genai"},
+        "sources": {"model_repository": digest_files(files)},
+        "repository_files": {rel: m["sha256"] for rel, m in files.items()},
+    }
     (repo / "preprocessing" / "1" / "model.py").write_text(model_py)  # what actually ships
     rel = root / "release"
     rel.mkdir(parents=True, exist_ok=True)

@@ -30,9 +30,22 @@ def package(tmp_path_factory, tiny_llama) -> Path:
     from pipeline.runner import run_pipeline
 
     store = tmp_path_factory.mktemp("store")
-    cfg = compose([f"model.path={tiny_llama}", "model.name=tiny", "target=onnxruntime_genai", "quant=none", "stages=[package]",
-                   f"store_dir={store}", "eval.limit=2", "build.max_batch_size=4", "build.max_input_len=128",
-                   "build.max_seq_len=192", "progress=false", "package.allow_failed_gate=true"])
+    cfg = compose(
+        [
+            f"model.path={tiny_llama}",
+            "model.name=tiny",
+            "target=onnxruntime_genai",
+            "quant=none",
+            "stages=[package]",
+            f"store_dir={store}",
+            "eval.limit=2",
+            "build.max_batch_size=4",
+            "build.max_input_len=128",
+            "build.max_seq_len=192",
+            "progress=false",
+            "package.allow_failed_gate=true",
+        ]
+    )
     summary = run_pipeline(cfg, console=Console(quiet=True))
     # 2 eval items cannot show non-inferiority (exit 3); the package is written anyway (allow_failed_gate)
     pkg = next(r for r in summary.stages if r.stage == "package")
@@ -50,16 +63,25 @@ def _inputs(grpcclient, **arrays):
     return out
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "Triton 2.51 (nvidia-pytriton wheel): a request the server core rejects (missing input, wrong dtype) followed by a "
-    "client cancel on the same gRPC stream leaves the model referenced, so it never unloads and tritonserver exits 1 "
-    "after --exit-timeout-secs. Measured: cancel alone 2.4 s rc 0; malformed alone 2.6 s rc 0; both 15.6 s rc 1 (also "
-    "with the serving branch's Python 'ensemble'). Strict: remove this marker when the server exits cleanly."))
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "Triton 2.51 (nvidia-pytriton wheel): a request the server core rejects (missing input, wrong dtype) followed by a "
+        "client cancel on the same gRPC stream leaves the model referenced, so it never unloads and tritonserver exits 1 "
+        "after --exit-timeout-secs. Measured: cancel alone 2.4 s rc 0; malformed alone 2.6 s rc 0; both 15.6 s rc 1 (also "
+        "with the serving branch's Python 'ensemble'). Strict: remove this marker when the server exits cleanly."
+    ),
+)
 def test_ctrl_c_after_malformed_and_cancelled_streams_is_clean(package, tmp_path):
     import tritonclient.grpc as grpcclient
 
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "serve", str(package), "package.grpc_port=0", "package.http_port=0",
-                             "package.metrics_port=0"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipeline", "serve", str(package), "package.grpc_port=0", "package.http_port=0", "package.metrics_port=0"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         lines = []
         deadline = time.monotonic() + 180
@@ -70,7 +92,7 @@ def test_ctrl_c_after_malformed_and_cancelled_streams_is_clean(package, tmp_path
                 break
         m = re.search(r"gRPC (127\.0\.0\.1:\d+)", "".join(lines))
         assert m, "".join(lines)
-        text = np.array([["Extract the order ID from this message: where is ORD-12345?".encode()]], dtype=np.object_)
+        text = np.array([[b"Extract the order ID from this message: where is ORD-12345?"]], dtype=np.object_)
 
         c = grpcclient.InferenceServerClient(m.group(1))
         q: queue.Queue = queue.Queue()
@@ -79,8 +101,11 @@ def test_ctrl_c_after_malformed_and_cancelled_streams_is_clean(package, tmp_path
         c.async_stream_infer("ensemble", _inputs(grpcclient, text_input=text), enable_empty_final_response=True)
         _, err = q.get(timeout=60)
         assert err is not None
-        c.async_stream_infer("ensemble", _inputs(grpcclient, text_input=text, max_tokens=np.array([[4.0]], dtype=np.float32)),
-                             enable_empty_final_response=True)
+        c.async_stream_infer(
+            "ensemble",
+            _inputs(grpcclient, text_input=text, max_tokens=np.array([[4.0]], dtype=np.float32)),
+            enable_empty_final_response=True,
+        )
         _, err = q.get(timeout=60)
         assert err is not None
         # 2. a long streamed request, cancelled by the client after its first chunk

@@ -63,10 +63,15 @@ def _fake_package(stage_dir: Path, folder: str, key: str) -> Path:
     d = stage_dir / folder
     (d / "model_repository" / "ensemble").mkdir(parents=True)
     (d / "model_repository" / "ensemble" / "config.pbtxt").write_text('name: "ensemble"\n')
-    files = {"model_repository/ensemble/config.pbtxt": {"sha256": __import__("pipeline.store", fromlist=["x"]).sha256_file(
-        d / "model_repository" / "ensemble" / "config.pbtxt"), "bytes": 17}}
-    (d / MANIFEST).write_text(json.dumps({"schema": "pipeline.manifest/v1", "complete": True, "key": key, "outputs": files,
-                                          "output_digest": "x"}))
+    files = {
+        "model_repository/ensemble/config.pbtxt": {
+            "sha256": __import__("pipeline.store", fromlist=["x"]).sha256_file(d / "model_repository" / "ensemble" / "config.pbtxt"),
+            "bytes": 17,
+        }
+    }
+    (d / MANIFEST).write_text(
+        json.dumps({"schema": "pipeline.manifest/v1", "complete": True, "key": key, "outputs": files, "output_digest": "x"})
+    )
     return d
 
 

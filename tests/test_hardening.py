@@ -13,13 +13,13 @@ import resource
 import shutil
 import signal
 import subprocess
-import sys
 import tarfile
 import time
 from pathlib import Path
 
 import pytest
 
+from pipeline.errors import PipelineError
 from pipeline.store import MANIFEST, ArtifactStore
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,16 +30,23 @@ QUANT_ARGS = ["stages=[export,quantize]", "quant=int4_awq", "calibration.calib_s
 
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
-    env.update(HF_TOKEN=SECRET, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", COLUMNS="250",
-               PYTHONUNBUFFERED="1")
+    env.update(
+        HF_TOKEN=SECRET, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", COLUMNS="250", PYTHONUNBUFFERED="1"
+    )
     env.update(extra)
     return env
 
 
 def start(args: list[str], tmp: Path, run: str, **popen) -> subprocess.Popen:
     (tmp / run).mkdir(parents=True, exist_ok=True)
-    return subprocess.Popen([PIPELINE, *args, f"hydra.run.dir={tmp / run}"], cwd=tmp, env=popen.pop("env", _env()),
-                            stdout=open(tmp / run / "stdout.txt", "w"), stderr=subprocess.STDOUT, **popen)
+    return subprocess.Popen(
+        [PIPELINE, *args, f"hydra.run.dir={tmp / run}"],
+        cwd=tmp,
+        env=popen.pop("env", _env()),
+        stdout=open(tmp / run / "stdout.txt", "w"),
+        stderr=subprocess.STDOUT,
+        **popen,
+    )
 
 
 def run_cli(args: list[str], tmp: Path, run: str, timeout: float = 300, **popen) -> tuple[int, str, dict | None]:
@@ -152,14 +159,16 @@ def _limit_file_size(limit: int):
     def pre():
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # write() then fails with EFBIG instead of killing the process
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
     return pre
 
 
 def test_disk_full_names_the_path_and_publishes_nothing(tiny_llama, tmp_path):
     store = tmp_path / "store"
     size = (tiny_llama / "model.safetensors").stat().st_size
-    code, out, summary = run_cli([f"model.path={tiny_llama}", f"store_dir={store}", "stages=[export]"], tmp_path, "full",
-                                 preexec_fn=_limit_file_size(size // 2))
+    code, out, summary = run_cli(
+        [f"model.path={tiny_llama}", f"store_dir={store}", "stages=[export]"], tmp_path, "full", preexec_fn=_limit_file_size(size // 2)
+    )
     assert code not in (0, 130), out
     assert summary is not None and summary["exit_code"] == code
     err = summary["error"] or ""
@@ -225,13 +234,12 @@ def test_config_values_are_never_turned_into_code(tmp_path):
     """A ``_target_`` key is data (nothing calls hydra.utils.instantiate on user config); unknown
     resolvers (``${eval:...}``) are refused at compose time; no code runs either way."""
     from pipeline.config import compose, key_fields
-    from pipeline.validation import validate
     from pipeline.planner import plan
     from pipeline.store import canonical_json
+    from pipeline.validation import validate
 
     marker = tmp_path / "PWNED"
-    cfg = compose(["model=llama31_8b", f"+model.hf_config.evil={{_target_:os.system,command:'touch {marker}'}}",
-                   "target.gpu=h100_sxm"])
+    cfg = compose(["model=llama31_8b", f"+model.hf_config.evil={{_target_:os.system,command:'touch {marker}'}}", "target.gpu=h100_sxm"])
     validate(cfg, raise_on_error=False)
     plan(cfg)
     canonical_json(key_fields(cfg.model))
@@ -270,6 +278,6 @@ def test_archive_extraction_cannot_escape(tmp_path):
     for evil in (tar_with("../escaped.txt"), tar_with(str(tmp_path / "abs_escape.txt")), tar_with("link", link="/etc/passwd")):
         dest = tmp_path / "out"
         dest.mkdir(exist_ok=True)
-        with pytest.raises(Exception):
+        with pytest.raises(PipelineError):  # the one safe extraction refuses with an InputError (a PipelineError)
             safe_extract(evil, dest)
     assert not (tmp_path / "escaped.txt").exists() and not (tmp_path / "abs_escape.txt").exists()

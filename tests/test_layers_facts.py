@@ -31,8 +31,15 @@ def _imports(path: Path) -> list[str]:
 
 
 def test_config_layer_imports_nothing_above_it():
-    above = ("pipeline.planner", "pipeline.targets", "pipeline.families", "pipeline.stages", "pipeline.runner",
-             "pipeline.cli", "pipeline.validation")
+    above = (
+        "pipeline.planner",
+        "pipeline.targets",
+        "pipeline.families",
+        "pipeline.stages",
+        "pipeline.runner",
+        "pipeline.cli",
+        "pipeline.validation",
+    )
     for f in sorted((PKG / "config").glob("*.py")):
         bad = [m for m in _imports(f) if m.startswith(above)]
         assert not bad, f"{f.name} imports {bad} (cross-layer checks belong in pipeline/validation.py)"
@@ -54,8 +61,12 @@ def test_no_own_module_behind_except_importerror():
             if not isinstance(n, ast.Try):
                 continue
             catches = any(h.type is None or "ImportError" in ast.unparse(h.type) for h in n.handlers)
-            own = [x for m in n.body for x in ast.walk(m)
-                   if isinstance(x, ast.ImportFrom) and (x.level > 0 or (x.module or "").startswith("pipeline"))]
+            own = [
+                x
+                for m in n.body
+                for x in ast.walk(m)
+                if isinstance(x, ast.ImportFrom) and (x.level > 0 or (x.module or "").startswith("pipeline"))
+            ]
             if catches and own:
                 found.append(f"{f.relative_to(PKG).as_posix()}:{n.lineno}")
     assert {x.split(":")[0] for x in found} <= KNOWN_GUARDS, found

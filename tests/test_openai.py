@@ -40,9 +40,23 @@ def served(tmp_path_factory, tiny_llama):
     from pipeline.serving.openai_server import OpenAIServer
 
     store = tmp_path_factory.mktemp("store")
-    cfg = compose([f"model.path={tiny_llama}", "model.name=tiny", "model.dtype=float32", "target=onnxruntime_genai", "quant=none",
-                   "stages=[package]", f"store_dir={store}", "eval.limit=2", *SMALL_EVAL, "build.max_batch_size=16", "build.max_input_len=128",
-                   "build.max_seq_len=192", "progress=false"])
+    cfg = compose(
+        [
+            f"model.path={tiny_llama}",
+            "model.name=tiny",
+            "model.dtype=float32",
+            "target=onnxruntime_genai",
+            "quant=none",
+            "stages=[package]",
+            f"store_dir={store}",
+            "eval.limit=2",
+            *SMALL_EVAL,
+            "build.max_batch_size=16",
+            "build.max_input_len=128",
+            "build.max_seq_len=192",
+            "progress=false",
+        ]
+    )
     summary = run_pipeline(cfg, console=Console(quiet=True))
     assert summary.exit_code == 0, summary.error
     pkg = {r.stage: Path(r.path) for r in summary.stages}["package"]
@@ -80,6 +94,7 @@ def grpc_answer(served, tok):
             with LLMClient(served.server.grpc_url, tokenizer=tok) as c:
                 cache[(text, max_tokens)] = c.generate(text, max_tokens, chat=False).text
         return cache[(text, max_tokens)]
+
     return get
 
 
@@ -98,8 +113,11 @@ def test_completion_equals_the_grpc_ensemble_and_counts_tokens(sdk, grpc_answer,
 
 
 def test_streamed_completion_joins_to_the_unary_text_with_usage(sdk, grpc_answer):
-    chunks = list(sdk.completions.create(model="tiny", prompt=PROMPTS[2], max_tokens=12, temperature=0, stream=True,
-                                         stream_options={"include_usage": True}))
+    chunks = list(
+        sdk.completions.create(
+            model="tiny", prompt=PROMPTS[2], max_tokens=12, temperature=0, stream=True, stream_options={"include_usage": True}
+        )
+    )
     text = "".join(c.choices[0].text for c in chunks if c.choices)
     assert text == grpc_answer(PROMPTS[2], 12)
     assert len([c for c in chunks if c.choices and c.choices[0].text]) >= 2  # really streamed
@@ -115,8 +133,9 @@ def test_chat_applies_the_served_chat_template_server_side(sdk, grpc_answer, tok
     r = sdk.chat.completions.create(model="tiny", messages=[{"role": "user", "content": PROMPTS[1]}], max_tokens=12, temperature=0)
     assert r.choices[0].message.role == "assistant" and r.choices[0].message.content == grpc_answer(rendered, 12)
     assert r.usage.prompt_tokens == len(tok(rendered, add_special_tokens=False)["input_ids"])
-    stream = sdk.chat.completions.create(model="tiny", messages=[{"role": "user", "content": PROMPTS[1]}], max_tokens=12,
-                                         temperature=0, stream=True)
+    stream = sdk.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": PROMPTS[1]}], max_tokens=12, temperature=0, stream=True
+    )
     assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == grpc_answer(rendered, 12)
 
 
@@ -130,8 +149,11 @@ def test_concurrent_requests_each_get_their_own_answer(sdk, grpc_answer):
             if i % 2:
                 out[i] = sdk.completions.create(model="tiny", prompt=prompts[i], max_tokens=10, temperature=0).choices[0].text
             else:
-                out[i] = "".join(c.choices[0].text for c in sdk.completions.create(model="tiny", prompt=prompts[i], max_tokens=10,
-                                                                                   temperature=0, stream=True) if c.choices)
+                out[i] = "".join(
+                    c.choices[0].text
+                    for c in sdk.completions.create(model="tiny", prompt=prompts[i], max_tokens=10, temperature=0, stream=True)
+                    if c.choices
+                )
         except BaseException as e:
             errors.append(e)
 
@@ -144,8 +166,8 @@ def test_concurrent_requests_each_get_their_own_answer(sdk, grpc_answer):
 
 def test_stop_cuts_before_the_stop_string(sdk, grpc_answer):
     full = grpc_answer(PROMPTS[0], 16)
-    k = next(i for i in range(2, len(full)) if full[i].isalnum() and full.find(full[i:i + 2]) == i)
-    stop = full[k:k + 2]
+    k = next(i for i in range(2, len(full)) if full[i].isalnum() and full.find(full[i : i + 2]) == i)
+    stop = full[k : k + 2]
     for stream in (False, True):
         if stream:
             chunks = list(sdk.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=16, temperature=0, stop=[stop], stream=True))
@@ -160,15 +182,23 @@ def test_stop_cuts_before_the_stop_string(sdk, grpc_answer):
 def test_n_and_sampling(sdk, grpc_answer):
     r = sdk.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=8, temperature=0, n=2)
     assert [c.index for c in r.choices] == [0, 1] and {c.text for c in r.choices} == {grpc_answer(PROMPTS[0], 8)}
-    sampled = {sdk.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=8, temperature=1.5, top_p=1.0).choices[0].text
-               for _ in range(3)}
+    sampled = {
+        sdk.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=8, temperature=1.5, top_p=1.0).choices[0].text for _ in range(3)
+    }
     assert sampled != {grpc_answer(PROMPTS[0], 8)}  # temperature > 0 samples
 
 
-@pytest.mark.parametrize("kwargs, param", [
-    ({"logprobs": 2}, "logprobs"), ({"n": 17}, "n"), ({"echo": True}, "echo"), ({"temperature": 3.0}, "temperature"),
-    ({"extra_body": {"unknown_field": 1}}, "unknown_field"), ({"logit_bias": {"5": 10}}, "logit_bias"),
-])
+@pytest.mark.parametrize(
+    "kwargs, param",
+    [
+        ({"logprobs": 2}, "logprobs"),
+        ({"n": 17}, "n"),
+        ({"echo": True}, "echo"),
+        ({"temperature": 3.0}, "temperature"),
+        ({"extra_body": {"unknown_field": 1}}, "unknown_field"),
+        ({"logit_bias": {"5": 10}}, "logit_bias"),
+    ],
+)
 def test_unsupported_or_invalid_fields_are_refused_naming_them(sdk, kwargs, param):
     with pytest.raises(openai.BadRequestError) as ei:
         sdk.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=4, **kwargs)
@@ -181,9 +211,24 @@ def test_unknown_model_is_404(sdk):
 
 
 def test_pipeline_serve_openai_binds_localhost_and_answers(served, tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "serve", str(served.package), "--openai", "package.grpc_port=0",
-                             "package.http_port=0", "package.metrics_port=0", "package.openai_port=0"],
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "serve",
+            str(served.package),
+            "--openai",
+            "package.grpc_port=0",
+            "package.http_port=0",
+            "package.metrics_port=0",
+            "package.openai_port=0",
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         lines = []
         deadline = time.monotonic() + 180
@@ -195,8 +240,12 @@ def test_pipeline_serve_openai_binds_localhost_and_answers(served, tmp_path):
         m = re.search(r"OpenAI-compatible endpoint: (http://127\.0\.0\.1:\d+/v1)", "".join(lines))
         assert m, "".join(lines)
         c = openai.OpenAI(base_url=m.group(1), api_key="unused", max_retries=0)
-        assert c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
-                                         temperature=0).choices[0].message.content is not None
+        assert (
+            c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4, temperature=0)
+            .choices[0]
+            .message.content
+            is not None
+        )
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=60)
         assert proc.returncode == 0, out

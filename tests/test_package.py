@@ -28,22 +28,55 @@ from pipeline.packaging.validate import check_repository, ensemble_interface, pa
 # TensorRT-LLM in-flight-batcher ensemble interface: docs/reference/triton.md §2 (tensorrtllm_backend v0.19.0 templates),
 # name -> (data type, dims without the batch dim, optional)
 EXPECTED_INPUTS = {
-    "text_input": ("TYPE_STRING", [1], False), "decoder_text_input": ("TYPE_STRING", [1], True), "max_tokens": ("TYPE_INT32", [1], False),
-    **{n: ("TYPE_INT32", [1], True) for n in ("num_return_sequences", "end_id", "pad_id", "top_k", "min_length", "beam_width", "prompt_vocab_size")},
+    "text_input": ("TYPE_STRING", [1], False),
+    "decoder_text_input": ("TYPE_STRING", [1], True),
+    "max_tokens": ("TYPE_INT32", [1], False),
+    **{
+        n: ("TYPE_INT32", [1], True)
+        for n in ("num_return_sequences", "end_id", "pad_id", "top_k", "min_length", "beam_width", "prompt_vocab_size")
+    },
     **{n: ("TYPE_STRING", [-1], True) for n in ("bad_words", "stop_words", "embedding_bias_words")},
-    **{n: ("TYPE_BOOL", [1], True) for n in ("exclude_input_in_output", "return_log_probs", "return_context_logits",
-                                              "return_generation_logits", "return_perf_metrics", "stream")},
-    **{n: ("TYPE_FP32", [1], True) for n in ("top_p", "temperature", "length_penalty", "repetition_penalty", "presence_penalty", "frequency_penalty")},
+    **{
+        n: ("TYPE_BOOL", [1], True)
+        for n in (
+            "exclude_input_in_output",
+            "return_log_probs",
+            "return_context_logits",
+            "return_generation_logits",
+            "return_perf_metrics",
+            "stream",
+        )
+    },
+    **{
+        n: ("TYPE_FP32", [1], True)
+        for n in ("top_p", "temperature", "length_penalty", "repetition_penalty", "presence_penalty", "frequency_penalty")
+    },
     **{n: ("TYPE_UINT64", [1], True) for n in ("random_seed", "prompt_table_extra_id", "lora_task_id")},
-    "prompt_embedding_table": ("TYPE_FP16", [-1, -1], True), "embedding_bias_weights": ("TYPE_FP32", [-1], True),
-    "lora_weights": ("TYPE_FP16", [-1, -1], True), "lora_config": ("TYPE_INT32", [-1, 3], True),
-    "guided_decoding_guide_type": ("TYPE_STRING", [1], True), "guided_decoding_guide": ("TYPE_STRING", [1], True),
+    "prompt_embedding_table": ("TYPE_FP16", [-1, -1], True),
+    "embedding_bias_weights": ("TYPE_FP32", [-1], True),
+    "lora_weights": ("TYPE_FP16", [-1, -1], True),
+    "lora_config": ("TYPE_INT32", [-1, 3], True),
+    "guided_decoding_guide_type": ("TYPE_STRING", [1], True),
+    "guided_decoding_guide": ("TYPE_STRING", [1], True),
 }
 EXPECTED_OUTPUTS = {
-    "text_output": ("TYPE_STRING", [-1], False), "cum_log_probs": ("TYPE_FP32", [-1], False), "output_log_probs": ("TYPE_FP32", [-1, -1], False),
-    "context_logits": ("TYPE_FP32", [-1, -1], False), "generation_logits": ("TYPE_FP32", [-1, -1, -1], False),
-    **{n: ("TYPE_INT32", [1], False) for n in ("batch_index", "sequence_index", "kv_cache_alloc_new_blocks", "kv_cache_reused_blocks",
-                                               "kv_cache_alloc_total_blocks", "total_accepted_draft_tokens", "total_draft_tokens")},
+    "text_output": ("TYPE_STRING", [-1], False),
+    "cum_log_probs": ("TYPE_FP32", [-1], False),
+    "output_log_probs": ("TYPE_FP32", [-1, -1], False),
+    "context_logits": ("TYPE_FP32", [-1, -1], False),
+    "generation_logits": ("TYPE_FP32", [-1, -1, -1], False),
+    **{
+        n: ("TYPE_INT32", [1], False)
+        for n in (
+            "batch_index",
+            "sequence_index",
+            "kv_cache_alloc_new_blocks",
+            "kv_cache_reused_blocks",
+            "kv_cache_alloc_total_blocks",
+            "total_accepted_draft_tokens",
+            "total_draft_tokens",
+        )
+    },
     **{n: ("TYPE_INT64", [1], False) for n in ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns")},
     "acceptance_rate": ("TYPE_FP32", [1], False),
 }
@@ -51,8 +84,19 @@ MODEL_INFO = {"eos_token_ids": [2], "pad_token_id": 3, "bos_token_id": 1, "archi
 
 
 def pkg_cfg(**kw):
-    base = dict(name="default", version="1", max_batch_size=None, max_input_len=None, max_beam_width=None, decoupled=True,
-                exclude_input_in_output=True, instance_count=1, allow_failed_gate=False, archive=True, serving_image=None)
+    base = dict(
+        name="default",
+        version="1",
+        max_batch_size=None,
+        max_input_len=None,
+        max_beam_width=None,
+        decoupled=True,
+        exclude_input_in_output=True,
+        instance_count=1,
+        allow_failed_gate=False,
+        archive=True,
+        serving_image=None,
+    )
     base.update(kw)
     return SimpleNamespace(**base)
 
@@ -61,10 +105,31 @@ def pkg_cfg(**kw):
 def ort_build(tmp_path_factory, tiny_llama):
     """A real onnxruntime-genai engine (fp32, CPU) of the tiny Llama + its build_info.json."""
     out = tmp_path_factory.mktemp("ort_build")
-    subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(tiny_llama), "-o", str(out / "engine"),
-                    "-p", "fp32", "-e", "cpu", "-c", str(out / "cache")], check=True, capture_output=True)
-    bi = {"target": "onnxruntime_genai", "execution_provider": "cpu", "limits": {"max_batch_size": 4, "max_input_len": 96, "max_seq_len": 192},
-          "versions": {"onnxruntime-genai": "0.18.0"}}
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "onnxruntime_genai.models.builder",
+            "-i",
+            str(tiny_llama),
+            "-o",
+            str(out / "engine"),
+            "-p",
+            "fp32",
+            "-e",
+            "cpu",
+            "-c",
+            str(out / "cache"),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    bi = {
+        "target": "onnxruntime_genai",
+        "execution_provider": "cpu",
+        "limits": {"max_batch_size": 4, "max_input_len": 96, "max_seq_len": 192},
+        "versions": {"onnxruntime-genai": "0.18.0"},
+    }
     (out / "build_info.json").write_text(json.dumps(bi))
     return out
 
@@ -84,7 +149,13 @@ def ort_limits(ort_build: Path) -> dict:
 # --------------------------------------------------------------------------- repository + interface
 def test_ort_repository_parses_validates_and_matches_trtllm_ensemble_interface(tmp_path, ort_build, tiny_llama):
     repo, s = make_repo(tmp_path, ort_build, tiny_llama)
-    assert sorted(p.name for p in repo.iterdir()) == ["ensemble", "onnxruntime_genai", "postprocessing", "preprocessing", "tensorrt_llm_bls"]
+    assert sorted(p.name for p in repo.iterdir()) == [
+        "ensemble",
+        "onnxruntime_genai",
+        "postprocessing",
+        "preprocessing",
+        "tensorrt_llm_bls",
+    ]
     assert validate_repository(repo, limits=ort_limits(ort_build), target="onnxruntime_genai") == []
     iface = ensemble_interface(repo)
     # plus the documented extension input (trtllm_backend_table.EXTENSION_INPUTS): server-side chat rendering
@@ -113,10 +184,19 @@ def test_trtllm_repository_fills_every_parameter_from_the_build(tmp_path):
     import tiny
 
     tiny.make_tokenizer(tok)
-    bi = {"target": "tensorrt_llm", "backend": "tensorrt", "limits": {"max_batch_size": 64, "max_input_len": 2048, "max_seq_len": 4096, "max_beam_width": 2},
-          "knobs": {"kv_cache_free_gpu_mem_fraction": 0.85, "enable_kv_cache_reuse": True, "batch_scheduler_policy": "max_utilization",
-                    "cuda_graph_mode": True, "cuda_graph_cache_size": 4},
-          "versions": {"tensorrt_llm": "1.1.0", "tensorrt": "10.13.3.9"}}
+    bi = {
+        "target": "tensorrt_llm",
+        "backend": "tensorrt",
+        "limits": {"max_batch_size": 64, "max_input_len": 2048, "max_seq_len": 4096, "max_beam_width": 2},
+        "knobs": {
+            "kv_cache_free_gpu_mem_fraction": 0.85,
+            "enable_kv_cache_reuse": True,
+            "batch_scheduler_policy": "max_utilization",
+            "cuda_graph_mode": True,
+            "cuda_graph_cache_size": 4,
+        },
+        "versions": {"tensorrt_llm": "1.1.0", "tensorrt": "10.13.3.9"},
+    }
     s = settings_from_build(bi, MODEL_INFO, pkg_cfg(max_batch_size=32, exclude_input_in_output=False))
     repo = tmp_path / "repo"
     info = generate_repository(repo, s, engine_dir=engine, tokenizer_dirs=[tok])
@@ -132,20 +212,37 @@ def test_trtllm_repository_fills_every_parameter_from_the_build(tmp_path):
     assert p["exclude_input_in_output"] == "false" and p["tokenizer_dir"] == "/models/preprocessing/1/tokenizer"
     assert ensemble_interface(repo)["inputs"] == EXPECTED_INPUTS
     # the engine was built with 1.1.0; a 25.09 image ships 1.0.0 -> refused, both versions named
-    probs = validate_repository(repo, limits=bi["limits"], target="tensorrt_llm", build_info=bi,
-                                serving_image="nvcr.io/nvidia/tritonserver:25.09-trtllm-python-py3")
+    probs = validate_repository(
+        repo, limits=bi["limits"], target="tensorrt_llm", build_info=bi, serving_image="nvcr.io/nvidia/tritonserver:25.09-trtllm-python-py3"
+    )
     assert len(probs) >= 1 and "1.1.0" in str(probs[0]) and "1.0.0" in str(probs[0])
     with pytest.raises(PreflightError, match="TensorRT-LLM 1.1.0"):
-        check_repository(repo, limits=bi["limits"], target="tensorrt_llm", build_info=bi,
-                         serving_image="nvcr.io/nvidia/tritonserver:25.09-trtllm-python-py3")
-    assert "not a known" in str(validate_repository(repo, limits=bi["limits"], target="tensorrt_llm", build_info=bi,
-                                                    serving_image="nvcr.io/nvidia/tritonserver:25.03-trtllm-python-py3")[0])
+        check_repository(
+            repo,
+            limits=bi["limits"],
+            target="tensorrt_llm",
+            build_info=bi,
+            serving_image="nvcr.io/nvidia/tritonserver:25.09-trtllm-python-py3",
+        )
+    assert "not a known" in str(
+        validate_repository(
+            repo,
+            limits=bi["limits"],
+            target="tensorrt_llm",
+            build_info=bi,
+            serving_image="nvcr.io/nvidia/tritonserver:25.03-trtllm-python-py3",
+        )[0]
+    )
     # without versions in build_info, the engine's own config.json "version" is compared
     no_vers = {k: v for k, v in bi.items() if k != "versions"}
-    probs = validate_repository(repo, limits=bi["limits"], target="tensorrt_llm", build_info=no_vers,
-                                serving_image="nvcr.io/nvidia/tritonserver:25.09-trtllm-python-py3")
+    probs = validate_repository(
+        repo,
+        limits=bi["limits"],
+        target="tensorrt_llm",
+        build_info=no_vers,
+        serving_image="nvcr.io/nvidia/tritonserver:25.09-trtllm-python-py3",
+    )
     assert any("TensorRT-LLM 1.1.0" in str(p) for p in probs)
-
 
 
 def test_serve_prints_the_ngc_container_command_for_trtllm(tmp_path, capsys):
@@ -242,8 +339,10 @@ def test_validation_catches_broken_ensemble_decoupled_and_tokenizer(tmp_path, or
         (trt / m / "1").mkdir(parents=True, exist_ok=True)
         text = fill((TEMPLATES / m / "config.pbtxt").read_text(), template_values(Settings(target="tensorrt_llm")))
         if m == "preprocessing":
-            text = text.replace('{ name: "REQUEST_OUTPUT_LEN" data_type: TYPE_INT32 dims: [ 1 ] }',
-                                '{ name: "REQUEST_OUTPUT_LEN" data_type: TYPE_FP32 dims: [ 1 ] }')
+            text = text.replace(
+                '{ name: "REQUEST_OUTPUT_LEN" data_type: TYPE_INT32 dims: [ 1 ] }',
+                '{ name: "REQUEST_OUTPUT_LEN" data_type: TYPE_FP32 dims: [ 1 ] }',
+            )
         if m == "ensemble":
             text = text.replace('output_map { key: "OUTPUT" value: "text_output" }', "")
         (trt / m / "config.pbtxt").write_text(text)
@@ -272,7 +371,9 @@ def test_archive_is_reproducible_and_sums_verify(tmp_path, ort_build, tiny_llama
         assert all(m.mtime == 0 and m.uid == 0 and m.gid == 0 for m in t.getmembers())
     out = tmp_path / "unpacked"
     safe_extract(tmp_path / "r1" / "m-1.tar.gz", out)
-    assert (out / "m-1" / "model_repository" / "ensemble" / "config.pbtxt").read_bytes() == (repo / "ensemble" / "config.pbtxt").read_bytes()
+    assert (out / "m-1" / "model_repository" / "ensemble" / "config.pbtxt").read_bytes() == (
+        repo / "ensemble" / "config.pbtxt"
+    ).read_bytes()
 
 
 def _tar(path: Path, members: list[tarfile.TarInfo]) -> Path:
@@ -291,15 +392,18 @@ def _ti(name: str, type_=tarfile.REGTYPE, link: str = "") -> tarfile.TarInfo:
     return ti
 
 
-@pytest.mark.parametrize("members,match", [
-    ([_ti("/tmp/evil_abs.txt")], "absolute path"),
-    ([_ti("ok/../../evil_dotdot.txt")], r"contains '\.\.'"),
-    ([_ti("link", tarfile.SYMTYPE, "/etc/passwd")], "symbolic link"),
-    ([_ti("d/link", tarfile.SYMTYPE, "../../outside")], "symbolic link"),
-    ([_ti("hard", tarfile.LNKTYPE, "../outside.txt")], "hard link"),
-    ([_ti("dev", tarfile.CHRTYPE)], "device"),
-    ([_ti("fifo", tarfile.FIFOTYPE)], "device/FIFO"),
-])
+@pytest.mark.parametrize(
+    "members,match",
+    [
+        ([_ti("/tmp/evil_abs.txt")], "absolute path"),
+        ([_ti("ok/../../evil_dotdot.txt")], r"contains '\.\.'"),
+        ([_ti("link", tarfile.SYMTYPE, "/etc/passwd")], "symbolic link"),
+        ([_ti("d/link", tarfile.SYMTYPE, "../../outside")], "symbolic link"),
+        ([_ti("hard", tarfile.LNKTYPE, "../outside.txt")], "hard link"),
+        ([_ti("dev", tarfile.CHRTYPE)], "device"),
+        ([_ti("fifo", tarfile.FIFOTYPE)], "device/FIFO"),
+    ],
+)
 def test_safe_extract_rejects_malicious_archives(tmp_path, members, match):
     arch = _tar(tmp_path / "evil.tar.gz", [_ti("good.txt")] + members)
     dest = tmp_path / "dest"
@@ -352,12 +456,22 @@ def _ctx(tmp_path, ort_build, tiny_llama, gate, **pkg):
     arts = {
         "export": Artifact("export", "e" * 64, exp, {"output_digest": "e" * 64, "result": {}}),
         "build": Artifact("build", "b" * 64, ort_build, {"output_digest": "b" * 64, "result": {}}),
-        "evaluate": Artifact("evaluate", "v" * 64, tmp_path, {"output_digest": "v" * 64, "result": {"gate": gate, "headline": {"score": 0.5}}}),
+        "evaluate": Artifact(
+            "evaluate", "v" * 64, tmp_path, {"output_digest": "v" * 64, "result": {"gate": gate, "headline": {"score": 0.5}}}
+        ),
     }
     out = tmp_path / "out"
     out.mkdir()
-    return StageContext(cfg=cfg, inputs=arts, external={}, out=out, manifest={}, console=Console(quiet=True),
-                        log=logging.getLogger("test"), show_progress=False)
+    return StageContext(
+        cfg=cfg,
+        inputs=arts,
+        external={},
+        out=out,
+        manifest={},
+        console=Console(quiet=True),
+        log=logging.getLogger("test"),
+        show_progress=False,
+    )
 
 
 def test_stage_refuses_failed_gate_and_records_override(tmp_path, ort_build, tiny_llama):

@@ -19,10 +19,19 @@ from pipeline.serving.server import DEFAULT_SERVE_VENV, TritonServer
 
 pytestmark = pytest.mark.slow
 
-BASE = ["model.name=tiny", "model.dtype=float32", "target=onnxruntime_genai", "stages=[package]", "build.max_batch_size=8",
-        "build.max_input_len=128", "build.max_seq_len=192", "progress=false",
-        # a 6-item eval set cannot show non-inferiority (gate verdict inconclusive): packaged anyway, explicitly and recorded
-        "eval.gate.mode=exploratory", "package.allow_failed_gate=true"]
+BASE = [
+    "model.name=tiny",
+    "model.dtype=float32",
+    "target=onnxruntime_genai",
+    "stages=[package]",
+    "build.max_batch_size=8",
+    "build.max_input_len=128",
+    "build.max_seq_len=192",
+    "progress=false",
+    # a 6-item eval set cannot show non-inferiority (gate verdict inconclusive): packaged anyway, explicitly and recorded
+    "eval.gate.mode=exploratory",
+    "package.allow_failed_gate=true",
+]
 
 
 def _run(tiny_llama: Path, store: Path, *extra: str):
@@ -63,8 +72,12 @@ def test_package_records_served_equals_evaluated(packaged):
 
 def test_parity_command_against_a_running_server(packaged):
     with TritonServer(packaged["package"] / "model_repository", ready_timeout_s=180) as srv:
-        r = subprocess.run([sys.executable, "-m", "pipeline", "client", "--parity", str(packaged["package"]), "--url", srv.grpc_url],
-                           capture_output=True, text=True, timeout=300)
+        r = subprocess.run(
+            [sys.executable, "-m", "pipeline", "client", "--parity", str(packaged["package"]), "--url", srv.grpc_url],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "served == evaluated: 12/12" in r.stdout
 
@@ -93,8 +106,11 @@ def test_tensorrt_llm_package_is_recorded_not_run_here_with_the_command(tmp_path
 
     from pipeline.packaging.parity import run_parity
 
-    cfg = SimpleNamespace(package=SimpleNamespace(parity=True, parity_sample=64, parity_seed=0),
-                          eval=SimpleNamespace(max_new_tokens=64, stop=[]), model=SimpleNamespace(apply_chat_template=True))
+    cfg = SimpleNamespace(
+        package=SimpleNamespace(parity=True, parity_sample=64, parity_seed=0),
+        eval=SimpleNamespace(max_new_tokens=64, stop=[]),
+        model=SimpleNamespace(apply_chat_template=True),
+    )
     from pipeline.config import compose
 
     real = compose(["model.path=unused", *BASE, "quant=none", "eval.limit=6"])

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import struct
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -49,8 +47,9 @@ def test_llama31_70b_fp8_weights_about_70_gb():
     assert w.high_precision_bytes >= 2 * 128256 * 8192 * 2
 
 
-@pytest.mark.parametrize("preset,billions", [("llama2_7b", 6.74), ("llama31_8b", 8.03), ("llama31_70b", 70.55),
-                                             ("qwen25_7b", 7.62), ("mistral_7b", 7.25)])
+@pytest.mark.parametrize(
+    "preset,billions", [("llama2_7b", 6.74), ("llama31_8b", 8.03), ("llama31_70b", 70.55), ("qwen25_7b", 7.62), ("mistral_7b", 7.25)]
+)
 def test_parameter_counts_match_model_cards(preset, billions):
     assert shape_of(preset).num_parameters / 1e9 == pytest.approx(billions, rel=0.005)
 
@@ -74,8 +73,10 @@ def test_shape_matches_a_real_checkpoint(tiny_llama):
 
 def test_quantized_recipes_shrink_weights_in_the_right_order():
     s = shape_of("llama31_8b")
-    b = {r: weight_bytes(s, r, hp_dtype="bfloat16", exclude=["lm_head"]).total_bytes
-         for r in ("none", "fp8", "int8_sq", "int8_wo", "int4_awq", "int4_wo", "w4a8_awq")}
+    b = {
+        r: weight_bytes(s, r, hp_dtype="bfloat16", exclude=["lm_head"]).total_bytes
+        for r in ("none", "fp8", "int8_sq", "int8_wo", "int4_awq", "int4_wo", "w4a8_awq")
+    }
     assert b["none"] > b["int8_sq"] > b["fp8"] > b["int4_awq"]
     assert b["int4_awq"] > b["int4_wo"]  # AWQ adds pre-quant scales
     # keeping more layers in high precision costs bytes
@@ -106,7 +107,9 @@ def test_capacity_is_whole_blocks_and_sequences():
     assert p.memory["kv_pool_bytes"] == int(p.memory["free_after_load_bytes"] * 0.9)
     assert cap["kv_blocks"] * kv["bytes_per_block_rank"] <= p.memory["kv_pool_bytes"]
     # a larger free-memory fraction holds more tokens
-    p2 = plan(compose(["model=llama31_8b", "target.gpu=h100_sxm", "quant=fp8", "build=throughput", "build.kv_cache_free_gpu_mem_fraction=0.95"]))
+    p2 = plan(
+        compose(["model=llama31_8b", "target.gpu=h100_sxm", "quant=fp8", "build=throughput", "build.kv_cache_free_gpu_mem_fraction=0.95"])
+    )
     assert p2.capacity["kv_tokens"] > cap["kv_tokens"]
     # decode roofline: bytes / bandwidth; aggregate grows with the batch, per-sequence rate falls
     b1, full = p.decode["batch1"], p.decode["full"]
@@ -173,9 +176,20 @@ def test_catalogue_has_the_required_gpus_with_sources():
         lookup("tpu_v5")
 
 
-@pytest.mark.parametrize("smi,key", [("NVIDIA H100 80GB HBM3", "h100_sxm"), ("NVIDIA H100 PCIe", "h100_pcie"), ("NVIDIA H200", "h200"),
-                                     ("NVIDIA A100-SXM4-40GB", "a100_40gb"), ("NVIDIA A100-SXM4-80GB", "a100_80gb"),
-                                     ("NVIDIA A10G", "a10g"), ("NVIDIA L4", "l4"), ("NVIDIA L40S", "l40s"), ("NVIDIA B200", "b200")])
+@pytest.mark.parametrize(
+    "smi,key",
+    [
+        ("NVIDIA H100 80GB HBM3", "h100_sxm"),
+        ("NVIDIA H100 PCIe", "h100_pcie"),
+        ("NVIDIA H200", "h200"),
+        ("NVIDIA A100-SXM4-40GB", "a100_40gb"),
+        ("NVIDIA A100-SXM4-80GB", "a100_80gb"),
+        ("NVIDIA A10G", "a10g"),
+        ("NVIDIA L4", "l4"),
+        ("NVIDIA L40S", "l40s"),
+        ("NVIDIA B200", "b200"),
+    ],
+)
 def test_local_gpu_names_map_to_the_catalogue(smi, key):
     assert match_local(smi).key == key
 
@@ -216,8 +230,14 @@ def test_cli_json_and_alias(capsys):
 
 
 def test_pipeline_plan_command_end_to_end():
-    r = subprocess.run([str(ROOT / ".venv/bin/pipeline"), "plan", "model=llama31_8b", "target.gpu=h100_sxm", "quant=fp8", "build=throughput"],
-                       capture_output=True, text=True, timeout=120, cwd=ROOT, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+    r = subprocess.run(
+        [str(ROOT / ".venv/bin/pipeline"), "plan", "model=llama31_8b", "target.gpu=h100_sxm", "quant=fp8", "build=throughput"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "128.00 KiB/token" in r.stdout and "sequences at max_seq_len=4096" in r.stdout and "Traceback" not in r.stderr
 
@@ -246,8 +266,9 @@ def test_doctor_json_reports_this_environment():
     has_trtllm = importlib.util.find_spec("tensorrt_llm") is not None
     if not has_trtllm:
         assert rep["targets"]["tensorrt_llm"]["ok"] is False and any("tensorrt_llm" in w for w in rep["targets"]["tensorrt_llm"]["why"])
-        r2 = subprocess.run([str(ROOT / ".venv/bin/pipeline"), "doctor", "--require", "tensorrt_llm"], capture_output=True, text=True,
-                            timeout=120, cwd=ROOT)
+        r2 = subprocess.run(
+            [str(ROOT / ".venv/bin/pipeline"), "doctor", "--require", "tensorrt_llm"], capture_output=True, text=True, timeout=120, cwd=ROOT
+        )
         assert r2.returncode == 4
     serve = rep["serve"]
     if serve.get("tritonserver"):

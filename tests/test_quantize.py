@@ -18,8 +18,17 @@ from pipeline.errors import InputError
 from pipeline.quantize import KV_CACHE, RECIPES, check_trtllm_checkpoint, load_simulated_model, preflight, quantize, source_facts
 
 CALIB = ["calibration.calib_size=16", "calibration.min_samples=4", "calibration.calib_max_seq_length=48", "calibration.batch_size=8"]
-RECIPE_KV = {"none": "none", "fp8": "fp8", "int8_sq": "int8", "int8_wo": "none", "int4_wo": "none", "int4_rtn": "none", "int4_awq": "none", "w4a8_awq": "none",
-             "auto": "none"}
+RECIPE_KV = {
+    "none": "none",
+    "fp8": "fp8",
+    "int8_sq": "int8",
+    "int8_wo": "none",
+    "int4_wo": "none",
+    "int4_rtn": "none",
+    "int4_awq": "none",
+    "w4a8_awq": "none",
+    "auto": "none",
+}
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +78,15 @@ def _tensors(path: Path) -> dict:
 def test_every_recipe_writes_the_contract(runs, export_dir, recipe):
     out, res = _recipe_run(runs, recipe)
     kv = RECIPE_KV[recipe]
-    for f in ("hf/config.json", "trtllm_checkpoint/config.json", "trtllm_checkpoint/rank0.safetensors", "quant_state.json",
-              "quant_state.safetensors", "quant_report.json", "quant_report.md"):
+    for f in (
+        "hf/config.json",
+        "trtllm_checkpoint/config.json",
+        "trtllm_checkpoint/rank0.safetensors",
+        "quant_state.json",
+        "quant_state.safetensors",
+        "quant_report.json",
+        "quant_report.md",
+    ):
         assert (out / f).is_file(), f
     c = json.loads((out / "trtllm_checkpoint/config.json").read_text())
     assert c["quantization"]["quant_algo"] == RECIPES[recipe].quant_algo
@@ -196,8 +212,14 @@ def test_rope_scaled_model_keeps_scaling_and_vocab_is_padded(runs, tmp_path_fact
 
     from pipeline.export import export_checkpoint
 
-    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 64}
+    rope = {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
     src = tiny.make_checkpoint(tmp_path_factory.mktemp("rope_src"), "llama", vocab_size=385, rope_parameters=rope)
     exp = tmp_path_factory.mktemp("rope_export")
     export_checkpoint(src, exp)
@@ -206,8 +228,12 @@ def test_rope_scaled_model_keeps_scaling_and_vocab_is_padded(runs, tmp_path_fact
     assert c["rotary_base"] == 500000.0
     sc = c["rotary_scaling"]
     assert (sc.get("rope_type") or sc.get("type")) == "llama3"
-    assert {k: sc[k] for k in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")} == \
-        {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    assert {k: sc[k] for k in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")} == {
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
     rep = json.loads((out / "quant_report.json").read_text())
     assert rep["preflight"]["vocab_padding"] == {"original": 385, "padded": 386}
     assert c["vocab_size"] == 385
@@ -260,8 +286,12 @@ def _q(**kw):
     return q
 
 
-LINEARS = {"model.layers.0.self_attn.q_proj": (256, 256), "model.layers.0.self_attn.o_proj": (256, 256),
-           "model.layers.0.mlp.down_proj": (192, 256), "lm_head": (256, 1000)}
+LINEARS = {
+    "model.layers.0.self_attn.q_proj": (256, 256),
+    "model.layers.0.self_attn.o_proj": (256, 256),
+    "model.layers.0.mlp.down_proj": (192, 256),
+    "lm_head": (256, 1000),
+}
 
 
 def test_group_size_check_lists_dims_and_working_sizes():
@@ -275,7 +305,9 @@ def test_group_size_check_lists_dims_and_working_sizes():
 
 
 def test_heads_check_lists_valid_tp_and_records_kv_replication():
-    with pytest.raises(InputError, match=r"quant.tp_size=3: does not divide num_attention_heads=8. Fix: use quant.tp_size in \[1, 2, 4, 8\]"):
+    with pytest.raises(
+        InputError, match=r"quant.tp_size=3: does not divide num_attention_heads=8. Fix: use quant.tp_size in \[1, 2, 4, 8\]"
+    ):
         preflight(_q(recipe="int8_wo", tp_size=3), _facts(), LINEARS, {}, None)
     with pytest.raises(InputError, match=r"neither divides num_key_value_heads=3.*quant.tp_size in \[1, 3, 6\]"):
         preflight(_q(recipe="int8_wo", tp_size=2), _facts(num_attention_heads=6, num_key_value_heads=3), LINEARS, {}, None)
@@ -344,8 +376,13 @@ def test_export_checks_catch_wrong_fields_and_bad_kv_scales(runs, export_dir, tm
     with pytest.raises(InputError) as e:
         check_trtllm_checkpoint(ck, facts, q, {})
     msg = str(e.value)
-    for s in ("rotary_base: exported 20000.0 != source 10000.0", "norm_epsilon", "num_key_value_heads: exported 4 != source 2",
-              "kv_cache_scaling_factor missing on attention layer(s) [0]", "not finite and positive on layer(s) {1: 0.0}"):
+    for s in (
+        "rotary_base: exported 20000.0 != source 10000.0",
+        "norm_epsilon",
+        "num_key_value_heads: exported 4 != source 2",
+        "kv_cache_scaling_factor missing on attention layer(s) [0]",
+        "not finite and positive on layer(s) {1: 0.0}",
+    ):
         assert s in msg, s
 
 
@@ -389,8 +426,14 @@ def test_stage_through_the_runner_caches_on_calibration_content(tmp_path, repo_r
     cal = tmp_path / "calib.jsonl"
     lines = (Path(repo_root) / "evaluation/data/support_calib_v1.jsonl").read_text(encoding="utf-8").splitlines()[:40]
     cal.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    over = [f"model.path={src}", "stages=[export,quantize]", "quant=int8_wo", f"calibration.path={cal}",
-            f"store_dir={tmp_path / 'store'}", "progress=false"] + CALIB
+    over = [
+        f"model.path={src}",
+        "stages=[export,quantize]",
+        "quant=int8_wo",
+        f"calibration.path={cal}",
+        f"store_dir={tmp_path / 'store'}",
+        "progress=false",
+    ] + CALIB
 
     def go():
         s = run_pipeline(compose(over), console=Console(file=io.StringIO()))

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import ConfigError, compose
-from pipeline.validation import validate
 from pipeline.errors import InputError
 from pipeline.quantize import RECIPES, auto_quant_algo, load_simulated_model, quantize
+from pipeline.validation import validate
 
 CALIB = ["calibration.calib_size=16", "calibration.min_samples=4", "calibration.calib_max_seq_length=48", "calibration.batch_size=8"]
 
@@ -119,8 +119,16 @@ def test_int4_rtn_builds_on_the_cpu_target_with_modelopts_integers(runs, export_
     out, _ = runs("int4_rtn", ["quant=int4_rtn"])
     # accuracy_level=1: fp32 activations, the engine's exact numerics are what this test checks (the default, 4,
     # quantizes activations to int8 and flips near-tied choices of this random-weight model)
-    cfg = compose(["target=onnxruntime_genai", "quant=int4_rtn", "build.max_input_len=160", "build.max_seq_len=200", "build.max_batch_size=4",
-                   "target.accuracy_level=1"])
+    cfg = compose(
+        [
+            "target=onnxruntime_genai",
+            "quant=int4_rtn",
+            "build.max_input_len=160",
+            "build.max_seq_len=200",
+            "build.max_batch_size=4",
+            "target.accuracy_level=1",
+        ]
+    )
     validate(cfg)
     info = get_target("onnxruntime_genai").build(cfg, out, tmp_path / "b", export_dir=export_dir)
     qw = info["quantized_weights"]
@@ -131,15 +139,19 @@ def test_int4_rtn_builds_on_the_cpu_target_with_modelopts_integers(runs, export_
 
     tok = tf.AutoTokenizer.from_pretrained(str(export_dir / "hf"))
     agree = total = 0
-    prompts = ["Where is my order ORD-12345?", "Please cancel order ORD-99871 and refund 129.50 dollars.",
-               "I want a refund for the damaged item.", "Change the shipping address to 12 Main Street."]
+    prompts = [
+        "Where is my order ORD-12345?",
+        "Please cancel order ORD-99871 and refund 129.50 dollars.",
+        "I want a refund for the damaged item.",
+        "Change the shipping address to 12 Main Street.",
+    ]
     with get_target("onnxruntime_genai").load_runner(tmp_path / "b" / "engine") as runner:
         for p in prompts:
             ids = encode_prompt(tok, p)
             with torch.no_grad():
                 seq = model.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False, min_new_tokens=24, pad_token_id=2)[0].tolist()
-                ref = model(torch.tensor([seq])).logits[0, len(ids) - 1:len(seq) - 1].argmax(-1).tolist()
-            eng = runner.next_token_logits(ids, seq[len(ids):])
+                ref = model(torch.tensor([seq])).logits[0, len(ids) - 1 : len(seq) - 1].argmax(-1).tolist()
+            eng = runner.next_token_logits(ids, seq[len(ids) :])
             agree += sum(a == b for a, b in zip(eng, ref))
             total += len(ref)
     assert total == 96 and agree / total >= 0.99, (agree, total)
@@ -177,7 +189,9 @@ def test_auto_writes_a_per_layer_report_and_mixed_precision_checkpoint(runs, exp
     mods = {m["module"]: m for m in rep["modules"]}
     for name, fmt in per_module.items():
         if name in mods and fmt != "none":
-            assert mods[name]["precision"] == RECIPES[fmt].quant_algo and mods[name]["weight"].startswith("int4" if "int4" in fmt else "int8")
+            assert mods[name]["precision"] == RECIPES[fmt].quant_algo and mods[name]["weight"].startswith(
+                "int4" if "int4" in fmt else "int8"
+            )
     algo = auto_quant_algo(per_module)
     c = json.loads((out / "trtllm_checkpoint/config.json").read_text())
     assert c["quantization"]["quant_algo"] == algo == rep["quant_algo"] == res["quant_algo"]
@@ -200,7 +214,11 @@ def test_auto_budget_below_reach_is_refused_before_search(export_dir, repo_root,
 def test_cpu_target_refuses_auto_with_the_fix():
     with pytest.raises(ConfigError) as e:
         validate(compose(["quant=auto", "target=onnxruntime_genai"]))
-    assert "quant.recipe" in str(e.value) and "mixes per-layer weight formats" in str(e.value) and "eval.runners=[baseline,simulated]" in str(e.value)
+    assert (
+        "quant.recipe" in str(e.value)
+        and "mixes per-layer weight formats" in str(e.value)
+        and "eval.runners=[baseline,simulated]" in str(e.value)
+    )
 
 
 # ----------------------------------------------------------------------------- generic calibration set
@@ -224,8 +242,12 @@ def test_generic_calibration_set_is_the_generator_output(repo_root):
 
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "generic.jsonl"
-        subprocess.run([sys.executable, "-I", str(Path(repo_root) / "evaluation/generate_generic_calib.py"), "--out", str(out)],
-                       check=True, capture_output=True, timeout=120)
+        subprocess.run(
+            [sys.executable, "-I", str(Path(repo_root) / "evaluation/generate_generic_calib.py"), "--out", str(out)],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
         made = [json.loads(x) for x in out.read_text(encoding="utf-8").splitlines()]
     assert [{k: r[k] for k in ("id", "text")} for r in made] == [{k: r[k] for k in ("id", "text")} for r in rows]
 
@@ -242,9 +264,23 @@ def test_vocab_not_a_multiple_of_64_survives_awq_export_and_builds(tmp_path, rep
     from pipeline.runner import run_pipeline
 
     ckpt = tiny.make_checkpoint(tmp_path / "odd_vocab", "llama", vocab_size=330)
-    cfg = compose([f"model.path={ckpt}", "model.name=odd-vocab", "quant=int4_awq", "quant.group_size=64", "target=onnxruntime_genai",
-                   f"store_dir={tmp_path / 'store'}", "stages=[build]", "calibration.calib_size=16", "calibration.min_samples=8",
-                   "build.max_input_len=128", "build.max_seq_len=192", "build.max_batch_size=4", "progress=false"])
+    cfg = compose(
+        [
+            f"model.path={ckpt}",
+            "model.name=odd-vocab",
+            "quant=int4_awq",
+            "quant.group_size=64",
+            "target=onnxruntime_genai",
+            f"store_dir={tmp_path / 'store'}",
+            "stages=[build]",
+            "calibration.calib_size=16",
+            "calibration.min_samples=8",
+            "build.max_input_len=128",
+            "build.max_seq_len=192",
+            "build.max_batch_size=4",
+            "progress=false",
+        ]
+    )
     summary = run_pipeline(cfg, console=Console(quiet=True))
     assert summary.exit_code == 0, summary.error
     q = next(s for s in summary.stages if s.stage == "quantize")

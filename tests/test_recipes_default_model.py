@@ -19,13 +19,23 @@ from pipeline.config import REPO_ROOT, compose
 from pipeline.runner import run_pipeline
 
 MODEL = Path(REPO_ROOT) / "models" / "support-llama"
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not (MODEL / "config.json").is_file(), reason=f"default model absent: {MODEL}/config.json")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not (MODEL / "config.json").is_file(), reason=f"default model absent: {MODEL}/config.json"),
+]
 
 
 def _fidelity(store: Path, *overrides: str) -> dict:
-    cfg = compose(["stages=[export,quantize,evaluate]", "eval.runners=[baseline,simulated]", f"store_dir={store}",
-                   "progress=false", "eval.gate.mode=exploratory", *overrides])
+    cfg = compose(
+        [
+            "stages=[export,quantize,evaluate]",
+            "eval.runners=[baseline,simulated]",
+            f"store_dir={store}",
+            "progress=false",
+            "eval.gate.mode=exploratory",
+            *overrides,
+        ]
+    )
     summary = run_pipeline(cfg, overrides=list(overrides), console=Console(file=io.StringIO(), width=160))
     ev = next(s for s in summary.stages if s.stage == "evaluate")
     return json.loads((Path(ev.path) / "eval_report.json").read_text())["fidelity"]

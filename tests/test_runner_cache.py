@@ -120,8 +120,16 @@ def _cli_env() -> dict[str, str]:
 
 def test_killed_stage_leaves_no_trusted_artifact(ckpt, tmp_path):
     store = tmp_path / "store"
-    cmd = [sys.executable, "-m", "pipeline", f"model.path={ckpt}", "stages=[export]", f"store_dir={store}", "progress=false",
-           f"hydra.run.dir={tmp_path / 'run'}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pipeline",
+        f"model.path={ckpt}",
+        "stages=[export]",
+        f"store_dir={store}",
+        "progress=false",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    ]
     proc = subprocess.Popen(cmd, env=_cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     tmp_dirs: list[Path] = []
     try:
@@ -153,17 +161,27 @@ def test_multirun_joblib_writes_one_comparison_and_fails_if_a_job_failed(ckpt, t
     another process (``MultirunComparison`` reads the jobs' summary.json files).
     """
     sweep = tmp_path / "sweep"
-    cmd = [sys.executable, "-m", "pipeline", "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
-           f"hydra.sweep.dir={sweep}", f"model.path={ckpt}", "stages=[export]", f"store_dir={tmp_path / 'store'}",
-           "progress=false", "model.dtype=float16,float32,int8"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pipeline",
+        "-m",
+        "hydra/launcher=joblib",
+        "hydra.launcher.n_jobs=2",
+        f"hydra.sweep.dir={sweep}",
+        f"model.path={ckpt}",
+        "stages=[export]",
+        f"store_dir={tmp_path / 'store'}",
+        "progress=false",
+        "model.dtype=float16,float32,int8",
+    ]
     r = subprocess.run(cmd, env=_cli_env(), capture_output=True, text=True, timeout=300)
     assert r.returncode == 2, (r.returncode, r.stdout[-3000:], r.stderr[-3000:])
     doc = json.loads((sweep / "comparison.json").read_text())
     md = (sweep / "comparison.md").read_text().splitlines()
     assert len(md) == 2 + 3 and "export.dtype" in md[0]
     assert doc["schema"] == "pipeline.comparison/v1" and doc["exit_code"] == 2 and len(doc["rows"]) == 3
-    by_dtype = {next(o.split("=", 1)[1] for o in row["overrides"].split() if o.startswith("model.dtype=")): row
-                for row in doc["rows"]}
+    by_dtype = {next(o.split("=", 1)[1] for o in row["overrides"].split() if o.startswith("model.dtype=")): row for row in doc["rows"]}
     assert set(by_dtype) == {"float16", "float32", "int8"}
     for dt in ("float16", "float32"):
         row = by_dtype[dt]

@@ -53,9 +53,24 @@ def served(tmp_path_factory, tiny_llama):
     from pipeline.runner import run_pipeline
 
     store = tmp_path_factory.mktemp("store")
-    cfg = compose([f"model.path={tiny_llama}", "model.name=tiny", "model.dtype=float32", "target=onnxruntime_genai", "quant=none",
-                   "stages=[package]", f"store_dir={store}", "eval.limit=2", "eval.gate.mode=exploratory", "package.allow_failed_gate=true", "build.max_batch_size=16",
-                   "build.max_input_len=128", "build.max_seq_len=192", "progress=false"])
+    cfg = compose(
+        [
+            f"model.path={tiny_llama}",
+            "model.name=tiny",
+            "model.dtype=float32",
+            "target=onnxruntime_genai",
+            "quant=none",
+            "stages=[package]",
+            f"store_dir={store}",
+            "eval.limit=2",
+            "eval.gate.mode=exploratory",
+            "package.allow_failed_gate=true",
+            "build.max_batch_size=16",
+            "build.max_input_len=128",
+            "build.max_seq_len=192",
+            "progress=false",
+        ]
+    )
     summary = run_pipeline(cfg, console=Console(quiet=True))
     assert summary.exit_code == 0, summary.error
     art = {r.stage: Path(r.path) for r in summary.stages}
@@ -63,8 +78,9 @@ def served(tmp_path_factory, tiny_llama):
     srv = TritonServer(repo, grpc_port=0, http_port=0, metrics_port=0, ready_timeout_s=120, log_dir=store / "serve-log")
     srv.start()
     try:
-        yield SimpleNamespace(server=srv, engine=art["build"] / "engine", tokenizer=repo / "preprocessing" / "1" / "tokenizer",
-                              package=art["package"])
+        yield SimpleNamespace(
+            server=srv, engine=art["build"] / "engine", tokenizer=repo / "preprocessing" / "1" / "tokenizer", package=art["package"]
+        )
     finally:
         srv.stop()
 
@@ -89,8 +105,9 @@ def direct(served, tokenizer):
 
     def run(prompt: str, max_tokens: int = MAX_TOKENS) -> str:
         if (prompt, max_tokens) not in cache:
-            req = GenerationRequest(input_ids=encode_prompt(tokenizer, prompt), max_new_tokens=max_tokens,
-                                    stop_token_ids=[tokenizer.eos_token_id])
+            req = GenerationRequest(
+                input_ids=encode_prompt(tokenizer, prompt), max_new_tokens=max_tokens, stop_token_ids=[tokenizer.eos_token_id]
+            )
             res = runner.generate([req])[0]
             assert res.error is None, res.error
             ids[(prompt, max_tokens)] = list(res.output_ids)
@@ -202,8 +219,14 @@ def test_sampling_inputs_stop_words_and_exclude_input(client, direct):
     # a stop word = the text of a generated token (TensorRT-LLM semantics: token sequences; the stop word is kept)
     out_ids = direct.ids(PROMPTS[0])
     tok = client.tokenizer
-    k = next(i for i in range(1, len(out_ids)) if (w := tok.decode([out_ids[i]])).strip() and w.isascii()
-             and tok(w, add_special_tokens=False)["input_ids"] == [out_ids[i]] and out_ids[i] not in out_ids[:i])
+    k = next(
+        i
+        for i in range(1, len(out_ids))
+        if (w := tok.decode([out_ids[i]])).strip()
+        and w.isascii()
+        and tok(w, add_special_tokens=False)["input_ids"] == [out_ids[i]]
+        and out_ids[i] not in out_ids[:i]
+    )
     stopped = client.generate(PROMPTS[0], MAX_TOKENS, stop_words=[tok.decode([out_ids[k]])]).text
     assert stopped == tok.decode(out_ids[: k + 1], skip_special_tokens=True) and len(stopped) < len(want)
     # end_id: generation stops before that token (the client sends the tokenizer's eos by default)
@@ -239,9 +262,22 @@ def test_pipeline_serve_cli_serves_the_package_and_stops_on_sigint(served, tmp_p
     from pipeline.serving.client import LLMClient
 
     # `make serve` runs exactly this command; the package artifact folder is given as the path argument
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "serve", str(served.package), "package.grpc_port=0",
-                             "package.http_port=0", "package.metrics_port=0"], cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "serve",
+            str(served.package),
+            "package.grpc_port=0",
+            "package.http_port=0",
+            "package.metrics_port=0",
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         lines = []
         deadline = time.monotonic() + 120
@@ -273,8 +309,9 @@ def test_server_down_and_port_in_use_are_clear_errors(served):
 
 
 # --------------------------------------------------------------------------- TensorRT-LLM backend conformance (server side)
-def _stream_request(url: str, inputs: dict, model: str = "ensemble", outputs: tuple[str, ...] = ("text_output",),
-                    request_id: str = "") -> tuple[list, str | None]:
+def _stream_request(
+    url: str, inputs: dict, model: str = "ensemble", outputs: tuple[str, ...] = ("text_output",), request_id: str = ""
+) -> tuple[list, str | None]:
     """One request over the stream API, as NVIDIA's end_to_end_grpc_client sends it: (responses as {name: array}, error)."""
     import queue
 
@@ -291,8 +328,13 @@ def _stream_request(url: str, inputs: dict, model: str = "ensemble", outputs: tu
         ins.append(i)
     got: list = []
     try:
-        c.async_stream_infer(model, ins, outputs=[grpcclient.InferRequestedOutput(o) for o in outputs], request_id=request_id,
-                             enable_empty_final_response=True)
+        c.async_stream_infer(
+            model,
+            ins,
+            outputs=[grpcclient.InferRequestedOutput(o) for o in outputs],
+            request_id=request_id,
+            enable_empty_final_response=True,
+        )
         while True:
             r, e = q.get(timeout=60)
             if e is not None:
@@ -327,9 +369,17 @@ def test_output_shapes_are_the_tensorrt_llm_backends(served, tokenizer, direct, 
     perf = ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns", "kv_cache_alloc_new_blocks")
     outs = ("text_output", "batch_index", "sequence_index") + perf
     for stream in (False, True):
-        got, err = _stream_request(served.server.grpc_url, {"text_input": _texts(prompt), "max_tokens": _col(np.int32, MAX_TOKENS),
-                                                            "stream": _col(bool, stream), "return_perf_metrics": _col(bool, True)},
-                                   model=model, outputs=outs)
+        got, err = _stream_request(
+            served.server.grpc_url,
+            {
+                "text_input": _texts(prompt),
+                "max_tokens": _col(np.int32, MAX_TOKENS),
+                "stream": _col(bool, stream),
+                "return_perf_metrics": _col(bool, True),
+            },
+            model=model,
+            outputs=outs,
+        )
         assert err is None, err
         assert all(r["text_output"].shape == (1,) and isinstance(r["text_output"][0], bytes) for r in got), [r["text_output"] for r in got]
         assert "".join(r["text_output"][0].decode("utf-8") for r in got) == want
@@ -345,9 +395,15 @@ def test_three_prompts_in_one_request_get_three_answers(served, tokenizer, direc
     from pipeline.tokenization import render
 
     prompts = PROMPTS[:3]
-    got, err = _stream_request(served.server.grpc_url, {"text_input": _texts(*[render(tokenizer, p) for p in prompts]),
-                                                        "max_tokens": _col(np.int32, *[MAX_TOKENS] * 3), "stream": _col(bool, *[stream] * 3)},
-                               outputs=("text_output", "batch_index"))
+    got, err = _stream_request(
+        served.server.grpc_url,
+        {
+            "text_input": _texts(*[render(tokenizer, p) for p in prompts]),
+            "max_tokens": _col(np.int32, *[MAX_TOKENS] * 3),
+            "stream": _col(bool, *[stream] * 3),
+        },
+        outputs=("text_output", "batch_index"),
+    )
     assert err is None, err
     texts = ["", "", ""]
     for r in got:
@@ -358,12 +414,20 @@ def test_three_prompts_in_one_request_get_three_answers(served, tokenizer, direc
     assert err and "batch size does not match" in err  # Triton refuses it before the model runs
 
 
-@pytest.mark.parametrize("name,value,dtype", [("presence_penalty", 0.5, np.float32), ("frequency_penalty", 0.3, np.float32),
-                                              ("beam_width", 2, np.int32),
-                                              ("num_return_sequences", 2, np.int32), ("embedding_bias_words", b"x", np.object_)])
+@pytest.mark.parametrize(
+    "name,value,dtype",
+    [
+        ("presence_penalty", 0.5, np.float32),
+        ("frequency_penalty", 0.3, np.float32),
+        ("beam_width", 2, np.int32),
+        ("num_return_sequences", 2, np.int32),
+        ("embedding_bias_words", b"x", np.object_),
+    ],
+)
 def test_inputs_the_cpu_engine_cannot_honour_are_refused_by_name(served, name, value, dtype):
-    got, err = _stream_request(served.server.grpc_url, {"text_input": _texts("hello"), "max_tokens": _col(np.int32, 4),
-                                                        name: _col(dtype, value)})
+    got, err = _stream_request(
+        served.server.grpc_url, {"text_input": _texts("hello"), "max_tokens": _col(np.int32, 4), name: _col(dtype, value)}
+    )
     assert err and name in err and not got, (got, err)
 
 
@@ -386,18 +450,26 @@ def test_out_of_vocabulary_ids_get_a_clear_error_and_the_engine_keeps_serving(se
     # issue 16 item 2: ids >= vocab sent straight to the engine model used to leave og.Engine unhealthy for every later request
     url = served.server.grpc_url
     for bad in (10**6, -5):
-        got, err = _stream_request(url, {"input_ids": np.array([[5, bad, 7]], np.int32), "input_lengths": _col(np.int32, 3),
-                                         "request_output_len": _col(np.int32, 4)}, model="onnxruntime_genai", outputs=("output_ids",))
+        got, err = _stream_request(
+            url,
+            {"input_ids": np.array([[5, bad, 7]], np.int32), "input_lengths": _col(np.int32, 3), "request_output_len": _col(np.int32, 4)},
+            model="onnxruntime_genai",
+            outputs=("output_ids",),
+        )
         assert err and "vocabulary" in err and str(bad) in err
     ids = client.tokenizer(PROMPTS[1], add_special_tokens=False)["input_ids"]
-    got, err = _stream_request(url, {"input_ids": np.array([ids], np.int32), "input_lengths": _col(np.int32, len(ids)),
-                                     "request_output_len": _col(np.int32, 4)}, model="onnxruntime_genai", outputs=("output_ids", "sequence_length"))
+    got, err = _stream_request(
+        url,
+        {"input_ids": np.array([ids], np.int32), "input_lengths": _col(np.int32, len(ids)), "request_output_len": _col(np.int32, 4)},
+        model="onnxruntime_genai",
+        outputs=("output_ids", "sequence_length"),
+    )
     assert err is None and got[-1]["output_ids"].shape[:2] == (1, 1) and got[-1]["sequence_length"].shape == (1, 1)
     for p in PROMPTS[:2]:
         assert client.generate(p, MAX_TOKENS, stream=True).text == direct(p)
 
 
-_VICTIM = r'''
+_VICTIM = r"""
 import os, sys
 import numpy as np
 import tritonclient.grpc as g
@@ -420,7 +492,7 @@ for k in range(n):
 import time
 time.sleep(60)
 os._exit(1)
-'''
+"""
 
 
 @pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls"])
@@ -469,4 +541,5 @@ def test_shutdown_is_clean(served, tmp_path):
     # no request left in flight (Triton would wait for its exit timeout and exit 1)
     assert served.server.stop() == 0
     assert "in-flight inferences" not in served.server.log_tail(20000).split("Signal (15) received.")[-1].replace(
-        "Found 0 model versions that have in-flight inferences", "")
+        "Found 0 model versions that have in-flight inferences", ""
+    )

@@ -10,8 +10,6 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-import pytest
-
 MODELS = Path(__file__).resolve().parents[1] / "pipeline" / "serving" / "models"
 
 
@@ -37,8 +35,9 @@ def test_cpu_target_serves_the_packaged_beam_width():
     from pipeline.packaging.repository import settings_from_build
 
     bi = {"target": "onnxruntime_genai", "limits": {"max_batch_size": 8, "max_input_len": 64, "max_seq_len": 128}}
-    pc = SimpleNamespace(max_batch_size=None, max_input_len=None, max_beam_width=4, decoupled=True, exclude_input_in_output=True,
-                         instance_count=1, name="m")
+    pc = SimpleNamespace(
+        max_batch_size=None, max_input_len=None, max_beam_width=4, decoupled=True, exclude_input_in_output=True, instance_count=1, name="m"
+    )
     s = settings_from_build(bi, {"eos_token_ids": [2]}, pc)  # og beam search needs no build-time limit
     assert (s.max_beam_width, s.served_max_beam_width) == (4, 4)
     pc.max_beam_width = None
@@ -52,8 +51,14 @@ def test_python_text_model_config_has_the_ensembles_interface():
     from pipeline.packaging.repository import TEMPLATES, Settings, fill, python_text_model_config, template_values
 
     ens = fill((TEMPLATES / "ensemble" / "config.pbtxt").read_text(), template_values(Settings(target="onnxruntime_genai")))
-    text = python_text_model_config(ens, "tensorrt_llm_bls", decoupled=True, instance_count=1, params={"interface": "text"},
-                                    extra_inputs=(("num_draft_tokens", "TYPE_INT32", [1]),))
+    text = python_text_model_config(
+        ens,
+        "tensorrt_llm_bls",
+        decoupled=True,
+        instance_count=1,
+        params={"interface": "text"},
+        extra_inputs=(("num_draft_tokens", "TYPE_INT32", [1]),),
+    )
     cfg = text_format.Parse(text, mc.ModelConfig())
     e = text_format.Parse(ens, mc.ModelConfig())
     assert cfg.backend == "python" and cfg.model_transaction_policy.decoupled and cfg.parameters["interface"].string_value == "text"

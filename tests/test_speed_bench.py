@@ -4,7 +4,6 @@ roofline and the per-benchmark target ratios. No timed assertions (speed belongs
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
 import pytest
@@ -18,8 +17,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_llama80m_shape_is_the_issue_shape_with_80m_parameters():
     c = shapes.SHAPES["llama80m"]
-    assert (c["num_hidden_layers"], c["hidden_size"], c["intermediate_size"], c["num_attention_heads"], c["num_key_value_heads"],
-            c["vocab_size"]) == (12, 768, 2048, 12, 4, 3072)
+    assert (
+        c["num_hidden_layers"],
+        c["hidden_size"],
+        c["intermediate_size"],
+        c["num_attention_heads"],
+        c["num_key_value_heads"],
+        c["vocab_size"],
+    ) == (12, 768, 2048, 12, 4, 3072)
     assert 79e6 < shapes.parameter_count("llama80m") < 81e6
 
 
@@ -28,8 +33,9 @@ def test_shape_checkpoint_is_deterministic_and_loads(tmp_path, monkeypatch):
 
     if not (shapes.TOKENIZER_SOURCE / "tokenizer.json").is_file():
         pytest.skip("models/support-llama has not landed yet")
-    small = dict(shapes.SHAPES["llama80m"], num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                 num_key_value_heads=2)
+    small = dict(
+        shapes.SHAPES["llama80m"], num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2
+    )
     monkeypatch.setitem(shapes.SHAPES, "tiny_test", small)
     a = shapes.make_shape("tiny_test", tmp_path / "a")
     b = shapes.make_shape("tiny_test", tmp_path / "b")
@@ -55,8 +61,13 @@ def _summary(key: str, tpot: float | None = None, thr: float | None = None, frac
 
 
 def test_target_ratios_and_judged_subset():
-    summ = [_summary("engine/concurrency=1", tpot=6.0, thr=160, frac=[0.3, 0.5]), _summary("builder_int4/concurrency=1", tpot=5.0),
-            _summary("engine/concurrency=8", thr=500), _summary("triton/concurrency=8", thr=400), _summary("triton/concurrency=1", tpot=6.3)]
+    summ = [
+        _summary("engine/concurrency=1", tpot=6.0, thr=160, frac=[0.3, 0.5]),
+        _summary("builder_int4/concurrency=1", tpot=5.0),
+        _summary("engine/concurrency=8", thr=500),
+        _summary("triton/concurrency=8", thr=400),
+        _summary("triton/concurrency=1", tpot=6.3),
+    ]
     r = ratios(summ, [], judged=["engine_vs_builder_int4_tpot_c1", "engine_roofline_fraction_c1", "triton_vs_engine_throughput_c8"])
     assert r["engine_vs_builder_int4_tpot_c1"]["value"] == pytest.approx(1.2) and r["engine_vs_builder_int4_tpot_c1"]["met"] is False
     assert r["engine_roofline_fraction_c1"]["value"] == pytest.approx(0.4) and r["engine_roofline_fraction_c1"]["met"] is True
@@ -70,15 +81,36 @@ def test_target_ratios_and_judged_subset():
 def test_builder_int4_reference_mode_runs_with_its_own_roofline(tiny_llama, tmp_path):
     from pipeline.targets import get_target
 
-    cfg = compose(["target=onnxruntime_genai", "quant=none", f"model.path={tiny_llama}", "build.max_input_len=96",
-                   "build.max_seq_len=128", "build.max_batch_size=4", "benchmark=smoke", "benchmark.modes=[engine,builder_int4]",
-                   "benchmark.dataset=synthetic", "benchmark.input_len.mean=16", "benchmark.input_len.min=16",
-                   "benchmark.input_len.max=16", "benchmark.num_requests=2", "benchmark.concurrency=[1]",
-                   "benchmark.targets=[engine_vs_builder_int4_tpot_c1,failed_requests]"])
+    cfg = compose(
+        [
+            "target=onnxruntime_genai",
+            "quant=none",
+            f"model.path={tiny_llama}",
+            "build.max_input_len=96",
+            "build.max_seq_len=128",
+            "build.max_batch_size=4",
+            "benchmark=smoke",
+            "benchmark.modes=[engine,builder_int4]",
+            "benchmark.dataset=synthetic",
+            "benchmark.input_len.mean=16",
+            "benchmark.input_len.min=16",
+            "benchmark.input_len.max=16",
+            "benchmark.num_requests=2",
+            "benchmark.concurrency=[1]",
+            "benchmark.targets=[engine_vs_builder_int4_tpot_c1,failed_requests]",
+        ]
+    )
     (tmp_path / "b").mkdir()
     get_target("onnxruntime_genai").build(cfg, tiny_llama, tmp_path / "b")
-    inp = BenchInputs(hf_dir=tiny_llama, model_info={"eos_token_ids": [2]}, engine_dir=tmp_path / "b" / "engine",
-                      corpus=ROOT / "evaluation" / "data" / "support_calib_v1.jsonl", max_input_len=96, max_seq_len=128, max_batch_size=4)
+    inp = BenchInputs(
+        hf_dir=tiny_llama,
+        model_info={"eos_token_ids": [2]},
+        engine_dir=tmp_path / "b" / "engine",
+        corpus=ROOT / "evaluation" / "data" / "support_calib_v1.jsonl",
+        max_input_len=96,
+        max_seq_len=128,
+        max_batch_size=4,
+    )
     doc = run_benchmark(cfg.benchmark, inp)
     keys = {s["key"] for s in doc["summary"]}
     assert keys == {"engine/concurrency=1", "builder_int4/concurrency=1"}

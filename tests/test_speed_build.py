@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 from pipeline.config import compose
 from pipeline.targets import get_target
 from pipeline.tokenization import encode_prompt
@@ -48,8 +46,17 @@ def _awq(ckpt: Path):
 
 
 def _build(ckpt: Path, out: Path, model, *extra: str):
-    cfg = compose(["target=onnxruntime_genai", "quant=int4_awq", f"model.path={ckpt}", "build.max_input_len=160",
-                   "build.max_seq_len=200", "build.max_batch_size=6", *extra])
+    cfg = compose(
+        [
+            "target=onnxruntime_genai",
+            "quant=int4_awq",
+            f"model.path={ckpt}",
+            "build.max_input_len=160",
+            "build.max_seq_len=200",
+            "build.max_batch_size=6",
+            *extra,
+        ]
+    )
     (out / "q").mkdir(parents=True)
     (out / "q" / "hf").symlink_to(ckpt, target_is_directory=True)
     (out / "b").mkdir()
@@ -62,8 +69,11 @@ def _graph_ops(engine: Path) -> dict[str, list]:
 
     m = onnx.load(str(engine / "model.onnx"), load_external_data=False)
     levels = sorted({a.i for n in m.graph.node if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "accuracy_level"})
-    return {"ops": [n.op_type for n in m.graph.node], "accuracy_levels": levels,
-            "embedding": [n.op_type for n in m.graph.node if n.name.startswith("/model/embed_tokens/")]}
+    return {
+        "ops": [n.op_type for n in m.graph.node],
+        "accuracy_levels": levels,
+        "embedding": [n.op_type for n in m.graph.node if n.name.startswith("/model/embed_tokens/")],
+    }
 
 
 def _agreement(runner, tok, model, n_prompts: int = 8, n_tok: int = 16) -> tuple[int, int]:
@@ -73,9 +83,11 @@ def _agreement(runner, tok, model, n_prompts: int = 8, n_tok: int = 16) -> tuple
     for p in _prompts(n_prompts):
         ids = encode_prompt(tok, p)
         with torch.no_grad():
-            seq = model.generate(torch.tensor([ids]), max_new_tokens=n_tok, do_sample=False, min_new_tokens=n_tok, pad_token_id=2)[0].tolist()
-            ref = model(torch.tensor([seq])).logits[0, len(ids) - 1:len(seq) - 1].argmax(-1).tolist()
-        eng = runner.next_token_logits(ids, seq[len(ids):])
+            seq = model.generate(torch.tensor([ids]), max_new_tokens=n_tok, do_sample=False, min_new_tokens=n_tok, pad_token_id=2)[
+                0
+            ].tolist()
+            ref = model(torch.tensor([seq])).logits[0, len(ids) - 1 : len(seq) - 1].argmax(-1).tolist()
+        eng = runner.next_token_logits(ids, seq[len(ids) :])
         agree += sum(a == b for a, b in zip(eng, ref))
         total += len(ref)
     return agree, total

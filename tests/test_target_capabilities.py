@@ -16,8 +16,11 @@ from pipeline.config.quant import RECIPES
 from pipeline.config.target import TARGETS as CONFIG_TARGET_NAMES
 from pipeline.targets import TARGETS, all_capabilities, capabilities, get_target, resolve_target
 
-BACKEND = {"onnxruntime_genai": ("onnxruntime_genai", "tensorrt"), "tensorrt_llm": ("tensorrt_llm", "tensorrt"),
-           "tensorrt_llm_pytorch": ("tensorrt_llm", "pytorch")}
+BACKEND = {
+    "onnxruntime_genai": ("onnxruntime_genai", "tensorrt"),
+    "tensorrt_llm": ("tensorrt_llm", "tensorrt"),
+    "tensorrt_llm_pytorch": ("tensorrt_llm", "pytorch"),
+}
 
 
 def test_registry_covers_every_target_and_backend():
@@ -106,7 +109,7 @@ def test_docs_capabilities_table_is_the_registry():
 
     text = (Path(__file__).resolve().parents[1] / "docs" / "build.md").read_text(encoding="utf-8")
     start = text.index("<!-- capabilities table:")
-    table = text[text.index("\n", start) + 1: text.index("<!-- end capabilities table -->")].strip()
+    table = text[text.index("\n", start) + 1 : text.index("<!-- end capabilities table -->")].strip()
     assert table == capabilities_table(), "docs/build.md: regenerate the table with pipeline.targets.capabilities_table()"
 
 

@@ -12,10 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import tiny
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import tiny
 from pipeline.tokenization import TextCodec, codec_of
 
 FAMILY_NAMES = sorted(tiny.FAMILIES)
@@ -67,7 +67,7 @@ def test_module_is_standalone():
         elif isinstance(node, ast.ImportFrom):
             assert node.level == 0, "relative import in pipeline/tokenization.py"
             mods.add((node.module or "").split(".")[0])
-    assert mods <= {"__future__", "json", "os", "re", "pathlib", "typing", "tokenizers", "jinja2", "datetime"}, mods
+    assert mods <= {"__future__", "collections", "json", "os", "re", "pathlib", "typing", "tokenizers", "jinja2", "datetime"}, mods
 
 
 @pytest.mark.parametrize("name", FAMILY_NAMES)
@@ -137,12 +137,15 @@ def test_bos_only_where_template_or_tokenizer_puts_it(name, family_dirs, codecs)
         assert no_t[0] == c.bos_id and no_t.count(c.bos_id) == 1
 
 
-_TEXT = st.text(alphabet=st.one_of(
-    st.characters(min_codepoint=0x4E00, max_codepoint=0x9FFF),   # CJK
-    st.characters(min_codepoint=0x1F300, max_codepoint=0x1FAFF),  # emoji
-    st.characters(min_codepoint=0x20, max_codepoint=0x7E),        # ASCII
-    st.sampled_from([" ", "\t", "\n", "é", "ß", "—", "\u200d", "️"]),
-), max_size=40)
+_TEXT = st.text(
+    alphabet=st.one_of(
+        st.characters(min_codepoint=0x4E00, max_codepoint=0x9FFF),  # CJK
+        st.characters(min_codepoint=0x1F300, max_codepoint=0x1FAFF),  # emoji
+        st.characters(min_codepoint=0x20, max_codepoint=0x7E),  # ASCII
+        st.sampled_from([" ", "\t", "\n", "é", "ß", "—", "\u200d", "️"]),
+    ),
+    max_size=40,
+)
 
 
 @pytest.mark.parametrize("name", FAMILY_NAMES)
@@ -156,7 +159,7 @@ def test_stream_equals_unary_decode_for_text(name, codecs, text, chunk):
     d = c.stream_decoder()
     parts, widest = [], 0
     for i in range(0, len(ids), chunk):
-        parts.append(d.push(ids[i:i + chunk]))
+        parts.append(d.push(ids[i : i + chunk]))
         widest = max(widest, len(d._window))
     parts.append(d.flush())
     assert "".join(parts) == c.decode(ids)
@@ -177,8 +180,9 @@ def test_stream_equals_unary_decode_for_any_ids(name, codecs, data, skip):
     c = codecs[name]
     n = c.tokenizer.get_vocab_size(with_added_tokens=True)
     # ids past the tokenizer (model vocabularies are padded: Qwen2, the tiny checkpoints) and long byte runs included
-    ids = data.draw(st.lists(st.one_of(st.integers(min_value=0, max_value=n + 8),
-                                       st.sampled_from(sorted(c._byte_piece_ids) or [0])), max_size=40))
+    ids = data.draw(
+        st.lists(st.one_of(st.integers(min_value=0, max_value=n + 8), st.sampled_from(sorted(c._byte_piece_ids) or [0])), max_size=40)
+    )
     d = c.stream_decoder(skip_special_tokens=skip)
     out = "".join(d.push([i]) for i in ids) + d.flush()
     assert out == c.decode(ids, skip_special_tokens=skip)

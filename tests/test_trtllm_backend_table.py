@@ -13,8 +13,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 import tiny
+
 from pipeline.config import compose
 from pipeline.packaging import trtllm_backend_table as T
 from pipeline.packaging import trtllm_config as TC
@@ -26,14 +26,31 @@ MODEL_INFO = {"eos_token_ids": [2], "pad_token_id": 3, "bos_token_id": 1, "archi
 LIMITS = {"max_batch_size": 8, "max_input_len": 256, "max_seq_len": 384, "max_beam_width": 1}
 
 RUNTIME_ALL = {
-    "encoder_model_path": "/models/encoder/1/engine", "max_tokens_in_paged_kv_cache": 4096, "sink_token_length": 4,
-    "cross_kv_cache_fraction": 0.5, "kv_cache_host_memory_bytes": 1 << 30, "kv_cache_onboard_blocks": True, "enable_trt_overlap": False,
-    "cancellation_check_period_ms": 50, "stats_check_period_ms": 200, "iter_stats_max_iterations": 100,
-    "request_stats_max_iterations": 10, "gpu_device_ids": "0,1", "participant_ids": "1,2", "num_nodes": 1,
-    "lora_cache_optimal_adapter_size": 8, "lora_cache_max_adapter_size": 64, "lora_cache_gpu_memory_fraction": 0.05,
-    "lora_cache_host_memory_bytes": 1 << 30, "lora_prefetch_dir": "/models/lora", "gpu_weights_percent": 1.0,
-    "enable_context_fmha_fp32_acc": True, "multi_block_mode": False, "speculative_decoding_fast_logits": False,
-    "guided_decoding_backend": "xgrammar", "xgrammar_tokenizer_info_path": "/models/xgrammar.json",
+    "encoder_model_path": "/models/encoder/1/engine",
+    "max_tokens_in_paged_kv_cache": 4096,
+    "sink_token_length": 4,
+    "cross_kv_cache_fraction": 0.5,
+    "kv_cache_host_memory_bytes": 1 << 30,
+    "kv_cache_onboard_blocks": True,
+    "enable_trt_overlap": False,
+    "cancellation_check_period_ms": 50,
+    "stats_check_period_ms": 200,
+    "iter_stats_max_iterations": 100,
+    "request_stats_max_iterations": 10,
+    "gpu_device_ids": "0,1",
+    "participant_ids": "1,2",
+    "num_nodes": 1,
+    "lora_cache_optimal_adapter_size": 8,
+    "lora_cache_max_adapter_size": 64,
+    "lora_cache_gpu_memory_fraction": 0.05,
+    "lora_cache_host_memory_bytes": 1 << 30,
+    "lora_prefetch_dir": "/models/lora",
+    "gpu_weights_percent": 1.0,
+    "enable_context_fmha_fp32_acc": True,
+    "multi_block_mode": False,
+    "speculative_decoding_fast_logits": False,
+    "guided_decoding_backend": "xgrammar",
+    "xgrammar_tokenizer_info_path": "/models/xgrammar.json",
 }
 assert set(RUNTIME_ALL) == set(TC.RUNTIME_PASSTHROUGH)
 
@@ -44,8 +61,12 @@ VARIANTS = {
     "window": ({}, {"mode": "none"}, 16, {"window"}),
     "medusa": ({"medusa_choices": "{0}, {0, 0}, {1}"}, {"mode": "medusa", "max_draft_len": 3}, None, {"speculative", "medusa"}),
     "eagle": ({"eagle_choices": "{0}, {0, 0}"}, {"mode": "eagle", "max_draft_len": 3}, None, {"speculative", "eagle"}),
-    "lookahead": ({"lookahead_window_size": 4, "lookahead_ngram_size": 3, "lookahead_verification_set_size": 4},
-                  {"mode": "lookahead_decoding", "max_draft_len": 8}, None, {"speculative", "lookahead"}),
+    "lookahead": (
+        {"lookahead_window_size": 4, "lookahead_ngram_size": 3, "lookahead_verification_set_size": 4},
+        {"mode": "lookahead_decoding", "max_draft_len": 8},
+        None,
+        {"speculative", "lookahead"},
+    ),
     "draft": ({}, {"mode": "draft_tokens_external", "max_draft_len": 4, "draft_model_path": "/d"}, None, {"draft"}),
 }
 
@@ -58,19 +79,34 @@ def _repo(tmp_path: Path, runtime: dict, spec: dict, window: int | None) -> Path
         (build / d / "rank0.engine").write_bytes(b"test data, not an engine")
     tok = tmp_path / "tok"
     tiny.make_tokenizer(tok)
-    rt = {"cuda_graph_mode": True, "cuda_graph_cache_size": 2, "kv_cache_free_gpu_mem_fraction": 0.9, "enable_kv_cache_reuse": True,
-          "batch_scheduler_policy": "guaranteed_no_evict", "enable_chunked_context": False, "speculative": spec}
+    rt = {
+        "cuda_graph_mode": True,
+        "cuda_graph_cache_size": 2,
+        "kv_cache_free_gpu_mem_fraction": 0.9,
+        "enable_kv_cache_reuse": True,
+        "batch_scheduler_policy": "guaranteed_no_evict",
+        "enable_chunked_context": False,
+        "speculative": spec,
+    }
     if window is not None:
         rt["max_attention_window_size"] = window
-    bi = {"target": "tensorrt_llm", "backend": "tensorrt", "limits": LIMITS, "runtime": rt,
-          "versions": {"tensorrt_llm": "1.2.1", "tensorrt": "10.14.1.48"}}
-    cfg = compose(["target=tensorrt_llm", *[f"package.runtime.{k}={json.dumps(v) if isinstance(v, str) else v}" for k, v in runtime.items()]])
+    bi = {
+        "target": "tensorrt_llm",
+        "backend": "tensorrt",
+        "limits": LIMITS,
+        "runtime": rt,
+        "versions": {"tensorrt_llm": "1.2.1", "tensorrt": "10.14.1.48"},
+    }
+    cfg = compose(
+        ["target=tensorrt_llm", *[f"package.runtime.{k}={json.dumps(v) if isinstance(v, str) else v}" for k, v in runtime.items()]]
+    )
     s = settings_from_build(bi, MODEL_INFO, cfg.package, cfg.build, cfg.target)
     repo = tmp_path / "repo"
     generate_repository(repo, s, engine_dir=build / "engine", tokenizer_dirs=[tok])
     # version pairing (engine vs serving image) is pipeline/packaging/versions.py's concern, not this table's
-    probs = validate_repository(repo, limits=LIMITS, target="tensorrt_llm", build_info=bi,
-                                serving_image="nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3")
+    probs = validate_repository(
+        repo, limits=LIMITS, target="tensorrt_llm", build_info=bi, serving_image="nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"
+    )
     assert [p for p in probs if p.kind != "version"] == []
     return repo
 
@@ -87,10 +123,12 @@ def test_table_has_an_entry_for_every_upstream_parameter_and_no_stray_entries():
 
 def test_reference_page_is_rendered_from_the_table():
     page = ROOT / "docs" / "reference" / "tensorrt_llm_backend_parameters.md"
-    assert page.read_text(encoding="utf-8") == T.render_markdown(), \
-        "stale: run python -c 'from pipeline.packaging.trtllm_backend_table import render_markdown as r; print(r(), end=\"\")' > " + str(page)
+    assert page.read_text(encoding="utf-8") == T.render_markdown(), (
+        "stale: run python -c 'from pipeline.packaging.trtllm_backend_table import render_markdown as r; print(r(), end=\"\")' > "
+        + str(page)
+    )
     text = page.read_text(encoding="utf-8")
-    for model, secs in T.UPSTREAM.items():
+    for _model, secs in T.UPSTREAM.items():
         for n in secs["parameters"]:
             assert f"`{n}`" in text
 
@@ -184,11 +222,18 @@ def test_pytorch_backend_maps_runtime_knobs_into_model_yaml_and_refuses_the_rest
 
     ckpt = tmp_path / "ckpt"
     tiny.make_checkpoint(ckpt, "llama")
-    over = ["target=tensorrt_llm_pytorch", "package.runtime.max_tokens_in_paged_kv_cache=4096",
-            "package.runtime.kv_cache_host_memory_bytes=1073741824", "package.runtime.max_attention_window_size=64",
-            "package.runtime.cancellation_check_period_ms=50", "package.runtime.guided_decoding_backend=xgrammar"]
+    over = [
+        "target=tensorrt_llm_pytorch",
+        "package.runtime.max_tokens_in_paged_kv_cache=4096",
+        "package.runtime.kv_cache_host_memory_bytes=1073741824",
+        "package.runtime.max_attention_window_size=64",
+        "package.runtime.cancellation_check_period_ms=50",
+        "package.runtime.guided_decoding_backend=xgrammar",
+    ]
     cfg = compose(over)
-    s = settings_from_build({"target": "tensorrt_llm", "backend": "pytorch", "limits": LIMITS}, MODEL_INFO, cfg.package, cfg.build, cfg.target)
+    s = settings_from_build(
+        {"target": "tensorrt_llm", "backend": "pytorch", "limits": LIMITS}, MODEL_INFO, cfg.package, cfg.build, cfg.target
+    )
     repo = tmp_path / "repo"
     generate_repository(repo, s, engine_dir=ckpt, tokenizer_dirs=[ckpt])
     my = yaml.safe_load((repo / "tensorrt_llm" / "1" / "model.yaml").read_text())
@@ -198,4 +243,6 @@ def test_pytorch_backend_maps_runtime_knobs_into_model_yaml_and_refuses_the_rest
     bad = compose(["target=tensorrt_llm_pytorch", "package.runtime.multi_block_mode=false"])
     assert any(p.field == "package.runtime.multi_block_mode" for p in get_target("tensorrt_llm").check_config(bad))
     with pytest.raises(InputError, match="package.runtime.multi_block_mode"):
-        settings_from_build({"target": "tensorrt_llm", "backend": "pytorch", "limits": LIMITS}, MODEL_INFO, bad.package, bad.build, bad.target)
+        settings_from_build(
+            {"target": "tensorrt_llm", "backend": "pytorch", "limits": LIMITS}, MODEL_INFO, bad.package, bad.build, bad.target
+        )

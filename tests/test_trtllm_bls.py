@@ -20,8 +20,8 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-
 import tiny
+
 from pipeline.serving.server import DEFAULT_SERVE_VENV, TritonServer
 
 pytestmark = pytest.mark.slow
@@ -43,14 +43,29 @@ def served(tmp_path_factory, tiny_llama):
     info = tiny.read_json(tiny_llama / "config.json")
     model_info = {"eos_token_ids": [info["eos_token_id"]], "pad_token_id": info["pad_token_id"], "bos_token_id": info["bos_token_id"]}
     # the real engine behind the double: an fp32 onnxruntime-genai build of the tiny Llama
-    cfg = compose(["target=onnxruntime_genai", "quant=none", f"model.path={tiny_llama}", "build.max_batch_size=4",
-                   "build.max_input_len=96", "build.max_seq_len=128"])
+    cfg = compose(
+        [
+            "target=onnxruntime_genai",
+            "quant=none",
+            f"model.path={tiny_llama}",
+            "build.max_batch_size=4",
+            "build.max_input_len=96",
+            "build.max_seq_len=128",
+        ]
+    )
     (d / "q").mkdir()
     (d / "q" / "hf").symlink_to(tiny_llama, target_is_directory=True)
     (d / "b").mkdir()
     get_target("onnxruntime_genai").build(cfg, d / "q", d / "b", export_dir=d / "q")
-    pc = SimpleNamespace(max_batch_size=None, max_input_len=None, max_beam_width=None, decoupled=True,
-                         exclude_input_in_output=True, instance_count=1, name="tiny")
+    pc = SimpleNamespace(
+        max_batch_size=None,
+        max_input_len=None,
+        max_beam_width=None,
+        decoupled=True,
+        exclude_input_in_output=True,
+        instance_count=1,
+        name="tiny",
+    )
     # the TensorRT-LLM package as generated (its engine folder is placeholder test data, never loaded: replaced below)
     trt_engine = d / "trt_engine"
     trt_engine.mkdir()
@@ -58,15 +73,24 @@ def served(tmp_path_factory, tiny_llama):
     (d / "draft_engine").mkdir()
     (d / "draft_engine" / "config.json").write_text(json.dumps({"version": "1.2.1"}))
     # a draft-model build (build.speculative.mode=draft_tokens_external): the package has tensorrt_llm_draft too
-    bi = {"target": "tensorrt_llm", "backend": "tensorrt", "limits": LIMITS, "versions": {"tensorrt_llm": "1.2.1"},
-          "runtime": {"speculative": {"mode": "draft_tokens_external", "max_draft_len": 3, "draft_model_path": str(tiny_llama)}}}
+    bi = {
+        "target": "tensorrt_llm",
+        "backend": "tensorrt",
+        "limits": LIMITS,
+        "versions": {"tensorrt_llm": "1.2.1"},
+        "runtime": {"speculative": {"mode": "draft_tokens_external", "max_draft_len": 3, "draft_model_path": str(tiny_llama)}},
+    }
     repo = d / "repo"
     generate_repository(repo, settings_from_build(bi, model_info, pc), engine_dir=trt_engine, tokenizer_dirs=[tiny_llama])
     assert (repo / "tensorrt_llm_draft" / "config.pbtxt").is_file()
     # the double: the CPU package's onnxruntime_genai model, renamed tensorrt_llm
     cpu = d / "cpu"
-    generate_repository(cpu, settings_from_build({**bi, "target": "onnxruntime_genai"}, model_info, pc),
-                        engine_dir=d / "b" / "engine", tokenizer_dirs=[tiny_llama])
+    generate_repository(
+        cpu,
+        settings_from_build({**bi, "target": "onnxruntime_genai"}, model_info, pc),
+        engine_dir=d / "b" / "engine",
+        tokenizer_dirs=[tiny_llama],
+    )
     # (the draft double is the same engine: with greedy decoding every draft id is the engine's own, and the target
     # double ignores draft_input_ids and generates its k + 1 greedy ids, which is what verification yields when greedy)
     for name in ("tensorrt_llm", "tensorrt_llm_draft"):
@@ -75,9 +99,12 @@ def served(tmp_path_factory, tiny_llama):
         c = (repo / name / "config.pbtxt").read_text(encoding="utf-8")
         assert 'name: "onnxruntime_genai"' in c
         c = c.replace('name: "onnxruntime_genai"', f'name: "{name}"', 1).replace(
-            "input [", 'input [\n  { name: "min_tokens" data_type: TYPE_INT32 dims: [ 1 ] optional: true },\n'
-                       '  { name: "seed" data_type: TYPE_UINT64 dims: [ 1 ] optional: true },\n'
-                       '  { name: "draft_input_ids" data_type: TYPE_INT32 dims: [ -1 ] optional: true allow_ragged_batch: true },', 1)
+            "input [",
+            'input [\n  { name: "min_tokens" data_type: TYPE_INT32 dims: [ 1 ] optional: true },\n'
+            '  { name: "seed" data_type: TYPE_UINT64 dims: [ 1 ] optional: true },\n'
+            '  { name: "draft_input_ids" data_type: TYPE_INT32 dims: [ -1 ] optional: true allow_ragged_batch: true },',
+            1,
+        )
         (repo / name / "config.pbtxt").write_text(c, encoding="utf-8")
     # a second BLS with accumulate_tokens=true (the shipped one has false)
     shutil.copytree(repo / "tensorrt_llm_bls", repo / "tensorrt_llm_bls_acc")
@@ -102,9 +129,11 @@ def _call(url: str, model: str, prompt: str, *, stream: bool, **extra: tuple[np.
         i.set_data_from_numpy(arr)
         return i
 
-    inputs = [t("text_input", np.array([[prompt.encode()]], dtype=object), "BYTES"),
-              t("max_tokens", np.array([[MAX_TOKENS]], dtype=np.int32), "INT32"),
-              t("stream", np.array([[stream]], dtype=bool), "BOOL")]
+    inputs = [
+        t("text_input", np.array([[prompt.encode()]], dtype=object), "BYTES"),
+        t("max_tokens", np.array([[MAX_TOKENS]], dtype=np.int32), "INT32"),
+        t("stream", np.array([[stream]], dtype=bool), "BOOL"),
+    ]
     inputs += [t(k, a, dt) for k, (a, dt) in extra.items()]
     q: queue.Queue = queue.Queue()
     cli = g.InferenceServerClient(url)
@@ -158,8 +187,14 @@ def test_bls_speculative_with_the_draft_model_answers_as_greedy(served):
 
 
 def test_bls_refuses_draft_logits_and_the_model_keeps_serving(served):
-    chunks, err = _call(served.url, "tensorrt_llm_bls", PROMPTS[0], stream=False,
-                        num_draft_tokens=(np.array([[3]], dtype=np.int32), "INT32"), use_draft_logits=(np.array([[True]]), "BOOL"))
+    chunks, err = _call(
+        served.url,
+        "tensorrt_llm_bls",
+        PROMPTS[0],
+        stream=False,
+        num_draft_tokens=(np.array([[3]], dtype=np.int32), "INT32"),
+        use_draft_logits=(np.array([[True]]), "BOOL"),
+    )
     assert chunks == [] and err is not None and "use_draft_logits=true" in err
     ok, err = _call(served.url, "tensorrt_llm_bls", PROMPTS[0], stream=False)
     assert err is None and ok
@@ -168,8 +203,9 @@ def test_bls_refuses_draft_logits_and_the_model_keeps_serving(served):
 def test_bls_refuses_draft_tokens_without_a_draft_model():
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("served_bls", Path(__file__).resolve().parents[1] / "pipeline" / "serving" /
-                                                  "models" / "tensorrt_llm_bls_model.py")
+    spec = importlib.util.spec_from_file_location(
+        "served_bls", Path(__file__).resolve().parents[1] / "pipeline" / "serving" / "models" / "tensorrt_llm_bls_model.py"
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     with pytest.raises(mod.BlsError, match="num_draft_tokens=2: this package has no draft model"):
@@ -201,11 +237,19 @@ def test_bls_decoupled_follows_the_engine_model(tmp_path):
     tiny.make_tokenizer(tmp_path / "tok")
     bi = {"target": "tensorrt_llm", "backend": "tensorrt", "limits": LIMITS}
     for decoupled in (False, True):
-        pc = SimpleNamespace(max_batch_size=None, max_input_len=None, max_beam_width=None, decoupled=decoupled,
-                             exclude_input_in_output=True, instance_count=2, name="t")
+        pc = SimpleNamespace(
+            max_batch_size=None,
+            max_input_len=None,
+            max_beam_width=None,
+            decoupled=decoupled,
+            exclude_input_in_output=True,
+            instance_count=2,
+            name="t",
+        )
         repo = tmp_path / f"r{decoupled}"
-        out = generate_repository(repo, settings_from_build(bi, {"eos_token_ids": [2]}, pc), engine_dir=eng,
-                                  tokenizer_dirs=[tmp_path / "tok"])
+        out = generate_repository(
+            repo, settings_from_build(bi, {"eos_token_ids": [2]}, pc), engine_dir=eng, tokenizer_dirs=[tmp_path / "tok"]
+        )
         assert "tensorrt_llm_bls" in out["models"]
         bls, trt = parse_config(repo / "tensorrt_llm_bls" / "config.pbtxt"), parse_config(repo / "tensorrt_llm" / "config.pbtxt")
         assert bls.model_transaction_policy.decoupled == trt.model_transaction_policy.decoupled == decoupled

@@ -14,9 +14,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import tiny
 import yaml
 
-import tiny
 from pipeline.errors import PreflightError
 
 FAKES = Path(__file__).parent / "fakes"
@@ -45,8 +45,10 @@ def _prepared(ckpt: Path, n: int = 6):
     from pipeline.evaluation.runners import load_tokenizer, prepare
 
     tok = load_tokenizer(ckpt)
-    items = [EvalItem(id=f"i{i}", slice="s", prompt=f"order {i} {'x' * i} status?", reference="", metric="exact_match",
-                      max_new_tokens=4 + i) for i in range(n)]
+    items = [
+        EvalItem(id=f"i{i}", slice="s", prompt=f"order {i} {'x' * i} status?", reference="", metric="exact_match", max_new_tokens=4 + i)
+        for i in range(n)
+    ]
     return tok, prepare(items, tok, max_input_len=64, max_seq_len=96, default_max_new_tokens=8, apply_chat_template=False)
 
 
@@ -54,13 +56,20 @@ def _engine_dir(tmp_path: Path, ckpt: Path) -> Path:
     build = tmp_path / "build"
     eng = build / "engine"
     eng.mkdir(parents=True)
-    (eng / "config.json").write_text(json.dumps({"version": "1.2.1", "build_config": {"max_batch_size": 4, "max_input_len": 64,
-                                                                                     "max_seq_len": 96}}))
+    (eng / "config.json").write_text(
+        json.dumps({"version": "1.2.1", "build_config": {"max_batch_size": 4, "max_input_len": 64, "max_seq_len": 96}})
+    )
     (eng / "rank0.engine").write_bytes(b"test data, not an engine")
     shutil.copytree(ckpt, eng / "test_double_hf")
-    (build / "build_info.json").write_text(json.dumps({"target": "tensorrt_llm", "limits": {"max_batch_size": 4, "max_input_len": 64,
-                                                                                           "max_seq_len": 96},
-                                                      "runtime": {"max_attention_window_size": 32, "kv_cache_free_gpu_mem_fraction": 0.8}}))
+    (build / "build_info.json").write_text(
+        json.dumps(
+            {
+                "target": "tensorrt_llm",
+                "limits": {"max_batch_size": 4, "max_input_len": 64, "max_seq_len": 96},
+                "runtime": {"max_attention_window_size": 32, "kv_cache_free_gpu_mem_fraction": 0.8},
+            }
+        )
+    )
     return eng
 
 
@@ -95,8 +104,10 @@ def test_generation_logits_and_errors(tmp_path, ckpt, fake_trtllm):
     from pipeline.targets.base import GenerationRequest
 
     runner = load_runner(_engine_dir(tmp_path, ckpt), generation_logits=True)
-    reqs = [GenerationRequest(input_ids=[1, 7, 9], max_new_tokens=3, stop_token_ids=[2], request_id="a", ignore_eos=True),
-            GenerationRequest(input_ids=list(range(4, 70)), max_new_tokens=3, stop_token_ids=[2], request_id="long")]
+    reqs = [
+        GenerationRequest(input_ids=[1, 7, 9], max_new_tokens=3, stop_token_ids=[2], request_id="a", ignore_eos=True),
+        GenerationRequest(input_ids=list(range(4, 70)), max_new_tokens=3, stop_token_ids=[2], request_id="long"),
+    ]
     a, long = runner.generate(reqs)
     assert len(a.output_ids) == 3 and a.finish_reason == "length"  # ignore_eos: exactly max_new_tokens
     assert runner.last_logits["a"].shape[0] == 3
@@ -111,8 +122,17 @@ def test_llm_api_runner_for_the_pytorch_backend(tmp_path, ckpt, fake_trtllm):
     base = _baseline(ckpt, tok, prepared, [2], 3)
     eng = tmp_path / "engine"
     shutil.copytree(ckpt, eng / "hf")
-    (eng / "llm_api_options.yaml").write_text(yaml.safe_dump({"max_batch_size": 4, "max_num_tokens": 256, "max_seq_len": 96,
-                                                             "max_input_len": 64, "kv_cache_config": {"free_gpu_memory_fraction": 0.9}}))
+    (eng / "llm_api_options.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "max_batch_size": 4,
+                "max_num_tokens": 256,
+                "max_seq_len": 96,
+                "max_input_len": 64,
+                "kv_cache_config": {"free_gpu_memory_fraction": 0.9},
+            }
+        )
+    )
     runner = load_runner(eng, pad_id=3)
     assert runner.backend == "pytorch"
     outs = EngineAdapter(runner, tok, stop_ids=[2]).run(prepared, 4)
@@ -178,8 +198,10 @@ def test_streaming_reports_each_token_as_its_step_returns(tmp_path, ckpt, fake_t
     from pipeline.targets.base import GenerationRequest
 
     runner = load_runner(_engine_dir(tmp_path, ckpt))
-    reqs = [GenerationRequest(input_ids=[1, 7, 9], max_new_tokens=6, stop_token_ids=[2], request_id="a", ignore_eos=True),
-            GenerationRequest(input_ids=[1, 8], max_new_tokens=6, stop_token_ids=[2], request_id="b", ignore_eos=True)]
+    reqs = [
+        GenerationRequest(input_ids=[1, 7, 9], max_new_tokens=6, stop_token_ids=[2], request_id="a", ignore_eos=True),
+        GenerationRequest(input_ids=[1, 8], max_new_tokens=6, stop_token_ids=[2], request_id="b", ignore_eos=True),
+    ]
     seen: list[tuple[str, int, float]] = []
     streamed = runner.generate(reqs, on_token=lambda rid, tok, t: seen.append((rid, tok, t)))
     plain = runner.generate(reqs)

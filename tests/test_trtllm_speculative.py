@@ -81,14 +81,17 @@ def test_acceptance_is_measured_for_real_same_model_high_random_draft_near_zero(
 def test_decision_passes_same_model_and_refuses_random_draft(measured):
     ok = decide_speculative("draft_tokens_external", measured["same"], _gate(), draft_model_path=measured["same"]["draft_model"])
     assert ok.enabled and not ok.override and ok.acceptance_rate >= 0.99
-    assert ok.expected_tokens_per_step == pytest.approx(expected_tokens_per_step(ok.acceptance_rate, 4)) and ok.expected_tokens_per_step > 4.9
+    assert (
+        ok.expected_tokens_per_step == pytest.approx(expected_tokens_per_step(ok.acceptance_rate, 4)) and ok.expected_tokens_per_step > 4.9
+    )
     with pytest.raises(GateFailed) as e:
         decide_speculative("draft_tokens_external", measured["random"], _gate(), draft_model_path=measured["random"]["draft_model"])
     msg = str(e.value)
     assert "overall acceptance rate 0.0" in msg and "min_acceptance_rate=0.5" in msg and "allow_low_acceptance" in msg
     assert e.value.exit_code == 3
-    over = decide_speculative("draft_tokens_external", measured["random"], _gate(allow_low_acceptance=True),
-                              draft_model_path=measured["random"]["draft_model"])
+    over = decide_speculative(
+        "draft_tokens_external", measured["random"], _gate(allow_low_acceptance=True), draft_model_path=measured["random"]["draft_model"]
+    )
     assert over.override and "allow_low_acceptance=true" in over.reason
 
 
@@ -113,14 +116,24 @@ def _package_ctx(tmp_path: Path, spec_measured: dict, **pkg):
     from pipeline.store import Artifact
 
     draft = spec_measured["draft_model"]
-    cfg = compose(["stages=[package]", "target=tensorrt_llm", "quant=none", "model.name=support-llama",
-                   "build.speculative.mode=draft_tokens_external", "build.speculative.max_draft_len=4",
-                   f"build.speculative.draft_model_path={draft}", f"eval.draft_model_path={draft}"]
-                  + [f"package.{k}={v}" for k, v in {"parity": "false", **pkg}.items()])  # hand-made evaluate artifact: no answers to replay
+    cfg = compose(
+        [
+            "stages=[package]",
+            "target=tensorrt_llm",
+            "quant=none",
+            "model.name=support-llama",
+            "build.speculative.mode=draft_tokens_external",
+            "build.speculative.max_draft_len=4",
+            f"build.speculative.draft_model_path={draft}",
+            f"eval.draft_model_path={draft}",
+        ]
+        + [f"package.{k}={v}" for k, v in {"parity": "false", **pkg}.items()]
+    )  # hand-made evaluate artifact: no answers to replay
     exp = tmp_path / "export"
     shutil.copytree(DEFAULT_MODEL, exp / "hf")
-    (exp / "model_info.json").write_text(json.dumps({"eos_token_ids": [2], "pad_token_id": 3, "bos_token_id": 1,
-                                                     "architecture": "LlamaForCausalLM"}))
+    (exp / "model_info.json").write_text(
+        json.dumps({"eos_token_ids": [2], "pad_token_id": 3, "bos_token_id": 1, "architecture": "LlamaForCausalLM"})
+    )
     build = tmp_path / "build"
     for d in ("engine", "draft_engine"):  # test data standing in for trtllm-build output; never run
         (build / d).mkdir(parents=True)
@@ -128,8 +141,13 @@ def _package_ctx(tmp_path: Path, spec_measured: dict, **pkg):
         (build / d / "rank0.engine").write_bytes(b"test data, not an engine")
     from pipeline.targets.tensorrt_llm import runtime_knobs
 
-    bi = {"target": "tensorrt_llm", "backend": "tensorrt", "limits": {"max_batch_size": 8, "max_input_len": 256, "max_seq_len": 388,
-          "max_beam_width": 1}, "runtime": runtime_knobs(cfg), "versions": {"tensorrt_llm": "1.1.0", "tensorrt": "10.13.3.9"}}
+    bi = {
+        "target": "tensorrt_llm",
+        "backend": "tensorrt",
+        "limits": {"max_batch_size": 8, "max_input_len": 256, "max_seq_len": 388, "max_beam_width": 1},
+        "runtime": runtime_knobs(cfg),
+        "versions": {"tensorrt_llm": "1.1.0", "tensorrt": "10.13.3.9"},
+    }
     (build / "build_info.json").write_text(json.dumps(bi))
     ev = tmp_path / "evaluate"
     ev.mkdir()
@@ -137,13 +155,22 @@ def _package_ctx(tmp_path: Path, spec_measured: dict, **pkg):
     arts = {
         "export": Artifact("export", "e" * 64, exp, {"output_digest": "e" * 64, "result": {}}),
         "build": Artifact("build", "b" * 64, build, {"output_digest": "b" * 64, "result": {}}),
-        "evaluate": Artifact("evaluate", "v" * 64, ev, {"output_digest": "v" * 64,
-                                                        "result": {"gate": {"passed": True, "reason": "ok"}, "headline": {}}}),
+        "evaluate": Artifact(
+            "evaluate", "v" * 64, ev, {"output_digest": "v" * 64, "result": {"gate": {"passed": True, "reason": "ok"}, "headline": {}}}
+        ),
     }
     out = tmp_path / "out"
     out.mkdir()
-    return StageContext(cfg=cfg, inputs=arts, external={}, out=out, manifest={}, console=Console(quiet=True),
-                        log=logging.getLogger("test"), show_progress=False)
+    return StageContext(
+        cfg=cfg,
+        inputs=arts,
+        external={},
+        out=out,
+        manifest={},
+        console=Console(quiet=True),
+        log=logging.getLogger("test"),
+        show_progress=False,
+    )
 
 
 def test_package_stage_gates_a_draft_model_package_on_measured_acceptance(tmp_path, measured):

@@ -14,8 +14,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
 import tiny
+
 from pipeline.serving.server import DEFAULT_SERVE_VENV, TritonServer
 
 pytestmark = pytest.mark.slow
@@ -42,9 +42,24 @@ def served(request, tmp_path_factory):
     family = request.param
     work = tmp_path_factory.mktemp(f"userdata-{family}")
     ckpt = tiny.make_family(work / "ckpt", family)
-    cfg = compose([f"model.path={ckpt}", f"model.name={family}", "model.dtype=float32", "target=onnxruntime_genai", "quant=none",
-                   "stages=[package]", f"store_dir={work / 'store'}", "eval.limit=2", *SMALL_EVAL, "build.max_batch_size=4",
-                   "build.max_input_len=128", "build.max_seq_len=192", "package.decoupled=true", "progress=false"])
+    cfg = compose(
+        [
+            f"model.path={ckpt}",
+            f"model.name={family}",
+            "model.dtype=float32",
+            "target=onnxruntime_genai",
+            "quant=none",
+            "stages=[package]",
+            f"store_dir={work / 'store'}",
+            "eval.limit=2",
+            *SMALL_EVAL,
+            "build.max_batch_size=4",
+            "build.max_input_len=128",
+            "build.max_seq_len=192",
+            "package.decoupled=true",
+            "progress=false",
+        ]
+    )
     summary = run_pipeline(cfg, console=Console(quiet=True))
     assert summary.exit_code == 0, summary.error
     paths = {r.stage: Path(r.path) for r in summary.stages}
@@ -53,9 +68,16 @@ def served(request, tmp_path_factory):
     oai = OpenAIServer(srv.grpc_url, repo, port=0).start()
     info = json.loads((paths["export"] / "model_info.json").read_text())
     try:
-        yield SimpleNamespace(family=family, server=srv, oai=oai, repo=repo, engine=paths["build"] / "engine", info=info,
-                              codec=TextCodec.from_dir(repo / "preprocessing" / "1" / "tokenizer"),
-                              tok_dir=repo / "preprocessing" / "1" / "tokenizer")
+        yield SimpleNamespace(
+            family=family,
+            server=srv,
+            oai=oai,
+            repo=repo,
+            engine=paths["build"] / "engine",
+            info=info,
+            codec=TextCodec.from_dir(repo / "preprocessing" / "1" / "tokenizer"),
+            tok_dir=repo / "preprocessing" / "1" / "tokenizer",
+        )
     finally:
         oai.stop()
         srv.stop()
@@ -68,8 +90,9 @@ def _engine_text(s: SimpleNamespace, batch: list[list[int]]) -> list[str]:
 
     runner = OrtEngineRunner(s.engine, max_batch_size=1)
     try:
-        res = runner.generate([GenerationRequest(ids, TOKENS, list(s.info["eos_token_ids"]), request_id=str(i))
-                               for i, ids in enumerate(batch)])
+        res = runner.generate(
+            [GenerationRequest(ids, TOKENS, list(s.info["eos_token_ids"]), request_id=str(i)) for i, ids in enumerate(batch)]
+        )
     finally:
         runner.close()
     assert all(r.error is None for r in res), [r.error for r in res]
@@ -101,16 +124,35 @@ def test_user_markers_are_data_via_llmclient_and_openai_sdk(served):
         for m, w in zip(msgs, want):
             assert c.generate(m, TOKENS).text == w, (s.family, m)
             assert c.generate(messages=[{"role": "user", "content": m}], max_tokens=TOKENS, stream=True).text == w
-            r = sdk.chat.completions.create(model=sdk.models.list().data[0].id, messages=[{"role": "user", "content": m}], max_tokens=TOKENS, temperature=0)
+            r = sdk.chat.completions.create(
+                model=sdk.models.list().data[0].id, messages=[{"role": "user", "content": m}], max_tokens=TOKENS, temperature=0
+            )
             assert r.choices[0].message.content == w, (s.family, m)
             assert r.usage.prompt_tokens == len(codec.encode_prompt(m))
         # `pipeline client` (the served package's tokenizer) takes the same path
         import subprocess
         import sys
 
-        r = subprocess.run([sys.executable, "-m", "pipeline", "client", "--url", s.server.grpc_url, "--tokenizer", str(s.tok_dir),
-                            "--max-tokens", str(TOKENS), "--json", msgs[0]], capture_output=True, text=True, timeout=300,
-                           cwd=str(Path(__file__).resolve().parents[1]))
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pipeline",
+                "client",
+                "--url",
+                s.server.grpc_url,
+                "--tokenizer",
+                str(s.tok_dir),
+                "--max-tokens",
+                str(TOKENS),
+                "--json",
+                msgs[0],
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=str(Path(__file__).resolve().parents[1]),
+        )
         assert r.returncode == 0, r.stderr
         assert json.loads(r.stdout.splitlines()[-1])["text"] == want[0]
         # raw text stays raw (its sender owns it): the rendered text is read with control tokens, as NVIDIA's preprocessing does

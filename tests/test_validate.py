@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import ConfigError, compose
-from pipeline.validation import validate
 from pipeline.planner import plan
 from pipeline.planner.validate import cross_field_problems, eval_prompt_stats
+from pipeline.validation import validate
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -22,12 +22,30 @@ def fields(problems) -> list[str]:
 
 
 def test_all_problems_are_reported_together():
-    cfg = compose(["model=llama31_8b", "target.gpu=a100_80gb", "quant=fp8", "quant.kv_cache_dtype=fp8", "quant.tp_size=3",
-                   "build.max_input_len=4096", "build.max_seq_len=4096", "build.max_num_tokens=1024", "build.tokens_per_block=48"])
+    cfg = compose(
+        [
+            "model=llama31_8b",
+            "target.gpu=a100_80gb",
+            "quant=fp8",
+            "quant.kv_cache_dtype=fp8",
+            "quant.tp_size=3",
+            "build.max_input_len=4096",
+            "build.max_seq_len=4096",
+            "build.max_num_tokens=1024",
+            "build.tokens_per_block=48",
+        ]
+    )
     with pytest.raises(ConfigError) as e:
         validate(cfg)
     got = fields(e.value.problems)
-    for f in ("build.max_input_len", "build.max_num_tokens", "build.tokens_per_block", "quant.tp_size", "quant.recipe", "quant.kv_cache_dtype"):
+    for f in (
+        "build.max_input_len",
+        "build.max_num_tokens",
+        "build.tokens_per_block",
+        "quant.tp_size",
+        "quant.recipe",
+        "quant.kv_cache_dtype",
+    ):
         assert f in got, (f, got)
     text = str(e.value)
     assert "use one of [1, 2, 4, 8, 16]" in text and "compute capability >= 8.9" in text
@@ -35,17 +53,39 @@ def test_all_problems_are_reported_together():
 
 def test_max_seq_len_against_positions_and_rope_factor():
     # Llama 3.1: rope_type llama3 -> max_position_embeddings (131072) already is the extended length
-    p = cross_field_problems(compose(["model=llama31_8b", "build.max_seq_len=140000", "build.max_input_len=1024", "build.max_num_tokens=8192"]))
+    p = cross_field_problems(
+        compose(["model=llama31_8b", "build.max_seq_len=140000", "build.max_input_len=1024", "build.max_num_tokens=8192"])
+    )
     assert "build.max_seq_len" in fields(p) and "131072" in str(p[fields(p).index("build.max_seq_len")])
     # linear rope scaling multiplies the positions
-    ok = cross_field_problems(compose(["model=llama2_7b", "+model.hf_config.rope_scaling={type:linear,factor:2.0}",
-                                       "build.max_seq_len=8192", "build.max_input_len=1024", "build.max_num_tokens=8192"]))
+    ok = cross_field_problems(
+        compose(
+            [
+                "model=llama2_7b",
+                "+model.hf_config.rope_scaling={type:linear,factor:2.0}",
+                "build.max_seq_len=8192",
+                "build.max_input_len=1024",
+                "build.max_num_tokens=8192",
+            ]
+        )
+    )
     assert "build.max_seq_len" not in fields(ok)
-    bad = cross_field_problems(compose(["model=llama2_7b", "build.max_seq_len=8192", "build.max_input_len=1024", "build.max_num_tokens=8192"]))
+    bad = cross_field_problems(
+        compose(["model=llama2_7b", "build.max_seq_len=8192", "build.max_input_len=1024", "build.max_num_tokens=8192"])
+    )
     assert "build.max_seq_len" in fields(bad)
     # speculative draft tokens count against the positions
-    spec = cross_field_problems(compose(["model=llama2_7b", "build.max_seq_len=4096", "build.max_input_len=1024",
-                                         "build.max_num_tokens=8192", "build.speculative.max_draft_len=8"]))
+    spec = cross_field_problems(
+        compose(
+            [
+                "model=llama2_7b",
+                "build.max_seq_len=4096",
+                "build.max_input_len=1024",
+                "build.max_num_tokens=8192",
+                "build.speculative.max_draft_len=8",
+            ]
+        )
+    )
     assert "build.max_seq_len" in fields(spec)
 
 
@@ -72,12 +112,18 @@ def test_tensor_parallel_heads_kv_heads_and_vocab():
     # 32 heads, 8 KV heads: TP 16 replicates KV heads (allowed)
     assert "quant.tp_size" not in fields(cross_field_problems(compose(["model=mistral_7b", "quant.tp_size=16"])))
     # a KV-head count neither divided nor replicated evenly
-    p = cross_field_problems(compose(["model=mistral_7b", "model.hf_config.num_key_value_heads=6", "quant.tp_size=4",
-                                      "model.hf_config.num_attention_heads=48"]))
+    p = cross_field_problems(
+        compose(["model=mistral_7b", "model.hf_config.num_key_value_heads=6", "quant.tp_size=4", "model.hf_config.num_attention_heads=48"])
+    )
     assert "quant.tp_size" in fields(p)
     # vocab 32002 with TP 3 heads 48: padded by default, rejected on request
-    ov = ["model=llama2_7b", "model.hf_config.num_attention_heads=48", "model.hf_config.num_key_value_heads=48", "quant.tp_size=3",
-          "model.hf_config.vocab_size=32002"]
+    ov = [
+        "model=llama2_7b",
+        "model.hf_config.num_attention_heads=48",
+        "model.hf_config.num_key_value_heads=48",
+        "quant.tp_size=3",
+        "model.hf_config.vocab_size=32002",
+    ]
     assert "quant.vocab_padding" not in fields(cross_field_problems(compose(ov)))
     p = cross_field_problems(compose(ov + ["quant.vocab_padding=reject"]))
     assert "quant.vocab_padding" in fields(p) and "32002" in str(p[fields(p).index("quant.vocab_padding")])
@@ -87,7 +133,9 @@ def test_calibration_length_against_positions():
     p = cross_field_problems(compose(["model=llama2_7b", "quant=int4_awq", "calibration.calib_max_seq_length=8192"]))
     assert "calibration.calib_max_seq_length" in fields(p)
     # no calibration for the unquantized recipe
-    assert "calibration.calib_max_seq_length" not in fields(cross_field_problems(compose(["model=llama2_7b", "quant=none", "calibration.calib_max_seq_length=8192"])))
+    assert "calibration.calib_max_seq_length" not in fields(
+        cross_field_problems(compose(["model=llama2_7b", "quant=none", "calibration.calib_max_seq_length=8192"]))
+    )
 
 
 def test_unknown_target_gpu_is_a_problem():
@@ -109,8 +157,9 @@ def test_eval_set_prompt_lengths_checked_with_max_and_p99(tiny_llama):
     st = eval_prompt_stats(cfg)
     assert f"up to {st['max']} tokens" in msg and f"P99 {st['p99']}" in msg and st["count"] == 480
     assert st["p99"] <= st["max"]
-    ok = cross_field_problems(compose([f"model.path={tiny_llama}", f"build.max_input_len={st['max']}", "build.max_seq_len=256",
-                                       "build.max_num_tokens=2048"]))
+    ok = cross_field_problems(
+        compose([f"model.path={tiny_llama}", f"build.max_input_len={st['max']}", "build.max_seq_len=256", "build.max_num_tokens=2048"])
+    )
     assert "build.max_input_len" not in fields(ok)
     # eval.limit: the same items the evaluate stage takes (round-robin across slices), not the first N lines
     from pipeline.evaluation.dataset import load_eval_set

@@ -32,7 +32,9 @@ def make_tokenizer(out: Path, vocab_size: int = 320) -> None:
     tok = Tokenizer(models.BPE(unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
     tok.train_from_iterator(_CORPUS, trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>")
     fast.chat_template = "{{ bos_token }}{% for m in messages %}{{ m['role'] | capitalize }}: {{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}Assistant:{% endif %}"
@@ -42,9 +44,19 @@ def make_tokenizer(out: Path, vocab_size: int = 320) -> None:
 def hf_config(arch: str, **overrides: Any):
     import transformers as tf
 
-    common = dict(vocab_size=384, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=2, pad_token_id=3,
-                  tie_word_embeddings=False)
+    common = dict(
+        vocab_size=384,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=3,
+        tie_word_embeddings=False,
+    )
     if arch == "llama":
         cfg = tf.LlamaConfig(**common)
     elif arch == "mistral":
@@ -64,7 +76,9 @@ def hf_config(arch: str, **overrides: Any):
     return cfg
 
 
-def make_checkpoint(out: Path, arch: str = "llama", *, seed: int = 0, dtype: str = "float32", tokenizer: bool = True, **overrides: Any) -> Path:
+def make_checkpoint(
+    out: Path, arch: str = "llama", *, seed: int = 0, dtype: str = "float32", tokenizer: bool = True, **overrides: Any
+) -> Path:
     """Write a tiny seeded random-weight checkpoint of ``arch`` to ``out`` and return ``out``."""
     import torch
     import transformers as tf
@@ -142,7 +156,9 @@ def _added(content: str, **kw: Any):
     return AddedToken(content, normalized=False, special=kw.pop("special", True), **kw)
 
 
-QWEN2_PRETOKENIZE_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+QWEN2_PRETOKENIZE_REGEX = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
 
 
 def _bytelevel_tokenizer(specials: list[str], vocab_size: int = 300, qwen: bool = False):
@@ -153,14 +169,18 @@ def _bytelevel_tokenizer(specials: list[str], vocab_size: int = 300, qwen: bool 
     tok = Tokenizer(models.BPE(unk_token=None))
     if qwen:
         tok.normalizer = normalizers.NFC()
-        tok.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
     else:
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=[], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
     tok.train_from_iterator(_FAMILY_CORPUS, trainer=trainer)
     tok.add_special_tokens([_added(s) for s in specials])
     return tok
@@ -174,7 +194,7 @@ def _spm_tokenizer(*, legacy: bool, n_pieces: int = 96, extra_specials: tuple = 
     (Llama-2, Phi-3); otherwise the ``Metaspace(prepend_scheme="first", split=False)`` pre-tokenizer (non-legacy
     conversion, Mistral).  Decoder ``Replace("▁", " "), ByteFallback, Fuse, Strip(1 leading space)``.
     """
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
     learner = Tokenizer(models.BPE())
     learner.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=True)
@@ -200,28 +220,75 @@ def _spm_tokenizer(*, legacy: bool, n_pieces: int = 96, extra_specials: tuple = 
 #: family -> how its tokenizer and config look.  ``arch``: tests/tiny ARCHS entry.
 FAMILIES: dict[str, dict[str, Any]] = {
     # Llama-2: SentencePiece byte fallback (legacy normalizer), BOS added by the tokenizer and the template, no pad.
-    "llama2": dict(arch="llama", tokenizer="spm_legacy", template=LLAMA2_TEMPLATE, bos="<s>", eos="</s>", pad=None,
-                   tokenizer_class="LlamaTokenizer", add_bos_token=True, legacy=True),
+    "llama2": dict(
+        arch="llama",
+        tokenizer="spm_legacy",
+        template=LLAMA2_TEMPLATE,
+        bos="<s>",
+        eos="</s>",
+        pad=None,
+        tokenizer_class="LlamaTokenizer",
+        add_bos_token=True,
+        legacy=True,
+    ),
     # Llama-3: byte-level BPE, BOS from the tokenizer's post-processor and the template, eos list, no pad.
-    "llama3": dict(arch="llama", tokenizer="bytelevel", template=LLAMA3_TEMPLATE, bos="<|begin_of_text|>", eos="<|eot_id|>", pad=None,
-                   specials=["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
-                   eos_list=["<|end_of_text|>", "<|eot_id|>"], tokenizer_class="PreTrainedTokenizerFast", post_bos=True,
-                   clean_up_tokenization_spaces=True, config=dict(rope_theta=500000.0)),
+    "llama3": dict(
+        arch="llama",
+        tokenizer="bytelevel",
+        template=LLAMA3_TEMPLATE,
+        bos="<|begin_of_text|>",
+        eos="<|eot_id|>",
+        pad=None,
+        specials=["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
+        eos_list=["<|end_of_text|>", "<|eot_id|>"],
+        tokenizer_class="PreTrainedTokenizerFast",
+        post_bos=True,
+        clean_up_tokenization_spaces=True,
+        config=dict(rope_theta=500000.0),
+    ),
     # Mistral-7B-v0.1 style: non-legacy SentencePiece (Metaspace), BOS from the template.
-    "mistral": dict(arch="mistral", tokenizer="spm_metaspace", template=MISTRAL_TEMPLATE, bos="<s>", eos="</s>", pad=None,
-                    tokenizer_class="LlamaTokenizer", add_bos_token=True, legacy=False),
+    "mistral": dict(
+        arch="mistral",
+        tokenizer="spm_metaspace",
+        template=MISTRAL_TEMPLATE,
+        bos="<s>",
+        eos="</s>",
+        pad=None,
+        tokenizer_class="LlamaTokenizer",
+        add_bos_token=True,
+        legacy=False,
+    ),
     # Qwen2/2.5: byte-level BPE, ChatML, no BOS (config.json still names one), pad = <|endoftext|>, qkv bias.
-    "qwen2": dict(arch="qwen2", tokenizer="bytelevel", template=QWEN2_TEMPLATE, bos=None, eos="<|im_end|>", pad="<|endoftext|>",
-                  specials=["<|endoftext|>", "<|im_start|>", "<|im_end|>"], config_bos="<|endoftext|>",
-                  eos_list=["<|im_end|>", "<|endoftext|>"], tokenizer_class="Qwen2Tokenizer", config=dict(rope_theta=1000000.0)),
+    "qwen2": dict(
+        arch="qwen2",
+        tokenizer="bytelevel",
+        template=QWEN2_TEMPLATE,
+        bos=None,
+        eos="<|im_end|>",
+        pad="<|endoftext|>",
+        specials=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        config_bos="<|endoftext|>",
+        eos_list=["<|im_end|>", "<|endoftext|>"],
+        tokenizer_class="Qwen2Tokenizer",
+        config=dict(rope_theta=1000000.0),
+    ),
     # Phi-3-mini: Llama SentencePiece (legacy) + <|user|>/<|assistant|>/<|end|> (rstrip), no BOS in the template.
-    "phi3": dict(arch="phi3", tokenizer="spm_legacy", template=PHI3_TEMPLATE, bos="<s>", eos="<|endoftext|>", pad="<|endoftext|>",
-                 extra_specials=[("<|endoftext|>", False), ("<|assistant|>", True), ("<|end|>", True), ("<|system|>", True),
-                                 ("<|user|>", True)],
-                 eos_list=["<|endoftext|>", "<|end|>"], tokenizer_class="LlamaTokenizer", add_bos_token=False, legacy=False,
-                 # Phi-3-mini-4k: original_max_position_embeddings == max_position_embeddings (no LongRoPE),
-                 # sliding_window = positions - 1 (2047 of 4096 there)
-                 config=dict(original_max_position_embeddings=512, sliding_window=511)),
+    "phi3": dict(
+        arch="phi3",
+        tokenizer="spm_legacy",
+        template=PHI3_TEMPLATE,
+        bos="<s>",
+        eos="<|endoftext|>",
+        pad="<|endoftext|>",
+        extra_specials=[("<|endoftext|>", False), ("<|assistant|>", True), ("<|end|>", True), ("<|system|>", True), ("<|user|>", True)],
+        eos_list=["<|endoftext|>", "<|end|>"],
+        tokenizer_class="LlamaTokenizer",
+        add_bos_token=False,
+        legacy=False,
+        # Phi-3-mini-4k: original_max_position_embeddings == max_position_embeddings (no LongRoPE),
+        # sliding_window = positions - 1 (2047 of 4096 there)
+        config=dict(original_max_position_embeddings=512, sliding_window=511),
+    ),
 }
 #: variants: family name -> (base family, config overrides)
 FAMILY_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -254,11 +321,13 @@ def make_family_tokenizer(out: Path, name: str) -> dict[str, Any]:
         tok = _spm_tokenizer(legacy=spec["tokenizer"] == "spm_legacy", extra_specials=tuple(spec.get("extra_specials", ())))
     bos = spec.get("bos")
     if bos and (spec.get("post_bos") or spec.get("add_bos_token")):
-        tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
-                                                           special_tokens=[(bos, tok.token_to_id(bos))])
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tok.token_to_id(bos))]
+        )
     kw = {k: spec[k] for k in ("bos", "eos", "pad") if spec.get(k)}
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, **{f"{k}_token": v for k, v in kw.items()},
-                                   unk_token="<unk>" if spec["tokenizer"] != "bytelevel" else None)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, **{f"{k}_token": v for k, v in kw.items()}, unk_token="<unk>" if spec["tokenizer"] != "bytelevel" else None
+    )
     fast.chat_template = spec["template"]
     fast.save_pretrained(str(out))
     cfg_path = out / "tokenizer_config.json"
@@ -274,9 +343,12 @@ def make_family_tokenizer(out: Path, name: str) -> dict[str, Any]:
         cfg["bos_token"] = None
     cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     tid = tok.token_to_id
-    return {"bos_id": tid(spec.get("config_bos") or bos) if (spec.get("config_bos") or bos) else None,
-            "eos_ids": [tid(e) for e in spec.get("eos_list", [spec["eos"]])],
-            "pad_id": tid(spec["pad"]) if spec.get("pad") else None, "size": tok.get_vocab_size(with_added_tokens=True)}
+    return {
+        "bos_id": tid(spec.get("config_bos") or bos) if (spec.get("config_bos") or bos) else None,
+        "eos_ids": [tid(e) for e in spec.get("eos_list", [spec["eos"]])],
+        "pad_id": tid(spec["pad"]) if spec.get("pad") else None,
+        "size": tok.get_vocab_size(with_added_tokens=True),
+    }
 
 
 def make_family(out: Path, name: str, *, seed: int = 0, dtype: str = "float32", **overrides: Any) -> Path:

@@ -16,8 +16,9 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from .records import RequestRecord
 from .workload import BenchRequest
@@ -33,6 +34,7 @@ class _Item:
 
     def finish(self) -> None:
         self.rec.t_done = time.perf_counter()
+
         def _resolve() -> None:
             if not self.fut.done():
                 self.fut.set_result(None)
@@ -58,7 +60,7 @@ class ThreadedBackend:
     def _guarded(self) -> None:
         try:
             self._work()
-        except BaseException as e:  # noqa: BLE001 - surfaced to every waiting request
+        except BaseException as e:
             log.exception("%s backend thread died", self.name)
             self._fatal = e
             while True:
@@ -145,7 +147,7 @@ class OrtEngineBackend(ThreadedBackend):
             if self.ignore_eos:
                 opts.set_min_generated_tokens(int(it.req.max_new_tokens))
             r.begin_turn(np.asarray(it.req.input_ids, dtype=np.int32), opts)
-        except Exception as e:  # noqa: BLE001 - a rejected request is a measured error, not a crash
+        except Exception as e:
             it.rec.error = f"{type(e).__name__}: {e}"
             it.rec.finish_reason = "error"
             it.finish()
@@ -173,7 +175,7 @@ class OrtEngineBackend(ThreadedBackend):
                 except queue.Empty:
                     break
                 if it is None:
-                    for r, a in active.values():
+                    for _r, a in active.values():
                         a.rec.error = "backend closed"
                         a.finish()
                     return
@@ -211,7 +213,7 @@ class OrtEngineBackend(ThreadedBackend):
                     del active[key]
                     try:
                         r.close()
-                    except Exception:  # noqa: BLE001
+                    except Exception:
                         pass
                     it.finish()
             if n_tok:
@@ -262,13 +264,18 @@ class RunnerBackend(ThreadedBackend):
                 items.append(it)
             by_id = {it.req.request_id: it for it in items}
 
-            def on_token(rid: str, tok: int, t: float) -> None:
+            def on_token(rid: str, tok: int, t: float, by_id: dict = by_id) -> None:
                 by_id[rid].rec.token_times.append(time.perf_counter())
 
-            gen = [GenerationRequest(list(it.req.input_ids), it.req.max_new_tokens, self.stop_ids, it.req.request_id, ignore_eos=self.ignore_eos) for it in items]
+            gen = [
+                GenerationRequest(
+                    list(it.req.input_ids), it.req.max_new_tokens, self.stop_ids, it.req.request_id, ignore_eos=self.ignore_eos
+                )
+                for it in items
+            ]
             try:
                 results = self.runner.generate(gen, on_token=on_token)
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 results = None
                 for it in items:
                     it.rec.error = f"{type(e).__name__}: {e}"
@@ -285,7 +292,7 @@ class RunnerBackend(ThreadedBackend):
         super().close()
         try:
             self.runner.close()
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
 
 
@@ -363,7 +370,7 @@ class TransformersBackend(ThreadedBackend):
                 return
             try:
                 self._generate(it)
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 it.rec.error = f"{type(e).__name__}: {e}"
                 it.rec.finish_reason = "error"
             it.finish()

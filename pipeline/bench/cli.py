@@ -18,7 +18,8 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from ..errors import EXIT_INPUT, InputError
 from .metrics import HEADLINE
@@ -36,8 +37,14 @@ def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
 
 def differences(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, Any, Any]]:
     """(field, A value, B value) for every benchmark knob / model fact that differs."""
-    fa = {**_flatten(a.get("config", {}), "benchmark."), **_flatten({k: v for k, v in a.get("model", {}).items() if k not in ("hf_dir", "engine_dir", "model_repository")}, "model.")}
-    fb = {**_flatten(b.get("config", {}), "benchmark."), **_flatten({k: v for k, v in b.get("model", {}).items() if k not in ("hf_dir", "engine_dir", "model_repository")}, "model.")}
+    fa = {
+        **_flatten(a.get("config", {}), "benchmark."),
+        **_flatten({k: v for k, v in a.get("model", {}).items() if k not in ("hf_dir", "engine_dir", "model_repository")}, "model."),
+    }
+    fb = {
+        **_flatten(b.get("config", {}), "benchmark."),
+        **_flatten({k: v for k, v in b.get("model", {}).items() if k not in ("hf_dir", "engine_dir", "model_repository")}, "model."),
+    }
     fa["host.cpu"], fb["host.cpu"] = a.get("host", {}).get("cpu"), b.get("host", {}).get("cpu")
     return [(k, fa.get(k), fb.get(k)) for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k) and k != "benchmark.results_dir"]
 
@@ -52,8 +59,10 @@ def compare(a: dict[str, Any], b: dict[str, Any], metrics: Sequence[str] | None 
     sb = {s["key"]: s for s in b["summary"]}
     common = [k for k in sa if k in sb]
     if not common:
-        raise InputError(f"the two results have no (mode, level) in common: A has {sorted(sa)}, B has {sorted(sb)}. "
-                         "Fix: compare runs of the same benchmark.modes / benchmark.concurrency.")
+        raise InputError(
+            f"the two results have no (mode, level) in common: A has {sorted(sa)}, B has {sorted(sb)}. "
+            "Fix: compare runs of the same benchmark.modes / benchmark.concurrency."
+        )
     wanted = list(metrics) if metrics else list(HEADLINE)
     unknown = [m for m in wanted if m not in HEADLINE]
     if unknown:
@@ -78,10 +87,26 @@ def compare(a: dict[str, Any], b: dict[str, Any], metrics: Sequence[str] | None 
             else:
                 better = (ratio < 1.0) if HEADLINE[m] == "lower" else (ratio > 1.0)
                 verdict = "better" if better else "worse"
-            rows.append({"level": key, "metric": m, "a": ma, "b": mb, "a_n": va["n"], "b_n": vb["n"], "ratio": ratio,
-                         "spread": spread, "verdict": verdict})
-    return {"schema": "pipeline.benchmark_compare/v1", "rows": rows, "differences": [list(d) for d in differences(a, b)],
-            "only_in_a": [k for k in sa if k not in sb], "only_in_b": [k for k in sb if k not in sa]}
+            rows.append(
+                {
+                    "level": key,
+                    "metric": m,
+                    "a": ma,
+                    "b": mb,
+                    "a_n": va["n"],
+                    "b_n": vb["n"],
+                    "ratio": ratio,
+                    "spread": spread,
+                    "verdict": verdict,
+                }
+            )
+    return {
+        "schema": "pipeline.benchmark_compare/v1",
+        "rows": rows,
+        "differences": [list(d) for d in differences(a, b)],
+        "only_in_a": [k for k in sa if k not in sb],
+        "only_in_b": [k for k in sb if k not in sa],
+    }
 
 
 def _print(doc: dict[str, Any], path_a: str, path_b: str) -> None:
@@ -109,8 +134,9 @@ def _print(doc: dict[str, Any], path_a: str, path_b: str) -> None:
     style = {"better": "green", "worse": "red", "~": "dim", "=": "dim"}
     for r in doc["rows"]:
         sp = "-" if r["spread"] is None or (r["a_n"] == 1 and r["b_n"] == 1) else f"{r['spread']:.3f}"
-        t.add_row(r["level"], r["metric"], f"{r['a']:.4g}", f"{r['b']:.4g}", f"{r['ratio']:.3f}", sp,
-                  f"[{style[r['verdict']]}]{r['verdict']}[/]")
+        t.add_row(
+            r["level"], r["metric"], f"{r['a']:.4g}", f"{r['b']:.4g}", f"{r['ratio']:.3f}", sp, f"[{style[r['verdict']]}]{r['verdict']}[/]"
+        )
     con.print(t)
     for side in ("only_in_a", "only_in_b"):
         if doc[side]:

@@ -11,11 +11,12 @@ import dataclasses
 import datetime as _dt
 import logging
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from .. import hostinfo
-from ..errors import InputError, PipelineError, PreflightError
+from ..errors import InputError, PipelineError
 from . import loadgen
 from .metrics import aggregate_repeats, level_metrics
 from .records import RequestRecord
@@ -32,10 +33,16 @@ TARGETS = {
     "engine_throughput_c8_over_c1": (">=", 3.0, "engine output tokens/s at concurrency 8 / at concurrency 1"),
     "triton_throughput_c8_over_c1": (">=", 3.0, "Triton output tokens/s at concurrency 8 / at concurrency 1"),
     "triton_vs_engine_throughput_c8": (">=", 0.9, "Triton output tokens/s / in-process engine output tokens/s, both at concurrency 8"),
-    "engine_vs_builder_int4_tpot_c1": ("<=", 1.15, "engine TPOT / onnxruntime-genai builder's own int4 engine TPOT (same checkpoint, "
-                                                   "mode builder_int4) at concurrency 1"),
-    "engine_roofline_fraction_c1": (">=", 0.40, "engine decode tokens/s at concurrency 1 / memory-bandwidth bound (bytes read per step "
-                                                "÷ measured host bandwidth)"),
+    "engine_vs_builder_int4_tpot_c1": (
+        "<=",
+        1.15,
+        "engine TPOT / onnxruntime-genai builder's own int4 engine TPOT (same checkpoint, mode builder_int4) at concurrency 1",
+    ),
+    "engine_roofline_fraction_c1": (
+        ">=",
+        0.40,
+        "engine decode tokens/s at concurrency 1 / memory-bandwidth bound (bytes read per step ÷ measured host bandwidth)",
+    ),
     "failed_requests": ("==", 0, "failed requests over every run"),
 }
 
@@ -92,8 +99,14 @@ def _level_seed(base: int, repeat: int, idx: int) -> int:
 
 
 def _compact(rec: RequestRecord) -> dict[str, Any]:
-    d: dict[str, Any] = {"id": rec.request_id, "isl": rec.input_len, "requested": rec.requested_output_len,
-                         "osl": rec.output_len, "reported": rec.reported_output_len, "finish": rec.finish_reason}
+    d: dict[str, Any] = {
+        "id": rec.request_id,
+        "isl": rec.input_len,
+        "requested": rec.requested_output_len,
+        "osl": rec.output_len,
+        "reported": rec.reported_output_len,
+        "finish": rec.finish_reason,
+    }
     if rec.ok:
         d.update(ttft_ms=rec.ttft * 1e3, e2e_ms=rec.e2e * 1e3, tpot_ms=None if rec.tpot is None else rec.tpot * 1e3)
     if rec.error:
@@ -113,7 +126,9 @@ def _make_backend(mode: str, bcfg: Any, inp: BenchInputs, stop_ids: list[int]):
 
             b = RunnerBackend(inp.load_runner(), ignore_eos=bcfg.ignore_eos, stop_token_ids=stop_ids)
         else:
-            raise InputError(f"benchmark.modes has 'engine' but no runnable engine was found at {inp.engine_dir}. Fix: run the build stage first.")
+            raise InputError(
+                f"benchmark.modes has 'engine' but no runnable engine was found at {inp.engine_dir}. Fix: run the build stage first."
+            )
         b.start()
         return b, b.close
     if mode == "builder_int4":
@@ -147,15 +162,16 @@ def _make_backend(mode: str, bcfg: Any, inp: BenchInputs, stop_ids: list[int]):
         from .triton import TritonBackend
 
         if inp.model_repository is None or not inp.model_repository.is_dir():
-            raise InputError(f"benchmark.modes has 'triton' but no model repository was found at {inp.model_repository}. Fix: run the package stage first, or drop triton from benchmark.modes.")
+            raise InputError(
+                f"benchmark.modes has 'triton' but no model repository was found at {inp.model_repository}. Fix: run the package stage first, or drop triton from benchmark.modes."
+            )
         b = TritonBackend(inp.model_repository, bcfg=bcfg, ready_timeout_s=float(getattr(bcfg, "server_ready_timeout_s", 180.0)))
         b.start()
         return b, b.close
     raise InputError(f"benchmark.modes: unknown mode {mode!r}; use engine, triton or baseline.")
 
 
-def run_benchmark(bcfg: Any, inp: BenchInputs, *, progress: Callable[[float], None] | None = None,
-                  console: Any = None) -> dict[str, Any]:
+def run_benchmark(bcfg: Any, inp: BenchInputs, *, progress: Callable[[float], None] | None = None, console: Any = None) -> dict[str, Any]:
     """Run the benchmark described by ``bcfg`` (a :class:`~pipeline.config.benchmark.BenchmarkConfig`).
 
     Returns the ``pipeline.benchmark/v1`` document (see docs/benchmark.md for every field).
@@ -174,8 +190,21 @@ def run_benchmark(bcfg: Any, inp: BenchInputs, *, progress: Callable[[float], No
     tok = AutoTokenizer.from_pretrained(str(inp.hf_dir), trust_remote_code=False)
     stop_ids = stop_token_ids(inp.model_info)
     n = int(bcfg.num_requests)
-    warm_reqs = build_requests(bcfg, tok, int(bcfg.warmup_requests), seed=int(bcfg.seed) + 10**6, eval_set=inp.eval_set, corpus=inp.corpus,
-                               max_input_len=inp.max_input_len, max_seq_len=inp.max_seq_len, prefix="warmup") if bcfg.warmup_requests else []
+    warm_reqs = (
+        build_requests(
+            bcfg,
+            tok,
+            int(bcfg.warmup_requests),
+            seed=int(bcfg.seed) + 10**6,
+            eval_set=inp.eval_set,
+            corpus=inp.corpus,
+            max_input_len=inp.max_input_len,
+            max_seq_len=inp.max_seq_len,
+            prefix="warmup",
+        )
+        if bcfg.warmup_requests
+        else []
+    )
     # the workload of each (repeat, level) is the same for every mode, so modes compare like for like
     workloads: dict[tuple[int, str, float], tuple[int, list[BenchRequest]]] = {}
     all_levels: list[tuple[str, float]] = []
@@ -186,14 +215,25 @@ def run_benchmark(bcfg: Any, inp: BenchInputs, *, progress: Callable[[float], No
     for rep in range(int(bcfg.repeats)):
         for i, lv in enumerate(all_levels):
             seed = _level_seed(bcfg.seed, rep, i)
-            workloads[(rep, *lv)] = (seed, build_requests(bcfg, tok, n, seed=seed, eval_set=inp.eval_set, corpus=inp.corpus,
-                                                          max_input_len=inp.max_input_len, max_seq_len=inp.max_seq_len,
-                                                          prefix=f"r{rep}-{lv[0][0]}{lv[1]:g}"))
+            workloads[(rep, *lv)] = (
+                seed,
+                build_requests(
+                    bcfg,
+                    tok,
+                    n,
+                    seed=seed,
+                    eval_set=inp.eval_set,
+                    corpus=inp.corpus,
+                    max_input_len=inp.max_input_len,
+                    max_seq_len=inp.max_seq_len,
+                    prefix=f"r{rep}-{lv[0][0]}{lv[1]:g}",
+                ),
+            )
     engine_facts = None
     if inp.engine_dir is not None and (inp.engine_dir / "genai_config.json").exists():
         try:
             engine_facts = onnx_engine_bytes(inp.engine_dir)
-        except Exception as e:  # noqa: BLE001 - the roofline is a report extra
+        except Exception as e:
             log.warning("could not read engine weight sizes for the roofline: %s", e)
     bw = memory_bandwidth()
 
@@ -212,7 +252,7 @@ def run_benchmark(bcfg: Any, inp: BenchInputs, *, progress: Callable[[float], No
             if mode in REFERENCE_MODES:
                 try:
                     facts = onnx_engine_bytes(backend.engine_dir)
-                except Exception as e:  # noqa: BLE001 - the roofline is a report extra
+                except Exception as e:
                     log.warning("could not read the %s engine's weight sizes: %s", mode, e)
                     facts = None
             if facts and mode != "baseline":
@@ -226,9 +266,14 @@ def run_benchmark(bcfg: Any, inp: BenchInputs, *, progress: Callable[[float], No
                 # the served engine batches no more than the in-process engine measured (same engine folder)
                 mbs = min(mbs or 10**9, mode_info["engine"]["max_batch_size"])
             backends[mode] = (backend, close, facts, mbs)
-            mode_info[mode] = {"warmup_requests": len(warm_reqs), "warmup_ok": warm_ok, "max_batch_size": mbs,
-                               "backend": type(backend).__name__, **getattr(backend, "describe", lambda: {})(),
-                               "seconds": round(time.time() - t_mode, 2)}
+            mode_info[mode] = {
+                "warmup_requests": len(warm_reqs),
+                "warmup_ok": warm_ok,
+                "max_batch_size": mbs,
+                "backend": type(backend).__name__,
+                **getattr(backend, "describe", lambda: {})(),
+                "seconds": round(time.time() - t_mode, 2),
+            }
         for rep in range(int(bcfg.repeats)):
             for kind, level in all_levels:
                 for mode in bcfg.modes:
@@ -251,31 +296,46 @@ def run_benchmark(bcfg: Any, inp: BenchInputs, *, progress: Callable[[float], No
                             "mean_batch": (c1["token_events"] - c0["token_events"]) / steps if steps else None,
                             "mean_admitted": (c1["active_sum"] - c0["active_sum"]) / steps if steps else None,
                             "definition": "Engine.run calls that produced tokens; mean sequences decoded per call (batch); "
-                                          "mean requests admitted to the engine per call (batch + waiting)"}
+                            "mean requests admitted to the engine per call (batch + waiting)",
+                        }
                     conc = int(level) if kind == "concurrency" else None
                     batch = (met.get("engine_steps") or {}).get("mean_batch")
                     pending_roofline.append((len(runs), facts if mode != "baseline" else None, met, conc if conc else 1, mbs, batch))
                     rl = None
-                    runs.append({
-                        "mode": mode, "kind": kind, "concurrency": conc, "request_rate": level if kind == "request_rate" else None,
-                        "repeat": rep, "seed": seed, "dataset_digest": dataset_digest(reqs), "timed_out": lr.timed_out,
-                        "wall_s": lr.t_end - lr.t_start, "loadavg_1m": _loadavg(), "metrics": met, "roofline": rl,
-                        "requests": [_compact(r) for r in lr.records],
-                    })
+                    runs.append(
+                        {
+                            "mode": mode,
+                            "kind": kind,
+                            "concurrency": conc,
+                            "request_rate": level if kind == "request_rate" else None,
+                            "repeat": rep,
+                            "seed": seed,
+                            "dataset_digest": dataset_digest(reqs),
+                            "timed_out": lr.timed_out,
+                            "wall_s": lr.t_end - lr.t_start,
+                            "loadavg_1m": _loadavg(),
+                            "metrics": met,
+                            "roofline": rl,
+                            "requests": [_compact(r) for r in lr.records],
+                        }
+                    )
                     mode_info[mode]["seconds"] = round(mode_info[mode]["seconds"] + time.time() - t_level, 2)
                     if console is not None:
-                        console.print(f"  {mode:<8} {'c' if kind == 'concurrency' else 'rate'}={level:g} r{rep}: "
-                                      f"TTFT p50 {met['time_to_first_token'].get('p50', float('nan')):.1f} ms  "
-                                      f"TPOT {met['time_per_output_token'].get('avg', float('nan')):.2f} ms  "
-                                      f"{met['output_token_throughput']['avg']:.0f} tok/s  err {met['requests']['errors']}  "
-                                      f"load {runs[-1]['loadavg_1m']}", soft_wrap=True)
+                        console.print(
+                            f"  {mode:<8} {'c' if kind == 'concurrency' else 'rate'}={level:g} r{rep}: "
+                            f"TTFT p50 {met['time_to_first_token'].get('p50', float('nan')):.1f} ms  "
+                            f"TPOT {met['time_per_output_token'].get('avg', float('nan')):.2f} ms  "
+                            f"{met['output_token_throughput']['avg']:.0f} tok/s  err {met['requests']['errors']}  "
+                            f"load {runs[-1]['loadavg_1m']}",
+                            soft_wrap=True,
+                        )
                     if progress:
                         progress(1)
     finally:
         for _, close, _, _ in backends.values():
             try:
                 close()
-            except Exception as e:  # noqa: BLE001 - closing one backend must not hide the others' results
+            except Exception as e:
                 log.warning("closing a benchmark backend failed: %s", e)
     # On a shared host a copy benchmark taken while other jobs run understates the memory system: measure again at
     # the end and take the higher figure as the host's bandwidth (both are recorded).
@@ -293,24 +353,38 @@ def run_benchmark(bcfg: Any, inp: BenchInputs, *, progress: Callable[[float], No
         "created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "name": bcfg.name,
         "config": _cfg_dict(bcfg),
-        "seeds": {"base": int(bcfg.seed), "warmup": int(bcfg.seed) + 10**6,
-                  "levels": {f"r{rep}/{k}={lv:g}": s for (rep, k, lv), (s, _) in workloads.items()}},
-        "dataset": {
-            "kind": bcfg.dataset, "source": str(inp.eval_set if bcfg.dataset == "eval" else (inp.corpus or inp.eval_set)),
-            "source_sha256": _sha(inp.eval_set if bcfg.dataset == "eval" else (inp.corpus or inp.eval_set)),
-            "digest": _digest_all(workloads), "requests_per_level": n,
+        "seeds": {
+            "base": int(bcfg.seed),
+            "warmup": int(bcfg.seed) + 10**6,
+            "levels": {f"r{rep}/{k}={lv:g}": s for (rep, k, lv), (s, _) in workloads.items()},
         },
-        "model": {"hf_dir": str(inp.hf_dir), "engine_dir": str(inp.engine_dir) if inp.engine_dir else None,
-                  "model_repository": str(inp.model_repository) if inp.model_repository else None, "target": inp.target,
-                  "limits": {"max_input_len": inp.max_input_len, "max_seq_len": inp.max_seq_len, "max_batch_size": inp.max_batch_size},
-                  **inp.describe},
+        "dataset": {
+            "kind": bcfg.dataset,
+            "source": str(inp.eval_set if bcfg.dataset == "eval" else (inp.corpus or inp.eval_set)),
+            "source_sha256": _sha(inp.eval_set if bcfg.dataset == "eval" else (inp.corpus or inp.eval_set)),
+            "digest": _digest_all(workloads),
+            "requests_per_level": n,
+        },
+        "model": {
+            "hf_dir": str(inp.hf_dir),
+            "engine_dir": str(inp.engine_dir) if inp.engine_dir else None,
+            "model_repository": str(inp.model_repository) if inp.model_repository else None,
+            "target": inp.target,
+            "limits": {"max_input_len": inp.max_input_len, "max_seq_len": inp.max_seq_len, "max_batch_size": inp.max_batch_size},
+            **inp.describe,
+        },
         "host": {**hostinfo.host(), "loadavg_1m_start": load_start, "loadavg_1m_end": _loadavg(), "sched_autogroup": _autogroup()},
         "versions": hostinfo.library_versions(["onnxruntime-genai", "onnxruntime", "torch", "transformers", "tritonclient"]),
         "modes": mode_info,
-        "roofline": {"bandwidth_gbs": bw["gbs"], "bandwidth_source": bw["source"], "bandwidth_gbs_start": bw.get("gbs_start"),
-                     "bandwidth_gbs_end": bw.get("gbs_end"), **(engine_facts or {}),
-                     "per_mode": facts_by_mode,
-                     "formula": "bound_tokens_per_s(b) = b * BW / (W + b * KV(L)); fraction = (b / TPOT) / bound"},
+        "roofline": {
+            "bandwidth_gbs": bw["gbs"],
+            "bandwidth_source": bw["source"],
+            "bandwidth_gbs_start": bw.get("gbs_start"),
+            "bandwidth_gbs_end": bw.get("gbs_end"),
+            **(engine_facts or {}),
+            "per_mode": facts_by_mode,
+            "formula": "bound_tokens_per_s(b) = b * BW / (W + b * KV(L)); fraction = (b / TPOT) / bound",
+        },
         "runs": runs,
         "summary": summary,
         "ratios": ratios(summary, runs, judged=list(getattr(bcfg, "targets", None) or [])),
@@ -347,7 +421,7 @@ def _cfg_dict(bcfg: Any) -> dict[str, Any]:
         from omegaconf import OmegaConf
 
         return OmegaConf.to_container(bcfg, resolve=True)  # type: ignore[return-value]
-    except Exception:  # noqa: BLE001
+    except Exception:
         return dict(bcfg)
 
 
@@ -383,11 +457,19 @@ def summarize(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for key, rs in groups.items():
         r0 = rs[0]
-        out.append({"key": key, "mode": r0["mode"], "kind": r0["kind"], "concurrency": r0["concurrency"],
-                    "request_rate": r0["request_rate"], "repeats": len(rs),
-                    "spread": aggregate_repeats([r["metrics"] for r in rs]),
-                    "errors": sum(r["metrics"]["requests"]["errors"] for r in rs),
-                    "roofline_fraction": [r["roofline"]["fraction"] for r in rs if r.get("roofline")]})
+        out.append(
+            {
+                "key": key,
+                "mode": r0["mode"],
+                "kind": r0["kind"],
+                "concurrency": r0["concurrency"],
+                "request_rate": r0["request_rate"],
+                "repeats": len(rs),
+                "spread": aggregate_repeats([r["metrics"] for r in rs]),
+                "errors": sum(r["metrics"]["requests"]["errors"] for r in rs),
+                "roofline_fraction": [r["roofline"]["fraction"] for r in rs if r.get("roofline")],
+            }
+        )
     return out
 
 
@@ -449,7 +531,9 @@ def headline(doc: dict[str, Any]) -> dict[str, Any]:
             out["mode"] = mode
             out["tpot_ms"] = _mean(summ, k, "time_per_output_token.avg")
             out["ttft_ms"] = _mean(summ, k, "time_to_first_token.avg")
-            out["tok_s"] = max((s["spread"].get("output_token_throughput.avg", {}).get("mean", 0.0) for s in summ if s["mode"] == mode), default=None)
+            out["tok_s"] = max(
+                (s["spread"].get("output_token_throughput.avg", {}).get("mean", 0.0) for s in summ if s["mode"] == mode), default=None
+            )
             break
     out["errors"] = doc["ratios"]["failed_requests"]["value"]
     return out

@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -41,7 +42,7 @@ async def _one(backend: Any, req: BenchRequest, rec: RequestRecord) -> None:
     except asyncio.CancelledError:
         rec.error = rec.error or "cancelled at the time bound (benchmark.max_duration_s)"
         raise
-    except Exception as e:  # noqa: BLE001 - a failed request is a measurement
+    except Exception as e:
         rec.error = f"{type(e).__name__}: {e}"
         rec.finish_reason = "error"
 

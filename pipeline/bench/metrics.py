@@ -21,26 +21,44 @@ the arithmetic mean; percentiles by linear interpolation, ``numpy.percentile``);
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
 from .records import RequestRecord
 
 PERCENTILES = (50, 75, 90, 95, 99)
-DIST_METRICS = ("time_to_first_token", "inter_token_latency", "time_per_output_token", "request_latency",
-                "output_token_throughput_per_user", "output_sequence_length", "input_sequence_length")
+DIST_METRICS = (
+    "time_to_first_token",
+    "inter_token_latency",
+    "time_per_output_token",
+    "request_latency",
+    "output_token_throughput_per_user",
+    "output_sequence_length",
+    "input_sequence_length",
+)
 # Scalars compared across runs by ``pipeline benchmark compare`` (dotted paths into a level's metrics).
 # "lower" = lower is better.
 HEADLINE = {
-    "time_to_first_token.avg": "lower", "time_to_first_token.p50": "lower", "time_to_first_token.p90": "lower",
+    "time_to_first_token.avg": "lower",
+    "time_to_first_token.p50": "lower",
+    "time_to_first_token.p90": "lower",
     "time_to_first_token.p99": "lower",
-    "time_per_output_token.avg": "lower", "time_per_output_token.p50": "lower", "time_per_output_token.p90": "lower",
+    "time_per_output_token.avg": "lower",
+    "time_per_output_token.p50": "lower",
+    "time_per_output_token.p90": "lower",
     "time_per_output_token.p99": "lower",
-    "inter_token_latency.avg": "lower", "inter_token_latency.p99": "lower",
-    "request_latency.avg": "lower", "request_latency.p50": "lower", "request_latency.p90": "lower", "request_latency.p99": "lower",
-    "output_token_throughput.avg": "higher", "request_throughput.avg": "higher",
-    "requests.errors": "lower", "prefill_decode.prefill_share": "lower",
+    "inter_token_latency.avg": "lower",
+    "inter_token_latency.p99": "lower",
+    "request_latency.avg": "lower",
+    "request_latency.p50": "lower",
+    "request_latency.p90": "lower",
+    "request_latency.p99": "lower",
+    "output_token_throughput.avg": "higher",
+    "request_throughput.avg": "higher",
+    "requests.errors": "lower",
+    "prefill_decode.prefill_share": "lower",
 }
 
 
@@ -49,8 +67,14 @@ def distribution(values: Iterable[float], unit: str, scale: float = 1.0) -> dict
     x = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=np.float64) * scale
     if x.size == 0:
         return {"unit": unit, "count": 0}
-    out: dict[str, Any] = {"unit": unit, "count": int(x.size), "avg": float(x.mean()), "min": float(x.min()),
-                           "max": float(x.max()), "std": float(x.std())}
+    out: dict[str, Any] = {
+        "unit": unit,
+        "count": int(x.size),
+        "avg": float(x.mean()),
+        "min": float(x.min()),
+        "max": float(x.max()),
+        "std": float(x.std()),
+    }
     for p, v in zip(PERCENTILES, np.percentile(x, PERCENTILES)):
         out[f"p{p}"] = float(v)
     return out
@@ -75,7 +99,9 @@ def level_metrics(records: Sequence[RequestRecord]) -> dict[str, Any]:
     total = float(sum(e2e))
     m: dict[str, Any] = {
         "requests": {
-            "sent": len(records), "completed": len(ok), "errors": len(errors),
+            "sent": len(records),
+            "completed": len(ok),
+            "errors": len(errors),
             "error_messages": sorted({str(r.error) for r in errors})[:10],
         },
         "duration_s": duration,
@@ -90,8 +116,10 @@ def level_metrics(records: Sequence[RequestRecord]) -> dict[str, Any]:
         "request_throughput": {"unit": "requests/sec", "avg": len(ok) / duration if duration else 0.0},
         "output_tokens": out_tokens,
         "prefill_decode": {
-            "prefill_s": prefill, "decode_s": total - prefill,
-            "prefill_share": prefill / total if total else None, "decode_share": (total - prefill) / total if total else None,
+            "prefill_s": prefill,
+            "decode_s": total - prefill,
+            "prefill_share": prefill / total if total else None,
+            "decode_share": (total - prefill) / total if total else None,
         },
         "consistency": {
             "token_count_mismatches": mismatches[:10],
@@ -120,6 +148,12 @@ def aggregate_repeats(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any
         if not vals:
             continue
         a = np.asarray(vals)
-        out[path] = {"mean": float(a.mean()), "std": float(a.std(ddof=1)) if a.size > 1 else 0.0,
-                     "min": float(a.min()), "max": float(a.max()), "n": int(a.size), "values": vals}
+        out[path] = {
+            "mean": float(a.mean()),
+            "std": float(a.std(ddof=1)) if a.size > 1 else 0.0,
+            "min": float(a.min()),
+            "max": float(a.max()),
+            "n": int(a.size),
+            "values": vals,
+        }
     return out

@@ -18,8 +18,24 @@ BUILDER = "onnxruntime_genai.models.builder"
 
 def builder_int4_command(hf_dir: Path, out: Path, cache: Path) -> list[str]:
     """The builder command line for the reference int4 CPU engine."""
-    return [sys.executable, "-m", BUILDER, "-i", str(hf_dir), "-o", str(out), "-p", "int4", "-e", "cpu", "-c", str(cache),
-            "--extra_options", "hf_token=false", "hf_remote=false"]
+    return [
+        sys.executable,
+        "-m",
+        BUILDER,
+        "-i",
+        str(hf_dir),
+        "-o",
+        str(out),
+        "-p",
+        "int4",
+        "-e",
+        "cpu",
+        "-c",
+        str(cache),
+        "--extra_options",
+        "hf_token=false",
+        "hf_remote=false",
+    ]
 
 
 def build_builder_int4(hf_dir: Path, work: Path, *, max_batch_size: int | None, max_seq_len: int | None) -> Path:
@@ -38,6 +54,7 @@ def build_builder_int4(hf_dir: Path, work: Path, *, max_batch_size: int | None, 
     import json
 
     gc = json.loads((engine / "genai_config.json").read_text(encoding="utf-8"))
-    set_runtime_limits(engine, max_batch_size=int(max_batch_size or 16),
-                       max_seq_len=int(max_seq_len or gc.get("search", {}).get("max_length") or 512))
+    set_runtime_limits(
+        engine, max_batch_size=int(max_batch_size or 16), max_seq_len=int(max_seq_len or gc.get("search", {}).get("max_length") or 512)
+    )
     return engine

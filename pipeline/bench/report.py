@@ -28,15 +28,21 @@ def markdown(doc: dict[str, Any]) -> str:
     lines = [f"# Benchmark `{doc['name']}` ({doc['created_utc']})", ""]
     m = doc["model"]
     host = doc["host"]
-    lines.append(f"Target `{m.get('target')}`, quant `{m.get('quant_recipe', '-')}`, dataset `{doc['dataset']['kind']}` "
-                 f"({doc['dataset']['requests_per_level']} requests/level, digest `{doc['dataset']['digest'][:12]}`), "
-                 f"seed {doc['seeds']['base']}, repeats {doc['config'].get('repeats')}, ignore_eos {doc['config'].get('ignore_eos')}.")
-    lines.append(f"Host: {host.get('cpu')} × {host.get('cpu_count')} CPUs, GPUs: {[g['name'] for g in host.get('gpus') or []] or 'none'}. "
-                 f"Load average (1 min) {host.get('loadavg_1m_start')} at start, {host.get('loadavg_1m_end')} at end. "
-                 f"Memory bandwidth {doc['roofline']['bandwidth_gbs']:.1f} GB/s ({doc['roofline']['bandwidth_source']}).")
+    lines.append(
+        f"Target `{m.get('target')}`, quant `{m.get('quant_recipe', '-')}`, dataset `{doc['dataset']['kind']}` "
+        f"({doc['dataset']['requests_per_level']} requests/level, digest `{doc['dataset']['digest'][:12]}`), "
+        f"seed {doc['seeds']['base']}, repeats {doc['config'].get('repeats')}, ignore_eos {doc['config'].get('ignore_eos')}."
+    )
+    lines.append(
+        f"Host: {host.get('cpu')} × {host.get('cpu_count')} CPUs, GPUs: {[g['name'] for g in host.get('gpus') or []] or 'none'}. "
+        f"Load average (1 min) {host.get('loadavg_1m_start')} at start, {host.get('loadavg_1m_end')} at end. "
+        f"Memory bandwidth {doc['roofline']['bandwidth_gbs']:.1f} GB/s ({doc['roofline']['bandwidth_source']})."
+    )
     lines.append("")
-    lines.append("| mode | level | req | err | TTFT avg / p50 / p90 / p99 (ms) | TPOT avg / p50 / p90 / p99 (ms) | ITL p99 (ms) | "
-                 "latency p50 / p90 / p99 (ms) | out tok/s | req/s | prefill share | roofline |")
+    lines.append(
+        "| mode | level | req | err | TTFT avg / p50 / p90 / p99 (ms) | TPOT avg / p50 / p90 / p99 (ms) | ITL p99 (ms) | "
+        "latency p50 / p90 / p99 (ms) | out tok/s | req/s | prefill share | roofline |"
+    )
     lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in doc["runs"]:
         if r["repeat"] != 0:
@@ -51,37 +57,59 @@ def markdown(doc: dict[str, Any]) -> str:
             f"{_f(tp.get('avg'))} / {_f(tp.get('p50'))} / {_f(tp.get('p90'))} / {_f(tp.get('p99'))} | {_f(itl.get('p99'))} | "
             f"{_f(e2.get('p50'), 1)} / {_f(e2.get('p90'), 1)} / {_f(e2.get('p99'), 1)} | "
             f"{_f(mt['output_token_throughput']['avg'], 1)} | {_f(mt['request_throughput']['avg'])} | "
-            f"{_f(mt['prefill_decode']['prefill_share'])} | {_f(rf.get('fraction'), 3)} |")
+            f"{_f(mt['prefill_decode']['prefill_share'])} | {_f(rf.get('fraction'), 3)} |"
+        )
     per_mode = (doc.get("roofline") or {}).get("per_mode") or {}
     c1 = [r for r in doc["runs"] if r["repeat"] == 0 and r["kind"] == "concurrency" and r["concurrency"] == 1 and r.get("roofline")]
     if c1:
         bw = doc["roofline"]["bandwidth_gbs"]
-        lines += ["", f"Decode roofline at concurrency 1 (host bandwidth {bw:.1f} GB/s, {doc['roofline']['bandwidth_source']}): "
-                  "bytes read per decode step = weights (every initializer except Gather-ed embedding tables) + KV cache at the "
-                  "mean context; bound = bandwidth / bytes per step.", "",
-                  "| mode | weight MB/step | KV MB/step | bound tok/s | achieved tok/s | fraction of bound |", "|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"Decode roofline at concurrency 1 (host bandwidth {bw:.1f} GB/s, {doc['roofline']['bandwidth_source']}): "
+            "bytes read per decode step = weights (every initializer except Gather-ed embedding tables) + KV cache at the "
+            "mean context; bound = bandwidth / bytes per step.",
+            "",
+            "| mode | weight MB/step | KV MB/step | bound tok/s | achieved tok/s | fraction of bound |",
+            "|---|---|---|---|---|---|",
+        ]
         for r in c1:
             rf = r["roofline"]
             w = (per_mode.get(r["mode"]) or doc["roofline"]).get("weight_bytes_per_step")
-            lines.append(f"| `{r['mode']}` | {_f(w / 1e6 if w else None, 2)} | {_f(rf['kv_bytes_per_seq'] * rf['batch'] / 1e6, 2)} | "
-                         f"{_f(rf['bound_tokens_per_s'], 0)} | {_f(rf['achieved_decode_tokens_per_s'], 0)} | {_f(rf['fraction'], 3)} |")
+            lines.append(
+                f"| `{r['mode']}` | {_f(w / 1e6 if w else None, 2)} | {_f(rf['kv_bytes_per_seq'] * rf['batch'] / 1e6, 2)} | "
+                f"{_f(rf['bound_tokens_per_s'], 0)} | {_f(rf['achieved_decode_tokens_per_s'], 0)} | {_f(rf['fraction'], 3)} |"
+            )
     if any(s["repeats"] > 1 for s in doc["summary"]):
-        lines += ["", "Spread over repeats (mean ± std, n):", "",
-                  "| mode/level | TPOT avg (ms) | TTFT p50 (ms) | out tok/s |", "|---|---|---|---|"]
+        lines += [
+            "",
+            "Spread over repeats (mean ± std, n):",
+            "",
+            "| mode/level | TPOT avg (ms) | TTFT p50 (ms) | out tok/s |",
+            "|---|---|---|---|",
+        ]
         for s in doc["summary"]:
             sp = s["spread"]
 
-            def ms(p: str) -> str:
+            def ms(p: str, sp: dict = sp) -> str:
                 v = sp.get(p)
                 return f"{v['mean']:.2f} ± {v['std']:.2f} (n={v['n']})" if v else "-"
-            lines.append(f"| {s['key']} | {ms('time_per_output_token.avg')} | {ms('time_to_first_token.p50')} | {ms('output_token_throughput.avg')} |")
+
+            lines.append(
+                f"| {s['key']} | {ms('time_per_output_token.avg')} | {ms('time_to_first_token.p50')} | {ms('output_token_throughput.avg')} |"
+            )
     lines += ["", "| ratio | value | target | met | definition |", "|---|---|---|---|---|"]
     for k, v in doc["ratios"].items():
         met = {True: "yes", False: "**no**", None: "not measured"}[v["met"]] if v.get("judged", True) else "(not a target here)"
-        lines.append(f"| {k} | {_f(v['value'], 3) if isinstance(v['value'], float) else _f(v['value'])} | {v['target']} | {met} | {v['definition']} |")
-    lines += ["", "TTFT = send → first token; TPOT = (last − first token) / (tokens − 1); ITL = gaps between tokens; "
-              "latency = send → last token; out tok/s = output tokens / (first send → last completion). "
-              "Roofline = achieved decode tokens/s ÷ memory-bandwidth bound (docs/benchmark.md).", ""]
+        lines.append(
+            f"| {k} | {_f(v['value'], 3) if isinstance(v['value'], float) else _f(v['value'])} | {v['target']} | {met} | {v['definition']} |"
+        )
+    lines += [
+        "",
+        "TTFT = send → first token; TPOT = (last − first token) / (tokens − 1); ITL = gaps between tokens; "
+        "latency = send → last token; out tok/s = output tokens / (first send → last completion). "
+        "Roofline = achieved decode tokens/s ÷ memory-bandwidth bound (docs/benchmark.md).",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -97,7 +125,9 @@ def plots(doc: dict[str, Any], out_dir: Path) -> list[str]:
     written = []
     # 1. latency percentiles vs concurrency
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    for ax, (metric, title) in zip(axes, (("time_to_first_token", "TTFT"), ("time_per_output_token", "TPOT"), ("request_latency", "request latency"))):
+    for ax, (metric, title) in zip(
+        axes, (("time_to_first_token", "TTFT"), ("time_per_output_token", "TPOT"), ("request_latency", "request latency"))
+    ):
         for mode in modes:
             rs = sorted((r for r in runs if r["mode"] == mode), key=lambda r: r["concurrency"])
             xs = [r["concurrency"] for r in rs]
@@ -161,7 +191,7 @@ def write_outputs(doc: dict[str, Any], out_dir: Path, *, make_plots: bool = True
         try:
             for name in plots(doc, out_dir):
                 paths[name] = str(out_dir / name)
-        except Exception as e:  # noqa: BLE001 - plots are a convenience; the JSON is the record
+        except Exception as e:
             log.warning("could not draw the benchmark plots: %s", e)
     return paths
 
@@ -178,9 +208,13 @@ def load(path: str | Path) -> dict[str, Any]:
     try:
         doc = json.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise InputError(f"{p}: no such benchmark result. Fix: pass a benchmark.json written by the benchmark stage (bench/results/*.json).") from None
+        raise InputError(
+            f"{p}: no such benchmark result. Fix: pass a benchmark.json written by the benchmark stage (bench/results/*.json)."
+        ) from None
     except ValueError as e:
         raise InputError(f"{p}: not valid JSON ({e}).") from None
     if not isinstance(doc, dict) or doc.get("schema") != "pipeline.benchmark/v1":
-        raise InputError(f"{p}: schema is {doc.get('schema') if isinstance(doc, dict) else type(doc).__name__!r}, expected 'pipeline.benchmark/v1'.")
+        raise InputError(
+            f"{p}: schema is {doc.get('schema') if isinstance(doc, dict) else type(doc).__name__!r}, expected 'pipeline.benchmark/v1'."
+        )
     return doc

@@ -61,13 +61,13 @@ def memory_bandwidth() -> dict[str, Any]:
             g = match_local(gpus[0]["name"], gpus[0].get("memory_mib"))
             if g is not None:
                 return {"gbs": g.bandwidth_bytes_s / 1e9, "source": f"GPU catalogue: {g.name} ({g.source})"}
-        except Exception as e:  # noqa: BLE001 - fall back to measuring
+        except Exception as e:
             log.debug("GPU catalogue lookup failed: %s", e)
     try:
         from ..planner import host_memory_bandwidth_gbs
 
         return {"gbs": float(host_memory_bandwidth_gbs()), "source": "measured on this host (pipeline.planner.host_memory_bandwidth_gbs)"}
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         log.debug("planner bandwidth unavailable: %s", e)
     return {"gbs": measure_host_bandwidth_gbs(), "source": "measured on this host (numpy copy, read+write bytes)"}
 
@@ -107,9 +107,14 @@ def onnx_engine_bytes(engine_dir: Path) -> dict[str, Any]:
     layers, kvh, hd = int(dec["num_hidden_layers"]), int(dec["num_key_value_heads"]), int(dec["head_size"])
     total = sum(sizes.values())
     return {
-        "weight_bytes_per_step": total - emb, "embedding_bytes": emb, "total_initializer_bytes": total,
-        "kv_bytes_per_token": 2 * layers * kvh * hd * kv_elem, "kv_dtype_bytes": kv_elem,
-        "layers": layers, "kv_heads": kvh, "head_dim": hd,
+        "weight_bytes_per_step": total - emb,
+        "embedding_bytes": emb,
+        "total_initializer_bytes": total,
+        "kv_bytes_per_token": 2 * layers * kvh * hd * kv_elem,
+        "kv_dtype_bytes": kv_elem,
+        "layers": layers,
+        "kv_heads": kvh,
+        "head_dim": hd,
     }
 
 
@@ -118,8 +123,14 @@ def bound_tokens_per_s(bw_bytes_s: float, weight_bytes: float, kv_bytes_per_seq:
     return batch * bw_bytes_s / (weight_bytes + batch * kv_bytes_per_seq)
 
 
-def roofline_for_level(facts: dict[str, Any], bw_gbs: float, metrics: dict[str, Any], concurrency: int | None,
-                       max_batch_size: int | None, measured_batch: float | None = None) -> dict[str, Any] | None:
+def roofline_for_level(
+    facts: dict[str, Any],
+    bw_gbs: float,
+    metrics: dict[str, Any],
+    concurrency: int | None,
+    max_batch_size: int | None,
+    measured_batch: float | None = None,
+) -> dict[str, Any] | None:
     """Bound, achieved decode rate and their ratio for one measured level (``None`` without TPOT).
 
     ``b`` is ``measured_batch`` (mean sequences per engine step, engine mode) when given, else
@@ -134,5 +145,11 @@ def roofline_for_level(facts: dict[str, Any], bw_gbs: float, metrics: dict[str, 
     kv = facts["kv_bytes_per_token"] * ctx
     bound = bound_tokens_per_s(bw_gbs * 1e9, facts["weight_bytes_per_step"], kv, b)
     achieved = b * 1000.0 / tpot
-    return {"batch": b, "mean_context_tokens": ctx, "kv_bytes_per_seq": kv, "bound_tokens_per_s": bound,
-            "achieved_decode_tokens_per_s": achieved, "fraction": achieved / bound}
+    return {
+        "batch": b,
+        "mean_context_tokens": ctx,
+        "kv_bytes_per_seq": kv,
+        "bound_tokens_per_s": bound,
+        "achieved_decode_tokens_per_s": achieved,
+        "fraction": achieved / bound,
+    }

@@ -18,8 +18,9 @@ import argparse
 import json
 import shutil
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKENIZER_SOURCE = ROOT / "models" / "support-llama"
@@ -27,9 +28,19 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 SHAPES: dict[str, dict[str, Any]] = {
     "llama80m": {
-        "num_hidden_layers": 12, "hidden_size": 768, "intermediate_size": 2048, "num_attention_heads": 12,
-        "num_key_value_heads": 4, "vocab_size": 3072, "max_position_embeddings": 512, "rms_norm_eps": 1e-5,
-        "rope_theta": 10000.0, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 3, "tie_word_embeddings": False,
+        "num_hidden_layers": 12,
+        "hidden_size": 768,
+        "intermediate_size": 2048,
+        "num_attention_heads": 12,
+        "num_key_value_heads": 4,
+        "vocab_size": 3072,
+        "max_position_embeddings": 512,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "pad_token_id": 3,
+        "tie_word_embeddings": False,
     },
 }
 """Shape name -> ``transformers.LlamaConfig`` fields."""
@@ -76,7 +87,7 @@ def make_shape(shape: str, out: Path, *, seed: int = SEED, force: bool = False) 
     with torch.device("cpu"):
         model = tf.LlamaForCausalLM(cfg).to(torch.float32)
     with torch.no_grad():
-        for name, p in sorted(model.named_parameters()):
+        for _name, p in sorted(model.named_parameters()):
             if p.dim() == 2:
                 p.copy_(torch.randn(p.shape, generator=gen) * INIT_STD)
             else:

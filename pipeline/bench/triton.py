@@ -33,8 +33,16 @@ class TritonBackend:
 
     name = "triton"
 
-    def __init__(self, model_repository: Path, *, bcfg: Any, model: str = "ensemble", tokenizer_dir: Path | None = None,
-                 ready_timeout_s: float = 180.0, max_workers: int = 64):
+    def __init__(
+        self,
+        model_repository: Path,
+        *,
+        bcfg: Any,
+        model: str = "ensemble",
+        tokenizer_dir: Path | None = None,
+        ready_timeout_s: float = 180.0,
+        max_workers: int = 64,
+    ):
         self.repo = Path(model_repository)
         self.model = model
         self.ignore_eos = bool(bcfg.ignore_eos)
@@ -54,16 +62,21 @@ class TritonBackend:
         from ..serving.server import TritonServer
 
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.tokenizer_dir), trust_remote_code=False)
-        self.server = TritonServer(self.repo, grpc_port=0, http_port=0, metrics_port=0, host="127.0.0.1",
-                                   ready_timeout_s=self.ready_timeout_s)
+        self.server = TritonServer(
+            self.repo, grpc_port=0, http_port=0, metrics_port=0, host="127.0.0.1", ready_timeout_s=self.ready_timeout_s
+        )
         self.server.start()
         c = self._client()
         cfg = c.client.get_model_config(self.model, as_json=True, client_timeout=10)["config"]
         self.max_batch_size = int(cfg.get("max_batch_size") or 0) or None
 
     def describe(self) -> dict[str, Any]:
-        return {"url": self.server.grpc_url if self.server else None, "model": self.model, "model_repository": str(self.repo),
-                "client": "pipeline.serving.client.LLMClient (stream=True)"}
+        return {
+            "url": self.server.grpc_url if self.server else None,
+            "model": self.model,
+            "model_repository": str(self.repo),
+            "client": "pipeline.serving.client.LLMClient (stream=True)",
+        }
 
     def _client(self) -> Any:
         c = getattr(self._local, "c", None)
@@ -92,7 +105,7 @@ class TritonBackend:
         loop = asyncio.get_running_loop()
         try:
             await loop.run_in_executor(self._pool, self._run, req, rec)
-        except Exception as e:  # noqa: BLE001 - measured as a failed request
+        except Exception as e:
             rec.error = f"{type(e).__name__}: {e}"
             rec.finish_reason = "error"
 
@@ -101,7 +114,7 @@ class TritonBackend:
         for c in self._clients:
             try:
                 c.close()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 pass
         if self.server is not None:
             self.server.stop()

@@ -10,8 +10,9 @@ import dataclasses
 import hashlib
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -111,7 +112,9 @@ def build_requests(
     reqs: list[BenchRequest] = []
     if bcfg.dataset == "eval":
         if eval_set is None or not Path(eval_set).exists():
-            raise InputError(f"benchmark.dataset=eval needs the eval set (eval.eval_set={eval_set!r}); set eval.eval_set or use benchmark.dataset=synthetic.")
+            raise InputError(
+                f"benchmark.dataset=eval needs the eval set (eval.eval_set={eval_set!r}); set eval.eval_set or use benchmark.dataset=synthetic."
+            )
         rows = _read_jsonl(Path(eval_set), "prompt")
         idx = rng.integers(0, len(rows), n)
         for i, (j, ol) in enumerate(zip(idx, out_lens)):
@@ -130,7 +133,7 @@ def build_requests(
         for i, (il, ol) in enumerate(zip(in_lens, out_lens)):
             il = min(il, len(ids))
             off = int(rng.integers(0, max(1, len(ids) - il)))
-            text = tokenizer.decode(ids[off:off + il], skip_special_tokens=True)
+            text = tokenizer.decode(ids[off : off + il], skip_special_tokens=True)
             reqs.append(BenchRequest(f"{prefix}-{i}", text, encode_prompt(tokenizer, text), ol))
     bad = []
     for r in reqs:

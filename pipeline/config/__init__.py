@@ -135,12 +135,20 @@ def resolve_aliases(cfg: PipelineConfig, explicit: Optional[list[str]] = None) -
             default = next(f.default for f in dataclasses.fields(owner) if f.name == new)
             user_set_new = (new_path in given) if given is not None else current != default
             if user_set_new:
-                problems.append(Problem(old_path, value, f"is a deprecated alias of {new_path}, which is set to {current!r}.",
-                                        f"set only {new_path} (drop {old_path})"))
+                problems.append(
+                    Problem(
+                        old_path,
+                        value,
+                        f"is a deprecated alias of {new_path}, which is set to {current!r}.",
+                        f"set only {new_path} (drop {old_path})",
+                    )
+                )
                 continue
             setattr(owner, new, value)
-        notes.append(f"{old_path} is a deprecated alias of {new_path} (removed in the next release); "
-                     f"{new_path}={value!r} is used. Fix: write {new_path}={value}")
+        notes.append(
+            f"{old_path} is a deprecated alias of {new_path} (removed in the next release); "
+            f"{new_path}={value!r} is used. Fix: write {new_path}={value}"
+        )
     if problems:
         raise ConfigError(problems)
     return notes
@@ -148,8 +156,11 @@ def resolve_aliases(cfg: PipelineConfig, explicit: Optional[list[str]] = None) -
 
 def deprecations(cfg: PipelineConfig) -> list[str]:
     """The deprecation warnings of the aliases set in an already resolved ``cfg`` (for the run summary)."""
-    return [f"{old_path} is a deprecated alias of {new_path} (removed in the next release); write {new_path}={getattr(owner, new)}"
-            for old_path, new_path, owner, old, new in _alias_fields(cfg) if getattr(owner, old) is not None]
+    return [
+        f"{old_path} is a deprecated alias of {new_path} (removed in the next release); write {new_path}={getattr(owner, new)}"
+        for old_path, new_path, owner, old, new in _alias_fields(cfg)
+        if getattr(owner, old) is not None
+    ]
 
 
 def to_object(cfg: DictConfig | PipelineConfig, explicit: Optional[list[str]] = None) -> PipelineConfig:
@@ -160,13 +171,19 @@ def to_object(cfg: DictConfig | PipelineConfig, explicit: Optional[list[str]] = 
     obj = OmegaConf.to_object(cfg)
     if not isinstance(obj, PipelineConfig):
         missing = [g for g in GROUPS if g not in (obj if isinstance(obj, dict) else {})]
-        raise ConfigError([Problem(
-            "defaults", None,
-            "the composed config is not a pipeline config: its defaults list does not start from the pipeline schema "
-            f"(missing: {missing}).",
-            "drop the defaults list from your YAML (the pipeline's defaults then apply, your values on top), or start "
-            "it like build_configs/pipeline.yaml: `- pipeline_schema` then one preset per group "
-            f"({', '.join(f'{g}: <preset>' for g in GROUPS)}) and `- _self_`")])
+        raise ConfigError(
+            [
+                Problem(
+                    "defaults",
+                    None,
+                    "the composed config is not a pipeline config: its defaults list does not start from the pipeline schema "
+                    f"(missing: {missing}).",
+                    "drop the defaults list from your YAML (the pipeline's defaults then apply, your values on top), or start "
+                    "it like build_configs/pipeline.yaml: `- pipeline_schema` then one preset per group "
+                    f"({', '.join(f'{g}: <preset>' for g in GROUPS)}) and `- _self_`",
+                )
+            ]
+        )
     for note in resolve_aliases(obj, explicit):
         logging.getLogger("pipeline.config").warning(note)
     return obj
@@ -195,8 +212,16 @@ def compose(overrides: list[str] | None = None, config_name: str = "pipeline") -
         if isinstance(e, (OmegaConfBaseException, ConfigError)):
             raise
         # Hydra raises a bare ValueError for some override shapes (found by tests/test_fuzz.py: ``build=0``)
-        raise ConfigError([Problem("overrides", list(overrides or []), f"{type(e).__name__}: {e}.",
-                                   "use group=<preset name> for config groups and key=value for fields")]) from e
+        raise ConfigError(
+            [
+                Problem(
+                    "overrides",
+                    list(overrides or []),
+                    f"{type(e).__name__}: {e}.",
+                    "use group=<preset name> for config groups and key=value for fields",
+                )
+            ]
+        ) from e
     return to_object(cfg, list(overrides or []))
 
 
@@ -226,7 +251,7 @@ def validate(cfg: PipelineConfig, *, raise_on_error: bool = True) -> list[Proble
         problems.append(Problem("stages", [], "no stage to run.", f"use a subset of {list(STAGES)}, e.g. stages=[export,quantize]"))
     for s in cfg.stages:
         if s not in STAGES:
-            problems.append(Problem("stages", s, f"unknown stage.", f"use a subset of {list(STAGES)}"))
+            problems.append(Problem("stages", s, "unknown stage.", f"use a subset of {list(STAGES)}"))
     needs = set(cfg.stages)
     for group, fn in _VALIDATORS.items():
         if group == "calibration" and ("quantize" not in needs or cfg.quant.recipe == "none"):
@@ -240,8 +265,29 @@ def validate(cfg: PipelineConfig, *, raise_on_error: bool = True) -> list[Proble
 
 
 __all__ = [
-    "BenchmarkConfig", "BuildConfig", "CalibrationConfig", "ConfigError", "EvalConfig", "GateConfig", "ModelConfig",
-    "PackageConfig", "PipelineConfig", "Problem", "QuantConfig", "SpeculativeConfig", "TargetConfig", "CONFIG_DIR",
-    "REPO_ROOT", "STAGES", "compose", "deprecations", "key_fields", "register", "resolve_aliases", "resolve_path", "runtime",
-    "to_object", "validate",
+    "BenchmarkConfig",
+    "BuildConfig",
+    "CalibrationConfig",
+    "ConfigError",
+    "EvalConfig",
+    "GateConfig",
+    "ModelConfig",
+    "PackageConfig",
+    "PipelineConfig",
+    "Problem",
+    "QuantConfig",
+    "SpeculativeConfig",
+    "TargetConfig",
+    "CONFIG_DIR",
+    "REPO_ROOT",
+    "STAGES",
+    "compose",
+    "deprecations",
+    "key_fields",
+    "register",
+    "resolve_aliases",
+    "resolve_path",
+    "runtime",
+    "to_object",
+    "validate",
 ]

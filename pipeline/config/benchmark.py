@@ -64,23 +64,48 @@ def validate(cfg: BenchmarkConfig, prefix: str = "benchmark") -> list[Problem]:
     for name, d in (("input_len", cfg.input_len), ("output_len", cfg.output_len)):
         choice(problems, f"{prefix}.{name}.kind", d.kind, ("fixed", "uniform", "normal", "lognormal"))
     if any(c < 1 for c in cfg.concurrency):
-        problems.append(Problem(f"{prefix}.concurrency", list(cfg.concurrency), "every level must be >= 1.", "e.g. benchmark.concurrency=[1,2,4,8]"))
+        problems.append(
+            Problem(f"{prefix}.concurrency", list(cfg.concurrency), "every level must be >= 1.", "e.g. benchmark.concurrency=[1,2,4,8]")
+        )
     if any(c < 1 for c in cfg.baseline_concurrency):
-        problems.append(Problem(f"{prefix}.baseline_concurrency", list(cfg.baseline_concurrency), "every level must be >= 1.", "e.g. benchmark.baseline_concurrency=[1]"))
+        problems.append(
+            Problem(
+                f"{prefix}.baseline_concurrency",
+                list(cfg.baseline_concurrency),
+                "every level must be >= 1.",
+                "e.g. benchmark.baseline_concurrency=[1]",
+            )
+        )
     if any(r <= 0 for r in cfg.request_rates):
-        problems.append(Problem(f"{prefix}.request_rates", list(cfg.request_rates), "every rate must be > 0 requests/s.", "e.g. benchmark.request_rates=[1.0,4.0]"))
+        problems.append(
+            Problem(
+                f"{prefix}.request_rates",
+                list(cfg.request_rates),
+                "every rate must be > 0 requests/s.",
+                "e.g. benchmark.request_rates=[1.0,4.0]",
+            )
+        )
     for f in ("num_requests", "repeats"):
         if getattr(cfg, f) < 1:
             problems.append(Problem(f"{prefix}.{f}", getattr(cfg, f), "must be >= 1.", f"e.g. benchmark.{f}=1"))
     if cfg.warmup_requests < 0:
         problems.append(Problem(f"{prefix}.warmup_requests", cfg.warmup_requests, "must be >= 0.", "e.g. benchmark.warmup_requests=2"))
     if cfg.max_duration_s <= 0:
-        problems.append(Problem(f"{prefix}.max_duration_s", cfg.max_duration_s, "must be > 0 seconds.", "e.g. benchmark.max_duration_s=120"))
+        problems.append(
+            Problem(f"{prefix}.max_duration_s", cfg.max_duration_s, "must be > 0 seconds.", "e.g. benchmark.max_duration_s=120")
+        )
     if not cfg.modes:
         problems.append(Problem(f"{prefix}.modes", list(cfg.modes), "at least one mode is needed.", "e.g. benchmark.modes=[engine]"))
     for name, d in (("input_len", cfg.input_len), ("output_len", cfg.output_len)):
         if d.min < 1 or d.max < d.min:
-            problems.append(Problem(f"{prefix}.{name}", f"min={d.min}, max={d.max}", "needs 1 <= min <= max.", f"e.g. benchmark.{name}.min=1 benchmark.{name}.max=256"))
+            problems.append(
+                Problem(
+                    f"{prefix}.{name}",
+                    f"min={d.min}, max={d.max}",
+                    "needs 1 <= min <= max.",
+                    f"e.g. benchmark.{name}.min=1 benchmark.{name}.max=256",
+                )
+            )
         if d.spread < 0:
             problems.append(Problem(f"{prefix}.{name}.spread", d.spread, "must be >= 0.", f"e.g. benchmark.{name}.spread=0"))
     return problems

@@ -18,10 +18,16 @@ class SpeculativeConfig:
     """none | draft_tokens_external (draft model) | medusa | eagle | lookahead_decoding."""
     max_draft_len: int = 0
     """Draft tokens per step; added to max_seq_len by trtllm-build."""
-    draft_model_path: Optional[str] = runtime(None, doc="HF checkpoint of the draft model (draft_tokens_external); its "
-                                              "acceptance is measured with eval.draft_model_path set to the same folder")
-    draft_trtllm_checkpoint: Optional[str] = runtime(None, doc="TensorRT-LLM checkpoint of the draft (config.json + rank*.safetensors) "
-                                                     "for its engine; default <draft_model_path>/trtllm_checkpoint")
+    draft_model_path: Optional[str] = runtime(
+        None,
+        doc="HF checkpoint of the draft model (draft_tokens_external); its "
+        "acceptance is measured with eval.draft_model_path set to the same folder",
+    )
+    draft_trtllm_checkpoint: Optional[str] = runtime(
+        None,
+        doc="TensorRT-LLM checkpoint of the draft (config.json + rank*.safetensors) "
+        "for its engine; default <draft_model_path>/trtllm_checkpoint",
+    )
 
 
 @dataclass
@@ -79,7 +85,14 @@ def validate(cfg: BuildConfig, prefix: str = "build") -> list[Problem]:
     choice(problems, f"{prefix}.kv_cache_type", cfg.kv_cache_type, ("paged", "continuous", "disabled"))
     choice(problems, f"{prefix}.batch_scheduler_policy", cfg.batch_scheduler_policy, ("guaranteed_no_evict", "max_utilization"))
     choice(problems, f"{prefix}.gemm_plugin", cfg.gemm_plugin, ("auto", "float16", "bfloat16", "float32", "fp8", "disable"))
-    choice(problems, f"{prefix}.speculative.mode", cfg.speculative.mode, ("none", "draft_tokens_external", "medusa", "eagle", "lookahead_decoding"))
+    choice(
+        problems,
+        f"{prefix}.speculative.mode",
+        cfg.speculative.mode,
+        ("none", "draft_tokens_external", "medusa", "eagle", "lookahead_decoding"),
+    )
     if not 0.0 < cfg.kv_cache_free_gpu_mem_fraction <= 1.0:
-        problems.append(Problem(f"{prefix}.kv_cache_free_gpu_mem_fraction", cfg.kv_cache_free_gpu_mem_fraction, "must be in (0, 1].", "use 0.9"))
+        problems.append(
+            Problem(f"{prefix}.kv_cache_free_gpu_mem_fraction", cfg.kv_cache_free_gpu_mem_fraction, "must be in (0, 1].", "use 0.9")
+        )
     return problems

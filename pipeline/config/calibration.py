@@ -56,10 +56,21 @@ def validate(cfg: CalibrationConfig, prefix: str = "calibration") -> list[Proble
         if v < 1:
             problems.append(Problem(f"{prefix}.{f}", v, "must be >= 1.", f"set {prefix}.{f} to a positive integer"))
     if cfg.min_samples > cfg.calib_size:
-        problems.append(Problem(f"{prefix}.min_samples", cfg.min_samples, f"exceeds calib_size={cfg.calib_size}.",
-                                "lower min_samples or raise calib_size"))
+        problems.append(
+            Problem(
+                f"{prefix}.min_samples", cfg.min_samples, f"exceeds calib_size={cfg.calib_size}.", "lower min_samples or raise calib_size"
+            )
+        )
     if cfg.format == "hf" and not cfg.hf_dataset:
-        problems.append(Problem(f"{prefix}.hf_dataset", None, "format=hf needs a dataset name.", "set calibration.hf_dataset=<name> or use a local file"))
+        problems.append(
+            Problem(
+                f"{prefix}.hf_dataset", None, "format=hf needs a dataset name.", "set calibration.hf_dataset=<name> or use a local file"
+            )
+        )
     if cfg.format != "hf" and not cfg.path:
-        problems.append(Problem(f"{prefix}.path", None, "no calibration file given.", "set calibration.path=/path/to/file.jsonl or calibration=support_v1"))
+        problems.append(
+            Problem(
+                f"{prefix}.path", None, "no calibration file given.", "set calibration.path=/path/to/file.jsonl or calibration=support_v1"
+            )
+        )
     return problems

@@ -27,8 +27,7 @@ def deprecated_alias(of: str) -> Any:
     :func:`pipeline.config.resolve_aliases` copies a value set here into ``of`` when the config is resolved
     (warning with both spellings) and refuses the config when both are set to different values.
     """
-    return field(default=None, metadata={"cache": False, "alias_of": of,
-                                         "doc": f"deprecated alias of {of}, removed in the next release"})
+    return field(default=None, metadata={"cache": False, "alias_of": of, "doc": f"deprecated alias of {of}, removed in the next release"})
 
 
 def key_fields(obj: Any) -> dict[str, Any]:

@@ -20,7 +20,16 @@ class GateConfig:
     """Maximum score drop vs the baseline (absolute, 0..1). ``None`` = the recipe default in
     ``max_drop_by_recipe``."""
     max_drop_by_recipe: Dict[str, float] = field(
-        default_factory=lambda: {"none": 0.02, "fp8": 0.02, "int8_wo": 0.02, "int8_sq": 0.04, "int4_wo": 0.06, "int4_rtn": 0.06, "int4_awq": 0.05, "w4a8_awq": 0.06}
+        default_factory=lambda: {
+            "none": 0.02,
+            "fp8": 0.02,
+            "int8_wo": 0.02,
+            "int8_sq": 0.04,
+            "int4_wo": 0.06,
+            "int4_rtn": 0.06,
+            "int4_awq": 0.05,
+            "w4a8_awq": 0.06,
+        }
     )
     """Default allowed drop per recipe: tighter for near-lossless formats (fp8) than for int4.  An allowance
     must be demonstrable on the eval set: with no discordant pair the 95 % upper bound is z^2 / (n + z^2), so
@@ -84,9 +93,12 @@ class EvalConfig:
     draft_model_path: Optional[str] = runtime(None, doc="draft model for speculative-decoding acceptance measurement")
     draft_tokens: int = 4
     """Draft tokens proposed per speculative step (k) when measuring the draft acceptance rate."""
-    torch_threads: int = runtime(0, doc="PyTorch intra-op threads for the baseline/simulated runners; 0 = auto "
-                                 "(1 on hosts with <= 4 CPUs, where threads contend: measured 10 s vs 0.15 s for one "
-                                 "16-prompt batch on a shared 2-core box; else PyTorch's default)")
+    torch_threads: int = runtime(
+        0,
+        doc="PyTorch intra-op threads for the baseline/simulated runners; 0 = auto "
+        "(1 on hosts with <= 4 CPUs, where threads contend: measured 10 s vs 0.15 s for one "
+        "16-prompt batch on a shared 2-core box; else PyTorch's default)",
+    )
     reference_dtype: str = "float32"
     """Compute dtype of the baseline (reference) runner, which always loads the *source* checkpoint
     (``model.path``), never the export: float32 (default) | bfloat16 | float16 | checkpoint (the
@@ -107,8 +119,14 @@ def validate(cfg: EvalConfig, prefix: str = "eval") -> list[Problem]:
     for r in cfg.runners:
         choice(problems, f"{prefix}.runners", r, RUNNERS)
     if "baseline" not in cfg.runners:
-        problems.append(Problem(f"{prefix}.runners", list(cfg.runners), "must include baseline: the gate judges the candidate against it.",
-                                "e.g. eval.runners=[baseline,engine] or eval.runners=[baseline,simulated]"))
+        problems.append(
+            Problem(
+                f"{prefix}.runners",
+                list(cfg.runners),
+                "must include baseline: the gate judges the candidate against it.",
+                "e.g. eval.runners=[baseline,engine] or eval.runners=[baseline,simulated]",
+            )
+        )
     choice(problems, f"{prefix}.candidate", cfg.candidate, ("auto", "engine", "simulated"))
     if cfg.draft_tokens < 1:
         problems.append(Problem(f"{prefix}.draft_tokens", cfg.draft_tokens, "must be >= 1.", "use eval.draft_tokens=4"))
@@ -119,10 +137,15 @@ def validate(cfg: EvalConfig, prefix: str = "eval") -> list[Problem]:
     choice(problems, f"{prefix}.gate.mode", cfg.gate.mode, GATE_MODES)
     choice(problems, f"{prefix}.reference_dtype", cfg.reference_dtype, REFERENCE_DTYPES)
     if cfg.gate.significant_only is not None:
-        problems.append(Problem(f"{prefix}.gate.significant_only", cfg.gate.significant_only,
-                                "was removed: the gate now requires evidence that the candidate is not worse (a one-sided upper "
-                                "bound of the drop within the allowance), so a small set can no longer pass a collapse.",
-                                "remove it; for an exploratory run that may end inconclusive use eval.gate.mode=exploratory"))
+        problems.append(
+            Problem(
+                f"{prefix}.gate.significant_only",
+                cfg.gate.significant_only,
+                "was removed: the gate now requires evidence that the candidate is not worse (a one-sided upper "
+                "bound of the drop within the allowance), so a small set can no longer pass a collapse.",
+                "remove it; for an exploratory run that may end inconclusive use eval.gate.mode=exploratory",
+            )
+        )
     for name in ("max_kld", "min_top1"):
         v = getattr(cfg.gate, name)
         if v is not None and (v < 0 or (name == "min_top1" and v > 1)):
@@ -132,14 +155,19 @@ def validate(cfg: EvalConfig, prefix: str = "eval") -> list[Problem]:
     if cfg.batch_size < 1:
         problems.append(Problem(f"{prefix}.batch_size", cfg.batch_size, "must be >= 1.", "use eval.batch_size=16"))
     if cfg.max_new_tokens < 1:
-        problems.append(Problem(f"{prefix}.max_new_tokens", cfg.max_new_tokens, "must be >= 1 (tokens generated per item).",
-                                "use eval.max_new_tokens=48"))
+        problems.append(
+            Problem(
+                f"{prefix}.max_new_tokens", cfg.max_new_tokens, "must be >= 1 (tokens generated per item).", "use eval.max_new_tokens=48"
+            )
+        )
     if cfg.worst_regressions < 0:
         problems.append(Problem(f"{prefix}.worst_regressions", cfg.worst_regressions, "must be >= 0.", "use 20, or 0 to list none"))
     if cfg.torch_threads < 0:
         problems.append(Problem(f"{prefix}.torch_threads", cfg.torch_threads, "must be >= 0.", "use 0 (auto) or a thread count"))
     if not cfg.eval_set:
-        problems.append(Problem(f"{prefix}.eval_set", None, "no eval set given.", "set eval.eval_set=/path/to/eval.jsonl or eval=support_v1"))
+        problems.append(
+            Problem(f"{prefix}.eval_set", None, "no eval set given.", "set eval.eval_set=/path/to/eval.jsonl or eval=support_v1")
+        )
     if not 0.5 <= cfg.gate.confidence < 1.0:
         problems.append(Problem(f"{prefix}.gate.confidence", cfg.gate.confidence, "must be in [0.5, 1).", "use 0.95"))
     if cfg.limit is not None and cfg.limit < 1:

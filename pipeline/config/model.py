@@ -84,8 +84,11 @@ class ModelConfig:
     """Never execute code shipped with a checkpoint unless explicitly set (secure default)."""
     allow_pickle: bool = False
     """Allow pickled ``*.bin``/``*.pt`` weights (arbitrary code execution risk). Off by default."""
-    allow_external_files: bool = runtime(False, doc="accept checkpoint files (symbolic links, index shard names) that "
-                                                    "resolve outside model.path; their contents enter the cache key")
+    allow_external_files: bool = runtime(
+        False,
+        doc="accept checkpoint files (symbolic links, index shard names) that "
+        "resolve outside model.path; their contents enter the cache key",
+    )
     """Symbolic links in the checkpoint folder and shard names in the weight index must resolve inside
     ``model.path`` (or, for a Hugging Face hub cache snapshot, its ``blobs`` folder) unless this is set."""
     apply_chat_template: bool = True
@@ -100,5 +103,12 @@ def validate(cfg: ModelConfig, prefix: str = "model") -> list[Problem]:
     problems: list[Problem] = []
     choice(problems, f"{prefix}.dtype", cfg.dtype, DTYPES)
     if cfg.path is None and cfg.hf_config is None:
-        problems.append(Problem(f"{prefix}.path", None, "no checkpoint given.", "pass model.path=/path/to/hf_checkpoint or pick a preset: model=support_llama"))
+        problems.append(
+            Problem(
+                f"{prefix}.path",
+                None,
+                "no checkpoint given.",
+                "pass model.path=/path/to/hf_checkpoint or pick a preset: model=support_llama",
+            )
+        )
     return problems

@@ -63,7 +63,9 @@ def validate(cfg: PackageConfig, prefix: str = "package") -> list[Problem]:
         if v is not None and v < 1:
             problems.append(Problem(f"{prefix}.{f}", v, "must be >= 1 or null.", "remove it to use the engine's"))
     if cfg.parity_sample < 1:
-        problems.append(Problem(f"{prefix}.parity_sample", cfg.parity_sample, "must be >= 1.", "use 64, or package.parity=false to disable"))
+        problems.append(
+            Problem(f"{prefix}.parity_sample", cfg.parity_sample, "must be >= 1.", "use 64, or package.parity=false to disable")
+        )
     if cfg.instance_count < 1:
         problems.append(Problem(f"{prefix}.instance_count", cfg.instance_count, "must be >= 1.", "use 1"))
     if not cfg.version or "/" in cfg.version or ".." in cfg.version:

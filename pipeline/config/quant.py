@@ -82,18 +82,35 @@ def validate(cfg: QuantConfig, prefix: str = "quant") -> list[Problem]:
         a = cfg.auto
         bad = [f for f in a.formats if f not in AUTO_FORMATS]
         if not a.formats or bad:
-            problems.append(Problem(f"{prefix}.auto.formats", list(a.formats), f"must be a non-empty list of {list(AUTO_FORMATS)}.",
-                                    "e.g. quant.auto.formats=[int4_awq,int8_wo]"))
+            problems.append(
+                Problem(
+                    f"{prefix}.auto.formats",
+                    list(a.formats),
+                    f"must be a non-empty list of {list(AUTO_FORMATS)}.",
+                    "e.g. quant.auto.formats=[int4_awq,int8_wo]",
+                )
+            )
         if not 4.0 <= float(a.effective_bits) <= 16.0:
-            problems.append(Problem(f"{prefix}.auto.effective_bits", a.effective_bits, "must be in [4, 16] (bits per weight).",
-                                    "e.g. quant.auto.effective_bits=6"))
+            problems.append(
+                Problem(
+                    f"{prefix}.auto.effective_bits",
+                    a.effective_bits,
+                    "must be in [4, 16] (bits per weight).",
+                    "e.g. quant.auto.effective_bits=6",
+                )
+            )
         choice(problems, f"{prefix}.auto.method", a.method, AUTO_METHODS)
         if a.num_score_steps < 1:
             problems.append(Problem(f"{prefix}.auto.num_score_steps", a.num_score_steps, "must be >= 1.", "use 16"))
         if cfg.kv_cache_dtype != "none":
-            problems.append(Problem(f"{prefix}.kv_cache_dtype", cfg.kv_cache_dtype, "quant=auto searches weight formats only; "
-                                    "ModelOpt's auto_quantize disables KV-cache quantizers.",
-                                    "use quant.kv_cache_dtype=none with quant=auto"))
+            problems.append(
+                Problem(
+                    f"{prefix}.kv_cache_dtype",
+                    cfg.kv_cache_dtype,
+                    "quant=auto searches weight formats only; ModelOpt's auto_quantize disables KV-cache quantizers.",
+                    "use quant.kv_cache_dtype=none with quant=auto",
+                )
+            )
     for f in ("tp_size", "pp_size"):
         if getattr(cfg, f) < 1:
             problems.append(Problem(f"{prefix}.{f}", getattr(cfg, f), "must be >= 1.", f"set {prefix}.{f}=1"))

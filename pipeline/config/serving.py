@@ -122,9 +122,19 @@ _CHOICES = re.compile(r"^\s*\{\s*\d+(\s*,\s*\d+)*\s*\}(\s*,\s*\{\s*\d+(\s*,\s*\d
 def validate(cfg: RuntimeConfig, prefix: str = "package.runtime") -> list[Problem]:
     """Field-level checks (types, ranges, formats); every problem names the field, the value and the fix."""
     p: list[Problem] = []
-    for f in ("max_tokens_in_paged_kv_cache", "cancellation_check_period_ms", "stats_check_period_ms", "iter_stats_max_iterations",
-              "num_nodes", "max_attention_window_size", "lookahead_window_size", "lookahead_ngram_size",
-              "lookahead_verification_set_size", "lora_cache_optimal_adapter_size", "lora_cache_max_adapter_size"):
+    for f in (
+        "max_tokens_in_paged_kv_cache",
+        "cancellation_check_period_ms",
+        "stats_check_period_ms",
+        "iter_stats_max_iterations",
+        "num_nodes",
+        "max_attention_window_size",
+        "lookahead_window_size",
+        "lookahead_ngram_size",
+        "lookahead_verification_set_size",
+        "lora_cache_optimal_adapter_size",
+        "lora_cache_max_adapter_size",
+    ):
         v = getattr(cfg, f)
         if v is not None and v < 1:
             p.append(Problem(f"{prefix}.{f}", v, "must be >= 1 or null.", f"remove {prefix}.{f} to use the default"))
@@ -137,13 +147,22 @@ def validate(cfg: RuntimeConfig, prefix: str = "package.runtime") -> list[Proble
         if v is not None and not 0.0 < v <= 1.0:
             p.append(Problem(f"{prefix}.{f}", v, "must be in (0, 1] or null.", f"e.g. {prefix}.{f}=0.9"))
     if cfg.cross_kv_cache_fraction is not None and not 0.0 < cfg.cross_kv_cache_fraction < 1.0:
-        p.append(Problem(f"{prefix}.cross_kv_cache_fraction", cfg.cross_kv_cache_fraction, "must be in (0, 1) or null.",
-                         f"e.g. {prefix}.cross_kv_cache_fraction=0.5"))
+        p.append(
+            Problem(
+                f"{prefix}.cross_kv_cache_fraction",
+                cfg.cross_kv_cache_fraction,
+                "must be in (0, 1) or null.",
+                f"e.g. {prefix}.cross_kv_cache_fraction=0.5",
+            )
+        )
     for f in ("gpu_device_ids", "participant_ids"):
         v = getattr(cfg, f)
         if v is not None and not _IDS.match(str(v)):
-            p.append(Problem(f"{prefix}.{f}", v, "must be comma-separated integers, ';' between instances.",
-                             f"e.g. {prefix}.{f}='0,1' or '0,1;2,3'"))
+            p.append(
+                Problem(
+                    f"{prefix}.{f}", v, "must be comma-separated integers, ';' between instances.", f"e.g. {prefix}.{f}='0,1' or '0,1;2,3'"
+                )
+            )
     for f in ("medusa_choices", "eagle_choices"):
         v = getattr(cfg, f)
         if v is not None and not _CHOICES.match(str(v)):
@@ -154,16 +173,29 @@ def validate(cfg: RuntimeConfig, prefix: str = "package.runtime") -> list[Proble
         choice(p, f"{prefix}.guided_decoding_backend", cfg.guided_decoding_backend, GUIDED_DECODING_BACKENDS, "or null (off)")
     choice(p, f"{prefix}.encoder_input_features_data_type", cfg.encoder_input_features_data_type, ENCODER_FEATURE_TYPES)
     if cfg.cross_kv_cache_fraction is not None and not cfg.encoder_model_path:
-        p.append(Problem(f"{prefix}.cross_kv_cache_fraction", cfg.cross_kv_cache_fraction,
-                         "only applies to encoder-decoder engines, and no encoder_model_path is set.",
-                         f"set {prefix}.encoder_model_path or remove cross_kv_cache_fraction"))
+        p.append(
+            Problem(
+                f"{prefix}.cross_kv_cache_fraction",
+                cfg.cross_kv_cache_fraction,
+                "only applies to encoder-decoder engines, and no encoder_model_path is set.",
+                f"set {prefix}.encoder_model_path or remove cross_kv_cache_fraction",
+            )
+        )
     if cfg.xgrammar_tokenizer_info_path and cfg.guided_decoding_backend != "xgrammar":
-        p.append(Problem(f"{prefix}.xgrammar_tokenizer_info_path", cfg.xgrammar_tokenizer_info_path,
-                         "is only read with guided_decoding_backend=xgrammar.", f"set {prefix}.guided_decoding_backend=xgrammar"))
+        p.append(
+            Problem(
+                f"{prefix}.xgrammar_tokenizer_info_path",
+                cfg.xgrammar_tokenizer_info_path,
+                "is only read with guided_decoding_backend=xgrammar.",
+                f"set {prefix}.guided_decoding_backend=xgrammar",
+            )
+        )
     for f in ("encoder_model_path", "xgrammar_tokenizer_info_path", "lora_prefetch_dir"):
         v = getattr(cfg, f)
         if v and not str(v).startswith("/"):
-            p.append(Problem(f"{prefix}.{f}", v, "must be an absolute path inside the serving container.", f"e.g. {prefix}.{f}=/models/..."))
+            p.append(
+                Problem(f"{prefix}.{f}", v, "must be an absolute path inside the serving container.", f"e.g. {prefix}.{f}=/models/...")
+            )
     return p
 
 

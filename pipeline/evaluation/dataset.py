@@ -78,10 +78,13 @@ def _check_line(obj: Any, where: str, known_metrics: set[str]) -> tuple[EvalItem
     if prompt is not None and (not isinstance(prompt, str) or not prompt):
         bad("prompt", "must be a non-empty string", 'write the prompt text, e.g. "prompt": "..."')
     if messages is not None:
-        ok = isinstance(messages, list) and messages and all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages)
+        ok = (
+            isinstance(messages, list)
+            and messages
+            and all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages)
+        )
         if not ok:
-            bad("messages", "must be a non-empty list of {\"role\": str, \"content\": str}", 'use [{"role": "user", "content": "..."}]')
+            bad("messages", 'must be a non-empty list of {"role": str, "content": str}', 'use [{"role": "user", "content": "..."}]')
     if "reference" not in obj or obj["reference"] is None or obj["reference"] == [] or obj["reference"] == "":
         bad("reference", "is missing or empty", 'add "reference": "<expected answer>" (or a list of acceptable answers)')
     metric = obj.get("metric")
@@ -105,9 +108,18 @@ def _check_line(obj: Any, where: str, known_metrics: set[str]) -> tuple[EvalItem
         return None, errs
     # every field was checked above (errs is empty), so these are str
     iid, sl, metric = cast(str, iid), cast(str, sl), cast(str, metric)
-    item = EvalItem(id=iid, slice=sl, metric=metric, reference=obj["reference"], prompt=prompt, messages=messages,
-                    max_new_tokens=mnt, stop=list(stop), metric_args=dict(margs),
-                    meta={k: v for k, v in obj.items() if k not in _KNOWN})
+    item = EvalItem(
+        id=iid,
+        slice=sl,
+        metric=metric,
+        reference=obj["reference"],
+        prompt=prompt,
+        messages=messages,
+        max_new_tokens=mnt,
+        stop=list(stop),
+        metric_args=dict(margs),
+        meta={k: v for k, v in obj.items() if k not in _KNOWN},
+    )
     # metric-specific reference checks (e.g. a regex that does not compile)
     from .metrics import get_metric
 

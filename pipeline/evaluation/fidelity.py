@@ -27,7 +27,8 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections import defaultdict
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -53,8 +54,9 @@ def reference_text(reference: Any) -> str:
     return str(reference)
 
 
-def build_sequences(prepared: Sequence[Any], tokenizer: Any, stop_ids: Sequence[int],
-                    answers: dict[str, Sequence[int]] | None = None) -> list[TFSequence]:
+def build_sequences(
+    prepared: Sequence[Any], tokenizer: Any, stop_ids: Sequence[int], answers: dict[str, Sequence[int]] | None = None
+) -> list[TFSequence]:
     """Prompt ids + the reference answer's ids + the first stop id, cut to the item's budget
     (``Prepared.max_new_tokens``); skipped items and empty answers are left out.
 
@@ -128,8 +130,13 @@ def summarize(kld: np.ndarray, same_top: np.ndarray, nll_base: np.ndarray, nll_c
     q = np.quantile(kld, [f for _, f in PERCENTILES])
     return {
         "positions": int(n),
-        "kld": {"mean": float(np.mean(kld)), "se": _se(kld), **{k: float(v) for (k, _), v in zip(PERCENTILES, q)},
-                "max": float(np.max(kld)), "min": float(np.min(kld))},
+        "kld": {
+            "mean": float(np.mean(kld)),
+            "se": _se(kld),
+            **{k: float(v) for (k, _), v in zip(PERCENTILES, q)},
+            "max": float(np.max(kld)),
+            "min": float(np.min(kld)),
+        },
         "top1": p,
         "top1_se": float(np.sqrt(p * (1 - p) / (n - 1))) if n > 1 else 0.0,
         "ppl_base": float(np.exp(np.mean(nll_base))),
@@ -152,5 +159,8 @@ def compare(seqs: Sequence[TFSequence], base: Sequence[np.ndarray], cand: Sequen
         return summarize(*(np.concatenate(d[k]) if d[k] else np.zeros(0) for k in ("kld", "same_top", "nll_base", "nll_cand")))
 
     overall = summ(acc["overall"]) if "overall" in acc else {"positions": 0}
-    return {"overall": overall, "slices": {k.split(":", 1)[1]: summ(v) for k, v in sorted(acc.items()) if k != "overall"},
-            "items": len(seqs)}
+    return {
+        "overall": overall,
+        "slices": {k.split(":", 1)[1]: summ(v) for k, v in sorted(acc.items()) if k != "overall"},
+        "items": len(seqs),
+    }

@@ -48,7 +48,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -170,8 +171,9 @@ def items_needed(b: float, c: float, n: int, allowance: float, confidence: float
     return int(hi)
 
 
-def paired_stats(base: Sequence[float], cand: Sequence[float], *, binary: bool, agree: Sequence[bool] | None,
-                 confidence: float, samples: int, seed: int) -> PairedStats:
+def paired_stats(
+    base: Sequence[float], cand: Sequence[float], *, binary: bool, agree: Sequence[bool] | None, confidence: float, samples: int, seed: int
+) -> PairedStats:
     """Paired statistics of ``base`` and ``cand`` (per-item scores in [0, 1], same order, same length).
 
     ``binary``: every score is 0 or 1 (Tango's bound); else the bootstrap bound with the Tango floor.
@@ -187,8 +189,17 @@ def paired_stats(base: Sequence[float], cand: Sequence[float], *, binary: bool, 
     else:
         upper = max(bootstrap_upper(diff, confidence=confidence, samples=samples, seed=seed), tango_upper(nb, nc, n, confidence))
         method = "bootstrap+tango-floor"
-    return PairedStats(n, float(b_.mean()) if n else 0.0, float(c_.mean()) if n else 0.0, float(diff.mean()) if n else 0.0,
-                       float(upper), confidence, method, (nb, nc), (float(np.mean(agree)) if agree is not None and n else None))
+    return PairedStats(
+        n,
+        float(b_.mean()) if n else 0.0,
+        float(c_.mean()) if n else 0.0,
+        float(diff.mean()) if n else 0.0,
+        float(upper),
+        confidence,
+        method,
+        (nb, nc),
+        (float(np.mean(agree)) if agree is not None and n else None),
+    )
 
 
 def scope_verdict(st: PairedStats, allowance: float) -> tuple[str, int | None]:
@@ -242,12 +253,21 @@ def fidelity_thresholds(gate: Any, recipe: str) -> tuple[float | None, float | N
 
 
 def _needed_text(k: int | None) -> str:
-    return (f"about {k} paired items would be needed at the observed discordance" if k is not None
-            else "no eval-set size can show it at the observed drop")
+    return (
+        f"about {k} paired items would be needed at the observed discordance"
+        if k is not None
+        else "no eval-set size can show it at the observed drop"
+    )
 
 
-def judge(gate: Any, recipe: str, stats: dict[str, PairedStats | None], cand_scores: dict[str, float],
-          fidelity: dict[str, Any] | None = None, cand_errors: int = 0) -> dict[str, Any]:
+def judge(
+    gate: Any,
+    recipe: str,
+    stats: dict[str, PairedStats | None],
+    cand_scores: dict[str, float],
+    fidelity: dict[str, Any] | None = None,
+    cand_errors: int = 0,
+) -> dict[str, Any]:
     """Apply the gate.
 
     Args:
@@ -268,8 +288,16 @@ def judge(gate: Any, recipe: str, stats: dict[str, PairedStats | None], cand_sco
     checks: list[Check] = []
     pct = f"{gate.confidence:.0%}"
     for scope, cand in cand_scores.items():
-        checks.append(Check(scope, "min_score", cand, gate.min_score, "pass" if cand >= gate.min_score - 1e-12 else "fail",
-                            f"score {cand:.3f} vs minimum {gate.min_score:.3f}"))
+        checks.append(
+            Check(
+                scope,
+                "min_score",
+                cand,
+                gate.min_score,
+                "pass" if cand >= gate.min_score - 1e-12 else "fail",
+                f"score {cand:.3f} vs minimum {gate.min_score:.3f}",
+            )
+        )
         st = stats.get(scope)
         if st is None or st.n == 0:
             continue
@@ -285,28 +313,66 @@ def judge(gate: Any, recipe: str, stats: dict[str, PairedStats | None], cand_sco
         checks.append(Check(scope, "max_drop", st.drop, allow, verdict, detail, st.upper, need))
         if gate.min_agreement > 0 and st.agreement is not None:
             ok = st.agreement >= gate.min_agreement - 1e-12
-            checks.append(Check(scope, "min_agreement", st.agreement, gate.min_agreement, "pass" if ok else "fail",
-                                f"agreement {st.agreement:.3f} vs minimum {gate.min_agreement:.3f}"))
-    checks.append(Check("overall", "engine_errors", float(cand_errors), 0.0, "fail" if cand_errors else "pass",
-                        f"the candidate failed on {cand_errors} item(s) (see eval_report.json items[].error)" if cand_errors
-                        else "no candidate errors"))
+            checks.append(
+                Check(
+                    scope,
+                    "min_agreement",
+                    st.agreement,
+                    gate.min_agreement,
+                    "pass" if ok else "fail",
+                    f"agreement {st.agreement:.3f} vs minimum {gate.min_agreement:.3f}",
+                )
+            )
+    checks.append(
+        Check(
+            "overall",
+            "engine_errors",
+            float(cand_errors),
+            0.0,
+            "fail" if cand_errors else "pass",
+            f"the candidate failed on {cand_errors} item(s) (see eval_report.json items[].error)" if cand_errors else "no candidate errors",
+        )
+    )
     max_kld, min_top1 = fidelity_thresholds(gate, recipe)
     if fidelity and fidelity.get("positions"):
         if max_kld is not None:
             v = float(fidelity["kld"]["mean"])
-            checks.append(Check("overall", "max_kld", v, max_kld, "pass" if v <= max_kld else "fail",
-                                f"mean KLD {v:.5f} nats vs maximum {max_kld:.5f} ({fidelity['positions']} teacher-forced tokens)"))
+            checks.append(
+                Check(
+                    "overall",
+                    "max_kld",
+                    v,
+                    max_kld,
+                    "pass" if v <= max_kld else "fail",
+                    f"mean KLD {v:.5f} nats vs maximum {max_kld:.5f} ({fidelity['positions']} teacher-forced tokens)",
+                )
+            )
         if min_top1 is not None:
             v = float(fidelity["top1"])
-            checks.append(Check("overall", "min_top1", v, min_top1, "pass" if v >= min_top1 - 1e-12 else "fail",
-                                f"top-1 agreement {100 * v:.2f}% vs minimum {100 * min_top1:.2f}%"))
+            checks.append(
+                Check(
+                    "overall",
+                    "min_top1",
+                    v,
+                    min_top1,
+                    "pass" if v >= min_top1 - 1e-12 else "fail",
+                    f"top-1 agreement {100 * v:.2f}% vs minimum {100 * min_top1:.2f}%",
+                )
+            )
     verdict = max((c.verdict for c in checks), key=VERDICTS.index, default="pass")
     bad = [c for c in checks if not c.passed]
     reason = "; ".join(f"{c.scope} {c.check}: {c.detail}" for c in bad) if bad else "all checks passed"
     ov = next((c for c in checks if c.scope == "overall" and c.check == "max_drop"), None)
     counts = {v: sum(1 for c in checks if c.check == "max_drop" and c.verdict == v) for v in VERDICTS}
-    return {"passed": verdict == "pass", "verdict": verdict, "mode": gate.mode, "reason": reason, "scopes": counts,
-            "checks": [c.to_json() for c in checks], "allowed_drop": {"overall": allow_all, "slice": allow_slice},
-            "confidence": gate.confidence,
-            "bound": ({"drop": ov.value, "upper": ov.upper, "allowance": ov.threshold} if ov is not None else None),
-            "fidelity_thresholds": {"max_kld": max_kld, "min_top1": min_top1}}
+    return {
+        "passed": verdict == "pass",
+        "verdict": verdict,
+        "mode": gate.mode,
+        "reason": reason,
+        "scopes": counts,
+        "checks": [c.to_json() for c in checks],
+        "allowed_drop": {"overall": allow_all, "slice": allow_slice},
+        "confidence": gate.confidence,
+        "bound": ({"drop": ov.value, "upper": ov.upper, "allowance": ov.threshold} if ov is not None else None),
+        "fidelity_thresholds": {"max_kld": max_kld, "min_top1": min_top1},
+    }

@@ -36,7 +36,8 @@ import json
 import math
 import re
 import unicodedata
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .dataset import EvalItem
@@ -45,16 +46,16 @@ if TYPE_CHECKING:
 @dataclasses.dataclass(frozen=True)
 class Metric:
     name: str
-    fn: Callable[[str, "EvalItem"], float]
+    fn: Callable[[str, EvalItem], float]
     """score(output_text, item) -> float in [0, 1]."""
     higher_is_better: bool = True
     binary: bool = True
     """Scores are 0 or 1 (the gate uses Tango's paired score bound; else the bootstrap bound)."""
-    check: Callable[["EvalItem"], str | None] = lambda item: None
+    check: Callable[[EvalItem], str | None] = lambda item: None
     """Validate an item's reference/metric_args at load time; returns an error message or None."""
     description: str = ""
 
-    def __call__(self, output: str, item: "EvalItem") -> float:
+    def __call__(self, output: str, item: EvalItem) -> float:
         return float(self.fn(output, item))
 
 
@@ -145,7 +146,7 @@ def _values_equal(a: Any, b: Any) -> bool:
     return a == b
 
 
-def _regex(item: "EvalItem") -> re.Pattern:
+def _regex(item: EvalItem) -> re.Pattern:
     flags = 0
     for ch in str(item.metric_args.get("flags", "")):
         flags |= {"i": re.I, "m": re.M, "s": re.S}.get(ch, 0)
@@ -153,22 +154,22 @@ def _regex(item: "EvalItem") -> re.Pattern:
 
 
 # --------------------------------------------------------------------------- metrics
-def _exact(out: str, item: "EvalItem") -> float:
+def _exact(out: str, item: EvalItem) -> float:
     o = out.strip()
     return float(any(o == str(r).strip() for r in item.references))
 
 
-def _norm_exact(out: str, item: "EvalItem") -> float:
+def _norm_exact(out: str, item: EvalItem) -> float:
     o = normalize_answer(out)
     return float(any(o == normalize_answer(str(r)) for r in item.references))
 
 
-def _contains(out: str, item: "EvalItem") -> float:
+def _contains(out: str, item: EvalItem) -> float:
     o = out.casefold()
     return float(any(str(r).casefold() in o for r in item.references))
 
 
-def _regex_fn(out: str, item: "EvalItem") -> float:
+def _regex_fn(out: str, item: EvalItem) -> float:
     m = _regex(item).search(out)
     if not m:
         return 0.0
@@ -176,7 +177,7 @@ def _regex_fn(out: str, item: "EvalItem") -> float:
     return float(any(ans.strip() == str(r).strip() for r in item.references))
 
 
-def _regex_check(item: "EvalItem") -> str | None:
+def _regex_check(item: EvalItem) -> str | None:
     pat = item.metric_args.get("pattern")
     if not isinstance(pat, str) or not pat:
         return 'regex needs metric_args.pattern, e.g. {"pattern": "answer: (\\\\S+)"}'
@@ -187,7 +188,7 @@ def _regex_check(item: "EvalItem") -> str | None:
     return None
 
 
-def _numeric(out: str, item: "EvalItem") -> float:
+def _numeric(out: str, item: EvalItem) -> float:
     x = first_number(out)
     if x is None:
         return 0.0
@@ -196,10 +197,10 @@ def _numeric(out: str, item: "EvalItem") -> float:
     return float(any(math.isclose(x, r, rel_tol=rel_tol, abs_tol=abs_tol) for r in map(_ref_number, item.references) if r is not None))
 
 
-def _numeric_check(item: "EvalItem") -> str | None:
+def _numeric_check(item: EvalItem) -> str | None:
     bad = [r for r in item.references if _ref_number(r) is None]
     if bad:
-        return f"reference(s) {bad!r} are not numbers; write e.g. \"reference\": \"12.50\""
+        return f'reference(s) {bad!r} are not numbers; write e.g. "reference": "12.50"'
     for k in ("abs_tol", "rel_tol"):
         v = item.metric_args.get(k, 0)
         if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
@@ -207,7 +208,7 @@ def _numeric_check(item: "EvalItem") -> str | None:
     return None
 
 
-def _json_fields(out: str, item: "EvalItem") -> float:
+def _json_fields(out: str, item: EvalItem) -> float:
     obj = first_json_object(out)
     if obj is None:
         return 0.0
@@ -219,7 +220,7 @@ def _json_fields(out: str, item: "EvalItem") -> float:
     return best
 
 
-def _json_check(item: "EvalItem") -> str | None:
+def _json_check(item: EvalItem) -> str | None:
     if not all(isinstance(r, dict) and r for r in item.references):
         return 'json_fields needs a JSON object reference, e.g. "reference": {"order_id": "ORD-1"}'
     fields = item.metric_args.get("fields")
@@ -242,7 +243,7 @@ class _RougeTokenizer:
 _SCORER: Any = None
 
 
-def _rouge_l(out: str, item: "EvalItem") -> float:
+def _rouge_l(out: str, item: EvalItem) -> float:
     global _SCORER
     if _SCORER is None:
         from rouge_score import rouge_scorer  # Google Research's reference implementation (pip: rouge-score)
@@ -254,7 +255,7 @@ def _rouge_l(out: str, item: "EvalItem") -> float:
 _DEFAULT_CHOICES = ["A", "B", "C", "D", "E"]
 
 
-def _choice(out: str, item: "EvalItem") -> float:
+def _choice(out: str, item: EvalItem) -> float:
     choices = [str(c) for c in item.metric_args.get("choices") or _DEFAULT_CHOICES]
     options = {str(k): str(v) for k, v in (item.metric_args.get("options") or {}).items()}
     o = out.strip()
@@ -269,13 +270,13 @@ def _choice(out: str, item: "EvalItem") -> float:
     return float(picked is not None and any(picked == str(r).strip() for r in item.references))
 
 
-def _choice_check(item: "EvalItem") -> str | None:
+def _choice_check(item: EvalItem) -> str | None:
     choices = [str(c) for c in item.metric_args.get("choices") or _DEFAULT_CHOICES]
     bad = [r for r in item.references if str(r).strip() not in choices]
     return f"reference(s) {bad!r} are not among the choices {choices}" if bad else None
 
 
-def _str_refs_check(item: "EvalItem") -> str | None:
+def _str_refs_check(item: EvalItem) -> str | None:
     bad = [r for r in item.references if not isinstance(r, (str, int, float)) or isinstance(r, bool)]
     return f"reference(s) {bad!r} must be strings" if bad else None
 

@@ -57,16 +57,26 @@ def fidelity_markdown(rep: dict[str, Any]) -> list[str]:
     if not o.get("positions"):
         return []
     k = o["kld"]
-    return [f"### Fidelity ({f['candidate']} vs baseline, teacher-forced over {o['positions']} answer tokens of {f['items']} items)", "",
-            "| statistic | value |", "|---|---|",
-            f"| mean KLD (nats) | {k['mean']:.4g} ± {k['se']:.4g} |", f"| median / p90 / p95 KLD | {k['median']:.4g} / {k['p90']:.4g} / {k['p95']:.4g} |",
-            f"| p99 / p99.9 / max KLD | {k['p99']:.4g} / {k['p99_9']:.4g} / {k['max']:.4g} |",
-            f"| same top token | {100 * o['top1']:.2f} ± {100 * o['top1_se']:.2f} % |",
-            f"| ln(PPL_cand / PPL_base) | {o['ln_ppl_ratio']:+.4g} ± {o['ln_ppl_ratio_se']:.2g} (PPL {o['ppl_base']:.4f} -> {o['ppl_cand']:.4f}) |",
-            *([f"| calibration hold-out ({h['samples']} samples, {h['positions']} tokens): mean KLD / top-1 / ln PPL ratio | "
-               f"{h['kld']['mean']:.4g} ± {h['kld']['se']:.2g} / {100 * h['top1']:.2f} % / {h['ln_ppl_ratio']:+.4g} |"]
-              if (h := f.get("calibration_heldout")) and h.get("positions") else []),
-            ""]
+    return [
+        f"### Fidelity ({f['candidate']} vs baseline, teacher-forced over {o['positions']} answer tokens of {f['items']} items)",
+        "",
+        "| statistic | value |",
+        "|---|---|",
+        f"| mean KLD (nats) | {k['mean']:.4g} ± {k['se']:.4g} |",
+        f"| median / p90 / p95 KLD | {k['median']:.4g} / {k['p90']:.4g} / {k['p95']:.4g} |",
+        f"| p99 / p99.9 / max KLD | {k['p99']:.4g} / {k['p99_9']:.4g} / {k['max']:.4g} |",
+        f"| same top token | {100 * o['top1']:.2f} ± {100 * o['top1_se']:.2f} % |",
+        f"| ln(PPL_cand / PPL_base) | {o['ln_ppl_ratio']:+.4g} ± {o['ln_ppl_ratio_se']:.2g} (PPL {o['ppl_base']:.4f} -> {o['ppl_cand']:.4f}) |",
+        *(
+            [
+                f"| calibration hold-out ({h['samples']} samples, {h['positions']} tokens): mean KLD / top-1 / ln PPL ratio | "
+                f"{h['kld']['mean']:.4g} ± {h['kld']['se']:.2g} / {100 * h['top1']:.2f} % / {h['ln_ppl_ratio']:+.4g} |"
+            ]
+            if (h := f.get("calibration_heldout")) and h.get("positions")
+            else []
+        ),
+        "",
+    ]
 
 
 def slice_rows(rep: dict[str, Any]) -> list[dict[str, Any]]:
@@ -88,45 +98,76 @@ def slice_rows(rep: dict[str, Any]) -> list[dict[str, Any]]:
         scope = "overall" if name == "overall" else f"slice:{name}"
         f = fid.get("overall") if name == "overall" else (fid.get("slices") or {}).get(name)
         f = f if f and f.get("positions") else None
-        rows.append({"scope": name, "n": n, "baseline": st["baseline"] if st else None, "candidate": score,
-                     "drop": st["drop"] if st else None, "upper": st.get("upper") if st else None,
-                     "agreement": st.get("agreement") if st else None, "verdict": worst.get(scope, "pass"),
-                     "passed": worst.get(scope, "pass") == "pass",
-                     "kld": f["kld"]["mean"] if f else None, "top1": f["top1"] if f else None})
+        rows.append(
+            {
+                "scope": name,
+                "n": n,
+                "baseline": st["baseline"] if st else None,
+                "candidate": score,
+                "drop": st["drop"] if st else None,
+                "upper": st.get("upper") if st else None,
+                "agreement": st.get("agreement") if st else None,
+                "verdict": worst.get(scope, "pass"),
+                "passed": worst.get(scope, "pass") == "pass",
+                "kld": f["kld"]["mean"] if f else None,
+                "top1": f["top1"] if f else None,
+            }
+        )
     return rows
 
 
 def to_markdown(rep: dict[str, Any]) -> str:
     g = rep["gate"]
     verdict = g.get("verdict", "pass" if g["passed"] else "fail").upper()
-    lines = [f"## Evaluation: {rep['eval_set']['name']} - gate **{verdict}** ({g.get('mode', 'release')} mode)", "",
-             f"recipe `{rep['recipe']}`, target `{rep['target']}`, candidate runner `{rep['candidate']}`, "
-             f"{rep['eval_set']['evaluated']} items evaluated ({len(rep['skipped']['too_long'])} skipped: too long > "
-             f"{rep['skipped']['max_input_len']} tokens). Non-inferiority: allowed drop {_pp(g['allowed_drop']['overall'])} overall, "
-             f"{_pp(g['allowed_drop']['slice'])} per slice; a scope passes when the one-sided {g['confidence']:.0%} upper bound "
-             f"of the drop is within it.", ""]
+    lines = [
+        f"## Evaluation: {rep['eval_set']['name']} - gate **{verdict}** ({g.get('mode', 'release')} mode)",
+        "",
+        f"recipe `{rep['recipe']}`, target `{rep['target']}`, candidate runner `{rep['candidate']}`, "
+        f"{rep['eval_set']['evaluated']} items evaluated ({len(rep['skipped']['too_long'])} skipped: too long > "
+        f"{rep['skipped']['max_input_len']} tokens). Non-inferiority: allowed drop {_pp(g['allowed_drop']['overall'])} overall, "
+        f"{_pp(g['allowed_drop']['slice'])} per slice; a scope passes when the one-sided {g['confidence']:.0%} upper bound "
+        f"of the drop is within it.",
+        "",
+    ]
     if g.get("mode") == "exploratory":
         lines += ["> **EXPLORATORY RUN**: an inconclusive verdict did not fail this run; it is not releasable.", ""]
-    lines += ["| scope | n | baseline | candidate | drop | upper bound | agreement | mean KLD | top-1 | gate |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "| scope | n | baseline | candidate | drop | upper bound | agreement | mean KLD | top-1 | gate |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in slice_rows(rep):
         v = r["verdict"] if r["verdict"] == "pass" else f"**{r['verdict'].upper()}**"
-        lines.append(f"| {r['scope']} | {r['n']} | {_pct(r['baseline'])} | {_pct(r['candidate'])} | {_pp(r['drop'])} | {_pp(r['upper'])} | "
-                     f"{_pct(r['agreement'])} | {_kld(r['kld'])} | {_pct(r['top1'])} | {v} |")
+        lines.append(
+            f"| {r['scope']} | {r['n']} | {_pct(r['baseline'])} | {_pct(r['candidate'])} | {_pp(r['drop'])} | {_pp(r['upper'])} | "
+            f"{_pct(r['agreement'])} | {_kld(r['kld'])} | {_pct(r['top1'])} | {v} |"
+        )
     lines += ["", f"**Gate:** {g['reason']}", ""]
     lines += fidelity_markdown(rep)
-    lines += ["### Runners", "", "| runner | score | items | skipped (too long) | errors | eos / stop / length | mean latency (s) |", "|---|---|---|---|---|---|---|"]
+    lines += [
+        "### Runners",
+        "",
+        "| runner | score | items | skipped (too long) | errors | eos / stop / length | mean latency (s) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for name, r in rep["runners"].items():
         fr = r["finish_reasons"]
-        lines.append(f"| {name} | {_pct(r['score'])} | {r['n']} | {r['skipped_too_long']} | {r['errors']} | "
-                     f"{fr.get('eos', 0)} / {fr.get('stop', 0)} / {fr.get('length', 0)} | {r['latency_s']['mean']:.3f} |")
+        lines.append(
+            f"| {name} | {_pct(r['score'])} | {r['n']} | {r['skipped_too_long']} | {r['errors']} | "
+            f"{fr.get('eos', 0)} / {fr.get('stop', 0)} / {fr.get('length', 0)} | {r['latency_s']['mean']:.3f} |"
+        )
     if rep.get("pairwise_agreement"):
         lines += ["", "Output agreement between runners: " + ", ".join(f"{k} {_pct(v)}" for k, v in rep["pairwise_agreement"].items())]
     sp = rep.get("speculative")
     if sp:
-        lines += ["", f"### Speculative decoding readiness (draft `{sp['draft_model']}`, k={sp['k']})", "",
-                  f"acceptance rate {_pct(sp['acceptance_rate'])}, mean tokens per target step {sp['mean_tokens_per_step']:.2f}", "",
-                  "| slice | acceptance | proposed | accepted |", "|---|---|---|---|"]
+        lines += [
+            "",
+            f"### Speculative decoding readiness (draft `{sp['draft_model']}`, k={sp['k']})",
+            "",
+            f"acceptance rate {_pct(sp['acceptance_rate'])}, mean tokens per target step {sp['mean_tokens_per_step']:.2f}",
+            "",
+            "| slice | acceptance | proposed | accepted |",
+            "|---|---|---|---|",
+        ]
         for s, v in sorted(sp["slices"].items()):
             lines.append(f"| {s} | {_pct(v['acceptance_rate'])} | {v['proposed']} | {v['accepted']} |")
     if rep["worst_regressions"]:
@@ -200,36 +241,49 @@ def to_html(rep: dict[str, Any], latencies: dict[str, list[float]]) -> str:
     verdict = g.get("verdict", "pass" if g["passed"] else "fail").upper()
     rows = []
     for r in slice_rows(rep):
-        rows.append(f"<tr class='{'' if r['passed'] else 'fail'}'><td>{e(r['scope'])}</td><td>{r['n']}</td><td>{_pct(r['baseline'])}</td>"
-                    f"<td>{_pct(r['candidate'])}</td><td>{_pp(r['drop'])}</td><td>{_pp(r['upper'])}</td><td>{_pct(r['agreement'])}</td>"
-                    f"<td>{_kld(r['kld'])}</td><td>{_pct(r['top1'])}</td><td>{e(r['verdict'])}</td></tr>")
+        rows.append(
+            f"<tr class='{'' if r['passed'] else 'fail'}'><td>{e(r['scope'])}</td><td>{r['n']}</td><td>{_pct(r['baseline'])}</td>"
+            f"<td>{_pct(r['candidate'])}</td><td>{_pp(r['drop'])}</td><td>{_pp(r['upper'])}</td><td>{_pct(r['agreement'])}</td>"
+            f"<td>{_kld(r['kld'])}</td><td>{_pct(r['top1'])}</td><td>{e(r['verdict'])}</td></tr>"
+        )
     fid_md = fidelity_markdown(rep)
-    fid_html = "".join(f"<tr><td>{e(c.split('|')[1].strip())}</td><td>{e(c.split('|')[2].strip())}</td></tr>"
-                       for c in fid_md if c.startswith("| ") and not c.startswith("| statistic"))
-    fid_html = f"<h2>{e(fid_md[0].lstrip('# '))}</h2><table>{fid_html}</table>" if fid_html else (f"<p>{e(fid_md[0])}</p>" if fid_md else "")
-    mode = "<p><b>EXPLORATORY RUN</b>: an inconclusive verdict did not fail this run; it is not releasable.</p>" if g.get("mode") == "exploratory" else ""
+    fid_html = "".join(
+        f"<tr><td>{e(c.split('|')[1].strip())}</td><td>{e(c.split('|')[2].strip())}</td></tr>"
+        for c in fid_md
+        if c.startswith("| ") and not c.startswith("| statistic")
+    )
+    fid_html = (
+        f"<h2>{e(fid_md[0].lstrip('# '))}</h2><table>{fid_html}</table>" if fid_html else (f"<p>{e(fid_md[0])}</p>" if fid_md else "")
+    )
+    mode = (
+        "<p><b>EXPLORATORY RUN</b>: an inconclusive verdict did not fail this run; it is not releasable.</p>"
+        if g.get("mode") == "exploratory"
+        else ""
+    )
     worst = []
     for w in rep["worst_regressions"]:
-        worst.append(f"<tr><td>{e(w['id'])}<br><small>{e(w['slice'])}</small></td><td><pre>{e(str(w['prompt']))}</pre></td>"
-                     f"<td><pre>{e(json.dumps(w['reference'], ensure_ascii=False))}</pre></td>"
-                     f"<td><pre>{e(w['baseline'])}</pre><small>score {w['baseline_score']:.2f}</small></td>"
-                     f"<td><pre>{e(w['candidate'])}</pre><small>score {w['candidate_score']:.2f}</small></td></tr>")
+        worst.append(
+            f"<tr><td>{e(w['id'])}<br><small>{e(w['slice'])}</small></td><td><pre>{e(str(w['prompt']))}</pre></td>"
+            f"<td><pre>{e(json.dumps(w['reference'], ensure_ascii=False))}</pre></td>"
+            f"<td><pre>{e(w['baseline'])}</pre><small>score {w['baseline_score']:.2f}</small></td>"
+            f"<td><pre>{e(w['candidate'])}</pre><small>score {w['candidate_score']:.2f}</small></td></tr>"
+        )
     img_html = "".join(f"<figure><img alt='{k}' src='data:image/png;base64,{v}'></figure>" for k, v in imgs.items())
-    return f"""<!doctype html><html><head><meta charset="utf-8"><title>eval report {e(rep['eval_set']['name'])}</title>
+    return f"""<!doctype html><html><head><meta charset="utf-8"><title>eval report {e(rep["eval_set"]["name"])}</title>
 <style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}}table{{border-collapse:collapse;margin:1em 0}}
 td,th{{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top}}tr.fail td{{background:#ffebe9}}
 pre{{white-space:pre-wrap;margin:0;max-width:320px}}.verdict{{color:#fff;background:{color};padding:4px 10px;border-radius:4px}}
 figure{{display:inline-block;margin:0 1em 1em 0}}</style></head><body>
-<h1>Evaluation {e(rep['eval_set']['name'])} <span class="verdict">gate {verdict}</span></h1>{mode}
-<p>recipe <code>{e(rep['recipe'])}</code>, target <code>{e(str(rep['target']))}</code>, candidate runner <code>{e(rep['candidate'])}</code>;
-{rep['eval_set']['evaluated']} items evaluated, {len(rep['skipped']['too_long'])} skipped (too long).</p>
-<p><b>Gate:</b> {e(g['reason'])}</p>
-<table><tr><th>scope</th><th>n</th><th>baseline</th><th>candidate</th><th>drop</th><th>{g['confidence']:.0%} upper bound of drop</th><th>agreement</th><th>mean KLD</th><th>top-1</th><th>gate</th></tr>
-{''.join(rows)}</table>
+<h1>Evaluation {e(rep["eval_set"]["name"])} <span class="verdict">gate {verdict}</span></h1>{mode}
+<p>recipe <code>{e(rep["recipe"])}</code>, target <code>{e(str(rep["target"]))}</code>, candidate runner <code>{e(rep["candidate"])}</code>;
+{rep["eval_set"]["evaluated"]} items evaluated, {len(rep["skipped"]["too_long"])} skipped (too long).</p>
+<p><b>Gate:</b> {e(g["reason"])}</p>
+<table><tr><th>scope</th><th>n</th><th>baseline</th><th>candidate</th><th>drop</th><th>{g["confidence"]:.0%} upper bound of drop</th><th>agreement</th><th>mean KLD</th><th>top-1</th><th>gate</th></tr>
+{"".join(rows)}</table>
 {fid_html}
 {img_html}
 <h2>Worst regressions</h2>
-<table><tr><th>id</th><th>prompt</th><th>reference</th><th>baseline</th><th>candidate</th></tr>{''.join(worst) or '<tr><td colspan=5>none</td></tr>'}</table>
+<table><tr><th>id</th><th>prompt</th><th>reference</th><th>baseline</th><th>candidate</th></tr>{"".join(worst) or "<tr><td colspan=5>none</td></tr>"}</table>
 </body></html>
 """
 
@@ -240,8 +294,11 @@ def print_console(rep: dict[str, Any], console: Any) -> None:
     from rich.table import Table
 
     g = rep["gate"]
-    t = Table(title=f"evaluate: {rep['eval_set']['name']} ({rep['candidate']} vs baseline, recipe {rep['recipe']})",
-              box=box.SIMPLE_HEAD, pad_edge=False)
+    t = Table(
+        title=f"evaluate: {rep['eval_set']['name']} ({rep['candidate']} vs baseline, recipe {rep['recipe']})",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
     t.add_column("scope", no_wrap=True)
     for c in ("n", "base%", "cand%", "drop", "UB (pp)", "agree%", "KLD", "top1%", "gate"):
         t.add_column(c, no_wrap=True, justify="right" if c != "gate" else "left")
@@ -249,21 +306,35 @@ def print_console(rep: dict[str, Any], console: Any) -> None:
     d1 = lambda x: "-" if x is None else f"{100 * x:+.1f}"  # noqa: E731
     style = {"pass": "[green]pass[/]", "inconclusive": "[bold yellow]INCONCLUSIVE[/]", "fail": "[bold red]FAIL[/]"}
     for r in slice_rows(rep):
-        t.add_row(r["scope"], str(r["n"]), f1(r["baseline"]), f1(r["candidate"]), d1(r["drop"]), d1(r["upper"]), f1(r["agreement"]),
-                  _kld(r["kld"]), f1(r["top1"]), style[r["verdict"]])
+        t.add_row(
+            r["scope"],
+            str(r["n"]),
+            f1(r["baseline"]),
+            f1(r["candidate"]),
+            d1(r["drop"]),
+            d1(r["upper"]),
+            f1(r["agreement"]),
+            _kld(r["kld"]),
+            f1(r["top1"]),
+            style[r["verdict"]],
+        )
     console.print(t)
     f = rep.get("fidelity") or {}
     o = f.get("overall") or {}
     if o.get("positions"):
         k = o["kld"]
-        console.print(f"fidelity ({o['positions']} teacher-forced tokens): mean KLD {k['mean']:.4g} ± {k['se']:.2g} nats, median "
-                      f"{k['median']:.3g}, p99 {k['p99']:.3g}, max {k['max']:.3g}; same top token {100 * o['top1']:.2f}%; "
-                      f"ln(PPL ratio) {o['ln_ppl_ratio']:+.5f} ± {o['ln_ppl_ratio_se']:.5f}")
+        console.print(
+            f"fidelity ({o['positions']} teacher-forced tokens): mean KLD {k['mean']:.4g} ± {k['se']:.2g} nats, median "
+            f"{k['median']:.3g}, p99 {k['p99']:.3g}, max {k['max']:.3g}; same top token {100 * o['top1']:.2f}%; "
+            f"ln(PPL ratio) {o['ln_ppl_ratio']:+.5f} ± {o['ln_ppl_ratio_se']:.5f}"
+        )
         h = f.get("calibration_heldout") or {}
         if h.get("positions"):
-            console.print(f"fidelity on {h['samples']} held-out calibration samples ({h['positions']} tokens): mean KLD "
-                          f"{h['kld']['mean']:.4g} ± {h['kld']['se']:.2g}, same top token {100 * h['top1']:.2f}%, "
-                          f"ln(PPL ratio) {h['ln_ppl_ratio']:+.5f}")
+            console.print(
+                f"fidelity on {h['samples']} held-out calibration samples ({h['positions']} tokens): mean KLD "
+                f"{h['kld']['mean']:.4g} ± {h['kld']['se']:.2g}, same top token {100 * h['top1']:.2f}%, "
+                f"ln(PPL ratio) {h['ln_ppl_ratio']:+.5f}"
+            )
     elif f.get("unavailable"):
         console.print(f"[yellow]fidelity not measured:[/] {f['unavailable']}")
     if rep["skipped"]["too_long"]:

@@ -20,8 +20,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from ..tokenization import cut_at_stop, encode_prompt
 from .dataset import EvalItem
@@ -56,8 +57,16 @@ class ItemOutput:
     error: str | None = None
 
 
-def prepare(items: Sequence[EvalItem], tokenizer: Any, *, max_input_len: int, max_seq_len: int | None,
-            default_max_new_tokens: int, extra_stop: Sequence[str] = (), apply_chat_template: bool = True) -> list[Prepared]:
+def prepare(
+    items: Sequence[EvalItem],
+    tokenizer: Any,
+    *,
+    max_input_len: int,
+    max_seq_len: int | None,
+    default_max_new_tokens: int,
+    extra_stop: Sequence[str] = (),
+    apply_chat_template: bool = True,
+) -> list[Prepared]:
     """Encode every item once (shared by all runners) and apply the engine limits.
 
     Args:
@@ -117,10 +126,11 @@ class HFRunner:
         ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(batch), width), dtype=torch.long)
         for i, x in enumerate(batch):
-            ids[i, width - len(x):] = torch.tensor(x, dtype=torch.long)
-            mask[i, width - len(x):] = 1
-        gc = GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=max_new_tokens, eos_token_id=self.stop_ids or None,
-                              pad_token_id=self.pad_id)
+            ids[i, width - len(x) :] = torch.tensor(x, dtype=torch.long)
+            mask[i, width - len(x) :] = 1
+        gc = GenerationConfig(
+            do_sample=False, num_beams=1, max_new_tokens=max_new_tokens, eos_token_id=self.stop_ids or None, pad_token_id=self.pad_id
+        )
         with torch.inference_mode():
             seq = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=gc)
         return [row[width:].tolist() for row in seq]
@@ -129,12 +139,12 @@ class HFRunner:
         todo = sorted((p for p in prepared if not p.skipped), key=lambda p: (p.max_new_tokens, len(p.input_ids)))
         out: dict[str, ItemOutput] = {}
         for s in range(0, len(todo), max(1, batch_size)):
-            chunk = todo[s:s + batch_size]
+            chunk = todo[s : s + batch_size]
             t0 = time.perf_counter()
             gen = self.generate_ids([p.input_ids for p in chunk], max(p.max_new_tokens for p in chunk))
             dt = time.perf_counter() - t0
             for p, g in zip(chunk, gen):
-                text, ids, reason = finalize(g[:p.max_new_tokens], self.stop_ids, p.stop_strings, self.tokenizer)
+                text, ids, reason = finalize(g[: p.max_new_tokens], self.stop_ids, p.stop_strings, self.tokenizer)
                 out[p.item.id] = ItemOutput(p.item.id, text, ids, reason, dt)
             advance(len(chunk))
         return out
@@ -151,19 +161,19 @@ class HFRunner:
         out: list[Any] = [None] * len(seqs)
         order = sorted(range(len(seqs)), key=lambda i: len(seqs[i].prompt) + len(seqs[i].continuation))
         for s in range(0, len(order), max(1, batch_size)):
-            idx = order[s:s + batch_size]
+            idx = order[s : s + batch_size]
             rows = [list(seqs[i].prompt) + list(seqs[i].continuation)[:-1] for i in idx]
             width = max(len(r) for r in rows)
             ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
             mask = torch.zeros((len(rows), width), dtype=torch.long)
             for j, r in enumerate(rows):
-                ids[j, :len(r)] = torch.tensor(r, dtype=torch.long)
-                mask[j, :len(r)] = 1
+                ids[j, : len(r)] = torch.tensor(r, dtype=torch.long)
+                mask[j, : len(r)] = 1
             with torch.inference_mode():
                 logits = self.model(input_ids=ids, attention_mask=mask).logits
             for j, i in enumerate(idx):
                 a, n = len(seqs[i].prompt) - 1, len(seqs[i].continuation)
-                out[i] = logits[j, a:a + n].float().numpy().astype(np.float32, copy=True)
+                out[i] = logits[j, a : a + n].float().numpy().astype(np.float32, copy=True)
             advance(len(idx))
         return out
 
@@ -190,7 +200,7 @@ def og_teacher_forced_logits(og_model: Any, prompt: Sequence[int], continuation:
     full = np.asarray(g.get_output("logits"), dtype=np.float32)
     a, n = len(prompt) - 1, len(continuation)
     if full.ndim == 3 and full.shape[1] == len(seq):
-        return np.ascontiguousarray(full[0, a:a + n])
+        return np.ascontiguousarray(full[0, a : a + n])
     gp = og.GeneratorParams(og_model)
     gp.set_search_options(do_sample=False, max_length=len(seq) + 1)
     g = og.Generator(og_model, gp)
@@ -216,9 +226,13 @@ class EngineAdapter:
         bs = max(1, min(batch_size, int(getattr(self.runner, "max_batch_size", batch_size) or batch_size)))
         out: dict[str, ItemOutput] = {}
         for s in range(0, len(todo), bs):
-            chunk = todo[s:s + bs]
-            reqs = [GenerationRequest(input_ids=list(p.input_ids), max_new_tokens=p.max_new_tokens, stop_token_ids=self.stop_ids,
-                                      request_id=p.item.id) for p in chunk]
+            chunk = todo[s : s + bs]
+            reqs = [
+                GenerationRequest(
+                    input_ids=list(p.input_ids), max_new_tokens=p.max_new_tokens, stop_token_ids=self.stop_ids, request_id=p.item.id
+                )
+                for p in chunk
+            ]
             t0 = time.perf_counter()
             results = self.runner.generate(reqs)
             dt = time.perf_counter() - t0
@@ -227,7 +241,7 @@ class EngineAdapter:
                     out[p.item.id] = ItemOutput(p.item.id, "", [], "error", dt, r.error or "engine error")
                     continue
                 # never trust the runtime's length: cut again at the first stop id, and at the budget
-                text, ids, reason = finalize(list(r.output_ids)[:p.max_new_tokens], self.stop_ids, p.stop_strings, self.tokenizer)
+                text, ids, reason = finalize(list(r.output_ids)[: p.max_new_tokens], self.stop_ids, p.stop_strings, self.tokenizer)
                 if reason == "length" and r.finish_reason == "eos" and len(ids) < p.max_new_tokens:
                     reason = "eos"  # the runtime stopped on a stop id and dropped it from output_ids (allowed by the interface)
                 lat = r.token_times_s[-1] if r.token_times_s else dt
@@ -291,8 +305,9 @@ def load_reference_model(checkpoint: Path, dtype: str, *, allow_pickle: bool = F
     import torch
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=getattr(torch, dtype), trust_remote_code=False,
-                                                use_safetensors=None if allow_pickle else True)
+    return AutoModelForCausalLM.from_pretrained(
+        str(checkpoint), dtype=getattr(torch, dtype), trust_remote_code=False, use_safetensors=None if allow_pickle else True
+    )
 
 
 def load_tokenizer(hf_dir: Path) -> Any:
@@ -303,8 +318,17 @@ def load_tokenizer(hf_dir: Path) -> Any:
 
 
 # --------------------------------------------------------------------------- speculative decoding readiness
-def draft_acceptance(draft: Any, prepared: Sequence[Prepared], target_outputs: dict[str, ItemOutput], *, k: int, pad_id: int,
-                     stop_ids: Sequence[int], batch_size: int, advance: Advance = lambda n: None) -> dict[str, dict[str, int]]:
+def draft_acceptance(
+    draft: Any,
+    prepared: Sequence[Prepared],
+    target_outputs: dict[str, ItemOutput],
+    *,
+    k: int,
+    pad_id: int,
+    stop_ids: Sequence[int],
+    batch_size: int,
+    advance: Advance = lambda n: None,
+) -> dict[str, dict[str, int]]:
     """Greedy draft-token acceptance of ``draft`` against the target's greedy tokens.
 
     Simulates draft-target speculative decoding (Leviathan et al. 2023, "Fast Inference from
@@ -329,10 +353,10 @@ def draft_acceptance(draft: Any, prepared: Sequence[Prepared], target_outputs: d
         if not active:
             break
         for b in range(0, len(active), max(1, batch_size)):
-            chunk = active[b:b + batch_size]
-            props = runner.generate_ids([s["prompt"] + s["target"][:s["pos"]] for s in chunk], k)
+            chunk = active[b : b + batch_size]
+            props = runner.generate_ids([s["prompt"] + s["target"][: s["pos"]] for s in chunk], k)
             for s, prop in zip(chunk, props):
-                want = s["target"][s["pos"]:s["pos"] + k]
+                want = s["target"][s["pos"] : s["pos"] + k]
                 n = len(want)
                 m = 0
                 while m < n and m < len(prop) and prop[m] == want[m]:
@@ -342,4 +366,6 @@ def draft_acceptance(draft: Any, prepared: Sequence[Prepared], target_outputs: d
                 s["steps"] += 1
                 s["pos"] += m + 1
         advance(1)
-    return {i: {"proposed": s["proposed"], "accepted": s["accepted"], "steps": s["steps"], "tokens": len(s["target"])} for i, s in state.items()}
+    return {
+        i: {"proposed": s["proposed"], "accepted": s["accepted"], "steps": s["steps"], "tokens": len(s["target"])} for i, s in state.items()
+    }

@@ -33,14 +33,17 @@ import importlib
 import json
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from ..errors import InputError, PreflightError
 
-INSTALL_FIX = ("install TensorRT-LLM 1.2.1 on an NVIDIA GPU host (`pip install 'tensorrt-llm==1.2.1' --extra-index-url "
-               "https://pypi.nvidia.com/`, Python 3.10/3.12) or run inside nvcr.io/nvidia/tritonserver:<yy.mm>-trtllm-python-py3; "
-               "or evaluate the simulated model: eval.candidate=simulated")
+INSTALL_FIX = (
+    "install TensorRT-LLM 1.2.1 on an NVIDIA GPU host (`pip install 'tensorrt-llm==1.2.1' --extra-index-url "
+    "https://pypi.nvidia.com/`, Python 3.10/3.12) or run inside nvcr.io/nvidia/tritonserver:<yy.mm>-trtllm-python-py3; "
+    "or evaluate the simulated model: eval.candidate=simulated"
+)
 
 
 def _import(name: str) -> Any:
@@ -58,8 +61,7 @@ def _engine_limits(engine_dir: Path) -> dict[str, Any]:
     except (OSError, ValueError) as e:
         raise InputError(f"{p}: unreadable engine config ({e}). Fix: rebuild the engine with the build stage.") from e
     bc = cfg.get("build_config") or {}
-    return {k: bc.get(k) for k in ("max_batch_size", "max_input_len", "max_seq_len", "gather_context_logits",
-                                   "gather_generation_logits")}
+    return {k: bc.get(k) for k in ("max_batch_size", "max_input_len", "max_seq_len", "gather_context_logits", "gather_generation_logits")}
 
 
 class TrtllmEngineRunner:
@@ -73,9 +75,16 @@ class TrtllmEngineRunner:
         generation_logits: also return the logits of every generated token (fidelity metrics).
     """
 
-    def __init__(self, engine_dir: Path, *, pad_id: int | None = None, max_attention_window_size: int | None = None,
-                 kv_cache_free_gpu_memory_fraction: float | None = None, generation_logits: bool = False,
-                 limits: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        engine_dir: Path,
+        *,
+        pad_id: int | None = None,
+        max_attention_window_size: int | None = None,
+        kv_cache_free_gpu_memory_fraction: float | None = None,
+        generation_logits: bool = False,
+        limits: dict[str, Any] | None = None,
+    ) -> None:
         self.engine_dir = Path(engine_dir)
         self.pad_id = pad_id
         self.generation_logits = generation_logits
@@ -106,9 +115,8 @@ class TrtllmEngineRunner:
             self.max_input_len = int(lim.get("max_input_len") or 1024)
             self.max_seq_len = int(lim.get("max_seq_len") or 2048)
             rt = _import("tensorrt_llm.runtime")
-            cls = getattr(rt, "ModelRunnerCpp", None) or getattr(rt, "ModelRunner")
-            kw: dict[str, Any] = {"max_batch_size": self.max_batch_size, "max_input_len": self.max_input_len,
-                                  "max_beam_width": 1}
+            cls = getattr(rt, "ModelRunnerCpp", None) or rt.ModelRunner
+            kw: dict[str, Any] = {"max_batch_size": self.max_batch_size, "max_input_len": self.max_input_len, "max_beam_width": 1}
             if max_attention_window_size is not None:
                 kw["max_attention_window_size"] = [int(max_attention_window_size)]
             if kv_cache_free_gpu_memory_fraction is not None:
@@ -134,15 +142,20 @@ class TrtllmEngineRunner:
         groups: dict[int, list[int]] = defaultdict(list)
         for i, r in enumerate(requests):
             if len(r.input_ids) > self.max_input_len or len(r.input_ids) + 1 > self.max_seq_len:
-                results[i] = GenerationResult(r.request_id, [], "error", error=f"prompt of {len(r.input_ids)} tokens exceeds the engine's "
-                                              f"max_input_len={self.max_input_len} / max_seq_len={self.max_seq_len}")
+                results[i] = GenerationResult(
+                    r.request_id,
+                    [],
+                    "error",
+                    error=f"prompt of {len(r.input_ids)} tokens exceeds the engine's "
+                    f"max_input_len={self.max_input_len} / max_seq_len={self.max_seq_len}",
+                )
                 continue
             budget = min(int(r.max_new_tokens), self.max_seq_len - len(r.input_ids))
             groups[budget].append(i)
         self.last_logits = {}
         for budget, idx in sorted(groups.items()):
             for s in range(0, len(idx), self.max_batch_size):
-                chunk = idx[s:s + self.max_batch_size]
+                chunk = idx[s : s + self.max_batch_size]
                 t0 = time.perf_counter()
                 batch = [requests[i] for i in chunk]
                 if self._llm is not None:
@@ -156,7 +169,7 @@ class TrtllmEngineRunner:
                     cut = next((k for k, t in enumerate(ids) if t in stops), None) if not r.ignore_eos else None
                     reason = "eos" if cut is not None or len(ids) < budget else "length"
                     ids = ids[:cut] if cut is not None else ids
-                    times = list(ttimes[:len(ids)]) if ttimes is not None else [dt] * len(ids)
+                    times = list(ttimes[: len(ids)]) if ttimes is not None else [dt] * len(ids)
                     if on_token is not None:
                         for t, ts in zip(ids, times):
                             on_token(r.request_id, t, ts)
@@ -180,9 +193,15 @@ class TrtllmEngineRunner:
         import torch
 
         end_id, pad, _ = self._ends(reqs[0])
-        kw = dict(max_new_tokens=budget, end_id=end_id, pad_id=pad,
-                  stop_words_list=[self._ends(r)[2] or None for r in reqs] if any(self._ends(r)[2] for r in reqs) else None,
-                  return_dict=True, output_sequence_lengths=True, output_generation_logits=self.generation_logits)
+        kw = dict(
+            max_new_tokens=budget,
+            end_id=end_id,
+            pad_id=pad,
+            stop_words_list=[self._ends(r)[2] or None for r in reqs] if any(self._ends(r)[2] for r in reqs) else None,
+            return_dict=True,
+            output_sequence_lengths=True,
+            output_generation_logits=self.generation_logits,
+        )
         batch = [torch.tensor(r.input_ids, dtype=torch.int32) for r in reqs]
         times: list[list[float]] | None = None
         if stream:
@@ -203,16 +222,24 @@ class TrtllmEngineRunner:
         for b, r in enumerate(reqs):
             start, end = len(r.input_ids), int(lens[b][0])
             gen = [int(t) for t in ids[b][0][start:end].tolist()]
-            res.append((gen, gl[b][0][:len(gen)] if gl is not None else None, times[b] if times is not None else None))
+            res.append((gen, gl[b][0][: len(gen)] if gl is not None else None, times[b] if times is not None else None))
         return res
 
     def _run_llmapi(self, reqs: list[Any], budget: int) -> list[tuple[list[int], Any]]:
         params = []
         for r in reqs:
             end_id, pad, _ = self._ends(r)
-            params.append(self._SamplingParams(max_tokens=budget, end_id=end_id, pad_id=pad, top_k=1,
-                                               stop_token_ids=list(r.stop_token_ids[1:]) or None, ignore_eos=bool(r.ignore_eos),
-                                               return_generation_logits=self.generation_logits))
+            params.append(
+                self._SamplingParams(
+                    max_tokens=budget,
+                    end_id=end_id,
+                    pad_id=pad,
+                    top_k=1,
+                    stop_token_ids=list(r.stop_token_ids[1:]) or None,
+                    ignore_eos=bool(r.ignore_eos),
+                    return_generation_logits=self.generation_logits,
+                )
+            )
         outs = self._llm.generate([{"prompt_token_ids": list(r.input_ids)} for r in reqs], sampling_params=params, use_tqdm=False)
         res = []
         for o in outs:
@@ -246,25 +273,32 @@ class TrtllmEngineRunner:
             ctx = getattr(out, "context_logits", None)
         else:
             if not _engine_limits(self.engine_dir).get("gather_context_logits"):
-                raise NotImplementedError(f"{self.engine_dir}: the engine was built without context logits. Fix: rebuild with "
-                                          "build.gather_context_logits=true (trtllm-build --gather_context_logits) to get fidelity metrics.")
+                raise NotImplementedError(
+                    f"{self.engine_dir}: the engine was built without context logits. Fix: rebuild with "
+                    "build.gather_context_logits=true (trtllm-build --gather_context_logits) to get fidelity metrics."
+                )
             import torch
 
-            out = self._runner.generate([torch.tensor(seq, dtype=torch.int32)], max_new_tokens=1, end_id=-1,
-                                        pad_id=self.pad_id if self.pad_id is not None else 0, return_dict=True)
+            out = self._runner.generate(
+                [torch.tensor(seq, dtype=torch.int32)],
+                max_new_tokens=1,
+                end_id=-1,
+                pad_id=self.pad_id if self.pad_id is not None else 0,
+                return_dict=True,
+            )
             ctx = out.get("context_logits")
             ctx = ctx[0] if ctx is not None else None
         if ctx is None:
             raise NotImplementedError("the TensorRT-LLM runtime returned no context logits")
         arr = ctx.float().cpu().numpy() if hasattr(ctx, "float") else np.asarray(ctx, dtype=np.float32)
-        return arr[len(prompt) - 1:len(prompt) - 1 + n].astype(np.float32, copy=True)
+        return arr[len(prompt) - 1 : len(prompt) - 1 + n].astype(np.float32, copy=True)
 
     def close(self) -> None:
         if self._llm is not None and hasattr(self._llm, "shutdown"):
             self._llm.shutdown()
         self._llm = self._runner = None
 
-    def __enter__(self) -> "TrtllmEngineRunner":
+    def __enter__(self) -> TrtllmEngineRunner:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -282,10 +316,13 @@ def load_runner(engine_dir: Path, **kw: Any) -> TrtllmEngineRunner:
         InputError: the folder holds neither an engine (config.json + rank*.engine) nor LLM-API options.
     """
     engine_dir = Path(engine_dir)
-    if not (engine_dir / "llm_api_options.yaml").is_file() and not ((engine_dir / "config.json").is_file() and
-                                                                    any(engine_dir.glob("rank*.engine"))):
-        raise InputError(f"{engine_dir}: no TensorRT-LLM engine (config.json + rank*.engine) and no llm_api_options.yaml. "
-                         "Fix: rebuild with the build stage (target=tensorrt_llm).")
+    if not (engine_dir / "llm_api_options.yaml").is_file() and not (
+        (engine_dir / "config.json").is_file() and any(engine_dir.glob("rank*.engine"))
+    ):
+        raise InputError(
+            f"{engine_dir}: no TensorRT-LLM engine (config.json + rank*.engine) and no llm_api_options.yaml. "
+            "Fix: rebuild with the build stage (target=tensorrt_llm)."
+        )
     bi_file = engine_dir.parent / "build_info.json"
     if bi_file.is_file():
         try:

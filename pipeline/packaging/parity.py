@@ -54,8 +54,16 @@ def _read_jsonl(p: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def expected_requests(eval_dir: Path, repo: Path, *, max_new_tokens: int, extra_stop: Sequence[str], apply_chat_template: bool,
-                      sample: int = DEFAULT_SAMPLE, seed: int = DEFAULT_SEED) -> tuple[list[dict[str, Any]], int]:
+def expected_requests(
+    eval_dir: Path,
+    repo: Path,
+    *,
+    max_new_tokens: int,
+    extra_stop: Sequence[str],
+    apply_chat_template: bool,
+    sample: int = DEFAULT_SAMPLE,
+    seed: int = DEFAULT_SEED,
+) -> tuple[list[dict[str, Any]], int]:
     """The seeded sample of evaluated items as requests with their expected answers.
 
     Args:
@@ -78,15 +86,19 @@ def expected_requests(eval_dir: Path, repo: Path, *, max_new_tokens: int, extra_
 
     rep_p, out_p = eval_dir / "eval_report.json", eval_dir / "outputs.jsonl"
     if not rep_p.is_file() or not out_p.is_file():
-        raise InputError(f"{eval_dir}: no eval_report.json/outputs.jsonl; the parity check needs the evaluated answers. "
-                         f"Fix: re-run the evaluate stage (pipeline force=true stages=[evaluate,package]).")
+        raise InputError(
+            f"{eval_dir}: no eval_report.json/outputs.jsonl; the parity check needs the evaluated answers. "
+            f"Fix: re-run the evaluate stage (pipeline force=true stages=[evaluate,package])."
+        )
     rep = json.loads(rep_p.read_text(encoding="utf-8"))
     cand = rep.get("candidate")
     es = rep.get("eval_set") or {}
     path = Path(es.get("path", ""))
     if not path.is_file() or sha256_file(path) != es.get("sha256"):
-        raise InputError(f"eval set {path} is missing or changed since it was evaluated (sha256 recorded {es.get('sha256')}). "
-                         f"Fix: re-run evaluate on the current eval set.")
+        raise InputError(
+            f"eval set {path} is missing or changed since it was evaluated (sha256 recorded {es.get('sha256')}). "
+            f"Fix: re-run evaluate on the current eval set."
+        )
     items = {it.id: it for it in load_eval_set(path, limit=es.get("limit"))}
     rows = {r["id"]: r for r in _read_jsonl(out_p) if r.get("runner") == cand and not r.get("skipped")}
     if not rows:
@@ -95,15 +107,27 @@ def expected_requests(eval_dir: Path, repo: Path, *, max_new_tokens: int, extra_
     chosen = sorted(random.Random(seed).sample(ids, min(sample, len(ids)))) if sample < len(ids) else ids
     tok = _tokenizer(repo / "preprocessing" / "1" / "tokenizer")
     limits = rep.get("limits") or {}
-    prepared = prepare([items[i] for i in chosen], tok, max_input_len=int(limits.get("max_input_len") or 10**9),
-                       max_seq_len=limits.get("max_seq_len"), default_max_new_tokens=max_new_tokens, extra_stop=extra_stop,
-                       apply_chat_template=apply_chat_template)
+    prepared = prepare(
+        [items[i] for i in chosen],
+        tok,
+        max_input_len=int(limits.get("max_input_len") or 10**9),
+        max_seq_len=limits.get("max_seq_len"),
+        default_max_new_tokens=max_new_tokens,
+        extra_stop=extra_stop,
+        apply_chat_template=apply_chat_template,
+    )
     out = []
     chat = codec_of(tok).uses_template(apply_chat_template)
     for p in prepared:
         it = p.item
-        r = {"id": it.id, "text_input": render(tok, it.prompt, it.messages, apply_chat_template=apply_chat_template),
-             "max_tokens": p.max_new_tokens, "stop_strings": p.stop_strings, "expected": rows[it.id]["text"], "prompt": it.prompt_text()}
+        r = {
+            "id": it.id,
+            "text_input": render(tok, it.prompt, it.messages, apply_chat_template=apply_chat_template),
+            "max_tokens": p.max_new_tokens,
+            "stop_strings": p.stop_strings,
+            "expected": rows[it.id]["text"],
+            "prompt": it.prompt_text(),
+        }
         if chat:  # served as `messages`: the server renders and keeps user content as data, as evaluate's encode_prompt
             r["messages"] = list(it.messages) if it.messages else [{"role": "user", "content": it.prompt}]
         out.append(r)
@@ -126,8 +150,9 @@ def cut_at_stop_strings(text: str, stops: Sequence[str]) -> str:
     return text[:cut] if cut >= 0 else text
 
 
-def replay(url: str, requests: list[dict[str, Any]], *, modes: Sequence[str] = MODES, concurrency: int = 4,
-           timeout_s: float = 120.0) -> dict[str, Any]:
+def replay(
+    url: str, requests: list[dict[str, Any]], *, modes: Sequence[str] = MODES, concurrency: int = 4, timeout_s: float = 120.0
+) -> dict[str, Any]:
     """Send every request to the ``ensemble`` at ``url`` in each mode; compare with ``expected``.
 
     Returns ``{"matched", "total", "per_mode": {mode: matched}, "first_mismatch"}`` (items in id order).
@@ -146,8 +171,9 @@ def replay(url: str, requests: list[dict[str, Any]], *, modes: Sequence[str] = M
             with lock:
                 clients.append(c)
         try:  # text_input + max_tokens (+ stream): the deployment's defaults do the rest, as for any client
-            how = ({"messages": r["messages"]} if r.get("messages") and "messages" in c.inputs
-                   else {"prompt": r["text_input"], "chat": False})
+            how = (
+                {"messages": r["messages"]} if r.get("messages") and "messages" in c.inputs else {"prompt": r["text_input"], "chat": False}
+            )
             res = c.generate(max_tokens=int(r["max_tokens"]), stream=(mode == "stream"), **how)
             served = cut_at_stop_strings(res.text, r.get("stop_strings") or [])
         except Exception as e:
@@ -163,7 +189,7 @@ def replay(url: str, requests: list[dict[str, Any]], *, modes: Sequence[str] = M
             c.close()
     by_id = {r["id"]: r for r in requests}
     matched, per_mode, first = 0, {m: 0 for m in modes}, None
-    for (rid, mode, served) in results:
+    for rid, mode, served in results:
         ok = served == by_id[rid]["expected"]
         matched += ok
         per_mode[mode] += ok
@@ -173,8 +199,7 @@ def replay(url: str, requests: list[dict[str, Any]], *, modes: Sequence[str] = M
 
 
 def side_by_side(m: dict[str, Any]) -> str:
-    return (f"item {m['id']} ({m['mode']}):\n  prompt:    {m['prompt']!r}\n  evaluated: {m['evaluated']!r}\n"
-            f"  served:    {m['served']!r}")
+    return f"item {m['id']} ({m['mode']}):\n  prompt:    {m['prompt']!r}\n  evaluated: {m['evaluated']!r}\n  served:    {m['served']!r}"
 
 
 def write_expected(path: Path, requests: list[dict[str, Any]], meta: dict[str, Any]) -> None:
@@ -191,8 +216,9 @@ def read_expected(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     return rows[0]["meta"], rows[1:]
 
 
-def run_parity(package_dir: Path, repo: Path, eval_dir: Path, *, target: str, cfg: Any, log: Any = None,
-               serve_venv: str | None = None) -> dict[str, Any]:
+def run_parity(
+    package_dir: Path, repo: Path, eval_dir: Path, *, target: str, cfg: Any, log: Any = None, serve_venv: str | None = None
+) -> dict[str, Any]:
     """The package stage's parity check (see module docstring).  Returns the manifest's ``parity`` record.
 
     Raises:
@@ -206,15 +232,26 @@ def run_parity(package_dir: Path, repo: Path, eval_dir: Path, *, target: str, cf
         if log is not None:
             log.warning("serving parity check disabled by package.parity=false (recorded in the release manifest)")
         return {**base, "status": "disabled", "disabled_by": "package.parity=false", "matched": None, "total": None}
-    requests, n_eval = expected_requests(eval_dir, repo, max_new_tokens=int(cfg.eval.max_new_tokens), extra_stop=list(cfg.eval.stop),
-                                         apply_chat_template=bool(getattr(cfg.model, "apply_chat_template", True)),
-                                         sample=sample, seed=seed)
+    requests, n_eval = expected_requests(
+        eval_dir,
+        repo,
+        max_new_tokens=int(cfg.eval.max_new_tokens),
+        extra_stop=list(cfg.eval.stop),
+        apply_chat_template=bool(getattr(cfg.model, "apply_chat_template", True)),
+        sample=sample,
+        seed=seed,
+    )
     meta = {"sample": len(requests), "of": n_eval, "seed": seed, "modes": list(MODES)}
     write_expected(package_dir / EXPECTED_FILE, requests, meta)
     base.update(sample=len(requests), of=n_eval, expected_file=EXPECTED_FILE)
     if target != "onnxruntime_genai":
-        return {**base, "status": "not run here", "matched": None, "total": None,
-                "reason": f"a {target} package is served by the NGC TensorRT-LLM container on a GPU host; run the command there"}
+        return {
+            **base,
+            "status": "not run here",
+            "matched": None,
+            "total": None,
+            "reason": f"a {target} package is served by the NGC TensorRT-LLM container on a GPU host; run the command there",
+        }
     from ..serving.server import TritonServer
 
     t0 = time.perf_counter()
@@ -222,8 +259,10 @@ def run_parity(package_dir: Path, repo: Path, eval_dir: Path, *, target: str, cf
     try:
         srv.start()
     except PreflightError as e:
-        raise PreflightError(f"serving parity check: {e} (or disable the check explicitly with package.parity=false, "
-                             f"which is recorded in the release manifest)") from None
+        raise PreflightError(
+            f"serving parity check: {e} (or disable the check explicitly with package.parity=false, "
+            f"which is recorded in the release manifest)"
+        ) from None
     try:
         res = replay(srv.grpc_url, requests)
     finally:
@@ -233,10 +272,12 @@ def run_parity(package_dir: Path, repo: Path, eval_dir: Path, *, target: str, cf
     if log is not None:  # the time is logged, not recorded: the manifest is part of the reproducible archive
         log.info("serving parity: %d/%d served == evaluated in %.1f s", res["matched"], res["total"], time.perf_counter() - t0)
     if rec["status"] == "failed":
-        raise GateFailed(f"serving parity failed: {res['matched']}/{res['total']} served answers equal the evaluated ones "
-                         f"(grpc ensemble, unary + streamed). First difference, {side_by_side(res['first_mismatch'])}\n"
-                         f"Fix: the served pre/postprocessing or engine differs from what evaluate ran; see docs/package.md "
-                         f"(serving parity). package.parity=false disables the check (recorded).")
+        raise GateFailed(
+            f"serving parity failed: {res['matched']}/{res['total']} served answers equal the evaluated ones "
+            f"(grpc ensemble, unary + streamed). First difference, {side_by_side(res['first_mismatch'])}\n"
+            f"Fix: the served pre/postprocessing or engine differs from what evaluate ran; see docs/package.md "
+            f"(serving parity). package.parity=false disables the check (recorded)."
+        )
     return rec
 
 
@@ -250,5 +291,13 @@ def check_against_server(package_dir: Path, url: str) -> dict[str, Any]:
     return {**meta, **res, "status": "passed" if res["matched"] == res["total"] else "failed", "url": url}
 
 
-__all__ = ["EXPECTED_FILE", "check_against_server", "command_for", "cut_at_stop_strings", "expected_requests", "replay",
-           "run_parity", "side_by_side"]
+__all__ = [
+    "EXPECTED_FILE",
+    "check_against_server",
+    "command_for",
+    "cut_at_stop_strings",
+    "expected_requests",
+    "replay",
+    "run_parity",
+    "side_by_side",
+]

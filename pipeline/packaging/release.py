@@ -17,8 +17,8 @@ import os
 import posixpath
 import shutil
 import tarfile
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from ..artifacts import PackageArtifact
 from ..errors import InputError
@@ -105,8 +105,10 @@ def _member_parts(name: str) -> list[str]:
         raise InputError(f"archive member {name!r} names the destination itself; refusing to extract.")
     long = [p for p in parts if len(p.encode()) > NAME_MAX]
     if long:
-        raise InputError(f"archive member {name[:80]!r}...: a path component is {len(long[0].encode())} bytes long (limit "
-                         f"NAME_MAX={NAME_MAX}); refusing to extract.")
+        raise InputError(
+            f"archive member {name[:80]!r}...: a path component is {len(long[0].encode())} bytes long (limit "
+            f"NAME_MAX={NAME_MAX}); refusing to extract."
+        )
     return parts
 
 
@@ -130,26 +132,38 @@ def check_members(tar: tarfile.TarFile, dest: Path) -> list[tarfile.TarInfo]:
         parts = _member_parts(name)
         norm = "/".join(parts)
         if base + len(norm.encode()) >= PATH_MAX:
-            raise InputError(f"archive member {name[:80]!r}... is {len(norm.encode())} bytes long; under {dest} it would exceed "
-                             f"PATH_MAX={PATH_MAX} (a path the OS cannot resolve reliably); refusing to extract.")
+            raise InputError(
+                f"archive member {name[:80]!r}... is {len(norm.encode())} bytes long; under {dest} it would exceed "
+                f"PATH_MAX={PATH_MAX} (a path the OS cannot resolve reliably); refusing to extract."
+            )
         if m.ischr() or m.isblk() or m.isfifo() or m.isdev():
             raise InputError(f"archive member {name!r} is a device/FIFO; refusing to extract.")
         if m.islnk():
-            raise InputError(f"archive member {name!r} is a hard link to {m.linkname!r}; hard links are not allowed in a "
-                             f"release archive (they can alias files outside the destination); refusing to extract.")
+            raise InputError(
+                f"archive member {name!r} is a hard link to {m.linkname!r}; hard links are not allowed in a "
+                f"release archive (they can alias files outside the destination); refusing to extract."
+            )
         if m.issym():
             link = m.linkname
             lparts = link.replace("\\", "/").split("/")
-            if not link or link.startswith(("/", "\\")) or (len(link) > 1 and link[1] == ":") or ".." in lparts \
-                    or len(link.encode()) >= PATH_MAX:
-                raise InputError(f"archive member {name!r} is a symbolic link to {link[:120]!r}, which may point outside the "
-                                 f"destination (only relative targets without '..' are allowed); refusing to extract.")
+            if (
+                not link
+                or link.startswith(("/", "\\"))
+                or (len(link) > 1 and link[1] == ":")
+                or ".." in lparts
+                or len(link.encode()) >= PATH_MAX
+            ):
+                raise InputError(
+                    f"archive member {name!r} is a symbolic link to {link[:120]!r}, which may point outside the "
+                    f"destination (only relative targets without '..' are allowed); refusing to extract."
+                )
         elif not (m.isfile() or m.isdir()):
             raise InputError(f"archive member {name!r} has an unsupported type; refusing to extract.")
         prev = seen.get(norm)
         if prev is not None and not (prev.isdir() and m.isdir()):
-            raise InputError(f"archive member {name!r} appears twice in the archive (the second copy would overwrite the "
-                             f"first); refusing to extract.")
+            raise InputError(
+                f"archive member {name!r} appears twice in the archive (the second copy would overwrite the first); refusing to extract."
+            )
         seen[norm] = m
     # a member may not live below a name that is a file or a link (writing through a link is how archives escape)
     for norm, m in seen.items():
@@ -157,8 +171,10 @@ def check_members(tar: tarfile.TarFile, dest: Path) -> list[tarfile.TarInfo]:
         for i in range(1, len(parts)):
             parent = seen.get("/".join(parts[:i]))
             if parent is not None and not parent.isdir():
-                raise InputError(f"archive member {m.name!r} lies below {parent.name!r}, which is not a folder "
-                                 f"({'a symbolic link' if parent.issym() else 'a file'}); refusing to extract.")
+                raise InputError(
+                    f"archive member {m.name!r} lies below {parent.name!r}, which is not a folder "
+                    f"({'a symbolic link' if parent.issym() else 'a file'}); refusing to extract."
+                )
     return members
 
 
@@ -261,7 +277,9 @@ def read_sha256sums(path: Path) -> dict[str, str]:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
-        raise InputError(f"{path}: cannot read the checksum file ({e}). Fix: copy SHA256SUMS from the release next to the archive.") from None
+        raise InputError(
+            f"{path}: cannot read the checksum file ({e}). Fix: copy SHA256SUMS from the release next to the archive."
+        ) from None
     for i, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
@@ -282,8 +300,10 @@ def verify_release_archive(archive: str | os.PathLike) -> dict:
     archive = Path(archive)
     sums_path = archive.parent / PackageArtifact.SHA256SUMS
     if not sums_path.is_file():
-        raise InputError(f"{archive}: no SHA256SUMS beside it, so its integrity cannot be checked; refusing to serve it. "
-                         f"Fix: keep the release folder together (<name>.tar.gz, SHA256SUMS, release_manifest.json).")
+        raise InputError(
+            f"{archive}: no SHA256SUMS beside it, so its integrity cannot be checked; refusing to serve it. "
+            f"Fix: keep the release folder together (<name>.tar.gz, SHA256SUMS, release_manifest.json)."
+        )
     sums = read_sha256sums(sums_path)
     manifest: dict = {}
     for f in (archive, archive.parent / PackageArtifact.RELEASE_MANIFEST):
@@ -291,12 +311,16 @@ def verify_release_archive(archive: str | os.PathLike) -> dict:
             continue
         want = sums.get(f.name)
         if want is None:
-            raise InputError(f"{sums_path}: does not list {f.name}; refusing to serve an unchecked file. "
-                             f"Fix: use the SHA256SUMS written with this release.")
+            raise InputError(
+                f"{sums_path}: does not list {f.name}; refusing to serve an unchecked file. "
+                f"Fix: use the SHA256SUMS written with this release."
+            )
         got = sha256_file(f)
         if got != want:
-            raise InputError(f"{f}: sha256 {got} does not match {want} in {sums_path}: the file was modified or corrupted "
-                             f"after the release was made; refusing to serve it. Fix: download the release again.")
+            raise InputError(
+                f"{f}: sha256 {got} does not match {want} in {sums_path}: the file was modified or corrupted "
+                f"after the release was made; refusing to serve it. Fix: download the release again."
+            )
         if f != archive:
             import json
 
@@ -326,9 +350,13 @@ def verify_extracted_release(root: Path, manifest: dict) -> None:
     if isinstance(recorded, dict):
         for rel in sorted(set(recorded) | set(files)):
             if rel not in files or rel not in recorded or files[rel]["sha256"] != recorded[rel]:
-                raise InputError(f"{repo / rel}: does not match release_manifest.json (repository_files): the archive's content "
-                                 f"was modified; refusing to serve it. Fix: download the release again.")
+                raise InputError(
+                    f"{repo / rel}: does not match release_manifest.json (repository_files): the archive's content "
+                    f"was modified; refusing to serve it. Fix: download the release again."
+                )
     want = (inner_doc.get("sources") or {}).get("model_repository")
     if want and digest_files(files) != want:
-        raise InputError(f"{repo}: content digest differs from release_manifest.json sources.model_repository: the archive's "
-                         f"content was modified; refusing to serve it. Fix: download the release again.")
+        raise InputError(
+            f"{repo}: content digest differs from release_manifest.json sources.model_repository: the archive's "
+            f"content was modified; refusing to serve it. Fix: download the release again."
+        )

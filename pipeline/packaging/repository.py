@@ -34,8 +34,14 @@ the same ``TextCodec`` as the evaluated text (standalone module: ``tokenizers`` 
 CONTAINER_REPO = "/models"
 """Where the GPU container command mounts the repository; TensorRT-LLM's C++ backend needs absolute engine paths."""
 PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-                   "generation_config.json", "tokenizer.model")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "generation_config.json",
+    "tokenizer.model",
+)
 REQUIRED_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
@@ -46,17 +52,20 @@ class Fragment(str):
 # The ensemble's engine step: TensorRT-LLM's engine emits ids, which the postprocessing step detokenizes (three steps,
 # as NVIDIA's inflight_batcher_llm ensemble); the onnxruntime_genai model detokenizes in-process and its text_output
 # goes straight to the client (two steps: one hop per streamed token instead of two; docs/package.md "Serving path").
-IDS_OUTPUT_MAP = Fragment('      output_map { key: "output_ids" value: "_TOKENS_BATCH" }\n'
-                          '      output_map { key: "sequence_length" value: "_SEQUENCE_LENGTH" }')
+IDS_OUTPUT_MAP = Fragment(
+    '      output_map { key: "output_ids" value: "_TOKENS_BATCH" }\n      output_map { key: "sequence_length" value: "_SEQUENCE_LENGTH" }'
+)
 TEXT_OUTPUT_MAP = Fragment('      output_map { key: "text_output" value: "text_output" }')
-POSTPROCESSING_STEP = Fragment(",\n"
-                               "    {\n"
-                               '      model_name: "postprocessing"\n'
-                               "      model_version: -1\n"
-                               '      input_map { key: "TOKENS_BATCH" value: "_TOKENS_BATCH" }\n'
-                               '      input_map { key: "SEQUENCE_LENGTH" value: "_SEQUENCE_LENGTH" }\n'
-                               '      output_map { key: "OUTPUT" value: "text_output" }\n'
-                               "    }")
+POSTPROCESSING_STEP = Fragment(
+    ",\n"
+    "    {\n"
+    '      model_name: "postprocessing"\n'
+    "      model_version: -1\n"
+    '      input_map { key: "TOKENS_BATCH" value: "_TOKENS_BATCH" }\n'
+    '      input_map { key: "SEQUENCE_LENGTH" value: "_SEQUENCE_LENGTH" }\n'
+    '      output_map { key: "OUTPUT" value: "text_output" }\n'
+    "    }"
+)
 
 
 def fill(text: str, values: dict[str, Any]) -> str:
@@ -64,6 +73,7 @@ def fill(text: str, values: dict[str, Any]) -> str:
 
     Strings are escaped for a protobuf text-format string literal (backslash and double quote).
     """
+
     def rep(m: re.Match) -> str:
         k = m.group(1)
         if k not in values:
@@ -74,6 +84,7 @@ def fill(text: str, values: dict[str, Any]) -> str:
         if isinstance(v, str) and not isinstance(v, Fragment):
             return v.replace("\\", "\\\\").replace('"', '\\"')
         return str(v)
+
     return PLACEHOLDER.sub(rep, text)
 
 
@@ -118,8 +129,9 @@ class Settings:
         return "onnxruntime_genai" if self.target == "onnxruntime_genai" else "tensorrt_llm"
 
 
-def settings_from_build(build_info: dict[str, Any], model_info: dict[str, Any], package_cfg: Any, build_cfg: Any = None,
-                        target_cfg: Any = None) -> Settings:
+def settings_from_build(
+    build_info: dict[str, Any], model_info: dict[str, Any], package_cfg: Any, build_cfg: Any = None, target_cfg: Any = None
+) -> Settings:
     """Join ``build_info.json`` (limits, runtime knobs), ``model_info.json`` (token ids) and the package config.
 
     Runtime knobs missing from ``build_info`` fall back to the build config (same names, ``pipeline/config/build.py``).
@@ -129,8 +141,10 @@ def settings_from_build(build_info: dict[str, Any], model_info: dict[str, Any], 
     if isinstance(target, dict):
         target = target.get("name")
     if target not in ("onnxruntime_genai", "tensorrt_llm"):
-        raise InputError(f"build_info.json target={target!r}: expected 'onnxruntime_genai' or 'tensorrt_llm'. "
-                         f"Fix: package a build artifact written by the build stage.")
+        raise InputError(
+            f"build_info.json target={target!r}: expected 'onnxruntime_genai' or 'tensorrt_llm'. "
+            f"Fix: package a build artifact written by the build stage."
+        )
     limits = dict(build_info.get("limits") or {})
     knobs = {**dict(build_info.get("runtime") or {}), **dict(build_info.get("knobs") or {})}
 
@@ -154,27 +168,43 @@ def settings_from_build(build_info: dict[str, Any], model_info: dict[str, Any], 
     # needs no change), so package.max_beam_width only bounds the beam_width a request may ask for.
     eng_bs = limit("max_batch_size")
     eos = model_info.get("eos_token_ids") or []
-    end_id = int(eos[0]) if eos else int(model_info.get("eos_token_id", -1) if not isinstance(model_info.get("eos_token_id"), list) else model_info["eos_token_id"][0])
+    end_id = (
+        int(eos[0])
+        if eos
+        else int(
+            model_info.get("eos_token_id", -1) if not isinstance(model_info.get("eos_token_id"), list) else model_info["eos_token_id"][0]
+        )
+    )
     pad = model_info.get("pad_token_id")
     backend = build_info.get("backend") or (getattr(target_cfg, "backend", "tensorrt") if target_cfg is not None else "tensorrt")
     ep = build_info.get("execution_provider") or (getattr(target_cfg, "execution_provider", "cpu") if target_cfg is not None else "cpu")
     s = Settings(
-        target=target, backend=str(backend), model_name=str(model_info.get("name") or getattr(package_cfg, "name", "model")),
-        engine_max_batch_size=eng_bs, max_input_len=limit("max_input_len"), max_seq_len=limit("max_seq_len"),
+        target=target,
+        backend=str(backend),
+        model_name=str(model_info.get("name") or getattr(package_cfg, "name", "model")),
+        engine_max_batch_size=eng_bs,
+        max_input_len=limit("max_input_len"),
+        max_seq_len=limit("max_seq_len"),
         max_num_tokens=int(limits.get("max_num_tokens", knob("max_num_tokens", 2048))),
-        max_beam_width=max(int(limits.get("max_beam_width", knob("max_beam_width", 1))),
-                           int(served_bw or 1) if target == "onnxruntime_genai" else 1),  # og: no beam limit in the engine
+        max_beam_width=max(
+            int(limits.get("max_beam_width", knob("max_beam_width", 1))), int(served_bw or 1) if target == "onnxruntime_genai" else 1
+        ),  # og: no beam limit in the engine
         triton_max_batch_size=int(package_cfg.max_batch_size or eng_bs),
         served_max_input_len=getattr(package_cfg, "max_input_len", None),
         served_max_beam_width=getattr(package_cfg, "max_beam_width", None),
-        decoupled=bool(package_cfg.decoupled), exclude_input_in_output=bool(package_cfg.exclude_input_in_output),
-        instance_count=int(package_cfg.instance_count), bos_id=model_info.get("bos_token_id"), end_id=end_id,
-        pad_id=int(pad) if pad is not None else end_id, execution_provider=str(ep),
+        decoupled=bool(package_cfg.decoupled),
+        exclude_input_in_output=bool(package_cfg.exclude_input_in_output),
+        instance_count=int(package_cfg.instance_count),
+        bos_id=model_info.get("bos_token_id"),
+        end_id=end_id,
+        pad_id=int(pad) if pad is not None else end_id,
+        execution_provider=str(ep),
         kv_cache_free_gpu_mem_fraction=float(knob("kv_cache_free_gpu_mem_fraction", 0.9)),
         enable_kv_cache_reuse=bool(knob("enable_kv_cache_reuse", False)),
         batch_scheduler_policy=str(knob("batch_scheduler_policy", "guaranteed_no_evict")),
         enable_chunked_context=bool(knob("enable_chunked_context", False)),
-        cuda_graph_mode=bool(knob("cuda_graph_mode", False)), cuda_graph_cache_size=int(knob("cuda_graph_cache_size", 0)),
+        cuda_graph_mode=bool(knob("cuda_graph_mode", False)),
+        cuda_graph_cache_size=int(knob("cuda_graph_cache_size", 0)),
         cuda_graph_batch_sizes=list(knob("cuda_graph_batch_sizes", []) or []),
     )
     if target == "tensorrt_llm":
@@ -184,8 +214,15 @@ def settings_from_build(build_info: dict[str, Any], model_info: dict[str, Any], 
     return s
 
 
-def python_text_model_config(ensemble_config: str, name: str, *, decoupled: bool, instance_count: int,
-                             params: dict[str, Any], extra_inputs: tuple[tuple[str, str, list[int]], ...] = ()) -> str:
+def python_text_model_config(
+    ensemble_config: str,
+    name: str,
+    *,
+    decoupled: bool,
+    instance_count: int,
+    params: dict[str, Any],
+    extra_inputs: tuple[tuple[str, str, list[int]], ...] = (),
+) -> str:
     """``config.pbtxt`` of a Python model with the ensemble's tensor interface (CPU target's ``ensemble``/``tensorrt_llm_bls``).
 
     The inputs and outputs are taken from the filled ensemble template (one definition of the interface), the
@@ -219,10 +256,12 @@ def python_text_model_config(ensemble_config: str, name: str, *, decoupled: bool
         i = cfg.input.add()
         i.name, i.data_type, i.optional = iname, mc.DataType.Value(dtype), True
         i.dims.extend(dims)
-    head = (f"# {name}: text in, text out, with the tensor interface of TensorRT-LLM's {name} (tensorrtllm_backend\n"
-            f"# all_models/inflight_batcher_llm), served on the CPU target by one Python model that tokenizes, runs the\n"
-            f"# onnxruntime-genai engine and detokenizes incrementally in-process (docs/package.md \"Serving path\").\n"
-            f"# Generated by pipeline/packaging/repository.py from triton_models/ensemble/config.pbtxt.\n")
+    head = (
+        f"# {name}: text in, text out, with the tensor interface of TensorRT-LLM's {name} (tensorrtllm_backend\n"
+        f"# all_models/inflight_batcher_llm), served on the CPU target by one Python model that tokenizes, runs the\n"
+        f'# onnxruntime-genai engine and detokenizes incrementally in-process (docs/package.md "Serving path").\n'
+        f"# Generated by pipeline/packaging/repository.py from triton_models/ensemble/config.pbtxt.\n"
+    )
     return head + text_format.MessageToString(cfg)
 
 
@@ -291,12 +330,15 @@ def copy_tokenizer(src_dirs: list[Path], dst: Path) -> list[str]:
                     shutil.copy2(src / name, dst / name)
                     copied.append(name)
             return copied
-    raise InputError(f"no tokenizer.json found in {[str(s) for s in src_dirs if s is not None]}. The served pre/postprocessing "
-                     f"needs a fast (tokenizer.json) tokenizer. Fix: export a checkpoint whose tokenizer has tokenizer.json.")
+    raise InputError(
+        f"no tokenizer.json found in {[str(s) for s in src_dirs if s is not None]}. The served pre/postprocessing "
+        f"needs a fast (tokenizer.json) tokenizer. Fix: export a checkpoint whose tokenizer has tokenizer.json."
+    )
 
 
-def generate_repository(out: Path, settings: Settings, *, engine_dir: Path, tokenizer_dirs: list[Path],
-                        templates: Path = TEMPLATES) -> dict[str, Any]:
+def generate_repository(
+    out: Path, settings: Settings, *, engine_dir: Path, tokenizer_dirs: list[Path], templates: Path = TEMPLATES
+) -> dict[str, Any]:
     """Write the model repository for ``settings`` into ``out`` (created; must not exist or be empty).
 
     Args:
@@ -332,8 +374,10 @@ def generate_repository(out: Path, settings: Settings, *, engine_dir: Path, toke
             # the build stage's LLM() options (kv_cache_config, cuda_graph_config, scheduler ...) win over the template's
             merged = {**yaml.safe_load(text), **(yaml.safe_load(build_opts.read_text(encoding="utf-8")) or {})}
             merged["model"], merged["tokenizer"] = vals["checkpoint_dir"], vals["llmapi_tokenizer_dir"]
-            text = "# LLM() keyword arguments (TensorRT-LLM PyTorch backend): template + the build's llm_api_options.yaml\n" + \
-                yaml.safe_dump(merged, sort_keys=False)
+            text = (
+                "# LLM() keyword arguments (TensorRT-LLM PyTorch backend): template + the build's llm_api_options.yaml\n"
+                + yaml.safe_dump(merged, sort_keys=False)
+            )
         from .trtllm_config import apply_llmapi_overrides
 
         (d / "1" / "model.yaml").write_text(apply_llmapi_overrides(text, settings), encoding="utf-8")
@@ -353,20 +397,35 @@ def generate_repository(out: Path, settings: Settings, *, engine_dir: Path, toke
             eng = write("onnxruntime_genai", "onnxruntime_genai", model_py="onnxruntime_genai_model.py")
             copy_tokenizer(tokenizer_dirs, eng / "1" / "tokenizer")  # in-process detokenization (text_output)
             ens_text = (out / "ensemble" / "config.pbtxt").read_text(encoding="utf-8")
-            common = {"interface": "text", "engine_dir": "../../onnxruntime_genai/1/engine", "tokenizer_dir": "../../onnxruntime_genai/1/tokenizer",
-                      "max_input_len": vals["max_input_len"], "max_seq_len": vals["max_seq_len"], "max_beam_width": vals["max_beam_width"],
-                      "exclude_input_in_output": vals["exclude_input_in_output"], "skip_special_tokens": "true"}
+            common = {
+                "interface": "text",
+                "engine_dir": "../../onnxruntime_genai/1/engine",
+                "tokenizer_dir": "../../onnxruntime_genai/1/tokenizer",
+                "max_input_len": vals["max_input_len"],
+                "max_seq_len": vals["max_seq_len"],
+                "max_beam_width": vals["max_beam_width"],
+                "exclude_input_in_output": vals["exclude_input_in_output"],
+                "skip_special_tokens": "true",
+            }
             from .trtllm_backend_table import EXTENSION_INPUTS  # server-side chat rendering (docs/package.md)
 
             ext = lambda model: tuple((n, e["type"], list(e["dims"])) for n, e in EXTENSION_INPUTS.items() if model in e["models"])  # noqa: E731
-            for name, load, extra in (("ensemble", "eager", ext("ensemble")),
-                                      ("tensorrt_llm_bls", "lazy", ext("tensorrt_llm_bls") + (("num_draft_tokens", "TYPE_INT32", [1]),
-                                                                    ("use_draft_logits", "TYPE_BOOL", [1])))):
+            for name, load, extra in (
+                ("ensemble", "eager", ext("ensemble")),
+                (
+                    "tensorrt_llm_bls",
+                    "lazy",
+                    ext("tensorrt_llm_bls") + (("num_draft_tokens", "TYPE_INT32", [1]), ("use_draft_logits", "TYPE_BOOL", [1])),
+                ),
+            ):
                 d = out / name
                 (d / "1").mkdir(parents=True, exist_ok=True)
-                (d / "config.pbtxt").write_text(python_text_model_config(
-                    ens_text, name, decoupled=settings.decoupled, instance_count=1, params={**common, "load": load},
-                    extra_inputs=extra), encoding="utf-8")
+                (d / "config.pbtxt").write_text(
+                    python_text_model_config(
+                        ens_text, name, decoupled=settings.decoupled, instance_count=1, params={**common, "load": load}, extra_inputs=extra
+                    ),
+                    encoding="utf-8",
+                )
                 shutil.copy2(MODELS_SRC / "onnxruntime_genai_model.py", d / "1" / "model.py")
                 shutil.copy2(TOKENIZATION_SRC, d / "1" / "tokenization.py")
                 if name not in models:

@@ -24,8 +24,10 @@ from __future__ import annotations
 
 from typing import Any
 
-UPSTREAM_VERSION = ("TensorRT-LLM 1.2.1 (branch release/1.2.1; the triton-inference-server/tensorrtllm_backend Dockerfile builds "
-                    "it with TENSORRTLLM_VER=1.2.1 on tritonserver:25.12-py3-min)")
+UPSTREAM_VERSION = (
+    "TensorRT-LLM 1.2.1 (branch release/1.2.1; the triton-inference-server/tensorrtllm_backend Dockerfile builds "
+    "it with TENSORRTLLM_VER=1.2.1 on tritonserver:25.12-py3-min)"
+)
 SOURCES = {
     "tensorrt_llm": "triton_backend/all_models/inflight_batcher_llm/tensorrt_llm/config.pbtxt @0c8de69",
     "tensorrt_llm_bls": "triton_backend/all_models/inflight_batcher_llm/tensorrt_llm_bls/config.pbtxt @0193dbd",
@@ -140,22 +142,35 @@ TABLE: dict[str, dict[str, dict[str, dict[str, Any]]]] = {
             "gpt_model_type": _e("set", source='"inflight_fused_batching" (static V1 batching is deprecated)'),
             "gpt_model_path": _e("set", source="/models/tensorrt_llm/1/engine (the build's engine, copied into the package)"),
             "encoder_model_path": _e("cond", when="runtime", source=_RT + "encoder_model_path", default="empty (decoder-only)"),
-            "max_tokens_in_paged_kv_cache": _e("cond", when="runtime", source=_RT + "max_tokens_in_paged_kv_cache",
-                                               default="no token cap (the memory fraction decides)"),
-            "max_attention_window_size": _e("cond", when="window", source=_RT + "max_attention_window_size, else the model's "
-                                            "sliding_window when it is smaller than build.max_seq_len", default="max_seq_len (full attention)"),
+            "max_tokens_in_paged_kv_cache": _e(
+                "cond", when="runtime", source=_RT + "max_tokens_in_paged_kv_cache", default="no token cap (the memory fraction decides)"
+            ),
+            "max_attention_window_size": _e(
+                "cond",
+                when="window",
+                source=_RT + "max_attention_window_size, else the model's sliding_window when it is smaller than build.max_seq_len",
+                default="max_seq_len (full attention)",
+            ),
             "sink_token_length": _e("cond", when="runtime", source=_RT + "sink_token_length", default="0"),
             "batch_scheduler_policy": _e("set", source="build.batch_scheduler_policy"),
-            "kv_cache_free_gpu_mem_fraction": _e("set", source=_RT + "kv_cache_free_gpu_mem_fraction, else build.kv_cache_free_gpu_mem_fraction"),
+            "kv_cache_free_gpu_mem_fraction": _e(
+                "set", source=_RT + "kv_cache_free_gpu_mem_fraction, else build.kv_cache_free_gpu_mem_fraction"
+            ),
             "cross_kv_cache_fraction": _e("cond", when="runtime", source=_RT + "cross_kv_cache_fraction (" + _ENCDEC + ")", default="0.5"),
-            "kv_cache_host_memory_bytes": _e("cond", when="runtime", source=_RT + "kv_cache_host_memory_bytes", default="0 (no host offload)"),
+            "kv_cache_host_memory_bytes": _e(
+                "cond", when="runtime", source=_RT + "kv_cache_host_memory_bytes", default="0 (no host offload)"
+            ),
             "kv_cache_onboard_blocks": _e("cond", when="runtime", source=_RT + "kv_cache_onboard_blocks", default="true"),
             "enable_trt_overlap": _e("cond", when="runtime", source=_RT + "enable_trt_overlap", default="false"),
             "exclude_input_in_output": _e("set", source="package.exclude_input_in_output"),
             "cancellation_check_period_ms": _e("cond", when="runtime", source=_RT + "cancellation_check_period_ms", default="100"),
             "stats_check_period_ms": _e("cond", when="runtime", source=_RT + "stats_check_period_ms", default="100"),
-            "iter_stats_max_iterations": _e("cond", when="runtime", source=_RT + "iter_stats_max_iterations", default="executor default (1000)"),
-            "request_stats_max_iterations": _e("cond", when="runtime", source=_RT + "request_stats_max_iterations", default="executor default (0)"),
+            "iter_stats_max_iterations": _e(
+                "cond", when="runtime", source=_RT + "iter_stats_max_iterations", default="executor default (1000)"
+            ),
+            "request_stats_max_iterations": _e(
+                "cond", when="runtime", source=_RT + "request_stats_max_iterations", default="executor default (0)"
+            ),
             "enable_kv_cache_reuse": _e("set", source="build.enable_kv_cache_reuse"),
             "normalize_log_probs": _e("set", source=_RT + "normalize_log_probs"),
             "enable_chunked_context": _e("set", source="build.enable_chunked_context"),
@@ -167,26 +182,36 @@ TABLE: dict[str, dict[str, dict[str, dict[str, Any]]]] = {
             "lora_cache_gpu_memory_fraction": _e("cond", when="runtime", source=_RT + "lora_cache_gpu_memory_fraction", default="0.05"),
             "lora_cache_host_memory_bytes": _e("cond", when="runtime", source=_RT + "lora_cache_host_memory_bytes", default="1 GiB"),
             "lora_prefetch_dir": _e("cond", when="runtime", source=_RT + "lora_prefetch_dir", default="none"),
-            "decoding_mode": _e("cond", when="speculative", source="build.speculative.mode (medusa | eagle | lookahead), or " +
-                                _RT + "decoding_mode", default="top_k_top_p (beam width 1) / beam_search; draft-model engines: "
-                                "the engine's external-draft-tokens mode"),
+            "decoding_mode": _e(
+                "cond",
+                when="speculative",
+                source="build.speculative.mode (medusa | eagle | lookahead), or " + _RT + "decoding_mode",
+                default="top_k_top_p (beam width 1) / beam_search; draft-model engines: the engine's external-draft-tokens mode",
+            ),
             "executor_worker_path": _e("set", source="/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker (as upstream)"),
             "lookahead_window_size": _e("cond", when="lookahead", source=_RT + "lookahead_window_size", default="none"),
             "lookahead_ngram_size": _e("cond", when="lookahead", source=_RT + "lookahead_ngram_size", default="none"),
             "lookahead_verification_set_size": _e("cond", when="lookahead", source=_RT + "lookahead_verification_set_size", default="none"),
-            "medusa_choices": _e("cond", when="medusa", source=_RT + "medusa_choices (required for a Medusa engine)",
-                                 default="a built-in tree for one specific model; refused here"),
+            "medusa_choices": _e(
+                "cond",
+                when="medusa",
+                source=_RT + "medusa_choices (required for a Medusa engine)",
+                default="a built-in tree for one specific model; refused here",
+            ),
             "eagle_choices": _e("cond", when="eagle", source=_RT + "eagle_choices", default="the engine's dynamic tree"),
             "gpu_weights_percent": _e("cond", when="runtime", source=_RT + "gpu_weights_percent", default="1.0"),
             "enable_context_fmha_fp32_acc": _e("cond", when="runtime", source=_RT + "enable_context_fmha_fp32_acc", default="false"),
             "multi_block_mode": _e("cond", when="runtime", source=_RT + "multi_block_mode", default="true"),
             "cuda_graph_mode": _e("set", source="build.cuda_graph_mode"),
             "cuda_graph_cache_size": _e("set", source="build.cuda_graph_cache_size"),
-            "speculative_decoding_fast_logits": _e("cond", when="runtime", source=_RT + "speculative_decoding_fast_logits", default="false"),
+            "speculative_decoding_fast_logits": _e(
+                "cond", when="runtime", source=_RT + "speculative_decoding_fast_logits", default="false"
+            ),
             "tokenizer_dir": _e("set", source="/models/preprocessing/1/tokenizer (the packaged tokenizer)"),
             "guided_decoding_backend": _e("cond", when="runtime", source=_RT + "guided_decoding_backend", default="off"),
-            "xgrammar_tokenizer_info_path": _e("cond", when="runtime", source=_RT + "xgrammar_tokenizer_info_path",
-                                               default="derived from tokenizer_dir"),
+            "xgrammar_tokenizer_info_path": _e(
+                "cond", when="runtime", source=_RT + "xgrammar_tokenizer_info_path", default="derived from tokenizer_dir"
+            ),
         },
         # every upstream tensor is declared with the upstream name, type and shape (triton_models/tensorrt_llm)
         "inputs": {},
@@ -196,9 +221,14 @@ TABLE: dict[str, dict[str, dict[str, dict[str, Any]]]] = {
         "parameters": {
             "accumulate_tokens": _e("set", source='"false" (each streamed text_output decodes the new ids only, as the ensemble)'),
             "tensorrt_llm_model_name": _e("set", source='"tensorrt_llm"'),
-            "tensorrt_llm_draft_model_name": _e("cond", when="draft", source='"tensorrt_llm_draft" (build.speculative.mode='
-                                                'draft_tokens_external: the draft engine packaged as its own model; our BLS runs draft/verify rounds for requests '
-                                                'with num_draft_tokens > 0)', default="none (num_draft_tokens > 0 refused by name)"),
+            "tensorrt_llm_draft_model_name": _e(
+                "cond",
+                when="draft",
+                source='"tensorrt_llm_draft" (build.speculative.mode='
+                "draft_tokens_external: the draft engine packaged as its own model; our BLS runs draft/verify rounds for requests "
+                "with num_draft_tokens > 0)",
+                default="none (num_draft_tokens > 0 refused by name)",
+            ),
             "multimodal_encoders_name": _e("n/a", why=_MM),
         },
         "inputs": {n: _e("n/a", why=_MM) for n in ("image_input", "image_bytes_input", "image_url_input", "video_bytes_input")},
@@ -207,18 +237,32 @@ TABLE: dict[str, dict[str, dict[str, dict[str, Any]]]] = {
     "preprocessing": {
         "parameters": {
             "tokenizer_dir": _e("set", source="tokenizer (the export's tokenizer, copied next to model.py)"),
-            "add_special_tokens": _e("n/a", why="our preprocessing has no such switch: it encodes the rendered prompt and adds BOS "
-                                     "only where the tokenizer itself does (pipeline/tokenization.py TextCodec), exactly as "
-                                     "evaluation encodes prompts; the chat template supplies the other special tokens"),
+            "add_special_tokens": _e(
+                "n/a",
+                why="our preprocessing has no such switch: it encodes the rendered prompt and adds BOS "
+                "only where the tokenizer itself does (pipeline/tokenization.py TextCodec), exactly as "
+                "evaluation encodes prompts; the chat template supplies the other special tokens",
+            ),
             "multimodal_model_path": _e("n/a", why=_MM),
             "gpt_model_path": _e("n/a", why="read by upstream preprocessing only for multimodal prompt tables"),
             "max_num_images": _e("n/a", why=_MM),
             "hf_model_path": _e("n/a", why=_MM),
         },
         "inputs": {n: _e("n/a", why=_MM) for n in ("IMAGE_BYTES", "IMAGE_URL", "IMAGES", "VIDEO_BYTES")},
-        "outputs": {n: _e("n/a", why=_MM) for n in ("PIXEL_VALUES", "ASPECT_RATIO_IDS", "ASPECT_RATIO_MASK", "CROSS_ATTENTION_MASK",
-                                                    "IMAGE_SIZES", "IS_VIDEO_INPUT", "ATTENTION_MASK", "IMAGE_GRID_THW",
-                                                    "VISION_INPUT_ID")},
+        "outputs": {
+            n: _e("n/a", why=_MM)
+            for n in (
+                "PIXEL_VALUES",
+                "ASPECT_RATIO_IDS",
+                "ASPECT_RATIO_MASK",
+                "CROSS_ATTENTION_MASK",
+                "IMAGE_SIZES",
+                "IS_VIDEO_INPUT",
+                "ATTENTION_MASK",
+                "IMAGE_GRID_THW",
+                "VISION_INPUT_ID",
+            )
+        },
     },
     "postprocessing": {
         "parameters": {
@@ -231,11 +275,18 @@ TABLE: dict[str, dict[str, dict[str, dict[str, Any]]]] = {
     "ensemble": {
         "parameters": {},
         "inputs": {
-            "min_tokens": _e("renamed", ours="min_length", why="the client-facing name of the pre-1.0 templates, kept for existing "
-                             "clients and shared with the onnxruntime_genai engine model; step 2 maps it to the engine's min_tokens"),
+            "min_tokens": _e(
+                "renamed",
+                ours="min_length",
+                why="the client-facing name of the pre-1.0 templates, kept for existing "
+                "clients and shared with the onnxruntime_genai engine model; step 2 maps it to the engine's min_tokens",
+            ),
             "seed": _e("renamed", ours="random_seed", why="as min_tokens; step 2 maps it to the engine's seed"),
-            "return_num_input_tokens": _e("n/a", why="not exposed: the engine-agnostic ensemble (shared with onnxruntime_genai) "
-                                          "returns text; call tensorrt_llm directly for token counts"),
+            "return_num_input_tokens": _e(
+                "n/a",
+                why="not exposed: the engine-agnostic ensemble (shared with onnxruntime_genai) "
+                "returns text; call tensorrt_llm directly for token counts",
+            ),
             "return_num_output_tokens": _e("n/a", why="as return_num_input_tokens"),
         },
         "outputs": {
@@ -251,11 +302,16 @@ TENSORRT_LLM_EXTRAS: dict[str, str] = {}
 
 
 EXTENSION_INPUTS: dict[str, dict[str, Any]] = {
-    "messages": {"models": ("ensemble", "tensorrt_llm_bls"), "target": "onnxruntime_genai", "type": "TYPE_STRING", "dims": [1],
-                 "why": "optional: a JSON list of {role, content}; the server renders it with the package's chat template "
-                        "and encodes message contents as text (a user's `</s>` or `<|im_end|>` never becomes a control id). "
-                        "`text_input` must then be empty (both non-empty: refused). Clients that omit it (NVIDIA's) are "
-                        "unaffected: their `text_input` is encoded as before, control tokens parsed."},
+    "messages": {
+        "models": ("ensemble", "tensorrt_llm_bls"),
+        "target": "onnxruntime_genai",
+        "type": "TYPE_STRING",
+        "dims": [1],
+        "why": "optional: a JSON list of {role, content}; the server renders it with the package's chat template "
+        "and encodes message contents as text (a user's `</s>` or `<|im_end|>` never becomes a control id). "
+        "`text_input` must then be empty (both non-empty: refused). Clients that omit it (NVIDIA's) are "
+        "unaffected: their `text_input` is encoded as before, control tokens parsed.",
+    },
 }
 """Inputs we declare that upstream does not (``extension``): name -> models, target, data type, dims, why."""
 
@@ -283,23 +339,39 @@ def missing_entries() -> list[str]:
 
 def render_markdown() -> str:
     """``docs/reference/tensorrt_llm_backend_parameters.md`` (checked in; a test keeps it equal to this output)."""
-    L = ["# TensorRT-LLM Triton backend: every template parameter and tensor, and what this package does with it", "",
-         f"Pinned upstream: **{UPSTREAM_VERSION}**. Files (NVIDIA/TensorRT-LLM):", ""]
+    L = [
+        "# TensorRT-LLM Triton backend: every template parameter and tensor, and what this package does with it",
+        "",
+        f"Pinned upstream: **{UPSTREAM_VERSION}**. Files (NVIDIA/TensorRT-LLM):",
+        "",
+    ]
     L += [f"- `{m}`: `{s}`" for m, s in SOURCES.items()]
-    L += ["", "The commits are the file versions these lists were written from (1.x content: `min_tokens`/`seed`, "
-          "`return_num_*_tokens`, `prompt_embedding_table_data_type`, active `enable_trt_overlap`, lookahead inputs). That "
-          "they equal the `v1.2.1` tag was not checked file by file; when bumping TensorRT-LLM, diff "
-          "`triton_backend/all_models/inflight_batcher_llm` between the tags and update `UPSTREAM`/`TABLE` (the tests then "
-          "name every new or removed name)."]
-    L += ["", "Generated from `pipeline/packaging/trtllm_backend_table.py` (`render_markdown`); "
-          "`tests/test_trtllm_backend_table.py` fails when a generated repository disagrees with this table, when upstream "
-          "declares a parameter without an entry here, or when this page is stale.", "",
-          "Kinds: **set** = always written (from the named field); **cond** = written when the feature is on, else the backend "
-          "default applies; **default** = left to the backend default; **n/a** = not applicable (a tensor may be declared but "
-          "is unused); **renamed** = exposed under our name.", "",
-          "Runtime knobs are configured with `package.runtime.<name>` (`pipeline/config/serving.py`); `null` keeps the "
-          "build's value or the backend default.", "", "## Template placeholders outside `parameters`", "",
-          "| placeholder | kind | value |", "|---|---|---|"]
+    L += [
+        "",
+        "The commits are the file versions these lists were written from (1.x content: `min_tokens`/`seed`, "
+        "`return_num_*_tokens`, `prompt_embedding_table_data_type`, active `enable_trt_overlap`, lookahead inputs). That "
+        "they equal the `v1.2.1` tag was not checked file by file; when bumping TensorRT-LLM, diff "
+        "`triton_backend/all_models/inflight_batcher_llm` between the tags and update `UPSTREAM`/`TABLE` (the tests then "
+        "name every new or removed name).",
+    ]
+    L += [
+        "",
+        "Generated from `pipeline/packaging/trtllm_backend_table.py` (`render_markdown`); "
+        "`tests/test_trtllm_backend_table.py` fails when a generated repository disagrees with this table, when upstream "
+        "declares a parameter without an entry here, or when this page is stale.",
+        "",
+        "Kinds: **set** = always written (from the named field); **cond** = written when the feature is on, else the backend "
+        "default applies; **default** = left to the backend default; **n/a** = not applicable (a tensor may be declared but "
+        "is unused); **renamed** = exposed under our name.",
+        "",
+        "Runtime knobs are configured with `package.runtime.<name>` (`pipeline/config/serving.py`); `null` keeps the "
+        "build's value or the backend default.",
+        "",
+        "## Template placeholders outside `parameters`",
+        "",
+        "| placeholder | kind | value |",
+        "|---|---|---|",
+    ]
     L += [f"| `{k}` | {v[0]} | {v[1]} |" for k, v in STRUCTURAL.items()]
     for model, secs in UPSTREAM.items():
         L += ["", f"## {model}", ""]
@@ -321,22 +393,35 @@ def render_markdown() -> str:
                     L.append(f"| `{n}` | {d['kind']} | {d.get('default', '')} | {d['why']} |")
             L.append("")
     L += ["## Extensions (declared by us, not upstream)", "", "| input | models | target | type, dims | why |", "|---|---|---|---|---|"]
-    L += [f"| `{n}` | {', '.join(e['models'])} | {e['target']} | {e['type']} {e['dims']} | {e['why']} |" for n, e in EXTENSION_INPUTS.items()]
-    L += ["", "## Conditions of `cond` entries", "",
-          "- `runtime`: the matching `package.runtime.<name>` is set (not null).",
-          "- `window`: `package.runtime.max_attention_window_size` is set, or the model's `sliding_window` is smaller than "
-          "`build.max_seq_len` (a larger window than `max_seq_len` is refused at config time).",
-          "- `speculative`: `build.speculative.mode` is medusa, eagle or lookahead_decoding (or `package.runtime.decoding_mode` is set).",
-          "- `medusa` / `eagle` / `lookahead`: that speculative mode (a Medusa engine without `medusa_choices`, or a lookahead "
-          "engine without all three lookahead sizes, is refused at config time).",
-          "- `draft`: `build.speculative.mode=draft_tokens_external`; the draft engine is packaged as the model "
-          "`tensorrt_llm_draft` and the BLS calls it for requests with `num_draft_tokens` > 0 (docs/package.md).", ""]
+    L += [
+        f"| `{n}` | {', '.join(e['models'])} | {e['target']} | {e['type']} {e['dims']} | {e['why']} |" for n, e in EXTENSION_INPUTS.items()
+    ]
+    L += [
+        "",
+        "## Conditions of `cond` entries",
+        "",
+        "- `runtime`: the matching `package.runtime.<name>` is set (not null).",
+        "- `window`: `package.runtime.max_attention_window_size` is set, or the model's `sliding_window` is smaller than "
+        "`build.max_seq_len` (a larger window than `max_seq_len` is refused at config time).",
+        "- `speculative`: `build.speculative.mode` is medusa, eagle or lookahead_decoding (or `package.runtime.decoding_mode` is set).",
+        "- `medusa` / `eagle` / `lookahead`: that speculative mode (a Medusa engine without `medusa_choices`, or a lookahead "
+        "engine without all three lookahead sizes, is refused at config time).",
+        "- `draft`: `build.speculative.mode=draft_tokens_external`; the draft engine is packaged as the model "
+        "`tensorrt_llm_draft` and the BLS calls it for requests with `num_draft_tokens` > 0 (docs/package.md).",
+        "",
+    ]
     from .trtllm_config import LLMAPI_MAP
 
-    L += ["## PyTorch backend (LLM API layout)", "",
-          "`target.backend=pytorch` packages `tensorrt_llm/config.pbtxt` + `1/model.yaml` (the `LLM()` arguments) for NVIDIA's "
-          "llmapi `model.py`. These `package.runtime` fields map into `model.yaml`; any other field that is set is refused "
-          "(exit 2), since that layout has no place for it:", "", "| package.runtime field | model.yaml key |", "|---|---|"]
+    L += [
+        "## PyTorch backend (LLM API layout)",
+        "",
+        "`target.backend=pytorch` packages `tensorrt_llm/config.pbtxt` + `1/model.yaml` (the `LLM()` arguments) for NVIDIA's "
+        "llmapi `model.py`. These `package.runtime` fields map into `model.yaml`; any other field that is set is refused "
+        "(exit 2), since that layout has no place for it:",
+        "",
+        "| package.runtime field | model.yaml key |",
+        "|---|---|",
+    ]
     L += [f"| `{k}` | `{'.'.join(v)}` |" for k, v in LLMAPI_MAP.items()]
     L.append("")
     return "\n".join(L)

@@ -31,12 +31,31 @@ SPEC_DECODING_MODE = {"medusa": "medusa", "eagle": "eagle", "lookahead_decoding"
 
 # package.runtime fields written verbatim when set (condition "runtime" in the table)
 RUNTIME_PASSTHROUGH = (
-    "encoder_model_path", "max_tokens_in_paged_kv_cache", "sink_token_length", "cross_kv_cache_fraction",
-    "kv_cache_host_memory_bytes", "kv_cache_onboard_blocks", "enable_trt_overlap", "cancellation_check_period_ms",
-    "stats_check_period_ms", "iter_stats_max_iterations", "request_stats_max_iterations", "gpu_device_ids", "participant_ids",
-    "num_nodes", "lora_cache_optimal_adapter_size", "lora_cache_max_adapter_size", "lora_cache_gpu_memory_fraction",
-    "lora_cache_host_memory_bytes", "lora_prefetch_dir", "gpu_weights_percent", "enable_context_fmha_fp32_acc",
-    "multi_block_mode", "speculative_decoding_fast_logits", "guided_decoding_backend", "xgrammar_tokenizer_info_path",
+    "encoder_model_path",
+    "max_tokens_in_paged_kv_cache",
+    "sink_token_length",
+    "cross_kv_cache_fraction",
+    "kv_cache_host_memory_bytes",
+    "kv_cache_onboard_blocks",
+    "enable_trt_overlap",
+    "cancellation_check_period_ms",
+    "stats_check_period_ms",
+    "iter_stats_max_iterations",
+    "request_stats_max_iterations",
+    "gpu_device_ids",
+    "participant_ids",
+    "num_nodes",
+    "lora_cache_optimal_adapter_size",
+    "lora_cache_max_adapter_size",
+    "lora_cache_gpu_memory_fraction",
+    "lora_cache_host_memory_bytes",
+    "lora_prefetch_dir",
+    "gpu_weights_percent",
+    "enable_context_fmha_fp32_acc",
+    "multi_block_mode",
+    "speculative_decoding_fast_logits",
+    "guided_decoding_backend",
+    "xgrammar_tokenizer_info_path",
 )
 
 
@@ -85,8 +104,9 @@ def parameters(s: Any, build_info: dict[str, Any], package_cfg: Any, build_cfg: 
         "FORCE_CPU_ONLY_INPUT_TENSORS": "no",
         "executor_worker_path": EXECUTOR_WORKER,
         "batch_scheduler_policy": s.batch_scheduler_policy,
-        "kv_cache_free_gpu_mem_fraction": _s(rt.kv_cache_free_gpu_mem_fraction if rt.kv_cache_free_gpu_mem_fraction is not None
-                                             else s.kv_cache_free_gpu_mem_fraction),
+        "kv_cache_free_gpu_mem_fraction": _s(
+            rt.kv_cache_free_gpu_mem_fraction if rt.kv_cache_free_gpu_mem_fraction is not None else s.kv_cache_free_gpu_mem_fraction
+        ),
         "enable_kv_cache_reuse": _s(s.enable_kv_cache_reuse),
         "enable_chunked_context": _s(s.enable_chunked_context),
         "exclude_input_in_output": _s(s.exclude_input_in_output),
@@ -102,8 +122,10 @@ def parameters(s: Any, build_info: dict[str, Any], package_cfg: Any, build_cfg: 
     window = rt.max_attention_window_size if rt.max_attention_window_size is not None else bi_rt.get("max_attention_window_size")
     if window is not None:
         if int(window) > s.max_seq_len:
-            raise InputError(f"package.runtime.max_attention_window_size={window}: larger than the engine's max_seq_len={s.max_seq_len}. "
-                             f"Fix: set it <= {s.max_seq_len}, or null for full attention.")
+            raise InputError(
+                f"package.runtime.max_attention_window_size={window}: larger than the engine's max_seq_len={s.max_seq_len}. "
+                f"Fix: set it <= {s.max_seq_len}, or null for full attention."
+            )
         p["max_attention_window_size"] = _s(int(window))
     sp = speculative_of(build_info, build_cfg)
     mode = sp["mode"]
@@ -112,34 +134,49 @@ def parameters(s: Any, build_info: dict[str, Any], package_cfg: Any, build_cfg: 
     if rt.decoding_mode is not None:
         want = SPEC_DECODING_MODE.get(mode)
         if want is not None and rt.decoding_mode != want:
-            raise InputError(f"package.runtime.decoding_mode={rt.decoding_mode!r}: the engine was built for {mode} "
-                             f"(build.speculative.mode). Fix: set it to {want!r} or null.")
+            raise InputError(
+                f"package.runtime.decoding_mode={rt.decoding_mode!r}: the engine was built for {mode} "
+                f"(build.speculative.mode). Fix: set it to {want!r} or null."
+            )
         p["decoding_mode"] = rt.decoding_mode
     if mode == "medusa":
         if not rt.medusa_choices:
-            raise InputError("package.runtime.medusa_choices is not set, but the engine is a Medusa engine (build.speculative.mode=medusa). "
-                             "Fix: set package.runtime.medusa_choices to the tree the Medusa heads were trained for, e.g. '{0}, {0, 0}, {1}'.")
+            raise InputError(
+                "package.runtime.medusa_choices is not set, but the engine is a Medusa engine (build.speculative.mode=medusa). "
+                "Fix: set package.runtime.medusa_choices to the tree the Medusa heads were trained for, e.g. '{0}, {0, 0}, {1}'."
+            )
         p["medusa_choices"] = rt.medusa_choices
     if mode == "eagle" and rt.eagle_choices:
         p["eagle_choices"] = rt.eagle_choices
     if mode == "lookahead_decoding":
         for f in ("lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size"):
             if getattr(rt, f) is None:
-                raise InputError(f"package.runtime.{f} is not set, but the engine is a lookahead engine (build.speculative.mode=lookahead_decoding). "
-                                 f"Fix: set package.runtime.lookahead_window_size, lookahead_ngram_size and lookahead_verification_set_size.")
+                raise InputError(
+                    f"package.runtime.{f} is not set, but the engine is a lookahead engine (build.speculative.mode=lookahead_decoding). "
+                    f"Fix: set package.runtime.lookahead_window_size, lookahead_ngram_size and lookahead_verification_set_size."
+                )
             p[f] = _s(getattr(rt, f))
-    for f, m in (("medusa_choices", "medusa"), ("eagle_choices", "eagle"), ("lookahead_window_size", "lookahead_decoding"),
-                 ("lookahead_ngram_size", "lookahead_decoding"), ("lookahead_verification_set_size", "lookahead_decoding")):
+    for f, m in (
+        ("medusa_choices", "medusa"),
+        ("eagle_choices", "eagle"),
+        ("lookahead_window_size", "lookahead_decoding"),
+        ("lookahead_ngram_size", "lookahead_decoding"),
+        ("lookahead_verification_set_size", "lookahead_decoding"),
+    ):
         if getattr(rt, f) is not None and mode != m:
-            raise InputError(f"package.runtime.{f}={getattr(rt, f)!r}: only used by a {m} engine, and this build is "
-                             f"build.speculative.mode={mode}. Fix: remove package.runtime.{f} or build with build.speculative.mode={m}.")
+            raise InputError(
+                f"package.runtime.{f}={getattr(rt, f)!r}: only used by a {m} engine, and this build is "
+                f"build.speculative.mode={mode}. Fix: remove package.runtime.{f} or build with build.speculative.mode={m}."
+            )
     return p
 
 
 def render_parameters(params: dict[str, str]) -> str:
     """``parameters { key: ... }`` lines (protobuf text format; quotes and backslashes escaped)."""
+
     def esc(v: str) -> str:
         return v.replace("\\", "\\\\").replace('"', '\\"')
+
     # the leading spaces mark a pre-rendered fragment for repository.fill (inserted verbatim, not re-escaped)
     head = "      # parameters generated by pipeline/packaging/trtllm_config.py (docs/reference/tensorrt_llm_backend_parameters.md)"
     return "\n".join([head] + [f'parameters {{ key: "{k}" value: {{ string_value: "{esc(v)}" }} }}' for k, v in params.items()])
@@ -174,18 +211,26 @@ def template_values(s: Any) -> dict[str, Any]:
 def plan(s: Any, build_info: dict[str, Any], package_cfg: Any, build_cfg: Any = None, target_cfg: Any = None) -> dict[str, Any]:
     """What :func:`pipeline.packaging.repository.settings_from_build` stores in ``Settings.trtllm``."""
     if s.backend == "pytorch":
-        image = getattr(package_cfg, "serving_image", None) or getattr(target_cfg, "serving_image", None) or \
-            "nvcr.io/nvidia/tritonserver:<yy.mm>-trtllm-python-py3"
+        image = (
+            getattr(package_cfg, "serving_image", None)
+            or getattr(target_cfg, "serving_image", None)
+            or "nvcr.io/nvidia/tritonserver:<yy.mm>-trtllm-python-py3"
+        )
         rt = _runtime(package_cfg)
         bad = llmapi_unsupported(rt)
         if bad:
-            raise InputError(f"package.runtime.{bad[0]}={getattr(rt, bad[0])!r}: has no equivalent in the PyTorch-backend (LLM API) "
-                             f"layout (unsupported here: {bad}). Fix: remove it, or build an engine with target.backend=tensorrt.")
+            raise InputError(
+                f"package.runtime.{bad[0]}={getattr(rt, bad[0])!r}: has no equivalent in the PyTorch-backend (LLM API) "
+                f"layout (unsupported here: {bad}). Fix: remove it, or build an engine with target.backend=tensorrt."
+            )
         return {"llmapi_notice": llmapi_notice(image), "serving_image": image, "llmapi_overrides": llmapi_overrides(rt)}
     sp = speculative_of(build_info, build_cfg)
-    return {"parameters": parameters(s, build_info, package_cfg, build_cfg), "speculative": sp,
-            "draft": sp["mode"] == "draft_tokens_external",
-            "encoder_input_features_data_type": _runtime(package_cfg).encoder_input_features_data_type}
+    return {
+        "parameters": parameters(s, build_info, package_cfg, build_cfg),
+        "speculative": sp,
+        "draft": sp["mode"] == "draft_tokens_external",
+        "encoder_input_features_data_type": _runtime(package_cfg).encoder_input_features_data_type,
+    }
 
 
 def write_draft_model(repo: Path, s: Any, engine_dir: Path) -> str | None:
@@ -200,8 +245,10 @@ def write_draft_model(repo: Path, s: Any, engine_dir: Path) -> str | None:
         return None
     src = engine_dir.parent / DRAFT_ENGINE_DIR
     if not (src / "config.json").is_file():
-        raise InputError(f"{src}: the draft-model build (build.speculative.mode=draft_tokens_external) has no draft engine "
-                         "(config.json + rank*.engine). Fix: rebuild with build.speculative.draft_model_path set.")
+        raise InputError(
+            f"{src}: the draft-model build (build.speculative.mode=draft_tokens_external) has no draft engine "
+            "(config.json + rank*.engine). Fix: rebuild with build.speculative.draft_model_path set."
+        )
     d = repo / DRAFT_MODEL
     (d / "1").mkdir(parents=True, exist_ok=True)
     text = (repo / "tensorrt_llm" / "config.pbtxt").read_text(encoding="utf-8")
@@ -244,8 +291,9 @@ def expected_tokens_per_step(alpha: float, k: int) -> float:
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
-def decide_speculative(mode: str, measured: dict[str, Any] | None, gate_cfg: Any, *, draft_model_path: str | None = None,
-                       max_draft_len: int | None = None) -> SpeculativeDecision:
+def decide_speculative(
+    mode: str, measured: dict[str, Any] | None, gate_cfg: Any, *, draft_model_path: str | None = None, max_draft_len: int | None = None
+) -> SpeculativeDecision:
     """Acceptance-first decision for a speculative build.
 
     Args:
@@ -267,11 +315,15 @@ def decide_speculative(mode: str, measured: dict[str, Any] | None, gate_cfg: Any
     thr = float(gate_cfg.min_acceptance_rate)
     sthr = float(gate_cfg.min_slice_acceptance_rate if gate_cfg.min_slice_acceptance_rate is not None else thr)
     problems: list[str] = []
-    dec = SpeculativeDecision(mode, enabled=True, override=False, reason="", threshold=thr, slice_threshold=sthr,
-                              max_draft_len=max_draft_len)
+    dec = SpeculativeDecision(
+        mode, enabled=True, override=False, reason="", threshold=thr, slice_threshold=sthr, max_draft_len=max_draft_len
+    )
     if not measured:
-        how = ("eval.draft_model_path=<the draft checkpoint>" if mode == "draft_tokens_external"
-               else "an acceptance measurement for this mode (the evaluate stage measures draft-model acceptance only)")
+        how = (
+            "eval.draft_model_path=<the draft checkpoint>"
+            if mode == "draft_tokens_external"
+            else "an acceptance measurement for this mode (the evaluate stage measures draft-model acceptance only)"
+        )
         problems.append(f"the acceptance rate of build.speculative.mode={mode} was not measured on the eval set (needs {how})")
     else:
         dec.draft_model = measured.get("draft_model")
@@ -281,14 +333,20 @@ def decide_speculative(mode: str, measured: dict[str, Any] | None, gate_cfg: Any
         dec.expected_tokens_per_step = expected_tokens_per_step(dec.acceptance_rate, dec.k or 1)
         dec.slices = {k: float(v.get("acceptance_rate") or 0.0) for k, v in (measured.get("slices") or {}).items()}
         if draft_model_path and dec.draft_model and Path(str(draft_model_path)).resolve() != Path(str(dec.draft_model)).resolve():
-            problems.append(f"the acceptance was measured with draft {dec.draft_model}, but the build packages "
-                            f"build.speculative.draft_model_path={draft_model_path}")
+            problems.append(
+                f"the acceptance was measured with draft {dec.draft_model}, but the build packages "
+                f"build.speculative.draft_model_path={draft_model_path}"
+            )
         if max_draft_len and dec.k and int(max_draft_len) != dec.k:
-            problems.append(f"the acceptance was measured with k={dec.k} draft tokens (eval.draft_tokens), but the engine drafts "
-                            f"build.speculative.max_draft_len={max_draft_len}")
+            problems.append(
+                f"the acceptance was measured with k={dec.k} draft tokens (eval.draft_tokens), but the engine drafts "
+                f"build.speculative.max_draft_len={max_draft_len}"
+            )
         if dec.acceptance_rate < thr:
-            problems.append(f"overall acceptance rate {dec.acceptance_rate:.3f} < package.speculative.min_acceptance_rate={thr:g} "
-                            f"(expected {dec.expected_tokens_per_step:.2f} tokens per target step with k={dec.k})")
+            problems.append(
+                f"overall acceptance rate {dec.acceptance_rate:.3f} < package.speculative.min_acceptance_rate={thr:g} "
+                f"(expected {dec.expected_tokens_per_step:.2f} tokens per target step with k={dec.k})"
+            )
         low = {k: v for k, v in dec.slices.items() if v < sthr}
         if low:
             problems.append("slice acceptance below " + f"{sthr:g}: " + ", ".join(f"{k}={v:.3f}" for k, v in sorted(low.items())))
@@ -297,10 +355,12 @@ def decide_speculative(mode: str, measured: dict[str, Any] | None, gate_cfg: Any
         return dec
     msg = "; ".join(problems)
     if not gate_cfg.allow_low_acceptance:
-        raise GateFailed(f"package: refusing to enable speculative decoding ({mode}): {msg}. Fix: use a draft that agrees with the "
-                         "target more often (same family, distilled), build without speculative decoding "
-                         "(build.speculative.mode=none), or override explicitly with package.speculative.allow_low_acceptance=true "
-                         "(recorded in release_manifest.json).")
+        raise GateFailed(
+            f"package: refusing to enable speculative decoding ({mode}): {msg}. Fix: use a draft that agrees with the "
+            "target more often (same family, distilled), build without speculative decoding "
+            "(build.speculative.mode=none), or override explicitly with package.speculative.allow_low_acceptance=true "
+            "(recorded in release_manifest.json)."
+        )
     dec.override, dec.reason = True, f"package.speculative.allow_low_acceptance=true: enabled although {msg}"
     return dec
 
@@ -336,24 +396,28 @@ def llmapi_command(repo_dir: str, image: str, *, grpc_port: int = 8001, http_por
     repository's ``tensorrt_llm/1/`` (writes into ``repo_dir``), then starts Triton on ``/models``."""
     cp = " ".join(f"{LLMAPI_CONTAINER_DIR}/{f}" for f in LLMAPI_FILES)
     ports = f"-p {grpc_port}:{grpc_port} -p {http_port}:{http_port} -p {metrics_port}:{metrics_port}"
-    return (f"docker run --rm -it --gpus all --shm-size=2g --ulimit memlock=-1 --ulimit stack=67108864 {ports} -v {repo_dir}:/models "
-            f"{image} bash -c 'cp {cp} /models/tensorrt_llm/1/ && tritonserver --model-repository=/models "
-            f"--grpc-port={grpc_port} --http-port={http_port} --metrics-port={metrics_port}'")
+    return (
+        f"docker run --rm -it --gpus all --shm-size=2g --ulimit memlock=-1 --ulimit stack=67108864 {ports} -v {repo_dir}:/models "
+        f"{image} bash -c 'cp {cp} /models/tensorrt_llm/1/ && tritonserver --model-repository=/models "
+        f"--grpc-port={grpc_port} --http-port={http_port} --metrics-port={metrics_port}'"
+    )
 
 
 def llmapi_notice(image: str) -> str:
     """What the PyTorch-backend (LLM API) package needs to be served; written as ``tensorrt_llm/README.md`` and printed
     by ``pipeline serve``."""
     files = ", ".join(f"`{f}`" for f in LLMAPI_FILES)
-    return (f"# Serving this TensorRT-LLM PyTorch-backend (LLM API) model\n\n"
-            f"This model folder holds `config.pbtxt`, `1/model.yaml` (the `LLM()` arguments), `1/checkpoint/` and `1/tokenizer/`. "
-            f"It does **not** hold the Python model code: {files} come from NVIDIA's container and must be copied into "
-            f"`tensorrt_llm/1/` before Triton loads the repository.\n\n"
-            f"- container: `{image}` (TensorRT-LLM >= 1.2 with the PyTorch backend)\n"
-            f"- files: `{LLMAPI_CONTAINER_DIR}/model.py` and `{LLMAPI_CONTAINER_DIR}/helpers.py` -> `tensorrt_llm/1/`\n"
-            f"- GPU: an NVIDIA GPU supported by that TensorRT-LLM release\n\n"
-            f"One command (mounts the repository at `/models`, copies the two files into it, starts Triton):\n\n"
-            f"    {llmapi_command('<model_repository>', image)}\n")
+    return (
+        f"# Serving this TensorRT-LLM PyTorch-backend (LLM API) model\n\n"
+        f"This model folder holds `config.pbtxt`, `1/model.yaml` (the `LLM()` arguments), `1/checkpoint/` and `1/tokenizer/`. "
+        f"It does **not** hold the Python model code: {files} come from NVIDIA's container and must be copied into "
+        f"`tensorrt_llm/1/` before Triton loads the repository.\n\n"
+        f"- container: `{image}` (TensorRT-LLM >= 1.2 with the PyTorch backend)\n"
+        f"- files: `{LLMAPI_CONTAINER_DIR}/model.py` and `{LLMAPI_CONTAINER_DIR}/helpers.py` -> `tensorrt_llm/1/`\n"
+        f"- GPU: an NVIDIA GPU supported by that TensorRT-LLM release\n\n"
+        f"One command (mounts the repository at `/models`, copies the two files into it, starts Triton):\n\n"
+        f"    {llmapi_command('<model_repository>', image)}\n"
+    )
 
 
 LLMAPI_MAP: dict[str, tuple[str, ...]] = {
@@ -417,16 +481,23 @@ def apply_llmapi_overrides(text: str, s: Any) -> str:
                 merge(a[k], v)
             else:
                 a[k] = v
+
     merge(doc, ov)
-    return "# LLM() keyword arguments (TensorRT-LLM PyTorch backend): template + build options + package.runtime\n" + \
-        yaml.safe_dump(doc, sort_keys=False)
+    return "# LLM() keyword arguments (TensorRT-LLM PyTorch backend): template + build options + package.runtime\n" + yaml.safe_dump(
+        doc, sort_keys=False
+    )
 
 
 # --------------------------------------------------------------------------- tensorrt_llm_bls
 BLS_MODEL = "tensorrt_llm_bls"
-BLS_EXTRA_INPUTS = (("min_tokens", "TYPE_INT32", [1]), ("seed", "TYPE_UINT64", [1]), ("num_draft_tokens", "TYPE_INT32", [1]),
-                    ("use_draft_logits", "TYPE_BOOL", [1]), ("return_num_input_tokens", "TYPE_BOOL", [1]),
-                    ("return_num_output_tokens", "TYPE_BOOL", [1]))
+BLS_EXTRA_INPUTS = (
+    ("min_tokens", "TYPE_INT32", [1]),
+    ("seed", "TYPE_UINT64", [1]),
+    ("num_draft_tokens", "TYPE_INT32", [1]),
+    ("use_draft_logits", "TYPE_BOOL", [1]),
+    ("return_num_input_tokens", "TYPE_BOOL", [1]),
+    ("return_num_output_tokens", "TYPE_BOOL", [1]),
+)
 """Upstream ``tensorrt_llm_bls`` inputs (TensorRT-LLM 1.2.1, name / type / dims) that the ensemble does not declare; the
 ensemble's inputs (``min_length``/``random_seed`` included, as aliases) come first."""
 BLS_EXTRA_OUTPUTS = (("num_input_tokens", "TYPE_INT32", [1]), ("num_output_tokens", "TYPE_INT32", [1]))
@@ -470,10 +541,12 @@ def bls_model_config(ensemble_config: str, s: Any) -> str:
         o = cfg.output.add()
         o.name, o.data_type = name, mc.DataType.Value(dtype)
         o.dims.extend(dims)
-    head = ("# tensorrt_llm_bls: text in, text out, with the interface of TensorRT-LLM's tensorrt_llm_bls (TensorRT-LLM 1.2.1\n"
-            "# triton_backend/all_models/inflight_batcher_llm): a Python model that calls preprocessing -> tensorrt_llm ->\n"
-            "# postprocessing by BLS requests, mapping tensors as the ensemble does (docs/package.md \"Serving path\").\n"
-            "# Generated by pipeline/packaging/trtllm_config.py from this package's ensemble/config.pbtxt.\n")
+    head = (
+        "# tensorrt_llm_bls: text in, text out, with the interface of TensorRT-LLM's tensorrt_llm_bls (TensorRT-LLM 1.2.1\n"
+        "# triton_backend/all_models/inflight_batcher_llm): a Python model that calls preprocessing -> tensorrt_llm ->\n"
+        '# postprocessing by BLS requests, mapping tensors as the ensemble does (docs/package.md "Serving path").\n'
+        "# Generated by pipeline/packaging/trtllm_config.py from this package's ensemble/config.pbtxt.\n"
+    )
     return head + text_format.MessageToString(cfg)
 
 

@@ -71,8 +71,13 @@ def find_placeholders(root: Path) -> list[Problem]:
             continue
         for i, line in enumerate(lines, 1):
             for m in PLACEHOLDER.finditer(line):
-                out.append(Problem(f"{p.relative_to(root)}:{i}", f"unresolved placeholder {m.group(0)}",
-                                   f"give a value for {m.group(1)!r} (build_info.json or the package config)"))
+                out.append(
+                    Problem(
+                        f"{p.relative_to(root)}:{i}",
+                        f"unresolved placeholder {m.group(0)}",
+                        f"give a value for {m.group(1)!r} (build_info.json or the package config)",
+                    )
+                )
     return out
 
 
@@ -113,13 +118,17 @@ def _check_ensemble(configs: dict[str, Any], problems: list[Problem]) -> None:
                 problems.append(Problem(where, f"input_map key {key!r} is not an input of {step.model_name!r}."))
                 continue
             if val not in avail:
-                problems.append(Problem(where, f"input_map value {val!r} (for {key!r}) is neither an ensemble input nor an earlier step's output."))
+                problems.append(
+                    Problem(where, f"input_map value {val!r} (for {key!r}) is neither an ensemble input nor an earlier step's output.")
+                )
                 continue
             consumed.add(val)
             dt, dims = avail[val]
             t = m_in[key]
             if dt != t.data_type:
-                problems.append(Problem(where, f"{val!r} is {_dtype_name(dt)} but {step.model_name}.{key} expects {_dtype_name(t.data_type)}."))
+                problems.append(
+                    Problem(where, f"{val!r} is {_dtype_name(dt)} but {step.model_name}.{key} expects {_dtype_name(t.data_type)}.")
+                )
             if list(dims) != list(t.dims) and not (val.startswith("_")):
                 problems.append(Problem(where, f"{val!r} has dims {list(dims)} but {step.model_name}.{key} expects {list(t.dims)}."))
         for name, t in m_in.items():
@@ -130,17 +139,26 @@ def _check_ensemble(configs: dict[str, Any], problems: list[Problem]) -> None:
                 problems.append(Problem(where, f"output_map key {key!r} is not an output of {step.model_name!r}."))
                 continue
             if val in produced:
-                problems.append(Problem(where, f"tensor {val!r} is already produced by {produced[val]} (an output_map name may appear once)."))
+                problems.append(
+                    Problem(where, f"tensor {val!r} is already produced by {produced[val]} (an output_map name may appear once).")
+                )
             produced[val] = step.model_name
             o = m_out[key]
             avail[val] = (o.data_type, list(o.dims))
             if val in ens_out:
                 e = ens_out[val]
                 if e.data_type != o.data_type:
-                    problems.append(Problem(where, f"ensemble output {val!r} is {_dtype_name(e.data_type)} but {step.model_name}.{key} "
-                                                   f"is {_dtype_name(o.data_type)}."))
+                    problems.append(
+                        Problem(
+                            where,
+                            f"ensemble output {val!r} is {_dtype_name(e.data_type)} but {step.model_name}.{key} "
+                            f"is {_dtype_name(o.data_type)}.",
+                        )
+                    )
                 if list(e.dims) != list(o.dims):
-                    problems.append(Problem(where, f"ensemble output {val!r} has dims {list(e.dims)} but {step.model_name}.{key} has {list(o.dims)}."))
+                    problems.append(
+                        Problem(where, f"ensemble output {val!r} has dims {list(e.dims)} but {step.model_name}.{key} has {list(o.dims)}.")
+                    )
     for name in ens_out:
         if name not in produced:
             problems.append(Problem("ensemble/config.pbtxt", f"ensemble output {name!r} is produced by no step."))
@@ -154,8 +172,15 @@ def _param(cfg: Any, key: str) -> str | None:
     return None if p is None else p.string_value
 
 
-def validate_repository(repo: Path, *, limits: dict[str, Any], target: str, build_info: dict[str, Any] | None = None,
-                        serving_image: str | None = None, streaming: bool = True) -> list[Problem]:
+def validate_repository(
+    repo: Path,
+    *,
+    limits: dict[str, Any],
+    target: str,
+    build_info: dict[str, Any] | None = None,
+    serving_image: str | None = None,
+    streaming: bool = True,
+) -> list[Problem]:
     """All problems of the repository at ``repo`` (empty list = releasable). See the module docstring."""
     from google.protobuf import text_format
 
@@ -166,8 +191,13 @@ def validate_repository(repo: Path, *, limits: dict[str, Any], target: str, buil
     for d in sorted(p for p in repo.iterdir() if p.is_dir()):
         cfgp = d / "config.pbtxt"
         if not cfgp.is_file():
-            problems.append(Problem(str(d.relative_to(repo)), "folder at the repository root without config.pbtxt (Triton polls it as a model).",
-                                    "keep only model folders at the root (tensorrtllm_backend issue #83)"))
+            problems.append(
+                Problem(
+                    str(d.relative_to(repo)),
+                    "folder at the repository root without config.pbtxt (Triton polls it as a model).",
+                    "keep only model folders at the root (tensorrtllm_backend issue #83)",
+                )
+            )
             continue
         try:
             cfg = parse_config(cfgp)
@@ -180,7 +210,11 @@ def validate_repository(repo: Path, *, limits: dict[str, Any], target: str, buil
         versions = [v for v in d.iterdir() if v.is_dir() and v.name.isdigit()]
         if not versions:
             problems.append(Problem(d.name, "has no numeric version folder (e.g. 1/)."))
-        if cfg.backend == "python" and not any((v / "model.py").is_file() for v in versions) and not any((v / "model.yaml").is_file() for v in versions):
+        if (
+            cfg.backend == "python"
+            and not any((v / "model.py").is_file() for v in versions)
+            and not any((v / "model.yaml").is_file() for v in versions)
+        ):
             problems.append(Problem(d.name, "python backend model without <version>/model.py."))
     _check_ensemble(configs, problems)
 
@@ -188,8 +222,13 @@ def validate_repository(repo: Path, *, limits: dict[str, Any], target: str, buil
     eng_bs = int(limits.get("max_batch_size", 0) or 0)
     for name, cfg in configs.items():
         if eng_bs and cfg.max_batch_size > eng_bs:
-            problems.append(Problem(f"{name}/config.pbtxt", f"max_batch_size {cfg.max_batch_size} exceeds the engine's max_batch_size {eng_bs}.",
-                                    f"set package.max_batch_size <= {eng_bs} (or leave it null to use the engine's)"))
+            problems.append(
+                Problem(
+                    f"{name}/config.pbtxt",
+                    f"max_batch_size {cfg.max_batch_size} exceeds the engine's max_batch_size {eng_bs}.",
+                    f"set package.max_batch_size <= {eng_bs} (or leave it null to use the engine's)",
+                )
+            )
     engine_model = "onnxruntime_genai" if target == "onnxruntime_genai" else "tensorrt_llm"
     eng = configs.get(engine_model)
     if eng is None:
@@ -198,17 +237,35 @@ def validate_repository(repo: Path, *, limits: dict[str, Any], target: str, buil
         for key, lim in (("max_input_len", "max_input_len"), ("max_beam_width", "max_beam_width")):
             v, lim_v = _param(eng, key), limits.get(lim)
             if v not in (None, "") and lim_v is not None and v.lstrip("-").isdigit() and int(v) > int(lim_v):
-                problems.append(Problem(f"{engine_model}/config.pbtxt", f"{key} {int(v)} exceeds the engine's {lim} {int(lim_v)}.",
-                                        f"set package.{key} <= {int(lim_v)} (or null for the engine's)"))
+                problems.append(
+                    Problem(
+                        f"{engine_model}/config.pbtxt",
+                        f"{key} {int(v)} exceeds the engine's {lim} {int(lim_v)}.",
+                        f"set package.{key} <= {int(lim_v)} (or null for the engine's)",
+                    )
+                )
         # decoupled consistency
-        dec = {n: c.model_transaction_policy.decoupled for n, c in configs.items()
-               if n in (engine_model, "tensorrt_llm_bls") or (n == "ensemble" and c.backend == "python")}
+        dec = {
+            n: c.model_transaction_policy.decoupled
+            for n, c in configs.items()
+            if n in (engine_model, "tensorrt_llm_bls") or (n == "ensemble" and c.backend == "python")
+        }
         if len(set(dec.values())) > 1:
-            problems.append(Problem("model_transaction_policy", f"decoupled differs between models: {dec}.",
-                                    "use the same package.decoupled for every model"))
+            problems.append(
+                Problem(
+                    "model_transaction_policy",
+                    f"decoupled differs between models: {dec}.",
+                    "use the same package.decoupled for every model",
+                )
+            )
         if streaming and not all(dec.values()):
-            problems.append(Problem("model_transaction_policy", f"streaming is enabled but decoupled is {dec}.",
-                                    "set package.decoupled=true (streaming needs decoupled mode, tensorrtllm_backend issues #177, #626)"))
+            problems.append(
+                Problem(
+                    "model_transaction_policy",
+                    f"streaming is enabled but decoupled is {dec}.",
+                    "set package.decoupled=true (streaming needs decoupled mode, tensorrtllm_backend issues #177, #626)",
+                )
+            )
         # engine files
         vdir = repo / engine_model / "1"
         if target == "onnxruntime_genai":
@@ -216,15 +273,22 @@ def validate_repository(repo: Path, *, limits: dict[str, Any], target: str, buil
             ep = Path(ed) if Path(ed).is_absolute() else vdir / ed
             for f in ("genai_config.json",):
                 if not (ep / f).is_file():
-                    problems.append(Problem(f"{engine_model}/1/{ed}", f"{f} is missing.", "package a build artifact with engine/genai_config.json"))
+                    problems.append(
+                        Problem(f"{engine_model}/1/{ed}", f"{f} is missing.", "package a build artifact with engine/genai_config.json")
+                    )
             if not list(ep.glob("*.onnx")):
                 problems.append(Problem(f"{engine_model}/1/{ed}", "no .onnx model file."))
         elif _param(eng, "gpt_model_path") is not None:
             gp = _param(eng, "gpt_model_path") or ""
-            local = repo / gp[len(CONTAINER_REPO) + 1:] if gp.startswith(CONTAINER_REPO + "/") else Path(gp)
+            local = repo / gp[len(CONTAINER_REPO) + 1 :] if gp.startswith(CONTAINER_REPO + "/") else Path(gp)
             if not (local / "config.json").is_file() or not list(local.glob("rank*.engine")):
-                problems.append(Problem(f"{engine_model}/config.pbtxt", f"gpt_model_path {gp} (= {local} here) lacks config.json + rank<N>.engine.",
-                                        "package a TensorRT-LLM build artifact"))
+                problems.append(
+                    Problem(
+                        f"{engine_model}/config.pbtxt",
+                        f"gpt_model_path {gp} (= {local} here) lacks config.json + rank<N>.engine.",
+                        "package a TensorRT-LLM build artifact",
+                    )
+                )
     # tokenizer
     tok_dirs = {}
     for name in ("preprocessing", "postprocessing"):
@@ -236,7 +300,9 @@ def validate_repository(repo: Path, *, limits: dict[str, Any], target: str, buil
         tok_dirs[name] = p
         for f in REQUIRED_TOKENIZER_FILES:
             if not (p / f).is_file():
-                problems.append(Problem(f"{name}/config.pbtxt", f"tokenizer_dir {td!r}: {f} is missing.", "export a checkpoint with a fast tokenizer"))
+                problems.append(
+                    Problem(f"{name}/config.pbtxt", f"tokenizer_dir {td!r}: {f} is missing.", "export a checkpoint with a fast tokenizer")
+                )
     if len(tok_dirs) == 2:
         a, b = (tok_dirs["preprocessing"] / "tokenizer.json"), (tok_dirs["postprocessing"] / "tokenizer.json")
         if a.is_file() and b.is_file() and a.read_bytes() != b.read_bytes():
@@ -261,26 +327,56 @@ def validate_repository(repo: Path, *, limits: dict[str, Any], target: str, buil
 def version_problems(build_info: dict[str, Any], serving_image: str | None) -> list[Problem]:
     """Engine TensorRT-LLM/TensorRT versions (``build_info.json`` ``versions``) vs the serving image's (NVIDIA compatibility matrix, docs/reference/triton.md §3)."""
     if not serving_image:
-        return [Problem("package.serving_image", "no serving image given for a TensorRT-LLM engine.",
-                        "set package.serving_image (or target.serving_image) to nvcr.io/nvidia/tritonserver:<yy.mm>-trtllm-python-py3", "version")]
+        return [
+            Problem(
+                "package.serving_image",
+                "no serving image given for a TensorRT-LLM engine.",
+                "set package.serving_image (or target.serving_image) to nvcr.io/nvidia/tritonserver:<yy.mm>-trtllm-python-py3",
+                "version",
+            )
+        ]
     img = V.image_versions(serving_image)
     if img is None:
-        return [Problem("package.serving_image", f"{serving_image!r} is not a known trtllm image (known tags: {sorted(V.TRTLLM_IMAGES)}; {V.SOURCE}).",
-                        "use one of the known tags, or add the tag to pipeline/packaging/versions.py with its source", "version")]
+        return [
+            Problem(
+                "package.serving_image",
+                f"{serving_image!r} is not a known trtllm image (known tags: {sorted(V.TRTLLM_IMAGES)}; {V.SOURCE}).",
+                "use one of the known tags, or add the tag to pipeline/packaging/versions.py with its source",
+                "version",
+            )
+        ]
     vers = dict(build_info.get("versions") or {})
     out: list[Problem] = []
     eng_t = vers.get("tensorrt_llm") or vers.get("tensorrt-llm")
     eng_trt = vers.get("tensorrt") or vers.get("tensorrt-cu13") or vers.get("tensorrt-cu12")
     if not eng_t:
-        out.append(Problem("build_info.json", "the engine's TensorRT-LLM version is not recorded (versions.tensorrt_llm).",
-                           "rebuild with the build stage", "version"))
+        out.append(
+            Problem(
+                "build_info.json",
+                "the engine's TensorRT-LLM version is not recorded (versions.tensorrt_llm).",
+                "rebuild with the build stage",
+                "version",
+            )
+        )
     elif not V.same_version(str(eng_t), img["tensorrt_llm"]):
-        out.append(Problem("package.serving_image", f"engine built with TensorRT-LLM {eng_t}, but {serving_image} ships TensorRT-LLM "
-                                                    f"{img['tensorrt_llm']} (engines only load in the same version; tensorrtllm_backend #190/#531).",
-                           f"serve with an image that ships {eng_t} ({V.images_for(str(eng_t)) or 'none known'}) or rebuild inside {serving_image}", "version"))
+        out.append(
+            Problem(
+                "package.serving_image",
+                f"engine built with TensorRT-LLM {eng_t}, but {serving_image} ships TensorRT-LLM "
+                f"{img['tensorrt_llm']} (engines only load in the same version; tensorrtllm_backend #190/#531).",
+                f"serve with an image that ships {eng_t} ({V.images_for(str(eng_t)) or 'none known'}) or rebuild inside {serving_image}",
+                "version",
+            )
+        )
     if eng_trt and not V.same_prefix(str(eng_trt), img["tensorrt"]):
-        out.append(Problem("package.serving_image", f"engine built with TensorRT {eng_trt}, but {serving_image} ships TensorRT {img['tensorrt']}.",
-                           "rebuild inside the serving image", "version"))
+        out.append(
+            Problem(
+                "package.serving_image",
+                f"engine built with TensorRT {eng_trt}, but {serving_image} ships TensorRT {img['tensorrt']}.",
+                "rebuild inside the serving image",
+                "version",
+            )
+        )
     return out
 
 
@@ -298,7 +394,7 @@ def check_repository(repo: Path, **kw: Any) -> None:
 def ensemble_interface(repo: Path) -> dict[str, dict[str, tuple[str, list[int], bool]]]:
     """{"inputs": {name: (TYPE_*, dims, optional)}, "outputs": {name: (TYPE_*, dims, False)}} of the repository's ensemble."""
     cfg = parse_config(Path(repo) / "ensemble" / "config.pbtxt")
-    return {"inputs": {t.name: (_dtype_name(t.data_type), list(t.dims), t.optional) for t in cfg.input},
-            "outputs": {t.name: (_dtype_name(t.data_type), list(t.dims), False) for t in cfg.output}}
-
-
+    return {
+        "inputs": {t.name: (_dtype_name(t.data_type), list(t.dims), t.optional) for t in cfg.input},
+        "outputs": {t.name: (_dtype_name(t.data_type), list(t.dims), False) for t in cfg.output},
+    }

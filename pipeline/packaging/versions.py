@@ -55,11 +55,13 @@ def images_for(trtllm_version: str) -> list[str]:
 
 def same_version(a: str, b: str) -> bool:
     """Versions equal up to trailing ``.0`` components and local/build suffixes (``1.1.0`` == ``1.1``; ``10.13.3.9`` == ``10.13.3.9``)."""
+
     def norm(v: str) -> list[str]:
         parts = re.split(r"[+]", v.strip())[0].split(".")
         while len(parts) > 1 and parts[-1] == "0":
             parts.pop()
         return parts
+
     return norm(a) == norm(b)
 
 

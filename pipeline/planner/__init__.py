@@ -46,5 +46,15 @@ def plan_for_run(cfg: Any, console: Any) -> dict[str, Any]:
     return doc
 
 
-__all__ = ["CATALOGUE", "GPU", "ModelShape", "Plan", "PlanRefused", "host_memory_bandwidth_gbs", "lookup", "plan", "plan_for_run",
-           "weight_bytes"]
+__all__ = [
+    "CATALOGUE",
+    "GPU",
+    "ModelShape",
+    "Plan",
+    "PlanRefused",
+    "host_memory_bandwidth_gbs",
+    "lookup",
+    "plan",
+    "plan_for_run",
+    "weight_bytes",
+]

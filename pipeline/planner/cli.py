@@ -41,8 +41,10 @@ def _gpu_table(cfg: Any, names: list[str], console: Any) -> tuple[list[dict[str,
     from .plan import fmt_bytes, plan
 
     rows, worst = [], EXIT_OK
-    t = Table(title=f"plan across GPUs: {cfg.model.name} quant={cfg.quant.recipe} kv={cfg.quant.kv_cache_dtype} "
-                    f"tp={cfg.quant.tp_size} max_seq_len={cfg.build.max_seq_len} max_batch_size={cfg.build.max_batch_size}")
+    t = Table(
+        title=f"plan across GPUs: {cfg.model.name} quant={cfg.quant.recipe} kv={cfg.quant.kv_cache_dtype} "
+        f"tp={cfg.quant.tp_size} max_seq_len={cfg.build.max_seq_len} max_batch_size={cfg.build.max_batch_size}"
+    )
     for col in ("gpu", "status", "weights/rank", "KV pool", "seqs @max_seq_len", "tok/s/seq max", "tok/s aggregate max"):
         t.add_column(col)
     for n in names:
@@ -52,9 +54,15 @@ def _gpu_table(cfg: Any, names: list[str], console: Any) -> tuple[list[dict[str,
         full = d.get("full") or {}
         b1 = d.get("batch1") or {}
         rows.append({"gpu": n, "plan": p.to_json()})
-        t.add_row(n, p.status, fmt_bytes(p.memory.get("weights_bytes")), fmt_bytes(p.memory.get("kv_pool_bytes")),
-                  str(p.capacity.get("max_sequences_at_max_seq_len", "-")),
-                  f"{b1.get('tok_s_per_seq_max', 0):.1f}" if b1 else "-", f"{full.get('tok_s_aggregate_max', 0):.0f}" if full else "-")
+        t.add_row(
+            n,
+            p.status,
+            fmt_bytes(p.memory.get("weights_bytes")),
+            fmt_bytes(p.memory.get("kv_pool_bytes")),
+            str(p.capacity.get("max_sequences_at_max_seq_len", "-")),
+            f"{b1.get('tok_s_per_seq_max', 0):.1f}" if b1 else "-",
+            f"{full.get('tok_s_aggregate_max', 0):.0f}" if full else "-",
+        )
     console.print(t)
     return rows, worst
 
@@ -71,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     overrides = _rewrite(args.overrides)
     try:
         cfg = _compose(overrides)
-    except Exception as e:  # noqa: BLE001 - Hydra/OmegaConf composition errors name the key
+    except Exception as e:
         msg = f"configuration error: {type(e).__name__}: {e}"
         if args.json:
             print(json.dumps({"exit_code": EXIT_INPUT, "error": msg}))

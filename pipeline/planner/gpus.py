@@ -25,11 +25,11 @@ GB = 10**9
 
 # recipe (pipeline quant.recipe) -> minimum compute capability (major*10+minor) [TRTLLM-SM]
 RECIPE_MIN_SM = {
-    "none": 75,      # float16 engines from Turing (Volta/V100 removed in 0.15/0.16); bfloat16 needs SM80 (checked on the dtype)
+    "none": 75,  # float16 engines from Turing (Volta/V100 removed in 0.15/0.16); bfloat16 needs SM80 (checked on the dtype)
     "int8_wo": 80,
     "int4_wo": 80,
     "int4_rtn": 80,
-    "auto": 80,      # per-layer formats of quant.auto.formats (fp8/w4a8 candidates need 89: checked by the target)
+    "auto": 80,  # per-layer formats of quant.auto.formats (fp8/w4a8 candidates need 89: checked by the target)
     "int4_awq": 80,
     "int8_sq": 80,
     "fp8": 89,
@@ -81,36 +81,82 @@ class GPU:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "key": self.key, "name": self.name, "memory_gib": round(self.memory_bytes / 2**30, 2),
-            "bandwidth_gb_s": round(self.bandwidth_bytes_s / GB, 1), "compute_capability": self.compute_capability,
-            "quant_formats": self.quant_formats, "kv_formats": self.kv_formats, "source": self.source,
+            "key": self.key,
+            "name": self.name,
+            "memory_gib": round(self.memory_bytes / 2**30, 2),
+            "bandwidth_gb_s": round(self.bandwidth_bytes_s / GB, 1),
+            "compute_capability": self.compute_capability,
+            "quant_formats": self.quant_formats,
+            "kv_formats": self.kv_formats,
+            "source": self.source,
         }
 
 
-CATALOGUE: dict[str, GPU] = {g.key: g for g in (
-    # A10G (AWS g5): 24 GB GDDR6, 600 GB/s [DS: AWS EC2 G5 / NVIDIA A10 datasheet]; 23028 MiB [SMI]; SM 8.6 [CC]
-    GPU("a10g", "NVIDIA A10G", 23028 * MiB, 600 * GB, "8.6", r"\bA10G?\b", "A10 datasheet 600 GB/s; nvidia-smi 23028MiB"),
-    # L4: 24 GB GDDR6, 300 GB/s [DS: NVIDIA L4 datasheet]; 23034 MiB [SMI]; SM 8.9 [CC]
-    GPU("l4", "NVIDIA L4", 23034 * MiB, 300 * GB, "8.9", r"\bL4\b", "L4 datasheet 300 GB/s; nvidia-smi 23034MiB"),
-    # L40S: 48 GB GDDR6, 864 GB/s [DS: NVIDIA L40S datasheet]; 46068 MiB [SMI]; SM 8.9 [CC]
-    GPU("l40s", "NVIDIA L40S", 46068 * MiB, 864 * GB, "8.9", r"\bL40S\b", "L40S datasheet 864 GB/s; nvidia-smi 46068MiB"),
-    # A100 40GB SXM: HBM2 1,555 GB/s [DS: NVIDIA A100 datasheet]; 40960 MiB [SMI]; SM 8.0 [CC]
-    GPU("a100_40gb", "NVIDIA A100 40GB (SXM)", 40960 * MiB, 1555 * GB, "8.0", r"A100.*40", "A100 datasheet 1555 GB/s; nvidia-smi 40960MiB"),
-    # A100 80GB SXM: HBM2e 2,039 GB/s [DS: NVIDIA A100 datasheet; PCIe is 1,935 GB/s]; 81920 MiB [SMI]; SM 8.0 [CC]
-    GPU("a100_80gb", "NVIDIA A100 80GB (SXM)", 81920 * MiB, 2039 * GB, "8.0", r"A100.*80", "A100 datasheet 2039 GB/s (SXM); nvidia-smi 81920MiB"),
-    # H100 SXM: 80 GB HBM3, 3.35 TB/s [DS: NVIDIA H100 datasheet]; 81559 MiB [SMI]; SM 9.0 [CC]
-    GPU("h100_sxm", "NVIDIA H100 80GB HBM3 (SXM)", 81559 * MiB, 3350 * GB, "9.0", r"H100.*(HBM3|SXM)", "H100 datasheet 3.35 TB/s (SXM); nvidia-smi 81559MiB"),
-    # H100 PCIe: 80 GB HBM2e, 2.0 TB/s [DS: NVIDIA H100 datasheet]; 81559 MiB [SMI]; SM 9.0 [CC]
-    GPU("h100_pcie", "NVIDIA H100 PCIe", 81559 * MiB, 2000 * GB, "9.0", r"H100.*PCIe", "H100 datasheet 2.0 TB/s (PCIe); nvidia-smi 81559MiB"),
-    # H200 SXM: 141 GB HBM3e, 4.8 TB/s [DS: NVIDIA H200 product page]; 143771 MiB [SMI]; SM 9.0 [CC]
-    GPU("h200", "NVIDIA H200 (SXM)", 143771 * MiB, 4800 * GB, "9.0", r"\bH200\b", "H200 product page 4.8 TB/s; nvidia-smi 143771MiB"),
-    # B200 (HGX): 180 GB HBM3e, 8 TB/s per GPU [DS: NVIDIA HGX B200 / DGX B200 datasheet]; 183359 MiB [SMI]; SM 10.0 [CC]
-    GPU("b200", "NVIDIA B200", 183359 * MiB, 8000 * GB, "10.0", r"\bB200\b", "HGX B200 datasheet 8 TB/s; nvidia-smi 183359MiB"),
-)}
+CATALOGUE: dict[str, GPU] = {
+    g.key: g
+    for g in (
+        # A10G (AWS g5): 24 GB GDDR6, 600 GB/s [DS: AWS EC2 G5 / NVIDIA A10 datasheet]; 23028 MiB [SMI]; SM 8.6 [CC]
+        GPU("a10g", "NVIDIA A10G", 23028 * MiB, 600 * GB, "8.6", r"\bA10G?\b", "A10 datasheet 600 GB/s; nvidia-smi 23028MiB"),
+        # L4: 24 GB GDDR6, 300 GB/s [DS: NVIDIA L4 datasheet]; 23034 MiB [SMI]; SM 8.9 [CC]
+        GPU("l4", "NVIDIA L4", 23034 * MiB, 300 * GB, "8.9", r"\bL4\b", "L4 datasheet 300 GB/s; nvidia-smi 23034MiB"),
+        # L40S: 48 GB GDDR6, 864 GB/s [DS: NVIDIA L40S datasheet]; 46068 MiB [SMI]; SM 8.9 [CC]
+        GPU("l40s", "NVIDIA L40S", 46068 * MiB, 864 * GB, "8.9", r"\bL40S\b", "L40S datasheet 864 GB/s; nvidia-smi 46068MiB"),
+        # A100 40GB SXM: HBM2 1,555 GB/s [DS: NVIDIA A100 datasheet]; 40960 MiB [SMI]; SM 8.0 [CC]
+        GPU(
+            "a100_40gb",
+            "NVIDIA A100 40GB (SXM)",
+            40960 * MiB,
+            1555 * GB,
+            "8.0",
+            r"A100.*40",
+            "A100 datasheet 1555 GB/s; nvidia-smi 40960MiB",
+        ),
+        # A100 80GB SXM: HBM2e 2,039 GB/s [DS: NVIDIA A100 datasheet; PCIe is 1,935 GB/s]; 81920 MiB [SMI]; SM 8.0 [CC]
+        GPU(
+            "a100_80gb",
+            "NVIDIA A100 80GB (SXM)",
+            81920 * MiB,
+            2039 * GB,
+            "8.0",
+            r"A100.*80",
+            "A100 datasheet 2039 GB/s (SXM); nvidia-smi 81920MiB",
+        ),
+        # H100 SXM: 80 GB HBM3, 3.35 TB/s [DS: NVIDIA H100 datasheet]; 81559 MiB [SMI]; SM 9.0 [CC]
+        GPU(
+            "h100_sxm",
+            "NVIDIA H100 80GB HBM3 (SXM)",
+            81559 * MiB,
+            3350 * GB,
+            "9.0",
+            r"H100.*(HBM3|SXM)",
+            "H100 datasheet 3.35 TB/s (SXM); nvidia-smi 81559MiB",
+        ),
+        # H100 PCIe: 80 GB HBM2e, 2.0 TB/s [DS: NVIDIA H100 datasheet]; 81559 MiB [SMI]; SM 9.0 [CC]
+        GPU(
+            "h100_pcie",
+            "NVIDIA H100 PCIe",
+            81559 * MiB,
+            2000 * GB,
+            "9.0",
+            r"H100.*PCIe",
+            "H100 datasheet 2.0 TB/s (PCIe); nvidia-smi 81559MiB",
+        ),
+        # H200 SXM: 141 GB HBM3e, 4.8 TB/s [DS: NVIDIA H200 product page]; 143771 MiB [SMI]; SM 9.0 [CC]
+        GPU("h200", "NVIDIA H200 (SXM)", 143771 * MiB, 4800 * GB, "9.0", r"\bH200\b", "H200 product page 4.8 TB/s; nvidia-smi 143771MiB"),
+        # B200 (HGX): 180 GB HBM3e, 8 TB/s per GPU [DS: NVIDIA HGX B200 / DGX B200 datasheet]; 183359 MiB [SMI]; SM 10.0 [CC]
+        GPU("b200", "NVIDIA B200", 183359 * MiB, 8000 * GB, "10.0", r"\bB200\b", "HGX B200 datasheet 8 TB/s; nvidia-smi 183359MiB"),
+    )
+}
 
 ALIASES = {
-    "a10": "a10g", "h100": "h100_sxm", "h100_80gb": "h100_sxm", "a100": "a100_80gb", "a100_40": "a100_40gb",
-    "a100_80": "a100_80gb", "h200_sxm": "h200", "l40_s": "l40s",
+    "a10": "a10g",
+    "h100": "h100_sxm",
+    "h100_80gb": "h100_sxm",
+    "a100": "a100_80gb",
+    "a100_40": "a100_40gb",
+    "a100_80": "a100_80gb",
+    "h200_sxm": "h200",
+    "l40_s": "l40s",
 }
 
 
@@ -155,7 +201,14 @@ def local_gpus() -> list[tuple[dict[str, Any], GPU]]:
             if mem:
                 g = dataclasses.replace(g, memory_bytes=mem, source=g.source + f"; memory as reported locally ({d.get('memory_mib')} MiB)")
         else:
-            g = GPU(f"local{i}", d.get("name", "unknown GPU"), mem, 0.0, str(d.get("compute_capability") or "0.0"), "",
-                    "local nvidia-smi (not in the catalogue: bandwidth unknown)")
+            g = GPU(
+                f"local{i}",
+                d.get("name", "unknown GPU"),
+                mem,
+                0.0,
+                str(d.get("compute_capability") or "0.0"),
+                "",
+                "local nvidia-smi (not in the catalogue: bandwidth unknown)",
+            )
         out.append((d, g))
     return out

@@ -37,7 +37,6 @@ import fnmatch
 import functools
 import math
 import os
-from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
@@ -72,12 +71,16 @@ def load_shape(cfg: Any) -> tuple[ModelShape, str]:
         if found and cj is not None:  # found implies cj is set; the check narrows the type
             return ModelShape.from_hf_config(read_config_json(cj), str(cj)), str(cj)
         if not m.hf_config:
-            raise InputError(f"model.path={m.path!r}: no config.json at {cj}. Point model.path at a Hugging Face checkpoint "
-                             f"folder, or use a shapes-only preset (model=llama31_8b).")
+            raise InputError(
+                f"model.path={m.path!r}: no config.json at {cj}. Point model.path at a Hugging Face checkpoint "
+                f"folder, or use a shapes-only preset (model=llama31_8b)."
+            )
     if m.hf_config:
         hc = dict(m.hf_config)
         return ModelShape.from_hf_config(hc, "model.hf_config"), "model.hf_config"
-    raise InputError("model: neither model.path nor model.hf_config is set. Pass model.path=/path/to/checkpoint or a preset (model=llama31_8b).")
+    raise InputError(
+        "model: neither model.path nor model.hf_config is set. Pass model.path=/path/to/checkpoint or a preset (model=llama31_8b)."
+    )
 
 
 def plan_device(cfg: Any) -> tuple[str, GPU | None, str]:
@@ -240,8 +243,17 @@ def stage_layers(num_layers: int, pp: int) -> list[list[int]]:
     return out
 
 
-def weight_bytes(shape: ModelShape, recipe: str, *, hp_dtype: str = "float16", group_size: int = 128,
-                 exclude: list[str] | None = None, sensitive: str = "none", tp: int = 1, pp: int = 1) -> WeightBreakdown:
+def weight_bytes(
+    shape: ModelShape,
+    recipe: str,
+    *,
+    hp_dtype: str = "float16",
+    group_size: int = 128,
+    exclude: list[str] | None = None,
+    sensitive: str = "none",
+    tp: int = 1,
+    pp: int = 1,
+) -> WeightBreakdown:
     """Weight bytes of ``shape`` under ``recipe`` (see module docstring), whole model and per rank.
 
     Args:
@@ -355,10 +367,23 @@ def _knobs(cfg: Any, kind: str) -> _Knobs:
         raise InputError(f"quant.recipe={q.recipe!r}: unknown; use one of {sorted(RECIPE_MIN_SM)}.")
     if q.kv_cache_dtype not in KV_MIN_SM:
         raise InputError(f"quant.kv_cache_dtype={q.kv_cache_dtype!r}: unknown; use one of {sorted(KV_MIN_SM)}.")
-    return _Knobs(q.recipe, q.kv_cache_dtype, hp, max(1, q.group_size), tuple(str(x) for x in q.exclude_modules or ()), q.sensitive_preset, max(1, q.tp_size),
-                  max(1, q.pp_size), max(1, b.max_batch_size), max(1, b.max_seq_len + max(0, b.speculative.max_draft_len)),
-                  b.max_input_len, max(1, b.max_num_tokens), max(1, b.tokens_per_block), min(1.0, max(0.0, b.kv_cache_free_gpu_mem_fraction)),
-                  max(1, b.max_beam_width))
+    return _Knobs(
+        q.recipe,
+        q.kv_cache_dtype,
+        hp,
+        max(1, q.group_size),
+        tuple(str(x) for x in q.exclude_modules or ()),
+        q.sensitive_preset,
+        max(1, q.tp_size),
+        max(1, q.pp_size),
+        max(1, b.max_batch_size),
+        max(1, b.max_seq_len + max(0, b.speculative.max_draft_len)),
+        b.max_input_len,
+        max(1, b.max_num_tokens),
+        max(1, b.tokens_per_block),
+        min(1.0, max(0.0, b.kv_cache_free_gpu_mem_fraction)),
+        max(1, b.max_beam_width),
+    )
 
 
 def _kv_elem_bytes(k: _Knobs) -> int:
@@ -380,8 +405,9 @@ def _decoder_buffers(k: _Knobs) -> int:
 
 def _gpu_numbers(shape: ModelShape, k: _Knobs, gpu: GPU) -> dict[str, Any]:
     """Pure computation for one set of knobs on one GPU (no warnings)."""
-    w = weight_bytes(shape, k.recipe, hp_dtype=k.hp_dtype, group_size=k.group_size, exclude=list(k.exclude),
-                     sensitive=k.sensitive, tp=k.tp, pp=k.pp)
+    w = weight_bytes(
+        shape, k.recipe, hp_dtype=k.hp_dtype, group_size=k.group_size, exclude=list(k.exclude), sensitive=k.sensitive, tp=k.tp, pp=k.pp
+    )
     layers_rank = max(len(x) for x in stage_layers(shape.num_layers, k.pp))
     kv_tok = shape.kv_bytes_per_token(_kv_elem_bytes(k), k.tp, layers_rank)
     kv_tok_slice = shape.kv_bytes_per_token(_kv_elem_bytes(k), k.tp)  # all layers of one TP slice
@@ -393,8 +419,20 @@ def _gpu_numbers(shape: ModelShape, k: _Knobs, gpu: GPU) -> dict[str, Any]:
     blocks = pool // block if block else 0
     blocks_per_seq = math.ceil(k.max_seq_len / k.tokens_per_block)
     seqs = blocks // blocks_per_seq // k.beam
-    return dict(w=w, kv_tok=kv_tok, kv_tok_slice=kv_tok_slice, block=block, act=act, overhead=overhead, free=free, pool=pool,
-                blocks=blocks, tokens=blocks * k.tokens_per_block, blocks_per_seq=blocks_per_seq, seqs=seqs)
+    return dict(
+        w=w,
+        kv_tok=kv_tok,
+        kv_tok_slice=kv_tok_slice,
+        block=block,
+        act=act,
+        overhead=overhead,
+        free=free,
+        pool=pool,
+        blocks=blocks,
+        tokens=blocks * k.tokens_per_block,
+        blocks_per_seq=blocks_per_seq,
+        seqs=seqs,
+    )
 
 
 def _roofline(weights_slice: int, kv_tok_slice: int, context: int, batch: int, bw: float) -> dict[str, float] | None:
@@ -402,8 +440,14 @@ def _roofline(weights_slice: int, kv_tok_slice: int, context: int, batch: int, b
         return None
     step_bytes = weights_slice + batch * kv_tok_slice * context
     t = step_bytes / bw
-    return {"batch": batch, "context_tokens": context, "bytes_per_step": int(step_bytes), "step_s_min": t,
-            "tok_s_per_seq_max": 1.0 / t, "tok_s_aggregate_max": batch / t}
+    return {
+        "batch": batch,
+        "context_tokens": context,
+        "bytes_per_step": int(step_bytes),
+        "step_s_min": t,
+        "tok_s_per_seq_max": 1.0 / t,
+        "tok_s_aggregate_max": batch / t,
+    }
 
 
 def plan(cfg: Any) -> Plan:
@@ -417,25 +461,48 @@ def plan(cfg: Any) -> Plan:
     k = _knobs(cfg, kind)
     b = cfg.build
     model = {
-        "source": src, "architecture": shape.architecture, "num_parameters": shape.num_parameters,
-        "layers": shape.num_layers, "hidden_size": shape.hidden_size, "heads": shape.num_heads, "kv_heads": shape.num_kv_heads,
-        "head_dim": shape.head_dim, "vocab_size": shape.vocab_size, "max_positions": shape.max_positions,
-        "rope_type": shape.rope_type, "rope_factor": shape.rope_factor, "max_seq_len_limit": shape.max_seq_len_limit,
+        "source": src,
+        "architecture": shape.architecture,
+        "num_parameters": shape.num_parameters,
+        "layers": shape.num_layers,
+        "hidden_size": shape.hidden_size,
+        "heads": shape.num_heads,
+        "kv_heads": shape.num_kv_heads,
+        "head_dim": shape.head_dim,
+        "vocab_size": shape.vocab_size,
+        "max_positions": shape.max_positions,
+        "rope_type": shape.rope_type,
+        "rope_factor": shape.rope_factor,
+        "max_seq_len_limit": shape.max_seq_len_limit,
     }
     conf = {
-        "recipe": k.recipe, "kv_cache": k.kv_cache, "high_precision_dtype": k.hp_dtype, "tp_size": k.tp, "pp_size": k.pp,
-        "max_batch_size": k.max_batch_size, "max_input_len": b.max_input_len, "max_seq_len": b.max_seq_len,
-        "max_draft_len": b.speculative.max_draft_len, "max_num_tokens": k.max_num_tokens, "tokens_per_block": k.tokens_per_block,
-        "kv_cache_free_gpu_mem_fraction": k.fraction, "max_beam_width": k.beam, "build": b.name,
+        "recipe": k.recipe,
+        "kv_cache": k.kv_cache,
+        "high_precision_dtype": k.hp_dtype,
+        "tp_size": k.tp,
+        "pp_size": k.pp,
+        "max_batch_size": k.max_batch_size,
+        "max_input_len": b.max_input_len,
+        "max_seq_len": b.max_seq_len,
+        "max_draft_len": b.speculative.max_draft_len,
+        "max_num_tokens": k.max_num_tokens,
+        "tokens_per_block": k.tokens_per_block,
+        "kv_cache_free_gpu_mem_fraction": k.fraction,
+        "max_beam_width": k.beam,
+        "build": b.name,
         "allow_unsafe_lengths": bool(getattr(cfg, "allow_unsafe_lengths", False)),
     }
     p = Plan("ok", {"kind": kind, "why": why}, model, conf)
     if conf["allow_unsafe_lengths"] and k.max_seq_len > shape.max_seq_len_limit:
-        p.warnings.append(f"allow_unsafe_lengths=true: max_seq_len={k.max_seq_len} exceeds the model's {shape.max_seq_len_limit} "
-                          f"positions; quality beyond that length is untested (recorded in this plan).")
+        p.warnings.append(
+            f"allow_unsafe_lengths=true: max_seq_len={k.max_seq_len} exceeds the model's {shape.max_seq_len_limit} "
+            f"positions; quality beyond that length is untested (recorded in this plan)."
+        )
     if shape.sliding_window and shape.sliding_window < k.max_seq_len:
-        p.notes.append(f"config.json has sliding_window={shape.sliding_window}; the KV sizing assumes a full cache "
-                       f"(TensorRT-LLM allocates max_attention_window_size = max_seq_len unless told otherwise).")
+        p.notes.append(
+            f"config.json has sliding_window={shape.sliding_window}; the KV sizing assumes a full cache "
+            f"(TensorRT-LLM allocates max_attention_window_size = max_seq_len unless told otherwise)."
+        )
     if kind == "gpu" and gpu is None:
         p.status = "unplanned"
         p.notes.append(f"{why}. Name one: target.gpu=<{'|'.join(sorted(_catalogue_keys()))}>.")
@@ -457,26 +524,41 @@ def _gpu_plan(p: Plan, shape: ModelShape, k: _Knobs, gpu: GPU) -> Plan:
     n = _gpu_numbers(shape, k, gpu)
     w = n["w"]
     p.weights = {
-        "total_bytes": w.total_bytes, "quantized_bytes": w.quantized_bytes, "high_precision_bytes": w.high_precision_bytes,
-        "per_rank_bytes": w.max_rank_bytes, "per_stage_rank_bytes": w.per_stage_rank_bytes,
+        "total_bytes": w.total_bytes,
+        "quantized_bytes": w.quantized_bytes,
+        "high_precision_bytes": w.high_precision_bytes,
+        "per_rank_bytes": w.max_rank_bytes,
+        "per_stage_rank_bytes": w.per_stage_rank_bytes,
         "high_precision_modules": w.high_precision_modules,
         "bits_per_param": round(8 * w.total_bytes / max(1, w.num_parameters), 3),
     }
     p.kv_cache = {
-        "dtype": k.kv_cache if k.kv_cache != "none" else k.hp_dtype, "bytes_per_element": _kv_elem_bytes(k),
+        "dtype": k.kv_cache if k.kv_cache != "none" else k.hp_dtype,
+        "bytes_per_element": _kv_elem_bytes(k),
         "bytes_per_token_model": shape.kv_bytes_per_token(_kv_elem_bytes(k)),
-        "bytes_per_token_rank": n["kv_tok"], "tokens_per_block": k.tokens_per_block, "bytes_per_block_rank": n["block"],
+        "bytes_per_token_rank": n["kv_tok"],
+        "tokens_per_block": k.tokens_per_block,
+        "bytes_per_block_rank": n["block"],
         "blocks_per_sequence": n["blocks_per_seq"],
         "bytes_per_sequence_rank": n["blocks_per_seq"] * n["block"],
     }
     p.memory = {
-        "gpu_bytes": gpu.memory_bytes, "weights_bytes": w.max_rank_bytes, "activations_bytes": n["act"],
-        "runtime_overhead_bytes": n["overhead"], "free_after_load_bytes": n["free"], "kv_pool_bytes": n["pool"],
+        "gpu_bytes": gpu.memory_bytes,
+        "weights_bytes": w.max_rank_bytes,
+        "activations_bytes": n["act"],
+        "runtime_overhead_bytes": n["overhead"],
+        "free_after_load_bytes": n["free"],
+        "kv_pool_bytes": n["pool"],
         "unused_bytes": max(0, gpu.memory_bytes - w.max_rank_bytes - n["act"] - n["overhead"] - n["pool"]),
     }
     conc = min(n["seqs"], k.max_batch_size)
-    p.capacity = {"kv_blocks": n["blocks"], "kv_tokens": n["tokens"], "max_sequences_at_max_seq_len": n["seqs"],
-                  "max_batch_size": k.max_batch_size, "effective_concurrency": conc}
+    p.capacity = {
+        "kv_blocks": n["blocks"],
+        "kv_tokens": n["tokens"],
+        "max_sequences_at_max_seq_len": n["seqs"],
+        "max_batch_size": k.max_batch_size,
+        "effective_concurrency": conc,
+    }
     bw = gpu.bandwidth_bytes_s
     p.decode = {
         "bandwidth_bytes_s": bw,
@@ -490,33 +572,43 @@ def _gpu_plan(p: Plan, shape: ModelShape, k: _Knobs, gpu: GPU) -> Plan:
 
     # --- support matrix
     if gpu.sm < RECIPE_MIN_SM.get(k.recipe, 0):
-        p.refusals.append(f"quant.recipe={k.recipe} needs compute capability >= {RECIPE_MIN_SM[k.recipe] / 10:.1f}; "
-                          f"{gpu.name} is {gpu.compute_capability}. Use one of {gpu.quant_formats}.")
+        p.refusals.append(
+            f"quant.recipe={k.recipe} needs compute capability >= {RECIPE_MIN_SM[k.recipe] / 10:.1f}; "
+            f"{gpu.name} is {gpu.compute_capability}. Use one of {gpu.quant_formats}."
+        )
     if gpu.sm < KV_MIN_SM.get(k.kv_cache, 0):
-        p.refusals.append(f"quant.kv_cache_dtype={k.kv_cache} needs compute capability >= {KV_MIN_SM[k.kv_cache] / 10:.1f}; "
-                          f"{gpu.name} is {gpu.compute_capability}. Use one of {gpu.kv_formats}.")
+        p.refusals.append(
+            f"quant.kv_cache_dtype={k.kv_cache} needs compute capability >= {KV_MIN_SM[k.kv_cache] / 10:.1f}; "
+            f"{gpu.name} is {gpu.compute_capability}. Use one of {gpu.kv_formats}."
+        )
     # --- fit
     g = gpu.memory_bytes
     if w.max_rank_bytes + n["act"] + n["overhead"] >= g:
         fixes = _fit_fixes(shape, k, gpu, need="weights")
         p.refusals.append(
             f"weights alone need {_gib(w.max_rank_bytes)} per rank at tp={k.tp} pp={k.pp} (+ {_gib(n['act'])} activations, "
-            f"{_gib(n['overhead'])} runtime) but {gpu.name} has {_gib(g)}." + (f" Fix: {fixes}" if fixes else ""))
+            f"{_gib(n['overhead'])} runtime) but {gpu.name} has {_gib(g)}." + (f" Fix: {fixes}" if fixes else "")
+        )
     elif n["seqs"] < 1:
         fixes = _fit_fixes(shape, k, gpu, need="one")
         one = n["blocks_per_seq"] * n["block"]
         p.refusals.append(
             f"zero sequences fit at max_seq_len={k.max_seq_len}: the KV pool is {_gib(n['pool'])} "
             f"({n['tokens']} tokens) and one sequence needs {n['blocks_per_seq']} blocks x {k.tokens_per_block} tokens = {_gib(one)}."
-            + (f" Fix: {fixes}" if fixes else ""))
+            + (f" Fix: {fixes}" if fixes else "")
+        )
     else:
         if n["seqs"] < FEW_SEQUENCES:
-            p.warnings.append(f"only {n['seqs']} sequence(s) of max_seq_len={k.max_seq_len} fit in the KV cache "
-                              f"({n['tokens']} tokens). Fix: {_fit_fixes(shape, k, gpu, need='batch')}")
+            p.warnings.append(
+                f"only {n['seqs']} sequence(s) of max_seq_len={k.max_seq_len} fit in the KV cache "
+                f"({n['tokens']} tokens). Fix: {_fit_fixes(shape, k, gpu, need='batch')}"
+            )
         elif n["seqs"] < k.max_batch_size:
-            p.warnings.append(f"the KV cache holds {n['seqs']} sequences of max_seq_len={k.max_seq_len} "
-                              f"but build.max_batch_size={k.max_batch_size}: concurrency is KV-bound. "
-                              f"Fix: {_fit_fixes(shape, k, gpu, need='batch')}")
+            p.warnings.append(
+                f"the KV cache holds {n['seqs']} sequences of max_seq_len={k.max_seq_len} "
+                f"but build.max_batch_size={k.max_batch_size}: concurrency is KV-bound. "
+                f"Fix: {_fit_fixes(shape, k, gpu, need='batch')}"
+            )
     if k.max_num_tokens < k.tokens_per_block:
         p.notes.append("max_num_tokens is below tokens_per_block; TensorRT-LLM may raise it at build time.")
     p.status = "refused" if p.refusals else ("warn" if p.warnings else "ok")
@@ -566,38 +658,71 @@ def _cpu_plan(p: Plan, shape: ModelShape, k: _Knobs) -> Plan:
     # onnxruntime-genai shares past/present buffers sized batch x max_length (static KV per slot)
     kv_all = kv_tok * k.max_seq_len * k.max_batch_size * k.beam
     act = _activation_bytes(shape, dataclasses.replace(k, tp=1))
-    p.target.update({"name": "host CPU", "memory_bytes": mem["total"], "available_bytes": mem["available"],
-                     "bandwidth_gb_s": round(bw / 1e9, 2), "bandwidth_source": "measured: numpy copy of 256 MB (best of 3)"})
-    p.weights = {"total_bytes": w.total_bytes, "quantized_bytes": w.quantized_bytes, "high_precision_bytes": w.high_precision_bytes,
-                 "per_rank_bytes": w.total_bytes, "high_precision_modules": w.high_precision_modules,
-                 "bits_per_param": round(8 * w.total_bytes / max(1, w.num_parameters), 3)}
-    p.kv_cache = {"dtype": k.kv_cache if k.kv_cache != "none" else k.hp_dtype, "bytes_per_element": kv_b,
-                  "bytes_per_token_model": kv_tok, "bytes_per_token_rank": kv_tok,
-                  "bytes_per_sequence_rank": kv_tok * k.max_seq_len, "bytes_all_slots": kv_all}
+    p.target.update(
+        {
+            "name": "host CPU",
+            "memory_bytes": mem["total"],
+            "available_bytes": mem["available"],
+            "bandwidth_gb_s": round(bw / 1e9, 2),
+            "bandwidth_source": "measured: numpy copy of 256 MB (best of 3)",
+        }
+    )
+    p.weights = {
+        "total_bytes": w.total_bytes,
+        "quantized_bytes": w.quantized_bytes,
+        "high_precision_bytes": w.high_precision_bytes,
+        "per_rank_bytes": w.total_bytes,
+        "high_precision_modules": w.high_precision_modules,
+        "bits_per_param": round(8 * w.total_bytes / max(1, w.num_parameters), 3),
+    }
+    p.kv_cache = {
+        "dtype": k.kv_cache if k.kv_cache != "none" else k.hp_dtype,
+        "bytes_per_element": kv_b,
+        "bytes_per_token_model": kv_tok,
+        "bytes_per_token_rank": kv_tok,
+        "bytes_per_sequence_rank": kv_tok * k.max_seq_len,
+        "bytes_all_slots": kv_all,
+    }
     need = w.total_bytes + kv_all + act
-    p.memory = {"host_bytes": mem["total"], "available_bytes": mem["available"], "weights_bytes": w.total_bytes,
-                "kv_cache_bytes": kv_all, "activations_bytes": act, "total_needed_bytes": need}
+    p.memory = {
+        "host_bytes": mem["total"],
+        "available_bytes": mem["available"],
+        "weights_bytes": w.total_bytes,
+        "kv_cache_bytes": kv_all,
+        "activations_bytes": act,
+        "total_needed_bytes": need,
+    }
     avail = mem["available"] or 0
     fit_seqs = max(0, (avail - w.total_bytes - act) // max(1, kv_tok * k.max_seq_len)) if avail else None
-    p.capacity = {"max_sequences_at_max_seq_len": fit_seqs, "max_batch_size": k.max_batch_size,
-                  "effective_concurrency": min(fit_seqs, k.max_batch_size) if fit_seqs is not None else k.max_batch_size}
+    p.capacity = {
+        "max_sequences_at_max_seq_len": fit_seqs,
+        "max_batch_size": k.max_batch_size,
+        "effective_concurrency": min(fit_seqs, k.max_batch_size) if fit_seqs is not None else k.max_batch_size,
+    }
     conc = max(1, p.capacity["effective_concurrency"] or 1)
-    p.decode = {"bandwidth_bytes_s": bw, "batch1": _roofline(w.total_bytes, kv_tok, k.max_seq_len, 1, bw),
-                "full": _roofline(w.total_bytes, kv_tok, k.max_seq_len, conc, bw),
-                "weights_only_step_s_min": w.total_bytes / bw,
-                "assumption": "memory-bound: weights and each sequence's KV cache (at max_seq_len) read once per step"}
+    p.decode = {
+        "bandwidth_bytes_s": bw,
+        "batch1": _roofline(w.total_bytes, kv_tok, k.max_seq_len, 1, bw),
+        "full": _roofline(w.total_bytes, kv_tok, k.max_seq_len, conc, bw),
+        "weights_only_step_s_min": w.total_bytes / bw,
+        "assumption": "memory-bound: weights and each sequence's KV cache (at max_seq_len) read once per step",
+    }
     if mem["total"] and w.total_bytes >= mem["total"]:
-        p.refusals.append(f"weights need {_gib(w.total_bytes)} but the host has {_gib(mem['total'])} RAM. "
-                          f"Fix: quant=int4_awq or a larger host.")
+        p.refusals.append(
+            f"weights need {_gib(w.total_bytes)} but the host has {_gib(mem['total'])} RAM. Fix: quant=int4_awq or a larger host."
+        )
     elif avail and need > avail:
-        p.warnings.append(f"weights + KV for {k.max_batch_size} x {k.max_seq_len} tokens + activations need {_gib(need)}; "
-                          f"{_gib(avail)} is available now. Fix: lower build.max_batch_size or build.max_seq_len.")
+        p.warnings.append(
+            f"weights + KV for {k.max_batch_size} x {k.max_seq_len} tokens + activations need {_gib(need)}; "
+            f"{_gib(avail)} is available now. Fix: lower build.max_batch_size or build.max_seq_len."
+        )
     from ..targets import get_target
 
     refusal = get_target("onnxruntime_genai").capabilities().recipe_refusal(k.recipe)
     if refusal is not None:
-        p.notes.append(f"quant.recipe={k.recipe}: target onnxruntime_genai cannot run it ({refusal}); "
-                       "the sizes assume the recipe's packed weights.")
+        p.notes.append(
+            f"quant.recipe={k.recipe}: target onnxruntime_genai cannot run it ({refusal}); the sizes assume the recipe's packed weights."
+        )
     p.status = "refused" if p.refusals else ("warn" if p.warnings else "ok")
     return p
 

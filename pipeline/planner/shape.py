@@ -10,8 +10,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from ..errors import InputError
 
@@ -58,7 +59,7 @@ class ModelShape:
     sliding_window: int | None = None
 
     @classmethod
-    def from_hf_config(cls, d: dict[str, Any], source: str = "config.json") -> "ModelShape":
+    def from_hf_config(cls, d: dict[str, Any], source: str = "config.json") -> ModelShape:
         """Parse a config.json dict. Raises :class:`InputError` naming the missing/invalid field."""
         if not isinstance(d, dict):
             raise InputError(f"{source}: expected a JSON object, got {type(d).__name__}")
@@ -98,8 +99,15 @@ class ModelShape:
         return cls(
             architecture=str(archs[0]) if isinstance(archs, list) and archs else str(archs),
             model_type=model_type,
-            vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_layers=layers, num_heads=heads,
-            num_kv_heads=kv, head_dim=head_dim, max_positions=maxpos, rope_type=str(rope_type) if rope_type else None,
+            vocab_size=vocab,
+            hidden_size=hidden,
+            intermediate_size=inter,
+            num_layers=layers,
+            num_heads=heads,
+            num_kv_heads=kv,
+            head_dim=head_dim,
+            max_positions=maxpos,
+            rope_type=str(rope_type) if rope_type else None,
             rope_factor=factor if factor > 0 else 1.0,
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
             # Qwen2 always has q/k/v biases (modeling_qwen2); others follow attention_bias
@@ -168,7 +176,9 @@ def read_config_json(path: Path) -> dict[str, Any]:
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise InputError(f"{path}: not found. Point model.path at a Hugging Face checkpoint folder with a config.json, "
-                         f"or use a shapes-only preset (model=llama31_8b).") from None
+        raise InputError(
+            f"{path}: not found. Point model.path at a Hugging Face checkpoint folder with a config.json, "
+            f"or use a shapes-only preset (model=llama31_8b)."
+        ) from None
     except (OSError, ValueError) as e:
         raise InputError(f"{path}: cannot read it as JSON ({e}). Fix or replace the file.") from None

@@ -44,7 +44,7 @@ def cross_field_problems(cfg: Any) -> list[Problem]:
     from .plan import load_shape
 
     problems: list[Problem] = []
-    b, q = cfg.build, cfg.quant
+    b = cfg.build
     stages = set(cfg.stages)
     needs_build = bool(stages & set(_NEEDS_BUILD))  # the engine limits matter only when an engine is built/used
     needs_quant = bool(stages & set(_LATER_THAN_QUANTIZE))
@@ -70,13 +70,23 @@ def cross_field_problems(cfg: Any) -> list[Problem]:
 def _length_problems(b: Any) -> list[Problem]:
     problems: list[Problem] = []
     if b.max_input_len >= b.max_seq_len:
-        problems.append(Problem("build.max_input_len", b.max_input_len, f"must be below build.max_seq_len={b.max_seq_len} "
-                                "(max_seq_len = prompt + generated tokens).", f"set build.max_seq_len > {b.max_input_len} "
-                                f"or build.max_input_len < {b.max_seq_len}"))
+        problems.append(
+            Problem(
+                "build.max_input_len",
+                b.max_input_len,
+                f"must be below build.max_seq_len={b.max_seq_len} (max_seq_len = prompt + generated tokens).",
+                f"set build.max_seq_len > {b.max_input_len} or build.max_input_len < {b.max_seq_len}",
+            )
+        )
     if b.max_num_tokens < b.max_input_len and not b.enable_chunked_context:
-        problems.append(Problem("build.max_num_tokens", b.max_num_tokens, f"is below build.max_input_len={b.max_input_len}: "
-                                "a full prompt cannot be processed in one step.",
-                                f"set build.max_num_tokens >= {b.max_input_len}, or build.enable_chunked_context=true"))
+        problems.append(
+            Problem(
+                "build.max_num_tokens",
+                b.max_num_tokens,
+                f"is below build.max_input_len={b.max_input_len}: a full prompt cannot be processed in one step.",
+                f"set build.max_num_tokens >= {b.max_input_len}, or build.enable_chunked_context=true",
+            )
+        )
     if b.enable_chunked_context and not b.use_paged_context_fmha:
         problems.append(Problem("build.enable_chunked_context", True, "needs paged context FMHA.", "set build.use_paged_context_fmha=true"))
     return problems
@@ -90,11 +100,20 @@ def _position_problems(cfg: Any, shape: Any) -> list[Problem]:
         total = b.max_seq_len + max(0, b.speculative.max_draft_len)
         if total > limit and not getattr(cfg, "allow_unsafe_lengths", False):
             extra = f" + speculative.max_draft_len={b.speculative.max_draft_len}" if b.speculative.max_draft_len else ""
-            how = (f"max_position_embeddings={shape.max_positions} x rope factor {shape.rope_factor:g}"
-                   if limit != shape.max_positions else f"max_position_embeddings={shape.max_positions}")
-            problems.append(Problem("build.max_seq_len", b.max_seq_len, f"{extra and extra.lstrip() + f' = {total} '}exceeds the model's "
-                                    f"{limit} positions ({how}).", f"set build.max_seq_len <= {limit - max(0, b.speculative.max_draft_len)}, "
-                                    "or allow_unsafe_lengths=true to accept it (recorded in the plan)"))
+            how = (
+                f"max_position_embeddings={shape.max_positions} x rope factor {shape.rope_factor:g}"
+                if limit != shape.max_positions
+                else f"max_position_embeddings={shape.max_positions}"
+            )
+            problems.append(
+                Problem(
+                    "build.max_seq_len",
+                    b.max_seq_len,
+                    f"{extra and extra.lstrip() + f' = {total} '}exceeds the model's {limit} positions ({how}).",
+                    f"set build.max_seq_len <= {limit - max(0, b.speculative.max_draft_len)}, "
+                    "or allow_unsafe_lengths=true to accept it (recorded in the plan)",
+                )
+            )
     return problems
 
 
@@ -105,27 +124,53 @@ def _parallel_problems(cfg: Any, shape: Any) -> list[Problem]:
         tp, pp = max(1, q.tp_size), max(1, q.pp_size)
         if shape.num_heads % tp:
             ok = [t for t in (1, 2, 4, 8, 16) if shape.num_heads % t == 0]
-            problems.append(Problem("quant.tp_size", q.tp_size, f"does not divide the {shape.num_heads} attention heads.", f"use one of {ok}"))
+            problems.append(
+                Problem("quant.tp_size", q.tp_size, f"does not divide the {shape.num_heads} attention heads.", f"use one of {ok}")
+            )
         elif shape.num_kv_heads % tp and tp % shape.num_kv_heads:
-            problems.append(Problem("quant.tp_size", q.tp_size, f"neither divides nor is a multiple of the {shape.num_kv_heads} KV heads "
-                                    "(they can be split or replicated, not both).", "use a TP size that divides or is a multiple of the KV heads"))
+            problems.append(
+                Problem(
+                    "quant.tp_size",
+                    q.tp_size,
+                    f"neither divides nor is a multiple of the {shape.num_kv_heads} KV heads (they can be split or replicated, not both).",
+                    "use a TP size that divides or is a multiple of the KV heads",
+                )
+            )
         if shape.vocab_size % tp and q.vocab_padding == "reject":
             padded = math.ceil(shape.vocab_size / tp) * tp
-            problems.append(Problem("quant.vocab_padding", "reject", f"vocab_size={shape.vocab_size} is not divisible by tp_size={tp}.",
-                                    f"set quant.vocab_padding=pad (pads to {padded}) or a TP size dividing {shape.vocab_size}"))
+            problems.append(
+                Problem(
+                    "quant.vocab_padding",
+                    "reject",
+                    f"vocab_size={shape.vocab_size} is not divisible by tp_size={tp}.",
+                    f"set quant.vocab_padding=pad (pads to {padded}) or a TP size dividing {shape.vocab_size}",
+                )
+            )
         if pp > shape.num_layers:
-            problems.append(Problem("quant.pp_size", q.pp_size, f"exceeds the model's {shape.num_layers} layers.", f"use quant.pp_size <= {shape.num_layers}"))
+            problems.append(
+                Problem(
+                    "quant.pp_size",
+                    q.pp_size,
+                    f"exceeds the model's {shape.num_layers} layers.",
+                    f"use quant.pp_size <= {shape.num_layers}",
+                )
+            )
         if q.recipe != "none" and cfg.calibration.calib_max_seq_length > shape.max_seq_len_limit:
-            problems.append(Problem("calibration.calib_max_seq_length", cfg.calibration.calib_max_seq_length, f"exceeds the model's {shape.max_seq_len_limit} positions.",
-                                    f"set calibration.calib_max_seq_length <= {shape.max_seq_len_limit}"))
+            problems.append(
+                Problem(
+                    "calibration.calib_max_seq_length",
+                    cfg.calibration.calib_max_seq_length,
+                    f"exceeds the model's {shape.max_seq_len_limit} positions.",
+                    f"set calibration.calib_max_seq_length <= {shape.max_seq_len_limit}",
+                )
+            )
     return problems
 
 
 def _gpu_problems(cfg: Any) -> list[Problem]:
+    from ..targets import TARGETS
     from .gpus import BF16_MIN_SM, KV_MIN_SM, RECIPE_MIN_SM
     from .plan import plan_device
-
-    from ..targets import TARGETS
 
     if cfg.target.name != "auto" and cfg.target.name not in TARGETS:
         return []  # the target.name field check reports it
@@ -140,17 +185,34 @@ def _gpu_problems(cfg: Any) -> list[Problem]:
         return out
     q = cfg.quant
     if gpu.sm < RECIPE_MIN_SM.get(q.recipe, 0):
-        out.append(Problem("quant.recipe", q.recipe, f"needs compute capability >= {RECIPE_MIN_SM[q.recipe] / 10:.1f}; "
-                           f"the target {gpu.name} is {gpu.compute_capability} (TensorRT-LLM support matrix).",
-                           f"use one of {gpu.quant_formats}, or a newer GPU"))
+        out.append(
+            Problem(
+                "quant.recipe",
+                q.recipe,
+                f"needs compute capability >= {RECIPE_MIN_SM[q.recipe] / 10:.1f}; "
+                f"the target {gpu.name} is {gpu.compute_capability} (TensorRT-LLM support matrix).",
+                f"use one of {gpu.quant_formats}, or a newer GPU",
+            )
+        )
     dtype = q.export_dtype if q.recipe != "none" else cfg.model.dtype
     if dtype == "bfloat16" and gpu.sm < BF16_MIN_SM:
-        out.append(Problem("model.dtype" if q.recipe == "none" else "quant.export_dtype", dtype,
-                           f"bfloat16 needs compute capability >= {BF16_MIN_SM / 10:.1f}; the target {gpu.name} is {gpu.compute_capability}.",
-                           "use float16 on this GPU, or a newer GPU"))
+        out.append(
+            Problem(
+                "model.dtype" if q.recipe == "none" else "quant.export_dtype",
+                dtype,
+                f"bfloat16 needs compute capability >= {BF16_MIN_SM / 10:.1f}; the target {gpu.name} is {gpu.compute_capability}.",
+                "use float16 on this GPU, or a newer GPU",
+            )
+        )
     if gpu.sm < KV_MIN_SM.get(q.kv_cache_dtype, 0):
-        out.append(Problem("quant.kv_cache_dtype", q.kv_cache_dtype, f"needs compute capability >= {KV_MIN_SM[q.kv_cache_dtype] / 10:.1f}; "
-                           f"the target {gpu.name} is {gpu.compute_capability}.", f"use one of {gpu.kv_formats}"))
+        out.append(
+            Problem(
+                "quant.kv_cache_dtype",
+                q.kv_cache_dtype,
+                f"needs compute capability >= {KV_MIN_SM[q.kv_cache_dtype] / 10:.1f}; the target {gpu.name} is {gpu.compute_capability}.",
+                f"use one of {gpu.kv_formats}",
+            )
+        )
     return out
 
 
@@ -161,8 +223,9 @@ def _file_sig(p: Path) -> tuple[str, int, int]:
 
 
 @functools.lru_cache(maxsize=8)
-def _prompt_lengths(eval_sig: tuple[str, int, int], tok_sig: tuple[str, int, int], limit: int | None,
-                    apply_chat_template: bool, default_new: int) -> tuple[list[int], list[int], list[str]]:
+def _prompt_lengths(
+    eval_sig: tuple[str, int, int], tok_sig: tuple[str, int, int], limit: int | None, apply_chat_template: bool, default_new: int
+) -> tuple[list[int], list[int], list[str]]:
     """(prompt token lengths, prompt + max_new_tokens, ids) for the eval set; cached per file version."""
     from .. import tokenization
     from ..errors import InputError
@@ -188,10 +251,15 @@ def _prompt_lengths(eval_sig: tuple[str, int, int], tok_sig: tuple[str, int, int
             if not isinstance(prompt, str) and not isinstance(messages, list):
                 continue
             try:
-                n = len(tokenization.encode_prompt(tok, prompt if isinstance(prompt, str) else None,
-                                                   messages if isinstance(messages, list) else None,
-                                                   apply_chat_template=apply_chat_template))
-            except Exception:  # noqa: BLE001 - a row the template cannot render is the eval loader's to report
+                n = len(
+                    tokenization.encode_prompt(
+                        tok,
+                        prompt if isinstance(prompt, str) else None,
+                        messages if isinstance(messages, list) else None,
+                        apply_chat_template=apply_chat_template,
+                    )
+                )
+            except Exception:
                 continue
             mnt = row.get("max_new_tokens")
             mnt = mnt if isinstance(mnt, int) and not isinstance(mnt, bool) and mnt > 0 else default_new
@@ -225,8 +293,13 @@ def eval_prompt_stats(cfg: Any) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None  # the eval loader / export stage name the bad path
     try:
-        lens, totals, ids = _prompt_lengths(_file_sig(ep), _file_sig(mp / "tokenizer.json"), cfg.eval.limit,
-                                            bool(cfg.model.apply_chat_template), int(cfg.eval.max_new_tokens))
+        lens, totals, ids = _prompt_lengths(
+            _file_sig(ep),
+            _file_sig(mp / "tokenizer.json"),
+            cfg.eval.limit,
+            bool(cfg.model.apply_chat_template),
+            int(cfg.eval.max_new_tokens),
+        )
     except (OSError, ValueError, ImportError):
         return None
     if not lens:
@@ -235,8 +308,15 @@ def eval_prompt_stats(cfg: Any) -> dict[str, Any] | None:
     p99 = s[min(len(s) - 1, max(0, math.ceil(0.99 * len(s)) - 1))]
     imax = max(range(len(lens)), key=lens.__getitem__)
     itot = max(range(len(totals)), key=totals.__getitem__)
-    return {"count": len(lens), "max": lens[imax], "p99": p99, "max_id": ids[imax], "max_total": totals[itot], "max_total_id": ids[itot],
-            "file": str(ep)}
+    return {
+        "count": len(lens),
+        "max": lens[imax],
+        "p99": p99,
+        "max_id": ids[imax],
+        "max_total": totals[itot],
+        "max_total_id": ids[itot],
+        "file": str(ep),
+    }
 
 
 def _eval_set_problems(cfg: Any) -> list[Problem]:
@@ -250,10 +330,22 @@ def _eval_set_problems(cfg: Any) -> list[Problem]:
     b = cfg.build
     out = []
     if st["max"] > b.max_input_len:
-        out.append(Problem("build.max_input_len", b.max_input_len, f"the eval set {st['file']} has prompts up to {st['max']} tokens "
-                           f"(item {st['max_id']}; P99 {st['p99']} over {st['count']} prompts, rendered with the chat template).",
-                           f"set build.max_input_len >= {st['max']} (and build.max_seq_len above it), or shorten the prompts"))
+        out.append(
+            Problem(
+                "build.max_input_len",
+                b.max_input_len,
+                f"the eval set {st['file']} has prompts up to {st['max']} tokens "
+                f"(item {st['max_id']}; P99 {st['p99']} over {st['count']} prompts, rendered with the chat template).",
+                f"set build.max_input_len >= {st['max']} (and build.max_seq_len above it), or shorten the prompts",
+            )
+        )
     if st["max_total"] > b.max_seq_len:
-        out.append(Problem("build.max_seq_len", b.max_seq_len, f"prompt + max_new_tokens reaches {st['max_total']} tokens on the eval set "
-                           f"(item {st['max_total_id']}).", f"set build.max_seq_len >= {st['max_total']}"))
+        out.append(
+            Problem(
+                "build.max_seq_len",
+                b.max_seq_len,
+                f"prompt + max_new_tokens reaches {st['max_total']} tokens on the eval set (item {st['max_total_id']}).",
+                f"set build.max_seq_len >= {st['max_total']}",
+            )
+        )
     return out

@@ -148,16 +148,20 @@ class LLMClient:
             if not self.client.is_server_live(client_timeout=10):
                 raise ServerUnavailable(f"Triton at {url} is not live.")
             if not self.client.is_model_ready(model, client_timeout=10):
-                raise ServerUnavailable(f"model {model!r} is not ready on {url}. Fix: check the server log; list models with "
-                                        f"`curl localhost:<http_port>/v2/repository/index`.")
+                raise ServerUnavailable(
+                    f"model {model!r} is not ready on {url}. Fix: check the server log; list models with "
+                    f"`curl localhost:<http_port>/v2/repository/index`."
+                )
             meta = self.client.get_model_metadata(model, as_json=True, client_timeout=10)
             self.inputs = {i["name"]: i for i in meta["inputs"]}
             self.outputs = {o["name"]: o for o in meta["outputs"]}
             self.decoupled = self._is_decoupled(model)
         except InferenceServerException as e:
             self.client.close()
-            raise ServerUnavailable(f"cannot reach Triton at {url}: {e.message() if hasattr(e, 'message') else e}. "
-                                    f"Fix: start it with `pipeline serve` (or `make serve`) and pass its gRPC port.") from None
+            raise ServerUnavailable(
+                f"cannot reach Triton at {url}: {e.message() if hasattr(e, 'message') else e}. "
+                f"Fix: start it with `pipeline serve` (or `make serve`) and pass its gRPC port."
+            ) from None
         self.tokenizer = _load_tokenizer(tokenizer)
 
     def _is_decoupled(self, model: str) -> bool:
@@ -213,17 +217,29 @@ class LLMClient:
             if "messages" in self.inputs:
                 return "", {"messages": json.dumps(msgs, ensure_ascii=False)}
             if self.tokenizer is None:
-                raise InputError(f"model {self.model!r} has no 'messages' input, so messages must be rendered here. Fix: pass "
-                                 f"tokenizer= (the package's tokenizer folder).")
+                raise InputError(
+                    f"model {self.model!r} has no 'messages' input, so messages must be rendered here. Fix: pass "
+                    f"tokenizer= (the package's tokenizer folder)."
+                )
             from ..tokenization import render
 
             return render(self.tokenizer, messages=msgs), {}
         return str(prompt), {}
 
-    def generate(self, prompt: str | None = None, max_tokens: int = 64, *, stream: bool = False, chat: bool = True,
-                 timeout_s: float | None = None, cancel: threading.Event | None = None,
-                 on_chunk: Callable[[str, float], None] | None = None, request_id: str | None = None,
-                 messages: list[dict] | None = None, **inputs: Any) -> GenerateResult:
+    def generate(
+        self,
+        prompt: str | None = None,
+        max_tokens: int = 64,
+        *,
+        stream: bool = False,
+        chat: bool = True,
+        timeout_s: float | None = None,
+        cancel: threading.Event | None = None,
+        on_chunk: Callable[[str, float], None] | None = None,
+        request_id: str | None = None,
+        messages: list[dict] | None = None,
+        **inputs: Any,
+    ) -> GenerateResult:
         """Send one prompt and wait for the complete answer.
 
         Args:
@@ -239,8 +255,10 @@ class LLMClient:
             InputError (local, before sending), RequestError (server-side), RequestTimeout, ServerUnavailable.
         """
         if stream and not self.decoupled:
-            raise InputError(f"stream=True needs a decoupled deployment, but {self.model!r} on {self.url} is not decoupled. "
-                             f"Fix: package with package.decoupled=true, or call with stream=False.")
+            raise InputError(
+                f"stream=True needs a decoupled deployment, but {self.model!r} on {self.url} is not decoupled. "
+                f"Fix: package with package.decoupled=true, or call with stream=False."
+            )
         if "messages" in inputs:
             raise InputError("pass messages=[...] as the messages argument (a list), not as a raw input.")
         text, chat_extra = self.chat_inputs(prompt, messages, chat)
@@ -261,8 +279,15 @@ class LLMClient:
             return GenerateResult(chunk, [chunk], [dt], dt, rid)
         return self._stream(ins, outs, rid, timeout, cancel, on_chunk)
 
-    def _stream(self, ins: list[Any], outs: list[Any], rid: str, timeout: float, cancel: threading.Event | None,
-                on_chunk: Callable[[str, float], None] | None) -> GenerateResult:
+    def _stream(
+        self,
+        ins: list[Any],
+        outs: list[Any],
+        rid: str,
+        timeout: float,
+        cancel: threading.Event | None,
+        on_chunk: Callable[[str, float], None] | None,
+    ) -> GenerateResult:
         q: queue.Queue[tuple[float, Any, Any]] = queue.Queue()
         self.client.start_stream(callback=lambda result, error: q.put((time.perf_counter(), result, error)))
         chunks: list[str] = []
@@ -277,8 +302,10 @@ class LLMClient:
                     cancelled = True
                     break
                 if remaining <= 0:
-                    raise RequestTimeout(f"no complete answer from {self.model!r} within {timeout:.1f} s (request {rid}); cancelled. "
-                                         f"Fix: raise timeout_s or lower max_tokens.")
+                    raise RequestTimeout(
+                        f"no complete answer from {self.model!r} within {timeout:.1f} s (request {rid}); cancelled. "
+                        f"Fix: raise timeout_s or lower max_tokens."
+                    )
                 try:
                     t, result, error = q.get(timeout=min(remaining, 0.05 if cancel is not None else remaining))
                 except queue.Empty:
@@ -350,8 +377,9 @@ def _load_tokenizer(tok: Any) -> Any:
         return AutoTokenizer.from_pretrained(str(tok), trust_remote_code=False)
 
 
-def generate_concurrent(url: str, prompts: Sequence[str], *, concurrency: int = 8, model: str = "ensemble", tokenizer: Any = None,
-                        **kw: Any) -> list[GenerateResult | Exception]:
+def generate_concurrent(
+    url: str, prompts: Sequence[str], *, concurrency: int = 8, model: str = "ensemble", tokenizer: Any = None, **kw: Any
+) -> list[GenerateResult | Exception]:
     """Run ``LLMClient.generate(prompt, **kw)`` for every prompt with ``concurrency`` threads (one client each).
 
     Returns results in prompt order; a failed request's slot holds its exception (nothing is retried).
@@ -390,8 +418,10 @@ def _parity_main(package: Path, url: str) -> int:
     except PipelineError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
-    print(f"served == evaluated: {res['matched']}/{res['total']} (grpc ensemble at {url}, {' + '.join(res.get('modes') or [])}; "
-          f"{res.get('sample')} of {res.get('of')} evaluated items, seed {res.get('seed')})")
+    print(
+        f"served == evaluated: {res['matched']}/{res['total']} (grpc ensemble at {url}, {' + '.join(res.get('modes') or [])}; "
+        f"{res.get('sample')} of {res.get('of')} evaluated items, seed {res.get('seed')})"
+    )
     if res["status"] != "passed":
         print("first difference, " + side_by_side(res["first_mismatch"]), file=sys.stderr)
         return EXIT_GATE
@@ -415,9 +445,11 @@ def served_tokenizer(url: str) -> Path:
     finally:
         c.close()
     if repo is None:
-        raise InputError(f"cannot tell which package the server at {url} serves ({why}), so its tokenizer and chat template are "
-                         f"unknown. Fix: pass --tokenizer <package>/model_repository/preprocessing/1/tokenizer, or --raw to send "
-                         f"the text without a chat template.")
+        raise InputError(
+            f"cannot tell which package the server at {url} serves ({why}), so its tokenizer and chat template are "
+            f"unknown. Fix: pass --tokenizer <package>/model_repository/preprocessing/1/tokenizer, or --raw to send "
+            f"the text without a chat template."
+        )
     return repo / "preprocessing" / "1" / "tokenizer"
 
 
@@ -432,14 +464,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--stream", action="store_true", help="stream the answer (decoupled deployments)")
     ap.add_argument("--raw", action="store_true", help="send the text as is (no chat template)")
-    ap.add_argument("--tokenizer", default=None,
-                    help="tokenizer folder (default: the served package's, recorded by `pipeline serve` for --url)")
+    ap.add_argument(
+        "--tokenizer", default=None, help="tokenizer folder (default: the served package's, recorded by `pipeline serve` for --url)"
+    )
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
     ap.add_argument("--input", action="append", default=[], metavar="NAME=JSON", help="extra input, e.g. --input temperature=0.7")
     ap.add_argument("--json", action="store_true", help="print one JSON object per answer")
-    ap.add_argument("--parity", metavar="PACKAGE", default=None,
-                    help="serving parity check: replay the package's parity_expected.jsonl (a package artifact or an unpacked "
-                         "release folder) against the server at --url; exit 3 when a served answer differs from the evaluated one")
+    ap.add_argument(
+        "--parity",
+        metavar="PACKAGE",
+        default=None,
+        help="serving parity check: replay the package's parity_expected.jsonl (a package artifact or an unpacked "
+        "release folder) against the server at --url; exit 3 when a served answer differs from the evaluated one",
+    )
     a = ap.parse_args(argv)
     if a.parity:
         return _parity_main(Path(a.parity), a.url)
@@ -463,14 +500,26 @@ def main(argv: list[str] | None = None) -> int:
         with LLMClient(a.url, a.model, tokenizer=tok, timeout_s=a.timeout) as c:
             for p in prompts:
                 if stream and not a.json:
-                    r = c.generate(p, max_tokens, stream=True, chat=not a.raw,
-                                   on_chunk=lambda s, t: (sys.stdout.write(s), sys.stdout.flush()), **extra)
+                    r = c.generate(
+                        p, max_tokens, stream=True, chat=not a.raw, on_chunk=lambda s, t: (sys.stdout.write(s), sys.stdout.flush()), **extra
+                    )
                     sys.stdout.write("\n")
                 else:
                     r = c.generate(p, max_tokens, stream=stream, chat=not a.raw, **extra)
                     if a.json:
-                        print(json.dumps({"prompt": p, "text": r.text, "chunks": len(r.chunks), "ttft_s": r.chunk_times_s[0] if r.chunk_times_s else None,
-                                          "total_s": round(r.total_s, 4), "request_id": r.request_id}, ensure_ascii=False))
+                        print(
+                            json.dumps(
+                                {
+                                    "prompt": p,
+                                    "text": r.text,
+                                    "chunks": len(r.chunks),
+                                    "ttft_s": r.chunk_times_s[0] if r.chunk_times_s else None,
+                                    "total_s": round(r.total_s, 4),
+                                    "request_id": r.request_id,
+                                },
+                                ensure_ascii=False,
+                            )
+                        )
                     else:
                         print(r.text)
     except InputError as e:

@@ -52,18 +52,37 @@ log = logging.getLogger("pipeline.openai")
 
 DEFAULT_PORT = 9000
 MAX_N = 16
-_KNOWN_COMMON = {"model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "n", "seed", "presence_penalty",
-                 "frequency_penalty", "stream", "stream_options", "user", "logprobs", "top_logprobs", "logit_bias", "best_of"}
-_KNOWN = {"completions": _KNOWN_COMMON | {"prompt", "echo", "suffix"},
-          "chat": _KNOWN_COMMON | {"messages", "tools", "tool_choice", "functions", "function_call", "response_format",
-                                   "parallel_tool_calls"}}
+_KNOWN_COMMON = {
+    "model",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "stop",
+    "n",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+    "stream",
+    "stream_options",
+    "user",
+    "logprobs",
+    "top_logprobs",
+    "logit_bias",
+    "best_of",
+}
+_KNOWN = {
+    "completions": _KNOWN_COMMON | {"prompt", "echo", "suffix"},
+    "chat": _KNOWN_COMMON | {"messages", "tools", "tool_choice", "functions", "function_call", "response_format", "parallel_tool_calls"},
+}
 
 
 class APIError(Exception):
     """An OpenAI-style error response."""
 
-    def __init__(self, message: str, param: str | None = None, status: int = 400, code: str | None = None,
-                 type_: str = "invalid_request_error") -> None:
+    def __init__(
+        self, message: str, param: str | None = None, status: int = 400, code: str | None = None, type_: str = "invalid_request_error"
+    ) -> None:
         super().__init__(message)
         self.message, self.param, self.status, self.code, self.type = message, param, status, code, type_
 
@@ -122,11 +141,18 @@ def parse_common(body: dict[str, Any], kind: str) -> dict[str, Any]:
     seed = body.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64):
         raise APIError(f"seed={seed!r}: must be an integer in [0, 2**64).", "seed")
-    return {"n": n, "max_tokens": max_tokens, "temperature": _num(body, "temperature", 1.0, 0.0, 2.0),
-            "top_p": _num(body, "top_p", 1.0, 0.0, 1.0), "stop": stops, "seed": seed,
-            "presence_penalty": _num(body, "presence_penalty", 0.0, -2.0, 2.0),
-            "frequency_penalty": _num(body, "frequency_penalty", 0.0, -2.0, 2.0),
-            "stream": bool(body.get("stream", False)), "include_usage": bool((so or {}).get("include_usage", False))}
+    return {
+        "n": n,
+        "max_tokens": max_tokens,
+        "temperature": _num(body, "temperature", 1.0, 0.0, 2.0),
+        "top_p": _num(body, "top_p", 1.0, 0.0, 1.0),
+        "stop": stops,
+        "seed": seed,
+        "presence_penalty": _num(body, "presence_penalty", 0.0, -2.0, 2.0),
+        "frequency_penalty": _num(body, "frequency_penalty", 0.0, -2.0, 2.0),
+        "stream": bool(body.get("stream", False)),
+        "include_usage": bool((so or {}).get("include_usage", False)),
+    }
 
 
 def ensemble_inputs(p: dict[str, Any]) -> dict[str, Any]:
@@ -243,8 +269,9 @@ class Frontend:
     def budget(self, p: dict[str, Any]) -> int:
         return int(p["max_tokens"]) if p["max_tokens"] is not None else 256
 
-    def generate(self, text: str | list[dict], p: dict[str, Any], *, on_chunk: Any = None,
-                 cancel: threading.Event | None = None) -> tuple[str, str]:
+    def generate(
+        self, text: str | list[dict], p: dict[str, Any], *, on_chunk: Any = None, cancel: threading.Event | None = None
+    ) -> tuple[str, str]:
         """Blocking: one ensemble request for a prompt text or chat messages; returns (text, finish_reason)."""
         from .client import RequestError
 
@@ -258,10 +285,10 @@ class Frontend:
             held["text"] += delta
             safe, found = cut_stop(held["text"], stops)
             if found:
-                emit = safe[sent["n"]:]
+                emit = safe[sent["n"] :]
             else:
                 keep = max((len(s) - 1 for s in stops), default=0)
-                emit = held["text"][sent["n"]:max(sent["n"], len(held["text"]) - keep)]
+                emit = held["text"][sent["n"] : max(sent["n"], len(held["text"]) - keep)]
             if emit:
                 sent["n"] += len(emit)
                 on_chunk(emit)
@@ -270,8 +297,15 @@ class Frontend:
             if isinstance(text, list) and not self.server_renders:
                 text = self.codec.render(messages=text)
             how = {"messages": text} if isinstance(text, list) else {"prompt": text}
-            r = self.client().generate(max_tokens=self.budget(p), stream=stream, chat=False, cancel=cancel,
-                                       on_chunk=chunk if stream else None, **how, **ensemble_inputs(p))
+            r = self.client().generate(
+                max_tokens=self.budget(p),
+                stream=stream,
+                chat=False,
+                cancel=cancel,
+                on_chunk=chunk if stream else None,
+                **how,
+                **ensemble_inputs(p),
+            )
         except InputError as e:
             raise APIError(str(e)) from None
         except RequestError as e:  # the deployment refused or failed this request: its message names the input
@@ -280,7 +314,7 @@ class Frontend:
             raise APIError(str(e), status=503, type_="server_error") from None
         out, stopped = cut_stop(r.text, stops)
         if stream and len(out) > sent["n"]:
-            on_chunk(out[sent["n"]:])
+            on_chunk(out[sent["n"] :])
         reason = "stop" if stopped or self.completion_tokens(r.text) < self.budget(p) else "length"
         return out, reason
 
@@ -293,7 +327,9 @@ def build_app(fe: Frontend) -> Any:
     from starlette.routing import Route
 
     async def models(_request: Request) -> JSONResponse:
-        return JSONResponse({"object": "list", "data": [{"id": fe.model_id, "object": "model", "created": fe.created, "owned_by": "pipeline"}]})
+        return JSONResponse(
+            {"object": "list", "data": [{"id": fe.model_id, "object": "model", "created": fe.created, "owned_by": "pipeline"}]}
+        )
 
     async def body_of(request: Request, kind: str) -> tuple[dict[str, Any], dict[str, Any]]:
         try:
@@ -303,8 +339,12 @@ def build_app(fe: Frontend) -> Any:
         if not isinstance(body, dict):
             raise APIError("the request body must be a JSON object.")
         if body.get("model") != fe.model_id:
-            raise APIError(f"model {body.get('model')!r} does not exist here; this endpoint serves {fe.model_id!r} (GET /v1/models).",
-                           "model", status=404, code="model_not_found")
+            raise APIError(
+                f"model {body.get('model')!r} does not exist here; this endpoint serves {fe.model_id!r} (GET /v1/models).",
+                "model",
+                status=404,
+                code="model_not_found",
+            )
         p = parse_common(body, kind)
         if p["stream"] and not fe.decoupled:
             raise APIError("stream=true needs a decoupled deployment (package.decoupled=true).", "stream")
@@ -332,6 +372,7 @@ def build_app(fe: Frontend) -> Any:
             def worker(idx: int, text: str) -> None:
                 def on_chunk(delta: str) -> None:
                     loop.call_soon_threadsafe(q.put_nowait, ("delta", idx, delta))
+
                 try:
                     out, reason = fe.generate(text, p, on_chunk=on_chunk, cancel=cancel)
                     loop.call_soon_threadsafe(q.put_nowait, ("done", idx, (out, reason)))
@@ -374,8 +415,14 @@ def build_app(fe: Frontend) -> Any:
                         yield f"data: {json.dumps(val.body())}\n\n".encode()
                         return
                 if p["include_usage"]:
-                    ev = {"id": rid, "object": obj, "created": created, "model": fe.model_id, "choices": [],
-                          "usage": usage(texts, outs) if p["n"] == 1 else {**usage(texts * p["n"], outs)}}
+                    ev = {
+                        "id": rid,
+                        "object": obj,
+                        "created": created,
+                        "model": fe.model_id,
+                        "choices": [],
+                        "usage": usage(texts, outs) if p["n"] == 1 else {**usage(texts * p["n"], outs)},
+                    }
                     yield f"data: {json.dumps(ev, ensure_ascii=False)}\n\n".encode()
                 yield b"data: [DONE]\n\n"
             finally:
@@ -392,15 +439,24 @@ def build_app(fe: Frontend) -> Any:
             prompt = body.get("prompt")
             texts = [prompt] if isinstance(prompt, str) else prompt
             if not isinstance(texts, list) or not texts or not all(isinstance(t, str) and t for t in texts):
-                raise APIError("prompt must be a non-empty string or a list of non-empty strings (token-id prompts are not supported).",
-                               "prompt")
+                raise APIError(
+                    "prompt must be a non-empty string or a list of non-empty strings (token-id prompts are not supported).", "prompt"
+                )
             rid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
             if p["stream"]:
                 return stream_response("completions", texts, p, rid, created)
             outs = await run_choices(texts, p)
             choices = [{"index": i, "text": o, "logprobs": None, "finish_reason": r} for i, (o, r) in enumerate(outs)]
-            return JSONResponse({"id": rid, "object": "text_completion", "created": created, "model": fe.model_id, "choices": choices,
-                                 "usage": usage([t for t in texts for _ in range(p["n"])], [o for o, _ in outs])})
+            return JSONResponse(
+                {
+                    "id": rid,
+                    "object": "text_completion",
+                    "created": created,
+                    "model": fe.model_id,
+                    "choices": choices,
+                    "usage": usage([t for t in texts for _ in range(p["n"])], [o for o, _ in outs]),
+                }
+            )
         except APIError as e:
             return JSONResponse(e.body(), status_code=e.status)
 
@@ -417,22 +473,34 @@ def build_app(fe: Frontend) -> Any:
             if p["stream"]:
                 return stream_response("chat", [text], p, rid, created)
             outs = await run_choices([text], p)
-            choices = [{"index": i, "message": {"role": "assistant", "content": o}, "logprobs": None, "finish_reason": r}
-                       for i, (o, r) in enumerate(outs)]
-            return JSONResponse({"id": rid, "object": "chat.completion", "created": created, "model": fe.model_id, "choices": choices,
-                                 "usage": usage([text] * p["n"], [o for o, _ in outs])})
+            choices = [
+                {"index": i, "message": {"role": "assistant", "content": o}, "logprobs": None, "finish_reason": r}
+                for i, (o, r) in enumerate(outs)
+            ]
+            return JSONResponse(
+                {
+                    "id": rid,
+                    "object": "chat.completion",
+                    "created": created,
+                    "model": fe.model_id,
+                    "choices": choices,
+                    "usage": usage([text] * p["n"], [o for o, _ in outs]),
+                }
+            )
         except APIError as e:
             return JSONResponse(e.body(), status_code=e.status)
 
     async def health(_request: Request) -> JSONResponse:
         return JSONResponse({"status": "ok"})
 
-    return Starlette(routes=[
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/v1/completions", completions, methods=["POST"]),
-        Route("/v1/chat/completions", chat, methods=["POST"]),
-        Route("/health", health, methods=["GET"]),
-    ])
+    return Starlette(
+        routes=[
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/chat/completions", chat, methods=["POST"]),
+            Route("/health", health, methods=["GET"]),
+        ]
+    )
 
 
 class OpenAIServer:
@@ -445,9 +513,16 @@ class OpenAIServer:
     Raises :class:`InputError` when the port is taken.
     """
 
-    def __init__(self, grpc_url: str, repository: Path, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
-                 model_id: str | None = None) -> None:
-        self.grpc_url, self.repository, self.host, self.requested_port, self.model_id = grpc_url, Path(repository), host, int(port), model_id
+    def __init__(
+        self, grpc_url: str, repository: Path, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT, model_id: str | None = None
+    ) -> None:
+        self.grpc_url, self.repository, self.host, self.requested_port, self.model_id = (
+            grpc_url,
+            Path(repository),
+            host,
+            int(port),
+            model_id,
+        )
         self.port = 0
         self._server: Any = None
         self._thread: threading.Thread | None = None
@@ -467,8 +542,9 @@ class OpenAIServer:
             check_port_free(self.requested_port, self.host, "package.openai_port")
         self.port = self.requested_port or free_port(self.host)
         self.frontend = Frontend(self.grpc_url, self.repository, self.model_id)
-        cfg = uvicorn.Config(build_app(self.frontend), host=self.host, port=self.port, log_level="warning", access_log=False,
-                             lifespan="off")
+        cfg = uvicorn.Config(
+            build_app(self.frontend), host=self.host, port=self.port, log_level="warning", access_log=False, lifespan="off"
+        )
         self._server = uvicorn.Server(cfg)
         self._thread = threading.Thread(target=self._server.run, name="openai-http", daemon=True)
         self._thread.start()

@@ -35,8 +35,18 @@ def record(grpc_url: str, http_url: str, repository: Path, pid: int, root: Path 
     p = record_path(grpc_url, root)
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"grpc_url": grpc_url, "http_url": http_url, "repository": str(Path(repository).absolute()),
-                               "pid": int(pid), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, indent=1))
+    tmp.write_text(
+        json.dumps(
+            {
+                "grpc_url": grpc_url,
+                "http_url": http_url,
+                "repository": str(Path(repository).absolute()),
+                "pid": int(pid),
+                "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            },
+            indent=1,
+        )
+    )
     os.replace(tmp, p)
     return p
 

@@ -67,12 +67,16 @@ def resolve_repository(arg: str | None, store_dir: str | None) -> Path:
         for cand in (p, p / "model_repository", *sorted(p.glob("*/model_repository"))):
             if cand.is_dir() and ((cand / "ensemble" / "config.pbtxt").is_file() or (cand / "tensorrt_llm" / "config.pbtxt").is_file()):
                 return cand
-        raise InputError(f"{arg}: no Triton model repository there (expected ensemble/config.pbtxt, or a package artifact with "
-                         f"model_repository/). Fix: pass a package artifact folder or run `pipeline stages=[package]` first.")
+        raise InputError(
+            f"{arg}: no Triton model repository there (expected ensemble/config.pbtxt, or a package artifact with "
+            f"model_repository/). Fix: pass a package artifact folder or run `pipeline stages=[package]` first."
+        )
     repo = find_latest_repository(store_dir)
     if repo is None:
-        raise InputError(f"no package artifact found under {store_dir or 'artifacts'}/package. Fix: run `pipeline stages=[package]` "
-                         f"(or `make run`), or pass package.repository=/path/to/model_repository.")
+        raise InputError(
+            f"no package artifact found under {store_dir or 'artifacts'}/package. Fix: run `pipeline stages=[package]` "
+            f"(or `make run`), or pass package.repository=/path/to/model_repository."
+        )
     return repo
 
 
@@ -104,7 +108,9 @@ def main(argv: list[str] | None = None) -> int:
         pc = cfg.package
         repo = resolve_repository(paths[0] if paths else pc.repository, cfg.store_dir)
         man = release_manifest(repo)
-        target = (man.get("build") or {}).get("target") or ("onnxruntime_genai" if (repo / "onnxruntime_genai").is_dir() else "tensorrt_llm")
+        target = (man.get("build") or {}).get("target") or (
+            "onnxruntime_genai" if (repo / "onnxruntime_genai").is_dir() else "tensorrt_llm"
+        )
         print(f"model repository: {repo}  (target {target})")
         if target == "tensorrt_llm":
             image = (man.get("serving") or {}).get("serving_image") or pc.serving_image or cfg.target.serving_image
@@ -112,27 +118,54 @@ def main(argv: list[str] | None = None) -> int:
                 from ..packaging.trtllm_config import llmapi_command, llmapi_notice
 
                 print(llmapi_notice(image).split("\n\nOne command")[0] + "\n")
-                print("  " + llmapi_command(str(repo), image, grpc_port=pc.grpc_port or 8001, http_port=pc.http_port or 8000,
-                                            metrics_port=pc.metrics_port or 8002))
+                print(
+                    "  "
+                    + llmapi_command(
+                        str(repo),
+                        image,
+                        grpc_port=pc.grpc_port or 8001,
+                        http_port=pc.http_port or 8000,
+                        metrics_port=pc.metrics_port or 8002,
+                    )
+                )
                 return 0
             print("TensorRT-LLM engines are served by the NGC Triton + TensorRT-LLM container on a GPU host:\n")
             ranks = len(list((repo / "tensorrt_llm" / "1" / "engine").glob("rank*.engine"))) or 1
-            print("  " + ngc_command(str(repo), image, grpc_port=pc.grpc_port or 8001, http_port=pc.http_port or 8000,
-                                     metrics_port=pc.metrics_port or 8002, world_size=ranks))
+            print(
+                "  "
+                + ngc_command(
+                    str(repo),
+                    image,
+                    grpc_port=pc.grpc_port or 8001,
+                    http_port=pc.http_port or 8000,
+                    metrics_port=pc.metrics_port or 8002,
+                    world_size=ranks,
+                )
+            )
             print("\n(the repository's absolute paths expect it mounted at /models, as the command does)")
             if openai:
-                print("error: --openai starts the endpoint next to a server this command runs; for a TensorRT-LLM package, run the "
-                      "OpenAI front end on the GPU host (docs/package.md, OpenAI-compatible endpoint).", file=sys.stderr)
+                print(
+                    "error: --openai starts the endpoint next to a server this command runs; for a TensorRT-LLM package, run the "
+                    "OpenAI front end on the GPU host (docs/package.md, OpenAI-compatible endpoint).",
+                    file=sys.stderr,
+                )
                 return EXIT_INPUT
             return 0
-        srv = TritonServer(repo, pc.grpc_port, pc.http_port, pc.metrics_port, host=pc.host, ready_timeout_s=pc.ready_timeout_s,
-                           log_dir=Path("runs") / f"serve-{time.strftime('%Y%m%d-%H%M%S')}")
+        srv = TritonServer(
+            repo,
+            pc.grpc_port,
+            pc.http_port,
+            pc.metrics_port,
+            host=pc.host,
+            ready_timeout_s=pc.ready_timeout_s,
+            log_dir=Path("runs") / f"serve-{time.strftime('%Y%m%d-%H%M%S')}",
+        )
         print("starting tritonserver ...", flush=True)
         srv.start()
     except PipelineError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
-    except Exception as e:  # noqa: BLE001 - Hydra composition errors name the key
+    except Exception as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_INPUT
     oai = None
@@ -152,9 +185,13 @@ def main(argv: list[str] | None = None) -> int:
 
     record(srv.grpc_url, srv.http_url, repo, srv.process.pid)  # `pipeline client` reads the served package's tokenizer from it
     print(f"ready: gRPC {srv.grpc_url}  HTTP {srv.http_url}  metrics {srv.client_host}:{srv.metrics_port}  (log {srv.log_path})")
-    print(f"try:   pipeline client --url {srv.grpc_url} --stream \"Extract the order ID from this message: Hello, I want to cancel order ORD-76526 before it ships.\"")
+    print(
+        f'try:   pipeline client --url {srv.grpc_url} --stream "Extract the order ID from this message: Hello, I want to cancel order ORD-76526 before it ships."'
+    )
     if oai is not None:
-        print(f"OpenAI-compatible endpoint: {oai.url}  (model {oai.frontend.model_id!r}; /v1/models, /v1/completions, /v1/chat/completions)")
+        print(
+            f"OpenAI-compatible endpoint: {oai.url}  (model {oai.frontend.model_id!r}; /v1/models, /v1/completions, /v1/chat/completions)"
+        )
     print("Ctrl-C stops the server.", flush=True)
     while not stop.wait(1.0):
         if not srv.is_running():

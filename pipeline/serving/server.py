@@ -33,8 +33,8 @@ import subprocess
 import tempfile
 import time
 import weakref
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from ..errors import InputError, PipelineError, PreflightError
 
@@ -47,7 +47,7 @@ class ServerError(PipelineError):
     """The server failed to start, died, or did not become ready; the message names the log file."""
 
 
-_RUNNING: "weakref.WeakSet[TritonServer]" = weakref.WeakSet()
+_RUNNING: weakref.WeakSet[TritonServer] = weakref.WeakSet()
 
 
 @atexit.register
@@ -75,8 +75,10 @@ def check_port_free(port: int, host: str = "127.0.0.1", field: str = "port") -> 
         try:
             s.bind((host, port))
         except OSError as e:
-            raise InputError(f"{field}={port}: cannot bind {host}:{port} ({e.strerror or e}); another server is probably "
-                             f"running there. Fix: stop it, or pass {field}=0 to pick a free port.") from e
+            raise InputError(
+                f"{field}={port}: cannot bind {host}:{port} ({e.strerror or e}); another server is probably "
+                f"running there. Fix: stop it, or pass {field}=0 to pick a free port."
+            ) from e
 
 
 def resolve_ports(grpc_port: int, http_port: int, metrics_port: int, host: str) -> tuple[int, int, int]:
@@ -107,11 +109,21 @@ class ServeEnv:
         self.venv = Path(venv or os.environ.get("PIPELINE_SERVE_VENV") or DEFAULT_SERVE_VENV).absolute()
         self.python = self.venv / "bin" / "python3"
         if not self.python.exists():
-            raise PreflightError(f"serving virtualenv not found at {self.venv} (no bin/python3). Fix: run `make serve-env` "
-                                 f"(builds .venv-serve from pipeline/serving/requirements-serve.txt + nvidia-pytriton==0.7.0).")
-        info = subprocess.run([str(self.python), "-c", "import sys,sysconfig,site;print(f'{sys.version_info[0]}.{sys.version_info[1]}');"
-                               "print(sysconfig.get_config_var('LIBDIR'));print(site.getsitepackages()[0])"],
-                              capture_output=True, text=True, timeout=60)
+            raise PreflightError(
+                f"serving virtualenv not found at {self.venv} (no bin/python3). Fix: run `make serve-env` "
+                f"(builds .venv-serve from pipeline/serving/requirements-serve.txt + nvidia-pytriton==0.7.0)."
+            )
+        info = subprocess.run(
+            [
+                str(self.python),
+                "-c",
+                "import sys,sysconfig,site;print(f'{sys.version_info[0]}.{sys.version_info[1]}');"
+                "print(sysconfig.get_config_var('LIBDIR'));print(site.getsitepackages()[0])",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         if info.returncode != 0:
             raise PreflightError(f"{self.python} does not run: {info.stderr.strip()[-500:]}. Fix: rebuild it with `make serve-env`.")
         pyver, libdir, site_packages = info.stdout.split("\n")[:3]
@@ -123,13 +135,19 @@ class ServeEnv:
         self.libs = self.site_packages / "nvidia_pytriton.libs"
         missing = [p for p in (self.binary, self.python_backend / "libtriton_python.so", self.stub) if not p.exists()]
         if missing:
-            raise PreflightError(f"the Triton server from nvidia-pytriton is incomplete in {self.venv}: missing {[str(m) for m in missing]}. "
-                                 f"Fix: `make serve-env` (installs nvidia-pytriton==0.7.0 --no-deps).")
-        numpy_major = subprocess.run([str(self.python), "-c", "import numpy;print(numpy.__version__)"], capture_output=True, text=True, timeout=60)
+            raise PreflightError(
+                f"the Triton server from nvidia-pytriton is incomplete in {self.venv}: missing {[str(m) for m in missing]}. "
+                f"Fix: `make serve-env` (installs nvidia-pytriton==0.7.0 --no-deps)."
+            )
+        numpy_major = subprocess.run(
+            [str(self.python), "-c", "import numpy;print(numpy.__version__)"], capture_output=True, text=True, timeout=60
+        )
         ver = numpy_major.stdout.strip()
         if numpy_major.returncode != 0 or not ver or int(ver.split(".")[0]) >= 2:
-            raise PreflightError(f"numpy in {self.venv} is {ver or 'missing'}; the Triton 2.51 Python backend needs numpy < 2 "
-                                 f"(2.x silently corrupts tensors). Fix: `{self.python} -m pip install 'numpy<2'` or `make serve-env`.")
+            raise PreflightError(
+                f"numpy in {self.venv} is {ver or 'missing'}; the Triton 2.51 Python backend needs numpy < 2 "
+                f"(2.x silently corrupts tensors). Fix: `{self.python} -m pip install 'numpy<2'` or `make serve-env`."
+            )
 
     def prepare_backends(self, dest: Path) -> Path:
         """Create ``dest/python`` with links to the Python backend and the matching stub; returns ``dest``."""
@@ -182,10 +200,21 @@ class TritonServer:
         ServerError: the server exited or was not ready within ``ready_timeout_s`` (message holds the log tail).
     """
 
-    def __init__(self, repo_dir: str | os.PathLike, grpc_port: int = 0, http_port: int = 0, metrics_port: int = 0, *,
-                 host: str = "127.0.0.1", serve_venv: str | os.PathLike | None = None, ready_timeout_s: float = 180.0,
-                 log_dir: str | os.PathLike | None = None, models: Sequence[str] | None = None, log_verbose: int = 0,
-                 extra_args: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        repo_dir: str | os.PathLike,
+        grpc_port: int = 0,
+        http_port: int = 0,
+        metrics_port: int = 0,
+        *,
+        host: str = "127.0.0.1",
+        serve_venv: str | os.PathLike | None = None,
+        ready_timeout_s: float = 180.0,
+        log_dir: str | os.PathLike | None = None,
+        models: Sequence[str] | None = None,
+        log_verbose: int = 0,
+        extra_args: Iterable[str] = (),
+    ) -> None:
         self.repo_dir = Path(repo_dir).absolute()
         if not self.repo_dir.is_dir():
             raise InputError(f"model repository {self.repo_dir} is not a folder. Fix: pass the `model_repository/` of a package artifact.")
@@ -194,8 +223,9 @@ class TritonServer:
         self.serve_venv = serve_venv
         self.ready_timeout_s = float(ready_timeout_s)
         self.log_dir = Path(log_dir).absolute() if log_dir else None
-        self.models = list(models) if models is not None else sorted(
-            p.name for p in self.repo_dir.iterdir() if (p / "config.pbtxt").is_file())
+        self.models = (
+            list(models) if models is not None else sorted(p.name for p in self.repo_dir.iterdir() if (p / "config.pbtxt").is_file())
+        )
         self.log_verbose = log_verbose
         self.extra_args = list(extra_args)
         self.process: subprocess.Popen | None = None
@@ -220,7 +250,7 @@ class TritonServer:
         return f"{self.client_host}:{self.http_port}"
 
     # -- lifecycle
-    def start(self) -> "TritonServer":
+    def start(self) -> TritonServer:
         """Start the process and wait until the server and every model are ready."""
         env = ServeEnv(self.serve_venv)
         workdir = Path(tempfile.mkdtemp(prefix="triton-")) if self.log_dir is None else self.log_dir
@@ -232,18 +262,33 @@ class TritonServer:
         for _attempt in range(3):  # a port picked as free can be taken by someone else before Triton binds it
             self.grpc_port, self.http_port, self.metrics_port = resolve_ports(*self.requested_ports, host=self.host)
             self.command = [
-                str(env.binary), f"--model-repository={self.repo_dir}", f"--backend-directory={backends}",
-                f"--grpc-address={self.host}", f"--grpc-port={self.grpc_port}",
-                f"--http-address={self.host}", f"--http-port={self.http_port}",
-                f"--metrics-address={self.host}", f"--metrics-port={self.metrics_port}", "--allow-gpu-metrics=false",
-                "--disable-auto-complete-config", "--exit-timeout-secs=15", f"--log-verbose={self.log_verbose}",
+                str(env.binary),
+                f"--model-repository={self.repo_dir}",
+                f"--backend-directory={backends}",
+                f"--grpc-address={self.host}",
+                f"--grpc-port={self.grpc_port}",
+                f"--http-address={self.host}",
+                f"--http-port={self.http_port}",
+                f"--metrics-address={self.host}",
+                f"--metrics-port={self.metrics_port}",
+                "--allow-gpu-metrics=false",
+                "--disable-auto-complete-config",
+                "--exit-timeout-secs=15",
+                f"--log-verbose={self.log_verbose}",
                 *self.extra_args,
             ]
             self._log_file = open(self.log_path, "ab")
             self._log_file.write(("$ " + " ".join(self.command) + "\n").encode())
             self._log_file.flush()
-            self.process = subprocess.Popen(self.command, stdout=self._log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            env=env.environment(), cwd=str(workdir), start_new_session=True)
+            self.process = subprocess.Popen(
+                self.command,
+                stdout=self._log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env.environment(),
+                cwd=str(workdir),
+                start_new_session=True,
+            )
             _RUNNING.add(self)
             try:
                 self._wait_ready()
@@ -268,16 +313,19 @@ class TritonServer:
                 assert self.process is not None
                 rc = self.process.poll()
                 if rc is not None:
-                    raise ServerError(f"tritonserver exited with code {rc} before it was ready. Log: {self.log_path}\n"
-                                      f"--- log tail ---\n{self.log_tail()}")
+                    raise ServerError(
+                        f"tritonserver exited with code {rc} before it was ready. Log: {self.log_path}\n--- log tail ---\n{self.log_tail()}"
+                    )
                 try:
                     if client.is_server_live() and client.is_server_ready() and all(client.is_model_ready(m) for m in self.models):
                         return
                 except InferenceServerException:
                     pass
                 if time.monotonic() > deadline:
-                    raise ServerError(f"tritonserver was not ready after {self.ready_timeout_s:.0f} s (models {self.models}). "
-                                      f"Log: {self.log_path}\n--- log tail ---\n{self.log_tail()}")
+                    raise ServerError(
+                        f"tritonserver was not ready after {self.ready_timeout_s:.0f} s (models {self.models}). "
+                        f"Log: {self.log_path}\n--- log tail ---\n{self.log_tail()}"
+                    )
                 time.sleep(0.25)
         finally:
             with contextlib.suppress(Exception):
@@ -325,15 +373,23 @@ class TritonServer:
         if self.log_dir is None and getattr(self, "_workdir", None) is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
 
-    def __enter__(self) -> "TritonServer":
+    def __enter__(self) -> TritonServer:
         return self.start()
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self.stop()
 
 
-def ngc_command(repo_dir: str, image: str, *, grpc_port: int = 8001, http_port: int = 8000, metrics_port: int = 8002,
-                world_size: int = 1, container_repo: str = "/models") -> str:
+def ngc_command(
+    repo_dir: str,
+    image: str,
+    *,
+    grpc_port: int = 8001,
+    http_port: int = 8000,
+    metrics_port: int = 8002,
+    world_size: int = 1,
+    container_repo: str = "/models",
+) -> str:
     """The ``docker run`` command that serves ``repo_dir`` in the NGC Triton + TensorRT-LLM image on a GPU host.
 
     Flags follow the TensorRT-LLM backend README (docs/reference/triton.md §3): ``--gpus all --shm-size=2g --ulimit memlock=-1
@@ -343,13 +399,19 @@ def ngc_command(repo_dir: str, image: str, *, grpc_port: int = 8001, http_port: 
     """
     ports = f"-p {grpc_port}:{grpc_port} -p {http_port}:{http_port} -p {metrics_port}:{metrics_port}"
     if world_size > 1:
-        server = (f"python3 /app/scripts/launch_triton_server.py --world_size={world_size} --model_repo={container_repo} "
-                  f"--grpc_port={grpc_port} --http_port={http_port} --metrics_port={metrics_port}")
+        server = (
+            f"python3 /app/scripts/launch_triton_server.py --world_size={world_size} --model_repo={container_repo} "
+            f"--grpc_port={grpc_port} --http_port={http_port} --metrics_port={metrics_port}"
+        )
     else:
-        server = (f"tritonserver --model-repository={container_repo} --grpc-port={grpc_port} --http-port={http_port} "
-                  f"--metrics-port={metrics_port} --disable-auto-complete-config")
-    return (f"docker run --rm -it --gpus all --shm-size=2g --ulimit memlock=-1 --ulimit stack=67108864 {ports} "
-            f"-v {repo_dir}:{container_repo} {image} {server}")
+        server = (
+            f"tritonserver --model-repository={container_repo} --grpc-port={grpc_port} --http-port={http_port} "
+            f"--metrics-port={metrics_port} --disable-auto-complete-config"
+        )
+    return (
+        f"docker run --rm -it --gpus all --shm-size=2g --ulimit memlock=-1 --ulimit stack=67108864 {ports} "
+        f"-v {repo_dir}:{container_repo} {image} {server}"
+    )
 
 
 __all__ = ["ServeEnv", "ServerError", "TritonServer", "check_port_free", "free_port", "ngc_command", "resolve_ports"]

@@ -12,8 +12,9 @@ import contextlib
 import dataclasses
 import importlib
 import logging
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -36,12 +37,12 @@ class StageContext:
         manifest: the manifest under construction; stages may add keys (e.g. ``plan``).
     """
 
-    cfg: "PipelineConfig"
-    inputs: dict[str, "Artifact"]
+    cfg: PipelineConfig
+    inputs: dict[str, Artifact]
     external: dict[str, Path]
     out: Path | None
     manifest: dict[str, Any]
-    console: "Console"
+    console: Console
     log: logging.Logger
     show_progress: bool = True
 
@@ -49,6 +50,7 @@ class StageContext:
     def progress(self, description: str, total: float | None) -> Iterator[Callable[[float], None]]:
         """A rich progress bar; yields ``advance(n)``. Silent when progress is off."""
         if not self.show_progress:
+
             def _noop(n: float = 1) -> None:
                 return None
 
@@ -57,8 +59,13 @@ class StageContext:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
         with Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
-            console=self.console, transient=True,
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=self.console,
+            transient=True,
         ) as prog:
             task = prog.add_task(description, total=total)
 
@@ -68,11 +75,11 @@ class StageContext:
             yield _advance
 
 
-def _no_external(cfg: "PipelineConfig") -> dict[str, Path]:
+def _no_external(cfg: PipelineConfig) -> dict[str, Path]:
     return {}
 
 
-def _no_extras(cfg: "PipelineConfig", inputs: dict[str, "Artifact"]) -> dict[str, Any]:
+def _no_extras(cfg: PipelineConfig, inputs: dict[str, Artifact]) -> dict[str, Any]:
     return {}
 
 
@@ -105,14 +112,14 @@ class Stage:
     libraries: tuple[str, ...]
     run: Callable[[StageContext], dict[str, Any]]
     version: str = "1"
-    external_inputs: Callable[["PipelineConfig"], dict[str, Path]] = _no_external
-    key_extras: Callable[["PipelineConfig", dict[str, "Artifact"]], dict[str, Any]] = _no_extras
+    external_inputs: Callable[[PipelineConfig], dict[str, Path]] = _no_external
+    key_extras: Callable[[PipelineConfig, dict[str, Artifact]], dict[str, Any]] = _no_extras
     dry_run: Callable[[StageContext], dict[str, Any]] | None = None
     cacheable: bool = True
-    select_deps: Callable[["PipelineConfig"], tuple[str, ...]] | None = None
+    select_deps: Callable[[PipelineConfig], tuple[str, ...]] | None = None
     runtime_reads: tuple[str, ...] = ()
 
-    def deps_for(self, cfg: "PipelineConfig") -> tuple[str, ...]:
+    def deps_for(self, cfg: PipelineConfig) -> tuple[str, ...]:
         """The upstream stages this run needs (``select_deps(cfg)`` when given, else ``deps``)."""
         return tuple(self.select_deps(cfg)) if self.select_deps is not None else self.deps
 

@@ -35,12 +35,23 @@ def _inputs(ctx: StageContext):
         return get_target(target).load_runner(engine_dir)
 
     return BenchInputs(
-        hf_dir=exp.hf_dir, model_info=exp.model_info(), engine_dir=engine_dir if engine_dir.is_dir() else None,
-        model_repository=repo, eval_set=ctx.external.get("eval_set"), corpus=ctx.external.get("corpus"), target=target,
-        max_input_len=limits.get("max_input_len"), max_seq_len=limits.get("max_seq_len"), max_batch_size=limits.get("max_batch_size"),
-        describe={"model_name": cfg.model.name, "quant_recipe": cfg.quant.recipe, "kv_cache": cfg.quant.kv_cache_dtype,
-                  "build_preset": cfg.build.name,
-                  "artifacts": {n: {"key": a.key, "digest": a.digest} for n, a in ctx.inputs.items()}},
+        hf_dir=exp.hf_dir,
+        model_info=exp.model_info(),
+        engine_dir=engine_dir if engine_dir.is_dir() else None,
+        model_repository=repo,
+        eval_set=ctx.external.get("eval_set"),
+        corpus=ctx.external.get("corpus"),
+        target=target,
+        max_input_len=limits.get("max_input_len"),
+        max_seq_len=limits.get("max_seq_len"),
+        max_batch_size=limits.get("max_batch_size"),
+        describe={
+            "model_name": cfg.model.name,
+            "quant_recipe": cfg.quant.recipe,
+            "kv_cache": cfg.quant.kv_cache_dtype,
+            "build_preset": cfg.build.name,
+            "artifacts": {n: {"key": a.key, "digest": a.digest} for n, a in ctx.inputs.items()},
+        },
         load_runner=load_runner,
     )
 
@@ -74,8 +85,10 @@ def run(ctx: StageContext) -> dict[str, Any]:
         ctx.console.print(f"benchmark results: {results_dir / (b.name + '.md')}")
     errors = doc["ratios"]["failed_requests"]["value"]
     if errors and b.fail_on_errors:
-        raise PipelineError(f"benchmark: {errors} request(s) failed (see {published[0] if published else paths['json']}, runs[].requests[].error). "
-                            "A deployment that drops requests is not measured correctly; set benchmark.fail_on_errors=false to keep such a result.")
+        raise PipelineError(
+            f"benchmark: {errors} request(s) failed (see {published[0] if published else paths['json']}, runs[].requests[].error). "
+            "A deployment that drops requests is not measured correctly; set benchmark.fail_on_errors=false to keep such a result."
+        )
     return {
         "headline": doc["headline"],
         "ratios": {k: v["value"] for k, v in doc["ratios"].items()},

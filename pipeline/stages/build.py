@@ -12,7 +12,6 @@ and part of the cache key (``key_extras``), so an auto run on a GPU host never r
 from __future__ import annotations
 
 import shlex
-from pathlib import Path
 from typing import Any
 
 from ..artifacts import BuildArtifact
@@ -61,8 +60,13 @@ def _run(ctx: StageContext) -> dict[str, Any]:
     write_json_atomic(out.build_info_path, info)
     engine_mb = round(info["engine_bytes"] / 1e6, 3)
     ctx.console.print(f"  engine: {engine_mb} MB in {info['build_s']:.1f} s  limits={info['limits']}")
-    return {"headline": {"target": name, "engine_mb": engine_mb}, "limits": info["limits"], "target": name,
-            "backend": info["backend"], "target_reason": reason}
+    return {
+        "headline": {"target": name, "engine_mb": engine_mb},
+        "limits": info["limits"],
+        "target": name,
+        "backend": info["backend"],
+        "target_reason": reason,
+    }
 
 
 def _dry_run(ctx: StageContext) -> dict[str, Any]:

@@ -14,7 +14,6 @@ import os
 import statistics
 import time
 from collections import Counter, defaultdict
-from pathlib import Path
 from typing import Any
 
 from ..artifacts import BuildArtifact, EvalArtifact, ExportArtifact, target_of
@@ -112,7 +111,9 @@ def _pad_id(info: dict[str, Any], tokenizer: Any, stop_ids: list[int]) -> int:
             return v
     if stop_ids:
         return stop_ids[0]
-    raise InputError("the export has no pad_token_id and no eos_token_ids. Fix: set eos_token_id in the checkpoint's generation_config.json.")
+    raise InputError(
+        "the export has no pad_token_id and no eos_token_ids. Fix: set eos_token_id in the checkpoint's generation_config.json."
+    )
 
 
 def _summarise(outputs: dict[str, Any], scores: dict[str, float], prepared: list[Any], seconds: float) -> dict[str, Any]:
@@ -135,8 +136,18 @@ def _summarise(outputs: dict[str, Any], scores: dict[str, float], prepared: list
     }
 
 
-def _run_all(ctx: StageContext, runners: list[str], prepared: list[Any], tokenizer: Any, stop_ids: list[int], pad_id: int,
-             n_run: int, outputs: dict[str, Any], seconds: dict[str, float], fid: dict[str, Any] | None = None) -> None:
+def _run_all(
+    ctx: StageContext,
+    runners: list[str],
+    prepared: list[Any],
+    tokenizer: Any,
+    stop_ids: list[int],
+    pad_id: int,
+    n_run: int,
+    outputs: dict[str, Any],
+    seconds: dict[str, float],
+    fid: dict[str, Any] | None = None,
+) -> None:
     """Generate with every runner (one loaded at a time); with ``fid`` (``{"seqs", "runners": (baseline, cand)}``)
     the baseline and the candidate also compute teacher-forced logits (``fid["logits"][runner]``, seconds in
     ``fid["seconds"][runner]``); an engine without logits records ``fid["unavailable"]``."""
@@ -195,9 +206,15 @@ def _evaluate(ctx: StageContext) -> dict[str, Any]:
     stop_ids = stop_token_ids(info, list(getattr(cfg.model, "extra_stop_token_ids", []) or []))
     pad_id = _pad_id(info, tokenizer, stop_ids)
     limits = engine_limits(build_art, cfg)
-    prepared = prepare(items, tokenizer, max_input_len=int(limits["max_input_len"]), max_seq_len=limits.get("max_seq_len"),
-                       default_max_new_tokens=e.max_new_tokens, extra_stop=e.stop,
-                       apply_chat_template=bool(getattr(cfg.model, "apply_chat_template", True)))
+    prepared = prepare(
+        items,
+        tokenizer,
+        max_input_len=int(limits["max_input_len"]),
+        max_seq_len=limits.get("max_seq_len"),
+        default_max_new_tokens=e.max_new_tokens,
+        extra_stop=e.stop,
+        apply_chat_template=bool(getattr(cfg.model, "apply_chat_template", True)),
+    )
     runners, cand, notes = resolve_runners(cfg, build_art)
     for k, v in notes.items():
         ctx.log.info("%s: %s", k, v)
@@ -207,17 +224,31 @@ def _evaluate(ctx: StageContext) -> dict[str, Any]:
     seconds: dict[str, float] = {}
     fid: dict[str, Any] | None = None
     if e.fidelity and "baseline" in runners and cand != "baseline":
+
         def make_seqs(base_out: dict[str, Any]) -> list[Any]:
             # the reference answer in the baseline's own tokens where it answered correctly (fidelity.build_sequences)
-            ok = {i: o.output_ids for i, o in base_out.items()
-                  if o.finish_reason == "eos" and get_metric(item_by_id[i].metric)(o.text, item_by_id[i]) >= 1.0}
+            ok = {
+                i: o.output_ids
+                for i, o in base_out.items()
+                if o.finish_reason == "eos" and get_metric(item_by_id[i].metric)(o.text, item_by_id[i]) >= 1.0
+            }
             return F.build_sequences(prepared, tokenizer, stop_ids, ok)
 
         item_by_id = {p.item.id: p.item for p in prepared}
-        fid = {"make": make_seqs, "runners": ("baseline", cand), "logits": {}, "seconds": {},
-               # held-out samples that fit the engine's limits (one context pass of len - 1 tokens)
-               "heldout": F.heldout_sequences([h for h in _heldout_samples(ctx, tokenizer)
-                                               if len(h) - 1 <= min(int(limits["max_input_len"]), int(limits.get("max_seq_len") or 1 << 30) - 1)])}
+        fid = {
+            "make": make_seqs,
+            "runners": ("baseline", cand),
+            "logits": {},
+            "seconds": {},
+            # held-out samples that fit the engine's limits (one context pass of len - 1 tokens)
+            "heldout": F.heldout_sequences(
+                [
+                    h
+                    for h in _heldout_samples(ctx, tokenizer)
+                    if len(h) - 1 <= min(int(limits["max_input_len"]), int(limits.get("max_seq_len") or 1 << 30) - 1)
+                ]
+            ),
+        }
     _run_all(ctx, runners, prepared, tokenizer, stop_ids, pad_id, n_run, outputs, seconds, fid)
     fidelity = None
     if fid is not None:
@@ -227,17 +258,22 @@ def _evaluate(ctx: StageContext) -> dict[str, Any]:
             n_tune = len(fid["seqs"]) - len(fid["heldout"])
             base_l, cand_l = fid["logits"]["baseline"], fid["logits"][cand]
             held = F.compare(fid["seqs"][n_tune:], base_l[n_tune:], cand_l[n_tune:]) if fid["heldout"] else None
-            fidelity = {"candidate": cand, **F.compare(fid["seqs"][:n_tune], base_l[:n_tune], cand_l[:n_tune]),
-                        "calibration_heldout": ({"samples": held["items"], **held["overall"]} if held else None),
-                        "seconds": fid["seconds"],
-                        "sequence": "prompt + reference answer (the baseline's tokens where it answered correctly) + eos, cut to the item budget"}
+            fidelity = {
+                "candidate": cand,
+                **F.compare(fid["seqs"][:n_tune], base_l[:n_tune], cand_l[:n_tune]),
+                "calibration_heldout": ({"samples": held["items"], **held["overall"]} if held else None),
+                "seconds": fid["seconds"],
+                "sequence": "prompt + reference answer (the baseline's tokens where it answered correctly) + eos, cut to the item budget",
+            }
         del fid
 
     metric_of = {p.item.id: get_metric(p.item.metric) for p in prepared}
     item_of = {p.item.id: p.item for p in prepared}
     # an engine error scores 0 (a broken engine must not pass the gate) and is counted in the report
-    scores = {r: {i: (metric_of[i](o.text, item_of[i]) if o.finish_reason != "error" else 0.0) for i, o in outs.items()}
-              for r, outs in outputs.items()}
+    scores = {
+        r: {i: (metric_of[i](o.text, item_of[i]) if o.finish_reason != "error" else 0.0) for i, o in outs.items()}
+        for r, outs in outputs.items()
+    }
     summaries = {r: _summarise(outputs[r], scores[r], prepared, seconds[r]) for r in runners}
 
     # paired comparison candidate vs baseline, overall and per slice
@@ -253,26 +289,44 @@ def _evaluate(ctx: StageContext) -> dict[str, Any]:
                 groups[f"slice:{p.item.slice}"].append(p)
         for scope, ps in groups.items():
             stats[scope] = G.paired_stats(
-                [scores["baseline"][p.item.id] for p in ps], [scores[cand][p.item.id] for p in ps],
+                [scores["baseline"][p.item.id] for p in ps],
+                [scores[cand][p.item.id] for p in ps],
                 binary=all(metric_of[p.item.id].binary for p in ps),
                 agree=[outputs["baseline"][p.item.id].text.strip() == outputs[cand][p.item.id].text.strip() for p in ps],
-                confidence=e.gate.confidence, samples=e.gate.bootstrap_samples, seed=e.gate.seed)
-        comparison = {"overall": stats["overall"].to_json() if "overall" in stats else None,
-                      "slices": {k.split(":", 1)[1]: v.to_json() for k, v in stats.items() if k.startswith("slice:")}}
-    verdict = G.judge(e.gate, cfg.quant.recipe, stats, cand_scores, (fidelity or {}).get("overall"),
-                      cand_errors=int(summaries[cand]["errors"]))
+                confidence=e.gate.confidence,
+                samples=e.gate.bootstrap_samples,
+                seed=e.gate.seed,
+            )
+        comparison = {
+            "overall": stats["overall"].to_json() if "overall" in stats else None,
+            "slices": {k.split(":", 1)[1]: v.to_json() for k, v in stats.items() if k.startswith("slice:")},
+        }
+    verdict = G.judge(
+        e.gate, cfg.quant.recipe, stats, cand_scores, (fidelity or {}).get("overall"), cand_errors=int(summaries[cand]["errors"])
+    )
 
     worst = []
     if comparison:
-        regress = sorted((p for p in prepared if p.item.id in scores["baseline"] and p.item.id in scores[cand]),
-                         key=lambda p: scores[cand][p.item.id] - scores["baseline"][p.item.id])
+        regress = sorted(
+            (p for p in prepared if p.item.id in scores["baseline"] and p.item.id in scores[cand]),
+            key=lambda p: scores[cand][p.item.id] - scores["baseline"][p.item.id],
+        )
         for p in regress[: e.worst_regressions]:
             i = p.item.id
             if scores["baseline"][i] - scores[cand][i] <= 0:
                 break
-            worst.append({"id": i, "slice": p.item.slice, "prompt": p.item.prompt_text(), "reference": p.item.reference,
-                          "baseline": outputs["baseline"][i].text, "candidate": outputs[cand][i].text,
-                          "baseline_score": scores["baseline"][i], "candidate_score": scores[cand][i]})
+            worst.append(
+                {
+                    "id": i,
+                    "slice": p.item.slice,
+                    "prompt": p.item.prompt_text(),
+                    "reference": p.item.reference,
+                    "baseline": outputs["baseline"][i].text,
+                    "candidate": outputs[cand][i].text,
+                    "baseline_score": scores["baseline"][i],
+                    "candidate_score": scores[cand][i],
+                }
+            )
 
     speculative = None
     if e.draft_model_path:
@@ -280,12 +334,22 @@ def _evaluate(ctx: StageContext) -> dict[str, Any]:
         draft_dir = ctx.external["draft_model"]
         draft_tok = load_tokenizer(draft_dir)
         if draft_tok.get_vocab() != tokenizer.get_vocab():
-            raise InputError(f"eval.draft_model_path={e.draft_model_path!r}: its tokenizer differs from the target's. "
-                             "Fix: use a draft model trained with the same tokenizer (speculative decoding needs a shared vocabulary).")
+            raise InputError(
+                f"eval.draft_model_path={e.draft_model_path!r}: its tokenizer differs from the target's. "
+                "Fix: use a draft model trained with the same tokenizer (speculative decoding needs a shared vocabulary)."
+            )
         draft = load_hf_model(draft_dir)
         with ctx.progress("evaluate: draft acceptance", total=None) as adv:
-            acc = draft_acceptance(draft, prepared, outputs[target_runner], k=e.draft_tokens, pad_id=pad_id, stop_ids=stop_ids,
-                                   batch_size=e.batch_size, advance=adv)
+            acc = draft_acceptance(
+                draft,
+                prepared,
+                outputs[target_runner],
+                k=e.draft_tokens,
+                pad_id=pad_id,
+                stop_ids=stop_ids,
+                batch_size=e.batch_size,
+                advance=adv,
+            )
         speculative = _speculative_summary(acc, prepared, e, target_runner)
 
     too_long = [p.item.id for p in prepared if p.skipped]
@@ -295,14 +359,20 @@ def _evaluate(ctx: StageContext) -> dict[str, Any]:
     # output agreement between every pair of runners (e.g. engine vs simulated checks the engine's numerics)
     pairwise = {}
     for a_i, a in enumerate(runners):
-        for b in runners[a_i + 1:]:
+        for b in runners[a_i + 1 :]:
             common = [i for i in outputs[a] if i in outputs[b]]
             if common:
                 pairwise[f"{a}~{b}"] = sum(outputs[a][i].text.strip() == outputs[b][i].text.strip() for i in common) / len(common)
     rep = {
         "schema": REPORT_SCHEMA,
-        "eval_set": {"name": e.name, "path": str(eval_path), "sha256": sha256_file(eval_path), "items": len(items),
-                     "evaluated": n_run, "limit": e.limit},
+        "eval_set": {
+            "name": e.name,
+            "path": str(eval_path),
+            "sha256": sha256_file(eval_path),
+            "items": len(items),
+            "evaluated": n_run,
+            "limit": e.limit,
+        },
         "recipe": cfg.quant.recipe,
         "target": target_name(cfg, build_art) if build_art is not None else None,
         "candidate": cand,
@@ -315,8 +385,9 @@ def _evaluate(ctx: StageContext) -> dict[str, Any]:
         "pairwise_agreement": pairwise,
         "gate": verdict,
         "fidelity": fidelity,
-        "reference": {"checkpoint": str(ctx.external.get("reference_checkpoint")), "dtype": ref_dtype,
-                      "requested": e.reference_dtype} if "baseline" in outputs else None,
+        "reference": {"checkpoint": str(ctx.external.get("reference_checkpoint")), "dtype": ref_dtype, "requested": e.reference_dtype}
+        if "baseline" in outputs
+        else None,
         "skipped": {"too_long": too_long, "max_input_len": int(limits["max_input_len"])},
         "worst_regressions": worst,
         "speculative": speculative,
@@ -332,9 +403,22 @@ def _evaluate(ctx: StageContext) -> dict[str, Any]:
             for r in runners:
                 o = outputs[r].get(p.item.id)
                 if o is not None:
-                    f.write(json.dumps({**base, "runner": r, "text": o.text, "output_ids": o.output_ids, "finish_reason": o.finish_reason,
-                                        "score": scores[r][p.item.id], "latency_s": round(o.latency_s, 6), "error": o.error},
-                                       ensure_ascii=False) + "\n")
+                    f.write(
+                        json.dumps(
+                            {
+                                **base,
+                                "runner": r,
+                                "text": o.text,
+                                "output_ids": o.output_ids,
+                                "finish_reason": o.finish_reason,
+                                "score": scores[r][p.item.id],
+                                "latency_s": round(o.latency_s, 6),
+                                "error": o.error,
+                            },
+                            ensure_ascii=False,
+                        )
+                        + "\n"
+                    )
     R.write_all(out, rep, {r: [o.latency_s for o in outputs[r].values()] for r in runners})
     R.print_console(rep, ctx.console)
     ov = stats.get("overall")
@@ -352,11 +436,29 @@ def _evaluate(ctx: StageContext) -> dict[str, Any]:
         headline["top1"] = round(fo["top1"], 4)
     if verdict["bound"]:
         headline["drop_ub"] = round(verdict["bound"]["upper"], 4)
-    summary = {"verdict": verdict["verdict"], "mode": verdict["mode"], "bound": verdict["bound"], "scopes": verdict["scopes"],
-               "fidelity": {"kld_mean": fo["kld"]["mean"], "kld_se": fo["kld"]["se"], "top1": fo["top1"],
-                            "ln_ppl_ratio": fo["ln_ppl_ratio"], "positions": fo["positions"]} if fo.get("positions") else None}
-    return {"gate": {"passed": verdict["passed"], "reason": verdict["reason"], **summary}, "headline": headline,
-            "skipped_too_long": len(too_long), "evaluated": n_run, "candidate": cand, "report": EvalArtifact.REPORT_JSON}
+    summary = {
+        "verdict": verdict["verdict"],
+        "mode": verdict["mode"],
+        "bound": verdict["bound"],
+        "scopes": verdict["scopes"],
+        "fidelity": {
+            "kld_mean": fo["kld"]["mean"],
+            "kld_se": fo["kld"]["se"],
+            "top1": fo["top1"],
+            "ln_ppl_ratio": fo["ln_ppl_ratio"],
+            "positions": fo["positions"],
+        }
+        if fo.get("positions")
+        else None,
+    }
+    return {
+        "gate": {"passed": verdict["passed"], "reason": verdict["reason"], **summary},
+        "headline": headline,
+        "skipped_too_long": len(too_long),
+        "evaluated": n_run,
+        "candidate": cand,
+        "report": EvalArtifact.REPORT_JSON,
+    }
 
 
 def _heldout_samples(ctx: StageContext, tokenizer: Any) -> list[list[int]]:
@@ -377,7 +479,7 @@ def _heldout_samples(ctx: StageContext, tokenizer: Any) -> list[list[int]]:
     except InputError as e:  # the measurement is optional; the quantize stage reports calibration problems
         ctx.log.warning("fidelity: no calibration hold-out (%s)", e)
         return []
-    return [list(s) for s in cs.samples[c.calib_size:]]
+    return [list(s) for s in cs.samples[c.calib_size :]]
 
 
 def _speculative_summary(acc: dict[str, dict[str, int]], prepared: list[Any], e: Any, target_runner: str) -> dict[str, Any]:
@@ -389,10 +491,16 @@ def _speculative_summary(acc: dict[str, dict[str, int]], prepared: list[Any], e:
             by_slice[slice_of[i]][k] += a[k]
             tot[k] += a[k]
     rate = lambda d: d["accepted"] / d["proposed"] if d["proposed"] else 0.0  # noqa: E731
-    return {"draft_model": str(e.draft_model_path), "k": e.draft_tokens, "target_runner": target_runner,
-            "acceptance_rate": rate(tot), "mean_tokens_per_step": tot["tokens"] / tot["steps"] if tot["steps"] else 0.0,
-            "proposed": tot["proposed"], "accepted": tot["accepted"],
-            "slices": {s: {**v, "acceptance_rate": rate(v)} for s, v in sorted(by_slice.items())}}
+    return {
+        "draft_model": str(e.draft_model_path),
+        "k": e.draft_tokens,
+        "target_runner": target_runner,
+        "acceptance_rate": rate(tot),
+        "mean_tokens_per_step": tot["tokens"] / tot["steps"] if tot["steps"] else 0.0,
+        "proposed": tot["proposed"],
+        "accepted": tot["accepted"],
+        "slices": {s: {**v, "acceptance_rate": rate(v)} for s, v in sorted(by_slice.items())},
+    }
 
 
 def _external(cfg: Any) -> dict[str, Any]:
@@ -424,14 +532,20 @@ def _key_extras(cfg: Any, inputs: dict[str, Any]) -> dict[str, Any]:
     """Every field outside the ``eval`` group that evaluate reads (tests/test_gate_key_reads.py records the reads
     of a real run and fails on any field that is neither here, in ``eval``'s cache fields, nor in ``RUNTIME_READS``)."""
     m, b = cfg.model, cfg.build
-    return {"recipe": cfg.quant.recipe, "gate": "v2",
-            "model": {"extra_stop_token_ids": list(m.extra_stop_token_ids or []), "apply_chat_template": m.apply_chat_template,
-                      "allow_pickle": m.allow_pickle},
-            # the build artifact's limits win when there is one; these are the fallback (baseline + simulated runs)
-            "build": {"max_input_len": b.max_input_len, "max_seq_len": b.max_seq_len, "max_batch_size": b.max_batch_size},
-            "target": cfg.target.name,
-            # the calibration hold-out (fidelity) depends on the calibration set's order and size
-            "calibration": key_fields(cfg.calibration) if _heldout_wanted(cfg) else None}
+    return {
+        "recipe": cfg.quant.recipe,
+        "gate": "v2",
+        "model": {
+            "extra_stop_token_ids": list(m.extra_stop_token_ids or []),
+            "apply_chat_template": m.apply_chat_template,
+            "allow_pickle": m.allow_pickle,
+        },
+        # the build artifact's limits win when there is one; these are the fallback (baseline + simulated runs)
+        "build": {"max_input_len": b.max_input_len, "max_seq_len": b.max_seq_len, "max_batch_size": b.max_batch_size},
+        "target": cfg.target.name,
+        # the calibration hold-out (fidelity) depends on the calibration set's order and size
+        "calibration": key_fields(cfg.calibration) if _heldout_wanted(cfg) else None,
+    }
 
 
 # Fields evaluate reads that never change its report: paths whose content is digested as an external input,

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from ..config import PipelineConfig
 
 
-def _checkpoint(cfg: "PipelineConfig") -> dict[str, Path]:
+def _checkpoint(cfg: PipelineConfig) -> dict[str, Path]:
     """The checkpoint folder, after the cheap checks (config.json + weight headers, no torch).
 
     Runs before the runner hashes the folder for the cache key, so a truncated shard or an
@@ -32,16 +32,21 @@ def _checkpoint(cfg: "PipelineConfig") -> dict[str, Path]:
     if m.path is None:
         if m.hf_config is not None:
             preset = _preset_of(m.name)
-            raise InputError(f"model.name={m.name!r} is a shapes-only preset (model.hf_config is set, model.path is null): it has "
-                             f"no weights, so it cannot be exported, quantized or built. Fix: use `pipeline plan model={preset}` "
-                             f"for memory/speed planning, or pass model.path=/path/to/hf_checkpoint to run the pipeline.")
+            raise InputError(
+                f"model.name={m.name!r} is a shapes-only preset (model.hf_config is set, model.path is null): it has "
+                f"no weights, so it cannot be exported, quantized or built. Fix: use `pipeline plan model={preset}` "
+                f"for memory/speed planning, or pass model.path=/path/to/hf_checkpoint to run the pipeline."
+            )
         raise InputError("model.path is not set. Fix: pass model.path=/path/to/hf_checkpoint or pick a preset (model=support_llama).")
     path = resolve_path(m.path)
     if path is None or not path.exists():
-        raise InputError(f"model.path={m.path!r}: not found (resolved to {path}). Fix: point model.path at a local Hugging Face "
-                         f"checkpoint folder (relative paths resolve against the current folder, then the repository root).")
-    inspect_checkpoint(path, trust_remote_code=m.trust_remote_code, allow_pickle=m.allow_pickle,
-                       allow_external_files=m.allow_external_files)
+        raise InputError(
+            f"model.path={m.path!r}: not found (resolved to {path}). Fix: point model.path at a local Hugging Face "
+            f"checkpoint folder (relative paths resolve against the current folder, then the repository root)."
+        )
+    inspect_checkpoint(
+        path, trust_remote_code=m.trust_remote_code, allow_pickle=m.allow_pickle, allow_external_files=m.allow_external_files
+    )
     # the key covers what export reads: the folder (links hashed by content) and, only when allowed, the
     # out-of-folder files the weight index names
     extra = {f"outside:{i}": p for i, p in enumerate(external_files(path))} if m.allow_external_files else {}
@@ -58,7 +63,7 @@ def _preset_of(name: str) -> str:
         try:
             if OmegaConf.load(f).get("name") == name:
                 return f.stem
-        except Exception:  # noqa: BLE001 - a message helper must not fail
+        except Exception:
             continue
     return "<preset>"
 
@@ -73,10 +78,12 @@ def _run(ctx: StageContext) -> dict[str, Any]:
     m = ctx.cfg.model
     src = ctx.external["checkpoint"]
     assert ctx.out is not None
-    facts = inspect_checkpoint(src, trust_remote_code=m.trust_remote_code, allow_pickle=m.allow_pickle,
-                               allow_external_files=m.allow_external_files)
-    info = export_checkpoint(src, ctx.out, dtype=m.dtype, trust_remote_code=m.trust_remote_code, allow_pickle=m.allow_pickle,
-                             progress=ctx.progress, facts=facts)
+    facts = inspect_checkpoint(
+        src, trust_remote_code=m.trust_remote_code, allow_pickle=m.allow_pickle, allow_external_files=m.allow_external_files
+    )
+    info = export_checkpoint(
+        src, ctx.out, dtype=m.dtype, trust_remote_code=m.trust_remote_code, allow_pickle=m.allow_pickle, progress=ctx.progress, facts=facts
+    )
     warnings = info.pop("_warnings", [])
     for w in warnings:
         ctx.log.warning("export: %s", w)
@@ -94,8 +101,12 @@ def _dry_run(ctx: StageContext) -> dict[str, Any]:
     from ..export import inspect_checkpoint
 
     m = ctx.cfg.model
-    facts = inspect_checkpoint(ctx.external["checkpoint"], trust_remote_code=m.trust_remote_code, allow_pickle=m.allow_pickle,
-                               allow_external_files=m.allow_external_files)
+    facts = inspect_checkpoint(
+        ctx.external["checkpoint"],
+        trust_remote_code=m.trust_remote_code,
+        allow_pickle=m.allow_pickle,
+        allow_external_files=m.allow_external_files,
+    )
     n = sum(_numel(shape) for shape, _ in facts.tensors.values()) if facts.tensors else None
     return {"headline": _headline(facts.architecture, n, m.dtype), "weight_files": facts.weight_files}
 

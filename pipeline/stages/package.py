@@ -43,12 +43,18 @@ def _gate(ctx: StageContext) -> dict[str, Any]:
         return {**gate, "override": False}
     reason = gate.get("reason") or ("no evaluation verdict" if not gate else "evaluation gate failed")
     if not ctx.cfg.package.allow_failed_gate:
-        raise GateFailed(f"package: refusing to package an artifact whose evaluation gate failed ({reason}). "
-                         f"Fix: improve the candidate (recipe, calibration), or override explicitly with package.allow_failed_gate=true "
-                         f"(recorded in release_manifest.json).")
+        raise GateFailed(
+            f"package: refusing to package an artifact whose evaluation gate failed ({reason}). "
+            f"Fix: improve the candidate (recipe, calibration), or override explicitly with package.allow_failed_gate=true "
+            f"(recorded in release_manifest.json)."
+        )
     ctx.log.warning("packaging despite a failed evaluation gate (%s): package.allow_failed_gate=true", reason)
-    return {**gate, "passed": bool(gate.get("passed", False)), "override": True,
-            "override_note": "package.allow_failed_gate=true: packaged although the evaluation gate failed"}
+    return {
+        **gate,
+        "passed": bool(gate.get("passed", False)),
+        "override": True,
+        "override_note": "package.allow_failed_gate=true: packaged although the evaluation gate failed",
+    }
 
 
 def _speculative(ctx: StageContext, build_info: dict[str, Any]) -> dict[str, Any] | None:
@@ -59,8 +65,13 @@ def _speculative(ctx: StageContext, build_info: dict[str, Any]) -> dict[str, Any
         return None
     sp = speculative_of(build_info, ctx.cfg.build)
     ev = ctx.inputs.get("evaluate")
-    dec = decide_speculative(sp["mode"], read_measurement(ev.path if ev is not None else None), ctx.cfg.package.speculative,
-                             draft_model_path=sp.get("draft_model_path"), max_draft_len=sp.get("max_draft_len"))
+    dec = decide_speculative(
+        sp["mode"],
+        read_measurement(ev.path if ev is not None else None),
+        ctx.cfg.package.speculative,
+        draft_model_path=sp.get("draft_model_path"),
+        max_draft_len=sp.get("max_draft_len"),
+    )
     if dec.override:
         ctx.log.warning("speculative decoding enabled by override: %s", dec.reason)
     return dec.to_json()
@@ -94,8 +105,12 @@ def package(ctx: StageContext) -> dict[str, Any]:
         info = generate_repository(repo, settings, engine_dir=engine_dir, tokenizer_dirs=[export.path / "hf", engine_dir])
         advance(1)
         serving_image = pc.serving_image or cfg.target.serving_image
-        limits = {"max_batch_size": settings.engine_max_batch_size, "max_input_len": settings.max_input_len,
-                  "max_seq_len": settings.max_seq_len, "max_beam_width": settings.max_beam_width}
+        limits = {
+            "max_batch_size": settings.engine_max_batch_size,
+            "max_input_len": settings.max_input_len,
+            "max_seq_len": settings.max_seq_len,
+            "max_beam_width": settings.max_beam_width,
+        }
         check_repository(repo, limits=limits, target=settings.target, build_info=bi, serving_image=serving_image, streaming=pc.decoupled)
         advance(1)
         parity = _parity(ctx, repo, settings.target)
@@ -105,29 +120,57 @@ def package(ctx: StageContext) -> dict[str, Any]:
             "schema": "pipeline.release_manifest/v1",
             "name": name,
             "version": pc.version,
-            "model": {"name": cfg.model.name, "architecture": mi.get("architecture"), "num_parameters": mi.get("num_parameters"),
-                      "dtype": mi.get("dtype"), "eos_token_ids": mi.get("eos_token_ids"), "pad_token_id": mi.get("pad_token_id")},
+            "model": {
+                "name": cfg.model.name,
+                "architecture": mi.get("architecture"),
+                "num_parameters": mi.get("num_parameters"),
+                "dtype": mi.get("dtype"),
+                "eos_token_ids": mi.get("eos_token_ids"),
+                "pad_token_id": mi.get("pad_token_id"),
+            },
             "quant": key_fields(cfg.quant),
-            "build": {"target": settings.target, "backend": settings.backend if settings.target == "tensorrt_llm" else None,
-                      "limits": dict(bi.get("limits") or limits), "knobs": key_fields(cfg.build),
-                      "execution_provider": settings.execution_provider if settings.target == "onnxruntime_genai" else None},
+            "build": {
+                "target": settings.target,
+                "backend": settings.backend if settings.target == "tensorrt_llm" else None,
+                "limits": dict(bi.get("limits") or limits),
+                "knobs": key_fields(cfg.build),
+                "execution_provider": settings.execution_provider if settings.target == "onnxruntime_genai" else None,
+            },
             "evaluation": {"gate": gate, "headline": (ctx.inputs["evaluate"].result.get("headline") if "evaluate" in ctx.inputs else None)},
             "speculative": speculative,
-            "serving": {"layout": info["layout"], "models": info["models"], "ensemble": "ensemble", "engine_model": settings.engine_model,
-                        "decoupled": settings.decoupled, "triton_max_batch_size": settings.triton_max_batch_size,
-                        "exclude_input_in_output": settings.exclude_input_in_output, "end_id": settings.end_id, "pad_id": settings.pad_id,
-                        "serving_image": serving_image if settings.target == "tensorrt_llm" else None},
+            "serving": {
+                "layout": info["layout"],
+                "models": info["models"],
+                "ensemble": "ensemble",
+                "engine_model": settings.engine_model,
+                "decoupled": settings.decoupled,
+                "triton_max_batch_size": settings.triton_max_batch_size,
+                "exclude_input_in_output": settings.exclude_input_in_output,
+                "end_id": settings.end_id,
+                "pad_id": settings.pad_id,
+                "serving_image": serving_image if settings.target == "tensorrt_llm" else None,
+            },
             "parity": parity,
             "versions": {"engine": dict(bi.get("versions") or {}), "packaging": library_versions(LIBRARIES)},
-            "sources": {"export": export.digest, "build": build.digest,
-                        "evaluate": ctx.inputs["evaluate"].digest if "evaluate" in ctx.inputs else None,
-                        "engine": digest_files(tree_files(engine_dir)), "model_repository": digest_files(repo_files)},
+            "sources": {
+                "export": export.digest,
+                "build": build.digest,
+                "evaluate": ctx.inputs["evaluate"].digest if "evaluate" in ctx.inputs else None,
+                "engine": digest_files(tree_files(engine_dir)),
+                "model_repository": digest_files(repo_files),
+            },
             "repository_files": {rel: m["sha256"] for rel, m in sorted(repo_files.items())},  # checked by `pipeline serve x.tar.gz`
         }
         manifest = redact(manifest)  # the one redaction (pipeline.store.redact) at every place the config is written
         write_json_atomic(ctx.out / "release_manifest.json", manifest)
-        result: dict[str, Any] = {"repository": "model_repository", "models": info["models"], "target": settings.target,
-                                  "decoupled": settings.decoupled, "gate_override": gate["override"], "parity": parity}
+        result: dict[str, Any] = {
+            "repository": "model_repository",
+            "models": info["models"],
+            "target": settings.target,
+            "decoupled": settings.decoupled,
+            "gate_override": gate["override"],
+            "parity": parity,
+        }
         if pc.archive:
             rel = ctx.out / "release"
             rel.mkdir()
@@ -139,10 +182,15 @@ def package(ctx: StageContext) -> dict[str, Any]:
             write_sha256sums(rel / "SHA256SUMS", [archive, rel / "release_manifest.json"])
             result.update(archive=f"release/{archive.name}", archive_sha256=sha)
         advance(1)
-    result["headline"] = {"target": settings.target, "models": len(info["models"]), "archive": result.get("archive", "-"),
-                          "gate": "override" if gate["override"] else "pass"}
-    result["headline"]["served == evaluated"] = (f"{parity['matched']}/{parity['total']}" if parity.get("total") is not None
-                                                 else parity["status"])
+    result["headline"] = {
+        "target": settings.target,
+        "models": len(info["models"]),
+        "archive": result.get("archive", "-"),
+        "gate": "override" if gate["override"] else "pass",
+    }
+    result["headline"]["served == evaluated"] = (
+        f"{parity['matched']}/{parity['total']}" if parity.get("total") is not None else parity["status"]
+    )
     return result
 
 
@@ -166,13 +214,19 @@ def _key_extras(cfg: Any, inputs: dict[str, Any]) -> dict[str, Any]:
     from ..store import digest_path
 
     # the templates and the Python-backend model code are part of the output bytes
-    return {"templates": digest_path(TEMPLATES), "serving_models": digest_path(MODELS_SRC),
-            "serving_image": cfg.package.serving_image or cfg.target.serving_image, "model_name": cfg.model.name}
+    return {
+        "templates": digest_path(TEMPLATES),
+        "serving_models": digest_path(MODELS_SRC),
+        "serving_image": cfg.package.serving_image or cfg.target.serving_image,
+        "model_name": cfg.model.name,
+    }
 
 
 def _dry_run(ctx: StageContext) -> dict[str, Any]:
-    ctx.console.print(f"package: would write model_repository/ and release/{release_name(ctx.cfg)}.tar.gz "
-                      f"(decoupled={ctx.cfg.package.decoupled}, max_batch_size={ctx.cfg.package.max_batch_size or 'engine'})")
+    ctx.console.print(
+        f"package: would write model_repository/ and release/{release_name(ctx.cfg)}.tar.gz "
+        f"(decoupled={ctx.cfg.package.decoupled}, max_batch_size={ctx.cfg.package.max_batch_size or 'engine'})"
+    )
     return {"headline": {"archive": f"release/{release_name(ctx.cfg)}.tar.gz"}}
 
 

@@ -38,13 +38,26 @@ def _dry_run(ctx: StageContext) -> dict[str, Any]:
     from ..quantize import KV_CACHE, RECIPES
 
     r = RECIPES[q.recipe]
-    return {"headline": {"recipe": q.recipe, "quant_algo": r.quant_algo, "kv_cache": KV_CACHE[q.kv_cache_dtype][0],
-                         "tp_size": q.tp_size, "pp_size": q.pp_size,
-                         "calib_samples": 0 if q.recipe == "none" else ctx.cfg.calibration.calib_size}}
+    return {
+        "headline": {
+            "recipe": q.recipe,
+            "quant_algo": r.quant_algo,
+            "kv_cache": KV_CACHE[q.kv_cache_dtype][0],
+            "tp_size": q.tp_size,
+            "pp_size": q.pp_size,
+            "calib_samples": 0 if q.recipe == "none" else ctx.cfg.calibration.calib_size,
+        }
+    }
 
 
 STAGE = Stage(
-    name="quantize", deps=("export",), config_groups=("quant",),
+    name="quantize",
+    deps=("export",),
+    config_groups=("quant",),
     libraries=("nvidia-modelopt", "torch", "transformers", "safetensors"),
-    run=_run, version="1", external_inputs=_external, key_extras=_extras, dry_run=_dry_run,
+    run=_run,
+    version="1",
+    external_inputs=_external,
+    key_extras=_extras,
+    dry_run=_dry_run,
 )

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     from ..config import PipelineConfig
@@ -32,14 +32,14 @@ TARGETS: dict[str, str] = {
 }
 """name -> module defining ``TARGET`` (imported on first use)."""
 
-_CACHE: dict[str, "Target"] = {}
+_CACHE: dict[str, Target] = {}
 
 
 def known_targets() -> list[str]:
     return list(TARGETS)
 
 
-def get_target(name: str) -> "Target":
+def get_target(name: str) -> Target:
     """The registered target called ``name``.
 
     Raises:
@@ -48,8 +48,10 @@ def get_target(name: str) -> "Target":
     from ..errors import InputError
 
     if name not in TARGETS:
-        raise InputError(f"target.name={name!r}: unknown target. Known targets: {known_targets() + ['auto']}. "
-                         "Fix: pass target=onnxruntime_genai (CPU) or target=tensorrt_llm (NVIDIA GPU).")
+        raise InputError(
+            f"target.name={name!r}: unknown target. Known targets: {known_targets() + ['auto']}. "
+            "Fix: pass target=onnxruntime_genai (CPU) or target=tensorrt_llm (NVIDIA GPU)."
+        )
     if name not in _CACHE:
         _CACHE[name] = importlib.import_module(TARGETS[name]).TARGET
     return _CACHE[name]
@@ -70,7 +72,7 @@ class Resolution(NamedTuple):
     reason: str
 
 
-def resolve_target(cfg: "PipelineConfig") -> Resolution:
+def resolve_target(cfg: PipelineConfig) -> Resolution:
     """``(name, reason)`` of the target a run uses; the one resolver (build, preflight, planner, families).
 
     ``auto``: ``tensorrt_llm`` when ``target.gpu`` names a GPU (a plan or build for that GPU), or when
@@ -91,8 +93,9 @@ def resolve_target(cfg: "PipelineConfig") -> Resolution:
     trt = tensorrt_llm_installed()
     g = gpus()
     if trt and g:
-        return Resolution("tensorrt_llm", f"target=auto: tensorrt_llm is installed and a GPU is visible ({g[0]['name']}, "
-                                          f"SM {g[0]['compute_capability']})")
+        return Resolution(
+            "tensorrt_llm", f"target=auto: tensorrt_llm is installed and a GPU is visible ({g[0]['name']}, SM {g[0]['compute_capability']})"
+        )
     why = []
     if not trt:
         why.append("tensorrt_llm is not installed")
@@ -101,7 +104,7 @@ def resolve_target(cfg: "PipelineConfig") -> Resolution:
     return Resolution("onnxruntime_genai", "target=auto: " + " and ".join(why) + " -> onnxruntime_genai (CPU engine)")
 
 
-def capabilities(cfg: "PipelineConfig") -> "Capabilities":
+def capabilities(cfg: PipelineConfig) -> Capabilities:
     """What the target ``cfg`` resolves to can do (its backend's capabilities for ``tensorrt_llm``).
 
     Raises:
@@ -110,11 +113,11 @@ def capabilities(cfg: "PipelineConfig") -> "Capabilities":
     return get_target(resolve_target(cfg).name).capabilities(cfg)
 
 
-def all_capabilities() -> dict[str, "Capabilities"]:
+def all_capabilities() -> dict[str, Capabilities]:
     """Registry name -> capabilities, for every target and backend (README table, tests)."""
     from types import SimpleNamespace
 
-    out: dict[str, "Capabilities"] = {}
+    out: dict[str, Capabilities] = {}
     for name in TARGETS:
         t = get_target(name)
         for backend in ("tensorrt", "pytorch") if name == "tensorrt_llm" else ("default",):
@@ -125,26 +128,32 @@ def all_capabilities() -> dict[str, "Capabilities"]:
 
 def capabilities_table() -> str:
     """The Markdown table of :func:`all_capabilities` that docs/build.md carries (a test keeps them equal)."""
+
     def yn(b: bool) -> str:
         return "yes" if b else "no"
 
-    rows = ["| target | recipes | refused (reason in `pipeline.targets.capabilities`) | KV cache | beam search | logits | "
-            "sliding window | streaming | max batch |", "|---|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| target | recipes | refused (reason in `pipeline.targets.capabilities`) | KV cache | beam search | logits | "
+        "sliding window | streaming | max batch |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for c in all_capabilities().values():
-        rows.append(f"| `{c.name}` | {', '.join(c.recipes)} | {', '.join(sorted(c.refused_recipes)) or '-'} | "
-                    f"{', '.join(c.kv_cache_dtypes)} | {yn(c.beam_search)} | {yn(c.logits)} | {yn(c.sliding_window)} | "
-                    f"{yn(c.streaming)} | {c.max_batch_size or 'no limit'} |")
+        rows.append(
+            f"| `{c.name}` | {', '.join(c.recipes)} | {', '.join(sorted(c.refused_recipes)) or '-'} | "
+            f"{', '.join(c.kv_cache_dtypes)} | {yn(c.beam_search)} | {yn(c.logits)} | {yn(c.sliding_window)} | "
+            f"{yn(c.streaming)} | {c.max_batch_size or 'no limit'} |"
+        )
     return "\n".join(rows)
 
 
-def needs_build(cfg: "PipelineConfig") -> bool:
+def needs_build(cfg: PipelineConfig) -> bool:
     """Whether the configured stages include the build stage or a stage that consumes an engine."""
     if any(s in cfg.stages for s in ("build", "package", "benchmark")):
         return True
     return "evaluate" in cfg.stages and "engine" in cfg.eval.runners
 
 
-def config_problems(cfg: "PipelineConfig") -> list["Problem"]:
+def config_problems(cfg: PipelineConfig) -> list[Problem]:
     """The resolved target's config-time checks (called from ``pipeline.validation.validate``)."""
     from ..config.common import Problem
     from ..errors import InputError
@@ -158,4 +167,16 @@ def config_problems(cfg: "PipelineConfig") -> list["Problem"]:
     return list(get_target(name).check_config(cfg))
 
 
-__all__ = ["TARGETS", "Resolution", "all_capabilities", "capabilities", "capabilities_table", "config_problems", "get_target", "known_targets", "needs_build", "resolve_target", "tensorrt_llm_installed"]
+__all__ = [
+    "TARGETS",
+    "Resolution",
+    "all_capabilities",
+    "capabilities",
+    "capabilities_table",
+    "config_problems",
+    "get_target",
+    "known_targets",
+    "needs_build",
+    "resolve_target",
+    "tensorrt_llm_installed",
+]

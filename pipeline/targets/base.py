@@ -4,8 +4,9 @@ evaluate and benchmark stages use to drive a built engine."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from ..config import PipelineConfig
@@ -102,11 +103,11 @@ class Target(Protocol):
 
     name: str
 
-    def capabilities(self, cfg: "PipelineConfig | None" = None) -> Capabilities:
+    def capabilities(self, cfg: PipelineConfig | None = None) -> Capabilities:
         """What this target can do (for ``cfg``'s backend where the target has several)."""
         ...
 
-    def check_config(self, cfg: "PipelineConfig") -> list["Problem"]:
+    def check_config(self, cfg: PipelineConfig) -> list[Problem]:
         """Config-time checks (recipe supported, limits consistent); no heavy imports."""
         ...
 
@@ -114,16 +115,17 @@ class Target(Protocol):
         """(usable here, reason) - e.g. (False, "tensorrt_llm is not installed")."""
         ...
 
-    def plan(self, cfg: "PipelineConfig", checkpoint: Path | None, export_dir: Path | None, out: Path | None) -> dict[str, Any]:
+    def plan(self, cfg: PipelineConfig, checkpoint: Path | None, export_dir: Path | None, out: Path | None) -> dict[str, Any]:
         """What :meth:`build` would do (``dry_run``): the command or options, no side effects."""
         ...
 
-    def preflight(self, cfg: "PipelineConfig", checkpoint: Path, out: Path | None = None) -> None:
+    def preflight(self, cfg: PipelineConfig, checkpoint: Path, out: Path | None = None) -> None:
         """Raise PreflightError with the fix when this machine cannot build."""
         ...
 
-    def build(self, cfg: "PipelineConfig", checkpoint: Path, out: Path, log: Any = None, *, export_dir: Path | None = None,
-              progress: Any = None) -> dict[str, Any]:
+    def build(
+        self, cfg: PipelineConfig, checkpoint: Path, out: Path, log: Any = None, *, export_dir: Path | None = None, progress: Any = None
+    ) -> dict[str, Any]:
         """Build the engine into ``out/engine`` and return build_info (also written to out/build_info.json)."""
         ...
 

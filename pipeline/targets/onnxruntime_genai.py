@@ -28,8 +28,9 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from ..artifacts import BuildArtifact
 from ..config.common import Problem
@@ -42,16 +43,20 @@ SUPPORTED_RECIPES = ("none", "int4_awq", "int4_rtn", "int4_wo", "int8_wo")
 """Recipes whose weights this target deploys unchanged: float, and integer weight-only (MatMulNBits 4/8 bit)."""
 _NO_ACT_QUANT = "it needs activation quantization kernels (FP8 or INT8 activations) onnxruntime-genai's MatMulNBits does not have"
 CAPABILITIES = Capabilities(
-    name="onnxruntime_genai", device="cpu", recipes=SUPPORTED_RECIPES,
+    name="onnxruntime_genai",
+    device="cpu",
+    recipes=SUPPORTED_RECIPES,
     refused_recipes={
-        "fp8": _NO_ACT_QUANT, "int8_sq": _NO_ACT_QUANT, "w4a8_awq": _NO_ACT_QUANT,
+        "fp8": _NO_ACT_QUANT,
+        "int8_sq": _NO_ACT_QUANT,
+        "w4a8_awq": _NO_ACT_QUANT,
         "auto": "it mixes per-layer weight formats (int4/int8/float), and this target's converter writes one weight format per model",
     },
     kv_cache_dtypes=("none",),
-    beam_search=False,   # OrtEngineRunner is greedy; check_config refuses build.max_beam_width != 1
-    logits=True,         # next_token_logits / og_teacher_forced_logits (pipeline.evaluation.runners)
+    beam_search=False,  # OrtEngineRunner is greedy; check_config refuses build.max_beam_width != 1
+    logits=True,  # next_token_logits / og_teacher_forced_logits (pipeline.evaluation.runners)
     sliding_window=True,  # the model builder reads config.json sliding_window (families.py refuses the broken batch>1 case)
-    streaming=True,      # og.Engine token events -> on_token
+    streaming=True,  # og.Engine token events -> on_token
     max_batch_size=None,
 )
 """What this target can do (pipeline.targets.capabilities)."""
@@ -106,36 +111,89 @@ class OnnxRuntimeGenAITarget:
         fix = f"use quant=<one of {list(SUPPORTED_RECIPES)}> with target=onnxruntime_genai, or target=tensorrt_llm on an NVIDIA GPU"
         refusal = CAPABILITIES.recipe_refusal(q.recipe)
         if refusal is not None:
-            p.append(Problem("quant.recipe", q.recipe,
-                             f"target onnxruntime_genai cannot execute this recipe on {cfg.target.execution_provider} ({refusal}); "
-                             f"it supports {list(SUPPORTED_RECIPES)}.",
-                             fix + (" (to measure quant=auto on CPU: stages=[export,quantize,evaluate] eval.runners=[baseline,simulated])"
-                                    if q.recipe == "auto" else "")))
+            p.append(
+                Problem(
+                    "quant.recipe",
+                    q.recipe,
+                    f"target onnxruntime_genai cannot execute this recipe on {cfg.target.execution_provider} ({refusal}); "
+                    f"it supports {list(SUPPORTED_RECIPES)}.",
+                    fix
+                    + (
+                        " (to measure quant=auto on CPU: stages=[export,quantize,evaluate] eval.runners=[baseline,simulated])"
+                        if q.recipe == "auto"
+                        else ""
+                    ),
+                )
+            )
         if q.kv_cache_dtype not in CAPABILITIES.kv_cache_dtypes:
-            p.append(Problem("quant.kv_cache_dtype", q.kv_cache_dtype, "target onnxruntime_genai deploys an unquantized KV cache only.",
-                             "set quant.kv_cache_dtype=none"))
+            p.append(
+                Problem(
+                    "quant.kv_cache_dtype",
+                    q.kv_cache_dtype,
+                    "target onnxruntime_genai deploys an unquantized KV cache only.",
+                    "set quant.kv_cache_dtype=none",
+                )
+            )
         if q.recipe != "none" and q.sensitive_preset != "none":
-            p.append(Problem("quant.sensitive_preset", q.sensitive_preset,
-                             "target onnxruntime_genai reads quantized checkpoints whose decoder projections are all quantized.",
-                             "set quant.sensitive_preset=none"))
+            p.append(
+                Problem(
+                    "quant.sensitive_preset",
+                    q.sensitive_preset,
+                    "target onnxruntime_genai reads quantized checkpoints whose decoder projections are all quantized.",
+                    "set quant.sensitive_preset=none",
+                )
+            )
         if q.recipe != "none" and any(m not in ("lm_head",) for m in q.exclude_modules):
-            p.append(Problem("quant.exclude_modules", list(q.exclude_modules),
-                             "target onnxruntime_genai can keep only lm_head in high precision.", "set quant.exclude_modules=[lm_head]"))
+            p.append(
+                Problem(
+                    "quant.exclude_modules",
+                    list(q.exclude_modules),
+                    "target onnxruntime_genai can keep only lm_head in high precision.",
+                    "set quant.exclude_modules=[lm_head]",
+                )
+            )
         if q.tp_size != 1 or q.pp_size != 1:
-            p.append(Problem("quant.tp_size", f"{q.tp_size}x{q.pp_size}", "target onnxruntime_genai runs on one device.",
-                             "set quant.tp_size=1 quant.pp_size=1"))
+            p.append(
+                Problem(
+                    "quant.tp_size",
+                    f"{q.tp_size}x{q.pp_size}",
+                    "target onnxruntime_genai runs on one device.",
+                    "set quant.tp_size=1 quant.pp_size=1",
+                )
+            )
         if b.speculative.mode != "none":
-            p.append(Problem("build.speculative.mode", b.speculative.mode, "speculative decoding is not wired for target onnxruntime_genai.",
-                             "set build.speculative.mode=none"))
+            p.append(
+                Problem(
+                    "build.speculative.mode",
+                    b.speculative.mode,
+                    "speculative decoding is not wired for target onnxruntime_genai.",
+                    "set build.speculative.mode=none",
+                )
+            )
         if b.max_input_len >= b.max_seq_len:
-            p.append(Problem("build.max_input_len", b.max_input_len,
-                             f"must be < build.max_seq_len ({b.max_seq_len}) so a prompt of max_input_len tokens can generate.",
-                             f"set build.max_input_len <= {b.max_seq_len - 1} or raise build.max_seq_len"))
+            p.append(
+                Problem(
+                    "build.max_input_len",
+                    b.max_input_len,
+                    f"must be < build.max_seq_len ({b.max_seq_len}) so a prompt of max_input_len tokens can generate.",
+                    f"set build.max_input_len <= {b.max_seq_len - 1} or raise build.max_seq_len",
+                )
+            )
         if b.max_beam_width != 1:
-            p.append(Problem("build.max_beam_width", b.max_beam_width, "the engine runner is greedy (beam width 1).", "set build.max_beam_width=1"))
+            p.append(
+                Problem(
+                    "build.max_beam_width", b.max_beam_width, "the engine runner is greedy (beam width 1).", "set build.max_beam_width=1"
+                )
+            )
         if cfg.target.accuracy_level not in (0, 1, 2, 3, 4):
-            p.append(Problem("target.accuracy_level", cfg.target.accuracy_level, "must be 0-4 (MatMulNBits accuracy_level).",
-                             "use 1 (fp32 activations, the quantized checkpoint's exact numerics) or 4 (int8 activations, faster)"))
+            p.append(
+                Problem(
+                    "target.accuracy_level",
+                    cfg.target.accuracy_level,
+                    "must be 0-4 (MatMulNBits accuracy_level).",
+                    "use 1 (fp32 activations, the quantized checkpoint's exact numerics) or 4 (int8 activations, faster)",
+                )
+            )
         return p
 
     def available(self) -> tuple[bool, str]:
@@ -154,15 +212,32 @@ class OnnxRuntimeGenAITarget:
             import onnxruntime_genai as og
 
             if not og.is_cuda_available():
-                raise PreflightError("target.execution_provider=cuda but this onnxruntime-genai build has no CUDA EP. "
-                                     "Fix: target.execution_provider=cpu, or pip install onnxruntime-genai-cuda on a GPU host.")
+                raise PreflightError(
+                    "target.execution_provider=cuda but this onnxruntime-genai build has no CUDA EP. "
+                    "Fix: target.execution_provider=cpu, or pip install onnxruntime-genai-cuda on a GPU host."
+                )
         if not (Path(checkpoint) / "hf" / "config.json").is_file() and not (Path(checkpoint) / "config.json").is_file():
             raise InputError(f"{checkpoint}: no hf/config.json; pass the quantize (or export) artifact.")
 
     # ------------------------------------------------------------------ build
     def command(self, cfg: Any, src: Path, engine: Path, cache: Path, precision: str, extra: list[str]) -> list[str]:
-        return [sys.executable, "-m", BUILDER, "-i", str(src), "-o", str(engine), "-p", precision,
-                "-e", cfg.target.execution_provider, "-c", str(cache), "--extra_options", *extra]
+        return [
+            sys.executable,
+            "-m",
+            BUILDER,
+            "-i",
+            str(src),
+            "-o",
+            str(engine),
+            "-p",
+            precision,
+            "-e",
+            cfg.target.execution_provider,
+            "-c",
+            str(cache),
+            "--extra_options",
+            *extra,
+        ]
 
     def plan(self, cfg: Any, checkpoint: Path | None, export_dir: Path | None, out: Path | None) -> dict[str, Any]:
         """What :meth:`build` would run (for dry runs); no heavy imports."""
@@ -174,13 +249,23 @@ class OnnxRuntimeGenAITarget:
         else:
             precision = "int8" if rec == "int8_wo" else "int4"
             src = Path("<work>/gptq_checkpoint (converted from ModelOpt's simulated-quant model)")
-        extra = ["hf_token=false", "hf_remote=false"] + ([] if rec == "none" else [f"accuracy_level={cfg.target.accuracy_level}",
-                                                                                    "shared_embeddings=false"])
+        extra = ["hf_token=false", "hf_remote=false"] + (
+            [] if rec == "none" else [f"accuracy_level={cfg.target.accuracy_level}", "shared_embeddings=false"]
+        )
         cmd = self.command(cfg, src, Path(out or "<out>") / "engine", Path("<work>/cache"), precision, extra)
         return {"command": cmd, "precision": precision}
 
-    def build(self, cfg: Any, checkpoint: Path, out: Path, log: Any = None, *, export_dir: Path | None = None,
-              progress: Any = None, model: Any = None) -> dict[str, Any]:
+    def build(
+        self,
+        cfg: Any,
+        checkpoint: Path,
+        out: Path,
+        log: Any = None,
+        *,
+        export_dir: Path | None = None,
+        progress: Any = None,
+        model: Any = None,
+    ) -> dict[str, Any]:
         """Build the engine into ``out/engine``; write ``out/build_info.json`` and ``out/build.log``.
 
         Args:
@@ -230,8 +315,10 @@ class OnnxRuntimeGenAITarget:
                 extra.append("fuse_qkv=false")
             # the embedding stays the float table ModelOpt looks up; the LM head is quantized exactly when ModelOpt did
             extra.append("shared_embeddings=false")
-            extra.append("nodes_to_exclude=" + ",".join((["/lm_head/MatMul"] if not conv["lm_head_quantized"] else [])
-                                                        + ["/model/embed_tokens/Gather"]))
+            extra.append(
+                "nodes_to_exclude="
+                + ",".join((["/lm_head/MatMul"] if not conv["lm_head_quantized"] else []) + ["/model/embed_tokens/Gather"])
+            )
         cmd = self.command(cfg, src, engine, work / "cache", precision, extra)
         lg.info("building: %s", " ".join(cmd))
         env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
@@ -256,7 +343,8 @@ class OnnxRuntimeGenAITarget:
             n_mul = insert_prescale_muls(engine / "model.onnx", conv["prescale_muls"])
         graph = None
         if rec != "none":
-            from .ort_quant import ConversionError as _CE, check_deployed_graph
+            from .ort_quant import ConversionError as _CE
+            from .ort_quant import check_deployed_graph
 
             try:
                 graph = check_deployed_graph(engine / "model.onnx", conv["lm_head_quantized"])
@@ -276,16 +364,32 @@ class OnnxRuntimeGenAITarget:
             "precision": precision,
             "recipe": rec,
             "versions": library_versions(("onnxruntime-genai", "onnxruntime", "onnx", "torch", "transformers", "nvidia-modelopt")),
-            "host": {"kind": "cpu" if ep == "cpu" else "gpu", "cpu": cpu_model(), "cpu_count": os.cpu_count(), "gpus": gpus() if ep == "cuda" else []},
-            "knobs": {"max_batch_size": cfg.build.max_batch_size, "max_input_len": cfg.build.max_input_len,
-                      "max_seq_len": cfg.build.max_seq_len, "accuracy_level": cfg.target.accuracy_level if rec != "none" else None,
-                      "extra_options": extra},
+            "host": {
+                "kind": "cpu" if ep == "cpu" else "gpu",
+                "cpu": cpu_model(),
+                "cpu_count": os.cpu_count(),
+                "gpus": gpus() if ep == "cuda" else [],
+            },
+            "knobs": {
+                "max_batch_size": cfg.build.max_batch_size,
+                "max_input_len": cfg.build.max_input_len,
+                "max_seq_len": cfg.build.max_seq_len,
+                "accuracy_level": cfg.target.accuracy_level if rec != "none" else None,
+                "extra_options": extra,
+            },
             "limits": limits,
-            "quantized_weights": None if rec == "none" else {
+            "quantized_weights": None
+            if rec == "none"
+            else {
                 "source": "ModelOpt simulated-quant model (quant_state) -> GPTQ-format checkpoint, integers and scales unchanged",
-                "bits": conv["bits"], "group_size": conv["group_size"], "quantized_linears": conv["quantized_linears"],
-                "pre_quant_scale": {**conv["folded"], "onnx_mul_inserted": n_mul}, "lm_head_quantized": conv["lm_head_quantized"],
-                "untied_embeddings": conv.get("untied_embeddings", False), "graph": graph},
+                "bits": conv["bits"],
+                "group_size": conv["group_size"],
+                "quantized_linears": conv["quantized_linears"],
+                "pre_quant_scale": {**conv["folded"], "onnx_mul_inserted": n_mul},
+                "lm_head_quantized": conv["lm_head_quantized"],
+                "untied_embeddings": conv.get("untied_embeddings", False),
+                "graph": graph,
+            },
             "command": cmd,
             "graph_fixes": [graph_fix] if graph_fix else [],
             "engine_bytes": _dir_bytes(engine),
@@ -306,14 +410,16 @@ class OnnxRuntimeGenAITarget:
         gc = json.loads(gc_path.read_text(encoding="utf-8"))
         ctx = int(gc.get("model", {}).get("context_length") or 0)
         if ctx and b.max_seq_len > ctx and not cfg.allow_unsafe_lengths:
-            raise InputError(f"build.max_seq_len={b.max_seq_len} exceeds the model's context_length {ctx} (max_position_embeddings). "
-                             f"Fix: set build.max_seq_len<={ctx} (or allow_unsafe_lengths=true).")
+            raise InputError(
+                f"build.max_seq_len={b.max_seq_len} exceeds the model's context_length {ctx} (max_position_embeddings). "
+                f"Fix: set build.max_seq_len<={ctx} (or allow_unsafe_lengths=true)."
+            )
         set_runtime_limits(engine, max_batch_size=b.max_batch_size, max_seq_len=b.max_seq_len)
         limits = {"max_batch_size": int(b.max_batch_size), "max_input_len": int(b.max_input_len), "max_seq_len": int(b.max_seq_len)}
         (engine / LIMITS_FILE).write_text(json.dumps({"schema": "pipeline.engine_limits/v1", **limits}, indent=2) + "\n", encoding="utf-8")
         return limits
 
-    def load_runner(self, engine_dir: Path, **kw: Any) -> "OrtEngineRunner":
+    def load_runner(self, engine_dir: Path, **kw: Any) -> OrtEngineRunner:
         return OrtEngineRunner(engine_dir, **kw)
 
 
@@ -345,8 +451,10 @@ class OrtEngineRunner:
         self.model = og.Model(str(self.engine_dir))
         self.mode = "engine" if (use_engine and hasattr(og, "Engine")) else "generator"
         if self.mode == "generator":
-            log.warning("onnxruntime-genai %s has no og.Engine (continuous batching); falling back to sequential og.Generator",
-                        getattr(og, "__version__", "?"))
+            log.warning(
+                "onnxruntime-genai %s has no og.Engine (continuous batching); falling back to sequential og.Generator",
+                getattr(og, "__version__", "?"),
+            )
         self._engine = og.Engine(self.model) if self.mode == "engine" else None
 
     # -------------------------------------------------------------- helpers
@@ -355,14 +463,18 @@ class OrtEngineRunner:
         if n == 0:
             return "empty prompt"
         if n > self.max_input_len:
-            return (f"prompt has {n} tokens > engine max_input_len {self.max_input_len}; not truncated. "
-                    f"Rebuild with a larger build.max_input_len or shorten the prompt.")
+            return (
+                f"prompt has {n} tokens > engine max_input_len {self.max_input_len}; not truncated. "
+                f"Rebuild with a larger build.max_input_len or shorten the prompt."
+            )
         if n >= self.max_seq_len:
             return f"prompt has {n} tokens, leaving no room below engine max_seq_len {self.max_seq_len}"
         return None
 
     @staticmethod
-    def _finish(ids: list[int], stops: Sequence[int], reason: str, times: list[float], rid: str, error: str | None = None) -> GenerationResult:
+    def _finish(
+        ids: list[int], stops: Sequence[int], reason: str, times: list[float], rid: str, error: str | None = None
+    ) -> GenerationResult:
         from ..tokenization import cut_at_stop
 
         cut, hit = cut_at_stop(ids, stops)
@@ -399,11 +511,19 @@ class OrtEngineRunner:
         og = self._og
         eng = self._engine
         buf = eng.create_event_buffer(max(16, 4 * self.max_batch_size))
-        tok_flag, fin_flag, fail_flag = (og.EngineEventFlags.TOKEN.value, og.EngineEventFlags.TURN_FINISHED.value,
-                                         og.EngineEventFlags.FAILED.value)
-        reasons = {og.FinishReason.EOS: "eos", og.FinishReason.MAX_GENERATED_TOKENS: "length",
-                   og.FinishReason.MAX_SESSION_TOKENS: "length", og.FinishReason.STOP_STRING: "stop",
-                   og.FinishReason.CANCELLED: "eos", og.FinishReason.FAILED: "error"}
+        tok_flag, fin_flag, fail_flag = (
+            og.EngineEventFlags.TOKEN.value,
+            og.EngineEventFlags.TURN_FINISHED.value,
+            og.EngineEventFlags.FAILED.value,
+        )
+        reasons = {
+            og.FinishReason.EOS: "eos",
+            og.FinishReason.MAX_GENERATED_TOKENS: "length",
+            og.FinishReason.MAX_SESSION_TOKENS: "length",
+            og.FinishReason.STOP_STRING: "stop",
+            og.FinishReason.CANCELLED: "eos",
+            og.FinishReason.FAILED: "error",
+        }
         queue = list(todo)
         active: dict[int, dict[str, Any]] = {}  # id(Request) -> state
 
@@ -420,12 +540,20 @@ class OrtEngineRunner:
                 t_sub = time.perf_counter()
                 try:
                     turn = req.begin_turn(np.asarray(r.input_ids, dtype=np.int32), opts)
-                except Exception as e:  # noqa: BLE001 - one request's refusal is that request's error
+                except Exception as e:
                     results[i] = GenerationResult(r.request_id, [], "error", [], f"engine refused the request: {e}")
                     req.close()
                     continue
-                active[id(req)] = {"i": i, "req": req, "turn": turn, "ids": [], "times": [], "t0": t_sub,
-                                   "stops": set(int(s) for s in ([] if r.ignore_eos else r.stop_token_ids)), "cancelled": False}
+                active[id(req)] = {
+                    "i": i,
+                    "req": req,
+                    "turn": turn,
+                    "ids": [],
+                    "times": [],
+                    "t0": t_sub,
+                    "stops": set(int(s) for s in ([] if r.ignore_eos else r.stop_token_ids)),
+                    "cancelled": False,
+                }
 
         admit()
         while active or queue:
@@ -468,10 +596,12 @@ class OrtEngineRunner:
         t0 = time.perf_counter()
         try:
             gp = og.GeneratorParams(self.model)
-            gp.set_search_options(do_sample=False, max_length=min(self.max_seq_len, max(self.min_length, len(r.input_ids) + int(r.max_new_tokens))))
+            gp.set_search_options(
+                do_sample=False, max_length=min(self.max_seq_len, max(self.min_length, len(r.input_ids) + int(r.max_new_tokens)))
+            )
             g = og.Generator(self.model, gp)
             g.append_tokens(np.asarray([r.input_ids], dtype=np.int32))
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             return GenerationResult(r.request_id, [], "error", [], f"generator refused the request: {e}")
         stops = set() if r.ignore_eos else set(int(s) for s in r.stop_token_ids)
         ids: list[int] = []
@@ -498,7 +628,9 @@ class OrtEngineRunner:
 
         og = self._og
         gp = og.GeneratorParams(self.model)
-        gp.set_search_options(do_sample=False, max_length=min(self.max_seq_len, max(self.min_length, len(input_ids) + len(continuation) + 1)))
+        gp.set_search_options(
+            do_sample=False, max_length=min(self.max_seq_len, max(self.min_length, len(input_ids) + len(continuation) + 1))
+        )
         g = og.Generator(self.model, gp)
         g.append_tokens(np.asarray([list(input_ids)], dtype=np.int32))
         out = []
@@ -511,7 +643,7 @@ class OrtEngineRunner:
         self._engine = None
         self.model = None
 
-    def __enter__(self) -> "OrtEngineRunner":
+    def __enter__(self) -> OrtEngineRunner:
         return self
 
     def __exit__(self, *a: Any) -> None:

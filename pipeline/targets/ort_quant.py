@@ -33,8 +33,16 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-                   "generation_config.json", "tokenizer.model", "vocab.json", "merges.txt")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "generation_config.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+)
 ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")
 
@@ -48,13 +56,13 @@ def _is_quantized(lin: Any) -> bool:
     return wq is not None and bool(getattr(wq, "is_enabled", False))
 
 
-def _pre_quant_scale(lin: Any) -> "torch.Tensor | None":
+def _pre_quant_scale(lin: Any) -> torch.Tensor | None:
     iq = getattr(lin, "input_quantizer", None)
     p = getattr(iq, "pre_quant_scale", None) if iq is not None else None
     return None if p is None else p.detach().float().reshape(-1)
 
 
-def integer_weights(lin: Any) -> tuple["torch.Tensor", "torch.Tensor", int, int]:
+def integer_weights(lin: Any) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     """The integers and scales of a ModelOpt weight-quantized linear.
 
     Returns:
@@ -98,7 +106,7 @@ def integer_weights(lin: Any) -> tuple["torch.Tensor", "torch.Tensor", int, int]
     return q.reshape(out_f, in_f).to(torch.int32), scale.contiguous(), bits, group
 
 
-def _pack_int32(vals: "torch.Tensor", bits: int, dim: int) -> "torch.Tensor":
+def _pack_int32(vals: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
     """Pack unsigned ``bits``-bit values along ``dim`` into int32 words, lowest bits first (GPTQ/AutoGPTQ layout)."""
     import numpy as np
     import torch
@@ -119,7 +127,7 @@ def _pack_int32(vals: "torch.Tensor", bits: int, dim: int) -> "torch.Tensor":
     return torch.from_numpy(np.ascontiguousarray(words))
 
 
-def gptq_tensors(q: "torch.Tensor", scale: "torch.Tensor", bits: int, group: int) -> dict[str, "torch.Tensor"]:
+def gptq_tensors(q: torch.Tensor, scale: torch.Tensor, bits: int, group: int) -> dict[str, torch.Tensor]:
     """GPTQ (v1, ``desc_act=false``) tensors for signed integers ``q [out, in]`` and ``scale [out, in/group]``.
 
     Layout (AutoGPTQ): ``qweight`` int32 ``[in*bits/32, out]``, ``qzeros`` int32 ``[in/group, out*bits/32]``
@@ -149,7 +157,7 @@ def _layers(model: Any) -> list[Any]:
     return list(layers)
 
 
-def reblock(scale: "torch.Tensor", group: int, block_size: int | None) -> tuple["torch.Tensor", int]:
+def reblock(scale: torch.Tensor, group: int, block_size: int | None) -> tuple[torch.Tensor, int]:
     """The same block-quantized weight with smaller blocks: each scale repeated ``group // block_size`` times.
 
     Exact (every integer keeps its scale); used to pick the MatMulNBits block size that runs fastest.
@@ -217,7 +225,8 @@ def convert(model: Any, hf_dir: Path, out: Path, *, block_size: int | None = Non
             raise ConversionError(
                 f"layer {i}: some projections are quantized and some are not ({sorted(k for k, v in quant.items() if not v)} kept "
                 "in high precision); onnxruntime-genai's quantized-checkpoint reader needs every projection of a layer quantized. "
-                "Use quant.sensitive_preset=none for this target.")
+                "Use quant.sensitive_preset=none for this target."
+            )
         pfx = f"model.layers.{i}"
         in_norm = sd[f"{pfx}.input_layernorm.weight"].clone()
         post_norm = sd[f"{pfx}.post_attention_layernorm.weight"].clone()
@@ -229,7 +238,7 @@ def convert(model: Any, hf_dir: Path, out: Path, *, block_size: int | None = Non
             raise ConversionError(f"layer {i}: not quantized; the recipe must quantize every decoder layer for this target")
 
         ints = {n: integer_weights(m) for n, m in mods.items()}
-        for n, (_, _, b, g) in ints.items():
+        for _n, (_, _, b, g) in ints.items():
             bits_seen.add(b)
             groups_seen.add(g)
         scales = {n: ints[n][1].clone() for n in mods}
@@ -269,7 +278,7 @@ def convert(model: Any, hf_dir: Path, out: Path, *, block_size: int | None = Non
                         muls.append((f"/model/layers.{i}/{sub}/{n}/MatMul", x))
         tensors[f"{pfx}.input_layernorm.weight"] = in_norm
         tensors[f"{pfx}.post_attention_layernorm.weight"] = post_norm
-        for n, m in mods.items():
+        for n, _m in mods.items():
             base = f"{pfx}.{'self_attn' if n in ATTN else 'mlp'}.{n}"
             q, _, b, g = ints[n]
             sc, g = reblock(scales[n], g, block_size)
@@ -309,17 +318,31 @@ def convert(model: Any, hf_dir: Path, out: Path, *, block_size: int | None = Non
     tied = bool(conf.get("tie_word_embeddings", False))
     conf["tie_word_embeddings"] = False
     conf.pop("dtype", None)
-    conf["quantization_config"] = {"quant_method": "gptq", "bits": bits, "group_size": blocks, "desc_act": False, "sym": True,
-                                   "checkpoint_format": "gptq"}
+    conf["quantization_config"] = {
+        "quant_method": "gptq",
+        "bits": bits,
+        "group_size": blocks,
+        "desc_act": False,
+        "sym": True,
+        "checkpoint_format": "gptq",
+    }
     (out / "config.json").write_text(json.dumps(conf, indent=2) + "\n", encoding="utf-8")
     for f in TOKENIZER_FILES:
         if (Path(hf_dir) / f).is_file():
             shutil.copy2(Path(hf_dir) / f, out / f)
-    return {"bits": bits, "group_size": group, "block_size": blocks, "quantized_linears": n_quant + int(lm_quant), "folded": folded,
-            "prescale_muls": muls, "lm_head_quantized": lm_quant, "untied_embeddings": tied}
+    return {
+        "bits": bits,
+        "group_size": group,
+        "block_size": blocks,
+        "quantized_linears": n_quant + int(lm_quant),
+        "folded": folded,
+        "prescale_muls": muls,
+        "lm_head_quantized": lm_quant,
+        "untied_embeddings": tied,
+    }
 
 
-def insert_prescale_muls(onnx_path: Path, muls: list[tuple[str, "torch.Tensor"]]) -> int:
+def insert_prescale_muls(onnx_path: Path, muls: list[tuple[str, torch.Tensor]]) -> int:
     """Insert ``Mul(x, p)`` in front of each named projection's MatMulNBits in ``onnx_path`` (in place).
 
     Args:
@@ -417,14 +440,21 @@ def check_deployed_graph(onnx_path: Path, lm_head_quantized: bool) -> dict[str, 
 
     m = onnx.load(str(onnx_path), load_external_data=False)
     nodes = list(m.graph.node)
-    emb = next((n.op_type for n in nodes if n.name.startswith("/model/embed_tokens/")
-                and n.op_type in ("Gather", "GatherBlockQuantized")), None)
+    emb = next(
+        (n.op_type for n in nodes if n.name.startswith("/model/embed_tokens/") and n.op_type in ("Gather", "GatherBlockQuantized")), None
+    )
     lm = next((n.op_type for n in nodes if n.name.startswith("/lm_head/") and n.op_type in ("MatMul", "MatMulNBits")), None)
-    found = {"embedding_op": emb, "lm_head_op": lm, "matmulnbits": sum(n.op_type == "MatMulNBits" for n in nodes),
-             "mul": sum(n.op_type == "Mul" for n in nodes)}
+    found = {
+        "embedding_op": emb,
+        "lm_head_op": lm,
+        "matmulnbits": sum(n.op_type == "MatMulNBits" for n in nodes),
+        "mul": sum(n.op_type == "Mul" for n in nodes),
+    }
     if emb != "Gather":
-        raise ConversionError(f"{onnx_path}: the embedding lookup is {emb!r}, expected a float 'Gather' (the quant report keeps "
-                              "the embedding in high precision; the builder must not quantize it)")
+        raise ConversionError(
+            f"{onnx_path}: the embedding lookup is {emb!r}, expected a float 'Gather' (the quant report keeps "
+            "the embedding in high precision; the builder must not quantize it)"
+        )
     want = "MatMulNBits" if lm_head_quantized else "MatMul"
     if lm != want:
         raise ConversionError(f"{onnx_path}: /lm_head is {lm!r}, expected {want!r} (lm_head_quantized={lm_head_quantized})")

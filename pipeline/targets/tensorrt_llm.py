@@ -35,11 +35,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..planner.gpus import KV_MIN_SM as _GPU_KV_MIN_SM
-from ..planner.gpus import RECIPE_MIN_SM as _GPU_RECIPE_MIN_SM
 from ..artifacts import BuildArtifact, QuantizeArtifact
 from ..config.common import Problem
 from ..errors import InputError, PipelineError, PreflightError
+from ..planner.gpus import KV_MIN_SM as _GPU_KV_MIN_SM
+from ..planner.gpus import RECIPE_MIN_SM as _GPU_RECIPE_MIN_SM
 from .base import Capabilities, Target
 
 log = logging.getLogger("pipeline.targets.tensorrt_llm")
@@ -48,10 +48,12 @@ ENGINE_VERSIONS = ((1, 2, 0), (1, 2, 1))
 """Inclusive TensorRT-LLM range for the TensorRT engine path (trtllm-build)."""
 PYTORCH_MIN_VERSION = (1, 2, 0)
 NGC_IMAGE = "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"
-INSTALL_FIX = ("install TensorRT-LLM 1.2.1 on an NVIDIA GPU host with Python 3.10 or 3.12: "
-               "`pip install 'tensorrt-llm==1.2.1' --extra-index-url https://pypi.nvidia.com/` "
-               f"(or this project's `tensorrt_llm` optional extra), or run the pipeline inside the NGC container {NGC_IMAGE} "
-               "(TensorRT-LLM 1.2.1, TensorRT 10.14.1); there is no wheel for Python 3.11")
+INSTALL_FIX = (
+    "install TensorRT-LLM 1.2.1 on an NVIDIA GPU host with Python 3.10 or 3.12: "
+    "`pip install 'tensorrt-llm==1.2.1' --extra-index-url https://pypi.nvidia.com/` "
+    f"(or this project's `tensorrt_llm` optional extra), or run the pipeline inside the NGC container {NGC_IMAGE} "
+    "(TensorRT-LLM 1.2.1, TensorRT 10.14.1); there is no wheel for Python 3.11"
+)
 
 # trtllm-build flag facts (tensorrt_llm/commands/build.py, plugin/plugin.py)
 FLAG_CHOICES: dict[str, tuple[str, ...]] = {
@@ -67,21 +69,41 @@ FLAG_CHOICES: dict[str, tuple[str, ...]] = {
     "--logits_dtype": ("float16", "float32"),
     "--log_level": ("internal_error", "error", "warning", "info", "verbose", "debug", "trace"),
 }
-INT_FLAGS = ("--max_batch_size", "--max_input_len", "--max_seq_len", "--max_beam_width", "--max_num_tokens", "--opt_num_tokens",
-             "--tokens_per_block", "--max_draft_len", "--workers")
+INT_FLAGS = (
+    "--max_batch_size",
+    "--max_input_len",
+    "--max_seq_len",
+    "--max_beam_width",
+    "--max_num_tokens",
+    "--opt_num_tokens",
+    "--tokens_per_block",
+    "--max_draft_len",
+    "--workers",
+)
 PATH_FLAGS = ("--checkpoint_dir", "--output_dir", "--input_timing_cache", "--output_timing_cache")
 KNOWN_FLAGS = tuple(FLAG_CHOICES) + INT_FLAGS + PATH_FLAGS
 
-RECIPE_QUANT_ALGO = {"none": None, "fp8": "FP8", "int8_sq": "W8A8_SQ_PER_CHANNEL", "int8_wo": "W8A16", "int4_wo": "W4A16_AWQ",
-                     "int4_rtn": "W4A16_AWQ",  # group-wise INT4: ModelOpt writes W4A16_AWQ with unit pre_quant_scale
-                     "auto": "MIXED_PRECISION",  # per-layer quant_cfg.json (or the one format auto_quantize chose)
-                     "int4_awq": "W4A16_AWQ", "w4a8_awq": "W4A8_AWQ"}
+RECIPE_QUANT_ALGO = {
+    "none": None,
+    "fp8": "FP8",
+    "int8_sq": "W8A8_SQ_PER_CHANNEL",
+    "int8_wo": "W8A16",
+    "int4_wo": "W4A16_AWQ",
+    "int4_rtn": "W4A16_AWQ",  # group-wise INT4: ModelOpt writes W4A16_AWQ with unit pre_quant_scale
+    "auto": "MIXED_PRECISION",  # per-layer quant_cfg.json (or the one format auto_quantize chose)
+    "int4_awq": "W4A16_AWQ",
+    "w4a8_awq": "W4A8_AWQ",
+}
 """quant.recipe -> the checkpoint's ``quantization.quant_algo`` (ModelOpt export conventions, as examples/quantization/quantize.py writes them)."""
 # Minimum compute capability per recipe / KV dtype: the one table in pipeline/planner/gpus.py, as (major, minor).
 RECIPE_MIN_SM = {r: divmod(sm, 10) for r, sm in _GPU_RECIPE_MIN_SM.items() if r in RECIPE_QUANT_ALGO}
 KV_MIN_SM = {k: divmod(sm, 10) for k, sm in _GPU_KV_MIN_SM.items() if k in ("none", "int8", "fp8")}
-SPEC_MODES = {"draft_tokens_external": "draft_tokens_external", "medusa": "medusa", "eagle": "eagle",
-              "lookahead_decoding": "lookahead_decoding"}
+SPEC_MODES = {
+    "draft_tokens_external": "draft_tokens_external",
+    "medusa": "medusa",
+    "eagle": "eagle",
+    "lookahead_decoding": "lookahead_decoding",
+}
 SCHEDULER_POLICY = {"guaranteed_no_evict": "GUARANTEED_NO_EVICT", "max_utilization": "MAX_UTILIZATION"}
 
 
@@ -93,15 +115,21 @@ def _capabilities(name: str) -> Capabilities:
     """
     from ..config.quant import RECIPES
 
-    refused = {r: ("TensorRT-LLM has no checkpoint quant_algo for it in this target (RECIPE_QUANT_ALGO); "
-                   f"use one of {list(RECIPE_QUANT_ALGO)}") for r in RECIPES if r not in RECIPE_QUANT_ALGO}
+    refused = {
+        r: (f"TensorRT-LLM has no checkpoint quant_algo for it in this target (RECIPE_QUANT_ALGO); use one of {list(RECIPE_QUANT_ALGO)}")
+        for r in RECIPES
+        if r not in RECIPE_QUANT_ALGO
+    }
     return Capabilities(
-        name=name, device="gpu", recipes=tuple(RECIPE_QUANT_ALGO), refused_recipes=refused,
+        name=name,
+        device="gpu",
+        recipes=tuple(RECIPE_QUANT_ALGO),
+        refused_recipes=refused,
         kv_cache_dtypes=tuple(KV_MIN_SM),
-        beam_search=True,         # trtllm-build --max_beam_width; the evaluate/benchmark runner itself decodes greedily
-        logits=True,              # context/generation logits (build.gather_context_logits; pipeline.evaluation.trtllm_runner)
-        sliding_window=True,      # max_attention_window_size (package.runtime; sliding_window() below)
-        streaming=True,           # decoupled Triton model / LLM API streaming
+        beam_search=True,  # trtllm-build --max_beam_width; the evaluate/benchmark runner itself decodes greedily
+        logits=True,  # context/generation logits (build.gather_context_logits; pipeline.evaluation.trtllm_runner)
+        sliding_window=True,  # max_attention_window_size (package.runtime; sliding_window() below)
+        streaming=True,  # decoupled Triton model / LLM API streaming
         max_batch_size=None,
     )
 
@@ -174,14 +202,38 @@ def build_args(cfg: Any, checkpoint_dir: Path | str, output_dir: Path | str, tim
     """
     b = cfg.build
     a: list[str] = [
-        "--checkpoint_dir", str(checkpoint_dir), "--output_dir", str(output_dir),
-        "--max_batch_size", str(b.max_batch_size), "--max_input_len", str(b.max_input_len),
-        "--max_seq_len", str(b.max_seq_len), "--max_num_tokens", str(b.max_num_tokens),
-        "--max_beam_width", str(b.max_beam_width),
-        "--kv_cache_type", "paged", "--gpt_attention_plugin", "auto", "--remove_input_padding", "enable",
-        "--context_fmha", "enable", "--tokens_per_block", str(b.tokens_per_block),
-        "--use_paged_context_fmha", en(b.use_paged_context_fmha), "--use_fused_mlp", en(b.use_fused_mlp),
-        "--multiple_profiles", en(b.multiple_profiles), "--gemm_plugin", b.gemm_plugin,
+        "--checkpoint_dir",
+        str(checkpoint_dir),
+        "--output_dir",
+        str(output_dir),
+        "--max_batch_size",
+        str(b.max_batch_size),
+        "--max_input_len",
+        str(b.max_input_len),
+        "--max_seq_len",
+        str(b.max_seq_len),
+        "--max_num_tokens",
+        str(b.max_num_tokens),
+        "--max_beam_width",
+        str(b.max_beam_width),
+        "--kv_cache_type",
+        "paged",
+        "--gpt_attention_plugin",
+        "auto",
+        "--remove_input_padding",
+        "enable",
+        "--context_fmha",
+        "enable",
+        "--tokens_per_block",
+        str(b.tokens_per_block),
+        "--use_paged_context_fmha",
+        en(b.use_paged_context_fmha),
+        "--use_fused_mlp",
+        en(b.use_fused_mlp),
+        "--multiple_profiles",
+        en(b.multiple_profiles),
+        "--gemm_plugin",
+        b.gemm_plugin,
     ]
     if b.opt_num_tokens:
         a += ["--opt_num_tokens", str(b.opt_num_tokens)]
@@ -191,8 +243,16 @@ def build_args(cfg: Any, checkpoint_dir: Path | str, output_dir: Path | str, tim
         a += ["--gather_context_logits"]  # a store_true flag (commands/build.py)
     if b.speculative.mode != "none":
         a += ["--speculative_decoding_mode", SPEC_MODES[b.speculative.mode], "--max_draft_len", str(b.speculative.max_draft_len)]
-    a += ["--input_timing_cache", str(timing_cache), "--output_timing_cache", str(timing_cache),
-          "--workers", str(b.workers), "--log_level", "info"]
+    a += [
+        "--input_timing_cache",
+        str(timing_cache),
+        "--output_timing_cache",
+        str(timing_cache),
+        "--workers",
+        str(b.workers),
+        "--log_level",
+        "info",
+    ]
     return a
 
 
@@ -200,15 +260,28 @@ def build_config_dict(cfg: Any) -> dict[str, Any]:
     """The TensorRT-LLM ``BuildConfig`` fields (tensorrt_llm/builder.py) this build sets; recorded in build_info.json."""
     b = cfg.build
     return {
-        "max_input_len": b.max_input_len, "max_seq_len": b.max_seq_len, "max_batch_size": b.max_batch_size,
-        "max_beam_width": b.max_beam_width, "max_num_tokens": b.max_num_tokens, "opt_num_tokens": b.opt_num_tokens,
-        "kv_cache_type": "PAGED", "max_draft_len": b.speculative.max_draft_len if b.speculative.mode != "none" else 0,
+        "max_input_len": b.max_input_len,
+        "max_seq_len": b.max_seq_len,
+        "max_batch_size": b.max_batch_size,
+        "max_beam_width": b.max_beam_width,
+        "max_num_tokens": b.max_num_tokens,
+        "opt_num_tokens": b.opt_num_tokens,
+        "kv_cache_type": "PAGED",
+        "max_draft_len": b.speculative.max_draft_len if b.speculative.mode != "none" else 0,
         "speculative_decoding_mode": SPEC_MODES.get(b.speculative.mode, "NONE") if b.speculative.mode != "none" else "NONE",
-        "plugin_config": {"gpt_attention_plugin": "auto", "gemm_plugin": None if b.gemm_plugin == "disable" else b.gemm_plugin,
-                          "remove_input_padding": True, "context_fmha": True, "paged_kv_cache": True,
-                          "tokens_per_block": b.tokens_per_block, "use_paged_context_fmha": b.use_paged_context_fmha,
-                          "use_fused_mlp": b.use_fused_mlp, "multiple_profiles": b.multiple_profiles},
-        "logits_dtype": b.logits_dtype, "gather_context_logits": b.gather_context_logits,
+        "plugin_config": {
+            "gpt_attention_plugin": "auto",
+            "gemm_plugin": None if b.gemm_plugin == "disable" else b.gemm_plugin,
+            "remove_input_padding": True,
+            "context_fmha": True,
+            "paged_kv_cache": True,
+            "tokens_per_block": b.tokens_per_block,
+            "use_paged_context_fmha": b.use_paged_context_fmha,
+            "use_fused_mlp": b.use_fused_mlp,
+            "multiple_profiles": b.multiple_profiles,
+        },
+        "logits_dtype": b.logits_dtype,
+        "gather_context_logits": b.gather_context_logits,
     }
 
 
@@ -243,12 +316,21 @@ def runtime_knobs(cfg: Any) -> dict[str, Any]:
     """Runtime settings for the package stage (Triton tensorrt_llm config.pbtxt / ExtendedRuntimePerfKnobConfig; tensorrtllm_backend docs/model_config.md):
     the build's KV/scheduler/CUDA-graph knobs, the attention window and the speculative-decoding setup."""
     b, sp = cfg.build, cfg.build.speculative
-    out = {"cuda_graph_mode": b.cuda_graph_mode, "cuda_graph_cache_size": b.cuda_graph_cache_size,
-           "kv_cache_free_gpu_mem_fraction": b.kv_cache_free_gpu_mem_fraction, "enable_kv_cache_reuse": b.enable_kv_cache_reuse,
-           "batch_scheduler_policy": b.batch_scheduler_policy, "enable_chunked_context": b.enable_chunked_context,
-           "batching_strategy": "inflight_fused_batching", "max_beam_width": b.max_beam_width,
-           "speculative": {"mode": sp.mode, "max_draft_len": sp.max_draft_len if sp.mode != "none" else 0,
-                           "draft_model_path": sp.draft_model_path if sp.mode != "none" else None}}
+    out = {
+        "cuda_graph_mode": b.cuda_graph_mode,
+        "cuda_graph_cache_size": b.cuda_graph_cache_size,
+        "kv_cache_free_gpu_mem_fraction": b.kv_cache_free_gpu_mem_fraction,
+        "enable_kv_cache_reuse": b.enable_kv_cache_reuse,
+        "batch_scheduler_policy": b.batch_scheduler_policy,
+        "enable_chunked_context": b.enable_chunked_context,
+        "batching_strategy": "inflight_fused_batching",
+        "max_beam_width": b.max_beam_width,
+        "speculative": {
+            "mode": sp.mode,
+            "max_draft_len": sp.max_draft_len if sp.mode != "none" else 0,
+            "draft_model_path": sp.draft_model_path if sp.mode != "none" else None,
+        },
+    }
     w = attention_window(cfg)
     if w is not None:
         out["max_attention_window_size"] = w
@@ -263,27 +345,48 @@ def llm_api_options(cfg: Any) -> dict[str, Any]:
     """
     b = cfg.build
     doc: dict[str, Any] = {
-        "max_batch_size": b.max_batch_size, "max_num_tokens": b.max_num_tokens, "max_seq_len": b.max_seq_len,
-        "max_input_len": b.max_input_len, "max_beam_width": b.max_beam_width,
+        "max_batch_size": b.max_batch_size,
+        "max_num_tokens": b.max_num_tokens,
+        "max_seq_len": b.max_seq_len,
+        "max_input_len": b.max_input_len,
+        "max_beam_width": b.max_beam_width,
         "enable_chunked_prefill": b.enable_chunked_context,
-        "cuda_graph_config": ({"batch_sizes": sorted(set(int(x) for x in b.cuda_graph_batch_sizes if 1 <= int(x) <= b.max_batch_size)),
-                               "enable_padding": True} if b.cuda_graph_mode else None),
-        "kv_cache_config": {"free_gpu_memory_fraction": b.kv_cache_free_gpu_mem_fraction, "enable_block_reuse": b.enable_kv_cache_reuse,
-                            "tokens_per_block": b.tokens_per_block},
+        "cuda_graph_config": (
+            {
+                "batch_sizes": sorted(set(int(x) for x in b.cuda_graph_batch_sizes if 1 <= int(x) <= b.max_batch_size)),
+                "enable_padding": True,
+            }
+            if b.cuda_graph_mode
+            else None
+        ),
+        "kv_cache_config": {
+            "free_gpu_memory_fraction": b.kv_cache_free_gpu_mem_fraction,
+            "enable_block_reuse": b.enable_kv_cache_reuse,
+            "tokens_per_block": b.tokens_per_block,
+        },
         "scheduler_config": {"capacity_scheduler_policy": SCHEDULER_POLICY[b.batch_scheduler_policy]},
     }
     if cfg.quant.kv_cache_dtype != "none":
         doc["kv_cache_config"]["dtype"] = cfg.quant.kv_cache_dtype
     sp = b.speculative
     if sp.mode == "draft_tokens_external":
-        doc["speculative_config"] = {"decoding_type": "DraftTarget", "max_draft_len": sp.max_draft_len,
-                                     "speculative_model_dir": sp.draft_model_path}
+        doc["speculative_config"] = {
+            "decoding_type": "DraftTarget",
+            "max_draft_len": sp.max_draft_len,
+            "speculative_model_dir": sp.draft_model_path,
+        }
     elif sp.mode == "eagle":
-        doc["speculative_config"] = {"decoding_type": "Eagle", "max_draft_len": sp.max_draft_len,
-                                     "speculative_model_dir": sp.draft_model_path}
+        doc["speculative_config"] = {
+            "decoding_type": "Eagle",
+            "max_draft_len": sp.max_draft_len,
+            "speculative_model_dir": sp.draft_model_path,
+        }
     elif sp.mode == "medusa":
-        doc["speculative_config"] = {"decoding_type": "Medusa", "max_draft_len": sp.max_draft_len,
-                                     "speculative_model_dir": sp.draft_model_path}
+        doc["speculative_config"] = {
+            "decoding_type": "Medusa",
+            "max_draft_len": sp.max_draft_len,
+            "speculative_model_dir": sp.draft_model_path,
+        }
     elif sp.mode == "lookahead_decoding":
         doc["speculative_config"] = {"decoding_type": "Lookahead", "max_draft_len": sp.max_draft_len}
     return {k: v for k, v in doc.items() if v is not None}
@@ -316,70 +419,167 @@ def runtime_problems(cfg: Any) -> list[Problem]:
     pre = "package.runtime."
     w = rt.max_attention_window_size
     if w is not None and w > b.max_seq_len:
-        p.append(Problem(pre + "max_attention_window_size", w, f"is larger than build.max_seq_len={b.max_seq_len}: no sequence can use it.",
-                         f"set it <= {b.max_seq_len} or leave it null (full attention, or the model's own sliding window)"))
+        p.append(
+            Problem(
+                pre + "max_attention_window_size",
+                w,
+                f"is larger than build.max_seq_len={b.max_seq_len}: no sequence can use it.",
+                f"set it <= {b.max_seq_len} or leave it null (full attention, or the model's own sliding window)",
+            )
+        )
     mw = sliding_window(model_hf_config(cfg))
     if w is not None and mw is not None and w > mw:
-        p.append(Problem(pre + "max_attention_window_size", w, f"is larger than the model's sliding_window={mw}: attention would reach "
-                         "tokens the model never attended to in training.", f"set it <= {mw} or leave it null"))
+        p.append(
+            Problem(
+                pre + "max_attention_window_size",
+                w,
+                f"is larger than the model's sliding_window={mw}: attention would reach tokens the model never attended to in training.",
+                f"set it <= {mw} or leave it null",
+            )
+        )
     spec_mode = {"medusa": "medusa", "eagle": "eagle", "lookahead_decoding": "lookahead"}.get(sp.mode)
     engine = cfg.target.backend == "tensorrt"  # the PyTorch backend takes these through speculative_config instead
     if engine and sp.mode == "medusa" and not rt.medusa_choices:
-        p.append(Problem(pre + "medusa_choices", None, "a Medusa engine (build.speculative.mode=medusa) needs the Medusa tree its heads "
-                         "were trained for; the backend's built-in tree belongs to one specific model.",
-                         "set package.runtime.medusa_choices='{0}, {0, 0}, {1}, ...' (the tree from the Medusa checkpoint)"))
+        p.append(
+            Problem(
+                pre + "medusa_choices",
+                None,
+                "a Medusa engine (build.speculative.mode=medusa) needs the Medusa tree its heads "
+                "were trained for; the backend's built-in tree belongs to one specific model.",
+                "set package.runtime.medusa_choices='{0}, {0, 0}, {1}, ...' (the tree from the Medusa checkpoint)",
+            )
+        )
     if engine and sp.mode == "lookahead_decoding":
         for f in ("lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size"):
             if getattr(rt, f) is None:
-                p.append(Problem(pre + f, None, "a lookahead engine needs the (window, ngram, verification set) sizes.",
-                                 "set package.runtime.lookahead_window_size, lookahead_ngram_size and lookahead_verification_set_size"))
-    for f, m in (("medusa_choices", "medusa"), ("eagle_choices", "eagle"), ("lookahead_window_size", "lookahead_decoding"),
-                 ("lookahead_ngram_size", "lookahead_decoding"), ("lookahead_verification_set_size", "lookahead_decoding")):
+                p.append(
+                    Problem(
+                        pre + f,
+                        None,
+                        "a lookahead engine needs the (window, ngram, verification set) sizes.",
+                        "set package.runtime.lookahead_window_size, lookahead_ngram_size and lookahead_verification_set_size",
+                    )
+                )
+    for f, m in (
+        ("medusa_choices", "medusa"),
+        ("eagle_choices", "eagle"),
+        ("lookahead_window_size", "lookahead_decoding"),
+        ("lookahead_ngram_size", "lookahead_decoding"),
+        ("lookahead_verification_set_size", "lookahead_decoding"),
+    ):
         if getattr(rt, f) is not None and sp.mode != m:
-            p.append(Problem(pre + f, getattr(rt, f), f"is only used by a {m} engine; build.speculative.mode={sp.mode}.",
-                             f"remove it or set build.speculative.mode={m}"))
+            p.append(
+                Problem(
+                    pre + f,
+                    getattr(rt, f),
+                    f"is only used by a {m} engine; build.speculative.mode={sp.mode}.",
+                    f"remove it or set build.speculative.mode={m}",
+                )
+            )
     if rt.decoding_mode is not None:
         if spec_mode and rt.decoding_mode != spec_mode:
-            p.append(Problem(pre + "decoding_mode", rt.decoding_mode, f"contradicts build.speculative.mode={sp.mode}.",
-                             f"set it to {spec_mode} or null"))
+            p.append(
+                Problem(
+                    pre + "decoding_mode",
+                    rt.decoding_mode,
+                    f"contradicts build.speculative.mode={sp.mode}.",
+                    f"set it to {spec_mode} or null",
+                )
+            )
         if rt.decoding_mode in ("medusa", "eagle", "lookahead", "redrafter") and rt.decoding_mode != spec_mode:
-            p.append(Problem(pre + "decoding_mode", rt.decoding_mode, "needs an engine built for that speculative mode.",
-                             "set build.speculative.mode accordingly or leave decoding_mode null"))
+            p.append(
+                Problem(
+                    pre + "decoding_mode",
+                    rt.decoding_mode,
+                    "needs an engine built for that speculative mode.",
+                    "set build.speculative.mode accordingly or leave decoding_mode null",
+                )
+            )
         if rt.decoding_mode == "beam_search" and b.max_beam_width < 2:
             p.append(Problem(pre + "decoding_mode", rt.decoding_mode, "needs build.max_beam_width >= 2.", "raise build.max_beam_width"))
     if rt.kv_cache_host_memory_bytes and not b.enable_kv_cache_reuse:
-        p.append(Problem(pre + "kv_cache_host_memory_bytes", rt.kv_cache_host_memory_bytes,
-                         "host offload of KV blocks only works with KV-cache reuse.", "set build.enable_kv_cache_reuse=true"))
+        p.append(
+            Problem(
+                pre + "kv_cache_host_memory_bytes",
+                rt.kv_cache_host_memory_bytes,
+                "host offload of KV blocks only works with KV-cache reuse.",
+                "set build.enable_kv_cache_reuse=true",
+            )
+        )
     if rt.kv_cache_onboard_blocks is not None and not rt.kv_cache_host_memory_bytes:
-        p.append(Problem(pre + "kv_cache_onboard_blocks", rt.kv_cache_onboard_blocks, "only applies with kv_cache_host_memory_bytes > 0.",
-                         "set package.runtime.kv_cache_host_memory_bytes or remove kv_cache_onboard_blocks"))
+        p.append(
+            Problem(
+                pre + "kv_cache_onboard_blocks",
+                rt.kv_cache_onboard_blocks,
+                "only applies with kv_cache_host_memory_bytes > 0.",
+                "set package.runtime.kv_cache_host_memory_bytes or remove kv_cache_onboard_blocks",
+            )
+        )
     if rt.speculative_decoding_fast_logits and sp.mode != "draft_tokens_external":
-        p.append(Problem(pre + "speculative_decoding_fast_logits", True, "only applies to draft-model speculative decoding.",
-                         "remove it or set build.speculative.mode=draft_tokens_external"))
+        p.append(
+            Problem(
+                pre + "speculative_decoding_fast_logits",
+                True,
+                "only applies to draft-model speculative decoding.",
+                "remove it or set build.speculative.mode=draft_tokens_external",
+            )
+        )
     if cfg.target.backend == "pytorch":
         from ..packaging.trtllm_config import llmapi_unsupported
 
         for f in llmapi_unsupported(rt):
-            p.append(Problem(pre + f, getattr(rt, f), "has no equivalent in the PyTorch-backend (LLM API) package.",
-                             "remove it, or build an engine with target.backend=tensorrt"))
+            p.append(
+                Problem(
+                    pre + f,
+                    getattr(rt, f),
+                    "has no equivalent in the PyTorch-backend (LLM API) package.",
+                    "remove it, or build an engine with target.backend=tensorrt",
+                )
+            )
     if sp.mode == "draft_tokens_external":
         if cfg.target.backend == "tensorrt" and not sp.draft_model_path and not sp.draft_trtllm_checkpoint:
-            p.append(Problem("build.speculative.draft_model_path", None, "draft-model speculative decoding needs the draft checkpoint.",
-                             "set build.speculative.draft_model_path=/path/to/draft (HF checkpoint with trtllm_checkpoint/)"))
-        if cfg.eval.draft_model_path and sp.draft_model_path and \
-                Path(str(cfg.eval.draft_model_path)).resolve() != Path(str(sp.draft_model_path)).resolve():
-            p.append(Problem("eval.draft_model_path", cfg.eval.draft_model_path, "measures another draft than the one the build "
-                             f"packages (build.speculative.draft_model_path={sp.draft_model_path}).",
-                             "set both to the same draft checkpoint"))
+            p.append(
+                Problem(
+                    "build.speculative.draft_model_path",
+                    None,
+                    "draft-model speculative decoding needs the draft checkpoint.",
+                    "set build.speculative.draft_model_path=/path/to/draft (HF checkpoint with trtllm_checkpoint/)",
+                )
+            )
+        if (
+            cfg.eval.draft_model_path
+            and sp.draft_model_path
+            and Path(str(cfg.eval.draft_model_path)).resolve() != Path(str(sp.draft_model_path)).resolve()
+        ):
+            p.append(
+                Problem(
+                    "eval.draft_model_path",
+                    cfg.eval.draft_model_path,
+                    f"measures another draft than the one the build packages (build.speculative.draft_model_path={sp.draft_model_path}).",
+                    "set both to the same draft checkpoint",
+                )
+            )
         if cfg.eval.draft_model_path and cfg.eval.draft_tokens != sp.max_draft_len:
-            p.append(Problem("eval.draft_tokens", cfg.eval.draft_tokens, f"measures acceptance with k={cfg.eval.draft_tokens} draft tokens, "
-                             f"but the engine drafts build.speculative.max_draft_len={sp.max_draft_len}.",
-                             f"set eval.draft_tokens={sp.max_draft_len}"))
+            p.append(
+                Problem(
+                    "eval.draft_tokens",
+                    cfg.eval.draft_tokens,
+                    f"measures acceptance with k={cfg.eval.draft_tokens} draft tokens, "
+                    f"but the engine drafts build.speculative.max_draft_len={sp.max_draft_len}.",
+                    f"set eval.draft_tokens={sp.max_draft_len}",
+                )
+            )
         gate = getattr(pk, "speculative", None)
         if "package" in cfg.stages and not cfg.eval.draft_model_path and not (gate is not None and gate.allow_low_acceptance):
-            p.append(Problem("eval.draft_model_path", None, "the package stage enables a draft model only after its acceptance rate was "
-                             "measured on the eval set.", f"set eval.draft_model_path={sp.draft_model_path or '<the draft HF checkpoint>'} "
-                             "(or package.speculative.allow_low_acceptance=true)"))
+            p.append(
+                Problem(
+                    "eval.draft_model_path",
+                    None,
+                    "the package stage enables a draft model only after its acceptance rate was measured on the eval set.",
+                    f"set eval.draft_model_path={sp.draft_model_path or '<the draft HF checkpoint>'} "
+                    "(or package.speculative.allow_low_acceptance=true)",
+                )
+            )
     return p
 
 
@@ -399,58 +599,140 @@ class TensorRTLLMTarget:
         p: list[Problem] = []
         if cfg.target.backend == "tensorrt":
             if b.kv_cache_type != "paged":
-                p.append(Problem("build.kv_cache_type", b.kv_cache_type, "in-flight batching needs the paged KV cache.",
-                                 "set build.kv_cache_type=paged"))
+                p.append(
+                    Problem(
+                        "build.kv_cache_type",
+                        b.kv_cache_type,
+                        "in-flight batching needs the paged KV cache.",
+                        "set build.kv_cache_type=paged",
+                    )
+                )
             if b.multiple_profiles and b.opt_num_tokens:
-                p.append(Problem("build.opt_num_tokens", b.opt_num_tokens,
-                                 "trtllm-build refuses --opt_num_tokens together with --multiple_profiles enable (RuntimeError).",
-                                 "drop build.opt_num_tokens or set build.multiple_profiles=false"))
+                p.append(
+                    Problem(
+                        "build.opt_num_tokens",
+                        b.opt_num_tokens,
+                        "trtllm-build refuses --opt_num_tokens together with --multiple_profiles enable (RuntimeError).",
+                        "drop build.opt_num_tokens or set build.multiple_profiles=false",
+                    )
+                )
         if b.gemm_plugin not in FLAG_CHOICES["--gemm_plugin"]:
             p.append(Problem("build.gemm_plugin", b.gemm_plugin, f"must be one of {list(FLAG_CHOICES['--gemm_plugin'])}."))
         if b.gemm_plugin == "fp8" and cfg.quant.recipe not in ("fp8",):
-            p.append(Problem("build.gemm_plugin", b.gemm_plugin, "the fp8 GEMM plugin needs an FP8 checkpoint.", "use quant=fp8 or build.gemm_plugin=auto"))
+            p.append(
+                Problem(
+                    "build.gemm_plugin",
+                    b.gemm_plugin,
+                    "the fp8 GEMM plugin needs an FP8 checkpoint.",
+                    "use quant=fp8 or build.gemm_plugin=auto",
+                )
+            )
         if b.logits_dtype not in (None,) + FLAG_CHOICES["--logits_dtype"]:
             p.append(Problem("build.logits_dtype", b.logits_dtype, f"must be null or one of {list(FLAG_CHOICES['--logits_dtype'])}."))
         if b.enable_chunked_context and not b.use_paged_context_fmha:
-            p.append(Problem("build.enable_chunked_context", True, "chunked context needs paged context FMHA.",
-                             "set build.use_paged_context_fmha=true"))
+            p.append(
+                Problem(
+                    "build.enable_chunked_context",
+                    True,
+                    "chunked context needs paged context FMHA.",
+                    "set build.use_paged_context_fmha=true",
+                )
+            )
         if b.enable_kv_cache_reuse and not b.use_paged_context_fmha:
-            p.append(Problem("build.enable_kv_cache_reuse", True, "KV-cache reuse needs paged context FMHA.",
-                             "set build.use_paged_context_fmha=true"))
+            p.append(
+                Problem(
+                    "build.enable_kv_cache_reuse", True, "KV-cache reuse needs paged context FMHA.", "set build.use_paged_context_fmha=true"
+                )
+            )
         if b.max_input_len > b.max_seq_len:
-            p.append(Problem("build.max_input_len", b.max_input_len, f"exceeds build.max_seq_len={b.max_seq_len} (trtllm-build would clip it).",
-                             f"set build.max_input_len<={b.max_seq_len}"))
+            p.append(
+                Problem(
+                    "build.max_input_len",
+                    b.max_input_len,
+                    f"exceeds build.max_seq_len={b.max_seq_len} (trtllm-build would clip it).",
+                    f"set build.max_input_len<={b.max_seq_len}",
+                )
+            )
         if b.max_num_tokens < b.max_input_len and not b.enable_chunked_context:
-            p.append(Problem("build.max_num_tokens", b.max_num_tokens,
-                             f"a prompt of max_input_len={b.max_input_len} tokens does not fit one engine step without chunked context.",
-                             f"set build.max_num_tokens>={b.max_input_len} or build.enable_chunked_context=true"))
+            p.append(
+                Problem(
+                    "build.max_num_tokens",
+                    b.max_num_tokens,
+                    f"a prompt of max_input_len={b.max_input_len} tokens does not fit one engine step without chunked context.",
+                    f"set build.max_num_tokens>={b.max_input_len} or build.enable_chunked_context=true",
+                )
+            )
         if sp.mode == "none" and sp.max_draft_len:
-            p.append(Problem("build.speculative.max_draft_len", sp.max_draft_len, "is set but build.speculative.mode=none.",
-                             "set build.speculative.mode or max_draft_len=0"))
+            p.append(
+                Problem(
+                    "build.speculative.max_draft_len",
+                    sp.max_draft_len,
+                    "is set but build.speculative.mode=none.",
+                    "set build.speculative.mode or max_draft_len=0",
+                )
+            )
         if sp.mode != "none" and sp.max_draft_len < 1:
-            p.append(Problem("build.speculative.max_draft_len", sp.max_draft_len, f"speculative mode {sp.mode} needs max_draft_len >= 1.",
-                             "e.g. build.speculative.max_draft_len=4"))
+            p.append(
+                Problem(
+                    "build.speculative.max_draft_len",
+                    sp.max_draft_len,
+                    f"speculative mode {sp.mode} needs max_draft_len >= 1.",
+                    "e.g. build.speculative.max_draft_len=4",
+                )
+            )
         if sp.mode in ("draft_tokens_external", "eagle", "medusa") and cfg.target.backend == "pytorch" and not sp.draft_model_path:
-            p.append(Problem("build.speculative.draft_model_path", None, f"speculative mode {sp.mode} needs the draft/head checkpoint.",
-                             "set build.speculative.draft_model_path=/path/to/checkpoint"))
+            p.append(
+                Problem(
+                    "build.speculative.draft_model_path",
+                    None,
+                    f"speculative mode {sp.mode} needs the draft/head checkpoint.",
+                    "set build.speculative.draft_model_path=/path/to/checkpoint",
+                )
+            )
         if sp.mode != "none" and b.gather_context_logits:
-            p.append(Problem("build.gather_context_logits", True, "trtllm-build refuses --gather_context_logits with speculative "
-                             "decoding (max_draft_len > 0).", "build the speculative engine without it (fidelity metrics need a "
-                             "separate non-speculative build)"))
+            p.append(
+                Problem(
+                    "build.gather_context_logits",
+                    True,
+                    "trtllm-build refuses --gather_context_logits with speculative decoding (max_draft_len > 0).",
+                    "build the speculative engine without it (fidelity metrics need a separate non-speculative build)",
+                )
+            )
         if sp.mode != "none" and b.max_beam_width != 1:
-            p.append(Problem("build.max_beam_width", b.max_beam_width, "speculative decoding runs with beam width 1.", "set build.max_beam_width=1"))
+            p.append(
+                Problem(
+                    "build.max_beam_width", b.max_beam_width, "speculative decoding runs with beam width 1.", "set build.max_beam_width=1"
+                )
+            )
         if b.cuda_graph_mode and any(int(x) < 1 for x in b.cuda_graph_batch_sizes):
-            p.append(Problem("build.cuda_graph_batch_sizes", list(b.cuda_graph_batch_sizes),
-                             "CUDA-graph batch sizes must be >= 1 (sizes above max_batch_size are dropped).",
-                             "e.g. build.cuda_graph_batch_sizes=[1,2,4,8]"))
+            p.append(
+                Problem(
+                    "build.cuda_graph_batch_sizes",
+                    list(b.cuda_graph_batch_sizes),
+                    "CUDA-graph batch sizes must be >= 1 (sizes above max_batch_size are dropped).",
+                    "e.g. build.cuda_graph_batch_sizes=[1,2,4,8]",
+                )
+            )
         caps = self.capabilities(cfg)
         refusal = caps.recipe_refusal(cfg.quant.recipe)
         if refusal is not None:
-            p.append(Problem("quant.recipe", cfg.quant.recipe, f"target {caps.name} cannot build this recipe: {refusal}.",
-                             f"use quant=<one of {list(caps.recipes)}>"))
+            p.append(
+                Problem(
+                    "quant.recipe",
+                    cfg.quant.recipe,
+                    f"target {caps.name} cannot build this recipe: {refusal}.",
+                    f"use quant=<one of {list(caps.recipes)}>",
+                )
+            )
         if cfg.quant.kv_cache_dtype not in caps.kv_cache_dtypes:
-            p.append(Problem("quant.kv_cache_dtype", cfg.quant.kv_cache_dtype, f"target {caps.name} deploys KV caches {list(caps.kv_cache_dtypes)}.",
-                             "set quant.kv_cache_dtype=none"))
+            p.append(
+                Problem(
+                    "quant.kv_cache_dtype",
+                    cfg.quant.kv_cache_dtype,
+                    f"target {caps.name} deploys KV caches {list(caps.kv_cache_dtypes)}.",
+                    "set quant.kv_cache_dtype=none",
+                )
+            )
         p += runtime_problems(cfg)
         # max_seq_len (+ draft) vs the model's positions: pipeline/planner/validate.py (one rule, one place)
         return p
@@ -474,8 +756,11 @@ class TensorRTLLMTarget:
     def plan(self, cfg: Any, checkpoint: Path | None, export_dir: Path | None, out: Path | None) -> dict[str, Any]:
         if cfg.target.backend == "pytorch":
             return {"command": None, "llm_api_options": llm_api_options(cfg), "runtime_knobs": runtime_knobs(cfg)}
-        return {"command": self.command(cfg, checkpoint or "<quantize artifact>", out or "<build artifact>"),
-                "build_config": build_config_dict(cfg), "runtime_knobs": runtime_knobs(cfg)}
+        return {
+            "command": self.command(cfg, checkpoint or "<quantize artifact>", out or "<build artifact>"),
+            "build_config": build_config_dict(cfg),
+            "runtime_knobs": runtime_knobs(cfg),
+        }
 
     # ------------------------------------------------------------------ preflight
     def preflight(self, cfg: Any, checkpoint: Path, out: Path | None = None) -> None:
@@ -494,20 +779,28 @@ class TensorRTLLMTarget:
         elif v != "unknown":
             vt = _ver_tuple(v)
             if backend == "tensorrt" and not (ENGINE_VERSIONS[0] <= vt <= ENGINE_VERSIONS[1]):
-                fails.append(f"tensorrt_llm {v} is outside the supported engine-path range 1.2.0-1.2.1 (trtllm-build was removed after 1.2.x). "
-                             f"Fix: pip install 'tensorrt-llm==1.2.1' --extra-index-url https://pypi.nvidia.com/ , or use {NGC_IMAGE}; "
-                             "or target.backend=pytorch for newer releases.")
+                fails.append(
+                    f"tensorrt_llm {v} is outside the supported engine-path range 1.2.0-1.2.1 (trtllm-build was removed after 1.2.x). "
+                    f"Fix: pip install 'tensorrt-llm==1.2.1' --extra-index-url https://pypi.nvidia.com/ , or use {NGC_IMAGE}; "
+                    "or target.backend=pytorch for newer releases."
+                )
             if backend == "pytorch" and vt < PYTORCH_MIN_VERSION:
-                fails.append(f"tensorrt_llm {v} is older than 1.2.0. Fix: pip install 'tensorrt-llm==1.2.1' --extra-index-url https://pypi.nvidia.com/")
+                fails.append(
+                    f"tensorrt_llm {v} is older than 1.2.0. Fix: pip install 'tensorrt-llm==1.2.1' --extra-index-url https://pypi.nvidia.com/"
+                )
         if backend == "tensorrt":
             exe = self.trtllm_build_exe(cfg)
             if shutil.which(exe) is None and not (os.path.isabs(exe) and os.access(exe, os.X_OK)):
-                fails.append(f"`{exe}` (target.trtllm_build) is not on PATH. Fix: it ships with the tensorrt-llm 1.2.x wheel "
-                             "(install as above); or point target.trtllm_build=/path/to/trtllm-build.")
+                fails.append(
+                    f"`{exe}` (target.trtllm_build) is not on PATH. Fix: it ships with the tensorrt-llm 1.2.x wheel "
+                    "(install as above); or point target.trtllm_build=/path/to/trtllm-build."
+                )
         g = gpus()
         if not g:
-            fails.append(f"no NVIDIA GPU is visible (nvidia-smi found none). Fix: run on a GPU host / inside {NGC_IMAGE} with --gpus all, "
-                         "or build for CPU with target=onnxruntime_genai.")
+            fails.append(
+                f"no NVIDIA GPU is visible (nvidia-smi found none). Fix: run on a GPU host / inside {NGC_IMAGE} with --gpus all, "
+                "or build for CPU with target=onnxruntime_genai."
+            )
         else:
             try:
                 cc = tuple(int(x) for x in str(g[0]["compute_capability"]).split(".")[:2])
@@ -517,9 +810,11 @@ class TensorRTLLMTarget:
             if cfg.quant.export_dtype == "bfloat16":
                 need = max(need, (8, 0))
             if cc < need:
-                fails.append(f"GPU {g[0]['name']} has compute capability {cc[0]}.{cc[1]}; quant={cfg.quant.recipe} kv_cache_dtype={cfg.quant.kv_cache_dtype} "
-                             f"needs SM >= {need[0]}.{need[1]} (FP8/W4A8 need Ada/Hopper, SM 8.9+). "
-                             "Fix: use quant=int4_awq or int8_sq on Ampere, or a newer GPU.")
+                fails.append(
+                    f"GPU {g[0]['name']} has compute capability {cc[0]}.{cc[1]}; quant={cfg.quant.recipe} kv_cache_dtype={cfg.quant.kv_cache_dtype} "
+                    f"needs SM >= {need[0]}.{need[1]} (FP8/W4A8 need Ada/Hopper, SM 8.9+). "
+                    "Fix: use quant=int4_awq or int8_sq on Ampere, or a newer GPU."
+                )
         if not fails:
             from ..planner import plan as _plan
 
@@ -531,12 +826,18 @@ class TensorRTLLMTarget:
             if pl is not None and pl.status == "refused":
                 fails.append("the memory plan does not fit: " + " | ".join(pl.refusals) + " (see `pipeline plan`).")
         if fails:
-            cmd = shlex.join(self.command(cfg, checkpoint, out or "<build artifact>")) if backend == "tensorrt" else "(PyTorch backend: no trtllm-build)"
+            cmd = (
+                shlex.join(self.command(cfg, checkpoint, out or "<build artifact>"))
+                if backend == "tensorrt"
+                else "(PyTorch backend: no trtllm-build)"
+            )
             msg = "target tensorrt_llm cannot build on this machine:\n" + "\n".join(f"  - {f}" for f in fails)
             raise PreflightError(msg + f"\nCommand it would run:\n  {cmd}")
         ck = QuantizeArtifact(Path(checkpoint)).trtllm_checkpoint
         if backend == "tensorrt" and not (ck / "config.json").is_file():
-            raise InputError(f"{ck}: no TensorRT-LLM checkpoint (config.json + rank*.safetensors). The quantize stage writes it; re-run it.")
+            raise InputError(
+                f"{ck}: no TensorRT-LLM checkpoint (config.json + rank*.safetensors). The quantize stage writes it; re-run it."
+            )
 
     # ------------------------------------------------------------------ build
     def _versions(self) -> dict[str, Any]:
@@ -547,7 +848,7 @@ class TensorRTLLMTarget:
         torch = sys.modules.get("torch")
         if torch is None:
             try:
-                import torch  # noqa: F811 - present on every TensorRT-LLM host
+                import torch
             except ImportError:
                 torch = None
         if torch is not None:
@@ -555,8 +856,9 @@ class TensorRTLLMTarget:
         v["cuda"] = cuda
         return v
 
-    def build(self, cfg: Any, checkpoint: Path, out: Path, log: Any = None, *, export_dir: Path | None = None,
-              progress: Any = None) -> dict[str, Any]:
+    def build(
+        self, cfg: Any, checkpoint: Path, out: Path, log: Any = None, *, export_dir: Path | None = None, progress: Any = None
+    ) -> dict[str, Any]:
         """Run ``trtllm-build`` (or write the PyTorch-backend options) into ``out/engine``; return build_info.
 
         The full trtllm-build output is kept in ``out/build.log``.
@@ -572,15 +874,22 @@ class TensorRTLLMTarget:
         engine.mkdir(parents=True, exist_ok=True)
         logf = BuildArtifact(out).build_log_path
         hf = Path(checkpoint) / "hf"
-        info: dict[str, Any] = {"schema": "pipeline.build_info/v1", "target": self.name, "backend": cfg.target.backend,
-                                "recipe": cfg.quant.recipe, "kv_cache": cfg.quant.kv_cache_dtype}
+        info: dict[str, Any] = {
+            "schema": "pipeline.build_info/v1",
+            "target": self.name,
+            "backend": cfg.target.backend,
+            "recipe": cfg.quant.recipe,
+            "kv_cache": cfg.quant.kv_cache_dtype,
+        }
         if cfg.target.backend == "pytorch":
             import yaml
 
             opts = llm_api_options(cfg)
             (engine / "llm_api_options.yaml").write_text(yaml.safe_dump(opts, sort_keys=False), encoding="utf-8")
             shutil.copytree(hf, engine / "hf")
-            logf.write_text("PyTorch backend: no engine build; wrote llm_api_options.yaml and copied the HF checkpoint.\n", encoding="utf-8")
+            logf.write_text(
+                "PyTorch backend: no engine build; wrote llm_api_options.yaml and copied the HF checkpoint.\n", encoding="utf-8"
+            )
             info.update(command=None, llm_api_options=opts)
         else:
             cmd = self.command(cfg, checkpoint, out)
@@ -596,26 +905,45 @@ class TensorRTLLMTarget:
                 raise PipelineError(f"trtllm-build failed (exit {proc.returncode}); full log {logf}; last lines:\n{tail}")
             ranks = sorted(engine.glob("rank*.engine"))
             if not ranks or not (engine / "config.json").is_file():
-                raise PipelineError(f"trtllm-build exited 0 but wrote no engine (rank*.engine + config.json) into {engine}; log {logf}:\n{tail}")
+                raise PipelineError(
+                    f"trtllm-build exited 0 but wrote no engine (rank*.engine + config.json) into {engine}; log {logf}:\n{tail}"
+                )
             if cfg.build.speculative.mode == "draft_tokens_external":
                 info["draft"] = self._build_draft(cfg, out, lg)
-            for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "generation_config.json"):
+            for f in (
+                "tokenizer.json",
+                "tokenizer_config.json",
+                "special_tokens_map.json",
+                "chat_template.jinja",
+                "generation_config.json",
+            ):
                 if (hf / f).is_file():  # trtllm-build does not copy the tokenizer (builder.py Engine.save)
                     shutil.copy2(hf / f, engine / f)
             info.update(command=cmd, timing_cache=str(tc), ranks=[r.name for r in ranks])
         g = gpus()
         b = cfg.build
-        info.update({
-            "versions": self._versions(),
-            "host": {"kind": "gpu", "gpus": g, "gpu": g[0]["name"] if g else None,
-                     "compute_capability": g[0]["compute_capability"] if g else None},
-            "knobs": {"build_config": build_config_dict(cfg), "workers": b.workers, "target_gpu": cfg.target.gpu},
-            "runtime": runtime_knobs(cfg),
-            "limits": {"max_batch_size": b.max_batch_size, "max_input_len": b.max_input_len, "max_seq_len": b.max_seq_len,
-                       "max_num_tokens": b.max_num_tokens, "max_beam_width": b.max_beam_width},
-            "engine_bytes": sum(f.stat().st_size for f in engine.rglob("*") if f.is_file()),
-            "build_s": round(time.time() - t0, 3),
-        })
+        info.update(
+            {
+                "versions": self._versions(),
+                "host": {
+                    "kind": "gpu",
+                    "gpus": g,
+                    "gpu": g[0]["name"] if g else None,
+                    "compute_capability": g[0]["compute_capability"] if g else None,
+                },
+                "knobs": {"build_config": build_config_dict(cfg), "workers": b.workers, "target_gpu": cfg.target.gpu},
+                "runtime": runtime_knobs(cfg),
+                "limits": {
+                    "max_batch_size": b.max_batch_size,
+                    "max_input_len": b.max_input_len,
+                    "max_seq_len": b.max_seq_len,
+                    "max_num_tokens": b.max_num_tokens,
+                    "max_beam_width": b.max_beam_width,
+                },
+                "engine_bytes": sum(f.stat().st_size for f in engine.rglob("*") if f.is_file()),
+                "build_s": round(time.time() - t0, 3),
+            }
+        )
         return info
 
     def draft_command(self, cfg: Any, out: Path | str) -> list[str]:
@@ -625,18 +953,22 @@ class TensorRTLLMTarget:
         sp = cfg.build.speculative
         ck = sp.draft_trtllm_checkpoint or (str(Path(sp.draft_model_path) / "trtllm_checkpoint") if sp.draft_model_path else None)
         if ck is None:
-            raise InputError("build.speculative.draft_model_path is not set. Fix: set it to the draft checkpoint (HF + trtllm_checkpoint/).")
+            raise InputError(
+                "build.speculative.draft_model_path is not set. Fix: set it to the draft checkpoint (HF + trtllm_checkpoint/)."
+            )
         args = build_args(cfg, Path(resolve_path(ck) or ck), Path(out) / "draft_engine", default_timing_cache(cfg))
         i = args.index("--speculative_decoding_mode")
-        del args[i:i + 4]  # --speculative_decoding_mode X --max_draft_len N: the draft is a plain model
+        del args[i : i + 4]  # --speculative_decoding_mode X --max_draft_len N: the draft is a plain model
         return [self.trtllm_build_exe(cfg)] + args
 
     def _build_draft(self, cfg: Any, out: Path, lg: Any) -> dict[str, Any]:
         cmd = self.draft_command(cfg, out)
         ck = Path(cmd[cmd.index("--checkpoint_dir") + 1])
         if not (ck / "config.json").is_file():
-            raise InputError(f"{ck}: no TensorRT-LLM checkpoint of the draft (config.json + rank*.safetensors). Fix: quantize/convert the "
-                             "draft (e.g. `pipeline model.path=<draft> stages=[export,quantize]`) and point build.speculative.draft_trtllm_checkpoint at it.")
+            raise InputError(
+                f"{ck}: no TensorRT-LLM checkpoint of the draft (config.json + rank*.safetensors). Fix: quantize/convert the "
+                "draft (e.g. `pipeline model.path=<draft> stages=[export,quantize]`) and point build.speculative.draft_trtllm_checkpoint at it."
+            )
         logf = out / "build_draft.log"
         lg.info("running (draft): %s", shlex.join(cmd))
         with open(logf, "w", encoding="utf-8") as fh:
@@ -646,7 +978,9 @@ class TensorRTLLMTarget:
         tail = "".join(logf.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)[-30:])
         eng = out / "draft_engine"
         if proc.returncode != 0 or not sorted(eng.glob("rank*.engine")) or not (eng / "config.json").is_file():
-            raise PipelineError(f"trtllm-build of the draft engine failed (exit {proc.returncode}) or wrote no engine into {eng}; log {logf}:\n{tail}")
+            raise PipelineError(
+                f"trtllm-build of the draft engine failed (exit {proc.returncode}) or wrote no engine into {eng}; log {logf}:\n{tail}"
+            )
         return {"command": cmd, "engine": "draft_engine", "checkpoint": str(ck), "draft_model_path": cfg.build.speculative.draft_model_path}
 
     def load_runner(self, engine_dir: Path, **kw: Any) -> Any:
@@ -657,8 +991,10 @@ class TensorRTLLMTarget:
             PreflightError: TensorRT-LLM is not importable on this machine (exit 4), with the fix.
         """
         if installed_version() is None:
-            raise PreflightError(f"running a TensorRT-LLM engine needs TensorRT-LLM and a GPU. Fix: {INSTALL_FIX}; "
-                                 "or evaluate the simulated model (eval.candidate=simulated).")
+            raise PreflightError(
+                f"running a TensorRT-LLM engine needs TensorRT-LLM and a GPU. Fix: {INSTALL_FIX}; "
+                "or evaluate the simulated model (eval.candidate=simulated)."
+            )
         from ..evaluation.trtllm_runner import load_runner
 
         return load_runner(Path(engine_dir), **kw)

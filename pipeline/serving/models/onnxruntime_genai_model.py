@@ -68,19 +68,38 @@ FLAG_TOKEN, FLAG_TURN_FINISHED, FLAG_FAILED = 1, 2, 8  # og.EngineEventFlags (0.
 
 # Inputs the engine cannot honour: a request that sets them to a non-default value gets a clear error.
 _UNSUPPORTED = {
-    "decoder_input_ids": "encoder-decoder models", "embedding_bias": "embedding_bias", "prompt_embedding_table": "prompt tuning",
-    "prompt_table_extra_ids": "prompt tuning", "lora_weights": "LoRA", "lora_config": "LoRA", "lora_task_id": "LoRA",
-    "guided_decoding_guide": "guided decoding", "prompt_vocab_size": "prompt tuning",
+    "decoder_input_ids": "encoder-decoder models",
+    "embedding_bias": "embedding_bias",
+    "prompt_embedding_table": "prompt tuning",
+    "prompt_table_extra_ids": "prompt tuning",
+    "lora_weights": "LoRA",
+    "lora_config": "LoRA",
+    "lora_task_id": "LoRA",
+    "guided_decoding_guide": "guided decoding",
+    "prompt_vocab_size": "prompt tuning",
 }
 # The text interface (served as ``ensemble`` and ``tensorrt_llm_bls`` on the CPU target): the ensemble's input names
 # for the engine inputs they feed (TensorRT-LLM ensemble step 2 mapping); the prompt and the word lists are text.
-TEXT_NAMES = {"request_output_len": "max_tokens", "streaming": "stream", "runtime_top_k": "top_k", "runtime_top_p": "top_p",
-              "len_penalty": "length_penalty"}
+TEXT_NAMES = {
+    "request_output_len": "max_tokens",
+    "streaming": "stream",
+    "runtime_top_k": "top_k",
+    "runtime_top_p": "top_p",
+    "len_penalty": "length_penalty",
+}
 _UNSUPPORTED_TEXT = {
-    "decoder_text_input": "encoder-decoder models", "embedding_bias_words": "embedding bias", "embedding_bias_weights": "embedding bias",
-    "prompt_embedding_table": "prompt tuning", "prompt_table_extra_id": "prompt tuning", "prompt_vocab_size": "prompt tuning",
-    "lora_weights": "LoRA", "lora_config": "LoRA", "lora_task_id": "LoRA", "guided_decoding_guide": "guided decoding",
-    "num_draft_tokens": "speculative decoding", "use_draft_logits": "speculative decoding",
+    "decoder_text_input": "encoder-decoder models",
+    "embedding_bias_words": "embedding bias",
+    "embedding_bias_weights": "embedding bias",
+    "prompt_embedding_table": "prompt tuning",
+    "prompt_table_extra_id": "prompt tuning",
+    "prompt_vocab_size": "prompt tuning",
+    "lora_weights": "LoRA",
+    "lora_config": "LoRA",
+    "lora_task_id": "LoRA",
+    "guided_decoding_guide": "guided decoding",
+    "num_draft_tokens": "speculative decoding",
+    "use_draft_logits": "speculative decoding",
 }
 # FP32 inputs whose neutral value is accepted and any other value refused (og.Engine 0.18 has no such search option).
 _NEUTRAL_FLOATS = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "len_penalty": 1.0}
@@ -103,7 +122,7 @@ def parse_words_list(arr: np.ndarray | None) -> list[list[int]]:
 
 
 def ends_with_any(tokens: list[int], sequences: list[list[int]]) -> bool:
-    return any(len(s) <= len(tokens) and tokens[-len(s):] == s for s in sequences)
+    return any(len(s) <= len(tokens) and tokens[-len(s) :] == s for s in sequences)
 
 
 def load_codec(tokenizer_dir: str) -> Any:
@@ -216,7 +235,7 @@ class TritonPythonModel:
         self.tokenizer = self.codec.tokenizer
         if not self.vocab_size:
             self.vocab_size = int(self.tokenizer.get_vocab_size(with_added_tokens=True))
-        self.pending: "queue.Queue[list[Job]]" = queue.Queue()
+        self.pending: queue.Queue[list[Job]] = queue.Queue()
         self.active: dict[int, Job] = {}
         self.gen_jobs: list[Job] = []  # jobs on the og.Generator path (log probs, beam search), stepped by the owner thread
         self.draining: dict[int, Any] = {}  # og requests we cancelled; closed once the engine reports the turn finished
@@ -231,9 +250,11 @@ class TritonPythonModel:
         self._ready.wait()
         if self._init_error is not None:
             raise pb_utils.TritonModelException(f"cannot load the onnxruntime_genai engine from {engine_dir}: {self._init_error}")
-        self.logger.log_info(f"onnxruntime_genai engine {'will load on first request' if self.lazy else 'loaded'} from {engine_dir} (og {getattr(og, '__version__', '?')}); "
-                             f"vocab_size={self.vocab_size} max_input_len={self.max_input_len} max_seq_len={self.max_seq_len} "
-                             f"decoupled={self.decoupled}")
+        self.logger.log_info(
+            f"onnxruntime_genai engine {'will load on first request' if self.lazy else 'loaded'} from {engine_dir} (og {getattr(og, '__version__', '?')}); "
+            f"vocab_size={self.vocab_size} max_input_len={self.max_input_len} max_seq_len={self.max_seq_len} "
+            f"decoupled={self.decoupled}"
+        )
 
     # ------------------------------------------------------------------ request parsing
     @staticmethod
@@ -277,8 +298,10 @@ class TritonPythonModel:
             ids_arr = ids_arr.reshape(1, -1) if ids_arr.ndim == 1 else ids_arr.reshape(ids_arr.shape[0], -1)
         n = int(len(ids_arr))
         if n > 1 and not self.decoupled:
-            raise ValueError(f"{n} prompts in one request need the model deployed in decoupled mode (package.decoupled=true); "
-                             f"send one prompt per request")
+            raise ValueError(
+                f"{n} prompts in one request need the model deployed in decoupled mode (package.decoupled=true); "
+                f"send one prompt per request"
+            )
         cache: dict[str, Any] = {}
         sc = lambda name, b, default: self._scalar(cache, request, name, b, n, default)  # noqa: E731
         for name, what in (_UNSUPPORTED_TEXT if self.text else _UNSUPPORTED).items():
@@ -288,13 +311,17 @@ class TritonPythonModel:
         for name, neutral in _NEUTRAL_FLOATS.items():
             a = self._get(request, TEXT_NAMES.get(name, name) if self.text else name)
             if a is not None and a.size and any(float(x) != neutral for x in a.reshape(-1).tolist()):
-                raise ValueError(f"input '{name}'={a.reshape(-1).tolist()[0]} is not supported by the onnxruntime_genai engine "
-                                 f"(no such search option in onnxruntime-genai 0.18); remove it or send {neutral}")
+                raise ValueError(
+                    f"input '{name}'={a.reshape(-1).tolist()[0]} is not supported by the onnxruntime_genai engine "
+                    f"(no such search option in onnxruntime-genai 0.18); remove it or send {neutral}"
+                )
         for name in ("return_context_logits", "return_generation_logits"):
             a = self._get(request, name)
             if a is not None and a.size and bool(a.reshape(-1).any()):
-                raise ValueError(f"{name}=true is not supported by the onnxruntime_genai engine (og.Engine 0.18 exposes no "
-                                 f"logits or log probs); remove it")
+                raise ValueError(
+                    f"{name}=true is not supported by the onnxruntime_genai engine (og.Engine 0.18 exposes no "
+                    f"logits or log probs); remove it"
+                )
         lp = self._get(request, "return_log_probs")
         log_probs = bool(lp is not None and lp.size and bool(lp.reshape(-1).any()))
         requested = set(request.requested_output_names())
@@ -319,9 +346,13 @@ class TritonPythonModel:
         evaluate stage fed the engine.  ``text_input`` must then be empty (it stays a required tensor of the
         TensorRT-LLM interface): sending both is refused, never resolved silently."""
         arr = np.asarray(arr).reshape(arr.shape[0], -1)
-        if text is not None and any((x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x)) for x in np.asarray(text).reshape(-1).tolist()):
-            raise ValueError("both text_input and messages are set; send the conversation as messages with an empty text_input, "
-                             "or the rendered prompt as text_input without messages")
+        if text is not None and any(
+            (x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x)) for x in np.asarray(text).reshape(-1).tolist()
+        ):
+            raise ValueError(
+                "both text_input and messages are set; send the conversation as messages with an empty text_input, "
+                "or the rendered prompt as text_input without messages"
+            )
         out = []
         for b, row in enumerate(arr):
             where = f" (prompt {b})" if len(arr) > 1 else ""
@@ -332,9 +363,12 @@ class TritonPythonModel:
                 msgs = json.loads(x.decode("utf-8") if isinstance(x, bytes) else str(x))
             except (UnicodeDecodeError, ValueError) as e:
                 raise ValueError(f"messages{where} is not a UTF-8 JSON list of {{role, content}} objects ({e})") from None
-            if not isinstance(msgs, list) or not msgs or not all(
-                    isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in msgs):
-                raise ValueError(f"messages{where} must be a non-empty JSON list of {{\"role\": str, \"content\": str}} objects")
+            if (
+                not isinstance(msgs, list)
+                or not msgs
+                or not all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in msgs)
+            ):
+                raise ValueError(f'messages{where} must be a non-empty JSON list of {{"role": str, "content": str}} objects')
             try:
                 out.append(self.codec.encode_prompt(messages=msgs))
             except Exception as e:  # the template refused the conversation, or a content cannot be kept as data
@@ -362,8 +396,7 @@ class TritonPythonModel:
             out.append(self._encode(text))
         return out
 
-    def _parse_row(self, request: Any, row_ids: Any, b: int, sc: Any, group: Group, requested: set[str],
-                   log_probs: bool = False) -> Job:
+    def _parse_row(self, request: Any, row_ids: Any, b: int, sc: Any, group: Group, requested: set[str], log_probs: bool = False) -> Job:
         ids = [int(t) for t in (row_ids if isinstance(row_ids, list) else row_ids.tolist())]
         n_in = len(ids) if self.text else int(sc("input_lengths", b, len(ids)))
         if not 0 <= n_in <= len(ids):
@@ -373,11 +406,15 @@ class TritonPythonModel:
             raise ValueError("the prompt is empty (0 tokens); send a non-empty text_input")
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
         if bad:
-            raise ValueError(f"input_ids contains token id {bad[0]} outside the vocabulary [0, {self.vocab_size}); "
-                             f"send ids produced by this model's tokenizer")
+            raise ValueError(
+                f"input_ids contains token id {bad[0]} outside the vocabulary [0, {self.vocab_size}); "
+                f"send ids produced by this model's tokenizer"
+            )
         if self.max_input_len and len(ids) > self.max_input_len:
-            raise ValueError(f"prompt has {len(ids)} tokens, more than the engine's max_input_len {self.max_input_len}; "
-                             f"shorten the prompt (the server never truncates)")
+            raise ValueError(
+                f"prompt has {len(ids)} tokens, more than the engine's max_input_len {self.max_input_len}; "
+                f"shorten the prompt (the server never truncates)"
+            )
         max_new = int(sc("request_output_len", b, 0))
         if max_new < 1:
             raise ValueError(f"max_tokens (request_output_len) must be >= 1, got {max_new}")
@@ -391,15 +428,19 @@ class TritonPythonModel:
             raise ValueError("streaming is only supported when the model is deployed in decoupled mode (package.decoupled=true)")
         beam = int(sc("beam_width", b, 1))
         if not 1 <= beam <= self.max_beam_width:
-            raise ValueError(f"beam_width={beam} is outside this deployment's range 1..{self.max_beam_width} "
-                             f"(package.max_beam_width); send a beam_width in that range or repackage with a larger "
-                             f"package.max_beam_width")
+            raise ValueError(
+                f"beam_width={beam} is outside this deployment's range 1..{self.max_beam_width} "
+                f"(package.max_beam_width); send a beam_width in that range or repackage with a larger "
+                f"package.max_beam_width"
+            )
         nrs = sc("num_return_sequences", b, None)
         n_return = beam if nrs is None or int(nrs) == 0 else int(nrs)
         if not 1 <= n_return <= beam:
-            raise ValueError(f"num_return_sequences={nrs} with beam_width={beam}: the onnxruntime_genai engine returns 1.."
-                             f"beam_width beams of one beam search (several sampled sequences per request are not supported); "
-                             f"send num_return_sequences <= beam_width, or one request per sampled sequence")
+            raise ValueError(
+                f"num_return_sequences={nrs} with beam_width={beam}: the onnxruntime_genai engine returns 1.."
+                f"beam_width beams of one beam search (several sampled sequences per request are not supported); "
+                f"send num_return_sequences <= beam_width, or one request per sampled sequence"
+            )
         top_k = int(sc("runtime_top_k", b, 0))
         top_p = float(sc("runtime_top_p", b, 0.0))
         temperature = float(sc("temperature", b, 1.0))
@@ -413,27 +454,48 @@ class TritonPythonModel:
         exclude = sc("exclude_input_in_output", b, None)
         seed = sc("random_seed", b, None)
         if seed is not None and do_sample and not self.per_turn_seed:
-            raise ValueError(f"random_seed={seed} with sampling cannot be honoured: this engine was built without onnxruntime-genai's "
-                             f"engine.dynamic_batching, and og.Engine applies per-request seeds only there; remove random_seed "
-                             f"(or decode greedily, which is deterministic)")
+            raise ValueError(
+                f"random_seed={seed} with sampling cannot be honoured: this engine was built without onnxruntime-genai's "
+                f"engine.dynamic_batching, and og.Engine applies per-request seeds only there; remove random_seed "
+                f"(or decode greedily, which is deterministic)"
+            )
         if self._words_row(request, "bad_words_list", b):
             raise ValueError("bad_words is not supported by the onnxruntime_genai engine; send an empty bad_words list")
         if beam > 1:  # og beam search (Generator, num_beams) runs to its own end; what it cannot honour is refused
-            for bad, why in ((streaming, "streaming"), (do_sample, "sampling (top_k > 1 / top_p > 0)"),
-                             (self._words_row(request, "stop_words_list", b), "stop words"),
-                             (end_id is not None and int(end_id) >= 0 and int(end_id) not in self.eos_ids, f"end_id={end_id}"),
-                             (int(sc("min_length", b, 0)) > 0, "min_length")):
+            for bad, why in (
+                (streaming, "streaming"),
+                (do_sample, "sampling (top_k > 1 / top_p > 0)"),
+                (self._words_row(request, "stop_words_list", b), "stop words"),
+                (end_id is not None and int(end_id) >= 0 and int(end_id) not in self.eos_ids, f"end_id={end_id}"),
+                (int(sc("min_length", b, 0)) > 0, "min_length"),
+            ):
                 if bad:
-                    raise ValueError(f"beam_width={beam} with {why} is not supported by the onnxruntime_genai engine "
-                                     f"(og.Generator beam search 0.18); send beam_width=1 or remove {why.split(' ')[0]}")
-        job = Job(group=group, batch_index=b, input_ids=ids, max_new_tokens=max_new, streaming=streaming,
-                  exclude_input=self.default_exclude_input if exclude is None else bool(exclude),
-                  end_id=None if end_id is None or int(end_id) < 0 else int(end_id),
-                  stop_sequences=self._words_row(request, "stop_words_list", b), do_sample=do_sample, top_k=top_k,
-                  top_p=top_p, temperature=temperature, repetition_penalty=None if rp is None else float(rp),
-                  min_length=int(sc("min_length", b, 0)), seed=None if seed is None else int(seed),
-                  perf=bool(sc("return_perf_metrics", b, False)), requested=requested, beams=beam, n_return=n_return,
-                  log_probs=log_probs)
+                    raise ValueError(
+                        f"beam_width={beam} with {why} is not supported by the onnxruntime_genai engine "
+                        f"(og.Generator beam search 0.18); send beam_width=1 or remove {why.split(' ')[0]}"
+                    )
+        job = Job(
+            group=group,
+            batch_index=b,
+            input_ids=ids,
+            max_new_tokens=max_new,
+            streaming=streaming,
+            exclude_input=self.default_exclude_input if exclude is None else bool(exclude),
+            end_id=None if end_id is None or int(end_id) < 0 else int(end_id),
+            stop_sequences=self._words_row(request, "stop_words_list", b),
+            do_sample=do_sample,
+            top_k=top_k,
+            top_p=top_p,
+            temperature=temperature,
+            repetition_penalty=None if rp is None else float(rp),
+            min_length=int(sc("min_length", b, 0)),
+            seed=None if seed is None else int(seed),
+            perf=bool(sc("return_perf_metrics", b, False)),
+            requested=requested,
+            beams=beam,
+            n_return=n_return,
+            log_probs=log_probs,
+        )
         if streaming and (self.text or "text_output" in requested):
             job.decoder = self.codec.stream_decoder(skip_special_tokens=self.skip_special)
         return job
@@ -467,19 +529,27 @@ class TritonPythonModel:
                 rid = request.request_id()
                 sender = request.get_response_sender()
                 if not rid:
-                    sender.send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(
-                        "onnxruntime_genai: stop=true needs the request id of the request to stop (send it as request_id)")),
-                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                    sender.send(
+                        pb_utils.InferenceResponse(
+                            output_tensors=[],
+                            error=pb_utils.TritonError(
+                                "onnxruntime_genai: stop=true needs the request id of the request to stop (send it as request_id)"
+                            ),
+                        ),
+                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+                    )
                 else:
                     self.pending.put(rid)
                     sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 continue
             try:
                 jobs = self._parse(request)
-            except Exception as e:  # noqa: BLE001 - every bad request gets its own clean error, the server keeps serving
+            except Exception as e:
                 sender = request.get_response_sender()
-                sender.send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(f"onnxruntime_genai: {e}")),
-                            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                sender.send(
+                    pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(f"onnxruntime_genai: {e}")),
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+                )
                 continue
             self.pending.put(jobs)
         return None
@@ -521,7 +591,7 @@ class TritonPythonModel:
         try:
             if not self.lazy:
                 self._create_engine()
-        except BaseException as e:  # noqa: BLE001 - reported by initialize()
+        except BaseException as e:
             self._init_error = e
             self._ready.set()
             return
@@ -536,7 +606,7 @@ class TritonPythonModel:
         for r in self.draining.values():
             try:
                 r.close()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 pass
         self.draining.clear()
         for name in ("buffer", "engine", "model"):
@@ -545,7 +615,7 @@ class TritonPythonModel:
             self._create_engine()
             self._engine_broken = None
             self.logger.log_warn(f"onnxruntime_genai engine (re)loaded ({reason})")
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             self._engine_broken = f"{reason}; reloading the engine failed: {e}"
             self._next_reload = time.monotonic() + 5.0
             self.logger.log_error(f"onnxruntime_genai engine unusable: {self._engine_broken}")
@@ -579,13 +649,13 @@ class TritonPythonModel:
                             continue
                         try:
                             self._admit(job)
-                        except Exception as e:  # noqa: BLE001 - e.g. prompt too long for the session
+                        except Exception as e:
                             if "no longer healthy" in str(e):  # og.Engine refuses every request after a failed step
                                 self._recover(str(e))
                                 try:
                                     self._admit(job)
                                     continue
-                                except Exception as e2:  # noqa: BLE001
+                                except Exception as e2:
                                     e = e2
                             self._fail(job, f"request rejected by the engine: {e}")
                     try:
@@ -598,7 +668,7 @@ class TritonPythonModel:
                     continue
                 for ev in self.engine.run(self.buffer):
                     self._on_event(ev)
-            except Exception:  # noqa: BLE001 - fail only the requests in flight, then reload the engine
+            except Exception:
                 msg = traceback.format_exc(limit=3)
                 self.logger.log_error(f"engine loop error: {msg}")
                 self._recover(msg.strip().splitlines()[-1])
@@ -614,8 +684,7 @@ class TritonPythonModel:
     def _new_generator(self, job: Job, num_beams: int, max_length: int, sample: bool) -> Any:
         og = self.og
         p = og.GeneratorParams(self.model)
-        opts: dict[str, Any] = {"max_length": max_length, "num_beams": num_beams, "num_return_sequences": num_beams,
-                                "do_sample": sample}
+        opts: dict[str, Any] = {"max_length": max_length, "num_beams": num_beams, "num_return_sequences": num_beams, "do_sample": sample}
         if sample:
             opts.update(temperature=job.temperature, top_k=job.top_k or 0, top_p=job.top_p if job.top_p > 0 else 1.0)
             if job.seed is not None:
@@ -713,7 +782,7 @@ class TritonPythonModel:
             g = job.group
             try:
                 gone = g.sender.is_cancelled()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 gone = True
             if gone and not g.cancelled:
                 g.cancelled = True
@@ -730,7 +799,7 @@ class TritonPythonModel:
             except StopIteration:
                 self.gen_jobs.remove(job)
                 job.steps = None
-            except Exception as e:  # noqa: BLE001 - this request fails; the others and the engine keep running
+            except Exception as e:
                 self.gen_jobs.remove(job)
                 job.steps = None
                 self._fail(job, f"generation failed: {e}")
@@ -754,12 +823,14 @@ class TritonPythonModel:
             seen.add(id(g))
             try:
                 gone = g.sender.is_cancelled()
-            except Exception:  # noqa: BLE001 - cannot tell: treat as cancelled (the response path is broken anyway)
+            except Exception:
                 gone = True
             if not g.cancelled and gone:
                 g.cancelled = True
-                self.logger.log_info(f"request {g.request_id or '-'} cancelled by the client after "
-                                     f"{sum(len(j.tokens) for j in self.active.values() if j.group is g)} generated token(s)")
+                self.logger.log_info(
+                    f"request {g.request_id or '-'} cancelled by the client after "
+                    f"{sum(len(j.tokens) for j in self.active.values() if j.group is g)} generated token(s)"
+                )
             if g.cancelled:
                 for j in [j for j in self.active.values() if j.group is g]:
                     if not j.done and not gone:  # stopped by a stop request: answer with what it has
@@ -778,7 +849,7 @@ class TritonPythonModel:
                 if r is not None:
                     try:
                         r.close()
-                    except Exception:  # noqa: BLE001
+                    except Exception:
                         pass
             return
         if flags & FLAG_FAILED:
@@ -832,12 +903,16 @@ class TritonPythonModel:
 
     def _final_response(self, job: Job) -> None:
         if job.streaming:
-            self._send(job, [], job.decoder.flush() if job.decoder is not None else "", final=True,
-                       logps=[[]] if job.log_probs else None)
+            self._send(job, [], job.decoder.flush() if job.decoder is not None else "", final=True, logps=[[]] if job.log_probs else None)
         else:
             ids = job.tokens if job.exclude_input else job.input_ids + job.tokens
-            self._send(job, ids, self._decode(ids) if (self.text or "text_output" in job.requested) else "", final=True,
-                       logps=[job.logps] if job.log_probs else None)
+            self._send(
+                job,
+                ids,
+                self._decode(ids) if (self.text or "text_output" in job.requested) else "",
+                final=True,
+                logps=[job.logps] if job.log_probs else None,
+            )
 
     def _complete(self, job: Job) -> None:
         """Count the job as done; the last job of its group sends the request's FINAL flag."""
@@ -854,7 +929,7 @@ class TritonPythonModel:
             self.active.pop(id(job.og_request), None)
             try:
                 job.og_request.cancel_turn(job.turn_id)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 pass
             self._close(job)
         if job.done:
@@ -863,8 +938,11 @@ class TritonPythonModel:
         job.done = True
         g.open -= 1
         where = f"prompt {job.batch_index}: " if g.size > 1 else ""
-        self._emit(g, pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(f"onnxruntime_genai: {where}{msg}")),
-                   pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if g.open == 0 else 0)
+        self._emit(
+            g,
+            pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(f"onnxruntime_genai: {where}{msg}")),
+            pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if g.open == 0 else 0,
+        )
 
     def _emit(self, g: Group, response: Any = None, flags: int = 0) -> None:
         """``g.sender.send``; a sender whose client vanished may refuse: log it, never let it stop the engine loop."""
@@ -873,7 +951,7 @@ class TritonPythonModel:
                 g.sender.send(flags=flags)
             else:
                 g.sender.send(response, flags=flags)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             self.logger.log_warn(f"request {g.request_id or '-'}: response not delivered ({e})")
 
     @staticmethod
@@ -881,14 +959,15 @@ class TritonPythonModel:
         if job.og_request is not None:
             try:
                 job.og_request.close()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 pass
 
     def _decode(self, ids: list[int]) -> str:
         return self.codec.decode(ids, skip_special_tokens=self.skip_special)
 
-    def _send(self, job: Job, ids: list[int] | list[list[int]], text: str | list[str], *, final: bool,
-              logps: list[list[float]] | None = None) -> None:
+    def _send(
+        self, job: Job, ids: list[int] | list[list[int]], text: str | list[str], *, final: bool, logps: list[list[float]] | None = None
+    ) -> None:
         """One response for one prompt; shapes as TensorRT-LLM's backend (module docstring).
 
         ``ids``: one sequence, or one per returned beam (then ``text`` is a list too); ``output_ids`` INT32
@@ -907,7 +986,7 @@ class TritonPythonModel:
         if "output_ids" in self.outputs:
             arr = np.full((1, len(seqs), n), pad, dtype=np.int32)
             for i, x in enumerate(seqs):
-                arr[0, i, :len(x)] = x
+                arr[0, i, : len(x)] = x
             outs.append(pb_utils.Tensor("output_ids", arr))
             outs.append(pb_utils.Tensor("sequence_length", np.asarray([lens], dtype=np.int32)))
         if "text_output" in req or self.text:
@@ -916,7 +995,7 @@ class TritonPythonModel:
             width = max(len(r) for r in logps)
             per = np.zeros((1, len(logps), width), dtype=np.float32)
             for i, r in enumerate(logps):
-                per[0, i, :len(r)] = r
+                per[0, i, : len(r)] = r
             if len(logps) == 1 and job.streaming:
                 cum = [float(np.sum(job.logps, dtype=np.float64))]
             else:
@@ -931,12 +1010,21 @@ class TritonPythonModel:
             outs.append(pb_utils.Tensor("sequence_index", np.zeros((1, 1), np.int32)))
         if job.perf:
             now = time.time_ns()
-            for name, v in (("arrival_time_ns", job.arrival_ns), ("first_scheduled_time_ns", job.arrival_ns),
-                            ("first_token_time_ns", job.first_token_ns or now), ("last_token_time_ns", now)):
+            for name, v in (
+                ("arrival_time_ns", job.arrival_ns),
+                ("first_scheduled_time_ns", job.arrival_ns),
+                ("first_token_time_ns", job.first_token_ns or now),
+                ("last_token_time_ns", now),
+            ):
                 if name in req:
                     outs.append(pb_utils.Tensor(name, np.asarray([[v]], dtype=np.int64)))
-            for name in ("kv_cache_alloc_new_blocks", "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks",
-                         "total_accepted_draft_tokens", "total_draft_tokens"):
+            for name in (
+                "kv_cache_alloc_new_blocks",
+                "kv_cache_reused_blocks",
+                "kv_cache_alloc_total_blocks",
+                "total_accepted_draft_tokens",
+                "total_draft_tokens",
+            ):
                 if name in req:
                     outs.append(pb_utils.Tensor(name, np.zeros((1, 1), np.int32)))
             if "acceptance_rate" in req:
@@ -955,5 +1043,5 @@ class TritonPythonModel:
         for job in list(self.active.values()):
             try:
                 self._fail(job, "server is shutting down")
-            except Exception:  # noqa: BLE001
+            except Exception:
                 pass

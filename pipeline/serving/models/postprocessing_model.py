@@ -62,6 +62,6 @@ class TritonPythonModel:
         for request in requests:
             try:
                 responses.append(self._one(request))
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 responses.append(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(f"postprocessing: {e}")))
         return responses

@@ -103,8 +103,11 @@ class TritonPythonModel:
         for b, row in enumerate(queries):
             if len(row) != 1 or not row[0]:
                 where = f" (prompt {b})" if n > 1 else ""
-                raise ValueError(f"text_input is empty{where}; send a non-empty prompt" if not row or not row[0]
-                                 else f"text_input{where} has {len(row)} strings; send one prompt per row ([N, 1])")
+                raise ValueError(
+                    f"text_input is empty{where}; send a non-empty prompt"
+                    if not row or not row[0]
+                    else f"text_input{where} has {len(row)} strings; send one prompt per row ([N, 1])"
+                )
         if _strings(get("EMBEDDING_BIAS_WORDS")) and any(_strings(get("EMBEDDING_BIAS_WORDS"))):
             raise ValueError("embedding_bias_words is not supported by this deployment; remove it")
 
@@ -144,8 +147,10 @@ class TritonPythonModel:
             pb_utils.Tensor("EMBEDDING_BIAS", np.zeros((n, 0), dtype=np.float32)),
             pb_utils.Tensor("OUT_END_ID", np.asarray([[v] for v in end_ids], dtype=np.int32)),
             pb_utils.Tensor("OUT_PAD_ID", np.asarray([[v] for v in pad_ids], dtype=np.int32)),
-            pb_utils.Tensor("OUT_PROMPT_TABLE_EXTRA_IDS",
-                            np.zeros((n, width), dtype=np.uint64) if extra is None else np.full((n, width), int(extra.reshape(-1)[0]), np.uint64)),
+            pb_utils.Tensor(
+                "OUT_PROMPT_TABLE_EXTRA_IDS",
+                np.zeros((n, width), dtype=np.uint64) if extra is None else np.full((n, width), int(extra.reshape(-1)[0]), np.uint64),
+            ),
         ]
         return pb_utils.InferenceResponse(output_tensors=tensors)
 
@@ -154,6 +159,6 @@ class TritonPythonModel:
         for request in requests:
             try:
                 responses.append(self._one(request))
-            except Exception as e:  # noqa: BLE001 - a clean per-request error
+            except Exception as e:
                 responses.append(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(f"preprocessing: {e}")))
         return responses

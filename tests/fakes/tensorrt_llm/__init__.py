@@ -9,27 +9,43 @@ use_tqdm=True, ...)``) and ``tensorrt_llm/sampling_params.py`` (keyword-only ``S
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+from typing import Any
 
 __version__ = "0.0.0+test-double"
 CALLS: list[tuple[str, dict[str, Any]]] = []
 
-_LLM_ARGS = {"model", "tokenizer", "backend", "max_batch_size", "max_num_tokens", "max_seq_len", "max_input_len", "max_beam_width",
-             "enable_chunked_prefill", "cuda_graph_config", "kv_cache_config", "scheduler_config", "speculative_config",
-             "gather_generation_logits", "trust_remote_code", "dtype", "tensor_parallel_size"}
+_LLM_ARGS = {
+    "model",
+    "tokenizer",
+    "backend",
+    "max_batch_size",
+    "max_num_tokens",
+    "max_seq_len",
+    "max_input_len",
+    "max_beam_width",
+    "enable_chunked_prefill",
+    "cuda_graph_config",
+    "kv_cache_config",
+    "scheduler_config",
+    "speculative_config",
+    "gather_generation_logits",
+    "trust_remote_code",
+    "dtype",
+    "tensor_parallel_size",
+}
 
 
 @dataclasses.dataclass(kw_only=True)
 class SamplingParams:
-    end_id: Optional[int] = None
-    pad_id: Optional[int] = None
+    end_id: int | None = None
+    pad_id: int | None = None
     max_tokens: int = 32
-    stop_token_ids: Optional[list[int]] = None
-    top_k: Optional[int] = None
-    top_p: Optional[float] = None
-    temperature: Optional[float] = None
+    stop_token_ids: list[int] | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    temperature: float | None = None
     ignore_eos: bool = False
-    logprobs: Optional[int] = None
+    logprobs: int | None = None
     return_context_logits: bool = False
     return_generation_logits: bool = False
 
@@ -39,7 +55,7 @@ class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
-    finish_reason: Optional[str] = None
+    finish_reason: str | None = None
     generation_logits: Any = None
 
 
@@ -69,7 +85,7 @@ def _greedy(model: Any, ids: list[int], max_new: int, stops: set[int], ignore_eo
 
 
 class LLM:
-    def __init__(self, model: str, tokenizer: Optional[str] = None, **kwargs: Any) -> None:
+    def __init__(self, model: str, tokenizer: str | None = None, **kwargs: Any) -> None:
         unknown = set(kwargs) - _LLM_ARGS
         if unknown:  # the real LLM args model is extra="forbid"
             raise ValueError(f"unknown LLM() arguments: {sorted(unknown)}")
