@@ -68,6 +68,11 @@ def test_package_records_served_equals_evaluated(packaged):
     arc = next((packaged["package"] / "release").glob("*.tar.gz"))
     with tarfile.open(arc) as t:
         assert any(n.endswith("/parity_expected.jsonl") for n in t.getnames())
+        # serving the staged repository for the check must not change it (bytecode caches made the archive differ
+        # between two packagings of the same inputs)
+        assert not [n for n in t.getnames() if "__pycache__" in n or n.endswith(".pyc")]
+    assert not list((packaged["package"] / "model_repository").rglob("__pycache__"))
+    assert not [k for k in man["repository_files"] if k.endswith(".pyc")]
 
 
 def test_parity_command_against_a_running_server(packaged):

@@ -257,15 +257,15 @@ def run_parity(
     t0 = time.perf_counter()
     srv = TritonServer(repo, serve_venv=serve_venv, ready_timeout_s=float(getattr(pc, "ready_timeout_s", 180.0)))
     try:
-        srv.start()
-    except PreflightError as e:
-        raise PreflightError(
-            f"serving parity check: {e} (or disable the check explicitly with package.parity=false, "
-            f"which is recorded in the release manifest)"
-        ) from None
-    try:
+        try:
+            srv.start()  # stops its own process when interrupted while waiting for readiness
+        except PreflightError as e:
+            raise PreflightError(
+                f"serving parity check: {e} (or disable the check explicitly with package.parity=false, "
+                f"which is recorded in the release manifest)"
+            ) from None
         res = replay(srv.grpc_url, requests)
-    finally:
+    finally:  # also on Ctrl-C: no server may outlive the run
         srv.stop()
         srv.cleanup()
     rec = {**base, **res, "status": "passed" if res["matched"] == res["total"] else "failed"}

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..artifacts import PackageArtifact
-from ..errors import EXIT_INPUT, InputError, PipelineError
+from ..errors import EXIT_INPUT, EXIT_INTERRUPTED, InputError, PipelineError
 
 
 def _complete_package_artifacts(store: Path) -> list[Path]:
@@ -162,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         print("starting tritonserver ...", flush=True)
         srv.start()
+    except KeyboardInterrupt:  # Ctrl-C before the server was ready: TritonServer.start already stopped it
+        print("error (exit 130): interrupted while starting the server", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except PipelineError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code

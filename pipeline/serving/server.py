@@ -172,6 +172,9 @@ class ServeEnv:
             libs.append(env["LD_LIBRARY_PATH"])
         env["LD_LIBRARY_PATH"] = os.pathsep.join(libs)
         env.setdefault("OMP_NUM_THREADS", "1")
+        # the Python backend would write __pycache__/*.pyc into the served repository (a packaged, checksummed
+        # release: the parity check serves the staged repository before it is archived)
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
         return env
 
@@ -299,6 +302,9 @@ class TritonServer:
                 self._terminate()
                 if not port_clash:
                     raise
+            except BaseException:  # Ctrl-C (KeyboardInterrupt) or any other error while waiting: never leave it running
+                self._terminate()
+                raise
         assert last_err is not None
         raise last_err
 

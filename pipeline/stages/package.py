@@ -15,6 +15,7 @@ release file is written; a problem raises ``InputError`` (exit 2) or ``Preflight
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +115,10 @@ def package(ctx: StageContext) -> dict[str, Any]:
         check_repository(repo, limits=limits, target=settings.target, build_info=bi, serving_image=serving_image, streaming=pc.decoupled)
         advance(1)
         parity = _parity(ctx, repo, settings.target)
+        # serving the staged repository must not change it: bytecode caches would make the archive depend on when
+        # it was served (the server runs with PYTHONDONTWRITEBYTECODE=1; this also covers a stub that ignores it)
+        for cache in sorted(repo.rglob("__pycache__"), reverse=True):
+            shutil.rmtree(cache)
         name = release_name(cfg)
         repo_files = tree_files(repo)
         manifest = {
