@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from cli_serve import start_cli_server
 
 from pipeline.serving.server import DEFAULT_SERVE_VENV, TritonServer
 
@@ -882,32 +883,10 @@ def test_pipeline_client_uses_the_served_packages_tokenizer_not_the_newest(serve
     (newer / "model_repository" / "preprocessing" / "1" / "tokenizer" / "chat_template.jinja").unlink(missing_ok=True)
     (newer / "manifest.json").write_text(json.dumps({"complete": True}))
 
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pipeline",
-            "serve",
-            str(served.package),
-            "package.grpc_port=0",
-            "package.http_port=0",
-            "package.metrics_port=0",
-        ],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc, head = start_cli_server(served.package, tmp_path)
     try:
-        lines = []
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            lines.append(line)
-            if line.startswith("ready:") or not line:
-                break
-        m = re.search(r"gRPC (127\.0\.0\.1:\d+)", "".join(lines))
-        assert m, "".join(lines)
+        m = re.search(r"gRPC (127\.0\.0\.1:\d+)", head)
+        assert m, head
         url = m.group(1)
         with LLMClient(url, tokenizer=tok) as c:
             want = c.generate(PROMPTS[1], 8).text  # rendered with the served package's template

@@ -9,13 +9,11 @@ from __future__ import annotations
 import queue
 import re
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_serve import start_cli_server
 
 from pipeline.serving.server import DEFAULT_SERVE_VENV
 
@@ -75,23 +73,10 @@ def _inputs(grpcclient, **arrays):
 def test_ctrl_c_after_malformed_and_cancelled_streams_is_clean(package, tmp_path):
     import tritonclient.grpc as grpcclient
 
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pipeline", "serve", str(package), "package.grpc_port=0", "package.http_port=0", "package.metrics_port=0"],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc, head = start_cli_server(package, tmp_path)
     try:
-        lines = []
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            lines.append(line)
-            if line.startswith("ready:") or not line:
-                break
-        m = re.search(r"gRPC (127\.0\.0\.1:\d+)", "".join(lines))
-        assert m, "".join(lines)
+        m = re.search(r"gRPC (127\.0\.0\.1:\d+)", head)
+        assert m, head
         text = np.array([[b"Extract the order ID from this message: where is ORD-12345?"]], dtype=np.object_)
 
         c = grpcclient.InferenceServerClient(m.group(1))
@@ -120,7 +105,7 @@ def test_ctrl_c_after_malformed_and_cancelled_streams_is_clean(package, tmp_path
         # 3. Ctrl-C
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=120)
-        out = "".join(lines) + out
+        out = head + out
         assert proc.returncode == 0, out[-3000:]
         assert "tritonserver stopped (exit code 0)" in out, out[-3000:]
     finally:

@@ -10,14 +10,12 @@ from __future__ import annotations
 import json
 import re
 import signal
-import subprocess
-import sys
 import threading
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from cli_serve import start_cli_server
 
 from pipeline.serving.server import DEFAULT_SERVE_VENV, TritonServer
 
@@ -211,34 +209,10 @@ def test_unknown_model_is_404(sdk):
 
 
 def test_pipeline_serve_openai_binds_localhost_and_answers(served, tmp_path):
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pipeline",
-            "serve",
-            str(served.package),
-            "--openai",
-            "package.grpc_port=0",
-            "package.http_port=0",
-            "package.metrics_port=0",
-            "package.openai_port=0",
-        ],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc, head = start_cli_server(served.package, tmp_path, "--openai", "package.openai_port=0", until="Ctrl-C")
     try:
-        lines = []
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            lines.append(line)
-            if line.startswith("Ctrl-C") or not line:
-                break
-        m = re.search(r"OpenAI-compatible endpoint: (http://127\.0\.0\.1:\d+/v1)", "".join(lines))
-        assert m, "".join(lines)
+        m = re.search(r"OpenAI-compatible endpoint: (http://127\.0\.0\.1:\d+/v1)", head)
+        assert m, head
         c = openai.OpenAI(base_url=m.group(1), api_key="unused", max_retries=0)
         assert (
             c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4, temperature=0)

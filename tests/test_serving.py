@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_serve import start_cli_server
 
 from pipeline.serving.server import DEFAULT_SERVE_VENV, ServerError, TritonServer, free_port
 
@@ -255,39 +256,14 @@ def test_cancellation_and_timeout(client, direct):
 def test_pipeline_serve_cli_serves_the_package_and_stops_on_sigint(served, tmp_path):
     import re
     import signal
-    import subprocess
-    import sys
-    import time
 
     from pipeline.serving.client import LLMClient
 
     # `make serve` runs exactly this command; the package artifact folder is given as the path argument
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pipeline",
-            "serve",
-            str(served.package),
-            "package.grpc_port=0",
-            "package.http_port=0",
-            "package.metrics_port=0",
-        ],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc, head = start_cli_server(served.package, tmp_path, timeout_s=120)
     try:
-        lines = []
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            lines.append(line)
-            if line.startswith("ready:") or not line:
-                break
-        m = re.search(r"gRPC (127\.0\.0\.1:\d+)", "".join(lines))
-        assert m, "".join(lines)
+        m = re.search(r"gRPC (127\.0\.0\.1:\d+)", head)
+        assert m, head
         with LLMClient(m.group(1), tokenizer=str(served.tokenizer)) as c:
             assert c.generate(PROMPTS[2], 8, stream=True).text
         proc.send_signal(signal.SIGINT)
