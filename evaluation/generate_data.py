@@ -3,8 +3,8 @@
 
 Produces three pairwise-disjoint sets from the same templates/distribution:
 
-* the business eval set      (``support_eval_v1.jsonl``, seed ``EVAL_SEED``)
-* the calibration set        (``support_calib_v1.jsonl``, seed ``CALIB_SEED``)
+* the business eval set      (``support_eval_v2.jsonl``, seed ``EVAL_SEED``)
+* the calibration set        (``support_calib_v2.jsonl``, seed ``CALIB_SEED``)
 * the training stream        (``training_examples(seed, n)``, never written to git)
 
 Disjointness is enforced here, in the generator: the calibration set skips any
@@ -31,7 +31,7 @@ import re
 import unicodedata
 from typing import Callable, Dict, Iterable, List, Optional, Set, Tuple
 
-DATA_VERSION = "v1"
+DATA_VERSION = "v2"
 EVAL_SEED = 20240501
 CALIB_SEED = 20240502
 DEFAULT_TRAIN_SEED = 1234
@@ -512,6 +512,130 @@ def gen_reply(rng: random.Random) -> Tuple[str, str, str]:
 
 
 # --------------------------------------------------------------------------
+# harder, quantization-sensitive slices (added in v2)
+# --------------------------------------------------------------------------
+# Long digit strings: copy a 12-16 digit number exactly, separators removed.
+NUMBER_KINDS_EN = ["account number", "card number", "tracking number", "membership number", "invoice number"]
+NUMBER_KINDS_ZH = ["账号", "卡号", "快递单号", "会员号", "发票号"]
+COPY_BODY_EN = [
+    "My {k} is {x}.",
+    "The {k} on file is {x}, order {o}.",
+    "Please check {k} {x} for me.",
+    "I was asked for my {k}: {x}",
+]
+COPY_BODY_ZH = [
+    "我的{k}是{x}。",
+    "{k}{x}，订单{o}。",
+    "请帮我查一下{k}{x}。",
+]
+COPY_WRAP_EN = [
+    "Write the {k} as digits only: {t}",
+    "Copy the {k} without spaces or dashes: {t}",
+    "Read back the {k} exactly, digits only: {t}",
+]
+COPY_WRAP_ZH = [
+    "只写出{k}的数字：{t}",
+    "去掉空格和横线，写出{k}：{t}",
+    "请准确复述{k}（只要数字）：{t}",
+]
+
+
+def long_digits(rng: random.Random) -> str:
+    n = rng.randint(12, 16)
+    return str(rng.randint(1, 9)) + "".join(str(rng.randint(0, 9)) for _ in range(n - 1))
+
+
+def _grouped(digits: str, rng: random.Random) -> str:
+    sep = rng.choice(["", " ", "-"])
+    if not sep:
+        return digits
+    return sep.join(digits[i:i + 4] for i in range(0, len(digits), 4))
+
+
+def gen_copy_number(rng: random.Random) -> Tuple[str, str, str]:
+    lang = rng.choice(["en", "zh"])
+    digits = long_digits(rng)
+    k = rng.randrange(len(NUMBER_KINDS_EN))
+    kind = NUMBER_KINDS_EN[k] if lang == "en" else NUMBER_KINDS_ZH[k]
+    body = rng.choice(COPY_BODY_EN if lang == "en" else COPY_BODY_ZH)
+    body = body.format(k=kind, x=_grouped(digits, rng), o=order_id(rng))
+    wrap = rng.choice(COPY_WRAP_EN if lang == "en" else COPY_WRAP_ZH)
+    return wrap.format(k=kind, t=body), digits, lang
+
+
+# Multi-field extraction: order id + amount + date in one structured answer.
+FIELDS_BODY_EN = [
+    "Order {o} was charged {a} on {d}.",
+    "On {d} I paid {a} for order {o}.",
+    "I was billed {a} for the {p} in order {o} on {d}.",
+    "Refund {a} for order {o}, purchased {d}.",
+]
+FIELDS_BODY_ZH = [
+    "订单{o}在{d}扣款{a}。",
+    "我在{d}为订单{o}支付了{a}。",
+    "订单{o}的{p}于{d}付款{a}。",
+]
+FIELDS_WRAP_EN = [
+    "Extract order ID | amount | date (YYYY-MM-DD): {t}",
+    "Give the order ID, the amount with two decimals and the date as YYYY-MM-DD, separated by |: {t}",
+]
+FIELDS_WRAP_ZH = [
+    "提取订单号 | 金额 | 日期(YYYY-MM-DD)：{t}",
+    "请用|分隔写出订单号、两位小数金额和YYYY-MM-DD日期：{t}",
+]
+
+
+def gen_extract_fields(rng: random.Random) -> Tuple[str, str, str]:
+    lang = rng.choice(["en", "zh"])
+    o = order_id(rng)
+    whole, cents, frac = _amount_parts(rng)
+    a = rng.choice(AMOUNT_FORMATS_EN if lang == "en" else AMOUNT_FORMATS_ZH)(whole, frac)
+    y = rng.randint(2019, 2027)
+    m = rng.randint(1, 12)
+    d = rng.randint(1, calendar.monthrange(y, m)[1])
+    ds = rng.choice(DATE_FORMATS_EN if lang == "en" else DATE_FORMATS_ZH)(y, m, d)
+    p = rng.choice(PRODUCTS_EN if lang == "en" else PRODUCTS_ZH)
+    body = rng.choice(FIELDS_BODY_EN if lang == "en" else FIELDS_BODY_ZH).format(o=o, a=a, d=ds, p=p)
+    wrap = rng.choice(FIELDS_WRAP_EN if lang == "en" else FIELDS_WRAP_ZH)
+    return wrap.format(t=body), f"{o} | {whole}.{cents:02d} | {y:04d}-{m:02d}-{d:02d}", lang
+
+
+# Arithmetic on amounts: quantity x unit price (exact cents).  Kept small (quantity 2-4, unit price 1.00-49.50 in
+# steps of 0.50: 294 products) so the 4.6 M-parameter default model can learn it; with any cents and prices up to
+# 99.99 it stayed near 10 % after 2000 steps.
+TOTAL_CENTS = [0, 50]
+TOTAL_BODY_EN = [
+    "I ordered {q} x {p} at ${u} each.",
+    "I bought {q} units of the {p}, unit price ${u}.",
+    "Please refund {q} {p} items, each cost ${u}.",
+]
+TOTAL_BODY_ZH = [
+    "我买了{q}个{p}，单价{u}元。",
+    "请退{q}件{p}，每件{u}元。",
+]
+TOTAL_WRAP_EN = [
+    "What is the total amount (two decimals)? {t}",
+    "Compute quantity x unit price as a number with 2 decimals: {t}",
+]
+TOTAL_WRAP_ZH = [
+    "总金额是多少（两位小数）？{t}",
+    "计算数量乘以单价（保留两位小数）：{t}",
+]
+
+
+def gen_order_total(rng: random.Random) -> Tuple[str, str, str]:
+    lang = rng.choice(["en", "zh"])
+    q = rng.randint(2, 4)
+    unit_cents = rng.randint(1, 49) * 100 + rng.choice(TOTAL_CENTS)
+    u = f"{unit_cents // 100}.{unit_cents % 100:02d}"
+    p = rng.choice(PRODUCTS_EN if lang == "en" else PRODUCTS_ZH)
+    body = rng.choice(TOTAL_BODY_EN if lang == "en" else TOTAL_BODY_ZH).format(q=q, p=p, u=u)
+    wrap = rng.choice(TOTAL_WRAP_EN if lang == "en" else TOTAL_WRAP_ZH)
+    total = q * unit_cents
+    return wrap.format(t=body), f"{total // 100}.{total % 100:02d}", lang
+
+
+# --------------------------------------------------------------------------
 # slices
 # --------------------------------------------------------------------------
 # name -> (generator, metric, max_new_tokens)
@@ -522,6 +646,10 @@ SLICES: Dict[str, Tuple[Callable[[random.Random], Tuple[str, str, str]], str, in
     "normalize_date": (gen_normalize_date, "exact_match", 16),
     "amount": (gen_amount, "numeric", 16),
     "reply": (gen_reply, "normalized_exact_match", 48),
+    # v2: harder slices whose answers are long exact strings or computed digits (quantization-sensitive)
+    "copy_number": (gen_copy_number, "exact_match", 24),
+    "extract_fields": (gen_extract_fields, "exact_match", 40),
+    "order_total": (gen_order_total, "numeric", 16),
 }
 SLICE_NAMES = list(SLICES)
 
@@ -534,6 +662,9 @@ TRAIN_WEIGHTS = {
     "normalize_date": 1.3,
     "amount": 1.5,
     "reply": 1.2,
+    "copy_number": 3.0,
+    "extract_fields": 2.0,
+    "order_total": 3.0,
 }
 
 

@@ -6,7 +6,7 @@ Source: English prose paragraphs of the docstrings of a fixed list of CPython st
 redistribution of excerpts with this notice). No network: the text comes from the interpreter that runs this
 script. It is general technical English, unrelated to the customer-support tasks of the default model, and
 serves as the "generic calibration text" side of the in-domain vs out-of-domain calibration comparison
-(``calibration=generic_v1`` vs ``calibration=support_v1``; see docs/quantize.md).
+(``calibration=generic_v1`` vs ``calibration=support_v2``; see docs/quantize.md).
 
 Rules (so the output is reproducible from the same CPython minor version; the committed file records the
 version it was made with in every row's ``source``):

@@ -16,9 +16,14 @@ Deterministic (seeded) end to end:
 
 Usage (from the repo root)::
 
-    .venv/bin/python models/train.py                       # full run (~20 min on 2 cores)
+    .venv/bin/python models/train.py                       # from-scratch run on the current data mix (does NOT
+                                                           # reproduce the shipped v2 model: see below)
     .venv/bin/python models/train.py --smoke --out /tmp/smoke   # 1-2 min end-to-end check
     .venv/bin/python models/train.py --eval-only           # re-measure an existing checkpoint
+
+The shipped checkpoint (data v2) continues the v1 checkpoint of commit 13acfdd: the exact commands are in
+``models/support-llama/README.md`` ("Reproduce"): ``--init-from <v1 folder> --steps 3500 --warmup 100 --lr 1e-3
+--n-train 150000``.  A from-scratch v2 run was far behind at step 4000 (model card).
 """
 from __future__ import annotations
 
@@ -405,6 +410,8 @@ def write_model_card(out_dir: str, info: dict) -> None:
         f"| `{k}` | {info['slice_metrics'][k]} | {ev['counts'][k]} | {v * 100:.1f} % |"
         for k, v in ev.get("per_slice", {}).items())
     a = info["arch"]
+    init = (f"* Initialised from `{info['init_from']}` (its tokenizer and weights), then trained on the data below.\n"
+            if info.get("init_from") else "")
     card = f"""---
 license: apache-2.0
 language: [en, zh]
@@ -450,7 +457,7 @@ Assistant:
 
 ## Training
 
-* Data: `evaluation/generate_data.py` training stream, seed {info['train_seed']},
+{init}* Data: `evaluation/generate_data.py` training stream, seed {info['train_seed']},
   {info['n_train']:,} examples ({info['train_tokens']:,} tokens), regenerated at
   train time (not in git). The generator drops every prompt whose normalized
   text occurs in the eval or calibration set.
@@ -460,7 +467,7 @@ Assistant:
   gradient clipping 1.0, length-bucketed batches of ≈{info['batch_tokens']} padded tokens.
 * {info['steps']} steps ({info['epochs']:.2f} epochs), final loss (mean of last 100 steps)
   {info['final_loss']:.4f}, training time {info['train_seconds'] / 60:.1f} min
-  (total script {info['total_seconds'] / 60:.1f} min) on 2 CPU cores, torch {info['torch']},
+  (total script {info['total_seconds'] / 60:.1f} min) with {info.get('threads', 2)} torch thread(s) on a 2-core CPU machine, torch {info['torch']},
   transformers {info['transformers']}, seed {info['seed']}.
 * Reproduce: `.venv/bin/python models/train.py` (from the repo root).
 
@@ -498,11 +505,11 @@ def main(argv=None) -> None:
     ap.add_argument("--eval-path", default=DEFAULT_EVAL)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--train-seed", type=int, default=gd.DEFAULT_TRAIN_SEED)
-    ap.add_argument("--n-train", type=int, default=250_000)
+    ap.add_argument("--n-train", type=int, default=300_000)
     ap.add_argument("--vocab-size", type=int, default=3072)
     ap.add_argument("--layers", type=int, default=ARCH["num_hidden_layers"])
     ap.add_argument("--intermediate", type=int, default=ARCH["intermediate_size"])
-    ap.add_argument("--steps", type=int, default=7000)
+    ap.add_argument("--steps", type=int, default=8000)
     ap.add_argument("--batch-tokens", type=int, default=1024)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--min-lr-ratio", type=float, default=0.05)
@@ -510,11 +517,13 @@ def main(argv=None) -> None:
     ap.add_argument("--weight-decay", type=float, default=0.05)
     ap.add_argument("--log-every", type=int, default=200)
     ap.add_argument("--eval-limit", type=int, default=None, help="items per slice in the final eval")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (results are bit-reproducible per thread count; 1 avoids OpenMP stalls on a shared machine)")
     ap.add_argument("--eval-every", type=int, default=1000, help="probe accuracy every N steps (0: never)")
     ap.add_argument("--probe-limit", type=int, default=10, help="items per slice in the probes")
     ap.add_argument("--smoke", action="store_true", help="tiny end-to-end run (~1-2 min)")
     ap.add_argument("--eval-only", action="store_true")
+    ap.add_argument("--init-from", default=None,
+                    help="checkpoint folder to continue from (its tokenizer and weights) instead of training from scratch")
     args = ap.parse_args(argv)
 
     torch.set_num_threads(args.threads)
@@ -535,8 +544,15 @@ def main(argv=None) -> None:
 
     print(f"[data] generating {args.n_train} training examples (seed {args.train_seed})", flush=True)
     examples = gd.training_examples(args.train_seed, args.n_train)
-    print(f"[tok] training byte-level BPE (vocab {args.vocab_size})", flush=True)
-    tok = train_tokenizer([gd.render_plain(e["prompt"], e["answer"]) for e in examples], args.vocab_size)
+    if args.init_from:
+        # continue training an earlier checkpoint (same tokenizer, same architecture) on the current data
+        from tokenizers import Tokenizer
+
+        print(f"[tok] tokenizer of {args.init_from}", flush=True)
+        tok = Tokenizer.from_file(os.path.join(args.init_from, "tokenizer.json"))
+    else:
+        print(f"[tok] training byte-level BPE (vocab {args.vocab_size})", flush=True)
+        tok = train_tokenizer([gd.render_plain(e["prompt"], e["answer"]) for e in examples], args.vocab_size)
     vocab = tok.get_vocab_size()
     seqs = encode_examples(tok, examples)
     lens = np.array([len(s) for s, _ in seqs])
@@ -550,6 +566,11 @@ def main(argv=None) -> None:
     arch = dict(ARCH, num_hidden_layers=args.layers, intermediate_size=args.intermediate)
     config = build_config(vocab, arch)
     model = LlamaForCausalLM(config)
+    if args.init_from:
+        from safetensors.torch import load_file
+
+        model.load_state_dict(load_file(os.path.join(args.init_from, "model.safetensors")))
+        print(f"[model] initialised from {args.init_from}", flush=True)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"[model] {n_params:,} parameters ({n_params * 4 / 1e6:.2f} MB fp32)", flush=True)
 
@@ -622,7 +643,8 @@ def main(argv=None) -> None:
     total_seconds = time.time() - t_start
     info = dict(
         arch=arch, vocab_size=vocab, n_params=n_params, dtype="float32", size_mb=size_mb,
-        seed=args.seed, train_seed=args.train_seed, n_train=args.n_train,
+        seed=args.seed, train_seed=args.train_seed, n_train=args.n_train, threads=args.threads,
+        init_from=args.init_from,
         train_tokens=int(lens.sum()), steps=args.steps, epochs=n_seen / len(seqs),
         batch_tokens=args.batch_tokens, lr=args.lr, min_lr_ratio=args.min_lr_ratio,
         warmup=args.warmup, weight_decay=args.weight_decay, final_loss=final_loss,

@@ -1,0 +1,27 @@
+"""An eval set saved with a UTF-8 byte-order mark (Windows editors) is read, not refused as invalid JSON."""
+
+from __future__ import annotations
+
+import json
+
+from pipeline.evaluation.dataset import load_eval_set
+
+
+def test_eval_set_with_a_utf8_bom_is_read(tmp_path):
+    rows = [
+        {"id": f"q{i}", "prompt": f"Where is ORD-{i}?", "reference": f"ORD-{i}", "metric": "exact_match", "slice": "s"} for i in range(2)
+    ]
+    p = tmp_path / "bom.jsonl"
+    p.write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps(r) + "\n" for r in rows).encode("utf-8"))
+    items = load_eval_set(p)
+    assert [i.id for i in items] == ["q0", "q1"]
+
+
+def test_calibration_jsonl_with_a_utf8_bom_is_read(tmp_path):
+    """Guard (calibration already stripped the BOM; kept so both readers stay consistent)."""
+    from pipeline.calibration import _read_jsonl
+
+    p = tmp_path / "calib.jsonl"
+    p.write_bytes(b"\xef\xbb\xbf" + b'{"text": "hello"}\n{"text": "world"}\n')
+    rows, blank = _read_jsonl(p, "text")
+    assert len(rows) == 2 and blank == 0
