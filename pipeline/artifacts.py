@@ -35,6 +35,33 @@ def _read_json(p: Path, fix: str) -> dict[str, Any]:
     return doc
 
 
+TOKENIZER_FILES: tuple[str, ...] = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+)
+"""The files a Hugging Face tokenizer is saved as (transformers ``PreTrainedTokenizerBase.save_pretrained``: the
+fast tokenizer's ``tokenizer.json``, its config and special tokens, the chat template as ``chat_template.jinja`` or
+the older ``chat_template.json``; a slow SentencePiece ``tokenizer.model`` or BPE ``vocab.json`` + ``merges.txt``).
+Every folder a tokenizer is loaded from gets the ones present, byte for byte: export ``hf/``, quantize ``hf/``, the
+engine folders of both targets and the served models' tokenizer folders."""
+REQUIRED_TOKENIZER_FILES: tuple[str, ...] = ("tokenizer.json", "tokenizer_config.json")
+"""The subset :class:`pipeline.tokenization.TextCodec` needs (a fast tokenizer and its config)."""
+TOKENIZER_DIRS: tuple[str, ...] = ("additional_chat_templates",)
+"""Folders of a saved tokenizer (transformers 4.52+: named chat templates, one ``<name>.jinja`` each)."""
+GENERATION_CONFIG = "generation_config.json"
+"""The model's generation defaults (eos / pad / bos token ids) read next to the tokenizer."""
+TOKENIZER_COPY_FILES: tuple[str, ...] = TOKENIZER_FILES + (GENERATION_CONFIG,)
+"""What travels with the tokenizer into a folder a model is run from: :data:`TOKENIZER_FILES` and
+``generation_config.json`` (export writes its own normalised ``generation_config.json`` instead of copying it)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class ExportArtifact:
     """Export stage output: the normalised Hugging Face checkpoint and its facts."""
@@ -121,7 +148,21 @@ class BuildArtifact:
     BUILD_LOG: ClassVar[str] = "build.log"
     ENGINE_LIMITS: ClassVar[str] = "engine_limits.json"
     """Inside ``engine/`` (onnxruntime_genai): the limits its runtime config has no key for."""
-    FILES: ClassVar[tuple[str, ...]] = ("engine/", "build_info.json", "build.log", "engine_limits.json")
+    LLM_API_OPTIONS: ClassVar[str] = "llm_api_options.yaml"
+    """Inside ``engine/`` (tensorrt_llm, PyTorch backend): the ``LLM()`` keyword arguments, next to ``engine/hf/``."""
+    DRAFT_ENGINE_DIR: ClassVar[str] = "draft_engine"
+    """Next to ``engine/`` (tensorrt_llm, draft-model speculative decoding): the draft model's engine."""
+    DRAFT_BUILD_LOG: ClassVar[str] = "build_draft.log"
+    """trtllm-build's log of the draft engine."""
+    FILES: ClassVar[tuple[str, ...]] = (
+        "engine/",
+        "build_info.json",
+        "build.log",
+        "engine_limits.json",
+        "llm_api_options.yaml",
+        "draft_engine/",
+        "build_draft.log",
+    )
     LIMIT_KEYS: ClassVar[tuple[str, ...]] = ("max_input_len", "max_seq_len", "max_batch_size")
 
     @property
@@ -233,6 +274,11 @@ def target_of(build_art: Any, default: str) -> str:
 
 __all__ = [
     "ARTIFACTS",
+    "GENERATION_CONFIG",
+    "REQUIRED_TOKENIZER_FILES",
+    "TOKENIZER_COPY_FILES",
+    "TOKENIZER_DIRS",
+    "TOKENIZER_FILES",
     "BenchmarkArtifact",
     "BuildArtifact",
     "EvalArtifact",

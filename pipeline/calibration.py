@@ -215,8 +215,9 @@ def _read_jsonl(path: Path, text_field: str) -> tuple[list[RawSample], int]:
         where = f"{path}:{n}"
         try:
             obj = json.loads(line)
-        except ValueError as e:
-            raise InputError(f"{where}: not valid JSON ({e.msg}). Fix: one JSON object per line.") from e
+        except ValueError as e:  # JSONDecodeError, or an integer literal longer than Python's int digit limit
+            why = e.msg if isinstance(e, json.JSONDecodeError) else str(e)
+            raise InputError(f"{where}: not valid JSON ({why}). Fix: one JSON object per line.") from e
         if not isinstance(obj, dict):
             raise InputError(f"{where}: expected a JSON object with {text_field!r} or 'messages', got {type(obj).__name__}.")
         out.append(_row(obj, where, text_field))
@@ -330,7 +331,7 @@ def _read_hf(cfg: CalibrationConfig) -> tuple[list[RawSample], int]:
     except ImportError as e:
         raise InputError(
             f"calibration.format=hf (hf_dataset={cfg.hf_dataset!r}) needs the `datasets` package, which is not installed. "
-            "Fix: pip install datasets (and network access to the Hub), or use a local file: calibration=support_v1."
+            "Fix: pip install datasets (and network access to the Hub), or use a local file: calibration=support_v2."
         ) from e
     try:
         ds = datasets.load_dataset(cfg.hf_dataset, split=cfg.hf_split)
@@ -350,7 +351,7 @@ def read_raw(cfg: CalibrationConfig, path: Path | None) -> tuple[list[RawSample]
         rows, blank = _read_hf(cfg)
         return rows, blank, "hf"
     if path is None:
-        raise InputError("calibration.path=None: no calibration file given. Fix: calibration=support_v1 or calibration.path=<file>.")
+        raise InputError("calibration.path=None: no calibration file given. Fix: calibration=support_v2 or calibration.path=<file>.")
     path = Path(path)
     if not path.is_file():
         raise InputError(f"calibration.path={str(path)!r}: no such file.")

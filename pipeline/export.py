@@ -42,9 +42,9 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from .artifacts import ExportArtifact
+from .artifacts import TOKENIZER_DIRS, TOKENIZER_FILES, ExportArtifact
 from .errors import InputError
 
 log = logging.getLogger("pipeline.export")
@@ -57,19 +57,6 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "Phi3ForCausalLM": "phi3",
 }
 DTYPES = ("float16", "bfloat16", "float32")
-#: tokenizer files copied byte for byte into ``hf/`` when present.
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "chat_template.jinja",
-    "chat_template.json",
-    "tokenizer.model",
-    "added_tokens.json",
-    "vocab.json",
-    "merges.txt",
-)
-TOKENIZER_DIRS = ("additional_chat_templates",)
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
 EMBED_NAME = "model.embed_tokens.weight"
 LM_HEAD_NAME = "lm_head.weight"
@@ -515,34 +502,8 @@ def inspect_checkpoint(
         )
     check_folder_links(src, allow_external=allow_external_files)
     cfg_path = src / "config.json"
-    cfg = _read_json(cfg_path, "config.json")
-    if not isinstance(cfg, dict):
-        raise InputError(f"{cfg_path}: expected a JSON object, found {type(cfg).__name__}. Fix: restore config.json.")
-    check_config_types(cfg, str(cfg_path))
-    supported = ", ".join(f"{a} ({t})" for a, t in SUPPORTED_ARCHITECTURES.items())
-    if cfg.get("auto_map") and not trust_remote_code:
-        raise InputError(
-            f"{cfg_path}: auto_map={cfg['auto_map']!r} asks to run Python code shipped with the checkpoint, and "
-            f"model.trust_remote_code is false (the secure default: that code would run with your permissions). "
-            f"Fix: use a checkpoint of a supported architecture in standard transformers format ({supported}), "
-            f"or, only if you trust its source, set model.trust_remote_code=true."
-        )
-    archs = cfg.get("architectures") or []
-    arch = archs[0] if isinstance(archs, list) and archs else None
-    if arch is None:
-        by_type = {t: a for a, t in SUPPORTED_ARCHITECTURES.items()}
-        arch = by_type.get(cfg.get("model_type"))
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise InputError(
-            f"{cfg_path}: architectures={archs!r} (model_type={cfg.get('model_type')!r}) is not supported. "
-            f"Supported architectures: {supported}. Fix: export a checkpoint of a supported architecture."
-        )
-    model_type = SUPPORTED_ARCHITECTURES[arch]
-    if cfg.get("model_type") not in (None, model_type):
-        raise InputError(
-            f"{cfg_path}: architectures[0]={arch!r} but model_type={cfg.get('model_type')!r} (expected "
-            f"{model_type!r}). Fix: correct model_type in config.json."
-        )
+    cfg = _read_config(cfg_path, trust_remote_code)
+    arch, model_type = _architecture(cfg, cfg_path)
     problems = _check_heads(cfg, "config.json")
     if problems:
         raise InputError(f"{cfg_path}: {len(problems)} problem(s):\n" + "\n".join(f"  - {p}" for p in problems))
@@ -559,21 +520,78 @@ def inspect_checkpoint(
         rope_scaling=scaling,
         head_dim_explicit=cfg.get("head_dim") is not None,
     )
+    _find_weights(facts, allow_pickle=allow_pickle, allow_external_files=allow_external_files)
+    if facts.weight_format == "safetensors":
+        check_tensor_shapes(facts)
+    return facts
 
-    # ---- weight files
+
+def _supported() -> str:
+    return ", ".join(f"{a} ({t})" for a, t in SUPPORTED_ARCHITECTURES.items())
+
+
+def _read_config(cfg_path: Path, trust_remote_code: bool) -> dict[str, Any]:
+    """config.json as a dict with checked field types; InputError for ``auto_map`` without trust_remote_code."""
+    cfg = _read_json(cfg_path, "config.json")
+    if not isinstance(cfg, dict):
+        raise InputError(f"{cfg_path}: expected a JSON object, found {type(cfg).__name__}. Fix: restore config.json.")
+    check_config_types(cfg, str(cfg_path))
+    if cfg.get("auto_map") and not trust_remote_code:
+        raise InputError(
+            f"{cfg_path}: auto_map={cfg['auto_map']!r} asks to run Python code shipped with the checkpoint, and "
+            f"model.trust_remote_code is false (the secure default: that code would run with your permissions). "
+            f"Fix: use a checkpoint of a supported architecture in standard transformers format ({_supported()}), "
+            f"or, only if you trust its source, set model.trust_remote_code=true."
+        )
+    return cfg
+
+
+def _architecture(cfg: dict[str, Any], cfg_path: Path) -> tuple[str, str]:
+    """``(architecture, model_type)`` from ``architectures[0]`` (else ``model_type``); InputError when unsupported or
+    when the two disagree."""
+    archs = cfg.get("architectures") or []
+    arch = archs[0] if isinstance(archs, list) and archs else None
+    if arch is None:
+        by_type = {t: a for a, t in SUPPORTED_ARCHITECTURES.items()}
+        model_type = cfg.get("model_type")
+        arch = by_type.get(model_type) if isinstance(model_type, str) else None
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise InputError(
+            f"{cfg_path}: architectures={archs!r} (model_type={cfg.get('model_type')!r}) is not supported. "
+            f"Supported architectures: {_supported()}. Fix: export a checkpoint of a supported architecture."
+        )
+    model_type = SUPPORTED_ARCHITECTURES[arch]
+    if cfg.get("model_type") not in (None, model_type):
+        raise InputError(
+            f"{cfg_path}: architectures[0]={arch!r} but model_type={cfg.get('model_type')!r} (expected "
+            f"{model_type!r}). Fix: correct model_type in config.json."
+        )
+    return arch, model_type
+
+
+def _index_shards(index_path: Path, what: str, src: Path, allow_external_files: bool, missing_fix: str) -> tuple[dict[str, str], list[str]]:
+    """``(weight_map, shard files)`` of a weight index; every shard confined to ``src`` and present."""
+    index = _read_json(index_path, what)
+    wmap = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(wmap, dict) or not wmap:
+        raise InputError(f"{index_path}: no weight_map. Fix: restore {index_path.name} from the source checkpoint.")
+    for tname, f in wmap.items():
+        confine(src, f, f"{index_path}: weight_map[{tname!r}]", allow_external=allow_external_files)
+    files = sorted(set(wmap.values()))
+    missing = [f for f in files if not (src / f).is_file()]
+    if missing:
+        raise InputError(f"{index_path}: lists shard(s) {missing} that are not in {src}. Fix: {missing_fix}.")
+    return wmap, files
+
+
+def _find_weights(facts: CheckpointFacts, *, allow_pickle: bool, allow_external_files: bool) -> None:
+    """Fill ``facts``' weight files and (safetensors) tensor headers: an index + shards, ``model.safetensors``,
+    other ``*.safetensors``, else pickled weights (:func:`_pickle_weights`)."""
+    src = facts.path
     index_path = src / "model.safetensors.index.json"
     single = src / "model.safetensors"
     if index_path.exists():
-        index = _read_json(index_path, "safetensors index")
-        wmap = index.get("weight_map") if isinstance(index, dict) else None
-        if not isinstance(wmap, dict) or not wmap:
-            raise InputError(f"{index_path}: no weight_map. Fix: restore model.safetensors.index.json from the source checkpoint.")
-        for tname, f in wmap.items():
-            confine(src, f, f"{index_path}: weight_map[{tname!r}]", allow_external=allow_external_files)
-        files = sorted(set(wmap.values()))
-        missing = [f for f in files if not (src / f).is_file()]
-        if missing:
-            raise InputError(f"{index_path}: lists shard(s) {missing} that are not in {src}. Fix: download the missing shards.")
+        wmap, files = _index_shards(index_path, "safetensors index", src, allow_external_files, "download the missing shards")
         _read_headers(facts, src, files)
         absent = [n for n, f in wmap.items() if facts.tensor_file.get(n) != f]
         if absent:
@@ -591,43 +609,33 @@ def inspect_checkpoint(
         if others:
             _read_headers(facts, src, others)
         else:
-            pickles = sorted(
-                p.name
-                for p in src.iterdir()
-                if p.is_file()
-                and p.suffix in PICKLE_SUFFIXES
-                and not p.name.startswith(("training_args", "optimizer", "scheduler", "rng_state"))
-            )
-            if not pickles:
-                raise InputError(
-                    f"{src}: no weights found (model.safetensors, model-*.safetensors + index, or pickled "
-                    f"pytorch_model*.bin). Fix: point model.path at a complete checkpoint folder."
-                )
-            if not allow_pickle:
-                raise InputError(
-                    f"{src}: the weights are pickled ({', '.join(pickles)}); loading a pickle can run arbitrary "
-                    f"code, so it is refused by default. Fix: convert the checkpoint to safetensors "
-                    f"(model.save_pretrained(dir, safe_serialization=True)), or, only for a file you trust, set "
-                    f"model.allow_pickle=true (it is then loaded with torch.load(weights_only=True))."
-                )
-            bin_index = src / "pytorch_model.bin.index.json"
-            if bin_index.exists():
-                index = _read_json(bin_index, "pickle weight index")
-                wmap = index.get("weight_map") if isinstance(index, dict) else None
-                if not isinstance(wmap, dict) or not wmap:
-                    raise InputError(f"{bin_index}: no weight_map. Fix: restore pytorch_model.bin.index.json from the source checkpoint.")
-                for tname, f in wmap.items():
-                    confine(src, f, f"{bin_index}: weight_map[{tname!r}]", allow_external=allow_external_files)
-                files = sorted(set(wmap.values()))
-                missing = [f for f in files if not (src / f).is_file()]
-                if missing:
-                    raise InputError(f"{bin_index}: lists shard(s) {missing} that are not in {src}. Fix: download them.")
-                pickles = files
             facts.weight_format = "pickle"
-            facts.weight_files = pickles
-    if facts.weight_format == "safetensors":
-        check_tensor_shapes(facts)
-    return facts
+            facts.weight_files = _pickle_weights(src, allow_pickle, allow_external_files)
+
+
+def _pickle_weights(src: Path, allow_pickle: bool, allow_external_files: bool) -> list[str]:
+    """Pickled weight files in load order; InputError when there are none, or unless ``allow_pickle``."""
+    pickles = sorted(
+        p.name
+        for p in src.iterdir()
+        if p.is_file() and p.suffix in PICKLE_SUFFIXES and not p.name.startswith(("training_args", "optimizer", "scheduler", "rng_state"))
+    )
+    if not pickles:
+        raise InputError(
+            f"{src}: no weights found (model.safetensors, model-*.safetensors + index, or pickled "
+            f"pytorch_model*.bin). Fix: point model.path at a complete checkpoint folder."
+        )
+    if not allow_pickle:
+        raise InputError(
+            f"{src}: the weights are pickled ({', '.join(pickles)}); loading a pickle can run arbitrary "
+            f"code, so it is refused by default. Fix: convert the checkpoint to safetensors "
+            f"(model.save_pretrained(dir, safe_serialization=True)), or, only for a file you trust, set "
+            f"model.allow_pickle=true (it is then loaded with torch.load(weights_only=True))."
+        )
+    bin_index = src / "pytorch_model.bin.index.json"
+    if bin_index.exists():
+        _, pickles = _index_shards(bin_index, "pickle weight index", src, allow_external_files, "download them")
+    return pickles
 
 
 def check_tensor_shapes(facts: CheckpointFacts) -> None:
@@ -682,7 +690,7 @@ def _load_tokenizer(src: Path, vocab_rows: int, trust_remote_code: bool) -> Any:
             f"and tokenizer_config.json). Fix: copy the tokenizer files of the model (tokenizer.json, "
             f"tokenizer_config.json, special_tokens_map.json, chat_template.jinja) into the checkpoint folder."
         )
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "chat_template.json"):
+    for name in (f for f in TOKENIZER_FILES if f.endswith(".json")):
         if (src / name).exists():
             doc = _read_json(src / name, name)
             if name == "tokenizer_config.json" and isinstance(doc, dict) and doc.get("auto_map") and not trust_remote_code:
@@ -714,7 +722,10 @@ def _load_tokenizer(src: Path, vocab_rows: int, trust_remote_code: bool) -> Any:
 # --------------------------------------------------------------------------- export
 @contextlib.contextmanager
 def _no_progress(description: str, total: float | None) -> Iterator[Callable[[float], None]]:
-    yield lambda n=1: None
+    def advance(n: float = 1) -> None:
+        return None
+
+    yield advance
 
 
 def export_checkpoint(
@@ -753,62 +764,18 @@ def export_checkpoint(
         # 1. config.json + weight headers (cheap, no torch)
         if facts is None:
             facts = inspect_checkpoint(src, trust_remote_code=trust_remote_code, allow_pickle=allow_pickle)
-        cfg_raw = facts.config
-        vocab = int(cfg_raw["vocab_size"])
+        vocab = int(facts.config["vocab_size"])
         advance(1)
 
         # 2. tokenizer, special-token ids
         tok = _load_tokenizer(src, vocab, trust_remote_code)
-        gen_path = src / "generation_config.json"
-        gen_raw = _read_json(gen_path, "generation_config.json") if gen_path.exists() else {}
-        if not isinstance(gen_raw, dict):
-            raise InputError(f"{gen_path}: expected a JSON object. Fix: restore generation_config.json or delete it.")
-        check_config_types(gen_raw, str(gen_path))
-        eos_ids = _merge_ids(_ids(cfg_raw.get("eos_token_id")), _ids(gen_raw.get("eos_token_id")), _ids(tok.eos_token_id))
-        if not eos_ids:
-            raise InputError(
-                f"{src / 'config.json'}: no eos_token_id in config.json, generation_config.json or the tokenizer; "
-                f'generation could never stop. Fix: set "eos_token_id" in config.json (an int or a list of stop ids).'
-            )
-        bos_id = next(iter(_ids(cfg_raw.get("bos_token_id")) + _ids(gen_raw.get("bos_token_id")) + _ids(tok.bos_token_id)), None)
-        pad_candidates = _ids(cfg_raw.get("pad_token_id")) + _ids(gen_raw.get("pad_token_id")) + _ids(tok.pad_token_id)
-        pad_derived = not pad_candidates
-        pad_id = eos_ids[0] if pad_derived else pad_candidates[0]
-        for name, ids in (("eos_token_id", eos_ids), ("bos_token_id", _ids(bos_id)), ("pad_token_id", [pad_id])):
-            bad = [i for i in ids if not 0 <= i < vocab]
-            if bad:
-                raise InputError(
-                    f"{src}: {name}={bad} is outside the vocabulary [0, vocab_size={vocab}). "
-                    f"Fix: correct {name} in config.json/generation_config.json/tokenizer_config.json."
-                )
-        if pad_derived:
-            facts.warnings.append(f"no pad token id in the checkpoint: using the first eos id {pad_id} (pad_token_derived=true)")
+        ids = _special_ids(src, facts, tok, vocab)
         advance(1)
 
         # 3. transformers config (defaults filled in), cross-checked against the raw file
         import torch
-        from transformers import AutoConfig, GenerationConfig
 
-        try:
-            hf_cfg = AutoConfig.from_pretrained(str(src), trust_remote_code=trust_remote_code)
-        except Exception as e:
-            raise InputError(
-                f"{src / 'config.json'}: transformers cannot parse it: {type(e).__name__}: {e}. Fix: correct the field named above."
-            ) from None
-        rope_params = getattr(hf_cfg, "rope_parameters", None)
-        rope_theta = facts.rope_theta
-        if rope_theta is None:
-            rope_theta = (rope_params or {}).get("rope_theta") if isinstance(rope_params, dict) else None
-            rope_theta = rope_theta if rope_theta is not None else getattr(hf_cfg, "rope_theta", None)
-        hf_cfg.pad_token_id = pad_id
-        hf_cfg.eos_token_id = eos_ids if len(eos_ids) > 1 else eos_ids[0]
-        if bos_id is not None:
-            hf_cfg.bos_token_id = bos_id
-        torch_dtype = getattr(torch, dtype)
-        if "tie_word_embeddings" not in cfg_raw and bool(getattr(hf_cfg, "tie_word_embeddings", False)) != facts.tied:
-            facts.tied = bool(hf_cfg.tie_word_embeddings)  # the architecture's default applies; re-check the head
-            if facts.weight_format == "safetensors":
-                check_tensor_shapes(facts)
+        hf_cfg, rope_theta = _hf_config(src, facts, ids, trust_remote_code)
         advance(1)
 
         # 4. weights: finite and representable in the target dtype (checked before anything is written), then
@@ -816,75 +783,178 @@ def export_checkpoint(
         if facts.weight_format == "safetensors":
             check_weights_castable(facts, dtype)
         with _quiet_transformers_bars():
-            model = _load_model(facts, hf_cfg, torch_dtype, trust_remote_code)
+            model = _load_model(facts, hf_cfg, getattr(torch, dtype), trust_remote_code)
         advance(1)
 
         # 5. write hf/
         hf_dir = ExportArtifact(out).hf_dir
-        hf_dir.mkdir(parents=True, exist_ok=False)
-        gen = (
-            GenerationConfig.from_dict({k: v for k, v in gen_raw.items() if k != "transformers_version"})
-            if gen_raw
-            else GenerationConfig.from_model_config(hf_cfg)
-        )
-        gen.eos_token_id = eos_ids if len(eos_ids) > 1 else eos_ids[0]
-        gen.pad_token_id = pad_id
-        if bos_id is not None:
-            gen.bos_token_id = bos_id
-        model.generation_config = gen
-        with _quiet_transformers_bars():
-            model.save_pretrained(str(hf_dir), safe_serialization=True)
-        _finish_config(hf_dir / "config.json", dtype, rope_theta, facts.rope_scaling)
-        for name in TOKENIZER_FILES:
-            if (src / name).is_file():
-                shutil.copyfile(src / name, hf_dir / name)
-        for name in TOKENIZER_DIRS:
-            if (src / name).is_dir():
-                shutil.copytree(src / name, hf_dir / name)
-        if not (hf_dir / "special_tokens_map.json").exists():
-            stm = {k: v for k, v in dict(tok.special_tokens_map).items() if isinstance(v, (str, list))}
-            if "pad_token" not in stm:
-                stm["pad_token"] = tok.convert_ids_to_tokens(pad_id)
-            (hf_dir / "special_tokens_map.json").write_text(json.dumps(stm, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        _write_hf(src, hf_dir, model, tok, hf_cfg, ids, dtype, rope_theta, facts.rope_scaling)
         advance(1)
 
         # 6. verify what was written (headers + config round trip), then model_info.json
         _verify_written(hf_dir, model, dtype, facts.rope_scaling, hf_cfg)
-        from .store import tree_files
-
-        files = {rel: meta["sha256"] for rel, meta in tree_files(src, follow_symlinks=True).items()}
-        head_dim = getattr(hf_cfg, "head_dim", None) or hf_cfg.hidden_size // hf_cfg.num_attention_heads
-        info: dict[str, Any] = {
-            "architecture": facts.architecture,
-            "model_type": facts.model_type,
-            "num_parameters": int(model.num_parameters()),
-            "num_hidden_layers": int(hf_cfg.num_hidden_layers),
-            "hidden_size": int(hf_cfg.hidden_size),
-            "intermediate_size": int(hf_cfg.intermediate_size),
-            "num_attention_heads": int(hf_cfg.num_attention_heads),
-            "num_key_value_heads": int(getattr(hf_cfg, "num_key_value_heads", None) or hf_cfg.num_attention_heads),
-            "head_dim": int(head_dim),
-            "vocab_size": vocab,
-            "tokenizer_vocab_size": len(tok),
-            "max_position_embeddings": int(hf_cfg.max_position_embeddings),
-            "rope_theta": float(rope_theta) if rope_theta is not None else None,
-            "rope_scaling": facts.rope_scaling,
-            "tie_word_embeddings": "tied" if facts.tied else "untied",
-            "bos_token_id": bos_id,
-            "eos_token_ids": eos_ids,
-            "pad_token_id": pad_id,
-            "pad_token_derived": pad_derived,
-            "dtype": dtype,
-            "chat_template": bool(getattr(tok, "chat_template", None)),
-            "weight_format": facts.weight_format,
-            "files": files,
-        }
+        info = _model_info(src, facts, model, hf_cfg, tok, ids, dtype, rope_theta)
         from .store import write_json_atomic
 
         write_json_atomic(ExportArtifact(out).model_info_path, info)
         advance(1)
     del model
     return {**info, "_warnings": list(facts.warnings)}
+
+
+class _SpecialIds(NamedTuple):
+    """Special-token ids merged from config.json, generation_config.json and the tokenizer (in that order)."""
+
+    eos_ids: list[int]
+    bos_id: int | None
+    pad_id: int
+    pad_derived: bool  # no pad id anywhere: the first eos id is used
+    gen_raw: dict[str, Any]  # generation_config.json ({} when absent)
+
+
+def _special_ids(src: Path, facts: CheckpointFacts, tok: Any, vocab: int) -> _SpecialIds:
+    """Merge and check the special-token ids (export step 2).
+
+    Raises:
+        InputError: generation_config.json is not an object or has wrongly typed fields; no eos id anywhere; an id
+            outside ``[0, vocab_size)``.
+    """
+    cfg_raw = facts.config
+    gen_path = src / "generation_config.json"
+    gen_raw = _read_json(gen_path, "generation_config.json") if gen_path.exists() else {}
+    if not isinstance(gen_raw, dict):
+        raise InputError(f"{gen_path}: expected a JSON object. Fix: restore generation_config.json or delete it.")
+    check_config_types(gen_raw, str(gen_path))
+    eos_ids = _merge_ids(_ids(cfg_raw.get("eos_token_id")), _ids(gen_raw.get("eos_token_id")), _ids(tok.eos_token_id))
+    if not eos_ids:
+        raise InputError(
+            f"{src / 'config.json'}: no eos_token_id in config.json, generation_config.json or the tokenizer; "
+            f'generation could never stop. Fix: set "eos_token_id" in config.json (an int or a list of stop ids).'
+        )
+    bos_id = next(iter(_ids(cfg_raw.get("bos_token_id")) + _ids(gen_raw.get("bos_token_id")) + _ids(tok.bos_token_id)), None)
+    pad_candidates = _ids(cfg_raw.get("pad_token_id")) + _ids(gen_raw.get("pad_token_id")) + _ids(tok.pad_token_id)
+    pad_derived = not pad_candidates
+    pad_id = eos_ids[0] if pad_derived else pad_candidates[0]
+    for name, id_list in (("eos_token_id", eos_ids), ("bos_token_id", _ids(bos_id)), ("pad_token_id", [pad_id])):
+        bad = [i for i in id_list if not 0 <= i < vocab]
+        if bad:
+            raise InputError(
+                f"{src}: {name}={bad} is outside the vocabulary [0, vocab_size={vocab}). "
+                f"Fix: correct {name} in config.json/generation_config.json/tokenizer_config.json."
+            )
+    if pad_derived:
+        facts.warnings.append(f"no pad token id in the checkpoint: using the first eos id {pad_id} (pad_token_derived=true)")
+    return _SpecialIds(eos_ids, bos_id, pad_id, pad_derived, gen_raw)
+
+
+def _hf_config(src: Path, facts: CheckpointFacts, ids: _SpecialIds, trust_remote_code: bool) -> tuple[Any, float | None]:
+    """The transformers config with the merged special ids, and the RoPE base (export step 3).
+
+    When config.json does not say ``tie_word_embeddings`` and the architecture's default differs from what the
+    weight headers suggested, ``facts.tied`` follows the default and the head's shapes are checked again.
+
+    Raises:
+        InputError: transformers cannot parse config.json.
+    """
+    from transformers import AutoConfig
+
+    try:
+        hf_cfg = AutoConfig.from_pretrained(str(src), trust_remote_code=trust_remote_code)
+    except Exception as e:
+        raise InputError(
+            f"{src / 'config.json'}: transformers cannot parse it: {type(e).__name__}: {e}. Fix: correct the field named above."
+        ) from None
+    rope_params = getattr(hf_cfg, "rope_parameters", None)
+    rope_theta = facts.rope_theta
+    if rope_theta is None:
+        rope_theta = (rope_params or {}).get("rope_theta") if isinstance(rope_params, dict) else None
+        rope_theta = rope_theta if rope_theta is not None else getattr(hf_cfg, "rope_theta", None)
+    hf_cfg.pad_token_id = ids.pad_id
+    hf_cfg.eos_token_id = ids.eos_ids if len(ids.eos_ids) > 1 else ids.eos_ids[0]
+    if ids.bos_id is not None:
+        hf_cfg.bos_token_id = ids.bos_id
+    if "tie_word_embeddings" not in facts.config and bool(getattr(hf_cfg, "tie_word_embeddings", False)) != facts.tied:
+        facts.tied = bool(hf_cfg.tie_word_embeddings)  # the architecture's default applies; re-check the head
+        if facts.weight_format == "safetensors":
+            check_tensor_shapes(facts)
+    return hf_cfg, rope_theta
+
+
+def _write_hf(
+    src: Path,
+    hf_dir: Path,
+    model: Any,
+    tok: Any,
+    hf_cfg: Any,
+    ids: _SpecialIds,
+    dtype: str,
+    rope_theta: float | None,
+    rope_scaling: dict[str, Any] | None,
+) -> None:
+    """Write ``hf/`` (export step 5): safetensors weights, config and generation config with the merged ids, the
+    tokenizer files; a ``special_tokens_map.json`` from the tokenizer when the source has none."""
+    from transformers import GenerationConfig
+
+    hf_dir.mkdir(parents=True, exist_ok=False)
+    gen = (
+        GenerationConfig.from_dict({k: v for k, v in ids.gen_raw.items() if k != "transformers_version"})
+        if ids.gen_raw
+        else GenerationConfig.from_model_config(hf_cfg)
+    )
+    gen.eos_token_id = ids.eos_ids if len(ids.eos_ids) > 1 else ids.eos_ids[0]
+    gen.pad_token_id = ids.pad_id
+    if ids.bos_id is not None:
+        gen.bos_token_id = ids.bos_id
+    model.generation_config = gen
+    with _quiet_transformers_bars():
+        model.save_pretrained(str(hf_dir), safe_serialization=True)
+    _finish_config(hf_dir / "config.json", dtype, rope_theta, rope_scaling)
+    for name in TOKENIZER_FILES:
+        if (src / name).is_file():
+            shutil.copyfile(src / name, hf_dir / name)
+    for name in TOKENIZER_DIRS:
+        if (src / name).is_dir():
+            shutil.copytree(src / name, hf_dir / name)
+    if not (hf_dir / "special_tokens_map.json").exists():
+        stm = {k: v for k, v in dict(tok.special_tokens_map).items() if isinstance(v, (str, list))}
+        if "pad_token" not in stm:
+            stm["pad_token"] = tok.convert_ids_to_tokens(ids.pad_id)
+        (hf_dir / "special_tokens_map.json").write_text(json.dumps(stm, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def _model_info(
+    src: Path, facts: CheckpointFacts, model: Any, hf_cfg: Any, tok: Any, ids: _SpecialIds, dtype: str, rope_theta: float | None
+) -> dict[str, Any]:
+    """The ``model_info.json`` document (docs/artifacts.md), with the sha256 of every source file."""
+    from .store import tree_files
+
+    files = {rel: meta["sha256"] for rel, meta in tree_files(src, follow_symlinks=True).items()}
+    head_dim = getattr(hf_cfg, "head_dim", None) or hf_cfg.hidden_size // hf_cfg.num_attention_heads
+    return {
+        "architecture": facts.architecture,
+        "model_type": facts.model_type,
+        "num_parameters": int(model.num_parameters()),
+        "num_hidden_layers": int(hf_cfg.num_hidden_layers),
+        "hidden_size": int(hf_cfg.hidden_size),
+        "intermediate_size": int(hf_cfg.intermediate_size),
+        "num_attention_heads": int(hf_cfg.num_attention_heads),
+        "num_key_value_heads": int(getattr(hf_cfg, "num_key_value_heads", None) or hf_cfg.num_attention_heads),
+        "head_dim": int(head_dim),
+        "vocab_size": int(facts.config["vocab_size"]),
+        "tokenizer_vocab_size": len(tok),
+        "max_position_embeddings": int(hf_cfg.max_position_embeddings),
+        "rope_theta": float(rope_theta) if rope_theta is not None else None,
+        "rope_scaling": facts.rope_scaling,
+        "tie_word_embeddings": "tied" if facts.tied else "untied",
+        "bos_token_id": ids.bos_id,
+        "eos_token_ids": ids.eos_ids,
+        "pad_token_id": ids.pad_id,
+        "pad_token_derived": ids.pad_derived,
+        "dtype": dtype,
+        "chat_template": bool(getattr(tok, "chat_template", None)),
+        "weight_format": facts.weight_format,
+        "files": files,
+    }
 
 
 def cast_losses(tensors: Iterator[tuple[str, Any]], dtype: str) -> list[tuple[str, int, int, int, int, float]]:
@@ -990,32 +1060,11 @@ def _quiet_transformers_bars() -> Iterator[None]:
 
 def _load_model(facts: CheckpointFacts, hf_cfg: Any, torch_dtype: Any, trust_remote_code: bool) -> Any:
     """Load the weights once into an ``AutoModelForCausalLM``; refuse missing tensors."""
-    import torch
     from transformers import AutoModelForCausalLM
 
     src = facts.path
     if facts.weight_format == "pickle":
-        sd: dict[str, Any] = {}
-        for f in facts.weight_files:
-            p = src / f
-            try:
-                try:
-                    part = torch.load(str(p), map_location="cpu", weights_only=True, mmap=True)
-                except RuntimeError:  # legacy (non-zip) serialisation cannot be memory-mapped
-                    part = torch.load(str(p), map_location="cpu", weights_only=True)
-            except Exception as e:
-                raise InputError(
-                    f"{p}: cannot load pickled weights with torch.load(weights_only=True): {type(e).__name__}: "
-                    f"{str(e)[:300]}. Fix: the file is corrupt or holds more than tensors; convert the "
-                    f"checkpoint to safetensors."
-                ) from None
-            if not isinstance(part, dict):
-                raise InputError(f"{p}: holds a {type(part).__name__}, not a state dict. Fix: save model.state_dict().")
-            for k, v in part.items():
-                if isinstance(v, torch.Tensor):
-                    sd[k] = v
-                    facts.tensors[k] = (list(v.shape), str(v.dtype))
-                    facts.tensor_file[k] = f
+        sd = _read_pickled_weights(facts)
         check_tensor_shapes(facts)
         _check_tied_head(facts, sd)
         check_weights_castable(facts, str(torch_dtype).replace("torch.", ""), sd)
@@ -1034,7 +1083,7 @@ def _load_model(facts: CheckpointFacts, hf_cfg: Any, torch_dtype: Any, trust_rem
     else:
         _check_tied_head(facts, None)
         try:
-            model, info = AutoModelForCausalLM.from_pretrained(
+            loaded: Any = AutoModelForCausalLM.from_pretrained(
                 str(src),
                 config=hf_cfg,
                 dtype=torch_dtype,
@@ -1047,6 +1096,7 @@ def _load_model(facts: CheckpointFacts, hf_cfg: Any, torch_dtype: Any, trust_rem
                 f"{src}: loading the weights failed: {type(e).__name__}: {str(e)[:500]}. Fix: use the config.json "
                 f"that belongs to these weights."
             ) from None
+        model, info = loaded
         missing, unexpected = list(info.get("missing_keys", [])), list(info.get("unexpected_keys", []))
         mismatched = list(info.get("mismatched_keys", []))
         if mismatched:
@@ -1069,6 +1119,35 @@ def _load_model(facts: CheckpointFacts, hf_cfg: Any, torch_dtype: Any, trust_rem
         )
     model.eval()
     return model
+
+
+def _read_pickled_weights(facts: CheckpointFacts) -> dict[str, Any]:
+    """Every tensor of the pickled weight files (``torch.load(weights_only=True)``, memory-mapped when the file
+    allows), recording shapes and files in ``facts``; InputError for a file that is not a plain state dict."""
+    import torch
+
+    sd: dict[str, Any] = {}
+    for f in facts.weight_files:
+        p = facts.path / f
+        try:
+            try:
+                part = torch.load(str(p), map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError:  # legacy (non-zip) serialisation cannot be memory-mapped
+                part = torch.load(str(p), map_location="cpu", weights_only=True)
+        except Exception as e:
+            raise InputError(
+                f"{p}: cannot load pickled weights with torch.load(weights_only=True): {type(e).__name__}: "
+                f"{str(e)[:300]}. Fix: the file is corrupt or holds more than tensors; convert the "
+                f"checkpoint to safetensors."
+            ) from None
+        if not isinstance(part, dict):
+            raise InputError(f"{p}: holds a {type(part).__name__}, not a state dict. Fix: save model.state_dict().")
+        for k, v in part.items():
+            if isinstance(v, torch.Tensor):
+                sd[k] = v
+                facts.tensors[k] = (list(v.shape), str(v.dtype))
+                facts.tensor_file[k] = f
+    return sd
 
 
 def _check_tied_head(facts: CheckpointFacts, state_dict: dict[str, Any] | None) -> None:

@@ -164,7 +164,7 @@ def config_problems(cfg: Any) -> list[Any]:
     archs = mc.get("architectures") or []
     arch = archs[0] if archs else None
     mt = mc.get("model_type")
-    fam = FAMILY_SUPPORT.get(mt)
+    fam = FAMILY_SUPPORT.get(mt) if isinstance(mt, str) else None
     if fam is None or (arch is not None and arch != fam["architecture"]):
         supported = sorted(f["architecture"] for f in FAMILY_SUPPORT.values())
         problems.append(

@@ -203,128 +203,48 @@ def _plan(cfg: PipelineConfig, console: Console) -> dict[str, Any] | None:
         return None
 
 
+@dataclasses.dataclass
+class _RunState:
+    """What a run has established so far; kept when a stage fails, for the summary."""
+
+    reports: list[StageReport] = dataclasses.field(default_factory=list)
+    plan: dict[str, Any] | None = None
+    gate_info: dict[str, Any] = dataclasses.field(default_factory=dict)
+    gate_failed: str | None = None
+
+
+def _console() -> Console:
+    """The run's console. No emoji codes (user text such as a slice named ``a`` would read ``:a:`` as one); when
+    stdout is not a terminal (CI logs) and ``COLUMNS`` is unset, 160 columns so tables are not cut at Rich's 80."""
+    import sys
+
+    wide = not sys.stdout.isatty() and not os.environ.get("COLUMNS")
+    return Console(stderr=False, emoji=False, width=160 if wide else None)
+
+
 def run_pipeline(
     cfg: PipelineConfig, *, overrides: list[str] | None = None, summary_dir: Path | None = None, console: Console | None = None
 ) -> RunSummary:
     """Run the configured stages; never raises for stage failures (see ``RunSummary.exit_code``)."""
-    console = console or Console(stderr=False)
+    console = console or _console()
     t_start = time.time()
-    reports: list[StageReport] = []
+    state = _RunState()
     overrides = list(overrides or [])
-    exit_code, error, plan = EXIT_OK, None, None
-    gate_info: dict[str, Any] = {}
-    show_progress = cfg.progress and console.is_terminal
+    exit_code, error = EXIT_OK, None
     install_log_redaction()
     if summary_dir is not None:
         redact_run_outputs(Path(summary_dir))
-    for field_name in redact_config(cfg):  # before anything derives a key, a file name or a manifest from the config
-        console.print(
-            f"[yellow]warning:[/] {field_name} holds a secret-looking value; it is replaced by "
-            f"***redacted*** everywhere (secrets belong in the environment, e.g. HF_TOKEN, never in the config)."
-        )
-    deprecated = deprecations(cfg)
-    for note in deprecated:
-        console.print(f"[yellow]warning:[/] {escape(note)}")
+    deprecated = _config_warnings(cfg, console)
     try:
-        validate_config(cfg)
-        plan = _plan(cfg, console)
-        store = _open_store(cfg.store_dir, verify=cfg.verify_cache)  # verify_cache holds on every lookup
-        order = resolve_order(list(cfg.stages), cfg)
-        # Every stage's external inputs (checkpoint, calibration set, eval set) are checked before the first
-        # stage runs, and so is the build target's availability: nothing heavy runs on a doomed request.
-        externals = {name: _external(get_stage(name), cfg) for name in order}
-        if "build" in order and not cfg.dry_run:
-            _target_available(cfg, store, order, externals)
-        done: dict[str, Artifact] = {}
-        gate_failed: str | None = None
-        for name in order:
-            stage = get_stage(name)
-            t0 = time.time()
-            inputs = {d: done[d] for d in stage.deps_for(cfg)}
-            external = externals[name]
-            key, key_doc = compute_key(stage, cfg, inputs, external)
-            manifest: dict[str, Any] = {
-                "config": redact(key_doc["config"]),
-                "key_document": redact(key_doc),
-                "inputs": {d: {"path": str(a.path), "digest": a.digest, "key": a.key} for d, a in inputs.items()},
-                "external": {n: {"path": str(p), "digest": key_doc["external"][n]} for n, p in external.items()},
-                "versions": key_doc["versions"],
-                "host": hostinfo.host(),
-            }
-            if plan is not None and name == "build":  # the memory/speed plan for exactly this engine's config
-                manifest["plan"] = plan
-            ctx = StageContext(
-                cfg=cfg,
-                inputs=inputs,
-                external=external,
-                out=None,
-                manifest=manifest,
-                console=console,
-                log=logging.getLogger(f"pipeline.{name}"),
-                show_progress=show_progress,
-            )
-            if cfg.dry_run:
-                info = stage.dry_run(ctx) if stage.dry_run else {}
-                reports.append(StageReport(name, "dry-run", time.time() - t0, None, key, info.get("headline", {})))
-                cached = store.lookup(name, key)
-                if cached is None:
-                    # Not built yet: later stages are planned against the folder this stage *would* write.
-                    # Their keys are provisional (marked "pending") because the real digest is unknown.
-                    console.print(f"[yellow]dry run:[/] {name} not built yet; would write {store.path_for(name, key)}")
-                    cached = Artifact(
-                        name, key, store.path_for(name, key), {"output_digest": f"pending:{key}", "result": {}, "pending": True}
-                    )
-                done[name] = cached
-                continue
-            force = cfg.force and name in cfg.stages
-            art = None if (force or not stage.cacheable) else store.lookup(name, key)
-            lookup_s = time.time() - t0
-            if art is not None:
-                reports.append(StageReport(name, "cached", lookup_s, str(art.path), key, art.result.get("headline", {}), lookup_s=lookup_s))
-                console.print(f"[green]✓[/] {name:<9} cache hit ({lookup_s:.2f} s)  {art.path}")
-            else:
-                console.print(f"[cyan]▶[/] {name:<9} running ...")
-                with store.locked(name, key):
-                    art = None if (force or not stage.cacheable) else store.lookup(name, key)
-                    if art is None:  # not produced by a concurrent run while we waited for the lock
-                        with store.produce(name, key, manifest) as (tmp, mf):
-                            ctx.out = tmp
-                            t_run = time.time()
-                            result = stage.run(ctx) or {}
-                            mf["result"] = redact(result)
-                            mf.setdefault("timings", {})["run_s"] = round(time.time() - t_run, 3)
-                        art = store.lookup(name, key)
-                        assert art is not None, f"{name}: artifact vanished after publishing"
-                        status = "ran"
-                    else:
-                        status = "cached"
-                secs = time.time() - t0
-                reports.append(StageReport(name, status, secs, str(art.path), key, art.result.get("headline", {}), lookup_s=lookup_s))
-                console.print(f"[green]✓[/] {name:<9} {status} in {secs:.1f} s  {art.path}")
-            done[name] = art
-            gate = art.result.get("gate")
-            if name == "evaluate" and isinstance(gate, dict):
-                gate_info["evaluate"] = gate
-            if name == "package":
-                parity = _parity_record(art)
-                if parity is not None:
-                    gate_info["parity"] = parity
-            if isinstance(gate, dict) and gate.get("passed") is False:
-                if name == "evaluate" and gate.get("mode") == "exploratory" and gate.get("verdict") == "inconclusive":
-                    console.print(
-                        "[bold yellow]EXPLORATORY RUN: the gate is INCONCLUSIVE (eval.gate.mode=exploratory); exit 0, "
-                        "but the package stage will refuse to release this candidate[/]"
-                    )
-                else:
-                    gate_failed = gate.get("reason", "evaluation gate failed")
-        if gate_failed and exit_code == EXIT_OK:
-            exit_code, error = EXIT_GATE, f"evaluation gate failed: {gate_failed}"
+        _run_stages(cfg, console, state)
+        if state.gate_failed and exit_code == EXIT_OK:
+            exit_code, error = EXIT_GATE, f"evaluation gate failed: {state.gate_failed}"
     except KeyboardInterrupt:
         exit_code, error = EXIT_INTERRUPTED, "interrupted"
-        _mark_failed(reports, cfg, error)
+        _mark_failed(state.reports, cfg, error)
     except PipelineError as e:
         exit_code, error = e.exit_code, str(e)
-        _mark_failed(reports, cfg, error)
+        _mark_failed(state.reports, cfg, error)
     except Exception as e:
         from .config import ConfigError
 
@@ -333,26 +253,167 @@ def run_pipeline(
         else:
             log.exception("stage failed")
             exit_code, error = EXIT_FAILED, f"{type(e).__name__}: {e}"
-        _mark_failed(reports, cfg, error)
+        _mark_failed(state.reports, cfg, error)
     summary = RunSummary(
-        reports,
+        state.reports,
         exit_code,
         overrides,
         time.time() - t_start,
-        plan,
+        state.plan,
         redact_text(error) if error else error,
         model=_model_facts(cfg, overrides),
-        gate=gate_info or None,
+        gate=state.gate_info or None,
         deprecations=deprecated,
     )
     print_summary(summary, console)
     if summary_dir is not None:
-        try:
-            summary_dir.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(summary_dir / "summary.json", redact(summary.to_json()))
-        except OSError as e:
-            console.print(f"[red]could not write the run summary to {summary_dir}: {e}[/]")
+        _write_summary(summary, summary_dir, console)
     return summary
+
+
+def _config_warnings(cfg: PipelineConfig, console: Console) -> list[str]:
+    """Redact secret-looking config values (before anything derives a key, a file name or a manifest from the
+    config) and print one warning per redacted field and per deprecated spelling; returns the deprecation notes."""
+    for field_name in redact_config(cfg):
+        console.print(
+            f"[yellow]warning:[/] {field_name} holds a secret-looking value; it is replaced by "
+            f"***redacted*** everywhere (secrets belong in the environment, e.g. HF_TOKEN, never in the config)."
+        )
+    deprecated = deprecations(cfg)
+    for note in deprecated:
+        console.print(f"[yellow]warning:[/] {escape(note)}")
+    return deprecated
+
+
+def _run_stages(cfg: PipelineConfig, console: Console, state: _RunState) -> None:
+    """Validate, plan, check every external input and the build target, then run (or reuse, or dry-run) each stage
+    in order, recording reports and gate results in ``state``. Raises on the first failing stage."""
+    validate_config(cfg)
+    state.plan = _plan(cfg, console)
+    store = _open_store(cfg.store_dir, verify=cfg.verify_cache)  # verify_cache holds on every lookup
+    order = resolve_order(list(cfg.stages), cfg)
+    # Every stage's external inputs (checkpoint, calibration set, eval set) are checked before the first
+    # stage runs, and so is the build target's availability: nothing heavy runs on a doomed request.
+    externals = {name: _external(get_stage(name), cfg) for name in order}
+    if "build" in order and not cfg.dry_run:
+        _target_available(cfg, store, order, externals)
+    done: dict[str, Artifact] = {}
+    show_progress = cfg.progress and console.is_terminal
+    for name in order:
+        stage = get_stage(name)
+        t0 = time.time()
+        inputs = {d: done[d] for d in stage.deps_for(cfg)}
+        external = externals[name]
+        key, key_doc = compute_key(stage, cfg, inputs, external)
+        ctx = StageContext(
+            cfg=cfg,
+            inputs=inputs,
+            external=external,
+            out=None,
+            manifest=_manifest(name, key_doc, inputs, external, state.plan),
+            console=console,
+            log=logging.getLogger(f"pipeline.{name}"),
+            show_progress=show_progress,
+        )
+        if cfg.dry_run:
+            done[name] = _dry_run_stage(stage, ctx, store, key, t0, state)
+            continue
+        art = _run_or_reuse(stage, ctx, store, key, t0, state)
+        done[name] = art
+        _record_gate(name, art, console, state)
+
+
+def _manifest(
+    name: str, key_doc: dict[str, Any], inputs: dict[str, Artifact], external: dict[str, Path], plan: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The artifact manifest a stage starts from (config and key document redacted, inputs, versions, host)."""
+    manifest: dict[str, Any] = {
+        "config": redact(key_doc["config"]),
+        "key_document": redact(key_doc),
+        "inputs": {d: {"path": str(a.path), "digest": a.digest, "key": a.key} for d, a in inputs.items()},
+        "external": {n: {"path": str(p), "digest": key_doc["external"][n]} for n, p in external.items()},
+        "versions": key_doc["versions"],
+        "host": hostinfo.host(),
+    }
+    if plan is not None and name == "build":  # the memory/speed plan for exactly this engine's config
+        manifest["plan"] = plan
+    return manifest
+
+
+def _dry_run_stage(stage: Stage, ctx: StageContext, store: ArtifactStore, key: str, t0: float, state: _RunState) -> Artifact:
+    """``dry_run=true``: the stage's dry-run report, and the cached artifact or a provisional one.
+
+    Not built yet: later stages are planned against the folder this stage *would* write. Their keys are
+    provisional (marked "pending") because the real digest is unknown."""
+    name = stage.name
+    info = stage.dry_run(ctx) if stage.dry_run else {}
+    state.reports.append(StageReport(name, "dry-run", time.time() - t0, None, key, info.get("headline", {})))
+    cached = store.lookup(name, key)
+    if cached is None:
+        ctx.console.print(f"[yellow]dry run:[/] {name} not built yet; would write {store.path_for(name, key)}")
+        cached = Artifact(name, key, store.path_for(name, key), {"output_digest": f"pending:{key}", "result": {}, "pending": True})
+    return cached
+
+
+def _run_or_reuse(stage: Stage, ctx: StageContext, store: ArtifactStore, key: str, t0: float, state: _RunState) -> Artifact:
+    """The cached artifact for ``key``, else run the stage under the store's lock and publish its artifact
+    (``force`` reruns the stages named in ``stages``; a stage that is not cacheable always runs)."""
+    name, cfg, console = stage.name, ctx.cfg, ctx.console
+    force = cfg.force and name in cfg.stages
+    art = None if (force or not stage.cacheable) else store.lookup(name, key)
+    lookup_s = time.time() - t0
+    if art is not None:
+        state.reports.append(StageReport(name, "cached", lookup_s, str(art.path), key, art.result.get("headline", {}), lookup_s=lookup_s))
+        console.print(f"[green]✓[/] {name:<9} cache hit ({lookup_s:.2f} s)  {art.path}")
+        return art
+    console.print(f"[cyan]▶[/] {name:<9} running ...")
+    with store.locked(name, key):
+        art = None if (force or not stage.cacheable) else store.lookup(name, key)
+        if art is None:  # not produced by a concurrent run while we waited for the lock
+            with store.produce(name, key, ctx.manifest) as (tmp, mf):
+                ctx.out = tmp
+                t_run = time.time()
+                result = stage.run(ctx) or {}
+                mf["result"] = redact(result)
+                mf.setdefault("timings", {})["run_s"] = round(time.time() - t_run, 3)
+            art = store.lookup(name, key)
+            assert art is not None, f"{name}: artifact vanished after publishing"
+            status = "ran"
+        else:
+            status = "cached"
+    secs = time.time() - t0
+    state.reports.append(StageReport(name, status, secs, str(art.path), key, art.result.get("headline", {}), lookup_s=lookup_s))
+    console.print(f"[green]✓[/] {name:<9} {status} in {secs:.1f} s  {art.path}")
+    return art
+
+
+def _record_gate(name: str, art: Artifact, console: Console, state: _RunState) -> None:
+    """Record the evaluate stage's gate and the package stage's parity in ``state.gate_info``; a failed gate sets
+    ``state.gate_failed`` (an exploratory run's inconclusive verdict only warns: exit 0, package refuses it)."""
+    gate = art.result.get("gate")
+    if name == "evaluate" and isinstance(gate, dict):
+        state.gate_info["evaluate"] = gate
+    if name == "package":
+        parity = _parity_record(art)
+        if parity is not None:
+            state.gate_info["parity"] = parity
+    if isinstance(gate, dict) and gate.get("passed") is False:
+        if name == "evaluate" and gate.get("mode") == "exploratory" and gate.get("verdict") == "inconclusive":
+            console.print(
+                "[bold yellow]EXPLORATORY RUN: the gate is INCONCLUSIVE (eval.gate.mode=exploratory); exit 0, "
+                "but the package stage will refuse to release this candidate[/]"
+            )
+        else:
+            state.gate_failed = gate.get("reason", "evaluation gate failed")
+
+
+def _write_summary(summary: RunSummary, summary_dir: Path, console: Console) -> None:
+    """``summary.json`` (redacted); a write failure is reported, not raised."""
+    try:
+        summary_dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(summary_dir / "summary.json", redact(summary.to_json()))
+    except OSError as e:
+        console.print(f"[red]could not write the run summary to {summary_dir}: {e}[/]")
 
 
 def _model_facts(cfg: PipelineConfig, overrides: list[str]) -> dict[str, Any] | None:
@@ -420,10 +481,12 @@ def print_summary(summary: RunSummary, console: Console) -> None:
 
 def _parity_record(art: Artifact) -> dict[str, Any] | None:
     """The package stage's serving-parity record: its result's ``parity``, else ``release_manifest.json`` ``parity``."""
+    from .artifacts import PackageArtifact
+
     p = art.result.get("parity")
     if not isinstance(p, dict):
         try:
-            p = json.loads((art.path / "release_manifest.json").read_text(encoding="utf-8")).get("parity")
+            p = json.loads(PackageArtifact(art.path).release_manifest_path.read_text(encoding="utf-8")).get("parity")
         except (OSError, ValueError, AttributeError):
             p = None
     return p if isinstance(p, dict) else None
@@ -436,18 +499,32 @@ def print_gate(gate: dict[str, Any], console: Console) -> None:
     ev = gate.get("evaluate") or {}
     if ev:
         verdict = str(ev.get("verdict") or ("pass" if ev.get("passed") else "fail"))
-        color = {"pass": "green", "inconclusive": "yellow", "fail": "red"}.get(verdict, "red")
+        colors = {"pass": "green", "inconclusive": "yellow", "fail": "red"}
+        # the headline names the checks that failed; non-inferiority is the max_drop checks' own verdict
+        # (reports written before it was recorded: the overall verdict)
+        ni = str(ev.get("non_inferiority") or verdict)
+        color = colors.get(ni, "red")
+        other = [c for c in ev.get("failed_checks") or [] if c.get("check") != "max_drop"]
+        if other:
+            named = "; ".join(
+                f"{c.get('check')}" + ("" if c.get("scope") == "overall" else f" [{c.get('scope')}]") + f" ({c.get('detail')})"
+                for c in other
+            )
+            xmode = " (exploratory: not releasable)" if ev.get("mode") == "exploratory" else ""
+            console.print(f"[bold]gate[/]  [{colors.get(verdict, 'red')}]{verdict}[/] on {escape(named)}{xmode}")
         b = ev.get("bound") or {}
         bound = (
             f" drop {100 * b['drop']:+.1f} pp, upper bound {100 * b['upper']:+.1f} pp vs allowed {100 * b['allowance']:.1f} pp"
             if b.get("upper") is not None
             else ""
         )
-        mode = " (exploratory: not releasable)" if ev.get("mode") == "exploratory" and verdict != "pass" else ""
+        mode = " (exploratory: not releasable)" if ev.get("mode") == "exploratory" and ni != "pass" else ""
         sc = ev.get("scopes") or {}
         if sc:
             bound = f" (overall{bound}; scopes: " + ", ".join(f"{n} {v}" for v, n in sc.items() if n) + ")"
-        console.print(f"[bold]gate[/]  non-inferiority [{color}]{verdict}[/]{escape(bound)}{mode}")
+        console.print(f"[bold]gate[/]  non-inferiority [{color}]{ni}[/]{escape(bound)}{mode}")
+        if ev.get("verdict") == "inconclusive" and ev.get("fix"):
+            console.print(f"[bold]gate[/]  [yellow]{escape(str(ev['fix']))}[/]")
         f = ev.get("fidelity")
         if f:
             console.print(

@@ -202,11 +202,11 @@ def redact_config(cfg: Any) -> list[str]:
                 return r
             return o
         if isinstance(o, list):
-            new = [_walk(v, f"{prefix}[{i}]") for i, v in enumerate(o)]
-            return new if any(a is not b for a, b in zip(new, o)) else o
+            items = [_walk(v, f"{prefix}[{i}]") for i, v in enumerate(o)]
+            return items if any(a is not b for a, b in zip(items, o)) else o
         if isinstance(o, dict):
-            new = {k: _walk(v, f"{prefix}.{k}") for k, v in o.items()}
-            return new if any(new[k] is not o[k] for k in o) else o
+            entries = {k: _walk(v, f"{prefix}.{k}") for k, v in o.items()}
+            return entries if any(entries[k] is not o[k] for k in o) else o
         return o
 
     _walk(cfg, "")

@@ -170,7 +170,7 @@ class TextCodec:
         self.clean_up_tokenization_spaces = bool(self.config.get("clean_up_tokenization_spaces")) and model_type != "BPE"
         if self.config.get("clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output"):
             self.clean_up_tokenization_spaces = bool(self.config.get("clean_up_tokenization_spaces"))
-        self._template = None
+        self._template: Any = None  # a jinja2 Template, compiled on first use
         self._plain_tok = self._run_tok = None
         self._byte_piece_ids = self._find_byte_pieces()
         self._guard = self._find_guard()
@@ -277,6 +277,7 @@ class TextCodec:
 
     # ------------------------------------------------------------------ rendering
     def _render_template(self, messages: Sequence[dict], add_generation_prompt: bool) -> str:
+        assert self.chat_template is not None, "callers render through the template only when uses_template() is true"
         if self._template is None:
             self._template = _compile_template(self.chat_template)
         kw = dict(self.special_tokens)
@@ -628,7 +629,7 @@ def stop_token_ids(model_info: dict[str, Any], extra: Sequence[int] = ()) -> lis
     return ids
 
 
-def cut_at_stop(output_ids: Sequence[int], stop_ids: Sequence[int]) -> tuple[list[int], str | None]:
+def cut_at_stop(output_ids: Sequence[int], stop_ids: Iterable[int]) -> tuple[list[int], str | None]:
     """Generated ids up to (excluding) the first stop id, and ``"eos"`` if one was found else ``None``.
 
     Never trusts a reported length: anything after the first stop id (end-id padding) is dropped.

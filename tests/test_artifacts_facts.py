@@ -102,6 +102,6 @@ def test_one_installed_version_helper(monkeypatch):
     assert onnxruntime_genai.TARGET.available() == (True, "onnxruntime-genai 9.9.9")
     assert doctor._version("tensorrt-llm") == "1.2.1"
     assert hostinfo.library_versions(["onnxruntime-genai"])["onnxruntime-genai"] == "9.9.9"
-    quantize = pytest.importorskip("pipeline.quantize")
-    assert quantize._version("tensorrt-llm") == "1.2.1"
+    qcommon = pytest.importorskip("pipeline.quantization.common")
+    assert qcommon._version("tensorrt-llm") == "1.2.1"
     assert {"tensorrt-llm", "onnxruntime-genai"} <= set(seen)

@@ -163,7 +163,7 @@ def test_hf_format_without_datasets_is_a_clear_error(tok):
 
 
 def test_shipped_calibration_set_loads(repo_root, tok):
-    cfg = compose(["calibration=support_v1"]).calibration
+    cfg = compose(["calibration=support_v2"]).calibration
     cfg.calib_size = 64
     cs = load_calibration(cfg, tok, Path(repo_root) / cfg.path)
     assert cs.stats["used"] == 64 and cs.stats["blank_dropped"] == 0 and cs.stats["format"] == "jsonl"

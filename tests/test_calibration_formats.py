@@ -32,7 +32,7 @@ def tok(tmp_path_factory):
 
 def _shipped(**kw):
     """The shipped preset with a user's file, as `pipeline calibration.path=...` composes it."""
-    cfg = compose(["calibration=support_v1"]).calibration
+    cfg = compose(["calibration=support_v2"]).calibration
     cfg.calib_size, cfg.min_samples = 8, 2
     for k, v in kw.items():
         setattr(cfg, k, v)
@@ -47,7 +47,7 @@ def _write_parquet(p, rows):
 
 
 def test_shipped_preset_uses_auto():
-    assert compose(["calibration=support_v1"]).calibration.format == "auto"
+    assert compose(["calibration=support_v2"]).calibration.format == "auto"
 
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".json", ".json-lines-in-json", ".parquet", ".txt"])

@@ -161,7 +161,7 @@ def test_cli_config_error_exits_2(args, tmp_path):
     [
         ("eval.path=/x.jsonl", "eval_set"),  # Hydra suggested `+eval.path=...`, which would add an unknown field
         ("quant=int5", "int4_awq"),  # Hydra printed its search path, base_quant and HYDRA_FULL_ERROR
-        ("eval.gate.max_dropp=1", "did you mean max_drop"),
+        ("eval.gate.max_dropp=1", "did you mean eval.gate.max_drop"),
     ],
 )
 def test_unknown_field_or_preset_names_the_valid_ones(arg, expect):

@@ -256,7 +256,7 @@ def test_int4_engine_matches_modelopt_simulated_model(matrix, family):
     codec = TextCodec.from_dir(export / "hf")
     model = load_simulated_model(quant, export)
     runner = OrtEngineRunner(build / "engine", max_batch_size=1)
-    items = load_eval_set(ROOT / "evaluation" / "data" / "support_eval_v1.jsonl", limit=6)
+    items = load_eval_set(ROOT / "evaluation" / "data" / "support_eval_v2.jsonl", limit=6)
     agree = total = 0
     try:
         for it in items:

@@ -109,16 +109,12 @@ def uncovered(stage_name: str, cfg, reads: dict[str, set[str]]) -> set[str]:
     return {r for r in run_reads if r not in covered and not any(r.startswith(c + ".") for c in covered)}
 
 
-def _alias_targets(obj, prefix: str = "") -> dict[str, str]:
-    """{dotted alias path: dotted path of the field it is an alias of} for the config tree ``obj``."""
-    out = {}
-    for f in dataclasses.fields(obj):
-        v = getattr(obj, f.name)
-        if dataclasses.is_dataclass(v):
-            out |= _alias_targets(v, f"{prefix}{f.name}.")
-        elif "alias_of" in f.metadata:
-            out[prefix + f.name] = prefix + f.metadata["alias_of"]
-    return out
+def _alias_targets(obj) -> dict[str, str]:
+    """{dotted alias path: dotted path of the field it is an alias of} for the config tree ``obj`` (same-group and
+    cross-group aliases, e.g. ``quant.tp_size`` -> ``parallel.tp_size``)."""
+    from pipeline.config import alias_paths
+
+    return alias_paths(obj)
 
 
 def test_recorder_sees_nested_reads():

@@ -129,12 +129,12 @@ def test_weights_that_do_not_fit_are_refused_with_numbers_and_a_fix():
     p = plan(compose(["model=llama31_70b", "quant=none", "target.gpu=h100_sxm"]))
     assert p.status == "refused"
     msg = " ".join(p.refusals)
-    assert "weights alone need" in msg and "GiB" in msg and "tp=1" in msg and "quant.tp_size=" in msg
+    assert "weights alone need" in msg and "GiB" in msg and "tp=1" in msg and "parallel.tp_size=" in msg
     with pytest.raises(PlanRefused) as e:
         plan_for_run(compose(["model=llama31_70b", "quant=none", "target.gpu=h100_sxm"]), _Quiet())
     assert e.value.exit_code == 4
     # with TP=2 and FP8 the same model plans fine
-    assert plan(compose(["model=llama31_70b", "target.gpu=h100_sxm", "quant=fp8", "quant.tp_size=2"])).status in ("ok", "warn")
+    assert plan(compose(["model=llama31_70b", "target.gpu=h100_sxm", "quant=fp8", "parallel.tp_size=2"])).status in ("ok", "warn")
 
 
 def test_zero_sequences_is_refused():
@@ -148,14 +148,18 @@ def test_kv_bound_plan_warns_with_fixes():
     p = plan(compose(["model=llama31_8b", "target.gpu=h100_sxm", "quant=fp8", "build=throughput"]))
     assert p.status == "warn"
     w = p.warnings[0]
-    assert "concurrency is KV-bound" in w and "quant.kv_cache_dtype=fp8" in w and "quant.tp_size=2" in w
+    assert "concurrency is KV-bound" in w and "quant.kv_cache_dtype=fp8" in w and "parallel.tp_size=2" in w
 
 
 def test_unsupported_formats_are_refused_on_older_gpus():
     p = plan(compose(["model=llama31_8b", "target.gpu=a100_80gb", "quant=fp8"]))
     assert p.status == "refused" and "compute capability >= 8.9" in p.refusals[0]
     assert "fp8" not in lookup("a100_80gb").kv_formats and "fp8" in lookup("l4").kv_formats
-    assert "nvfp4" in lookup("b200").quant_formats and "nvfp4" not in lookup("h200").quant_formats
+    # the formats offered as fixes are recipes (nvfp4 was listed although no recipe produces it)
+    from pipeline.recipes import KV_CACHE_FORMATS, RECIPES
+
+    assert "fp8" in lookup("b200").quant_formats and set(lookup("b200").quant_formats) <= set(RECIPES)
+    assert set(lookup("b200").kv_formats) <= set(KV_CACHE_FORMATS)
 
 
 def test_target_without_gpu_is_unplanned_not_guessed():
@@ -213,7 +217,7 @@ class _Quiet:
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_presets_plan_on_h200(preset):
-    p = plan(compose([f"model={preset}", "target.gpu=h200", "quant=fp8", "quant.tp_size=1"]))
+    p = plan(compose([f"model={preset}", "target.gpu=h200", "quant=fp8", "parallel.tp_size=1"]))
     assert p.model["source"] == "model.hf_config" and p.status in ("ok", "warn")
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import compose
+from pipeline.config import ParallelConfig, compose
 from pipeline.errors import InputError
 from pipeline.quantize import KV_CACHE, RECIPES, check_trtllm_checkpoint, load_simulated_model, preflight, quantize, source_facts
 
@@ -45,7 +45,7 @@ def export_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def calib(repo_root):
-    return Path(repo_root) / "evaluation/data/support_calib_v1.jsonl"
+    return Path(repo_root) / "evaluation/data/support_calib_v2.jsonl"
 
 
 @pytest.fixture(scope="module")
@@ -179,7 +179,7 @@ def test_int4_weights_dequantize_within_half_a_step(runs, export_dir):
 
 def test_tp2_two_ranks_with_shard_shapes(runs):
     one, _ = _recipe_run(runs, "int4_awq")
-    two, res = runs("int4_awq_tp2", ["quant=int4_awq", "quant.tp_size=2", "quant.group_size=64"])
+    two, res = runs("int4_awq_tp2", ["quant=int4_awq", "parallel.tp_size=2", "quant.group_size=64"])
     assert sorted(p.name for p in (two / "trtllm_checkpoint").glob("rank*")) == ["rank0.safetensors", "rank1.safetensors"]
     c = json.loads((two / "trtllm_checkpoint/config.json").read_text())
     assert c["mapping"]["tp_size"] == 2 and c["mapping"]["world_size"] == 2 and c["quantization"]["group_size"] == 64
@@ -198,7 +198,7 @@ def test_tp2_two_ranks_with_shard_shapes(runs):
 
 
 def test_pp2_splits_layers_and_kv_scales_cover_every_layer(runs):
-    out, res = runs("sq_pp2", ["quant=int8_sq", "quant.kv_cache_dtype=int8", "quant.pp_size=2"])
+    out, res = runs("sq_pp2", ["quant=int8_sq", "quant.kv_cache_dtype=int8", "parallel.pp_size=2"])
     c = json.loads((out / "trtllm_checkpoint/config.json").read_text())
     assert c["mapping"] == {"world_size": 2, "tp_size": 1, "pp_size": 2}
     r0, r1 = (_tensors(out / f"trtllm_checkpoint/rank{r}.safetensors") for r in (0, 1))
@@ -223,7 +223,7 @@ def test_rope_scaled_model_keeps_scaling_and_vocab_is_padded(runs, tmp_path_fact
     src = tiny.make_checkpoint(tmp_path_factory.mktemp("rope_src"), "llama", vocab_size=385, rope_parameters=rope)
     exp = tmp_path_factory.mktemp("rope_export")
     export_checkpoint(src, exp)
-    out, _ = runs("rope_tp2", ["quant=int8_wo", "quant.tp_size=2"], export=exp)
+    out, _ = runs("rope_tp2", ["quant=int8_wo", "parallel.tp_size=2"], export=exp)
     c = json.loads((out / "trtllm_checkpoint/config.json").read_text())
     assert c["rotary_base"] == 500000.0
     sc = c["rotary_scaling"]
@@ -286,6 +286,10 @@ def _q(**kw):
     return q
 
 
+def _par(tp_size=1, pp_size=1):
+    return ParallelConfig(tp_size=tp_size, pp_size=pp_size)
+
+
 LINEARS = {
     "model.layers.0.self_attn.q_proj": (256, 256),
     "model.layers.0.self_attn.o_proj": (256, 256),
@@ -296,60 +300,61 @@ LINEARS = {
 
 def test_group_size_check_lists_dims_and_working_sizes():
     with pytest.raises(InputError) as e:
-        preflight(_q(tp_size=2, group_size=128), _facts(), LINEARS, {"lm_head": "x"}, None)
+        preflight(_q(group_size=128), _facts(), LINEARS, {"lm_head": "x"}, None, _par(tp_size=2))
     msg = str(e.value)
     assert "quant.group_size=128" in msg and "dimension(s) [192]" in msg and "per-rank sizes [96]" in msg
     assert "model.layers.0.mlp.down_proj" in msg
-    assert "quant.group_size in [32]" in msg and "no tp_size fits group_size=128" in msg
-    assert preflight(_q(tp_size=2, group_size=32), _facts(), LINEARS, {"lm_head": "x"}, None)["tp_size"] == 2
+    assert "Fix: set quant.group_size=32 (the group sizes that fit at parallel.tp_size=2: [32])" in msg
+    assert "no tp_size fits" not in msg and "parallel.tp_size to one of" not in msg  # no TP size fits 192 and 256 at 128
+    assert preflight(_q(group_size=32), _facts(), LINEARS, {"lm_head": "x"}, None, _par(tp_size=2))["tp_size"] == 2
 
 
 def test_heads_check_lists_valid_tp_and_records_kv_replication():
     with pytest.raises(
-        InputError, match=r"quant.tp_size=3: does not divide num_attention_heads=8. Fix: use quant.tp_size in \[1, 2, 4, 8\]"
+        InputError, match=r"parallel.tp_size=3: does not divide num_attention_heads=8. Fix: use parallel.tp_size in \[1, 2, 4, 8\]"
     ):
-        preflight(_q(recipe="int8_wo", tp_size=3), _facts(), LINEARS, {}, None)
-    with pytest.raises(InputError, match=r"neither divides num_key_value_heads=3.*quant.tp_size in \[1, 3, 6\]"):
-        preflight(_q(recipe="int8_wo", tp_size=2), _facts(num_attention_heads=6, num_key_value_heads=3), LINEARS, {}, None)
-    pre = preflight(_q(recipe="int8_wo", tp_size=4), _facts(), LINEARS, {}, None)
+        preflight(_q(recipe="int8_wo"), _facts(), LINEARS, {}, None, _par(tp_size=3))
+    with pytest.raises(InputError, match=r"neither divides num_key_value_heads=3.*parallel.tp_size in \[1, 3, 6\]"):
+        preflight(_q(recipe="int8_wo"), _facts(num_attention_heads=6, num_key_value_heads=3), LINEARS, {}, None, _par(tp_size=2))
+    pre = preflight(_q(recipe="int8_wo"), _facts(), LINEARS, {}, None, _par(tp_size=4))
     assert pre["kv_heads_replicated"] == 2
 
 
 def test_kv_cache_without_a_recipe_is_refused():
     with pytest.raises(InputError, match="quant.kv_cache_dtype='fp8': a quantized KV cache needs calibrated K/V scales"):
-        preflight(_q(recipe="none", kv_cache_dtype="fp8"), _facts(), LINEARS, {}, None)
+        preflight(_q(recipe="none", kv_cache_dtype="fp8"), _facts(), LINEARS, {}, None, _par())
 
 
 def test_vocab_padding_recorded_or_rejected():
-    pre = preflight(_q(recipe="int8_wo", tp_size=8), _facts(vocab_size=1001), LINEARS, {}, None)
+    pre = preflight(_q(recipe="int8_wo"), _facts(vocab_size=1001), LINEARS, {}, None, _par(tp_size=8))
     assert pre["vocab_padding"] == {"original": 1001, "padded": 1008}
     with pytest.raises(InputError, match=r"quant.vocab_padding='reject': vocab_size=1001 is not divisible by tp_size=8"):
-        preflight(_q(recipe="int8_wo", tp_size=8, vocab_padding="reject"), _facts(vocab_size=1001), LINEARS, {}, None)
+        preflight(_q(recipe="int8_wo", vocab_padding="reject"), _facts(vocab_size=1001), LINEARS, {}, None, _par(tp_size=8))
 
 
 def test_target_gpu_refuses_fp8_and_w4a8_before_sm89():
     with pytest.raises(InputError) as e:
-        preflight(_q(recipe="fp8", kv_cache_dtype="fp8"), _facts(), LINEARS, {}, "a100_80gb")
+        preflight(_q(recipe="fp8", kv_cache_dtype="fp8"), _facts(), LINEARS, {}, "a100_80gb", _par())
     msg = str(e.value)
     assert "2 problem(s)" in msg and "quant.recipe='fp8'" in msg and "quant.kv_cache_dtype='fp8'" in msg and "int4_awq" in msg
     with pytest.raises(InputError, match="quant.recipe='w4a8_awq': needs compute capability >= 8.9"):
-        preflight(_q(recipe="w4a8_awq", group_size=64), _facts(), LINEARS, {}, "a10g")
-    assert preflight(_q(recipe="fp8", kv_cache_dtype="fp8"), _facts(), LINEARS, {}, "h100_sxm")["target_gpu"]["sm"] == 90
+        preflight(_q(recipe="w4a8_awq", group_size=64), _facts(), LINEARS, {}, "a10g", _par())
+    assert preflight(_q(recipe="fp8", kv_cache_dtype="fp8"), _facts(), LINEARS, {}, "h100_sxm", _par())["target_gpu"]["sm"] == 90
     with pytest.raises(InputError, match="target.gpu='nope': unknown GPU"):
-        preflight(_q(recipe="fp8"), _facts(), LINEARS, {}, "nope")
+        preflight(_q(recipe="fp8"), _facts(), LINEARS, {}, "nope", _par())
 
 
 def test_problems_are_collected_into_one_error():
     with pytest.raises(InputError) as e:
-        preflight(_q(recipe="w4a8_awq", tp_size=3, group_size=128, pp_size=9), _facts(), LINEARS, {}, "a10g")
+        preflight(_q(recipe="w4a8_awq", group_size=128), _facts(), LINEARS, {}, "a10g", _par(tp_size=3, pp_size=9))
     msg = str(e.value)
     assert "4 problem(s)" in msg
-    for field in ("quant.group_size", "quant.tp_size", "quant.pp_size", "quant.recipe"):
+    for field in ("quant.group_size", "parallel.tp_size", "parallel.pp_size", "quant.recipe"):
         assert field in msg, field
 
 
 def test_bad_config_fails_before_calibration(export_dir, calib, tmp_path):
-    cfg = compose(CALIB + ["quant=int4_awq", "quant.tp_size=2"])  # tiny hidden 128 / 2 = 64: not a multiple of 128
+    cfg = compose(CALIB + ["quant=int4_awq", "parallel.tp_size=2"])  # tiny hidden 128 / 2 = 64: not a multiple of 128
     with pytest.raises(InputError, match="quant.group_size=128"):
         quantize(cfg, export_dir, calib, tmp_path)
     assert not (tmp_path / "quant_state.json").exists()
@@ -365,7 +370,7 @@ def test_export_checks_catch_wrong_fields_and_bad_kv_scales(runs, export_dir, tm
     shutil.copytree(out / "trtllm_checkpoint", ck)
     facts = source_facts(export_dir / "hf")
     q = compose(["quant=int8_sq", "quant.kv_cache_dtype=int8"]).quant
-    assert check_trtllm_checkpoint(ck, facts, q, {})["kv_cache_scales"]
+    assert check_trtllm_checkpoint(ck, facts, q, {}, _par())["kv_cache_scales"]
     c = json.loads((ck / "config.json").read_text())
     c.update(rotary_base=20000.0, norm_epsilon=1e-5, num_key_value_heads=4)
     (ck / "config.json").write_text(json.dumps(c))
@@ -374,7 +379,7 @@ def test_export_checks_catch_wrong_fields_and_bad_kv_scales(runs, export_dir, tm
     del t["transformer.layers.0.attention.kv_cache_scaling_factor"]
     save_file(t, str(ck / "rank0.safetensors"))
     with pytest.raises(InputError) as e:
-        check_trtllm_checkpoint(ck, facts, q, {})
+        check_trtllm_checkpoint(ck, facts, q, {}, _par())
     msg = str(e.value)
     for s in (
         "rotary_base: exported 20000.0 != source 10000.0",
@@ -394,7 +399,7 @@ def test_stage_keys_calibration_only_when_calibrating(repo_root):
     assert STAGE.external_inputs(cfg) == {}
     assert STAGE.key_extras(cfg, {})["calibration"] is None
     cfg = compose(["quant=int4_awq"])
-    assert STAGE.external_inputs(cfg) == {"calibration": Path("evaluation/data/support_calib_v1.jsonl")}
+    assert STAGE.external_inputs(cfg) == {"calibration": Path("evaluation/data/support_calib_v2.jsonl")}
     assert STAGE.key_extras(cfg, {})["calibration"]["calib_size"] == 512
 
 
@@ -424,7 +429,7 @@ def test_stage_through_the_runner_caches_on_calibration_content(tmp_path, repo_r
 
     src = tiny.make_checkpoint(tmp_path / "src", "llama")
     cal = tmp_path / "calib.jsonl"
-    lines = (Path(repo_root) / "evaluation/data/support_calib_v1.jsonl").read_text(encoding="utf-8").splitlines()[:40]
+    lines = (Path(repo_root) / "evaluation/data/support_calib_v2.jsonl").read_text(encoding="utf-8").splitlines()[:40]
     cal.write_text("\n".join(lines) + "\n", encoding="utf-8")
     over = [
         f"model.path={src}",

@@ -39,7 +39,7 @@ def runs(tmp_path_factory, export_dir, repo_root):
     def run(name: str, overrides: list[str]):
         if name not in cache:
             out = tmp_path_factory.mktemp(f"q_{name}")
-            res = quantize(compose(CALIB + overrides), export_dir, Path(repo_root) / "evaluation/data/support_calib_v1.jsonl", out)
+            res = quantize(compose(CALIB + overrides), export_dir, Path(repo_root) / "evaluation/data/support_calib_v2.jsonl", out)
             cache[name] = (out, res)
         return cache[name]
 
@@ -207,7 +207,7 @@ def test_auto_writes_a_per_layer_report_and_mixed_precision_checkpoint(runs, exp
 def test_auto_budget_below_reach_is_refused_before_search(export_dir, repo_root, tmp_path):
     cfg = compose(CALIB + ["quant=auto", "quant.auto.effective_bits=4"])
     with pytest.raises(InputError) as e:
-        quantize(cfg, export_dir, Path(repo_root) / "evaluation/data/support_calib_v1.jsonl", tmp_path)
+        quantize(cfg, export_dir, Path(repo_root) / "evaluation/data/support_calib_v2.jsonl", tmp_path)
     assert "quant.auto.effective_bits=4" in str(e.value) and "5.71" in str(e.value)
 
 

@@ -114,11 +114,13 @@ def test_docs_capabilities_table_is_the_registry():
 
 
 def test_minimum_compute_capability_is_one_table():
-    """The planner said quant=none needs SM 8.0, the TensorRT-LLM target 7.5: both now read pipeline/planner/gpus.py
+    """The planner said quant=none needs SM 8.0, the TensorRT-LLM target 7.5: all now read pipeline/recipes.py
     (fp16 engines from Turing, SM 7.5; bfloat16 needs SM 8.0, checked on the dtype)."""
+    from pipeline import recipes
     from pipeline.planner import gpus
     from pipeline.targets import tensorrt_llm as T
 
-    assert {r: divmod(sm, 10) for r, sm in gpus.RECIPE_MIN_SM.items() if r in T.RECIPE_QUANT_ALGO} == T.RECIPE_MIN_SM
-    assert T.RECIPE_MIN_SM["none"] == (7, 5) and gpus.BF16_MIN_SM == 80
-    assert set(T.RECIPE_MIN_SM) == set(T.RECIPE_QUANT_ALGO)
+    assert gpus.RECIPE_MIN_SM is recipes.RECIPE_MIN_SM and gpus.KV_MIN_SM is recipes.KV_MIN_SM
+    assert {r: divmod(sm, 10) for r, sm in recipes.RECIPE_MIN_SM.items()} == T.RECIPE_MIN_SM
+    assert T.RECIPE_MIN_SM["none"] == (7, 5) and recipes.BF16_MIN_SM == 80
+    assert set(T.RECIPE_MIN_SM) == set(T.RECIPE_QUANT_ALGO) == set(recipes.RECIPES)

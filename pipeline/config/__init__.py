@@ -23,6 +23,7 @@ from . import calibration as _calibration
 from . import eval as _eval
 from . import model as _model
 from . import package as _package
+from . import parallel as _parallel
 from . import quant as _quant
 from . import target as _target
 from .benchmark import BenchmarkConfig
@@ -32,6 +33,7 @@ from .common import ConfigError, Problem, key_fields, runtime
 from .eval import EvalConfig, GateConfig
 from .model import ModelConfig
 from .package import PackageConfig
+from .parallel import ParallelConfig
 from .quant import QuantConfig
 from .target import TargetConfig
 
@@ -43,6 +45,7 @@ GROUPS = {
     "model": ModelConfig,
     "calibration": CalibrationConfig,
     "quant": QuantConfig,
+    "parallel": ParallelConfig,
     "target": TargetConfig,
     "build": BuildConfig,
     "eval": EvalConfig,
@@ -54,13 +57,24 @@ GROUPS = {
 @dataclass
 class PipelineConfig:
     model: ModelConfig = MISSING
+    """The checkpoint (export stage): path, dtype, trust and tokenizer settings; presets under build_configs/model/."""
     calibration: CalibrationConfig = MISSING
+    """The calibration set the quantize stage feeds through the model."""
     quant: QuantConfig = MISSING
+    """The quantization recipe and its settings (quantize stage)."""
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    """Tensor/pipeline-parallel ranks (TensorRT-LLM ``Mapping``). The one group with a default here, so a user YAML
+    whose defaults list predates it still composes."""
     target: TargetConfig = MISSING
+    """Where the engine runs: onnxruntime_genai (CPU) or tensorrt_llm (NVIDIA GPU), and the target GPU."""
     build: BuildConfig = MISSING
+    """Engine limits and build/runtime knobs (build stage)."""
     eval: EvalConfig = MISSING
+    """Business eval set, runners and the release gate (evaluate stage)."""
     package: PackageConfig = MISSING
+    """Triton model repository, release archive, parity check and ``pipeline serve`` settings (package stage)."""
     benchmark: BenchmarkConfig = MISSING
+    """Load generation and measurement (benchmark stage)."""
     stages: List[str] = field(default_factory=lambda: ["export", "quantize", "build", "evaluate", "package"])
     """Stages to run, in pipeline order; missing upstream artifacts are produced (or found cached) first."""
     store_dir: str = "artifacts"
@@ -99,15 +113,34 @@ def resolve_path(p: Optional[str]) -> Optional[Path]:
     return repo.resolve() if repo.exists() else cwd
 
 
-def _alias_fields(obj: Any, prefix: str = ""):
-    """(dotted alias path, dotted new path, owning dataclass, alias name, new name) of every deprecated alias
-    field (:func:`pipeline.config.common.deprecated_alias`) in the config tree ``obj``."""
+def _alias_fields(root: Any, obj: Any = None, prefix: str = ""):
+    """(dotted alias path, dotted new path, owning dataclass, alias name, new field's owner, new name) of every
+    deprecated alias field (:func:`pipeline.config.common.deprecated_alias`) in the config tree ``root``.
+
+    ``alias_of`` without a dot names a field of the same group (``quant.kv_cache`` -> ``quant.kv_cache_dtype``); with
+    dots it is the new field's path from the root (``quant.tp_size`` -> ``parallel.tp_size``, a cross-group alias).
+    """
+    obj = root if obj is None else obj
     for f in dataclasses.fields(obj):
         v = getattr(obj, f.name)
         if dataclasses.is_dataclass(v):
-            yield from _alias_fields(v, f"{prefix}{f.name}.")
+            yield from _alias_fields(root, v, f"{prefix}{f.name}.")
         elif "alias_of" in f.metadata:
-            yield prefix + f.name, prefix + f.metadata["alias_of"], obj, f.name, f.metadata["alias_of"]
+            target = f.metadata["alias_of"]
+            if "." in target:
+                parent, new = target.rsplit(".", 1)
+                new_owner = root
+                for part in parent.split("."):
+                    new_owner = getattr(new_owner, part)
+                yield prefix + f.name, target, obj, f.name, new_owner, new
+            else:
+                yield prefix + f.name, prefix + target, obj, f.name, obj, target
+
+
+def alias_paths(cfg: Any) -> dict[str, str]:
+    """``{deprecated alias path: path of the field it stands for}`` of the config tree ``cfg``
+    (e.g. ``{"quant.kv_cache": "quant.kv_cache_dtype", "quant.tp_size": "parallel.tp_size", ...}``)."""
+    return {old: new for old, new, *_ in _alias_fields(cfg)}
 
 
 def _override_key(o: str) -> str:
@@ -126,13 +159,13 @@ def resolve_aliases(cfg: PipelineConfig, explicit: Optional[list[str]] = None) -
     given = None if explicit is None else {_override_key(o) for o in explicit}
     problems: list[Problem] = []
     notes: list[str] = []
-    for old_path, new_path, owner, old, new in _alias_fields(cfg):
+    for old_path, new_path, owner, old, new_owner, new in _alias_fields(cfg):
         value = getattr(owner, old)
         if value is None:
             continue
-        current = getattr(owner, new)
+        current = getattr(new_owner, new)
         if current != value:
-            default = next(f.default for f in dataclasses.fields(owner) if f.name == new)
+            default = next(f.default for f in dataclasses.fields(new_owner) if f.name == new)
             user_set_new = (new_path in given) if given is not None else current != default
             if user_set_new:
                 problems.append(
@@ -144,7 +177,7 @@ def resolve_aliases(cfg: PipelineConfig, explicit: Optional[list[str]] = None) -
                     )
                 )
                 continue
-            setattr(owner, new, value)
+            setattr(new_owner, new, value)
         notes.append(
             f"{old_path} is a deprecated alias of {new_path} (removed in the next release); "
             f"{new_path}={value!r} is used. Fix: write {new_path}={value}"
@@ -157,8 +190,8 @@ def resolve_aliases(cfg: PipelineConfig, explicit: Optional[list[str]] = None) -
 def deprecations(cfg: PipelineConfig) -> list[str]:
     """The deprecation warnings of the aliases set in an already resolved ``cfg`` (for the run summary)."""
     return [
-        f"{old_path} is a deprecated alias of {new_path} (removed in the next release); write {new_path}={getattr(owner, new)}"
-        for old_path, new_path, owner, old, new in _alias_fields(cfg)
+        f"{old_path} is a deprecated alias of {new_path} (removed in the next release); write {new_path}={getattr(new_owner, new)}"
+        for old_path, new_path, owner, old, new_owner, new in _alias_fields(cfg)
         if getattr(owner, old) is not None
     ]
 
@@ -186,7 +219,41 @@ def to_object(cfg: DictConfig | PipelineConfig, explicit: Optional[list[str]] = 
         )
     for note in resolve_aliases(obj, explicit):
         logging.getLogger("pipeline.config").warning(note)
+    for note in relabel_custom_data(obj):
+        logging.getLogger("pipeline.config").info(note)
     return obj
+
+
+DATA_PRESETS = (("eval", "eval_set"), ("calibration", "path"))
+"""(group, path field) of the groups whose ``name`` labels a shipped data file (build_configs/<group>/<name>.yaml)."""
+
+
+def relabel_custom_data(cfg: PipelineConfig) -> list[str]:
+    """Keep a data group's ``name`` from claiming a shipped set it does not read: when ``<group>.name`` is a preset
+    under ``build_configs/<group>/`` whose file is not the configured ``<group>.<path field>`` (e.g.
+    ``eval.eval_set=my.jsonl`` on the default ``eval=support_v2``), the name becomes the file's name.  The name
+    enters the stage key, so the key follows the label; the file's content digest is keyed as before.
+    Returns one note per relabelled group."""
+    notes = []
+    for group, field_name in DATA_PRESETS:
+        g: Any = getattr(cfg, group, None)
+        path = getattr(g, field_name, None) if g is not None else None
+        preset = CONFIG_DIR / group / f"{getattr(g, 'name', '')}.yaml"
+        if g is None or not path or not preset.is_file():
+            continue
+        try:
+            loaded = OmegaConf.load(preset)
+            shipped = loaded.get(field_name) if isinstance(loaded, DictConfig) else None
+        except Exception:
+            continue
+        if not shipped or resolve_path(str(shipped)) == resolve_path(str(path)):
+            continue
+        label = Path(os.path.expanduser(str(path))).name
+        notes.append(
+            f"{group}.name: {g.name!r} names the shipped set {shipped}; {group}.{field_name}={path} is another file, labelled {label!r}"
+        )
+        g.name = label
+    return notes
 
 
 def compose(overrides: list[str] | None = None, config_name: str = "pipeline") -> PipelineConfig:
@@ -229,6 +296,7 @@ _VALIDATORS: dict[str, Callable[..., list[Problem]]] = {
     "model": _model.validate,
     "calibration": _calibration.validate,
     "quant": _quant.validate,
+    "parallel": _parallel.validate,
     "target": _target.validate,
     "build": _build.validate,
     "eval": _eval.validate,
@@ -273,6 +341,7 @@ __all__ = [
     "GateConfig",
     "ModelConfig",
     "PackageConfig",
+    "ParallelConfig",
     "PipelineConfig",
     "Problem",
     "QuantConfig",
@@ -281,6 +350,7 @@ __all__ = [
     "CONFIG_DIR",
     "REPO_ROOT",
     "STAGES",
+    "alias_paths",
     "compose",
     "deprecations",
     "key_fields",

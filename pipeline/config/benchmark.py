@@ -13,15 +13,19 @@ class LengthDist:
     kind: str = "fixed"
     """fixed | uniform | normal | lognormal."""
     mean: float = 32.0
+    """Mean length in tokens."""
     spread: float = 0.0
     """uniform: half-width; normal: std; lognormal: sigma of log."""
     min: int = 1
+    """Shortest length in tokens (draws below are clipped to it)."""
     max: int = 256
+    """Longest length in tokens (draws above are clipped to it)."""
 
 
 @dataclass
 class BenchmarkConfig:
     name: str = "default"
+    """Label of the benchmark preset, recorded in the benchmark report."""
     modes: List[str] = field(default_factory=lambda: ["engine", "triton", "baseline"])
     """Where to send load: engine (in-process) | triton (gRPC streaming to the packaged server) | baseline (transformers)
     | builder_int4 (onnxruntime-genai's own int4 build of the export checkpoint, a speed reference; pipeline.bench.reference)."""
@@ -36,24 +40,30 @@ class BenchmarkConfig:
     dataset: str = "eval"
     """eval (prompts from the business eval set) | synthetic (lengths from the distributions below)."""
     input_len: LengthDist = field(default_factory=lambda: LengthDist(mean=32))
+    """Prompt lengths in tokens for ``dataset: synthetic``."""
     output_len: LengthDist = field(default_factory=lambda: LengthDist(mean=32))
+    """Requested output lengths in tokens (``max_tokens`` per request)."""
     ignore_eos: bool = True
     """Generate exactly the requested output length (comparable TPOT across runs)."""
     num_requests: int = 32
     """Requests per concurrency level (after warm-up)."""
     warmup_requests: int = 4
+    """Requests sent before each mode's measurement and not counted (fills caches, loads kernels)."""
     max_duration_s: float = 120.0
     """Hard bound per level; a level stops early when it runs out of time."""
     seed: int = 0
+    """Seed of the workload (prompt choice, lengths, Poisson arrivals); each level and repeat derives its own."""
     fail_on_errors: bool = True
     """Fail the stage (exit 1) when any measured request failed; the results are still written to results_dir."""
-    server_ready_timeout_s: float = runtime(180.0, doc="triton mode: how long to wait for the server to be ready")
+    server_ready_timeout_s: float = runtime(180.0)
+    """triton mode: seconds to wait for the started server to report ready before failing."""
     repeats: int = 1
     """Run every level this many times (fresh seeded workload each); compare reports the spread."""
     targets: List[str] = field(default_factory=list)
     """Ratios this benchmark is held to (names in ``pipeline.bench.core.TARGETS``); empty = all. The others are still
     reported, marked as not a target for this benchmark."""
-    results_dir: str = runtime("bench/results", doc="where JSON, Markdown and plots go")
+    results_dir: str = runtime("bench/results")
+    """Folder the JSON, Markdown and plot results are written to (besides the benchmark artifact)."""
 
 
 def validate(cfg: BenchmarkConfig, prefix: str = "benchmark") -> list[Problem]:

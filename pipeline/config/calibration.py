@@ -13,7 +13,11 @@ FORMATS = ("auto", "jsonl", "json", "text", "parquet", "hf")
 @dataclass
 class CalibrationConfig:
     name: str = "calibration"
-    path: Optional[str] = runtime(None, doc="local JSONL / text / parquet file (its content digest enters the cache key)")
+    """Label of the calibration preset (support_v2, generic_v1, ...); enters the quantize key with the other fields.
+    When ``path`` is not the named preset's file, the label becomes the file's name (``pipeline.config.relabel_custom_data``)."""
+    path: Optional[str] = runtime(None)
+    """Local calibration file (JSONL / JSON / text / parquet). A path: its content digest, not the string, enters the
+    quantize key."""
     format: str = "auto"
     """auto (by file suffix: .jsonl/.ndjson, .json, .txt/.text, .parquet/.pq) | jsonl (one object per line with
     ``text`` or chat ``messages``) | json (one array of such objects or strings) | text (one sample per line, or
@@ -21,6 +25,7 @@ class CalibrationConfig:
     hf_dataset: Optional[str] = None
     """Hugging Face dataset name for ``format: hf`` (requires network access to the hub)."""
     hf_split: str = "train"
+    """Split of ``hf_dataset`` to read (``format: hf`` only)."""
     text_field: str = "text"
     """Column / JSON key holding the sample text."""
     paragraphs: bool = False
@@ -35,7 +40,10 @@ class CalibrationConfig:
     max_seq_len: Optional[int] = deprecated_alias("calib_max_seq_length")
     """Deprecated alias of ``calib_max_seq_length``, removed in the next release."""
     batch_size: int = 8
+    """Calibration samples per forward pass. Samples are sorted by length and each batch is cut to its shortest member
+    (no padding token reaches a quantizer), so the batch size changes the tokens seen and is part of the key."""
     seed: int = 1234
+    """Seed of the sample shuffle (which ``calib_size`` samples are used) and of torch during calibration."""
     apply_chat_template: bool = False
     """Render chat ``messages`` through the tokenizer's chat template (JSONL ``messages`` only)."""
     min_tokens: int = 4
@@ -70,7 +78,7 @@ def validate(cfg: CalibrationConfig, prefix: str = "calibration") -> list[Proble
     if cfg.format != "hf" and not cfg.path:
         problems.append(
             Problem(
-                f"{prefix}.path", None, "no calibration file given.", "set calibration.path=/path/to/file.jsonl or calibration=support_v1"
+                f"{prefix}.path", None, "no calibration file given.", "set calibration.path=/path/to/file.jsonl or calibration=support_v2"
             )
         )
     return problems

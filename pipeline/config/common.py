@@ -21,7 +21,10 @@ def runtime(default: Any = dataclasses.MISSING, *, default_factory: Any = datacl
 
 
 def deprecated_alias(of: str) -> Any:
-    """A field kept for one release as the old spelling of the field ``of`` (same group): default None.
+    """A field kept for one release as the old spelling of the field ``of``: default None.
+
+    ``of`` is a field name of the same group (``"kv_cache_dtype"``), or a dotted path from the config root for a
+    field that moved to another group (``"parallel.tp_size"``).
 
     It is not part of the cache key (``runtime``), so both spellings of one config give the same keys.
     :func:`pipeline.config.resolve_aliases` copies a value set here into ``of`` when the config is resolved

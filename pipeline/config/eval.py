@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
+from ..recipes import RECIPES
 from .common import Problem, choice, runtime
 
 RUNNERS = ("baseline", "engine", "simulated")
@@ -20,20 +21,11 @@ class GateConfig:
     """Maximum score drop vs the baseline (absolute, 0..1). ``None`` = the recipe default in
     ``max_drop_by_recipe``."""
     max_drop_by_recipe: Dict[str, float] = field(
-        default_factory=lambda: {
-            "none": 0.02,
-            "fp8": 0.02,
-            "int8_wo": 0.02,
-            "int8_sq": 0.04,
-            "int4_wo": 0.06,
-            "int4_rtn": 0.06,
-            "int4_awq": 0.05,
-            "w4a8_awq": 0.06,
-        }
+        default_factory=lambda: {r.name: r.max_drop for r in RECIPES.values() if r.max_drop is not None}
     )
-    """Default allowed drop per recipe: tighter for near-lossless formats (fp8) than for int4.  An allowance
+    """Default allowed drop per recipe (absolute, 0..1; the values: ``Recipe.max_drop`` in pipeline/recipes.py): tighter for near-lossless formats (fp8) than for int4.  An allowance
     must be demonstrable on the eval set: with no discordant pair the 95 % upper bound is z^2 / (n + z^2), so
-    the shipped 480-item set (80 items per slice) can show 0.6 pp overall and 3.3 pp per slice at best; hence
+    the shipped 720-item set (80 items per slice) can show 0.4 pp overall and 3.3 pp per slice at best; hence
     2 pp (4 pp per slice) for ``none``, whose numerics the fidelity thresholds (max_kld, min_top1) hold tighter."""
     slice_max_drop: Optional[float] = None
     """Allowed drop on any single slice (default: 2 x the overall allowance)."""
@@ -51,30 +43,39 @@ class GateConfig:
     """Maximum mean per-token KL divergence (nats) of the candidate from the baseline, teacher-forced
     (``pipeline/evaluation/fidelity.py``). ``None`` = ``max_kld_by_recipe[recipe]`` (no check when absent)."""
     max_kld_by_recipe: Dict[str, float] = field(
-        default_factory=lambda: {"none": 0.001, "int8_wo": 0.01, "int4_awq": 0.05, "int4_wo": 0.05, "int4_rtn": 0.05}
+        default_factory=lambda: {r.name: r.max_kld for r in RECIPES.values() if r.max_kld is not None}
     )
-    """Default mean-KLD ceiling per recipe (eval answers, overall).  Measured on the default model (docs/evaluate.md,
-    "Measured"): none 2e-14, int8_wo 6e-8, int4_awq 8e-5, int4_wo 1.4e-4 nats; on its held-out calibration text
-    3e-12 / 1.4e-4 / 0.034 / 0.037.  The ceilings sit well above those (a less confident user model measures more)
+    """Default mean-KLD ceiling per recipe (nats, eval answers, overall; the values: ``Recipe.max_kld`` in
+    pipeline/recipes.py).  Measured on the default model, data v2 (docs/evaluate.md, "Measured"): none 1e-12,
+    int8_wo 7.5e-5, int4_awq 0.0051, int4_rtn 0.0044 nats; on its held-out calibration text
+    3e-12 / 6.6e-4 / 0.019 / 0.020.  The ceilings sit well above those (a less confident user model measures more)
     and orders of magnitude below a broken build (negated lm_head: > 1 nat); recipes without an entry are not checked."""
     min_top1: Optional[float] = None
     """Minimum top-1 agreement (share of teacher-forced positions where the candidate's argmax token is the
     baseline's). ``None`` = ``min_top1_by_recipe[recipe]`` (no check when absent)."""
     min_top1_by_recipe: Dict[str, float] = field(
-        default_factory=lambda: {"none": 0.99, "int8_wo": 0.98, "int4_awq": 0.95, "int4_wo": 0.95, "int4_rtn": 0.95}
+        default_factory=lambda: {r.name: r.min_top1 for r in RECIPES.values() if r.min_top1 is not None}
     )
-    """Default top-1 agreement floor per recipe.  Measured on the default model: 100 % on the eval answers for every
-    recipe; on held-out calibration text none 100 %, int8_wo 99.6 %, int4_awq 94.9 %, int4_wo 94.5 %."""
+    """Default top-1 agreement floor per recipe (0..1; the values: ``Recipe.min_top1`` in pipeline/recipes.py).
+    Measured on the default model (data v2): eval answers none 100 %, int8_wo 99.95 %, int4_awq 99.60 %,
+    int4_rtn 99.61 %; held-out calibration text 100 / 99.3 / 95.7 / 96.2 %."""
     confidence: float = 0.95
     """Level of the one-sided upper bound of the drop (non-inferiority test at alpha = 1 - confidence)."""
     bootstrap_samples: int = 2000
+    """Paired bootstrap resamples for the upper bound of the drop on non-binary metrics (binary metrics use an exact
+    bound instead)."""
     seed: int = 0
+    """Seed of the bootstrap resampling (the same scores always give the same bound)."""
 
 
 @dataclass
 class EvalConfig:
     name: str = "eval"
-    eval_set: Optional[str] = runtime(None, doc="JSONL business eval set (content digest enters the cache key)")
+    """Label of the eval preset (support_v2, ...); enters the evaluate key with the other fields.  When
+    ``eval_set`` is not the named preset's file, the label becomes the file's name (``pipeline.config.relabel_custom_data``)."""
+    eval_set: Optional[str] = runtime(None)
+    """JSONL business eval set (one item per line: id, prompt, reference, metric, slice). A path: its content digest,
+    not the string, enters the evaluate key."""
     limit: Optional[int] = None
     """Evaluate only the first N items (quick runs); ``None`` = all."""
     runners: List[str] = field(default_factory=lambda: ["baseline", "engine"])
@@ -84,21 +85,23 @@ class EvalConfig:
     """The runner the gate judges against the baseline: engine | simulated | auto (the engine when the
     build target can run the recipe and an engine was built, else the ModelOpt simulated-quantization
     model; the choice and why are recorded in the report)."""
-    batch_size: int = runtime(16, doc="prompts per batch")
+    batch_size: int = runtime(16)
+    """Prompts per generation batch of the baseline / simulated / engine runners (speed only; outputs are the same)."""
     max_new_tokens: int = 48
     """Default generation budget when an item has no ``max_new_tokens``."""
     stop: List[str] = field(default_factory=list)
     """Extra stop strings (the eos id list always stops)."""
     gate: GateConfig = field(default_factory=GateConfig)
-    draft_model_path: Optional[str] = runtime(None, doc="draft model for speculative-decoding acceptance measurement")
+    """The release gate: allowances, fidelity thresholds and the statistics behind the verdict."""
+    draft_model_path: Optional[str] = runtime(None)
+    """Hugging Face checkpoint of a draft model whose speculative-decoding acceptance rate is measured against the
+    baseline (``None`` = not measured). A path: its content is keyed, not the string."""
     draft_tokens: int = 4
     """Draft tokens proposed per speculative step (k) when measuring the draft acceptance rate."""
-    torch_threads: int = runtime(
-        0,
-        doc="PyTorch intra-op threads for the baseline/simulated runners; 0 = auto "
-        "(1 on hosts with <= 4 CPUs, where threads contend: measured 10 s vs 0.15 s for one "
-        "16-prompt batch on a shared 2-core box; else PyTorch's default)",
-    )
+    torch_threads: int = runtime(0)
+    """PyTorch intra-op threads for the baseline/simulated runners; 0 = auto (1 on hosts with <= 4 CPUs, where
+    threads contend: measured 10 s vs 0.15 s for one 16-prompt batch on a shared 2-core box; else PyTorch's
+    default)."""
     reference_dtype: str = "float32"
     """Compute dtype of the baseline (reference) runner, which always loads the *source* checkpoint
     (``model.path``), never the export: float32 (default) | bfloat16 | float16 | checkpoint (the
@@ -166,7 +169,7 @@ def validate(cfg: EvalConfig, prefix: str = "eval") -> list[Problem]:
         problems.append(Problem(f"{prefix}.torch_threads", cfg.torch_threads, "must be >= 0.", "use 0 (auto) or a thread count"))
     if not cfg.eval_set:
         problems.append(
-            Problem(f"{prefix}.eval_set", None, "no eval set given.", "set eval.eval_set=/path/to/eval.jsonl or eval=support_v1")
+            Problem(f"{prefix}.eval_set", None, "no eval set given.", "set eval.eval_set=/path/to/eval.jsonl or eval=support_v2")
         )
     if not 0.5 <= cfg.gate.confidence < 1.0:
         problems.append(Problem(f"{prefix}.gate.confidence", cfg.gate.confidence, "must be in [0.5, 1).", "use 0.95"))

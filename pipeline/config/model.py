@@ -96,7 +96,9 @@ class ModelConfig:
     evaluation and serving; the template supplies BOS, so no special tokens are added again)."""
     hf_config: Optional[Dict[str, Any]] = None
     """Inline ``config.json`` for shapes-only presets (used by the planner; no weights)."""
-    extra_stop_token_ids: List[int] = runtime(default_factory=list, doc="extra stop ids appended to the eos list")
+    extra_stop_token_ids: List[int] = runtime(default_factory=list)
+    """Token ids that end generation besides the model's eos ids (appended to the eos list; evaluate keys on them
+    explicitly)."""
 
 
 def validate(cfg: ModelConfig, prefix: str = "model") -> list[Problem]:

@@ -14,6 +14,8 @@ from .serving import validate_speculative as _validate_speculative
 @dataclass
 class PackageConfig:
     name: str = "default"
+    """Label of the package preset; it enters the package key but names nothing: the served model, the archive
+    (``<model.name>-<version>.tar.gz``) and the release are named after ``model.name``."""
     version: str = "1"
     """Model version folder in the Triton repository and the release archive's version."""
     max_batch_size: Optional[int] = None
@@ -25,7 +27,10 @@ class PackageConfig:
     decoupled: bool = True
     """Decoupled (streaming) transaction policy on the models that stream."""
     exclude_input_in_output: bool = True
+    """Return only the generated text, not the prompt echoed before it (Triton TensorRT-LLM backend
+    ``exclude_input_in_output``)."""
     instance_count: int = 1
+    """CPU instances of the pre/postprocessing and BLS Python models (Triton ``instance_group`` count)."""
     allow_failed_gate: bool = False
     """Package an artifact whose evaluation gate failed (recorded in the manifest). Off by default."""
     archive: bool = True
@@ -40,13 +45,20 @@ class PackageConfig:
     """Seed of the parity sample."""
     serving_image: Optional[str] = None
     """Triton image the package is for (tensorrt_llm target); its TensorRT-LLM version must match the engine's."""
-    grpc_port: int = runtime(8001, doc="serve: gRPC port (0 = pick a free one)")
-    http_port: int = runtime(8000, doc="serve: HTTP port (0 = pick a free one)")
-    metrics_port: int = runtime(8002, doc="serve: metrics port (0 = pick a free one)")
-    openai_port: int = runtime(9000, doc="serve --openai: port of the OpenAI-compatible endpoint (0 = pick a free one)")
-    ready_timeout_s: float = runtime(180.0, doc="serve: how long to wait for readiness")
-    repository: Optional[str] = runtime(None, doc="serve: model repository to serve (default: the newest package artifact in the store)")
-    host: str = runtime("127.0.0.1", doc="serve: bind address of every endpoint (127.0.0.1 = this machine only)")
+    grpc_port: int = runtime(8001)
+    """``pipeline serve``: Triton's gRPC port (0 = pick a free one)."""
+    http_port: int = runtime(8000)
+    """``pipeline serve``: Triton's HTTP port (0 = pick a free one)."""
+    metrics_port: int = runtime(8002)
+    """``pipeline serve``: Triton's Prometheus metrics port (0 = pick a free one)."""
+    openai_port: int = runtime(9000)
+    """``pipeline serve --openai``: port of the OpenAI-compatible endpoint (0 = pick a free one)."""
+    ready_timeout_s: float = runtime(180.0)
+    """``pipeline serve``: seconds to wait for the server to report ready before giving up."""
+    repository: Optional[str] = runtime(None)
+    """``pipeline serve``: model repository to serve; ``None`` = the newest package artifact in the store."""
+    host: str = runtime("127.0.0.1")
+    """``pipeline serve``: bind address of every endpoint (127.0.0.1 = this machine only)."""
     # declared last: the field name `runtime` shadows the helper of the same name inside this class body
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     """TensorRT-LLM serving knobs (``pipeline/config/serving.py``; backend parameter names)."""

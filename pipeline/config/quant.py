@@ -5,15 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Optional
 
+from .. import recipes as _recipes
+from ..recipes import AUTO_FORMATS
 from .common import Problem, choice, deprecated_alias
 
-RECIPES = ("none", "fp8", "int8_sq", "int8_wo", "int4_rtn", "int4_awq", "w4a8_awq", "auto", "int4_wo")
-#: deprecated recipe names -> the name to use (still accepted for one release; the quant report warns)
-DEPRECATED_RECIPES = {"int4_wo": "int4_rtn"}
-KV_CACHE = ("none", "fp8", "int8")
+RECIPES = tuple(_recipes.RECIPES)
+"""Valid ``quant.recipe`` names (the table: :data:`pipeline.recipes.RECIPES`)."""
+KV_CACHE = tuple(_recipes.KV_CACHE_FORMATS)
+"""Valid ``quant.kv_cache_dtype`` values (:data:`pipeline.recipes.KV_CACHE_FORMATS`)."""
 SENSITIVE_PRESETS = ("none", "first_last", "attn_out", "first_last_attn_out")
-#: formats ``quant=auto`` may pick per layer (besides "not quantized", which ModelOpt always adds)
-AUTO_FORMATS = ("int4_awq", "int4_rtn", "int8_wo", "int8_sq", "fp8", "w4a8_awq")
 AUTO_METHODS = ("kl_div", "gradient")
 
 
@@ -37,8 +37,9 @@ class AutoQuantConfig:
 @dataclass
 class QuantConfig:
     recipe: str = "none"
-    """none | fp8 | int8_sq | int8_wo | int4_rtn | int4_awq | w4a8_awq (TensorRT-LLM quant_algo names in
-    pipeline/quantize.py RECIPES). ``int4_wo`` is a deprecated alias of ``int4_rtn``."""
+    """none | fp8 | int8_sq | int8_wo | int4_rtn | int4_awq | w4a8_awq | auto (ModelOpt config, TensorRT-LLM
+    quant_algo and minimum compute capability of each: pipeline/recipes.py RECIPES). ``int4_wo`` is a deprecated
+    alias of ``int4_rtn``."""
     kv_cache_dtype: str = "none"
     """KV-cache quantization: none | fp8 | int8 (TensorRT-LLM ``kv_cache_quant_algo`` FP8 / INT8; the
     ``kv_cache_config.dtype`` of the TensorRT-LLM LLM API)."""
@@ -54,15 +55,20 @@ class QuantConfig:
     sensitive_preset: str = "none"
     """Extra high-precision layers: none | first_last (first and last decoder layers) | attn_out
     (attention output projections) | first_last_attn_out (both)."""
-    tp_size: int = 1
-    """Tensor-parallel ranks of the exported TensorRT-LLM checkpoint (rank{N}.safetensors)."""
-    pp_size: int = 1
-    """Pipeline-parallel ranks."""
+    tp_size: Optional[int] = deprecated_alias("parallel.tp_size")
+    """Deprecated alias of ``parallel.tp_size``, removed in the next release."""
+    pp_size: Optional[int] = deprecated_alias("parallel.pp_size")
+    """Deprecated alias of ``parallel.pp_size``, removed in the next release."""
     vocab_padding: str = "pad"
-    """When vocab_size % tp_size != 0: pad (record original and padded sizes) | reject."""
+    """When vocab_size % parallel.tp_size != 0: pad (record original and padded sizes) | reject."""
     export_dtype: str = "${export_dtype_for:${model.dtype}}"
     """dtype of the unquantized tensors in the exported TensorRT-LLM checkpoint. Unless set: follows model.dtype
     (bfloat16/float16 as is, float16 for float32; pipeline/config/model.py export_dtype_for)."""
+    resmooth: bool = True
+    """After AWQ calibration, give linears that read one input (q/k/v; gate/up) one pre-quant scale (their mean,
+    weights re-quantized; what ModelOpt's TensorRT-LLM and HF exports do), so engines fold the scale into the
+    RMSNorm weight instead of one extra multiply per projection and decode step (pipeline/quantization/resmooth.py). Weight-only recipes only (int4_awq); others have no scale to share or are
+    resmoothed by ModelOpt's TensorRT-LLM export. false: keep every layer's calibrated scale."""
     auto: AutoQuantConfig = field(default_factory=AutoQuantConfig)
     """Per-layer format search, read only when recipe=auto."""
 
@@ -111,7 +117,4 @@ def validate(cfg: QuantConfig, prefix: str = "quant") -> list[Problem]:
                     "use quant.kv_cache_dtype=none with quant=auto",
                 )
             )
-    for f in ("tp_size", "pp_size"):
-        if getattr(cfg, f) < 1:
-            problems.append(Problem(f"{prefix}.{f}", getattr(cfg, f), "must be >= 1.", f"set {prefix}.{f}=1"))
     return problems

@@ -76,11 +76,16 @@ class RuntimeConfig:
     xgrammar_tokenizer_info_path: Optional[str] = None
     """Optional xgrammar tokenizer-info JSON (absolute path inside the serving container)."""
     lora_cache_optimal_adapter_size: Optional[int] = None
+    """LoRA cache: the adapter size (LoRA rank) one cache page is sized to hold (backend default 8)."""
     lora_cache_max_adapter_size: Optional[int] = None
+    """LoRA cache: the largest adapter size (LoRA rank) a page must fit one row of (backend default 64)."""
     lora_cache_gpu_memory_fraction: Optional[float] = None
+    """LoRA cache: share (0..1) of the GPU memory left after weights and KV cache used for adapters (backend
+    default 0.05)."""
     lora_cache_host_memory_bytes: Optional[int] = None
+    """LoRA cache: host memory for adapters, in bytes (backend default 1 GiB)."""
     lora_prefetch_dir: Optional[str] = None
-    """LoRA cache sizing / adapters to preload (backend defaults 8, 64, 0.05, 1 GiB, none)."""
+    """Folder of LoRA adapters loaded at startup (absolute path inside the serving container; backend default none)."""
     encoder_model_path: Optional[str] = None
     """Encoder-decoder engines: encoder engine folder (absolute path inside the serving container)."""
     encoder_input_features_data_type: str = "TYPE_FP16"
@@ -93,9 +98,11 @@ class RuntimeConfig:
     eagle_choices: Optional[str] = None
     """EAGLE static tree in the same notation; None = the engine's dynamic tree."""
     lookahead_window_size: Optional[int] = None
+    """Lookahead decoding W: tokens guessed ahead per step (lookahead window); required for a lookahead engine."""
     lookahead_ngram_size: Optional[int] = None
+    """Lookahead decoding N: length of the n-grams kept as candidates; required for a lookahead engine."""
     lookahead_verification_set_size: Optional[int] = None
-    """Lookahead decoding (W, N, G); all three are required for a lookahead engine."""
+    """Lookahead decoding G: candidate n-grams verified per step; required for a lookahead engine (W, N, G all set)."""
     speculative_decoding_fast_logits: Optional[bool] = None
     """Draft-model mode: pass draft logits between the two models without a copy through the BLS."""
 

@@ -26,8 +26,11 @@ class TargetConfig:
     ModelOpt's simulated-quant model; about 2.7x slower per token on an 80 M-parameter Llama, docs/build.md)."""
     gpu: Optional[str] = None
     """Target GPU name from the planner catalogue (h100_sxm, a100_80gb, l4, ...); ``None`` = the local GPU, if any."""
-    trtllm_build: str = runtime("trtllm-build", doc="trtllm-build executable (name on PATH or absolute path)")
-    serving_image: str = runtime("nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3", doc="NGC Triton + TensorRT-LLM image used to serve")
+    trtllm_build: str = runtime("trtllm-build")
+    """trtllm-build executable: a name looked up on PATH, or an absolute path."""
+    serving_image: str = runtime("nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3")
+    """NGC Triton + TensorRT-LLM container image the GPU package is served with (its TensorRT-LLM version must be the
+    engine's)."""
 
 
 def validate(cfg: TargetConfig, prefix: str = "target") -> list[Problem]:

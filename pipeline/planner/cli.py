@@ -43,7 +43,7 @@ def _gpu_table(cfg: Any, names: list[str], console: Any) -> tuple[list[dict[str,
     rows, worst = [], EXIT_OK
     t = Table(
         title=f"plan across GPUs: {cfg.model.name} quant={cfg.quant.recipe} kv={cfg.quant.kv_cache_dtype} "
-        f"tp={cfg.quant.tp_size} max_seq_len={cfg.build.max_seq_len} max_batch_size={cfg.build.max_batch_size}"
+        f"tp={cfg.parallel.tp_size} pp={cfg.parallel.pp_size} max_seq_len={cfg.build.max_seq_len} max_batch_size={cfg.build.max_batch_size}"
     )
     for col in ("gpu", "status", "weights/rank", "KV pool", "seqs @max_seq_len", "tok/s/seq max", "tok/s aggregate max"):
         t.add_column(col)

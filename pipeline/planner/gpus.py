@@ -11,7 +11,7 @@ Sources (every number below cites one of these):
 * [TRTLLM-SM] TensorRT-LLM support matrix (docs/source/reference/support-matrix.md @9b062a8, summarised
           in docs/reference/tensorrt_llm.md §4): FP8 weights/activations/KV cache and W4A8 need
           SM >= 89; INT8 SmoothQuant, INT8/INT4 weight-only and INT4-AWQ (W4A16) work from SM80;
-          NVFP4 needs SM100/SM120; BF16 needs SM80.
+          BF16 needs SM80 (the per-recipe table: pipeline/recipes.py).
 """
 
 from __future__ import annotations
@@ -20,26 +20,11 @@ import dataclasses
 import re
 from typing import Any
 
+# Minimum compute capability per recipe / KV format / bfloat16 [TRTLLM-SM]: the one table is pipeline/recipes.py.
+from ..recipes import KV_MIN_SM, RECIPE_MIN_SM
+
 MiB = 1 << 20
 GB = 10**9
-
-# recipe (pipeline quant.recipe) -> minimum compute capability (major*10+minor) [TRTLLM-SM]
-RECIPE_MIN_SM = {
-    "none": 75,  # float16 engines from Turing (Volta/V100 removed in 0.15/0.16); bfloat16 needs SM80 (checked on the dtype)
-    "int8_wo": 80,
-    "int4_wo": 80,
-    "int4_rtn": 80,
-    "auto": 80,  # per-layer formats of quant.auto.formats (fp8/w4a8 candidates need 89: checked by the target)
-    "int4_awq": 80,
-    "int8_sq": 80,
-    "fp8": 89,
-    "w4a8_awq": 89,  # INT4 weights with FP8 activations
-    "nvfp4": 100,
-}
-# quant.kv_cache_dtype -> minimum compute capability [TRTLLM-SM]
-KV_MIN_SM = {"none": 75, "int8": 80, "fp8": 89, "nvfp4": 100}
-# bfloat16 weights/activations need SM80 whatever the recipe [TRTLLM-SM]
-BF16_MIN_SM = 80
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,7 +11,7 @@ Every formula and its source:
   smoothing scales); INT4 AWQ/WO one fp16 scale per ``quant.group_size`` inputs per output channel
   (AWQ adds an fp16 ``prequant_scaling_factor`` per input channel; W4A8 adds an fp32 activation scale).
 * **Sharding** (TensorRT-LLM checkpoint layout, docs/source/legacy/architecture/checkpoint.md): column-parallel layers (q, k, v, gate, up)
-  split their outputs, row-parallel layers (o, down) their inputs over ``quant.tp_size``; K/V heads are
+  split their outputs, row-parallel layers (o, down) their inputs over ``parallel.tp_size``; K/V heads are
   replicated when TP exceeds their count; ``lm_head`` is split along the vocabulary (padded to a
   multiple of TP); the embedding table is replicated (``use_parallel_embedding`` is off by default).
   Pipeline parallelism splits decoder layers as evenly as possible; the embedding sits on the first
@@ -40,7 +40,8 @@ import os
 from typing import Any
 
 from ..errors import InputError
-from .gpus import GPU, KV_MIN_SM, RECIPE_MIN_SM, local_gpus, lookup
+from ..recipes import KV_MIN_SM, RECIPE_MIN_SM, RECIPES
+from .gpus import GPU, local_gpus, lookup
 from .shape import Linear, ModelShape, kv_heads_per_rank, read_config_json
 
 GiB = 1 << 30
@@ -184,7 +185,7 @@ def _linear_bytes(out_f: int, in_f: int, recipe: str, hp_bytes: float, group: in
         return n + out_f * 4
     if recipe == "int8_sq":
         return n + out_f * 4 + in_f * 4
-    if recipe in ("int4_awq", "int4_wo", "int4_rtn", "w4a8_awq"):
+    if recipe in RECIPES and RECIPES[recipe].grouped:  # int4_awq, int4_rtn (int4_wo), w4a8_awq
         b = n / 2 + math.ceil(in_f / group) * out_f * 2
         if recipe in ("int4_awq", "w4a8_awq"):
             b += in_f * 2
@@ -374,8 +375,8 @@ def _knobs(cfg: Any, kind: str) -> _Knobs:
         max(1, q.group_size),
         tuple(str(x) for x in q.exclude_modules or ()),
         q.sensitive_preset,
-        max(1, q.tp_size),
-        max(1, q.pp_size),
+        max(1, cfg.parallel.tp_size),
+        max(1, cfg.parallel.pp_size),
         max(1, b.max_batch_size),
         max(1, b.max_seq_len + max(0, b.speculative.max_draft_len)),
         b.max_input_len,
@@ -569,7 +570,17 @@ def _gpu_plan(p: Plan, shape: ModelShape, k: _Knobs, gpu: GPU) -> Plan:
     }
     if bw <= 0:
         p.notes.append("bandwidth of this GPU is unknown (not in the catalogue): no decode bound.")
+    _gpu_checks(p, shape, k, gpu, n)
+    if k.max_num_tokens < k.tokens_per_block:
+        p.notes.append("max_num_tokens is below tokens_per_block; TensorRT-LLM may raise it at build time.")
+    p.status = "refused" if p.refusals else ("warn" if p.warnings else "ok")
+    return p
 
+
+def _gpu_checks(p: Plan, shape: ModelShape, k: _Knobs, gpu: GPU, n: dict[str, Any]) -> None:
+    """:func:`_gpu_plan`'s refusals and warnings: the recipe and KV format on this GPU's compute capability
+    (support matrix), then whether weights, one sequence and ``max_batch_size`` sequences fit in memory."""
+    w = n["w"]
     # --- support matrix
     if gpu.sm < RECIPE_MIN_SM.get(k.recipe, 0):
         p.refusals.append(
@@ -609,10 +620,6 @@ def _gpu_plan(p: Plan, shape: ModelShape, k: _Knobs, gpu: GPU) -> Plan:
                 f"but build.max_batch_size={k.max_batch_size}: concurrency is KV-bound. "
                 f"Fix: {_fit_fixes(shape, k, gpu, need='batch')}"
             )
-    if k.max_num_tokens < k.tokens_per_block:
-        p.notes.append("max_num_tokens is below tokens_per_block; TensorRT-LLM may raise it at build time.")
-    p.status = "refused" if p.refusals else ("warn" if p.warnings else "ok")
-    return p
 
 
 def _fit_fixes(shape: ModelShape, k: _Knobs, gpu: GPU, need: str) -> str:
@@ -636,9 +643,9 @@ def _fit_fixes(shape: ModelShape, k: _Knobs, gpu: GPU, need: str) -> str:
             continue
         n3 = _gpu_numbers(shape, dataclasses.replace(k, tp=tp), gpu)
         if n3["seqs"] >= target:
-            out.append(f"quant.tp_size={tp} ({n3['seqs']} sequences fit per {tp} GPUs)")
+            out.append(f"parallel.tp_size={tp} ({n3['seqs']} sequences fit per {tp} GPUs)")
             break
-    if need == "weights" and k.recipe in ("none", "fp8", "int8_sq", "int8_wo"):
+    if need == "weights" and k.recipe != "auto" and RECIPES[k.recipe].weight_bits >= 8:  # none, fp8, int8_sq, int8_wo
         for r in ("fp8", "int4_awq"):
             if r == k.recipe or r not in gpu.quant_formats:
                 continue

@@ -12,9 +12,9 @@ Checks (each a :class:`~pipeline.config.common.Problem` naming field, value and 
   max_position_embeddings x rope factor`` unless ``allow_unsafe_lengths=true`` (then recorded in the plan);
 * ``build.max_num_tokens >= build.max_input_len`` unless ``build.enable_chunked_context``; chunked
   context needs ``build.use_paged_context_fmha`` (TensorRT-LLM plugin/plugin.py);
-* ``quant.tp_size`` divides the attention heads; KV heads are divided or replicated (TP a multiple of
+* ``parallel.tp_size`` divides the attention heads; KV heads are divided or replicated (TP a multiple of
   them); a vocabulary not divisible by TP is padded (``quant.vocab_padding=pad``, recorded) or rejected;
-  ``quant.pp_size`` <= layers;
+  ``parallel.pp_size`` <= layers;
 * ``target.gpu`` is a catalogue name; the recipe and KV format are supported by the target GPU;
 * the business eval set's prompts, rendered and tokenized as the engine will see them, fit
   ``build.max_input_len`` (max and P99 reported), and prompt + ``max_new_tokens`` fit ``max_seq_len``;
@@ -119,19 +119,19 @@ def _position_problems(cfg: Any, shape: Any) -> list[Problem]:
 
 def _parallel_problems(cfg: Any, shape: Any) -> list[Problem]:
     problems: list[Problem] = []
-    q = cfg.quant
+    q, par = cfg.quant, cfg.parallel
     if q is not None:
-        tp, pp = max(1, q.tp_size), max(1, q.pp_size)
+        tp, pp = max(1, par.tp_size), max(1, par.pp_size)
         if shape.num_heads % tp:
             ok = [t for t in (1, 2, 4, 8, 16) if shape.num_heads % t == 0]
             problems.append(
-                Problem("quant.tp_size", q.tp_size, f"does not divide the {shape.num_heads} attention heads.", f"use one of {ok}")
+                Problem("parallel.tp_size", par.tp_size, f"does not divide the {shape.num_heads} attention heads.", f"use one of {ok}")
             )
         elif shape.num_kv_heads % tp and tp % shape.num_kv_heads:
             problems.append(
                 Problem(
-                    "quant.tp_size",
-                    q.tp_size,
+                    "parallel.tp_size",
+                    par.tp_size,
                     f"neither divides nor is a multiple of the {shape.num_kv_heads} KV heads (they can be split or replicated, not both).",
                     "use a TP size that divides or is a multiple of the KV heads",
                 )
@@ -149,10 +149,10 @@ def _parallel_problems(cfg: Any, shape: Any) -> list[Problem]:
         if pp > shape.num_layers:
             problems.append(
                 Problem(
-                    "quant.pp_size",
-                    q.pp_size,
+                    "parallel.pp_size",
+                    par.pp_size,
                     f"exceeds the model's {shape.num_layers} layers.",
-                    f"use quant.pp_size <= {shape.num_layers}",
+                    f"use parallel.pp_size <= {shape.num_layers}",
                 )
             )
         if q.recipe != "none" and cfg.calibration.calib_max_seq_length > shape.max_seq_len_limit:
@@ -168,8 +168,8 @@ def _parallel_problems(cfg: Any, shape: Any) -> list[Problem]:
 
 
 def _gpu_problems(cfg: Any) -> list[Problem]:
+    from ..recipes import BF16_MIN_SM, KV_MIN_SM, RECIPE_MIN_SM
     from ..targets import TARGETS
-    from .gpus import BF16_MIN_SM, KV_MIN_SM, RECIPE_MIN_SM
     from .plan import plan_device
 
     if cfg.target.name != "auto" and cfg.target.name not in TARGETS:

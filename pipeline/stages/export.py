@@ -55,13 +55,14 @@ def _checkpoint(cfg: PipelineConfig) -> dict[str, Path]:
 
 def _preset_of(name: str) -> str:
     """The ``build_configs/model/<preset>.yaml`` whose ``name`` is ``name`` (for messages); ``<preset>`` if none."""
-    from omegaconf import OmegaConf
+    from omegaconf import DictConfig, OmegaConf
 
     from ..config import CONFIG_DIR
 
     for f in sorted((CONFIG_DIR / "model").glob("*.yaml")):
         try:
-            if OmegaConf.load(f).get("name") == name:
+            preset = OmegaConf.load(f)
+            if isinstance(preset, DictConfig) and preset.get("name") == name:
                 return f.stem
         except Exception:
             continue

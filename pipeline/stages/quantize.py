@@ -1,4 +1,4 @@
-"""Quantize stage: ModelOpt calibration + TensorRT-LLM / unified-HF export (see pipeline/quantize.py)."""
+"""Quantize stage: ModelOpt calibration + TensorRT-LLM / unified-HF export (see pipeline/quantization/)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from . import Stage, StageContext
 
 
 def _run(ctx: StageContext) -> dict[str, Any]:
-    from ..quantize import quantize
+    from ..quantization.run import quantize
 
     assert ctx.out is not None
     return quantize(ctx.cfg, ctx.inputs["export"].path, ctx.external.get("calibration"), ctx.out, progress=ctx.progress)
@@ -35,16 +35,16 @@ def _extras(cfg: Any, inputs: dict) -> dict[str, Any]:
 
 def _dry_run(ctx: StageContext) -> dict[str, Any]:
     q = ctx.cfg.quant
-    from ..quantize import KV_CACHE, RECIPES
+    from ..recipes import KV_CACHE_FORMATS, RECIPES
 
     r = RECIPES[q.recipe]
     return {
         "headline": {
             "recipe": q.recipe,
             "quant_algo": r.quant_algo,
-            "kv_cache": KV_CACHE[q.kv_cache_dtype][0],
-            "tp_size": q.tp_size,
-            "pp_size": q.pp_size,
+            "kv_cache": KV_CACHE_FORMATS[q.kv_cache_dtype].kv_cache_quant_algo,
+            "tp_size": ctx.cfg.parallel.tp_size,
+            "pp_size": ctx.cfg.parallel.pp_size,
             "calib_samples": 0 if q.recipe == "none" else ctx.cfg.calibration.calib_size,
         }
     }
@@ -53,7 +53,7 @@ def _dry_run(ctx: StageContext) -> dict[str, Any]:
 STAGE = Stage(
     name="quantize",
     deps=("export",),
-    config_groups=("quant",),
+    config_groups=("quant", "parallel"),
     libraries=("nvidia-modelopt", "torch", "transformers", "safetensors"),
     run=_run,
     version="1",
