@@ -23,7 +23,7 @@ from pipeline.errors import InputError
 from pipeline.validation import validate
 
 ROOT = Path(__file__).resolve().parents[1]
-EVAL_SET = ROOT / "evaluation" / "data" / "support_eval_v1.jsonl"
+EVAL_SET = ROOT / "evaluation" / "data" / "support_eval_v2.jsonl"
 MODEL_INFO = {"eos_token_ids": [2], "bos_token_id": 1, "pad_token_id": 3}
 LIMITS = {"max_batch_size": 4, "max_input_len": 200, "max_seq_len": 256}
 

@@ -64,7 +64,7 @@ def test_target_ratios_and_judged_subset():
     summ = [
         _summary("engine/concurrency=1", tpot=6.0, thr=160, frac=[0.3, 0.5]),
         _summary("builder_int4/concurrency=1", tpot=5.0),
-        _summary("engine/concurrency=8", thr=500),
+        _summary("engine/concurrency=8", tpot=12.0, thr=500),
         _summary("triton/concurrency=8", thr=400),
         _summary("triton/concurrency=1", tpot=6.3),
     ]
@@ -75,6 +75,9 @@ def test_target_ratios_and_judged_subset():
     # measured but not a target of this benchmark: reported, not judged
     assert r["triton_overhead_tpot_c1"]["value"] == pytest.approx(1.05)
     assert r["triton_overhead_tpot_c1"]["met"] is None and r["triton_overhead_tpot_c1"]["judged"] is False
+    # decode-phase batching gain: (8 / 12 ms) / (1 / 6 ms) = 4.0, reported next to the throughput ratio (500 / 160)
+    assert r["engine_decode_rate_c8_over_c1"]["value"] == pytest.approx(4.0) and r["engine_decode_rate_c8_over_c1"]["judged"] is False
+    assert r["engine_throughput_c8_over_c1"]["value"] == pytest.approx(500 / 160)
     assert set(r) == set(TARGETS)
 
 
@@ -106,7 +109,7 @@ def test_builder_int4_reference_mode_runs_with_its_own_roofline(tiny_llama, tmp_
         hf_dir=tiny_llama,
         model_info={"eos_token_ids": [2]},
         engine_dir=tmp_path / "b" / "engine",
-        corpus=ROOT / "evaluation" / "data" / "support_calib_v1.jsonl",
+        corpus=ROOT / "evaluation" / "data" / "support_calib_v2.jsonl",
         max_input_len=96,
         max_seq_len=128,
         max_batch_size=4,

@@ -18,8 +18,8 @@ from pipeline.targets import get_target
 from pipeline.tokenization import encode_prompt
 
 ROOT = Path(__file__).resolve().parents[1]
-EVAL = ROOT / "evaluation" / "data" / "support_eval_v1.jsonl"
-CALIB = ROOT / "evaluation" / "data" / "support_calib_v1.jsonl"
+EVAL = ROOT / "evaluation" / "data" / "support_eval_v2.jsonl"
+CALIB = ROOT / "evaluation" / "data" / "support_calib_v2.jsonl"
 
 
 def _prompts(n: int) -> list[str]:

@@ -22,7 +22,7 @@ from pipeline.packaging.trtllm_config import DRAFT_MODEL, decide_speculative, ex
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL = ROOT / "models" / "support-llama"
-EVAL_SET = ROOT / "evaluation" / "data" / "support_eval_v1.jsonl"
+EVAL_SET = ROOT / "evaluation" / "data" / "support_eval_v2.jsonl"
 N_ITEMS = 24  # a slice of the eval set, spread over its slices: enough to separate ~1.0 from ~0.0 on 2 CPU cores
 
 

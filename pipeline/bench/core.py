@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from .. import hostinfo
 from ..errors import InputError, PipelineError
@@ -37,6 +37,12 @@ TARGETS = {
         "<=",
         1.15,
         "engine TPOT / onnxruntime-genai builder's own int4 engine TPOT (same checkpoint, mode builder_int4) at concurrency 1",
+    ),
+    "engine_decode_rate_c8_over_c1": (
+        ">=",
+        3.0,
+        "engine aggregate decode rate (concurrency ÷ TPOT) at concurrency 8 / at 1: the batching gain of the decode "
+        "steps alone, prefill excluded (a diagnostic next to engine_throughput_c8_over_c1)",
     ),
     "engine_roofline_fraction_c1": (
         ">=",
@@ -114,8 +120,9 @@ def _compact(rec: RequestRecord) -> dict[str, Any]:
     return d
 
 
-def _make_backend(mode: str, bcfg: Any, inp: BenchInputs, stop_ids: list[int]):
+def _make_backend(mode: str, bcfg: Any, inp: BenchInputs, stop_ids: list[int]) -> tuple[Any, Callable[[], None]]:
     """(backend, closer) for ``mode``; raises PreflightError/InputError with the fix."""
+    b: Any  # one of the .backends / .triton backend classes (start, close, generate)
     if mode == "engine":
         if inp.engine_dir is not None and (inp.engine_dir / "genai_config.json").exists():
             from .backends import OrtEngineBackend
@@ -171,6 +178,27 @@ def _make_backend(mode: str, bcfg: Any, inp: BenchInputs, stop_ids: list[int]):
     raise InputError(f"benchmark.modes: unknown mode {mode!r}; use engine, triton or baseline.")
 
 
+class _Workloads(NamedTuple):
+    """The requests of a benchmark: warm-up, and one seeded workload per (repeat, level kind, level)."""
+
+    warmup: list[BenchRequest]
+    levels: list[tuple[str, float]]  # every (kind, level) of every mode, in first-seen order
+    by_level: dict[tuple[int, str, float], tuple[int, list[BenchRequest]]]  # (repeat, kind, level) -> (seed, requests)
+
+
+@dataclasses.dataclass
+class _Sweep:
+    """What the sweep has measured so far (filled by :func:`_start_backends` and :func:`_measure_level`)."""
+
+    runs: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    mode_info: dict[str, Any] = dataclasses.field(default_factory=dict)
+    facts_by_mode: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: mode -> (backend, close, engine facts, batch limit)
+    backends: dict[str, tuple[Any, Callable[[], None], Any, Any]] = dataclasses.field(default_factory=dict)
+    #: (run index, engine facts, metrics, concurrency, batch limit, measured batch): roofline computed after the sweep
+    pending_roofline: list[tuple[int, Any, dict[str, Any], int, Any, Any]] = dataclasses.field(default_factory=list)
+
+
 def run_benchmark(bcfg: Any, inp: BenchInputs, *, progress: Callable[[float], None] | None = None, console: Any = None) -> dict[str, Any]:
     """Run the benchmark described by ``bcfg`` (a :class:`~pipeline.config.benchmark.BenchmarkConfig`).
 
@@ -189,6 +217,35 @@ def run_benchmark(bcfg: Any, inp: BenchInputs, *, progress: Callable[[float], No
     load_start = _loadavg()
     tok = AutoTokenizer.from_pretrained(str(inp.hf_dir), trust_remote_code=False)
     stop_ids = stop_token_ids(inp.model_info)
+    wl = _build_workloads(bcfg, inp, tok)
+    engine_facts = _engine_facts(inp)
+    bw = memory_bandwidth()
+    sweep = _Sweep()
+    try:
+        # every backend is started and warmed up first; then each level is measured mode after mode, so the ratios
+        # between modes compare measurements taken minutes apart at most, not a whole mode's sweep apart
+        _start_backends(bcfg, inp, stop_ids, wl.warmup, engine_facts, sweep)
+        for rep in range(int(bcfg.repeats)):
+            for kind, level in wl.levels:
+                for mode in bcfg.modes:
+                    if (kind, level) not in _levels(bcfg, mode):
+                        continue
+                    _measure_level(bcfg, sweep, mode, rep, kind, level, wl.by_level[(rep, kind, level)], console)
+                    if progress:
+                        progress(1)
+    finally:
+        for _, close, _, _ in sweep.backends.values():
+            try:
+                close()
+            except Exception as e:
+                log.warning("closing a benchmark backend failed: %s", e)
+    _apply_roofline(bw, sweep)
+    return _document(bcfg, inp, wl, sweep, bw, engine_facts, load_start, t_begin)
+
+
+def _build_workloads(bcfg: Any, inp: BenchInputs, tok: Any) -> _Workloads:
+    """Warm-up requests and the workload of each (repeat, level); the workload of a (repeat, level) is the same for
+    every mode, so modes compare like for like."""
     n = int(bcfg.num_requests)
     warm_reqs = (
         build_requests(
@@ -205,7 +262,6 @@ def run_benchmark(bcfg: Any, inp: BenchInputs, *, progress: Callable[[float], No
         if bcfg.warmup_requests
         else []
     )
-    # the workload of each (repeat, level) is the same for every mode, so modes compare like for like
     workloads: dict[tuple[int, str, float], tuple[int, list[BenchRequest]]] = {}
     all_levels: list[tuple[str, float]] = []
     for m in bcfg.modes:
@@ -229,125 +285,147 @@ def run_benchmark(bcfg: Any, inp: BenchInputs, *, progress: Callable[[float], No
                     prefix=f"r{rep}-{lv[0][0]}{lv[1]:g}",
                 ),
             )
-    engine_facts = None
-    if inp.engine_dir is not None and (inp.engine_dir / "genai_config.json").exists():
-        try:
-            engine_facts = onnx_engine_bytes(inp.engine_dir)
-        except Exception as e:
-            log.warning("could not read engine weight sizes for the roofline: %s", e)
-    bw = memory_bandwidth()
+    return _Workloads(warm_reqs, all_levels, workloads)
 
-    runs: list[dict[str, Any]] = []
-    mode_info: dict[str, Any] = {}
-    facts_by_mode: dict[str, Any] = {}
-    backends: dict[str, tuple[Any, Callable[[], None], Any, Any]] = {}  # mode -> (backend, close, facts, batch limit)
-    pending_roofline: list[tuple[int, Any, dict[str, Any], int, Any, Any]] = []
+
+def _engine_facts(inp: BenchInputs) -> dict[str, Any] | None:
+    """Weight/KV sizes of the build's onnxruntime-genai engine for the roofline (None: no such engine, or unreadable)."""
+    if inp.engine_dir is None or not (inp.engine_dir / "genai_config.json").exists():
+        return None
     try:
-        # every backend is started and warmed up first; then each level is measured mode after mode, so the ratios
-        # between modes compare measurements taken minutes apart at most, not a whole mode's sweep apart
-        for mode in bcfg.modes:
-            t_mode = time.time()
-            backend, close = _make_backend(mode, bcfg, inp, stop_ids)
-            facts = engine_facts
-            if mode in REFERENCE_MODES:
-                try:
-                    facts = onnx_engine_bytes(backend.engine_dir)
-                except Exception as e:
-                    log.warning("could not read the %s engine's weight sizes: %s", mode, e)
-                    facts = None
-            if facts and mode != "baseline":
-                facts_by_mode[mode] = facts
-            backends[mode] = (backend, close, facts, None)
-            warm_ok, warm_errors = asyncio.run(loadgen.warmup(backend, warm_reqs, float(bcfg.max_duration_s)))
-            if warm_reqs and warm_ok == 0:
-                raise PipelineError(f"benchmark {mode}: every warm-up request failed ({'; '.join(warm_errors)[:500]}); nothing to measure.")
-            mbs = getattr(backend, "max_batch_size", None) or inp.max_batch_size
-            if mode == "triton" and mode_info.get("engine", {}).get("max_batch_size"):
-                # the served engine batches no more than the in-process engine measured (same engine folder)
-                mbs = min(mbs or 10**9, mode_info["engine"]["max_batch_size"])
-            backends[mode] = (backend, close, facts, mbs)
-            mode_info[mode] = {
-                "warmup_requests": len(warm_reqs),
-                "warmup_ok": warm_ok,
-                "max_batch_size": mbs,
-                "backend": type(backend).__name__,
-                **getattr(backend, "describe", lambda: {})(),
-                "seconds": round(time.time() - t_mode, 2),
-            }
-        for rep in range(int(bcfg.repeats)):
-            for kind, level in all_levels:
-                for mode in bcfg.modes:
-                    if (kind, level) not in _levels(bcfg, mode):
-                        continue
-                    t_level = time.time()
-                    backend, _, facts, mbs = backends[mode]
-                    seed, reqs = workloads[(rep, kind, level)]
-                    c0 = backend.counters() if hasattr(backend, "counters") else None
-                    if kind == "concurrency":
-                        lr = asyncio.run(loadgen.closed_loop(backend, reqs, int(level), float(bcfg.max_duration_s)))
-                    else:
-                        lr = asyncio.run(loadgen.open_loop(backend, reqs, float(level), seed, float(bcfg.max_duration_s)))
-                    met = level_metrics(lr.records)
-                    if c0 is not None:
-                        c1 = backend.counters()
-                        steps = c1["steps"] - c0["steps"]
-                        met["engine_steps"] = {
-                            "steps": steps,
-                            "mean_batch": (c1["token_events"] - c0["token_events"]) / steps if steps else None,
-                            "mean_admitted": (c1["active_sum"] - c0["active_sum"]) / steps if steps else None,
-                            "definition": "Engine.run calls that produced tokens; mean sequences decoded per call (batch); "
-                            "mean requests admitted to the engine per call (batch + waiting)",
-                        }
-                    conc = int(level) if kind == "concurrency" else None
-                    batch = (met.get("engine_steps") or {}).get("mean_batch")
-                    pending_roofline.append((len(runs), facts if mode != "baseline" else None, met, conc if conc else 1, mbs, batch))
-                    rl = None
-                    runs.append(
-                        {
-                            "mode": mode,
-                            "kind": kind,
-                            "concurrency": conc,
-                            "request_rate": level if kind == "request_rate" else None,
-                            "repeat": rep,
-                            "seed": seed,
-                            "dataset_digest": dataset_digest(reqs),
-                            "timed_out": lr.timed_out,
-                            "wall_s": lr.t_end - lr.t_start,
-                            "loadavg_1m": _loadavg(),
-                            "metrics": met,
-                            "roofline": rl,
-                            "requests": [_compact(r) for r in lr.records],
-                        }
-                    )
-                    mode_info[mode]["seconds"] = round(mode_info[mode]["seconds"] + time.time() - t_level, 2)
-                    if console is not None:
-                        console.print(
-                            f"  {mode:<8} {'c' if kind == 'concurrency' else 'rate'}={level:g} r{rep}: "
-                            f"TTFT p50 {met['time_to_first_token'].get('p50', float('nan')):.1f} ms  "
-                            f"TPOT {met['time_per_output_token'].get('avg', float('nan')):.2f} ms  "
-                            f"{met['output_token_throughput']['avg']:.0f} tok/s  err {met['requests']['errors']}  "
-                            f"load {runs[-1]['loadavg_1m']}",
-                            soft_wrap=True,
-                        )
-                    if progress:
-                        progress(1)
-    finally:
-        for _, close, _, _ in backends.values():
+        return onnx_engine_bytes(inp.engine_dir)
+    except Exception as e:
+        log.warning("could not read engine weight sizes for the roofline: %s", e)
+        return None
+
+
+def _start_backends(
+    bcfg: Any, inp: BenchInputs, stop_ids: list[int], warm_reqs: list[BenchRequest], engine_facts: Any, sweep: _Sweep
+) -> None:
+    """Start and warm up every mode's backend (registered in ``sweep.backends`` as soon as it runs, so the caller
+    closes it on any error). Raises PipelineError when every warm-up request of a mode fails."""
+    for mode in bcfg.modes:
+        t_mode = time.time()
+        backend, close = _make_backend(mode, bcfg, inp, stop_ids)
+        facts = engine_facts
+        if mode in REFERENCE_MODES:
             try:
-                close()
+                facts = onnx_engine_bytes(backend.engine_dir)
             except Exception as e:
-                log.warning("closing a benchmark backend failed: %s", e)
-    # On a shared host a copy benchmark taken while other jobs run understates the memory system: measure again at
-    # the end and take the higher figure as the host's bandwidth (both are recorded).
+                log.warning("could not read the %s engine's weight sizes: %s", mode, e)
+                facts = None
+        if facts and mode != "baseline":
+            sweep.facts_by_mode[mode] = facts
+        sweep.backends[mode] = (backend, close, facts, None)
+        warm_ok, warm_errors = asyncio.run(loadgen.warmup(backend, warm_reqs, float(bcfg.max_duration_s)))
+        if warm_reqs and warm_ok == 0:
+            raise PipelineError(f"benchmark {mode}: every warm-up request failed ({'; '.join(warm_errors)[:500]}); nothing to measure.")
+        mbs = getattr(backend, "max_batch_size", None) or inp.max_batch_size
+        if mode == "triton" and sweep.mode_info.get("engine", {}).get("max_batch_size"):
+            # the served engine batches no more than the in-process engine measured (same engine folder)
+            mbs = min(mbs or 10**9, sweep.mode_info["engine"]["max_batch_size"])
+        sweep.backends[mode] = (backend, close, facts, mbs)
+        sweep.mode_info[mode] = {
+            "warmup_requests": len(warm_reqs),
+            "warmup_ok": warm_ok,
+            "max_batch_size": mbs,
+            "backend": type(backend).__name__,
+            **getattr(backend, "describe", lambda: {})(),
+            "seconds": round(time.time() - t_mode, 2),
+        }
+
+
+def _measure_level(
+    bcfg: Any,
+    sweep: _Sweep,
+    mode: str,
+    rep: int,
+    kind: str,
+    level: float,
+    workload: tuple[int, list[BenchRequest]],
+    console: Any,
+) -> None:
+    """Run one (mode, repeat, level): closed loop at ``level`` concurrency or open loop at ``level`` requests/s;
+    append the run to ``sweep.runs`` (roofline filled in later by :func:`_apply_roofline`)."""
+    t_level = time.time()
+    backend, _, facts, mbs = sweep.backends[mode]
+    seed, reqs = workload
+    c0 = backend.counters() if hasattr(backend, "counters") else None
+    if kind == "concurrency":
+        lr = asyncio.run(loadgen.closed_loop(backend, reqs, int(level), float(bcfg.max_duration_s)))
+    else:
+        lr = asyncio.run(loadgen.open_loop(backend, reqs, float(level), seed, float(bcfg.max_duration_s)))
+    met = level_metrics(lr.records)
+    if c0 is not None:
+        c1 = backend.counters()
+        steps = c1["steps"] - c0["steps"]
+        met["engine_steps"] = {
+            "steps": steps,
+            "mean_batch": (c1["token_events"] - c0["token_events"]) / steps if steps else None,
+            "mean_admitted": (c1["active_sum"] - c0["active_sum"]) / steps if steps else None,
+            "definition": "Engine.run calls that produced tokens; mean sequences decoded per call (batch); "
+            "mean requests admitted to the engine per call (batch + waiting)",
+        }
+    conc = int(level) if kind == "concurrency" else None
+    batch = (met.get("engine_steps") or {}).get("mean_batch")
+    sweep.pending_roofline.append((len(sweep.runs), facts if mode != "baseline" else None, met, conc if conc else 1, mbs, batch))
+    sweep.runs.append(
+        {
+            "mode": mode,
+            "kind": kind,
+            "concurrency": conc,
+            "request_rate": level if kind == "request_rate" else None,
+            "repeat": rep,
+            "seed": seed,
+            "dataset_digest": dataset_digest(reqs),
+            "timed_out": lr.timed_out,
+            "wall_s": lr.t_end - lr.t_start,
+            "loadavg_1m": _loadavg(),
+            "metrics": met,
+            "roofline": None,
+            "requests": [_compact(r) for r in lr.records],
+        }
+    )
+    sweep.mode_info[mode]["seconds"] = round(sweep.mode_info[mode]["seconds"] + time.time() - t_level, 2)
+    if console is not None:
+        console.print(
+            f"  {mode:<8} {'c' if kind == 'concurrency' else 'rate'}={level:g} r{rep}: "
+            f"TTFT p50 {met['time_to_first_token'].get('p50', float('nan')):.1f} ms  "
+            f"TPOT {met['time_per_output_token'].get('avg', float('nan')):.2f} ms  "
+            f"{met['output_token_throughput']['avg']:.0f} tok/s  err {met['requests']['errors']}  "
+            f"load {sweep.runs[-1]['loadavg_1m']}",
+            soft_wrap=True,
+        )
+
+
+def _apply_roofline(bw: dict[str, Any], sweep: _Sweep) -> None:
+    """Fill each run's ``roofline`` (:func:`roofline_for_level`).
+
+    On a shared host a copy benchmark taken while other jobs run understates the memory system: measure again at
+    the end and take the higher figure as the host's bandwidth (both are recorded)."""
     bw["gbs_start"] = bw["gbs"]
     if not hostinfo.gpus():
         bw["gbs_end"] = measure_host_bandwidth_gbs()
         bw["gbs"] = max(bw["gbs"], bw["gbs_end"])
-    for i, facts, met, conc, mbs, batch in pending_roofline:
+    for i, facts, met, conc, mbs, batch in sweep.pending_roofline:
         if facts:
-            runs[i]["roofline"] = roofline_for_level(facts, bw["gbs"], met, conc, mbs, measured_batch=batch)
+            sweep.runs[i]["roofline"] = roofline_for_level(facts, bw["gbs"], met, conc, mbs, measured_batch=batch)
 
+
+def _document(
+    bcfg: Any,
+    inp: BenchInputs,
+    wl: _Workloads,
+    sweep: _Sweep,
+    bw: dict[str, Any],
+    engine_facts: dict[str, Any] | None,
+    load_start: float | None,
+    t_begin: float,
+) -> dict[str, Any]:
+    """The ``pipeline.benchmark/v1`` document (docs/benchmark.md), with summary, ratios and headline."""
+    runs = sweep.runs
     summary = summarize(runs)
+    source = inp.eval_set if bcfg.dataset == "eval" else (inp.corpus or inp.eval_set)
     doc: dict[str, Any] = {
         "schema": SCHEMA,
         "created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -356,14 +434,14 @@ def run_benchmark(bcfg: Any, inp: BenchInputs, *, progress: Callable[[float], No
         "seeds": {
             "base": int(bcfg.seed),
             "warmup": int(bcfg.seed) + 10**6,
-            "levels": {f"r{rep}/{k}={lv:g}": s for (rep, k, lv), (s, _) in workloads.items()},
+            "levels": {f"r{rep}/{k}={lv:g}": s for (rep, k, lv), (s, _) in wl.by_level.items()},
         },
         "dataset": {
             "kind": bcfg.dataset,
-            "source": str(inp.eval_set if bcfg.dataset == "eval" else (inp.corpus or inp.eval_set)),
-            "source_sha256": _sha(inp.eval_set if bcfg.dataset == "eval" else (inp.corpus or inp.eval_set)),
-            "digest": _digest_all(workloads),
-            "requests_per_level": n,
+            "source": str(source),
+            "source_sha256": _sha(source),
+            "digest": _digest_all(wl.by_level),
+            "requests_per_level": int(bcfg.num_requests),
         },
         "model": {
             "hf_dir": str(inp.hf_dir),
@@ -375,14 +453,14 @@ def run_benchmark(bcfg: Any, inp: BenchInputs, *, progress: Callable[[float], No
         },
         "host": {**hostinfo.host(), "loadavg_1m_start": load_start, "loadavg_1m_end": _loadavg(), "sched_autogroup": _autogroup()},
         "versions": hostinfo.library_versions(["onnxruntime-genai", "onnxruntime", "torch", "transformers", "tritonclient"]),
-        "modes": mode_info,
+        "modes": sweep.mode_info,
         "roofline": {
             "bandwidth_gbs": bw["gbs"],
             "bandwidth_source": bw["source"],
             "bandwidth_gbs_start": bw.get("gbs_start"),
             "bandwidth_gbs_end": bw.get("gbs_end"),
             **(engine_facts or {}),
-            "per_mode": facts_by_mode,
+            "per_mode": sweep.facts_by_mode,
             "formula": "bound_tokens_per_s(b) = b * BW / (W + b * KV(L)); fraction = (b / TPOT) / bound",
         },
         "runs": runs,
@@ -415,7 +493,7 @@ def _loadavg() -> float | None:
 
 
 def _cfg_dict(bcfg: Any) -> dict[str, Any]:
-    if dataclasses.is_dataclass(bcfg):
+    if dataclasses.is_dataclass(bcfg) and not isinstance(bcfg, type):
         return dataclasses.asdict(bcfg)
     try:
         from omegaconf import OmegaConf
@@ -507,6 +585,9 @@ def ratios(summary: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]], ju
         "triton_throughput_c8_over_c1": div(_mean(summary, "triton/concurrency=8", thr), _mean(summary, "triton/concurrency=1", thr)),
         "triton_vs_engine_throughput_c8": div(_mean(summary, "triton/concurrency=8", thr), _mean(summary, "engine/concurrency=8", thr)),
         "engine_vs_builder_int4_tpot_c1": div(_mean(summary, "engine/concurrency=1", tp), _mean(summary, "builder_int4/concurrency=1", tp)),
+        "engine_decode_rate_c8_over_c1": div(
+            div(8.0, _mean(summary, "engine/concurrency=8", tp)), div(1.0, _mean(summary, "engine/concurrency=1", tp))
+        ),
         "engine_roofline_fraction_c1": _roofline_fraction(summary, "engine/concurrency=1"),
         "failed_requests": sum(r["metrics"]["requests"]["errors"] for r in runs),
     }

@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from ..artifacts import BenchmarkArtifact
 from ..store import write_json_atomic
 
 log = logging.getLogger("pipeline.bench")
@@ -26,6 +27,24 @@ def _f(v: Any, nd: int = 2) -> str:
 def markdown(doc: dict[str, Any]) -> str:
     """The human-readable report: one row per mode × level (repeat 0), then the headline ratios."""
     lines = [f"# Benchmark `{doc['name']}` ({doc['created_utc']})", ""]
+    lines += _md_setup(doc)
+    lines += _md_runs(doc)
+    lines += _md_roofline(doc)
+    lines += _md_spread(doc)
+    lines += _md_ratios(doc)
+    lines += [
+        "",
+        "TTFT = send → first token; TPOT = (last − first token) / (tokens − 1); ITL = gaps between tokens; "
+        "latency = send → last token; out tok/s = output tokens / (first send → last completion). "
+        "Roofline = achieved decode tokens/s ÷ memory-bandwidth bound (docs/benchmark.md).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _md_setup(doc: dict[str, Any]) -> list[str]:
+    """:func:`markdown`: target, dataset, seeds, host, load and bandwidth."""
+    lines: list[str] = []
     m = doc["model"]
     host = doc["host"]
     lines.append(
@@ -39,6 +58,12 @@ def markdown(doc: dict[str, Any]) -> str:
         f"Memory bandwidth {doc['roofline']['bandwidth_gbs']:.1f} GB/s ({doc['roofline']['bandwidth_source']})."
     )
     lines.append("")
+    return lines
+
+
+def _md_runs(doc: dict[str, Any]) -> list[str]:
+    """:func:`markdown`: one table row per mode × level of repeat 0."""
+    lines: list[str] = []
     lines.append(
         "| mode | level | req | err | TTFT avg / p50 / p90 / p99 (ms) | TPOT avg / p50 / p90 / p99 (ms) | ITL p99 (ms) | "
         "latency p50 / p90 / p99 (ms) | out tok/s | req/s | prefill share | roofline |"
@@ -59,6 +84,12 @@ def markdown(doc: dict[str, Any]) -> str:
             f"{_f(mt['output_token_throughput']['avg'], 1)} | {_f(mt['request_throughput']['avg'])} | "
             f"{_f(mt['prefill_decode']['prefill_share'])} | {_f(rf.get('fraction'), 3)} |"
         )
+    return lines
+
+
+def _md_roofline(doc: dict[str, Any]) -> list[str]:
+    """:func:`markdown`: the decode roofline table at concurrency 1 (when measured)."""
+    lines: list[str] = []
     per_mode = (doc.get("roofline") or {}).get("per_mode") or {}
     c1 = [r for r in doc["runs"] if r["repeat"] == 0 and r["kind"] == "concurrency" and r["concurrency"] == 1 and r.get("roofline")]
     if c1:
@@ -79,6 +110,12 @@ def markdown(doc: dict[str, Any]) -> str:
                 f"| `{r['mode']}` | {_f(w / 1e6 if w else None, 2)} | {_f(rf['kv_bytes_per_seq'] * rf['batch'] / 1e6, 2)} | "
                 f"{_f(rf['bound_tokens_per_s'], 0)} | {_f(rf['achieved_decode_tokens_per_s'], 0)} | {_f(rf['fraction'], 3)} |"
             )
+    return lines
+
+
+def _md_spread(doc: dict[str, Any]) -> list[str]:
+    """:func:`markdown`: mean ± std over repeats (when there are several)."""
+    lines: list[str] = []
     if any(s["repeats"] > 1 for s in doc["summary"]):
         lines += [
             "",
@@ -97,20 +134,19 @@ def markdown(doc: dict[str, Any]) -> str:
             lines.append(
                 f"| {s['key']} | {ms('time_per_output_token.avg')} | {ms('time_to_first_token.p50')} | {ms('output_token_throughput.avg')} |"
             )
+    return lines
+
+
+def _md_ratios(doc: dict[str, Any]) -> list[str]:
+    """:func:`markdown`: the target ratios table."""
+    lines: list[str] = []
     lines += ["", "| ratio | value | target | met | definition |", "|---|---|---|---|---|"]
     for k, v in doc["ratios"].items():
         met = {True: "yes", False: "**no**", None: "not measured"}[v["met"]] if v.get("judged", True) else "(not a target here)"
         lines.append(
             f"| {k} | {_f(v['value'], 3) if isinstance(v['value'], float) else _f(v['value'])} | {v['target']} | {met} | {v['definition']} |"
         )
-    lines += [
-        "",
-        "TTFT = send → first token; TPOT = (last − first token) / (tokens − 1); ITL = gaps between tokens; "
-        "latency = send → last token; out tok/s = output tokens / (first send → last completion). "
-        "Roofline = achieved decode tokens/s ÷ memory-bandwidth bound (docs/benchmark.md).",
-        "",
-    ]
-    return "\n".join(lines)
+    return lines
 
 
 def plots(doc: dict[str, Any], out_dir: Path) -> list[str]:
@@ -184,9 +220,9 @@ def plots(doc: dict[str, Any], out_dir: Path) -> list[str]:
 def write_outputs(doc: dict[str, Any], out_dir: Path, *, make_plots: bool = True) -> dict[str, str]:
     """Write ``benchmark.json``, ``benchmark.md`` and the plots into ``out_dir``; returns {kind: path}."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {"json": str(out_dir / "benchmark.json"), "md": str(out_dir / "benchmark.md")}
-    write_json_atomic(out_dir / "benchmark.json", doc)
-    (out_dir / "benchmark.md").write_text(markdown(doc), encoding="utf-8")
+    paths = {"json": str(out_dir / BenchmarkArtifact.RESULT_JSON), "md": str(out_dir / BenchmarkArtifact.RESULT_MD)}
+    write_json_atomic(out_dir / BenchmarkArtifact.RESULT_JSON, doc)
+    (out_dir / BenchmarkArtifact.RESULT_MD).write_text(markdown(doc), encoding="utf-8")
     if make_plots:
         try:
             for name in plots(doc, out_dir):

@@ -118,8 +118,8 @@ def onnx_engine_bytes(engine_dir: Path) -> dict[str, Any]:
     }
 
 
-def bound_tokens_per_s(bw_bytes_s: float, weight_bytes: float, kv_bytes_per_seq: float, batch: int) -> float:
-    """``b * BW / (W + b * KV)`` tokens/s (module docstring)."""
+def bound_tokens_per_s(bw_bytes_s: float, weight_bytes: float, kv_bytes_per_seq: float, batch: float) -> float:
+    """``b * BW / (W + b * KV)`` tokens/s (module docstring); ``batch`` may be a measured mean (sequences per step)."""
     return batch * bw_bytes_s / (weight_bytes + batch * kv_bytes_per_seq)
 
 

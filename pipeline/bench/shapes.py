@@ -22,9 +22,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..artifacts import REQUIRED_TOKENIZER_FILES, TOKENIZER_COPY_FILES
+
 ROOT = Path(__file__).resolve().parents[2]
 TOKENIZER_SOURCE = ROOT / "models" / "support-llama"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
 
 SHAPES: dict[str, dict[str, Any]] = {
     "llama80m": {
@@ -76,7 +77,7 @@ def make_shape(shape: str, out: Path, *, seed: int = SEED, force: bool = False) 
     stamp = {"shape": shape, "seed": seed, "init_std": INIT_STD, "config": SHAPES[shape]}
     if not force and (out / "bench_shape.json").is_file() and json.loads((out / "bench_shape.json").read_text()) == stamp:
         return out
-    missing = [f for f in TOKENIZER_FILES[:2] if not (TOKENIZER_SOURCE / f).is_file()]
+    missing = [f for f in REQUIRED_TOKENIZER_FILES if not (TOKENIZER_SOURCE / f).is_file()]
     if missing:
         raise FileNotFoundError(f"{TOKENIZER_SOURCE}: {missing} missing; the benchmark shapes use the default model's tokenizer")
     tmp = out.with_name(out.name + ".partial")
@@ -85,7 +86,7 @@ def make_shape(shape: str, out: Path, *, seed: int = SEED, force: bool = False) 
     cfg = tf.LlamaConfig(**SHAPES[shape])
     gen = torch.Generator().manual_seed(seed)
     with torch.device("cpu"):
-        model = tf.LlamaForCausalLM(cfg).to(torch.float32)
+        model = tf.LlamaForCausalLM(cfg).float()  # = .to(torch.float32); PreTrainedModel.to is typed as the unbound nn.Module.to
     with torch.no_grad():
         for _name, p in sorted(model.named_parameters()):
             if p.dim() == 2:
@@ -93,7 +94,7 @@ def make_shape(shape: str, out: Path, *, seed: int = SEED, force: bool = False) 
             else:
                 p.fill_(1.0)  # RMSNorm weights
     model.save_pretrained(str(tmp), safe_serialization=True)
-    for f in TOKENIZER_FILES:
+    for f in TOKENIZER_COPY_FILES:
         if (TOKENIZER_SOURCE / f).is_file():
             shutil.copy2(TOKENIZER_SOURCE / f, tmp / f)
     (tmp / "bench_shape.json").write_text(json.dumps(stamp, indent=2) + "\n", encoding="utf-8")

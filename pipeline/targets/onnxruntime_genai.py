@@ -28,9 +28,9 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..artifacts import BuildArtifact
 from ..config.common import Problem
@@ -97,6 +97,198 @@ def set_runtime_limits(engine: Path, *, max_batch_size: int, max_seq_len: int) -
     return gc
 
 
+def _quant_problems(cfg: Any) -> list[Problem]:
+    """:meth:`OnnxRuntimeGenAITarget.check_config`: recipe, KV cache and the modules kept in high precision."""
+    q = cfg.quant
+    p: list[Problem] = []
+    fix = f"use quant=<one of {list(SUPPORTED_RECIPES)}> with target=onnxruntime_genai, or target=tensorrt_llm on an NVIDIA GPU"
+    refusal = CAPABILITIES.recipe_refusal(q.recipe)
+    if refusal is not None:
+        p.append(
+            Problem(
+                "quant.recipe",
+                q.recipe,
+                f"target onnxruntime_genai cannot execute this recipe on {cfg.target.execution_provider} ({refusal}); "
+                f"it supports {list(SUPPORTED_RECIPES)}.",
+                fix
+                + (
+                    " (to measure quant=auto on CPU: stages=[export,quantize,evaluate] eval.runners=[baseline,simulated])"
+                    if q.recipe == "auto"
+                    else ""
+                ),
+            )
+        )
+    if q.kv_cache_dtype not in CAPABILITIES.kv_cache_dtypes:
+        p.append(
+            Problem(
+                "quant.kv_cache_dtype",
+                q.kv_cache_dtype,
+                "target onnxruntime_genai deploys an unquantized KV cache only.",
+                "set quant.kv_cache_dtype=none",
+            )
+        )
+    if q.recipe != "none" and q.sensitive_preset != "none":
+        p.append(
+            Problem(
+                "quant.sensitive_preset",
+                q.sensitive_preset,
+                "target onnxruntime_genai reads quantized checkpoints whose decoder projections are all quantized.",
+                "set quant.sensitive_preset=none",
+            )
+        )
+    if q.recipe != "none" and any(m not in ("lm_head",) for m in q.exclude_modules):
+        p.append(
+            Problem(
+                "quant.exclude_modules",
+                list(q.exclude_modules),
+                "target onnxruntime_genai can keep only lm_head in high precision.",
+                "set quant.exclude_modules=[lm_head]",
+            )
+        )
+    return p
+
+
+def _build_problems(cfg: Any) -> list[Problem]:
+    """:meth:`OnnxRuntimeGenAITarget.check_config`: one device, no speculative decoding, limits, beam width,
+    MatMulNBits accuracy level."""
+    b = cfg.build
+    p: list[Problem] = []
+    for f in ("tp_size", "pp_size"):
+        if getattr(cfg.parallel, f) != 1:
+            p.append(
+                Problem(f"parallel.{f}", getattr(cfg.parallel, f), "target onnxruntime_genai runs on one device.", f"set parallel.{f}=1")
+            )
+    if b.speculative.mode != "none":
+        p.append(
+            Problem(
+                "build.speculative.mode",
+                b.speculative.mode,
+                "speculative decoding is not wired for target onnxruntime_genai.",
+                "set build.speculative.mode=none",
+            )
+        )
+    if b.max_input_len >= b.max_seq_len:
+        p.append(
+            Problem(
+                "build.max_input_len",
+                b.max_input_len,
+                f"must be < build.max_seq_len ({b.max_seq_len}) so a prompt of max_input_len tokens can generate.",
+                f"set build.max_input_len <= {b.max_seq_len - 1} or raise build.max_seq_len",
+            )
+        )
+    if b.max_beam_width != 1:
+        p.append(
+            Problem("build.max_beam_width", b.max_beam_width, "the engine runner is greedy (beam width 1).", "set build.max_beam_width=1")
+        )
+    if cfg.target.accuracy_level not in (0, 1, 2, 3, 4):
+        p.append(
+            Problem(
+                "target.accuracy_level",
+                cfg.target.accuracy_level,
+                "must be 0-4 (MatMulNBits accuracy_level).",
+                "use 1 (fp32 activations, the quantized checkpoint's exact numerics) or 4 (int8 activations, faster)",
+            )
+        )
+    return p
+
+
+class _BuilderSource(NamedTuple):
+    """What the onnxruntime-genai model builder reads: a folder, the precision and its extra options."""
+
+    path: Path
+    precision: str  # builder -p: fp32 | fp16 | int8 | int4
+    conv: dict[str, Any]  # :func:`pipeline.targets.ort_quant.convert`'s result ({} for recipe none)
+    extra_options: list[str]
+
+
+def _builder_source(cfg: Any, checkpoint: Path, export_dir: Path | None, work: Path, model: Any, lg: Any) -> _BuilderSource:
+    """Recipe none: the checkpoint's ``hf/`` in fp32 (cpu) / fp16. Quantized: ModelOpt's simulated-quant model written
+    as a GPTQ-format checkpoint (:func:`pipeline.targets.ort_quant.convert`; integers and scales unchanged).
+
+    Raises: InputError (no export artifact for a quantized recipe; weights that cannot be deployed exactly).
+    """
+    rec, ep = cfg.quant.recipe, cfg.target.execution_provider
+    hf = checkpoint / "hf" if (checkpoint / "hf").is_dir() else checkpoint
+    extra = ["hf_token=false", "hf_remote=false"]
+    if rec == "none":
+        return _BuilderSource(hf, "fp32" if ep == "cpu" else "fp16", {}, extra)
+    if export_dir is None:
+        raise InputError("build: a quantized recipe needs the export artifact (hf/) to rebuild ModelOpt's simulated-quant model.")
+    from .ort_quant import ConversionError, convert
+
+    if model is None:
+        from ..quantization.state import load_simulated_model
+
+        lg.info("restoring ModelOpt's simulated-quant model from %s", checkpoint)
+        model = load_simulated_model(checkpoint, Path(export_dir), device="cpu")
+    hf_src = Path(export_dir) / "hf" if (Path(export_dir) / "hf").is_dir() else Path(export_dir)
+    try:
+        conv = convert(model, hf_src, work / "gptq_checkpoint")
+    except ConversionError as e:
+        raise InputError(f"quant.recipe={rec}: the quantized weights cannot be deployed exactly on onnxruntime_genai: {e}") from e
+    extra.append(f"accuracy_level={cfg.target.accuracy_level}")
+    if any(f"/attn/{n}/" in node for node, _ in conv["prescale_muls"] for n in ("q_proj", "k_proj", "v_proj")):
+        extra.append("fuse_qkv=false")  # a Mul in front of q/k/v needs their separate MatMuls (quant.resmooth=false)
+    # the embedding stays the float table ModelOpt looks up; the LM head is quantized exactly when ModelOpt did
+    extra.append("shared_embeddings=false")
+    extra.append(
+        "nodes_to_exclude=" + ",".join((["/lm_head/MatMul"] if not conv["lm_head_quantized"] else []) + ["/model/embed_tokens/Gather"])
+    )
+    return _BuilderSource(work / "gptq_checkpoint", "int8" if conv["bits"] == 8 else "int4", conv, extra)
+
+
+def _finish_graph(onnx_path: Path, logf: Path, conv: dict[str, Any], rec: str, lg: Any) -> tuple[str | None, int, dict[str, Any] | None]:
+    """After the builder: fix its LM-head input, insert the pre-quant-scale ``Mul`` nodes, and (quantized recipes)
+    check that the graph deploys the converted checkpoint. Returns (graph fix note, Mul nodes inserted, graph check).
+
+    Raises: PipelineError when the graph does not deploy the quantized checkpoint as reported.
+    """
+    from .ort_quant import ConversionError, check_deployed_graph, fix_lm_head_input, insert_prescale_muls
+
+    graph_fix = fix_lm_head_input(onnx_path)
+    if graph_fix:
+        lg.warning("fixed the builder's graph: %s", graph_fix)
+        with open(logf, "a", encoding="utf-8") as fh:
+            fh.write(f"pipeline: fixed the builder's graph: {graph_fix}\n")
+    n_mul = insert_prescale_muls(onnx_path, conv["prescale_muls"]) if conv.get("prescale_muls") else 0
+    graph = None
+    if rec != "none":
+        try:
+            graph = check_deployed_graph(onnx_path, conv["lm_head_quantized"])
+        except ConversionError as e:
+            raise PipelineError(f"build: the engine graph does not deploy the quantized checkpoint as reported: {e}") from e
+    return graph_fix, n_mul, graph
+
+
+def _versions_and_host(ep: str) -> dict[str, Any]:
+    """build_info's ``versions`` (libraries that shape the engine) and ``host`` sections."""
+    from ..hostinfo import cpu_model, gpus, library_versions
+
+    return {
+        "versions": library_versions(("onnxruntime-genai", "onnxruntime", "onnx", "torch", "transformers", "nvidia-modelopt")),
+        "host": {
+            "kind": "cpu" if ep == "cpu" else "gpu",
+            "cpu": cpu_model(),
+            "cpu_count": os.cpu_count(),
+            "gpus": gpus() if ep == "cuda" else [],
+        },
+    }
+
+
+def _quantized_weights(conv: dict[str, Any], n_mul: int, graph: dict[str, Any] | None) -> dict[str, Any]:
+    """build_info's ``quantized_weights`` section."""
+    return {
+        "source": "ModelOpt simulated-quant model (quant_state) -> GPTQ-format checkpoint, integers and scales unchanged",
+        "bits": conv["bits"],
+        "group_size": conv["group_size"],
+        "quantized_linears": conv["quantized_linears"],
+        "pre_quant_scale": {**conv["folded"], "onnx_mul_inserted": n_mul},
+        "lm_head_quantized": conv["lm_head_quantized"],
+        "untied_embeddings": conv.get("untied_embeddings", False),
+        "graph": graph,
+    }
+
+
 class OnnxRuntimeGenAITarget:
     name = "onnxruntime_genai"
 
@@ -106,95 +298,7 @@ class OnnxRuntimeGenAITarget:
     # ------------------------------------------------------------------ config time
     def check_config(self, cfg: Any) -> list[Problem]:
         """Recipe/kv-cache/limits checks for this target (no heavy imports)."""
-        q, b = cfg.quant, cfg.build
-        p: list[Problem] = []
-        fix = f"use quant=<one of {list(SUPPORTED_RECIPES)}> with target=onnxruntime_genai, or target=tensorrt_llm on an NVIDIA GPU"
-        refusal = CAPABILITIES.recipe_refusal(q.recipe)
-        if refusal is not None:
-            p.append(
-                Problem(
-                    "quant.recipe",
-                    q.recipe,
-                    f"target onnxruntime_genai cannot execute this recipe on {cfg.target.execution_provider} ({refusal}); "
-                    f"it supports {list(SUPPORTED_RECIPES)}.",
-                    fix
-                    + (
-                        " (to measure quant=auto on CPU: stages=[export,quantize,evaluate] eval.runners=[baseline,simulated])"
-                        if q.recipe == "auto"
-                        else ""
-                    ),
-                )
-            )
-        if q.kv_cache_dtype not in CAPABILITIES.kv_cache_dtypes:
-            p.append(
-                Problem(
-                    "quant.kv_cache_dtype",
-                    q.kv_cache_dtype,
-                    "target onnxruntime_genai deploys an unquantized KV cache only.",
-                    "set quant.kv_cache_dtype=none",
-                )
-            )
-        if q.recipe != "none" and q.sensitive_preset != "none":
-            p.append(
-                Problem(
-                    "quant.sensitive_preset",
-                    q.sensitive_preset,
-                    "target onnxruntime_genai reads quantized checkpoints whose decoder projections are all quantized.",
-                    "set quant.sensitive_preset=none",
-                )
-            )
-        if q.recipe != "none" and any(m not in ("lm_head",) for m in q.exclude_modules):
-            p.append(
-                Problem(
-                    "quant.exclude_modules",
-                    list(q.exclude_modules),
-                    "target onnxruntime_genai can keep only lm_head in high precision.",
-                    "set quant.exclude_modules=[lm_head]",
-                )
-            )
-        if q.tp_size != 1 or q.pp_size != 1:
-            p.append(
-                Problem(
-                    "quant.tp_size",
-                    f"{q.tp_size}x{q.pp_size}",
-                    "target onnxruntime_genai runs on one device.",
-                    "set quant.tp_size=1 quant.pp_size=1",
-                )
-            )
-        if b.speculative.mode != "none":
-            p.append(
-                Problem(
-                    "build.speculative.mode",
-                    b.speculative.mode,
-                    "speculative decoding is not wired for target onnxruntime_genai.",
-                    "set build.speculative.mode=none",
-                )
-            )
-        if b.max_input_len >= b.max_seq_len:
-            p.append(
-                Problem(
-                    "build.max_input_len",
-                    b.max_input_len,
-                    f"must be < build.max_seq_len ({b.max_seq_len}) so a prompt of max_input_len tokens can generate.",
-                    f"set build.max_input_len <= {b.max_seq_len - 1} or raise build.max_seq_len",
-                )
-            )
-        if b.max_beam_width != 1:
-            p.append(
-                Problem(
-                    "build.max_beam_width", b.max_beam_width, "the engine runner is greedy (beam width 1).", "set build.max_beam_width=1"
-                )
-            )
-        if cfg.target.accuracy_level not in (0, 1, 2, 3, 4):
-            p.append(
-                Problem(
-                    "target.accuracy_level",
-                    cfg.target.accuracy_level,
-                    "must be 0-4 (MatMulNBits accuracy_level).",
-                    "use 1 (fp32 activations, the quantized checkpoint's exact numerics) or 4 (int8 activations, faster)",
-                )
-            )
-        return p
+        return _quant_problems(cfg) + _build_problems(cfg)
 
     def available(self) -> tuple[bool, str]:
         from ..hostinfo import installed_version
@@ -287,74 +391,22 @@ class OnnxRuntimeGenAITarget:
         rec = cfg.quant.recipe
         if rec not in SUPPORTED_RECIPES:
             raise InputError(f"quant.recipe={rec!r}: target onnxruntime_genai supports {list(SUPPORTED_RECIPES)}.")
-        hf = checkpoint / "hf" if (checkpoint / "hf").is_dir() else checkpoint
-        conv: dict[str, Any] = {}
-        extra = ["hf_token=false", "hf_remote=false"]
-        if rec == "none":
-            precision = "fp32" if ep == "cpu" else "fp16"
-            src = hf
-        else:
-            if export_dir is None:
-                raise InputError("build: a quantized recipe needs the export artifact (hf/) to rebuild ModelOpt's simulated-quant model.")
-            from .ort_quant import ConversionError, convert
-
-            if model is None:
-                from ..quantize import load_simulated_model
-
-                lg.info("restoring ModelOpt's simulated-quant model from %s", checkpoint)
-                model = load_simulated_model(checkpoint, Path(export_dir), device="cpu")
-            hf_src = Path(export_dir) / "hf" if (Path(export_dir) / "hf").is_dir() else Path(export_dir)
-            try:
-                conv = convert(model, hf_src, work / "gptq_checkpoint")
-            except ConversionError as e:
-                raise InputError(f"quant.recipe={rec}: the quantized weights cannot be deployed exactly on onnxruntime_genai: {e}") from e
-            precision = "int8" if conv["bits"] == 8 else "int4"
-            src = work / "gptq_checkpoint"
-            extra.append(f"accuracy_level={cfg.target.accuracy_level}")
-            if conv["prescale_muls"]:
-                extra.append("fuse_qkv=false")
-            # the embedding stays the float table ModelOpt looks up; the LM head is quantized exactly when ModelOpt did
-            extra.append("shared_embeddings=false")
-            extra.append(
-                "nodes_to_exclude="
-                + ",".join((["/lm_head/MatMul"] if not conv["lm_head_quantized"] else []) + ["/model/embed_tokens/Gather"])
-            )
-        cmd = self.command(cfg, src, engine, work / "cache", precision, extra)
+        src = _builder_source(cfg, checkpoint, export_dir, work, model, lg)
+        precision, conv, extra = src.precision, src.conv, src.extra_options
+        cmd = self.command(cfg, src.path, engine, work / "cache", precision, extra)
         lg.info("building: %s", " ".join(cmd))
         env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
         from ..families import builder_input  # sliding-window models: tell the builder which layers are windowed
 
-        builder_src, window_note = builder_input(src, work / "builder_input", int(cfg.build.max_seq_len))
+        builder_src, window_note = builder_input(src.path, work / "builder_input", int(cfg.build.max_seq_len))
         cmd[cmd.index("-i") + 1] = str(builder_src)
         if window_note:
             lg.info("sliding window: %s (builder input %s)", window_note, builder_src)
         _run_logged(cmd, logf, "onnxruntime-genai model builder", env=env)
-        from .ort_quant import fix_lm_head_input
-
-        graph_fix = fix_lm_head_input(engine / "model.onnx")
-        if graph_fix:
-            lg.warning("fixed the builder's graph: %s", graph_fix)
-            with open(logf, "a", encoding="utf-8") as fh:
-                fh.write(f"pipeline: fixed the builder's graph: {graph_fix}\n")
-        n_mul = 0
-        if conv.get("prescale_muls"):
-            from .ort_quant import insert_prescale_muls
-
-            n_mul = insert_prescale_muls(engine / "model.onnx", conv["prescale_muls"])
-        graph = None
-        if rec != "none":
-            from .ort_quant import ConversionError as _CE
-            from .ort_quant import check_deployed_graph
-
-            try:
-                graph = check_deployed_graph(engine / "model.onnx", conv["lm_head_quantized"])
-            except _CE as e:
-                raise PipelineError(f"build: the engine graph does not deploy the quantized checkpoint as reported: {e}") from e
+        graph_fix, n_mul, graph = _finish_graph(engine / "model.onnx", logf, conv, rec, lg)
         limits = self.write_limits(cfg, engine)
         shutil.rmtree(work, ignore_errors=True)
         import onnxruntime_genai as og  # noqa: F401 - version check only
-
-        from ..hostinfo import cpu_model, gpus, library_versions
 
         info = {
             "schema": "pipeline.build_info/v1",
@@ -363,13 +415,7 @@ class OnnxRuntimeGenAITarget:
             "execution_provider": ep,
             "precision": precision,
             "recipe": rec,
-            "versions": library_versions(("onnxruntime-genai", "onnxruntime", "onnx", "torch", "transformers", "nvidia-modelopt")),
-            "host": {
-                "kind": "cpu" if ep == "cpu" else "gpu",
-                "cpu": cpu_model(),
-                "cpu_count": os.cpu_count(),
-                "gpus": gpus() if ep == "cuda" else [],
-            },
+            **_versions_and_host(ep),
             "knobs": {
                 "max_batch_size": cfg.build.max_batch_size,
                 "max_input_len": cfg.build.max_input_len,
@@ -378,18 +424,7 @@ class OnnxRuntimeGenAITarget:
                 "extra_options": extra,
             },
             "limits": limits,
-            "quantized_weights": None
-            if rec == "none"
-            else {
-                "source": "ModelOpt simulated-quant model (quant_state) -> GPTQ-format checkpoint, integers and scales unchanged",
-                "bits": conv["bits"],
-                "group_size": conv["group_size"],
-                "quantized_linears": conv["quantized_linears"],
-                "pre_quant_scale": {**conv["folded"], "onnx_mul_inserted": n_mul},
-                "lm_head_quantized": conv["lm_head_quantized"],
-                "untied_embeddings": conv.get("untied_embeddings", False),
-                "graph": graph,
-            },
+            "quantized_weights": None if rec == "none" else _quantized_weights(conv, n_mul, graph),
             "command": cmd,
             "graph_fixes": [graph_fix] if graph_fix else [],
             "engine_bytes": _dir_bytes(engine),
@@ -473,7 +508,7 @@ class OrtEngineRunner:
 
     @staticmethod
     def _finish(
-        ids: list[int], stops: Sequence[int], reason: str, times: list[float], rid: str, error: str | None = None
+        ids: list[int], stops: Iterable[int], reason: str, times: list[float], rid: str, error: str | None = None
     ) -> GenerationResult:
         from ..tokenization import cut_at_stop
 
@@ -506,10 +541,10 @@ class OrtEngineRunner:
         return [r for r in results if r is not None]
 
     def _run_engine(self, requests: Sequence[GenerationRequest], todo: list[int], results: list, on_token: TokenCallback | None) -> None:
-        import numpy as np
-
         og = self._og
         eng = self._engine
+        if eng is None:  # engine mode sets it in __init__; only close() clears it
+            raise RuntimeError("OrtEngineRunner.generate() after close()")
         buf = eng.create_event_buffer(max(16, 4 * self.max_batch_size))
         tok_flag, fin_flag, fail_flag = (
             og.EngineEventFlags.TOKEN.value,
@@ -528,32 +563,7 @@ class OrtEngineRunner:
         active: dict[int, dict[str, Any]] = {}  # id(Request) -> state
 
         def admit() -> None:
-            while queue and len(active) < self.max_batch_size:
-                i = queue.pop(0)
-                r = requests[i]
-                req = eng.create_request()
-                opts = og.TurnOptions(req)
-                opts.set_do_sample(False)
-                opts.set_max_generated_tokens(int(r.max_new_tokens))
-                if r.ignore_eos:
-                    opts.set_min_generated_tokens(int(r.max_new_tokens))
-                t_sub = time.perf_counter()
-                try:
-                    turn = req.begin_turn(np.asarray(r.input_ids, dtype=np.int32), opts)
-                except Exception as e:
-                    results[i] = GenerationResult(r.request_id, [], "error", [], f"engine refused the request: {e}")
-                    req.close()
-                    continue
-                active[id(req)] = {
-                    "i": i,
-                    "req": req,
-                    "turn": turn,
-                    "ids": [],
-                    "times": [],
-                    "t0": t_sub,
-                    "stops": set(int(s) for s in ([] if r.ignore_eos else r.stop_token_ids)),
-                    "cancelled": False,
-                }
+            self._admit(eng, requests, queue, active, results)
 
         admit()
         while active or queue:
@@ -588,6 +598,41 @@ class OrtEngineRunner:
         for st in active.values():  # the engine went idle without finishing them: report, never drop
             r = requests[st["i"]]
             results[st["i"]] = GenerationResult(r.request_id, st["ids"], "error", st["times"], "engine stopped before the request finished")
+
+    def _admit(
+        self, eng: Any, requests: Sequence[GenerationRequest], queue: list[int], active: dict[int, dict[str, Any]], results: list
+    ) -> None:
+        """:meth:`_run_engine`: start turns for queued requests while fewer than ``max_batch_size`` are active (greedy;
+        ``ignore_eos`` forces the full length); a request the engine refuses gets an error result."""
+        import numpy as np
+
+        og = self._og
+        while queue and len(active) < self.max_batch_size:
+            i = queue.pop(0)
+            r = requests[i]
+            req = eng.create_request()
+            opts = og.TurnOptions(req)
+            opts.set_do_sample(False)
+            opts.set_max_generated_tokens(int(r.max_new_tokens))
+            if r.ignore_eos:
+                opts.set_min_generated_tokens(int(r.max_new_tokens))
+            t_sub = time.perf_counter()
+            try:
+                turn = req.begin_turn(np.asarray(r.input_ids, dtype=np.int32), opts)
+            except Exception as e:
+                results[i] = GenerationResult(r.request_id, [], "error", [], f"engine refused the request: {e}")
+                req.close()
+                continue
+            active[id(req)] = {
+                "i": i,
+                "req": req,
+                "turn": turn,
+                "ids": [],
+                "times": [],
+                "t0": t_sub,
+                "stops": set(int(s) for s in ([] if r.ignore_eos else r.stop_token_ids)),
+                "cancelled": False,
+            }
 
     def _run_generator(self, r: GenerationRequest, on_token: TokenCallback | None) -> GenerationResult:
         import numpy as np

@@ -25,24 +25,17 @@ weight (max abs error <= 1e-5 x max|W|) and raises :class:`ConversionError` othe
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from ..artifacts import TOKENIZER_COPY_FILES as TOKENIZER_FILES  # the one list of tokenizer file names
 
 if TYPE_CHECKING:
     import torch
 
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "chat_template.jinja",
-    "generation_config.json",
-    "tokenizer.model",
-    "vocab.json",
-    "merges.txt",
-)
 ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")
 
@@ -62,15 +55,41 @@ def _pre_quant_scale(lin: Any) -> torch.Tensor | None:
     return None if p is None else p.detach().float().reshape(-1)
 
 
-def integer_weights(lin: Any) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+def channel_block(in_features: list[int]) -> int:
+    """The one block size per-channel quantized weights are written with, for a model whose quantized linears read
+    ``in_features``.
+
+    A per-channel scale is constant along a row, so any block that divides ``in`` repeats it exactly; the GPTQ reader
+    of onnxruntime-genai takes one ``group_size`` for the whole checkpoint, and ``MatMulNBits`` needs a power of two
+    >= 16 (onnxruntime ``contrib_ops/cpu/quantization/matmul_nbits.cc``). So: the largest power of two <= 128 that
+    divides every ``in_features`` (128 for the usual widths; 64 when the hidden size is 64).
+    Raises ConversionError when that is below 16.
+    """
+    import math
+
+    g = math.gcd(*in_features) if in_features else 128
+    block = 128
+    while block >= 16 and g % block:
+        block //= 2
+    if block < 16:
+        raise ConversionError(
+            f"in_features {sorted(set(in_features))} have no common power-of-two block >= 16 (MatMulNBits' smallest block)"
+        )
+    return block
+
+
+def integer_weights(lin: Any, channel_group: int | None = None) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     """The integers and scales of a ModelOpt weight-quantized linear.
 
+    Args:
+        lin: the quantized linear.
+        channel_group: block size for a per-channel quantizer (:func:`channel_block`, one for the whole model);
+            ``None`` = 128 when it divides ``in``, else ``in``.
     Returns:
         ``(q, scale, bits, group)``: ``q`` int32 ``[out, in]`` in ``[-2**(bits-1), 2**(bits-1)-1]``,
         ``scale`` float32 ``[out, in // group]``, with ``q * scale`` (repeated over groups) equal to
         ``lin.weight_quantizer(lin.weight)``. Per-channel quantizers are returned with
-        ``group = 128`` (or ``in`` when 128 does not divide it) and the channel scale repeated, which is
-        the same dequantized weight.
+        ``group = channel_group`` and the channel scale repeated, which is the same dequantized weight.
     Raises:
         ConversionError: non-integer formats (FP8/NVFP4), or integers that do not reproduce the
             fake-quantized weight.
@@ -88,8 +107,10 @@ def integer_weights(lin: Any) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     maxb = 2 ** (bits - 1) - 1
     amax = wq.amax.detach().float().reshape(out_f, -1)
     nb = amax.shape[1]
-    if nb == 1:  # per-channel: express as blocks of 128 with the same scale
-        group = 128 if in_f % 128 == 0 else in_f
+    if nb == 1:  # per-channel: express as blocks of channel_group with the same scale
+        group = channel_group or (128 if in_f % 128 == 0 else in_f)
+        if in_f % group:
+            raise ConversionError(f"in_features {in_f} is not a multiple of the block size {group}")
         amax = amax.expand(out_f, in_f // group).contiguous()
     else:
         if in_f % nb:
@@ -189,132 +210,207 @@ def convert(model: Any, hf_dir: Path, out: Path, *, block_size: int | None = Non
         ConversionError: a layout that cannot be expressed exactly (mixed quantized/unquantized
             projections, fused qkv/gate_up modules, floating-point formats).
     """
-    import torch
     from safetensors.torch import save_file
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     cfg = model.config
-    n_heads, n_kv = cfg.num_attention_heads, getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads
-    n_rep = n_heads // n_kv
-    tensors: dict[str, torch.Tensor] = {}
-    muls: list[tuple[str, torch.Tensor]] = []
-    folded = {"norm": 0, "v_rows": 0, "up_rows": 0, "onnx_mul": 0}
-    bits_seen: set[int] = set()
-    groups_seen: set[int] = set()
-    n_quant = 0
-
+    n_heads = cfg.num_attention_heads
+    n_kv = getattr(cfg, "num_key_value_heads", None) or n_heads
+    geom = _KvGeometry(n_kv, n_heads // n_kv, getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads)
+    try:
+        chan: int | None = channel_block(_quantized_in_features(model))
+    except ConversionError:
+        chan = None  # no common block: only a model without per-channel weights converts (else the mixed-size error below)
+    acc = _Converted(channel_group=chan)
     sd = {k: v.detach().float() for k, v in model.state_dict().items() if "_quantizer" not in k}
     for k in ("model.embed_tokens.weight", "model.norm.weight"):
-        tensors[k] = sd[k].clone()
-
+        acc.tensors[k] = sd[k].clone()
     for i, layer in enumerate(_layers(model)):
-        attn, mlp = layer.self_attn, layer.mlp
-        mods = {}
-        for n in ATTN:
-            if not hasattr(attn, n):
-                raise ConversionError(f"layer {i}: self_attn.{n} missing (fused qkv_proj layouts are not supported by this converter)")
-            mods[n] = getattr(attn, n)
-        for n in MLP:
-            if not hasattr(mlp, n):
-                raise ConversionError(f"layer {i}: mlp.{n} missing (fused gate_up_proj layouts are not supported by this converter)")
-            mods[n] = getattr(mlp, n)
-        quant = {n: _is_quantized(m) for n, m in mods.items()}
-        if len(set(quant.values())) != 1:
-            raise ConversionError(
-                f"layer {i}: some projections are quantized and some are not ({sorted(k for k, v in quant.items() if not v)} kept "
-                "in high precision); onnxruntime-genai's quantized-checkpoint reader needs every projection of a layer quantized. "
-                "Use quant.sensitive_preset=none for this target."
-            )
-        pfx = f"model.layers.{i}"
-        in_norm = sd[f"{pfx}.input_layernorm.weight"].clone()
-        post_norm = sd[f"{pfx}.post_attention_layernorm.weight"].clone()
-        pqs = {n: _pre_quant_scale(m) for n, m in mods.items()}
+        _convert_layer(i, layer, sd, geom, block_size, acc)
+    acc.folded["onnx_mul"] = len(acc.muls)
+    lm_quant = _convert_lm_head(model, sd, block_size, acc)
+    if len(acc.bits_seen) != 1 or len(acc.groups_seen) != 1:
+        raise ConversionError(
+            f"mixed bit widths {sorted(acc.bits_seen)} / group sizes {sorted(acc.groups_seen)} are not supported by the reader"
+        )
+    bits, group = acc.bits_seen.pop(), acc.groups_seen.pop()
+    blocks = block_size if block_size and block_size < group else group
+    save_file({k: v.contiguous() for k, v in acc.tensors.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    tied = _write_config(Path(hf_dir), out, bits, blocks)
+    for f in TOKENIZER_FILES:
+        if (Path(hf_dir) / f).is_file():
+            shutil.copy2(Path(hf_dir) / f, out / f)
+    return {
+        "bits": bits,
+        "group_size": group,
+        "block_size": blocks,
+        "quantized_linears": acc.n_quant + int(lm_quant),
+        "folded": acc.folded,
+        "prescale_muls": acc.muls,
+        "lm_head_quantized": lm_quant,
+        "untied_embeddings": tied,
+    }
 
-        if not quant["q_proj"]:
-            # the unquantized layer: plain float weights (the reader maps *.weight like *.qweight only
-            # when quantization_config is present, so this is rejected there)
-            raise ConversionError(f"layer {i}: not quantized; the recipe must quantize every decoder layer for this target")
 
-        ints = {n: integer_weights(m) for n, m in mods.items()}
-        for _n, (_, _, b, g) in ints.items():
-            bits_seen.add(b)
-            groups_seen.add(g)
-        scales = {n: ints[n][1].clone() for n in mods}
-        biases = {n: (None if getattr(m, "bias", None) is None else m.bias.detach().float().clone()) for n, m in mods.items()}
+def _quantized_in_features(model: Any) -> list[int]:
+    """``in_features`` of every weight-quantized ``nn.Linear`` in ``model``."""
+    return [int(m.weight.shape[1]) for m in model.modules() if _is_quantized(m) and getattr(m, "weight", None) is not None]
 
-        # o_proj pre_quant_scale -> v_proj output rows (exact when constant within each KV group)
-        p = pqs["o_proj"]
-        if p is not None:
-            pv = p.view(n_kv, n_rep, head_dim)
-            if torch.equal(pv, pv[:, :1, :].expand_as(pv)):
-                row = pv[:, 0, :].reshape(-1)
-                scales["v_proj"] *= row[:, None]
-                if biases["v_proj"] is not None:
-                    biases["v_proj"] *= row
-                folded["v_rows"] += 1
-            else:
-                muls.append((f"/model/layers.{i}/attn/o_proj/MatMul", p))
-        # down_proj pre_quant_scale -> up_proj output rows (always exact)
-        p = pqs["down_proj"]
-        if p is not None:
-            scales["up_proj"] *= p[:, None]
-            if biases["up_proj"] is not None:
-                biases["up_proj"] *= p
-            folded["up_rows"] += 1
-        # shared-input groups -> the preceding RMSNorm when every member has the same scale
-        for group_names, norm, sub in ((("q_proj", "k_proj", "v_proj"), in_norm, "attn"), (("gate_proj", "up_proj"), post_norm, "mlp")):
-            ps = [pqs[n] for n in group_names]
-            if all(x is None for x in ps):
-                continue
-            ps = [torch.ones_like(next(x for x in ps if x is not None)) if x is None else x for x in ps]
-            if all(torch.equal(ps[0], x) for x in ps[1:]):
-                norm *= ps[0]
-                folded["norm"] += 1
-            else:
-                for n, x in zip(group_names, ps):
-                    if not torch.equal(x, torch.ones_like(x)):
-                        muls.append((f"/model/layers.{i}/{sub}/{n}/MatMul", x))
-        tensors[f"{pfx}.input_layernorm.weight"] = in_norm
-        tensors[f"{pfx}.post_attention_layernorm.weight"] = post_norm
-        for n, _m in mods.items():
-            base = f"{pfx}.{'self_attn' if n in ATTN else 'mlp'}.{n}"
-            q, _, b, g = ints[n]
-            sc, g = reblock(scales[n], g, block_size)
-            for k, v in gptq_tensors(q, sc, b, g).items():
-                tensors[f"{base}.{k}"] = v
-            if biases[n] is not None:
-                tensors[f"{base}.bias"] = biases[n]
-            n_quant += 1
-    folded["onnx_mul"] = len(muls)
 
+class _KvGeometry(NamedTuple):
+    n_kv: int  # KV heads
+    n_rep: int  # query heads per KV head
+    head_dim: int
+
+
+@dataclasses.dataclass
+class _Converted:
+    """What :func:`convert` has written so far."""
+
+    tensors: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+    muls: list[tuple[str, torch.Tensor]] = dataclasses.field(default_factory=list)  # (ONNX MatMul node, pre-scale)
+    folded: dict[str, int] = dataclasses.field(default_factory=lambda: {"norm": 0, "v_rows": 0, "up_rows": 0, "onnx_mul": 0})
+    bits_seen: set[int] = dataclasses.field(default_factory=set)
+    groups_seen: set[int] = dataclasses.field(default_factory=set)
+    n_quant: int = 0
+    channel_group: int | None = None  # block size of per-channel quantized weights (:func:`channel_block`)
+
+
+def _layer_projections(i: int, layer: Any) -> dict[str, Any]:
+    """``{projection name: module}`` of decoder layer ``i``; ConversionError unless every projection is there and
+    all of them are quantized."""
+    attn, mlp = layer.self_attn, layer.mlp
+    mods = {}
+    for n in ATTN:
+        if not hasattr(attn, n):
+            raise ConversionError(f"layer {i}: self_attn.{n} missing (fused qkv_proj layouts are not supported by this converter)")
+        mods[n] = getattr(attn, n)
+    for n in MLP:
+        if not hasattr(mlp, n):
+            raise ConversionError(f"layer {i}: mlp.{n} missing (fused gate_up_proj layouts are not supported by this converter)")
+        mods[n] = getattr(mlp, n)
+    quant = {n: _is_quantized(m) for n, m in mods.items()}
+    if len(set(quant.values())) != 1:
+        raise ConversionError(
+            f"layer {i}: some projections are quantized and some are not ({sorted(k for k, v in quant.items() if not v)} kept "
+            "in high precision); onnxruntime-genai's quantized-checkpoint reader needs every projection of a layer quantized. "
+            "Use quant.sensitive_preset=none for this target."
+        )
+    if not quant["q_proj"]:
+        # the unquantized layer: plain float weights (the reader maps *.weight like *.qweight only
+        # when quantization_config is present, so this is rejected there)
+        raise ConversionError(f"layer {i}: not quantized; the recipe must quantize every decoder layer for this target")
+    return mods
+
+
+def _convert_layer(i: int, layer: Any, sd: dict[str, torch.Tensor], geom: _KvGeometry, block_size: int | None, acc: _Converted) -> None:
+    """Write decoder layer ``i``'s norms and GPTQ projection tensors into ``acc``, pre-quant scales folded."""
+    mods = _layer_projections(i, layer)
+    pfx = f"model.layers.{i}"
+    norms = {"attn": sd[f"{pfx}.input_layernorm.weight"].clone(), "mlp": sd[f"{pfx}.post_attention_layernorm.weight"].clone()}
+    pqs = {n: _pre_quant_scale(m) for n, m in mods.items()}
+    ints = {n: integer_weights(m, acc.channel_group) for n, m in mods.items()}
+    for _n, (_, _, b, g) in ints.items():
+        acc.bits_seen.add(b)
+        acc.groups_seen.add(g)
+    scales = {n: ints[n][1].clone() for n in mods}
+    biases = {n: (None if getattr(m, "bias", None) is None else m.bias.detach().float().clone()) for n, m in mods.items()}
+    _fold_prescales(i, pqs, scales, biases, norms, geom, acc)
+    acc.tensors[f"{pfx}.input_layernorm.weight"] = norms["attn"]
+    acc.tensors[f"{pfx}.post_attention_layernorm.weight"] = norms["mlp"]
+    for n in mods:
+        base = f"{pfx}.{'self_attn' if n in ATTN else 'mlp'}.{n}"
+        q, _, b, g = ints[n]
+        sc, g = reblock(scales[n], g, block_size)
+        for k, v in gptq_tensors(q, sc, b, g).items():
+            acc.tensors[f"{base}.{k}"] = v
+        bias = biases[n]
+        if bias is not None:
+            acc.tensors[f"{base}.bias"] = bias
+        acc.n_quant += 1
+
+
+def _fold_prescales(
+    i: int,
+    pqs: dict[str, torch.Tensor | None],
+    scales: dict[str, torch.Tensor],
+    biases: dict[str, torch.Tensor | None],
+    norms: dict[str, torch.Tensor],
+    geom: _KvGeometry,
+    acc: _Converted,
+) -> None:
+    """Fold layer ``i``'s AWQ pre-quant scales exactly (module docstring): into ``scales``/``biases``/``norms`` in
+    place, or as ONNX ``Mul`` nodes in ``acc.muls``."""
+    import torch
+
+    # o_proj pre_quant_scale -> v_proj output rows (exact when constant within each KV group)
+    p = pqs["o_proj"]
+    if p is not None:
+        pv = p.view(geom.n_kv, geom.n_rep, geom.head_dim)
+        if torch.equal(pv, pv[:, :1, :].expand_as(pv)):
+            row = pv[:, 0, :].reshape(-1)
+            scales["v_proj"] *= row[:, None]
+            v_bias = biases["v_proj"]
+            if v_bias is not None:
+                v_bias *= row
+            acc.folded["v_rows"] += 1
+        else:
+            acc.muls.append((f"/model/layers.{i}/attn/o_proj/MatMul", p))
+    # down_proj pre_quant_scale -> up_proj output rows (always exact)
+    p = pqs["down_proj"]
+    if p is not None:
+        scales["up_proj"] *= p[:, None]
+        up_bias = biases["up_proj"]
+        if up_bias is not None:
+            up_bias *= p
+        acc.folded["up_rows"] += 1
+    # shared-input groups -> the preceding RMSNorm when every member has the same scale
+    for group_names, sub in ((("q_proj", "k_proj", "v_proj"), "attn"), (("gate_proj", "up_proj"), "mlp")):
+        given = [pqs[n] for n in group_names]
+        first = next((x for x in given if x is not None), None)
+        if first is None:
+            continue
+        ps = [torch.ones_like(first) if x is None else x for x in given]
+        if all(torch.equal(ps[0], x) for x in ps[1:]):
+            norms[sub] *= ps[0]
+            acc.folded["norm"] += 1
+        else:
+            for n, x in zip(group_names, ps):
+                if not torch.equal(x, torch.ones_like(x)):
+                    acc.muls.append((f"/model/layers.{i}/{sub}/{n}/MatMul", x))
+
+
+def _convert_lm_head(model: Any, sd: dict[str, torch.Tensor], block_size: int | None, acc: _Converted) -> bool:
+    """Write the LM head into ``acc`` (GPTQ tensors when quantized, else its float weight, or the embedding matrix
+    when tied and absent from the state dict); returns whether it is quantized."""
     lm = getattr(model, "lm_head", None)
     lm_quant = lm is not None and _is_quantized(lm)
     if lm_quant:
-        q, s, b, g = integer_weights(lm)
+        q, s, b, g = integer_weights(lm, acc.channel_group)
         s, g_blk = reblock(s, g, block_size)
         for k, v in gptq_tensors(q, s, b, g_blk).items():
-            tensors[f"lm_head.{k}"] = v
-        bits_seen.add(b)
-        groups_seen.add(g)
-        if _pre_quant_scale(lm) is not None:
-            muls.append(("/lm_head/MatMul", _pre_quant_scale(lm)))
+            acc.tensors[f"lm_head.{k}"] = v
+        acc.bits_seen.add(b)
+        acc.groups_seen.add(g)
+        p = _pre_quant_scale(lm)
+        if p is not None:
+            acc.muls.append(("/lm_head/MatMul", p))
     elif "lm_head.weight" in sd:
-        tensors["lm_head.weight"] = sd["lm_head.weight"].clone()
+        acc.tensors["lm_head.weight"] = sd["lm_head.weight"].clone()
     elif lm is not None:  # tied and not listed in the state dict: the LM head is the embedding matrix
-        tensors["lm_head.weight"] = sd["model.embed_tokens.weight"].clone()
-    if len(bits_seen) != 1 or len(groups_seen) != 1:
-        raise ConversionError(f"mixed bit widths {sorted(bits_seen)} / group sizes {sorted(groups_seen)} are not supported by the reader")
-    bits, group = bits_seen.pop(), groups_seen.pop()
-    blocks = block_size if block_size and block_size < group else group
+        acc.tensors["lm_head.weight"] = sd["model.embed_tokens.weight"].clone()
+    return lm_quant
 
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
-    conf = json.loads((Path(hf_dir) / "config.json").read_text(encoding="utf-8"))
+
+def _write_config(hf_dir: Path, out: Path, bits: int, blocks: int) -> bool:
+    """Write ``config.json`` with the GPTQ ``quantization_config``; returns whether the source tied its embeddings.
+
+    Always untied: the embedding stays the float table ModelOpt's simulated model looks up (a Gather), and the LM
+    head is its own MatMul (MatMulNBits with ModelOpt's integers when quantized, float otherwise). A tied config
+    makes onnxruntime-genai's builder share one matrix and quantize the embedding itself (GatherBlockQuantized)."""
+    conf = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
     conf["torch_dtype"] = "float32"
-    # Always untied: the embedding stays the float table ModelOpt's simulated model looks up (a Gather), and the LM
-    # head is its own MatMul (MatMulNBits with ModelOpt's integers when quantized, float otherwise). A tied config
-    # makes onnxruntime-genai's builder share one matrix and quantize the embedding itself (GatherBlockQuantized).
     tied = bool(conf.get("tie_word_embeddings", False))
     conf["tie_word_embeddings"] = False
     conf.pop("dtype", None)
@@ -327,19 +423,7 @@ def convert(model: Any, hf_dir: Path, out: Path, *, block_size: int | None = Non
         "checkpoint_format": "gptq",
     }
     (out / "config.json").write_text(json.dumps(conf, indent=2) + "\n", encoding="utf-8")
-    for f in TOKENIZER_FILES:
-        if (Path(hf_dir) / f).is_file():
-            shutil.copy2(Path(hf_dir) / f, out / f)
-    return {
-        "bits": bits,
-        "group_size": group,
-        "block_size": blocks,
-        "quantized_linears": n_quant + int(lm_quant),
-        "folded": folded,
-        "prescale_muls": muls,
-        "lm_head_quantized": lm_quant,
-        "untied_embeddings": tied,
-    }
+    return tied
 
 
 def insert_prescale_muls(onnx_path: Path, muls: list[tuple[str, torch.Tensor]]) -> int:
@@ -366,7 +450,7 @@ def insert_prescale_muls(onnx_path: Path, muls: list[tuple[str, torch.Tensor]]) 
         if vi.name == "inputs_embeds" or vi.name.startswith("past_key_values"):
             dtype = vi.type.tensor_type.elem_type
             break
-    np_dtype = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.FLOAT16: np.float16}.get(dtype, np.float32)
+    np_dtype = np.float16 if dtype == onnx.TensorProto.FLOAT16 else np.float32  # float32 for FLOAT and when no input says
     nodes = list(g.node)
     new_nodes = []
     done = 0

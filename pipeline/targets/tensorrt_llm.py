@@ -35,11 +35,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..artifacts import BuildArtifact, QuantizeArtifact
+from ..artifacts import TOKENIZER_COPY_FILES, BuildArtifact, QuantizeArtifact
 from ..config.common import Problem
 from ..errors import InputError, PipelineError, PreflightError
-from ..planner.gpus import KV_MIN_SM as _GPU_KV_MIN_SM
-from ..planner.gpus import RECIPE_MIN_SM as _GPU_RECIPE_MIN_SM
+from ..recipes import KV_CACHE_FORMATS, RECIPES
 from .base import Capabilities, Target
 
 log = logging.getLogger("pipeline.targets.tensorrt_llm")
@@ -83,21 +82,11 @@ INT_FLAGS = (
 PATH_FLAGS = ("--checkpoint_dir", "--output_dir", "--input_timing_cache", "--output_timing_cache")
 KNOWN_FLAGS = tuple(FLAG_CHOICES) + INT_FLAGS + PATH_FLAGS
 
-RECIPE_QUANT_ALGO = {
-    "none": None,
-    "fp8": "FP8",
-    "int8_sq": "W8A8_SQ_PER_CHANNEL",
-    "int8_wo": "W8A16",
-    "int4_wo": "W4A16_AWQ",
-    "int4_rtn": "W4A16_AWQ",  # group-wise INT4: ModelOpt writes W4A16_AWQ with unit pre_quant_scale
-    "auto": "MIXED_PRECISION",  # per-layer quant_cfg.json (or the one format auto_quantize chose)
-    "int4_awq": "W4A16_AWQ",
-    "w4a8_awq": "W4A8_AWQ",
-}
-"""quant.recipe -> the checkpoint's ``quantization.quant_algo`` (ModelOpt export conventions, as examples/quantization/quantize.py writes them)."""
-# Minimum compute capability per recipe / KV dtype: the one table in pipeline/planner/gpus.py, as (major, minor).
-RECIPE_MIN_SM = {r: divmod(sm, 10) for r, sm in _GPU_RECIPE_MIN_SM.items() if r in RECIPE_QUANT_ALGO}
-KV_MIN_SM = {k: divmod(sm, 10) for k, sm in _GPU_KV_MIN_SM.items() if k in ("none", "int8", "fp8")}
+RECIPE_QUANT_ALGO = {r.name: r.quant_algo for r in RECIPES.values()}
+"""quant.recipe -> the checkpoint's ``quantization.quant_algo`` (a view of :data:`pipeline.recipes.RECIPES`)."""
+# Minimum compute capability per recipe / KV dtype, as (major, minor): views of the one table, pipeline/recipes.py.
+RECIPE_MIN_SM = {r.name: divmod(r.min_sm, 10) for r in RECIPES.values()}
+KV_MIN_SM = {k.name: divmod(k.min_sm, 10) for k in KV_CACHE_FORMATS.values()}
 SPEC_MODES = {
     "draft_tokens_external": "draft_tokens_external",
     "medusa": "medusa",
@@ -110,21 +99,15 @@ SCHEDULER_POLICY = {"guaranteed_no_evict": "GUARANTEED_NO_EVICT", "max_utilizati
 def _capabilities(name: str) -> Capabilities:
     """Capabilities of the engine path (``tensorrt_llm``) or the PyTorch backend (``tensorrt_llm_pytorch``).
 
-    Recipes: those with a checkpoint ``quant_algo`` in :data:`RECIPE_QUANT_ALGO`; every other known recipe is
-    refused with the reason below. Both backends read the same ModelOpt checkpoint, so they share the recipe list.
+    Recipes: every recipe of :data:`pipeline.recipes.RECIPES` (each names the checkpoint ``quant_algo`` ModelOpt
+    writes for it; the minimum compute capability is checked in preflight). Both backends read the same ModelOpt
+    checkpoint, so they share the recipe list.
     """
-    from ..config.quant import RECIPES
-
-    refused = {
-        r: (f"TensorRT-LLM has no checkpoint quant_algo for it in this target (RECIPE_QUANT_ALGO); use one of {list(RECIPE_QUANT_ALGO)}")
-        for r in RECIPES
-        if r not in RECIPE_QUANT_ALGO
-    }
     return Capabilities(
         name=name,
         device="gpu",
-        recipes=tuple(RECIPE_QUANT_ALGO),
-        refused_recipes=refused,
+        recipes=tuple(RECIPES),
+        refused_recipes={},
         kv_cache_dtypes=tuple(KV_MIN_SM),
         beam_search=True,  # trtllm-build --max_beam_width; the evaluate/benchmark runner itself decodes greedily
         logits=True,  # context/generation logits (build.gather_context_logits; pipeline.evaluation.trtllm_runner)
@@ -414,9 +397,21 @@ def runtime_problems(cfg: Any) -> list[Problem]:
     rt = getattr(pk, "runtime", None)
     if rt is None:
         return []
-    b, sp = cfg.build, cfg.build.speculative
+    p = _window_problems(cfg, rt)
+    p += _speculative_runtime_problems(cfg, rt)
+    p += _kv_and_backend_problems(cfg, rt)
+    if cfg.build.speculative.mode == "draft_tokens_external":
+        p += _draft_problems(cfg)
+    return p
+
+
+_PRE = "package.runtime."
+
+
+def _window_problems(cfg: Any, rt: Any) -> list[Problem]:
+    """:func:`runtime_problems`: ``max_attention_window_size`` within ``build.max_seq_len`` and the model's window."""
+    b, pre = cfg.build, _PRE
     p: list[Problem] = []
-    pre = "package.runtime."
     w = rt.max_attention_window_size
     if w is not None and w > b.max_seq_len:
         p.append(
@@ -437,6 +432,13 @@ def runtime_problems(cfg: Any) -> list[Problem]:
                 f"set it <= {mw} or leave it null",
             )
         )
+    return p
+
+
+def _speculative_runtime_problems(cfg: Any, rt: Any) -> list[Problem]:
+    """:func:`runtime_problems`: Medusa/EAGLE/lookahead knobs and ``decoding_mode`` against ``build.speculative.mode``."""
+    b, sp, pre = cfg.build, cfg.build.speculative, _PRE
+    p: list[Problem] = []
     spec_mode = {"medusa": "medusa", "eagle": "eagle", "lookahead_decoding": "lookahead"}.get(sp.mode)
     engine = cfg.target.backend == "tensorrt"  # the PyTorch backend takes these through speculative_config instead
     if engine and sp.mode == "medusa" and not rt.medusa_choices:
@@ -497,6 +499,13 @@ def runtime_problems(cfg: Any) -> list[Problem]:
             )
         if rt.decoding_mode == "beam_search" and b.max_beam_width < 2:
             p.append(Problem(pre + "decoding_mode", rt.decoding_mode, "needs build.max_beam_width >= 2.", "raise build.max_beam_width"))
+    return p
+
+
+def _kv_and_backend_problems(cfg: Any, rt: Any) -> list[Problem]:
+    """:func:`runtime_problems`: KV-cache host offload, draft fast logits, knobs the PyTorch-backend package lacks."""
+    b, sp, pre = cfg.build, cfg.build.speculative, _PRE
+    p: list[Problem] = []
     if rt.kv_cache_host_memory_bytes and not b.enable_kv_cache_reuse:
         p.append(
             Problem(
@@ -536,50 +545,187 @@ def runtime_problems(cfg: Any) -> list[Problem]:
                     "remove it, or build an engine with target.backend=tensorrt",
                 )
             )
-    if sp.mode == "draft_tokens_external":
-        if cfg.target.backend == "tensorrt" and not sp.draft_model_path and not sp.draft_trtllm_checkpoint:
+    return p
+
+
+def _draft_problems(cfg: Any) -> list[Problem]:
+    """:func:`runtime_problems` for ``build.speculative.mode=draft_tokens_external``: the draft checkpoint, the
+    evaluated draft = the packaged one, and its acceptance measured before packaging."""
+    sp, pk = cfg.build.speculative, getattr(cfg, "package", None)
+    p: list[Problem] = []
+    if cfg.target.backend == "tensorrt" and not sp.draft_model_path and not sp.draft_trtllm_checkpoint:
+        p.append(
+            Problem(
+                "build.speculative.draft_model_path",
+                None,
+                "draft-model speculative decoding needs the draft checkpoint.",
+                "set build.speculative.draft_model_path=/path/to/draft (HF checkpoint with trtllm_checkpoint/)",
+            )
+        )
+    if (
+        cfg.eval.draft_model_path
+        and sp.draft_model_path
+        and Path(str(cfg.eval.draft_model_path)).resolve() != Path(str(sp.draft_model_path)).resolve()
+    ):
+        p.append(
+            Problem(
+                "eval.draft_model_path",
+                cfg.eval.draft_model_path,
+                f"measures another draft than the one the build packages (build.speculative.draft_model_path={sp.draft_model_path}).",
+                "set both to the same draft checkpoint",
+            )
+        )
+    if cfg.eval.draft_model_path and cfg.eval.draft_tokens != sp.max_draft_len:
+        p.append(
+            Problem(
+                "eval.draft_tokens",
+                cfg.eval.draft_tokens,
+                f"measures acceptance with k={cfg.eval.draft_tokens} draft tokens, "
+                f"but the engine drafts build.speculative.max_draft_len={sp.max_draft_len}.",
+                f"set eval.draft_tokens={sp.max_draft_len}",
+            )
+        )
+    gate = getattr(pk, "speculative", None)
+    if "package" in cfg.stages and not cfg.eval.draft_model_path and not (gate is not None and gate.allow_low_acceptance):
+        p.append(
+            Problem(
+                "eval.draft_model_path",
+                None,
+                "the package stage enables a draft model only after its acceptance rate was measured on the eval set.",
+                f"set eval.draft_model_path={sp.draft_model_path or '<the draft HF checkpoint>'} "
+                "(or package.speculative.allow_low_acceptance=true)",
+            )
+        )
+    return p
+
+
+def _build_flag_problems(cfg: Any) -> list[Problem]:
+    """:meth:`TensorRTLLMTarget.check_config`: trtllm-build flag combinations and limits (KV cache, plugins, FMHA,
+    max_input_len / max_num_tokens)."""
+    b = cfg.build
+    p: list[Problem] = []
+    if cfg.target.backend == "tensorrt":
+        if b.kv_cache_type != "paged":
             p.append(
                 Problem(
-                    "build.speculative.draft_model_path",
-                    None,
-                    "draft-model speculative decoding needs the draft checkpoint.",
-                    "set build.speculative.draft_model_path=/path/to/draft (HF checkpoint with trtllm_checkpoint/)",
+                    "build.kv_cache_type",
+                    b.kv_cache_type,
+                    "in-flight batching needs the paged KV cache.",
+                    "set build.kv_cache_type=paged",
                 )
             )
-        if (
-            cfg.eval.draft_model_path
-            and sp.draft_model_path
-            and Path(str(cfg.eval.draft_model_path)).resolve() != Path(str(sp.draft_model_path)).resolve()
-        ):
+        if b.multiple_profiles and b.opt_num_tokens:
             p.append(
                 Problem(
-                    "eval.draft_model_path",
-                    cfg.eval.draft_model_path,
-                    f"measures another draft than the one the build packages (build.speculative.draft_model_path={sp.draft_model_path}).",
-                    "set both to the same draft checkpoint",
+                    "build.opt_num_tokens",
+                    b.opt_num_tokens,
+                    "trtllm-build refuses --opt_num_tokens together with --multiple_profiles enable (RuntimeError).",
+                    "drop build.opt_num_tokens or set build.multiple_profiles=false",
                 )
             )
-        if cfg.eval.draft_model_path and cfg.eval.draft_tokens != sp.max_draft_len:
-            p.append(
-                Problem(
-                    "eval.draft_tokens",
-                    cfg.eval.draft_tokens,
-                    f"measures acceptance with k={cfg.eval.draft_tokens} draft tokens, "
-                    f"but the engine drafts build.speculative.max_draft_len={sp.max_draft_len}.",
-                    f"set eval.draft_tokens={sp.max_draft_len}",
-                )
+    if b.gemm_plugin not in FLAG_CHOICES["--gemm_plugin"]:
+        p.append(Problem("build.gemm_plugin", b.gemm_plugin, f"must be one of {list(FLAG_CHOICES['--gemm_plugin'])}."))
+    if b.gemm_plugin == "fp8" and cfg.quant.recipe not in ("fp8",):
+        p.append(
+            Problem(
+                "build.gemm_plugin",
+                b.gemm_plugin,
+                "the fp8 GEMM plugin needs an FP8 checkpoint.",
+                "use quant=fp8 or build.gemm_plugin=auto",
             )
-        gate = getattr(pk, "speculative", None)
-        if "package" in cfg.stages and not cfg.eval.draft_model_path and not (gate is not None and gate.allow_low_acceptance):
-            p.append(
-                Problem(
-                    "eval.draft_model_path",
-                    None,
-                    "the package stage enables a draft model only after its acceptance rate was measured on the eval set.",
-                    f"set eval.draft_model_path={sp.draft_model_path or '<the draft HF checkpoint>'} "
-                    "(or package.speculative.allow_low_acceptance=true)",
-                )
+        )
+    if b.logits_dtype not in (None,) + FLAG_CHOICES["--logits_dtype"]:
+        p.append(Problem("build.logits_dtype", b.logits_dtype, f"must be null or one of {list(FLAG_CHOICES['--logits_dtype'])}."))
+    if b.enable_chunked_context and not b.use_paged_context_fmha:
+        p.append(
+            Problem(
+                "build.enable_chunked_context",
+                True,
+                "chunked context needs paged context FMHA.",
+                "set build.use_paged_context_fmha=true",
             )
+        )
+    if b.enable_kv_cache_reuse and not b.use_paged_context_fmha:
+        p.append(
+            Problem(
+                "build.enable_kv_cache_reuse", True, "KV-cache reuse needs paged context FMHA.", "set build.use_paged_context_fmha=true"
+            )
+        )
+    if b.max_input_len > b.max_seq_len:
+        p.append(
+            Problem(
+                "build.max_input_len",
+                b.max_input_len,
+                f"exceeds build.max_seq_len={b.max_seq_len} (trtllm-build would clip it).",
+                f"set build.max_input_len<={b.max_seq_len}",
+            )
+        )
+    if b.max_num_tokens < b.max_input_len and not b.enable_chunked_context:
+        p.append(
+            Problem(
+                "build.max_num_tokens",
+                b.max_num_tokens,
+                f"a prompt of max_input_len={b.max_input_len} tokens does not fit one engine step without chunked context.",
+                f"set build.max_num_tokens>={b.max_input_len} or build.enable_chunked_context=true",
+            )
+        )
+    return p
+
+
+def _speculative_build_problems(cfg: Any) -> list[Problem]:
+    """:meth:`TensorRTLLMTarget.check_config`: speculative decoding vs draft length, checkpoint, context logits and
+    beam width; CUDA-graph batch sizes."""
+    b, sp = cfg.build, cfg.build.speculative
+    p: list[Problem] = []
+    if sp.mode == "none" and sp.max_draft_len:
+        p.append(
+            Problem(
+                "build.speculative.max_draft_len",
+                sp.max_draft_len,
+                "is set but build.speculative.mode=none.",
+                "set build.speculative.mode or max_draft_len=0",
+            )
+        )
+    if sp.mode != "none" and sp.max_draft_len < 1:
+        p.append(
+            Problem(
+                "build.speculative.max_draft_len",
+                sp.max_draft_len,
+                f"speculative mode {sp.mode} needs max_draft_len >= 1.",
+                "e.g. build.speculative.max_draft_len=4",
+            )
+        )
+    if sp.mode in ("draft_tokens_external", "eagle", "medusa") and cfg.target.backend == "pytorch" and not sp.draft_model_path:
+        p.append(
+            Problem(
+                "build.speculative.draft_model_path",
+                None,
+                f"speculative mode {sp.mode} needs the draft/head checkpoint.",
+                "set build.speculative.draft_model_path=/path/to/checkpoint",
+            )
+        )
+    if sp.mode != "none" and b.gather_context_logits:
+        p.append(
+            Problem(
+                "build.gather_context_logits",
+                True,
+                "trtllm-build refuses --gather_context_logits with speculative decoding (max_draft_len > 0).",
+                "build the speculative engine without it (fidelity metrics need a separate non-speculative build)",
+            )
+        )
+    if sp.mode != "none" and b.max_beam_width != 1:
+        p.append(
+            Problem("build.max_beam_width", b.max_beam_width, "speculative decoding runs with beam width 1.", "set build.max_beam_width=1")
+        )
+    if b.cuda_graph_mode and any(int(x) < 1 for x in b.cuda_graph_batch_sizes):
+        p.append(
+            Problem(
+                "build.cuda_graph_batch_sizes",
+                list(b.cuda_graph_batch_sizes),
+                "CUDA-graph batch sizes must be >= 1 (sizes above max_batch_size are dropped).",
+                "e.g. build.cuda_graph_batch_sizes=[1,2,4,8]",
+            )
+        )
     return p
 
 
@@ -595,124 +741,7 @@ class TensorRTLLMTarget:
     # ------------------------------------------------------------------ config time
     def check_config(self, cfg: Any) -> list[Problem]:
         """Cross-field rules of trtllm-build / BuildConfig (commands/build.py, builder.py); no heavy imports."""
-        b, sp = cfg.build, cfg.build.speculative
-        p: list[Problem] = []
-        if cfg.target.backend == "tensorrt":
-            if b.kv_cache_type != "paged":
-                p.append(
-                    Problem(
-                        "build.kv_cache_type",
-                        b.kv_cache_type,
-                        "in-flight batching needs the paged KV cache.",
-                        "set build.kv_cache_type=paged",
-                    )
-                )
-            if b.multiple_profiles and b.opt_num_tokens:
-                p.append(
-                    Problem(
-                        "build.opt_num_tokens",
-                        b.opt_num_tokens,
-                        "trtllm-build refuses --opt_num_tokens together with --multiple_profiles enable (RuntimeError).",
-                        "drop build.opt_num_tokens or set build.multiple_profiles=false",
-                    )
-                )
-        if b.gemm_plugin not in FLAG_CHOICES["--gemm_plugin"]:
-            p.append(Problem("build.gemm_plugin", b.gemm_plugin, f"must be one of {list(FLAG_CHOICES['--gemm_plugin'])}."))
-        if b.gemm_plugin == "fp8" and cfg.quant.recipe not in ("fp8",):
-            p.append(
-                Problem(
-                    "build.gemm_plugin",
-                    b.gemm_plugin,
-                    "the fp8 GEMM plugin needs an FP8 checkpoint.",
-                    "use quant=fp8 or build.gemm_plugin=auto",
-                )
-            )
-        if b.logits_dtype not in (None,) + FLAG_CHOICES["--logits_dtype"]:
-            p.append(Problem("build.logits_dtype", b.logits_dtype, f"must be null or one of {list(FLAG_CHOICES['--logits_dtype'])}."))
-        if b.enable_chunked_context and not b.use_paged_context_fmha:
-            p.append(
-                Problem(
-                    "build.enable_chunked_context",
-                    True,
-                    "chunked context needs paged context FMHA.",
-                    "set build.use_paged_context_fmha=true",
-                )
-            )
-        if b.enable_kv_cache_reuse and not b.use_paged_context_fmha:
-            p.append(
-                Problem(
-                    "build.enable_kv_cache_reuse", True, "KV-cache reuse needs paged context FMHA.", "set build.use_paged_context_fmha=true"
-                )
-            )
-        if b.max_input_len > b.max_seq_len:
-            p.append(
-                Problem(
-                    "build.max_input_len",
-                    b.max_input_len,
-                    f"exceeds build.max_seq_len={b.max_seq_len} (trtllm-build would clip it).",
-                    f"set build.max_input_len<={b.max_seq_len}",
-                )
-            )
-        if b.max_num_tokens < b.max_input_len and not b.enable_chunked_context:
-            p.append(
-                Problem(
-                    "build.max_num_tokens",
-                    b.max_num_tokens,
-                    f"a prompt of max_input_len={b.max_input_len} tokens does not fit one engine step without chunked context.",
-                    f"set build.max_num_tokens>={b.max_input_len} or build.enable_chunked_context=true",
-                )
-            )
-        if sp.mode == "none" and sp.max_draft_len:
-            p.append(
-                Problem(
-                    "build.speculative.max_draft_len",
-                    sp.max_draft_len,
-                    "is set but build.speculative.mode=none.",
-                    "set build.speculative.mode or max_draft_len=0",
-                )
-            )
-        if sp.mode != "none" and sp.max_draft_len < 1:
-            p.append(
-                Problem(
-                    "build.speculative.max_draft_len",
-                    sp.max_draft_len,
-                    f"speculative mode {sp.mode} needs max_draft_len >= 1.",
-                    "e.g. build.speculative.max_draft_len=4",
-                )
-            )
-        if sp.mode in ("draft_tokens_external", "eagle", "medusa") and cfg.target.backend == "pytorch" and not sp.draft_model_path:
-            p.append(
-                Problem(
-                    "build.speculative.draft_model_path",
-                    None,
-                    f"speculative mode {sp.mode} needs the draft/head checkpoint.",
-                    "set build.speculative.draft_model_path=/path/to/checkpoint",
-                )
-            )
-        if sp.mode != "none" and b.gather_context_logits:
-            p.append(
-                Problem(
-                    "build.gather_context_logits",
-                    True,
-                    "trtllm-build refuses --gather_context_logits with speculative decoding (max_draft_len > 0).",
-                    "build the speculative engine without it (fidelity metrics need a separate non-speculative build)",
-                )
-            )
-        if sp.mode != "none" and b.max_beam_width != 1:
-            p.append(
-                Problem(
-                    "build.max_beam_width", b.max_beam_width, "speculative decoding runs with beam width 1.", "set build.max_beam_width=1"
-                )
-            )
-        if b.cuda_graph_mode and any(int(x) < 1 for x in b.cuda_graph_batch_sizes):
-            p.append(
-                Problem(
-                    "build.cuda_graph_batch_sizes",
-                    list(b.cuda_graph_batch_sizes),
-                    "CUDA-graph batch sizes must be >= 1 (sizes above max_batch_size are dropped).",
-                    "e.g. build.cuda_graph_batch_sizes=[1,2,4,8]",
-                )
-            )
+        p = _build_flag_problems(cfg) + _speculative_build_problems(cfg)
         caps = self.capabilities(cfg)
         refusal = caps.recipe_refusal(cfg.quant.recipe)
         if refusal is not None:
@@ -751,7 +780,7 @@ class TensorRTLLMTarget:
         """The exact command :meth:`build` runs (backend tensorrt)."""
         T = QuantizeArtifact.TRTLLM_CHECKPOINT
         ckpt = QuantizeArtifact(Path(checkpoint)).trtllm_checkpoint if not str(checkpoint).endswith(T) else Path(checkpoint)
-        return [self.trtllm_build_exe(cfg)] + build_args(cfg, ckpt, Path(out) / "engine", default_timing_cache(cfg))
+        return [self.trtllm_build_exe(cfg)] + build_args(cfg, ckpt, BuildArtifact(Path(out)).engine_dir, default_timing_cache(cfg))
 
     def plan(self, cfg: Any, checkpoint: Path | None, export_dir: Path | None, out: Path | None) -> dict[str, Any]:
         if cfg.target.backend == "pytorch":
@@ -873,7 +902,7 @@ class TensorRTLLMTarget:
         engine = BuildArtifact(out).engine_dir
         engine.mkdir(parents=True, exist_ok=True)
         logf = BuildArtifact(out).build_log_path
-        hf = Path(checkpoint) / "hf"
+        hf = QuantizeArtifact(Path(checkpoint)).hf_dir
         info: dict[str, Any] = {
             "schema": "pipeline.build_info/v1",
             "target": self.name,
@@ -885,41 +914,14 @@ class TensorRTLLMTarget:
             import yaml
 
             opts = llm_api_options(cfg)
-            (engine / "llm_api_options.yaml").write_text(yaml.safe_dump(opts, sort_keys=False), encoding="utf-8")
+            (engine / BuildArtifact.LLM_API_OPTIONS).write_text(yaml.safe_dump(opts, sort_keys=False), encoding="utf-8")
             shutil.copytree(hf, engine / "hf")
             logf.write_text(
                 "PyTorch backend: no engine build; wrote llm_api_options.yaml and copied the HF checkpoint.\n", encoding="utf-8"
             )
             info.update(command=None, llm_api_options=opts)
         else:
-            cmd = self.command(cfg, checkpoint, out)
-            tc = default_timing_cache(cfg)
-            tc.parent.mkdir(parents=True, exist_ok=True)
-            lg.info("running: %s", shlex.join(cmd))
-            with open(logf, "w", encoding="utf-8") as fh:
-                fh.write(f"$ {shlex.join(cmd)}\n")
-                fh.flush()
-                proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, check=False)
-            tail = "".join(logf.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)[-30:])
-            if proc.returncode != 0:
-                raise PipelineError(f"trtllm-build failed (exit {proc.returncode}); full log {logf}; last lines:\n{tail}")
-            ranks = sorted(engine.glob("rank*.engine"))
-            if not ranks or not (engine / "config.json").is_file():
-                raise PipelineError(
-                    f"trtllm-build exited 0 but wrote no engine (rank*.engine + config.json) into {engine}; log {logf}:\n{tail}"
-                )
-            if cfg.build.speculative.mode == "draft_tokens_external":
-                info["draft"] = self._build_draft(cfg, out, lg)
-            for f in (
-                "tokenizer.json",
-                "tokenizer_config.json",
-                "special_tokens_map.json",
-                "chat_template.jinja",
-                "generation_config.json",
-            ):
-                if (hf / f).is_file():  # trtllm-build does not copy the tokenizer (builder.py Engine.save)
-                    shutil.copy2(hf / f, engine / f)
-            info.update(command=cmd, timing_cache=str(tc), ranks=[r.name for r in ranks])
+            info.update(self._run_trtllm_build(cfg, checkpoint, out, lg))
         g = gpus()
         b = cfg.build
         info.update(
@@ -946,17 +948,52 @@ class TensorRTLLMTarget:
         )
         return info
 
+    def _run_trtllm_build(self, cfg: Any, checkpoint: Path, out: Path, lg: Any) -> dict[str, Any]:
+        """Run ``trtllm-build`` (and the draft engine's, draft-model mode) with its output in ``out/build.log``; copy the
+        tokenizer next to the engine. Returns the build_info fields ``command``, ``timing_cache``, ``ranks`` (``draft``).
+
+        Raises: PipelineError with the log tail when trtllm-build fails or writes no engine.
+        """
+        engine, logf, hf = BuildArtifact(out).engine_dir, BuildArtifact(out).build_log_path, Path(checkpoint) / "hf"
+        fields: dict[str, Any] = {}
+        cmd = self.command(cfg, checkpoint, out)
+        tc = default_timing_cache(cfg)
+        tc.parent.mkdir(parents=True, exist_ok=True)
+        lg.info("running: %s", shlex.join(cmd))
+        with open(logf, "w", encoding="utf-8") as fh:
+            fh.write(f"$ {shlex.join(cmd)}\n")
+            fh.flush()
+            proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, check=False)
+        tail = "".join(logf.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)[-30:])
+        if proc.returncode != 0:
+            raise PipelineError(f"trtllm-build failed (exit {proc.returncode}); full log {logf}; last lines:\n{tail}")
+        ranks = sorted(engine.glob("rank*.engine"))
+        if not ranks or not (engine / "config.json").is_file():
+            raise PipelineError(
+                f"trtllm-build exited 0 but wrote no engine (rank*.engine + config.json) into {engine}; log {logf}:\n{tail}"
+            )
+        if cfg.build.speculative.mode == "draft_tokens_external":
+            fields["draft"] = self._build_draft(cfg, out, lg)
+        for f in TOKENIZER_COPY_FILES:
+            if (hf / f).is_file():  # trtllm-build does not copy the tokenizer (builder.py Engine.save)
+                shutil.copy2(hf / f, engine / f)
+        fields.update(command=cmd, timing_cache=str(tc), ranks=[r.name for r in ranks])
+        return fields
+
     def draft_command(self, cfg: Any, out: Path | str) -> list[str]:
-        """trtllm-build command of the draft engine (draft-model mode): same limits, no speculative flags, into ``out/draft_engine``."""
+        """trtllm-build command of the draft engine (draft-model mode): same limits, no speculative flags, into
+        ``out/draft_engine`` (:attr:`BuildArtifact.DRAFT_ENGINE_DIR`)."""
         from ..config import resolve_path
 
         sp = cfg.build.speculative
-        ck = sp.draft_trtllm_checkpoint or (str(Path(sp.draft_model_path) / "trtllm_checkpoint") if sp.draft_model_path else None)
+        ck = sp.draft_trtllm_checkpoint or (
+            str(QuantizeArtifact(Path(sp.draft_model_path)).trtllm_checkpoint) if sp.draft_model_path else None
+        )
         if ck is None:
             raise InputError(
                 "build.speculative.draft_model_path is not set. Fix: set it to the draft checkpoint (HF + trtllm_checkpoint/)."
             )
-        args = build_args(cfg, Path(resolve_path(ck) or ck), Path(out) / "draft_engine", default_timing_cache(cfg))
+        args = build_args(cfg, Path(resolve_path(ck) or ck), Path(out) / BuildArtifact.DRAFT_ENGINE_DIR, default_timing_cache(cfg))
         i = args.index("--speculative_decoding_mode")
         del args[i : i + 4]  # --speculative_decoding_mode X --max_draft_len N: the draft is a plain model
         return [self.trtllm_build_exe(cfg)] + args
@@ -969,19 +1006,24 @@ class TensorRTLLMTarget:
                 f"{ck}: no TensorRT-LLM checkpoint of the draft (config.json + rank*.safetensors). Fix: quantize/convert the "
                 "draft (e.g. `pipeline model.path=<draft> stages=[export,quantize]`) and point build.speculative.draft_trtllm_checkpoint at it."
             )
-        logf = out / "build_draft.log"
+        logf = out / BuildArtifact.DRAFT_BUILD_LOG
         lg.info("running (draft): %s", shlex.join(cmd))
         with open(logf, "w", encoding="utf-8") as fh:
             fh.write(f"$ {shlex.join(cmd)}\n")
             fh.flush()
             proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, check=False)
         tail = "".join(logf.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)[-30:])
-        eng = out / "draft_engine"
+        eng = out / BuildArtifact.DRAFT_ENGINE_DIR
         if proc.returncode != 0 or not sorted(eng.glob("rank*.engine")) or not (eng / "config.json").is_file():
             raise PipelineError(
                 f"trtllm-build of the draft engine failed (exit {proc.returncode}) or wrote no engine into {eng}; log {logf}:\n{tail}"
             )
-        return {"command": cmd, "engine": "draft_engine", "checkpoint": str(ck), "draft_model_path": cfg.build.speculative.draft_model_path}
+        return {
+            "command": cmd,
+            "engine": BuildArtifact.DRAFT_ENGINE_DIR,
+            "checkpoint": str(ck),
+            "draft_model_path": cfg.build.speculative.draft_model_path,
+        }
 
     def load_runner(self, engine_dir: Path, **kw: Any) -> Any:
         """The engine runner for evaluate/benchmark: TensorRT-LLM 1.2.x ``ModelRunnerCpp`` (engine path) or the LLM API

@@ -42,7 +42,7 @@ step per engine-loop turn, cancellation checked before each step.  Extra outputs
 ``_generator_steps``).
 
 Concurrency: ``execute`` only validates and queues; one background thread owns the ``og.Engine`` (admits requests,
-calls ``engine.run`` step by step, dispatches token events, checks cancellation every step).  If the engine itself
+calls ``engine.run`` step by step, dispatches token events, checks cancellation at most every 5 ms per request).  If the engine itself
 raises, the requests in flight fail with the reason and the engine is rebuilt before the next request.
 """
 
@@ -65,6 +65,7 @@ except ImportError:  # pragma: no cover - importable for unit tests of the pure 
     pb_utils = None
 
 FLAG_TOKEN, FLAG_TURN_FINISHED, FLAG_FAILED = 1, 2, 8  # og.EngineEventFlags (0.18); re-read from og in initialize()
+CANCEL_POLL_S = 0.005  # is_cancelled() is a round trip to the server; once per 5 ms per request, not per step
 
 # Inputs the engine cannot honour: a request that sets them to a non-default value gets a clear error.
 _UNSUPPORTED = {
@@ -157,6 +158,7 @@ class Group:
     size: int
     open: int
     cancelled: bool = False
+    polled: float = 0.0  # time.monotonic() of the last is_cancelled() round trip to the server
 
 
 @dataclass
@@ -244,6 +246,11 @@ class TritonPythonModel:
         self._init_error: BaseException | None = None
         self._engine_broken: str | None = None
         self._next_reload = 0.0
+        # Responses leave through one FIFO sender thread: pb_utils' sender.send() waits for the server to take each
+        # response (a stub->server round trip), and on the engine thread that wait serialized with every step.
+        self.outbox: queue.SimpleQueue[tuple[Group, Any, int] | None] = queue.SimpleQueue()
+        self.sender_thread = threading.Thread(target=self._sender, name="responses", daemon=True)
+        self.sender_thread.start()
         # og.Engine operations must all run on the thread that created the engine ("Engine owner thread")
         self.thread = threading.Thread(target=self._owner, name="og-engine", daemon=True)
         self.thread.start()
@@ -289,13 +296,14 @@ class TritonPythonModel:
         return np.asarray(r).reshape(-1)[0].item()
 
     def _parse(self, request: Any) -> list[Job]:
+        ids_arr: list[list[int]] | np.ndarray  # one row of prompt ids per prompt
         if self.text:
             ids_arr = self._encode_rows(self._get(request, "text_input"), self._get(request, "messages"))
         else:
-            ids_arr = self._get(request, "input_ids")
-            if ids_arr is None:
+            raw = self._get(request, "input_ids")
+            if raw is None:
                 raise ValueError("input 'input_ids' is missing")
-            ids_arr = ids_arr.reshape(1, -1) if ids_arr.ndim == 1 else ids_arr.reshape(ids_arr.shape[0], -1)
+            ids_arr = raw.reshape(1, -1) if raw.ndim == 1 else raw.reshape(raw.shape[0], -1)
         n = int(len(ids_arr))
         if n > 1 and not self.decoupled:
             raise ValueError(
@@ -397,32 +405,7 @@ class TritonPythonModel:
         return out
 
     def _parse_row(self, request: Any, row_ids: Any, b: int, sc: Any, group: Group, requested: set[str], log_probs: bool = False) -> Job:
-        ids = [int(t) for t in (row_ids if isinstance(row_ids, list) else row_ids.tolist())]
-        n_in = len(ids) if self.text else int(sc("input_lengths", b, len(ids)))
-        if not 0 <= n_in <= len(ids):
-            raise ValueError(f"input_lengths={n_in} but input_ids has {len(ids)} ids")
-        ids = ids[:n_in]
-        if not ids:
-            raise ValueError("the prompt is empty (0 tokens); send a non-empty text_input")
-        bad = [t for t in ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(
-                f"input_ids contains token id {bad[0]} outside the vocabulary [0, {self.vocab_size}); "
-                f"send ids produced by this model's tokenizer"
-            )
-        if self.max_input_len and len(ids) > self.max_input_len:
-            raise ValueError(
-                f"prompt has {len(ids)} tokens, more than the engine's max_input_len {self.max_input_len}; "
-                f"shorten the prompt (the server never truncates)"
-            )
-        max_new = int(sc("request_output_len", b, 0))
-        if max_new < 1:
-            raise ValueError(f"max_tokens (request_output_len) must be >= 1, got {max_new}")
-        if self.max_seq_len:
-            room = self.max_seq_len - len(ids)
-            if room < 1:
-                raise ValueError(f"prompt ({len(ids)} tokens) leaves no room under the engine's max_seq_len {self.max_seq_len}")
-            max_new = min(max_new, room)
+        ids, max_new = self._prompt_and_budget(row_ids, b, sc)
         streaming = bool(sc("streaming", b, False))
         if streaming and not self.decoupled:
             raise ValueError("streaming is only supported when the model is deployed in decoupled mode (package.decoupled=true)")
@@ -461,19 +444,8 @@ class TritonPythonModel:
             )
         if self._words_row(request, "bad_words_list", b):
             raise ValueError("bad_words is not supported by the onnxruntime_genai engine; send an empty bad_words list")
-        if beam > 1:  # og beam search (Generator, num_beams) runs to its own end; what it cannot honour is refused
-            for bad, why in (
-                (streaming, "streaming"),
-                (do_sample, "sampling (top_k > 1 / top_p > 0)"),
-                (self._words_row(request, "stop_words_list", b), "stop words"),
-                (end_id is not None and int(end_id) >= 0 and int(end_id) not in self.eos_ids, f"end_id={end_id}"),
-                (int(sc("min_length", b, 0)) > 0, "min_length"),
-            ):
-                if bad:
-                    raise ValueError(
-                        f"beam_width={beam} with {why} is not supported by the onnxruntime_genai engine "
-                        f"(og.Generator beam search 0.18); send beam_width=1 or remove {why.split(' ')[0]}"
-                    )
+        if beam > 1:
+            self._check_beam_search(request, b, sc, beam, streaming, do_sample, end_id)
         job = Job(
             group=group,
             batch_index=b,
@@ -499,6 +471,53 @@ class TritonPythonModel:
         if streaming and (self.text or "text_output" in requested):
             job.decoder = self.codec.stream_decoder(skip_special_tokens=self.skip_special)
         return job
+
+    def _prompt_and_budget(self, row_ids: Any, b: int, sc: Any) -> tuple[list[int], int]:
+        """Row ``b``'s prompt ids (cut to ``input_lengths``) and its output budget (``request_output_len`` capped by the
+        room under ``max_seq_len``). Raises ValueError for an empty or out-of-vocabulary prompt, a prompt over
+        ``max_input_len`` (never truncated), a budget < 1 or no room left."""
+        ids = [int(t) for t in (row_ids if isinstance(row_ids, list) else row_ids.tolist())]
+        n_in = len(ids) if self.text else int(sc("input_lengths", b, len(ids)))
+        if not 0 <= n_in <= len(ids):
+            raise ValueError(f"input_lengths={n_in} but input_ids has {len(ids)} ids")
+        ids = ids[:n_in]
+        if not ids:
+            raise ValueError("the prompt is empty (0 tokens); send a non-empty text_input")
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(
+                f"input_ids contains token id {bad[0]} outside the vocabulary [0, {self.vocab_size}); "
+                f"send ids produced by this model's tokenizer"
+            )
+        if self.max_input_len and len(ids) > self.max_input_len:
+            raise ValueError(
+                f"prompt has {len(ids)} tokens, more than the engine's max_input_len {self.max_input_len}; "
+                f"shorten the prompt (the server never truncates)"
+            )
+        max_new = int(sc("request_output_len", b, 0))
+        if max_new < 1:
+            raise ValueError(f"max_tokens (request_output_len) must be >= 1, got {max_new}")
+        if self.max_seq_len:
+            room = self.max_seq_len - len(ids)
+            if room < 1:
+                raise ValueError(f"prompt ({len(ids)} tokens) leaves no room under the engine's max_seq_len {self.max_seq_len}")
+            max_new = min(max_new, room)
+        return ids, max_new
+
+    def _check_beam_search(self, request: Any, b: int, sc: Any, beam: int, streaming: bool, do_sample: bool, end_id: Any) -> None:
+        """og beam search (Generator, num_beams) runs to its own end; what it cannot honour is refused (ValueError)."""
+        for refused, why in (
+            (streaming, "streaming"),
+            (do_sample, "sampling (top_k > 1 / top_p > 0)"),
+            (self._words_row(request, "stop_words_list", b), "stop words"),
+            (end_id is not None and int(end_id) >= 0 and int(end_id) not in self.eos_ids, f"end_id={end_id}"),
+            (int(sc("min_length", b, 0)) > 0, "min_length"),
+        ):
+            if refused:
+                raise ValueError(
+                    f"beam_width={beam} with {why} is not supported by the onnxruntime_genai engine "
+                    f"(og.Generator beam search 0.18); send beam_width=1 or remove {why.split(' ')[0]}"
+                )
 
     def _words_row(self, request: Any, name: str, b: int) -> list[list[int]]:
         """Token sequences of row ``b`` of a words-list input ([N, 2, L]; a [1, 2, L] list applies to every row).
@@ -816,15 +835,21 @@ class TritonPythonModel:
     def _poll_cancellations(self) -> None:
         """Once per engine step: a cancelled or vanished client stops its request before the next step."""
         seen: set[int] = set()
+        now = time.monotonic()
         for job in list(self.active.values()):
             g = job.group
             if id(g) in seen:
                 continue
             seen.add(id(g))
-            try:
-                gone = g.sender.is_cancelled()
-            except Exception:
-                gone = True
+            gone = False
+            if now - g.polled >= CANCEL_POLL_S:
+                g.polled = now
+                try:
+                    gone = g.sender.is_cancelled()
+                except Exception:
+                    gone = True
+            elif not g.cancelled:
+                continue
             if not g.cancelled and gone:
                 g.cancelled = True
                 self.logger.log_info(
@@ -945,14 +970,24 @@ class TritonPythonModel:
         )
 
     def _emit(self, g: Group, response: Any = None, flags: int = 0) -> None:
-        """``g.sender.send``; a sender whose client vanished may refuse: log it, never let it stop the engine loop."""
-        try:
-            if response is None:
-                g.sender.send(flags=flags)
-            else:
-                g.sender.send(response, flags=flags)
-        except Exception as e:
-            self.logger.log_warn(f"request {g.request_id or '-'}: response not delivered ({e})")
+        """Queue ``response`` for the sender thread (:meth:`_sender`), which delivers every response in order."""
+        self.outbox.put((g, response, flags))
+
+    def _sender(self) -> None:
+        """``g.sender.send`` for each queued response, in queue order (so each request's responses stay in order); a
+        sender whose client vanished may refuse: log it and go on. Ends at the ``None`` that :meth:`finalize` queues."""
+        while True:
+            item = self.outbox.get()
+            if item is None:
+                return
+            g, response, flags = item
+            try:
+                if response is None:
+                    g.sender.send(flags=flags)
+                else:
+                    g.sender.send(response, flags=flags)
+            except Exception as e:
+                self.logger.log_warn(f"request {g.request_id or '-'}: response not delivered ({e})")
 
     @staticmethod
     def _close(job: Job) -> None:
@@ -988,6 +1023,7 @@ class TritonPythonModel:
             for i, x in enumerate(seqs):
                 arr[0, i, : len(x)] = x
             outs.append(pb_utils.Tensor("output_ids", arr))
+        if "sequence_length" in self.outputs:  # also on the text interface: the ids a client counts (OpenAI usage)
             outs.append(pb_utils.Tensor("sequence_length", np.asarray([lens], dtype=np.int32)))
         if "text_output" in req or self.text:
             outs.append(pb_utils.Tensor("text_output", np.asarray([t.encode("utf-8") for t in texts], dtype=np.object_)))
@@ -1045,3 +1081,5 @@ class TritonPythonModel:
                 self._fail(job, "server is shutting down")
             except Exception:
                 pass
+        self.outbox.put(None)  # after the shutdown errors: the sender delivers them, then ends
+        self.sender_thread.join(timeout=10)

@@ -251,8 +251,8 @@ class TritonPythonModel:
             extra = {o: pb_utils.get_output_tensor_by_name(r, o) for o in passed}
             if acc is not None:
                 tags = [pb_utils.get_output_tensor_by_name(r, k) for k in ("batch_index", "sequence_index")]
-                key = tuple(int(x.as_numpy().reshape(-1)[0]) if x is not None else 0 for x in tags)
-                ids, lens = acc.add(key, ids, lens)
+                batch_i, seq_i = (int(x.as_numpy().reshape(-1)[0]) if x is not None else 0 for x in tags)
+                ids, lens = acc.add((batch_i, seq_i), ids, lens)
             # 3. postprocessing
             post = self._check(
                 pb_utils.InferenceRequest(
