@@ -1,7 +1,8 @@
 """The ``pipeline`` command.
 
 ``pipeline [hydra overrides]`` runs the configured stages (Hydra app; ``--cfg job``, ``-m`` sweeps and
-launcher plugins work as in any Hydra app).  Subcommands that are not a pipeline run:
+launcher plugins work as in any Hydra app).  ``pipeline --cfg job`` prints the config with its interpolations
+resolved (the values the run would use: Hydra's ``--resolve`` is added).  Subcommands that are not a pipeline run:
 
     pipeline plan [overrides]         memory/speed plan and cross-field checks, no GPU needed
     pipeline doctor                   what is installed and which targets can run here
@@ -168,6 +169,56 @@ def user_config_argv(argv: list[str], tmp_root: Path) -> list[str]:
     return [f"--config-dir={tmp_root}", *options, *overrides, f"+user_config@_global_={stem}", *positionals]
 
 
+def resolve_printed_config(argv: list[str]) -> list[str]:
+    """``argv`` with Hydra's ``--resolve`` added in front when it asks to print the job config (``--cfg job``,
+    ``-c job``, ``--cfg=job``) without it: Hydra prints interpolations such as ``${checkpoint_name:${.path}}`` as
+    written otherwise, while the pipeline's docs promise the resolved values (``model.name: support-llama``)."""
+    options, _ = _split_hydra_args(argv)
+    wants_job = any(
+        (a in ("--cfg", "-c") and i + 1 < len(options) and options[i + 1] == "job") or a in ("--cfg=job", "-c=job")
+        for i, a in enumerate(options)
+    )
+    return ["--resolve", *argv] if wants_job and "--resolve" not in options else argv
+
+
+def alias_notes_for_printed_config(argv: list[str]) -> list[str]:
+    """One note per deprecated alias among ``argv``'s overrides when ``argv`` asks Hydra to print the job config.
+
+    Hydra prints the config as composed, before the run copies an alias into its new field
+    (:func:`pipeline.config.resolve_aliases`), so ``--cfg job quant.tp_size=2`` shows ``parallel.tp_size: 1``;
+    the note says which field the run uses.  Empty when no config is printed or no alias is given."""
+    options = [a for a in argv if a.startswith("-")] + [a for i, a in enumerate(argv) if i and argv[i - 1] in ("--cfg", "-c")]
+    if not any(a in ("job", "--cfg=job", "-c=job") for a in options):
+        return []
+    import dataclasses
+    import typing
+
+    from .config import PipelineConfig, alias_paths
+
+    hints = typing.get_type_hints(PipelineConfig)
+    groups: dict[str, Any] = {n: t() for n, t in hints.items() if isinstance(t, type) and dataclasses.is_dataclass(t)}
+    aliases = alias_paths(PipelineConfig(**groups))
+    given = {a.lstrip("+~").split("=", 1)[0].strip(): a.split("=", 1)[1] for a in argv if "=" in a and not a.startswith("-")}
+    notes = []
+    for a in argv:
+        if "=" not in a or a.startswith("-"):
+            continue
+        key, value = a.lstrip("+~").split("=", 1)
+        if key.strip() in aliases:
+            new = aliases[key.strip()]
+            if new in given and given[new] != value:
+                notes.append(
+                    f"note: {key.strip()}={value} is a deprecated alias of {new}, which is set to {given[new]}: the run "
+                    f"refuses this (exit 2). Fix: set only {new}."
+                )
+                continue
+            notes.append(
+                f"note: {key.strip()} is a deprecated alias of {new}; the printed config shows the composed values, "
+                f"the run uses {new}={value}. Fix: set {new} instead."
+            )
+    return notes
+
+
 #: Hydra command-line options that take a value (hydra/_internal/utils.py get_args_parser, Hydra 1.3).
 _HYDRA_VALUE_FLAGS = ("--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--experimental-rerun")
 _HYDRA_INFO_CHOICES = ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")
@@ -206,6 +257,57 @@ def _schema_fields(cls: Any) -> dict[str, Any]:
     return {f.name: hints.get(f.name) for f in dataclasses.fields(cls)}
 
 
+def _dotted_keys(cls: Any, prefix: str = "") -> dict[str, str]:
+    """``{dotted key: the key to write}`` of every field of the config schema ``cls``, nested groups included; a
+    deprecated alias maps to its new field (``quant.tp_size`` -> ``parallel.tp_size``), every other key to itself."""
+    import dataclasses
+
+    out: dict[str, str] = {}
+    if not dataclasses.is_dataclass(cls):
+        return out
+    hints = _schema_fields(cls)
+    for f in dataclasses.fields(cls):
+        key = prefix + f.name
+        target = f.metadata.get("alias_of")
+        out[key] = (target if "." in target else prefix + target) if target else key
+        out.update(_dotted_keys(hints.get(f.name), key + "."))
+    return out
+
+
+def _current_names(cls: Any) -> list[str]:
+    """Field names of the config dataclass ``cls`` without its deprecated aliases (the names to write)."""
+    import dataclasses
+
+    return [f.name for f in dataclasses.fields(cls) if "alias_of" not in f.metadata]
+
+
+_KEY_HINTS = {"eval.path": ("eval.eval_set",)}
+"""Unknown keys whose intended key no spelling similarity finds: ``model.path`` and ``calibration.path`` make
+``eval.path`` a natural guess, but the eval group's file field is ``eval.eval_set``."""
+
+
+def _close_keys(typed: str, keys: dict[str, str]) -> list[str]:
+    """Up to three keys to suggest for the unknown dotted key ``typed``: whole keys at least 80 % alike
+    (difflib ratio) whose last parts are at least 75 % alike, so a shared group prefix alone never makes a match
+    (``eval.path`` is not close to ``eval.gate``); deprecated spellings are offered as their new names.  First the
+    targeted hints of ``_KEY_HINTS`` (``eval.path`` -> ``eval.eval_set``), then keys of the same group whose last part
+    starts with the typed one (``parallel.tp`` -> ``parallel.tp_size``)."""
+    import difflib
+
+    leaf = typed.rsplit(".", 1)[-1]
+    parent = typed.rsplit(".", 1)[0] if "." in typed else ""
+    out: list[str] = [keys[h] for h in _KEY_HINTS.get(typed, ()) if h in keys]
+    # a leaf the user shortened (parallel.tp -> parallel.tp_size): same group, the key's leaf starts with it
+    for k in keys:
+        kp, _, kl = k.rpartition(".")
+        if kp == parent and len(leaf) >= 2 and kl != leaf and kl.startswith(leaf) and keys[k] not in out:
+            out.append(keys[k])
+    for k in difflib.get_close_matches(typed, list(keys), n=6, cutoff=0.8):
+        if difflib.SequenceMatcher(None, leaf, k.rsplit(".", 1)[-1]).ratio() >= 0.75 and keys[k] not in out:
+            out.append(keys[k])
+    return out[:3]
+
+
 def check_overrides(argv: list[str]) -> list[str]:
     """Problems with plain ``key=value`` / ``group=preset`` overrides, found before Hydra composes the config, each
     naming the override, the valid names (closest first) and the fix. Hydra's own messages for these cases suggest
@@ -222,6 +324,10 @@ def check_overrides(argv: list[str]) -> list[str]:
     def closest(name: str, choices: list[str]) -> str:
         near = difflib.get_close_matches(name, choices, n=3, cutoff=0.5)
         return (f"did you mean {' or '.join(near)}? " if near else "") + f"valid: {', '.join(sorted(choices))}"
+
+    def closest_key(key: str, valid_here: list[str]) -> str:
+        near = _close_keys(key, _dotted_keys(PipelineConfig))
+        return (f"did you mean {' or '.join(near)}? " if near else "") + f"valid: {', '.join(sorted(valid_here))}"
 
     for arg in argv:
         if arg.startswith(("-", "+", "~")) or "=" not in arg:
@@ -247,7 +353,7 @@ def check_overrides(argv: list[str]) -> list[str]:
             if part not in fields:
                 where = ".".join(path) or "the top level"
                 out.append(
-                    f"{key}: no such field in {where}; {closest(part, list(fields))}. "
+                    f"{key}: no such field in {where}; {closest_key('.'.join([*path, part]), _current_names(cls))}. "
                     f"Fix: use one of those names ({'pipeline --cfg job'} prints the whole config)."
                 )
                 break
@@ -269,8 +375,14 @@ def main(argv: list[str] | None = None) -> None:
         print("\nConfig groups and overrides: pipeline --cfg job (resolved config), pipeline --hydra-help; README.md.")
         return
     if argv and argv[0] in SUBCOMMANDS:
-        mod = importlib.import_module(SUBCOMMANDS[argv[0]])
-        sys.exit(mod.main(argv[1:]) or 0)
+        try:
+            code = importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:]) or 0
+        except KeyboardInterrupt:  # Ctrl-C in a subcommand (client, plan, ...): the documented 130, no traceback
+            from .errors import EXIT_INTERRUPTED
+
+            print(f"pipeline {argv[0]}: interrupted", file=sys.stderr)
+            code = EXIT_INTERRUPTED
+        sys.exit(code)
     # `target_gpu=X` is accepted as an alias of `target.gpu=X` (as in `pipeline plan`)
     argv = [f"target.gpu={a.split('=', 1)[1]}" if a.startswith("target_gpu=") else a for a in argv]
     import tempfile
@@ -286,6 +398,9 @@ def main(argv: list[str] | None = None) -> None:
         for msg in problems:
             print(f"error (exit {EXIT_INPUT}): {msg}", file=sys.stderr)
         sys.exit(EXIT_INPUT)
+    for note in alias_notes_for_printed_config(argv):
+        print(note, file=sys.stderr)
+    argv = resolve_printed_config(argv)
     tmp_root = Path(tempfile.mkdtemp(prefix="pipeline-user-config-"))
     try:
         argv = user_config_argv(argv, tmp_root)

@@ -103,7 +103,7 @@ def test_malformed_lines_name_file_line_field(tmp_path):
 
 
 def test_shipped_eval_set_loads(repo_root):
-    items = load_eval_set(repo_root / "evaluation/data/support_eval_v1.jsonl")
+    items = load_eval_set(repo_root / "evaluation/data/support_eval_v2.jsonl")
     assert len(items) >= 100 and len({i.slice for i in items}) >= 4
     assert items[0].meta.get("lang") in ("en", "zh")
 

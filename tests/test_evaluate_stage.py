@@ -57,13 +57,14 @@ def _tiny_eval_set(path: Path) -> Path:
     rows = [
         {"id": "a1", "prompt": "Where is my order ORD-12345?", "reference": "ORD-12345", "metric": "exact_match", "slice": "order"},
         {"id": "a2", "prompt": "Please cancel order ORD-99871.", "reference": "ORD-99871", "metric": "contains", "slice": "order"},
-        {"id": "b1", "prompt": "Refund 129.50 dollars.", "reference": "129.50", "metric": "numeric", "slice": "amount"},
+        # slice names are user data: one that reads as Rich markup, one that reads as an emoji code (":a:")
+        {"id": "b1", "prompt": "Refund 129.50 dollars.", "reference": "129.50", "metric": "numeric", "slice": "[/red]"},
         {
             "id": "b2",
             "messages": [{"role": "user", "content": "I want a refund for the damaged item."}],
             "reference": "refund",
             "metric": "rouge_l",
-            "slice": "reply",
+            "slice": "a",
             "max_new_tokens": 12,
             "stop": ["\n"],
         },
@@ -127,7 +128,10 @@ def test_tiny_end_to_end_engine_and_report(tmp_path, tiny_ckpt, monkeypatch):
     assert "gate" in out
     # the draft model is the target itself: every proposed draft token matches the target's greedy token
     sp = rep["speculative"]
-    assert sp["acceptance_rate"] == 1.0 and sp["proposed"] > 0 and set(sp["slices"]) == {"order", "amount", "reply"}
+    assert sp["acceptance_rate"] == 1.0 and sp["proposed"] > 0 and set(sp["slices"]) == {"order", "[/red]", "a"}
+    rows = [ln.split() for ln in out.splitlines() if ln.strip().startswith(("[/red]", "a "))]
+    assert [r[:2] for r in rows] == [["[/red]", "1"], ["a", "1"]], out  # the slice table shows them as text (no MarkupError)
+    assert "\U0001f170" not in out  # and ":a:" never became an emoji
 
 
 # The default-model runs share one store (the export artifact is reused) and evaluate a round-robin
@@ -144,7 +148,7 @@ def default_store(tmp_path_factory):
 @needs_stages
 @pytest.mark.parametrize("recipe", ["none", "int4_awq"])
 def test_default_model_passes_gate(default_store, recipe):
-    # recipe none: the whole eval set (480 items, 80 per slice), enough to show non-inferiority on every slice,
+    # recipe none: the whole eval set (720 items, 80 per slice), enough to show non-inferiority on every slice,
     # and the default model held to its recorded accuracy; int4_awq: a 36-item round-robin subset with a short
     # calibration (AWQ on CPU), too small to show non-inferiority per slice: run as exploratory (exit 0, recorded
     # inconclusive, not releasable), and never a measured drop or a fidelity failure
@@ -164,10 +168,14 @@ def test_default_model_passes_gate(default_store, recipe):
     assert not [c for c in rep["gate"]["checks"] if c["verdict"] == "fail"], rep["gate"]["reason"]
     base = rep["runners"]["baseline"]
     if recipe == "none":
-        assert base["n"] == 480, base
-    assert base["score"] >= 0.99, base
-    assert all(v["score"] >= 0.95 for v in base["slices"].values()), base["slices"]
-    # the fp32 engine reproduces transformers' greedy answers; int4_awq kept all of them (measured 480/480)
+        eval_set = Path(REPO_ROOT) / compose([]).eval.eval_set
+        assert base["n"] == len(eval_set.read_text(encoding="utf-8").splitlines()), base
+    if recipe == "none":
+        # the baseline (fp32 source checkpoint) scores what models/train.py recorded, slice by slice
+        recorded = json.loads((DEFAULT_MODEL / "training_info.json").read_text())["eval"]
+        assert base["score"] == pytest.approx(recorded["overall"], abs=1e-9), (base, recorded)
+        assert {k: v["score"] for k, v in base["slices"].items()} == pytest.approx(recorded["per_slice"], abs=1e-9)
+    # the fp32 engine reproduces transformers' greedy answers; int4_awq changed 16 of 720 (measured 97.8 %)
     assert rep["comparison"]["overall"]["agreement"] >= (0.99 if recipe == "none" else 0.9)
     assert rep["fidelity"]["overall"]["positions"] > 0 and rep["fidelity"]["overall"]["top1"] >= 0.95
     assert "served == evaluated" in out and "fidelity: mean KLD" in out
@@ -180,8 +188,8 @@ def test_destructive_recipe_fails_gate_with_exit_3(tmp_path, tiny_ckpt):
     fail it: exit 3, the report still published and naming the failed check, and the package stage
     refusing the artifact.
 
-    The trained default model is too robust to show this: every recipe kept 100 % of its answers
-    (measured, docs/evaluate.md), so the destructive case runs on the tiny random-weight Llama.
+    The trained default model loses at most a few items per slice under every shipped recipe (measured,
+    docs/evaluate.md), so the destructive case runs on the tiny random-weight Llama.
     """
     summary, rep, out = run(
         tmp_path,

@@ -49,6 +49,9 @@ def test_planted_secret_appears_in_no_produced_file(tiny_llama, tmp_path):
         f"model.path={tiny_llama}",
         f"model.name={SECRET_IN_CONFIG}",
         "package.version=${oc.env:HF_TOKEN}",
+        # escaped (Hydra override grammar): the value is the literal text ${oc.env:HF_TOKEN}; Hydra echoes it (console,
+        # .hydra/overrides.yaml, override_dirname) and nothing may resolve it a second time into the secret
+        "calibration.name=\\${oc.env:HF_TOKEN}",
         f"store_dir={tmp_path / 'store'}",
         "stages=[package]",
         "quant=none",
@@ -76,6 +79,7 @@ def test_planted_secret_appears_in_no_produced_file(tiny_llama, tmp_path):
     safe_extract(archives[0], unpacked)
     assert (run / ".hydra" / "config.yaml").is_file() and (run / "pipeline.log").is_file()
     assert _hits(tmp_path, [SECRET_IN_CONFIG, SECRET_IN_ENV]) == []
+    assert "${oc.env:HF_TOKEN}" in (run / ".hydra" / "config.yaml").read_text()  # the escaped override stayed literal
     assert "redacted" in (pkg / "release_manifest.json").read_text()
     assert "secret-looking value" in p.stdout  # the user is told, not silently changed
 
@@ -90,3 +94,22 @@ def test_redaction_covers_keys_and_config_objects(monkeypatch):
     cfg = compose([f"model.name={SECRET_IN_CONFIG}", "model.path=models/support-llama"])
     assert redact_config(cfg) == ["model.name"]
     assert SECRET_IN_CONFIG not in cfg.model.name
+
+
+def test_escaped_env_override_is_echoed_literally_never_resolved(tmp_path):
+    """Hydra's console echo of escaped overrides (``\\${oc.env:...}``, and the malformed ``$\\{oc.env:...}`` it refuses):
+    the secret never appears, whether the config is printed resolved (``--cfg job --resolve``) or the override is
+    refused with Hydra's parse error."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
+    env["HF_TOKEN"] = SECRET_IN_ENV
+    outs = []
+    for args in (
+        ["--cfg", "job", "--resolve", "calibration.name=\\${oc.env:HF_TOKEN}"],
+        ["calibration.name=$\\{oc.env:HF_TOKEN}", "stages=[export]"],
+    ):
+        p = subprocess.run([PIPELINE, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        outs.append((args, p.returncode, p.stdout + p.stderr))
+    assert outs[0][1] == 0 and "${oc.env:HF_TOKEN}" in outs[0][2], outs[0]
+    assert outs[1][1] == 2 and "Error parsing override" in outs[1][2], outs[1]
+    assert not [a for a, _, out in outs if SECRET_IN_ENV in out]
+    assert _hits(tmp_path, [SECRET_IN_ENV]) == []

@@ -75,3 +75,21 @@ def test_archive_without_sha256sums_is_refused(tmp_path, monkeypatch):
     archive = _release(tmp_path / "r", sums=False)
     with pytest.raises(InputError, match="no SHA256SUMS"):
         resolve_repository(str(archive), None)
+
+
+def test_serve_warns_about_a_release_the_gate_does_not_vouch_for():
+    """``pipeline serve`` prints these on stderr before starting (pipeline/serving/serve.py ``release_warnings``)."""
+    from pipeline.serving.serve import release_warnings
+
+    ok = {"evaluation": {"gate": {"passed": True, "override": False, "verdict": "pass"}}, "parity": {"status": "passed"}}
+    assert release_warnings(ok) == [] and release_warnings({}) == []
+    forced = {
+        "evaluation": {"gate": {"passed": False, "override": True, "verdict": "inconclusive", "reason": "slice:a max_drop ..."}},
+        "parity": {"status": "disabled", "disabled_by": "package.parity=false"},
+    }
+    w = release_warnings(forced)
+    assert len(w) == 2 and "allow_failed_gate" in w[0] and "inconclusive" in w[0] and "package.parity=false" in w[1], w
+    assert release_warnings({"parity": {"status": "failed"}}) == ["this release's serving parity check did not pass (status 'failed')."]
+    assert release_warnings({"parity": {"status": "not run here"}}) == []  # a TensorRT-LLM package checked on its GPU host
+    long = release_warnings({"evaluation": {"gate": {"passed": False, "override": True, "verdict": "fail", "reason": "x" * 2000}}})
+    assert len(long[0]) < 450 and "release_manifest.json -> evaluation.gate" in long[0]  # one readable line, not the whole list

@@ -105,7 +105,8 @@ def test_completion_equals_the_grpc_ensemble_and_counts_tokens(sdk, grpc_answer,
     assert r.choices[0].text == grpc_answer(PROMPTS[0], 12)
     ids = tok(PROMPTS[0], add_special_tokens=False)["input_ids"]
     assert r.usage.prompt_tokens == len(ids) + 1  # the served preprocessing prepends BOS to a text without one
-    assert r.usage.completion_tokens == len(tok(r.choices[0].text, add_special_tokens=False)["input_ids"])
+    # the generated ids, not the text re-encoded (which need not round-trip: tests/test_fixa_openai.py)
+    assert r.usage.completion_tokens == 12 if r.choices[0].finish_reason == "length" else 0 < r.usage.completion_tokens < 12
     assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
     assert r.choices[0].finish_reason in ("length", "stop")
 
@@ -222,7 +223,7 @@ def test_pipeline_serve_openai_binds_localhost_and_answers(served, tmp_path):
         )
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=60)
-        assert proc.returncode == 0, out
+        assert proc.returncode == 130, out  # Ctrl-C: interrupted (README exit codes), after a clean stop
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -160,7 +160,8 @@ def test_ort_repository_parses_validates_and_matches_trtllm_ensemble_interface(t
     iface = ensemble_interface(repo)
     # plus the documented extension input (trtllm_backend_table.EXTENSION_INPUTS): server-side chat rendering
     assert iface["inputs"] == {**EXPECTED_INPUTS, "messages": ("TYPE_STRING", [1], True)}
-    assert iface["outputs"] == EXPECTED_OUTPUTS
+    # plus our sequence_length (generated ids per response; OpenAI usage counts them): triton_models/ensemble/config.pbtxt
+    assert iface["outputs"] == {**EXPECTED_OUTPUTS, "sequence_length": ("TYPE_INT32", [-1], False)}
     eng = parse_config(repo / "onnxruntime_genai" / "config.pbtxt")
     assert eng.backend == "python" and eng.model_transaction_policy.decoupled is True
     assert eng.max_batch_size == 4 and eng.parameters["max_input_len"].string_value == "96"

@@ -28,7 +28,7 @@ def test_all_problems_are_reported_together():
             "target.gpu=a100_80gb",
             "quant=fp8",
             "quant.kv_cache_dtype=fp8",
-            "quant.tp_size=3",
+            "parallel.tp_size=3",
             "build.max_input_len=4096",
             "build.max_seq_len=4096",
             "build.max_num_tokens=1024",
@@ -42,7 +42,7 @@ def test_all_problems_are_reported_together():
         "build.max_input_len",
         "build.max_num_tokens",
         "build.tokens_per_block",
-        "quant.tp_size",
+        "parallel.tp_size",
         "quant.recipe",
         "quant.kv_cache_dtype",
     ):
@@ -106,22 +106,24 @@ def test_chunked_context_allows_short_max_num_tokens_but_needs_paged_fmha():
 
 def test_tensor_parallel_heads_kv_heads_and_vocab():
     # qwen2.5-7b: 28 heads, 4 KV heads, vocab 152064
-    assert fields(cross_field_problems(compose(["model=qwen25_7b", "quant.tp_size=4"]))) == []
-    p = cross_field_problems(compose(["model=qwen25_7b", "quant.tp_size=8"]))  # 28 % 8 != 0
-    assert "quant.tp_size" in fields(p)
+    assert fields(cross_field_problems(compose(["model=qwen25_7b", "parallel.tp_size=4"]))) == []
+    p = cross_field_problems(compose(["model=qwen25_7b", "parallel.tp_size=8"]))  # 28 % 8 != 0
+    assert "parallel.tp_size" in fields(p)
     # 32 heads, 8 KV heads: TP 16 replicates KV heads (allowed)
-    assert "quant.tp_size" not in fields(cross_field_problems(compose(["model=mistral_7b", "quant.tp_size=16"])))
+    assert "parallel.tp_size" not in fields(cross_field_problems(compose(["model=mistral_7b", "parallel.tp_size=16"])))
     # a KV-head count neither divided nor replicated evenly
     p = cross_field_problems(
-        compose(["model=mistral_7b", "model.hf_config.num_key_value_heads=6", "quant.tp_size=4", "model.hf_config.num_attention_heads=48"])
+        compose(
+            ["model=mistral_7b", "model.hf_config.num_key_value_heads=6", "parallel.tp_size=4", "model.hf_config.num_attention_heads=48"]
+        )
     )
-    assert "quant.tp_size" in fields(p)
+    assert "parallel.tp_size" in fields(p)
     # vocab 32002 with TP 3 heads 48: padded by default, rejected on request
     ov = [
         "model=llama2_7b",
         "model.hf_config.num_attention_heads=48",
         "model.hf_config.num_key_value_heads=48",
-        "quant.tp_size=3",
+        "parallel.tp_size=3",
         "model.hf_config.vocab_size=32002",
     ]
     assert "quant.vocab_padding" not in fields(cross_field_problems(compose(ov)))
@@ -155,7 +157,7 @@ def test_eval_set_prompt_lengths_checked_with_max_and_p99(tiny_llama):
     assert "build.max_input_len" in fields(p)
     msg = str(p[fields(p).index("build.max_input_len")])
     st = eval_prompt_stats(cfg)
-    assert f"up to {st['max']} tokens" in msg and f"P99 {st['p99']}" in msg and st["count"] == 480
+    assert f"up to {st['max']} tokens" in msg and f"P99 {st['p99']}" in msg and st["count"] == 720
     assert st["p99"] <= st["max"]
     ok = cross_field_problems(
         compose([f"model.path={tiny_llama}", f"build.max_input_len={st['max']}", "build.max_seq_len=256", "build.max_num_tokens=2048"])
@@ -165,7 +167,7 @@ def test_eval_set_prompt_lengths_checked_with_max_and_p99(tiny_llama):
     from pipeline.evaluation.dataset import load_eval_set
 
     lim = eval_prompt_stats(compose([f"model.path={tiny_llama}", "eval.limit=12"]))
-    assert lim["count"] == 12 and lim["max_id"] in {it.id for it in load_eval_set(ROOT / "evaluation/data/support_eval_v1.jsonl", limit=12)}
+    assert lim["count"] == 12 and lim["max_id"] in {it.id for it in load_eval_set(ROOT / "evaluation/data/support_eval_v2.jsonl", limit=12)}
 
 
 def test_eval_lengths_equal_the_transformers_tokenizer(tiny_llama):
@@ -177,7 +179,7 @@ def test_eval_lengths_equal_the_transformers_tokenizer(tiny_llama):
 
     ref = AutoTokenizer.from_pretrained(str(tiny_llama))
     codec = tokenization.TextCodec.from_dir(tiny_llama)
-    rows = [json.loads(line) for line in (ROOT / "evaluation/data/support_eval_v1.jsonl").read_text(encoding="utf-8").splitlines()[::37]]
+    rows = [json.loads(line) for line in (ROOT / "evaluation/data/support_eval_v2.jsonl").read_text(encoding="utf-8").splitlines()[::37]]
     rows.append({"prompt": "我的订单 ORD-55555 什么时候到？"})
     msgs_list = [[{"role": "user", "content": r["prompt"]}] for r in rows]
     msgs_list.append([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}])

@@ -147,7 +147,7 @@ def load_eval_set(path: str | Path, *, limit: int | None = None) -> list[EvalIte
 
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        text = p.read_text(encoding="utf-8-sig")  # utf-8-sig: a leading BOM (Windows editors) is accepted
     except FileNotFoundError:
         raise InputError(f"eval set {p} not found. Fix: set eval.eval_set to an existing .jsonl file.") from None
     except (OSError, UnicodeDecodeError) as e:

@@ -53,6 +53,9 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import InputError
+from ..recipes import RECIPES
+
 VERDICTS = ("pass", "inconclusive", "fail")
 """Ordered from best to worst: the gate's verdict is the worst of its scopes'."""
 MAX_ITEMS_NEEDED = 10_000_000
@@ -239,10 +242,66 @@ class Check:
 
 
 def allowances(gate: Any, recipe: str) -> tuple[float, float]:
-    """(overall, per-slice) allowed drop for ``recipe`` from a ``GateConfig``."""
-    overall = gate.max_drop if gate.max_drop is not None else float(gate.max_drop_by_recipe.get(recipe, 0.05))
+    """(overall, per-slice) allowed drop for ``recipe`` from a ``GateConfig``: ``max_drop``, else
+    ``max_drop_by_recipe[recipe]``, else the recipe's default (``Recipe.max_drop``, pipeline/recipes.py).
+
+    Raises:
+        InputError: no allowance for ``recipe`` anywhere (a recipe the table does not know).
+    """
+    overall = gate.max_drop
+    if overall is None:
+        known = RECIPES.get(recipe)
+        overall = gate.max_drop_by_recipe.get(recipe, known.max_drop if known else None)
+    if overall is None:
+        raise InputError(
+            f"eval.gate.max_drop_by_recipe: no allowed drop for recipe {recipe!r}. "
+            f"Fix: set eval.gate.max_drop=<drop> or eval.gate.max_drop_by_recipe.{recipe}=<drop> (absolute, 0..1)."
+        )
     per_slice = gate.slice_max_drop if gate.slice_max_drop is not None else 2.0 * overall
     return float(overall), float(per_slice)
+
+
+def allowance_sources(gate: Any, recipe: str) -> tuple[str, str]:
+    """Where :func:`allowances` took the (overall, per-slice) allowance from, as config keys a user can set."""
+    if gate.max_drop is not None:
+        overall = "eval.gate.max_drop (set explicitly)"
+    else:
+        overall = f"the recipe default eval.gate.max_drop_by_recipe.{recipe}"
+    per_slice = (
+        "eval.gate.slice_max_drop (set explicitly)"
+        if gate.slice_max_drop is not None
+        else f"default eval.gate.slice_max_drop = 2 x the overall allowance ({overall})"
+    )
+    return overall, per_slice
+
+
+def inconclusive_fix(gate: Any, recipe: str, checks: Sequence[Check], n_items: dict[str, int] | None = None) -> str | None:
+    """The message for an *inconclusive* gate (no check failed, at least one ``max_drop`` check inconclusive):
+    says it is inconclusive, not failed; names each inconclusive scope, its allowance and where the allowance comes
+    from, and the items needed; gives the fixes (a larger eval set, an explicit allowance, ``eval.gate.mode=exploratory``).
+    None when the gate is not inconclusive (a real fail keeps the fail message: improve the candidate)."""
+    if any(c.verdict == "fail" for c in checks):
+        return None
+    inc = [c for c in checks if c.verdict == "inconclusive" and c.check == "max_drop"]
+    if not inc:
+        return None
+    src_all, src_slice = allowance_sources(gate, recipe)
+    parts = []
+    for c in inc:
+        src = src_all if c.scope == "overall" else src_slice
+        need = f"about {c.items_needed} items needed" if c.items_needed is not None else "no eval-set size can show it"
+        have = (n_items or {}).get(c.scope)
+        have_txt = f" (it has {have})" if have is not None else ""
+        up = f", upper bound {100 * c.upper:+.1f} pp" if c.upper is not None else ""
+        parts.append(f"{c.scope}: drop {100 * c.value:+.1f} pp{up} vs allowance {100 * c.threshold:.1f} pp from {src}; {need}{have_txt}")
+    keys = sorted({"eval.gate.max_drop=<drop>" if c.scope == "overall" else "eval.gate.slice_max_drop=<drop>" for c in inc})
+    return (
+        f"the gate is INCONCLUSIVE, not failed: the eval set is too small to show non-inferiority at "
+        f"{gate.confidence:.0%} confidence (no measured drop exceeds its allowance). " + "; ".join(parts) + ". "
+        "Fix: a larger eval set (eval.eval_set=<JSONL with the items needed per scope>), or an explicit allowance you accept ("
+        + " / ".join(keys)
+        + ", absolute 0..1), or eval.gate.mode=exploratory (exit 0, recorded as not releasable)."
+    )
 
 
 def fidelity_thresholds(gate: Any, recipe: str) -> tuple[float | None, float | None]:
@@ -279,50 +338,19 @@ def judge(
         cand_errors: eval items on which the candidate runner failed (an engine error). Any error fails the gate:
             a broken engine must not pass because its baseline scores as low as its empty answers.
     Returns:
-        ``{"passed", "verdict", "mode", "reason", "checks": [...], "allowed_drop": {...}, "confidence",
-        "bound"}``: ``verdict`` is the worst check verdict; ``passed`` is ``verdict == "pass"`` (in both
+        ``{"passed", "verdict", "non_inferiority", "failed_checks", "mode", "reason", "fix", "checks": [...],
+        "allowed_drop": {...}, "confidence", "bound"}``: ``verdict`` is the worst check verdict;
+        ``non_inferiority`` the worst verdict of the ``max_drop`` checks alone (so a fidelity or
+        ``min_score`` failure is never reported as a non-inferiority failure); ``failed_checks`` lists every
+        non-passing check (``scope``, ``check``, ``verdict``, ``detail``); ``passed`` is ``verdict == "pass"`` (in both
         modes: the package stage never releases an unproven candidate); ``reason`` names every
-        non-passing scope with the value, the bound, the threshold and, when inconclusive, the items needed.
+        non-passing scope with the value, the bound, the threshold and, when inconclusive, the items needed;
+        ``fix`` the inconclusive message (:func:`inconclusive_fix`), None unless the gate is inconclusive.
     """
     allow_all, allow_slice = allowances(gate, recipe)
     checks: list[Check] = []
-    pct = f"{gate.confidence:.0%}"
     for scope, cand in cand_scores.items():
-        checks.append(
-            Check(
-                scope,
-                "min_score",
-                cand,
-                gate.min_score,
-                "pass" if cand >= gate.min_score - 1e-12 else "fail",
-                f"score {cand:.3f} vs minimum {gate.min_score:.3f}",
-            )
-        )
-        st = stats.get(scope)
-        if st is None or st.n == 0:
-            continue
-        allow = allow_all if scope == "overall" else allow_slice
-        verdict, need = scope_verdict(st, allow)
-        head = f"drop {100 * st.drop:+.1f} pp, {pct} upper bound {100 * st.upper:+.1f} pp vs allowed {100 * allow:.1f} pp (n={st.n})"
-        if verdict == "fail":
-            detail = f"{head}: the measured drop itself is above the allowance"
-        elif verdict == "inconclusive":
-            detail = f"{head}: inconclusive, too few items to show non-inferiority; {_needed_text(need)}"
-        else:
-            detail = head
-        checks.append(Check(scope, "max_drop", st.drop, allow, verdict, detail, st.upper, need))
-        if gate.min_agreement > 0 and st.agreement is not None:
-            ok = st.agreement >= gate.min_agreement - 1e-12
-            checks.append(
-                Check(
-                    scope,
-                    "min_agreement",
-                    st.agreement,
-                    gate.min_agreement,
-                    "pass" if ok else "fail",
-                    f"agreement {st.agreement:.3f} vs minimum {gate.min_agreement:.3f}",
-                )
-            )
+        checks += _scope_checks(gate, scope, cand, stats.get(scope), allow_all if scope == "overall" else allow_slice)
     checks.append(
         Check(
             "overall",
@@ -334,39 +362,20 @@ def judge(
         )
     )
     max_kld, min_top1 = fidelity_thresholds(gate, recipe)
-    if fidelity and fidelity.get("positions"):
-        if max_kld is not None:
-            v = float(fidelity["kld"]["mean"])
-            checks.append(
-                Check(
-                    "overall",
-                    "max_kld",
-                    v,
-                    max_kld,
-                    "pass" if v <= max_kld else "fail",
-                    f"mean KLD {v:.5f} nats vs maximum {max_kld:.5f} ({fidelity['positions']} teacher-forced tokens)",
-                )
-            )
-        if min_top1 is not None:
-            v = float(fidelity["top1"])
-            checks.append(
-                Check(
-                    "overall",
-                    "min_top1",
-                    v,
-                    min_top1,
-                    "pass" if v >= min_top1 - 1e-12 else "fail",
-                    f"top-1 agreement {100 * v:.2f}% vs minimum {100 * min_top1:.2f}%",
-                )
-            )
+    checks += _fidelity_checks(fidelity, max_kld, min_top1)
     verdict = max((c.verdict for c in checks), key=VERDICTS.index, default="pass")
+    non_inferiority = max((c.verdict for c in checks if c.check == "max_drop"), key=VERDICTS.index, default="pass")
     bad = [c for c in checks if not c.passed]
     reason = "; ".join(f"{c.scope} {c.check}: {c.detail}" for c in bad) if bad else "all checks passed"
     ov = next((c for c in checks if c.scope == "overall" and c.check == "max_drop"), None)
     counts = {v: sum(1 for c in checks if c.check == "max_drop" and c.verdict == v) for v in VERDICTS}
+    n_items = {scope: st.n for scope, st in stats.items() if st is not None}
     return {
+        "fix": inconclusive_fix(gate, recipe, checks, n_items),
         "passed": verdict == "pass",
         "verdict": verdict,
+        "non_inferiority": non_inferiority,
+        "failed_checks": [{"scope": c.scope, "check": c.check, "verdict": c.verdict, "detail": c.detail} for c in bad],
         "mode": gate.mode,
         "reason": reason,
         "scopes": counts,
@@ -376,3 +385,74 @@ def judge(
         "bound": ({"drop": ov.value, "upper": ov.upper, "allowance": ov.threshold} if ov is not None else None),
         "fidelity_thresholds": {"max_kld": max_kld, "min_top1": min_top1},
     }
+
+
+def _scope_checks(gate: Any, scope: str, cand: float, st: PairedStats | None, allow: float) -> list[Check]:
+    """:func:`judge`'s checks of one scope: ``min_score``; with a baseline, ``max_drop`` (non-inferiority at
+    ``gate.confidence``) and ``min_agreement`` (when set)."""
+    checks = [
+        Check(
+            scope,
+            "min_score",
+            cand,
+            gate.min_score,
+            "pass" if cand >= gate.min_score - 1e-12 else "fail",
+            f"score {cand:.3f} vs minimum {gate.min_score:.3f}",
+        )
+    ]
+    if st is None or st.n == 0:
+        return checks
+    verdict, need = scope_verdict(st, allow)
+    head = f"drop {100 * st.drop:+.1f} pp, {gate.confidence:.0%} upper bound {100 * st.upper:+.1f} pp vs allowed {100 * allow:.1f} pp (n={st.n})"
+    if verdict == "fail":
+        detail = f"{head}: the measured drop itself is above the allowance"
+    elif verdict == "inconclusive":
+        detail = f"{head}: inconclusive, too few items to show non-inferiority; {_needed_text(need)}"
+    else:
+        detail = head
+    checks.append(Check(scope, "max_drop", st.drop, allow, verdict, detail, st.upper, need))
+    if gate.min_agreement > 0 and st.agreement is not None:
+        ok = st.agreement >= gate.min_agreement - 1e-12
+        checks.append(
+            Check(
+                scope,
+                "min_agreement",
+                st.agreement,
+                gate.min_agreement,
+                "pass" if ok else "fail",
+                f"agreement {st.agreement:.3f} vs minimum {gate.min_agreement:.3f}",
+            )
+        )
+    return checks
+
+
+def _fidelity_checks(fidelity: dict[str, Any] | None, max_kld: float | None, min_top1: float | None) -> list[Check]:
+    """:func:`judge`'s teacher-forced fidelity checks (``max_kld``, ``min_top1``), when fidelity was measured."""
+    checks: list[Check] = []
+    if not (fidelity and fidelity.get("positions")):
+        return checks
+    if max_kld is not None:
+        v = float(fidelity["kld"]["mean"])
+        checks.append(
+            Check(
+                "overall",
+                "max_kld",
+                v,
+                max_kld,
+                "pass" if v <= max_kld else "fail",
+                f"mean KLD {v:.5f} nats vs maximum {max_kld:.5f} ({fidelity['positions']} teacher-forced tokens)",
+            )
+        )
+    if min_top1 is not None:
+        v = float(fidelity["top1"])
+        checks.append(
+            Check(
+                "overall",
+                "min_top1",
+                v,
+                min_top1,
+                "pass" if v >= min_top1 - 1e-12 else "fail",
+                f"top-1 agreement {100 * v:.2f}% vs minimum {100 * min_top1:.2f}%",
+            )
+        )
+    return checks

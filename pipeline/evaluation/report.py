@@ -292,6 +292,7 @@ def print_console(rep: dict[str, Any], console: Any) -> None:
     """Per-slice table (scores in %, drops and CI in percentage points) and the gate verdict."""
     from rich import box
     from rich.table import Table
+    from rich.text import Text
 
     g = rep["gate"]
     t = Table(
@@ -307,7 +308,7 @@ def print_console(rep: dict[str, Any], console: Any) -> None:
     style = {"pass": "[green]pass[/]", "inconclusive": "[bold yellow]INCONCLUSIVE[/]", "fail": "[bold red]FAIL[/]"}
     for r in slice_rows(rep):
         t.add_row(
-            r["scope"],
+            Text(r["scope"]),  # slice names are the user's data: never markup or emoji codes
             str(r["n"]),
             f1(r["baseline"]),
             f1(r["candidate"]),
@@ -336,17 +337,17 @@ def print_console(rep: dict[str, Any], console: Any) -> None:
                 f"ln(PPL ratio) {h['ln_ppl_ratio']:+.5f}"
             )
     elif f.get("unavailable"):
-        console.print(f"[yellow]fidelity not measured:[/] {f['unavailable']}")
+        console.print(Text.assemble(("fidelity not measured: ", "yellow"), str(f["unavailable"])))
     if rep["skipped"]["too_long"]:
         console.print(f"[yellow]skipped: too long[/] {len(rep['skipped']['too_long'])} item(s) > {rep['skipped']['max_input_len']} tokens")
     if g["passed"]:
-        console.print(f"[bold green]gate passed[/] ({g['reason']})")
+        console.print(Text.assemble(("gate passed", "bold green"), f" ({g['reason']})"))
     elif g.get("verdict") == "inconclusive" and g.get("mode") == "exploratory":
-        console.print(f"[bold yellow]EXPLORATORY RUN - gate INCONCLUSIVE, NOT RELEASABLE:[/] {g['reason']}")
+        console.print(Text.assemble(("EXPLORATORY RUN - gate INCONCLUSIVE, NOT RELEASABLE: ", "bold yellow"), g["reason"]))
     elif g.get("verdict") == "inconclusive":
-        console.print(f"[bold red]gate FAILED (inconclusive):[/] {g['reason']}")
+        console.print(Text.assemble(("gate INCONCLUSIVE (not failed; not releasable): ", "bold yellow"), g.get("fix") or g["reason"]))
     else:
-        console.print(f"[bold red]gate FAILED:[/] {g['reason']}")
+        console.print(Text.assemble(("gate FAILED: ", "bold red"), g["reason"]))
 
 
 def write_all(out: Path, rep: dict[str, Any], latencies: dict[str, list[float]]) -> None:

@@ -318,6 +318,18 @@ def load_tokenizer(hf_dir: Path) -> Any:
 
 
 # --------------------------------------------------------------------------- speculative decoding readiness
+@dataclasses.dataclass
+class _DraftState:
+    """One item's progress through :func:`draft_acceptance`: ``target[:pos]`` is accepted so far."""
+
+    prompt: list[int]
+    target: list[int]
+    pos: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    steps: int = 0
+
+
 def draft_acceptance(
     draft: Any,
     prepared: Sequence[Prepared],
@@ -340,32 +352,30 @@ def draft_acceptance(
     Returns ``{item_id: {"proposed": int, "accepted": int, "steps": int, "tokens": int}}``.
     """
     runner = HFRunner(draft, None, stop_ids=[], pad_id=pad_id, name="draft")
-    state = {}
+    state: dict[str, _DraftState] = {}
     for p in prepared:
         o = target_outputs.get(p.item.id)
         if p.skipped or o is None or o.finish_reason == "error":
             continue
         tgt = list(o.output_ids) + ([stop_ids[0]] if o.finish_reason == "eos" and stop_ids else [])
         if tgt:
-            state[p.item.id] = {"prompt": p.input_ids, "target": tgt, "pos": 0, "proposed": 0, "accepted": 0, "steps": 0}
+            state[p.item.id] = _DraftState(prompt=p.input_ids, target=tgt)
     while True:
-        active = [s for s in state.values() if s["pos"] < len(s["target"])]
+        active = [s for s in state.values() if s.pos < len(s.target)]
         if not active:
             break
         for b in range(0, len(active), max(1, batch_size)):
             chunk = active[b : b + batch_size]
-            props = runner.generate_ids([s["prompt"] + s["target"][: s["pos"]] for s in chunk], k)
+            props = runner.generate_ids([s.prompt + s.target[: s.pos] for s in chunk], k)
             for s, prop in zip(chunk, props):
-                want = s["target"][s["pos"] : s["pos"] + k]
+                want = s.target[s.pos : s.pos + k]
                 n = len(want)
                 m = 0
                 while m < n and m < len(prop) and prop[m] == want[m]:
                     m += 1
-                s["proposed"] += n
-                s["accepted"] += m
-                s["steps"] += 1
-                s["pos"] += m + 1
+                s.proposed += n
+                s.accepted += m
+                s.steps += 1
+                s.pos += m + 1
         advance(1)
-    return {
-        i: {"proposed": s["proposed"], "accepted": s["accepted"], "steps": s["steps"], "tokens": len(s["target"])} for i, s in state.items()
-    }
+    return {i: {"proposed": s.proposed, "accepted": s.accepted, "steps": s.steps, "tokens": len(s.target)} for i, s in state.items()}

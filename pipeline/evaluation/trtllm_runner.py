@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..artifacts import BuildArtifact
 from ..errors import InputError, PreflightError
 
 INSTALL_FIX = (
@@ -90,7 +91,7 @@ class TrtllmEngineRunner:
         self.generation_logits = generation_logits
         self.last_logits: dict[str, Any] = {}
         """request_id -> generation logits [new_tokens, vocab] of the last generate() call (when asked)."""
-        opts_file = self.engine_dir / "llm_api_options.yaml"
+        opts_file = self.engine_dir / BuildArtifact.LLM_API_OPTIONS
         self.backend = "pytorch" if opts_file.is_file() else "tensorrt"
         self.streams_tokens = self.backend == "tensorrt"
         if self.backend == "pytorch":
@@ -104,10 +105,10 @@ class TrtllmEngineRunner:
             trt = _import("tensorrt_llm")
             self._SamplingParams = trt.SamplingParams
             hf = self.engine_dir / "hf"
-            kw = {k: v for k, v in opts.items() if k not in ("model", "tokenizer")}
+            llm_kw = {k: v for k, v in opts.items() if k not in ("model", "tokenizer")}
             if generation_logits:
-                kw["gather_generation_logits"] = True
-            self._llm = trt.LLM(model=str(hf), tokenizer=str(hf), **kw)
+                llm_kw["gather_generation_logits"] = True
+            self._llm = trt.LLM(model=str(hf), tokenizer=str(hf), **llm_kw)
             self._runner = None
         else:
             lim = {**_engine_limits(self.engine_dir), **{k: v for k, v in (limits or {}).items() if v is not None}}
@@ -192,6 +193,8 @@ class TrtllmEngineRunner:
         """
         import torch
 
+        runner = self._runner
+        assert runner is not None, "the engine path (backend 'tensorrt') always has a ModelRunner"
         end_id, pad, _ = self._ends(reqs[0])
         kw = dict(
             max_new_tokens=budget,
@@ -207,7 +210,7 @@ class TrtllmEngineRunner:
         if stream:
             times = [[] for _ in reqs]
             out = None
-            for out in self._runner.generate(batch, streaming=True, **kw):
+            for out in runner.generate(batch, streaming=True, **kw):
                 now = time.perf_counter() - t0
                 for b, r in enumerate(reqs):
                     n = int(out["sequence_lengths"][b][0]) - len(r.input_ids)
@@ -215,7 +218,7 @@ class TrtllmEngineRunner:
             if out is None:
                 raise RuntimeError("TensorRT-LLM streaming generate() yielded nothing")
         else:
-            out = self._runner.generate(batch, **kw)
+            out = runner.generate(batch, **kw)
         ids, lens = out["output_ids"], out["sequence_lengths"]
         gl = out.get("generation_logits") if self.generation_logits else None
         res = []
@@ -279,6 +282,7 @@ class TrtllmEngineRunner:
                 )
             import torch
 
+            assert self._runner is not None, "without an LLM-API model the engine path's ModelRunner is set"
             out = self._runner.generate(
                 [torch.tensor(seq, dtype=torch.int32)],
                 max_new_tokens=1,
@@ -316,14 +320,14 @@ def load_runner(engine_dir: Path, **kw: Any) -> TrtllmEngineRunner:
         InputError: the folder holds neither an engine (config.json + rank*.engine) nor LLM-API options.
     """
     engine_dir = Path(engine_dir)
-    if not (engine_dir / "llm_api_options.yaml").is_file() and not (
+    if not (engine_dir / BuildArtifact.LLM_API_OPTIONS).is_file() and not (
         (engine_dir / "config.json").is_file() and any(engine_dir.glob("rank*.engine"))
     ):
         raise InputError(
             f"{engine_dir}: no TensorRT-LLM engine (config.json + rank*.engine) and no llm_api_options.yaml. "
             "Fix: rebuild with the build stage (target=tensorrt_llm)."
         )
-    bi_file = engine_dir.parent / "build_info.json"
+    bi_file = engine_dir.parent / BuildArtifact.BUILD_INFO
     if bi_file.is_file():
         try:
             bi = json.loads(bi_file.read_text(encoding="utf-8"))

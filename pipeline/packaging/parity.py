@@ -36,6 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from ..artifacts import EvalArtifact
 from ..errors import GateFailed, InputError, PreflightError
 
 EXPECTED_FILE = "parity_expected.jsonl"
@@ -84,7 +85,7 @@ def expected_requests(
     from ..store import sha256_file
     from ..tokenization import codec_of, render
 
-    rep_p, out_p = eval_dir / "eval_report.json", eval_dir / "outputs.jsonl"
+    rep_p, out_p = EvalArtifact(eval_dir).report_path, EvalArtifact(eval_dir).outputs_path
     if not rep_p.is_file() or not out_p.is_file():
         raise InputError(
             f"{eval_dir}: no eval_report.json/outputs.jsonl; the parity check needs the evaluated answers. "

@@ -338,7 +338,7 @@ def verify_extracted_release(root: Path, manifest: dict) -> None:
 
     from ..store import digest_files, tree_files
 
-    inner = sorted(Path(root).glob("*/release_manifest.json"))
+    inner = sorted(Path(root).glob(f"*/{PackageArtifact.RELEASE_MANIFEST}"))
     if not inner:
         raise InputError(f"{root}: the archive has no <name>/release_manifest.json; refusing to serve it.")
     inner_doc = json.loads(inner[0].read_text(encoding="utf-8"))

@@ -23,6 +23,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from ..artifacts import TOKENIZER_COPY_FILES, BuildArtifact
 from ..errors import InputError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -34,15 +35,6 @@ the same ``TextCodec`` as the evaluated text (standalone module: ``tokenizers`` 
 CONTAINER_REPO = "/models"
 """Where the GPU container command mounts the repository; TensorRT-LLM's C++ backend needs absolute engine paths."""
 PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "chat_template.jinja",
-    "generation_config.json",
-    "tokenizer.model",
-)
-REQUIRED_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
 class Fragment(str):
@@ -53,16 +45,18 @@ class Fragment(str):
 # as NVIDIA's inflight_batcher_llm ensemble); the onnxruntime_genai model detokenizes in-process and its text_output
 # goes straight to the client (two steps: one hop per streamed token instead of two; docs/package.md "Serving path").
 IDS_OUTPUT_MAP = Fragment(
-    '      output_map { key: "output_ids" value: "_TOKENS_BATCH" }\n      output_map { key: "sequence_length" value: "_SEQUENCE_LENGTH" }'
+    '      output_map { key: "output_ids" value: "_TOKENS_BATCH" }\n      output_map { key: "sequence_length" value: "sequence_length" }'
 )
-TEXT_OUTPUT_MAP = Fragment('      output_map { key: "text_output" value: "text_output" }')
+TEXT_OUTPUT_MAP = Fragment(
+    '      output_map { key: "text_output" value: "text_output" }\n      output_map { key: "sequence_length" value: "sequence_length" }'
+)
 POSTPROCESSING_STEP = Fragment(
     ",\n"
     "    {\n"
     '      model_name: "postprocessing"\n'
     "      model_version: -1\n"
     '      input_map { key: "TOKENS_BATCH" value: "_TOKENS_BATCH" }\n'
-    '      input_map { key: "SEQUENCE_LENGTH" value: "_SEQUENCE_LENGTH" }\n'
+    '      input_map { key: "SEQUENCE_LENGTH" value: "sequence_length" }\n'
     '      output_map { key: "OUTPUT" value: "text_output" }\n'
     "    }"
 )
@@ -137,14 +131,7 @@ def settings_from_build(
     Runtime knobs missing from ``build_info`` fall back to the build config (same names, ``pipeline/config/build.py``).
     Raises :class:`InputError` when the build has no target or limits.
     """
-    target = build_info.get("target")
-    if isinstance(target, dict):
-        target = target.get("name")
-    if target not in ("onnxruntime_genai", "tensorrt_llm"):
-        raise InputError(
-            f"build_info.json target={target!r}: expected 'onnxruntime_genai' or 'tensorrt_llm'. "
-            f"Fix: package a build artifact written by the build stage."
-        )
+    target = _build_target(build_info)
     limits = dict(build_info.get("limits") or {})
     knobs = {**dict(build_info.get("runtime") or {}), **dict(build_info.get("knobs") or {})}
 
@@ -167,14 +154,7 @@ def settings_from_build(
     # onnxruntime_genai: beam search runs on og.Generator (num_beams is a per-request search option; genai_config.json
     # needs no change), so package.max_beam_width only bounds the beam_width a request may ask for.
     eng_bs = limit("max_batch_size")
-    eos = model_info.get("eos_token_ids") or []
-    end_id = (
-        int(eos[0])
-        if eos
-        else int(
-            model_info.get("eos_token_id", -1) if not isinstance(model_info.get("eos_token_id"), list) else model_info["eos_token_id"][0]
-        )
-    )
+    end_id = _end_id(model_info)
     pad = model_info.get("pad_token_id")
     backend = build_info.get("backend") or (getattr(target_cfg, "backend", "tensorrt") if target_cfg is not None else "tensorrt")
     ep = build_info.get("execution_provider") or (getattr(target_cfg, "execution_provider", "cpu") if target_cfg is not None else "cpu")
@@ -212,6 +192,28 @@ def settings_from_build(
 
         s.trtllm = plan(s, build_info, package_cfg, build_cfg, target_cfg)
     return s
+
+
+def _build_target(build_info: dict[str, Any]) -> str:
+    """The build's target name (``target`` or ``target.name``); InputError unless a known target."""
+    target = build_info.get("target")
+    if isinstance(target, dict):
+        target = target.get("name")
+    if target not in ("onnxruntime_genai", "tensorrt_llm"):
+        raise InputError(
+            f"build_info.json target={target!r}: expected 'onnxruntime_genai' or 'tensorrt_llm'. "
+            f"Fix: package a build artifact written by the build stage."
+        )
+    return str(target)
+
+
+def _end_id(model_info: dict[str, Any]) -> int:
+    """The first eos id of ``model_info.json`` (``eos_token_ids``, else the older ``eos_token_id``; -1 when none)."""
+    eos = model_info.get("eos_token_ids") or []
+    if eos:
+        return int(eos[0])
+    single = model_info.get("eos_token_id", -1)
+    return int(single[0] if isinstance(single, list) else single)
 
 
 def python_text_model_config(
@@ -325,7 +327,7 @@ def copy_tokenizer(src_dirs: list[Path], dst: Path) -> list[str]:
         if src is not None and (src / "tokenizer.json").is_file():
             dst.mkdir(parents=True, exist_ok=True)
             copied = []
-            for name in TOKENIZER_FILES:
+            for name in TOKENIZER_COPY_FILES:
                 if (src / name).is_file():
                     shutil.copy2(src / name, dst / name)
                     copied.append(name)
@@ -365,27 +367,7 @@ def generate_repository(
         return d
 
     if settings.target == "tensorrt_llm" and settings.backend == "pytorch":
-        d = write("tensorrt_llm", "llmapi")
-        text = fill((templates / "llmapi" / "model.yaml").read_text(encoding="utf-8"), vals)
-        build_opts = engine_dir / "llm_api_options.yaml"
-        if build_opts.is_file() and "${" not in text:
-            import yaml
-
-            # the build stage's LLM() options (kv_cache_config, cuda_graph_config, scheduler ...) win over the template's
-            merged = {**yaml.safe_load(text), **(yaml.safe_load(build_opts.read_text(encoding="utf-8")) or {})}
-            merged["model"], merged["tokenizer"] = vals["checkpoint_dir"], vals["llmapi_tokenizer_dir"]
-            text = (
-                "# LLM() keyword arguments (TensorRT-LLM PyTorch backend): template + the build's llm_api_options.yaml\n"
-                + yaml.safe_dump(merged, sort_keys=False)
-            )
-        from .trtllm_config import apply_llmapi_overrides
-
-        (d / "1" / "model.yaml").write_text(apply_llmapi_overrides(text, settings), encoding="utf-8")
-        copy_tokenizer(tokenizer_dirs, d / "1" / "tokenizer")
-        (d / "README.md").write_text(settings.trtllm.get("llmapi_notice", ""), encoding="utf-8")  # container + files it needs
-        src = engine_dir / "hf" if (engine_dir / "hf").is_dir() else engine_dir  # the build copies the checkpoint to engine/hf
-        if src.is_dir():
-            _copy_tree(src, d / "1" / "checkpoint")
+        _write_llmapi_model(write("tensorrt_llm", "llmapi"), settings, vals, templates, engine_dir, tokenizer_dirs)
         layout = "llmapi"
     else:
         write("ensemble", "ensemble")
@@ -396,38 +378,7 @@ def generate_repository(
         if settings.target == "onnxruntime_genai":
             eng = write("onnxruntime_genai", "onnxruntime_genai", model_py="onnxruntime_genai_model.py")
             copy_tokenizer(tokenizer_dirs, eng / "1" / "tokenizer")  # in-process detokenization (text_output)
-            ens_text = (out / "ensemble" / "config.pbtxt").read_text(encoding="utf-8")
-            common = {
-                "interface": "text",
-                "engine_dir": "../../onnxruntime_genai/1/engine",
-                "tokenizer_dir": "../../onnxruntime_genai/1/tokenizer",
-                "max_input_len": vals["max_input_len"],
-                "max_seq_len": vals["max_seq_len"],
-                "max_beam_width": vals["max_beam_width"],
-                "exclude_input_in_output": vals["exclude_input_in_output"],
-                "skip_special_tokens": "true",
-            }
-            from .trtllm_backend_table import EXTENSION_INPUTS  # server-side chat rendering (docs/package.md)
-
-            ext = lambda model: tuple((n, e["type"], list(e["dims"])) for n, e in EXTENSION_INPUTS.items() if model in e["models"])  # noqa: E731
-            for name, load, extra in (
-                ("ensemble", "eager", ext("ensemble")),
-                (
-                    "tensorrt_llm_bls",
-                    "lazy",
-                    ext("tensorrt_llm_bls") + (("num_draft_tokens", "TYPE_INT32", [1]), ("use_draft_logits", "TYPE_BOOL", [1])),
-                ),
-            ):
-                d = out / name
-                (d / "1").mkdir(parents=True, exist_ok=True)
-                (d / "config.pbtxt").write_text(
-                    python_text_model_config(
-                        ens_text, name, decoupled=settings.decoupled, instance_count=1, params={**common, "load": load}, extra_inputs=extra
-                    ),
-                    encoding="utf-8",
-                )
-                shutil.copy2(MODELS_SRC / "onnxruntime_genai_model.py", d / "1" / "model.py")
-                shutil.copy2(TOKENIZATION_SRC, d / "1" / "tokenization.py")
+            for name in _write_ort_text_models(out, settings, vals):
                 if name not in models:
                     models.append(name)
         else:
@@ -442,3 +393,72 @@ def generate_repository(
         layout = "inflight_batcher_llm"
     n = sum(1 for p in out.rglob("*") if p.is_file())
     return {"models": sorted(models), "files": n, "layout": layout}
+
+
+def _write_llmapi_model(
+    d: Path, settings: Settings, vals: dict[str, Any], templates: Path, engine_dir: Path, tokenizer_dirs: list[Path]
+) -> None:
+    """The TensorRT-LLM PyTorch-backend (LLM API) model in ``d``: ``model.yaml`` (template + the build's
+    ``llm_api_options.yaml`` + package overrides), tokenizer, README notice and the checkpoint."""
+    text = fill((templates / "llmapi" / "model.yaml").read_text(encoding="utf-8"), vals)
+    build_opts = engine_dir / BuildArtifact.LLM_API_OPTIONS
+    if build_opts.is_file() and "${" not in text:
+        import yaml
+
+        # the build stage's LLM() options (kv_cache_config, cuda_graph_config, scheduler ...) win over the template's
+        merged = {**yaml.safe_load(text), **(yaml.safe_load(build_opts.read_text(encoding="utf-8")) or {})}
+        merged["model"], merged["tokenizer"] = vals["checkpoint_dir"], vals["llmapi_tokenizer_dir"]
+        text = "# LLM() keyword arguments (TensorRT-LLM PyTorch backend): template + the build's llm_api_options.yaml\n" + yaml.safe_dump(
+            merged, sort_keys=False
+        )
+    from .trtllm_config import apply_llmapi_overrides
+
+    (d / "1" / "model.yaml").write_text(apply_llmapi_overrides(text, settings), encoding="utf-8")
+    copy_tokenizer(tokenizer_dirs, d / "1" / "tokenizer")
+    (d / "README.md").write_text(settings.trtllm.get("llmapi_notice", ""), encoding="utf-8")  # container + files it needs
+    src = engine_dir / "hf" if (engine_dir / "hf").is_dir() else engine_dir  # the build copies the checkpoint to engine/hf
+    if src.is_dir():
+        _copy_tree(src, d / "1" / "checkpoint")
+
+
+def _write_ort_text_models(out: Path, settings: Settings, vals: dict[str, Any]) -> list[str]:
+    """onnxruntime_genai: the python ``ensemble`` (eager) and ``tensorrt_llm_bls`` (lazy) text models that run the
+    engine in-process, replacing the ensemble config written from the template; returns their names."""
+    from .trtllm_backend_table import EXTENSION_INPUTS  # server-side chat rendering (docs/package.md)
+
+    ens_text = (out / "ensemble" / "config.pbtxt").read_text(encoding="utf-8")
+    common = {
+        "interface": "text",
+        "engine_dir": "../../onnxruntime_genai/1/engine",
+        "tokenizer_dir": "../../onnxruntime_genai/1/tokenizer",
+        "max_input_len": vals["max_input_len"],
+        "max_seq_len": vals["max_seq_len"],
+        "max_beam_width": vals["max_beam_width"],
+        "exclude_input_in_output": vals["exclude_input_in_output"],
+        "skip_special_tokens": "true",
+    }
+
+    def ext(model: str) -> tuple[tuple[str, str, list[int]], ...]:
+        return tuple((n, e["type"], list(e["dims"])) for n, e in EXTENSION_INPUTS.items() if model in e["models"])
+
+    names = []
+    for name, load, extra in (
+        ("ensemble", "eager", ext("ensemble")),
+        (
+            "tensorrt_llm_bls",
+            "lazy",
+            ext("tensorrt_llm_bls") + (("num_draft_tokens", "TYPE_INT32", [1]), ("use_draft_logits", "TYPE_BOOL", [1])),
+        ),
+    ):
+        d = out / name
+        (d / "1").mkdir(parents=True, exist_ok=True)
+        (d / "config.pbtxt").write_text(
+            python_text_model_config(
+                ens_text, name, decoupled=settings.decoupled, instance_count=1, params={**common, "load": load}, extra_inputs=extra
+            ),
+            encoding="utf-8",
+        )
+        shutil.copy2(MODELS_SRC / "onnxruntime_genai_model.py", d / "1" / "model.py")
+        shutil.copy2(TOKENIZATION_SRC, d / "1" / "tokenization.py")
+        names.append(name)
+    return names

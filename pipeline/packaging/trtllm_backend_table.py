@@ -374,24 +374,7 @@ def render_markdown() -> str:
     ]
     L += [f"| `{k}` | {v[0]} | {v[1]} |" for k, v in STRUCTURAL.items()]
     for model, secs in UPSTREAM.items():
-        L += ["", f"## {model}", ""]
-        for sec in ("parameters", "inputs", "outputs"):
-            names = secs[sec]
-            if not names:
-                L += [f"{sec}: none declared upstream.", ""]
-                continue
-            L += [f"### {sec} ({len(names)})", "", "| name | kind | from / default | why |", "|---|---|---|---|"]
-            for n in names:
-                d = disposition(model, sec, n)
-                if d["kind"] == "set":
-                    L.append(f"| `{n}` | set | {d.get('source', '')} | |")
-                elif d["kind"] == "cond":
-                    L.append(f"| `{n}` | cond ({d['when']}) | {d['source']}; else backend default: {d['default']} | |")
-                elif d["kind"] == "renamed":
-                    L.append(f"| `{n}` | renamed | ours: `{d['ours']}` | {d['why']} |")
-                else:
-                    L.append(f"| `{n}` | {d['kind']} | {d.get('default', '')} | {d['why']} |")
-            L.append("")
+        L += _md_model_section(model, secs)
     L += ["## Extensions (declared by us, not upstream)", "", "| input | models | target | type, dims | why |", "|---|---|---|---|---|"]
     L += [
         f"| `{n}` | {', '.join(e['models'])} | {e['target']} | {e['type']} {e['dims']} | {e['why']} |" for n, e in EXTENSION_INPUTS.items()
@@ -410,9 +393,38 @@ def render_markdown() -> str:
         "`tensorrt_llm_draft` and the BLS calls it for requests with `num_draft_tokens` > 0 (docs/package.md).",
         "",
     ]
+    L += _md_llmapi_section()
+    return "\n".join(L)
+
+
+def _md_model_section(model: str, secs: dict[str, Any]) -> list[str]:
+    """:func:`render_markdown`: one upstream model's parameters, inputs and outputs with their disposition."""
+    L = ["", f"## {model}", ""]
+    for sec in ("parameters", "inputs", "outputs"):
+        names = secs[sec]
+        if not names:
+            L += [f"{sec}: none declared upstream.", ""]
+            continue
+        L += [f"### {sec} ({len(names)})", "", "| name | kind | from / default | why |", "|---|---|---|---|"]
+        for n in names:
+            d = disposition(model, sec, n)
+            if d["kind"] == "set":
+                L.append(f"| `{n}` | set | {d.get('source', '')} | |")
+            elif d["kind"] == "cond":
+                L.append(f"| `{n}` | cond ({d['when']}) | {d['source']}; else backend default: {d['default']} | |")
+            elif d["kind"] == "renamed":
+                L.append(f"| `{n}` | renamed | ours: `{d['ours']}` | {d['why']} |")
+            else:
+                L.append(f"| `{n}` | {d['kind']} | {d.get('default', '')} | {d['why']} |")
+        L.append("")
+    return L
+
+
+def _md_llmapi_section() -> list[str]:
+    """:func:`render_markdown`: the ``package.runtime`` fields the PyTorch-backend (LLM API) layout maps."""
     from .trtllm_config import LLMAPI_MAP
 
-    L += [
+    L = [
         "## PyTorch backend (LLM API layout)",
         "",
         "`target.backend=pytorch` packages `tensorrt_llm/config.pbtxt` + `1/model.yaml` (the `LLM()` arguments) for NVIDIA's "
@@ -424,4 +436,4 @@ def render_markdown() -> str:
     ]
     L += [f"| `{k}` | `{'.'.join(v)}` |" for k, v in LLMAPI_MAP.items()]
     L.append("")
-    return "\n".join(L)
+    return L

@@ -19,12 +19,13 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from ..artifacts import BuildArtifact
 from ..errors import GateFailed, InputError
 
 DRAFT_MODEL = "tensorrt_llm_draft"
 """Model name of the draft engine in a draft-model package (the BLS ``tensorrt_llm_draft_model_name``)."""
-DRAFT_ENGINE_DIR = "draft_engine"
-"""Folder of the draft engine inside a build artifact (next to ``engine/``)."""
+DRAFT_ENGINE_DIR = BuildArtifact.DRAFT_ENGINE_DIR
+"""Folder of the draft engine inside a build artifact (next to ``engine/``; the name lives in pipeline/artifacts.py)."""
 EXECUTOR_WORKER = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"
 SPEC_DECODING_MODE = {"medusa": "medusa", "eagle": "eagle", "lookahead_decoding": "lookahead"}
 """build.speculative.mode -> backend ``decoding_mode`` (draft_tokens_external: the engine's own mode, not written)."""
@@ -127,8 +128,18 @@ def parameters(s: Any, build_info: dict[str, Any], package_cfg: Any, build_cfg: 
                 f"Fix: set it <= {s.max_seq_len}, or null for full attention."
             )
         p["max_attention_window_size"] = _s(int(window))
-    sp = speculative_of(build_info, build_cfg)
-    mode = sp["mode"]
+    p.update(_speculative_parameters(rt, speculative_of(build_info, build_cfg)["mode"]))
+    return p
+
+
+def _speculative_parameters(rt: Any, mode: str) -> dict[str, str]:
+    """:func:`parameters`' decoding-mode entries for an engine built with ``build.speculative.mode=mode``.
+
+    Raises:
+        InputError: ``package.runtime.decoding_mode`` contradicts the engine, a Medusa/lookahead engine lacks its
+            choices/sizes, or a knob of another speculative mode is set.
+    """
+    p: dict[str, str] = {}
     if mode in SPEC_DECODING_MODE:
         p["decoding_mode"] = SPEC_DECODING_MODE[mode]
     if rt.decoding_mode is not None:

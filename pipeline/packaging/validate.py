@@ -25,9 +25,10 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from ..artifacts import REQUIRED_TOKENIZER_FILES
 from ..errors import InputError, PreflightError
 from . import versions as V
-from .repository import CONTAINER_REPO, PLACEHOLDER, REQUIRED_TOKENIZER_FILES
+from .repository import CONTAINER_REPO, PLACEHOLDER
 
 TEXT_SUFFIXES = {".pbtxt", ".yaml", ".yml", ".json", ".py", ".txt", ".jinja"}
 
@@ -182,11 +183,30 @@ def validate_repository(
     streaming: bool = True,
 ) -> list[Problem]:
     """All problems of the repository at ``repo`` (empty list = releasable). See the module docstring."""
-    from google.protobuf import text_format
-
     problems: list[Problem] = []
     repo = Path(repo)
     problems.extend(find_placeholders(repo))
+    configs = _model_configs(repo, problems)
+    _check_ensemble(configs, problems)
+    problems += _batch_limit_problems(configs, limits)
+    engine_model = "onnxruntime_genai" if target == "onnxruntime_genai" else "tensorrt_llm"
+    eng = configs.get(engine_model)
+    if eng is None:
+        problems.append(Problem(engine_model, "the engine model is missing from the repository."))
+    else:
+        problems += _engine_model_problems(configs, eng, engine_model, limits, streaming)
+        problems += _engine_file_problems(repo, eng, engine_model, target)
+    problems += _tokenizer_problems(repo, configs)
+    if target == "tensorrt_llm" and (repo / "tensorrt_llm" / "1" / "engine").is_dir():
+        problems += _trtllm_version_problems(repo, build_info, serving_image)
+    return problems
+
+
+def _model_configs(repo: Path, problems: list[Problem]) -> dict[str, Any]:
+    """Parse every model folder's ``config.pbtxt`` (``{folder: ModelConfig}``), appending folder-level problems:
+    no config, unparsable config, name differing from the folder, no version folder, python model without model.py."""
+    from google.protobuf import text_format
+
     configs: dict[str, Any] = {}
     for d in sorted(p for p in repo.iterdir() if p.is_dir()):
         cfgp = d / "config.pbtxt"
@@ -216,9 +236,12 @@ def validate_repository(
             and not any((v / "model.yaml").is_file() for v in versions)
         ):
             problems.append(Problem(d.name, "python backend model without <version>/model.py."))
-    _check_ensemble(configs, problems)
+    return configs
 
-    # limits: served values never above the engine's
+
+def _batch_limit_problems(configs: dict[str, Any], limits: dict[str, Any]) -> list[Problem]:
+    """Served ``max_batch_size`` never above the engine's."""
+    problems: list[Problem] = []
     eng_bs = int(limits.get("max_batch_size", 0) or 0)
     for name, cfg in configs.items():
         if eng_bs and cfg.max_batch_size > eng_bs:
@@ -229,67 +252,79 @@ def validate_repository(
                     f"set package.max_batch_size <= {eng_bs} (or leave it null to use the engine's)",
                 )
             )
-    engine_model = "onnxruntime_genai" if target == "onnxruntime_genai" else "tensorrt_llm"
-    eng = configs.get(engine_model)
-    if eng is None:
-        problems.append(Problem(engine_model, "the engine model is missing from the repository."))
-    else:
-        for key, lim in (("max_input_len", "max_input_len"), ("max_beam_width", "max_beam_width")):
-            v, lim_v = _param(eng, key), limits.get(lim)
-            if v not in (None, "") and lim_v is not None and v.lstrip("-").isdigit() and int(v) > int(lim_v):
-                problems.append(
-                    Problem(
-                        f"{engine_model}/config.pbtxt",
-                        f"{key} {int(v)} exceeds the engine's {lim} {int(lim_v)}.",
-                        f"set package.{key} <= {int(lim_v)} (or null for the engine's)",
-                    )
-                )
-        # decoupled consistency
-        dec = {
-            n: c.model_transaction_policy.decoupled
-            for n, c in configs.items()
-            if n in (engine_model, "tensorrt_llm_bls") or (n == "ensemble" and c.backend == "python")
-        }
-        if len(set(dec.values())) > 1:
+    return problems
+
+
+def _engine_model_problems(configs: dict[str, Any], eng: Any, engine_model: str, limits: dict[str, Any], streaming: bool) -> list[Problem]:
+    """The engine model's parameters within the engine's limits; one decoupled mode for every model, decoupled when
+    streaming."""
+    problems: list[Problem] = []
+    for key, lim in (("max_input_len", "max_input_len"), ("max_beam_width", "max_beam_width")):
+        v, lim_v = _param(eng, key), limits.get(lim)
+        if v not in (None, "") and lim_v is not None and v.lstrip("-").isdigit() and int(v) > int(lim_v):
             problems.append(
                 Problem(
-                    "model_transaction_policy",
-                    f"decoupled differs between models: {dec}.",
-                    "use the same package.decoupled for every model",
+                    f"{engine_model}/config.pbtxt",
+                    f"{key} {int(v)} exceeds the engine's {lim} {int(lim_v)}.",
+                    f"set package.{key} <= {int(lim_v)} (or null for the engine's)",
                 )
             )
-        if streaming and not all(dec.values()):
+    dec = {
+        n: c.model_transaction_policy.decoupled
+        for n, c in configs.items()
+        if n in (engine_model, "tensorrt_llm_bls") or (n == "ensemble" and c.backend == "python")
+    }
+    if len(set(dec.values())) > 1:
+        problems.append(
+            Problem(
+                "model_transaction_policy",
+                f"decoupled differs between models: {dec}.",
+                "use the same package.decoupled for every model",
+            )
+        )
+    if streaming and not all(dec.values()):
+        problems.append(
+            Problem(
+                "model_transaction_policy",
+                f"streaming is enabled but decoupled is {dec}.",
+                "set package.decoupled=true (streaming needs decoupled mode, tensorrtllm_backend issues #177, #626)",
+            )
+        )
+    return problems
+
+
+def _engine_file_problems(repo: Path, eng: Any, engine_model: str, target: str) -> list[Problem]:
+    """The engine files the engine model points at exist (onnxruntime-genai: genai_config.json + .onnx;
+    TensorRT-LLM: config.json + rank<N>.engine under gpt_model_path)."""
+    problems: list[Problem] = []
+    vdir = repo / engine_model / "1"
+    if target == "onnxruntime_genai":
+        ed = _param(eng, "engine_dir") or "engine"
+        ep = Path(ed) if Path(ed).is_absolute() else vdir / ed
+        for f in ("genai_config.json",):
+            if not (ep / f).is_file():
+                problems.append(
+                    Problem(f"{engine_model}/1/{ed}", f"{f} is missing.", "package a build artifact with engine/genai_config.json")
+                )
+        if not list(ep.glob("*.onnx")):
+            problems.append(Problem(f"{engine_model}/1/{ed}", "no .onnx model file."))
+    elif _param(eng, "gpt_model_path") is not None:
+        gp = _param(eng, "gpt_model_path") or ""
+        local = repo / gp[len(CONTAINER_REPO) + 1 :] if gp.startswith(CONTAINER_REPO + "/") else Path(gp)
+        if not (local / "config.json").is_file() or not list(local.glob("rank*.engine")):
             problems.append(
                 Problem(
-                    "model_transaction_policy",
-                    f"streaming is enabled but decoupled is {dec}.",
-                    "set package.decoupled=true (streaming needs decoupled mode, tensorrtllm_backend issues #177, #626)",
+                    f"{engine_model}/config.pbtxt",
+                    f"gpt_model_path {gp} (= {local} here) lacks config.json + rank<N>.engine.",
+                    "package a TensorRT-LLM build artifact",
                 )
             )
-        # engine files
-        vdir = repo / engine_model / "1"
-        if target == "onnxruntime_genai":
-            ed = _param(eng, "engine_dir") or "engine"
-            ep = Path(ed) if Path(ed).is_absolute() else vdir / ed
-            for f in ("genai_config.json",):
-                if not (ep / f).is_file():
-                    problems.append(
-                        Problem(f"{engine_model}/1/{ed}", f"{f} is missing.", "package a build artifact with engine/genai_config.json")
-                    )
-            if not list(ep.glob("*.onnx")):
-                problems.append(Problem(f"{engine_model}/1/{ed}", "no .onnx model file."))
-        elif _param(eng, "gpt_model_path") is not None:
-            gp = _param(eng, "gpt_model_path") or ""
-            local = repo / gp[len(CONTAINER_REPO) + 1 :] if gp.startswith(CONTAINER_REPO + "/") else Path(gp)
-            if not (local / "config.json").is_file() or not list(local.glob("rank*.engine")):
-                problems.append(
-                    Problem(
-                        f"{engine_model}/config.pbtxt",
-                        f"gpt_model_path {gp} (= {local} here) lacks config.json + rank<N>.engine.",
-                        "package a TensorRT-LLM build artifact",
-                    )
-                )
-    # tokenizer
+    return problems
+
+
+def _tokenizer_problems(repo: Path, configs: dict[str, Any]) -> list[Problem]:
+    """Pre- and postprocessing tokenizer folders hold the required files and the same tokenizer."""
+    problems: list[Problem] = []
     tok_dirs = {}
     for name in ("preprocessing", "postprocessing"):
         c = configs.get(name)
@@ -307,21 +342,25 @@ def validate_repository(
         a, b = (tok_dirs["preprocessing"] / "tokenizer.json"), (tok_dirs["postprocessing"] / "tokenizer.json")
         if a.is_file() and b.is_file() and a.read_bytes() != b.read_bytes():
             problems.append(Problem("tokenizer_dir", "pre- and postprocessing use different tokenizers.", "package one tokenizer"))
-    if target == "tensorrt_llm" and (repo / "tensorrt_llm" / "1" / "engine").is_dir():
-        bi = dict(build_info or {})
-        vers = dict(bi.get("versions") or {})
-        eng_cfg = repo / "tensorrt_llm" / "1" / "engine" / "config.json"
-        if not (vers.get("tensorrt_llm") or vers.get("tensorrt-llm")) and eng_cfg.is_file():
-            import json
-
-            try:  # trtllm-build records its version in the engine's config.json ("version")
-                v = json.loads(eng_cfg.read_text(encoding="utf-8")).get("version")
-            except ValueError:
-                v = None
-            if v:
-                vers["tensorrt_llm"] = str(v)
-        problems.extend(version_problems({**bi, "versions": vers}, serving_image))
     return problems
+
+
+def _trtllm_version_problems(repo: Path, build_info: dict[str, Any] | None, serving_image: str | None) -> list[Problem]:
+    """:func:`version_problems` for a packaged TensorRT-LLM engine; the engine's own ``config.json`` ``version``
+    (written by trtllm-build) stands in when ``build_info`` records no TensorRT-LLM version."""
+    bi = dict(build_info or {})
+    vers = dict(bi.get("versions") or {})
+    eng_cfg = repo / "tensorrt_llm" / "1" / "engine" / "config.json"
+    if not (vers.get("tensorrt_llm") or vers.get("tensorrt-llm")) and eng_cfg.is_file():
+        import json
+
+        try:
+            v = json.loads(eng_cfg.read_text(encoding="utf-8")).get("version")
+        except ValueError:
+            v = None
+        if v:
+            vers["tensorrt_llm"] = str(v)
+    return version_problems({**bi, "versions": vers}, serving_image)
 
 
 def version_problems(build_info: dict[str, Any], serving_image: str | None) -> list[Problem]:

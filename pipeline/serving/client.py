@@ -40,13 +40,47 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InputError, PipelineError
+from ..errors import EXIT_PREFLIGHT, InputError, PipelineError
 
 DEFAULT_URL = "127.0.0.1:8001"
 
 
 class ServerUnavailable(PipelineError):
-    """The server cannot be reached (not started, wrong port, crashed)."""
+    """The server cannot be reached (not started, wrong port, crashed) or its model is not ready.
+
+    Exit code 4 (README exit codes: the request cannot run here as things stand; not bad input, not a crash)."""
+
+    exit_code = EXIT_PREFLIGHT
+
+
+def no_server_message(url: str, detail: str = "") -> str:
+    """The one message for "nothing answers at ``url``" (``pipeline client``, ``LLMClient``)."""
+    return (
+        f"no Triton server answers at {url}{f' ({detail})' if detail else ''}. Fix: start one with `pipeline serve` "
+        f"(or `make serve`), which prints its gRPC address, and pass that address as --url (default {DEFAULT_URL})."
+    )
+
+
+def require_server(url: str, timeout_s: float = 10.0) -> None:
+    """Raise :class:`ServerUnavailable` (exit 4) unless a Triton server answers ``is_server_live`` at ``url``."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    try:
+        c = grpcclient.InferenceServerClient(url)
+    except Exception as e:  # an address the gRPC library cannot parse
+        raise InputError(f"--url {url!r}: not a host:port address ({e}). Fix: pass e.g. --url {DEFAULT_URL}.") from None
+    try:
+        live = c.is_server_live(client_timeout=timeout_s)
+        detail = "" if live else "the server reports it is not live"
+    except InferenceServerException as e:
+        live, detail = False, ""
+        if "UNAVAILABLE" not in str(e.status() or "") and "failed to connect" not in str(e.message() or "").lower():
+            detail = str(e.message() or e)
+    finally:
+        c.close()
+    if not live:
+        raise ServerUnavailable(no_server_message(url, detail))
 
 
 class RequestError(PipelineError):
@@ -68,6 +102,8 @@ class GenerateResult:
         total_s: seconds from send to the final response.
         request_id: the id sent with the request.
         cancelled: the request was cancelled by the caller.
+        n_tokens: generated token ids (the deployment's ``sequence_length`` summed over responses, first beam); None
+            when the served model has no ``sequence_length`` output (packages made before it was added).
     """
 
     text: str
@@ -76,6 +112,7 @@ class GenerateResult:
     total_s: float
     request_id: str
     cancelled: bool = False
+    n_tokens: int | None = None
 
 
 def _np_dtype(triton_dtype: str) -> Any:
@@ -158,10 +195,7 @@ class LLMClient:
             self.decoupled = self._is_decoupled(model)
         except InferenceServerException as e:
             self.client.close()
-            raise ServerUnavailable(
-                f"cannot reach Triton at {url}: {e.message() if hasattr(e, 'message') else e}. "
-                f"Fix: start it with `pipeline serve` (or `make serve`) and pass its gRPC port."
-            ) from None
+            raise ServerUnavailable(no_server_message(url, e.message() if hasattr(e, "message") else str(e))) from None
         self.tokenizer = _load_tokenizer(tokenizer)
 
     def _is_decoupled(self, model: str) -> bool:
@@ -182,8 +216,9 @@ class LLMClient:
             pad = getattr(self.tokenizer, "pad_token_id", None)
             if eos is not None and "end_id" in self.inputs:
                 values["end_id"] = int(eos)
-            if "pad_id" in self.inputs and (pad is not None or eos is not None):
-                values["pad_id"] = int(pad if pad is not None else eos)
+            pad_or_eos = pad if pad is not None else eos
+            if "pad_id" in self.inputs and pad_or_eos is not None:
+                values["pad_id"] = int(pad_or_eos)
         for k, v in extra.items():
             if v is not None:
                 values[k] = v
@@ -265,6 +300,8 @@ class LLMClient:
         rid = request_id or uuid.uuid4().hex[:16]
         ins = self.build_inputs(text, max_tokens, stream=stream, **chat_extra, **inputs)
         outs = [self._grpc.InferRequestedOutput("text_output")]
+        if "sequence_length" in self.outputs:
+            outs.append(self._grpc.InferRequestedOutput("sequence_length"))
         timeout = self.timeout_s if timeout_s is None else float(timeout_s)
         if not self.decoupled:
             t0 = time.perf_counter()
@@ -276,7 +313,7 @@ class LLMClient:
             chunk = _text(res)
             if on_chunk:
                 on_chunk(chunk, dt)
-            return GenerateResult(chunk, [chunk], [dt], dt, rid)
+            return GenerateResult(chunk, [chunk], [dt], dt, rid, n_tokens=_n_tokens(res))
         return self._stream(ins, outs, rid, timeout, cancel, on_chunk)
 
     def _stream(
@@ -292,8 +329,10 @@ class LLMClient:
         self.client.start_stream(callback=lambda result, error: q.put((time.perf_counter(), result, error)))
         chunks: list[str] = []
         times: list[float] = []
+        counts: list[int | None] = []
         t0 = time.perf_counter()
         cancelled = False
+        failed: PipelineError | None = None
         try:
             self.client.async_stream_infer(self.model, ins, outputs=outs, request_id=rid, enable_empty_final_response=True)
             while True:
@@ -311,10 +350,18 @@ class LLMClient:
                 except queue.Empty:
                     continue
                 if error is not None:
-                    raise _classify(error, self.url)
+                    # Triton ends a request with its error response, so nothing is left to cancel: the stream is closed
+                    # normally below.  Cancelling it instead (stop_stream(cancel_requests=True)) after the server
+                    # refused the stream's first request leaks that request inside Triton 2.51's gRPC frontend and
+                    # keeps the model loaded: the server's shutdown then waits out its exit timeout and exits 1
+                    # (docs/package.md "Stopping the server").
+                    failed = _classify(error, self.url)
+                    break
                 resp = result.get_response()
                 final = resp.parameters.get("triton_final_response")
                 is_final = bool(final.bool_param) if final is not None else False
+                if any(o.name == "sequence_length" for o in resp.outputs):
+                    counts.append(_n_tokens(result))
                 if any(o.name == "text_output" for o in resp.outputs):
                     chunk = _text(result)
                     chunks.append(chunk)
@@ -327,7 +374,10 @@ class LLMClient:
             self.client.stop_stream(cancel_requests=True)
             raise
         self.client.stop_stream(cancel_requests=cancelled)
-        return GenerateResult("".join(chunks), chunks, times, time.perf_counter() - t0, rid, cancelled)
+        if failed is not None:
+            raise failed
+        n_tok = sum(c for c in counts if c is not None) if counts and "sequence_length" in self.outputs else None
+        return GenerateResult("".join(chunks), chunks, times, time.perf_counter() - t0, rid, cancelled, n_tokens=n_tok)
 
     def close(self) -> None:
         self.client.close()
@@ -347,11 +397,22 @@ def _text(result: Any) -> str:
     return "".join(x.decode("utf-8") if isinstance(x, bytes) else str(x) for x in flat[:1])
 
 
+def _n_tokens(result: Any) -> int | None:
+    """Generated ids in one response: its ``sequence_length`` ([1, beams] INT32), first beam; None when absent."""
+    try:
+        arr = result.as_numpy("sequence_length")
+    except Exception:
+        return None
+    if arr is None or arr.size == 0:
+        return 0 if arr is not None else None
+    return int(arr.reshape(-1)[0])
+
+
 def _classify(e: Any, url: str) -> PipelineError:
     msg = e.message() if hasattr(e, "message") else str(e)
     status = e.status() if hasattr(e, "status") else ""
     if "UNAVAILABLE" in str(status) or "failed to connect" in msg.lower() or "connection refused" in msg.lower():
-        return ServerUnavailable(f"cannot reach Triton at {url}: {msg}. Fix: start it with `pipeline serve`.")
+        return ServerUnavailable(no_server_message(url, msg))
     if "DEADLINE_EXCEEDED" in str(status):
         return RequestTimeout(f"request timed out: {msg}")
     return RequestError(f"server error: {msg}")
@@ -453,13 +514,29 @@ def served_tokenizer(url: str) -> Path:
     return repo / "preprocessing" / "1" / "tokenizer"
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``pipeline client [PROMPT ...] [--url ...] [--stream] [--max-tokens N] [--input name=value ...]``."""
-    from ..errors import EXIT_FAILED, EXIT_INPUT
+def grpc_address(url: str) -> str:
+    """The gRPC address tritonclient expects: ``host:port``, no scheme.  ``grpc://host:port`` is accepted and the
+    scheme stripped; ``http(s)://`` is refused (Triton's HTTP endpoint is another port and protocol).
 
+    Raises:
+        InputError: a URL with any other scheme, naming ``--url`` and the fix.
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    if scheme.lower() == "grpc" and rest:
+        return rest.rstrip("/")
+    raise InputError(
+        f"--url {url}: the gRPC address is host:port without a scheme ({scheme}:// is not gRPC). "
+        f"Fix: --url {rest.rstrip('/') or DEFAULT_URL} (grpc://host:port is accepted too)."
+    )
+
+
+def _parser() -> argparse.ArgumentParser:
+    """The ``pipeline client`` argument parser."""
     ap = argparse.ArgumentParser(prog="pipeline client", description="Send prompts to the served ensemble over gRPC.")
     ap.add_argument("prompts", nargs="*", help="prompts (default: read one per line from stdin)")
-    ap.add_argument("--url", default=DEFAULT_URL, help="gRPC host:port (default %(default)s)")
+    ap.add_argument("--url", default=DEFAULT_URL, help="gRPC host:port, no scheme; grpc://host:port accepted (default %(default)s)")
     ap.add_argument("--model", default="ensemble")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--stream", action="store_true", help="stream the answer (decoupled deployments)")
@@ -477,32 +554,59 @@ def main(argv: list[str] | None = None) -> int:
         help="serving parity check: replay the package's parity_expected.jsonl (a package artifact or an unpacked "
         "release folder) against the server at --url; exit 3 when a served answer differs from the evaluated one",
     )
+    return ap
+
+
+def _request_inputs(a: argparse.Namespace) -> tuple[dict[str, Any], int, bool]:
+    """``(extra inputs, max_tokens, stream)`` from the parsed flags (``--input NAME=JSON`` values decoded as JSON when
+    they parse, else kept as text).  Raises :class:`InputError` for ``max_tokens`` < 1 or a prompt passed as an input."""
+    extra: dict[str, Any] = {}
+    for item in a.input:
+        k, _, v = item.partition("=")
+        try:
+            extra[k] = json.loads(v)
+        except ValueError:
+            extra[k] = v
+    flag = "--input max_tokens" if "max_tokens" in extra else "--max-tokens"
+    max_tokens = extra.pop("max_tokens", a.max_tokens)
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise InputError(f"{flag}={max_tokens!r}: must be an integer >= 1 (tokens to generate). Fix: e.g. --max-tokens 64.")
+    stream = bool(extra.pop("stream", a.stream))
+    for k in ("text_input", "messages"):
+        if k in extra:
+            raise InputError(f"--input {k}=... : pass the prompt as an argument instead.")
+    return extra, max_tokens, stream
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``pipeline client [PROMPT ...] [--url ...] [--stream] [--max-tokens N] [--input name=value ...]``."""
+    from ..errors import EXIT_FAILED, EXIT_INPUT
+
+    ap = _parser()
     a = ap.parse_args(argv)
+    try:
+        a.url = grpc_address(a.url)
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_INPUT
     if a.parity:
         return _parity_main(Path(a.parity), a.url)
     prompts = a.prompts or [line.rstrip("\n") for line in sys.stdin if line.strip()]
-    extra: dict[str, Any] = {}
     try:
-        for item in a.input:
-            k, _, v = item.partition("=")
-            try:
-                extra[k] = json.loads(v)
-            except ValueError:
-                extra[k] = v
-        max_tokens = extra.pop("max_tokens", a.max_tokens)
-        stream = bool(extra.pop("stream", a.stream))
-        for k in ("text_input", "messages"):
-            if k in extra:
-                raise InputError(f"--input {k}=... : pass the prompt as an argument instead.")
+        extra, max_tokens, stream = _request_inputs(a)
+        require_server(a.url)  # before anything else: "no server" is one message and one exit code (4), --raw or not
         tok = a.tokenizer
         if tok is None and not a.raw:
             tok = str(served_tokenizer(a.url))
+
+        def echo(chunk: str, _t: float) -> None:
+            sys.stdout.write(chunk)
+            sys.stdout.flush()
+
         with LLMClient(a.url, a.model, tokenizer=tok, timeout_s=a.timeout) as c:
             for p in prompts:
                 if stream and not a.json:
-                    r = c.generate(
-                        p, max_tokens, stream=True, chat=not a.raw, on_chunk=lambda s, t: (sys.stdout.write(s), sys.stdout.flush()), **extra
-                    )
+                    r = c.generate(p, max_tokens, stream=True, chat=not a.raw, on_chunk=echo, **extra)
                     sys.stdout.write("\n")
                 else:
                     r = c.generate(p, max_tokens, stream=stream, chat=not a.raw, **extra)

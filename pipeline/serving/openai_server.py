@@ -15,7 +15,9 @@ Both POST routes take ``max_tokens`` (default 16, as OpenAI), ``temperature`` (d
 How a request maps onto the ``ensemble`` (TensorRT-LLM backend interface, over gRPC via :class:`LLMClient`):
 
 * ``temperature == 0`` -> greedy (no sampling inputs sent: the backend is greedy by default); ``temperature > 0``
-  -> ``temperature`` and ``top_p`` are sent and the engine samples; ``seed`` -> ``random_seed``;
+  -> ``temperature`` and ``top_p`` are sent and the engine samples; ``seed`` -> ``random_seed`` (sent with sampling
+  only; an onnxruntime-genai engine without ``engine.dynamic_batching``, every CPU engine, refuses it, reported as a
+  400 naming ``seed``);
   ``presence_penalty``/``frequency_penalty`` -> the inputs of the same names (non-zero only);
 * ``stop`` -> the ensemble's ``stop_words`` (ends generation early) **and** the text is cut before the first stop
   string (OpenAI semantics: the stop text is not returned; ``finish_reason`` = ``"stop"``);
@@ -23,7 +25,12 @@ How a request maps onto the ``ensemble`` (TensorRT-LLM backend interface, over g
 
 Token counts: ``prompt_tokens`` = the ids the served preprocessing feeds the engine (the rendered text encoded by the
 served tokenizer without special tokens, plus BOS when the deployment prepends it); ``completion_tokens`` = the
-answer re-encoded by the same tokenizer (how genai-perf counts output tokens, client side).
+generated token ids, as the deployment reports them (the ensemble's ``sequence_length``, summed over streamed
+responses; as vLLM and OpenAI count), never the text re-encoded: sampled ids need not round-trip through their text
+(a byte-level piece cut mid-character decodes to U+FFFD, which re-encodes to 3 ids).  The text of a trailing
+unfinished UTF-8 sequence at the length limit is kept as U+FFFD, as ``transformers``' ``decode`` of the same ids
+gives (streamed: held back until the last response, ``pipeline.tokenization.StreamDecoder``).  A package made
+before ``sequence_length`` was an ensemble output falls back to re-encoding the text.
 
 Refused with an OpenAI-style error (HTTP 400, ``{"error": {"message", "type", "param", "code"}}``) naming the
 field: ``logprobs``/``top_logprobs`` (no log probabilities on this endpoint), ``echo``, ``suffix``, ``best_of`` other
@@ -42,11 +49,15 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..errors import InputError, PipelineError
+
+if TYPE_CHECKING:  # starlette is imported when the app is built (the serving extra)
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, StreamingResponse
 
 log = logging.getLogger("pipeline.openai")
 
@@ -170,6 +181,32 @@ def ensemble_inputs(p: dict[str, Any]) -> dict[str, Any]:
     return extra
 
 
+def _as_openai_error(e: Exception, p: dict[str, Any]) -> APIError:
+    """A deployment's refusal as an OpenAI error naming the field the client sent.
+
+    The ensemble names its own inputs; ``random_seed`` is what this front end sends for ``seed``
+    (:func:`ensemble_inputs`), so its refusal is reported as ``seed`` with that field's fix.
+    """
+    msg = str(e)
+    if p.get("seed") is not None and "random_seed" in msg:
+        log.info("seed refused by the deployment (as random_seed): %s", msg)
+        return APIError(
+            f"seed={p['seed']} with sampling (temperature={p['temperature']} > 0) cannot be honoured by this deployment: "
+            "its onnxruntime-genai engine was built without engine.dynamic_batching, where og.Engine applies per-request "
+            "seeds. Fix: remove seed, or send temperature=0 (greedy decoding is deterministic).",
+            "seed",
+        )
+    return APIError(msg, status=400)
+
+
+class Answer(NamedTuple):
+    """One choice: the text returned (cut before a stop string), ``finish_reason`` and the generated token count."""
+
+    text: str
+    reason: str  # "stop" | "length"
+    completion_tokens: int
+
+
 def cut_stop(text: str, stops: list[str]) -> tuple[str, bool]:
     """``text`` before the first stop string, and whether one was found."""
     cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
@@ -241,6 +278,8 @@ class Frontend:
         return len(ids)
 
     def completion_tokens(self, text: str) -> int:
+        """Fallback count for a deployment without a ``sequence_length`` output: ``text`` re-encoded (over-counts
+        text that does not round-trip, e.g. a U+FFFD from an unfinished UTF-8 sequence)."""
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else 0
 
     def render_chat(self, messages: Any) -> list[dict]:
@@ -269,10 +308,12 @@ class Frontend:
     def budget(self, p: dict[str, Any]) -> int:
         return int(p["max_tokens"]) if p["max_tokens"] is not None else 256
 
-    def generate(
-        self, text: str | list[dict], p: dict[str, Any], *, on_chunk: Any = None, cancel: threading.Event | None = None
-    ) -> tuple[str, str]:
-        """Blocking: one ensemble request for a prompt text or chat messages; returns (text, finish_reason)."""
+    def generate(self, text: str | list[dict], p: dict[str, Any], *, on_chunk: Any = None, cancel: threading.Event | None = None) -> Answer:
+        """Blocking: one ensemble request for a prompt text or chat messages.
+
+        ``completion_tokens`` counts the generated ids the deployment reports (``sequence_length``), not the text
+        re-encoded; the text is the deployment's decode of those ids (a trailing unfinished UTF-8 sequence decodes to
+        U+FFFD, as ``transformers``' ``decode`` gives)."""
         from .client import RequestError
 
         stream = on_chunk is not None and self.decoupled
@@ -309,57 +350,78 @@ class Frontend:
         except InputError as e:
             raise APIError(str(e)) from None
         except RequestError as e:  # the deployment refused or failed this request: its message names the input
-            raise APIError(str(e), status=400) from None
+            raise _as_openai_error(e, p) from None
         except PipelineError as e:
             raise APIError(str(e), status=503, type_="server_error") from None
         out, stopped = cut_stop(r.text, stops)
         if stream and len(out) > sent["n"]:
             on_chunk(out[sent["n"] :])
-        reason = "stop" if stopped or self.completion_tokens(r.text) < self.budget(p) else "length"
-        return out, reason
+        n = r.n_tokens if r.n_tokens is not None else self.completion_tokens(r.text)
+        reason = "stop" if stopped or n < self.budget(p) else "length"
+        return Answer(out, reason, n)
 
 
 def build_app(fe: Frontend) -> Any:
-    """The Starlette application for ``fe``."""
+    """The Starlette application for ``fe`` (routes: :class:`_Handlers`)."""
     from starlette.applications import Starlette
-    from starlette.requests import Request
-    from starlette.responses import JSONResponse, StreamingResponse
     from starlette.routing import Route
 
-    async def models(_request: Request) -> JSONResponse:
+    h = _Handlers(fe)
+    return Starlette(
+        routes=[
+            Route("/v1/models", h.models, methods=["GET"]),
+            Route("/v1/completions", h.completions, methods=["POST"]),
+            Route("/v1/chat/completions", h.chat, methods=["POST"]),
+            Route("/health", h.health, methods=["GET"]),
+        ]
+    )
+
+
+class _Handlers:
+    """The OpenAI-compatible routes of :func:`build_app` over one :class:`Frontend`."""
+
+    def __init__(self, fe: Frontend) -> None:
+        self.fe = fe
+
+    async def models(self, _request: Request) -> JSONResponse:
+        from starlette.responses import JSONResponse
+
         return JSONResponse(
-            {"object": "list", "data": [{"id": fe.model_id, "object": "model", "created": fe.created, "owned_by": "pipeline"}]}
+            {"object": "list", "data": [{"id": self.fe.model_id, "object": "model", "created": self.fe.created, "owned_by": "pipeline"}]}
         )
 
-    async def body_of(request: Request, kind: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    async def body_of(self, request: Request, kind: str) -> tuple[dict[str, Any], dict[str, Any]]:
         try:
             body = await request.json()
         except (ValueError, UnicodeDecodeError):
             raise APIError("the request body is not valid JSON.") from None
         if not isinstance(body, dict):
             raise APIError("the request body must be a JSON object.")
-        if body.get("model") != fe.model_id:
+        if body.get("model") != self.fe.model_id:
             raise APIError(
-                f"model {body.get('model')!r} does not exist here; this endpoint serves {fe.model_id!r} (GET /v1/models).",
+                f"model {body.get('model')!r} does not exist here; this endpoint serves {self.fe.model_id!r} (GET /v1/models).",
                 "model",
                 status=404,
                 code="model_not_found",
             )
         p = parse_common(body, kind)
-        if p["stream"] and not fe.decoupled:
+        if p["stream"] and not self.fe.decoupled:
             raise APIError("stream=true needs a decoupled deployment (package.decoupled=true).", "stream")
         return body, p
 
-    async def run_choices(texts: list[str], p: dict[str, Any]) -> list[tuple[str, str]]:
-        jobs = [asyncio.to_thread(fe.generate, t, p) for t in texts for _ in range(p["n"])]
+    # a prompt is completion text, or chat messages (Frontend.render_chat) when the deployment renders chat itself
+    async def run_choices(self, texts: Sequence[str | list[dict]], p: dict[str, Any]) -> list[Answer]:
+        jobs = [asyncio.to_thread(self.fe.generate, t, p) for t in texts for _ in range(p["n"])]
         return list(await asyncio.gather(*jobs))
 
-    def usage(prompts: list[str], outs: list[str]) -> dict[str, int]:
-        pt = sum(fe.prompt_tokens(t) for t in prompts)
-        ct = sum(fe.completion_tokens(o) for o in outs)
+    def usage(self, prompts: Sequence[str | list[dict]], answers: Sequence[Answer | None]) -> dict[str, int]:
+        pt = sum(self.fe.prompt_tokens(t) for t in prompts)
+        ct = sum(a.completion_tokens for a in answers if a is not None)
         return {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct}
 
-    def stream_response(kind: str, texts: list[str], p: dict[str, Any], rid: str, created: int) -> StreamingResponse:
+    def stream_response(self, kind: str, texts: Sequence[str | list[dict]], p: dict[str, Any], rid: str, created: int) -> StreamingResponse:
+        from starlette.responses import StreamingResponse
+
         obj = "text_completion" if kind == "completions" else "chat.completion.chunk"
         n_choices = len(texts) * p["n"]
 
@@ -367,15 +429,15 @@ def build_app(fe: Frontend) -> Any:
             loop = asyncio.get_running_loop()
             q: asyncio.Queue = asyncio.Queue()
             cancel = threading.Event()
-            outs: list[str] = [""] * n_choices
+            answers: list[Answer | None] = [None] * n_choices
 
             def worker(idx: int, text: str) -> None:
                 def on_chunk(delta: str) -> None:
                     loop.call_soon_threadsafe(q.put_nowait, ("delta", idx, delta))
 
                 try:
-                    out, reason = fe.generate(text, p, on_chunk=on_chunk, cancel=cancel)
-                    loop.call_soon_threadsafe(q.put_nowait, ("done", idx, (out, reason)))
+                    ans = self.fe.generate(text, p, on_chunk=on_chunk, cancel=cancel)
+                    loop.call_soon_threadsafe(q.put_nowait, ("done", idx, ans))
                 except APIError as e:
                     loop.call_soon_threadsafe(q.put_nowait, ("error", idx, e))
 
@@ -392,7 +454,7 @@ def build_app(fe: Frontend) -> Any:
                     if content:
                         delta["content"] = content
                     choice = {"index": idx, "delta": delta, "logprobs": None, "finish_reason": reason}
-                ev = {"id": rid, "object": obj, "created": created, "model": fe.model_id, "choices": [choice]}
+                ev = {"id": rid, "object": obj, "created": created, "model": self.fe.model_id, "choices": [choice]}
                 if p["include_usage"]:
                     ev["usage"] = None
                 return f"data: {json.dumps(ev, ensure_ascii=False)}\n\n".encode()
@@ -405,23 +467,23 @@ def build_app(fe: Frontend) -> Any:
                 while done < n_choices:
                     what, idx, val = await q.get()
                     if what == "delta":
-                        outs[idx] += val
                         yield chunk(idx, val, None)
                     elif what == "done":
                         done += 1
-                        yield chunk(idx, None, val[1])
+                        answers[idx] = val
+                        yield chunk(idx, None, val.reason)
                     else:
                         cancel.set()
                         yield f"data: {json.dumps(val.body())}\n\n".encode()
                         return
                 if p["include_usage"]:
-                    ev = {
+                    ev: dict[str, Any] = {
                         "id": rid,
                         "object": obj,
                         "created": created,
-                        "model": fe.model_id,
+                        "model": self.fe.model_id,
                         "choices": [],
-                        "usage": usage(texts, outs) if p["n"] == 1 else {**usage(texts * p["n"], outs)},
+                        "usage": self.usage([t for t in texts for _ in range(p["n"])], answers),
                     }
                     yield f"data: {json.dumps(ev, ensure_ascii=False)}\n\n".encode()
                 yield b"data: [DONE]\n\n"
@@ -430,9 +492,11 @@ def build_app(fe: Frontend) -> Any:
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
-    async def completions(request: Request) -> Any:
+    async def completions(self, request: Request) -> Any:
+        from starlette.responses import JSONResponse
+
         try:
-            body, p = await body_of(request, "completions")
+            body, p = await self.body_of(request, "completions")
             for f in ("echo", "suffix"):
                 if body.get(f):
                     raise APIError(f"{f} is not supported by this endpoint. Fix: remove it.", f)
@@ -444,63 +508,58 @@ def build_app(fe: Frontend) -> Any:
                 )
             rid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
             if p["stream"]:
-                return stream_response("completions", texts, p, rid, created)
-            outs = await run_choices(texts, p)
-            choices = [{"index": i, "text": o, "logprobs": None, "finish_reason": r} for i, (o, r) in enumerate(outs)]
+                return self.stream_response("completions", texts, p, rid, created)
+            outs = await self.run_choices(texts, p)
+            choices = [{"index": i, "text": a.text, "logprobs": None, "finish_reason": a.reason} for i, a in enumerate(outs)]
             return JSONResponse(
                 {
                     "id": rid,
                     "object": "text_completion",
                     "created": created,
-                    "model": fe.model_id,
+                    "model": self.fe.model_id,
                     "choices": choices,
-                    "usage": usage([t for t in texts for _ in range(p["n"])], [o for o, _ in outs]),
+                    "usage": self.usage([t for t in texts for _ in range(p["n"])], outs),
                 }
             )
         except APIError as e:
             return JSONResponse(e.body(), status_code=e.status)
 
-    async def chat(request: Request) -> Any:
+    async def chat(self, request: Request) -> Any:
+        from starlette.responses import JSONResponse
+
         try:
-            body, p = await body_of(request, "chat")
+            body, p = await self.body_of(request, "chat")
             if body.get("tools") or body.get("functions"):
                 raise APIError("tool/function calling is not supported by this deployment. Fix: remove tools/functions.", "tools")
             rf = body.get("response_format")
             if rf not in (None, {"type": "text"}):
                 raise APIError(f"response_format={rf!r}: only text is supported.", "response_format")
-            text = fe.render_chat(body.get("messages"))
+            text = self.fe.render_chat(body.get("messages"))
             rid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
             if p["stream"]:
-                return stream_response("chat", [text], p, rid, created)
-            outs = await run_choices([text], p)
+                return self.stream_response("chat", [text], p, rid, created)
+            outs = await self.run_choices([text], p)
             choices = [
-                {"index": i, "message": {"role": "assistant", "content": o}, "logprobs": None, "finish_reason": r}
-                for i, (o, r) in enumerate(outs)
+                {"index": i, "message": {"role": "assistant", "content": a.text}, "logprobs": None, "finish_reason": a.reason}
+                for i, a in enumerate(outs)
             ]
             return JSONResponse(
                 {
                     "id": rid,
                     "object": "chat.completion",
                     "created": created,
-                    "model": fe.model_id,
+                    "model": self.fe.model_id,
                     "choices": choices,
-                    "usage": usage([text] * p["n"], [o for o, _ in outs]),
+                    "usage": self.usage([text] * p["n"], outs),
                 }
             )
         except APIError as e:
             return JSONResponse(e.body(), status_code=e.status)
 
-    async def health(_request: Request) -> JSONResponse:
-        return JSONResponse({"status": "ok"})
+    async def health(self, _request: Request) -> JSONResponse:
+        from starlette.responses import JSONResponse
 
-    return Starlette(
-        routes=[
-            Route("/v1/models", models, methods=["GET"]),
-            Route("/v1/completions", completions, methods=["POST"]),
-            Route("/v1/chat/completions", chat, methods=["POST"]),
-            Route("/health", health, methods=["GET"]),
-        ]
-    )
+        return JSONResponse({"status": "ok"})
 
 
 class OpenAIServer:

@@ -10,7 +10,8 @@
 onnxruntime_genai packages run here, on the Triton binary of the nvidia-pytriton wheel in ``.venv-serve``
 (:class:`pipeline.serving.server.TritonServer`). For a tensorrt_llm package the exact NGC container command is
 printed instead (TensorRT-LLM engines need the trtllm container and a GPU).  Every endpoint binds to
-``package.host`` (127.0.0.1 by default).  Ctrl-C stops the server cleanly.
+``package.host`` (127.0.0.1 by default).  Ctrl-C stops the server cleanly and exits 130 (interrupted); SIGTERM stops
+it cleanly and exits 0; a server that did not stop cleanly exits 1.
 """
 
 from __future__ import annotations
@@ -88,9 +89,32 @@ def release_manifest(repo: Path) -> dict[str, Any]:
     return {}
 
 
+def release_warnings(man: dict[str, Any]) -> list[str]:
+    """What a user about to serve this release must know from its ``release_manifest.json``: an evaluation gate that
+    did not pass (packaged with ``package.allow_failed_gate=true``) and a serving parity check that did not pass or was
+    switched off. Empty for a release the gate vouches for (or a repository without a manifest)."""
+    out: list[str] = []
+    gate = (man.get("evaluation") or {}).get("gate") or {}
+    if gate and (gate.get("override") or gate.get("passed") is False):
+        reason = str(gate.get("reason") or "?")
+        reason = reason if len(reason) <= 160 else reason[:157] + "..."
+        out.append(
+            f"this release's evaluation gate did not pass ({gate.get('verdict') or 'fail'}: {reason}; whole reason in "
+            "release_manifest.json -> evaluation.gate); it was packaged with package.allow_failed_gate=true, so the gate "
+            "does not vouch for what this server answers."
+        )
+    parity = man.get("parity") or {}
+    status = parity.get("status")
+    if status == "disabled":
+        out.append(f"served == evaluated was not checked for this release ({parity.get('disabled_by') or 'disabled'}).")
+    elif status not in (None, "passed", "not run here"):
+        out.append(f"this release's serving parity check did not pass (status {status!r}).")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     from ..config import compose
-    from .server import TritonServer, ngc_command
+    from .server import TritonServer
 
     argv = list(argv or [])
     if any(a in ("-h", "--help") for a in argv):
@@ -112,45 +136,10 @@ def main(argv: list[str] | None = None) -> int:
             "onnxruntime_genai" if (repo / "onnxruntime_genai").is_dir() else "tensorrt_llm"
         )
         print(f"model repository: {repo}  (target {target})")
+        for w in release_warnings(man):
+            print(f"warning: {w}", file=sys.stderr)
         if target == "tensorrt_llm":
-            image = (man.get("serving") or {}).get("serving_image") or pc.serving_image or cfg.target.serving_image
-            if (repo / "tensorrt_llm" / "1" / "model.yaml").is_file():  # PyTorch backend (LLM API): NVIDIA's model.py needed
-                from ..packaging.trtllm_config import llmapi_command, llmapi_notice
-
-                print(llmapi_notice(image).split("\n\nOne command")[0] + "\n")
-                print(
-                    "  "
-                    + llmapi_command(
-                        str(repo),
-                        image,
-                        grpc_port=pc.grpc_port or 8001,
-                        http_port=pc.http_port or 8000,
-                        metrics_port=pc.metrics_port or 8002,
-                    )
-                )
-                return 0
-            print("TensorRT-LLM engines are served by the NGC Triton + TensorRT-LLM container on a GPU host:\n")
-            ranks = len(list((repo / "tensorrt_llm" / "1" / "engine").glob("rank*.engine"))) or 1
-            print(
-                "  "
-                + ngc_command(
-                    str(repo),
-                    image,
-                    grpc_port=pc.grpc_port or 8001,
-                    http_port=pc.http_port or 8000,
-                    metrics_port=pc.metrics_port or 8002,
-                    world_size=ranks,
-                )
-            )
-            print("\n(the repository's absolute paths expect it mounted at /models, as the command does)")
-            if openai:
-                print(
-                    "error: --openai starts the endpoint next to a server this command runs; for a TensorRT-LLM package, run the "
-                    "OpenAI front end on the GPU host (docs/package.md, OpenAI-compatible endpoint).",
-                    file=sys.stderr,
-                )
-                return EXIT_INPUT
-            return 0
+            return _print_trtllm_command(repo, man, cfg, openai)
         srv = TritonServer(
             repo,
             pc.grpc_port,
@@ -181,17 +170,77 @@ def main(argv: list[str] | None = None) -> int:
             srv.stop()
             print(f"error: {e}", file=sys.stderr)
             return e.exit_code
+    return _serve_until_stopped(srv, repo, oai)
+
+
+def _print_trtllm_command(repo: Path, man: dict[str, Any], cfg: Any, openai: bool) -> int:
+    """A TensorRT-LLM package is served by the NGC container on a GPU host: print the command (LLM API layout: NVIDIA's
+    model.py notice and command); exit code (2 for --openai, which needs a server this command runs)."""
+    from ..packaging.trtllm_config import llmapi_command, llmapi_notice
+    from .server import ngc_command
+
+    pc = cfg.package
+    image = (man.get("serving") or {}).get("serving_image") or pc.serving_image or cfg.target.serving_image
+    if (repo / "tensorrt_llm" / "1" / "model.yaml").is_file():  # PyTorch backend (LLM API): NVIDIA's model.py needed
+        print(llmapi_notice(image).split("\n\nOne command")[0] + "\n")
+        print(
+            "  "
+            + llmapi_command(
+                str(repo),
+                image,
+                grpc_port=pc.grpc_port or 8001,
+                http_port=pc.http_port or 8000,
+                metrics_port=pc.metrics_port or 8002,
+            )
+        )
+        return 0
+    print("TensorRT-LLM engines are served by the NGC Triton + TensorRT-LLM container on a GPU host:\n")
+    ranks = len(list((repo / "tensorrt_llm" / "1" / "engine").glob("rank*.engine"))) or 1
+    print(
+        "  "
+        + ngc_command(
+            str(repo),
+            image,
+            grpc_port=pc.grpc_port or 8001,
+            http_port=pc.http_port or 8000,
+            metrics_port=pc.metrics_port or 8002,
+            world_size=ranks,
+        )
+    )
+    print("\n(the repository's absolute paths expect it mounted at /models, as the command does)")
+    if openai:
+        print(
+            "error: --openai starts the endpoint next to a server this command runs; for a TensorRT-LLM package, run the "
+            "OpenAI front end on the GPU host (docs/package.md, OpenAI-compatible endpoint).",
+            file=sys.stderr,
+        )
+        return EXIT_INPUT
+    return 0
+
+
+def _serve_until_stopped(srv: Any, repo: Path, oai: Any) -> int:
+    """Record the running server for ``pipeline client``, print where it listens, and wait for Ctrl-C/SIGTERM or the
+    server's exit; stop everything. Exit code: 1 when tritonserver exited on its own or did not stop cleanly; else 130
+    after Ctrl-C, 0 after SIGTERM."""
     stop = threading.Event()
+    stopped_by: list[int] = []
+
+    def _on_signal(signum: int, _frame: Any) -> None:
+        stopped_by.append(signum)
+        stop.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, _on_signal)
     from .registry import forget, record
 
+    assert srv.process is not None, "start() returned: tritonserver is running"
     record(srv.grpc_url, srv.http_url, repo, srv.process.pid)  # `pipeline client` reads the served package's tokenizer from it
     print(f"ready: gRPC {srv.grpc_url}  HTTP {srv.http_url}  metrics {srv.client_host}:{srv.metrics_port}  (log {srv.log_path})")
     print(
         f'try:   pipeline client --url {srv.grpc_url} --stream "Extract the order ID from this message: Hello, I want to cancel order ORD-76526 before it ships."'
     )
     if oai is not None:
+        assert oai.frontend is not None, "OpenAIServer.start() sets the front end"
         print(
             f"OpenAI-compatible endpoint: {oai.url}  (model {oai.frontend.model_id!r}; /v1/models, /v1/completions, /v1/chat/completions)"
         )
@@ -208,8 +257,16 @@ def main(argv: list[str] | None = None) -> int:
         oai.stop()
     rc = srv.stop()
     forget(srv.grpc_url)
-    print(f"tritonserver stopped (exit code {rc})")
-    return 0 if rc == 0 else 1
+    if srv.stop_note:
+        print(f"tritonserver stopped cleanly: {srv.stop_note}")
+    else:
+        print(f"tritonserver stopped (exit code {rc})")
+    if rc != 0:
+        print(f"error: tritonserver did not stop cleanly (exit code {rc}); log: {srv.log_path}", file=sys.stderr)
+        return 1
+    # Ctrl-C is an interruption (exit 130, the README's exit-code table); SIGTERM, how service managers stop a service,
+    # is a requested stop (exit 0)
+    return EXIT_INTERRUPTED if stopped_by and stopped_by[0] == signal.SIGINT else 0
 
 
 if __name__ == "__main__":

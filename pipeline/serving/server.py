@@ -26,6 +26,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -35,6 +36,7 @@ import time
 import weakref
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import IO
 
 from ..errors import InputError, PipelineError, PreflightError
 
@@ -180,6 +182,49 @@ class ServeEnv:
 
 
 # --------------------------------------------------------------------------- server
+LEAKED_UNLOAD_GRACE_S = 3.0
+"""Seconds after Triton starts unloading (no inference in flight) for which a live model with no instance stopped
+is taken as held by Triton 2.51's leaked gRPC stream request (:meth:`TritonServer._wait_stopped`).  Triton stops a
+model's instances as soon as its last reference goes (the same millisecond in the logs here), so 3 s is ample."""
+
+_LIVE_LINE = re.compile(r'"Timeout -?\d+: Found (\d+) live models and (\d+) in-flight non-inference requests"')
+_MODEL_STATE_LINE = re.compile(r'"(\S+) v(\d+): (\w+)"')
+_INSTANCE_STOP_LINE = re.compile(r'"Stopping backend thread for (\S+)\.\.\."')
+_UNLOADED_LINE = re.compile(r"successfully unloaded '([^']+)' version")
+
+
+def leaked_models(shutdown_log: str) -> list[str]:
+    """Models that Triton's shutdown log (verbose level 1, from the signal on) shows as held only by a leaked request.
+
+    Read from the last ``Timeout N: Found K live models and M in-flight non-inference requests`` block: M must be 0,
+    every listed model must be UNLOADING without any instance stopped (``Stopping backend thread for
+    <model>_<group>_<instance>...``) and without ``successfully unloaded``.  Returns their names (empty: none, or the
+    log does not show enough; then the caller waits as usual).
+    """
+    lines = shutdown_log.splitlines()
+    last = max((i for i, ln in enumerate(lines) if _LIVE_LINE.search(ln)), default=None)
+    if last is None:
+        return []
+    m = _LIVE_LINE.search(lines[last])
+    assert m is not None
+    n_live, n_requests = int(m.group(1)), int(m.group(2))
+    if n_live == 0 or n_requests != 0:
+        return []
+    listed: list[tuple[str, str]] = []
+    for ln in lines[last + 1 :]:
+        s = _MODEL_STATE_LINE.search(ln)
+        if s is None:
+            break
+        listed.append((s.group(1), s.group(3)))
+    if len(listed) != n_live:
+        return []  # the block is not complete in the log yet (or not verbose)
+    stopped = {mm.group(1).rsplit("_", 2)[0] for mm in _INSTANCE_STOP_LINE.finditer(shutdown_log)}
+    unloaded = set(_UNLOADED_LINE.findall(shutdown_log))
+    if any(state != "UNLOADING" or name in stopped or name in unloaded for name, state in listed):
+        return []
+    return sorted(name for name, _ in listed)
+
+
 class TritonServer:
     """A running ``tritonserver`` process (context manager).
 
@@ -234,9 +279,10 @@ class TritonServer:
         self.process: subprocess.Popen | None = None
         self.returncode: int | None = None
         self.log_path: Path | None = None
-        self._log_file = None
+        self._log_file: IO[bytes] | None = None
         self.grpc_port = self.http_port = self.metrics_port = 0
         self.command: list[str] = []
+        self.stop_note = ""
 
     # -- properties
     @property
@@ -347,19 +393,18 @@ class TritonServer:
         p = self.process
         if p is None:
             return self.returncode
+        self.stop_note = ""
+        rc: int | None = None
         if p.poll() is None:
+            offset = self.log_path.stat().st_size if self.log_path is not None and self.log_path.exists() else 0
+            self._verbose_shutdown_log()
             with contextlib.suppress(ProcessLookupError):
                 p.send_signal(signal.SIGTERM)  # Triton shuts down gracefully on SIGTERM (waits --exit-timeout-secs)
-            try:
-                p.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(p.pid, signal.SIGKILL)
-                p.wait(timeout=10)
+            rc = self._wait_stopped(p, offset, timeout_s)
         # stubs are in the same session; make sure none outlives the server
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(p.pid, signal.SIGKILL)
-        self.returncode = p.returncode
+        self.returncode = p.returncode if rc is None else rc
         self.process = None
         _RUNNING.discard(self)
         if self._log_file is not None:
@@ -367,8 +412,85 @@ class TritonServer:
             self._log_file = None
         return self.returncode
 
+    def _verbose_shutdown_log(self) -> None:
+        """Raise Triton's log verbosity to 1 for the shutdown (gRPC ``LogSettings``; best effort): the per-model unload
+        lines :meth:`_wait_stopped` reads are verbose-level in Triton 2.51."""
+        try:
+            import tritonclient.grpc as grpcclient
+
+            c = grpcclient.InferenceServerClient(self.grpc_url)
+            try:
+                c.update_log_settings({"log_verbose_level": 1}, client_timeout=5)
+            finally:
+                c.close()
+        except Exception:
+            pass
+
+    def _wait_stopped(self, p: subprocess.Popen, offset: int, timeout_s: float) -> int | None:
+        """Wait for the server to exit after SIGTERM, at most ``timeout_s`` (then kill).  Returns the exit code to report,
+        or None for the process's own.
+
+        One known Triton 2.51 defect is cut short instead of waited out: the gRPC stream handler
+        (``src/grpc/stream_infer_handler.cc``) keeps the state of a stream's *first* request for the stream's
+        cancellation notification; when the server rejected that request before running it (a missing input, a wrong
+        data type) the state never enters the in-flight set, so when the client then cancels the stream
+        (``stop_stream(cancel_requests=True)``) ``IssueRequestCancellation`` never hands it back to the completion queue
+        and it is never released.  It holds the rejected ``TRITONSERVER_InferenceRequest``, which holds its model: that
+        model stays UNLOADING, Triton waits ``--exit-timeout-secs`` and exits 1 ("Exit timeout expired"), and the
+        model's ``finalize`` never runs.  Recognised from the shutdown log (verbose level 1): Triton reported no
+        in-flight inference and started unloading, every other model unloaded, and the models still live never had an
+        instance stopped (``Stopping backend thread for <model>_...``: their model object is still referenced, though no
+        request runs) for :data:`LEAKED_UNLOAD_GRACE_S`.  Those models are idle, so the process is ended there; the
+        stop counts as clean (0) and :attr:`stop_note` says what happened, also appended to the log.
+        """
+        deadline = time.monotonic() + timeout_s
+        unloading_since: float | None = None
+        while True:
+            try:
+                return p.wait(timeout=0.25)
+            except subprocess.TimeoutExpired:
+                pass
+            now = time.monotonic()
+            if now >= deadline:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.wait(timeout=10)
+                return None
+            text = self._log_since(offset)
+            if unloading_since is None:
+                if "All models are stopped, unloading models" in text:
+                    unloading_since = now
+                continue
+            if now - unloading_since < LEAKED_UNLOAD_GRACE_S:
+                continue
+            stuck = leaked_models(text)
+            if stuck:
+                self.stop_note = (
+                    f"no inference was in flight and every other model unloaded; model(s) {', '.join(stuck)} stayed "
+                    f"referenced by a request Triton 2.51's gRPC stream handler never releases (a stream whose first "
+                    f"request the server refused was then cancelled by its client), so they could never unload; the "
+                    f'server was ended instead of waiting out its exit timeout (docs/package.md "Stopping the server")'
+                )
+                if self._log_file is not None:
+                    with contextlib.suppress(Exception):
+                        self._log_file.write(f"pipeline: {self.stop_note}\n".encode())
+                        self._log_file.flush()
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.wait(timeout=10)
+                return 0
+
+    def _log_since(self, offset: int) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        with open(self.log_path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode("utf-8", "replace")
+
     def stop(self, timeout_s: float = 30.0) -> int | None:
-        """SIGTERM, wait up to ``timeout_s`` for a clean exit, then kill. Returns the exit code (0 = clean)."""
+        """SIGTERM, wait up to ``timeout_s`` for a clean exit, then kill. Returns the exit code (0 = clean; see
+        :meth:`_wait_stopped` for the one Triton defect that is ended early and still counts as clean, with
+        :attr:`stop_note` set)."""
         return self._terminate(timeout_s)
 
     def is_running(self) -> bool:
@@ -420,4 +542,4 @@ def ngc_command(
     )
 
 
-__all__ = ["ServeEnv", "ServerError", "TritonServer", "check_port_free", "free_port", "ngc_command", "resolve_ports"]
+__all__ = ["ServeEnv", "ServerError", "TritonServer", "check_port_free", "free_port", "leaked_models", "ngc_command", "resolve_ports"]

@@ -90,7 +90,7 @@ def _dry_run(ctx: StageContext) -> dict[str, Any]:
 STAGE = Stage(
     name="build",
     deps=("export", "quantize"),
-    config_groups=("target", "build", "quant"),
+    config_groups=("target", "build", "quant", "parallel"),
     libraries=("onnxruntime-genai", "onnx", "tensorrt-llm", "tensorrt", "nvidia-modelopt", "transformers"),
     run=_run,
     version="1",

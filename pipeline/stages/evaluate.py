@@ -9,6 +9,7 @@ A failed gate does not raise: the artifact (with its report) is published and th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import statistics
@@ -92,7 +93,7 @@ def _make_runner(name: str, ctx: StageContext, tokenizer: Any, stop_ids: list[in
         model = load_reference_model(src, reference_dtype(src, ctx.cfg.eval.reference_dtype), allow_pickle=ctx.cfg.model.allow_pickle)
         return HFRunner(model, tokenizer, stop_ids=stop_ids, pad_id=pad_id, name=name)
     if name == "simulated":
-        from ..quantize import load_simulated_model
+        from ..quantization.state import load_simulated_model
 
         model = load_simulated_model(ctx.inputs["quantize"].path, export_dir, device="cpu")
         return HFRunner(model, tokenizer, stop_ids=stop_ids, pad_id=pad_id, name=name)
@@ -187,13 +188,75 @@ def evaluate(ctx: StageContext) -> dict[str, Any]:
         torch.set_num_threads(before)
 
 
+@dataclasses.dataclass
+class _Setup:
+    """The evaluate stage's inputs, resolved: eval items tokenized under the engine's limits, the runners to run."""
+
+    eval_path: Any
+    items: list[Any]
+    build_art: Any
+    tokenizer: Any
+    stop_ids: list[int]
+    pad_id: int
+    limits: dict[str, Any]
+    prepared: list[Any]  # pipeline.evaluation.runners.Prepared, one per item
+    runners: list[str]
+    cand: str
+    notes: dict[str, str]
+    n_run: int  # items not skipped
+
+
+@dataclasses.dataclass
+class _Runs:
+    """Every runner's outputs (``{runner: {item id: output}}``), wall seconds and the fidelity section."""
+
+    outputs: dict[str, dict[str, Any]]
+    seconds: dict[str, float]
+    fidelity: dict[str, Any] | None
+
+
+@dataclasses.dataclass
+class _Scores:
+    """Per-runner scores and summaries, and the candidate-vs-baseline paired statistics (``scope -> PairedStats``)."""
+
+    scores: dict[str, dict[str, float]]
+    summaries: dict[str, dict[str, Any]]
+    stats: dict[str, Any]
+    comparison: dict[str, Any] | None
+    cand_scores: dict[str, float]
+
+
 def _evaluate(ctx: StageContext) -> dict[str, Any]:
-    from ..evaluation import fidelity as F
     from ..evaluation import gate as G
     from ..evaluation import report as R
+
+    cfg, e = ctx.cfg, ctx.cfg.eval
+    st = _setup(ctx)
+    runs = _run_runners(ctx, st)
+    sc = _score(e, st, runs)
+    verdict = G.judge(
+        e.gate,
+        cfg.quant.recipe,
+        sc.stats,
+        sc.cand_scores,
+        (runs.fidelity or {}).get("overall"),
+        cand_errors=int(sc.summaries[st.cand]["errors"]),
+    )
+    worst = _worst_regressions(e, st, runs, sc) if sc.comparison else []
+    speculative = _speculative(ctx, st, runs)
+    rep = _report(ctx, st, runs, sc, verdict, worst, speculative)
+    out = ctx.out
+    assert out is not None
+    _write_outputs(EvalArtifact(out).outputs_path, st, runs, sc)
+    R.write_all(out, rep, {r: [o.latency_s for o in runs.outputs[r].values()] for r in st.runners})
+    R.print_console(rep, ctx.console)
+    return _stage_result(st, runs, sc, verdict)
+
+
+def _setup(ctx: StageContext) -> _Setup:
+    """Load the eval set and the export's tokenizer, tokenize every item under the engine's limits, pick the runners."""
     from ..evaluation.dataset import load_eval_set
-    from ..evaluation.metrics import get_metric
-    from ..evaluation.runners import draft_acceptance, load_hf_model, load_tokenizer, prepare
+    from ..evaluation.runners import load_tokenizer, prepare
     from ..tokenization import stop_token_ids
 
     cfg, e = ctx.cfg, ctx.cfg.eval
@@ -219,64 +282,78 @@ def _evaluate(ctx: StageContext) -> dict[str, Any]:
     for k, v in notes.items():
         ctx.log.info("%s: %s", k, v)
     n_run = sum(1 for p in prepared if not p.skipped)
+    return _Setup(eval_path, items, build_art, tokenizer, stop_ids, pad_id, limits, prepared, runners, cand, notes, n_run)
 
+
+def _run_runners(ctx: StageContext, st: _Setup) -> _Runs:
+    """Run every runner over the prepared items (:func:`_run_all`), with teacher-forced fidelity when asked for."""
     outputs: dict[str, dict[str, Any]] = {}
     seconds: dict[str, float] = {}
-    fid: dict[str, Any] | None = None
-    if e.fidelity and "baseline" in runners and cand != "baseline":
+    fid = _fidelity_plan(ctx, st) if ctx.cfg.eval.fidelity and "baseline" in st.runners and st.cand != "baseline" else None
+    _run_all(ctx, st.runners, st.prepared, st.tokenizer, st.stop_ids, st.pad_id, st.n_run, outputs, seconds, fid)
+    return _Runs(outputs, seconds, _fidelity_result(fid, st.cand) if fid is not None else None)
 
-        def make_seqs(base_out: dict[str, Any]) -> list[Any]:
-            # the reference answer in the baseline's own tokens where it answered correctly (fidelity.build_sequences)
-            ok = {
-                i: o.output_ids
-                for i, o in base_out.items()
-                if o.finish_reason == "eos" and get_metric(item_by_id[i].metric)(o.text, item_by_id[i]) >= 1.0
-            }
-            return F.build_sequences(prepared, tokenizer, stop_ids, ok)
 
-        item_by_id = {p.item.id: p.item for p in prepared}
-        fid = {
-            "make": make_seqs,
-            "runners": ("baseline", cand),
-            "logits": {},
-            "seconds": {},
-            # held-out samples that fit the engine's limits (one context pass of len - 1 tokens)
-            "heldout": F.heldout_sequences(
-                [
-                    h
-                    for h in _heldout_samples(ctx, tokenizer)
-                    if len(h) - 1 <= min(int(limits["max_input_len"]), int(limits.get("max_seq_len") or 1 << 30) - 1)
-                ]
-            ),
+def _fidelity_plan(ctx: StageContext, st: _Setup) -> dict[str, Any]:
+    """The ``fid`` state :func:`_run_all` fills: how to build the teacher-forced sequences from the baseline's
+    outputs, the two runners compared, and the held-out calibration samples that fit the engine's limits."""
+    from ..evaluation import fidelity as F
+    from ..evaluation.metrics import get_metric
+
+    item_by_id = {p.item.id: p.item for p in st.prepared}
+
+    def make_seqs(base_out: dict[str, Any]) -> list[Any]:
+        # the reference answer in the baseline's own tokens where it answered correctly (fidelity.build_sequences)
+        ok = {
+            i: o.output_ids
+            for i, o in base_out.items()
+            if o.finish_reason == "eos" and get_metric(item_by_id[i].metric)(o.text, item_by_id[i]) >= 1.0
         }
-    _run_all(ctx, runners, prepared, tokenizer, stop_ids, pad_id, n_run, outputs, seconds, fid)
-    fidelity = None
-    if fid is not None:
-        if "unavailable" in fid:
-            fidelity = {"candidate": cand, "unavailable": fid["unavailable"], "seconds": fid["seconds"]}
-        else:
-            n_tune = len(fid["seqs"]) - len(fid["heldout"])
-            base_l, cand_l = fid["logits"]["baseline"], fid["logits"][cand]
-            held = F.compare(fid["seqs"][n_tune:], base_l[n_tune:], cand_l[n_tune:]) if fid["heldout"] else None
-            fidelity = {
-                "candidate": cand,
-                **F.compare(fid["seqs"][:n_tune], base_l[:n_tune], cand_l[:n_tune]),
-                "calibration_heldout": ({"samples": held["items"], **held["overall"]} if held else None),
-                "seconds": fid["seconds"],
-                "sequence": "prompt + reference answer (the baseline's tokens where it answered correctly) + eos, cut to the item budget",
-            }
-        del fid
+        return F.build_sequences(st.prepared, st.tokenizer, st.stop_ids, ok)
 
+    # held-out samples that fit the engine's limits (one context pass of len - 1 tokens)
+    fits = min(int(st.limits["max_input_len"]), int(st.limits.get("max_seq_len") or 1 << 30) - 1)
+    return {
+        "make": make_seqs,
+        "runners": ("baseline", st.cand),
+        "logits": {},
+        "seconds": {},
+        "heldout": F.heldout_sequences([h for h in _heldout_samples(ctx, st.tokenizer) if len(h) - 1 <= fits]),
+    }
+
+
+def _fidelity_result(fid: dict[str, Any], cand: str) -> dict[str, Any]:
+    """The report's ``fidelity`` section from the filled ``fid`` state (:func:`pipeline.evaluation.fidelity.compare`)."""
+    from ..evaluation import fidelity as F
+
+    if "unavailable" in fid:
+        return {"candidate": cand, "unavailable": fid["unavailable"], "seconds": fid["seconds"]}
+    n_tune = len(fid["seqs"]) - len(fid["heldout"])
+    base_l, cand_l = fid["logits"]["baseline"], fid["logits"][cand]
+    held = F.compare(fid["seqs"][n_tune:], base_l[n_tune:], cand_l[n_tune:]) if fid["heldout"] else None
+    return {
+        "candidate": cand,
+        **F.compare(fid["seqs"][:n_tune], base_l[:n_tune], cand_l[:n_tune]),
+        "calibration_heldout": ({"samples": held["items"], **held["overall"]} if held else None),
+        "seconds": fid["seconds"],
+        "sequence": "prompt + reference answer (the baseline's tokens where it answered correctly) + eos, cut to the item budget",
+    }
+
+
+def _score(e: Any, st: _Setup, runs: _Runs) -> _Scores:
+    """Score every output (an engine error scores 0: a broken engine must not pass the gate) and compare the
+    candidate with the baseline, overall and per slice (:func:`pipeline.evaluation.gate.paired_stats`)."""
+    from ..evaluation import gate as G
+    from ..evaluation.metrics import get_metric
+
+    prepared, outputs, cand = st.prepared, runs.outputs, st.cand
     metric_of = {p.item.id: get_metric(p.item.metric) for p in prepared}
     item_of = {p.item.id: p.item for p in prepared}
-    # an engine error scores 0 (a broken engine must not pass the gate) and is counted in the report
     scores = {
         r: {i: (metric_of[i](o.text, item_of[i]) if o.finish_reason != "error" else 0.0) for i, o in outs.items()}
         for r, outs in outputs.items()
     }
-    summaries = {r: _summarise(outputs[r], scores[r], prepared, seconds[r]) for r in runners}
-
-    # paired comparison candidate vs baseline, overall and per slice
+    summaries = {r: _summarise(outputs[r], scores[r], prepared, runs.seconds[r]) for r in st.runners}
     comparison: dict[str, Any] | None = None
     stats: dict[str, Any] = {}
     cand_scores = {"overall": summaries[cand]["score"], **{f"slice:{s}": v["score"] for s, v in summaries[cand]["slices"].items()}}
@@ -301,90 +378,120 @@ def _evaluate(ctx: StageContext) -> dict[str, Any]:
             "overall": stats["overall"].to_json() if "overall" in stats else None,
             "slices": {k.split(":", 1)[1]: v.to_json() for k, v in stats.items() if k.startswith("slice:")},
         }
-    verdict = G.judge(
-        e.gate, cfg.quant.recipe, stats, cand_scores, (fidelity or {}).get("overall"), cand_errors=int(summaries[cand]["errors"])
+    return _Scores(scores, summaries, stats, comparison, cand_scores)
+
+
+def _worst_regressions(e: Any, st: _Setup, runs: _Runs, sc: _Scores) -> list[dict[str, Any]]:
+    """Up to ``eval.worst_regressions`` items where the candidate scored below the baseline, worst first."""
+    scores, outputs, cand = sc.scores, runs.outputs, st.cand
+    worst: list[dict[str, Any]] = []
+    regress = sorted(
+        (p for p in st.prepared if p.item.id in scores["baseline"] and p.item.id in scores[cand]),
+        key=lambda p: scores[cand][p.item.id] - scores["baseline"][p.item.id],
     )
-
-    worst = []
-    if comparison:
-        regress = sorted(
-            (p for p in prepared if p.item.id in scores["baseline"] and p.item.id in scores[cand]),
-            key=lambda p: scores[cand][p.item.id] - scores["baseline"][p.item.id],
+    for p in regress[: e.worst_regressions]:
+        i = p.item.id
+        if scores["baseline"][i] - scores[cand][i] <= 0:
+            break
+        worst.append(
+            {
+                "id": i,
+                "slice": p.item.slice,
+                "prompt": p.item.prompt_text(),
+                "reference": p.item.reference,
+                "baseline": outputs["baseline"][i].text,
+                "candidate": outputs[cand][i].text,
+                "baseline_score": scores["baseline"][i],
+                "candidate_score": scores[cand][i],
+            }
         )
-        for p in regress[: e.worst_regressions]:
-            i = p.item.id
-            if scores["baseline"][i] - scores[cand][i] <= 0:
-                break
-            worst.append(
-                {
-                    "id": i,
-                    "slice": p.item.slice,
-                    "prompt": p.item.prompt_text(),
-                    "reference": p.item.reference,
-                    "baseline": outputs["baseline"][i].text,
-                    "candidate": outputs[cand][i].text,
-                    "baseline_score": scores["baseline"][i],
-                    "candidate_score": scores[cand][i],
-                }
-            )
+    return worst
 
-    speculative = None
-    if e.draft_model_path:
-        target_runner = "baseline" if "baseline" in outputs else cand
-        draft_dir = ctx.external["draft_model"]
-        draft_tok = load_tokenizer(draft_dir)
-        if draft_tok.get_vocab() != tokenizer.get_vocab():
-            raise InputError(
-                f"eval.draft_model_path={e.draft_model_path!r}: its tokenizer differs from the target's. "
-                "Fix: use a draft model trained with the same tokenizer (speculative decoding needs a shared vocabulary)."
-            )
-        draft = load_hf_model(draft_dir)
-        with ctx.progress("evaluate: draft acceptance", total=None) as adv:
-            acc = draft_acceptance(
-                draft,
-                prepared,
-                outputs[target_runner],
-                k=e.draft_tokens,
-                pad_id=pad_id,
-                stop_ids=stop_ids,
-                batch_size=e.batch_size,
-                advance=adv,
-            )
-        speculative = _speculative_summary(acc, prepared, e, target_runner)
 
-    too_long = [p.item.id for p in prepared if p.skipped]
-    from ..evaluation.runners import reference_dtype
+def _speculative(ctx: StageContext, st: _Setup, runs: _Runs) -> dict[str, Any] | None:
+    """``eval.draft_model_path``: the draft model's acceptance of the target's outputs, else None.
 
-    ref_dtype = reference_dtype(ctx.external["reference_checkpoint"], e.reference_dtype) if "baseline" in outputs else None
-    # output agreement between every pair of runners (e.g. engine vs simulated checks the engine's numerics)
+    Raises:
+        InputError: the draft's tokenizer differs from the target's.
+    """
+    from ..evaluation.runners import draft_acceptance, load_hf_model, load_tokenizer
+
+    e = ctx.cfg.eval
+    if not e.draft_model_path:
+        return None
+    target_runner = "baseline" if "baseline" in runs.outputs else st.cand
+    draft_dir = ctx.external["draft_model"]
+    draft_tok = load_tokenizer(draft_dir)
+    if draft_tok.get_vocab() != st.tokenizer.get_vocab():
+        raise InputError(
+            f"eval.draft_model_path={e.draft_model_path!r}: its tokenizer differs from the target's. "
+            "Fix: use a draft model trained with the same tokenizer (speculative decoding needs a shared vocabulary)."
+        )
+    draft = load_hf_model(draft_dir)
+    with ctx.progress("evaluate: draft acceptance", total=None) as adv:
+        acc = draft_acceptance(
+            draft,
+            st.prepared,
+            runs.outputs[target_runner],
+            k=e.draft_tokens,
+            pad_id=st.pad_id,
+            stop_ids=st.stop_ids,
+            batch_size=e.batch_size,
+            advance=adv,
+        )
+    return _speculative_summary(acc, st.prepared, e, target_runner)
+
+
+def _pairwise_agreement(runners: list[str], outputs: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """Output agreement between every pair of runners (e.g. engine vs simulated checks the engine's numerics)."""
     pairwise = {}
     for a_i, a in enumerate(runners):
         for b in runners[a_i + 1 :]:
             common = [i for i in outputs[a] if i in outputs[b]]
             if common:
                 pairwise[f"{a}~{b}"] = sum(outputs[a][i].text.strip() == outputs[b][i].text.strip() for i in common) / len(common)
-    rep = {
+    return pairwise
+
+
+def _report(
+    ctx: StageContext,
+    st: _Setup,
+    runs: _Runs,
+    sc: _Scores,
+    verdict: dict[str, Any],
+    worst: list[dict[str, Any]],
+    speculative: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The ``eval_report.json`` document (schema :data:`REPORT_SCHEMA`)."""
+    from ..evaluation.runners import reference_dtype
+
+    cfg, e = ctx.cfg, ctx.cfg.eval
+    outputs, limits = runs.outputs, st.limits
+    too_long = [p.item.id for p in st.prepared if p.skipped]
+    ref_dtype = reference_dtype(ctx.external["reference_checkpoint"], e.reference_dtype) if "baseline" in outputs else None
+    pairwise = _pairwise_agreement(st.runners, outputs)
+    return {
         "schema": REPORT_SCHEMA,
         "eval_set": {
             "name": e.name,
-            "path": str(eval_path),
-            "sha256": sha256_file(eval_path),
-            "items": len(items),
-            "evaluated": n_run,
+            "path": str(st.eval_path),
+            "sha256": sha256_file(st.eval_path),
+            "items": len(st.items),
+            "evaluated": st.n_run,
             "limit": e.limit,
         },
         "recipe": cfg.quant.recipe,
-        "target": target_name(cfg, build_art) if build_art is not None else None,
-        "candidate": cand,
+        "target": target_name(cfg, st.build_art) if st.build_art is not None else None,
+        "candidate": st.cand,
         "baseline": "baseline" if "baseline" in outputs else None,
-        "notes": notes,
-        "stop": {"eos_token_ids": stop_ids, "stop_strings": list(e.stop)},
+        "notes": st.notes,
+        "stop": {"eos_token_ids": st.stop_ids, "stop_strings": list(e.stop)},
         "limits": {k: limits.get(k) for k in ("max_input_len", "max_seq_len", "max_batch_size")},
-        "runners": summaries,
-        "comparison": comparison,
+        "runners": sc.summaries,
+        "comparison": sc.comparison,
         "pairwise_agreement": pairwise,
         "gate": verdict,
-        "fidelity": fidelity,
+        "fidelity": runs.fidelity,
         "reference": {"checkpoint": str(ctx.external.get("reference_checkpoint")), "dtype": ref_dtype, "requested": e.reference_dtype}
         if "baseline" in outputs
         else None,
@@ -392,52 +499,69 @@ def _evaluate(ctx: StageContext) -> dict[str, Any]:
         "worst_regressions": worst,
         "speculative": speculative,
     }
-    out = ctx.out
-    assert out is not None
-    with open(EvalArtifact(out).outputs_path, "w", encoding="utf-8") as f:
-        for p in prepared:
+
+
+def _write_outputs(path: Any, st: _Setup, runs: _Runs, sc: _Scores) -> None:
+    """``outputs.jsonl``: one line per skipped item, else one per (item, runner) with text, ids, score, latency."""
+    with open(path, "w", encoding="utf-8") as f:
+        for p in st.prepared:
             base = {"id": p.item.id, "slice": p.item.slice, "metric": p.item.metric, "prompt_tokens": len(p.input_ids)}
             if p.skipped:
                 f.write(json.dumps({**base, "skipped": p.skipped}, ensure_ascii=False) + "\n")
                 continue
-            for r in runners:
-                o = outputs[r].get(p.item.id)
+            for r in st.runners:
+                o = runs.outputs[r].get(p.item.id)
                 if o is not None:
-                    f.write(
-                        json.dumps(
-                            {
-                                **base,
-                                "runner": r,
-                                "text": o.text,
-                                "output_ids": o.output_ids,
-                                "finish_reason": o.finish_reason,
-                                "score": scores[r][p.item.id],
-                                "latency_s": round(o.latency_s, 6),
-                                "error": o.error,
-                            },
-                            ensure_ascii=False,
-                        )
-                        + "\n"
-                    )
-    R.write_all(out, rep, {r: [o.latency_s for o in outputs[r].values()] for r in runners})
-    R.print_console(rep, ctx.console)
-    ov = stats.get("overall")
+                    row = {
+                        **base,
+                        "runner": r,
+                        "text": o.text,
+                        "output_ids": o.output_ids,
+                        "finish_reason": o.finish_reason,
+                        "score": sc.scores[r][p.item.id],
+                        "latency_s": round(o.latency_s, 6),
+                        "error": o.error,
+                    }
+                    f.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def _stage_result(st: _Setup, runs: _Runs, sc: _Scores, verdict: dict[str, Any]) -> dict[str, Any]:
+    """The stage result: the gate verdict, the console headline and counts."""
+    ov = sc.stats.get("overall")
     headline = {
-        "score": round(summaries[cand]["score"], 4),
+        "score": round(sc.summaries[st.cand]["score"], 4),
         "baseline": round(ov.baseline, 4) if ov else None,
         "drop": round(ov.drop, 4) if ov else None,
         "agreement": round(ov.agreement, 4) if ov and ov.agreement is not None else None,
         "gate": verdict["verdict"] if verdict["passed"] else verdict["verdict"].upper(),
-        "runner": cand,
+        "runner": st.cand,
     }
-    fo = (fidelity or {}).get("overall") or {}
+    fo = (runs.fidelity or {}).get("overall") or {}
     if fo.get("positions"):
         headline["kld"] = round(fo["kld"]["mean"], 6)
         headline["top1"] = round(fo["top1"], 4)
     if verdict["bound"]:
         headline["drop_ub"] = round(verdict["bound"]["upper"], 4)
-    summary = {
+    summary = gate_summary(verdict, fo)
+    return {
+        "gate": {"passed": verdict["passed"], "reason": verdict["reason"], **summary},
+        "headline": headline,
+        "skipped_too_long": sum(1 for p in st.prepared if p.skipped),
+        "evaluated": st.n_run,
+        "candidate": st.cand,
+        "report": EvalArtifact.REPORT_JSON,
+    }
+
+
+def gate_summary(verdict: dict[str, Any], fidelity_overall: dict[str, Any]) -> dict[str, Any]:
+    """The gate record of the evaluate result (shown by ``runner.print_gate``, kept in summary.json and the
+    release manifest) from ``gate.judge``'s verdict and the overall fidelity summary (``fidelity.summarize``)."""
+    fo = fidelity_overall
+    return {
         "verdict": verdict["verdict"],
+        "non_inferiority": verdict["non_inferiority"],
+        "fix": verdict.get("fix"),
+        "failed_checks": verdict["failed_checks"],
         "mode": verdict["mode"],
         "bound": verdict["bound"],
         "scopes": verdict["scopes"],
@@ -450,14 +574,6 @@ def _evaluate(ctx: StageContext) -> dict[str, Any]:
         }
         if fo.get("positions")
         else None,
-    }
-    return {
-        "gate": {"passed": verdict["passed"], "reason": verdict["reason"], **summary},
-        "headline": headline,
-        "skipped_too_long": len(too_long),
-        "evaluated": n_run,
-        "candidate": cand,
-        "report": EvalArtifact.REPORT_JSON,
     }
 
 

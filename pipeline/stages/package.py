@@ -19,7 +19,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ..artifacts import BuildArtifact, ExportArtifact
+from ..artifacts import BuildArtifact, ExportArtifact, PackageArtifact
 from ..errors import GateFailed, InputError
 from . import Stage, StageContext
 
@@ -43,6 +43,16 @@ def _gate(ctx: StageContext) -> dict[str, Any]:
     if gate.get("passed") is True:
         return {**gate, "override": False}
     reason = gate.get("reason") or ("no evaluation verdict" if not gate else "evaluation gate failed")
+    if not ctx.cfg.package.allow_failed_gate and gate.get("verdict") == "inconclusive":
+        fix = gate.get("fix") or (
+            "the gate is INCONCLUSIVE, not failed: the eval set is too small to show non-inferiority. Fix: a larger "
+            "eval set (eval.eval_set), an explicit allowance (eval.gate.max_drop / eval.gate.slice_max_drop), or "
+            "eval.gate.mode=exploratory"
+        )
+        raise GateFailed(
+            f"package: refusing to package an artifact whose evaluation gate is inconclusive ({reason}). {fix}; "
+            f"or override explicitly with package.allow_failed_gate=true (recorded in release_manifest.json)."
+        )
     if not ctx.cfg.package.allow_failed_gate:
         raise GateFailed(
             f"package: refusing to package an artifact whose evaluation gate failed ({reason}). "
@@ -80,12 +90,9 @@ def _speculative(ctx: StageContext, build_info: dict[str, Any]) -> dict[str, Any
 
 def package(ctx: StageContext) -> dict[str, Any]:
     """Generate, validate and release (see module docstring). Returns the stage result."""
-    from ..config.common import key_fields
-    from ..hostinfo import library_versions
-    from ..packaging import make_archive, write_sha256sums
     from ..packaging.repository import generate_repository, settings_from_build
     from ..packaging.validate import check_repository
-    from ..store import digest_files, redact, tree_files, write_json_atomic
+    from ..store import redact, write_json_atomic
 
     cfg, pc = ctx.cfg, ctx.cfg.package
     assert ctx.out is not None
@@ -120,54 +127,9 @@ def package(ctx: StageContext) -> dict[str, Any]:
         for cache in sorted(repo.rglob("__pycache__"), reverse=True):
             shutil.rmtree(cache)
         name = release_name(cfg)
-        repo_files = tree_files(repo)
-        manifest = {
-            "schema": "pipeline.release_manifest/v1",
-            "name": name,
-            "version": pc.version,
-            "model": {
-                "name": cfg.model.name,
-                "architecture": mi.get("architecture"),
-                "num_parameters": mi.get("num_parameters"),
-                "dtype": mi.get("dtype"),
-                "eos_token_ids": mi.get("eos_token_ids"),
-                "pad_token_id": mi.get("pad_token_id"),
-            },
-            "quant": key_fields(cfg.quant),
-            "build": {
-                "target": settings.target,
-                "backend": settings.backend if settings.target == "tensorrt_llm" else None,
-                "limits": dict(bi.get("limits") or limits),
-                "knobs": key_fields(cfg.build),
-                "execution_provider": settings.execution_provider if settings.target == "onnxruntime_genai" else None,
-            },
-            "evaluation": {"gate": gate, "headline": (ctx.inputs["evaluate"].result.get("headline") if "evaluate" in ctx.inputs else None)},
-            "speculative": speculative,
-            "serving": {
-                "layout": info["layout"],
-                "models": info["models"],
-                "ensemble": "ensemble",
-                "engine_model": settings.engine_model,
-                "decoupled": settings.decoupled,
-                "triton_max_batch_size": settings.triton_max_batch_size,
-                "exclude_input_in_output": settings.exclude_input_in_output,
-                "end_id": settings.end_id,
-                "pad_id": settings.pad_id,
-                "serving_image": serving_image if settings.target == "tensorrt_llm" else None,
-            },
-            "parity": parity,
-            "versions": {"engine": dict(bi.get("versions") or {}), "packaging": library_versions(LIBRARIES)},
-            "sources": {
-                "export": export.digest,
-                "build": build.digest,
-                "evaluate": ctx.inputs["evaluate"].digest if "evaluate" in ctx.inputs else None,
-                "engine": digest_files(tree_files(engine_dir)),
-                "model_repository": digest_files(repo_files),
-            },
-            "repository_files": {rel: m["sha256"] for rel, m in sorted(repo_files.items())},  # checked by `pipeline serve x.tar.gz`
-        }
+        manifest = _release_manifest(ctx, name, settings, bi, mi, gate, speculative, info, parity, serving_image, limits, engine_dir)
         manifest = redact(manifest)  # the one redaction (pipeline.store.redact) at every place the config is written
-        write_json_atomic(ctx.out / "release_manifest.json", manifest)
+        write_json_atomic(ctx.out / PackageArtifact.RELEASE_MANIFEST, manifest)
         result: dict[str, Any] = {
             "repository": "model_repository",
             "models": info["models"],
@@ -177,15 +139,7 @@ def package(ctx: StageContext) -> dict[str, Any]:
             "parity": parity,
         }
         if pc.archive:
-            rel = ctx.out / "release"
-            rel.mkdir()
-            write_json_atomic(rel / "release_manifest.json", manifest)
-            archive = rel / f"{name}.tar.gz"
-            members = [(repo, f"{name}/model_repository"), (ctx.out / "release_manifest.json", f"{name}/release_manifest.json")]
-            members += _parity_members(ctx.out, name)
-            sha = make_archive(archive, members)
-            write_sha256sums(rel / "SHA256SUMS", [archive, rel / "release_manifest.json"])
-            result.update(archive=f"release/{archive.name}", archive_sha256=sha)
+            result.update(_release_archive(ctx.out, repo, name, manifest))
         advance(1)
     result["headline"] = {
         "target": settings.target,
@@ -197,6 +151,98 @@ def package(ctx: StageContext) -> dict[str, Any]:
         f"{parity['matched']}/{parity['total']}" if parity.get("total") is not None else parity["status"]
     )
     return result
+
+
+def _release_manifest(
+    ctx: StageContext,
+    name: str,
+    settings: Any,
+    bi: dict[str, Any],
+    mi: dict[str, Any],
+    gate: dict[str, Any],
+    speculative: dict[str, Any] | None,
+    info: dict[str, Any],
+    parity: dict[str, Any],
+    serving_image: str | None,
+    limits: dict[str, Any],
+    engine_dir: Path,
+) -> dict[str, Any]:
+    """``release_manifest.json`` (schema ``pipeline.release_manifest/v1``) before redaction: model, quant and build
+    settings, gate, serving layout, parity, versions and the digests of every source and repository file."""
+    from ..config.common import key_fields
+    from ..hostinfo import library_versions
+    from ..store import digest_files, tree_files
+
+    cfg, pc = ctx.cfg, ctx.cfg.package
+    build, export = ctx.inputs["build"], ctx.inputs["export"]
+    assert ctx.out is not None
+    repo = ctx.out / "model_repository"
+    repo_files = tree_files(repo)
+    return {
+        "schema": "pipeline.release_manifest/v1",
+        "name": name,
+        "version": pc.version,
+        "model": {
+            "name": cfg.model.name,
+            "architecture": mi.get("architecture"),
+            "num_parameters": mi.get("num_parameters"),
+            "dtype": mi.get("dtype"),
+            "eos_token_ids": mi.get("eos_token_ids"),
+            "pad_token_id": mi.get("pad_token_id"),
+        },
+        "quant": key_fields(cfg.quant),
+        "build": {
+            "target": settings.target,
+            "backend": settings.backend if settings.target == "tensorrt_llm" else None,
+            "limits": dict(bi.get("limits") or limits),
+            "knobs": key_fields(cfg.build),
+            "execution_provider": settings.execution_provider if settings.target == "onnxruntime_genai" else None,
+        },
+        "evaluation": {"gate": gate, "headline": (ctx.inputs["evaluate"].result.get("headline") if "evaluate" in ctx.inputs else None)},
+        "speculative": speculative,
+        "serving": {
+            "layout": info["layout"],
+            "models": info["models"],
+            "ensemble": "ensemble",
+            "engine_model": settings.engine_model,
+            "decoupled": settings.decoupled,
+            "triton_max_batch_size": settings.triton_max_batch_size,
+            "exclude_input_in_output": settings.exclude_input_in_output,
+            "end_id": settings.end_id,
+            "pad_id": settings.pad_id,
+            "serving_image": serving_image if settings.target == "tensorrt_llm" else None,
+        },
+        "parity": parity,
+        "versions": {"engine": dict(bi.get("versions") or {}), "packaging": library_versions(LIBRARIES)},
+        "sources": {
+            "export": export.digest,
+            "build": build.digest,
+            "evaluate": ctx.inputs["evaluate"].digest if "evaluate" in ctx.inputs else None,
+            "engine": digest_files(tree_files(engine_dir)),
+            "model_repository": digest_files(repo_files),
+        },
+        "repository_files": {rel: m["sha256"] for rel, m in sorted(repo_files.items())},  # checked by `pipeline serve x.tar.gz`
+    }
+
+
+def _release_archive(out: Path, repo: Path, name: str, manifest: dict[str, Any]) -> dict[str, Any]:
+    """``release/<name>.tar.gz`` (repository, manifest, parity records) with its manifest copy and SHA256SUMS;
+    returns the result fields ``archive`` and ``archive_sha256``."""
+    from ..packaging import make_archive, write_sha256sums
+    from ..store import write_json_atomic
+
+    rel = out / PackageArtifact.RELEASE_DIR
+    rel.mkdir()
+    write_json_atomic(rel / PackageArtifact.RELEASE_MANIFEST, manifest)
+    archive = rel / f"{name}.tar.gz"
+    members = [
+        (repo, f"{name}/{PackageArtifact.MODEL_REPOSITORY}"),
+        (out / PackageArtifact.RELEASE_MANIFEST, f"{name}/{PackageArtifact.RELEASE_MANIFEST}"),
+    ]
+    members += _parity_members(out, name)
+    sha = make_archive(archive, members)
+    write_sha256sums(rel / PackageArtifact.SHA256SUMS, [archive, rel / PackageArtifact.RELEASE_MANIFEST])
+    return {"archive": f"release/{archive.name}", "archive_sha256": sha}
 
 
 def _parity(ctx: StageContext, repo: Path, target: str) -> dict[str, Any]:
@@ -238,7 +284,7 @@ def _dry_run(ctx: StageContext) -> dict[str, Any]:
 STAGE = Stage(
     name="package",
     deps=("export", "build", "evaluate"),
-    config_groups=("package", "quant", "build"),  # the manifest records quant recipe and build knobs
+    config_groups=("package", "quant", "parallel", "build"),  # the manifest records quant recipe and build knobs
     libraries=LIBRARIES,
     run=package,
     version="1",
