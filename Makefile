@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 STAMP := $(VENV)/.installed
 SERVE_STAMP := $(SERVE_VENV)/.installed
 
-.PHONY: env serve-env run test style lint bench serve plan doctor clean
+.PHONY: env serve-env run test style typecheck lint bench serve plan doctor clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,31 +39,38 @@ serve-env: $(SERVE_STAMP)
 run: env serve-env
 	$(PIPELINE) $(ARGS)
 
-# The linter and formatter check run first (settings in pyproject.toml [tool.ruff]); then the suite.
-test: env serve-env style
+# The linter, the formatter check (pyproject.toml [tool.ruff]) and the type checker ([tool.mypy], zero errors) run
+# first; then the suite.
+test: env serve-env style typecheck
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 style: env
 	$(PY) -m ruff check pipeline tests
 	$(PY) -m ruff format --check pipeline tests
 
-# style + the type checker ([tool.mypy]). mypy still reports errors in some modules (see README, Development), so it
-# is not yet part of `make test`.
-lint: style
+typecheck: env
 	$(PY) -m mypy pipeline
+
+lint: style typecheck
 
 # The standard benchmarks (docs/benchmark.md), int4 engines on onnxruntime_genai:
 # 1. the default model: engine in-process, Triton over gRPC streaming, transformers baseline -> bench/results/default.*
 # 2. the 80M memory-bound Llama shape (deterministic random weights, generated here, gitignored): engine, onnxruntime-genai's
 #    own int4 build of the same checkpoint, Triton -> bench/results/llama80m.*. Random weights make its release gate
-#    meaningless: it is run and reported, and its exit code 3 (gate failed) is accepted; any other failure stops make.
+#    meaningless: it is run and reported, and its exit code 3 (gate failed) is accepted as long as the benchmark itself
+#    wrote its results (checked against a stamp); any other failure stops make. Random weights also give near-tied
+#    logits, so a batched (evaluate) and a single-request (served) decode part ways after tens of tokens: the serving
+#    parity check is off for this shape (package.parity=false, recorded) and runs on the default model.
 # Then both reports (tables + target ratios, met or not) are printed.
 BENCH_80M ?= bench/models/llama80m
 bench: env serve-env
 	$(PIPELINE) stages=[benchmark] quant=int4_awq target=onnxruntime_genai benchmark=default $(ARGS)
 	$(PY) -m pipeline.bench.shapes llama80m $(BENCH_80M)
+	@touch $(BENCH_80M).stamp
 	$(PIPELINE) stages=[benchmark] model.path=$(BENCH_80M) model.name=llama80m quant=int4_awq target=onnxruntime_genai \
-	  benchmark=llama80m calibration.calib_size=16 calibration.min_samples=16 calibration.calib_max_seq_length=64 eval.limit=16 package.allow_failed_gate=true $(ARGS) || [ $$? -eq 3 ]
+	  benchmark=llama80m calibration.calib_size=16 calibration.min_samples=16 calibration.calib_max_seq_length=64 eval.limit=16 \
+	  package.allow_failed_gate=true package.parity=false $(ARGS) || [ $$? -eq 3 ]
+	@test bench/results/llama80m.json -nt $(BENCH_80M).stamp || { echo "make bench: the llama80m benchmark wrote no results (see above)" >&2; exit 1; }
 	$(PIPELINE) benchmark show bench/results/default.json
 	$(PIPELINE) benchmark show bench/results/llama80m.json
 
