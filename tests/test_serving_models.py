@@ -65,3 +65,106 @@ def test_python_text_model_config_has_the_ensembles_interface():
     assert [i.name for i in e.input] == [i.name for i in cfg.input][: len(e.input)] and cfg.input[-1].name == "num_draft_tokens"
     assert [o.name for o in e.output] == [o.name for o in cfg.output]
     assert not cfg.HasField("ensemble_scheduling") and cfg.platform == ""
+
+
+class _FakeResponseSender:
+    """Triton's response sender as the Python backend hands it to a decoupled model: records what is sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[object, int]] = []
+
+    def send(self, response=None, flags: int = 0) -> None:
+        self.sent.append((response, flags))
+
+
+def _fake_pb_utils():
+    """The slice of ``triton_python_backend_utils`` the response path uses (tensors keep their numpy arrays)."""
+
+    class Tensor:
+        def __init__(self, name, arr):
+            self.name, self.arr = name, arr
+
+    class InferenceResponse:
+        def __init__(self, output_tensors, error=None):
+            self.outputs = {t.name: t.arr for t in output_tensors}
+            self.error = error
+
+    return SimpleNamespace(Tensor=Tensor, InferenceResponse=InferenceResponse, TritonError=str, TRITONSERVER_RESPONSE_COMPLETE_FINAL=1)
+
+
+def _sent_by_model(coalesce: bool, stream: list[tuple[str, list[int], str, bool]]):
+    """Queue streamed responses through the real ``_send``/``_sender`` of the CPU model before its sender runs, so
+    every one of them is waiting when it starts (a server that fell behind); returns what each request received."""
+    import queue
+
+    mod = _load("onnxruntime_genai_model")
+    mod.pb_utils = _fake_pb_utils()
+    m = object.__new__(mod.TritonPythonModel)
+    m.outbox, m.coalesce, m.eos_ids, m.text = queue.SimpleQueue(), coalesce, {2}, True
+    m.outputs = {"output_ids", "sequence_length", "text_output"}
+    m.logger = SimpleNamespace(log_warn=lambda msg: (_ for _ in ()).throw(AssertionError(msg)))
+    senders, jobs = {}, {}
+    for name, ids, text, final in stream:
+        if name not in jobs:
+            senders[name] = _FakeResponseSender()
+            g = mod.Group(sender=senders[name], request_id=name, size=1, open=1)
+            jobs[name] = mod.Job(g, 0, [1], 8, True, True, None, [], False, 1, 0.0, 1.0, None, 0, None, False, {"text_output"})
+        m._send(jobs[name], ids, text, final=final)
+    m.outbox.put(None)
+    m._sender()
+    return {
+        name: [
+            (r.outputs["output_ids"].tolist(), int(r.outputs["sequence_length"][0][0]), r.outputs["text_output"][0].decode(), f)
+            for r, f in s.sent
+        ]
+        for name, s in senders.items()
+    }
+
+
+STREAM = [
+    ("a", [5], "he", False),
+    ("b", [7], "x", False),
+    ("a", [6], "llo", False),
+    ("a", [9], "!", True),
+    ("b", [8], "y", True),
+]
+
+
+def test_queued_stream_tokens_leave_as_one_response_per_request():
+    got = _sent_by_model(True, STREAM)
+    # request a: three queued tokens, one response carrying all three and the FINAL flag; b likewise with two
+    assert got["a"] == [([[[5, 6, 9]]], 3, "hello!", 1)]
+    assert got["b"] == [([[[7, 8]]], 2, "xy", 1)]
+
+
+def test_stream_coalescing_off_sends_one_response_per_token():
+    got = _sent_by_model(False, STREAM)
+    assert got["a"] == [([[[5]]], 1, "he", 0), ([[[6]]], 1, "llo", 0), ([[[9]]], 1, "!", 1)]
+    assert got["b"] == [([[[7]]], 1, "x", 0), ([[[8]]], 1, "y", 1)]
+
+
+def test_coalesce_keeps_each_requests_order_and_never_joins_across_a_final_or_another_prompt():
+    mod = _load("onnxruntime_genai_model")
+    g1, g2 = object(), object()
+    j1, j2, j3 = object(), object(), object()  # j1, j2: two prompts of request g1; j3: request g2
+    D = mod.Delta
+    items = [
+        (g1, D(j1, [1], "a"), 0),
+        (g1, D(j2, [2], "b"), 0),  # another prompt of the same request: not joined to j1
+        (g1, D(j1, [3], "c"), 0),  # j1 again after j2's item: kept apart (order within the request)
+        (g2, D(j3, [4], "d"), 0),
+        (g2, D(j3, [5], "e"), 1),  # joined into j3's first item, FINAL kept
+        (g2, D(j3, [6], "f"), 0),  # after a FINAL item: never joined
+        (g1, "built", 0),  # a built response (log probs, perf metrics) ends the run
+        (g1, D(j1, [7], "g"), 0),
+    ]
+    out = mod.coalesce(items)
+    assert [(g, r if isinstance(r, str) else (r.job, r.ids, r.text), f) for g, r, f in out] == [
+        (g1, (j1, [1], "a"), 0),
+        (g1, (j2, [2], "b"), 0),
+        (g1, (j1, [3], "c"), 0),
+        (g2, (j3, [4, 5], "de"), 1),
+        (g2, (j3, [6], "f"), 0),
+        (g1, "built", 0),
+        (g1, (j1, [7], "g"), 0),
+    ]

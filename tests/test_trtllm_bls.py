@@ -65,6 +65,7 @@ def served(tmp_path_factory, tiny_llama):
         exclude_input_in_output=True,
         instance_count=1,
         name="tiny",
+        stream_coalescing=False,  # the double streams one token per response, as TensorRT-LLM's backend does
     )
     # the TensorRT-LLM package as generated (its engine folder is placeholder test data, never loaded: replaced below)
     trt_engine = d / "trt_engine"

@@ -3,8 +3,8 @@
 
 Each in-flight request runs ``LLMClient.generate(stream=True)`` on its own worker thread (one client
 per thread, as the client documents). Token arrival times are the client's per-response receive
-times (taken on the gRPC callback thread); the served engine streams one response per generated
-token, so response *i* is token *i*. ``t_send`` is stamped before the prompt is rendered and sent,
+times (taken on the gRPC callback thread); a response adds as many token arrivals as its
+``sequence_length`` says (one per response unless the server joined queued tokens, ``package.stream_coalescing``). ``t_send`` is stamped before the prompt is rendered and sent,
 so TTFT includes everything a real client pays (rendering, stream setup, pre/postprocessing).
 """
 
@@ -96,10 +96,12 @@ class TritonBackend:
         res = c.generate(req.prompt, int(req.max_new_tokens), stream=True, chat=True, request_id=req.request_id, **extra)
         t_after = time.perf_counter()
         t0 = t_after - res.total_s  # the client's own send time, on the perf_counter clock
-        rec.token_times = [t0 + t for t in res.chunk_times_s]
+        counts = res.chunk_tokens if len(res.chunk_tokens) == len(res.chunks) else [None] * len(res.chunks)
+        # a response carrying k tokens (queued tokens joined by the server) adds k arrivals at its receive time
+        rec.token_times = [t0 + t for t, k in zip(res.chunk_times_s, counts) for _ in range(1 if k is None else k)]
         rec.t_done = t_after
-        rec.reported_output_len = len(res.chunks)
-        rec.finish_reason = "length" if len(res.chunks) >= req.max_new_tokens else "eos"
+        rec.reported_output_len = len(rec.token_times)
+        rec.finish_reason = "length" if rec.reported_output_len >= req.max_new_tokens else "eos"
 
     async def submit(self, req: BenchRequest, rec: RequestRecord) -> None:
         loop = asyncio.get_running_loop()

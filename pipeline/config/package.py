@@ -29,6 +29,11 @@ class PackageConfig:
     exclude_input_in_output: bool = True
     """Return only the generated text, not the prompt echoed before it (Triton TensorRT-LLM backend
     ``exclude_input_in_output``)."""
+    stream_coalescing: bool = True
+    """onnxruntime_genai target, streaming: tokens of one request that queued up while the server was busy sending
+    leave as one response (``sequence_length`` = their count) instead of one response each. Nothing waits for it: a
+    server that keeps up still sends one token per response. ``false`` = always one token per response. The
+    TensorRT-LLM backend sends what its executor returns (several tokens per response with speculative decoding)."""
     instance_count: int = 1
     """CPU instances of the pre/postprocessing and BLS Python models (Triton ``instance_group`` count)."""
     allow_failed_gate: bool = False

@@ -103,6 +103,7 @@ class Settings:
     served_max_beam_width: int | None = None
     decoupled: bool = True
     exclude_input_in_output: bool = True
+    stream_coalescing: bool = True
     instance_count: int = 1
     bos_id: int | None = None
     end_id: int = -1
@@ -174,6 +175,7 @@ def settings_from_build(
         served_max_beam_width=getattr(package_cfg, "max_beam_width", None),
         decoupled=bool(package_cfg.decoupled),
         exclude_input_in_output=bool(package_cfg.exclude_input_in_output),
+        stream_coalescing=bool(getattr(package_cfg, "stream_coalescing", True)),
         instance_count=int(package_cfg.instance_count),
         bos_id=model_info.get("bos_token_id"),
         end_id=end_id,
@@ -287,6 +289,7 @@ def template_values(s: Settings) -> dict[str, Any]:
         "max_num_tokens": s.max_num_tokens,
         "max_beam_width": s.served_max_beam_width or s.max_beam_width,
         "exclude_input_in_output": s.exclude_input_in_output,
+        "stream_coalescing": s.stream_coalescing,
         "execution_provider": s.execution_provider,
         "preprocessing_instance_count": s.instance_count,
         "postprocessing_instance_count": s.instance_count,
@@ -435,6 +438,7 @@ def _write_ort_text_models(out: Path, settings: Settings, vals: dict[str, Any]) 
         "max_seq_len": vals["max_seq_len"],
         "max_beam_width": vals["max_beam_width"],
         "exclude_input_in_output": vals["exclude_input_in_output"],
+        "stream_coalescing": vals["stream_coalescing"],
         "skip_special_tokens": "true",
     }
 

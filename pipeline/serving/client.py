@@ -104,6 +104,8 @@ class GenerateResult:
         cancelled: the request was cancelled by the caller.
         n_tokens: generated token ids (the deployment's ``sequence_length`` summed over responses, first beam); None
             when the served model has no ``sequence_length`` output (packages made before it was added).
+        chunk_tokens: token ids each response of ``chunks`` carried (its ``sequence_length``; several when the server
+            joined queued tokens or speculative decoding accepted several); None entries when the model does not say.
     """
 
     text: str
@@ -113,6 +115,7 @@ class GenerateResult:
     request_id: str
     cancelled: bool = False
     n_tokens: int | None = None
+    chunk_tokens: list[int | None] = dataclasses.field(default_factory=list)
 
 
 def _np_dtype(triton_dtype: str) -> Any:
@@ -330,6 +333,7 @@ class LLMClient:
         chunks: list[str] = []
         times: list[float] = []
         counts: list[int | None] = []
+        chunk_counts: list[int | None] = []
         t0 = time.perf_counter()
         cancelled = False
         failed: PipelineError | None = None
@@ -360,11 +364,13 @@ class LLMClient:
                 resp = result.get_response()
                 final = resp.parameters.get("triton_final_response")
                 is_final = bool(final.bool_param) if final is not None else False
-                if any(o.name == "sequence_length" for o in resp.outputs):
-                    counts.append(_n_tokens(result))
+                count = _n_tokens(result) if any(o.name == "sequence_length" for o in resp.outputs) else None
+                if count is not None:
+                    counts.append(count)
                 if any(o.name == "text_output" for o in resp.outputs):
                     chunk = _text(result)
                     chunks.append(chunk)
+                    chunk_counts.append(count)
                     times.append(t - t0)
                     if on_chunk:
                         on_chunk(chunk, t - t0)
@@ -377,7 +383,9 @@ class LLMClient:
         if failed is not None:
             raise failed
         n_tok = sum(c for c in counts if c is not None) if counts and "sequence_length" in self.outputs else None
-        return GenerateResult("".join(chunks), chunks, times, time.perf_counter() - t0, rid, cancelled, n_tokens=n_tok)
+        return GenerateResult(
+            "".join(chunks), chunks, times, time.perf_counter() - t0, rid, cancelled, n_tokens=n_tok, chunk_tokens=chunk_counts
+        )
 
     def close(self) -> None:
         self.client.close()

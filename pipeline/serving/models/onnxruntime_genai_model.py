@@ -24,11 +24,15 @@ Several prompts in one request (``input_ids`` [N, L], ``input_lengths`` [N, 1], 
 prompt becomes its own engine request; each response carries its ``batch_index``; the request's FINAL flag is sent
 with the last prompt's last response (decoupled mode only, as TensorRT-LLM's backend requires).
 
-Streaming (decoupled): one response per generated token; ``output_ids`` holds that token only (TensorRT-LLM's
+Streaming (decoupled): one response per generated token; ``output_ids`` holds the new token only (TensorRT-LLM's
 streaming convention) and ``text_output`` the text it completes, from an incremental detokenizer (constant work per
 token, never a re-decode of the whole sequence: ``TextCodec.stream_decoder`` of ``pipeline/tokenization.py``, copied next
 to this file; a multi-byte or byte-fallback character is emitted once all its bytes arrived, so the joined stream
-equals the non-streamed text).
+equals the non-streamed text).  When the server falls behind the engine (high concurrency on a small model), the
+tokens of one prompt that queued up meanwhile leave as ONE response (``output_ids`` [1, 1, k], ``sequence_length``
+k, their text): no token waits for this, it only saves a round trip per token under load (``stream_coalescing``
+parameter, ``package.stream_coalescing``; TensorRT-LLM streams several tokens per response too, when speculative
+decoding accepts several in a step).
 
 Decoding is greedy unless the request asks for sampling (``runtime_top_k`` > 1 or ``runtime_top_p`` > 0 with
 ``temperature`` > 0), the TensorRT-LLM convention.  Inputs the engine cannot honour (presence/frequency penalties,
@@ -42,8 +46,10 @@ step per engine-loop turn, cancellation checked before each step.  Extra outputs
 ``_generator_steps``).
 
 Concurrency: ``execute`` only validates and queues; one background thread owns the ``og.Engine`` (admits requests,
-calls ``engine.run`` step by step, dispatches token events, checks cancellation at most every 5 ms per request).  If the engine itself
-raises, the requests in flight fail with the reason and the engine is rebuilt before the next request.
+calls ``engine.run`` step by step, dispatches token events, ends cancelled requests before the next step).  A second
+thread sends the responses in order and polls ``is_cancelled()`` for the running requests at most every 5 ms (a
+round trip to the server, kept off the engine thread).  If the engine itself raises, the requests in flight fail with
+the reason and the engine is rebuilt before the next request.
 """
 
 from __future__ import annotations
@@ -65,7 +71,7 @@ except ImportError:  # pragma: no cover - importable for unit tests of the pure 
     pb_utils = None
 
 FLAG_TOKEN, FLAG_TURN_FINISHED, FLAG_FAILED = 1, 2, 8  # og.EngineEventFlags (0.18); re-read from og in initialize()
-CANCEL_POLL_S = 0.005  # is_cancelled() is a round trip to the server; once per 5 ms per request, not per step
+CANCEL_POLL_S = 0.005  # is_cancelled() is a round trip to the server: once per 5 ms per request, on the sender thread
 
 # Inputs the engine cannot honour: a request that sets them to a non-default value gets a clear error.
 _UNSUPPORTED = {
@@ -158,7 +164,7 @@ class Group:
     size: int
     open: int
     cancelled: bool = False
-    polled: float = 0.0  # time.monotonic() of the last is_cancelled() round trip to the server
+    gone: bool = False  # the client cancelled or vanished (set by the sender thread's is_cancelled() polls)
 
 
 @dataclass
@@ -192,6 +198,40 @@ class Job:
     log_probs: bool = False  # return_log_probs
     logps: list[float] = field(default_factory=list)  # log prob of each generated token (greedy/sampled Generator path)
     steps: Any = None  # the Generator path's step iterator (None: the job runs on og.Engine)
+
+
+@dataclass
+class Delta:
+    """A streamed response not built yet: the token ids one prompt generated since its last response and their text."""
+
+    job: Job
+    ids: list[int]
+    text: str
+
+
+def coalesce(items: list[tuple[Any, Any, int]]) -> list[tuple[Any, Any, int]]:
+    """Join queued streamed deltas of the same prompt into one response, keeping every request's order.
+
+    ``items``: ``(group, response, flags)`` in send order; a :class:`Delta` is joined to the previous item of its
+    request when that item is a non-final :class:`Delta` of the same prompt (ids and text concatenated, the later
+    flags kept). Any other item (a built response, a flags-only FINAL, an error) is kept as it is and ends the run.
+    Several tokens in one streamed response is what TensorRT-LLM sends when speculative decoding accepts several
+    tokens in a step; a client reads ``sequence_length`` for their count.
+    """
+    out: list[tuple[Any, Any, int]] = []
+    last: dict[int, int] = {}  # id(group) -> index in out of that request's latest item
+    for g, response, flags in items:
+        i = last.get(id(g))
+        if isinstance(response, Delta) and i is not None:
+            _, prev, prev_flags = out[i]
+            if isinstance(prev, Delta) and prev.job is response.job and prev_flags == 0:
+                prev.ids.extend(response.ids)
+                prev.text += response.text
+                out[i] = (g, prev, flags)
+                continue
+        last[id(g)] = len(out)
+        out.append((g, response, flags))
+    return out
 
 
 class TritonPythonModel:
@@ -230,6 +270,7 @@ class TritonPythonModel:
         self.logger = pb_utils.Logger
         self.engine_dir = engine_dir
         self.buffer_size = int(params.get("event_buffer_size") or 256)
+        self.coalesce = params.get("stream_coalescing", "true").lower() in ("1", "true", "yes")  # package.stream_coalescing
         tok_dir = params.get("tokenizer_dir") or "tokenizer"
         if not os.path.isabs(tok_dir):
             tok_dir = os.path.join(version_dir, tok_dir)
@@ -799,10 +840,7 @@ class TritonPythonModel:
         """Advance every Generator-path job by one step; cancellation is checked before each step."""
         for job in list(self.gen_jobs):
             g = job.group
-            try:
-                gone = g.sender.is_cancelled()
-            except Exception:
-                gone = True
+            gone = g.gone
             if gone and not g.cancelled:
                 g.cancelled = True
                 self.logger.log_info(f"request {g.request_id or '-'} cancelled by the client after {len(job.tokens)} generated token(s)")
@@ -833,22 +871,16 @@ class TritonPythonModel:
             self.logger.log_info(f"request {request_id} stopped by a stop request")
 
     def _poll_cancellations(self) -> None:
-        """Once per engine step: a cancelled or vanished client stops its request before the next step."""
+        """Once per engine step: a cancelled or vanished client (``Group.gone``, polled by the sender thread) or a stop
+        request (``Group.cancelled``) stops its request before the next step."""
         seen: set[int] = set()
-        now = time.monotonic()
         for job in list(self.active.values()):
             g = job.group
             if id(g) in seen:
                 continue
             seen.add(id(g))
-            gone = False
-            if now - g.polled >= CANCEL_POLL_S:
-                g.polled = now
-                try:
-                    gone = g.sender.is_cancelled()
-                except Exception:
-                    gone = True
-            elif not g.cancelled:
+            gone = g.gone
+            if not (gone or g.cancelled):
                 continue
             if not g.cancelled and gone:
                 g.cancelled = True
@@ -975,19 +1007,55 @@ class TritonPythonModel:
 
     def _sender(self) -> None:
         """``g.sender.send`` for each queued response, in queue order (so each request's responses stay in order); a
-        sender whose client vanished may refuse: log it and go on. Ends at the ``None`` that :meth:`finalize` queues."""
+        sender whose client vanished may refuse: log it and go on. Ends at the ``None`` that :meth:`finalize` queues.
+
+        Streamed deltas (:class:`Delta`) that queued up while the previous sends were under way are joined per
+        prompt by :func:`coalesce` when ``stream_coalescing`` is on: one response then carries several tokens. Nothing
+        waits for that to happen, so a server that keeps up still sends one response per token.  Between batches, at
+        most every ``CANCEL_POLL_S``, it polls the clients of the running requests (:meth:`_poll_clients`)."""
+        polled = 0.0
         while True:
-            item = self.outbox.get()
-            if item is None:
-                return
-            g, response, flags = item
-            try:
-                if response is None:
-                    g.sender.send(flags=flags)
+            items: list[tuple[Group, Any, int]] = []
+            done = False
+            while not done:
+                try:
+                    item = self.outbox.get(timeout=CANCEL_POLL_S) if not items else self.outbox.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    done = True
                 else:
-                    g.sender.send(response, flags=flags)
-            except Exception as e:
-                self.logger.log_warn(f"request {g.request_id or '-'}: response not delivered ({e})")
+                    items.append(item)
+            for g, response, flags in coalesce(items) if self.coalesce else items:
+                try:
+                    if isinstance(response, Delta):
+                        try:
+                            response = self._response(response.job, response.ids, response.text)
+                        except Exception as e:  # answer the request with the reason rather than leave it waiting
+                            response = pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(f"onnxruntime_genai: {e}"))
+                    if response is None:
+                        g.sender.send(flags=flags)
+                    else:
+                        g.sender.send(response, flags=flags)
+                except Exception as e:
+                    self.logger.log_warn(f"request {g.request_id or '-'}: response not delivered ({e})")
+            if done:
+                return
+            if time.monotonic() - polled >= CANCEL_POLL_S:
+                polled = time.monotonic()
+                self._poll_clients()
+
+    def _poll_clients(self) -> None:
+        """Sender thread: ask the server whether the client of each running request cancelled or vanished
+        (``is_cancelled()``, a stub->server round trip, so off the engine thread); the engine acts on ``Group.gone``."""
+        groups = {id(j.group): j.group for j in [*list(self.active.values()), *list(self.gen_jobs)]}
+        for g in groups.values():
+            if g.gone:
+                continue
+            try:
+                g.gone = bool(g.sender.is_cancelled())
+            except Exception:
+                g.gone = True
 
     @staticmethod
     def _close(job: Job) -> None:
@@ -1011,6 +1079,14 @@ class TritonPythonModel:
         (padded with 0.0) and ``cum_log_probs`` FP32 [1, beams] (the sum over every token generated so far, streamed or
         not).
         """
+        if job.streaming and logps is None and not job.perf and not (ids and isinstance(ids[0], list)):
+            # the common streamed delta: built by the sender thread, which may join it with the next ones (_sender)
+            self._emit(job.group, Delta(job, [int(t) for t in ids], str(text)), self._settle(job, final))  # type: ignore[arg-type]
+            return
+        self._emit(job.group, self._response(job, ids, text, logps), self._settle(job, final))
+
+    def _response(self, job: Job, ids: list[int] | list[list[int]], text: str | list[str], logps: list[list[float]] | None = None) -> Any:
+        """The ``InferenceResponse`` of :meth:`_send` (shapes in its docstring)."""
         seqs = ids if ids and isinstance(ids[0], list) else [ids]
         texts = text if isinstance(text, list) else [text]
         lens = [len(x) for x in seqs]
@@ -1065,13 +1141,17 @@ class TritonPythonModel:
                     outs.append(pb_utils.Tensor(name, np.zeros((1, 1), np.int32)))
             if "acceptance_rate" in req:
                 outs.append(pb_utils.Tensor("acceptance_rate", np.zeros((1, 1), np.float32)))
+        return pb_utils.InferenceResponse(output_tensors=outs)
+
+    def _settle(self, job: Job, final: bool) -> int:
+        """Count a final response of ``job``; the response flags (FINAL once the request's last prompt is done)."""
         g = job.group
         last = False
         if final and not job.done:
             job.done = True
             g.open -= 1
             last = g.open == 0
-        self._emit(g, pb_utils.InferenceResponse(output_tensors=outs), pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if last else 0)
+        return pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if last else 0
 
     def finalize(self) -> None:
         self._stop.set()
