@@ -134,6 +134,56 @@ def test_sigterm_stops_serve_cleanly_with_exit_0(package, tmp_path):
             proc.kill()
 
 
+def _children(pid: int) -> list[int]:
+    """Pids whose parent is ``pid`` (from /proc)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(d.name))
+    return out
+
+
+def test_kill_9_of_serve_takes_the_triton_server_down_with_it(package, tmp_path):
+    """A CI runner ending a job, or ``kill -9``, ends ``pipeline serve`` without its clean stop: the Triton server it
+    started (in a session of its own) gets SIGTERM from the kernel (parent-death signal) and exits, freeing its ports."""
+    import contextlib
+    import os
+    import shutil
+    import time
+
+    if shutil.which("setpriv") is None:
+        pytest.skip("util-linux setpriv missing: the parent-death signal is not set")
+    proc, head = start_cli_server(package, tmp_path)
+    try:
+        assert "ready:" in head, head
+        servers = [c for c in _children(proc.pid) if b"tritonserver" in Path(f"/proc/{c}/cmdline").read_bytes()]
+        assert len(servers) == 1, servers
+        proc.kill()
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and Path(f"/proc/{servers[0]}").exists():
+            time.sleep(0.2)
+            try:  # reap it if it became ours (it is re-parented to init or a subreaper, not to this test)
+                os.waitpid(servers[0], os.WNOHANG)
+            except ChildProcessError:
+                pass
+        state = (
+            Path(f"/proc/{servers[0]}/stat").read_text().rsplit(")", 1)[1].split()[0] if Path(f"/proc/{servers[0]}").exists() else "gone"
+        )
+        assert state in ("gone", "Z"), f"tritonserver {servers[0]} still running ({state}) after its parent was killed"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in servers if "servers" in locals() else []:  # a failed run leaves no server behind
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+
+
 def test_client_does_not_cancel_a_stream_the_server_already_answered(package, tmp_path):
     """``LLMClient`` closes the stream of a request the server refused without cancelling it, so Triton 2.51 leaks
     nothing and stops on its own (no ``stop_note``: nothing had to be ended for it).  The old client cancelled such a

@@ -32,6 +32,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import weakref
 from collections.abc import Iterable, Sequence
@@ -225,6 +226,21 @@ def leaked_models(shutdown_log: str) -> list[str]:
     return sorted(name for name, _ in listed)
 
 
+def _parent_death_prefix() -> list[str]:
+    """``setpriv --pdeathsig TERM --`` (util-linux) when it is installed and this is the main thread, else ``[]``.
+
+    The server runs in its own session (``start_new_session``: a Ctrl-C in the terminal reaches this process, which
+    stops the server in order), so a kill of this process's group (``kill -9``, a CI runner ending a job) does not reach
+    it. With the parent-death signal (Linux ``prctl(PR_SET_PDEATHSIG)``, kept across ``exec``) the kernel sends the
+    server SIGTERM when its parent dies however it dies, and Triton shuts down as on any SIGTERM. The signal follows the
+    parent *thread*, so it is set only when the server is started from the main thread (one that lives as long as
+    the process)."""
+    tool = shutil.which("setpriv")
+    if tool is None or threading.current_thread() is not threading.main_thread():
+        return []
+    return [tool, "--pdeathsig", "TERM", "--"]
+
+
 class TritonServer:
     """A running ``tritonserver`` process (context manager).
 
@@ -330,7 +346,7 @@ class TritonServer:
             self._log_file.write(("$ " + " ".join(self.command) + "\n").encode())
             self._log_file.flush()
             self.process = subprocess.Popen(
-                self.command,
+                [*_parent_death_prefix(), *self.command],
                 stdout=self._log_file,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
