@@ -181,32 +181,14 @@ def _print_trtllm_command(repo: Path, man: dict[str, Any], cfg: Any, openai: boo
 
     pc = cfg.package
     image = (man.get("serving") or {}).get("serving_image") or pc.serving_image or cfg.target.serving_image
+    grpc, http, metrics = pc.grpc_port or 8001, pc.http_port or 8000, pc.metrics_port or 8002
     if (repo / "tensorrt_llm" / "1" / "model.yaml").is_file():  # PyTorch backend (LLM API): NVIDIA's model.py needed
         print(llmapi_notice(image).split("\n\nOne command")[0] + "\n")
-        print(
-            "  "
-            + llmapi_command(
-                str(repo),
-                image,
-                grpc_port=pc.grpc_port or 8001,
-                http_port=pc.http_port or 8000,
-                metrics_port=pc.metrics_port or 8002,
-            )
-        )
+        print("  " + llmapi_command(str(repo), image, grpc_port=grpc, http_port=http, metrics_port=metrics))
         return 0
     print("TensorRT-LLM engines are served by the NGC Triton + TensorRT-LLM container on a GPU host:\n")
     ranks = len(list((repo / "tensorrt_llm" / "1" / "engine").glob("rank*.engine"))) or 1
-    print(
-        "  "
-        + ngc_command(
-            str(repo),
-            image,
-            grpc_port=pc.grpc_port or 8001,
-            http_port=pc.http_port or 8000,
-            metrics_port=pc.metrics_port or 8002,
-            world_size=ranks,
-        )
-    )
+    print("  " + ngc_command(str(repo), image, grpc_port=grpc, http_port=http, metrics_port=metrics, world_size=ranks))
     print("\n(the repository's absolute paths expect it mounted at /models, as the command does)")
     if openai:
         print(
