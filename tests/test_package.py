@@ -172,6 +172,9 @@ def test_ort_repository_parses_validates_and_matches_trtllm_ensemble_interface(t
         cfg = parse_config(repo / name / "config.pbtxt")
         assert cfg.backend == "python" and not cfg.HasField("ensemble_scheduling") and cfg.model_transaction_policy.decoupled
         assert (repo / name / "1" / "model.py").is_file() and (repo / name / "1" / "tokenization.py").is_file()
+    for name in ("ensemble", "tensorrt_llm_bls", "onnxruntime_genai"):  # package.stream_* reach every engine-running model
+        params = parse_config(repo / name / "config.pbtxt").parameters
+        assert (params["stream_interval"].string_value, params["stream_coalescing"].string_value) == ("1", "true"), name
 
 
 def test_trtllm_repository_fills_every_parameter_from_the_build(tmp_path):

@@ -168,3 +168,68 @@ def test_coalesce_keeps_each_requests_order_and_never_joins_across_a_final_or_an
         (g1, "built", 0),
         (g1, (j1, [7], "g"), 0),
     ]
+
+
+def _model_for_stream(interval: int):
+    """The CPU model with a recording response sender, coalescing off (so only ``stream_interval`` groups tokens)."""
+    import queue
+
+    mod = _load("onnxruntime_genai_model")
+    mod.pb_utils = _fake_pb_utils()
+    m = object.__new__(mod.TritonPythonModel)
+    m.outbox, m.coalesce, m.eos_ids, m.text, m.stream_interval = queue.SimpleQueue(), False, {2}, True, interval
+    m.outputs = {"output_ids", "sequence_length", "text_output"}
+    m.logger = SimpleNamespace(log_warn=lambda msg: (_ for _ in ()).throw(AssertionError(msg)))
+    sender = _FakeResponseSender()
+    g = mod.Group(sender=sender, request_id="r", size=1, open=1)
+    job = mod.Job(g, 0, [1], 8, True, True, None, [], False, 1, 0.0, 1.0, None, 0, None, False, {"text_output"})
+    return m, job, sender
+
+
+def _received(m, sender):
+    m.outbox.put(None)
+    m._sender()
+    return [(r.outputs["output_ids"].reshape(-1).tolist(), r.outputs["text_output"][0].decode(), f) for r, f in sender.sent]
+
+
+def test_stream_interval_sends_the_first_token_then_every_nth():
+    m, job, sender = _model_for_stream(3)
+    for i, tok in enumerate([11, 12, 13, 14, 15, 16, 17]):
+        job.tokens.append(tok)
+        m._stream(job, tok, chr(97 + i), None, last=tok == 17)
+    assert _received(m, sender) == [([11], "a", 0), ([12, 13, 14], "bcd", 0), ([15, 16, 17], "efg", 1)]
+
+
+def test_stream_interval_tokens_held_at_an_end_token_leave_with_the_final_response():
+    m, job, sender = _model_for_stream(4)
+    for i, tok in enumerate([11, 12, 13]):
+        job.tokens.append(tok)
+        m._stream(job, tok, chr(97 + i), None, last=False)
+    m._final_response(job)  # the engine produced the end token: nothing more comes
+    assert _received(m, sender) == [([11], "a", 0), ([12, 13], "bc", 1)]
+
+
+def test_stream_interval_is_validated_and_refused_on_the_tensorrt_llm_target():
+    import pytest
+
+    from pipeline.config import compose
+    from pipeline.config.package import validate
+    from pipeline.errors import InputError
+    from pipeline.packaging.repository import settings_from_build
+
+    bad = compose(["package.stream_interval=0"]).package
+    assert [p.field for p in validate(bad)] == ["package.stream_interval"]
+    pc = SimpleNamespace(
+        max_batch_size=None,
+        max_input_len=None,
+        max_beam_width=None,
+        decoupled=True,
+        exclude_input_in_output=True,
+        instance_count=1,
+        name="m",
+        stream_interval=4,
+    )
+    lim = {"max_batch_size": 8, "max_input_len": 64, "max_seq_len": 128}
+    assert settings_from_build({"target": "onnxruntime_genai", "limits": lim}, {"eos_token_ids": [2]}, pc).stream_interval == 4
+    with pytest.raises(InputError, match=r"package\.stream_interval=4: the TensorRT-LLM target streams every token"):
+        settings_from_build({"target": "tensorrt_llm", "limits": lim, "versions": {"tensorrt_llm": "1.2.1"}}, {"eos_token_ids": [2]}, pc)

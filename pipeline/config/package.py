@@ -34,6 +34,11 @@ class PackageConfig:
     leave as one response (``sequence_length`` = their count) instead of one response each. Nothing waits for it: a
     server that keeps up still sends one token per response. ``false`` = always one token per response. The
     TensorRT-LLM backend sends what its executor returns (several tokens per response with speculative decoding)."""
+    stream_interval: int = 1
+    """onnxruntime_genai target, streaming: after the first token (sent at once), one response per this many tokens
+    (and one for the last ones), each carrying the tokens since the previous one; 1 = every token. Fewer responses
+    cost less per token (Python backend IPC, gRPC, the client) and make the delivery coarser (SGLang/vLLM
+    ``stream_interval``). The TensorRT-LLM backend streams every token: a value other than 1 is refused there."""
     instance_count: int = 1
     """CPU instances of the pre/postprocessing and BLS Python models (Triton ``instance_group`` count)."""
     allow_failed_gate: bool = False
@@ -83,6 +88,8 @@ def validate(cfg: PackageConfig, prefix: str = "package") -> list[Problem]:
         problems.append(
             Problem(f"{prefix}.parity_sample", cfg.parity_sample, "must be >= 1.", "use 64, or package.parity=false to disable")
         )
+    if cfg.stream_interval < 1:
+        problems.append(Problem(f"{prefix}.stream_interval", cfg.stream_interval, "must be >= 1.", "use 1 (a response per token)"))
     if cfg.instance_count < 1:
         problems.append(Problem(f"{prefix}.instance_count", cfg.instance_count, "must be >= 1.", "use 1"))
     if not cfg.version or "/" in cfg.version or ".." in cfg.version:

@@ -104,6 +104,7 @@ class Settings:
     decoupled: bool = True
     exclude_input_in_output: bool = True
     stream_coalescing: bool = True
+    stream_interval: int = 1
     instance_count: int = 1
     bos_id: int | None = None
     end_id: int = -1
@@ -176,6 +177,7 @@ def settings_from_build(
         decoupled=bool(package_cfg.decoupled),
         exclude_input_in_output=bool(package_cfg.exclude_input_in_output),
         stream_coalescing=bool(getattr(package_cfg, "stream_coalescing", True)),
+        stream_interval=int(getattr(package_cfg, "stream_interval", 1)),
         instance_count=int(package_cfg.instance_count),
         bos_id=model_info.get("bos_token_id"),
         end_id=end_id,
@@ -290,6 +292,7 @@ def template_values(s: Settings) -> dict[str, Any]:
         "max_beam_width": s.served_max_beam_width or s.max_beam_width,
         "exclude_input_in_output": s.exclude_input_in_output,
         "stream_coalescing": s.stream_coalescing,
+        "stream_interval": s.stream_interval,
         "execution_provider": s.execution_provider,
         "preprocessing_instance_count": s.instance_count,
         "postprocessing_instance_count": s.instance_count,
@@ -439,6 +442,7 @@ def _write_ort_text_models(out: Path, settings: Settings, vals: dict[str, Any]) 
         "max_beam_width": vals["max_beam_width"],
         "exclude_input_in_output": vals["exclude_input_in_output"],
         "stream_coalescing": vals["stream_coalescing"],
+        "stream_interval": vals["stream_interval"],
         "skip_special_tokens": "true",
     }
 

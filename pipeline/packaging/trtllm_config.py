@@ -221,6 +221,11 @@ def template_values(s: Any) -> dict[str, Any]:
 
 def plan(s: Any, build_info: dict[str, Any], package_cfg: Any, build_cfg: Any = None, target_cfg: Any = None) -> dict[str, Any]:
     """What :func:`pipeline.packaging.repository.settings_from_build` stores in ``Settings.trtllm``."""
+    if s.stream_interval != 1:
+        raise InputError(
+            f"package.stream_interval={s.stream_interval}: the TensorRT-LLM target streams every token (the Triton "
+            f"TensorRT-LLM backend has no stream interval; the setting is the CPU target's). Fix: remove it (1)."
+        )
     if s.backend == "pytorch":
         image = (
             getattr(package_cfg, "serving_image", None)

@@ -198,6 +198,9 @@ class Job:
     log_probs: bool = False  # return_log_probs
     logps: list[float] = field(default_factory=list)  # log prob of each generated token (greedy/sampled Generator path)
     steps: Any = None  # the Generator path's step iterator (None: the job runs on og.Engine)
+    held_ids: list[int] = field(default_factory=list)  # streamed tokens not sent yet (stream_interval)
+    held_text: str = ""
+    held_logps: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -271,6 +274,7 @@ class TritonPythonModel:
         self.engine_dir = engine_dir
         self.buffer_size = int(params.get("event_buffer_size") or 256)
         self.coalesce = params.get("stream_coalescing", "true").lower() in ("1", "true", "yes")  # package.stream_coalescing
+        self.stream_interval = max(1, int(params.get("stream_interval") or 1))  # package.stream_interval
         tok_dir = params.get("tokenizer_dir") or "tokenizer"
         if not os.path.isabs(tok_dir):
             tok_dir = os.path.join(version_dir, tok_dir)
@@ -797,7 +801,7 @@ class TritonPythonModel:
                     last = stop or len(job.tokens) >= job.max_new_tokens
                     if last:
                         piece += job.decoder.flush() if job.decoder is not None else ""
-                    self._send(job, [tok], piece, final=last, logps=[[lp]] if lp is not None else None)
+                    self._stream(job, tok, piece, lp, last=last)
                     if last:
                         return
                 if stop:
@@ -935,10 +939,10 @@ class TritonPythonModel:
                 if job.streaming:
                     if finished:
                         piece += job.decoder.flush() if job.decoder is not None else ""
-                        self._send(job, [tok], piece, final=True)
+                        self._stream(job, tok, piece, None, last=True)
                         self._end(job, turn_done)
                         return
-                    self._send(job, [tok], piece, final=False)
+                    self._stream(job, tok, piece, None, last=False)
         if finished:
             self._finish(job, turn_done)
 
@@ -958,9 +962,24 @@ class TritonPythonModel:
         else:
             self._final_response(job)
 
+    def _stream(self, job: Job, tok: int, piece: str, lp: float | None, *, last: bool) -> None:
+        """A streamed token: sent at once when it is the first or completes ``stream_interval`` held tokens (or is the
+        last), else held; a response carries every token held since the previous one."""
+        job.held_ids.append(tok)
+        job.held_text += piece
+        if lp is not None:
+            job.held_logps.append(lp)
+        if last or len(job.tokens) == 1 or len(job.held_ids) >= self.stream_interval:
+            ids, text, logps = job.held_ids, job.held_text, job.held_logps
+            job.held_ids, job.held_text, job.held_logps = [], "", []
+            self._send(job, ids, text, final=last, logps=[logps] if job.log_probs else None)
+
     def _final_response(self, job: Job) -> None:
-        if job.streaming:
-            self._send(job, [], job.decoder.flush() if job.decoder is not None else "", final=True, logps=[[]] if job.log_probs else None)
+        if job.streaming:  # the held tokens (stream_interval) and what the detokenizer still holds
+            ids, text, logps = job.held_ids, job.held_text, job.held_logps
+            job.held_ids, job.held_text, job.held_logps = [], "", []
+            text += job.decoder.flush() if job.decoder is not None else ""
+            self._send(job, ids, text, final=True, logps=[logps] if job.log_probs else None)
         else:
             ids = job.tokens if job.exclude_input else job.input_ids + job.tokens
             self._send(
