@@ -134,7 +134,26 @@ def cache_key(document: Mapping[str, Any]) -> str:
 
 
 # --------------------------------------------------------------------------- secrets
-_SECRET_KEY_RE = re.compile(r"(token|secret|password|passwd|api[_-]?key|credential|auth)", re.I)
+_SECRET_WORDS = {"token", "secret", "secrets", "password", "passwd", "apikey", "credential", "credentials", "auth", "authorization"}
+_SPECIAL_TOKEN_WORDS = {"bos", "eos", "pad", "unk", "sep", "cls", "mask", "end", "start", "stop", "special", "additional"}
+
+
+def is_secret_key(key: str) -> bool:
+    """Whether a key or variable name names a secret: one of its words (split at ``_ - . /`` and spaces, any case)
+    is ``token``, ``secret``, ``password``, ``auth``, ... or the pair ``api key`` (``HF_TOKEN``, ``access_token``,
+    ``X-Api-Key``, ``db.password``).  Not: words that only contain one (``tokenizer.json``, ``tokenization.py``,
+    ``tokenizers``, ``max_tokens``), token ids (``bos_token_id``, ``*_ids``) and special-token names (``pad_token``)."""
+    words = [w for w in re.split(r"[^a-z0-9]+", key.lower()) if w]
+    if not words or words[-1] in ("id", "ids"):
+        return False
+    for i, w in enumerate(words):
+        if w in _SECRET_WORDS and not (w == "token" and i > 0 and words[i - 1] in _SPECIAL_TOKEN_WORDS):
+            return True
+        if w == "api" and i + 1 < len(words) and words[i + 1] == "key":
+            return True
+    return False
+
+
 _SECRET_VALUE_RE = re.compile(r"(hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9]{20,}|nvapi-[A-Za-z0-9_-]{20,}|ghp_[A-Za-z0-9]{20,})")
 
 
@@ -142,7 +161,7 @@ REDACTED = "***redacted***"
 
 
 def _env_secrets() -> set[str]:
-    return {v for k, v in os.environ.items() if _SECRET_KEY_RE.search(k) and len(v) >= 8}
+    return {v for k, v in os.environ.items() if is_secret_key(k) and len(v) >= 8}
 
 
 def redact_text(text: str) -> str:
@@ -170,7 +189,7 @@ def redact(obj: Any) -> Any:
         if isinstance(o, (list, tuple)):
             return [_r(v, key) for v in o]
         if isinstance(o, str):
-            if key and _SECRET_KEY_RE.search(key) and o and not key.endswith(("_id", "_ids", "tokens", "_token_id")):
+            if key and o and is_secret_key(key):
                 return REDACTED
             return redact_text(o)
         return o

@@ -82,6 +82,37 @@ def test_planted_secret_appears_in_no_produced_file(tiny_llama, tmp_path):
     assert "${oc.env:HF_TOKEN}" in (run / ".hydra" / "config.yaml").read_text()  # the escaped override stayed literal
     assert "redacted" in (pkg / "release_manifest.json").read_text()
     assert "secret-looking value" in p.stdout  # the user is told, not silently changed
+    # ...and nothing that is not a secret is redacted: every file hash of the release stays checkable (tokenizer
+    # files, tokenization.py), so `pipeline serve <archive>` accepts the archive the run just wrote
+    rel = json.loads((pkg / "release_manifest.json").read_text())
+    hashes = rel["repository_files"]
+    assert any("tokeniz" in f for f in hashes) and all(len(h) == 64 for h in hashes.values()), hashes
+    from pipeline.serving.serve import resolve_repository
+
+    assert (resolve_repository(str(archives[0]), None) / "ensemble" / "config.pbtxt").is_file()
+
+
+def test_secret_keys_are_told_from_names_that_only_contain_a_secret_word():
+    from pipeline.store import is_secret_key
+
+    for k in ("HF_TOKEN", "token", "access_token", "X-Api-Key", "MY_API_KEY", "db.password", "AWS_SECRET_ACCESS_KEY", "auth"):
+        assert is_secret_key(k), k
+    for k in (
+        "tokenizer/tokenizer.json",
+        "ensemble/1/tokenization.py",
+        "tokenizers",
+        "max_tokens",
+        "special_tokens_map.json",
+        "bos_token_id",
+        "eos_token_ids",
+        "pad_token",
+        "TOKENIZERS_PARALLELISM",
+    ):
+        assert not is_secret_key(k), k
+    assert redact({"versions": {"tokenizers": "0.21.0"}, "hf_token": "abc"}) == {
+        "versions": {"tokenizers": "0.21.0"},
+        "hf_token": "***redacted***",
+    }
 
 
 def test_redaction_covers_keys_and_config_objects(monkeypatch):
