@@ -45,6 +45,8 @@ def test_sampled_completion_tokens_count_generated_ids(sdk):  # noqa: F811
     # re-encoding, unmerged pieces re-encode to fewer): the count must be the ids the engine generated
     r = sdk.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=8, temperature=2.0, n=16)
     _check_counts(r.choices, r.usage, 8)
+    one = sdk.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=1, temperature=0)
+    assert r.usage.prompt_tokens == one.usage.prompt_tokens  # the prompt counts once, not once per choice (OpenAI)
     c = sdk.chat.completions.create(model="tiny", messages=[{"role": "user", "content": PROMPTS[2]}], max_tokens=8, temperature=2.0, n=16)
     _check_counts(c.choices, c.usage, 8)
 

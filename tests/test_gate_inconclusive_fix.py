@@ -63,6 +63,12 @@ def test_inconclusive_names_scope_allowance_source_items_and_fixes():
     assert "INCONCLUSIVE, not failed" in out and "eval.gate.slice_max_drop=<drop>" in out
 
 
+def test_in_exploratory_mode_the_fix_names_what_packages_it_not_the_mode_already_set():
+    _, v = _verdict(1, GateConfig(mode="exploratory"))
+    assert "eval.gate.mode=exploratory (exit 0" not in v["fix"]
+    assert "package.allow_failed_gate=true to package it anyway (eval.gate.mode=exploratory is already set" in v["fix"]
+
+
 def test_explicit_allowance_is_named_as_such():
     _, v = _verdict(1, GateConfig(slice_max_drop=0.04))
     assert "from eval.gate.slice_max_drop (set explicitly)" in v["fix"]

@@ -93,3 +93,8 @@ def test_serve_warns_about_a_release_the_gate_does_not_vouch_for():
     assert release_warnings({"parity": {"status": "not run here"}}) == []  # a TensorRT-LLM package checked on its GPU host
     long = release_warnings({"evaluation": {"gate": {"passed": False, "override": True, "verdict": "fail", "reason": "x" * 2000}}})
     assert len(long[0]) < 450 and "release_manifest.json -> evaluation.gate" in long[0]  # one readable line, not the whole list
+
+
+def test_a_path_that_does_not_exist_is_reported_as_not_found(tmp_path):
+    with pytest.raises(InputError, match=r"release/m-1\.tar\.gz: not found \(looked for .*\)\. Fix: give a package artifact folder"):
+        resolve_repository(str(tmp_path / "release" / "m-1.tar.gz"), None)

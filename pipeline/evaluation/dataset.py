@@ -85,7 +85,8 @@ def _check_line(obj: Any, where: str, known_metrics: set[str]) -> tuple[EvalItem
         )
         if not ok:
             bad("messages", 'must be a non-empty list of {"role": str, "content": str}', 'use [{"role": "user", "content": "..."}]')
-    if "reference" not in obj or obj["reference"] is None or obj["reference"] == [] or obj["reference"] == "":
+    ref_ok = not ("reference" not in obj or obj["reference"] is None or obj["reference"] == [] or obj["reference"] == "")
+    if not ref_ok:
         bad("reference", "is missing or empty", 'add "reference": "<expected answer>" (or a list of acceptable answers)')
     metric = obj.get("metric")
     if not isinstance(metric, str) or metric not in known_metrics:
@@ -104,30 +105,27 @@ def _check_line(obj: Any, where: str, known_metrics: set[str]) -> tuple[EvalItem
     margs = obj.get("metric_args", {})
     if not isinstance(margs, dict):
         bad("metric_args", "must be an object", 'use e.g. "metric_args": {"tol": 0.01}')
-    if errs:
+    if not (ref_ok and isinstance(metric, str) and metric in known_metrics and isinstance(margs, dict)):
         return None, errs
-    # every field was checked above (errs is empty), so these are str
-    iid, sl, metric = cast(str, iid), cast(str, sl), cast(str, metric)
     item = EvalItem(
-        id=iid,
-        slice=sl,
-        metric=metric,
+        id=iid if isinstance(iid, str) else "",
+        slice=sl if isinstance(sl, str) else "",
+        metric=cast(str, metric),
         reference=obj["reference"],
-        prompt=prompt,
-        messages=messages,
-        max_new_tokens=mnt,
-        stop=list(stop),
-        metric_args=dict(margs),
+        prompt=prompt if isinstance(prompt, str) else None,
+        messages=messages if isinstance(messages, list) else None,
+        max_new_tokens=mnt if isinstance(mnt, int) and not isinstance(mnt, bool) else None,
+        stop=list(stop) if isinstance(stop, list) else [],
+        metric_args=dict(cast(dict, margs)),
         meta={k: v for k, v in obj.items() if k not in _KNOWN},
     )
-    # metric-specific reference checks (e.g. a regex that does not compile)
+    # metric-specific reference checks (e.g. a regex that does not compile), reported with the line's other problems
     from .metrics import get_metric
 
-    msg = get_metric(metric).check(item)
+    msg = get_metric(item.metric).check(item)
     if msg:
-        errs.append(f"{where}: field 'reference'/'metric_args' invalid for metric {metric!r}: {msg}")
-        return None, errs
-    return item, []
+        errs.append(f"{where}: field 'reference'/'metric_args' invalid for metric {item.metric!r}: {msg}")
+    return (None, errs) if errs else (item, [])
 
 
 def load_eval_set(path: str | Path, *, limit: int | None = None) -> list[EvalItem]:
@@ -168,12 +166,14 @@ def load_eval_set(path: str | Path, *, limit: int | None = None) -> list[EvalIte
             continue
         item, errs = _check_line(obj, where, known)
         errors.extend(errs)
+        iid = obj.get("id") if isinstance(obj, dict) else None
+        if isinstance(iid, str) and iid.strip():  # checked on every line, whatever else is wrong with it
+            if iid in seen:
+                errors.append(f"{where}: field 'id' value {iid!r} duplicates line {seen[iid]}. Fix: make ids unique.")
+                continue
+            seen[iid] = n
         if item is None:
             continue
-        if item.id in seen:
-            errors.append(f"{where}: field 'id' value {item.id!r} duplicates line {seen[item.id]}. Fix: make ids unique.")
-            continue
-        seen[item.id] = n
         item.line = n
         items.append(item)
     if errors:

@@ -415,6 +415,8 @@ class _Handlers:
         return list(await asyncio.gather(*jobs))
 
     def usage(self, prompts: Sequence[str | list[dict]], answers: Sequence[Answer | None]) -> dict[str, int]:
+        """OpenAI ``usage``: each prompt counted once however many choices (``n``) it has, as OpenAI's API and vLLM's
+        server count it; every choice's generated ids."""
         pt = sum(self.fe.prompt_tokens(t) for t in prompts)
         ct = sum(a.completion_tokens for a in answers if a is not None)
         return {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct}
@@ -483,7 +485,7 @@ class _Handlers:
                         "created": created,
                         "model": self.fe.model_id,
                         "choices": [],
-                        "usage": self.usage([t for t in texts for _ in range(p["n"])], answers),
+                        "usage": self.usage(texts, answers),
                     }
                     yield f"data: {json.dumps(ev, ensure_ascii=False)}\n\n".encode()
                 yield b"data: [DONE]\n\n"
@@ -518,7 +520,7 @@ class _Handlers:
                     "created": created,
                     "model": self.fe.model_id,
                     "choices": choices,
-                    "usage": self.usage([t for t in texts for _ in range(p["n"])], outs),
+                    "usage": self.usage(texts, outs),
                 }
             )
         except APIError as e:
@@ -550,7 +552,7 @@ class _Handlers:
                     "created": created,
                     "model": self.fe.model_id,
                     "choices": choices,
-                    "usage": self.usage([text] * p["n"], outs),
+                    "usage": self.usage([text], outs),
                 }
             )
         except APIError as e:

@@ -52,6 +52,12 @@ def resolve_repository(arg: str | None, store_dir: str | None) -> Path:
     """The model repository for a path argument (artifact folder, repository, unpacked release) or the newest one."""
     if arg:
         p = Path(arg).expanduser().absolute()
+        if not p.exists():
+            raise InputError(
+                f"{arg}: not found (looked for {p}). Fix: give a package artifact folder, its model_repository/ or a "
+                f"release archive (<package artifact>/release/<name>-<version>.tar.gz; the run summary prints the "
+                f"package path), or no path for the newest package in the store."
+            )
         if p.is_file() and p.name.endswith((".tar.gz", ".tgz", ".tar")):
             from ..packaging import safe_extract
             from ..packaging.release import verify_extracted_release, verify_release_archive
