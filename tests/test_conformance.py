@@ -40,6 +40,7 @@ import numpy as np
 import pytest
 from cli_serve import start_cli_server
 
+from pipeline.config.package import PackageConfig
 from pipeline.serving.server import DEFAULT_SERVE_VENV, TritonServer
 
 pytestmark = pytest.mark.slow
@@ -762,15 +763,7 @@ def trt_repo(tmp_path_factory):
         "limits": {"max_batch_size": 16, "max_input_len": 256, "max_seq_len": 512},
         "versions": {"tensorrt_llm": "1.1.0"},
     }
-    pc = SimpleNamespace(
-        max_batch_size=None,
-        max_input_len=None,
-        max_beam_width=None,
-        decoupled=True,
-        exclude_input_in_output=True,
-        instance_count=1,
-        name="tiny",
-    )
+    pc = PackageConfig(name="tiny")
     s = settings_from_build(bi, {"eos_token_ids": [2], "pad_token_id": 0, "bos_token_id": 1}, pc)
     repo = d / "repo"
     generate_repository(repo, s, engine_dir=engine, tokenizer_dirs=[d / "tok"])

@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+from pipeline.config.package import PackageConfig
+
 MODELS = Path(__file__).resolve().parents[1] / "pipeline" / "serving" / "models"
 
 
@@ -35,9 +37,7 @@ def test_cpu_target_serves_the_packaged_beam_width():
     from pipeline.packaging.repository import settings_from_build
 
     bi = {"target": "onnxruntime_genai", "limits": {"max_batch_size": 8, "max_input_len": 64, "max_seq_len": 128}}
-    pc = SimpleNamespace(
-        max_batch_size=None, max_input_len=None, max_beam_width=4, decoupled=True, exclude_input_in_output=True, instance_count=1, name="m"
-    )
+    pc = PackageConfig(name="m", max_beam_width=4)
     s = settings_from_build(bi, {"eos_token_ids": [2]}, pc)  # og beam search needs no build-time limit
     assert (s.max_beam_width, s.served_max_beam_width) == (4, 4)
     pc.max_beam_width = None
@@ -219,16 +219,7 @@ def test_stream_interval_is_validated_and_refused_on_the_tensorrt_llm_target():
 
     bad = compose(["package.stream_interval=0"]).package
     assert [p.field for p in validate(bad)] == ["package.stream_interval"]
-    pc = SimpleNamespace(
-        max_batch_size=None,
-        max_input_len=None,
-        max_beam_width=None,
-        decoupled=True,
-        exclude_input_in_output=True,
-        instance_count=1,
-        name="m",
-        stream_interval=4,
-    )
+    pc = PackageConfig(name="m", stream_interval=4)
     lim = {"max_batch_size": 8, "max_input_len": 64, "max_seq_len": 128}
     assert settings_from_build({"target": "onnxruntime_genai", "limits": lim}, {"eos_token_ids": [2]}, pc).stream_interval == 4
     with pytest.raises(InputError, match=r"package\.stream_interval=4: the TensorRT-LLM target streams every token"):

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import tiny
 
+from pipeline.config.package import PackageConfig
 from pipeline.serving.server import DEFAULT_SERVE_VENV, TritonServer
 
 pytestmark = pytest.mark.slow
@@ -57,16 +58,8 @@ def served(tmp_path_factory, tiny_llama):
     (d / "q" / "hf").symlink_to(tiny_llama, target_is_directory=True)
     (d / "b").mkdir()
     get_target("onnxruntime_genai").build(cfg, d / "q", d / "b", export_dir=d / "q")
-    pc = SimpleNamespace(
-        max_batch_size=None,
-        max_input_len=None,
-        max_beam_width=None,
-        decoupled=True,
-        exclude_input_in_output=True,
-        instance_count=1,
-        name="tiny",
-        stream_coalescing=False,  # the double streams one token per response, as TensorRT-LLM's backend does
-    )
+    # the double streams one token per response, as TensorRT-LLM's backend does
+    pc = PackageConfig(name="tiny", stream_coalescing=False)
     # the TensorRT-LLM package as generated (its engine folder is placeholder test data, never loaded: replaced below)
     trt_engine = d / "trt_engine"
     trt_engine.mkdir()
