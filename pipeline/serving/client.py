@@ -284,7 +284,7 @@ class LLMClient:
             prompt: user text (a chat turn when ``chat`` and a tokenizer is loaded; see :meth:`chat_inputs`).
             messages: ``[{"role", "content"}, ...]`` instead of ``prompt`` (always chat).
             max_tokens: generated tokens at most.
-            stream: ask for a streamed answer (one response per token); needs a decoupled deployment.
+            stream: ask for a streamed answer (a response per token, or per few tokens: ``chunk_tokens``); needs a decoupled deployment.
             timeout_s: cancel and raise :class:`RequestTimeout` after this many seconds.
             cancel: set it (from another thread) to cancel the request; the result then has ``cancelled=True``.
             on_chunk: called as ``on_chunk(text_delta, t_since_send_s)`` for each response.
