@@ -42,7 +42,7 @@ run: env serve-env
 # The linter, the formatter check (pyproject.toml [tool.ruff]) and the type checker ([tool.mypy], zero errors) run
 # first; then the suite.
 test: env serve-env style typecheck
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q --durations=15 $(PYTEST_ARGS)
 
 style: env
 	$(PY) -m ruff check pipeline tests
