@@ -24,7 +24,8 @@ Several prompts in one request (``input_ids`` [N, L], ``input_lengths`` [N, 1], 
 prompt becomes its own engine request; each response carries its ``batch_index``; the request's FINAL flag is sent
 with the last prompt's last response (decoupled mode only, as TensorRT-LLM's backend requires).
 
-Streaming (decoupled): one response per generated token; ``output_ids`` holds the new token only (TensorRT-LLM's
+Streaming (decoupled): one response per generated token (per ``stream_interval`` tokens after the first when the
+package sets it); ``output_ids`` holds the new token only (TensorRT-LLM's
 streaming convention) and ``text_output`` the text it completes, from an incremental detokenizer (constant work per
 token, never a re-decode of the whole sequence: ``TextCodec.stream_decoder`` of ``pipeline/tokenization.py``, copied next
 to this file; a multi-byte or byte-fallback character is emitted once all its bytes arrived, so the joined stream
@@ -970,16 +971,17 @@ class TritonPythonModel:
         if lp is not None:
             job.held_logps.append(lp)
         if last or len(job.tokens) == 1 or len(job.held_ids) >= self.stream_interval:
-            ids, text, logps = job.held_ids, job.held_text, job.held_logps
-            job.held_ids, job.held_text, job.held_logps = [], "", []
-            self._send(job, ids, text, final=last, logps=[logps] if job.log_probs else None)
+            self._send_held(job, final=last)
+
+    def _send_held(self, job: Job, *, final: bool, tail: str = "") -> None:
+        """One streamed response with the tokens held since the last one (and ``tail``, text the detokenizer still had)."""
+        ids, text, logps = job.held_ids, job.held_text + tail, job.held_logps
+        job.held_ids, job.held_text, job.held_logps = [], "", []
+        self._send(job, ids, text, final=final, logps=[logps] if job.log_probs else None)
 
     def _final_response(self, job: Job) -> None:
         if job.streaming:  # the held tokens (stream_interval) and what the detokenizer still holds
-            ids, text, logps = job.held_ids, job.held_text, job.held_logps
-            job.held_ids, job.held_text, job.held_logps = [], "", []
-            text += job.decoder.flush() if job.decoder is not None else ""
-            self._send(job, ids, text, final=True, logps=[logps] if job.log_probs else None)
+            self._send_held(job, final=True, tail=job.decoder.flush() if job.decoder is not None else "")
         else:
             ids = job.tokens if job.exclude_input else job.input_ids + job.tokens
             self._send(
