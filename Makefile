@@ -11,6 +11,8 @@ TORCH_PIN ?= torch==2.13.0
 PIP_FLAGS ?= -q --disable-pip-version-check
 ARGS ?=
 PYTEST_ARGS ?=
+# pytest-xdist workers for `make test` (one test file per worker, so a module's fixtures are built once); 0 = serial
+PYTEST_WORKERS ?= 2
 STAMP := $(VENV)/.installed
 SERVE_STAMP := $(SERVE_VENV)/.installed
 
@@ -40,9 +42,9 @@ run: env serve-env
 	$(PIPELINE) $(ARGS)
 
 # The linter, the formatter check (pyproject.toml [tool.ruff]) and the type checker ([tool.mypy], zero errors) run
-# first; then the suite.
+# first; then the suite, in $(PYTEST_WORKERS) processes (pytest-xdist, whole files per worker).
 test: env serve-env style typecheck
-	$(PY) -m pytest -q --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest -q --durations=15 -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 style: env
 	$(PY) -m ruff check pipeline tests

@@ -395,7 +395,9 @@ def test_unary_text_output_is_flat_and_index0_is_bytes(served, single):
 def test_streamed_text_output_is_flat_and_joins_to_the_unary_text(served, single):
     call = stream_call(served.url, "ensemble", [PROMPTS[2]], stream=True)
     assert call.error is None, call.error
-    assert len(call.results) >= 2
+    # how many responses depends on load: tokens that queued while the server was busy share one response
+    # (package.stream_coalescing; one response per token with it off: tests/test_serving_models.py)
+    assert call.results
     for r in call.results:
         out = r.as_numpy("text_output")
         assert out.shape == (1,) and isinstance(out[0], bytes)
