@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from pipeline.config import ParallelConfig, compose
 from pipeline.errors import InputError
@@ -175,6 +176,20 @@ def test_int4_weights_dequantize_within_half_a_step(runs, export_dir):
     bound = 0.5 * step * pqs[None, :]
     assert bool((err <= bound * 1.01 + 1e-3).all()), (err / bound).max()
     assert err.mean() < 0.25 * src.abs().mean()
+
+
+def test_exclude_modules_empty_quantizes_the_lm_head_everywhere(runs):
+    """quant.exclude_modules=[]: the LM head is int4 in the report, in the HF export and in the TensorRT-LLM checkpoint
+    (whose exclude_modules no longer names it); the post-export vocabulary check still reads the float embedding."""
+    out, _ = runs("int4_awq_lm_head", ["quant=int4_awq", "quant.exclude_modules=[]"])
+    rep = json.loads((out / "quant_report.json").read_text())
+    lm = {m["module"]: m for m in rep["modules"]}["lm_head"]
+    assert lm["weight"].startswith("int4/g128") and not lm["kept_high_precision"], lm
+    c = json.loads((out / "trtllm_checkpoint/config.json").read_text())
+    assert c["quantization"]["quant_algo"] == "W4A16_AWQ" and "lm_head" not in (c["quantization"]["exclude_modules"] or [])
+    t = _tensors(out / "trtllm_checkpoint/rank0.safetensors")
+    assert t["lm_head.weight"].dtype not in (torch.float16, torch.float32) and t["transformer.vocab_embedding.weight"].shape == (384, 128)
+    assert "lm_head" not in (json.loads((out / "hf/hf_quant_config.json").read_text())["quantization"].get("exclude_modules") or [])
 
 
 def test_tp2_two_ranks_with_shard_shapes(runs):

@@ -28,7 +28,7 @@ def _prompts(n: int) -> list[str]:
     return [r["prompt"] for r in rows[::step][:n]]
 
 
-def _awq(ckpt: Path):
+def _awq(ckpt: Path, quant_cfg: dict | None = None):
     import modelopt.torch.quantization as mtq
     import torch
     import transformers as tf
@@ -42,7 +42,7 @@ def _awq(ckpt: Path):
             m(**tok(t, return_tensors="pt", truncation=True, max_length=64))
 
     with torch.no_grad():
-        return tok, mtq.quantize(model, mtq.INT4_AWQ_CFG, loop).eval()
+        return tok, mtq.quantize(model, quant_cfg or mtq.INT4_AWQ_CFG, loop).eval()
 
 
 def _build(ckpt: Path, out: Path, model, *extra: str):
@@ -123,6 +123,32 @@ def test_tied_embeddings_int4_keeps_float_embedding_and_agrees_with_simulated(ma
     qw = info["quantized_weights"]  # the report says what the graph holds
     assert qw["lm_head_quantized"] is False and qw["untied_embeddings"] is True
     assert qw["graph"]["embedding_op"] == "Gather" and qw["graph"]["lm_head_op"] == "MatMul"
+
+
+def test_exclude_modules_empty_quantizes_the_lm_head_and_the_engine_deploys_it_exactly(tiny_llama, tmp_path):
+    """quant.exclude_modules=[] quantizes the LM head (ModelOpt's own recipe keeps it unquantized, an entry the quantize
+    stage drops then); the build deploys it as MatMulNBits with ModelOpt's integers, and the engine still follows the
+    simulated model token for token at accuracy_level=1.  The default (exclude_modules=[lm_head]) keeps a float head."""
+    from pipeline.quantization.modelopt_config import modelopt_config
+    from pipeline.quantization.preflight import excluded_modules
+
+    linears = ["model.layers.0.self_attn.q_proj", "lm_head"]
+    default_q = compose(["quant=int4_awq"]).quant
+    assert excluded_modules(default_q, linears, 1) == {"lm_head": "quant.exclude_modules: lm_head"}
+    default_cfg = modelopt_config(default_q, excluded_modules(default_q, linears, 1))
+    assert {"quantizer_name": "*lm_head*", "enable": False} in default_cfg["quant_cfg"]
+    q = compose(["quant=int4_awq", "quant.exclude_modules=[]"]).quant
+    cfg = modelopt_config(q, excluded_modules(q, linears, 1))
+    assert not [e for e in cfg["quant_cfg"] if "lm_head" in e.get("quantizer_name", "")]
+    tok, model = _awq(tiny_llama, cfg)
+    assert model.lm_head.weight_quantizer.is_enabled
+    info, engine = _build(tiny_llama, tmp_path, model, "target.accuracy_level=1", "quant.exclude_modules=[]")
+    qw = info["quantized_weights"]
+    assert qw["lm_head_quantized"] is True and qw["graph"]["lm_head_op"] == "MatMulNBits", qw
+    with get_target("onnxruntime_genai").load_runner(engine) as runner:
+        agree, total = _agreement(runner, tok, model)
+    print(f"int4 LM head: teacher-forced agreement engine vs ModelOpt simulated {agree}/{total}")
+    assert total >= 120 and agree / total >= 0.99
 
 
 def test_build_max_batch_size_reaches_the_engine(tiny_llama, tmp_path):

@@ -51,7 +51,8 @@ class QuantConfig:
     smoothquant_alpha: float = 0.5
     """SmoothQuant migration strength alpha (Xiao et al. 2023, sec. 4)."""
     exclude_modules: List[str] = field(default_factory=lambda: ["lm_head"])
-    """fnmatch patterns of module names kept in high precision."""
+    """fnmatch patterns of module names kept in high precision. Without ``lm_head`` the LM head is quantized too
+    (ModelOpt's recipes keep it unquantized otherwise; speed and accuracy on the default model: docs/quantize.md)."""
     sensitive_preset: str = "none"
     """Extra high-precision layers: none | first_last (first and last decoder layers) | attn_out
     (attention output projections) | first_last_attn_out (both)."""

@@ -49,7 +49,7 @@ def auto_search(model: torch.nn.Module, qcfg: Any, excluded: dict[str, str], bat
     a = qcfg.auto
     cfgs, labels = [], {"NONE": "none"}
     for i, f in enumerate(a.formats):
-        c = modelopt_config(qcfg, {}, f)
+        c = modelopt_config(qcfg, excluded, f)
         cfgs.append(c)
         labels[QuantRecipe.get_auto_name_for_config(c) or f"CUSTOM_{i}"] = f
     data = [torch.tensor(ids, dtype=torch.long) for ids in batches]

@@ -42,7 +42,7 @@ def _calibrate(cfg: Any, src: _Source, calib_path: Path | None, progress: Any, s
     cset = load_calibration(cfg.calibration, tok, calib_path)
     cal = _Calibration(stats=cset.stats, warnings=cset.warnings, cset=cset)
     if qcfg.recipe == "auto":
-        cal.modelopt_cfg = {"auto_quantize": {f: modelopt_config(qcfg, {}, f) for f in qcfg.auto.formats}}
+        cal.modelopt_cfg = {"auto_quantize": {f: modelopt_config(qcfg, src.excluded, f) for f in qcfg.auto.formats}}
         with prog("searching per-layer formats (auto_quantize)", 1) as advance:
             cal.auto = auto_search(src.model, qcfg, src.excluded, [ids for _, ids in cset.batches(batch_size)], seed)
             advance(1)

@@ -8,13 +8,19 @@ from typing import Any
 from ..recipes import RECIPES
 from .common import KV_CACHE
 
+#: the output projection's module name in Hugging Face causal LMs (``model.lm_head``)
+LM_HEAD = "lm_head"
+
 
 def modelopt_config(qcfg: Any, excluded: dict[str, str], recipe_name: str | None = None) -> dict[str, Any]:
     """The ModelOpt ``mtq.quantize`` config for ``quant`` (a deep copy of the recipe's ModelOpt constant).
 
     Changes applied: ``block_sizes[-1] = quant.group_size`` for grouped recipes; SmoothQuant
     ``alpha = quant.smoothquant_alpha``; the KV-cache quantizer entries of ``quant.kv_cache_dtype``; one
-    ``enable: False`` entry per excluded module (``<module>.*``), last so that it wins.
+    ``enable: False`` entry per excluded module (``<module>.*``), last so that it wins.  ModelOpt's own
+    ``*lm_head*: enable False`` entry (in every recipe constant, modelopt/torch/quantization/config.py) is dropped
+    when ``lm_head`` is not among the excluded modules, so ``quant.exclude_modules=[]`` really quantizes the LM head
+    like the other projections (before, that setting was silently overruled).
     ``recipe_name`` overrides ``quant.recipe`` (the candidate formats of ``quant=auto``).
     """
     import modelopt.torch.quantization as mtq
@@ -33,6 +39,8 @@ def modelopt_config(qcfg: Any, excluded: dict[str, str], recipe_name: str | None
     if name == "int8_sq":
         algo = cfg.get("algorithm")
         cfg["algorithm"] = {**(algo if isinstance(algo, dict) else {"method": "smoothquant"}), "alpha": float(qcfg.smoothquant_alpha)}
+    if not any(n == LM_HEAD or n.endswith(f".{LM_HEAD}") for n in excluded):
+        entries[:] = [e for e in entries if not (e.get("quantizer_name") == f"*{LM_HEAD}*" and e.get("enable") is False)]
     entries.extend(copy.deepcopy(KV_CACHE[qcfg.kv_cache_dtype][1]))
     for name in sorted(excluded):
         entries.append({"quantizer_name": f"{name}.*", "enable": False})

@@ -140,6 +140,10 @@ def _config_mismatches(
     return errs
 
 
+#: safetensors dtype names of unquantized embedding / LM head tables
+FLOAT_TABLES = ("F32", "F16", "BF16")
+
+
 class _RankScan(NamedTuple):
     """What :func:`_scan_ranks` read from the ``rank*.safetensors`` files."""
 
@@ -163,7 +167,9 @@ def _scan_ranks(ckpt: Path, tp: int) -> _RankScan:
         pp_rank = r // tp
         with safe_open(str(p), "pt") as f:
             for k in f.keys():
-                if k in ("lm_head.weight", "transformer.vocab_embedding.weight"):
+                # a quantized LM head (quant.exclude_modules without lm_head) holds packed integers whose row count is
+                # not the vocabulary's (two int4 per byte): only float tables are counted
+                if k in ("lm_head.weight", "transformer.vocab_embedding.weight") and f.get_slice(k).get_dtype() in FLOAT_TABLES:
                     shard_rows.add(f.get_slice(k).get_shape()[0])
                 if k.startswith("transformer.layers."):
                     local = int(k.split(".")[2])
