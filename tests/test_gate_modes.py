@@ -24,7 +24,7 @@ def _run(store: Path, *overrides: str):
 
 def test_small_set_release_fails_exploratory_runs_but_is_not_packaged(tmp_path, tiny_llama):
     rows = [
-        {"id": f"q{i}", "prompt": f"Where is order ORD-{i}?", "reference": f"ORD-{i}", "metric": "exact_match", "slice": "s"}
+        {"id": f"q{i}", "prompt": f"Where is order ORD-{i}?", "reference": f"ORD-{i}", "metric": "exact_match", "slice": f"s{i}"}
         for i in range(4)
     ]
     es = tmp_path / "e.jsonl"
@@ -57,3 +57,7 @@ def test_small_set_release_fails_exploratory_runs_but_is_not_packaged(tmp_path, 
     assert summary.exit_code == EXIT_GATE, out
     pkg = next(s for s in summary.stages if s.stage == "package")
     assert pkg.status == "failed" and "gate" in (pkg.error or "")
+    # the refusal names the first slice and counts the rest (evaluate printed them all), and gives each fix once
+    err = pkg.error or ""
+    assert "slice:s0" in err and "and 3 more slice(s) (eval_report.json)" in err and "slice:s3" not in err, err
+    assert err.count("package.allow_failed_gate=true") == 1, err

@@ -42,17 +42,17 @@ def _gate(ctx: StageContext) -> dict[str, Any]:
     gate = dict((ev.result.get("gate") if ev is not None else None) or {})
     if gate.get("passed") is True:
         return {**gate, "override": False}
-    reason = gate.get("reason") or ("no evaluation verdict" if not gate else "evaluation gate failed")
+    reason = _first_scopes(gate.get("reason") or ("no evaluation verdict" if not gate else "evaluation gate failed"))
     if not ctx.cfg.package.allow_failed_gate and gate.get("verdict") == "inconclusive":
         fix = gate.get("fix") or (
             "the gate is INCONCLUSIVE, not failed: the eval set is too small to show non-inferiority. Fix: a larger "
             "eval set (eval.eval_set), an explicit allowance (eval.gate.max_drop / eval.gate.slice_max_drop), or "
             "eval.gate.mode=exploratory"
         )
-        raise GateFailed(
-            f"package: refusing to package an artifact whose evaluation gate is inconclusive ({reason}). {fix}; "
-            f"or override explicitly with package.allow_failed_gate=true (recorded in release_manifest.json)."
-        )
+        fix = _first_scopes(fix)
+        if "package.allow_failed_gate" not in fix:
+            fix += "; or override explicitly with package.allow_failed_gate=true (recorded in release_manifest.json)"
+        raise GateFailed(f"package: refusing to package an artifact whose evaluation gate is inconclusive ({reason}). {fix.rstrip('.')}.")
     if not ctx.cfg.package.allow_failed_gate:
         raise GateFailed(
             f"package: refusing to package an artifact whose evaluation gate failed ({reason}). "
@@ -66,6 +66,17 @@ def _gate(ctx: StageContext) -> dict[str, Any]:
         "override": True,
         "override_note": "package.allow_failed_gate=true: packaged although the evaluation gate failed",
     }
+
+
+def _first_scopes(text: str, keep: int = 1) -> str:
+    """A gate reason or fix cut after its first ``keep`` slice scopes (the gate lists every scope, "; slice:<name>"
+    after "; slice:<name>"; the evaluate stage has printed them all and eval_report.json keeps them). Text after
+    the last scope's ". Fix:" is kept."""
+    parts = re.split(r"; (?=slice:)", text)
+    if len(parts) <= keep + 1:
+        return text
+    m = re.search(r"\. Fix: .*$", parts[-1], re.S)
+    return "; ".join(parts[: keep + 1]) + f"; and {len(parts) - keep - 1} more slice(s) (eval_report.json)" + (m.group(0) if m else "")
 
 
 def _speculative(ctx: StageContext, build_info: dict[str, Any]) -> dict[str, Any] | None:
