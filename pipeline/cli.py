@@ -311,8 +311,9 @@ def _close_keys(typed: str, keys: dict[str, str]) -> list[str]:
 def check_overrides(argv: list[str]) -> list[str]:
     """Problems with plain ``key=value`` / ``group=preset`` overrides, found before Hydra composes the config, each
     naming the override, the valid names (closest first) and the fix. Hydra's own messages for these cases suggest
-    ``+key=...`` (which would add an unknown field) and point to ``HYDRA_FULL_ERROR``. ``+``/``~`` overrides,
-    ``hydra.*`` keys and runs with a user ``--config-dir`` (other presets) are left to Hydra."""
+    ``+key=...`` (which would add an unknown field) and point to ``HYDRA_FULL_ERROR``. ``+key=`` / ``++key=`` are
+    checked the same way (an added field nothing reads would be silently ignored); ``~`` overrides, ``hydra.*`` keys
+    and runs with a user ``--config-dir`` (other presets) are left to Hydra."""
     import difflib
 
     from .config import CONFIG_DIR, GROUPS, PipelineConfig
@@ -330,9 +331,11 @@ def check_overrides(argv: list[str]) -> list[str]:
         return (f"did you mean {' or '.join(near)}? " if near else "") + f"valid: {', '.join(sorted(valid_here))}"
 
     for arg in argv:
-        if arg.startswith(("-", "+", "~")) or "=" not in arg:
+        if arg.startswith(("-", "~")) or "=" not in arg:
             continue
-        key, value = arg.split("=", 1)
+        # ``+key=v`` / ``++key=v`` make Hydra add a key the schema lacks, which the pipeline would never read:
+        # checked like a plain override (a dict-valued field, where adding a key is meaningful, stops the walk below)
+        key, value = arg.lstrip("+").split("=", 1)
         if key.startswith(("hydra.", "hydra/")) or not key:
             continue
         if key in GROUPS:

@@ -18,3 +18,38 @@ def test_eval_path_suggests_eval_set():
 
 def test_shortened_leaf_suggests_the_full_key():
     assert "did you mean parallel.tp_size" in _one("parallel.tp=2")
+
+
+def test_plus_override_of_a_field_nothing_reads_is_refused(tmp_path):
+    """``+key=v`` makes Hydra add a key the schema lacks; the pipeline would never read it, so it is refused like a
+    misspelt key, through the real command (exit 2).  Adding a key to a dict-valued field stays Hydra's business."""
+    import subprocess
+    import sys
+
+    assert "did you mean package.parity" in _one("+package.parit=false")
+    assert "no such field in the top level" in _one("+foo.bar=3")
+    assert check_overrides(["++package.parity=false", "+eval.gate.max_drop_by_recipe.new_recipe=0.1"]) == []
+    r = subprocess.run(
+        [sys.executable, "-m", "pipeline", "+package.foo=3", "stages=[export]", f"store_dir={tmp_path}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 2 and "package.foo: no such field in package" in r.stderr + r.stdout, (r.returncode, r.stderr[-2000:])
+    assert not (tmp_path / "export").exists()
+
+
+def test_a_boolean_set_to_another_number_is_refused():
+    """OmegaConf reads any nonzero integer as true; the config refuses 2 (a typo, or a count meant for another key)
+    and keeps OmegaConf's boolean spellings."""
+    import pytest
+
+    from pipeline.config import ConfigError, compose
+
+    with pytest.raises(ConfigError, match=r"package.parity='2': is a boolean"):
+        compose(["package.parity=2"])
+    with pytest.raises(ConfigError, match=r"progress='-1'"):
+        compose(["progress=-1"])
+    assert compose(["package.parity=yes"]).package.parity is True
+    assert compose(["package.parity=0", "progress=false"]).package.parity is False
+    assert compose(["eval.gate.seed=5"]).eval.gate.seed == 5  # an int field is not touched

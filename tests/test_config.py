@@ -170,4 +170,6 @@ def test_unknown_field_or_preset_names_the_valid_ones(arg, expect):
     problems = check_overrides([arg])
     assert len(problems) == 1 and arg.split("=")[0] in problems[0] and expect in problems[0], problems
     assert "base_" not in problems[0] and "HYDRA_FULL_ERROR" not in problems[0]
-    assert check_overrides(["quant=int4_awq", "eval.eval_set=/x", "+model.extra=1", "hydra.run.dir=x", "-m"]) == []
+    assert check_overrides(["quant=int4_awq", "eval.eval_set=/x", "hydra.run.dir=x", "-m"]) == []
+    # +key adds a field nothing reads: refused like a misspelt key (tests/test_cli_key_hints.py)
+    assert len(check_overrides(["+model.extra=1"])) == 1

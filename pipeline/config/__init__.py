@@ -16,6 +16,7 @@ from typing import Any, Callable, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.nodes import BooleanNode
 
 from . import benchmark as _benchmark
 from . import build as _build
@@ -201,6 +202,9 @@ def to_object(cfg: DictConfig | PipelineConfig, explicit: Optional[list[str]] = 
     (:func:`resolve_aliases`; ``explicit`` = the command-line overrides; each alias used is logged as a warning)."""
     if isinstance(cfg, PipelineConfig):
         return cfg
+    bad_bools = _numeric_bools(cfg, explicit or [])
+    if bad_bools:
+        raise ConfigError(bad_bools)
     obj = OmegaConf.to_object(cfg)
     if not isinstance(obj, PipelineConfig):
         missing = [g for g in GROUPS if g not in (obj if isinstance(obj, dict) else {})]
@@ -222,6 +226,24 @@ def to_object(cfg: DictConfig | PipelineConfig, explicit: Optional[list[str]] = 
     for note in relabel_custom_data(obj):
         logging.getLogger("pipeline.config").info(note)
     return obj
+
+
+def _numeric_bools(cfg: DictConfig, explicit: list[str]) -> list[Problem]:
+    """Command-line overrides that set a boolean field to a number other than 0 or 1: OmegaConf reads any nonzero
+    integer as true (``package.parity=2``), which would accept a typo silently.  ``true/false``, ``yes/no``,
+    ``on/off`` and ``1/0`` stay accepted (OmegaConf's boolean spellings); other strings OmegaConf refuses itself."""
+    problems = []
+    for o in explicit:
+        key, sep, raw = o.lstrip("+~").partition("=")
+        v = raw.strip().strip("'\"")
+        if not sep or not v.lstrip("+-").isdigit() or v in ("0", "1"):
+            continue
+        parent_key, _, leaf = key.rpartition(".")
+        parent = OmegaConf.select(cfg, parent_key) if parent_key else cfg
+        node = parent._get_node(leaf) if isinstance(parent, DictConfig) else None
+        if isinstance(node, BooleanNode):
+            problems.append(Problem(key, raw, "is a boolean; a number other than 0 or 1 is not one.", f"{key}=true or {key}=false"))
+    return problems
 
 
 DATA_PRESETS = (("eval", "eval_set"), ("calibration", "path"))
