@@ -195,6 +195,7 @@ def config_problems(cfg: Any) -> list[Any]:
                 )
             )
     problems.extend(_window_problems(cfg, mc))
+    problems.extend(_head_size_problems(cfg, mc))
     recipe = getattr(cfg.quant, "recipe", None)
     recipe_why = fam.get("recipes", {}).get(recipe)
     if recipe_why is None and recipe != "none" and needs_build(cfg):
@@ -212,6 +213,41 @@ def config_problems(cfg: Any) -> list[Any]:
             )
         )
     return problems
+
+
+#: onnxruntime's CPU ``GroupQueryAttention`` kernel (the attention op onnxruntime-genai's builder emits) refuses other
+#: head sizes at the first step ("head_size shall be a multiple of 16", onnxruntime 1.32 contrib_ops/cpu/bert/
+#: group_query_attention_helper.h); found by a fresh-user trial with a hidden-96 / 4-head Mistral (head size 24)
+CPU_GQA_HEAD_MULTIPLE = 16
+
+
+def _head_size_problems(cfg: Any, mc: dict[str, Any]) -> list[Any]:
+    """A head size the onnxruntime_genai CPU engine cannot run (:data:`CPU_GQA_HEAD_MULTIPLE`), refused at config
+    time instead of after the build (the engine loads and fails at its first step)."""
+    from .config.common import Problem
+    from .targets import needs_build, resolve_target
+
+    if not needs_build(cfg) or getattr(cfg.target, "execution_provider", "cpu") != "cpu":
+        return []
+    try:
+        if resolve_target(cfg)[0] != "onnxruntime_genai":
+            return []
+        hidden, heads = int(mc["hidden_size"]), int(mc["num_attention_heads"])
+        head = int(mc.get("head_dim") or hidden // heads)
+    except Exception:
+        return []
+    if head % CPU_GQA_HEAD_MULTIPLE == 0:
+        return []
+    return [
+        Problem(
+            "model.path",
+            cfg.model.path,
+            f"head size {head} (hidden_size {hidden} / num_attention_heads {heads}): onnxruntime's CPU attention kernel "
+            f"(GroupQueryAttention) runs only head sizes that are a multiple of {CPU_GQA_HEAD_MULTIPLE}.",
+            f"use a model whose head size is a multiple of {CPU_GQA_HEAD_MULTIPLE} for target=onnxruntime_genai on CPU, "
+            "or target=tensorrt_llm on an NVIDIA GPU",
+        )
+    ]
 
 
 def _window_problems(cfg: Any, mc: dict[str, Any]) -> list[Any]:

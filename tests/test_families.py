@@ -90,6 +90,17 @@ def test_config_time_refusals(ckpts, tmp_path):
     (gemma / "config.json").write_text(json.dumps({**cfg, "architectures": ["GemmaForCausalLM"], "model_type": "gemma"}))
     p = _problems([f"model.path={gemma}", "quant=none"])
     assert len(p) == 1 and "GemmaForCausalLM" in p[0] and "Phi3ForCausalLM" in p[0]
+    # a head size onnxruntime's CPU attention kernel cannot run (24: found by a fresh-user trial, where the engine was
+    # built and stored, then failed its first step) is refused for that target only
+    odd = tmp_path / "head24"
+    odd.mkdir()
+    (odd / "config.json").write_text(
+        json.dumps({**cfg, "hidden_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": None})
+    )
+    p = _problems([f"model.path={odd}", "target=onnxruntime_genai", "quant=none"])
+    assert len(p) == 1 and "head size 24" in p[0] and "multiple of 16" in p[0] and "target=tensorrt_llm" in p[0], p
+    assert _problems([f"model.path={odd}", "target=tensorrt_llm", "quant=none"]) == []
+    assert _problems([f"model.path={odd}", "target=onnxruntime_genai", "quant=none", "stages=[export,quantize]"]) == []
 
 
 def test_cli_refusal_exits_2_before_any_stage(ckpts, tmp_path):
