@@ -338,6 +338,9 @@ def check_overrides(argv: list[str]) -> list[str]:
         key, value = arg.lstrip("+").split("=", 1)
         if key.startswith(("hydra.", "hydra/")) or not key:
             continue
+        if key == "stages" and not value.startswith("["):
+            out.append(f"stages={value}: stages is a list of stage names. Fix: stages=[{value}] (quoted in a shell: 'stages=[{value}]').")
+            continue
         if key in GROUPS:
             presets = sorted(p.stem for p in (CONFIG_DIR / key).glob("*.yaml"))
             for v in value.split(","):

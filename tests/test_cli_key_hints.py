@@ -53,3 +53,29 @@ def test_a_boolean_set_to_another_number_is_refused():
     assert compose(["package.parity=yes"]).package.parity is True
     assert compose(["package.parity=0", "progress=false"]).package.parity is False
     assert compose(["eval.gate.seed=5"]).eval.gate.seed == 5  # an int field is not touched
+
+
+def test_stages_without_brackets_says_it_is_a_list():
+    assert "Fix: stages=[quantize]" in _one("stages=quantize")
+    assert check_overrides(["stages=[export,quantize]"]) == []
+
+
+def test_gate_allowances_out_of_range_are_refused_with_the_scale():
+    """eval.gate.max_drop=5 (meant as 5 pp) would allow a 500 pp drop: every absolute share is checked to [0, 1], the
+    fix converting a percentage; the per-recipe tables too."""
+    import pytest
+
+    from pipeline.config import ConfigError, compose, validate
+
+    def problems(*o: str) -> list[str]:
+        with pytest.raises(ConfigError) as e:
+            validate(compose(list(o)))
+        return [str(p) for p in e.value.problems]
+
+    (p,) = problems("eval.gate.max_drop=5")
+    assert "eval.gate.max_drop=5.0: must be in [0, 1]" in p and "Fix: e.g. eval.gate.max_drop=0.05" in p
+    assert "eval.gate.slice_max_drop=-0.1" in problems("eval.gate.slice_max_drop=-0.1")[0]
+    assert "eval.gate.min_score=90.0" in problems("eval.gate.min_score=90")[0]
+    assert "must be >= 0 (nats)" in problems("eval.gate.max_kld_by_recipe.int4_awq=-1")[0]
+    assert "eval.gate.max_drop_by_recipe.int4_awq=3.0" in problems("eval.gate.max_drop_by_recipe.int4_awq=3")[0]
+    validate(compose(["eval.gate.max_drop=1.0", "eval.gate.slice_max_drop=0", "eval.gate.min_score=0.5"]))

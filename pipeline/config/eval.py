@@ -149,6 +149,28 @@ def validate(cfg: EvalConfig, prefix: str = "eval") -> list[Problem]:
                 "remove it; for an exploratory run that may end inconclusive use eval.gate.mode=exploratory",
             )
         )
+    for name in ("min_score", "max_drop", "slice_max_drop"):
+        v = getattr(cfg.gate, name)
+        if v is not None and not 0.0 <= v <= 1.0:
+            problems.append(
+                Problem(
+                    f"{prefix}.gate.{name}",
+                    v,
+                    "must be in [0, 1]: an absolute share of items (0.05 = 5 percentage points), not a percentage.",
+                    f"e.g. {prefix}.gate.{name}={min(abs(v) / 100, 1.0):g}" if abs(v) > 1 else f"e.g. {prefix}.gate.{name}=0.05",
+                )
+            )
+    for table, hi in (("max_drop_by_recipe", 1.0), ("max_kld_by_recipe", None), ("min_top1_by_recipe", 1.0)):
+        for recipe, v in (getattr(cfg.gate, table) or {}).items():
+            if v is None or v < 0 or (hi is not None and v > hi):
+                problems.append(
+                    Problem(
+                        f"{prefix}.gate.{table}.{recipe}",
+                        v,
+                        "must be in [0, 1]." if hi is not None else "must be >= 0 (nats).",
+                        "use the shipped value (pipeline --cfg job prints it) or a number in that range",
+                    )
+                )
     for name in ("max_kld", "min_top1"):
         v = getattr(cfg.gate, name)
         if v is not None and (v < 0 or (name == "min_top1" and v > 1)):
