@@ -131,7 +131,19 @@ def compute_key(stage: Stage, cfg: PipelineConfig, inputs: dict[str, Artifact], 
     return cache_key(doc), doc
 
 
+#: the config field behind each external input name of the stages (``Stage.external_inputs``), for error messages
+_INPUT_FIELDS = {
+    "calibration": "calibration.path",
+    "corpus": "calibration.path",
+    "eval_set": "eval.eval_set",
+    "reference_checkpoint": "model.path",
+    "draft_model": "eval.draft_model_path",
+}
+
+
 def _external(stage: Stage, cfg: PipelineConfig) -> dict[str, Path]:
+    """``stage``'s external inputs resolved to existing paths. Raises InputError (with ``stage`` set to the stage's
+    name) naming the config field, the value and where it was looked for."""
     ext = stage.external_inputs(cfg)
     out = {}
     for name, p in ext.items():
@@ -139,7 +151,15 @@ def _external(stage: Stage, cfg: PipelineConfig) -> dict[str, Path]:
         if rp is None or not rp.exists():
             from .errors import InputError
 
-            raise InputError(f"{stage.name}: input {name!r} not found at {p!r} (resolved to {rp}). Fix the path in the config.")
+            field = _INPUT_FIELDS.get(name)
+            what = f"{field}={p}" if field else f"input {name!r} ({p})"
+            err = InputError(
+                f"{what}: not found (looked for {rp}; the {stage.name} stage reads it). "
+                f"Fix: {'set ' + field + ' to' if field else 'point the config at'} an existing path (relative paths are "
+                "resolved against the directory you run pipeline from, then the repository)."
+            )
+            err.stage = stage.name  # type: ignore[attr-defined]
+            raise err
         out[name] = rp
     return out
 
@@ -244,7 +264,7 @@ def run_pipeline(
         _mark_failed(state.reports, cfg, error)
     except PipelineError as e:
         exit_code, error = e.exit_code, str(e)
-        _mark_failed(state.reports, cfg, error)
+        _mark_failed(state.reports, cfg, error, getattr(e, "stage", None))
     except Exception as e:
         from .config import ConfigError
 
@@ -444,18 +464,18 @@ def redact_run_outputs(run_dir: Path) -> None:
     redact_files(files)
 
 
-def _mark_failed(reports: list[StageReport], cfg: PipelineConfig, error: str) -> None:
+def _mark_failed(reports: list[StageReport], cfg: PipelineConfig, error: str, stage: str | None = None) -> None:
+    """Report the stages that did not finish: ``stage`` (the one the error belongs to, when a check before the first
+    stage named it; else the first unfinished one) as failed, the others as not run."""
     seen = {r.stage for r in reports}
     try:
         order = resolve_order(list(cfg.stages), cfg)
     except Exception:
         order = [s for s in STAGES if s in cfg.stages]
-    failed_marked = False
-    for s in order:
-        if s in seen:
-            continue
-        reports.append(StageReport(s, "failed" if not failed_marked else "not-run", 0.0, error=error if not failed_marked else None))
-        failed_marked = True
+    pending = [s for s in order if s not in seen]
+    failed = stage if stage in pending else (pending[0] if pending else None)
+    for s in pending:
+        reports.append(StageReport(s, "failed" if s == failed else "not-run", 0.0, error=error if s == failed else None))
 
 
 def print_summary(summary: RunSummary, console: Console) -> None:

@@ -224,3 +224,25 @@ def test_user_checkpoint_gets_its_own_name_and_dtype_unless_set(tmp_path):
     sd = load_file(str(Path(summary.stages[0].path) / "hf" / "model.safetensors"))
     w = sd["model.layers.0.mlp.down_proj.weight"]
     assert str(w.dtype) == "torch.bfloat16" and float(w[3, 5]) == pytest.approx(1e5, rel=1e-2)
+
+
+@pytest.mark.parametrize(
+    "override, field, stages",
+    [
+        ("calibration.path={missing}", "calibration.path", {"export": "not-run", "quantize": "failed"}),
+        ("eval.eval_set={missing}", "eval.eval_set", {"export": "not-run", "quantize": "not-run", "evaluate": "failed"}),
+    ],
+)
+def test_missing_data_file_names_the_field_and_the_stage_that_reads_it(tiny_llama, tmp_path, override, field, stages):
+    """Checked before any stage runs (exit 2): the message names the config field and its value, and the summary
+    blames the stage that reads the file, the others not run (it blamed the first stage, export, before)."""
+    missing = tmp_path / "nope.jsonl"
+    ov = [f"model.path={tiny_llama}", "quant=int8_wo", "eval.runners=[baseline,simulated]", f"stages=[{','.join(stages)}]"]
+    ov += ["build.max_input_len=96", "build.max_seq_len=128"]
+    ov.append(override.format(missing=missing))
+    cfg = compose([f"store_dir={tmp_path / 'store'}", "progress=false", *ov])
+    summary = run_pipeline(cfg, overrides=ov, console=Console(file=io.StringIO(), width=200))
+    assert summary.exit_code == 2, summary.error
+    assert summary.error.startswith(f"{field}={missing}: not found") and f"set {field} to an existing path" in summary.error
+    assert {r.stage: r.status for r in summary.stages} == stages
+    assert "PosixPath" not in summary.error
