@@ -340,7 +340,7 @@ def _run_stages(cfg: PipelineConfig, console: Console, state: _RunState) -> None
             continue
         art = _run_or_reuse(stage, ctx, store, key, t0, state)
         done[name] = art
-        _record_gate(name, art, console, state)
+        _record_gate(name, art, console, state, allow_failed_gate=bool(cfg.package.allow_failed_gate))
 
 
 def _manifest(
@@ -407,9 +407,10 @@ def _run_or_reuse(stage: Stage, ctx: StageContext, store: ArtifactStore, key: st
     return art
 
 
-def _record_gate(name: str, art: Artifact, console: Console, state: _RunState) -> None:
+def _record_gate(name: str, art: Artifact, console: Console, state: _RunState, *, allow_failed_gate: bool = False) -> None:
     """Record the evaluate stage's gate and the package stage's parity in ``state.gate_info``; a failed gate sets
-    ``state.gate_failed`` (an exploratory run's inconclusive verdict only warns: exit 0, package refuses it)."""
+    ``state.gate_failed`` (an exploratory run's inconclusive verdict only warns: exit 0, and the package stage refuses
+    it unless ``package.allow_failed_gate``)."""
     gate = art.result.get("gate")
     if name == "evaluate" and isinstance(gate, dict):
         state.gate_info["evaluate"] = gate
@@ -419,10 +420,12 @@ def _record_gate(name: str, art: Artifact, console: Console, state: _RunState) -
             state.gate_info["parity"] = parity
     if isinstance(gate, dict) and gate.get("passed") is False:
         if name == "evaluate" and gate.get("mode") == "exploratory" and gate.get("verdict") == "inconclusive":
-            console.print(
-                "[bold yellow]EXPLORATORY RUN: the gate is INCONCLUSIVE (eval.gate.mode=exploratory); exit 0, "
-                "but the package stage will refuse to release this candidate[/]"
+            then = (
+                "the package stage packages it anyway because package.allow_failed_gate=true (recorded in the release manifest)"
+                if allow_failed_gate
+                else "but the package stage will refuse to release this candidate"
             )
+            console.print(f"[bold yellow]EXPLORATORY RUN: the gate is INCONCLUSIVE (eval.gate.mode=exploratory); exit 0, {then}[/]")
         else:
             state.gate_failed = gate.get("reason", "evaluation gate failed")
 

@@ -61,3 +61,11 @@ def test_small_set_release_fails_exploratory_runs_but_is_not_packaged(tmp_path, 
     err = pkg.error or ""
     assert "slice:s0" in err and "and 3 more slice(s) (eval_report.json)" in err and "slice:s3" not in err, err
     assert err.count("package.allow_failed_gate=true") == 1, err
+
+    # told to package anyway, the exploratory warning says so (it said "will refuse" while the package went ahead)
+    summary, out = _run(
+        store, "stages=[package]", "eval.gate.mode=exploratory", "package.allow_failed_gate=true", "package.parity=false", *common
+    )
+    assert summary.exit_code == EXIT_OK, (summary.error, out)
+    assert "packages it anyway because package.allow_failed_gate=true" in out and "will refuse" not in out
+    assert next(s for s in summary.stages if s.stage == "package").status == "ran"
