@@ -236,3 +236,16 @@ def test_models_route_is_plain_json(served):
 
     with urllib.request.urlopen(f"{served.oai.url}/models", timeout=30) as r:
         assert json.loads(r.read())["object"] == "list"
+
+
+def test_unknown_field_message_lists_what_is_honoured_apart_from_what_is_refused():
+    """The refusal of an unknown field listed logprobs, tools, ... as honoured: they are refused unless unset."""
+    from pipeline.serving.openai_server import APIError, parse_common
+
+    with pytest.raises(APIError) as ei:
+        parse_common({"model": "m", "messages": [], "foo": 1}, "chat")
+    msg = ei.value.message
+    honoured = msg.split("honours ", 1)[1].split(" (and accepts", 1)[0]
+    assert "'temperature'" in honoured and "'seed'" in honoured
+    assert not any(f"'{f}'" in honoured for f in ("logprobs", "tools", "logit_bias", "best_of", "response_format"))
+    assert "'tools'" in msg.split("(and accepts", 1)[1] and ei.value.param == "foo"

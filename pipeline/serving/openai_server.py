@@ -86,6 +86,21 @@ _KNOWN = {
     "completions": _KNOWN_COMMON | {"prompt", "echo", "suffix"},
     "chat": _KNOWN_COMMON | {"messages", "tools", "tool_choice", "functions", "function_call", "response_format", "parallel_tool_calls"},
 }
+#: known fields accepted only in their default (off) form and refused otherwise, each naming itself
+_DEFAULT_ONLY = {
+    "logprobs",
+    "top_logprobs",
+    "logit_bias",
+    "best_of",
+    "echo",
+    "suffix",
+    "tools",
+    "tool_choice",
+    "functions",
+    "function_call",
+    "response_format",
+    "parallel_tool_calls",
+}
 
 
 class APIError(Exception):
@@ -124,7 +139,11 @@ def parse_common(body: dict[str, Any], kind: str) -> dict[str, Any]:
     """Validate the fields both routes share; returns the generation parameters.  Raises :class:`APIError`."""
     unknown = sorted(set(body) - _KNOWN[kind])
     if unknown:
-        raise APIError(f"unsupported field(s) {unknown}: this endpoint honours {sorted(_KNOWN[kind])}. Fix: remove them.", unknown[0])
+        raise APIError(
+            f"unsupported field(s) {unknown}: this endpoint honours {sorted(_KNOWN[kind] - _DEFAULT_ONLY)} "
+            f"(and accepts {sorted(_KNOWN[kind] & _DEFAULT_ONLY)} only unset or in their default form). Fix: remove them.",
+            unknown[0],
+        )
     for name in ("logprobs", "top_logprobs"):
         if body.get(name) not in (None, False, 0):
             raise APIError(f"{name}={body[name]!r}: log probabilities are not returned by this endpoint. Fix: remove {name}.", name)
