@@ -655,11 +655,25 @@ def write_comparison(sweep_dir: Path, console: Console) -> dict[str, Any]:
     common = set.intersection(*(set(x) for x in split)) if split else set()
     keep = {"exit_code", "evaluate.gate", "evaluate.score", "evaluate.drop", "evaluate.agreement", "evaluate.kld", "evaluate.top1"}
     shown = [c for c in cols if c not in ("job", "overrides") and (c in keep or len({_fmt(r.get(c, "")) for r in rows}) > 1)]
-    t = Table(title=f"comparison of {len(rows)} runs ({sweep_dir / 'comparison.md'})")
+    title = f"comparison of {len(rows)} runs ({sweep_dir / 'comparison.md'})"
+    heads = [c.replace("evaluate.", "eval.").replace("quantize.", "quant.") for c in shown]
+    variants = [" ".join(o for o in ov if o not in common) or "-" for ov in split]
+    cells = [[_fmt(r.get(c, "")) for c in shown] for r in rows]
+    widths = [max([len(h), *(len(x[i]) for x in cells)]) for i, h in enumerate(heads)]
+    if sum(widths) + 3 * len(widths) + max(map(len, variants), default=1) + 4 > console.width:
+        # too wide for this terminal (every column would shrink to "e…"): one block per variant instead
+        console.print(f"[bold]{title}[/]")
+        for v, vals in zip(variants, cells):
+            console.print(f"[bold]{escape(v)}[/]")
+            for h, x in zip(heads, vals):
+                if x != "":
+                    console.print(f"  {h:<22} {escape(x)}", soft_wrap=True)
+        return doc
+    t = Table(title=title)
     t.add_column("variant", no_wrap=True)
-    for c in shown:
-        t.add_column(c.replace("evaluate.", "eval.").replace("quantize.", "quant."))
-    for r, ov in zip(rows, split):
-        t.add_row(" ".join(o for o in ov if o not in common) or "-", *[_fmt(r.get(c, "")) for c in shown])
+    for h in heads:
+        t.add_column(h)
+    for v, vals in zip(variants, cells):
+        t.add_row(v, *vals)
     console.print(t)
     return doc

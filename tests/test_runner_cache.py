@@ -189,3 +189,35 @@ def test_multirun_joblib_writes_one_comparison_and_fails_if_a_job_failed(ckpt, t
         assert row["export.params"] == 393856
     assert by_dtype["int8"]["exit_code"] == 2 and "model.dtype" in by_dtype["int8"]["error"]
     assert len(list((tmp_path / "store" / "export").glob("[!.]*"))) == 2  # one artifact per dtype
+
+
+def test_comparison_on_a_narrow_terminal_prints_one_block_per_variant(tmp_path):
+    """Nine columns on an 80-column terminal shrank every cell to "e…" (fresh-user trial): the console then lists
+    each variant's values instead; a wide terminal keeps the table.  The files always hold every column."""
+    import io
+
+    from rich.console import Console
+
+    from pipeline.runner import write_comparison
+
+    for i, (q, score) in enumerate((("none", 0.9069), ("int4_awq", 0.9097))):
+        d = tmp_path / str(i)
+        d.mkdir()
+        head = {"score": score, "drop": 0.0, "agreement": 0.99, "kld": 0.0049, "top1": 0.996, "gate": "pass", "runner": "engine"}
+        (d / "summary.json").write_text(
+            json.dumps(
+                {
+                    "overrides": [f"quant={q}", "store_dir=/x"],
+                    "exit_code": 0,
+                    "stages": [{"stage": "evaluate", "headline": head}, {"stage": "quantize", "headline": {"recipe": q}}],
+                }
+            )
+        )
+    narrow = io.StringIO()
+    write_comparison(tmp_path, Console(file=narrow, width=80))
+    out = narrow.getvalue()
+    assert "quant=int4_awq" in out and "0.9097" in out and "eval.score" in out and "…" not in out, out
+    wide = io.StringIO()
+    write_comparison(tmp_path, Console(file=wide, width=250))
+    assert "┃ variant" in wide.getvalue() and "0.9097" in wide.getvalue()
+    assert "quantize.recipe" in json.loads((tmp_path / "comparison.json").read_text())["columns"]
