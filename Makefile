@@ -65,12 +65,15 @@ lint: style typecheck
 #    parity check is off for this shape (package.parity=false, recorded) and runs on the default model.
 # Then both reports (tables + target ratios, met or not) are printed.
 BENCH_80M ?= bench/models/llama80m
+# every level runs this many times (fresh seeded workloads, interleaved across modes); ratios use the mean, and the
+# reports show the spread: single runs on a shared 2-core host moved the 80 M roofline fraction from 0.40 to 0.69
+BENCH_REPEATS ?= 3
 bench: env serve-env
-	$(PIPELINE) stages=[benchmark] quant=int4_awq target=onnxruntime_genai benchmark=default $(ARGS)
+	$(PIPELINE) stages=[benchmark] quant=int4_awq target=onnxruntime_genai benchmark=default benchmark.repeats=$(BENCH_REPEATS) $(ARGS)
 	$(PY) -m pipeline.bench.shapes llama80m $(BENCH_80M)
 	@touch $(BENCH_80M).stamp
 	$(PIPELINE) stages=[benchmark] model.path=$(BENCH_80M) model.name=llama80m quant=int4_awq target=onnxruntime_genai \
-	  benchmark=llama80m calibration.calib_size=16 calibration.min_samples=16 calibration.calib_max_seq_length=64 eval.limit=16 \
+	  benchmark=llama80m benchmark.repeats=$(BENCH_REPEATS) calibration.calib_size=16 calibration.min_samples=16 calibration.calib_max_seq_length=64 eval.limit=16 \
 	  package.allow_failed_gate=true package.parity=false $(ARGS) || [ $$? -eq 3 ]
 	@test bench/results/llama80m.json -nt $(BENCH_80M).stamp || { echo "make bench: the llama80m benchmark wrote no results (see above)" >&2; exit 1; }
 	$(PIPELINE) benchmark show bench/results/default.json
