@@ -133,10 +133,6 @@ def validate(cfg: EvalConfig, prefix: str = "eval") -> list[Problem]:
     choice(problems, f"{prefix}.candidate", cfg.candidate, ("auto", "engine", "simulated"))
     if cfg.draft_tokens < 1:
         problems.append(Problem(f"{prefix}.draft_tokens", cfg.draft_tokens, "must be >= 1.", "use eval.draft_tokens=4"))
-    if cfg.gate.bootstrap_samples < 100:
-        problems.append(Problem(f"{prefix}.gate.bootstrap_samples", cfg.gate.bootstrap_samples, "must be >= 100.", "use 2000"))
-    if not 0.0 <= cfg.gate.min_agreement <= 1.0:
-        problems.append(Problem(f"{prefix}.gate.min_agreement", cfg.gate.min_agreement, "must be in [0, 1].", "use 0.0 (off) or e.g. 0.8"))
     choice(problems, f"{prefix}.gate.mode", cfg.gate.mode, GATE_MODES)
     choice(problems, f"{prefix}.reference_dtype", cfg.reference_dtype, REFERENCE_DTYPES)
     if cfg.gate.significant_only is not None:
@@ -149,32 +145,7 @@ def validate(cfg: EvalConfig, prefix: str = "eval") -> list[Problem]:
                 "remove it; for an exploratory run that may end inconclusive use eval.gate.mode=exploratory",
             )
         )
-    for name in ("min_score", "max_drop", "slice_max_drop"):
-        v = getattr(cfg.gate, name)
-        if v is not None and not 0.0 <= v <= 1.0:
-            problems.append(
-                Problem(
-                    f"{prefix}.gate.{name}",
-                    v,
-                    "must be in [0, 1]: an absolute share of items (0.05 = 5 percentage points), not a percentage.",
-                    f"e.g. {prefix}.gate.{name}={min(abs(v) / 100, 1.0):g}" if abs(v) > 1 else f"e.g. {prefix}.gate.{name}=0.05",
-                )
-            )
-    for table, hi in (("max_drop_by_recipe", 1.0), ("max_kld_by_recipe", None), ("min_top1_by_recipe", 1.0)):
-        for recipe, v in (getattr(cfg.gate, table) or {}).items():
-            if v is None or v < 0 or (hi is not None and v > hi):
-                problems.append(
-                    Problem(
-                        f"{prefix}.gate.{table}.{recipe}",
-                        v,
-                        "must be in [0, 1]." if hi is not None else "must be >= 0 (nats).",
-                        "use the shipped value (pipeline --cfg job prints it) or a number in that range",
-                    )
-                )
-    for name in ("max_kld", "min_top1"):
-        v = getattr(cfg.gate, name)
-        if v is not None and (v < 0 or (name == "min_top1" and v > 1)):
-            problems.append(Problem(f"{prefix}.gate.{name}", v, "out of range.", "max_kld >= 0 (nats); min_top1 in [0, 1]"))
+    problems.extend(_gate_problems(cfg.gate, f"{prefix}.gate"))
     if cfg.fidelity_heldout < 0:
         problems.append(Problem(f"{prefix}.fidelity_heldout", cfg.fidelity_heldout, "must be >= 0.", "use 64, or 0 to turn it off"))
     if cfg.batch_size < 1:
@@ -197,4 +168,40 @@ def validate(cfg: EvalConfig, prefix: str = "eval") -> list[Problem]:
         problems.append(Problem(f"{prefix}.gate.confidence", cfg.gate.confidence, "must be in [0.5, 1).", "use 0.95"))
     if cfg.limit is not None and cfg.limit < 1:
         problems.append(Problem(f"{prefix}.limit", cfg.limit, "must be >= 1 or null.", "remove the override or set eval.limit=100"))
+    return problems
+
+
+def _gate_problems(g: GateConfig, prefix: str) -> list[Problem]:
+    """:func:`validate`: the ``eval.gate`` ranges (``prefix`` = ``eval.gate``)."""
+    problems: list[Problem] = []
+    if g.bootstrap_samples < 100:
+        problems.append(Problem(f"{prefix}.bootstrap_samples", g.bootstrap_samples, "must be >= 100.", "use 2000"))
+    if not 0.0 <= g.min_agreement <= 1.0:
+        problems.append(Problem(f"{prefix}.min_agreement", g.min_agreement, "must be in [0, 1].", "use 0.0 (off) or e.g. 0.8"))
+    for name in ("min_score", "max_drop", "slice_max_drop"):
+        v = getattr(g, name)
+        if v is not None and not 0.0 <= v <= 1.0:
+            problems.append(
+                Problem(
+                    f"{prefix}.{name}",
+                    v,
+                    "must be in [0, 1]: an absolute share of items (0.05 = 5 percentage points), not a percentage.",
+                    f"e.g. {prefix}.{name}={min(abs(v) / 100, 1.0):g}" if abs(v) > 1 else f"e.g. {prefix}.{name}=0.05",
+                )
+            )
+    for table, hi in (("max_drop_by_recipe", 1.0), ("max_kld_by_recipe", None), ("min_top1_by_recipe", 1.0)):
+        for recipe, v in (getattr(g, table) or {}).items():
+            if v is None or v < 0 or (hi is not None and v > hi):
+                problems.append(
+                    Problem(
+                        f"{prefix}.{table}.{recipe}",
+                        v,
+                        "must be in [0, 1]." if hi is not None else "must be >= 0 (nats).",
+                        "use the shipped value (pipeline --cfg job prints it) or a number in that range",
+                    )
+                )
+    for name in ("max_kld", "min_top1"):
+        v = getattr(g, name)
+        if v is not None and (v < 0 or (name == "min_top1" and v > 1)):
+            problems.append(Problem(f"{prefix}.{name}", v, "out of range.", "max_kld >= 0 (nats); min_top1 in [0, 1]"))
     return problems
