@@ -268,12 +268,13 @@ def run_pipeline(
     except Exception as e:
         from .config import ConfigError
 
-        if isinstance(e, ConfigError):
+        if isinstance(e, ConfigError):  # found before any stage ran: no stage is to blame, none ran
             exit_code, error = 2, str(e)
+            _mark_failed(state.reports, cfg, error, blame=False)
         else:
             log.exception("stage failed")
             exit_code, error = EXIT_FAILED, f"{type(e).__name__}: {e}"
-        _mark_failed(state.reports, cfg, error)
+            _mark_failed(state.reports, cfg, error)
     summary = RunSummary(
         state.reports,
         exit_code,
@@ -467,16 +468,17 @@ def redact_run_outputs(run_dir: Path) -> None:
     redact_files(files)
 
 
-def _mark_failed(reports: list[StageReport], cfg: PipelineConfig, error: str, stage: str | None = None) -> None:
+def _mark_failed(reports: list[StageReport], cfg: PipelineConfig, error: str, stage: str | None = None, *, blame: bool = True) -> None:
     """Report the stages that did not finish: ``stage`` (the one the error belongs to, when a check before the first
-    stage named it; else the first unfinished one) as failed, the others as not run."""
+    stage named it; else the first unfinished one) as failed, the others as not run; with ``blame=False`` (a
+    configuration error) every one as not run."""
     seen = {r.stage for r in reports}
     try:
         order = resolve_order(list(cfg.stages), cfg)
     except Exception:
         order = [s for s in STAGES if s in cfg.stages]
     pending = [s for s in order if s not in seen]
-    failed = stage if stage in pending else (pending[0] if pending else None)
+    failed = (stage if stage in pending else (pending[0] if pending else None)) if blame else None
     for s in pending:
         reports.append(StageReport(s, "failed" if s == failed else "not-run", 0.0, error=error if s == failed else None))
 

@@ -246,3 +246,13 @@ def test_missing_data_file_names_the_field_and_the_stage_that_reads_it(tiny_llam
     assert summary.error.startswith(f"{field}={missing}: not found") and f"set {field} to an existing path" in summary.error
     assert {r.stage: r.status for r in summary.stages} == stages
     assert "PosixPath" not in summary.error
+
+
+def test_a_configuration_error_blames_no_stage(tiny_llama, tmp_path):
+    """A config problem is found before any stage runs: every stage is reported not run (export was marked failed)."""
+    ov = [f"model.path={tiny_llama}", "quant=none", "eval.gate.min_score=90", "stages=[export,evaluate]"]
+    cfg = compose([f"store_dir={tmp_path / 'store'}", "progress=false", *ov])
+    summary = run_pipeline(cfg, overrides=ov, console=Console(file=io.StringIO(), width=200))
+    assert summary.exit_code == 2 and "eval.gate.min_score=90.0: must be in [0, 1]" in summary.error, summary.error
+    assert "(0.9 = 90 %)" in summary.error and "Fix: e.g. eval.gate.min_score=0.9" in summary.error
+    assert summary.stages and {r.status for r in summary.stages} == {"not-run"}

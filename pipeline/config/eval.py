@@ -185,7 +185,8 @@ def _gate_problems(g: GateConfig, prefix: str) -> list[Problem]:
                 Problem(
                     f"{prefix}.{name}",
                     v,
-                    "must be in [0, 1]: an absolute share of items (0.05 = 5 percentage points), not a percentage.",
+                    "must be in [0, 1]: a share of items, not a percentage"
+                    + (" (0.05 = a drop of 5 percentage points)." if name != "min_score" else " (0.9 = 90 %)."),
                     f"e.g. {prefix}.{name}={min(abs(v) / 100, 1.0):g}" if abs(v) > 1 else f"e.g. {prefix}.{name}=0.05",
                 )
             )
@@ -197,7 +198,9 @@ def _gate_problems(g: GateConfig, prefix: str) -> list[Problem]:
                         f"{prefix}.{table}.{recipe}",
                         v,
                         "must be in [0, 1]." if hi is not None else "must be >= 0 (nats).",
-                        "use the shipped value (pipeline --cfg job prints it) or a number in that range",
+                        f"e.g. {prefix}.{table}.{recipe}={v / 100:g} if {v} was meant in percent"
+                        if hi is not None and v is not None and 1 < v <= 100
+                        else "use the shipped value (pipeline --cfg job prints it) or a number in that range",
                     )
                 )
     for name in ("max_kld", "min_top1"):

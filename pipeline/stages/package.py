@@ -49,10 +49,12 @@ def _gate(ctx: StageContext) -> dict[str, Any]:
             "eval set (eval.eval_set), an explicit allowance (eval.gate.max_drop / eval.gate.slice_max_drop), or "
             "eval.gate.mode=exploratory"
         )
-        fix = _first_scopes(fix)
+        # the gate's fix already explains the verdict scope by scope: the reason is then not repeated
+        fix = _first_scopes(fix).rstrip(". ")
         if "package.allow_failed_gate" not in fix:
             fix += "; or override explicitly with package.allow_failed_gate=true (recorded in release_manifest.json)"
-        raise GateFailed(f"package: refusing to package an artifact whose evaluation gate is inconclusive ({reason}). {fix.rstrip('.')}.")
+        why = "" if gate.get("fix") else f" ({reason})"
+        raise GateFailed(f"package: refusing to package an artifact whose evaluation gate is inconclusive{why}: {fix}.")
     if not ctx.cfg.package.allow_failed_gate:
         raise GateFailed(
             f"package: refusing to package an artifact whose evaluation gate failed ({reason}). "
