@@ -164,6 +164,29 @@ def _external(stage: Stage, cfg: PipelineConfig) -> dict[str, Path]:
     return out
 
 
+def _all_externals(order: list[str], cfg: PipelineConfig) -> dict[str, dict[str, Path]]:
+    """:func:`_external` of every stage in ``order``; every missing input is reported in one InputError (``stage`` =
+    the first stage with a missing input), not just the first."""
+    from .errors import InputError
+
+    out: dict[str, dict[str, Path]] = {}
+    errors: list[InputError] = []
+    for name in order:
+        try:
+            out[name] = _external(get_stage(name), cfg)
+        except InputError as e:
+            # two stages reading one missing file (calibration: quantize, and evaluate's held-out text): said once
+            if str(e).split(": not found")[0] not in {str(x).split(": not found")[0] for x in errors}:
+                errors.append(e)
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:
+        err = InputError(f"{len(errors)} missing inputs:\n" + "\n".join(f"  - {e}" for e in errors))
+        err.stage = getattr(errors[0], "stage", None)  # type: ignore[attr-defined]
+        raise err
+    return out
+
+
 def _open_store(store_dir: str, verify: bool = False) -> ArtifactStore:
     """The artifact store at ``store_dir``, created if needed; InputError (exit 2) when unusable."""
     from .errors import InputError
@@ -315,7 +338,7 @@ def _run_stages(cfg: PipelineConfig, console: Console, state: _RunState) -> None
     order = resolve_order(list(cfg.stages), cfg)
     # Every stage's external inputs (checkpoint, calibration set, eval set) are checked before the first
     # stage runs, and so is the build target's availability: nothing heavy runs on a doomed request.
-    externals = {name: _external(get_stage(name), cfg) for name in order}
+    externals = _all_externals(order, cfg)
     if "build" in order and not cfg.dry_run:
         _target_available(cfg, store, order, externals)
     done: dict[str, Artifact] = {}

@@ -256,3 +256,16 @@ def test_a_configuration_error_blames_no_stage(tiny_llama, tmp_path):
     assert summary.exit_code == 2 and "eval.gate.min_score=90.0: must be in [0, 1]" in summary.error, summary.error
     assert "(0.9 = 90 %)" in summary.error and "Fix: e.g. eval.gate.min_score=0.9" in summary.error
     assert summary.stages and {r.status for r in summary.stages} == {"not-run"}
+
+
+def test_every_missing_data_file_is_reported_at_once(tiny_llama, tmp_path):
+    """Both missing files in one error (only the first was named); the calibration set, which quantize and
+    evaluate's held-out fidelity both read, is named once."""
+    cal, ev = tmp_path / "c.jsonl", tmp_path / "e.jsonl"
+    ov = [f"model.path={tiny_llama}", "quant=int8_wo", "eval.runners=[baseline,simulated]", "stages=[export,quantize,evaluate]"]
+    ov += ["build.max_input_len=96", "build.max_seq_len=128", f"calibration.path={cal}", f"eval.eval_set={ev}"]
+    cfg = compose([f"store_dir={tmp_path / 'store'}", "progress=false", *ov])
+    summary = run_pipeline(cfg, overrides=ov, console=Console(file=io.StringIO(), width=200))
+    assert summary.exit_code == 2 and summary.error.startswith("2 missing inputs:"), summary.error
+    assert summary.error.count(f"calibration.path={cal}: not found") == 1 and f"eval.eval_set={ev}: not found" in summary.error
+    assert {r.stage: r.status for r in summary.stages} == {"export": "not-run", "quantize": "failed", "evaluate": "not-run"}
