@@ -365,7 +365,45 @@ def check_overrides(argv: list[str]) -> list[str]:
                 break
             path.append(part)
             cls = GROUPS.get(part, fields[part]) if len(path) == 1 else fields[part]
+        else:
+            problem = _scalar_problem(key, value, cls)
+            if problem:
+                out.append(problem)
     return out
+
+
+#: OmegaConf's spellings of a boolean (omegaconf/nodes.py BooleanNode)
+BOOL_WORDS = {"true", "false", "yes", "no", "on", "off", "y", "n", "1", "0"}
+
+
+def _scalar_problem(key: str, value: str, typ: Any) -> str | None:
+    """A value OmegaConf cannot convert to the field's type (``package.parity=maybe``, ``eval.gate.max_drop=abc``),
+    said with the fix instead of Hydra's bare conversion error; None when it converts (each value of a sweep's
+    comma list is checked) or the value is an interpolation."""
+    import typing
+
+    args = [a for a in typing.get_args(typ) if a is not type(None)]
+    optional = type(None) in typing.get_args(typ)
+    base = args[0] if optional and len(args) == 1 else typ
+    if base not in (bool, int, float) or "${" in value:
+        return None
+    for v in value.split(",") if "," in value else [value]:
+        v = v.strip().strip("'\"")
+        if optional and v.lower() in ("null", "none", "~"):
+            continue
+        if base is bool and v.lower() not in BOOL_WORDS:
+            return f"{key}={v}: not a boolean. Fix: {key}=true or {key}=false."
+        if base is int:
+            try:
+                int(v)
+            except ValueError:
+                return f"{key}={v}: not a whole number. Fix: {key}=<integer>" + (" or null." if optional else ".")
+        if base is float:
+            try:
+                float(v)
+            except ValueError:
+                return f"{key}={v}: not a number. Fix: {key}=<number>" + (" or null." if optional else ".")
+    return None
 
 
 def main(argv: list[str] | None = None) -> None:

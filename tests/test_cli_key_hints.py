@@ -79,3 +79,21 @@ def test_gate_allowances_out_of_range_are_refused_with_the_scale():
     assert "must be >= 0 (nats)" in problems("eval.gate.max_kld_by_recipe.int4_awq=-1")[0]
     assert "eval.gate.max_drop_by_recipe.int4_awq=3.0" in problems("eval.gate.max_drop_by_recipe.int4_awq=3")[0]
     validate(compose(["eval.gate.max_drop=1.0", "eval.gate.slice_max_drop=0", "eval.gate.min_score=0.5"]))
+
+
+def test_a_value_of_the_wrong_type_gets_a_fix():
+    """Hydra said "Value 'maybe' is not a valid bool" with no fix; each scalar type now names its fix, and values that
+    convert (OmegaConf's boolean words, numbers, null for an optional field, each value of a sweep) pass."""
+    assert _one("package.parity=maybe") == "package.parity=maybe: not a boolean. Fix: package.parity=true or package.parity=false."
+    assert "not a number. Fix: eval.gate.max_drop=<number> or null." in _one("eval.gate.max_drop=abc")
+    assert "not a whole number. Fix: eval.limit=<integer> or null." in _one("eval.limit=ten")
+    assert "eval.gate.max_drop=x" in _one("eval.gate.max_drop=0.05,x")
+    ok = [
+        "package.parity=Yes",
+        "progress=off",
+        "eval.gate.max_drop=0.05,0.1",
+        "eval.limit=null",
+        "eval.limit=12",
+        "eval.gate.seed=${oc.env:SEED,0}",
+    ]
+    assert check_overrides(ok) == []
