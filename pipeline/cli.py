@@ -150,6 +150,9 @@ def user_config_argv(argv: list[str], tmp_root: Path) -> list[str]:
         raise InputError(f"{path}: expected a mapping of config values (e.g. `model: {{path: /ckpt}}`), got {type(doc).__name__}.")
     if "defaults" in doc:
         return argv
+    problems = check_overrides(_yaml_as_overrides({str(k): v for k, v in doc.items()}))
+    if problems:
+        raise InputError(f"{path}: " + ("\n  - ".join(["", *problems]) if len(problems) > 1 else problems[0]))
     overrides = []
     for g in list(doc):
         if g in GROUPS and isinstance(doc[g], str):
@@ -167,6 +170,23 @@ def user_config_argv(argv: list[str], tmp_root: Path) -> list[str]:
     overrides = [o for o in overrides if o.split("=", 1)[0] not in given]  # the command line wins over the file
     # Hydra's argparse takes the overrides as one run of positionals: options first, then every override
     return [f"--config-dir={tmp_root}", *options, *overrides, f"+user_config@_global_={stem}", *positionals]
+
+
+def _yaml_as_overrides(doc: dict[Any, Any], prefix: str = "") -> list[str]:
+    """A user YAML's values as the ``key=value`` overrides they amount to, so :func:`check_overrides` judges a file
+    as it judges the command line (unknown keys, wrong types, ``stages`` that is not a list)."""
+    out: list[str] = []
+    for k, v in doc.items():
+        key = f"{prefix}{k}"
+        if key == "hydra" or key.startswith("hydra."):
+            continue
+        if isinstance(v, dict) and v:
+            out += _yaml_as_overrides(v, f"{key}.")
+        elif isinstance(v, list):
+            out.append(f"{key}=[{','.join(str(x) for x in v)}]")
+        else:
+            out.append(f"{key}={'null' if v is None else str(v).lower() if isinstance(v, bool) else v}")
+    return out
 
 
 def resolve_printed_config(argv: list[str]) -> list[str]:

@@ -97,3 +97,28 @@ def test_a_value_of_the_wrong_type_gets_a_fix():
         "eval.gate.seed=${oc.env:SEED,0}",
     ]
     assert check_overrides(ok) == []
+
+
+def test_a_user_yaml_is_checked_like_the_command_line(tmp_path):
+    """A plain user YAML (--config-dir/--config-name) went to Hydra unchecked: `parity: 2` was read as true, `foo: 1`
+    got Hydra's bare ConfigKeyError, `stages: quantize` a type error. Its values are now judged as overrides."""
+    import pytest
+
+    from pipeline.cli import user_config_argv
+    from pipeline.errors import InputError
+
+    def refusal(text: str) -> str:
+        (tmp_path / "mine.yaml").write_text(text)
+        with pytest.raises(InputError) as e:
+            user_config_argv(["--config-dir", str(tmp_path), "--config-name", "mine"], tmp_path / "root")
+        return str(e.value)
+
+    assert "mine.yaml: package.parity=2: not a boolean" in refusal("package:\n  parity: 2\n")
+    err = refusal("foo: 1\npackage:\n  foo: 3\n")
+    assert "foo: no such field in the top level" in err and "package.foo: no such field in package" in err
+    assert "stages=quantize: stages is a list" in refusal("stages: quantize\n")
+    (tmp_path / "ok.yaml").write_text(
+        'progress: "yes"\nstages: [export]\nquant: int4_awq\neval:\n  gate:\n    max_drop_by_recipe:\n      int4_awq: 0.04\n'
+    )
+    argv = user_config_argv(["--config-dir", str(tmp_path), "--config-name", "ok"], tmp_path / "root2")
+    assert "quant=int4_awq" in argv
