@@ -68,7 +68,7 @@ def _task(cfg) -> int:  # DictConfig
     try:
         obj = to_object(cfg, overrides)
     except Exception as e:
-        print(f"configuration error: {e}", file=sys.stderr)
+        print(f"error (exit {EXIT_INPUT}): {e}", file=sys.stderr)
         code = EXIT_INPUT
         _write_error_summary(out_dir, overrides, code, f"configuration error: {e}")
     else:
