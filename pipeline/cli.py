@@ -351,7 +351,14 @@ def check_overrides(argv: list[str]) -> list[str]:
         return (f"did you mean {' or '.join(near)}? " if near else "") + f"valid: {', '.join(sorted(valid_here))}"
 
     for arg in argv:
-        if arg.startswith(("-", "~")) or "=" not in arg:
+        if arg.startswith("~") and not arg.startswith("~hydra"):
+            key = arg[1:].split("=", 1)[0]
+            if key.split(".", 1)[0] in GROUPS or key in _schema_fields(PipelineConfig):
+                out.append(
+                    f"{arg}: deletes {key}, which the pipeline's schema needs. Fix: set it instead ({key}=<value>), or drop the override."
+                )
+            continue
+        if arg.startswith("-") or "=" not in arg:
             continue
         # ``+key=v`` / ``++key=v`` make Hydra add a key the schema lacks, which the pipeline would never read:
         # checked like a plain override (a dict-valued field, where adding a key is meaningful, stops the walk below)

@@ -122,3 +122,11 @@ def test_a_user_yaml_is_checked_like_the_command_line(tmp_path):
     )
     argv = user_config_argv(["--config-dir", str(tmp_path), "--config-name", "ok"], tmp_path / "root2")
     assert "quant=int4_awq" in argv
+
+
+def test_deleting_a_schema_group_or_field_is_refused():
+    """``~build`` made OmegaConf crash with a traceback (found by tests/test_fuzz.py); deleting what the schema needs is
+    refused with the fix, and Hydra's own keys stay Hydra's."""
+    assert "~build: deletes build" in _one("~build") and "Fix: set it instead (build=<value>)" in _one("~build")
+    assert "~quant.group_size: deletes quant.group_size" in _one("~quant.group_size")
+    assert check_overrides(["~hydra.run"]) == []

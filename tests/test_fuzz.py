@@ -12,7 +12,7 @@ import string
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from pipeline.config import ConfigError, compose
@@ -100,6 +100,7 @@ BASE = ["model=llama31_8b", "target.gpu=h100_sxm"]
 
 @FUZZ
 @given(st.lists(OVERRIDE, max_size=4))
+@example(["+build.max_seq_len=0", "~build"])  # found by this test (2026-12-01): OmegaConf's bare AttributeError
 def test_compose_validate_plan_never_crash(overrides):
     from pipeline.planner import plan
 

@@ -295,12 +295,13 @@ def compose(overrides: list[str] | None = None, config_name: str = "pipeline") -
     try:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
             cfg = _compose(config_name=config_name, overrides=list(overrides or []))
-    except (ValueError, TypeError) as e:
+    except (ValueError, TypeError, AttributeError, KeyError) as e:
         from omegaconf.errors import OmegaConfBaseException
 
         if isinstance(e, (OmegaConfBaseException, ConfigError)):
             raise
-        # Hydra raises a bare ValueError for some override shapes (found by tests/test_fuzz.py: ``build=0``)
+        # Hydra raises a bare ValueError for some override shapes (found by tests/test_fuzz.py: ``build=0``), and
+        # OmegaConf a bare AttributeError for others (``+build.max_seq_len=0 ~build``, also found by the fuzz test)
         raise ConfigError(
             [
                 Problem(
