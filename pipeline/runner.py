@@ -141,48 +141,56 @@ _INPUT_FIELDS = {
 }
 
 
-def _external(stage: Stage, cfg: PipelineConfig) -> dict[str, Path]:
-    """``stage``'s external inputs resolved to existing paths. Raises InputError (with ``stage`` set to the stage's
-    name) naming the config field, the value and where it was looked for."""
-    ext = stage.external_inputs(cfg)
-    out = {}
-    for name, p in ext.items():
+def _resolve_externals(stage: Stage, cfg: PipelineConfig) -> tuple[dict[str, Path], dict[str, str]]:
+    """``stage``'s external inputs: ``(resolved {name: existing path}, missing {"<field>=<value>": message})``, each
+    message naming the config field, the value, where it was looked for and the fix."""
+    out: dict[str, Path] = {}
+    missing: dict[str, str] = {}
+    for name, p in stage.external_inputs(cfg).items():
         rp = resolve_path(str(p))
         if rp is None or not rp.exists():
-            from .errors import InputError
-
             field = _INPUT_FIELDS.get(name)
             what = f"{field}={p}" if field else f"input {name!r} ({p})"
-            err = InputError(
+            missing[what] = (
                 f"{what}: not found (looked for {rp}; the {stage.name} stage reads it). "
                 f"Fix: {'set ' + field + ' to' if field else 'point the config at'} an existing path (relative paths are "
                 "resolved against the directory you run pipeline from, then the repository)."
             )
-            err.stage = stage.name  # type: ignore[attr-defined]
-            raise err
-        out[name] = rp
+        else:
+            out[name] = rp
+    return out, missing
+
+
+def _external(stage: Stage, cfg: PipelineConfig) -> dict[str, Path]:
+    """``stage``'s external inputs resolved to existing paths; InputError for the first missing one
+    (:func:`_resolve_externals`)."""
+    out, missing = _resolve_externals(stage, cfg)
+    if missing:
+        from .errors import InputError
+
+        raise InputError(next(iter(missing.values())))
     return out
 
 
 def _all_externals(order: list[str], cfg: PipelineConfig) -> dict[str, dict[str, Path]]:
-    """:func:`_external` of every stage in ``order``; every missing input is reported in one InputError (``stage`` =
-    the first stage with a missing input), not just the first."""
+    """:func:`_resolve_externals` of every stage in ``order``. Every missing input is reported in one InputError,
+    once even when several stages read it (the calibration set: quantize, and evaluate's held-out text); its
+    ``stage`` attribute is the first stage with a missing input (the one the run summary marks failed)."""
     from .errors import InputError
 
     out: dict[str, dict[str, Path]] = {}
-    errors: list[InputError] = []
+    missing: dict[str, str] = {}
+    first: str | None = None
     for name in order:
-        try:
-            out[name] = _external(get_stage(name), cfg)
-        except InputError as e:
-            # two stages reading one missing file (calibration: quantize, and evaluate's held-out text): said once
-            if str(e).split(": not found")[0] not in {str(x).split(": not found")[0] for x in errors}:
-                errors.append(e)
-    if len(errors) == 1:
-        raise errors[0]
-    if errors:
-        err = InputError(f"{len(errors)} missing inputs:\n" + "\n".join(f"  - {e}" for e in errors))
-        err.stage = getattr(errors[0], "stage", None)  # type: ignore[attr-defined]
+        out[name], gone = _resolve_externals(get_stage(name), cfg)
+        if gone and first is None:
+            first = name
+        for what, msg in gone.items():
+            missing.setdefault(what, msg)  # the first stage's message wins
+    if missing:
+        msgs = list(missing.values())
+        err = InputError(msgs[0] if len(msgs) == 1 else f"{len(msgs)} missing inputs:\n" + "\n".join(f"  - {m}" for m in msgs))
+        err.stage = first  # type: ignore[attr-defined]
         raise err
     return out
 
