@@ -12,6 +12,11 @@ from .common import KV_CACHE
 LM_HEAD = "lm_head"
 
 
+def lm_head_excluded(excluded: dict[str, str]) -> bool:
+    """Whether the LM head is among the modules kept in high precision (``excluded``: ``pipeline.quantization.preflight.excluded_modules``)."""
+    return any(n == LM_HEAD or n.endswith(f".{LM_HEAD}") for n in excluded)
+
+
 def modelopt_config(qcfg: Any, excluded: dict[str, str], recipe_name: str | None = None) -> dict[str, Any]:
     """The ModelOpt ``mtq.quantize`` config for ``quant`` (a deep copy of the recipe's ModelOpt constant).
 
@@ -39,7 +44,7 @@ def modelopt_config(qcfg: Any, excluded: dict[str, str], recipe_name: str | None
     if name == "int8_sq":
         algo = cfg.get("algorithm")
         cfg["algorithm"] = {**(algo if isinstance(algo, dict) else {"method": "smoothquant"}), "alpha": float(qcfg.smoothquant_alpha)}
-    if not any(n == LM_HEAD or n.endswith(f".{LM_HEAD}") for n in excluded):
+    if not lm_head_excluded(excluded):
         entries[:] = [e for e in entries if not (e.get("quantizer_name") == f"*{LM_HEAD}*" and e.get("enable") is False)]
     entries.extend(copy.deepcopy(KV_CACHE[qcfg.kv_cache_dtype][1]))
     for name in sorted(excluded):

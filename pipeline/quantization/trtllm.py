@@ -14,6 +14,7 @@ from ..artifacts import QuantizeArtifact
 from ..errors import InputError
 from ..recipes import RECIPES
 from .common import DECODER_TYPES, KV_CACHE, NO_TRTLLM_CHECKPOINT, _quiet
+from .modelopt_config import lm_head_excluded
 from .preflight import _Source
 
 #: ModelOpt pads vocab_embedding/lm_head rows to a multiple of this when it exports AWQ-format (W4A16_AWQ, W4A8_AWQ)
@@ -170,8 +171,10 @@ def _scan_ranks(ckpt: Path, tp: int) -> _RankScan:
             for k in f.keys():
                 # a quantized LM head (quant.exclude_modules without lm_head) holds packed integers whose row count is
                 # not the vocabulary's (two int4 per byte): only float tables are counted
-                if k in ("lm_head.weight", "transformer.vocab_embedding.weight") and f.get_slice(k).get_dtype() in FLOAT_TABLES:
-                    shard_rows.add(f.get_slice(k).get_shape()[0])
+                if k in ("lm_head.weight", "transformer.vocab_embedding.weight"):
+                    table = f.get_slice(k)
+                    if table.get_dtype() in FLOAT_TABLES:
+                        shard_rows.add(table.get_shape()[0])
                 if k.startswith("transformer.layers."):
                     local = int(k.split(".")[2])
                     layers_per_pp[pp_rank] = max(layers_per_pp.get(pp_rank, 0), local + 1)
@@ -236,7 +239,7 @@ def _export_trtllm(out: Path, qcfg: Any, parallel: Any, src: _Source, checked_qu
         return _Exported(ckpt, {"skipped": why}, [f"no TensorRT-LLM checkpoint: {why}"])
     # exporters may rewrite the model's weights in place: export from copies
     with _quiet("export_tensorrt_llm_checkpoint"), warnings.catch_warnings():
-        if "lm_head" in src.excluded:  # ModelOpt 0.47 says this for any LM head not disabled by its own padding rule
+        if lm_head_excluded(src.excluded):  # ModelOpt 0.47 says this for any LM head not disabled by its own padding rule
             warnings.filterwarnings("ignore", message=r"Enable lm_head quantization")
         mte.export_tensorrt_llm_checkpoint(
             copy.deepcopy(src.model),
