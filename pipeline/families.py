@@ -215,6 +215,19 @@ def config_problems(cfg: Any) -> list[Any]:
     return problems
 
 
+def _builds_on_ort(cfg: Any) -> bool:
+    """The run builds an engine and its target resolves to onnxruntime_genai (False when it cannot be resolved: the
+    target's own checks report that)."""
+    from .targets import needs_build, resolve_target
+
+    if not needs_build(cfg):
+        return False
+    try:
+        return resolve_target(cfg)[0] == "onnxruntime_genai"
+    except Exception:
+        return False
+
+
 #: onnxruntime's CPU ``GroupQueryAttention`` kernel (the attention op onnxruntime-genai's builder emits) refuses other
 #: head sizes at the first step ("head_size shall be a multiple of 16", onnxruntime 1.32 contrib_ops/cpu/bert/
 #: group_query_attention_helper.h); found by a fresh-user trial with a hidden-96 / 4-head Mistral (head size 24)
@@ -225,16 +238,13 @@ def _head_size_problems(cfg: Any, mc: dict[str, Any]) -> list[Any]:
     """A head size the onnxruntime_genai CPU engine cannot run (:data:`CPU_GQA_HEAD_MULTIPLE`), refused at config
     time instead of after the build (the engine loads and fails at its first step)."""
     from .config.common import Problem
-    from .targets import needs_build, resolve_target
 
-    if not needs_build(cfg) or getattr(cfg.target, "execution_provider", "cpu") != "cpu":
+    if not _builds_on_ort(cfg) or getattr(cfg.target, "execution_provider", "cpu") != "cpu":
         return []
     try:
-        if resolve_target(cfg)[0] != "onnxruntime_genai":
-            return []
         hidden, heads = int(mc["hidden_size"]), int(mc["num_attention_heads"])
         head = int(mc.get("head_dim") or hidden // heads)
-    except Exception:
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
         return []
     if head % CPU_GQA_HEAD_MULTIPLE == 0:
         return []
@@ -258,14 +268,8 @@ def _window_problems(cfg: Any, mc: dict[str, Any]) -> list[Any]:
     after which the engine refuses every request); one sequence at a time matches transformers.
     """
     from .config.common import Problem
-    from .targets import needs_build, resolve_target
 
-    if not needs_build(cfg):
-        return []
-    try:
-        if resolve_target(cfg)[0] != "onnxruntime_genai":
-            return []
-    except Exception:
+    if not _builds_on_ort(cfg):
         return []
     b = cfg.build
     new, _ = builder_config(mc, int(b.max_seq_len))
