@@ -150,7 +150,7 @@ def user_config_argv(argv: list[str], tmp_root: Path) -> list[str]:
         raise InputError(f"{path}: expected a mapping of config values (e.g. `model: {{path: /ckpt}}`), got {type(doc).__name__}.")
     if "defaults" in doc:
         return argv
-    problems = check_overrides(_yaml_as_overrides({str(k): v for k, v in doc.items()}))
+    problems = check_overrides(_yaml_as_overrides(doc))
     if problems:
         raise InputError(f"{path}: " + ("\n  - ".join(["", *problems]) if len(problems) > 1 else problems[0]))
     overrides = []
@@ -399,15 +399,13 @@ def check_overrides(argv: list[str]) -> list[str]:
     return out
 
 
-#: OmegaConf's spellings of a boolean (omegaconf/nodes.py BooleanNode)
-BOOL_WORDS = {"true", "false", "yes", "no", "on", "off", "y", "n", "1", "0"}
-
-
 def _scalar_problem(key: str, value: str, typ: Any) -> str | None:
     """A value OmegaConf cannot convert to the field's type (``package.parity=maybe``, ``eval.gate.max_drop=abc``),
     said with the fix instead of Hydra's bare conversion error; None when it converts (each value of a sweep's
     comma list is checked) or the value is an interpolation."""
     import typing
+
+    from .config import BOOL_WORDS
 
     args = [a for a in typing.get_args(typ) if a is not type(None)]
     optional = type(None) in typing.get_args(typ)

@@ -228,15 +228,20 @@ def to_object(cfg: DictConfig | PipelineConfig, explicit: Optional[list[str]] = 
     return obj
 
 
+#: the spellings of a boolean this pipeline accepts: OmegaConf's (omegaconf/nodes.py BooleanNode) without its
+#: "any other integer is true" (``package.parity=2``), which would accept a typo silently
+BOOL_WORDS = frozenset({"true", "false", "yes", "no", "on", "off", "y", "n", "1", "0"})
+
+
 def _numeric_bools(cfg: DictConfig, explicit: list[str]) -> list[Problem]:
-    """Command-line overrides that set a boolean field to a number other than 0 or 1: OmegaConf reads any nonzero
-    integer as true (``package.parity=2``), which would accept a typo silently.  ``true/false``, ``yes/no``,
-    ``on/off`` and ``1/0`` stay accepted (OmegaConf's boolean spellings); other strings OmegaConf refuses itself."""
+    """Overrides that set a boolean field to something other than :data:`BOOL_WORDS` which OmegaConf still took: a
+    number other than 0 or 1 (OmegaConf refuses other strings itself).  The ``pipeline`` command refuses these
+    earlier (``pipeline.cli.check_overrides``); this covers :func:`compose` callers."""
     problems = []
     for o in explicit:
         key, sep, raw = o.lstrip("+~").partition("=")
         v = raw.strip().strip("'\"")
-        if not sep or not v.lstrip("+-").isdigit() or v in ("0", "1"):
+        if not sep or v.lower() in BOOL_WORDS or not v.lstrip("+-").isdigit():
             continue
         parent_key, _, leaf = key.rpartition(".")
         parent = OmegaConf.select(cfg, parent_key) if parent_key else cfg
