@@ -160,6 +160,15 @@ def test_smoke_json_is_consistent(smoke_doc):
         if r["mode"] != "baseline":
             rf = r["roofline"]
             assert rf["bound_tokens_per_s"] > 0 and rf["fraction"] > 0
+        # per-hop timing from the deployment's own timestamps: every Triton request has it, nothing else does
+        sp = m.get("serving_path")
+        assert (sp is not None) == (r["mode"] == "triton"), r["mode"]
+        if sp is not None:
+            assert sp["requests"] == m["requests"]["completed"]
+            assert all(sp[h]["avg"] > 0 for h in ("request_hop", "prefill", "first_token_delivery", "last_token_delivery")), sp
+            assert sp["queue"]["min"] >= 0 and sp["server_time_per_output_token"]["avg"] > 0
+            parts = ("client", "request_hop", "queue", "prefill", "first_token_delivery")
+            assert sum(sp[h]["avg"] for h in parts) == pytest.approx(m["time_to_first_token"]["avg"], rel=1e-6)
     assert all(len(v) == 1 for v in digests.values())
     assert doc["roofline"]["weight_bytes_per_step"] > 0 and doc["roofline"]["bandwidth_gbs"] > 0
     # ratios are computed where both sides ran; never asserted against targets here
@@ -169,6 +178,7 @@ def test_smoke_json_is_consistent(smoke_doc):
     assert modes == ["engine", "triton", "baseline"]
     assert doc["modes"]["triton"]["url"].startswith("127.0.0.1:")  # loopback only
     assert r["triton_overhead_tpot_c1"]["value"] > 0
+    assert r["triton_server_tpot_over_engine_c1"]["value"] > 0
     assert doc["headline"]["errors"] == 0 and doc["headline"]["tpot_ms"] > 0
 
 
@@ -178,6 +188,8 @@ def test_smoke_markdown_and_plots(smoke_doc):
     rows = [ln for ln in md.splitlines() if ln.startswith("| engine |") or ln.startswith("| baseline |") or ln.startswith("| triton |")]
     assert len(rows) == len([r for r in doc["runs"] if r["repeat"] == 0]) == 5
     assert "engine_speedup_tpot_c1" in md
+    hops = md.split("Where the Triton path's time goes", 1)[1].split("\n\n", 2)[1].splitlines()
+    assert len(hops) == 2 + len(cfg.benchmark.concurrency), hops  # header, rule, one row per Triton level
     for p in PLOTS:
         assert (out / p).stat().st_size > 1000, p
 
@@ -258,6 +270,30 @@ def test_length_distributions_are_seeded_and_bounded():
     assert min(clipped) == 30 and max(clipped) == 50
     with pytest.raises(InputError, match="benchmark.output_len"):
         sample_lengths(LengthDist(min=10, max=5), 1, rng(), "benchmark.output_len")
+
+
+def test_serving_path_hops_add_up_to_the_clients_times():
+    """Per-hop timing of one request with known timestamps (s): every hop is the difference it is defined as."""
+    from pipeline.bench.metrics import SERVING_HOPS, serving_path
+    from pipeline.bench.records import RequestRecord
+
+    r = RequestRecord("a", 10, 4, t_send=100.0, token_times=[100.050, 100.060, 100.070, 100.090])
+    assert serving_path([r]) is None  # no server timestamps (engine mode)
+    r.t_client_send = 100.002
+    r.server_times = {"arrival": 100.010, "scheduled": 100.011, "first_token": 100.041, "last_token": 100.080}
+    sp = serving_path([r])
+    assert sp is not None and set(SERVING_HOPS) <= set(sp) and sp["requests"] == 1
+    want = {
+        "client": 2.0,
+        "request_hop": 8.0,
+        "queue": 1.0,
+        "prefill": 30.0,
+        "first_token_delivery": 9.0,
+        "server_time_per_output_token": 13.0,
+        "last_token_delivery": 10.0,
+    }
+    assert {k: round(sp[k]["avg"], 6) for k in want} == want
+    assert sum(want[k] for k in ("client", "request_hop", "queue", "prefill", "first_token_delivery")) == pytest.approx(r.ttft * 1e3)
 
 
 def test_distribution_matches_numpy():

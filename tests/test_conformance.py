@@ -606,6 +606,38 @@ def test_return_perf_metrics(served):
     assert 0 < t[0] <= t[1] <= t[2] <= t[3]
 
 
+def test_streamed_perf_metrics_time_each_response(served):
+    """Streamed with ``return_perf_metrics``: every response carries the timestamps, ``first_token_time_ns`` stays put
+    and ``last_token_time_ns`` names when that response's newest token was generated (it grows along the stream)."""
+    names = ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns")
+    call = stream_call(
+        served.url, "ensemble", [PROMPTS[1]], stream=True, min_length=MAX_TOKENS, return_perf_metrics=True, outputs=("text_output", *names)
+    )
+    assert call.error is None, call.error
+    rows = [[int(r.as_numpy(n).reshape(-1)[0]) for n in names] for r in call.results]
+    assert rows
+    for arrival, scheduled, first, last in rows:
+        assert 0 < arrival <= scheduled <= first <= last
+    assert len({r[0] for r in rows}) == len({r[1] for r in rows}) == len({r[2] for r in rows}) == 1
+    lasts = [r[3] for r in rows]
+    assert lasts == sorted(lasts) and (len(rows) == 1 or lasts[-1] > lasts[0])
+
+
+def test_client_perf_metrics_share_the_host_clock(served):
+    """``LLMClient.generate(return_perf_metrics=True)``: the server's timestamps fall between the client's send and
+    the client's receipt of the last response (one host clock), which the benchmark's per-hop timing relies on."""
+    from pipeline.serving.client import PERF_TIMES, LLMClient
+
+    with LLMClient(served.url, "ensemble", timeout_s=60) as c:
+        res = c.generate(PROMPTS[0], MAX_TOKENS, stream=True, chat=False, return_perf_metrics=True, min_length=MAX_TOKENS)
+        plain = c.generate(PROMPTS[0], MAX_TOKENS, stream=True, chat=False)
+    assert res.perf is not None and set(res.perf) == set(PERF_TIMES) and res.sent_ns is not None
+    received_last = res.sent_ns + int(res.chunk_times_s[-1] * 1e9)
+    t = [res.perf[n] for n in PERF_TIMES]
+    assert res.sent_ns <= t[0] <= t[1] <= t[2] <= t[3] <= received_last
+    assert plain.perf is None and plain.text == res.text
+
+
 def test_perf_metric_output_shapes(served):
     call = stream_call(
         served.url,

@@ -44,6 +44,13 @@ TARGETS = {
         "engine aggregate decode rate (concurrency ÷ TPOT) at concurrency 8 / at 1: the batching gain of the decode "
         "steps alone, prefill excluded (a diagnostic next to engine_throughput_c8_over_c1)",
     ),
+    "triton_server_tpot_over_engine_c1": (
+        "<=",
+        1.10,
+        "the engine's TPOT inside Triton (its own first/last token timestamps, return_perf_metrics) / in-process engine "
+        "TPOT, both at concurrency 1: how much serving slows the engine itself, delivery lag excluded (a diagnostic "
+        "next to triton_overhead_tpot_c1)",
+    ),
     "engine_roofline_fraction_c1": (
         ">=",
         0.40,
@@ -587,6 +594,10 @@ def ratios(summary: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]], ju
         "engine_vs_builder_int4_tpot_c1": div(_mean(summary, "engine/concurrency=1", tp), _mean(summary, "builder_int4/concurrency=1", tp)),
         "engine_decode_rate_c8_over_c1": div(
             div(8.0, _mean(summary, "engine/concurrency=8", tp)), div(1.0, _mean(summary, "engine/concurrency=1", tp))
+        ),
+        "triton_server_tpot_over_engine_c1": div(
+            _mean(summary, "triton/concurrency=1", "serving_path.server_time_per_output_token.avg"),
+            _mean(summary, "engine/concurrency=1", tp),
         ),
         "engine_roofline_fraction_c1": _roofline_fraction(summary, "engine/concurrency=1"),
         "failed_requests": sum(r["metrics"]["requests"]["errors"] for r in runs),

@@ -13,6 +13,8 @@ Definitions (genai-perf README "Metrics"; trtllm-bench ``--streaming`` report):
 * ``output_token_throughput_per_user``: 1 / TPOT per request (tokens/s/user).
 * ``prefill_decode``: share of request time spent before the first token (prefill + queueing)
   vs after it (decode).
+* ``serving_path`` (Triton mode, from the deployment's ``return_perf_metrics`` timestamps; :func:`serving_path`):
+  where a request's time goes hop by hop, and the engine's own TPOT inside the server next to the client's.
 
 Distributions are reported as ``{unit, avg, min, max, std, p50, p75, p90, p95, p99}`` (``avg`` is
 the arithmetic mean; percentiles by linear interpolation, ``numpy.percentile``); times in ms.
@@ -59,7 +61,26 @@ HEADLINE = {
     "request_throughput.avg": "higher",
     "requests.errors": "lower",
     "prefill_decode.prefill_share": "lower",
+    "serving_path.client.avg": "lower",
+    "serving_path.request_hop.avg": "lower",
+    "serving_path.queue.avg": "lower",
+    "serving_path.prefill.avg": "lower",
+    "serving_path.first_token_delivery.avg": "lower",
+    "serving_path.server_time_per_output_token.avg": "lower",
+    "serving_path.last_token_delivery.avg": "lower",
 }
+SERVING_HOPS = {
+    "client": "benchmark send -> the client library sends (chat-template rendering, hand-off to a client thread)",
+    "request_hop": "client sends -> the engine model has parsed the request (gRPC, the ensemble scheduler, "
+    "preprocessing's tokenization, the engine model's execute())",
+    "queue": "parsed -> admitted to the engine (first_scheduled_time_ns - arrival_time_ns)",
+    "prefill": "admitted -> first token generated (first_token_time_ns - first_scheduled_time_ns)",
+    "first_token_delivery": "first token generated -> received by the client (response build, the Python backend's "
+    "IPC, the ensemble, gRPC, the client's callback)",
+    "server_time_per_output_token": "the engine's TPOT inside the server: (last_token_time_ns - first_token_time_ns) / (tokens - 1)",
+    "last_token_delivery": "last token generated -> received by the client (how far delivery trails the engine at the end)",
+}
+"""The hops of :func:`serving_path` and what each spans (ms distributions in a level's ``serving_path``)."""
 
 
 def distribution(values: Iterable[float], unit: str, scale: float = 1.0) -> dict[str, Any]:
@@ -126,7 +147,37 @@ def level_metrics(records: Sequence[RequestRecord]) -> dict[str, Any]:
             "short_outputs": [r.request_id for r in ok if r.finish_reason == "length" and r.output_len != r.requested_output_len][:10],
         },
     }
+    sp = serving_path(ok)
+    if sp is not None:
+        m["serving_path"] = sp
     return m
+
+
+def serving_path(records: Sequence[RequestRecord]) -> dict[str, Any] | None:
+    """Per-hop timing of the completed requests that carry server timestamps (:data:`SERVING_HOPS`), ms each.
+
+    The client's TTFT is the sum ``client + request_hop + queue + prefill + first_token_delivery``; the client's
+    TPOT exceeds ``server_time_per_output_token`` by the growth of the delivery lag over the request, i.e.
+    ``(last_token_delivery - first_token_delivery) / (tokens - 1)``. ``None`` when no request has server times.
+    """
+    rs = [r for r in records if r.ok and r.server_times and len(r.server_times) == 4]
+    if not rs:
+        return None
+    hops: dict[str, list[float]] = {k: [] for k in SERVING_HOPS}
+    for r in rs:
+        s = r.server_times or {}
+        sent = r.t_client_send if r.t_client_send is not None else r.t_send
+        hops["client"].append(sent - r.t_send)
+        hops["request_hop"].append(s["arrival"] - sent)
+        hops["queue"].append(s["scheduled"] - s["arrival"])
+        hops["prefill"].append(s["first_token"] - s["scheduled"])
+        hops["first_token_delivery"].append(r.token_times[0] - s["first_token"])
+        hops["last_token_delivery"].append(r.token_times[-1] - s["last_token"])
+        if r.output_len > 1:
+            hops["server_time_per_output_token"].append((s["last_token"] - s["first_token"]) / (r.output_len - 1))
+    out: dict[str, Any] = {k: distribution(v, "ms", 1e3) for k, v in hops.items()}
+    out["requests"] = len(rs)
+    return out
 
 
 def get_path(doc: dict[str, Any], path: str) -> Any:

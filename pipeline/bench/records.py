@@ -4,6 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 
+SERVER_TIMES = {
+    "arrival_time_ns": "arrival",
+    "first_scheduled_time_ns": "scheduled",
+    "first_token_time_ns": "first_token",
+    "last_token_time_ns": "last_token",
+}
+"""Triton perf-metric output (TensorRT-LLM backend name) -> key of :attr:`RequestRecord.server_times`."""
+
 
 @dataclasses.dataclass
 class RequestRecord:
@@ -20,6 +28,11 @@ class RequestRecord:
             (engine usage / final response / generated ids); checked against ``len(token_times)``.
         finish_reason: eos | length | error.
         error: message when the request failed.
+        t_client_send: when the client library sent it (absolute perf_counter s; after prompt rendering and the
+            hand-off to a client thread), when the backend knows; ``None`` otherwise.
+        server_times: the serving model's own timestamps (Triton ``return_perf_metrics``: ``arrival``,
+            ``scheduled``, ``first_token``, ``last_token``), converted to absolute perf_counter s; ``None`` when the
+            backend has none.
     """
 
     request_id: str
@@ -31,6 +44,8 @@ class RequestRecord:
     finish_reason: str = ""
     error: str | None = None
     t_done: float | None = None
+    t_client_send: float | None = None
+    server_times: dict[str, float] | None = None
 
     @property
     def ok(self) -> bool:

@@ -30,6 +30,7 @@ def markdown(doc: dict[str, Any]) -> str:
     lines += _md_setup(doc)
     lines += _md_runs(doc)
     lines += _md_roofline(doc)
+    lines += _md_serving_path(doc)
     lines += _md_spread(doc)
     lines += _md_ratios(doc)
     lines += [
@@ -110,6 +111,40 @@ def _md_roofline(doc: dict[str, Any]) -> list[str]:
                 f"| `{r['mode']}` | {_f(w / 1e6 if w else None, 2)} | {_f(rf['kv_bytes_per_seq'] * rf['batch'] / 1e6, 2)} | "
                 f"{_f(rf['bound_tokens_per_s'], 0)} | {_f(rf['achieved_decode_tokens_per_s'], 0)} | {_f(rf['fraction'], 3)} |"
             )
+    return lines
+
+
+def _md_serving_path(doc: dict[str, Any]) -> list[str]:
+    """:func:`markdown`: per-hop timing of the Triton mode (means over repeats of each hop's per-level average)."""
+    rows = [s for s in doc["summary"] if "serving_path.request_hop.avg" in s["spread"]]
+    if not rows:
+        return []
+    engine = {s["key"].split("/", 1)[1]: s["spread"].get("time_per_output_token.avg") for s in doc["summary"] if s["mode"] == "engine"}
+    lines = [
+        "",
+        "Where the Triton path's time goes (ms, mean over repeats of each level's average; the deployment's own "
+        "timestamps, `return_perf_metrics`). TTFT = client + request hop + queue + prefill + first-token delivery; "
+        "the client's TPOT exceeds the server's by the growth of the delivery lag (docs/benchmark.md).",
+        "",
+        "| level | client | request hop | queue | prefill | first-token delivery | TTFT | TPOT client | TPOT in server | "
+        "TPOT engine mode | last-token delivery |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s in rows:
+        sp = s["spread"]
+
+        def m(p: str, sp: dict = sp) -> str:
+            v = sp.get(p)
+            return _f(v["mean"], 2) if v else "-"
+
+        lvl = s["key"].split("/", 1)[1]
+        e = engine.get(lvl)
+        lines.append(
+            f"| {lvl} | {m('serving_path.client.avg')} | {m('serving_path.request_hop.avg')} | {m('serving_path.queue.avg')} | "
+            f"{m('serving_path.prefill.avg')} | {m('serving_path.first_token_delivery.avg')} | {m('time_to_first_token.avg')} | "
+            f"{m('time_per_output_token.avg')} | {m('serving_path.server_time_per_output_token.avg')} | "
+            f"{_f(e['mean'], 2) if e else '-'} | {m('serving_path.last_token_delivery.avg')} |"
+        )
     return lines
 
 

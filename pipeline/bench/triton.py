@@ -6,6 +6,11 @@ per thread, as the client documents). Token arrival times are the client's per-r
 times (taken on the gRPC callback thread); a response adds as many token arrivals as its
 ``sequence_length`` says (one per response unless the server joined queued tokens, ``package.stream_coalescing``). ``t_send`` is stamped before the prompt is rendered and sent,
 so TTFT includes everything a real client pays (rendering, stream setup, pre/postprocessing).
+
+Per-hop timing: every request asks for the deployment's perf metrics (``return_perf_metrics``, TensorRT-LLM's
+``arrival_time_ns`` ... ``last_token_time_ns`` outputs), and the record keeps them beside the client's own times
+(:func:`pipeline.bench.metrics.serving_path`). Server and client read the same host's wall clock (the server runs
+on 127.0.0.1), so the hops subtract directly.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from .records import RequestRecord
+from .records import SERVER_TIMES, RequestRecord
 from .workload import BenchRequest
 
 
@@ -46,6 +51,7 @@ class TritonBackend:
         self.repo = Path(model_repository)
         self.model = model
         self.ignore_eos = bool(bcfg.ignore_eos)
+        self.per_hop = bool(getattr(bcfg, "per_hop", True))
         self.tokenizer_dir = tokenizer_dir or self.repo / "preprocessing" / "1" / "tokenizer"
         self.ready_timeout_s = ready_timeout_s
         levels = list(bcfg.concurrency) + [int(bcfg.warmup_requests)]
@@ -93,9 +99,14 @@ class TritonBackend:
         if self.ignore_eos:
             extra["min_length"] = int(req.max_new_tokens)
         c = self._client()
+        if self.per_hop and "return_perf_metrics" in c.inputs:
+            extra["return_perf_metrics"] = True
         res = c.generate(req.prompt, int(req.max_new_tokens), stream=True, chat=True, request_id=req.request_id, **extra)
         t_after = time.perf_counter()
         t0 = t_after - res.total_s  # the client's own send time, on the perf_counter clock
+        rec.t_client_send = t0
+        if res.perf and res.sent_ns is not None:
+            rec.server_times = {SERVER_TIMES[k]: t0 + (v - res.sent_ns) / 1e9 for k, v in res.perf.items() if k in SERVER_TIMES}
         counts = res.chunk_tokens if len(res.chunk_tokens) == len(res.chunks) else [None] * len(res.chunks)
         # a response carrying k tokens (queued tokens joined by the server) adds k arrivals at its receive time
         rec.token_times = [t0 + t for t, k in zip(res.chunk_times_s, counts) for _ in range(1 if k is None else k)]

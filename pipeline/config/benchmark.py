@@ -59,6 +59,10 @@ class BenchmarkConfig:
     """triton mode: seconds to wait for the started server to report ready before failing."""
     repeats: int = 1
     """Run every level this many times (fresh seeded workload each); compare reports the spread."""
+    per_hop: bool = True
+    """triton mode: ask every request for the deployment's perf metrics (``return_perf_metrics``) and report where the
+    time goes hop by hop (docs/benchmark.md). The four extra outputs per streamed response cost about 3 % of Triton
+    TPOT on the default model; ``false`` measures without them."""
     targets: List[str] = field(default_factory=list)
     """Ratios this benchmark is held to (names in ``pipeline.bench.core.TARGETS``); empty = all. The others are still
     reported, marked as not a target for this benchmark."""

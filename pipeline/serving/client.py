@@ -106,6 +106,11 @@ class GenerateResult:
             when the served model has no ``sequence_length`` output (packages made before it was added).
         chunk_tokens: token ids each response of ``chunks`` carried (its ``sequence_length``; several when the server
             joined queued tokens or speculative decoding accepted several); None entries when the model does not say.
+        perf: with ``return_perf_metrics=True``, the server's timestamps from the last response that carried them
+            (``arrival_time_ns``, ``first_scheduled_time_ns``, ``first_token_time_ns``, ``last_token_time_ns``: int,
+            nanoseconds of the server's wall clock, TensorRT-LLM's ``RequestPerfMetrics`` timing); else None.
+        sent_ns: this client's wall clock (``time.time_ns()``) when the request was sent, comparable with ``perf``
+            when client and server share a host clock.
     """
 
     text: str
@@ -116,6 +121,12 @@ class GenerateResult:
     cancelled: bool = False
     n_tokens: int | None = None
     chunk_tokens: list[int | None] = dataclasses.field(default_factory=list)
+    perf: dict[str, int] | None = None
+    sent_ns: int | None = None
+
+
+PERF_TIMES = ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns")
+"""The timing outputs of ``return_perf_metrics`` (TensorRT-LLM backend ``tensorrt_llm/config.pbtxt``)."""
 
 
 def _np_dtype(triton_dtype: str) -> Any:
@@ -289,6 +300,7 @@ class LLMClient:
             cancel: set it (from another thread) to cancel the request; the result then has ``cancelled=True``.
             on_chunk: called as ``on_chunk(text_delta, t_since_send_s)`` for each response.
             inputs: further ensemble inputs (``temperature``, ``top_k``, ``stop_words`` ...), typed from metadata.
+                ``return_perf_metrics=True`` also asks for the timing outputs (:data:`PERF_TIMES`): ``result.perf``.
         Raises:
             InputError (local, before sending), RequestError (server-side), RequestTimeout, ServerUnavailable.
         """
@@ -302,12 +314,13 @@ class LLMClient:
         text, chat_extra = self.chat_inputs(prompt, messages, chat)
         rid = request_id or uuid.uuid4().hex[:16]
         ins = self.build_inputs(text, max_tokens, stream=stream, **chat_extra, **inputs)
-        outs = [self._grpc.InferRequestedOutput("text_output")]
-        if "sequence_length" in self.outputs:
-            outs.append(self._grpc.InferRequestedOutput("sequence_length"))
+        names = ["text_output"] + [n for n in ("sequence_length",) if n in self.outputs]
+        if inputs.get("return_perf_metrics"):
+            names += [n for n in PERF_TIMES if n in self.outputs]
+        outs = [self._grpc.InferRequestedOutput(n) for n in names]
         timeout = self.timeout_s if timeout_s is None else float(timeout_s)
         if not self.decoupled:
-            t0 = time.perf_counter()
+            t0, sent_ns = time.perf_counter(), time.time_ns()
             try:
                 res = self.client.infer(self.model, ins, outputs=outs, request_id=rid, client_timeout=timeout)
             except self._exc as e:
@@ -316,8 +329,8 @@ class LLMClient:
             chunk = _text(res)
             if on_chunk:
                 on_chunk(chunk, dt)
-            return GenerateResult(chunk, [chunk], [dt], dt, rid, n_tokens=_n_tokens(res))
-        return self._stream(ins, outs, rid, timeout, cancel, on_chunk)
+            return GenerateResult(chunk, [chunk], [dt], dt, rid, n_tokens=_n_tokens(res), perf=_perf(res), sent_ns=sent_ns)
+        return self._stream(ins, outs, rid, timeout, cancel, on_chunk, want_perf=any(n in PERF_TIMES for n in names))
 
     def _stream(
         self,
@@ -327,6 +340,8 @@ class LLMClient:
         timeout: float,
         cancel: threading.Event | None,
         on_chunk: Callable[[str, float], None] | None,
+        *,
+        want_perf: bool = False,
     ) -> GenerateResult:
         q: queue.Queue[tuple[float, Any, Any]] = queue.Queue()
         self.client.start_stream(callback=lambda result, error: q.put((time.perf_counter(), result, error)))
@@ -334,7 +349,8 @@ class LLMClient:
         times: list[float] = []
         counts: list[int | None] = []
         chunk_counts: list[int | None] = []
-        t0 = time.perf_counter()
+        perf: dict[str, int] | None = None
+        t0, sent_ns = time.perf_counter(), time.time_ns()
         cancelled = False
         failed: PipelineError | None = None
         try:
@@ -365,6 +381,8 @@ class LLMClient:
                 final = resp.parameters.get("triton_final_response")
                 is_final = bool(final.bool_param) if final is not None else False
                 count = _n_tokens(result) if any(o.name == "sequence_length" for o in resp.outputs) else None
+                if want_perf:
+                    perf = _perf(result) or perf
                 if count is not None:
                     counts.append(count)
                 if any(o.name == "text_output" for o in resp.outputs):
@@ -384,7 +402,16 @@ class LLMClient:
             raise failed
         n_tok = sum(c for c in counts if c is not None) if counts and "sequence_length" in self.outputs else None
         return GenerateResult(
-            "".join(chunks), chunks, times, time.perf_counter() - t0, rid, cancelled, n_tokens=n_tok, chunk_tokens=chunk_counts
+            "".join(chunks),
+            chunks,
+            times,
+            time.perf_counter() - t0,
+            rid,
+            cancelled,
+            n_tokens=n_tok,
+            chunk_tokens=chunk_counts,
+            perf=perf,
+            sent_ns=sent_ns,
         )
 
     def close(self) -> None:
@@ -414,6 +441,19 @@ def _n_tokens(result: Any) -> int | None:
     if arr is None or arr.size == 0:
         return 0 if arr is not None else None
     return int(arr.reshape(-1)[0])
+
+
+def _perf(result: Any) -> dict[str, int] | None:
+    """The :data:`PERF_TIMES` a response carries (each INT64 [1, 1]); None when it carries none of them."""
+    out = {}
+    for name in PERF_TIMES:
+        try:
+            arr = result.as_numpy(name)
+        except Exception:
+            arr = None
+        if arr is not None and arr.size:
+            out[name] = int(arr.reshape(-1)[0])
+    return out or None
 
 
 def _classify(e: Any, url: str) -> PipelineError:

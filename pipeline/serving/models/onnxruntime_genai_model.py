@@ -192,6 +192,8 @@ class Job:
     og_request: Any = None
     turn_id: int = 0
     first_token_ns: int = 0
+    scheduled_ns: int = 0  # admitted to og.Engine (or its og.Generator created): first_scheduled_time_ns
+    last_token_ns: int = 0  # the latest generated token (wall clock ns): last_token_time_ns
     decoder: Any = None
     done: bool = False
     beams: int = 1  # beam_width (og search option num_beams)
@@ -206,11 +208,13 @@ class Job:
 
 @dataclass
 class Delta:
-    """A streamed response not built yet: the token ids one prompt generated since its last response and their text."""
+    """A streamed response not built yet: the token ids one prompt generated since its last response, their text and
+    when the last of them was generated (``time.time_ns()``, its ``last_token_time_ns`` when perf metrics are asked)."""
 
     job: Job
     ids: list[int]
     text: str
+    last_token_ns: int = 0
 
 
 def coalesce(items: list[tuple[Any, Any, int]]) -> list[tuple[Any, Any, int]]:
@@ -231,6 +235,7 @@ def coalesce(items: list[tuple[Any, Any, int]]) -> list[tuple[Any, Any, int]]:
             if isinstance(prev, Delta) and prev.job is response.job and prev_flags == 0:
                 prev.ids.extend(response.ids)
                 prev.text += response.text
+                prev.last_token_ns = response.last_token_ns
                 out[i] = (g, prev, flags)
                 continue
         last[id(g)] = len(out)
@@ -637,6 +642,7 @@ class TritonPythonModel:
             opts.set_repetition_penalty(job.repetition_penalty)
         if job.min_length > 0:
             opts.set_min_generated_tokens(job.min_length)
+        job.scheduled_ns = time.time_ns()
         try:
             job.turn_id = r.begin_turn(np.asarray(job.input_ids, dtype=np.int32), opts)
         except Exception:
@@ -781,6 +787,7 @@ class TritonPythonModel:
             raise RuntimeError(f"the engine is not usable ({self._engine_broken})")
         n_in = len(job.input_ids)
         limit = n_in + job.max_new_tokens
+        job.scheduled_ns = time.time_ns()
         if job.beams == 1:
             g = self._new_generator(job, 1, limit, job.do_sample)
             g.append_tokens(np.asarray(job.input_ids, dtype=np.int32))
@@ -791,8 +798,9 @@ class TritonPythonModel:
                 if tok in self.eos_ids or (job.end_id is not None and tok == job.end_id):
                     break  # the end token is never part of the output
                 lp = self._log_softmax_at(logits, tok) if logits is not None else None
+                job.last_token_ns = time.time_ns()
                 if not job.first_token_ns:
-                    job.first_token_ns = time.time_ns()
+                    job.first_token_ns = job.last_token_ns
                 job.tokens.append(tok)
                 if lp is not None:
                     job.logps.append(lp)
@@ -822,7 +830,8 @@ class TritonPythonModel:
             cut = next((k for k, t in enumerate(out) if t in self.eos_ids), len(out))
             seqs.append(out[:cut])
         del g
-        job.first_token_ns = job.first_token_ns or time.time_ns()
+        job.last_token_ns = time.time_ns()
+        job.first_token_ns = job.first_token_ns or job.last_token_ns
         logps = None
         if job.log_probs:
             logps = []
@@ -929,8 +938,9 @@ class TritonPythonModel:
                 if not turn_done:
                     job.og_request.cancel_turn(job.turn_id)
             else:
+                job.last_token_ns = time.time_ns()
                 if not job.first_token_ns:
-                    job.first_token_ns = time.time_ns()
+                    job.first_token_ns = job.last_token_ns
                 job.tokens.append(tok)
                 piece = job.decoder.push((tok,)) if job.decoder is not None else ""
                 if job.stop_sequences and ends_with_any(job.tokens, job.stop_sequences):
@@ -1051,7 +1061,7 @@ class TritonPythonModel:
                 try:
                     if isinstance(response, Delta):
                         try:
-                            response = self._response(response.job, response.ids, response.text)
+                            response = self._response(response.job, response.ids, response.text, last_token_ns=response.last_token_ns)
                         except Exception as e:  # answer the request with the reason rather than leave it waiting
                             response = pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(f"onnxruntime_genai: {e}"))
                     if response is None:
@@ -1100,14 +1110,31 @@ class TritonPythonModel:
         (padded with 0.0) and ``cum_log_probs`` FP32 [1, beams] (the sum over every token generated so far, streamed or
         not).
         """
-        if job.streaming and logps is None and not job.perf and not (ids and isinstance(ids[0], list)):
+        if job.streaming and logps is None and not (ids and isinstance(ids[0], list)):
             # the common streamed delta: built by the sender thread, which may join it with the next ones (_sender)
-            self._emit(job.group, Delta(job, [int(t) for t in ids], str(text)), self._settle(job, final))  # type: ignore[arg-type]
+            delta = Delta(job, [int(t) for t in ids], str(text), job.last_token_ns)  # type: ignore[arg-type]
+            self._emit(job.group, delta, self._settle(job, final))
             return
         self._emit(job.group, self._response(job, ids, text, logps), self._settle(job, final))
 
-    def _response(self, job: Job, ids: list[int] | list[list[int]], text: str | list[str], logps: list[list[float]] | None = None) -> Any:
-        """The ``InferenceResponse`` of :meth:`_send` (shapes in its docstring)."""
+    def _response(
+        self,
+        job: Job,
+        ids: list[int] | list[list[int]],
+        text: str | list[str],
+        logps: list[list[float]] | None = None,
+        *,
+        last_token_ns: int = 0,
+    ) -> Any:
+        """The ``InferenceResponse`` of :meth:`_send` (shapes in its docstring).
+
+        Perf metrics (``return_perf_metrics``; INT64 [1, 1], wall-clock ns of this server's ``time.time_ns()``, the
+        meaning of TensorRT-LLM's ``RequestPerfMetrics.TimingMetrics``): ``arrival_time_ns`` when ``execute`` parsed the
+        request, ``first_scheduled_time_ns`` when the engine admitted the prompt (og.Engine ``begin_turn``, or the
+        og.Generator's creation), ``first_token_time_ns`` / ``last_token_time_ns`` when its first / latest token of this
+        response was generated (``last_token_ns``: the delta's own time, so a response the sender builds later still
+        names when its token was made).
+        """
         seqs = ids if ids and isinstance(ids[0], list) else [ids]
         texts = text if isinstance(text, list) else [text]
         lens = [len(x) for x in seqs]
@@ -1142,12 +1169,12 @@ class TritonPythonModel:
         if "sequence_index" in req:
             outs.append(pb_utils.Tensor("sequence_index", np.zeros((1, 1), np.int32)))
         if job.perf:
-            now = time.time_ns()
+            last = last_token_ns or job.last_token_ns or time.time_ns()
             for name, v in (
                 ("arrival_time_ns", job.arrival_ns),
-                ("first_scheduled_time_ns", job.arrival_ns),
-                ("first_token_time_ns", job.first_token_ns or now),
-                ("last_token_time_ns", now),
+                ("first_scheduled_time_ns", job.scheduled_ns or job.arrival_ns),
+                ("first_token_time_ns", job.first_token_ns or last),
+                ("last_token_time_ns", last),
             ):
                 if name in req:
                     outs.append(pb_utils.Tensor(name, np.asarray([[v]], dtype=np.int64)))
