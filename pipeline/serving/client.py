@@ -345,11 +345,7 @@ class LLMClient:
     ) -> GenerateResult:
         q: queue.Queue[tuple[float, Any, Any]] = queue.Queue()
         self.client.start_stream(callback=lambda result, error: q.put((time.perf_counter(), result, error)))
-        chunks: list[str] = []
-        times: list[float] = []
-        counts: list[int | None] = []
-        chunk_counts: list[int | None] = []
-        perf: dict[str, int] | None = None
+        st = _Stream(want_perf=want_perf)
         t0, sent_ns = time.perf_counter(), time.time_ns()
         cancelled = False
         failed: PipelineError | None = None
@@ -377,22 +373,7 @@ class LLMClient:
                     # (docs/package.md "Stopping the server").
                     failed = _classify(error, self.url)
                     break
-                resp = result.get_response()
-                final = resp.parameters.get("triton_final_response")
-                is_final = bool(final.bool_param) if final is not None else False
-                count = _n_tokens(result) if any(o.name == "sequence_length" for o in resp.outputs) else None
-                if want_perf:
-                    perf = _perf(result) or perf
-                if count is not None:
-                    counts.append(count)
-                if any(o.name == "text_output" for o in resp.outputs):
-                    chunk = _text(result)
-                    chunks.append(chunk)
-                    chunk_counts.append(count)
-                    times.append(t - t0)
-                    if on_chunk:
-                        on_chunk(chunk, t - t0)
-                if is_final:
+                if st.take(result, t - t0, on_chunk):
                     break
         except BaseException:
             self.client.stop_stream(cancel_requests=True)
@@ -400,17 +381,17 @@ class LLMClient:
         self.client.stop_stream(cancel_requests=cancelled)
         if failed is not None:
             raise failed
-        n_tok = sum(c for c in counts if c is not None) if counts and "sequence_length" in self.outputs else None
+        n_tok = sum(st.counts) if st.counts and "sequence_length" in self.outputs else None
         return GenerateResult(
-            "".join(chunks),
-            chunks,
-            times,
+            "".join(st.chunks),
+            st.chunks,
+            st.times,
             time.perf_counter() - t0,
             rid,
             cancelled,
             n_tokens=n_tok,
-            chunk_tokens=chunk_counts,
-            perf=perf,
+            chunk_tokens=st.chunk_counts,
+            perf=st.perf,
             sent_ns=sent_ns,
         )
 
@@ -422,6 +403,37 @@ class LLMClient:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+@dataclasses.dataclass
+class _Stream:
+    """What the responses of one streamed request carried so far (:meth:`LLMClient._stream`)."""
+
+    want_perf: bool = False
+    chunks: list[str] = dataclasses.field(default_factory=list)
+    times: list[float] = dataclasses.field(default_factory=list)
+    counts: list[int] = dataclasses.field(default_factory=list)
+    chunk_counts: list[int | None] = dataclasses.field(default_factory=list)
+    perf: dict[str, int] | None = None
+
+    def take(self, result: Any, t: float, on_chunk: Callable[[str, float], None] | None) -> bool:
+        """Record one response received ``t`` s after the send; True when it is the request's final response."""
+        resp = result.get_response()
+        names = {o.name for o in resp.outputs}
+        count = _n_tokens(result) if "sequence_length" in names else None
+        if self.want_perf:
+            self.perf = _perf(result) or self.perf
+        if count is not None:
+            self.counts.append(count)
+        if "text_output" in names:
+            chunk = _text(result)
+            self.chunks.append(chunk)
+            self.chunk_counts.append(count)
+            self.times.append(t)
+            if on_chunk:
+                on_chunk(chunk, t)
+        final = resp.parameters.get("triton_final_response")
+        return bool(final.bool_param) if final is not None else False
 
 
 def _text(result: Any) -> str:
