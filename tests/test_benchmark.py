@@ -177,6 +177,8 @@ def test_smoke_json_is_consistent(smoke_doc):
     assert r["engine_speedup_tpot_c1"]["value"] and r["engine_speedup_tpot_c1"]["value"] > 0
     assert modes == ["engine", "triton", "baseline"]
     assert doc["modes"]["triton"]["url"].startswith("127.0.0.1:")  # loopback only
+    # every closed-loop worker thread had its client before measuring (no request pays for building one)
+    assert doc["modes"]["triton"]["clients_built"] == max(*cfg.benchmark.concurrency, cfg.benchmark.warmup_requests)
     assert r["triton_overhead_tpot_c1"]["value"] > 0
     assert r["triton_server_tpot_over_engine_c1"]["value"] > 0
     assert doc["headline"]["errors"] == 0 and doc["headline"]["tpot_ms"] > 0
@@ -213,6 +215,11 @@ def test_compare_ratios_and_spread(smoke_doc, tmp_path, capsys):
     same = [r for r in res["rows"] if r["metric"] == "output_token_throughput.avg"]
     assert same and all(r["ratio"] == pytest.approx(1.0) for r in same)
     assert [d[0] for d in res["differences"]] == ["benchmark.output_len.mean"]
+    # the package settings that change the served numbers are recorded, so a stream_interval A/B is named
+    assert doc["model"]["package"]["stream_interval"] == 1 and doc["model"]["package"]["stream_coalescing"] is True
+    coarser = copy.deepcopy(doc)
+    coarser["model"]["package"]["stream_interval"] = 4
+    assert bench_cli.differences(doc, coarser) == [("model.package.stream_interval", 1, 4)]
     assert bench_cli.main(["compare", str(a), str(b), "--json", str(tmp_path / "cmp.json")]) == 0
     assert "time_per_output_token.avg" in capsys.readouterr().out
     assert json.loads((tmp_path / "cmp.json").read_text())["schema"] == "pipeline.benchmark_compare/v1"

@@ -221,3 +221,18 @@ def test_comparison_on_a_narrow_terminal_prints_one_block_per_variant(tmp_path):
     write_comparison(tmp_path, Console(file=wide, width=250))
     assert "┃ variant" in wide.getvalue() and "0.9097" in wide.getvalue()
     assert "quantize.recipe" in json.loads((tmp_path / "comparison.json").read_text())["columns"]
+
+
+def test_target_auto_and_the_target_it_resolves_to_share_the_downstream_keys():
+    """``make run`` uses ``target=auto``; a later ``target=onnxruntime_genai`` run on the same CPU host must reuse its
+    evaluate (and so its package) instead of redoing them: the key holds the resolved target, as the build key does.
+    A target that resolves differently still gets its own key."""
+    from pipeline.stages import get_stage
+    from pipeline.targets import resolve_target
+
+    auto, explicit, trt = (compose([f"target={t}"]) for t in ("auto", "onnxruntime_genai", "tensorrt_llm"))
+    assert resolve_target(auto).name == "onnxruntime_genai"  # this host has no GPU / TensorRT-LLM
+    for stage in ("build", "evaluate"):
+        extras = get_stage(stage).key_extras
+        assert extras(auto, {}) == extras(explicit, {}), stage
+        assert extras(trt, {}) != extras(explicit, {}), stage

@@ -49,7 +49,7 @@ TARGETS = {
         1.10,
         "the engine's TPOT inside Triton (its own first/last token timestamps, return_perf_metrics) / in-process engine "
         "TPOT, both at concurrency 1: how much serving slows the engine itself, delivery lag excluded (a diagnostic "
-        "next to triton_overhead_tpot_c1)",
+        "next to triton_overhead_tpot_c1; needs benchmark.per_hop)",
     ),
     "engine_roofline_fraction_c1": (
         ">=",

@@ -70,11 +70,13 @@ HEADLINE = {
     "serving_path.last_token_delivery.avg": "lower",
 }
 SERVING_HOPS = {
-    "client": "benchmark send -> the client library sends (chat-template rendering, hand-off to a client thread)",
+    "client": "benchmark send -> the client library sends (hand-off to a client thread, building the inputs, opening "
+    "the request's gRPC stream)",
     "request_hop": "client sends -> the engine model has parsed the request (gRPC, the ensemble scheduler, "
     "preprocessing's tokenization, the engine model's execute())",
     "queue": "parsed -> admitted to the engine (first_scheduled_time_ns - arrival_time_ns)",
-    "prefill": "admitted -> first token generated (first_token_time_ns - first_scheduled_time_ns)",
+    "prefill": "admitted -> first token generated (first_token_time_ns - first_scheduled_time_ns); on the CPU target "
+    "this includes waiting inside og.Engine for the running static batch to finish",
     "first_token_delivery": "first token generated -> received by the client (response build, the Python backend's "
     "IPC, the ensemble, gRPC, the client's callback)",
     "server_time_per_output_token": "the engine's TPOT inside the server: (last_token_time_ns - first_token_time_ns) / (tokens - 1)",
@@ -157,8 +159,8 @@ def serving_path(records: Sequence[RequestRecord]) -> dict[str, Any] | None:
     """Per-hop timing of the completed requests that carry server timestamps (:data:`SERVING_HOPS`), ms each.
 
     The client's TTFT is the sum ``client + request_hop + queue + prefill + first_token_delivery``; the client's
-    TPOT exceeds ``server_time_per_output_token`` by the growth of the delivery lag over the request, i.e.
-    ``(last_token_delivery - first_token_delivery) / (tokens - 1)``. ``None`` when no request has server times.
+    TPOT differs from ``server_time_per_output_token`` by the change of the delivery lag over the request, i.e.
+    ``(last_token_delivery - first_token_delivery) / (tokens - 1)`` (negative when the lag shrinks). ``None`` when no request has server times.
     """
     rs = [r for r in records if r.ok and r.server_times and len(r.server_times) == 4]
     if not rs:

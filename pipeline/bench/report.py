@@ -65,6 +65,8 @@ def _md_setup(doc: dict[str, Any]) -> list[str]:
 def _md_runs(doc: dict[str, Any]) -> list[str]:
     """:func:`markdown`: one table row per mode × level of repeat 0."""
     lines: list[str] = []
+    if doc["config"].get("repeats", 1) > 1:
+        lines += ["Repeat 0 of each level (the spread over repeats follows below):", ""]
     lines.append(
         "| mode | level | req | err | TTFT avg / p50 / p90 / p99 (ms) | TPOT avg / p50 / p90 / p99 (ms) | ITL p99 (ms) | "
         "latency p50 / p90 / p99 (ms) | out tok/s | req/s | prefill share | roofline |"
@@ -124,7 +126,8 @@ def _md_serving_path(doc: dict[str, Any]) -> list[str]:
         "",
         "Where the Triton path's time goes (ms, mean over repeats of each level's average; the deployment's own "
         "timestamps, `return_perf_metrics`). TTFT = client + request hop + queue + prefill + first-token delivery; "
-        "the client's TPOT exceeds the server's by the growth of the delivery lag (docs/benchmark.md).",
+        "the client's TPOT differs from the server's by the change of the delivery lag. On the CPU target, prefill "
+        "includes waiting inside og.Engine for a running static batch (docs/benchmark.md).",
         "",
         "| level | client | request hop | queue | prefill | first-token delivery | TTFT | TPOT client | TPOT in server | "
         "TPOT engine mode | last-token delivery |",

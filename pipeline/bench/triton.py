@@ -5,7 +5,8 @@ Each in-flight request runs ``LLMClient.generate(stream=True)`` on its own worke
 per thread, as the client documents). Token arrival times are the client's per-response receive
 times (taken on the gRPC callback thread); a response adds as many token arrivals as its
 ``sequence_length`` says (one per response unless the server joined queued tokens, ``package.stream_coalescing``). ``t_send`` is stamped before the prompt is rendered and sent,
-so TTFT includes everything a real client pays (rendering, stream setup, pre/postprocessing).
+so TTFT includes everything a real client pays per request (rendering, opening the gRPC stream, pre/postprocessing);
+the per-thread clients are built in :meth:`TritonBackend.start`, before anything is measured.
 
 Per-hop timing: every request asks for the deployment's perf metrics (``return_perf_metrics``, TensorRT-LLM's
 ``arrival_time_ns`` ... ``last_token_time_ns`` outputs), and the record keeps them beside the client's own times
@@ -55,6 +56,7 @@ class TritonBackend:
         self.tokenizer_dir = tokenizer_dir or self.repo / "preprocessing" / "1" / "tokenizer"
         self.ready_timeout_s = ready_timeout_s
         levels = list(bcfg.concurrency) + [int(bcfg.warmup_requests)]
+        self._threads = max(levels)  # worker threads whose client is made before measuring (start())
         self._pool = ThreadPoolExecutor(max_workers=max(max_workers, *levels), thread_name_prefix="bench-triton")
         self._local = threading.local()
         self._clients: list[Any] = []
@@ -72,9 +74,22 @@ class TritonBackend:
             self.repo, grpc_port=0, http_port=0, metrics_port=0, host="127.0.0.1", ready_timeout_s=self.ready_timeout_s
         )
         self.server.start()
-        c = self._client()
-        cfg = c.client.get_model_config(self.model, as_json=True, client_timeout=10)["config"]
+        self._make_clients(self._threads)
+        # asked once, while nothing runs, through a worker thread's client
+        cfg = self._clients[0].client.get_model_config(self.model, as_json=True, client_timeout=10)["config"]
         self.max_batch_size = int(cfg.get("max_batch_size") or 0) or None
+
+    def _make_clients(self, n: int) -> None:
+        """Start ``n`` pool threads and build each one's client now, so no measured request pays for a client (a gRPC
+        channel and three metadata calls: 10-110 ms): the tasks wait for each other, so each gets its own thread."""
+        barrier = threading.Barrier(n)
+
+        def make() -> None:
+            self._client()
+            barrier.wait(timeout=60)
+
+        for f in [self._pool.submit(make) for _ in range(n)]:
+            f.result()
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -82,6 +97,7 @@ class TritonBackend:
             "model": self.model,
             "model_repository": str(self.repo),
             "client": "pipeline.serving.client.LLMClient (stream=True)",
+            "clients_built": len(self._clients),  # before measuring: one per worker thread (_make_clients)
         }
 
     def _client(self) -> Any:

@@ -51,6 +51,9 @@ def _inputs(ctx: StageContext):
             "kv_cache": cfg.quant.kv_cache_dtype,
             "build_preset": cfg.build.name,
             "artifacts": {n: {"key": a.key, "digest": a.digest} for n, a in ctx.inputs.items()},
+            # the package settings the served numbers depend on (stream_interval, stream_coalescing, instance_count ...),
+            # as the package artifact recorded them, so `pipeline benchmark compare` names them when they differ
+            "package": ((pkg.manifest.get("config") or {}).get("package") if pkg is not None else None),
         },
         load_runner=load_runner,
     )

@@ -647,6 +647,8 @@ def _heldout_wanted(cfg: Any) -> bool:
 def _key_extras(cfg: Any, inputs: dict[str, Any]) -> dict[str, Any]:
     """Every field outside the ``eval`` group that evaluate reads (tests/test_gate_key_reads.py records the reads
     of a real run and fails on any field that is neither here, in ``eval``'s cache fields, nor in ``RUNTIME_READS``)."""
+    from ..targets import resolve_target
+
     m, b = cfg.model, cfg.build
     return {
         "recipe": cfg.quant.recipe,
@@ -658,7 +660,8 @@ def _key_extras(cfg: Any, inputs: dict[str, Any]) -> dict[str, Any]:
         },
         # the build artifact's limits win when there is one; these are the fallback (baseline + simulated runs)
         "build": {"max_input_len": b.max_input_len, "max_seq_len": b.max_seq_len, "max_batch_size": b.max_batch_size},
-        "target": cfg.target.name,
+        # the target the run resolves to (target=auto and its explicit name share a key, as the build stage's do)
+        "target": resolve_target(cfg).name,
         # the calibration hold-out (fidelity) depends on the calibration set's order and size
         "calibration": key_fields(cfg.calibration) if _heldout_wanted(cfg) else None,
     }
