@@ -220,6 +220,12 @@ def test_compare_ratios_and_spread(smoke_doc, tmp_path, capsys):
     coarser = copy.deepcopy(doc)
     coarser["model"]["package"]["stream_interval"] = 4
     assert bench_cli.differences(doc, coarser) == [("model.package.stream_interval", 1, 4)]
+    # the package artifact's key follows from that one knob: still one variable, so no "more than one" warning
+    coarser["model"]["artifacts"]["package"]["key"] = "0" * 24
+    diffs = bench_cli.differences(doc, coarser)
+    assert len(diffs) == 2 and bench_cli.variables(diffs) == ["model.package.stream_interval"]
+    coarser["config"]["num_requests"] = 99
+    assert len(bench_cli.variables(bench_cli.differences(doc, coarser))) == 2
     assert bench_cli.main(["compare", str(a), str(b), "--json", str(tmp_path / "cmp.json")]) == 0
     assert "time_per_output_token.avg" in capsys.readouterr().out
     assert json.loads((tmp_path / "cmp.json").read_text())["schema"] == "pipeline.benchmark_compare/v1"

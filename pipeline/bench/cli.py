@@ -49,6 +49,18 @@ def differences(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, Any, An
     return [(k, fa.get(k), fb.get(k)) for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k) and k != "benchmark.results_dir"]
 
 
+def variables(diffs: Sequence[Sequence[Any]]) -> list[str]:
+    """The independent variables among :func:`differences`: every differing field except the preset's name and the
+    artifacts' keys and digests, which follow from the config and model fields that differ (a ``package.*`` change
+    also changes the package artifact's key). Artifacts that differ with nothing else differing count as one variable
+    (e.g. a rebuild with changed code)."""
+    fields = [str(d[0]) for d in diffs]
+    out = [f for f in fields if not f.startswith(("benchmark.name", "model.artifacts."))]
+    if not out and any(f.startswith("model.artifacts.") for f in fields):
+        out = ["model.artifacts"]
+    return out
+
+
 def compare(a: dict[str, Any], b: dict[str, Any], metrics: Sequence[str] | None = None) -> dict[str, Any]:
     """The comparison document: ``{rows: [{level, metric, a, b, ratio, spread, verdict}], differences}``.
 
@@ -124,7 +136,7 @@ def _print(doc: dict[str, Any], path_a: str, path_b: str) -> None:
         for k, x, y in diffs:
             t.add_row(k, str(x), str(y))
         con.print(t)
-        if len([d for d in diffs if not d[0].startswith("benchmark.name")]) > 1:
+        if len(variables(diffs)) > 1:
             con.print("[yellow]more than one variable differs: the ratios below mix their effects.[/]")
     else:
         con.print("same benchmark knobs and model facts (a repeat of the same experiment).")
