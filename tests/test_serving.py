@@ -491,9 +491,10 @@ def test_a_vanished_streaming_client_stops_its_generation(served, client, direct
     # one request, as in issue 13 (a dead client's request ran to the end). With several requests on one dead stream,
     # Triton 2.51 flags only some of them as cancelled (measured 3 of 16 and 16 of 16 in two runs): those stop, the rest
     # run to their end - a Triton limitation documented in docs/package.md. The tiny engine generates the 170 tokens in
-    # ~0.1-0.2 s, so the disconnect can lose the race on a loaded host: up to three victims, one must be stopped early.
+    # ~0.1-0.2 s, so the disconnect can lose the race on a loaded host: up to six victims, one must be stopped early
+    # (three lost in a row once under the 2-worker suite on a slow host).
     stopped: list[int] = []
-    for attempt in range(3):
+    for attempt in range(6):
         tag = f"vanished-{model}-{attempt}-"
         subprocess.run([sys.executable, str(script), served.server.grpc_url, model, "1", tag], check=True, timeout=120)
         deadline = time.monotonic() + 5
