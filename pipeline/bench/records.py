@@ -4,14 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 
-SERVER_TIMES = {
-    "arrival_time_ns": "arrival",
-    "first_scheduled_time_ns": "scheduled",
-    "first_token_time_ns": "first_token",
-    "last_token_time_ns": "last_token",
-}
-"""Triton perf-metric output (TensorRT-LLM backend name) -> key of :attr:`RequestRecord.server_times`."""
-
 
 @dataclasses.dataclass
 class RequestRecord:

@@ -23,8 +23,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from .records import SERVER_TIMES, RequestRecord
+from ..serving.client import PERF_TIMES
+from .records import RequestRecord
 from .workload import BenchRequest
+
+SERVER_TIMES = dict(zip(PERF_TIMES, ("arrival", "scheduled", "first_token", "last_token")))
+"""Triton perf-metric output (TensorRT-LLM backend name, :data:`~pipeline.serving.client.PERF_TIMES`) -> key of
+:attr:`RequestRecord.server_times`."""
 
 
 class TritonBackend:
@@ -52,7 +57,7 @@ class TritonBackend:
         self.repo = Path(model_repository)
         self.model = model
         self.ignore_eos = bool(bcfg.ignore_eos)
-        self.per_hop = bool(getattr(bcfg, "per_hop", True))
+        self.per_hop = bool(bcfg.per_hop)
         self.tokenizer_dir = tokenizer_dir or self.repo / "preprocessing" / "1" / "tokenizer"
         self.ready_timeout_s = ready_timeout_s
         levels = list(bcfg.concurrency) + [int(bcfg.warmup_requests)]

@@ -206,6 +206,12 @@ class Job:
     held_logps: list[float] = field(default_factory=list)
 
 
+def _token_made(job: Job) -> None:
+    """Stamp a generated token: ``last_token_ns`` now, ``first_token_ns`` too when it is the job's first."""
+    job.last_token_ns = time.time_ns()
+    job.first_token_ns = job.first_token_ns or job.last_token_ns
+
+
 @dataclass
 class Delta:
     """A streamed response not built yet: the token ids one prompt generated since its last response, their text and
@@ -798,9 +804,7 @@ class TritonPythonModel:
                 if tok in self.eos_ids or (job.end_id is not None and tok == job.end_id):
                     break  # the end token is never part of the output
                 lp = self._log_softmax_at(logits, tok) if logits is not None else None
-                job.last_token_ns = time.time_ns()
-                if not job.first_token_ns:
-                    job.first_token_ns = job.last_token_ns
+                _token_made(job)
                 job.tokens.append(tok)
                 if lp is not None:
                     job.logps.append(lp)
@@ -830,8 +834,7 @@ class TritonPythonModel:
             cut = next((k for k, t in enumerate(out) if t in self.eos_ids), len(out))
             seqs.append(out[:cut])
         del g
-        job.last_token_ns = time.time_ns()
-        job.first_token_ns = job.first_token_ns or job.last_token_ns
+        _token_made(job)
         logps = None
         if job.log_probs:
             logps = []
@@ -938,9 +941,7 @@ class TritonPythonModel:
                 if not turn_done:
                     job.og_request.cancel_turn(job.turn_id)
             else:
-                job.last_token_ns = time.time_ns()
-                if not job.first_token_ns:
-                    job.first_token_ns = job.last_token_ns
+                _token_made(job)
                 job.tokens.append(tok)
                 piece = job.decoder.push((tok,)) if job.decoder is not None else ""
                 if job.stop_sequences and ends_with_any(job.tokens, job.stop_sequences):
