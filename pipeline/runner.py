@@ -161,17 +161,6 @@ def _resolve_externals(stage: Stage, cfg: PipelineConfig) -> tuple[dict[str, Pat
     return out, missing
 
 
-def _external(stage: Stage, cfg: PipelineConfig) -> dict[str, Path]:
-    """``stage``'s external inputs resolved to existing paths; InputError for the first missing one
-    (:func:`_resolve_externals`)."""
-    out, missing = _resolve_externals(stage, cfg)
-    if missing:
-        from .errors import InputError
-
-        raise InputError(next(iter(missing.values())))
-    return out
-
-
 def _all_externals(order: list[str], cfg: PipelineConfig) -> dict[str, dict[str, Path]]:
     """:func:`_resolve_externals` of every stage in ``order``. Every missing input is reported in one InputError,
     once even when several stages read it (the calibration set: quantize, and evaluate's held-out text); its
