@@ -412,7 +412,7 @@ def _scalar_problem(key: str, value: str, typ: Any) -> str | None:
     base = args[0] if optional and len(args) == 1 else typ
     if base not in (bool, int, float) or "${" in value:
         return None
-    for v in value.split(",") if "," in value else [value]:
+    for v in value.split(","):
         v = v.strip().strip("'\"")
         if optional and v.lower() in ("null", "none", "~"):
             continue

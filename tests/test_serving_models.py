@@ -209,6 +209,33 @@ def test_stream_interval_tokens_held_at_an_end_token_leave_with_the_final_respon
     assert _received(m, sender) == [([11], "a", 0), ([12, 13], "bc", 1)]
 
 
+def test_perf_metrics_name_admission_and_the_tokens_own_time_even_when_queued_tokens_are_joined():
+    """A streamed request with ``return_perf_metrics`` stays on the coalescing sender path; the response built later
+    says when the engine admitted it and when its newest token was made, not when the response was built."""
+    m, job, sender = _model_for_stream(1)
+    m.coalesce = True
+    job.perf = True
+    job.requested = {"text_output", "arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns"}
+    job.arrival_ns, job.scheduled_ns = 100, 200
+    for i, (tok, made) in enumerate([(11, 300), (12, 400), (13, 500)]):
+        job.tokens.append(tok)
+        job.first_token_ns, job.last_token_ns = 300, made  # as _token_made stamps them
+        m._stream(job, tok, chr(97 + i), None, last=tok == 13)
+    m.outbox.put(None)
+    m._sender()  # all three were queued before the sender ran: they leave as one response
+    got = [
+        (
+            [
+                int(r.outputs[n].reshape(-1)[0])
+                for n in ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns")
+            ],
+            f,
+        )
+        for r, f in sender.sent
+    ]
+    assert got == [([100, 200, 300, 500], 1)]
+
+
 def test_stream_interval_is_validated_and_refused_on_the_tensorrt_llm_target():
     import pytest
 
