@@ -452,6 +452,9 @@ def main(argv: list[str] | None = None) -> None:
             print(f"pipeline {argv[0]}: interrupted", file=sys.stderr)
             code = EXIT_INTERRUPTED
         sys.exit(code)
+    from .memory import tune_allocator
+
+    tune_allocator()  # freed weights go back to the OS (docs/memory.md)
     # `target_gpu=X` is accepted as an alias of `target.gpu=X` (as in `pipeline plan`)
     argv = [f"target.gpu={a.split('=', 1)[1]}" if a.startswith("target_gpu=") else a for a in argv]
     import tempfile

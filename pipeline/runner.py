@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from . import hostinfo
+from . import hostinfo, memory
 from .config import STAGES, PipelineConfig, deprecations, key_fields, resolve_path
 from .errors import EXIT_FAILED, EXIT_GATE, EXIT_INTERRUPTED, EXIT_OK, PipelineError
 from .stages import Stage, StageContext, get_stage
@@ -46,6 +46,8 @@ class StageReport:
     headline: dict[str, Any] = dataclasses.field(default_factory=dict)
     error: str | None = None
     lookup_s: float | None = None
+    memory: dict[str, Any] | None = None
+    """Peak host RSS (this process and its children) and GPU memory of a stage that ran (:mod:`pipeline.memory`)."""
 
 
 @dataclasses.dataclass
@@ -231,11 +233,11 @@ def _target_available(cfg: PipelineConfig, store: ArtifactStore, order: list[str
     target.preflight(cfg, ckpt, None)
 
 
-def _plan(cfg: PipelineConfig, console: Console) -> dict[str, Any] | None:
+def _plan(cfg: PipelineConfig, console: Console, order: list[str]) -> dict[str, Any] | None:
     from .planner import plan_for_run
 
     try:
-        return plan_for_run(cfg, console)
+        return plan_for_run(cfg, console, order)
     except PipelineError:
         raise
     except Exception as e:
@@ -330,9 +332,9 @@ def _run_stages(cfg: PipelineConfig, console: Console, state: _RunState) -> None
     """Validate, plan, check every external input and the build target, then run (or reuse, or dry-run) each stage
     in order, recording reports and gate results in ``state``. Raises on the first failing stage."""
     validate_config(cfg)
-    state.plan = _plan(cfg, console)
-    store = _open_store(cfg.store_dir, verify=cfg.verify_cache)  # verify_cache holds on every lookup
     order = resolve_order(list(cfg.stages), cfg)
+    state.plan = _plan(cfg, console, order)
+    store = _open_store(cfg.store_dir, verify=cfg.verify_cache)  # verify_cache holds on every lookup
     # Every stage's external inputs (checkpoint, calibration set, eval set) are checked before the first
     # stage runs, and so is the build target's availability: nothing heavy runs on a doomed request.
     externals = _all_externals(order, cfg)
@@ -414,16 +416,19 @@ def _run_or_reuse(stage: Stage, ctx: StageContext, store: ArtifactStore, key: st
             with store.produce(name, key, ctx.manifest) as (tmp, mf):
                 ctx.out = tmp
                 t_run = time.time()
-                result = stage.run(ctx) or {}
+                with memory.measure() as peak:
+                    result = stage.run(ctx) or {}
                 mf["result"] = redact(result)
                 mf.setdefault("timings", {})["run_s"] = round(time.time() - t_run, 3)
+                mf["memory"] = peak.as_dict()
             art = store.lookup(name, key)
             assert art is not None, f"{name}: artifact vanished after publishing"
             status = "ran"
         else:
             status = "cached"
     secs = time.time() - t0
-    state.reports.append(StageReport(name, status, secs, str(art.path), key, art.result.get("headline", {}), lookup_s=lookup_s))
+    mem = art.manifest.get("memory") if status == "ran" else None
+    state.reports.append(StageReport(name, status, secs, str(art.path), key, art.result.get("headline", {}), lookup_s=lookup_s, memory=mem))
     console.print(f"[green]✓[/] {name:<9} {status} in {secs:.1f} s  {art.path}")
     return art
 

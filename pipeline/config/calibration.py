@@ -54,6 +54,18 @@ class CalibrationConfig:
     """CPU threads torch uses while calibrating and exporting (``torch.set_num_threads``). 1 is the fastest
     on a shared, loaded machine (OpenMP threads spin against each other) and keeps results byte-identical;
     raise it on a dedicated many-core host. Part of the cache key (thread count may change float sums)."""
+    device: str = "auto"
+    """Where ModelOpt calibrates: auto (CUDA when torch sees a GPU, else the CPU) | cpu | cuda | cuda:N. On CUDA the model
+    is loaded in the checkpoint's 16-bit dtype (bfloat16 for a float32 checkpoint), on the CPU in float32
+    (pipeline/quantization/placement.py). Part of the cache key (the dtype changes the statistics)."""
+    layerwise: str = "auto"
+    """auto | true | false: calibrate one decoder layer at a time (ModelOpt ``layerwise``). auto: when the model does not
+    fit the device's budget, the layers beyond it are offloaded (host memory from a GPU, disk from the CPU) and onloaded
+    one at a time; false refuses such a model (exit 2); true calibrates layer by layer even when it fits."""
+    max_device_memory_gb: Optional[float] = runtime(None)
+    """Memory the model may take on the calibration device, GB (1e9 bytes); None = 80 % of its free memory now. A model
+    larger than this is calibrated layer by layer (``layerwise=auto``). Not part of the cache key: layer-by-layer
+    calibration gives the same statistics (tests/test_scale_memory.py)."""
 
 
 def validate(cfg: CalibrationConfig, prefix: str = "calibration") -> list[Problem]:
@@ -63,6 +75,16 @@ def validate(cfg: CalibrationConfig, prefix: str = "calibration") -> list[Proble
         v = getattr(cfg, f)
         if v < 1:
             problems.append(Problem(f"{prefix}.{f}", v, "must be >= 1.", f"set {prefix}.{f} to a positive integer"))
+    d = str(cfg.device).strip().lower()
+    if not (d in ("auto", "cpu", "cuda") or (d.startswith("cuda:") and d[5:].isdigit())):
+        problems.append(Problem(f"{prefix}.device", cfg.device, "is not a calibration device.", "use auto, cpu, cuda or cuda:N"))
+    choice(problems, f"{prefix}.layerwise", str(cfg.layerwise).lower(), ("auto", "true", "false"))
+    if cfg.max_device_memory_gb is not None and not cfg.max_device_memory_gb > 0:
+        problems.append(
+            Problem(
+                f"{prefix}.max_device_memory_gb", cfg.max_device_memory_gb, "must be > 0.", "set a positive size in GB, or leave it unset"
+            )
+        )
     if cfg.min_samples > cfg.calib_size:
         problems.append(
             Problem(

@@ -27,18 +27,26 @@ class PlanRefused(PreflightError):
     """The plan cannot work on the target (weights do not fit, zero sequences fit, format unsupported)."""
 
 
-def plan_for_run(cfg: Any, console: Any) -> dict[str, Any]:
+def plan_for_run(cfg: Any, console: Any, stages: list[str] | None = None) -> dict[str, Any]:
     """Plan at the start of a run: print the compact plan and return it as JSON (run summary / manifests).
 
-    Raises :class:`PlanRefused` (exit code 4) with the numbers when the plan cannot work.  A model
-    whose config.json cannot be read yields ``{"status": "unavailable", "error": ...}`` (the export
-    stage reports that input problem itself)."""
+    Raises :class:`PlanRefused` (exit code 4) with the numbers when the plan cannot work, or when a stage in
+    ``stages`` (the run order) is predicted to need more host memory than the host has
+    (:func:`pipeline.planner.host.stage_refusals`).  A model whose config.json cannot be read yields
+    ``{"status": "unavailable", "error": ...}`` (the export stage reports that input problem itself)."""
+    from .host import StageMemory, stage_refusals
     from .render import render
 
     try:
         p = plan(cfg)
     except PipelineError as e:
         return {"schema": "pipeline.plan/v1", "status": "unavailable", "error": str(e)}
+    if stages and p.stages:
+        pred = {k: StageMemory(**v) for k, v in p.stages["predicted"].items()}
+        more = stage_refusals(pred, list(stages), p.stages.get("host_total_bytes"))
+        if more:
+            p.refusals.extend(more)
+            p.status = "refused"
     render(p, console, compact=True)
     doc = p.to_json()
     if p.status == "refused":

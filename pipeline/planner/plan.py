@@ -332,6 +332,8 @@ class Plan:
     refusals: list[str] = dataclasses.field(default_factory=list)
     warnings: list[str] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
+    stages: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Predicted peak memory of each pipeline stage on this host (:mod:`pipeline.planner.host`)."""
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -504,6 +506,7 @@ def plan(cfg: Any) -> Plan:
             f"config.json has sliding_window={shape.sliding_window}; the KV sizing assumes a full cache "
             f"(TensorRT-LLM allocates max_attention_window_size = max_seq_len unless told otherwise)."
         )
+    _stage_memory(p, cfg, shape)
     if kind == "gpu" and gpu is None:
         p.status = "unplanned"
         p.notes.append(f"{why}. Name one: target.gpu=<{'|'.join(sorted(_catalogue_keys()))}>.")
@@ -512,6 +515,35 @@ def plan(cfg: Any) -> Plan:
         return _cpu_plan(p, shape, k)
     assert gpu is not None  # kind == "gpu" with gpu None returned above
     return _gpu_plan(p, shape, k, gpu)
+
+
+def calibration_device(cfg: Any) -> str:
+    """``cpu`` or ``cuda``: where the quantize stage will calibrate (``calibration.device``; ``auto`` = CUDA when a GPU
+    is visible to nvidia-smi, the check that needs no torch import)."""
+    d = str(getattr(cfg.calibration, "device", "auto")).lower()
+    if d == "auto":
+        return "cuda" if local_gpus() else "cpu"
+    return "cpu" if d == "cpu" else "cuda"
+
+
+def _stage_memory(p: Plan, cfg: Any, shape: ModelShape) -> None:
+    """``p.stages``: each stage's predicted peak host (and GPU) memory (:mod:`pipeline.planner.host`)."""
+    from ..targets import resolve_target
+    from .host import as_json, stage_memory
+
+    try:
+        exp = str(cfg.model.dtype)
+    except Exception:  # an unreadable checkpoint: the export stage names it
+        exp = "float32"
+    pred = stage_memory(
+        shape.num_parameters,
+        shape.vocab_size * shape.hidden_size,
+        export_dtype=exp,
+        calib_device=calibration_device(cfg),
+        reference_dtype=str(cfg.eval.reference_dtype),
+        target=resolve_target(cfg)[0],
+    )
+    p.stages = {"host_total_bytes": host_memory()["total"], "predicted": as_json(pred)}
 
 
 def _catalogue_keys() -> list[str]:

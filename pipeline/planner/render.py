@@ -88,6 +88,7 @@ def render(p: Plan, console: Any, *, compact: bool = False) -> None:
     t.add_row("decode bound (1 seq)", _rate(d.get("batch1")))
     if d.get("full") and d["full"]["batch"] > 1:
         t.add_row("decode bound (full)", _rate(d.get("full")))
+    _add_stage_memory_row(t, p)
     console.print(t)
     for n in p.notes:
         console.print(f"[dim]note:[/] {n}")
@@ -95,3 +96,18 @@ def render(p: Plan, console: Any, *, compact: bool = False) -> None:
         console.print(f"[yellow]warning:[/] {wmsg}")
     for r in p.refusals:
         console.print(f"[bold red]refused:[/] {r}")
+
+
+def _add_stage_memory_row(t: Any, p: Plan) -> None:
+    """A row with the predicted peak memory of each stage (:mod:`pipeline.planner.host`), when planned."""
+    pred = (p.stages or {}).get("predicted") or {}
+    if not pred:
+        return
+    t.add_row(
+        "stage peak memory",
+        ", ".join(
+            f"{s} {fmt_bytes(m['host_bytes'])}" + (f" (+{fmt_bytes(m['gpu_bytes'])} GPU)" if m.get("gpu_bytes") else "")
+            for s, m in pred.items()
+        )
+        + f" of {fmt_bytes(p.stages.get('host_total_bytes'))} host RAM (predicted, docs/memory.md)",
+    )

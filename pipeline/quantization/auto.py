@@ -52,7 +52,8 @@ def auto_search(model: torch.nn.Module, qcfg: Any, excluded: dict[str, str], bat
         c = modelopt_config(qcfg, excluded, f)
         cfgs.append(c)
         labels[QuantRecipe.get_auto_name_for_config(c) or f"CUSTOM_{i}"] = f
-    data = [torch.tensor(ids, dtype=torch.long) for ids in batches]
+    device = next(model.parameters()).device
+    data = [torch.tensor(ids, dtype=torch.long, device=device) for ids in batches]
 
     def forward_step(m: Any, ids: torch.Tensor) -> Any:
         return m(input_ids=ids, attention_mask=torch.ones_like(ids)).logits

@@ -9,6 +9,7 @@ from typing import Any
 from .auto import auto_search
 from .common import _quiet
 from .modelopt_config import modelopt_config
+from .placement import with_layerwise
 from .preflight import _Source
 from .resmooth import resmooth
 
@@ -48,15 +49,16 @@ def _calibrate(cfg: Any, src: _Source, calib_path: Path | None, progress: Any, s
             advance(1)
         src.model.eval()
     else:
-        cal.modelopt_cfg = modelopt_config(qcfg, src.excluded)
-        with prog(f"calibrating {qcfg.recipe}", len(cset.samples)) as advance:
-            loop = cset.forward_loop(batch_size, progress=advance)
+        cal.modelopt_cfg = with_layerwise(modelopt_config(qcfg, src.excluded), src.placement)
+        where = f" layer by layer on {src.placement.device}" if src.placement.layerwise else f" on {src.placement.device}"
+        with prog(f"calibrating {qcfg.recipe}{where}", len(cset.samples)) as advance:
+            loop = cset.forward_loop(batch_size, device=src.placement.device, progress=advance)
             torch.manual_seed(seed)
             with torch.no_grad(), _quiet("mtq.quantize"):
                 mtq.quantize(src.model, cal.modelopt_cfg, loop)
     if bool(qcfg.resmooth):
         with _quiet("resmooth"):
-            cal.resmooth = resmooth(src.model).as_dict()
+            cal.resmooth = resmooth(src.model, src.placement.device).as_dict()
     else:
         cal.resmooth = {"applied": False, "reason": "quant.resmooth=false"}
     assert cal.stats is not None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import copy
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -11,9 +11,12 @@ from .common import _link_file, _link_tree, _quiet
 from .preflight import _Source
 
 
-def _export_hf(out: Path, qcfg: Any, src: _Source) -> list[str]:
-    """Write the unified HF checkpoint ``hf/`` (ModelOpt ``export_hf_checkpoint`` from a copy; for ``none`` the
-    export's files, hard-linked) plus the tokenizer files. Returns notes for the report."""
+def _export_hf(out: Path, qcfg: Any, src: _Source, restore: Callable[[], Any]) -> list[str]:
+    """Write the unified HF checkpoint ``hf/`` (ModelOpt ``export_hf_checkpoint``; for ``none`` the export's files,
+    hard-linked) plus the tokenizer files. Returns notes for the report.
+
+    ``restore()`` returns the calibrated model (restored from the quant state just written); the exporter replaces its
+    weights with the exported ones in place, so the model is consumed here and freed when the export is done."""
     if qcfg.recipe == "none":
         _link_tree(src.hf, out / QuantizeArtifact.HF_DIR)
         return []
@@ -21,7 +24,7 @@ def _export_hf(out: Path, qcfg: Any, src: _Source) -> list[str]:
     import torch
 
     notes: list[str] = []
-    hmodel = copy.deepcopy(src.model)
+    hmodel = restore()
     if qcfg.kv_cache_dtype == "int8":
         # ModelOpt's unified HF format has no INT8 KV cache (export_hf_checkpoint asserts); the INT8
         # KV scales live in trtllm_checkpoint/, the hf/ copy carries the weights without them.

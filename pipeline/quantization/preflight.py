@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 from ..errors import InputError
 from ..recipes import KV_MIN_SM, RECIPE_MIN_SM, RECIPES
 from .auto import auto_min_bits
-from .common import DECODER_TYPES, KV_CACHE, NO_TRTLLM_CHECKPOINT, _hf_dir, _linear_modules, _version
+from .common import DECODER_TYPES, KV_CACHE, NO_TRTLLM_CHECKPOINT, _hf_dir, _linear_modules, _version, log
+from .placement import Placement, load_for_calibration, plan_placement
 
 if TYPE_CHECKING:
     from ..config.common import Problem
@@ -329,22 +330,39 @@ class _Source:
 
     hf: Path
     facts: dict[str, Any]
-    model: Any  # torch.nn.Module (float32, eval mode)
+    model: Any  # torch.nn.Module (eval mode; placement.dtype on placement.device, offloaded layers on meta)
     linears: dict[str, tuple[int, int]]
     excluded: dict[str, str]
     pre: dict[str, Any]
+    placement: Placement
 
 
-def _load_source(cfg: Any, export_dir: Path) -> _Source:
-    """Load the export checkpoint in float32 and run the checks before calibration (:func:`preflight`).
+def _num_parameters(export_dir: Path, hf: Path) -> int:
+    """The export's parameter count (``model_info.json``), else the element count of its safetensors headers."""
+    from ..artifacts import ExportArtifact
+
+    try:
+        return int(json.loads(ExportArtifact(Path(export_dir)).model_info_path.read_text(encoding="utf-8"))["num_parameters"])
+    except (OSError, ValueError, KeyError, TypeError):
+        from ..export import _safetensors_header
+
+        n = 0
+        for f in hf.glob("*.safetensors"):
+            for shape, _ in _safetensors_header(f)[0].values():
+                k = 1
+                for d in shape:
+                    k *= int(d)
+                n += k
+        return n
+
+
+def _load_source(cfg: Any, export_dir: Path, offload_dir: Path | None = None) -> _Source:
+    """Place (:mod:`.placement`) and load the export checkpoint, and run the checks before calibration (:func:`preflight`).
 
     Raises:
         InputError: an architecture ModelOpt cannot export, failed preflight checks, or (``auto``) an
             effective-bits budget below what the formats can reach.
     """
-    import torch
-    import transformers as tf
-
     qcfg = cfg.quant
     hf = _hf_dir(export_dir)
     facts = source_facts(hf)
@@ -354,8 +372,14 @@ def _load_source(cfg: Any, export_dir: Path) -> _Source:
             f"for this architecture (supported here: {sorted(DECODER_TYPES)}). Fix: skip the quantize stage for this model "
             "(build from the export artifact) or use a supported architecture."
         )
-    model = tf.AutoModelForCausalLM.from_pretrained(str(hf), dtype=torch.float32, trust_remote_code=False)
-    model.eval()
+    placement = plan_placement(cfg.calibration, _num_parameters(export_dir, hf), str(facts["dtype"]))
+    if placement.layerwise and qcfg.recipe == "auto":
+        raise InputError(
+            f"quant=auto: the per-layer format search needs the whole model on the device, but {placement.reason}. "
+            "Fix: a device with more memory, a larger calibration.max_device_memory_gb, or a fixed recipe (e.g. quant=int4_awq)."
+        )
+    log.info("calibration placement: %s", placement.reason)
+    model = load_for_calibration(hf, placement, offload_dir or Path(export_dir) / ".offload")
     linears = {n: (int(m.in_features), int(m.out_features)) for n, m in _linear_modules(model).items()}
     excluded = excluded_modules(qcfg, list(linears), facts["num_hidden_layers"]) if qcfg.recipe != "none" else {}
     pre = preflight(qcfg, facts, linears, excluded, getattr(cfg.target, "gpu", None), cfg.parallel)
@@ -367,4 +391,4 @@ def _load_source(cfg: Any, export_dir: Path) -> _Source:
                 f"reach with formats {list(qcfg.auto.formats)} ({len(excluded)} Linear layer(s) kept at 16 bits: "
                 f"{sorted(excluded)[:4]}). Fix: quant.auto.effective_bits >= {floor:.2f}, or exclude fewer modules."
             )
-    return _Source(hf, facts, model, linears, excluded, pre)
+    return _Source(hf, facts, model, linears, excluded, pre, placement)

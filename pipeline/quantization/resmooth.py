@@ -51,34 +51,43 @@ def _activations_quantized(module: Any) -> bool:
     return bool(iq is not None and getattr(iq, "is_enabled", False))
 
 
-def _shared_input_groups(model: Any) -> list[list[Any]]:
-    """Groups (>= 2) of quantized linears that read the same tensor, found by ModelOpt's forward-hook probe."""
+def _shared_input_groups(model: Any, device: str | None = None) -> list[list[Any]]:
+    """Groups (>= 2) of quantized linears that read the same tensor, found by ModelOpt's forward-hook probe
+    (run on ``device``; default: the device of the model's first resident parameter)."""
     import torch
     from modelopt.torch.export.unified_export_hf import collect_shared_input_modules
 
+    dev = device or next((p.device for p in model.parameters() if p.device.type != "meta"), torch.device("cpu"))
+
     def probe() -> None:
-        model(torch.ones([1, 2], dtype=torch.long, device=next(model.parameters()).device))
+        model(torch.ones([1, 2], dtype=torch.long, device=dev))
 
     input_to_linear, _ = collect_shared_input_modules(model, probe)
     return [list(mods) for mods in input_to_linear.values() if len(mods) > 1]
 
 
-def resmooth(model: Any) -> ResmoothResult:
+def resmooth(model: Any, device: str | None = None) -> ResmoothResult:
     """Give every group of weight-only AWQ linears that share an input one pre-quant scale (module docstring);
-    re-quantizes the affected weights in place.
+    re-quantizes the affected weights in place (an accelerate-offloaded layer is onloaded for it and written back,
+    ModelOpt's ``enable_weight_access_and_writeback``).
 
     Args:
-        model: a ModelOpt-calibrated ``transformers`` causal LM (``mtq.quantize`` done), float32.
+        model: a ModelOpt-calibrated ``transformers`` causal LM (``mtq.quantize`` done).
+        device: where the probe forward runs (the calibration device; default: the first resident parameter's).
     Returns:
         :class:`ResmoothResult`.
     """
+    import contextlib
+
     import torch
     from modelopt.torch.export.quant_utils import get_quantization_format, preprocess_linear_fusion
+    from modelopt.torch.quantization.utils.core_utils import enable_weight_access_and_writeback
 
     res = ResmoothResult()
     eligible = False
+    name_to_module = dict(model.named_modules())
     with torch.no_grad():
-        for mods in _shared_input_groups(model):
+        for mods in _shared_input_groups(model, device):
             names = ",".join(getattr(m, "name", "?") for m in mods)
             scales = [_prescale(m) for m in mods]
             if all(s is None for s in scales):
@@ -89,7 +98,10 @@ def resmooth(model: Any) -> ResmoothResult:
             elif any(_activations_quantized(m) for m in mods):
                 res.skipped.append(f"{names}: activations are quantized (left to ModelOpt's export)")
             elif not all(torch.equal(scales[0], s) for s in scales[1:]):
-                preprocess_linear_fusion(mods, resmooth_only=True)
+                with contextlib.ExitStack() as onloaded:
+                    for m in mods:
+                        onloaded.enter_context(enable_weight_access_and_writeback(m, model, name_to_module))
+                    preprocess_linear_fusion(mods, resmooth_only=True)
                 res.shared_groups += 1
     res.applied = bool(res.shared_groups)
     if not eligible:

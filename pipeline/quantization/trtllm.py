@@ -3,7 +3,6 @@ repair) of what it wrote against the source model."""
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import warnings
@@ -223,10 +222,15 @@ class _Exported:
     notes: list[str]
 
 
-def _export_trtllm(out: Path, qcfg: Any, parallel: Any, src: _Source, checked_quant_algo: str | None) -> _Exported:
-    """Write ``trtllm_checkpoint/`` (ModelOpt ``export_tensorrt_llm_checkpoint`` from a copy of the model, tp/pp
-    ranks) and check it (:func:`check_trtllm_checkpoint`); for :data:`NO_TRTLLM_CHECKPOINT` architectures a
-    ``NOT_EXPORTED`` note instead (target=tensorrt_llm refuses the model at config time)."""
+def _export_trtllm(out: Path, qcfg: Any, parallel: Any, src: _Source, model: Any, checked_quant_algo: str | None) -> _Exported:
+    """Write ``trtllm_checkpoint/`` (ModelOpt ``export_tensorrt_llm_checkpoint`` of ``model``, tp/pp ranks) and check
+    it (:func:`check_trtllm_checkpoint`); for :data:`NO_TRTLLM_CHECKPOINT` architectures a ``NOT_EXPORTED`` note
+    instead (target=tensorrt_llm refuses the model at config time).
+
+    The exporter rewrites the model's weights and quantizer buffers in place (it re-smooths fused q/k/v and gate/up),
+    so ``model`` is not usable afterwards: the caller passes the calibrated model only once its quant state is written,
+    and restores the state for anything that follows (:func:`pipeline.quantization.run._quantize`). No copy is made.
+    """
     import modelopt.torch.export as mte
     import torch
 
@@ -237,12 +241,11 @@ def _export_trtllm(out: Path, qcfg: Any, parallel: Any, src: _Source, checked_qu
         ckpt.mkdir()
         (ckpt / "NOT_EXPORTED").write_text(why + "\n", encoding="utf-8")
         return _Exported(ckpt, {"skipped": why}, [f"no TensorRT-LLM checkpoint: {why}"])
-    # exporters may rewrite the model's weights in place: export from copies
     with _quiet("export_tensorrt_llm_checkpoint"), warnings.catch_warnings():
         if lm_head_excluded(src.excluded):  # ModelOpt 0.47 says this for any LM head not disabled by its own padding rule
             warnings.filterwarnings("ignore", message=r"Enable lm_head quantization")
         mte.export_tensorrt_llm_checkpoint(
-            copy.deepcopy(src.model),
+            model,
             decoder,
             getattr(torch, qcfg.export_dtype),
             export_dir=ckpt,

@@ -21,6 +21,7 @@ if the installed package has no ``Engine`` it falls back to sequential ``og.Gene
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -68,15 +69,20 @@ def _dir_bytes(p: Path) -> int:
     return sum(f.stat().st_size for f in Path(p).rglob("*") if f.is_file())
 
 
-def _run_logged(cmd: list[str], logf: Path, title: str, env: dict[str, str] | None = None) -> None:
-    """Run ``cmd``, appending its stdout+stderr to ``logf``; raise PipelineError with the log tail on failure."""
+def _run_logged(cmd: list[str], logf: Path, title: str, env: dict[str, str] | None = None) -> int | None:
+    """Run ``cmd``, appending its stdout+stderr to ``logf``; raise PipelineError with the log tail on failure.
+
+    Returns the child's peak RSS in bytes (:func:`pipeline.memory.run_sampled`; None when unreadable)."""
+    from ..memory import run_sampled
+
     with open(logf, "a", encoding="utf-8") as fh:
         fh.write(f"$ {' '.join(map(str, cmd))}\n")
         fh.flush()
-        proc = subprocess.run([str(c) for c in cmd], stdout=fh, stderr=subprocess.STDOUT, env=env, check=False)
-    if proc.returncode != 0:
+        code, peak = run_sampled([str(c) for c in cmd], stdout=fh, stderr=subprocess.STDOUT, env=env)
+    if code != 0:
         tail = "".join(Path(logf).read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)[-25:])
-        raise PipelineError(f"{title} failed (exit {proc.returncode}); last lines of {logf}:\n{tail}")
+        raise PipelineError(f"{title} failed (exit {code}); last lines of {logf}:\n{tail}")
+    return peak
 
 
 def set_runtime_limits(engine: Path, *, max_batch_size: int, max_seq_len: int) -> dict[str, Any]:
@@ -392,6 +398,8 @@ class OnnxRuntimeGenAITarget:
         if rec not in SUPPORTED_RECIPES:
             raise InputError(f"quant.recipe={rec!r}: target onnxruntime_genai supports {list(SUPPORTED_RECIPES)}.")
         src = _builder_source(cfg, checkpoint, export_dir, work, model, lg)
+        del model  # the simulated-quant model is written out: free it before the builder runs beside this process
+        gc.collect()
         precision, conv, extra = src.precision, src.conv, src.extra_options
         cmd = self.command(cfg, src.path, engine, work / "cache", precision, extra)
         lg.info("building: %s", " ".join(cmd))
@@ -402,7 +410,7 @@ class OnnxRuntimeGenAITarget:
         cmd[cmd.index("-i") + 1] = str(builder_src)
         if window_note:
             lg.info("sliding window: %s (builder input %s)", window_note, builder_src)
-        _run_logged(cmd, logf, "onnxruntime-genai model builder", env=env)
+        builder_peak = _run_logged(cmd, logf, "onnxruntime-genai model builder", env=env)
         graph_fix, n_mul, graph = _finish_graph(engine / "model.onnx", logf, conv, rec, lg)
         limits = self.write_limits(cfg, engine)
         shutil.rmtree(work, ignore_errors=True)
@@ -428,6 +436,7 @@ class OnnxRuntimeGenAITarget:
             "command": cmd,
             "graph_fixes": [graph_fix] if graph_fix else [],
             "engine_bytes": _dir_bytes(engine),
+            "builder_peak_rss_bytes": builder_peak,
             "build_s": round(time.time() - t0, 3),
         }
         return info

@@ -1,0 +1,80 @@
+"""Load a Hugging Face causal LM one tensor at a time, holding one copy of the weights and nothing else.
+
+``transformers``' ``from_pretrained`` memory-maps the safetensors shards and keeps the mapping while it loads; with a
+dtype conversion (a bfloat16 checkpoint loaded in float32 for CPU calibration) every page of the file is touched and
+stays resident beside the converted copy, so the peak is the checkpoint plus the model (measured on the 412 M shape:
+2.9 GB for a 1.65 GB float32 model, docs/memory.md). Here the model is built with empty (meta) parameters
+(``accelerate.init_empty_weights``; buffers such as RoPE's ``inv_freq`` are computed as usual), and each tensor is
+read through its own short ``safe_open`` (the mapping ends with the read) and assigned in the requested dtype
+(``accelerate.utils.set_module_tensor_to_device``). Peak: the model plus one tensor.
+
+Only checkpoints whose tensor names are the model's own ``state_dict`` names are read this way: the export stage
+writes them with ``save_pretrained`` (no key renaming). Anything else is refused with the names, never guessed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from .errors import InputError
+
+
+def shard_files(hf_dir: Path) -> list[Path]:
+    """The checkpoint's safetensors files: those of ``model.safetensors.index.json`` (in order), else ``*.safetensors``."""
+    hf_dir = Path(hf_dir)
+    idx = hf_dir / "model.safetensors.index.json"
+    if idx.is_file():
+        weight_map = json.loads(idx.read_text(encoding="utf-8")).get("weight_map", {})
+        return [hf_dir / f for f in dict.fromkeys(weight_map.values())]
+    return sorted(hf_dir.glob("*.safetensors"))
+
+
+def load_causal_lm(hf_dir: Path, dtype: Any, device: str = "cpu") -> Any:
+    """``AutoModelForCausalLM`` of ``hf_dir`` in ``dtype`` on ``device`` (eval mode), loaded tensor by tensor.
+
+    Args:
+        hf_dir: a checkpoint folder with ``config.json`` and safetensors weights named as the model's state dict.
+        dtype: torch dtype of the floating-point weights.
+        device: torch device of the weights.
+    Raises:
+        InputError: a tensor the model does not have, or one the model needs that the checkpoint lacks (names both).
+    """
+    import accelerate
+    import transformers as tf
+    from accelerate.utils import set_module_tensor_to_device
+    from safetensors import safe_open
+
+    hf_dir = Path(hf_dir)
+    cfg = tf.AutoConfig.from_pretrained(str(hf_dir), trust_remote_code=False)
+    with accelerate.init_empty_weights(include_buffers=False):
+        model = tf.AutoModelForCausalLM.from_config(cfg, dtype=dtype, trust_remote_code=False)
+    wanted = set(model.state_dict().keys())
+    unexpected: list[str] = []
+    for f in shard_files(hf_dir):
+        with safe_open(str(f), framework="pt") as sf:
+            names = list(sf.keys())
+        for name in names:
+            if name not in wanted:
+                unexpected.append(name)
+                continue
+            with safe_open(str(f), framework="pt") as sf:  # one mapping per tensor: nothing of the file stays resident
+                t = sf.get_tensor(name)
+            set_module_tensor_to_device(model, name, device, value=t.to(dtype) if t.is_floating_point() else t)
+            del t
+    if unexpected:
+        raise InputError(f"{hf_dir}: tensors the {cfg.architectures} model does not have: {unexpected[:5]}. Re-run the export stage.")
+    model.tie_weights()
+    missing = [n for n, p in model.named_parameters() if p.device.type == "meta"]
+    if missing:
+        raise InputError(
+            f"{hf_dir}: the checkpoint lacks {len(missing)} tensor(s) the model needs, e.g. {missing[:5]}. Re-run the export stage."
+        )
+    if device != "cpu":
+        model.to(device)  # buffers created on the CPU at init
+    if (hf_dir / "generation_config.json").is_file():
+        model.generation_config = tf.GenerationConfig.from_pretrained(str(hf_dir))
+    model.config.name_or_path = str(hf_dir)
+    model.eval()
+    return model

@@ -1,0 +1,139 @@
+"""Host (and GPU) memory of each pipeline stage, predicted from the model's shape before any work (docs/memory.md).
+
+The model is ``P`` parameters; ``W = 4 P`` bytes is its float32 weights. Each stage's peak resident set is predicted as
+the libraries' fixed cost plus what the stage holds at its worst moment, from the memory model in docs/memory.md:
+
+============  ==========================================================================================================
+export        ``LIBS + P x export dtype bytes + 2 x largest tensor`` (transformers loads the model in the export dtype
+              once; ``save_pretrained`` writes from it)
+quantize      CPU: ``LIBS + W x (1 + QUANT_TRANSIENT)`` (one float32 model: calibrated, its state streamed out, exported;
+              the transient is activations, AWQ's search and the exporters' output tensors); CUDA: the host holds
+              ``LIBS`` plus one tensor while the GPU holds ``P x 2`` (bf16) plus activations; offloaded layers wait in
+              host memory
+build         onnxruntime_genai: ``LIBS + W x (1 + BUILD_TRANSIENT)`` for the restored simulated-quant model and its
+              converted int4 tensors, then the builder (a separate process, after the model is freed):
+              ``BUILDER_LIBS + W x BUILDER_FACTOR``
+evaluate      ``LIBS + reference model (P x eval.reference_dtype bytes) + transient``: runners are loaded one at a time
+============  ==========================================================================================================
+
+Coefficients are measured (``make bench-scale``, the 2-core 24 GB host, bench/results/scale.json): they are fits of
+the peak RSS of the 80 M, 412 M and 1 B shapes, with ``LIBS`` the RSS of a process that imported torch 2.13,
+transformers 5 and ModelOpt 0.47. A prediction above the host's total memory refuses the run (exit 4) before any work.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+#: RSS of a process that has imported torch, transformers and ModelOpt, bytes (measured: 0.52 GB).
+LIBS_BYTES = 550_000_000
+#: The builder subprocess's own fixed cost (python + torch + onnx + onnxruntime-genai), bytes.
+BUILDER_LIBS_BYTES = 600_000_000
+#: quantize on the CPU: peak beyond one float32 model, as a share of it (activations, AWQ search, export tensors).
+QUANT_TRANSIENT = 0.35
+#: build (parent): the restored float32 model plus the converted checkpoint, beyond one float32 model.
+BUILD_TRANSIENT = 0.35
+#: the onnxruntime-genai builder's peak beyond its libraries, as a share of the float32 weights (int4 input).
+BUILDER_FACTOR = 0.6
+#: evaluate: activations, KV caches and the fidelity logits beyond the reference model, as a share of it.
+EVAL_TRANSIENT = 0.25
+
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+@dataclasses.dataclass(frozen=True)
+class StageMemory:
+    """Predicted peak memory of one stage: ``host_bytes`` (resident set, the largest process of the stage),
+    ``gpu_bytes`` (None when the stage uses no GPU) and the formula, in words, that gave them."""
+
+    host_bytes: int
+    gpu_bytes: int | None
+    formula: str
+
+
+def stage_memory(
+    num_parameters: int,
+    largest_tensor: int,
+    *,
+    export_dtype: str,
+    calib_device: str,
+    reference_dtype: str,
+    target: str,
+) -> dict[str, StageMemory]:
+    """Per-stage peak memory of a run (module docstring).
+
+    Args:
+        num_parameters: the model's parameter count (``P``).
+        largest_tensor: elements of its largest tensor (vocab x hidden for most LLMs).
+        export_dtype: the export checkpoint's dtype.
+        calib_device: ``cpu`` or ``cuda`` (the resolved ``calibration.device``).
+        reference_dtype: the evaluate baseline's dtype (``eval.reference_dtype``; ``checkpoint`` = the export dtype).
+        target: the build target (``onnxruntime_genai`` builds on the host; TensorRT-LLM builds are planned by the GPU
+            plan and counted here as holding the checkpoint's shards only).
+    Returns:
+        ``{stage: StageMemory}`` for export, quantize, build and evaluate.
+    """
+    P, W = int(num_parameters), 4 * int(num_parameters)
+    exp_b = DTYPE_BYTES.get(export_dtype, 2)
+    out: dict[str, StageMemory] = {
+        "export": StageMemory(
+            LIBS_BYTES + P * exp_b + 2 * largest_tensor * 4, None, f"libraries + P x {exp_b} B ({export_dtype}) + 2 largest tensors"
+        )
+    }
+    if calib_device == "cpu":
+        q = StageMemory(
+            int(LIBS_BYTES + W * (1 + QUANT_TRANSIENT)), None, f"libraries + float32 weights x {1 + QUANT_TRANSIENT:.2f} (CPU calibration)"
+        )
+    else:
+        q = StageMemory(
+            LIBS_BYTES + 2 * largest_tensor * 4,
+            int(2 * P * (1 + QUANT_TRANSIENT)),
+            f"host: libraries + 2 largest tensors; GPU: bf16 weights x {1 + QUANT_TRANSIENT:.2f} (beyond the GPU: layers offloaded)",
+        )
+    out["quantize"] = q
+    if target == "onnxruntime_genai":
+        parent = int(LIBS_BYTES + W * (1 + BUILD_TRANSIENT))
+        child = int(BUILDER_LIBS_BYTES + W * BUILDER_FACTOR)
+        out["build"] = StageMemory(
+            max(parent, child),
+            None,
+            f"max(libraries + float32 weights x {1 + BUILD_TRANSIENT:.2f}; builder: its libraries + float32 weights x {BUILDER_FACTOR})",
+        )
+    else:
+        out["build"] = StageMemory(
+            LIBS_BYTES + 2 * largest_tensor * 4, None, "libraries + 2 largest tensors (the engine build runs on the GPU)"
+        )
+    ref_b = DTYPE_BYTES.get(export_dtype if reference_dtype == "checkpoint" else reference_dtype, 4)
+    out["evaluate"] = StageMemory(
+        int(LIBS_BYTES + P * ref_b * (1 + EVAL_TRANSIENT)),
+        None,
+        f"libraries + reference model (P x {ref_b} B) x {1 + EVAL_TRANSIENT:.2f}; runners load one at a time",
+    )
+    return out
+
+
+def stage_refusals(pred: dict[str, StageMemory], stages: list[str], host_total: int | None) -> list[str]:
+    """A refusal (with the figure and the fix) for every stage in ``stages`` predicted above ``host_total`` bytes."""
+    if not host_total:
+        return []
+    fixes = {
+        "export": "export on a host with more memory, or from a checkpoint already in a 16-bit dtype (model.dtype=bfloat16)",
+        "quantize": "calibrate on a GPU host (calibration.device=auto picks CUDA when visible; bf16, layers onloaded one at a "
+        "time when the model does not fit the GPU), or a host with more memory",
+        "build": "build on a host with more memory, or target=tensorrt_llm_pytorch (no host-side engine build)",
+        "evaluate": "eval.reference_dtype=bfloat16 (half the baseline's memory), or a host with more memory",
+    }
+    out = []
+    for s in stages:
+        m = pred.get(s)
+        if m is not None and m.host_bytes > host_total:
+            out.append(
+                f"{s} needs about {m.host_bytes / 1e9:.1f} GB of host memory ({m.formula}) but the host has "
+                f"{host_total / 1e9:.1f} GB. Fix: {fixes[s]}."
+            )
+    return out
+
+
+def as_json(pred: dict[str, StageMemory]) -> dict[str, Any]:
+    return {k: dataclasses.asdict(v) for k, v in pred.items()}

@@ -1,0 +1,191 @@
+"""Where the quantize stage calibrates: the device, the compute dtype, and whether the model is onloaded layer by layer.
+
+Decisions (each recorded in the quant report under ``placement``):
+
+* **device** (``calibration.device``): ``auto`` = ``cuda`` when torch sees a GPU, else ``cpu``; ``cpu``, ``cuda`` or
+  ``cuda:N`` as given (``cuda`` on a host without one is refused, exit 2).
+* **dtype**: on CUDA the checkpoint's own 16-bit dtype (bfloat16 for a float32 checkpoint: ModelOpt's PTQ example
+  loads in the checkpoint's dtype, ``examples/llm_ptq/hf_ptq.py``); on the CPU float32, because torch's CPU kernels
+  for 16-bit GEMMs are slow on most hosts and the shipped gate results were measured with a float32 calibration.
+* **placement**: the model's bytes in that dtype (parameter count x element size, from ``config.json`` and the
+  safetensors headers, :func:`pipeline.planner.shape.ModelShape`) against the device's budget: free memory
+  (``torch.cuda.mem_get_info`` / ``MemAvailable`` of /proc/meminfo) less :data:`RESERVE_FRACTION` for activations,
+  or ``calibration.max_device_memory_gb`` when set. A model within budget is loaded whole onto the device; a larger
+  one is loaded with an accelerate ``device_map`` that keeps what fits on the device and offloads the remaining
+  decoder layers (to host memory from a GPU, to disk from the CPU), and ModelOpt calibrates it layer by layer
+  (``algorithm.layerwise.enable``, modelopt/torch/quantization/model_calib.py ``layerwise_calibrate``, 0.47): each
+  layer is onloaded once and replays the cached activations of the layer before it, as llm-compressor's
+  sequential pipeline does. ``calibration.layerwise=true`` asks for layer-by-layer calibration without offload.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError
+
+#: Share of the device's free memory kept for activations, the calibration batch and ModelOpt's statistics.
+RESERVE_FRACTION = 0.2
+#: Bytes per element of the compute dtypes.
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """The resolved calibration placement (recorded in the quant report).
+
+    Attributes:
+        device: ``cpu`` | ``cuda:N``.
+        dtype: compute dtype of the calibrated model (``float32`` | ``bfloat16`` | ``float16``).
+        model_bytes: the model's weights in ``dtype``, bytes.
+        budget_bytes: what the device may hold of them, bytes.
+        offload: ``none`` | ``cpu`` | ``disk`` (where layers beyond the budget wait).
+        layerwise: ModelOpt calibrates one decoder layer at a time.
+        reason: one sentence for the log and the report.
+    """
+
+    device: str
+    dtype: str
+    model_bytes: int
+    budget_bytes: int
+    offload: str
+    layerwise: bool
+    reason: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def resolve_device(setting: str) -> str:
+    """``calibration.device`` -> ``cpu`` | ``cuda:N``.
+
+    Raises:
+        InputError: ``cuda``/``cuda:N`` on a host where torch sees no such GPU; an unknown spelling.
+    """
+    import torch
+
+    s = str(setting).strip().lower()
+    if s == "auto":
+        return "cuda:0" if torch.cuda.is_available() else "cpu"
+    if s == "cpu":
+        return "cpu"
+    if s == "cuda" or (s.startswith("cuda:") and s[5:].isdigit()):
+        idx = int(s[5:]) if ":" in s else 0
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if idx >= n:
+            raise InputError(
+                f"calibration.device={setting!r}: torch sees {n} CUDA device(s) on this host. "
+                "Fix: calibration.device=auto (CUDA when visible, else the CPU) or calibration.device=cpu."
+            )
+        return f"cuda:{idx}"
+    raise InputError(f"calibration.device={setting!r}: unknown. Fix: use auto, cpu, cuda or cuda:N.")
+
+
+def compute_dtype(device: str, checkpoint_dtype: str) -> str:
+    """The calibration dtype on ``device`` for a checkpoint stored in ``checkpoint_dtype`` (module docstring)."""
+    if device == "cpu":
+        return "float32"
+    return checkpoint_dtype if checkpoint_dtype in ("bfloat16", "float16") else "bfloat16"
+
+
+def free_bytes(device: str) -> int:
+    """Free memory of ``device`` now, bytes: ``torch.cuda.mem_get_info`` for CUDA, ``MemAvailable`` (/proc/meminfo)
+    for the CPU (0 when unreadable)."""
+    if device.startswith("cuda"):
+        import torch
+
+        return int(torch.cuda.mem_get_info(int(device.split(":")[1]))[0])
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def plan_placement(
+    cal: Any, num_parameters: int, checkpoint_dtype: str, *, free: int | None = None, device: str | None = None
+) -> Placement:
+    """Decide device, dtype, offload and layerwise calibration for a model of ``num_parameters`` weights.
+
+    Args:
+        cal: the ``calibration`` config (``device``, ``layerwise``, ``max_device_memory_gb``).
+        num_parameters: the model's parameter count.
+        checkpoint_dtype: the export checkpoint's dtype.
+        free: the device's free bytes (default: measured now, :func:`free_bytes`).
+        device: the resolved device (default: :func:`resolve_device` of ``cal.device``).
+    Raises:
+        InputError: an unknown device; ``calibration.layerwise=false`` for a model beyond the budget.
+    """
+    dev = device or resolve_device(cal.device)
+    dtype = compute_dtype(dev, checkpoint_dtype)
+    model_bytes = int(num_parameters) * DTYPE_BYTES[dtype]
+    cap = getattr(cal, "max_device_memory_gb", None)
+    if cap is not None:
+        budget, why = int(float(cap) * 1e9), f"calibration.max_device_memory_gb={cap}"
+    else:
+        avail = free_bytes(dev) if free is None else int(free)
+        budget, why = int(avail * (1 - RESERVE_FRACTION)), f"{(1 - RESERVE_FRACTION):.0%} of the {avail / 1e9:.1f} GB free on {dev}"
+    fits = model_bytes <= budget
+    want = str(getattr(cal, "layerwise", "auto")).lower()
+    if not fits and want == "false":
+        raise InputError(
+            f"calibration.layerwise=false: the model's {model_bytes / 1e9:.2f} GB in {dtype} exceed the {budget / 1e9:.2f} GB "
+            f"budget ({why}). Fix: calibration.layerwise=auto (onload one layer at a time), a larger "
+            "calibration.max_device_memory_gb, or a device with more memory."
+        )
+    offload = "none" if fits else ("cpu" if dev.startswith("cuda") else "disk")
+    layerwise = (not fits) or want == "true"
+    if fits:
+        reason = f"the model ({model_bytes / 1e9:.2f} GB in {dtype}) fits {why}: loaded whole on {dev}"
+    else:
+        reason = (
+            f"the model ({model_bytes / 1e9:.2f} GB in {dtype}) exceeds {why}: layers beyond it wait on the {offload} and "
+            f"are onloaded one at a time (layer-by-layer calibration)"
+        )
+    if layerwise and fits:
+        reason += "; calibration.layerwise=true: calibrated layer by layer"
+    return Placement(dev, dtype, model_bytes, budget, offload, layerwise, reason)
+
+
+def load_for_calibration(hf: Path, placement: Placement, offload_dir: Path) -> Any:
+    """Load the export checkpoint per ``placement``: whole, one tensor at a time onto the device
+    (:func:`pipeline.modelio.load_causal_lm`); offloaded, with transformers' ``from_pretrained`` and a ``device_map`` +
+    ``max_memory`` + ``offload_folder`` (accelerate's dispatch). Returns the model in eval mode."""
+    import torch
+    import transformers as tf
+
+    if placement.offload == "none":
+        from ..modelio import load_causal_lm
+
+        return load_causal_lm(hf, getattr(torch, placement.dtype), placement.device)
+    offload_dir.mkdir(parents=True, exist_ok=True)
+    mem: dict[Any, Any] = {}
+    if placement.device.startswith("cuda"):
+        mem[int(placement.device.split(":")[1])] = placement.budget_bytes
+        mem["cpu"] = max(free_bytes("cpu") - (1 << 30), 1 << 30)
+    else:
+        mem["cpu"] = placement.budget_bytes
+    model = tf.AutoModelForCausalLM.from_pretrained(
+        str(hf),
+        dtype=getattr(torch, placement.dtype),
+        trust_remote_code=False,
+        device_map="auto",
+        max_memory=mem,
+        offload_folder=str(offload_dir),
+    )
+    model.eval()
+    return model
+
+
+def with_layerwise(modelopt_cfg: dict[str, Any], placement: Placement) -> dict[str, Any]:
+    """``modelopt_cfg`` with ModelOpt's layer-by-layer calibration switched on when ``placement`` asks for it."""
+    if not placement.layerwise:
+        return modelopt_cfg
+    algo = modelopt_cfg.get("algorithm")
+    algo = dict(algo) if isinstance(algo, dict) else {"method": algo if algo is not None else "max"}
+    algo["layerwise"] = {"enable": True}
+    return {**modelopt_cfg, "algorithm": algo}
