@@ -25,6 +25,10 @@ class PackageConfig:
     """Longest prompt the served engine model accepts (tokens); ``None`` = the engine's. Above the engine's is an error."""
     max_beam_width: Optional[int] = None
     """Served beam width; ``None`` = the engine's. Above the engine's is an error."""
+    max_prompt_bytes: Optional[int] = None
+    """Longest prompt (UTF-8 bytes) a served request may hold, refused before it is tokenized (gRPC models and the
+    OpenAI endpoint, docs/package.md "Request limits"); ``None`` = ``max_input_len`` x the tokenizer's longest token x 4,
+    at least 64 KiB (``pipeline.tokenization.prompt_byte_limit``)."""
     decoupled: bool = True
     """Decoupled (streaming) transaction policy on the models that stream."""
     exclude_input_in_output: bool = True
@@ -108,7 +112,7 @@ def validate(cfg: PackageConfig, prefix: str = "package") -> list[Problem]:
     problems: list[Problem] = host_problems(cfg.host, f"{prefix}.host")
     if cfg.max_batch_size is not None and cfg.max_batch_size < 1:
         problems.append(Problem(f"{prefix}.max_batch_size", cfg.max_batch_size, "must be >= 1 or null.", "remove it to use the engine's"))
-    for f in ("max_input_len", "max_beam_width"):
+    for f in ("max_input_len", "max_beam_width", "max_prompt_bytes"):
         v = getattr(cfg, f)
         if v is not None and v < 1:
             problems.append(Problem(f"{prefix}.{f}", v, "must be >= 1 or null.", "remove it to use the engine's"))
