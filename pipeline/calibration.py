@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import InputError
+from .errors import MAX_LINE_BYTES, InputError, line_too_long
 from .tokenization import codec_of
 
 if TYPE_CHECKING:
@@ -197,6 +197,8 @@ def _decoded_lines(path: Path) -> Iterator[tuple[int, str]]:
     if lines and lines[-1] == b"":  # the newline ending the last line does not start a blank line
         lines.pop()
     for n, raw in enumerate(lines, start=1):
+        if len(raw) > MAX_LINE_BYTES:  # refused before it is decoded or tokenized (issue 28)
+            raise line_too_long(f"{path}:{n}", len(raw), "split the sample into shorter lines (or paragraphs)")
         try:
             yield n, raw.decode("utf-8").rstrip("\r")
         except UnicodeDecodeError as e:

@@ -15,6 +15,7 @@ Exit codes are listed in :mod:`pipeline.errors`.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import sys
 from pathlib import Path
@@ -106,6 +107,53 @@ def _flag_value(argv: list[str], flags: tuple[str, ...]) -> tuple[int, int, str]
     return None
 
 
+#: Limits on a user YAML (``--config-dir/--config-name``), checked before OmegaConf reads it: its size in bytes, and
+#: the number of nodes once every alias is expanded (a 700-byte file of nested aliases expands to 10^6 leaves).
+MAX_USER_YAML_BYTES = 1 << 20
+MAX_USER_YAML_NODES = 100_000
+
+
+def check_yaml_size(path: Path) -> None:
+    """Raise InputError (exit 2) when the YAML at ``path`` is over :data:`MAX_USER_YAML_BYTES`, or would expand to
+    over :data:`MAX_USER_YAML_NODES` nodes, or has an alias that refers to itself.  The node graph is composed with
+    PyYAML's safe loader (an alias is a shared node there, so nothing is expanded) and the expanded size is counted
+    once per node."""
+    import yaml
+
+    from .errors import InputError
+
+    size = path.stat().st_size
+    if size > MAX_USER_YAML_BYTES:
+        raise InputError(
+            f"{path}: {size:,} bytes, over the limit of {MAX_USER_YAML_BYTES:,} for a config file. Fix: keep config values only."
+        )
+    try:
+        root = yaml.compose(path.read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise InputError(f"{path}: not valid YAML ({e}). Fix: correct the file.") from e
+    sizes: dict[int, int] = {}
+    stack: list[tuple[Any, bool]] = [(root, False)] if root is not None else []
+    open_nodes: set[int] = set()
+    while stack:
+        node, done = stack.pop()
+        kids = [c for pair in node.value for c in pair] if isinstance(node, yaml.MappingNode) else node.value
+        kids = kids if isinstance(node, (yaml.MappingNode, yaml.SequenceNode)) else []
+        if done:
+            open_nodes.discard(id(node))
+            sizes[id(node)] = total = 1 + sum(sizes[id(c)] for c in kids)
+            if total > MAX_USER_YAML_NODES:
+                raise InputError(
+                    f"{path}:{node.start_mark.line + 1}: its aliases expand to over {MAX_USER_YAML_NODES:,} values, the "
+                    f"limit for a config file. Fix: write the values out instead of nesting aliases (&anchor / *alias)."
+                )
+        elif id(node) not in sizes:
+            if id(node) in open_nodes:
+                raise InputError(f"{path}:{node.start_mark.line + 1}: an alias refers to itself. Fix: remove the recursive alias.")
+            open_nodes.add(id(node))
+            stack.append((node, True))
+            stack.extend((c, False) for c in kids if id(c) not in sizes)
+
+
 def user_config_argv(argv: list[str], tmp_root: Path) -> list[str]:
     """Let ``--config-dir D --config-name NAME`` name a plain YAML of values (no ``defaults`` list).
 
@@ -140,6 +188,7 @@ def user_config_argv(argv: list[str], tmp_root: Path) -> list[str]:
             f"--config-name={name[2]}: no {path}. Fix: pass the YAML's name without .yaml and the folder "
             f"holding it as --config-dir (found there: {sorted(p.name for p in base.glob('*.yaml'))[:10]})."
         )
+    check_yaml_size(path)
     try:
         doc = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
     except Exception as e:
@@ -328,6 +377,37 @@ def _close_keys(typed: str, keys: dict[str, str]) -> list[str]:
     return out[:3]
 
 
+def run_dir_problems(argv: list[str]) -> list[str]:
+    """``hydra.run.dir=`` / ``hydra.sweep.dir=`` given on the command line (without interpolations) that cannot be
+    created or written (``/proc/x``, a read-only or full filesystem): one message each, naming the override, the
+    reason and the fix, found before Hydra prints its tracebacks.  The folder is created (Hydra would create it) and
+    a 4 KiB probe file is written, synced and removed in it."""
+    import os
+    import secrets
+
+    out: list[str] = []
+    for arg in argv:
+        key, _, value = arg.lstrip("+").partition("=")
+        if key not in ("hydra.run.dir", "hydra.sweep.dir") or not value or "${" in value:
+            continue
+        probe = Path(value) / f".pipeline-write-probe-{secrets.token_hex(4)}"
+        try:
+            Path(value).mkdir(parents=True, exist_ok=True)
+            with open(probe, "wb") as f:
+                f.write(b"\0" * 4096)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:
+            out.append(
+                f"{key}={value!r}: the run folder cannot be created or written ({e.strerror or e}). Fix: set {key} to a "
+                f"writable folder with free space, e.g. {key}=runs/my-run."
+            )
+        finally:
+            with contextlib.suppress(OSError):
+                probe.unlink()
+    return out
+
+
 def check_overrides(argv: list[str]) -> list[str]:
     """Problems with plain ``key=value`` / ``group=preset`` overrides, found before Hydra composes the config, each
     naming the override, the valid names (closest first) and the fix. Hydra's own messages for these cases suggest
@@ -465,7 +545,7 @@ def main(argv: list[str] | None = None) -> None:
     from .errors import EXIT_INPUT, InputError
 
     register()
-    problems = check_overrides(argv)
+    problems = check_overrides(argv) + run_dir_problems(argv)
     if problems:
         for msg in problems:
             print(f"error (exit {EXIT_INPUT}): {msg}", file=sys.stderr)

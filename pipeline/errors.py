@@ -14,6 +14,11 @@ from __future__ import annotations
 
 EXIT_OK, EXIT_FAILED, EXIT_INPUT, EXIT_GATE, EXIT_PREFLIGHT, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
 
+#: The longest line (bytes, UTF-8) a line-oriented data file may hold: eval sets, JSONL / text calibration sets.
+#: 1 MiB is hundreds of times any prompt the engines take (``build.max_input_len`` tokens of a few bytes each); a
+#: longer line is refused before it is parsed or tokenized (a 100 MB line otherwise drives the tokenizer past 10 GB).
+MAX_LINE_BYTES = 1 << 20
+
 
 class PipelineError(RuntimeError):
     """Base class: an error whose message is meant for the user (no traceback needed)."""
@@ -37,3 +42,8 @@ class PreflightError(PipelineError):
     """The environment cannot run the request; the message says how to fix it (install, container, GPU)."""
 
     exit_code = EXIT_PREFLIGHT
+
+
+def line_too_long(where: str, nbytes: int, fix: str) -> InputError:
+    """The InputError for a line over :data:`MAX_LINE_BYTES` (``where`` is ``file:line``)."""
+    return InputError(f"{where}: the line holds {nbytes:,} bytes, over the limit of {MAX_LINE_BYTES:,} bytes per line. Fix: {fix}.")

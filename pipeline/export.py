@@ -439,8 +439,40 @@ def check_config_types(cfg: dict[str, Any], where: str) -> None:
                 bad(f"{key}.{k}", v, "a list of numbers")
             elif k in ("type", "rope_type") and v is not None and not isinstance(v, str):
                 bad(f"{key}.{k}", v, _STR)
+    problems += _config_value_problems(cfg, where)
     if problems:
-        raise InputError(f"{where}: {len(problems)} field(s) with the wrong type:\n" + "\n".join(f"  - {p}" for p in problems))
+        raise InputError(f"{where}: {len(problems)} field(s) with the wrong type or value:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+#: ``torch_dtype`` / ``dtype`` names a checkpoint may state (torch's floating dtypes, ``torch.`` prefix allowed).
+CHECKPOINT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+def _config_value_problems(cfg: dict[str, Any], where: str) -> list[str]:
+    """``torch_dtype`` / ``dtype`` of ``config.json`` must be one of :data:`CHECKPOINT_DTYPES` (no loader reads
+    another); one line per problem, naming the field, the value and the fix.  (``hidden_act`` needs transformers'
+    table: :func:`check_activation`.)"""
+    problems: list[str] = []
+    for key in ("torch_dtype", "dtype"):
+        v = cfg.get(key)
+        if isinstance(v, str) and v.removeprefix("torch.") not in CHECKPOINT_DTYPES:
+            problems.append(f'{key}={v!r} is not a dtype (one of {list(CHECKPOINT_DTYPES)}). Fix: correct "{key}" in {Path(where).name}.')
+    return problems
+
+
+def check_activation(cfg: dict[str, Any], where: str) -> None:
+    """``hidden_act`` must be a key of transformers' ``ACT2FN`` (transformers/activations.py), else InputError
+    naming the file, the field, the value and the valid names (before transformers' own bare ``KeyError``)."""
+    act = cfg.get("hidden_act")
+    if not isinstance(act, str):
+        return
+    from transformers.activations import ACT2FN
+
+    if act not in ACT2FN:
+        raise InputError(
+            f"{where}: hidden_act={act!r} is not an activation transformers knows (one of {sorted(ACT2FN)}). Fix: "
+            f'correct "hidden_act" in {Path(where).name} (LLaMA-family checkpoints use "silu").'
+        )
 
 
 # --------------------------------------------------------------------------- weights (headers only)
@@ -575,6 +607,12 @@ def _index_shards(index_path: Path, what: str, src: Path, allow_external_files: 
     wmap = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(wmap, dict) or not wmap:
         raise InputError(f"{index_path}: no weight_map. Fix: restore {index_path.name} from the source checkpoint.")
+    if not isinstance(index.get("metadata"), dict):  # transformers' sharded loader reads index["metadata"]
+        raise InputError(
+            f"{index_path}: metadata={index.get('metadata')!r} must be a JSON object (transformers reads it to load the "
+            f'shards). Fix: restore {index_path.name} from the source checkpoint, or add "metadata": {{"total_size": '
+            f"<bytes of all shards>}}."
+        )
     for tname, f in wmap.items():
         confine(src, f, f"{index_path}: weight_map[{tname!r}]", allow_external=allow_external_files)
     files = sorted(set(wmap.values()))
@@ -858,6 +896,7 @@ def _hf_config(src: Path, facts: CheckpointFacts, ids: _SpecialIds, trust_remote
     """
     from transformers import AutoConfig
 
+    check_activation(facts.config, str(src / "config.json"))
     try:
         hf_cfg = AutoConfig.from_pretrained(str(src), trust_remote_code=trust_remote_code)
     except Exception as e:

@@ -25,9 +25,9 @@ from .store import (
     digest_path,
     install_log_redaction,
     redact,
-    redact_config,
     redact_files,
     redact_text,
+    secret_fields,
     write_json_atomic,
 )
 from .validation import validate as validate_config
@@ -315,12 +315,13 @@ def run_pipeline(
 
 
 def _config_warnings(cfg: PipelineConfig, console: Console) -> list[str]:
-    """Redact secret-looking config values (before anything derives a key, a file name or a manifest from the
-    config) and print one warning per redacted field and per deprecated spelling; returns the deprecation notes."""
-    for field_name in redact_config(cfg):
+    """Print one warning per config field that holds a secret-looking value (the run uses it as given; every
+    recorded copy masks it: pipeline.store.redact) and per deprecated spelling; returns the deprecation notes."""
+    for field_name in secret_fields(cfg):
         console.print(
-            f"[yellow]warning:[/] {field_name} holds a secret-looking value; it is replaced by "
-            f"***redacted*** everywhere (secrets belong in the environment, e.g. HF_TOKEN, never in the config)."
+            f"[yellow]warning:[/] {field_name} holds a secret-looking value; the run uses it as given and every record "
+            f"of it (manifests, summary, logs, .hydra/*.yaml) shows ***redacted*** (secrets belong in the environment, "
+            f"e.g. HF_TOKEN, never in the config)."
         )
     deprecated = deprecations(cfg)
     for note in deprecated:
@@ -473,7 +474,7 @@ def _model_facts(cfg: PipelineConfig, overrides: list[str]) -> dict[str, Any] | 
 
         m = cfg.model
         set_keys = {o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o}
-        derived_name = m.path is not None and "model.name" not in set_keys and m.name == redact_text(checkpoint_name(m.path))
+        derived_name = m.path is not None and "model.name" not in set_keys and m.name == checkpoint_name(m.path)
         derived_dtype = m.path is not None and "model.dtype" not in set_keys and m.dtype == checkpoint_dtype(m.path)
         return {
             "name": m.name,
@@ -509,17 +510,19 @@ def _mark_failed(reports: list[StageReport], cfg: PipelineConfig, error: str, st
 
 
 def print_summary(summary: RunSummary, console: Console) -> None:
+    """The run's table on ``console`` (a record like the summary: model name, paths and headlines are redacted)."""
     m = summary.model
     title = "pipeline run"
     if m:
         title += f" - model {m['name']} ({m['name_source']}), dtype {m['dtype']} ({m['dtype_source']})"
-    t = Table(title=escape(title), show_lines=False)
+    t = Table(title=escape(redact_text(title)), show_lines=False)
     for col in ("stage", "status", "time", "output", "headline"):
         t.add_column(col)
     for r in summary.stages:
         style = {"cached": "green", "ran": "cyan", "failed": "red", "not-run": "dim", "dry-run": "yellow"}.get(r.status, "")
         head = ", ".join(f"{k}={_fmt(v)}" for k, v in r.headline.items())
-        t.add_row(r.stage, f"[{style}]{r.status}[/]", f"{r.seconds:.2f} s", escape(r.path or "-"), escape(head or (r.error or "")[:120]))
+        cells = (redact_text(r.path or "-"), redact_text(head or (r.error or "")[:120]))
+        t.add_row(r.stage, f"[{style}]{r.status}[/]", f"{r.seconds:.2f} s", *map(escape, cells))
     console.print(t)
     if summary.gate:
         print_gate(summary.gate, console)

@@ -154,7 +154,18 @@ def is_secret_key(key: str) -> bool:
     return False
 
 
-_SECRET_VALUE_RE = re.compile(r"(hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9]{20,}|nvapi-[A-Za-z0-9_-]{20,}|ghp_[A-Za-z0-9]{20,})")
+# A token-shaped secret is a whole word (no letter, digit, ``_`` or ``-`` right before or after it) with a known
+# prefix and a random tail of 20+ characters in mixed case: Hugging Face ``hf_`` (huggingface_hub docs, "User access
+# tokens"), OpenAI ``sk-`` / ``sk-proj-``, NVIDIA ``nvapi-``, GitHub ``ghp_`` (GitHub docs, "About authentication",
+# token prefixes).  A word that merely contains a prefix (``task-finetunedsupportllama2024``) is not one.
+_TOKEN_RE = re.compile(r"(?<![A-Za-z0-9_-])(?:hf_|ghp_|sk-|nvapi-)([A-Za-z0-9_-]{20,})(?![A-Za-z0-9_-])")
+# The userinfo of a URL (RFC 3986 section 3.2.1: ``scheme://user:password@host``).
+_URL_USERINFO_RE = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)([^/?#@\s'\"]+)@")
+
+
+def _mask_token(m: re.Match[str]) -> str:
+    tail = m.group(1)
+    return REDACTED if any(c.isupper() for c in tail) and any(c.islower() for c in tail) else m.group(0)
 
 
 REDACTED = "***redacted***"
@@ -165,9 +176,12 @@ def _env_secrets() -> set[str]:
 
 
 def redact_text(text: str) -> str:
-    """``text`` with token-shaped substrings (``hf_...``, ``sk-...``, ``nvapi-...``, ``ghp_...``) and the values of
-    secret-named environment variables (``HF_TOKEN``, ``*_API_KEY`` ...) replaced by ``***redacted***``."""
-    s = _SECRET_VALUE_RE.sub(REDACTED, text)
+    """``text`` with secrets masked by ``***redacted***``: token-shaped words (see ``_TOKEN_RE``), the userinfo of
+    URLs (``https://user:pass@registry`` -> ``https://***redacted***@registry``) and the values of secret-named
+    environment variables (``HF_TOKEN``, ``*_API_KEY`` ...).  For recorded copies only (manifests, summaries, logs,
+    ``.hydra/*.yaml``, labels): a path or value the run uses is never passed through it."""
+    s = _TOKEN_RE.sub(_mask_token, text)
+    s = _URL_USERINFO_RE.sub(lambda m: m.group(1) + REDACTED + "@", s)
     for sec in _env_secrets():
         if sec in s:
             s = s.replace(sec, REDACTED)
@@ -175,12 +189,13 @@ def redact_text(text: str) -> str:
 
 
 def redact(obj: Any) -> Any:
-    """Copy of ``obj`` with values under secret-looking keys and token-shaped strings replaced.
+    """Copy of ``obj`` with values under secret-named keys (:func:`is_secret_key`) replaced and every other string
+    passed through :func:`redact_text`.
 
     This is the project's one redaction: every place that writes the config (or anything derived from it:
-    manifests, the run summary, the release manifest, archive and file names, Hydra's ``.hydra/*.yaml``, log
+    manifests, the run summary, the release manifest, archive names, Hydra's ``.hydra/*.yaml``, log
     records) goes through it or :func:`redact_text`.  Keys are redacted like values (file-name keys can carry a
-    secret too), and any value equal to the content of a secret-named environment variable is replaced.
+    secret too).  ``obj`` itself is never changed: the run keeps using the real values.
     """
 
     def _r(o: Any, key: str = "") -> Any:
@@ -197,39 +212,29 @@ def redact(obj: Any) -> Any:
     return _r(obj)
 
 
-def redact_config(cfg: Any) -> list[str]:
-    """Replace secret-looking string values inside a config dataclass tree, in place; returns the dotted field names.
+def secret_fields(cfg: Any) -> list[str]:
+    """Dotted names of the string values in a config dataclass tree that a recorded copy masks (a secret-named
+    field, or a value :func:`redact_text` changes).  Nothing is changed: the run uses the values as given, and only
+    what is written about it (manifests, summary, logs) goes through :func:`redact`.  Secrets belong in the
+    environment (``HF_TOKEN``), never in a config value."""
+    found: list[str] = []
 
-    Run once where the config enters (:func:`pipeline.runner.run_pipeline`), so nothing derived from the config
-    (cache keys, model repository, archive name, manifests) can carry the secret. Secrets belong in the
-    environment (``HF_TOKEN``), never in a config value.
-    """
-    changed: list[str] = []
-
-    def _walk(o: Any, prefix: str) -> Any:
+    def _walk(o: Any, prefix: str, key: str) -> None:
         if dataclasses.is_dataclass(o) and not isinstance(o, type):
             for f in dataclasses.fields(o):
-                v = getattr(o, f.name)
-                nv = _walk(v, f"{prefix}.{f.name}" if prefix else f.name)
-                if nv is not v:
-                    setattr(o, f.name, nv)
-            return o
-        if isinstance(o, str):
-            r = redact_text(o)
-            if r != o:
-                changed.append(prefix)
-                return r
-            return o
-        if isinstance(o, list):
-            items = [_walk(v, f"{prefix}[{i}]") for i, v in enumerate(o)]
-            return items if any(a is not b for a, b in zip(items, o)) else o
-        if isinstance(o, dict):
-            entries = {k: _walk(v, f"{prefix}.{k}") for k, v in o.items()}
-            return entries if any(entries[k] is not o[k] for k in o) else o
-        return o
+                _walk(getattr(o, f.name), f"{prefix}.{f.name}" if prefix else f.name, f.name)
+        elif isinstance(o, str):
+            if o and (is_secret_key(key) or redact_text(o) != o):
+                found.append(prefix)
+        elif isinstance(o, (list, tuple)):
+            for i, v in enumerate(o):
+                _walk(v, f"{prefix}[{i}]", key)
+        elif isinstance(o, dict):
+            for k, v in o.items():
+                _walk(v, f"{prefix}.{k}", str(k))
 
-    _walk(cfg, "")
-    return changed
+    _walk(cfg, "", "")
+    return found
 
 
 class RedactingFilter:

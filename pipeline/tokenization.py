@@ -639,3 +639,44 @@ def cut_at_stop(output_ids: Sequence[int], stop_ids: Iterable[int]) -> tuple[lis
         if int(t) in stops:
             return list(output_ids[:i]), "eos"
     return list(output_ids), None
+
+
+# --------------------------------------------------------------------------- request limits
+# Checked by the served text models (serving/models/onnxruntime_genai_model.py, which gets this file copied next to
+# it) and by the OpenAI front end *before* anything is tokenized: tokenizing a 10 MB prompt takes tens of seconds and
+# holds the model's execute thread, so one oversized request would delay every other one.
+
+#: Floor of the derived per-prompt byte limit (chat templates and short-context test models stay usable).
+MIN_PROMPT_BYTES = 64 << 10
+#: Headroom of the derived limit over ``max_input_len x longest token``: text a normalizer shrinks (NFKC maps some
+#: 3-byte characters to 1-2 bytes) and JSON escaping of chat messages (``\uXXXX``).
+PROMPT_BYTES_HEADROOM = 4
+#: The most generations one request may ask for: prompts x ``n`` on the OpenAI endpoint, prompt rows on gRPC.
+MAX_REQUEST_GENERATIONS = 64
+
+
+def max_token_bytes(tokenizer: Any) -> int:
+    """The longest vocabulary entry in UTF-8 bytes (with added tokens).  Every token stands for at most that many
+    input bytes: a byte-level BPE piece spells each byte as one character of 1-2 UTF-8 bytes, a SentencePiece piece
+    spells a space as the 3-byte ``\u2581`` and a byte-fallback piece ``<0xNN>`` (6 bytes) one byte."""
+    vocab = tokenizer.get_vocab(with_added_tokens=True)
+    return max((len(t.encode("utf-8")) for t in vocab), default=1)
+
+
+def prompt_byte_limit(max_input_len: int, token_bytes: int, configured: int | None = None) -> int:
+    """Bytes (UTF-8) one prompt may hold: ``configured`` (``package.max_prompt_bytes``) when set, else
+    ``max(MIN_PROMPT_BYTES, max_input_len x token_bytes x PROMPT_BYTES_HEADROOM)`` - more than any prompt of at most
+    ``max_input_len`` tokens can hold, so only a prompt the engine would refuse anyway is refused by bytes."""
+    if configured:
+        return int(configured)
+    return max(MIN_PROMPT_BYTES, int(max_input_len) * max(1, int(token_bytes)) * PROMPT_BYTES_HEADROOM)
+
+
+def prompt_too_large(nbytes: int, limit: int, what: str = "the prompt") -> str | None:
+    """The refusal for a prompt of ``nbytes`` bytes over ``limit`` (naming the limit and the fix), else ``None``."""
+    if nbytes <= limit:
+        return None
+    return (
+        f"{what} holds {nbytes} bytes, over this deployment's limit of {limit} bytes per prompt (package.max_prompt_bytes; "
+        f"by default max_input_len x the longest token x {PROMPT_BYTES_HEADROOM}); send a shorter prompt"
+    )

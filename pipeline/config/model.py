@@ -101,9 +101,25 @@ class ModelConfig:
     explicitly)."""
 
 
+#: the longest ``model.name``: it names the release archive ``NAME-VERSION.tar.gz`` and the console table, and a
+#: file name holds at most 255 bytes (POSIX ``NAME_MAX`` on Linux filesystems).
+MAX_NAME_LEN = 128
+
+
 def validate(cfg: ModelConfig, prefix: str = "model") -> list[Problem]:
     problems: list[Problem] = []
     choice(problems, f"{prefix}.dtype", cfg.dtype, DTYPES)
+    name = cfg.name
+    if not isinstance(name, str) or not name.strip() or name.startswith(("-", ".")) or len(name) > MAX_NAME_LEN:
+        problems.append(
+            Problem(
+                f"{prefix}.name",
+                name,
+                f"must be a non-empty name of at most {MAX_NAME_LEN} characters that does not start with '-' or '.' "
+                f"(it names the release archive NAME-VERSION.tar.gz, which tar would read as an option).",
+                "set model.name=support-llama, or leave it unset to use the checkpoint folder's name",
+            )
+        )
     if cfg.path is None and cfg.hf_config is None:
         problems.append(
             Problem(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -24,6 +25,10 @@ class PackageConfig:
     """Longest prompt the served engine model accepts (tokens); ``None`` = the engine's. Above the engine's is an error."""
     max_beam_width: Optional[int] = None
     """Served beam width; ``None`` = the engine's. Above the engine's is an error."""
+    max_prompt_bytes: Optional[int] = None
+    """Longest prompt (UTF-8 bytes) a served request may hold, refused before it is tokenized (gRPC models and the
+    OpenAI endpoint, docs/package.md "Request limits"); ``None`` = ``max_input_len`` x the tokenizer's longest token x 4,
+    at least 64 KiB (``pipeline.tokenization.prompt_byte_limit``)."""
     decoupled: bool = True
     """Decoupled (streaming) transaction policy on the models that stream."""
     exclude_input_in_output: bool = True
@@ -76,11 +81,38 @@ class PackageConfig:
     """Acceptance gate for a speculative build (``pipeline/config/serving.py``)."""
 
 
+_HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+
+
+def host_problems(host: str, name: str = "package.host") -> list[Problem]:
+    """``host`` must be an IP address literal (:mod:`ipaddress`: IPv4 parts 0-255, or IPv6) or a DNS host name
+    (RFC 1123 section 2.1: dot-separated labels of letters, digits and ``-``, 63 characters each, 253 in all); a name
+    made only of numeric labels is read as IPv4, so ``256.1.1.1`` is refused here instead of failing to bind later."""
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(host)
+        return []
+    except ValueError:
+        pass
+    labels = host.split(".") if isinstance(host, str) else []
+    if labels and len(host) <= 253 and all(_HOST_LABEL.match(x) for x in labels) and not all(x.isdigit() for x in labels):
+        return []
+    return [
+        Problem(
+            name,
+            host,
+            "is neither an IP address (IPv4 parts are 0-255) nor a host name.",
+            f"use {name}=127.0.0.1 (this machine only) or {name}=0.0.0.0 (every interface)",
+        )
+    ]
+
+
 def validate(cfg: PackageConfig, prefix: str = "package") -> list[Problem]:
-    problems: list[Problem] = []
+    problems: list[Problem] = host_problems(cfg.host, f"{prefix}.host")
     if cfg.max_batch_size is not None and cfg.max_batch_size < 1:
         problems.append(Problem(f"{prefix}.max_batch_size", cfg.max_batch_size, "must be >= 1 or null.", "remove it to use the engine's"))
-    for f in ("max_input_len", "max_beam_width"):
+    for f in ("max_input_len", "max_beam_width", "max_prompt_bytes"):
         v = getattr(cfg, f)
         if v is not None and v < 1:
             problems.append(Problem(f"{prefix}.{f}", v, "must be >= 1 or null.", "remove it to use the engine's"))

@@ -23,7 +23,7 @@ import json
 from pathlib import Path
 from typing import Any, cast
 
-from ..errors import InputError
+from ..errors import MAX_LINE_BYTES, InputError, line_too_long
 
 MAX_REPORTED_PROBLEMS = 20
 
@@ -138,12 +138,15 @@ def load_eval_set(path: str | Path, *, limit: int | None = None) -> list[EvalIte
     Returns:
         The items in file order.
     Raises:
-        InputError: unreadable file, invalid JSON, missing/wrong fields, duplicate ids, an unknown
-            metric or an empty set; the message names ``file:line``, the field and the fix.
+        InputError: a directory, an unreadable file, a line over :data:`pipeline.errors.MAX_LINE_BYTES`,
+            invalid JSON, missing/wrong fields, duplicate ids, an unknown metric or an empty set; the message names
+            ``file:line``, the field and the fix.
     """
     from .metrics import METRICS
 
     p = Path(path)
+    if p.is_dir():
+        raise InputError(f"eval.eval_set={str(p)!r} is a directory. Fix: set eval.eval_set to a .jsonl file (one JSON object per line).")
     try:
         text = p.read_text(encoding="utf-8-sig")  # utf-8-sig: a leading BOM (Windows editors) is accepted
     except FileNotFoundError:
@@ -159,6 +162,9 @@ def load_eval_set(path: str | Path, *, limit: int | None = None) -> list[EvalIte
         if not line or line.startswith("#"):
             continue
         where = f"{p}:{n}"
+        if len(line) > MAX_LINE_BYTES // 4 and (nbytes := len(line.encode("utf-8"))) > MAX_LINE_BYTES:
+            errors.append(str(line_too_long(where, nbytes, "shorten the prompt and references (one eval item per line)")))
+            continue
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:

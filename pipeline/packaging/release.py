@@ -345,6 +345,13 @@ def verify_extracted_release(root: Path, manifest: dict) -> None:
     if manifest and inner_doc != manifest:
         raise InputError(f"{inner[0]}: differs from the release_manifest.json beside the archive; refusing to serve it.")
     repo = PackageArtifact(inner[0].parent).model_repository
+    links = sorted(p for p in Path(root).rglob("*") if p.is_symlink())
+    if links:
+        raise InputError(
+            f"{links[0]}: the release holds a symbolic link (to {os.readlink(links[0])!r}); a release is self-contained "
+            f"and the package stage never writes one; refusing to serve it. Fix: use the archive the package stage "
+            f"wrote, or rebuild it with `pipeline stages=[package]`."
+        )
     files = tree_files(repo) if repo.is_dir() else {}
     recorded = inner_doc.get("repository_files")
     if isinstance(recorded, dict):

@@ -100,6 +100,7 @@ class Settings:
     max_beam_width: int = 1
     triton_max_batch_size: int = 8
     served_max_input_len: int | None = None
+    max_prompt_bytes: int | None = None  # package.max_prompt_bytes (None: the served model derives it)
     served_max_beam_width: int | None = None
     decoupled: bool = True
     exclude_input_in_output: bool = True
@@ -173,6 +174,7 @@ def settings_from_build(
         ),  # og: no beam limit in the engine
         triton_max_batch_size=int(package_cfg.max_batch_size or eng_bs),
         served_max_input_len=getattr(package_cfg, "max_input_len", None),
+        max_prompt_bytes=getattr(package_cfg, "max_prompt_bytes", None),
         served_max_beam_width=getattr(package_cfg, "max_beam_width", None),
         decoupled=bool(package_cfg.decoupled),
         exclude_input_in_output=bool(package_cfg.exclude_input_in_output),
@@ -438,6 +440,7 @@ def _write_ort_text_models(out: Path, settings: Settings, vals: dict[str, Any]) 
         "engine_dir": "../../onnxruntime_genai/1/engine",
         "tokenizer_dir": "../../onnxruntime_genai/1/tokenizer",
         "max_input_len": vals["max_input_len"],
+        "max_prompt_bytes": settings.max_prompt_bytes or 0,  # 0: derived by the model (pipeline.tokenization)
         "max_seq_len": vals["max_seq_len"],
         "max_beam_width": vals["max_beam_width"],
         "exclude_input_in_output": vals["exclude_input_in_output"],

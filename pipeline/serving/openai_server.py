@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..errors import InputError, PipelineError
+from .limits import LimitError, body_limit, check_prompts, read_json_body, served_prompt_limit
 
 if TYPE_CHECKING:  # starlette is imported when the app is built (the serving extra)
     from starlette.requests import Request
@@ -114,6 +115,14 @@ class APIError(Exception):
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def limited(check: Any, *args: Any) -> None:
+    """Run a :mod:`pipeline.serving.limits` check; its LimitError becomes a 400 naming the limit."""
+    try:
+        check(*args)
+    except LimitError as e:
+        raise APIError(str(e), e.param, code="request_too_large") from None
 
 
 # --------------------------------------------------------------------------- request validation
@@ -259,8 +268,10 @@ class Frontend:
         try:
             self.decoupled = probe.decoupled
             self.server_renders = "messages" in probe.inputs  # the CPU target's ensemble renders chat itself
+            ens_cfg = probe.client.get_model_config("ensemble", as_json=True, client_timeout=10).get("config")
         finally:
             probe.close()
+        self.prompt_limit = served_prompt_limit(ens_cfg, man, self.codec.tokenizer)  # request limits (serving/limits.py)
         self._local = threading.local()
         self._clients: list[Any] = []
         self._lock = threading.Lock()
@@ -411,7 +422,9 @@ class _Handlers:
 
     async def body_of(self, request: Request, kind: str) -> tuple[dict[str, Any], dict[str, Any]]:
         try:
-            body = await request.json()
+            body = await read_json_body(request, body_limit(self.fe.prompt_limit))
+        except LimitError as e:
+            raise APIError(str(e), e.param, code="request_too_large") from None
         except (ValueError, UnicodeDecodeError):
             raise APIError("the request body is not valid JSON.") from None
         if not isinstance(body, dict):
@@ -527,6 +540,7 @@ class _Handlers:
                 raise APIError(
                     "prompt must be a non-empty string or a list of non-empty strings (token-id prompts are not supported).", "prompt"
                 )
+            limited(check_prompts, texts, p["n"], self.fe.prompt_limit, "prompt")
             rid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
             if p["stream"]:
                 return self.stream_response("completions", texts, p, rid, created)
@@ -555,7 +569,9 @@ class _Handlers:
             rf = body.get("response_format")
             if rf not in (None, {"type": "text"}):
                 raise APIError(f"response_format={rf!r}: only text is supported.", "response_format")
-            text = self.fe.render_chat(body.get("messages"))
+            msgs = body.get("messages")
+            limited(check_prompts, [msgs] if isinstance(msgs, list) else [], p["n"], self.fe.prompt_limit, "messages")
+            text = self.fe.render_chat(msgs)
             rid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
             if p["stream"]:
                 return self.stream_response("chat", [text], p, rid, created)

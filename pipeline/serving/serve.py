@@ -16,6 +16,7 @@ it cleanly and exits 0; a server that did not stop cleanly exits 1.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -30,26 +31,86 @@ from ..artifacts import PackageArtifact
 from ..errors import EXIT_INPUT, EXIT_INTERRUPTED, InputError, PipelineError
 
 
+def _created_order(art: Any) -> tuple[str, tuple[int, int, str], str]:
+    """Sort key of a package artifact: the creation time its manifest records (``created``, ISO 8601 UTC), then the
+    package version (numerically when it is a number: ``10`` after ``9``), then the folder name; never a file's
+    mtime, which a copy without ``-p`` or clock skew changes."""
+    version = ""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        version = str(json.loads(PackageArtifact(art.path).release_manifest_path.read_text(encoding="utf-8")).get("version") or "")
+    vkey = (0, int(version), "") if version.isdigit() else (1, 0, version)
+    return str(art.manifest.get("created") or ""), vkey, art.path.name
+
+
 def _complete_package_artifacts(store: Path) -> list[Path]:
-    """Published, trusted package artifacts (never ``.tmp-*`` staging folders), oldest first."""
+    """Published, trusted package artifacts (never ``.tmp-*`` staging folders), oldest first by recorded creation
+    time (:func:`_created_order`)."""
     from ..store import ArtifactStore
 
-    return [a.path for a in ArtifactStore(store).published("package") if PackageArtifact(a.path).model_repository.is_dir()]
+    arts = [a for a in ArtifactStore(store).published("package") if PackageArtifact(a.path).model_repository.is_dir()]
+    return [a.path for a in sorted(arts, key=_created_order)]
 
 
-def find_latest_repository(store_dir: str | None) -> Path | None:
-    """``model_repository/`` of the newest complete package artifact under ``store_dir`` (default ``artifacts``)."""
+def find_latest_repository(store_dir: str | None, *, verify: bool = False) -> Path | None:
+    """``model_repository/`` of the newest complete package artifact under ``store_dir`` (default ``artifacts``), by
+    recorded creation time.  ``verify`` (``verify_cache=true``) re-hashes that artifact's files and raises
+    InputError when one differs from its manifest (it is refused, never silently replaced by an older one)."""
     from ..config import resolve_path
 
     store = resolve_path(store_dir or "artifacts")
     if store is None or not store.is_dir():
         return None
     arts = _complete_package_artifacts(store)
-    return PackageArtifact(arts[-1]).model_repository if arts else None
+    if not arts:
+        return None
+    if verify:
+        verify_package_artifact(arts[-1])
+    return PackageArtifact(arts[-1]).model_repository
 
 
-def resolve_repository(arg: str | None, store_dir: str | None) -> Path:
-    """The model repository for a path argument (artifact folder, repository, unpacked release) or the newest one."""
+def verify_package_artifact(art_dir: Path) -> None:
+    """Re-hash every file of the store artifact ``art_dir`` against its manifest (what the run does for
+    ``verify_cache=true``, :meth:`pipeline.store.ArtifactStore.lookup`); InputError (exit 2) when the store would not
+    trust it."""
+    from ..store import MANIFEST, ArtifactStore
+
+    key = None
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        key = json.loads((art_dir / MANIFEST).read_text(encoding="utf-8")).get("key")
+    store = ArtifactStore(art_dir.parent.parent)
+    if not isinstance(key, str) or store.lookup(art_dir.parent.name, key, verify=True) is None:
+        raise InputError(
+            f"{art_dir}: verify_cache=true and a file of this artifact differs from the size or sha256 its "
+            f"{MANIFEST} records (or the manifest is not the store's); refusing to serve it. Fix: run the package "
+            f"stage again (`pipeline stages=[package] verify_cache=true` replaces a damaged artifact)."
+        )
+
+
+def _unpack_release(p: Path) -> Path:
+    """Check the release archive ``p`` (SHA256SUMS beside it, then the unpacked content against its manifest) and
+    return the folder it was unpacked into under ``runs/``; on any refusal nothing stays there."""
+    from ..packaging import safe_extract
+    from ..packaging.release import verify_extracted_release, verify_release_archive
+
+    manifest = verify_release_archive(p)  # SHA256SUMS (+ release manifest) before anything is unpacked
+    dest = Path("runs").absolute() / f"serve-release-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    safe_extract(p, dest)  # refuses members that would land outside dest, writes nothing then
+    try:
+        verify_extracted_release(dest, manifest)
+    except BaseException:  # nothing of a refused (or interrupted) release stays under runs/
+        shutil.rmtree(dest, ignore_errors=True)
+        raise
+    return dest
+
+
+def resolve_repository(arg: str | None, store_dir: str | None, *, verify: bool = False) -> Path:
+    """The model repository for a path argument (artifact folder, repository, unpacked release) or the newest one.
+
+    ``verify`` (``verify_cache=true``): a store artifact (the newest, or the folder given) is re-hashed first
+    (:func:`verify_package_artifact`); a release archive is always checked against its SHA256SUMS; a bare
+    repository folder, which records no digests, is refused (InputError) because nothing could be verified."""
+    from ..store import MANIFEST
+
     if arg:
         p = Path(arg).expanduser().absolute()
         if not p.exists():
@@ -58,19 +119,17 @@ def resolve_repository(arg: str | None, store_dir: str | None) -> Path:
                 f"release archive (<package artifact>/release/<name>-<version>.tar.gz; the run summary prints the "
                 f"package path), or no path for the newest package in the store."
             )
-        if p.is_file() and p.name.endswith((".tar.gz", ".tgz", ".tar")):
-            from ..packaging import safe_extract
-            from ..packaging.release import verify_extracted_release, verify_release_archive
-
-            manifest = verify_release_archive(p)  # SHA256SUMS (+ release manifest) before anything is unpacked
-            dest = Path("runs").absolute() / f"serve-release-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
-            safe_extract(p, dest)  # refuses members that would land outside dest, writes nothing then
-            try:
-                verify_extracted_release(dest, manifest)
-            except InputError:
-                shutil.rmtree(dest, ignore_errors=True)
-                raise
-            p = dest
+        archive = p.is_file() and p.name.endswith((".tar.gz", ".tgz", ".tar"))
+        if archive:
+            p = _unpack_release(p)
+        elif verify:
+            art = next((c for c in (p, p.parent) if (c / MANIFEST).is_file()), None)
+            if art is None:
+                raise InputError(
+                    f"{arg}: verify_cache=true, but this folder is not a store artifact and records no digests to check. "
+                    f"Fix: pass the package artifact folder (<store>/package/<key>) or its release archive, or drop verify_cache."
+                )
+            verify_package_artifact(art)
         for cand in (p, p / "model_repository", *sorted(p.glob("*/model_repository"))):
             if cand.is_dir() and ((cand / "ensemble" / "config.pbtxt").is_file() or (cand / "tensorrt_llm" / "config.pbtxt").is_file()):
                 return cand
@@ -78,7 +137,7 @@ def resolve_repository(arg: str | None, store_dir: str | None) -> Path:
             f"{arg}: no Triton model repository there (expected ensemble/config.pbtxt, or a package artifact with "
             f"model_repository/). Fix: pass a package artifact folder or run `pipeline stages=[package]` first."
         )
-    repo = find_latest_repository(store_dir)
+    repo = find_latest_repository(store_dir, verify=verify)
     if repo is None:
         raise InputError(
             f"no package artifact found under {store_dir or 'artifacts'}/package. Fix: run `pipeline stages=[package]` "
@@ -119,7 +178,8 @@ def release_warnings(man: dict[str, Any]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..config import compose
+    from ..config import ConfigError, compose
+    from ..config.package import host_problems
     from .server import TritonServer
 
     argv = list(argv or [])
@@ -136,7 +196,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = compose(overrides)
         pc = cfg.package
-        repo = resolve_repository(paths[0] if paths else pc.repository, cfg.store_dir)
+        bad_host = host_problems(pc.host)
+        if bad_host:
+            raise ConfigError(bad_host)
+        repo = resolve_repository(paths[0] if paths else pc.repository, cfg.store_dir, verify=cfg.verify_cache)
         man = release_manifest(repo)
         target = (man.get("build") or {}).get("target") or (
             "onnxruntime_genai" if (repo / "onnxruntime_genai").is_dir() else "tensorrt_llm"

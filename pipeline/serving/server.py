@@ -27,10 +27,12 @@ import atexit
 import contextlib
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -226,19 +228,23 @@ def leaked_models(shutdown_log: str) -> list[str]:
     return sorted(name for name, _ in listed)
 
 
-def _parent_death_prefix() -> list[str]:
-    """``setpriv --pdeathsig TERM --`` (util-linux) when it is installed and this is the main thread, else ``[]``.
+REAPER = Path(__file__).with_name("reaper.py")
+"""The supervisor every server runs under (:mod:`pipeline.serving.reaper`, standalone, stdlib only)."""
+SHM_FAMILY = "pipeline_triton_"
+"""Prefix of the Python backend's ``/dev/shm`` regions of servers started here: ``<SHM_FAMILY><owner pid>_<token>_``."""
+
+
+def _reaper_prefix(shm_prefix: str) -> list[str]:
+    """``python -I reaper.py PID PDEATH SHM_PREFIX --``: the server runs under :mod:`pipeline.serving.reaper`.
 
     The server runs in its own session (``start_new_session``: a Ctrl-C in the terminal reaches this process, which
     stops the server in order), so a kill of this process's group (``kill -9``, a CI runner ending a job) does not reach
-    it. With the parent-death signal (Linux ``prctl(PR_SET_PDEATHSIG)``, kept across ``exec``) the kernel sends the
-    server SIGTERM when its parent dies however it dies, and Triton shuts down as on any SIGTERM. The signal follows the
-    parent *thread*, so it is set only when the server is started from the main thread (one that lives as long as
-    the process)."""
-    tool = shutil.which("setpriv")
-    if tool is None or threading.current_thread() is not threading.main_thread():
-        return []
-    return [tool, "--pdeathsig", "TERM", "--"]
+    it. The reaper asks the kernel for SIGTERM when this process dies however it dies (Linux
+    ``prctl(PR_SET_PDEATHSIG)``; it follows the parent *thread*, so it is armed only when the server is started from the
+    main thread, one that lives as long as the process), stops the server, and, as a child subreaper, SIGKILLs the
+    Python-backend stubs the server leaves behind and removes their ``/dev/shm`` regions."""
+    pdeath = "1" if threading.current_thread() is threading.main_thread() else "0"
+    return [sys.executable, "-I", str(REAPER), str(os.getpid()), pdeath, shm_prefix, "--"]
 
 
 class TritonServer:
@@ -324,6 +330,10 @@ class TritonServer:
         backends = env.prepare_backends(workdir / "backends")
         self.log_path = workdir / "tritonserver.log"
         last_err: Exception | None = None
+        from .reaper import sweep_stale_shm
+
+        sweep_stale_shm(SHM_FAMILY)  # regions of servers whose owner was killed before its reaper could clean up
+        shm_prefix = f"{SHM_FAMILY}{os.getpid()}_{secrets.token_hex(4)}_"
         for _attempt in range(3):  # a port picked as free can be taken by someone else before Triton binds it
             self.grpc_port, self.http_port, self.metrics_port = resolve_ports(*self.requested_ports, host=self.host)
             self.command = [
@@ -340,13 +350,14 @@ class TritonServer:
                 "--disable-auto-complete-config",
                 "--exit-timeout-secs=15",
                 f"--log-verbose={self.log_verbose}",
+                f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
                 *self.extra_args,
             ]
             self._log_file = open(self.log_path, "ab")
             self._log_file.write(("$ " + " ".join(self.command) + "\n").encode())
             self._log_file.flush()
             self.process = subprocess.Popen(
-                [*_parent_death_prefix(), *self.command],
+                [*_reaper_prefix(shm_prefix), *self.command],
                 stdout=self._log_file,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

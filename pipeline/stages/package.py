@@ -34,7 +34,7 @@ def model_info(export_dir: Path) -> dict[str, Any]:
 def release_name(cfg: Any) -> str:
     from ..store import redact_text
 
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", redact_text(f"{cfg.model.name}-{cfg.package.version}"))
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", f"{redact_text(cfg.model.name)}-{redact_text(str(cfg.package.version))}")
 
 
 def _gate(ctx: StageContext) -> dict[str, Any]:
@@ -105,7 +105,7 @@ def package(ctx: StageContext) -> dict[str, Any]:
     """Generate, validate and release (see module docstring). Returns the stage result."""
     from ..packaging.repository import generate_repository, settings_from_build
     from ..packaging.validate import check_repository
-    from ..store import redact, write_json_atomic
+    from ..store import redact, redact_text, write_json_atomic
 
     cfg, pc = ctx.cfg, ctx.cfg.package
     assert ctx.out is not None
@@ -119,7 +119,7 @@ def package(ctx: StageContext) -> dict[str, Any]:
         raise InputError(f"{engine_dir} is missing: the build artifact has no engine. Fix: rebuild with the build stage.")
     mi = model_info(export.path)
     settings = settings_from_build(bi, mi, pc, cfg.build, cfg.target)
-    settings.model_name = cfg.model.name
+    settings.model_name = redact_text(cfg.model.name)  # a label written into the repository, not a path
     speculative = _speculative(ctx, bi)
     repo = ctx.out / "model_repository"
     with ctx.progress("package: model repository", total=3) as advance:

@@ -292,6 +292,7 @@ class TritonPythonModel:
             tok_dir = os.path.join(version_dir, tok_dir)
         self.codec = load_codec(tok_dir)
         self.tokenizer = self.codec.tokenizer
+        self._init_limits(params)
         if not self.vocab_size:
             self.vocab_size = int(self.tokenizer.get_vocab_size(with_added_tokens=True))
         self.pending: queue.Queue[list[Job]] = queue.Queue()
@@ -321,6 +322,28 @@ class TritonPythonModel:
         )
 
     # ------------------------------------------------------------------ request parsing
+    def _init_limits(self, params: dict[str, str]) -> None:
+        """Request limits checked before tokenizing (tokenization.py "request limits"): bytes per prompt
+        (``max_prompt_bytes`` parameter, else derived from ``max_input_len`` and the longest token) and prompt rows."""
+        from tokenization import MAX_REQUEST_GENERATIONS, max_token_bytes, prompt_byte_limit
+
+        configured = int(params.get("max_prompt_bytes") or 0) or None
+        self.max_prompt_bytes = prompt_byte_limit(self.max_input_len or self.max_seq_len, max_token_bytes(self.tokenizer), configured)
+        self.max_rows = MAX_REQUEST_GENERATIONS
+
+    def _check_size(self, arr: np.ndarray | None, name: str) -> None:
+        """ValueError (INVALID_ARG) when ``arr`` has more rows than ``max_rows`` or a string over ``max_prompt_bytes``."""
+        from tokenization import prompt_too_large
+
+        if arr is None or not arr.size:
+            return
+        if arr.shape[0] > self.max_rows:
+            raise ValueError(f"{name} has {arr.shape[0]} prompts, over the limit of {self.max_rows} per request; send fewer per request")
+        for b, x in enumerate(np.asarray(arr).reshape(-1).tolist()):
+            msg = prompt_too_large(len(x) if isinstance(x, bytes) else len(str(x).encode("utf-8")), self.max_prompt_bytes, name)
+            if msg:
+                raise ValueError(msg + (f" (prompt {b})" if arr.shape[0] > 1 else ""))
+
     @staticmethod
     def _get(request: Any, name: str) -> np.ndarray | None:
         t = pb_utils.get_input_tensor_by_name(request, name)
@@ -355,6 +378,8 @@ class TritonPythonModel:
     def _parse(self, request: Any) -> list[Job]:
         ids_arr: list[list[int]] | np.ndarray  # one row of prompt ids per prompt
         if self.text:
+            self._check_size(self._get(request, "text_input"), "text_input")  # before anything is tokenized
+            self._check_size(self._get(request, "messages"), "messages")
             ids_arr = self._encode_rows(self._get(request, "text_input"), self._get(request, "messages"))
         else:
             raw = self._get(request, "input_ids")
@@ -622,8 +647,9 @@ class TritonPythonModel:
                 jobs = self._parse(request)
             except Exception as e:
                 sender = request.get_response_sender()
+                code = pb_utils.TritonError.INVALID_ARG if isinstance(e, ValueError) else pb_utils.TritonError.INTERNAL
                 sender.send(
-                    pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(f"onnxruntime_genai: {e}")),
+                    pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(f"onnxruntime_genai: {e}", code)),
                     flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
                 )
                 continue
