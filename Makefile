@@ -16,7 +16,7 @@ PYTEST_WORKERS ?= 2
 STAMP := $(VENV)/.installed
 SERVE_STAMP := $(SERVE_VENV)/.installed
 
-.PHONY: env serve-env run test style typecheck lint bench serve plan doctor clean
+.PHONY: env serve-env run test style typecheck lint bench bench-scale serve plan doctor clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -78,6 +78,15 @@ bench: env serve-env
 	@test bench/results/llama80m.json -nt $(BENCH_80M).stamp || { echo "make bench: the llama80m benchmark wrote no results (see above)" >&2; exit 1; }
 	$(PIPELINE) benchmark show bench/results/default.json
 	$(PIPELINE) benchmark show bench/results/llama80m.json
+
+# The scale ladder (docs/memory.md): deterministic random Llama shapes of 80 M, 412 M, 1 B and 3 B parameters
+# (bf16 weights generated under bench/models/, gitignored), export -> quantize (int4 AWQ, 32 x 128 calibration
+# tokens) -> build on onnxruntime_genai, 1 B also evaluate + package; per-stage wall time and peak RSS (the pipeline
+# process and the engine builder), bytes per parameter, seconds per billion parameters; a shape the host cannot hold
+# is refused by the planner before any work -> bench/results/scale.json + scale.png. SCALE_SHAPES picks the ladder.
+SCALE_SHAPES ?= llama80m,llama400m,llama1b,llama3b
+bench-scale: env serve-env
+	$(PY) -m pipeline.bench.scale --shapes $(SCALE_SHAPES)
 
 serve: env serve-env
 	$(PIPELINE) serve $(ARGS)

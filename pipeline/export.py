@@ -60,6 +60,9 @@ DTYPES = ("float16", "bfloat16", "float32")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
 EMBED_NAME = "model.embed_tokens.weight"
 LM_HEAD_NAME = "lm_head.weight"
+#: Largest safetensors shard the export writes (the Hugging Face Hub's usual 5 GB shards; ``save_pretrained``'s
+#: ``max_shard_size``): a 70 B bf16 checkpoint is written as 28 shards, each readable on its own.
+EXPORT_SHARD_SIZE = "5GB"
 # non-persistent buffers that old checkpoints sometimes carry; harmless when "unexpected"
 _IGNORABLE_UNEXPECTED = ("rotary_emb.inv_freq",)
 _SAFETENSORS_DTYPE_BYTES = {
@@ -946,7 +949,7 @@ def _write_hf(
         gen.bos_token_id = ids.bos_id
     model.generation_config = gen
     with _quiet_transformers_bars():
-        model.save_pretrained(str(hf_dir), safe_serialization=True)
+        model.save_pretrained(str(hf_dir), safe_serialization=True, max_shard_size=EXPORT_SHARD_SIZE)
     _finish_config(hf_dir / "config.json", dtype, rope_theta, rope_scaling)
     for name in TOKENIZER_FILES:
         if (src / name).is_file():

@@ -99,4 +99,4 @@ def _tensor_bytes(t: torch.Tensor) -> memoryview:
     import torch
 
     flat = t.reshape(-1)
-    return memoryview((flat.view(torch.uint8) if flat.dtype != torch.bool else flat.to(torch.uint8)).numpy())
+    return (flat.view(torch.uint8) if flat.dtype != torch.bool else flat.to(torch.uint8)).numpy().data

@@ -134,6 +134,7 @@ def _summarise(outputs: dict[str, Any], scores: dict[str, float], prepared: list
         "finish_reasons": dict(Counter(o.finish_reason for o in outputs.values())),
         "latency_s": {"mean": statistics.fmean(lat) if lat else 0.0, "p50": q(0.5), "p90": q(0.9)},
         "seconds": round(seconds, 3),
+        "items_per_s": round(len(outputs) / seconds, 3) if seconds > 0 else None,
     }
 
 

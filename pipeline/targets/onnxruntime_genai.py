@@ -222,6 +222,7 @@ def _builder_source(cfg: Any, checkpoint: Path, export_dir: Path | None, work: P
         raise InputError("build: a quantized recipe needs the export artifact (hf/) to rebuild ModelOpt's simulated-quant model.")
     from .ort_quant import ConversionError, convert
 
+    restored = model is None
     if model is None:
         from ..quantization.state import load_simulated_model
 
@@ -229,7 +230,7 @@ def _builder_source(cfg: Any, checkpoint: Path, export_dir: Path | None, work: P
         model = load_simulated_model(checkpoint, Path(export_dir), device="cpu")
     hf_src = Path(export_dir) / "hf" if (Path(export_dir) / "hf").is_dir() else Path(export_dir)
     try:
-        conv = convert(model, hf_src, work / "gptq_checkpoint")
+        conv = convert(model, hf_src, work / "gptq_checkpoint", consume=restored)  # a model of our own: freed layer by layer
     except ConversionError as e:
         raise InputError(f"quant.recipe={rec}: the quantized weights cannot be deployed exactly on onnxruntime_genai: {e}") from e
     extra.append(f"accuracy_level={cfg.target.accuracy_level}")

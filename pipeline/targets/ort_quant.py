@@ -192,7 +192,7 @@ def reblock(scale: torch.Tensor, group: int, block_size: int | None) -> tuple[to
     return scale.repeat_interleave(group // block_size, dim=1).contiguous(), block_size
 
 
-def convert(model: Any, hf_dir: Path, out: Path, *, block_size: int | None = None) -> dict[str, Any]:
+def convert(model: Any, hf_dir: Path, out: Path, *, block_size: int | None = None, consume: bool = False) -> dict[str, Any]:
     """Write a GPTQ-format HF checkpoint of ModelOpt's simulated-quant ``model`` into ``out``.
 
     Args:
@@ -201,6 +201,8 @@ def convert(model: Any, hf_dir: Path, out: Path, *, block_size: int | None = Non
         out: output folder (created).
         block_size: MatMulNBits block size (a divisor of the group size; smaller blocks repeat the scales, exact);
             ``None`` = the group size.
+        consume: free each decoder layer's weights once converted (the layer is moved to the meta device), so the
+            model and its converted copy never coexist whole; ``model`` is unusable afterwards.
     Returns:
         ``{"bits", "group_size", "quantized_linears", "folded": {...}, "prescale_muls": [(node, tensor)],
         "lm_head_quantized", "untied_embeddings"}`` (``untied_embeddings``: the source tied the LM head to the
@@ -228,6 +230,9 @@ def convert(model: Any, hf_dir: Path, out: Path, *, block_size: int | None = Non
         acc.tensors[k] = sd[k].clone()
     for i, layer in enumerate(_layers(model)):
         _convert_layer(i, layer, sd, geom, block_size, acc)
+        if consume:
+            layer.to("meta")
+            sd = {k: v for k, v in sd.items() if not k.startswith(f"model.layers.{i}.")}
     acc.folded["onnx_mul"] = len(acc.muls)
     lm_quant = _convert_lm_head(model, sd, block_size, acc)
     if len(acc.bits_seen) != 1 or len(acc.groups_seen) != 1:
