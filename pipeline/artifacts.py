@@ -202,7 +202,9 @@ class EvalArtifact:
     REPORT_MD: ClassVar[str] = "eval_report.md"
     REPORT_HTML: ClassVar[str] = "eval_report.html"
     OUTPUTS: ClassVar[str] = "outputs.jsonl"
-    FILES: ClassVar[tuple[str, ...]] = ("eval_report.json", "eval_report.md", "eval_report.html", "outputs.jsonl")
+    JUNIT_XML: ClassVar[str] = "eval_junit.xml"
+    """The gate as JUnit XML, one testcase per check (``pipeline.evaluation.junit``)."""
+    FILES: ClassVar[tuple[str, ...]] = ("eval_report.json", "eval_report.md", "eval_report.html", "outputs.jsonl", "eval_junit.xml")
 
     @property
     def report_path(self) -> Path:

@@ -251,6 +251,8 @@ class _RunState:
     plan: dict[str, Any] | None = None
     gate_info: dict[str, Any] = dataclasses.field(default_factory=dict)
     gate_failed: str | None = None
+    eval_dir: Path | None = None
+    """The evaluate artifact of this run (its ``eval_report.json`` feeds the run's JUnit XML and step summary)."""
 
 
 def _console() -> Console:
@@ -309,6 +311,7 @@ def run_pipeline(
     print_summary(summary, console)
     if summary_dir is not None:
         _write_summary(summary, summary_dir, console)
+    _ci_reports(state, summary_dir, console)
     return summary
 
 
@@ -435,6 +438,7 @@ def _record_gate(name: str, art: Artifact, console: Console, state: _RunState, *
     gate = art.result.get("gate")
     if name == "evaluate" and isinstance(gate, dict):
         state.gate_info["evaluate"] = gate
+        state.eval_dir = Path(art.path)
     if name == "package":
         parity = _parity_record(art)
         if parity is not None:
@@ -449,6 +453,30 @@ def _record_gate(name: str, art: Artifact, console: Console, state: _RunState, *
             console.print(f"[bold yellow]EXPLORATORY RUN: the gate is INCONCLUSIVE (eval.gate.mode=exploratory); exit 0, {then}[/]")
         else:
             state.gate_failed = gate.get("reason", "evaluation gate failed")
+
+
+JUNIT_FILE = "junit.xml"
+"""The run's gate as JUnit XML, next to ``summary.json`` (the evaluate artifact's checks + serving parity)."""
+
+
+def _ci_reports(state: _RunState, summary_dir: Path | None, console: Console) -> None:
+    """For CI jobs, when this run evaluated (ran or cache hit): ``<run dir>/junit.xml`` (gate checks and the package
+    stage's serving parity, ``pipeline.evaluation.junit``) and, when ``$GITHUB_STEP_SUMMARY`` is set, the gate table
+    appended to it. A write failure is reported, not raised (the run's exit code stays the gate's)."""
+    from .artifacts import EvalArtifact
+    from .evaluation.junit import append_step_summary, write_junit
+
+    if state.eval_dir is None:
+        return
+    try:
+        rep = json.loads(EvalArtifact(state.eval_dir).report_path.read_text(encoding="utf-8"))
+        parity = state.gate_info.get("parity")
+        if summary_dir is not None:
+            summary_dir.mkdir(parents=True, exist_ok=True)
+            write_junit(summary_dir / JUNIT_FILE, rep, parity)
+        append_step_summary(rep, parity)
+    except (OSError, ValueError, KeyError) as e:
+        console.print(f"[red]could not write the CI gate reports (junit.xml / $GITHUB_STEP_SUMMARY): {escape(str(e))}[/]")
 
 
 def _write_summary(summary: RunSummary, summary_dir: Path, console: Console) -> None:
