@@ -224,7 +224,22 @@ class PackageArtifact:
     RELEASE_MANIFEST: ClassVar[str] = "release_manifest.json"
     RELEASE_DIR: ClassVar[str] = "release"
     SHA256SUMS: ClassVar[str] = "SHA256SUMS"
-    FILES: ClassVar[tuple[str, ...]] = ("model_repository/", "release_manifest.json", "release/", "SHA256SUMS")
+    SIGNATURE: ClassVar[str] = "release.sig"
+    """Inside ``release/``: the model-signing signature of every other file there (``package.sign``)."""
+    PROVENANCE: ClassVar[str] = "provenance.intoto.json"
+    """Inside ``release/``: the in-toto Statement with the SLSA v1 provenance predicate (pipeline/packaging/provenance.py)."""
+    PROVENANCE_DSSE: ClassVar[str] = "provenance.intoto.dsse.json"
+    """Inside ``release/``, when signed with a key: the provenance statement in a signed DSSE envelope."""
+    FILES: ClassVar[tuple[str, ...]] = (
+        "model_repository/",
+        "release_manifest.json",
+        "release/",
+        "SHA256SUMS",
+        "release.sig",
+        "provenance.intoto.json",
+        "provenance.intoto.dsse.json",
+    )
+    """Top-level names and the names inside ``release/`` (``SHA256SUMS``, the signature, the provenance)."""
 
     @property
     def model_repository(self) -> Path:

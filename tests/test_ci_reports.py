@@ -164,6 +164,7 @@ def test_github_actions_workflow_structure():
             assert isinstance(st, dict) and (("uses" in st) ^ ("run" in st)), (name, st)
     text = _script_lines([s for j in jobs.values() for s in j["steps"]])
     assert "pipeline" in text and "stages=[export,quantize,build,evaluate,package]" in text
+    assert "pipeline verify" in text and "package.sign_key=" in text
     uses = [s["uses"] for j in jobs.values() for s in j["steps"] if "uses" in s]
     assert any(u.startswith("actions/upload-artifact@") for u in uses)
     assert any("junit.xml" in json.dumps(s) for j in jobs.values() for s in j["steps"])
@@ -186,3 +187,4 @@ def test_gitlab_ci_structure():
     assert any(j.get("tags") and any("gpu" in t for t in j["tags"]) for j in jobs.values())
     text = "\n".join("\n".join(j["script"]) for j in jobs.values())
     assert "stages=[export,quantize,build,evaluate,package]" in text
+    assert "pipeline verify" in text and "package.sign_key=" in text
