@@ -365,6 +365,20 @@ def _run_stages(cfg: PipelineConfig, console: Console, state: _RunState) -> None
         art = _run_or_reuse(stage, ctx, store, key, t0, state)
         done[name] = art
         _record_gate(name, art, console, state, allow_failed_gate=bool(cfg.package.allow_failed_gate))
+        if name == "package" and cfg.package.publish:
+            _publish(art, cfg, console, state)
+
+
+def _publish(art: Artifact, cfg: PipelineConfig, console: Console, state: _RunState) -> None:
+    """``package.publish=mlflow``: register the release (ran or cached) as a new model version
+    (``pipeline.packaging.publish``); recorded in the summary's ``gate.publish``. Raises GateFailed (exit 3) for a
+    release whose gate did not pass, PreflightError (exit 4) when the registry does not answer."""
+    from .packaging.publish import publish_mlflow
+
+    rec = publish_mlflow(Path(art.path), cfg)
+    state.gate_info["publish"] = rec
+    note = " [bold yellow](gate override)[/]" if rec["gate_override"] else ""
+    console.print(f"[green]✓[/] publish   {escape(rec['model'])} version {rec['version']} in {escape(str(rec['tracking_uri']))}{note}")
 
 
 def _manifest(

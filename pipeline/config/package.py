@@ -73,6 +73,18 @@ class PackageConfig:
     provenance) before serving and refused (exit 2, naming the file) when it does not verify."""
     verify_certificate_chain: list[str] = runtime(default_factory=list)
     """``pipeline serve``: verify a certificate-signed release against these PEM certificates (root last)."""
+    publish: Optional[str] = runtime(None)
+    """Register a passed release in a model registry after packaging: ``mlflow`` (MLflow Model Registry at
+    ``mlflow_tracking_uri``; pipeline/packaging/publish.py). ``None`` (default) = keep it in the store only."""
+    mlflow_tracking_uri: Optional[str] = runtime(None)
+    """``publish=mlflow``: the tracking server, e.g. ``http://127.0.0.1:5000``."""
+    mlflow_experiment: str = runtime("pipeline-releases")
+    """``publish=mlflow``: the experiment whose run holds the gate metrics and the release files."""
+    mlflow_model_name: Optional[str] = runtime(None)
+    """``publish=mlflow``: the registered model a release becomes a version of; ``None`` = ``model.name``."""
+    publish_allow_failed_gate: bool = runtime(False)
+    """Register a release whose gate did not pass (tagged ``pipeline.gate_override=true``). Off: such a release is
+    never registered (exit 3)."""
     serving_image: Optional[str] = None
     """Triton image the package is for (tensorrt_llm target); its TensorRT-LLM version must match the engine's."""
     grpc_port: int = runtime(8001)
@@ -115,10 +127,25 @@ def validate(cfg: PackageConfig, prefix: str = "package") -> list[Problem]:
     if not cfg.version or "/" in cfg.version or ".." in cfg.version:
         problems.append(Problem(f"{prefix}.version", cfg.version, "must be a plain non-empty name.", "use e.g. package.version=1"))
     problems += _validate_signing(cfg, prefix)
+    if cfg.publish is not None and cfg.publish not in PUBLISH_TARGETS:
+        problems.append(
+            Problem(f"{prefix}.publish", cfg.publish, f"must be one of {list(PUBLISH_TARGETS)} or null.", "use package.publish=mlflow")
+        )
+    if cfg.publish == "mlflow" and not cfg.mlflow_tracking_uri:
+        problems.append(
+            Problem(
+                f"{prefix}.mlflow_tracking_uri",
+                None,
+                "package.publish=mlflow needs the tracking server.",
+                f"set {prefix}.mlflow_tracking_uri=http://127.0.0.1:5000",
+            )
+        )
     problems += _validate_runtime(cfg.runtime, f"{prefix}.runtime") + _validate_speculative(cfg.speculative, f"{prefix}.speculative")
     return problems
 
 
+PUBLISH_TARGETS = ("mlflow",)
+"""``package.publish`` values (model registries a passed release can be registered in)."""
 SIGN_METHODS = ("key", "certificate", "sigstore")
 """``package.sign`` values (OpenSSF model-signing signers: elliptic-curve key, certificate, Sigstore keyless)."""
 
