@@ -292,3 +292,33 @@ def test_certificate_signed_release(signed_package, tmp_path):
     )
     with pytest.raises(InputError, match="files that differ from the signed ones: SHA256SUMS, provenance.intoto.dsse.json"):
         verify_release(rel, certificate_chain=[str(ca)])
+
+
+def test_encrypted_key_takes_its_password_from_the_environment(signed_package, tmp_path, monkeypatch):
+    """``package.sign_key_password_env`` names the variable with the key's password; the config never holds it."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from pipeline.packaging.signing import dsse_sign, sign_release
+    from pipeline.validation import validate
+
+    k = ec.generate_private_key(ec.SECP384R1())
+    key, pub = tmp_path / "enc.key", tmp_path / "enc.pub"
+    key.write_bytes(
+        k.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.BestAvailableEncryption(b"s3cret-pw"))
+    )
+    pub.write_bytes(k.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    cfg = compose([f"package.sign_key={key}", "package.sign_key_password_env=RELEASE_KEY_PW"])
+    monkeypatch.delenv("RELEASE_KEY_PW", raising=False)
+    problems = validate(cfg, raise_on_error=False)
+    assert any(p.field == "package.sign_key_password_env" and "not set" in p.message for p in problems)
+    monkeypatch.setenv("RELEASE_KEY_PW", "s3cret-pw")
+    rel = _copy(signed_package, tmp_path / "release")
+    dsse = rel / "provenance.intoto.dsse.json"  # the publisher's own re-signing: provenance envelope, sums, signature
+    dsse.write_text(json.dumps(dsse_sign((rel / "provenance.intoto.json").read_bytes(), cfg.package)))
+    write_sha256sums(rel / "SHA256SUMS", [_archive(rel), rel / "release_manifest.json", rel / "provenance.intoto.json", dsse])
+    sign_release(rel, cfg.package)
+    assert verify_release(rel, public_key=str(pub))["signature"] == "verified"
+    monkeypatch.setenv("RELEASE_KEY_PW", "wrong")
+    with pytest.raises(InputError, match="package.sign_key=.*not a readable PEM private key"):
+        sign_release(rel, cfg.package)

@@ -107,7 +107,10 @@ def _config(pc: Any) -> Any:
     m = method(pc)
     pw = _password(pc)
     if m == "key":
-        return cfg.use_elliptic_key_signer(private_key=os.path.expanduser(pc.sign_key), password=pw.decode() if pw else None)
+        # model-signing 1.1.1 hands the password to cryptography's load_pem_private_key, which wants bytes (its
+        # annotation says str)
+        password: Any = pw
+        return cfg.use_elliptic_key_signer(private_key=os.path.expanduser(pc.sign_key), password=password)
     if m == "certificate":
         return cfg.use_certificate_signer(
             private_key=os.path.expanduser(pc.sign_key),
