@@ -230,6 +230,8 @@ class PackageArtifact:
     """Inside ``release/``: the in-toto Statement with the SLSA v1 provenance predicate (pipeline/packaging/provenance.py)."""
     PROVENANCE_DSSE: ClassVar[str] = "provenance.intoto.dsse.json"
     """Inside ``release/``, when signed with a key: the provenance statement in a signed DSSE envelope."""
+    SBOM: ClassVar[str] = "sbom.cdx.json"
+    """Inside ``release/``: CycloneDX SBOM of the serving environment (pipeline/packaging/sbom.py)."""
     FILES: ClassVar[tuple[str, ...]] = (
         "model_repository/",
         "release_manifest.json",
@@ -238,6 +240,7 @@ class PackageArtifact:
         "release.sig",
         "provenance.intoto.json",
         "provenance.intoto.dsse.json",
+        "sbom.cdx.json",
     )
     """Top-level names and the names inside ``release/`` (``SHA256SUMS``, the signature, the provenance)."""
 

@@ -105,6 +105,7 @@ def test_signed_release_verifies(signed_package, keys, capsys):
         "provenance.intoto.json",
         "provenance.intoto.dsse.json",
         "release.sig",
+        "sbom.cdx.json",
     }
     man = json.loads((rel / "release_manifest.json").read_text())
     assert man["signing"]["method"] == "key" and len(man["signing"]["public_key_sha256"]) == 64
@@ -133,7 +134,9 @@ def test_rewritten_file_with_regenerated_sums_fails_only_the_signature(signed_pa
     st = json.loads(prov.read_text())
     st["predicate"]["runDetails"]["byproducts"][0]["annotations"]["verdict"] = "pass (edited)"
     prov.write_text(json.dumps(st))
-    write_sha256sums(rel / "SHA256SUMS", [_archive(rel), rel / "release_manifest.json", prov, rel / "provenance.intoto.dsse.json"])
+    write_sha256sums(
+        rel / "SHA256SUMS", [_archive(rel), rel / "release_manifest.json", prov, rel / "provenance.intoto.dsse.json", rel / "sbom.cdx.json"]
+    )
     assert verify_release(rel)["signature"] == "not checked"  # no key: integrity only, and it says so
     code, out = _verify(capsys, str(rel), "--key", str(keys["good"][1]))
     assert code == EXIT_INPUT and "files that differ from the signed ones: SHA256SUMS, provenance.intoto.json" in out, out
@@ -146,7 +149,13 @@ def test_release_re_signed_with_another_key_is_refused(signed_package, keys, tmp
     (rel / "release_manifest.json").write_text((rel / "release_manifest.json").read_text().replace('"passed": true', '"passed": false', 1))
     write_sha256sums(
         rel / "SHA256SUMS",
-        [_archive(rel), rel / "release_manifest.json", rel / "provenance.intoto.json", rel / "provenance.intoto.dsse.json"],
+        [
+            _archive(rel),
+            rel / "release_manifest.json",
+            rel / "provenance.intoto.json",
+            rel / "provenance.intoto.dsse.json",
+            rel / "sbom.cdx.json",
+        ],
     )
     sign_release(rel, compose([f"package.sign_key={keys['other'][0]}"]).package)
     with pytest.raises(InputError, match="release.sig: does not verify with public key .*Key mismatch"):
@@ -288,7 +297,13 @@ def test_certificate_signed_release(signed_package, tmp_path):
     (rel / "provenance.intoto.dsse.json").write_text("{}")
     write_sha256sums(
         rel / "SHA256SUMS",
-        [_archive(rel), rel / "release_manifest.json", rel / "provenance.intoto.json", rel / "provenance.intoto.dsse.json"],
+        [
+            _archive(rel),
+            rel / "release_manifest.json",
+            rel / "provenance.intoto.json",
+            rel / "provenance.intoto.dsse.json",
+            rel / "sbom.cdx.json",
+        ],
     )
     with pytest.raises(InputError, match="files that differ from the signed ones: SHA256SUMS, provenance.intoto.dsse.json"):
         verify_release(rel, certificate_chain=[str(ca)])
@@ -316,9 +331,30 @@ def test_encrypted_key_takes_its_password_from_the_environment(signed_package, t
     rel = _copy(signed_package, tmp_path / "release")
     dsse = rel / "provenance.intoto.dsse.json"  # the publisher's own re-signing: provenance envelope, sums, signature
     dsse.write_text(json.dumps(dsse_sign((rel / "provenance.intoto.json").read_bytes(), cfg.package)))
-    write_sha256sums(rel / "SHA256SUMS", [_archive(rel), rel / "release_manifest.json", rel / "provenance.intoto.json", dsse])
+    write_sha256sums(
+        rel / "SHA256SUMS", [_archive(rel), rel / "release_manifest.json", rel / "provenance.intoto.json", dsse, rel / "sbom.cdx.json"]
+    )
     sign_release(rel, cfg.package)
     assert verify_release(rel, public_key=str(pub))["signature"] == "verified"
     monkeypatch.setenv("RELEASE_KEY_PW", "wrong")
     with pytest.raises(InputError, match="package.sign_key=.*not a readable PEM private key"):
         sign_release(rel, cfg.package)
+
+
+def test_sbom_lists_the_serving_environment(signed_package):
+    """The CycloneDX SBOM names every distribution of the serving virtualenv with the version installed there."""
+    import subprocess
+
+    from pipeline.serving.server import ServeEnv
+
+    bom = json.loads((signed_package / "release" / "sbom.cdx.json").read_text())
+    assert bom["bomFormat"] == "CycloneDX" and bom["specVersion"] == "1.5" and bom["serialNumber"].startswith("urn:uuid:")
+    got = {c["name"].lower(): c["version"] for c in bom["components"]}
+    py = str(ServeEnv().python)
+    for dist in ("numpy", "onnxruntime-genai", "nvidia-pytriton"):
+        want = subprocess.run(
+            [py, "-c", f"import importlib.metadata as m; print(m.version({dist!r}))"], capture_output=True, text=True
+        ).stdout.strip()
+        assert got[dist] == want and want, (dist, want)
+    assert got["numpy"].startswith("1.")  # the serving environment's numpy, not the pipeline's
+    assert any(c["purl"] == f"pkg:pypi/onnxruntime-genai@{got['onnxruntime-genai']}" for c in bom["components"])

@@ -262,7 +262,12 @@ def _release_archive(ctx: StageContext, repo: Path, name: str, manifest: dict[st
     ]
     members += _parity_members(out, name)
     sha = make_archive(archive, members)
-    listed = [archive, rel / PackageArtifact.RELEASE_MANIFEST, *_provenance(ctx, rel, archive, manifest)]
+    listed = [
+        archive,
+        rel / PackageArtifact.RELEASE_MANIFEST,
+        *_provenance(ctx, rel, archive, manifest),
+        *_sbom(rel, archive, sha, manifest),
+    ]
     write_sha256sums(rel / PackageArtifact.SHA256SUMS, listed)
     signed = sign_release(rel, ctx.cfg.package) if method(ctx.cfg.package) else None
     return {
@@ -272,6 +277,19 @@ def _release_archive(ctx: StageContext, repo: Path, name: str, manifest: dict[st
         "signature": f"release/{PackageArtifact.SIGNATURE}" if signed else None,
         "signed_by": signed,
     }
+
+
+def _sbom(rel: Path, archive: Path, sha: str, manifest: dict[str, Any]) -> list[Path]:
+    """``release/sbom.cdx.json``: CycloneDX SBOM of the serving environment (pipeline/packaging/sbom.py); [] when that
+    environment cannot be inspected on this host."""
+    from ..packaging.sbom import build_sbom, serving_components
+    from ..store import write_json_atomic
+
+    comps = serving_components(str(manifest["build"]["target"]), (manifest.get("serving") or {}).get("serving_image"))
+    if comps is None:
+        return []
+    write_json_atomic(rel / PackageArtifact.SBOM, build_sbom(archive.name.removesuffix(".tar.gz"), sha, comps))
+    return [rel / PackageArtifact.SBOM]
 
 
 def _provenance(ctx: StageContext, rel: Path, archive: Path, manifest: dict[str, Any]) -> list[Path]:
@@ -348,7 +366,7 @@ STAGE = Stage(
     config_groups=("package", "quant", "parallel", "build"),  # the manifest records quant recipe and build knobs
     libraries=LIBRARIES,
     run=package,
-    version="2",  # 2: release/ holds the provenance statement (and the signature when package.sign is on)
+    version="2",  # 2: release/ holds the provenance statement, the SBOM and (package.sign) the signature
     key_extras=_key_extras,
     dry_run=_dry_run,
 )
