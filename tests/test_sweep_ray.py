@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -65,6 +66,7 @@ def ray_head():
             pass
         proc.wait()
         log.close()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _sweep(root: Path, sweep_dir: Path, ckpt: Path, eval_set: Path, *launcher: str, env: dict[str, str]) -> dict:
