@@ -202,7 +202,9 @@ class EvalArtifact:
     REPORT_MD: ClassVar[str] = "eval_report.md"
     REPORT_HTML: ClassVar[str] = "eval_report.html"
     OUTPUTS: ClassVar[str] = "outputs.jsonl"
-    FILES: ClassVar[tuple[str, ...]] = ("eval_report.json", "eval_report.md", "eval_report.html", "outputs.jsonl")
+    JUNIT_XML: ClassVar[str] = "eval_junit.xml"
+    """The gate as JUnit XML, one testcase per check (``pipeline.evaluation.junit``)."""
+    FILES: ClassVar[tuple[str, ...]] = ("eval_report.json", "eval_report.md", "eval_report.html", "outputs.jsonl", "eval_junit.xml")
 
     @property
     def report_path(self) -> Path:
@@ -222,7 +224,25 @@ class PackageArtifact:
     RELEASE_MANIFEST: ClassVar[str] = "release_manifest.json"
     RELEASE_DIR: ClassVar[str] = "release"
     SHA256SUMS: ClassVar[str] = "SHA256SUMS"
-    FILES: ClassVar[tuple[str, ...]] = ("model_repository/", "release_manifest.json", "release/", "SHA256SUMS")
+    SIGNATURE: ClassVar[str] = "release.sig"
+    """Inside ``release/``: the model-signing signature of every other file there (``package.sign``)."""
+    PROVENANCE: ClassVar[str] = "provenance.intoto.json"
+    """Inside ``release/``: the in-toto Statement with the SLSA v1 provenance predicate (pipeline/packaging/provenance.py)."""
+    PROVENANCE_DSSE: ClassVar[str] = "provenance.intoto.dsse.json"
+    """Inside ``release/``, when signed with a key: the provenance statement in a signed DSSE envelope."""
+    SBOM: ClassVar[str] = "sbom.cdx.json"
+    """Inside ``release/``: CycloneDX SBOM of the serving environment (pipeline/packaging/sbom.py)."""
+    FILES: ClassVar[tuple[str, ...]] = (
+        "model_repository/",
+        "release_manifest.json",
+        "release/",
+        "SHA256SUMS",
+        "release.sig",
+        "provenance.intoto.json",
+        "provenance.intoto.dsse.json",
+        "sbom.cdx.json",
+    )
+    """Top-level names and the names inside ``release/`` (``SHA256SUMS``, the signature, the provenance)."""
 
     @property
     def model_repository(self) -> Path:

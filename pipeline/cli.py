@@ -7,6 +7,7 @@ resolved (the values the run would use: Hydra's ``--resolve`` is added).  Subcom
     pipeline plan [overrides]         memory/speed plan and cross-field checks, no GPU needed
     pipeline doctor                   what is installed and which targets can run here
     pipeline serve [overrides]        start Triton on the packaged model repository
+    pipeline verify RELEASE [--key K] check a release: signature, SHA256SUMS, manifest, provenance
     pipeline client ...               gRPC client for the served ensemble
     pipeline benchmark compare A B    compare two benchmark JSON results
 
@@ -27,6 +28,7 @@ SUBCOMMANDS = {
     "serve": "pipeline.serving.serve",
     "client": "pipeline.serving.client",
     "benchmark": "pipeline.bench.cli",
+    "verify": "pipeline.packaging.verify",
 }
 
 _state = {"task_started": False}

@@ -253,6 +253,8 @@ class _RunState:
     plan: dict[str, Any] | None = None
     gate_info: dict[str, Any] = dataclasses.field(default_factory=dict)
     gate_failed: str | None = None
+    eval_dir: Path | None = None
+    """The evaluate artifact of this run (its ``eval_report.json`` feeds the run's JUnit XML and step summary)."""
 
 
 def _console() -> Console:
@@ -311,6 +313,7 @@ def run_pipeline(
     print_summary(summary, console)
     if summary_dir is not None:
         _write_summary(summary, summary_dir, console)
+    _ci_reports(state, summary_dir, console)
     return summary
 
 
@@ -365,6 +368,20 @@ def _run_stages(cfg: PipelineConfig, console: Console, state: _RunState) -> None
         art = _run_or_reuse(stage, ctx, store, key, t0, state)
         done[name] = art
         _record_gate(name, art, console, state, allow_failed_gate=bool(cfg.package.allow_failed_gate))
+        if name == "package" and cfg.package.publish:
+            _publish(art, cfg, console, state)
+
+
+def _publish(art: Artifact, cfg: PipelineConfig, console: Console, state: _RunState) -> None:
+    """``package.publish=mlflow``: register the release (ran or cached) as a new model version
+    (``pipeline.packaging.publish``); recorded in the summary's ``gate.publish``. Raises GateFailed (exit 3) for a
+    release whose gate did not pass, PreflightError (exit 4) when the registry does not answer."""
+    from .packaging.publish import publish_mlflow
+
+    rec = publish_mlflow(Path(art.path), cfg)
+    state.gate_info["publish"] = rec
+    note = " [bold yellow](gate override)[/]" if rec["gate_override"] else ""
+    console.print(f"[green]✓[/] publish   {escape(rec['model'])} version {rec['version']} in {escape(str(rec['tracking_uri']))}{note}")
 
 
 def _manifest(
@@ -441,6 +458,7 @@ def _record_gate(name: str, art: Artifact, console: Console, state: _RunState, *
     gate = art.result.get("gate")
     if name == "evaluate" and isinstance(gate, dict):
         state.gate_info["evaluate"] = gate
+        state.eval_dir = Path(art.path)
     if name == "package":
         parity = _parity_record(art)
         if parity is not None:
@@ -455,6 +473,30 @@ def _record_gate(name: str, art: Artifact, console: Console, state: _RunState, *
             console.print(f"[bold yellow]EXPLORATORY RUN: the gate is INCONCLUSIVE (eval.gate.mode=exploratory); exit 0, {then}[/]")
         else:
             state.gate_failed = gate.get("reason", "evaluation gate failed")
+
+
+JUNIT_FILE = "junit.xml"
+"""The run's gate as JUnit XML, next to ``summary.json`` (the evaluate artifact's checks + serving parity)."""
+
+
+def _ci_reports(state: _RunState, summary_dir: Path | None, console: Console) -> None:
+    """For CI jobs, when this run evaluated (ran or cache hit): ``<run dir>/junit.xml`` (gate checks and the package
+    stage's serving parity, ``pipeline.evaluation.junit``) and, when ``$GITHUB_STEP_SUMMARY`` is set, the gate table
+    appended to it. A write failure is reported, not raised (the run's exit code stays the gate's)."""
+    from .artifacts import EvalArtifact
+    from .evaluation.junit import append_step_summary, write_junit
+
+    if state.eval_dir is None:
+        return
+    try:
+        rep = json.loads(EvalArtifact(state.eval_dir).report_path.read_text(encoding="utf-8"))
+        parity = state.gate_info.get("parity")
+        if summary_dir is not None:
+            summary_dir.mkdir(parents=True, exist_ok=True)
+            write_junit(summary_dir / JUNIT_FILE, rep, parity)
+        append_step_summary(rep, parity)
+    except (OSError, ValueError, KeyError) as e:
+        console.print(f"[red]could not write the CI gate reports (junit.xml / $GITHUB_STEP_SUMMARY): {escape(str(e))}[/]")
 
 
 def _write_summary(summary: RunSummary, summary_dir: Path, console: Console) -> None:

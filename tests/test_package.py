@@ -494,7 +494,13 @@ def test_stage_refuses_failed_gate_and_records_override(tmp_path, ort_build, tin
     assert man["build"]["target"] == "onnxruntime_genai" and man["quant"]["recipe"] == "none"
     assert set(man["sources"]) >= {"export", "build", "evaluate", "engine", "model_repository"}
     rel = ctx.out / "release"
-    assert sorted(p.name for p in rel.iterdir()) == ["SHA256SUMS", "release_manifest.json", "tiny-1.tar.gz"]
+    assert sorted(p.name for p in rel.iterdir()) == [
+        "SHA256SUMS",
+        "provenance.intoto.json",
+        "release_manifest.json",
+        "sbom.cdx.json",
+        "tiny-1.tar.gz",
+    ]
     assert hashlib.sha256((rel / "tiny-1.tar.gz").read_bytes()).hexdigest() == res["archive_sha256"]
     # same inputs -> same archive bytes
     ctx2 = _ctx(tmp_path / "c", ort_build, tiny_llama, failed, allow_failed_gate="true")

@@ -58,6 +58,38 @@ class PackageConfig:
     """Eval items replayed by the parity check (all when fewer were evaluated)."""
     parity_seed: int = 0
     """Seed of the parity sample."""
+    sign: Optional[str] = runtime(None)
+    """Sign the release with OpenSSF ``model-signing`` (pipeline/packaging/signing.py): ``key`` (an elliptic-curve
+    private key, ``package.sign_key``), ``certificate`` (``sign_key`` + ``sign_certificate`` [+
+    ``sign_certificate_chain``]) or ``sigstore`` (keyless, with the CI job's OIDC identity; needs network). ``None``
+    (default) = ``key`` when ``sign_key`` is set, else unsigned. The signature, ``release/release.sig``, covers every
+    file of ``release/`` (archive, manifest, SHA256SUMS, provenance); ``pipeline verify`` checks it. The package stage's cache key holds the method and the sha256 of the signer's
+    public key (:func:`pipeline.packaging.signing.signer_identity`), not these paths."""
+    sign_key: Optional[str] = runtime(None)
+    """PEM private key (EC P-256/P-384/P-521) that signs the release."""
+    sign_key_password_env: Optional[str] = runtime(None)
+    """Name of the environment variable holding ``sign_key``'s password (a secret never goes into the config)."""
+    sign_certificate: Optional[str] = runtime(None)
+    """``sign=certificate``: the PEM signing certificate of ``sign_key``."""
+    sign_certificate_chain: list[str] = runtime(default_factory=list)
+    """``sign=certificate``: PEM certificates from the signing certificate's issuer up to the root."""
+    verify_key: Optional[str] = runtime(None)
+    """``pipeline serve``: PEM public key; when set, the release is verified (signature, SHA256SUMS, manifest,
+    provenance) before serving and refused (exit 2, naming the file) when it does not verify."""
+    verify_certificate_chain: list[str] = runtime(default_factory=list)
+    """``pipeline serve``: verify a certificate-signed release against these PEM certificates (root last)."""
+    publish: Optional[str] = runtime(None)
+    """Register a passed release in a model registry after packaging: ``mlflow`` (MLflow Model Registry at
+    ``mlflow_tracking_uri``; pipeline/packaging/publish.py). ``None`` (default) = keep it in the store only."""
+    mlflow_tracking_uri: Optional[str] = runtime(None)
+    """``publish=mlflow``: the tracking server, e.g. ``http://127.0.0.1:5000``."""
+    mlflow_experiment: str = runtime("pipeline-releases")
+    """``publish=mlflow``: the experiment whose run holds the gate metrics and the release files."""
+    mlflow_model_name: Optional[str] = runtime(None)
+    """``publish=mlflow``: the registered model a release becomes a version of; ``None`` = ``model.name``."""
+    publish_allow_failed_gate: bool = runtime(False)
+    """Register a release whose gate did not pass (tagged ``pipeline.gate_override=true``). Off: such a release is
+    never registered (exit 3)."""
     serving_image: Optional[str] = None
     """Triton image the package is for (tensorrt_llm target); its TensorRT-LLM version must match the engine's."""
     grpc_port: int = runtime(8001)
@@ -126,5 +158,50 @@ def validate(cfg: PackageConfig, prefix: str = "package") -> list[Problem]:
         problems.append(Problem(f"{prefix}.instance_count", cfg.instance_count, "must be >= 1.", "use 1"))
     if not cfg.version or "/" in cfg.version or ".." in cfg.version:
         problems.append(Problem(f"{prefix}.version", cfg.version, "must be a plain non-empty name.", "use e.g. package.version=1"))
+    problems += _validate_signing(cfg, prefix)
+    if cfg.publish is not None and cfg.publish not in PUBLISH_TARGETS:
+        problems.append(
+            Problem(f"{prefix}.publish", cfg.publish, f"must be one of {list(PUBLISH_TARGETS)} or null.", "use package.publish=mlflow")
+        )
+    if cfg.publish == "mlflow" and not cfg.mlflow_tracking_uri:
+        problems.append(
+            Problem(
+                f"{prefix}.mlflow_tracking_uri",
+                None,
+                "package.publish=mlflow needs the tracking server.",
+                f"set {prefix}.mlflow_tracking_uri=http://127.0.0.1:5000",
+            )
+        )
     problems += _validate_runtime(cfg.runtime, f"{prefix}.runtime") + _validate_speculative(cfg.speculative, f"{prefix}.speculative")
+    return problems
+
+
+PUBLISH_TARGETS = ("mlflow",)
+"""``package.publish`` values (model registries a passed release can be registered in)."""
+SIGN_METHODS = ("key", "certificate", "sigstore")
+"""``package.sign`` values (OpenSSF model-signing signers: elliptic-curve key, certificate, Sigstore keyless)."""
+
+
+def _validate_signing(cfg: PackageConfig, prefix: str) -> list[Problem]:
+    """Field checks of the signing options: a known method, the files it needs set and present."""
+    import os
+
+    problems: list[Problem] = []
+    if cfg.sign is not None and cfg.sign not in SIGN_METHODS:
+        problems.append(Problem(f"{prefix}.sign", cfg.sign, f"must be one of {list(SIGN_METHODS)} or null.", "use package.sign=key"))
+        return problems
+    method = cfg.sign or ("key" if cfg.sign_key else None)
+    needs = {"key": ["sign_key"], "certificate": ["sign_key", "sign_certificate"]}.get(method or "", [])
+    for f in needs:
+        if not getattr(cfg, f):
+            problems.append(Problem(f"{prefix}.{f}", None, f"package.sign={method} needs it.", f"set {prefix}.{f}=/path/to/file.pem"))
+    files = [("sign_key", cfg.sign_key), ("sign_certificate", cfg.sign_certificate), ("verify_key", cfg.verify_key)]
+    files += [(f"sign_certificate_chain[{i}]", c) for i, c in enumerate(cfg.sign_certificate_chain)]
+    files += [(f"verify_certificate_chain[{i}]", c) for i, c in enumerate(cfg.verify_certificate_chain)]
+    for f, v in files:
+        if v and not os.path.isfile(os.path.expanduser(v)):
+            problems.append(Problem(f"{prefix}.{f}", v, "no such file.", "give the path of a PEM file"))
+    env = cfg.sign_key_password_env
+    if env and env not in os.environ:
+        problems.append(Problem(f"{prefix}.sign_key_password_env", env, "that environment variable is not set.", f"export {env}=..."))
     return problems

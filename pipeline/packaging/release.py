@@ -336,15 +336,12 @@ def verify_extracted_release(root: Path, manifest: dict) -> None:
     """
     import json
 
-    from ..store import digest_files, tree_files
-
     inner = sorted(Path(root).glob(f"*/{PackageArtifact.RELEASE_MANIFEST}"))
     if not inner:
         raise InputError(f"{root}: the archive has no <name>/release_manifest.json; refusing to serve it.")
     inner_doc = json.loads(inner[0].read_text(encoding="utf-8"))
     if manifest and inner_doc != manifest:
         raise InputError(f"{inner[0]}: differs from the release_manifest.json beside the archive; refusing to serve it.")
-    repo = PackageArtifact(inner[0].parent).model_repository
     links = sorted(p for p in Path(root).rglob("*") if p.is_symlink())
     if links:
         raise InputError(
@@ -352,6 +349,15 @@ def verify_extracted_release(root: Path, manifest: dict) -> None:
             f"and the package stage never writes one; refusing to serve it. Fix: use the archive the package stage "
             f"wrote, or rebuild it with `pipeline stages=[package]`."
         )
+    check_repository_files(PackageArtifact(inner[0].parent).model_repository, inner_doc)
+
+
+def check_repository_files(repo: Path, manifest: dict) -> None:
+    """Check that the model repository ``repo`` has exactly the files and digests ``manifest`` (a release manifest)
+    records (``repository_files``, ``sources.model_repository``). Raises InputError naming the first file that differs."""
+    from ..store import digest_files, tree_files
+
+    inner_doc = manifest
     files = tree_files(repo) if repo.is_dir() else {}
     recorded = inner_doc.get("repository_files")
     if isinstance(recorded, dict):

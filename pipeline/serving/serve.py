@@ -5,6 +5,7 @@
     pipeline serve release/tiny-1.tar.gz             # a release archive (unpacked safely under runs/)
     pipeline serve package.repository=/path/to/model_repository package.grpc_port=0
     pipeline serve --openai                          # + an OpenAI-compatible endpoint on 127.0.0.1:9000/v1 (package.openai_port)
+    pipeline serve release/tiny-1.tar.gz package.verify_key=release.pub   # verify the signature first (exit 2 if not)
     make serve ARGS="package.grpc_port=9001"
 
 onnxruntime_genai packages run here, on the Triton binary of the nvidia-pytriton wheel in ``.venv-serve``
@@ -146,6 +147,39 @@ def resolve_repository(arg: str | None, store_dir: str | None, *, verify: bool =
     return repo
 
 
+def verified_repository(
+    arg: str | None, store_dir: str | None, public_key: str | None, certificate_chain: list[str], *, verify: bool = False
+) -> Path:
+    """:func:`resolve_repository` after the release verifies (``package.verify_key`` / ``verify_certificate_chain``;
+    :func:`pipeline.packaging.verify.verify_release`: signature, SHA256SUMS, manifest, provenance). An archive is
+    verified in its release folder; a package artifact (or its ``model_repository/``) through the ``release/`` folder
+    beside it, and the served repository's files must then equal the signed manifest's ``repository_files``.
+
+    Raises:
+        InputError (exit 2): the release does not verify (naming the file), or the repository has no release to verify.
+    """
+    from ..packaging.release import check_repository_files
+    from ..packaging.verify import verify_release
+
+    p = Path(arg).expanduser().absolute() if arg else None
+    if p is not None and p.is_file():
+        rep = verify_release(p, public_key=public_key, certificate_chain=certificate_chain)
+        print(f"release verified: {rep['archive']} ({rep['signature']})")
+        return resolve_repository(arg, store_dir, verify=verify)
+    repo = resolve_repository(arg, store_dir, verify=verify)
+    rel = PackageArtifact(repo.parent).release_dir
+    if not (rel / PackageArtifact.SHA256SUMS).is_file():
+        raise InputError(
+            f"{repo}: no release beside it ({rel} has no {PackageArtifact.SHA256SUMS}), so it cannot be verified and "
+            f"package.verify_key is set; refusing to serve it. Fix: serve the release archive "
+            f"(pipeline serve <release>/<name>.tar.gz) or the package artifact it came from."
+        )
+    rep = verify_release(rel, public_key=public_key, certificate_chain=certificate_chain)
+    check_repository_files(repo, rep["manifest"])
+    print(f"release verified: {rep['archive']} ({rep['signature']}); {repo} matches its signed manifest")
+    return repo
+
+
 def release_manifest(repo: Path) -> dict[str, Any]:
     pkg = PackageArtifact(repo.parent)
     for p in (pkg.release_manifest_path, pkg.release_dir / PackageArtifact.RELEASE_MANIFEST):
@@ -199,7 +233,11 @@ def main(argv: list[str] | None = None) -> int:
         bad_host = host_problems(pc.host)
         if bad_host:
             raise ConfigError(bad_host)
-        repo = resolve_repository(paths[0] if paths else pc.repository, cfg.store_dir, verify=cfg.verify_cache)
+        arg = paths[0] if paths else pc.repository
+        if pc.verify_key or pc.verify_certificate_chain:
+            repo = verified_repository(arg, cfg.store_dir, pc.verify_key, list(pc.verify_certificate_chain), verify=cfg.verify_cache)
+        else:
+            repo = resolve_repository(arg, cfg.store_dir, verify=cfg.verify_cache)
         man = release_manifest(repo)
         target = (man.get("build") or {}).get("target") or (
             "onnxruntime_genai" if (repo / "onnxruntime_genai").is_dir() else "tensorrt_llm"

@@ -230,6 +230,7 @@ class _Scores:
 def _evaluate(ctx: StageContext) -> dict[str, Any]:
     from ..evaluation import gate as G
     from ..evaluation import report as R
+    from ..evaluation.junit import write_junit
 
     cfg, e = ctx.cfg, ctx.cfg.eval
     st = _setup(ctx)
@@ -250,6 +251,7 @@ def _evaluate(ctx: StageContext) -> dict[str, Any]:
     assert out is not None
     _write_outputs(EvalArtifact(out).outputs_path, st, runs, sc)
     R.write_all(out, rep, {r: [o.latency_s for o in runs.outputs[r].values()] for r in st.runners})
+    write_junit(out / EvalArtifact.JUNIT_XML, rep)
     R.print_console(rep, ctx.console)
     return _stage_result(st, runs, sc, verdict)
 

@@ -14,6 +14,7 @@ release file is written; a problem raises ``InputError`` (exit 2) or ``Preflight
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -152,7 +153,7 @@ def package(ctx: StageContext) -> dict[str, Any]:
             "parity": parity,
         }
         if pc.archive:
-            result.update(_release_archive(ctx.out, repo, name, manifest))
+            result.update(_release_archive(ctx, repo, name, manifest))
         advance(1)
     result["headline"] = {
         "target": settings.target,
@@ -184,6 +185,7 @@ def _release_manifest(
     settings, gate, serving layout, parity, versions and the digests of every source and repository file."""
     from ..config.common import key_fields
     from ..hostinfo import library_versions
+    from ..packaging.signing import signer_identity
     from ..store import digest_files, tree_files
 
     cfg, pc = ctx.cfg, ctx.cfg.package
@@ -226,6 +228,8 @@ def _release_manifest(
             "serving_image": serving_image if settings.target == "tensorrt_llm" else None,
         },
         "parity": parity,
+        "signing": signer_identity(pc),
+        "provenance": PackageArtifact.PROVENANCE if pc.archive else None,
         "versions": {"engine": dict(bi.get("versions") or {}), "packaging": library_versions(LIBRARIES)},
         "sources": {
             "export": export.digest,
@@ -238,12 +242,16 @@ def _release_manifest(
     }
 
 
-def _release_archive(out: Path, repo: Path, name: str, manifest: dict[str, Any]) -> dict[str, Any]:
-    """``release/<name>.tar.gz`` (repository, manifest, parity records) with its manifest copy and SHA256SUMS;
-    returns the result fields ``archive`` and ``archive_sha256``."""
+def _release_archive(ctx: StageContext, repo: Path, name: str, manifest: dict[str, Any]) -> dict[str, Any]:
+    """``release/<name>.tar.gz`` (repository, manifest, parity records) with its manifest copy, the provenance
+    statement, SHA256SUMS and, when ``package.sign`` is on, the signature ``release.sig`` over all of them; returns
+    the result fields ``archive``, ``archive_sha256``, ``provenance`` and ``signature`` (null when unsigned)."""
     from ..packaging import make_archive, write_sha256sums
+    from ..packaging.signing import method, sign_release
     from ..store import write_json_atomic
 
+    out = ctx.out
+    assert out is not None
     rel = out / PackageArtifact.RELEASE_DIR
     rel.mkdir()
     write_json_atomic(rel / PackageArtifact.RELEASE_MANIFEST, manifest)
@@ -254,8 +262,64 @@ def _release_archive(out: Path, repo: Path, name: str, manifest: dict[str, Any])
     ]
     members += _parity_members(out, name)
     sha = make_archive(archive, members)
-    write_sha256sums(rel / PackageArtifact.SHA256SUMS, [archive, rel / PackageArtifact.RELEASE_MANIFEST])
-    return {"archive": f"release/{archive.name}", "archive_sha256": sha}
+    listed = [
+        archive,
+        rel / PackageArtifact.RELEASE_MANIFEST,
+        *_provenance(ctx, rel, archive, manifest),
+        *_sbom(rel, archive, sha, manifest),
+    ]
+    write_sha256sums(rel / PackageArtifact.SHA256SUMS, listed)
+    signed = sign_release(rel, ctx.cfg.package) if method(ctx.cfg.package) else None
+    return {
+        "archive": f"release/{archive.name}",
+        "archive_sha256": sha,
+        "provenance": f"release/{PackageArtifact.PROVENANCE}",
+        "signature": f"release/{PackageArtifact.SIGNATURE}" if signed else None,
+        "signed_by": signed,
+    }
+
+
+def _sbom(rel: Path, archive: Path, sha: str, manifest: dict[str, Any]) -> list[Path]:
+    """``release/sbom.cdx.json``: CycloneDX SBOM of the serving environment (pipeline/packaging/sbom.py); [] when that
+    environment cannot be inspected on this host."""
+    from ..packaging.sbom import build_sbom, serving_components
+    from ..store import write_json_atomic
+
+    comps = serving_components(str(manifest["build"]["target"]), (manifest.get("serving") or {}).get("serving_image"))
+    if comps is None:
+        return []
+    write_json_atomic(rel / PackageArtifact.SBOM, build_sbom(archive.name.removesuffix(".tar.gz"), sha, comps))
+    return [rel / PackageArtifact.SBOM]
+
+
+def _provenance(ctx: StageContext, rel: Path, archive: Path, manifest: dict[str, Any]) -> list[Path]:
+    """``release/provenance.intoto.json`` (in-toto Statement, SLSA v1 predicate: pipeline/packaging/provenance.py) and,
+    when signing with a key or certificate, its DSSE envelope ``provenance.intoto.dsse.json``; returns the files."""
+    import dataclasses
+
+    from ..hostinfo import host
+    from ..packaging.provenance import build_statement
+    from ..packaging.signing import dsse_sign, method
+    from ..store import cache_key, redact, write_json_atomic
+
+    config = redact(json.loads(json.dumps(dataclasses.asdict(ctx.cfg), default=str)))
+    statement = build_statement(
+        rel,
+        archive,
+        config=config,
+        upstream=ctx.inputs,
+        invocation_id=cache_key(ctx.manifest.get("key_document") or {}),
+        versions=manifest.get("versions") or {},
+        host=host(),
+        gate=manifest["evaluation"]["gate"],
+        parity=manifest.get("parity"),
+    )
+    files = [rel / PackageArtifact.PROVENANCE]
+    write_json_atomic(files[0], statement)
+    if method(ctx.cfg.package) in ("key", "certificate"):
+        files.append(rel / PackageArtifact.PROVENANCE_DSSE)
+        write_json_atomic(files[1], dsse_sign(files[0].read_bytes(), ctx.cfg.package))
+    return files
 
 
 def _parity(ctx: StageContext, repo: Path, target: str) -> dict[str, Any]:
@@ -275,6 +339,7 @@ def _parity_members(out: Path, name: str) -> list[tuple[Path, str]]:
 
 def _key_extras(cfg: Any, inputs: dict[str, Any]) -> dict[str, Any]:
     from ..packaging.repository import MODELS_SRC, TEMPLATES
+    from ..packaging.signing import signer_identity
     from ..store import digest_path
 
     # the templates and the Python-backend model code are part of the output bytes
@@ -283,6 +348,7 @@ def _key_extras(cfg: Any, inputs: dict[str, Any]) -> dict[str, Any]:
         "serving_models": digest_path(MODELS_SRC),
         "serving_image": cfg.package.serving_image or cfg.target.serving_image,
         "model_name": cfg.model.name,
+        "signing": signer_identity(cfg.package),  # method + the signer's public key digest, never the key's path
     }
 
 
@@ -300,7 +366,7 @@ STAGE = Stage(
     config_groups=("package", "quant", "parallel", "build"),  # the manifest records quant recipe and build knobs
     libraries=LIBRARIES,
     run=package,
-    version="1",
+    version="2",  # 2: release/ holds the provenance statement, the SBOM and (package.sign) the signature
     key_extras=_key_extras,
     dry_run=_dry_run,
 )
