@@ -16,7 +16,7 @@ PYTEST_WORKERS ?= 2
 STAMP := $(VENV)/.installed
 SERVE_STAMP := $(SERVE_VENV)/.installed
 
-.PHONY: env serve-env run test style typecheck lint bench bench-scale serve plan doctor clean
+.PHONY: env serve-env test-env run test style typecheck lint bench bench-scale serve plan doctor clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,12 +38,29 @@ $(SERVE_STAMP): pipeline/serving/requirements-serve.txt
 
 serve-env: $(SERVE_STAMP)
 
+# What only the test suite needs beyond the pipeline: the Ray cluster engine (hydra/launcher=ray_cluster; the launcher
+# --no-deps, its cloudpickle<3 pin would break joblib: pyproject.toml) and a real MLflow server in its own venv (full
+# mlflow pins pyarrow<26; the pipeline itself only needs the mlflow-skinny client).
+MLFLOW_VENV ?= .venv-mlflow
+TEST_STAMP := $(VENV)/.installed-test
+MLFLOW_STAMP := $(MLFLOW_VENV)/.installed
+$(TEST_STAMP): $(STAMP)
+	$(PY) -m pip install $(PIP_FLAGS) -e '.[dev,mlflow,ray]'
+	$(PY) -m pip install $(PIP_FLAGS) --no-deps hydra-ray-launcher==1.2.2
+	touch $@
+$(MLFLOW_STAMP):
+	$(PYTHON) -m venv $(MLFLOW_VENV)
+	$(MLFLOW_VENV)/bin/python -m pip install $(PIP_FLAGS) --upgrade pip
+	$(MLFLOW_VENV)/bin/python -m pip install $(PIP_FLAGS) 'mlflow>=3.1,<4'
+	touch $@
+test-env: $(TEST_STAMP) $(MLFLOW_STAMP)
+
 run: env serve-env
 	$(PIPELINE) $(ARGS)
 
 # The linter, the formatter check (pyproject.toml [tool.ruff]) and the type checker ([tool.mypy], zero errors) run
 # first; then the suite, in $(PYTEST_WORKERS) processes (pytest-xdist, whole files per worker).
-test: env serve-env style typecheck
+test: env serve-env test-env style typecheck
 	$(PY) -m pytest -q --durations=15 -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 style: env
