@@ -1,5 +1,7 @@
 """Runners: greedy generation of the same prompts through the baseline, the engine and the
-ModelOpt simulated-quantization model, with one stop handling and one tokenization path.
+ModelOpt simulated-quantization model, with one stop handling, one tokenization path and one decoding policy
+(``pipeline.decoding``: greedy with the checkpoint's ``repetition_penalty``, nothing else from its
+``generation_config.json``).
 
 - ``baseline``: the *source* checkpoint (``model.path``, never the export) in transformers in the
   reference dtype (``eval.reference_dtype``), batched with left padding and an ``attention_mask``.
@@ -113,9 +115,20 @@ class HFRunner:
     left-padded with ``pad_token_id`` and masked with ``attention_mask`` (padding never attends).
     """
 
-    def __init__(self, model: Any, tokenizer: Any, *, stop_ids: Sequence[int], pad_id: int, name: str) -> None:
+    def __init__(
+        self, model: Any, tokenizer: Any, *, stop_ids: Sequence[int], pad_id: int, name: str, repetition_penalty: float | None = None
+    ) -> None:
+        """``repetition_penalty``: the decoding policy's (``pipeline.decoding.DecodingPolicy.penalty``; None = none).
+
+        The model's own ``generation_config`` (the checkpoint's ``generation_config.json``) is replaced by
+        transformers' global defaults: ``generate`` would otherwise back-fill every field left unset from it, and the
+        baseline would decode with penalties or sampling values no other runner applies (issue 24)."""
+        from ..decoding import neutral_generation_config
+
         self.model, self.tokenizer, self.stop_ids, self.pad_id, self.name = model, tokenizer, list(stop_ids), int(pad_id), name
+        self.repetition_penalty = repetition_penalty
         self.model.eval()
+        self.model.generation_config = neutral_generation_config()
 
     def generate_ids(self, batch: Sequence[list[int]], max_new_tokens: int) -> list[list[int]]:
         """Greedy continuation ids (uncut; may contain eos and padding) for each prompt in ``batch``."""
@@ -129,7 +142,12 @@ class HFRunner:
             ids[i, width - len(x) :] = torch.tensor(x, dtype=torch.long)
             mask[i, width - len(x) :] = 1
         gc = GenerationConfig(
-            do_sample=False, num_beams=1, max_new_tokens=max_new_tokens, eos_token_id=self.stop_ids or None, pad_token_id=self.pad_id
+            do_sample=False,
+            num_beams=1,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=self.stop_ids or None,
+            pad_token_id=self.pad_id,
+            repetition_penalty=self.repetition_penalty or 1.0,
         )
         with torch.inference_mode():
             seq = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=gc)
@@ -216,8 +234,11 @@ def og_teacher_forced_logits(og_model: Any, prompt: Sequence[int], continuation:
 class EngineAdapter:
     """Drives a built engine (``pipeline.targets`` EngineRunner) with the same prompts and stop handling."""
 
-    def __init__(self, runner: Any, tokenizer: Any, *, stop_ids: Sequence[int], name: str = "engine") -> None:
+    def __init__(
+        self, runner: Any, tokenizer: Any, *, stop_ids: Sequence[int], name: str = "engine", repetition_penalty: float | None = None
+    ) -> None:
         self.runner, self.tokenizer, self.stop_ids, self.name = runner, tokenizer, list(stop_ids), name
+        self.repetition_penalty = repetition_penalty  # the decoding policy's (pipeline.decoding), sent with every request
 
     def run(self, prepared: Sequence[Prepared], batch_size: int, advance: Advance = lambda n: None) -> dict[str, ItemOutput]:
         from ..targets.base import GenerationRequest
@@ -229,7 +250,11 @@ class EngineAdapter:
             chunk = todo[s : s + bs]
             reqs = [
                 GenerationRequest(
-                    input_ids=list(p.input_ids), max_new_tokens=p.max_new_tokens, stop_token_ids=self.stop_ids, request_id=p.item.id
+                    input_ids=list(p.input_ids),
+                    max_new_tokens=p.max_new_tokens,
+                    stop_token_ids=self.stop_ids,
+                    request_id=p.item.id,
+                    repetition_penalty=self.repetition_penalty,
                 )
                 for p in chunk
             ]

@@ -120,6 +120,7 @@ def package(ctx: StageContext) -> dict[str, Any]:
     mi = model_info(export.path)
     settings = settings_from_build(bi, mi, pc, cfg.build, cfg.target)
     settings.model_name = cfg.model.name
+    settings.decoding = ExportArtifact(export.path).decoding().to_json()
     speculative = _speculative(ctx, bi)
     repo = ctx.out / "model_repository"
     with ctx.progress("package: model repository", total=3) as advance:
@@ -212,6 +213,7 @@ def _release_manifest(
             "execution_provider": settings.execution_provider if settings.target == "onnxruntime_genai" else None,
         },
         "evaluation": {"gate": gate, "headline": (ctx.inputs["evaluate"].result.get("headline") if "evaluate" in ctx.inputs else None)},
+        "decoding": settings.decoding,  # the policy evaluate applied and the served model applies (pipeline.decoding)
         "speculative": speculative,
         "serving": {
             "layout": info["layout"],
