@@ -200,6 +200,11 @@ def ensemble_inputs(p: dict[str, Any]) -> dict[str, Any]:
     return extra
 
 
+#: messages of a deployment fault (Triton python_backend 2.51 ``src/python_be.cc``: a dead stub; the served model's
+#: own engine failures, ``serving/models/onnxruntime_genai_model.py``): answered 503 ``server_error``
+SERVER_FAULTS = ("is not healthy", "Stub process", "engine error", "engine failed", "Socket closed", "failed to connect")
+
+
 def _as_openai_error(e: Exception, p: dict[str, Any]) -> APIError:
     """A deployment's refusal as an OpenAI error naming the field the client sent.
 
@@ -207,6 +212,8 @@ def _as_openai_error(e: Exception, p: dict[str, Any]) -> APIError:
     (:func:`ensemble_inputs`), so its refusal is reported as ``seed`` with that field's fix.
     """
     msg = str(e)
+    if any(m in msg for m in SERVER_FAULTS):  # the deployment failed, not the request: a server error, never a 400
+        return APIError(msg, status=503, type_="server_error")
     if p.get("seed") is not None and "random_seed" in msg:
         log.info("seed refused by the deployment (as random_seed): %s", msg)
         return APIError(
@@ -264,6 +271,18 @@ class Frontend:
         self._local = threading.local()
         self._clients: list[Any] = []
         self._lock = threading.Lock()
+        self.unhealthy: str | None = None
+        """Set by ``pipeline serve`` when the engine's backend process died: /health and every request answer 503."""
+
+    def not_ready(self) -> str | None:
+        """Why the deployment cannot answer (Triton unreachable, server or ``ensemble`` not ready), or None."""
+        try:
+            c = self.client().client
+            if not (c.is_server_ready(client_timeout=5) and c.is_model_ready("ensemble", client_timeout=5)):
+                return "Triton reports the server or the ensemble not ready"
+        except Exception as e:  # unreachable: the server is down
+            return f"Triton is unreachable: {type(e).__name__}"
+        return None
 
     # -- helpers
     def client(self) -> Any:
@@ -335,6 +354,8 @@ class Frontend:
         U+FFFD, as ``transformers``' ``decode`` gives)."""
         from .client import RequestError
 
+        if self.unhealthy:
+            raise APIError(f"the deployment is down: {self.unhealthy}", status=503, type_="server_error")
         stream = on_chunk is not None and self.decoupled
         sent = {"n": 0}
         held = {"text": ""}
@@ -578,8 +599,13 @@ class _Handlers:
             return JSONResponse(e.body(), status_code=e.status)
 
     async def health(self, _request: Request) -> JSONResponse:
+        """200 ``{"status": "ok"}``; 503 ``{"status": "unhealthy", "reason"}`` once ``pipeline serve`` found the engine
+        dead (``Frontend.unhealthy``) or Triton reports the served model not ready."""
         from starlette.responses import JSONResponse
 
+        why = self.fe.unhealthy or await asyncio.to_thread(self.fe.not_ready)
+        if why:
+            return JSONResponse({"status": "unhealthy", "reason": why}, status_code=503)
         return JSONResponse({"status": "ok"})
 
 

@@ -1,0 +1,118 @@
+"""Issue 24 case 3: health that tells the truth.  ``pipeline serve --openai`` on a real Triton server (tiny Llama
+package made by the real pipeline); the engine's backend process (the ``ensemble`` model's Python-backend stub, which
+runs the onnxruntime-genai engine in-process on the CPU target) is killed.  Triton 2.51 keeps reporting the server and
+the model ready and answers every request with HTTP 400 "Stub process ... is not healthy"; the old ``pipeline serve``
+kept running with ``/health`` 200 for over a minute.  Now: /health goes 503 (or the endpoint is gone) within seconds,
+requests never get a client error, and ``pipeline serve`` exits 1 naming the model so a supervisor restarts it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from cli_serve import start_cli_server
+
+from pipeline.serving.server import DEFAULT_SERVE_VENV
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory, tiny_llama) -> Path:
+    if not (DEFAULT_SERVE_VENV / "bin" / "python3").exists():
+        pytest.skip("serving environment missing: run `make serve-env`")
+    from rich.console import Console
+
+    from pipeline.config import compose
+    from pipeline.runner import run_pipeline
+
+    store = tmp_path_factory.mktemp("store")
+    cfg = compose(
+        [
+            f"model.path={tiny_llama}",
+            "model.name=tiny",
+            "target=onnxruntime_genai",
+            "quant=none",
+            "stages=[package]",
+            f"store_dir={store}",
+            "eval.limit=2",
+            "eval.gate.mode=exploratory",
+            "package.allow_failed_gate=true",
+            "package.parity=false",
+            "build.max_input_len=128",
+            "build.max_seq_len=192",
+            "progress=false",
+        ]
+    )
+    summary = run_pipeline(cfg, console=Console(quiet=True))
+    assert summary.exit_code == 0, summary.error
+    return {r.stage: Path(r.path) for r in summary.stages}["package"]
+
+
+def _stubs(repo: Path) -> dict[str, int]:
+    """{model: pid} of the Python-backend stubs serving ``repo`` (found from the outside, as an operator would)."""
+    out = {}
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv[0].endswith(b"triton_python_backend_stub") and argv[1].decode().startswith(str(repo)):
+            out[Path(argv[1].decode()).parent.parent.name] = int(d.name)
+    return out
+
+
+def _get(url: str) -> int | None:
+    """HTTP status of GET ``url``; None when nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:
+        return None
+
+
+def _post(url: str, body: dict) -> tuple[int | None, dict]:
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+    except OSError:
+        return None, {}
+
+
+def test_dead_engine_turns_health_red_and_serve_exits_1(package, tmp_path):
+    repo = package / "model_repository"
+    proc, head = start_cli_server(package, tmp_path, "--openai", "package.openai_port=0", until="Ctrl-C")
+    try:
+        base = next(w for w in head.split() if w.startswith("http://127.0.0.1:") and w.endswith("/v1"))[: -len("/v1")]
+        assert _get(base + "/health") == 200, head
+        ok, body = _post(base + "/v1/completions", {"model": "tiny", "prompt": "Where is my order?", "max_tokens": 4})
+        assert ok == 200, body
+        stubs = _stubs(repo)
+        assert "ensemble" in stubs, stubs
+        os.kill(stubs["ensemble"], signal.SIGKILL)
+        t0 = time.monotonic()
+        status, body = _post(base + "/v1/completions", {"model": "tiny", "prompt": "Where is my order?", "max_tokens": 4})
+        assert status is None or status >= 500, (status, body)  # old code: 400 invalid_request_error
+        while time.monotonic() - t0 < 10 and _get(base + "/health") == 200:
+            time.sleep(0.2)
+        assert _get(base + "/health") != 200, "health still green 10 s after the engine died"
+        rc = proc.wait(timeout=60)
+        out = head + (proc.stdout.read() if proc.stdout else "")
+        assert rc == 1, out[-3000:]
+        assert "ensemble" in out and "died" in out and "supervisor" in out, out[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
