@@ -116,3 +116,48 @@ def test_dead_engine_turns_health_red_and_serve_exits_1(package, tmp_path):
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=60)
+
+
+# ------------------------------------------------------------------ case 5: finish_reason and limits (vLLM semantics)
+@pytest.fixture(scope="module")
+def oai(package):
+    from pipeline.serving.openai_server import OpenAIServer
+    from pipeline.serving.server import TritonServer
+
+    repo = package / "model_repository"
+    srv = TritonServer(repo, ready_timeout_s=180).start()
+    front = OpenAIServer(srv.grpc_url, repo, port=0).start()
+    try:
+        yield front
+    finally:
+        front.stop()
+        srv.stop()
+
+
+def test_max_tokens_over_the_room_is_a_400_naming_it_streamed_or_not(oai):
+    base = oai.url
+    for stream in (False, True):
+        status, body = _post(
+            base + "/completions", {"model": "tiny", "prompt": "Where is my order?", "max_tokens": 100000, "stream": stream}
+        )
+        assert status == 400, (stream, status, body)  # old code: 200, silently cut
+        err = body["error"]
+        assert err["param"] == "max_tokens" and "192 tokens" in err["message"] and "Fix: send max_tokens <=" in err["message"], err
+
+
+def test_an_answer_cut_by_the_engine_limit_is_length(oai):
+    """No max_tokens: the chat budget is the room under max_seq_len (192); an answer that fills it says "length", one
+    that ended on eos says "stop".  Long prompts (little room) so some answers fill it (deterministic tiny model)."""
+    filled, seen = 0, []
+    for k in range(8):
+        content = " ".join(["Where is my order ORD-12345?"] * (2 + k)) + f" {k}"
+        status, body = _post(oai.url + "/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": content}]})
+        seen.append((status, body.get("usage") or body.get("error")))
+        if status == 400 and "max_input_len" in body["error"]["message"]:
+            continue  # over max_input_len
+        assert status == 200, body
+        u, choice = body["usage"], body["choices"][0]
+        full = u["prompt_tokens"] + u["completion_tokens"] == 192
+        filled += full
+        assert choice["finish_reason"] == ("length" if full else "stop"), (u, choice)  # old code: "stop" when full
+    assert filled, f"no answer filled the room: the test shows nothing {seen}"

@@ -21,7 +21,9 @@ How a request maps onto the ``ensemble`` (TensorRT-LLM backend interface, over g
   ``presence_penalty``/``frequency_penalty`` -> the inputs of the same names (non-zero only);
 * ``stop`` -> the ensemble's ``stop_words`` (ends generation early) **and** the text is cut before the first stop
   string (OpenAI semantics: the stop text is not returned; ``finish_reason`` = ``"stop"``);
-* ``finish_reason`` = ``"length"`` when the answer used all ``max_tokens``, else ``"stop"``.
+* ``finish_reason`` = ``"length"`` when a limit ended the answer: all of ``max_tokens``, or (``max_tokens`` omitted) the
+  room the engine's ``max_seq_len`` leaves after the prompt; else ``"stop"``.  An explicit ``max_tokens`` over that
+  room is a 400 naming ``max_tokens`` and the room (as vLLM answers), streamed or not.
 
 Token counts: ``prompt_tokens`` = the ids the served preprocessing feeds the engine (the rendered text encoded by the
 served tokenizer without special tokens, plus BOS when the deployment prepends it); ``completion_tokens`` = the
@@ -174,6 +176,7 @@ def parse_common(body: dict[str, Any], kind: str) -> dict[str, Any]:
     return {
         "n": n,
         "max_tokens": max_tokens,
+        "max_tokens_sent": body.get("max_completion_tokens") is not None or body.get("max_tokens") is not None,
         "temperature": _num(body, "temperature", 1.0, 0.0, 2.0),
         "top_p": _num(body, "top_p", 1.0, 0.0, 1.0),
         "stop": stops,
@@ -257,6 +260,8 @@ class Frontend:
         self.grpc_url, self.repository, self.timeout_s = grpc_url, Path(repository), float(timeout_s)
         man = release_manifest(self.repository)
         self.model_id = model_id or (man.get("model") or {}).get("name") or self.repository.parent.name
+        limits = (man.get("build") or {}).get("limits") or {}
+        self.max_seq_len = int(limits["max_seq_len"]) if limits.get("max_seq_len") else None  # the engine's, for the room
         self.created = int(time.time())
         from ..tokenization import codec_of
 
@@ -343,8 +348,29 @@ class Frontend:
         except Exception as e:
             raise APIError(f"the model's chat template refused these messages: {e}", "messages") from None
 
-    def budget(self, p: dict[str, Any]) -> int:
-        return int(p["max_tokens"]) if p["max_tokens"] is not None else 256
+    def budget(self, p: dict[str, Any], text: str | list[dict] | None = None) -> int:
+        """Tokens this request may generate: ``max_tokens`` (omitted: 256 for chat), capped by the room the engine's
+        ``max_seq_len`` leaves after the prompt (release manifest ``build.limits``) when ``max_tokens`` is omitted.
+
+        Raises:
+            APIError: 400 naming ``max_tokens`` when an explicit ``max_tokens`` exceeds that room (vLLM refuses it the
+                same way, ``serving_engine.py`` "maximum context length"), or the prompt leaves no room.
+        """
+        asked = int(p["max_tokens"]) if p["max_tokens"] is not None else None
+        if text is None or not self.max_seq_len:
+            return asked if asked is not None else 256
+        n_prompt = self.prompt_tokens(text)
+        room = self.max_seq_len - n_prompt
+        if not p.get("max_tokens_sent", True):  # a default (16 for completions, 256 for chat) is capped, never refused
+            asked = min(asked or 256, room) if room >= 1 else asked
+        if room < 1 or (asked is not None and asked > room):
+            raise APIError(
+                f"max_tokens={asked if asked is not None else 'default'} exceeds the room left: this model's maximum "
+                f"context length is {self.max_seq_len} tokens and the prompt has {n_prompt}, leaving {max(room, 0)}. "
+                f"Fix: send max_tokens <= {max(room, 0)} or shorten the prompt.",
+                "max_tokens",
+            )
+        return asked if asked is not None else min(256, room)
 
     def generate(self, text: str | list[dict], p: dict[str, Any], *, on_chunk: Any = None, cancel: threading.Event | None = None) -> Answer:
         """Blocking: one ensemble request for a prompt text or chat messages.
@@ -356,6 +382,7 @@ class Frontend:
 
         if self.unhealthy:
             raise APIError(f"the deployment is down: {self.unhealthy}", status=503, type_="server_error")
+        budget = self.budget(p, text)
         stream = on_chunk is not None and self.decoupled
         sent = {"n": 0}
         held = {"text": ""}
@@ -379,7 +406,7 @@ class Frontend:
                 text = self.codec.render(messages=text)
             how = {"messages": text} if isinstance(text, list) else {"prompt": text}
             r = self.client().generate(
-                max_tokens=self.budget(p),
+                max_tokens=budget,
                 stream=stream,
                 chat=False,
                 cancel=cancel,
@@ -397,7 +424,7 @@ class Frontend:
         if stream and len(out) > sent["n"]:
             on_chunk(out[sent["n"] :])
         n = r.n_tokens if r.n_tokens is not None else self.completion_tokens(r.text)
-        reason = "stop" if stopped or n < self.budget(p) else "length"
+        reason = "stop" if stopped or n < budget else "length"  # budget: max_tokens or the engine's room (issue 24)
         return Answer(out, reason, n)
 
 
@@ -549,6 +576,8 @@ class _Handlers:
                     "prompt must be a non-empty string or a list of non-empty strings (token-id prompts are not supported).", "prompt"
                 )
             rid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+            for t in texts:  # a max_tokens over the room is a 400 before any stream starts (streamed or not)
+                self.fe.budget(p, t)
             if p["stream"]:
                 return self.stream_response("completions", texts, p, rid, created)
             outs = await self.run_choices(texts, p)
@@ -578,6 +607,7 @@ class _Handlers:
                 raise APIError(f"response_format={rf!r}: only text is supported.", "response_format")
             text = self.fe.render_chat(body.get("messages"))
             rid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+            self.fe.budget(p, text)  # a max_tokens over the room is a 400 before any stream starts
             if p["stream"]:
                 return self.stream_response("chat", [text], p, rid, created)
             outs = await self.run_choices([text], p)
