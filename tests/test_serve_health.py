@@ -127,6 +127,7 @@ def oai(package):
     repo = package / "model_repository"
     srv = TritonServer(repo, ready_timeout_s=180).start()
     front = OpenAIServer(srv.grpc_url, repo, port=0).start()
+    front.triton = srv  # type: ignore[attr-defined]
     try:
         yield front
     finally:
@@ -161,3 +162,35 @@ def test_an_answer_cut_by_the_engine_limit_is_length(oai):
         filled += full
         assert choice["finish_reason"] == ("length" if full else "stop"), (u, choice)  # old code: "stop" when full
     assert filled, f"no answer filled the room: the test shows nothing {seen}"
+
+
+# ------------------------------------------------------------------ case 4: failures counted in Triton's metrics
+def _failures(srv, model: str) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{srv.metrics_port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("nv_inference_request_failure{") and f'model="{model}"' in line:
+            reason = line.split('reason="', 1)[1].split('"', 1)[0]
+            out[reason] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def test_refused_requests_count_as_failures_in_triton_metrics(oai):
+    """Old code: a refused request was answered through the response sender and Triton counted it a success
+    (``nv_inference_request_failure`` stayed 0, so error-rate alerts never fired)."""
+    from pipeline.serving.client import LLMClient, RequestError
+
+    srv = oai.triton
+    before = _failures(srv, "ensemble").get("BACKEND", 0.0)
+    with LLMClient(srv.grpc_url) as c:
+        for stream in (False, True):
+            with pytest.raises(RequestError) as ei:
+                c.generate("Where is my order?", 4, chat=False, stream=stream, repetition_penalty=-1.0)
+            msg = str(ei.value)
+            assert "repetition_penalty must be > 0" in msg and "At:" not in msg and "Failed to process" not in msg, (
+                msg
+            )  # the model's own words
+        assert c.generate("Where is my order?", 4, chat=False).text is not None  # a good request still answers
+    after = _failures(srv, "ensemble")
+    assert after.get("BACKEND", 0.0) - before == 2, after

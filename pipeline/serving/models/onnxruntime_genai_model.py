@@ -39,7 +39,8 @@ Decoding is greedy unless the request asks for sampling (``runtime_top_k`` > 1 o
 ``temperature`` > 0), the TensorRT-LLM convention.  A request without ``repetition_penalty`` gets the package's
 decoding policy (``decoding.json`` next to ``engine/``: the checkpoint's ``generation_config.json`` penalty, the one
 evaluate applied; ``pipeline/decoding.py``).  Inputs the engine cannot honour (presence/frequency penalties,
-bad words, LoRA, ...) are refused per request with the input's name; nothing is silently ignored.  Token ids are
+bad words, LoRA, ...) are refused per request with the input's name; nothing is silently ignored (a refusal is raised
+from ``execute`` when the call holds one request, so Triton's metrics count it as a failure).  Token ids are
 checked against the vocabulary before they reach the engine.
 
 ``return_log_probs`` and beam search (``beam_width`` > 1, ``num_return_sequences``): og.Engine 0.18 exposes neither
@@ -500,7 +501,9 @@ class TritonPythonModel:
         temperature = float(sc("temperature", b, 1.0))
         if top_k < 0 or not 0.0 <= top_p <= 1.0 or temperature < 0:
             raise ValueError(f"invalid sampling values top_k={top_k} top_p={top_p} temperature={temperature}")
-        do_sample = (top_k > 1 or top_p > 0.0) and temperature > 0.0
+        # top_k == 1 keeps only the top token: greedy (TensorRT-LLM's convention; og.Engine 0.18 refuses temperature /
+        # top_p next to top_k=1, so a model recommending top_k=1 would otherwise fail every default request)
+        do_sample = top_k != 1 and (top_k > 1 or top_p > 0.0) and temperature > 0.0
         rp = sc("repetition_penalty", b, None)
         if rp is None:
             rp = self.default_repetition_penalty  # the model's policy (decoding.json), as evaluate applied it
@@ -637,6 +640,11 @@ class TritonPythonModel:
             try:
                 jobs = self._parse(request)
             except Exception as e:
+                if len(requests) == 1:
+                    # raised, the refusal is counted by Triton (nv_inference_request_failure{reason="BACKEND"}); an error
+                    # sent through the response sender counts as a success (Triton 2.51 python_backend). The wrapper
+                    # Triton adds ("Failed to process the request(s) ...", the traceback) is cut by our clients.
+                    raise pb_utils.TritonModelException(f"onnxruntime_genai: {e}") from None
                 sender = request.get_response_sender()
                 sender.send(
                     pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(f"onnxruntime_genai: {e}")),
