@@ -24,7 +24,8 @@ from pipeline.errors import InputError
 from pipeline.serving.server import DEFAULT_SERVE_VENV
 
 ROOT = Path(__file__).resolve().parents[1]
-QWEN_LIKE = {"repetition_penalty": 1.3, "temperature": 0.6, "top_p": 0.9, "top_k": 20, "do_sample": True}
+# top_k 1: the model's recommended sampling is deterministic, so "omitted fields take the model's values" is testable
+QWEN_LIKE = {"repetition_penalty": 1.3, "temperature": 0.6, "top_p": 0.9, "top_k": 1, "do_sample": True}
 LOOSE_GATE = ["eval.gate.max_drop=1.0", "eval.gate.slice_max_drop=1.0", "eval.gate.max_kld=1000", "eval.gate.min_top1=0"]
 
 
@@ -42,7 +43,7 @@ def _cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
 
 
 def test_policy_reads_penalty_and_sampling_and_refuses_what_no_engine_applies(tmp_path):
-    p = policy_from_dict({**QWEN_LIKE, "num_beams": 4, "eos_token_id": 2})
+    p = policy_from_dict({**QWEN_LIKE, "top_k": 20, "num_beams": 4, "eos_token_id": 2})
     assert p.repetition_penalty == 1.3 and p.penalty == 1.3
     assert p.sampling == {"do_sample": True, "temperature": 0.6, "top_p": 0.9, "top_k": 20}
     assert p.ignored == {"num_beams": 4}
@@ -110,7 +111,7 @@ def test_baseline_engine_and_served_decode_with_the_checkpoints_penalty(run):
     # record of the one policy, everywhere
     report = json.loads((run["evaluate"] / "eval_report.json").read_text())
     for doc in (report["decoding"], manifest["decoding"], json.loads((run["export"] / "decoding.json").read_text())):
-        assert doc["repetition_penalty"] == 1.3 and doc["gate"] == "greedy" and doc["sampling"]["top_k"] == 20
+        assert doc["repetition_penalty"] == 1.3 and doc["gate"] == "greedy" and doc["sampling"]["top_k"] == 1
         assert doc["source"] == "generation_config.json"
     served = json.loads((run["package"] / "model_repository" / "onnxruntime_genai" / "1" / "decoding.json").read_text())
     assert served["repetition_penalty"] == 1.3
@@ -128,3 +129,47 @@ def _plain_greedy(export: Path) -> dict[str, list[int]]:
     prep = prepare(items, tok, max_input_len=192, max_seq_len=256, default_max_new_tokens=e.max_new_tokens, extra_stop=e.stop)
     runner = HFRunner(load_hf_model(export / "hf"), tok, stop_ids=[2], pad_id=3, name="plain")
     return {k: o.output_ids for k, o in runner.run(prep, 4).items()}
+
+
+def _post(url: str, body: dict) -> tuple[int, dict]:
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+@pytest.mark.slow
+def test_openai_omitted_sampling_fields_take_the_models_values_and_extra_fields_work(run):
+    """Issue 24 case 2 (and 7): a request without temperature samples with the model's recommended values (here
+    temperature 0.6, top_p 0.9, top_k 1, i.e. the top token), not OpenAI's temperature 1 over the whole vocabulary;
+    top_k / repetition_penalty / ignore_eos / min_tokens are honoured, min_p is refused naming itself."""
+    from pipeline.serving.openai_server import OpenAIServer
+    from pipeline.serving.server import TritonServer
+
+    repo = run["package"] / "model_repository"
+    srv = TritonServer(repo, ready_timeout_s=180).start()
+    oai = OpenAIServer(srv.grpc_url, repo, port=0).start()
+    try:
+        assert oai.frontend is not None and oai.frontend.sampling_defaults == {"temperature": 0.6, "top_p": 0.9, "top_k": 1}
+        url = oai.url + "/completions"
+        base = {"model": "ck", "prompt": "Where is my order ORD-12345?", "max_tokens": 24}
+        greedy = _post(url, {**base, "temperature": 0})
+        assert greedy[0] == 200, greedy
+        for _ in range(3):  # old code: temperature 1, no top-k: random text, differing from greedy
+            got = _post(url, base)
+            assert got[0] == 200 and got[1]["choices"][0]["text"] == greedy[1]["choices"][0]["text"], (got[1].get("error"), greedy)
+        explicit = _post(url, {**base, "temperature": 1.0, "top_k": 1})  # an explicit value wins; top_k honoured
+        assert explicit[0] == 200 and explicit[1]["choices"][0]["text"] == greedy[1]["choices"][0]["text"]
+        fixed = _post(url, {**base, "temperature": 0, "max_tokens": 40, "ignore_eos": True})
+        assert fixed[0] == 200 and fixed[1]["usage"]["completion_tokens"] == 40, fixed
+        assert _post(url, {**base, "temperature": 0, "min_tokens": 8, "repetition_penalty": 1.0})[0] == 200
+        bad = _post(url, {**base, "min_p": 0.1})
+        assert bad[0] == 400 and bad[1]["error"]["param"] == "min_p", bad
+    finally:
+        oai.stop()
+        srv.stop()

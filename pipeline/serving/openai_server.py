@@ -7,7 +7,11 @@ Routes (the OpenAI API's shapes; https://platform.openai.com/docs/api-reference)
 * ``POST /v1/chat/completions``       ``messages`` rendered **server-side** with the served package's chat template
   (passed on as the ensemble's ``messages`` input where it has one: user content stays data, docs/package.md).
 
-Both POST routes take ``max_tokens`` (default 16, as OpenAI), ``temperature`` (default 1), ``top_p`` (default 1),
+Both POST routes take ``max_tokens`` (default 16, as OpenAI), ``temperature`` and ``top_p`` (omitted: the model's
+recommended values from its ``generation_config.json``, the release manifest's ``decoding.sampling``, as vLLM does;
+without any: 1 and 1), the vLLM / trtllm-serve extra fields ``top_k``, ``repetition_penalty`` (omitted: the served
+model applies the package's policy), ``min_tokens``, ``ignore_eos`` (exactly ``max_tokens`` tokens, for fixed-length
+benchmark loads) and ``min_p`` (0 only: refused otherwise),
 ``stop`` (text or up to 4 texts), ``n`` (1-16: n independent requests), ``seed``, ``presence_penalty``,
 ``frequency_penalty``, ``stream`` (Server-Sent Events, ending with ``data: [DONE]``) and
 ``stream_options.include_usage``.  Every answer carries ``usage`` (prompt / completion / total tokens).
@@ -83,6 +87,7 @@ _KNOWN_COMMON = {
     "top_logprobs",
     "logit_bias",
     "best_of",
+    *("top_k", "min_p", "repetition_penalty", "ignore_eos", "min_tokens"),  # vLLM / trtllm-serve extra sampling fields
 }
 _KNOWN = {
     "completions": _KNOWN_COMMON | {"prompt", "echo", "suffix"},
@@ -137,8 +142,37 @@ def _int(body: dict[str, Any], name: str, default: int | None, lo: int, hi: int 
     return v
 
 
-def parse_common(body: dict[str, Any], kind: str) -> dict[str, Any]:
-    """Validate the fields both routes share; returns the generation parameters.  Raises :class:`APIError`."""
+def parse_sampling(body: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """``temperature``, ``top_p``, ``top_k`` and the vLLM / trtllm-serve extra fields of ``body``; a field the request
+    omits takes the model's recommended value (``defaults``: the package's decoding policy ``sampling``, from the
+    checkpoint's ``generation_config.json``, ``pipeline/decoding.py``; as vLLM's ``--generation-config auto``), else
+    OpenAI's default.  An explicit request value always wins.
+
+    ``top_k`` (0 or -1 = off), ``repetition_penalty`` (> 0; omitted: the served model applies the policy's),
+    ``min_tokens`` (>= 0), ``ignore_eos`` (bool: generate exactly ``max_tokens``) are honoured; ``min_p`` > 0 is
+    refused (onnxruntime-genai 0.18 search options have no min-p).  Raises :class:`APIError` naming the field.
+    """
+    top_k = _int(body, "top_k", int(defaults.get("top_k", 0)), -1)
+    if body.get("min_p") not in (None, 0, 0.0):
+        raise APIError(f"min_p={body['min_p']!r}: min-p sampling is not supported by this engine. Fix: remove min_p.", "min_p")
+    rp = body.get("repetition_penalty")
+    if rp is not None and (isinstance(rp, bool) or not isinstance(rp, (int, float)) or not 0 < float(rp) <= 10):
+        raise APIError(f"repetition_penalty={rp!r}: must be a number in (0, 10].", "repetition_penalty")
+    if not isinstance(body.get("ignore_eos", False), bool):
+        raise APIError(f"ignore_eos={body.get('ignore_eos')!r}: must be true or false.", "ignore_eos")
+    return {
+        "temperature": _num(body, "temperature", float(defaults.get("temperature", 1.0)), 0.0, 2.0),
+        "top_p": _num(body, "top_p", float(defaults.get("top_p", 1.0)), 0.0, 1.0),
+        "top_k": max(0, top_k or 0),
+        "repetition_penalty": None if rp is None else float(rp),
+        "min_tokens": _int(body, "min_tokens", 0, 0) or 0,
+        "ignore_eos": bool(body.get("ignore_eos", False)),
+    }
+
+
+def parse_common(body: dict[str, Any], kind: str, defaults: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Validate the fields both routes share; returns the generation parameters (sampling: :func:`parse_sampling`
+    with the model's recommended ``defaults``).  Raises :class:`APIError`."""
     unknown = sorted(set(body) - _KNOWN[kind])
     if unknown:
         raise APIError(
@@ -177,8 +211,7 @@ def parse_common(body: dict[str, Any], kind: str) -> dict[str, Any]:
         "n": n,
         "max_tokens": max_tokens,
         "max_tokens_sent": body.get("max_completion_tokens") is not None or body.get("max_tokens") is not None,
-        "temperature": _num(body, "temperature", 1.0, 0.0, 2.0),
-        "top_p": _num(body, "top_p", 1.0, 0.0, 1.0),
+        **parse_sampling(body, defaults or {}),
         "stop": stops,
         "seed": seed,
         "presence_penalty": _num(body, "presence_penalty", 0.0, -2.0, 2.0),
@@ -193,8 +226,14 @@ def ensemble_inputs(p: dict[str, Any]) -> dict[str, Any]:
     extra: dict[str, Any] = {}
     if p["temperature"] > 0:
         extra.update(temperature=p["temperature"], top_p=p["top_p"])
+        if p.get("top_k"):
+            extra["top_k"] = int(p["top_k"])
         if p["seed"] is not None:
             extra["random_seed"] = int(p["seed"])
+    if p.get("repetition_penalty") is not None:
+        extra["repetition_penalty"] = float(p["repetition_penalty"])
+    if p.get("min_tokens"):
+        extra["min_length"] = int(p["min_tokens"])
     if p["stop"]:
         extra["stop_words"] = list(p["stop"])
     for k in ("presence_penalty", "frequency_penalty"):
@@ -260,6 +299,17 @@ class Frontend:
         self.grpc_url, self.repository, self.timeout_s = grpc_url, Path(repository), float(timeout_s)
         man = release_manifest(self.repository)
         self.model_id = model_id or (man.get("model") or {}).get("name") or self.repository.parent.name
+        recommended = (man.get("decoding") or {}).get("sampling") or {}
+        self.sampling_defaults = {k: v for k, v in recommended.items() if k in ("temperature", "top_p", "top_k")}
+        """The model's recommended sampling values (release manifest ``decoding.sampling``), for omitted fields."""
+        if self.sampling_defaults:
+            log.warning(
+                "requests without temperature/top_p/top_k get the model's recommended values %s (generation_config.json, "
+                "recorded in the release manifest 'decoding'); a request's own value wins",
+                self.sampling_defaults,
+            )
+        if recommended.get("min_p"):
+            log.warning("the model recommends min_p=%s; this engine has no min-p sampling: not applied", recommended["min_p"])
         limits = (man.get("build") or {}).get("limits") or {}
         self.max_seq_len = int(limits["max_seq_len"]) if limits.get("max_seq_len") else None  # the engine's, for the room
         self.created = int(time.time())
@@ -412,7 +462,7 @@ class Frontend:
                 cancel=cancel,
                 on_chunk=chunk if stream else None,
                 **how,
-                **ensemble_inputs(p),
+                **{**ensemble_inputs(p), **({"min_length": budget} if p.get("ignore_eos") else {})},  # ignore_eos: all of it
             )
         except InputError as e:
             raise APIError(str(e)) from None
@@ -471,7 +521,7 @@ class _Handlers:
                 status=404,
                 code="model_not_found",
             )
-        p = parse_common(body, kind)
+        p = parse_common(body, kind, self.fe.sampling_defaults)
         if p["stream"] and not self.fe.decoupled:
             raise APIError("stream=true needs a decoupled deployment (package.decoupled=true).", "stream")
         return body, p
