@@ -199,8 +199,12 @@ class HFRunner:
         self.model = None
 
 
-def og_teacher_forced_logits(og_model: Any, prompt: Sequence[int], continuation: Sequence[int]) -> Any:
+def og_teacher_forced_logits(og_model: Any, prompt: Sequence[int], continuation: Sequence[int], min_length: int = 0) -> Any:
     """Teacher-forced logits from an onnxruntime-genai ``og.Model`` (0.18 ``og.Generator`` API).
+
+    ``min_length``: the smallest KV capacity (``max_length``) the engine accepts; a sliding-window engine needs at least
+    its window (onnxruntime-genai 0.18 GroupQueryAttention: "KV cache capacity (n) must be at least local_window_size"),
+    so a sequence shorter than the window still gets a cache of the window's size (``OrtEngineRunner.min_length``).
 
     One prefill: ``append_tokens(prompt + continuation[:-1])``, then ``get_output("logits")`` holds every
     position's logits (1, T, vocab) (measured on 0.18: equal to step-by-step ``get_logits()`` within 5e-5).
@@ -211,8 +215,9 @@ def og_teacher_forced_logits(og_model: Any, prompt: Sequence[int], continuation:
     import onnxruntime_genai as og
 
     seq = [*prompt, *continuation[:-1]]
+    capacity = max(len(seq) + 1, int(min_length))
     gp = og.GeneratorParams(og_model)
-    gp.set_search_options(do_sample=False, max_length=len(seq) + 1)
+    gp.set_search_options(do_sample=False, max_length=capacity)
     g = og.Generator(og_model, gp)
     g.append_tokens(np.asarray([seq], dtype=np.int32))
     full = np.asarray(g.get_output("logits"), dtype=np.float32)
@@ -220,7 +225,7 @@ def og_teacher_forced_logits(og_model: Any, prompt: Sequence[int], continuation:
     if full.ndim == 3 and full.shape[1] == len(seq):
         return np.ascontiguousarray(full[0, a : a + n])
     gp = og.GeneratorParams(og_model)
-    gp.set_search_options(do_sample=False, max_length=len(seq) + 1)
+    gp.set_search_options(do_sample=False, max_length=capacity)
     g = og.Generator(og_model, gp)
     g.append_tokens(np.asarray([list(prompt)], dtype=np.int32))
     rows = []
@@ -287,7 +292,11 @@ class EngineAdapter:
             raise NotImplementedError(f"engine runner {type(self.runner).__name__} exposes no teacher-forced logits")
         out = []
         for s in seqs:
-            out.append(own(s.prompt, s.continuation) if own is not None else og_teacher_forced_logits(model, s.prompt, s.continuation))
+            out.append(
+                own(s.prompt, s.continuation)
+                if own is not None
+                else og_teacher_forced_logits(model, s.prompt, s.continuation, int(getattr(self.runner, "min_length", 0) or 0))
+            )
             advance(1)
         return out
 
