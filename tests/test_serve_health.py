@@ -194,3 +194,29 @@ def test_refused_requests_count_as_failures_in_triton_metrics(oai):
         assert c.generate("Where is my order?", 4, chat=False).text is not None  # a good request still answers
     after = _failures(srv, "ensemble")
     assert after.get("BACKEND", 0.0) - before == 2, after
+
+
+# ------------------------------------------------------------------ case 6: the OpenAI endpoint's error semantics
+def test_lone_surrogates_are_a_400_naming_the_field(oai):
+    """Old code: /v1/completions answered 500, chat a 400 with a tokenizer message."""
+    status, body = _post(oai.url + "/completions", {"model": "tiny", "prompt": "order \ud800 late", "max_tokens": 4})
+    assert status == 400 and body["error"]["param"] == "prompt" and "surrogate" in body["error"]["message"], body
+    msgs = [{"role": "user", "content": "hi \udfff"}]
+    status, body = _post(oai.url + "/chat/completions", {"model": "tiny", "messages": msgs, "max_tokens": 4})
+    assert status == 400 and body["error"]["param"] == "messages[0].content" and "U+DFFF" in body["error"]["message"], body
+
+
+def test_a_streamed_request_refused_before_any_token_gets_the_unstreamed_status(oai):
+    """The CPU engine refuses seed with sampling (after the front end accepted the request): streamed, the old code
+    answered 200 and an error event; now both are the same 400 naming seed."""
+    body = {"model": "tiny", "prompt": "Where is my order?", "max_tokens": 4, "temperature": 0.7, "seed": 3}
+    plain = _post(oai.url + "/completions", body)
+    streamed = _post(oai.url + "/completions", {**body, "stream": True})
+    assert plain[0] == streamed[0] == 400, (plain, streamed)
+    assert plain[1]["error"]["param"] == streamed[1]["error"]["param"] == "seed"
+
+
+def test_stream_options_without_stream_is_refused(oai):
+    body = {"model": "tiny", "prompt": "hi", "max_tokens": 2, "stream_options": {"include_usage": True}}
+    status, out = _post(oai.url + "/completions", body)
+    assert status == 400 and out["error"]["param"] == "stream_options", out

@@ -32,7 +32,8 @@ How a request maps onto the ``ensemble`` (TensorRT-LLM backend interface, over g
 Token counts: ``prompt_tokens`` = the ids the served preprocessing feeds the engine (the rendered text encoded by the
 served tokenizer without special tokens, plus BOS when the deployment prepends it); ``completion_tokens`` = the
 generated token ids, as the deployment reports them (the ensemble's ``sequence_length``, summed over streamed
-responses; as vLLM and OpenAI count), never the text re-encoded: sampled ids need not round-trip through their text
+responses; as vLLM and OpenAI count; the stop id that ended an answer is not counted: the deployment drops it from
+the output, whereas vLLM counts the EOS id), never the text re-encoded: sampled ids need not round-trip through their text
 (a byte-level piece cut mid-character decodes to U+FFFD, which re-encodes to 3 ids).  The text of a trailing
 unfinished UTF-8 sequence at the length limit is kept as U+FFFD, as ``transformers``' ``decode`` of the same ids
 gives (streamed: held back until the last response, ``pipeline.tokenization.StreamDecoder``).  A package made
@@ -63,7 +64,7 @@ from ..errors import InputError, PipelineError
 
 if TYPE_CHECKING:  # starlette is imported when the app is built (the serving extra)
     from starlette.requests import Request
-    from starlette.responses import JSONResponse, StreamingResponse
+    from starlette.responses import JSONResponse
 
 log = logging.getLogger("pipeline.openai")
 
@@ -142,6 +143,20 @@ def _int(body: dict[str, Any], name: str, default: int | None, lo: int, hi: int 
     return v
 
 
+def check_text(value: str, field: str) -> str:
+    """``value`` when it is valid Unicode text; a lone UTF-16 surrogate (JSON ``"\\ud800"``, which Python's JSON
+    decoder lets through) is a 400 naming ``field`` instead of a 500 or a tokenizer error.  Raises :class:`APIError`."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise APIError(
+            f"{field} contains a lone UTF-16 surrogate (U+{ord(value[e.start]):04X} at character {e.start}): not valid "
+            f"Unicode text. Fix: send well-formed text (pair every surrogate, or remove it).",
+            field,
+        ) from None
+    return value
+
+
 def parse_sampling(body: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
     """``temperature``, ``top_p``, ``top_k`` and the vLLM / trtllm-serve extra fields of ``body``; a field the request
     omits takes the model's recommended value (``defaults``: the package's decoding policy ``sampling``, from the
@@ -198,12 +213,14 @@ def parse_common(body: dict[str, Any], kind: str, defaults: dict[str, Any] | Non
         stops = list(stop)
     else:
         raise APIError(f"stop={stop!r}: must be a string or a list of up to 4 strings.", "stop")
-    stops = [s for s in stops if s]
+    stops = [check_text(s, f"stop[{i}]") for i, s in enumerate(stops) if s]
     so = body.get("stream_options")
     if so is not None and (not isinstance(so, dict) or set(so) - {"include_usage"}):
         raise APIError(f"stream_options={so!r}: only {{'include_usage': bool}} is supported.", "stream_options")
     if not isinstance(body.get("stream", False), bool):
         raise APIError(f"stream={body.get('stream')!r}: must be true or false.", "stream")
+    if so is not None and not body.get("stream"):  # as vLLM: "Stream options can only be defined when stream=True"
+        raise APIError("stream_options is only allowed with stream=true. Fix: remove stream_options or send stream=true.", "stream_options")
     seed = body.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64):
         raise APIError(f"seed={seed!r}: must be an integer in [0, 2**64).", "seed")
@@ -391,7 +408,12 @@ class Frontend:
                 content = "".join(p.get("text", "") for p in content)
             if not isinstance(content, str):
                 raise APIError(f"messages[{i}].content must be text.", f"messages[{i}].content")
-            out.append({"role": "system" if m["role"] == "developer" else m["role"], "content": content})
+            msg = {"role": "system" if m["role"] == "developer" else m["role"], "content": check_text(content, f"messages[{i}].content")}
+            if m.get("name") is not None:  # kept for the chat template (OpenAI's participant name), never dropped
+                if not isinstance(m["name"], str):
+                    raise APIError(f"messages[{i}].name must be text.", f"messages[{i}].name")
+                msg["name"] = check_text(m["name"], f"messages[{i}].name")
+            out.append(msg)
         try:
             self.codec.encode_prompt(messages=out)  # the template accepts them (refused here, as a 400, before sending)
             return out
@@ -538,73 +560,76 @@ class _Handlers:
         ct = sum(a.completion_tokens for a in answers if a is not None)
         return {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct}
 
-    def stream_response(self, kind: str, texts: Sequence[str | list[dict]], p: dict[str, Any], rid: str, created: int) -> StreamingResponse:
-        from starlette.responses import StreamingResponse
+    def _chunk(
+        self, kind: str, p: dict[str, Any], rid: str, created: int, idx: int, content: str | None, reason: str | None, first: bool = False
+    ) -> bytes:
+        """One SSE event of a streamed answer (OpenAI's chunk shapes for completions and chat)."""
+        obj = "text_completion" if kind == "completions" else "chat.completion.chunk"
+        if kind == "completions":
+            choice: dict[str, Any] = {"index": idx, "text": content or "", "logprobs": None, "finish_reason": reason}
+        else:
+            delta: dict[str, Any] = {}
+            if first:
+                delta["role"] = "assistant"
+            if content:
+                delta["content"] = content
+            choice = {"index": idx, "delta": delta, "logprobs": None, "finish_reason": reason}
+        ev = {"id": rid, "object": obj, "created": created, "model": self.fe.model_id, "choices": [choice]}
+        if p["include_usage"]:
+            ev["usage"] = None
+        return f"data: {json.dumps(ev, ensure_ascii=False)}\n\n".encode()
+
+    async def stream_response(self, kind: str, texts: Sequence[str | list[dict]], p: dict[str, Any], rid: str, created: int) -> Any:
+        """A streamed answer. The response starts once the first event is there: a request the deployment refuses before
+        any token gets the same HTTP status and error body as unstreamed (vLLM / OpenAI), never 200 + an error event."""
+        from starlette.responses import JSONResponse, StreamingResponse
 
         obj = "text_completion" if kind == "completions" else "chat.completion.chunk"
         n_choices = len(texts) * p["n"]
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue = asyncio.Queue()
+        cancel = threading.Event()
+        answers: list[Answer | None] = [None] * n_choices
+
+        def worker(idx: int, text: str) -> None:
+            def on_chunk(delta: str) -> None:
+                loop.call_soon_threadsafe(q.put_nowait, ("delta", idx, delta))
+
+            try:
+                ans = self.fe.generate(text, p, on_chunk=on_chunk, cancel=cancel)
+                loop.call_soon_threadsafe(q.put_nowait, ("done", idx, ans))
+            except APIError as e:
+                loop.call_soon_threadsafe(q.put_nowait, ("error", idx, e))
+
+        # the references keep the tasks alive until the stream ends
+        running = [asyncio.create_task(asyncio.to_thread(worker, i, texts[i // p["n"]])) for i in range(n_choices)]
+        first = await q.get()
+        if first[0] == "error":
+            cancel.set()
+            return JSONResponse(first[2].body(), status_code=first[2].status)
 
         async def events() -> AsyncIterator[bytes]:
-            loop = asyncio.get_running_loop()
-            q: asyncio.Queue = asyncio.Queue()
-            cancel = threading.Event()
-            answers: list[Answer | None] = [None] * n_choices
-
-            def worker(idx: int, text: str) -> None:
-                def on_chunk(delta: str) -> None:
-                    loop.call_soon_threadsafe(q.put_nowait, ("delta", idx, delta))
-
-                try:
-                    ans = self.fe.generate(text, p, on_chunk=on_chunk, cancel=cancel)
-                    loop.call_soon_threadsafe(q.put_nowait, ("done", idx, ans))
-                except APIError as e:
-                    loop.call_soon_threadsafe(q.put_nowait, ("error", idx, e))
-
-            # the references keep the tasks alive until the stream ends
-            _running = [asyncio.create_task(asyncio.to_thread(worker, i, texts[i // p["n"]])) for i in range(n_choices)]
-
-            def chunk(idx: int, content: str | None, reason: str | None, first: bool = False) -> bytes:
-                if kind == "completions":
-                    choice: dict[str, Any] = {"index": idx, "text": content or "", "logprobs": None, "finish_reason": reason}
-                else:
-                    delta: dict[str, Any] = {}
-                    if first:
-                        delta["role"] = "assistant"
-                    if content:
-                        delta["content"] = content
-                    choice = {"index": idx, "delta": delta, "logprobs": None, "finish_reason": reason}
-                ev = {"id": rid, "object": obj, "created": created, "model": self.fe.model_id, "choices": [choice]}
-                if p["include_usage"]:
-                    ev["usage"] = None
-                return f"data: {json.dumps(ev, ensure_ascii=False)}\n\n".encode()
-
+            pending, _keep = [first], running
             try:
                 if kind == "chat":
                     for i in range(n_choices):
-                        yield chunk(i, None, None, first=True)
+                        yield self._chunk(kind, p, rid, created, i, None, None, first=True)
                 done = 0
                 while done < n_choices:
-                    what, idx, val = await q.get()
+                    what, idx, val = pending.pop() if pending else await q.get()
                     if what == "delta":
-                        yield chunk(idx, val, None)
+                        yield self._chunk(kind, p, rid, created, idx, val, None)
                     elif what == "done":
                         done += 1
                         answers[idx] = val
-                        yield chunk(idx, None, val.reason)
+                        yield self._chunk(kind, p, rid, created, idx, None, val.reason)
                     else:
                         cancel.set()
                         yield f"data: {json.dumps(val.body())}\n\n".encode()
                         return
                 if p["include_usage"]:
-                    ev: dict[str, Any] = {
-                        "id": rid,
-                        "object": obj,
-                        "created": created,
-                        "model": self.fe.model_id,
-                        "choices": [],
-                        "usage": self.usage(texts, answers),
-                    }
-                    yield f"data: {json.dumps(ev, ensure_ascii=False)}\n\n".encode()
+                    ev = {"id": rid, "object": obj, "created": created, "model": self.fe.model_id, "choices": []}
+                    yield f"data: {json.dumps({**ev, 'usage': self.usage(texts, answers)}, ensure_ascii=False)}\n\n".encode()
                 yield b"data: [DONE]\n\n"
             finally:
                 cancel.set()  # a client that went away cancels its requests in Triton (LLMClient stops the stream)
@@ -625,11 +650,12 @@ class _Handlers:
                 raise APIError(
                     "prompt must be a non-empty string or a list of non-empty strings (token-id prompts are not supported).", "prompt"
                 )
+            texts = [check_text(t, "prompt" if isinstance(prompt, str) else f"prompt[{i}]") for i, t in enumerate(texts)]
             rid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
             for t in texts:  # a max_tokens over the room is a 400 before any stream starts (streamed or not)
                 self.fe.budget(p, t)
             if p["stream"]:
-                return self.stream_response("completions", texts, p, rid, created)
+                return await self.stream_response("completions", texts, p, rid, created)
             outs = await self.run_choices(texts, p)
             choices = [{"index": i, "text": a.text, "logprobs": None, "finish_reason": a.reason} for i, a in enumerate(outs)]
             return JSONResponse(
@@ -659,7 +685,7 @@ class _Handlers:
             rid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
             self.fe.budget(p, text)  # a max_tokens over the room is a 400 before any stream starts
             if p["stream"]:
-                return self.stream_response("chat", [text], p, rid, created)
+                return await self.stream_response("chat", [text], p, rid, created)
             outs = await self.run_choices([text], p)
             choices = [
                 {"index": i, "message": {"role": "assistant", "content": a.text}, "logprobs": None, "finish_reason": a.reason}
