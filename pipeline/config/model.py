@@ -101,9 +101,25 @@ class ModelConfig:
     explicitly)."""
 
 
+#: longest ``model.name``: it becomes part of file names (``release/<name>-<version>.tar.gz``, run folders), and most
+#: file systems allow 255 bytes per name (ext4, XFS: NAME_MAX)
+MAX_NAME_BYTES = 128
+
+
 def validate(cfg: ModelConfig, prefix: str = "model") -> list[Problem]:
     problems: list[Problem] = []
     choice(problems, f"{prefix}.dtype", cfg.dtype, DTYPES)
+    name = cfg.name if isinstance(cfg.name, str) else ""
+    if len(name.encode("utf-8", "replace")) > MAX_NAME_BYTES:
+        problems.append(
+            Problem(
+                f"{prefix}.name",
+                name[:40] + "...",
+                f"is {len(name.encode('utf-8', 'replace'))} bytes; it becomes part of file names (release archive), "
+                f"at most {MAX_NAME_BYTES}.",
+                f"pass a shorter model.name (<= {MAX_NAME_BYTES} bytes)",
+            )
+        )
     if cfg.path is None and cfg.hf_config is None:
         problems.append(
             Problem(
