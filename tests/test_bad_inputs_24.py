@@ -72,3 +72,31 @@ def test_question_answer_jsonl_gets_the_mapping_not_a_wall_of_field_errors(tmp_p
     msg = str(ei.value)
     assert "question (or input) -> prompt" in msg and "answer (or target) -> reference" in msg and msg.count("\n") == 0
     assert load_eval_set(_write(tmp_path / "ok.jsonl", [json.dumps(GOOD)]))[0].prompt == GOOD["prompt"]
+
+
+@pytest.mark.parametrize(
+    "template, kind",
+    [
+        ("{{ raise_exception('Conversation roles must alternate') }}", "TemplateError: Conversation roles must alternate"),
+        ("{% for m in messages %}{{ m.content ", "TemplateSyntaxError"),
+        ("{{ messages.__class__.__mro__ }}", "SecurityError"),
+    ],
+)
+def test_a_chat_template_that_fails_is_an_input_error_naming_the_item_and_the_fix(tiny_llama, tmp_path, template, kind):
+    """Old code: jinja2's TemplateError / TemplateSyntaxError / SecurityError escaped from evaluate (exit 1)."""
+    import shutil
+
+    from pipeline.evaluation.runners import load_tokenizer, prepare
+
+    d = tmp_path / "tok"
+    d.mkdir()
+    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (tiny_llama / f).is_file():
+            shutil.copy(tiny_llama / f, d / f)
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    (d / "tokenizer_config.json").write_text(json.dumps({**cfg, "chat_template": template}))
+    items = load_eval_set(_write(tmp_path / "e.jsonl", [json.dumps(GOOD)]))
+    with pytest.raises(InputError) as ei:
+        prepare(items, load_tokenizer(d), max_input_len=64, max_seq_len=128, default_max_new_tokens=8)
+    msg = str(ei.value)
+    assert "eval item 'a-1' (eval set line 1)" in msg and kind in msg and "model.apply_chat_template=false" in msg, msg

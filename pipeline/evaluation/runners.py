@@ -79,9 +79,15 @@ def prepare(
         extra_stop: stop strings added to every item's own ``stop`` list.
         apply_chat_template: render through the chat template (``model.apply_chat_template``).
     """
+    from ..errors import InputError
+    from ..tokenization import TokenizationError
+
     out = []
     for it in items:
-        ids = encode_prompt(tokenizer, it.prompt, it.messages, apply_chat_template=apply_chat_template)
+        try:
+            ids = encode_prompt(tokenizer, it.prompt, it.messages, apply_chat_template=apply_chat_template)
+        except TokenizationError as e:  # a chat template that raises, does not parse or touches unsafe attributes
+            raise InputError(f"eval item {it.id!r} (eval set line {it.line}): {e}") from None
         mnt = it.max_new_tokens or default_max_new_tokens
         skipped = SKIP_TOO_LONG if len(ids) > max_input_len else None
         if max_seq_len and not skipped:
