@@ -100,3 +100,35 @@ def test_a_chat_template_that_fails_is_an_input_error_naming_the_item_and_the_fi
         prepare(items, load_tokenizer(d), max_input_len=64, max_seq_len=128, default_max_new_tokens=8)
     msg = str(ei.value)
     assert "eval item 'a-1' (eval set line 1)" in msg and kind in msg and "model.apply_chat_template=false" in msg, msg
+
+
+@pytest.mark.parametrize(
+    "override, field, needle",
+    [
+        ("benchmark.request_rates=[inf]", "benchmark.request_rates", "finite number"),  # old: "cannot hash non-finite float"
+        ("benchmark.request_rates=[nan]", "benchmark.request_rates", "finite number"),
+        ("benchmark.concurrency=[1,100000]", "benchmark.concurrency", "one client thread per request"),  # old: can't start new thread
+    ],
+)
+def test_benchmark_settings_that_crashed_mid_run_are_refused_at_config_time(override, field, needle):
+    with pytest.raises(ConfigError) as ei:
+        validate(compose([override]))
+    msg = str(ei.value)
+    assert field in msg and needle in msg and "Fix:" in msg, msg
+
+
+def test_unwritable_benchmark_results_dir_is_refused_before_measuring(tmp_path):
+    import dataclasses
+
+    from pipeline.stages.benchmark import _check_results_dir
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    b = compose([]).benchmark
+    with pytest.raises(InputError) as ei:  # old code: FileNotFoundError / NotADirectoryError after the whole run
+        _check_results_dir(dataclasses.replace(b, results_dir=str(blocker / "results")))
+    assert "benchmark.results_dir=" in str(ei.value) and "Fix:" in str(ei.value)
+    with pytest.raises(InputError, match="benchmark.name='a/b'"):
+        _check_results_dir(dataclasses.replace(b, name="a/b", results_dir=str(tmp_path / "ok")))
+    _check_results_dir(dataclasses.replace(b, results_dir=str(tmp_path / "ok")))  # a writable folder passes
+    assert (tmp_path / "ok").is_dir() and not list((tmp_path / "ok").iterdir())
