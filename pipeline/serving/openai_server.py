@@ -316,6 +316,9 @@ class Frontend:
         self.grpc_url, self.repository, self.timeout_s = grpc_url, Path(repository), float(timeout_s)
         man = release_manifest(self.repository)
         self.model_id = model_id or (man.get("model") or {}).get("name") or self.repository.parent.name
+        policy_rp = float((man.get("decoding") or {}).get("repetition_penalty") or 1.0)
+        self.default_repetition_penalty = None if policy_rp == 1.0 else policy_rp
+        """The package's decoding-policy penalty, sent when a request has none (a TensorRT-LLM ensemble has no default)."""
         recommended = (man.get("decoding") or {}).get("sampling") or {}
         self.sampling_defaults = {k: v for k, v in recommended.items() if k in ("temperature", "top_p", "top_k")}
         """The model's recommended sampling values (release manifest ``decoding.sampling``), for omitted fields."""
@@ -420,6 +423,16 @@ class Frontend:
         except Exception as e:
             raise APIError(f"the model's chat template refused these messages: {e}", "messages") from None
 
+    def _inputs(self, p: dict[str, Any], budget: int) -> dict[str, Any]:
+        """The ensemble inputs of one request: :func:`ensemble_inputs`, the policy's ``repetition_penalty`` when the
+        request sends none, ``min_length = budget`` for ``ignore_eos`` (exactly ``max_tokens`` tokens)."""
+        extra = ensemble_inputs(p)
+        if "repetition_penalty" not in extra and self.default_repetition_penalty is not None:
+            extra["repetition_penalty"] = self.default_repetition_penalty
+        if p.get("ignore_eos"):
+            extra["min_length"] = budget
+        return extra
+
     def budget(self, p: dict[str, Any], text: str | list[dict] | None = None) -> int:
         """Tokens this request may generate: ``max_tokens`` (omitted: 256 for chat), capped by the room the engine's
         ``max_seq_len`` leaves after the prompt (release manifest ``build.limits``) when ``max_tokens`` is omitted.
@@ -484,7 +497,7 @@ class Frontend:
                 cancel=cancel,
                 on_chunk=chunk if stream else None,
                 **how,
-                **{**ensemble_inputs(p), **({"min_length": budget} if p.get("ignore_eos") else {})},  # ignore_eos: all of it
+                **self._inputs(p, budget),
             )
         except InputError as e:
             raise APIError(str(e)) from None

@@ -121,6 +121,14 @@ def package(ctx: StageContext) -> dict[str, Any]:
     settings = settings_from_build(bi, mi, pc, cfg.build, cfg.target)
     settings.model_name = cfg.model.name
     settings.decoding = ExportArtifact(export.path).decoding().to_json()
+    if settings.target == "tensorrt_llm" and settings.decoding.get("repetition_penalty", 1.0) != 1.0:
+        # NVIDIA's ensemble has no default for it: only requests that send it (the OpenAI endpoint does) get the policy
+        settings.decoding["served_default"] = "sent by pipeline serve --openai only; gRPC clients must send repetition_penalty"
+        ctx.log.warning(
+            "decoding policy: repetition_penalty=%s is applied by evaluate, but the TensorRT-LLM ensemble applies it only "
+            "when a request sends it (the OpenAI endpoint does; gRPC clients must send repetition_penalty)",
+            settings.decoding["repetition_penalty"],
+        )
     speculative = _speculative(ctx, bi)
     repo = ctx.out / "model_repository"
     with ctx.progress("package: model repository", total=3) as advance:
