@@ -292,7 +292,8 @@ class TextCodec:
                 messages=_plain(list(messages)), add_generation_prompt=add_generation_prompt, tools=None, documents=None, **kw
             )
         except template_errors as e:  # raise_exception(), a syntax error, the sandbox refusing an unsafe attribute
-            line = f" (template line {e.lineno})" if getattr(e, "lineno", None) else ""
+            lineno = getattr(e, "lineno", None)
+            line = f" (template line {lineno})" if lineno else ""
             raise TokenizationError(
                 f"the model's chat template cannot render these messages: {type(e).__name__}: {e}{line}. Fix: correct "
                 f"chat_template in the checkpoint's tokenizer_config.json / chat_template.jinja, or render without it "

@@ -641,7 +641,7 @@ class _Handlers:
                         yield f"data: {json.dumps(val.body())}\n\n".encode()
                         return
                 if p["include_usage"]:
-                    ev = {"id": rid, "object": obj, "created": created, "model": self.fe.model_id, "choices": []}
+                    ev: dict[str, Any] = {"id": rid, "object": obj, "created": created, "model": self.fe.model_id, "choices": []}
                     yield f"data: {json.dumps({**ev, 'usage': self.usage(texts, answers)}, ensure_ascii=False)}\n\n".encode()
                 yield b"data: [DONE]\n\n"
             finally:
