@@ -69,7 +69,8 @@ class ExportArtifact:
     path: Path
     HF_DIR: ClassVar[str] = "hf"
     MODEL_INFO: ClassVar[str] = "model_info.json"
-    FILES: ClassVar[tuple[str, ...]] = ("hf/", "model_info.json")
+    DECODING: ClassVar[str] = "decoding.json"
+    FILES: ClassVar[tuple[str, ...]] = ("hf/", "model_info.json", "decoding.json")
 
     @property
     def hf_dir(self) -> Path:
@@ -79,6 +80,22 @@ class ExportArtifact:
     @property
     def model_info_path(self) -> Path:
         return self.path / self.MODEL_INFO
+
+    @property
+    def decoding_path(self) -> Path:
+        return self.path / self.DECODING
+
+    def decoding(self) -> Any:
+        """The decoding policy (``pipeline.decoding.DecodingPolicy``) export recorded in ``decoding.json``; for an
+        export without it (an older release), the policy of ``hf/generation_config.json``.
+
+        Raises:
+            InputError: ``decoding.json`` is not a JSON object, or the fallback refuses ``generation_config.json``.
+        """
+        from .decoding import DecodingPolicy, read_policy
+
+        d = _read_json(self.decoding_path, "re-run the export stage (force=true stages=[export])")
+        return DecodingPolicy.from_json(d) if d else read_policy(self.hf_dir)
 
     def model_info(self) -> dict[str, Any]:
         """``model_info.json`` (fields in docs/artifacts.md); for an export without it (written by an older

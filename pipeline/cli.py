@@ -57,7 +57,10 @@ def _task(cfg) -> int:  # DictConfig
 
     _state["task_started"] = True
     hc = HydraConfig.get()
-    overrides = list(hc.overrides.task)
+    from omegaconf import OmegaConf
+
+    # unresolved: an override holding a bad ${...} interpolation must reach to_object (exit 2), not fail here (exit 1)
+    overrides = [str(o) for o in OmegaConf.to_container(hc.overrides.task, resolve=False)]  # type: ignore[union-attr]
     out_dir = Path(hc.runtime.output_dir)
     from .runner import redact_run_outputs
     from .store import install_log_redaction
@@ -71,6 +74,7 @@ def _task(cfg) -> int:  # DictConfig
     try:
         obj = to_object(cfg, overrides)
     except Exception as e:
+        e = _interpolation_error(e)
         print(f"error (exit {EXIT_INPUT}): {e}", file=sys.stderr)
         code = EXIT_INPUT
         _write_error_summary(out_dir, overrides, code, f"configuration error: {e}")
@@ -80,6 +84,20 @@ def _task(cfg) -> int:  # DictConfig
     if hc.mode == RunMode.RUN:
         sys.exit(code)
     return code
+
+
+def _interpolation_error(e: Exception) -> Exception:
+    """An OmegaConf interpolation failure (an unknown key, a cycle, bad ``${...}`` syntax) as a message naming the field,
+    the value and the fix (OmegaConf's own names neither the value nor the fix); other errors unchanged."""
+    from omegaconf.errors import GrammarParseError, InterpolationKeyError, InterpolationResolutionError
+
+    if not isinstance(e, (InterpolationKeyError, InterpolationResolutionError, GrammarParseError)):
+        return e
+    key = getattr(e, "full_key", None) or "?"
+    return ValueError(
+        f"{key}: its ${{...}} interpolation cannot be resolved ({type(e).__name__}: {str(getattr(e, 'msg', None) or e).splitlines()[0]}). "
+        f"Fix: reference an existing key (e.g. ${{model.name}}) without a cycle, or quote a literal value."
+    )
 
 
 def _write_error_summary(out_dir: Path, overrides: list[str], code: int, error: str) -> None:

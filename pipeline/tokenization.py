@@ -278,12 +278,27 @@ class TextCodec:
     # ------------------------------------------------------------------ rendering
     def _render_template(self, messages: Sequence[dict], add_generation_prompt: bool) -> str:
         assert self.chat_template is not None, "callers render through the template only when uses_template() is true"
-        if self._template is None:
-            self._template = _compile_template(self.chat_template)
-        kw = dict(self.special_tokens)
-        return self._template.render(
-            messages=_plain(list(messages)), add_generation_prompt=add_generation_prompt, tools=None, documents=None, **kw
-        )
+        try:
+            import jinja2
+
+            template_errors: tuple[type[BaseException], ...] = (jinja2.TemplateError,)
+        except ImportError:  # pragma: no cover - _compile_template names the missing package
+            template_errors = ()
+        try:
+            if self._template is None:
+                self._template = _compile_template(self.chat_template)
+            kw = dict(self.special_tokens)
+            return self._template.render(
+                messages=_plain(list(messages)), add_generation_prompt=add_generation_prompt, tools=None, documents=None, **kw
+            )
+        except template_errors as e:  # raise_exception(), a syntax error, the sandbox refusing an unsafe attribute
+            lineno = getattr(e, "lineno", None)
+            line = f" (template line {lineno})" if lineno else ""
+            raise TokenizationError(
+                f"the model's chat template cannot render these messages: {type(e).__name__}: {e}{line}. Fix: correct "
+                f"chat_template in the checkpoint's tokenizer_config.json / chat_template.jinja, or render without it "
+                f"(model.apply_chat_template=false)."
+            ) from None
 
     @staticmethod
     def _messages(prompt: str | None, messages: Sequence[dict] | None) -> list[dict]:

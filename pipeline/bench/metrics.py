@@ -3,7 +3,10 @@
 Definitions (genai-perf README "Metrics"; trtllm-bench ``--streaming`` report):
 
 * ``time_to_first_token`` (TTFT): request sent -> first token received, per request.
-* ``inter_token_latency`` (ITL): every gap between consecutive tokens of a request, pooled.
+* ``inter_token_latency`` (ITL): (request latency - TTFT) / (output tokens - 1), per request (genai-perf / AIPerf
+  definition; requests with one token have none).
+* ``inter_response_latency``: every gap between consecutive streamed responses of a request, pooled (tokens that
+  arrive in one response count once: with ``stream_interval`` > 1 the token gaps inside a response would be 0).
 * ``time_per_output_token`` (TPOT): (last token - first token) / (output tokens - 1), per request
   (requests with one token have none).
 * ``request_latency``: request sent -> last token (end-to-end latency), per request.
@@ -34,6 +37,7 @@ PERCENTILES = (50, 75, 90, 95, 99)
 DIST_METRICS = (
     "time_to_first_token",
     "inter_token_latency",
+    "inter_response_latency",
     "time_per_output_token",
     "request_latency",
     "output_token_throughput_per_user",
@@ -129,7 +133,8 @@ def level_metrics(records: Sequence[RequestRecord]) -> dict[str, Any]:
         },
         "duration_s": duration,
         "time_to_first_token": distribution(ttft, "ms", 1e3),
-        "inter_token_latency": distribution([g for r in ok for g in r.itls], "ms", 1e3),
+        "inter_token_latency": distribution([r.itl for r in ok if r.itl is not None], "ms", 1e3),
+        "inter_response_latency": distribution([g for r in ok for g in r.response_gaps], "ms", 1e3),
         "time_per_output_token": distribution(tpot, "ms", 1e3),
         "request_latency": distribution(e2e, "ms", 1e3),
         "output_token_throughput_per_user": distribution([1.0 / t for t in tpot if t > 0], "tokens/sec/user"),

@@ -66,7 +66,17 @@ class RequestRecord:
         return (self.token_times[-1] - self.token_times[0]) / (len(self.token_times) - 1)
 
     @property
-    def itls(self) -> list[float]:
-        """Gaps between consecutive token arrivals (s)."""
-        t = self.token_times
+    def itl(self) -> float | None:
+        """Inter-token latency (s) as genai-perf / AIPerf define it: (request latency - TTFT) / (output tokens - 1),
+        per request (genai-perf README "Metrics"; AIPerf docs "metrics reference", inter_token_latency); None for a
+        one-token answer.  Unlike the pooled gaps, it does not collapse to 0 when a response carries several tokens."""
+        if len(self.token_times) < 2:
+            return None
+        return (self.e2e - self.ttft) / (len(self.token_times) - 1)
+
+    @property
+    def response_gaps(self) -> list[float]:
+        """Gaps (s) between consecutive streamed responses of the request: the distinct arrival times (tokens that
+        arrived together, ``stream_interval`` > 1 or coalesced, are one response)."""
+        t = [x for i, x in enumerate(self.token_times) if i == 0 or x != self.token_times[i - 1]]
         return [b - a for a, b in zip(t, t[1:])]

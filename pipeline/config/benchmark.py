@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import List
 
@@ -70,6 +71,11 @@ class BenchmarkConfig:
     """Folder the JSON, Markdown and plot results are written to (besides the benchmark artifact)."""
 
 
+#: highest concurrency level: the load generator starts one client thread per request in flight (a huge level failed
+#: with "can't start new thread" mid-run); 1024 is above any level the CPU target serves usefully
+MAX_CONCURRENCY = 1024
+
+
 def validate(cfg: BenchmarkConfig, prefix: str = "benchmark") -> list[Problem]:
     problems: list[Problem] = []
     for m in cfg.modes:
@@ -90,15 +96,26 @@ def validate(cfg: BenchmarkConfig, prefix: str = "benchmark") -> list[Problem]:
                 "e.g. benchmark.baseline_concurrency=[1]",
             )
         )
-    if any(r <= 0 for r in cfg.request_rates):
+    if any(not math.isfinite(r) or r <= 0 for r in cfg.request_rates):
         problems.append(
             Problem(
                 f"{prefix}.request_rates",
                 list(cfg.request_rates),
-                "every rate must be > 0 requests/s.",
+                "every rate must be a finite number > 0 requests/s (inf would send every request at once: use a concurrency level).",
                 "e.g. benchmark.request_rates=[1.0,4.0]",
             )
         )
+    for f in ("concurrency", "baseline_concurrency", "reference_concurrency"):
+        levels = list(getattr(cfg, f))
+        if any(c > MAX_CONCURRENCY for c in levels):
+            problems.append(
+                Problem(
+                    f"{prefix}.{f}",
+                    levels,
+                    f"at most {MAX_CONCURRENCY}: the load generator runs one client thread per request in flight.",
+                    f"e.g. benchmark.{f}=[1,8,64]",
+                )
+            )
     for f in ("num_requests", "repeats"):
         if getattr(cfg, f) < 1:
             problems.append(Problem(f"{prefix}.{f}", getattr(cfg, f), "must be >= 1.", f"e.g. benchmark.{f}=1"))

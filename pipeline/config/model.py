@@ -101,8 +101,8 @@ class ModelConfig:
     explicitly)."""
 
 
-#: the longest ``model.name``: it names the release archive ``NAME-VERSION.tar.gz`` and the console table, and a
-#: file name holds at most 255 bytes (POSIX ``NAME_MAX`` on Linux filesystems).
+#: the longest ``model.name``, in characters and in UTF-8 bytes: it names the release archive ``NAME-VERSION.tar.gz``,
+#: run folders and the console table, and a file name holds at most 255 bytes (POSIX ``NAME_MAX`` on ext4, XFS).
 MAX_NAME_LEN = 128
 
 
@@ -110,7 +110,18 @@ def validate(cfg: ModelConfig, prefix: str = "model") -> list[Problem]:
     problems: list[Problem] = []
     choice(problems, f"{prefix}.dtype", cfg.dtype, DTYPES)
     name = cfg.name
-    if not isinstance(name, str) or not name.strip() or name.startswith(("-", ".")) or len(name) > MAX_NAME_LEN:
+    n_bytes = len(name.encode("utf-8", "replace")) if isinstance(name, str) else 0
+    if n_bytes > MAX_NAME_LEN:
+        problems.append(
+            Problem(
+                f"{prefix}.name",
+                name[:40] + "...",
+                f"is {n_bytes} bytes; it becomes part of file names (the release archive NAME-VERSION.tar.gz), "
+                f"so it must be at most {MAX_NAME_LEN} characters and {MAX_NAME_LEN} bytes.",
+                f"pass a shorter model.name (<= {MAX_NAME_LEN} bytes), or leave it unset to use the checkpoint folder's name",
+            )
+        )
+    elif not isinstance(name, str) or not name.strip() or name.startswith(("-", ".")):
         problems.append(
             Problem(
                 f"{prefix}.name",

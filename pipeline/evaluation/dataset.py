@@ -59,10 +59,50 @@ class EvalItem:
 _KNOWN = {"id", "prompt", "messages", "reference", "metric", "slice", "max_new_tokens", "stop", "metric_args"}
 
 
+def _surrogate_field(obj: Any, path: str = "") -> str | None:
+    """The first field of ``obj`` (a parsed JSON line) whose text holds a lone UTF-16 surrogate (a ``\\ud800``
+    escape, which Python's JSON decoder lets through and every tokenizer refuses), or None."""
+    if isinstance(obj, str):
+        try:
+            obj.encode("utf-8")
+        except UnicodeEncodeError:
+            return path or "(value)"
+        return None
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else ()
+    for k, v in items:
+        found = _surrogate_field(v, f"{path}[{k}]" if isinstance(k, int) else (f"{path}.{k}" if path else str(k)))
+        if found:
+            return found
+    return None
+
+
+#: foreign eval formats, recognised to say what to convert instead of listing every missing field
+_FOREIGN_FIELDS = {"question": "prompt", "input": "prompt", "answer": "reference", "target": "reference"}
+_LM_EVAL_KEYS = ("doc_to_text", "doc_to_target", "metric_list", "dataset_path", "task:")
+
+
+def _foreign_format(p: Path, text: str) -> str | None:
+    """A one-message refusal for an lm-evaluation-harness task YAML given as an eval set, else None."""
+    if p.suffix.lower() in (".yaml", ".yml") or any(line.lstrip().startswith(_LM_EVAL_KEYS) for line in text.splitlines()[:50]):
+        return (
+            f"eval set {p} is an lm-evaluation-harness task YAML, not an eval set (JSONL: one object per line with id, "
+            f"prompt, reference, metric, slice). Fix: convert it (doc_to_text -> prompt, doc_to_target -> reference, "
+            f"metric exact_match, one line per document), or run lm_eval against `pipeline serve --openai` "
+            f"(README, OpenAI-style clients)."
+        )
+    return None
+
+
 def _check_line(obj: Any, where: str, known_metrics: set[str]) -> tuple[EvalItem | None, list[str]]:
     errs: list[str] = []
     if not isinstance(obj, dict):
         return None, [f"{where}: expected a JSON object, got {type(obj).__name__}. Fix: one object per line."]
+    bad_text = _surrogate_field(obj)
+    if bad_text:
+        return None, [
+            f"{where}: field {bad_text!r} contains a lone UTF-16 surrogate (a \\ud800-\\udfff escape without its pair): "
+            f"not valid Unicode text. Fix: pair the surrogate or remove the escape."
+        ]
 
     def bad(field: str, msg: str, fix: str) -> None:
         errs.append(f"{where}: field {field!r} {msg} (value {obj.get(field)!r}). Fix: {fix}")
@@ -153,10 +193,14 @@ def load_eval_set(path: str | Path, *, limit: int | None = None) -> list[EvalIte
         raise InputError(f"eval set {p} not found. Fix: set eval.eval_set to an existing .jsonl file.") from None
     except (OSError, UnicodeDecodeError) as e:
         raise InputError(f"eval set {p} cannot be read as UTF-8 text: {e}. Fix: save it as UTF-8 JSONL.") from None
+    foreign = _foreign_format(p, text)
+    if foreign:
+        raise InputError(foreign)
     items: list[EvalItem] = []
     errors: list[str] = []
     seen: dict[str, int] = {}
     known = set(METRICS)
+    objects = qa_lines = 0
     for n, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
         if not line or line.startswith("#"):
@@ -172,6 +216,9 @@ def load_eval_set(path: str | Path, *, limit: int | None = None) -> list[EvalIte
             continue
         item, errs = _check_line(obj, where, known)
         errors.extend(errs)
+        if isinstance(obj, dict):
+            objects += 1
+            qa_lines += bool(set(obj) & _FOREIGN_FIELDS.keys()) and "prompt" not in obj and "messages" not in obj
         iid = obj.get("id") if isinstance(obj, dict) else None
         if isinstance(iid, str) and iid.strip():  # checked on every line, whatever else is wrong with it
             if iid in seen:
@@ -182,6 +229,12 @@ def load_eval_set(path: str | Path, *, limit: int | None = None) -> list[EvalIte
             continue
         item.line = n
         items.append(item)
+    if errors and objects and qa_lines == objects:
+        raise InputError(
+            f"eval set {p}: its lines have question/input and answer/target fields, not this eval set's. Fix: map "
+            f"question (or input) -> prompt and answer (or target) -> reference, and add id, metric (e.g. exact_match) "
+            f"and slice to each line (docs/evaluate.md, Eval sets are data)."
+        )
     if errors:
         more = f"\n  ... and {len(errors) - MAX_REPORTED_PROBLEMS} more" if len(errors) > MAX_REPORTED_PROBLEMS else ""
         raise InputError(f"eval set {p}: {len(errors)} problem(s):\n  - " + "\n  - ".join(errors[:MAX_REPORTED_PROBLEMS]) + more)

@@ -16,6 +16,9 @@
 - ``fidelity``: null, {candidate, unavailable, seconds}, or {candidate, overall, slices: {slice: ...}, items, seconds,
   sequence}; overall/slice = {positions, kld {mean, se, median, p90, p95, p99, p99_9, max, min}, top1, top1_se,
   ppl_base, ppl_cand, ln_ppl_ratio, ln_ppl_ratio_se} (``fidelity.py``)
+- ``decoding``: the decoding policy every runner applied (``pipeline.decoding``, ``decoding.json`` of the export):
+  {schema, repetition_penalty, sampling (the model's recommended values; not used by the gate), ignored, source,
+  gate: "greedy"}
 - ``reference``: {checkpoint, dtype, requested}: the baseline's source checkpoint and compute dtype
 - ``skipped``: {"too_long": [ids], "max_input_len": int}
 - ``worst_regressions``: [{id, slice, prompt, reference, baseline, candidate, baseline_score, candidate_score}]
@@ -154,6 +157,13 @@ def to_markdown(rep: dict[str, Any]) -> str:
         lines += ["> **EXPLORATORY RUN**: an inconclusive verdict did not fail this run; it is not releasable.", ""]
     lines += gate_table_markdown(rep)
     lines += ["", f"**Gate:** {g['reason']}", ""]
+    dec = rep.get("decoding") or {}
+    if dec:
+        lines += [
+            f"**Decoding:** greedy, repetition_penalty {dec.get('repetition_penalty', 1.0)} in every runner "
+            f"(from {dec.get('source')}); the model's sampling defaults {dec.get('sampling') or {}} are not used by the gate",
+            "",
+        ]
     lines += fidelity_markdown(rep)
     lines += [
         "### Runners",

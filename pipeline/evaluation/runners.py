@@ -1,5 +1,7 @@
 """Runners: greedy generation of the same prompts through the baseline, the engine and the
-ModelOpt simulated-quantization model, with one stop handling and one tokenization path.
+ModelOpt simulated-quantization model, with one stop handling, one tokenization path and one decoding policy
+(``pipeline.decoding``: greedy with the checkpoint's ``repetition_penalty``, nothing else from its
+``generation_config.json``).
 
 - ``baseline``: the *source* checkpoint (``model.path``, never the export) in transformers in the
   reference dtype (``eval.reference_dtype``), batched with left padding and an ``attention_mask``.
@@ -77,9 +79,15 @@ def prepare(
         extra_stop: stop strings added to every item's own ``stop`` list.
         apply_chat_template: render through the chat template (``model.apply_chat_template``).
     """
+    from ..errors import InputError
+    from ..tokenization import TokenizationError
+
     out = []
     for it in items:
-        ids = encode_prompt(tokenizer, it.prompt, it.messages, apply_chat_template=apply_chat_template)
+        try:
+            ids = encode_prompt(tokenizer, it.prompt, it.messages, apply_chat_template=apply_chat_template)
+        except TokenizationError as e:  # a chat template that raises, does not parse or touches unsafe attributes
+            raise InputError(f"eval item {it.id!r} (eval set line {it.line}): {e}") from None
         mnt = it.max_new_tokens or default_max_new_tokens
         skipped = SKIP_TOO_LONG if len(ids) > max_input_len else None
         if max_seq_len and not skipped:
@@ -113,9 +121,20 @@ class HFRunner:
     left-padded with ``pad_token_id`` and masked with ``attention_mask`` (padding never attends).
     """
 
-    def __init__(self, model: Any, tokenizer: Any, *, stop_ids: Sequence[int], pad_id: int, name: str) -> None:
+    def __init__(
+        self, model: Any, tokenizer: Any, *, stop_ids: Sequence[int], pad_id: int, name: str, repetition_penalty: float | None = None
+    ) -> None:
+        """``repetition_penalty``: the decoding policy's (``pipeline.decoding.DecodingPolicy.penalty``; None = none).
+
+        The model's own ``generation_config`` (the checkpoint's ``generation_config.json``) is replaced by
+        transformers' global defaults: ``generate`` would otherwise back-fill every field left unset from it, and the
+        baseline would decode with penalties or sampling values no other runner applies (issue 24)."""
+        from ..decoding import neutral_generation_config
+
         self.model, self.tokenizer, self.stop_ids, self.pad_id, self.name = model, tokenizer, list(stop_ids), int(pad_id), name
+        self.repetition_penalty = repetition_penalty
         self.model.eval()
+        self.model.generation_config = neutral_generation_config()
 
     def generate_ids(self, batch: Sequence[list[int]], max_new_tokens: int) -> list[list[int]]:
         """Greedy continuation ids (uncut; may contain eos and padding) for each prompt in ``batch``."""
@@ -129,7 +148,12 @@ class HFRunner:
             ids[i, width - len(x) :] = torch.tensor(x, dtype=torch.long)
             mask[i, width - len(x) :] = 1
         gc = GenerationConfig(
-            do_sample=False, num_beams=1, max_new_tokens=max_new_tokens, eos_token_id=self.stop_ids or None, pad_token_id=self.pad_id
+            do_sample=False,
+            num_beams=1,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=self.stop_ids or None,
+            pad_token_id=self.pad_id,
+            repetition_penalty=self.repetition_penalty or 1.0,
         )
         with torch.inference_mode():
             seq = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=gc)
@@ -181,8 +205,12 @@ class HFRunner:
         self.model = None
 
 
-def og_teacher_forced_logits(og_model: Any, prompt: Sequence[int], continuation: Sequence[int]) -> Any:
+def og_teacher_forced_logits(og_model: Any, prompt: Sequence[int], continuation: Sequence[int], min_length: int = 0) -> Any:
     """Teacher-forced logits from an onnxruntime-genai ``og.Model`` (0.18 ``og.Generator`` API).
+
+    ``min_length``: the smallest KV capacity (``max_length``) the engine accepts; a sliding-window engine needs at least
+    its window (onnxruntime-genai 0.18 GroupQueryAttention: "KV cache capacity (n) must be at least local_window_size"),
+    so a sequence shorter than the window still gets a cache of the window's size (``OrtEngineRunner.min_length``).
 
     One prefill: ``append_tokens(prompt + continuation[:-1])``, then ``get_output("logits")`` holds every
     position's logits (1, T, vocab) (measured on 0.18: equal to step-by-step ``get_logits()`` within 5e-5).
@@ -193,8 +221,9 @@ def og_teacher_forced_logits(og_model: Any, prompt: Sequence[int], continuation:
     import onnxruntime_genai as og
 
     seq = [*prompt, *continuation[:-1]]
+    capacity = max(len(seq) + 1, int(min_length))
     gp = og.GeneratorParams(og_model)
-    gp.set_search_options(do_sample=False, max_length=len(seq) + 1)
+    gp.set_search_options(do_sample=False, max_length=capacity)
     g = og.Generator(og_model, gp)
     g.append_tokens(np.asarray([seq], dtype=np.int32))
     full = np.asarray(g.get_output("logits"), dtype=np.float32)
@@ -202,7 +231,7 @@ def og_teacher_forced_logits(og_model: Any, prompt: Sequence[int], continuation:
     if full.ndim == 3 and full.shape[1] == len(seq):
         return np.ascontiguousarray(full[0, a : a + n])
     gp = og.GeneratorParams(og_model)
-    gp.set_search_options(do_sample=False, max_length=len(seq) + 1)
+    gp.set_search_options(do_sample=False, max_length=capacity)
     g = og.Generator(og_model, gp)
     g.append_tokens(np.asarray([list(prompt)], dtype=np.int32))
     rows = []
@@ -216,8 +245,11 @@ def og_teacher_forced_logits(og_model: Any, prompt: Sequence[int], continuation:
 class EngineAdapter:
     """Drives a built engine (``pipeline.targets`` EngineRunner) with the same prompts and stop handling."""
 
-    def __init__(self, runner: Any, tokenizer: Any, *, stop_ids: Sequence[int], name: str = "engine") -> None:
+    def __init__(
+        self, runner: Any, tokenizer: Any, *, stop_ids: Sequence[int], name: str = "engine", repetition_penalty: float | None = None
+    ) -> None:
         self.runner, self.tokenizer, self.stop_ids, self.name = runner, tokenizer, list(stop_ids), name
+        self.repetition_penalty = repetition_penalty  # the decoding policy's (pipeline.decoding), sent with every request
 
     def run(self, prepared: Sequence[Prepared], batch_size: int, advance: Advance = lambda n: None) -> dict[str, ItemOutput]:
         from ..targets.base import GenerationRequest
@@ -229,7 +261,11 @@ class EngineAdapter:
             chunk = todo[s : s + bs]
             reqs = [
                 GenerationRequest(
-                    input_ids=list(p.input_ids), max_new_tokens=p.max_new_tokens, stop_token_ids=self.stop_ids, request_id=p.item.id
+                    input_ids=list(p.input_ids),
+                    max_new_tokens=p.max_new_tokens,
+                    stop_token_ids=self.stop_ids,
+                    request_id=p.item.id,
+                    repetition_penalty=self.repetition_penalty,
                 )
                 for p in chunk
             ]
@@ -262,7 +298,11 @@ class EngineAdapter:
             raise NotImplementedError(f"engine runner {type(self.runner).__name__} exposes no teacher-forced logits")
         out = []
         for s in seqs:
-            out.append(own(s.prompt, s.continuation) if own is not None else og_teacher_forced_logits(model, s.prompt, s.continuation))
+            out.append(
+                own(s.prompt, s.continuation)
+                if own is not None
+                else og_teacher_forced_logits(model, s.prompt, s.continuation, int(getattr(self.runner, "min_length", 0) or 0))
+            )
             advance(1)
         return out
 

@@ -196,7 +196,7 @@ class TrtllmEngineRunner:
         runner = self._runner
         assert runner is not None, "the engine path (backend 'tensorrt') always has a ModelRunner"
         end_id, pad, _ = self._ends(reqs[0])
-        kw = dict(
+        kw: dict[str, Any] = dict(
             max_new_tokens=budget,
             end_id=end_id,
             pad_id=pad,
@@ -205,6 +205,8 @@ class TrtllmEngineRunner:
             output_sequence_lengths=True,
             output_generation_logits=self.generation_logits,
         )
+        if reqs[0].repetition_penalty is not None:  # the decoding policy's (pipeline.decoding), one value per run
+            kw["repetition_penalty"] = float(reqs[0].repetition_penalty)
         batch = [torch.tensor(r.input_ids, dtype=torch.int32) for r in reqs]
         times: list[list[float]] | None = None
         if stream:
@@ -241,6 +243,7 @@ class TrtllmEngineRunner:
                     stop_token_ids=list(r.stop_token_ids[1:]) or None,
                     ignore_eos=bool(r.ignore_eos),
                     return_generation_logits=self.generation_logits,
+                    **({"repetition_penalty": float(r.repetition_penalty)} if r.repetition_penalty is not None else {}),
                 )
             )
         outs = self._llm.generate([{"prompt_token_ids": list(r.input_ids)} for r in reqs], sampling_params=params, use_tqdm=False)

@@ -18,6 +18,7 @@ file and line.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import shutil
 from pathlib import Path
@@ -120,6 +121,9 @@ class Settings:
     cuda_graph_batch_sizes: list[int] = dataclasses.field(default_factory=list)
     trtllm: dict[str, Any] = dataclasses.field(default_factory=dict)
     """tensorrt_llm target: parameters, speculative wiring (``pipeline.packaging.trtllm_config.plan``)."""
+    decoding: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """The export's decoding policy (``pipeline.decoding.DecodingPolicy.to_json``); onnxruntime_genai: written to
+    ``onnxruntime_genai/1/decoding.json``, whose ``repetition_penalty`` the served model applies when a request sends none."""
 
     @property
     def engine_model(self) -> str:
@@ -386,6 +390,8 @@ def generate_repository(
         if settings.target == "onnxruntime_genai":
             eng = write("onnxruntime_genai", "onnxruntime_genai", model_py="onnxruntime_genai_model.py")
             copy_tokenizer(tokenizer_dirs, eng / "1" / "tokenizer")  # in-process detokenization (text_output)
+            if settings.decoding:
+                (eng / "1" / "decoding.json").write_text(json.dumps(settings.decoding, indent=2, sort_keys=True) + "\n", encoding="utf-8")
             for name in _write_ort_text_models(out, settings, vals):
                 if name not in models:
                     models.append(name)

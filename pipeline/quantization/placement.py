@@ -7,8 +7,8 @@ Decisions (each recorded in the quant report under ``placement``):
 * **dtype**: on CUDA the checkpoint's own 16-bit dtype (bfloat16 for a float32 checkpoint: ModelOpt's PTQ example
   loads in the checkpoint's dtype, ``examples/llm_ptq/hf_ptq.py``); on the CPU float32, because torch's CPU kernels
   for 16-bit GEMMs are slow on most hosts and the shipped gate results were measured with a float32 calibration.
-* **placement**: the model's bytes in that dtype (parameter count x element size, from ``config.json`` and the
-  safetensors headers, :func:`pipeline.planner.shape.ModelShape`) against the device's budget: free memory
+* **placement**: the model's bytes in that dtype (parameter count x element size; the count from the export's
+  ``model_info.json``, else its safetensors headers) against the device's budget: free memory
   (``torch.cuda.mem_get_info`` / ``MemAvailable`` of /proc/meminfo) less :data:`RESERVE_FRACTION` for activations,
   or ``calibration.max_device_memory_gb`` when set. A model within budget is loaded whole onto the device; a larger
   one is loaded with an accelerate ``device_map`` that keeps what fits on the device and offloads the remaining

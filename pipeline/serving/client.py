@@ -29,6 +29,7 @@ import argparse
 import dataclasses
 import json
 import queue
+import re
 import sys
 import threading
 import time
@@ -468,8 +469,19 @@ def _perf(result: Any) -> dict[str, int] | None:
     return out or None
 
 
+#: the wrapper Triton's Python backend puts around an exception raised by a model's ``execute`` (2.51
+#: ``src/python_be.cc``): "Failed to process the request(s) for model '<m>_0_0', message: <Type>: <msg>\n\nAt:\n<traceback>"
+_BACKEND_WRAPPER = re.compile(r"^Failed to process the request\(s\) for model '[^']*', message: \w+: (.*?)(?:\n\nAt:\n.*)?$", re.S)
+
+
+def backend_message(msg: str) -> str:
+    """``msg`` without the Python backend's wrapper and traceback (:data:`_BACKEND_WRAPPER`): the model's own words."""
+    m = _BACKEND_WRAPPER.match(msg)
+    return m.group(1).strip() if m else msg
+
+
 def _classify(e: Any, url: str) -> PipelineError:
-    msg = e.message() if hasattr(e, "message") else str(e)
+    msg = backend_message(e.message() if hasattr(e, "message") else str(e))
     status = e.status() if hasattr(e, "status") else ""
     if "UNAVAILABLE" in str(status) or "failed to connect" in msg.lower() or "connection refused" in msg.lower():
         return ServerUnavailable(no_server_message(url, msg))

@@ -7,7 +7,11 @@ Routes (the OpenAI API's shapes; https://platform.openai.com/docs/api-reference)
 * ``POST /v1/chat/completions``       ``messages`` rendered **server-side** with the served package's chat template
   (passed on as the ensemble's ``messages`` input where it has one: user content stays data, docs/package.md).
 
-Both POST routes take ``max_tokens`` (default 16, as OpenAI), ``temperature`` (default 1), ``top_p`` (default 1),
+Both POST routes take ``max_tokens`` (default 16, as OpenAI), ``temperature`` and ``top_p`` (omitted: the model's
+recommended values from its ``generation_config.json``, the release manifest's ``decoding.sampling``, as vLLM does;
+without any: 1 and 1), the vLLM / trtllm-serve extra fields ``top_k``, ``repetition_penalty`` (omitted: the served
+model applies the package's policy), ``min_tokens``, ``ignore_eos`` (exactly ``max_tokens`` tokens, for fixed-length
+benchmark loads) and ``min_p`` (0 only: refused otherwise),
 ``stop`` (text or up to 4 texts), ``n`` (1-16: n independent requests), ``seed``, ``presence_penalty``,
 ``frequency_penalty``, ``stream`` (Server-Sent Events, ending with ``data: [DONE]``) and
 ``stream_options.include_usage``.  Every answer carries ``usage`` (prompt / completion / total tokens).
@@ -21,12 +25,15 @@ How a request maps onto the ``ensemble`` (TensorRT-LLM backend interface, over g
   ``presence_penalty``/``frequency_penalty`` -> the inputs of the same names (non-zero only);
 * ``stop`` -> the ensemble's ``stop_words`` (ends generation early) **and** the text is cut before the first stop
   string (OpenAI semantics: the stop text is not returned; ``finish_reason`` = ``"stop"``);
-* ``finish_reason`` = ``"length"`` when the answer used all ``max_tokens``, else ``"stop"``.
+* ``finish_reason`` = ``"length"`` when a limit ended the answer: all of ``max_tokens``, or (``max_tokens`` omitted) the
+  room the engine's ``max_seq_len`` leaves after the prompt; else ``"stop"``.  An explicit ``max_tokens`` over that
+  room is a 400 naming ``max_tokens`` and the room (as vLLM answers), streamed or not.
 
 Token counts: ``prompt_tokens`` = the ids the served preprocessing feeds the engine (the rendered text encoded by the
 served tokenizer without special tokens, plus BOS when the deployment prepends it); ``completion_tokens`` = the
 generated token ids, as the deployment reports them (the ensemble's ``sequence_length``, summed over streamed
-responses; as vLLM and OpenAI count), never the text re-encoded: sampled ids need not round-trip through their text
+responses; as vLLM and OpenAI count; the stop id that ended an answer is not counted: the deployment drops it from
+the output, whereas vLLM counts the EOS id), never the text re-encoded: sampled ids need not round-trip through their text
 (a byte-level piece cut mid-character decodes to U+FFFD, which re-encodes to 3 ids).  The text of a trailing
 unfinished UTF-8 sequence at the length limit is kept as U+FFFD, as ``transformers``' ``decode`` of the same ids
 gives (streamed: held back until the last response, ``pipeline.tokenization.StreamDecoder``).  A package made
@@ -58,7 +65,7 @@ from .limits import LimitError, body_limit, check_prompts, read_json_body, serve
 
 if TYPE_CHECKING:  # starlette is imported when the app is built (the serving extra)
     from starlette.requests import Request
-    from starlette.responses import JSONResponse, StreamingResponse
+    from starlette.responses import JSONResponse
 
 log = logging.getLogger("pipeline.openai")
 
@@ -82,6 +89,7 @@ _KNOWN_COMMON = {
     "top_logprobs",
     "logit_bias",
     "best_of",
+    *("top_k", "min_p", "repetition_penalty", "ignore_eos", "min_tokens"),  # vLLM / trtllm-serve extra sampling fields
 }
 _KNOWN = {
     "completions": _KNOWN_COMMON | {"prompt", "echo", "suffix"},
@@ -144,8 +152,51 @@ def _int(body: dict[str, Any], name: str, default: int | None, lo: int, hi: int 
     return v
 
 
-def parse_common(body: dict[str, Any], kind: str) -> dict[str, Any]:
-    """Validate the fields both routes share; returns the generation parameters.  Raises :class:`APIError`."""
+def check_text(value: str, field: str) -> str:
+    """``value`` when it is valid Unicode text; a lone UTF-16 surrogate (JSON ``"\\ud800"``, which Python's JSON
+    decoder lets through) is a 400 naming ``field`` instead of a 500 or a tokenizer error.  Raises :class:`APIError`."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise APIError(
+            f"{field} contains a lone UTF-16 surrogate (U+{ord(value[e.start]):04X} at character {e.start}): not valid "
+            f"Unicode text. Fix: send well-formed text (pair every surrogate, or remove it).",
+            field,
+        ) from None
+    return value
+
+
+def parse_sampling(body: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """``temperature``, ``top_p``, ``top_k`` and the vLLM / trtllm-serve extra fields of ``body``; a field the request
+    omits takes the model's recommended value (``defaults``: the package's decoding policy ``sampling``, from the
+    checkpoint's ``generation_config.json``, ``pipeline/decoding.py``; as vLLM's ``--generation-config auto``), else
+    OpenAI's default.  An explicit request value always wins.
+
+    ``top_k`` (0 or -1 = off), ``repetition_penalty`` (> 0; omitted: the served model applies the policy's),
+    ``min_tokens`` (>= 0), ``ignore_eos`` (bool: generate exactly ``max_tokens``) are honoured; ``min_p`` > 0 is
+    refused (onnxruntime-genai 0.18 search options have no min-p).  Raises :class:`APIError` naming the field.
+    """
+    top_k = _int(body, "top_k", int(defaults.get("top_k", 0)), -1)
+    if body.get("min_p") not in (None, 0, 0.0):
+        raise APIError(f"min_p={body['min_p']!r}: min-p sampling is not supported by this engine. Fix: remove min_p.", "min_p")
+    rp = body.get("repetition_penalty")
+    if rp is not None and (isinstance(rp, bool) or not isinstance(rp, (int, float)) or not 0 < float(rp) <= 10):
+        raise APIError(f"repetition_penalty={rp!r}: must be a number in (0, 10].", "repetition_penalty")
+    if not isinstance(body.get("ignore_eos", False), bool):
+        raise APIError(f"ignore_eos={body.get('ignore_eos')!r}: must be true or false.", "ignore_eos")
+    return {
+        "temperature": _num(body, "temperature", float(defaults.get("temperature", 1.0)), 0.0, 2.0),
+        "top_p": _num(body, "top_p", float(defaults.get("top_p", 1.0)), 0.0, 1.0),
+        "top_k": max(0, top_k or 0),
+        "repetition_penalty": None if rp is None else float(rp),
+        "min_tokens": _int(body, "min_tokens", 0, 0) or 0,
+        "ignore_eos": bool(body.get("ignore_eos", False)),
+    }
+
+
+def parse_common(body: dict[str, Any], kind: str, defaults: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Validate the fields both routes share; returns the generation parameters (sampling: :func:`parse_sampling`
+    with the model's recommended ``defaults``).  Raises :class:`APIError`."""
     unknown = sorted(set(body) - _KNOWN[kind])
     if unknown:
         raise APIError(
@@ -171,20 +222,22 @@ def parse_common(body: dict[str, Any], kind: str) -> dict[str, Any]:
         stops = list(stop)
     else:
         raise APIError(f"stop={stop!r}: must be a string or a list of up to 4 strings.", "stop")
-    stops = [s for s in stops if s]
+    stops = [check_text(s, f"stop[{i}]") for i, s in enumerate(stops) if s]
     so = body.get("stream_options")
     if so is not None and (not isinstance(so, dict) or set(so) - {"include_usage"}):
         raise APIError(f"stream_options={so!r}: only {{'include_usage': bool}} is supported.", "stream_options")
     if not isinstance(body.get("stream", False), bool):
         raise APIError(f"stream={body.get('stream')!r}: must be true or false.", "stream")
+    if so is not None and not body.get("stream"):  # as vLLM: "Stream options can only be defined when stream=True"
+        raise APIError("stream_options is only allowed with stream=true. Fix: remove stream_options or send stream=true.", "stream_options")
     seed = body.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64):
         raise APIError(f"seed={seed!r}: must be an integer in [0, 2**64).", "seed")
     return {
         "n": n,
         "max_tokens": max_tokens,
-        "temperature": _num(body, "temperature", 1.0, 0.0, 2.0),
-        "top_p": _num(body, "top_p", 1.0, 0.0, 1.0),
+        "max_tokens_sent": body.get("max_completion_tokens") is not None or body.get("max_tokens") is not None,
+        **parse_sampling(body, defaults or {}),
         "stop": stops,
         "seed": seed,
         "presence_penalty": _num(body, "presence_penalty", 0.0, -2.0, 2.0),
@@ -199,14 +252,25 @@ def ensemble_inputs(p: dict[str, Any]) -> dict[str, Any]:
     extra: dict[str, Any] = {}
     if p["temperature"] > 0:
         extra.update(temperature=p["temperature"], top_p=p["top_p"])
+        if p.get("top_k"):
+            extra["top_k"] = int(p["top_k"])
         if p["seed"] is not None:
             extra["random_seed"] = int(p["seed"])
+    if p.get("repetition_penalty") is not None:
+        extra["repetition_penalty"] = float(p["repetition_penalty"])
+    if p.get("min_tokens"):
+        extra["min_length"] = int(p["min_tokens"])
     if p["stop"]:
         extra["stop_words"] = list(p["stop"])
     for k in ("presence_penalty", "frequency_penalty"):
         if p[k]:
             extra[k] = p[k]
     return extra
+
+
+#: messages of a deployment fault (Triton python_backend 2.51 ``src/python_be.cc``: a dead stub; the served model's
+#: own engine failures, ``serving/models/onnxruntime_genai_model.py``): answered 503 ``server_error``
+SERVER_FAULTS = ("is not healthy", "Stub process", "engine error", "engine failed", "Socket closed", "failed to connect")
 
 
 def _as_openai_error(e: Exception, p: dict[str, Any]) -> APIError:
@@ -216,6 +280,8 @@ def _as_openai_error(e: Exception, p: dict[str, Any]) -> APIError:
     (:func:`ensemble_inputs`), so its refusal is reported as ``seed`` with that field's fix.
     """
     msg = str(e)
+    if any(m in msg for m in SERVER_FAULTS):  # the deployment failed, not the request: a server error, never a 400
+        return APIError(msg, status=503, type_="server_error")
     if p.get("seed") is not None and "random_seed" in msg:
         log.info("seed refused by the deployment (as random_seed): %s", msg)
         return APIError(
@@ -259,6 +325,22 @@ class Frontend:
         self.grpc_url, self.repository, self.timeout_s = grpc_url, Path(repository), float(timeout_s)
         man = release_manifest(self.repository)
         self.model_id = model_id or (man.get("model") or {}).get("name") or self.repository.parent.name
+        policy_rp = float((man.get("decoding") or {}).get("repetition_penalty") or 1.0)
+        self.default_repetition_penalty = None if policy_rp == 1.0 else policy_rp
+        """The package's decoding-policy penalty, sent when a request has none (a TensorRT-LLM ensemble has no default)."""
+        recommended = (man.get("decoding") or {}).get("sampling") or {}
+        self.sampling_defaults = {k: v for k, v in recommended.items() if k in ("temperature", "top_p", "top_k")}
+        """The model's recommended sampling values (release manifest ``decoding.sampling``), for omitted fields."""
+        if self.sampling_defaults:
+            log.warning(
+                "requests without temperature/top_p/top_k get the model's recommended values %s (generation_config.json, "
+                "recorded in the release manifest 'decoding'); a request's own value wins",
+                self.sampling_defaults,
+            )
+        if recommended.get("min_p"):
+            log.warning("the model recommends min_p=%s; this engine has no min-p sampling: not applied", recommended["min_p"])
+        limits = (man.get("build") or {}).get("limits") or {}
+        self.max_seq_len = int(limits["max_seq_len"]) if limits.get("max_seq_len") else None  # the engine's, for the room
         self.created = int(time.time())
         from ..tokenization import codec_of
 
@@ -275,6 +357,18 @@ class Frontend:
         self._local = threading.local()
         self._clients: list[Any] = []
         self._lock = threading.Lock()
+        self.unhealthy: str | None = None
+        """Set by ``pipeline serve`` when the engine's backend process died: /health and every request answer 503."""
+
+    def not_ready(self) -> str | None:
+        """Why the deployment cannot answer (Triton unreachable, server or ``ensemble`` not ready), or None."""
+        try:
+            c = self.client().client
+            if not (c.is_server_ready(client_timeout=5) and c.is_model_ready("ensemble", client_timeout=5)):
+                return "Triton reports the server or the ensemble not ready"
+        except Exception as e:  # unreachable: the server is down
+            return f"Triton is unreachable: {type(e).__name__}"
+        return None
 
     # -- helpers
     def client(self) -> Any:
@@ -328,15 +422,51 @@ class Frontend:
                 content = "".join(p.get("text", "") for p in content)
             if not isinstance(content, str):
                 raise APIError(f"messages[{i}].content must be text.", f"messages[{i}].content")
-            out.append({"role": "system" if m["role"] == "developer" else m["role"], "content": content})
+            msg = {"role": "system" if m["role"] == "developer" else m["role"], "content": check_text(content, f"messages[{i}].content")}
+            if m.get("name") is not None:  # kept for the chat template (OpenAI's participant name), never dropped
+                if not isinstance(m["name"], str):
+                    raise APIError(f"messages[{i}].name must be text.", f"messages[{i}].name")
+                msg["name"] = check_text(m["name"], f"messages[{i}].name")
+            out.append(msg)
         try:
             self.codec.encode_prompt(messages=out)  # the template accepts them (refused here, as a 400, before sending)
             return out
         except Exception as e:
             raise APIError(f"the model's chat template refused these messages: {e}", "messages") from None
 
-    def budget(self, p: dict[str, Any]) -> int:
-        return int(p["max_tokens"]) if p["max_tokens"] is not None else 256
+    def _inputs(self, p: dict[str, Any], budget: int) -> dict[str, Any]:
+        """The ensemble inputs of one request: :func:`ensemble_inputs`, the policy's ``repetition_penalty`` when the
+        request sends none, ``min_length = budget`` for ``ignore_eos`` (exactly ``max_tokens`` tokens)."""
+        extra = ensemble_inputs(p)
+        if "repetition_penalty" not in extra and self.default_repetition_penalty is not None:
+            extra["repetition_penalty"] = self.default_repetition_penalty
+        if p.get("ignore_eos"):
+            extra["min_length"] = budget
+        return extra
+
+    def budget(self, p: dict[str, Any], text: str | list[dict] | None = None) -> int:
+        """Tokens this request may generate: ``max_tokens`` (omitted: 256 for chat), capped by the room the engine's
+        ``max_seq_len`` leaves after the prompt (release manifest ``build.limits``) when ``max_tokens`` is omitted.
+
+        Raises:
+            APIError: 400 naming ``max_tokens`` when an explicit ``max_tokens`` exceeds that room (vLLM refuses it the
+                same way, ``serving_engine.py`` "maximum context length"), or the prompt leaves no room.
+        """
+        asked = int(p["max_tokens"]) if p["max_tokens"] is not None else None
+        if text is None or not self.max_seq_len:
+            return asked if asked is not None else 256
+        n_prompt = self.prompt_tokens(text)
+        room = self.max_seq_len - n_prompt
+        if not p.get("max_tokens_sent", True):  # a default (16 for completions, 256 for chat) is capped, never refused
+            asked = min(asked or 256, room) if room >= 1 else asked
+        if room < 1 or (asked is not None and asked > room):
+            raise APIError(
+                f"max_tokens={asked if asked is not None else 'default'} exceeds the room left: this model's maximum "
+                f"context length is {self.max_seq_len} tokens and the prompt has {n_prompt}, leaving {max(room, 0)}. "
+                f"Fix: send max_tokens <= {max(room, 0)} or shorten the prompt.",
+                "max_tokens",
+            )
+        return asked if asked is not None else min(256, room)
 
     def generate(self, text: str | list[dict], p: dict[str, Any], *, on_chunk: Any = None, cancel: threading.Event | None = None) -> Answer:
         """Blocking: one ensemble request for a prompt text or chat messages.
@@ -346,6 +476,9 @@ class Frontend:
         U+FFFD, as ``transformers``' ``decode`` gives)."""
         from .client import RequestError
 
+        if self.unhealthy:
+            raise APIError(f"the deployment is down: {self.unhealthy}", status=503, type_="server_error")
+        budget = self.budget(p, text)
         stream = on_chunk is not None and self.decoupled
         sent = {"n": 0}
         held = {"text": ""}
@@ -369,13 +502,13 @@ class Frontend:
                 text = self.codec.render(messages=text)
             how = {"messages": text} if isinstance(text, list) else {"prompt": text}
             r = self.client().generate(
-                max_tokens=self.budget(p),
+                max_tokens=budget,
                 stream=stream,
                 chat=False,
                 cancel=cancel,
                 on_chunk=chunk if stream else None,
                 **how,
-                **ensemble_inputs(p),
+                **self._inputs(p, budget),
             )
         except InputError as e:
             raise APIError(str(e)) from None
@@ -387,7 +520,7 @@ class Frontend:
         if stream and len(out) > sent["n"]:
             on_chunk(out[sent["n"] :])
         n = r.n_tokens if r.n_tokens is not None else self.completion_tokens(r.text)
-        reason = "stop" if stopped or n < self.budget(p) else "length"
+        reason = "stop" if stopped or n < budget else "length"  # budget: max_tokens or the engine's room (issue 24)
         return Answer(out, reason, n)
 
 
@@ -436,7 +569,7 @@ class _Handlers:
                 status=404,
                 code="model_not_found",
             )
-        p = parse_common(body, kind)
+        p = parse_common(body, kind, self.fe.sampling_defaults)
         if p["stream"] and not self.fe.decoupled:
             raise APIError("stream=true needs a decoupled deployment (package.decoupled=true).", "stream")
         return body, p
@@ -453,73 +586,76 @@ class _Handlers:
         ct = sum(a.completion_tokens for a in answers if a is not None)
         return {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct}
 
-    def stream_response(self, kind: str, texts: Sequence[str | list[dict]], p: dict[str, Any], rid: str, created: int) -> StreamingResponse:
-        from starlette.responses import StreamingResponse
+    def _chunk(
+        self, kind: str, p: dict[str, Any], rid: str, created: int, idx: int, content: str | None, reason: str | None, first: bool = False
+    ) -> bytes:
+        """One SSE event of a streamed answer (OpenAI's chunk shapes for completions and chat)."""
+        obj = "text_completion" if kind == "completions" else "chat.completion.chunk"
+        if kind == "completions":
+            choice: dict[str, Any] = {"index": idx, "text": content or "", "logprobs": None, "finish_reason": reason}
+        else:
+            delta: dict[str, Any] = {}
+            if first:
+                delta["role"] = "assistant"
+            if content:
+                delta["content"] = content
+            choice = {"index": idx, "delta": delta, "logprobs": None, "finish_reason": reason}
+        ev = {"id": rid, "object": obj, "created": created, "model": self.fe.model_id, "choices": [choice]}
+        if p["include_usage"]:
+            ev["usage"] = None
+        return f"data: {json.dumps(ev, ensure_ascii=False)}\n\n".encode()
+
+    async def stream_response(self, kind: str, texts: Sequence[str | list[dict]], p: dict[str, Any], rid: str, created: int) -> Any:
+        """A streamed answer. The response starts once the first event is there: a request the deployment refuses before
+        any token gets the same HTTP status and error body as unstreamed (vLLM / OpenAI), never 200 + an error event."""
+        from starlette.responses import JSONResponse, StreamingResponse
 
         obj = "text_completion" if kind == "completions" else "chat.completion.chunk"
         n_choices = len(texts) * p["n"]
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue = asyncio.Queue()
+        cancel = threading.Event()
+        answers: list[Answer | None] = [None] * n_choices
+
+        def worker(idx: int, text: str) -> None:
+            def on_chunk(delta: str) -> None:
+                loop.call_soon_threadsafe(q.put_nowait, ("delta", idx, delta))
+
+            try:
+                ans = self.fe.generate(text, p, on_chunk=on_chunk, cancel=cancel)
+                loop.call_soon_threadsafe(q.put_nowait, ("done", idx, ans))
+            except APIError as e:
+                loop.call_soon_threadsafe(q.put_nowait, ("error", idx, e))
+
+        # the references keep the tasks alive until the stream ends
+        running = [asyncio.create_task(asyncio.to_thread(worker, i, texts[i // p["n"]])) for i in range(n_choices)]
+        first = await q.get()
+        if first[0] == "error":
+            cancel.set()
+            return JSONResponse(first[2].body(), status_code=first[2].status)
 
         async def events() -> AsyncIterator[bytes]:
-            loop = asyncio.get_running_loop()
-            q: asyncio.Queue = asyncio.Queue()
-            cancel = threading.Event()
-            answers: list[Answer | None] = [None] * n_choices
-
-            def worker(idx: int, text: str) -> None:
-                def on_chunk(delta: str) -> None:
-                    loop.call_soon_threadsafe(q.put_nowait, ("delta", idx, delta))
-
-                try:
-                    ans = self.fe.generate(text, p, on_chunk=on_chunk, cancel=cancel)
-                    loop.call_soon_threadsafe(q.put_nowait, ("done", idx, ans))
-                except APIError as e:
-                    loop.call_soon_threadsafe(q.put_nowait, ("error", idx, e))
-
-            # the references keep the tasks alive until the stream ends
-            _running = [asyncio.create_task(asyncio.to_thread(worker, i, texts[i // p["n"]])) for i in range(n_choices)]
-
-            def chunk(idx: int, content: str | None, reason: str | None, first: bool = False) -> bytes:
-                if kind == "completions":
-                    choice: dict[str, Any] = {"index": idx, "text": content or "", "logprobs": None, "finish_reason": reason}
-                else:
-                    delta: dict[str, Any] = {}
-                    if first:
-                        delta["role"] = "assistant"
-                    if content:
-                        delta["content"] = content
-                    choice = {"index": idx, "delta": delta, "logprobs": None, "finish_reason": reason}
-                ev = {"id": rid, "object": obj, "created": created, "model": self.fe.model_id, "choices": [choice]}
-                if p["include_usage"]:
-                    ev["usage"] = None
-                return f"data: {json.dumps(ev, ensure_ascii=False)}\n\n".encode()
-
+            pending, _keep = [first], running
             try:
                 if kind == "chat":
                     for i in range(n_choices):
-                        yield chunk(i, None, None, first=True)
+                        yield self._chunk(kind, p, rid, created, i, None, None, first=True)
                 done = 0
                 while done < n_choices:
-                    what, idx, val = await q.get()
+                    what, idx, val = pending.pop() if pending else await q.get()
                     if what == "delta":
-                        yield chunk(idx, val, None)
+                        yield self._chunk(kind, p, rid, created, idx, val, None)
                     elif what == "done":
                         done += 1
                         answers[idx] = val
-                        yield chunk(idx, None, val.reason)
+                        yield self._chunk(kind, p, rid, created, idx, None, val.reason)
                     else:
                         cancel.set()
                         yield f"data: {json.dumps(val.body())}\n\n".encode()
                         return
                 if p["include_usage"]:
-                    ev: dict[str, Any] = {
-                        "id": rid,
-                        "object": obj,
-                        "created": created,
-                        "model": self.fe.model_id,
-                        "choices": [],
-                        "usage": self.usage(texts, answers),
-                    }
-                    yield f"data: {json.dumps(ev, ensure_ascii=False)}\n\n".encode()
+                    ev: dict[str, Any] = {"id": rid, "object": obj, "created": created, "model": self.fe.model_id, "choices": []}
+                    yield f"data: {json.dumps({**ev, 'usage': self.usage(texts, answers)}, ensure_ascii=False)}\n\n".encode()
                 yield b"data: [DONE]\n\n"
             finally:
                 cancel.set()  # a client that went away cancels its requests in Triton (LLMClient stops the stream)
@@ -541,9 +677,12 @@ class _Handlers:
                     "prompt must be a non-empty string or a list of non-empty strings (token-id prompts are not supported).", "prompt"
                 )
             limited(check_prompts, texts, p["n"], self.fe.prompt_limit, "prompt")
+            texts = [check_text(t, "prompt" if isinstance(prompt, str) else f"prompt[{i}]") for i, t in enumerate(texts)]
             rid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+            for t in texts:  # a max_tokens over the room is a 400 before any stream starts (streamed or not)
+                self.fe.budget(p, t)
             if p["stream"]:
-                return self.stream_response("completions", texts, p, rid, created)
+                return await self.stream_response("completions", texts, p, rid, created)
             outs = await self.run_choices(texts, p)
             choices = [{"index": i, "text": a.text, "logprobs": None, "finish_reason": a.reason} for i, a in enumerate(outs)]
             return JSONResponse(
@@ -573,8 +712,9 @@ class _Handlers:
             limited(check_prompts, [msgs] if isinstance(msgs, list) else [], p["n"], self.fe.prompt_limit, "messages")
             text = self.fe.render_chat(msgs)
             rid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+            self.fe.budget(p, text)  # a max_tokens over the room is a 400 before any stream starts
             if p["stream"]:
-                return self.stream_response("chat", [text], p, rid, created)
+                return await self.stream_response("chat", [text], p, rid, created)
             outs = await self.run_choices([text], p)
             choices = [
                 {"index": i, "message": {"role": "assistant", "content": a.text}, "logprobs": None, "finish_reason": a.reason}
@@ -594,8 +734,13 @@ class _Handlers:
             return JSONResponse(e.body(), status_code=e.status)
 
     async def health(self, _request: Request) -> JSONResponse:
+        """200 ``{"status": "ok"}``; 503 ``{"status": "unhealthy", "reason"}`` once ``pipeline serve`` found the engine
+        dead (``Frontend.unhealthy``) or Triton reports the served model not ready."""
         from starlette.responses import JSONResponse
 
+        why = self.fe.unhealthy or await asyncio.to_thread(self.fe.not_ready)
+        if why:
+            return JSONResponse({"status": "unhealthy", "reason": why}, status_code=503)
         return JSONResponse({"status": "ok"})
 
 

@@ -12,7 +12,9 @@ onnxruntime_genai packages run here, on the Triton binary of the nvidia-pytriton
 (:class:`pipeline.serving.server.TritonServer`). For a tensorrt_llm package the exact NGC container command is
 printed instead (TensorRT-LLM engines need the trtllm container and a GPU).  Every endpoint binds to
 ``package.host`` (127.0.0.1 by default).  Ctrl-C stops the server cleanly and exits 130 (interrupted); SIGTERM stops
-it cleanly and exits 0; a server that did not stop cleanly exits 1.
+it cleanly and exits 0; a server that did not stop cleanly exits 1.  When tritonserver or a model's backend process
+(the engine) dies, the server is stopped and the command exits 1 within about a second (:data:`WATCH_S`), so a
+supervisor restarts the deployment (Triton itself keeps such a model "ready").
 """
 
 from __future__ import annotations
@@ -307,10 +309,17 @@ def _print_trtllm_command(repo: Path, man: dict[str, Any], cfg: Any, openai: boo
     return 0
 
 
+#: seconds between two looks at the server and its backend processes (a dead engine is noticed within this)
+WATCH_S = 1.0
+
+
 def _serve_until_stopped(srv: Any, repo: Path, oai: Any) -> int:
-    """Record the running server for ``pipeline client``, print where it listens, and wait for Ctrl-C/SIGTERM or the
-    server's exit; stop everything. Exit code: 1 when tritonserver exited on its own or did not stop cleanly; else 130
-    after Ctrl-C, 0 after SIGTERM."""
+    """Record the running server for ``pipeline client``, print where it listens, and wait for Ctrl-C/SIGTERM, the
+    server's exit or the death of a model's backend process (the engine; :func:`pipeline.serving.server.dead_backends`);
+    stop everything. Exit code: 1 when tritonserver exited on its own, a backend process died (a supervisor restarts
+    the deployment) or the server did not stop cleanly; else 130 after Ctrl-C, 0 after SIGTERM."""
+    from .server import dead_backends
+
     stop = threading.Event()
     stopped_by: list[int] = []
 
@@ -334,9 +343,19 @@ def _serve_until_stopped(srv: Any, repo: Path, oai: Any) -> int:
             f"OpenAI-compatible endpoint: {oai.url}  (model {oai.frontend.model_id!r}; /v1/models, /v1/completions, /v1/chat/completions)"
         )
     print("Ctrl-C stops the server.", flush=True)
-    while not stop.wait(1.0):
-        if not srv.is_running():
-            print(f"error: tritonserver exited unexpectedly; log: {srv.log_path}\n{srv.log_tail(3000)}", file=sys.stderr)
+    backends = srv.backend_processes()  # Triton keeps a model "ready" after its stub died: watch the stubs themselves
+    while not stop.wait(WATCH_S):
+        dead = dead_backends(backends)
+        if not srv.is_running() or dead:
+            why = (
+                f"the backend process of model(s) {sorted(set(dead.values()))} died (pid {sorted(dead)}); every request "
+                f"to it would fail while Triton still reports it ready. Stopping so a supervisor restarts the deployment"
+                if dead
+                else "tritonserver exited unexpectedly"
+            )
+            if oai is not None and oai.frontend is not None:
+                oai.frontend.unhealthy = why  # /health answers 503 and requests 503 until the endpoint is down
+            print(f"error (exit 1): {why}; log: {srv.log_path}\n{srv.log_tail(3000)}", file=sys.stderr, flush=True)
             if oai is not None:
                 oai.stop()
             srv.stop()

@@ -523,6 +523,29 @@ class TritonServer:
     def is_running(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
+    def backend_processes(self) -> dict[int, str]:
+        """The Python-backend stub processes of this server: ``{pid: model name}``.
+
+        Each instance of a Python-backend model runs in its own ``triton_python_backend_stub`` child of tritonserver
+        (argv[1] = ``<repository>/<model>/<version>/model.py``; Triton python_backend ``src/stub_launcher.cc``).  Triton
+        2.51 keeps reporting a model ready after its stub died (server and model readiness stay 200 while every request
+        fails with "Stub process ... is not healthy"), so :func:`dead_backends` watches these pids instead.  Linux
+        ``/proc`` only; ``{}`` elsewhere or before :meth:`start`.
+        """
+        if self.process is None:
+            return {}
+        out: dict[int, str] = {}
+        for d in Path("/proc").glob("[0-9]*"):
+            try:
+                stat = (d / "stat").read_text()
+                argv = (d / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            if ppid == self.process.pid and argv and argv[0].endswith(b"triton_python_backend_stub") and len(argv) > 1:
+                out[int(d.name)] = Path(argv[1].decode("utf-8", "replace")).parent.parent.name
+        return out
+
     def cleanup(self) -> None:
         """Remove the temporary work folder (log included). Only for a folder this object created."""
         if self.log_dir is None and getattr(self, "_workdir", None) is not None:
@@ -533,6 +556,19 @@ class TritonServer:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self.stop()
+
+
+def dead_backends(processes: dict[int, str]) -> dict[int, str]:
+    """The entries of ``processes`` (:meth:`TritonServer.backend_processes`) whose process is gone or a zombie."""
+    dead = {}
+    for pid, model in processes.items():
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            state = "gone"
+        if state in ("gone", "Z", "X"):
+            dead[pid] = model
+    return dead
 
 
 def ngc_command(

@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ..errors import PipelineError
+from ..errors import InputError, PipelineError
 from . import Stage, StageContext
 
 
@@ -66,12 +66,43 @@ def _count_levels(b: Any) -> int:
     return n * int(b.repeats)
 
 
+def _check_results_dir(b: Any) -> None:
+    """Before any measurement: ``benchmark.results_dir`` can be created and written, and ``benchmark.name`` is a plain
+    file name (it names the result files there).
+
+    Raises:
+        InputError: naming the field, the value and the fix (instead of an OSError after the whole run).
+    """
+    import os
+
+    from ..config import resolve_path
+
+    if not b.name or os.sep in b.name or b.name in (".", "..") or "\0" in b.name:
+        raise InputError(
+            f"benchmark.name={b.name!r}: names the result files, so it must be a plain file name. Fix: e.g. benchmark.name=llama80m."
+        )
+    results_dir = resolve_path(b.results_dir)
+    if results_dir is None:
+        return
+    probe = results_dir / f".{b.name}.write-test"
+    try:
+        results_dir.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise InputError(
+            f"benchmark.results_dir={b.results_dir!r}: cannot write there ({e.strerror or e}: {e.filename or results_dir}). "
+            f"Fix: point it at a writable folder, or benchmark.results_dir=null (results stay in the benchmark artifact)."
+        ) from None
+
+
 def run(ctx: StageContext) -> dict[str, Any]:
     from ..bench.core import run_benchmark
     from ..bench.report import write_outputs
     from ..config import resolve_path
 
     b = ctx.cfg.benchmark
+    _check_results_dir(b)
     inp = _inputs(ctx)
     assert ctx.out is not None
     with ctx.progress("benchmark", _count_levels(b)) as advance:

@@ -88,21 +88,22 @@ def _make_runner(name: str, ctx: StageContext, tokenizer: Any, stop_ids: list[in
     from ..evaluation.runners import EngineAdapter, HFRunner, load_reference_model, reference_dtype
 
     export_dir = ctx.inputs["export"].path
+    penalty = ExportArtifact(export_dir).decoding().penalty  # one decoding policy for every runner (pipeline.decoding)
     if name == "baseline":
         src = ctx.external["reference_checkpoint"]
         model = load_reference_model(src, reference_dtype(src, ctx.cfg.eval.reference_dtype), allow_pickle=ctx.cfg.model.allow_pickle)
-        return HFRunner(model, tokenizer, stop_ids=stop_ids, pad_id=pad_id, name=name)
+        return HFRunner(model, tokenizer, stop_ids=stop_ids, pad_id=pad_id, name=name, repetition_penalty=penalty)
     if name == "simulated":
         from ..quantization.state import load_simulated_model
 
         model = load_simulated_model(ctx.inputs["quantize"].path, export_dir, device="cpu")
-        return HFRunner(model, tokenizer, stop_ids=stop_ids, pad_id=pad_id, name=name)
+        return HFRunner(model, tokenizer, stop_ids=stop_ids, pad_id=pad_id, name=name, repetition_penalty=penalty)
     if name == "engine":
         from ..targets import get_target
 
         build_art = ctx.inputs["build"]
         runner = get_target(target_name(ctx.cfg, build_art)).load_runner(BuildArtifact(build_art.path).engine_dir)
-        return EngineAdapter(runner, tokenizer, stop_ids=stop_ids)
+        return EngineAdapter(runner, tokenizer, stop_ids=stop_ids, repetition_penalty=penalty)
     raise InputError(f"eval.runners: unknown runner {name!r}. Fix: use baseline, engine or simulated.")
 
 
@@ -489,6 +490,7 @@ def _report(
         "baseline": "baseline" if "baseline" in outputs else None,
         "notes": st.notes,
         "stop": {"eos_token_ids": st.stop_ids, "stop_strings": list(e.stop)},
+        "decoding": ExportArtifact(ctx.inputs["export"].path).decoding().to_json(),  # what every runner applied
         "limits": {k: limits.get(k) for k in ("max_input_len", "max_seq_len", "max_batch_size")},
         "runners": sc.summaries,
         "comparison": sc.comparison,

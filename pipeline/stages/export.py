@@ -1,7 +1,7 @@
 """``export`` stage: validate the local Hugging Face checkpoint (``model.path``) and write a normalised copy.
 
 Output (see docs/artifacts.md): ``hf/`` (config.json, model*.safetensors, generation_config.json, tokenizer
-files) and ``model_info.json``.  The checks and the writing live in :mod:`pipeline.export`.
+files), ``model_info.json`` and ``decoding.json`` (the decoding policy, :mod:`pipeline.decoding`).  The checks and the writing live in :mod:`pipeline.export`.
 
 Cache key: the ``model`` group's cache fields (name, dtype, trust_remote_code, allow_pickle, ...) and the
 content digest of the whole checkpoint folder (``external_inputs``); ``model.path`` itself is a runtime field.
@@ -26,6 +26,7 @@ def _checkpoint(cfg: PipelineConfig) -> dict[str, Path]:
     unsupported architecture fails in milliseconds instead of after hashing gigabytes.
     """
     from ..config import resolve_path
+    from ..decoding import read_policy
     from ..export import external_files, inspect_checkpoint
 
     m = cfg.model
@@ -47,6 +48,7 @@ def _checkpoint(cfg: PipelineConfig) -> dict[str, Path]:
     inspect_checkpoint(
         path, trust_remote_code=m.trust_remote_code, allow_pickle=m.allow_pickle, allow_external_files=m.allow_external_files
     )
+    read_policy(path)  # a decoding field no runtime can apply is refused before any stage runs (pipeline.decoding)
     # the key covers what export reads: the folder (links hashed by content) and, only when allowed, the
     # out-of-folder files the weight index names
     extra = {f"outside:{i}": p for i, p in enumerate(external_files(path))} if m.allow_external_files else {}
@@ -74,7 +76,10 @@ def _headline(architecture: str, params: Any, dtype: str) -> dict[str, Any]:
 
 
 def _run(ctx: StageContext) -> dict[str, Any]:
+    from ..artifacts import ExportArtifact
+    from ..decoding import read_policy
     from ..export import export_checkpoint, inspect_checkpoint
+    from ..store import write_json_atomic
 
     m = ctx.cfg.model
     src = ctx.external["checkpoint"]
@@ -82,10 +87,17 @@ def _run(ctx: StageContext) -> dict[str, Any]:
     facts = inspect_checkpoint(
         src, trust_remote_code=m.trust_remote_code, allow_pickle=m.allow_pickle, allow_external_files=m.allow_external_files
     )
+    policy = read_policy(src)  # before the weights are touched: a refused field is exit 2 in milliseconds
     info = export_checkpoint(
         src, ctx.out, dtype=m.dtype, trust_remote_code=m.trust_remote_code, allow_pickle=m.allow_pickle, progress=ctx.progress, facts=facts
     )
+    write_json_atomic(ExportArtifact(ctx.out).decoding_path, policy.to_json())
     warnings = info.pop("_warnings", [])
+    if policy.ignored:
+        warnings.append(
+            f"generation_config.json sets {policy.ignored}: no runner or server applies these (decoding.json 'ignored'); "
+            f"evaluate and serving decode without them"
+        )
     for w in warnings:
         ctx.log.warning("export: %s", w)
     return {
@@ -95,6 +107,7 @@ def _run(ctx: StageContext) -> dict[str, Any]:
         "pad_token_derived": info["pad_token_derived"],
         "tie_word_embeddings": info["tie_word_embeddings"],
         "rope_type": (info["rope_scaling"] or {}).get("rope_type", "default"),
+        "decoding": {"repetition_penalty": policy.repetition_penalty, "sampling": policy.sampling},
     }
 
 
@@ -125,7 +138,7 @@ STAGE = Stage(
     config_groups=("model",),
     libraries=("transformers", "safetensors", "tokenizers", "torch"),
     run=_run,
-    version="2",
+    version="3",  # 3: decoding.json (issue 24)
     external_inputs=_checkpoint,
     dry_run=_dry_run,
 )

@@ -121,6 +121,15 @@ def package(ctx: StageContext) -> dict[str, Any]:
     mi = model_info(export.path)
     settings = settings_from_build(bi, mi, pc, cfg.build, cfg.target)
     settings.model_name = redact_text(cfg.model.name)  # a label written into the repository, not a path
+    settings.decoding = ExportArtifact(export.path).decoding().to_json()
+    if settings.target == "tensorrt_llm" and settings.decoding.get("repetition_penalty", 1.0) != 1.0:
+        # NVIDIA's ensemble has no default for it: only requests that send it (the OpenAI endpoint does) get the policy
+        settings.decoding["served_default"] = "sent by pipeline serve --openai only; gRPC clients must send repetition_penalty"
+        ctx.log.warning(
+            "decoding policy: repetition_penalty=%s is applied by evaluate, but the TensorRT-LLM ensemble applies it only "
+            "when a request sends it (the OpenAI endpoint does; gRPC clients must send repetition_penalty)",
+            settings.decoding["repetition_penalty"],
+        )
     speculative = _speculative(ctx, bi)
     repo = ctx.out / "model_repository"
     with ctx.progress("package: model repository", total=3) as advance:
@@ -214,6 +223,7 @@ def _release_manifest(
             "execution_provider": settings.execution_provider if settings.target == "onnxruntime_genai" else None,
         },
         "evaluation": {"gate": gate, "headline": (ctx.inputs["evaluate"].result.get("headline") if "evaluate" in ctx.inputs else None)},
+        "decoding": settings.decoding,  # the policy evaluate applied and the served model applies (pipeline.decoding)
         "speculative": speculative,
         "serving": {
             "layout": info["layout"],

@@ -24,6 +24,8 @@ class GenerationRequest:
     request_id: str = ""
     ignore_eos: bool = False
     """Benchmarks: generate exactly max_new_tokens."""
+    repetition_penalty: float | None = None
+    """The decoding policy's repetition penalty (``pipeline.decoding``; None = none), applied to greedy decoding."""
 
 
 @dataclasses.dataclass

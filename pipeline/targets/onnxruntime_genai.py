@@ -624,6 +624,8 @@ class OrtEngineRunner:
             opts = og.TurnOptions(req)
             opts.set_do_sample(False)
             opts.set_max_generated_tokens(int(r.max_new_tokens))
+            if r.repetition_penalty is not None:
+                opts.set_repetition_penalty(float(r.repetition_penalty))
             if r.ignore_eos:
                 opts.set_min_generated_tokens(int(r.max_new_tokens))
             t_sub = time.perf_counter()
@@ -651,9 +653,8 @@ class OrtEngineRunner:
         t0 = time.perf_counter()
         try:
             gp = og.GeneratorParams(self.model)
-            gp.set_search_options(
-                do_sample=False, max_length=min(self.max_seq_len, max(self.min_length, len(r.input_ids) + int(r.max_new_tokens)))
-            )
+            limit = min(self.max_seq_len, max(self.min_length, len(r.input_ids) + int(r.max_new_tokens)))
+            gp.set_search_options(do_sample=False, max_length=limit, repetition_penalty=float(r.repetition_penalty or 1.0))
             g = og.Generator(self.model, gp)
             g.append_tokens(np.asarray([r.input_ids], dtype=np.int32))
         except Exception as e:

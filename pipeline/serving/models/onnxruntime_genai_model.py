@@ -36,8 +36,11 @@ parameter, ``package.stream_coalescing``; TensorRT-LLM streams several tokens pe
 decoding accepts several in a step).
 
 Decoding is greedy unless the request asks for sampling (``runtime_top_k`` > 1 or ``runtime_top_p`` > 0 with
-``temperature`` > 0), the TensorRT-LLM convention.  Inputs the engine cannot honour (presence/frequency penalties,
-bad words, LoRA, ...) are refused per request with the input's name; nothing is silently ignored.  Token ids are
+``temperature`` > 0), the TensorRT-LLM convention.  A request without ``repetition_penalty`` gets the package's
+decoding policy (``decoding.json`` next to ``engine/``: the checkpoint's ``generation_config.json`` penalty, the one
+evaluate applied; ``pipeline/decoding.py``).  Inputs the engine cannot honour (presence/frequency penalties,
+bad words, LoRA, ...) are refused per request with the input's name; nothing is silently ignored (a refusal is raised
+from ``execute`` when the call holds one request, so Triton's metrics count it as a failure).  Token ids are
 checked against the vocabulary before they reach the engine.
 
 ``return_log_probs`` and beam search (``beam_width`` > 1, ``num_return_sequences``): og.Engine 0.18 exposes neither
@@ -249,6 +252,16 @@ def coalesce(items: list[tuple[Any, Any, int]]) -> list[tuple[Any, Any, int]]:
     return out
 
 
+def _policy_penalty(path: str) -> float | None:
+    """The ``repetition_penalty`` of the package's decoding policy (``decoding.json``, written by the package stage
+    from the export's policy, ``pipeline/decoding.py``); None when the file is absent or the penalty is 1.0."""
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        rp = float(json.load(f).get("repetition_penalty", 1.0))
+    return None if rp == 1.0 else rp
+
+
 class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
         import onnxruntime_genai as og
@@ -273,6 +286,7 @@ class TritonPythonModel:
         # og.Engine honours TurnOptions.set_seed only when genai_config.json configures engine.dynamic_batching
         # ("A per-turn seed requires an Engine configured for dynamic batching.", onnxruntime-genai 0.18)
         self.per_turn_seed = isinstance(gcfg.get("engine"), dict) and "dynamic_batching" in gcfg["engine"]
+        self.default_repetition_penalty = _policy_penalty(os.path.join(os.path.dirname(os.path.normpath(engine_dir)), "decoding.json"))
         self.max_input_len = int(params.get("max_input_len") or 0)
         self.max_seq_len = int(params.get("max_seq_len") or gcfg.get("search", {}).get("max_length") or 0)
         self.max_beam_width = max(1, int(params.get("max_beam_width") or 1))  # package.max_beam_width
@@ -318,7 +332,8 @@ class TritonPythonModel:
         self.logger.log_info(
             f"onnxruntime_genai engine {'will load on first request' if self.lazy else 'loaded'} from {engine_dir} (og {getattr(og, '__version__', '?')}); "
             f"vocab_size={self.vocab_size} max_input_len={self.max_input_len} max_seq_len={self.max_seq_len} "
-            f"decoupled={self.decoupled}"
+            f"decoupled={self.decoupled} repetition_penalty={self.default_repetition_penalty or 1.0} "
+            f"(the package's decoding policy, decoding.json; applied when a request sends none)"
         )
 
     # ------------------------------------------------------------------ request parsing
@@ -511,8 +526,12 @@ class TritonPythonModel:
         temperature = float(sc("temperature", b, 1.0))
         if top_k < 0 or not 0.0 <= top_p <= 1.0 or temperature < 0:
             raise ValueError(f"invalid sampling values top_k={top_k} top_p={top_p} temperature={temperature}")
-        do_sample = (top_k > 1 or top_p > 0.0) and temperature > 0.0
+        # top_k == 1 keeps only the top token: greedy (TensorRT-LLM's convention; og.Engine 0.18 refuses temperature /
+        # top_p next to top_k=1, so a model recommending top_k=1 would otherwise fail every default request)
+        do_sample = top_k != 1 and (top_k > 1 or top_p > 0.0) and temperature > 0.0
         rp = sc("repetition_penalty", b, None)
+        if rp is None:
+            rp = self.default_repetition_penalty  # the model's policy (decoding.json), as evaluate applied it
         if rp is not None and not float(rp) > 0:
             raise ValueError(f"repetition_penalty must be > 0, got {rp}")
         end_id = sc("end_id", b, None)
@@ -646,6 +665,11 @@ class TritonPythonModel:
             try:
                 jobs = self._parse(request)
             except Exception as e:
+                if len(requests) == 1:
+                    # raised, the refusal is counted by Triton (nv_inference_request_failure{reason="BACKEND"}); an error
+                    # sent through the response sender counts as a success (Triton 2.51 python_backend). The wrapper
+                    # Triton adds ("Failed to process the request(s) ...", the traceback) is cut by our clients.
+                    raise pb_utils.TritonModelException(f"onnxruntime_genai: {e}") from None
                 sender = request.get_response_sender()
                 code = pb_utils.TritonError.INVALID_ARG if isinstance(e, ValueError) else pb_utils.TritonError.INTERNAL
                 sender.send(
