@@ -86,9 +86,9 @@ def check_prompts(prompts: Sequence[Any], n: int, prompt_limit: int, param: str)
         )
     for i, p in enumerate(prompts):
         if isinstance(p, list):
-            nbytes = sum(len(str(m.get("content", "")).encode("utf-8")) for m in p if isinstance(m, dict))
+            nbytes = sum(len(str(m.get("content", "")).encode("utf-8", "surrogatepass")) for m in p if isinstance(m, dict))
         else:
-            nbytes = len(str(p).encode("utf-8"))
+            nbytes = len(str(p).encode("utf-8", "surrogatepass"))
         msg = prompt_too_large(nbytes, prompt_limit, f"{param}[{i}]" if len(prompts) > 1 else param)
         if msg:
             raise LimitError(msg + ".", param)

@@ -676,8 +676,8 @@ class _Handlers:
                 raise APIError(
                     "prompt must be a non-empty string or a list of non-empty strings (token-id prompts are not supported).", "prompt"
                 )
-            limited(check_prompts, texts, p["n"], self.fe.prompt_limit, "prompt")
             texts = [check_text(t, "prompt" if isinstance(prompt, str) else f"prompt[{i}]") for i, t in enumerate(texts)]
+            limited(check_prompts, texts, p["n"], self.fe.prompt_limit, "prompt")  # bytes of valid text, before tokenizing
             rid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
             for t in texts:  # a max_tokens over the room is a 400 before any stream starts (streamed or not)
                 self.fe.budget(p, t)

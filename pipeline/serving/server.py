@@ -527,6 +527,7 @@ class TritonServer:
         """The Python-backend stub processes of this server: ``{pid: model name}``.
 
         Each instance of a Python-backend model runs in its own ``triton_python_backend_stub`` child of tritonserver
+        (itself the child of the supervisor this object started)
         (argv[1] = ``<repository>/<model>/<version>/model.py``; Triton python_backend ``src/stub_launcher.cc``).  Triton
         2.51 keeps reporting a model ready after its stub died (server and model readiness stay 200 while every request
         fails with "Stub process ... is not healthy"), so :func:`dead_backends` watches these pids instead.  Linux
@@ -534,17 +535,21 @@ class TritonServer:
         """
         if self.process is None:
             return {}
-        out: dict[int, str] = {}
+        procs: list[tuple[int, int, list[bytes]]] = []
         for d in Path("/proc").glob("[0-9]*"):
             try:
                 stat = (d / "stat").read_text()
                 argv = (d / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            if ppid == self.process.pid and argv and argv[0].endswith(b"triton_python_backend_stub") and len(argv) > 1:
-                out[int(d.name)] = Path(argv[1].decode("utf-8", "replace")).parent.parent.name
-        return out
+            procs.append((int(d.name), int(stat.rsplit(")", 1)[1].split()[1]), argv))
+        # the server process is the supervisor (pipeline/serving/reaper.py): tritonserver is its child
+        parents = {self.process.pid} | {pid for pid, ppid, _ in procs if ppid == self.process.pid}
+        return {
+            pid: Path(argv[1].decode("utf-8", "replace")).parent.parent.name
+            for pid, ppid, argv in procs
+            if ppid in parents and argv and argv[0].endswith(b"triton_python_backend_stub") and len(argv) > 1
+        }
 
     def cleanup(self) -> None:
         """Remove the temporary work folder (log included). Only for a folder this object created."""
