@@ -257,6 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "scale.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    (a.out / "scale.md").write_text(markdown(doc), encoding="utf-8")
     plot(list(rows.values()), a.out / "scale.png")
     _print(doc)
     return 0
@@ -270,6 +271,41 @@ def _predict_shape(shape: str, cfg_dir: Path, work: Path, stages: list[str]) -> 
     probe.mkdir(parents=True, exist_ok=True)
     tf.LlamaConfig(**SHAPES[shape]).save_pretrained(str(probe))
     return predict(probe, stages)
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    """The results table and the targets in Markdown (``scale.md``; the README and docs/memory.md quote it)."""
+    head = "| shape | parameters | fp32 weights | export | quantize | build (builder process) | evaluate | package | peak / fp32 | bytes / parameter | quantize s / B params |"
+    lines = [head, "|" + "---|" * 11]
+    for shape, res in doc["results"].items():
+        n = parameter_count(shape)
+        if res.get("planned_only") or "refused" in res:
+            pq = res["prediction"]["predicted"]
+            what = "refused by the planner: " + res["refused"][0] if "refused" in res else "not run; planner predicts"
+            lines.append(
+                f"| {shape} | {n / 1e9:.2f} B | {_gb(4 * n)} GB | {what} export {_gb(pq['export']['host_bytes'])} GB, "
+                f"quantize {_gb(pq['quantize']['host_bytes'])} GB, build {_gb(pq['build']['host_bytes'])} GB | | | | | | | |"
+            )
+            continue
+        st, row = res["stages"], next(r for r in doc["rows"] if r["shape"] == shape)
+
+        def cell(s: str, st: dict[str, Any] = st) -> str:
+            v = st.get(s)
+            if not v:
+                return "-"
+            extra = f" ({_gb(v['builder_peak_rss_bytes'])} GB)" if v.get("builder_peak_rss_bytes") else ""
+            return f"{v['seconds']:.0f} s, {_gb(v['peak_rss_bytes'])} GB{extra}"
+
+        lines.append(
+            f"| {shape} | {n / 1e9:.2f} B | {_gb(4 * n)} GB | "
+            + " | ".join(cell(s) for s in ("export", "quantize", "build", "evaluate", "package"))
+            + f" | {row['peak_over_fp32']} | {row['peak_bytes_per_parameter']} | {row['quantize_s_per_billion_parameters']} |"
+        )
+    lines.append("")
+    for tg in doc["targets"]:
+        verdict = "n/a" if tg["met"] is None else ("met" if tg["met"] else "**missed**")
+        lines.append(f"- {verdict}: {tg['target']} ({tg['value']})")
+    return "\n".join(lines) + "\n"
 
 
 def _host() -> dict[str, Any]:
