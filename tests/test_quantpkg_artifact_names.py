@@ -18,6 +18,8 @@ GENERIC = {"hf", "engine", "release", "model_repository"}
 ALLOWED = {
     ("bench/reference.py", "build.log"): "the benchmark's own reference builder log in its work folder, not a build artifact",
     ("packaging/validate.py", "build_info.json"): "a Problem's field label (prose in the message)",
+    ("serving/models/onnxruntime_genai_model.py", "decoding.json"): "the served model runs in Triton's Python stub without "
+    "the pipeline package; packaging/repository.py writes the file under ExportArtifact.DECODING's name",
 }
 
 

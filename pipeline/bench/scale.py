@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..artifacts import BuildArtifact, QuantizeArtifact
 from .shapes import ROOT, SHAPES, make_shape, parameter_count
 
 LADDER = ("llama80m", "llama400m", "llama1b", "llama3b")
@@ -100,11 +101,11 @@ def run_shape(shape: str, shape_dir: Path, work: Path, stages: list[str], extra:
         mem = s.get("memory") or {}
         row = {"status": s["status"], "seconds": round(s["seconds"], 1), "peak_rss_bytes": mem.get("process_peak_rss_bytes")}
         if s["stage"] == "build" and s.get("path"):
-            info = Path(s["path"]) / "build_info.json"
+            info = BuildArtifact(Path(s["path"])).build_info_path
             if info.is_file():
                 row["builder_peak_rss_bytes"] = json.loads(info.read_text(encoding="utf-8")).get("builder_peak_rss_bytes")
         if s["stage"] == "quantize" and s.get("path"):
-            rep = Path(s["path"]) / "quant_report.json"
+            rep = Path(s["path"]) / QuantizeArtifact.REPORT_JSON
             if rep.is_file():
                 r = json.loads(rep.read_text(encoding="utf-8"))
                 row["steps_peak_rss_bytes"] = r.get("peak_rss_bytes")

@@ -24,7 +24,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ..artifacts import TOKENIZER_COPY_FILES, BuildArtifact
+from ..artifacts import TOKENIZER_COPY_FILES, BuildArtifact, ExportArtifact
 from ..errors import InputError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -391,7 +391,9 @@ def generate_repository(
             eng = write("onnxruntime_genai", "onnxruntime_genai", model_py="onnxruntime_genai_model.py")
             copy_tokenizer(tokenizer_dirs, eng / "1" / "tokenizer")  # in-process detokenization (text_output)
             if settings.decoding:
-                (eng / "1" / "decoding.json").write_text(json.dumps(settings.decoding, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+                (eng / "1" / ExportArtifact.DECODING).write_text(
+                    json.dumps(settings.decoding, indent=2, sort_keys=True) + "\n", encoding="utf-8"
+                )
             for name in _write_ort_text_models(out, settings, vals):
                 if name not in models:
                     models.append(name)

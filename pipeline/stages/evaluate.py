@@ -674,7 +674,15 @@ def _key_extras(cfg: Any, inputs: dict[str, Any]) -> dict[str, Any]:
 
 # Fields evaluate reads that never change its report: paths whose content is digested as an external input,
 # and how the work is scheduled.
-RUNTIME_READS = ("model.path", "eval.eval_set", "eval.draft_model_path", "eval.batch_size", "eval.torch_threads", "calibration.path")
+RUNTIME_READS = (
+    "model.path",
+    "eval.eval_set",
+    "eval.draft_model_path",
+    "eval.batch_size",
+    "eval.torch_threads",
+    "calibration.path",
+    "calibration.max_device_memory_gb",
+)
 
 
 def _dry_run(ctx: StageContext) -> dict[str, Any]:

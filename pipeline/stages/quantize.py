@@ -60,4 +60,7 @@ STAGE = Stage(
     external_inputs=_external,
     key_extras=_extras,
     dry_run=_dry_run,
+    # the placement budget: an offloaded, layer-by-layer calibration gives the same statistics
+    # (tests/test_scale_memory.py::test_offloaded_layerwise_calibration_equals_the_whole_model)
+    runtime_reads=("calibration.max_device_memory_gb",),
 )
