@@ -42,7 +42,7 @@ PACKAGES = (
     "hydra-core",
     "numpy",
 )
-TARGETS = ("onnxruntime_genai", "tensorrt_llm", "triton_serving", "quantize")
+TARGETS = ("onnxruntime_genai", "tensorrt_llm", "tensorrt_llm_pytorch", "triton_serving", "quantize")
 
 
 def _version(dist: str) -> str | None:
@@ -116,7 +116,8 @@ def collect(root: Path | None = None) -> dict[str, Any]:
         why.append("no NVIDIA GPU visible (nvidia-smi)")
     if py.rsplit(".", 1)[0] not in ("3.10", "3.12"):
         why.append(f"Python {py}: TensorRT-LLM wheels exist for 3.10 and 3.12 only")
-    targets["tensorrt_llm"] = {"ok": not why, "why": why or ["engine builds possible"]}
+    targets["tensorrt_llm"] = {"ok": not why, "why": ["legacy engine path (TensorRT-LLM 1.2.x)"] + (why or ["engine builds possible"])}
+    targets["tensorrt_llm_pytorch"] = _pytorch_backend(pkgs, gpus)
     why = []
     if not serve.get("exists"):
         why.append(f"{serve['venv']} missing (make serve-env)")
@@ -144,6 +145,14 @@ def collect(root: Path | None = None) -> dict[str, Any]:
         "serve": serve,
         "targets": targets,
     }
+
+
+def _pytorch_backend(pkgs: dict[str, Any], gpus: list[Any]) -> dict[str, Any]:
+    """``target=tensorrt_llm_pytorch`` (the forward path): packaging needs the quantize stack only (no TensorRT-LLM, no
+    GPU: the GPU is named with ``target.gpu``); running the package needs TensorRT-LLM >= 1.2 on a GPU host."""
+    missing = [f"{p} not installed" for p in ("torch", "nvidia-modelopt", "transformers") if not pkgs.get(p)]
+    runs = "runs here too" if pkgs.get("tensorrt_llm") and gpus else "serve it on a GPU host with TensorRT-LLM >= 1.2"
+    return {"ok": not missing, "why": missing or [f"forward path: packages here (name the GPU with target.gpu=...); {runs}"]}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,6 +8,9 @@ from typing import Optional
 from .common import Problem, choice, runtime
 
 TARGETS = ("auto", "onnxruntime_genai", "tensorrt_llm")
+DEFAULT_SERVING_IMAGE = "nvcr.io/nvidia/tritonserver:26.05-trtllm-python-py3"
+"""The default NGC serving image: TensorRT-LLM 1.2.1 (``pipeline.packaging.versions.TRTLLM_IMAGES``, source there), which
+the legacy engine path (1.2.0-1.2.1) and the PyTorch backend (>= 1.2.0) both accept (tests/test_forward26.py)."""
 
 
 @dataclass
@@ -28,9 +31,9 @@ class TargetConfig:
     """Target GPU name from the planner catalogue (h100_sxm, a100_80gb, l4, ...); ``None`` = the local GPU, if any."""
     trtllm_build: str = runtime("trtllm-build")
     """trtllm-build executable: a name looked up on PATH, or an absolute path."""
-    serving_image: str = runtime("nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3")
+    serving_image: str = runtime(DEFAULT_SERVING_IMAGE)
     """NGC Triton + TensorRT-LLM container image the GPU package is served with (its TensorRT-LLM version must be the
-    engine's)."""
+    engine's, and one the target accepts: checked at config time against ``pipeline/packaging/versions.py``)."""
 
 
 def validate(cfg: TargetConfig, prefix: str = "target") -> list[Problem]:

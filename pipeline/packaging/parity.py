@@ -106,7 +106,7 @@ def expected_requests(
         raise InputError(f"{out_p} has no answers of the candidate runner {cand!r}. Fix: re-run the evaluate stage.")
     ids = sorted(rows)
     chosen = sorted(random.Random(seed).sample(ids, min(sample, len(ids)))) if sample < len(ids) else ids
-    tok = _tokenizer(repo / "preprocessing" / "1" / "tokenizer")
+    tok = _tokenizer(package_tokenizer_dir(repo))
     limits = rep.get("limits") or {}
     prepared = prepare(
         [items[i] for i in chosen],
@@ -136,6 +136,21 @@ def expected_requests(
 
 
 _TOK_LOCK = threading.Lock()
+TOKENIZER_DIRS = ("preprocessing/1/tokenizer", "tensorrt_llm/1/tokenizer")
+"""Where a model repository keeps its tokenizer: the ensemble layouts' preprocessing model, or the LLM-API layout's
+``tensorrt_llm`` model (:func:`pipeline.packaging.repository.generate_repository`)."""
+
+
+def package_tokenizer_dir(repo: Path) -> Path:
+    """The tokenizer folder of the model repository ``repo`` (first of :data:`TOKENIZER_DIRS` that holds one).
+
+    Raises:
+        InputError: the repository has no tokenizer folder (not written by the package stage).
+    """
+    for rel in TOKENIZER_DIRS:
+        if (repo / rel).is_dir():
+            return repo / rel
+    raise InputError(f"{repo}: no tokenizer folder ({' or '.join(TOKENIZER_DIRS)}). Fix: re-run the package stage.")
 
 
 def _tokenizer(d: Path) -> Any:

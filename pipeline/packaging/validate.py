@@ -379,7 +379,7 @@ def version_problems(build_info: dict[str, Any], serving_image: str | None) -> l
         return [
             Problem(
                 "package.serving_image",
-                f"{serving_image!r} is not a known trtllm image (known tags: {sorted(V.TRTLLM_IMAGES)}; {V.SOURCE}).",
+                f"{serving_image!r} is not a known trtllm image (tag=TensorRT-LLM: {V.table_text()}).",
                 "use one of the known tags, or add the tag to pipeline/packaging/versions.py with its source",
                 "version",
             )
@@ -407,7 +407,7 @@ def version_problems(build_info: dict[str, Any], serving_image: str | None) -> l
                 "version",
             )
         )
-    if eng_trt and not V.same_prefix(str(eng_trt), img["tensorrt"]):
+    if eng_trt and img["tensorrt"] and not V.same_prefix(str(eng_trt), img["tensorrt"]):
         out.append(
             Problem(
                 "package.serving_image",

@@ -222,13 +222,17 @@ def _release_manifest(
             "knobs": key_fields(cfg.build),
             "execution_provider": settings.execution_provider if settings.target == "onnxruntime_genai" else None,
         },
-        "evaluation": {"gate": gate, "headline": (ctx.inputs["evaluate"].result.get("headline") if "evaluate" in ctx.inputs else None)},
+        "evaluation": {
+            "gate": gate,
+            "headline": (ctx.inputs["evaluate"].result.get("headline") if "evaluate" in ctx.inputs else None),
+            **_evaluated_what(ctx, settings, bi),
+        },
         "decoding": settings.decoding,  # the policy evaluate applied and the served model applies (pipeline.decoding)
         "speculative": speculative,
         "serving": {
             "layout": info["layout"],
             "models": info["models"],
-            "ensemble": "ensemble",
+            "ensemble": None if info["layout"] == "llmapi" else "ensemble",
             "engine_model": settings.engine_model,
             "decoupled": settings.decoupled,
             "triton_max_batch_size": settings.triton_max_batch_size,
@@ -250,6 +254,31 @@ def _release_manifest(
         },
         "repository_files": {rel: m["sha256"] for rel, m in sorted(repo_files.items())},  # checked by `pipeline serve x.tar.gz`
     }
+
+
+def _evaluated_what(ctx: StageContext, settings: Any, bi: dict[str, Any]) -> dict[str, Any]:
+    """The manifest's record of *what* the gate judged: the evaluate stage's candidate runner and why it was chosen,
+    and, for a TensorRT-LLM package built on a host without a GPU (``target=tensorrt_llm_pytorch target.gpu=...``),
+    that the served engine has not run yet: the GPU host runs the served-parity command (``parity.command``)."""
+    import json
+
+    from ..artifacts import EvalArtifact
+
+    out: dict[str, Any] = {"candidate": None, "candidate_note": None, "gpu_host_check": None}
+    ev = ctx.inputs.get("evaluate")
+    if ev is not None and EvalArtifact(ev.path).report_path.is_file():
+        rep = json.loads(EvalArtifact(ev.path).report_path.read_text(encoding="utf-8"))
+        out["candidate"], out["candidate_note"] = rep.get("candidate"), (rep.get("notes") or {}).get("candidate")
+    gpus = ((bi.get("host") or {}).get("gpus")) or []
+    if settings.target == "tensorrt_llm" and not gpus:
+        from ..packaging.parity import command_for
+
+        judged = "ModelOpt's simulated-quantization model (PyTorch, CPU)" if out["candidate"] == "simulated" else out["candidate"]
+        out["gpu_host_check"] = (
+            f"packaged on a host without a GPU for target.gpu={ctx.cfg.target.gpu}: the gate judged {judged}; TensorRT-LLM "
+            f"has not run this checkpoint. On the GPU host, serve the package and run `{command_for()}`."
+        )
+    return out
 
 
 def _release_archive(ctx: StageContext, repo: Path, name: str, manifest: dict[str, Any]) -> dict[str, Any]:

@@ -37,6 +37,7 @@ from typing import Any
 
 from ..artifacts import TOKENIZER_COPY_FILES, BuildArtifact, QuantizeArtifact
 from ..config.common import Problem
+from ..config.target import DEFAULT_SERVING_IMAGE
 from ..errors import InputError, PipelineError, PreflightError
 from ..recipes import KV_CACHE_FORMATS, RECIPES
 from .base import Capabilities, Target
@@ -46,12 +47,12 @@ log = logging.getLogger("pipeline.targets.tensorrt_llm")
 ENGINE_VERSIONS = ((1, 2, 0), (1, 2, 1))
 """Inclusive TensorRT-LLM range for the TensorRT engine path (trtllm-build)."""
 PYTORCH_MIN_VERSION = (1, 2, 0)
-NGC_IMAGE = "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"
+NGC_IMAGE = DEFAULT_SERVING_IMAGE
 INSTALL_FIX = (
     "install TensorRT-LLM 1.2.1 on an NVIDIA GPU host with Python 3.10 or 3.12: "
     "`pip install 'tensorrt-llm==1.2.1' --extra-index-url https://pypi.nvidia.com/` "
     f"(or this project's `tensorrt_llm` optional extra), or run the pipeline inside the NGC container {NGC_IMAGE} "
-    "(TensorRT-LLM 1.2.1, TensorRT 10.14.1); there is no wheel for Python 3.11"
+    "(TensorRT-LLM 1.2.1); there is no wheel for Python 3.11"
 )
 
 # trtllm-build flag facts (tensorrt_llm/commands/build.py, plugin/plugin.py)
@@ -96,19 +97,38 @@ SPEC_MODES = {
 SCHEDULER_POLICY = {"guaranteed_no_evict": "GUARANTEED_NO_EVICT", "max_utilization": "MAX_UTILIZATION"}
 
 
+PYTORCH_REFUSED_RECIPES: dict[str, str] = {
+    "int8_sq": "the TensorRT-LLM PyTorch backend has no INT8 SmoothQuant (W8A8) kernels (TensorRT-LLM issue #3701)",
+    "int8_wo": "the TensorRT-LLM PyTorch backend has no INT8 weight-only (W8A16) kernels (TensorRT-LLM issue #3701)",
+}
+PYTORCH_ALTERNATIVE = (
+    "quant=fp8 (SM 8.9+) or quant=int4_awq (W4A16, SM 8.0+) on target=tensorrt_llm_pytorch, or keep quant={recipe} on the "
+    "legacy engine path target=tensorrt_llm (TensorRT-LLM 1.2.x)"
+)
+"""Recipes the PyTorch backend (``tensorrt_llm_pytorch``) refuses, with the alternative. Source: TensorRT-LLM
+``docs/source/features/quantization.md`` (the PyTorch backend's quantization support matrix, 1.2/1.3rc) and
+NVIDIA/TensorRT-LLM issue #3701 (INT8 SmoothQuant / W8A16 not supported by the PyTorch backend); summarised in
+docs/reference/tensorrt_llm.md. Every other recipe of :data:`pipeline.recipes.RECIPES` runs on both backends."""
+PYTORCH_KV_CACHE_DTYPES = ("none", "fp8")
+"""KV-cache dtypes of the PyTorch backend: FP8 KV only; INT8 KV is not supported (same sources as
+:data:`PYTORCH_REFUSED_RECIPES`; INT8 KV is an open upstream pull request, not a release)."""
+
+
 def _capabilities(name: str) -> Capabilities:
     """Capabilities of the engine path (``tensorrt_llm``) or the PyTorch backend (``tensorrt_llm_pytorch``).
 
-    Recipes: every recipe of :data:`pipeline.recipes.RECIPES` (each names the checkpoint ``quant_algo`` ModelOpt
-    writes for it; the minimum compute capability is checked in preflight). Both backends read the same ModelOpt
-    checkpoint, so they share the recipe list.
+    Recipes: the engine path runs every recipe of :data:`pipeline.recipes.RECIPES` (each names the checkpoint
+    ``quant_algo`` ModelOpt writes for it; the minimum compute capability is checked in preflight); the PyTorch backend
+    refuses :data:`PYTORCH_REFUSED_RECIPES` and INT8 KV (:data:`PYTORCH_KV_CACHE_DTYPES`).
     """
+    pytorch = name == "tensorrt_llm_pytorch"
+    refused = dict(PYTORCH_REFUSED_RECIPES) if pytorch else {}
     return Capabilities(
         name=name,
         device="gpu",
-        recipes=tuple(RECIPES),
-        refused_recipes={},
-        kv_cache_dtypes=tuple(KV_MIN_SM),
+        recipes=tuple(r for r in RECIPES if r not in refused),
+        refused_recipes=refused,
+        kv_cache_dtypes=PYTORCH_KV_CACHE_DTYPES if pytorch else tuple(KV_MIN_SM),
         beam_search=True,  # trtllm-build --max_beam_width; the evaluate/benchmark runner itself decodes greedily
         logits=True,  # context/generation logits (build.gather_context_logits; pipeline.evaluation.trtllm_runner)
         sliding_window=True,  # max_attention_window_size (package.runtime; sliding_window() below)
@@ -729,6 +749,111 @@ def _speculative_build_problems(cfg: Any) -> list[Problem]:
     return p
 
 
+def accepts_version(backend: str, version: str) -> bool:
+    """Whether the TensorRT-LLM ``version`` serves this backend: engines 1.2.0-1.2.1 (:data:`ENGINE_VERSIONS`), the
+    PyTorch backend >= 1.2.0 (:data:`PYTORCH_MIN_VERSION`)."""
+    vt = _ver_tuple(version)
+    if backend == "tensorrt":
+        return ENGINE_VERSIONS[0] <= vt <= ENGINE_VERSIONS[1]
+    return vt >= PYTORCH_MIN_VERSION
+
+
+def serving_image_problems(cfg: Any) -> list[Problem]:
+    """Config time: the serving image (``package.serving_image`` or ``target.serving_image``) is a known tag of
+    :data:`pipeline.packaging.versions.TRTLLM_IMAGES` whose TensorRT-LLM version the backend accepts."""
+    from ..packaging import versions as V
+
+    pk = getattr(cfg, "package", None)
+    field = "package.serving_image" if getattr(pk, "serving_image", None) else "target.serving_image"
+    image = (getattr(pk, "serving_image", None) or cfg.target.serving_image or "").strip()
+    img = V.image_versions(image)
+    backend = cfg.target.backend
+    ok_tags = [t for t, (v, _, _) in V.TRTLLM_IMAGES.items() if accepts_version(backend, v)]
+    fix = f"use nvcr.io/nvidia/tritonserver:<tag>-trtllm-python-py3 with tag in {ok_tags}" + (
+        "" if ok_tags else " (none known: add the tag with its source to pipeline/packaging/versions.py)"
+    )
+    if img is None:
+        return [Problem(field, image, f"is not a known TensorRT-LLM serving image; known tag=TensorRT-LLM: {V.table_text()}.", fix)]
+    path = "the legacy engine path (1.2.0-1.2.1)" if backend == "tensorrt" else "the PyTorch backend (>= 1.2.0)"
+    if not accepts_version(backend, str(img["tensorrt_llm"])):
+        return [Problem(field, image, f"ships TensorRT-LLM {img['tensorrt_llm']}, which {path} does not accept ({V.SOURCE}).", fix)]
+    return []
+
+
+def _version_fails(cfg: Any, exe: str) -> list[str]:
+    """:meth:`TensorRTLLMTarget.preflight`: the installed TensorRT-LLM against the backend's range, and trtllm-build.
+
+    The PyTorch backend accepts a host without TensorRT-LLM (it builds nothing); an installed one must be >= 1.2.0.
+    """
+    backend = cfg.target.backend
+    fails: list[str] = []
+    v = installed_version()
+    if v is None and backend == "tensorrt":
+        fails.append(f"the tensorrt_llm package is not installed (Python {sys.version.split()[0]}). Fix: {INSTALL_FIX}.")
+    elif v is not None and v != "unknown":
+        if backend == "tensorrt" and not accepts_version("tensorrt", v):
+            fails.append(
+                f"tensorrt_llm {v} is outside the supported engine-path range 1.2.0-1.2.1 (trtllm-build was removed after 1.2.x). "
+                f"Fix: pip install 'tensorrt-llm==1.2.1' --extra-index-url https://pypi.nvidia.com/ , or use {NGC_IMAGE}; "
+                "or target=tensorrt_llm_pytorch for newer releases."
+            )
+        if backend == "pytorch" and not accepts_version("pytorch", v):
+            fails.append(
+                f"tensorrt_llm {v} is older than 1.2.0. Fix: pip install 'tensorrt-llm==1.2.1' --extra-index-url https://pypi.nvidia.com/"
+            )
+    if backend == "tensorrt" and shutil.which(exe) is None and not (os.path.isabs(exe) and os.access(exe, os.X_OK)):
+        fails.append(
+            f"`{exe}` (target.trtllm_build) is not on PATH. Fix: it ships with the tensorrt-llm 1.2.x wheel "
+            "(install as above); or point target.trtllm_build=/path/to/trtllm-build."
+        )
+    return fails
+
+
+def _gpu_fails(cfg: Any) -> list[str]:
+    """:meth:`TensorRTLLMTarget.preflight`: the GPU the package is for (the local one; for the PyTorch backend without
+    one, ``target.gpu`` from the planner catalogue) against the recipe's and KV cache's minimum compute capability."""
+    from ..hostinfo import gpus
+
+    g = gpus()
+    if g:
+        name, cc_s = str(g[0]["name"]), str(g[0]["compute_capability"])
+    elif cfg.target.backend == "pytorch" and cfg.target.gpu:
+        from ..planner.gpus import lookup
+
+        try:
+            gpu = lookup(cfg.target.gpu)
+        except KeyError as e:
+            return [
+                f"target.gpu={cfg.target.gpu!r}: {e.args[0]}. Fix: name a GPU of the catalogue (`pipeline plan --gpus all` lists them)."
+            ]
+        name, cc_s = f"{gpu.name} (target.gpu={gpu.key}, not present on this host)", gpu.compute_capability
+    elif cfg.target.backend == "pytorch":
+        return [
+            "no NVIDIA GPU is visible and target.gpu is not set, so the GPU this package is for is unknown. "
+            "Fix: name it, e.g. target.gpu=h100_sxm (the PyTorch backend packages on a CPU host for a named GPU)."
+        ]
+    else:
+        return [
+            f"no NVIDIA GPU is visible (nvidia-smi found none). Fix: run on a GPU host / inside {NGC_IMAGE} with --gpus all, "
+            "build for CPU with target=onnxruntime_genai, or package for a named GPU without a build with "
+            "target=tensorrt_llm_pytorch target.gpu=<gpu>."
+        ]
+    try:
+        cc = tuple(int(x) for x in cc_s.split(".")[:2])
+    except ValueError:
+        cc = (0, 0)
+    need = max(RECIPE_MIN_SM.get(cfg.quant.recipe, (8, 0)), KV_MIN_SM.get(cfg.quant.kv_cache_dtype, (7, 5)))
+    if cfg.quant.export_dtype == "bfloat16":
+        need = max(need, (8, 0))
+    if cc < need:
+        return [
+            f"GPU {name} has compute capability {cc[0]}.{cc[1]}; quant={cfg.quant.recipe} kv_cache_dtype={cfg.quant.kv_cache_dtype} "
+            f"needs SM >= {need[0]}.{need[1]} (FP8/W4A8 need Ada/Hopper, SM 8.9+). "
+            "Fix: use quant=int4_awq or int8_sq on Ampere, or a newer GPU."
+        ]
+    return []
+
+
 class TensorRTLLMTarget:
     name = "tensorrt_llm"
 
@@ -750,7 +875,9 @@ class TensorRTLLMTarget:
                     "quant.recipe",
                     cfg.quant.recipe,
                     f"target {caps.name} cannot build this recipe: {refusal}.",
-                    f"use quant=<one of {list(caps.recipes)}>",
+                    PYTORCH_ALTERNATIVE.format(recipe=cfg.quant.recipe)
+                    if cfg.quant.recipe in PYTORCH_REFUSED_RECIPES and caps.name == "tensorrt_llm_pytorch"
+                    else f"use quant=<one of {list(caps.recipes)}>",
                 )
             )
         if cfg.quant.kv_cache_dtype not in caps.kv_cache_dtypes:
@@ -759,10 +886,14 @@ class TensorRTLLMTarget:
                     "quant.kv_cache_dtype",
                     cfg.quant.kv_cache_dtype,
                     f"target {caps.name} deploys KV caches {list(caps.kv_cache_dtypes)}.",
-                    "set quant.kv_cache_dtype=none",
+                    "set quant.kv_cache_dtype=fp8 (Ada/Hopper) or none, or use the legacy engine path target=tensorrt_llm "
+                    "(TensorRT-LLM 1.2.x, INT8 KV)"
+                    if caps.name == "tensorrt_llm_pytorch"
+                    else "set quant.kv_cache_dtype=none",
                 )
             )
         p += runtime_problems(cfg)
+        p += serving_image_problems(cfg)
         # max_seq_len (+ draft) vs the model's positions: pipeline/planner/validate.py (one rule, one place)
         return p
 
@@ -795,55 +926,17 @@ class TensorRTLLMTarget:
     def preflight(self, cfg: Any, checkpoint: Path, out: Path | None = None) -> None:
         """Check, before any GPU work: package + version, trtllm-build, GPU compute capability, memory plan.
 
+        Engine path (``target.backend=tensorrt``): TensorRT-LLM 1.2.x, ``trtllm-build`` and a local GPU are required
+        (an engine is compiled for the GPU it is built on). PyTorch backend: nothing is compiled, the build stage only
+        writes the LLM-API options next to the unified HF checkpoint, so neither TensorRT-LLM nor a GPU is needed here;
+        without a local GPU the GPU named by ``target.gpu`` (planner catalogue) is checked instead.
+
         Raises:
             PreflightError: every failed check with its fix, plus the exact command that would run.
         """
-        from ..hostinfo import gpus
-
-        fails: list[str] = []
         backend = cfg.target.backend
-        v = installed_version()
-        if v is None:
-            fails.append(f"the tensorrt_llm package is not installed (Python {sys.version.split()[0]}). Fix: {INSTALL_FIX}.")
-        elif v != "unknown":
-            vt = _ver_tuple(v)
-            if backend == "tensorrt" and not (ENGINE_VERSIONS[0] <= vt <= ENGINE_VERSIONS[1]):
-                fails.append(
-                    f"tensorrt_llm {v} is outside the supported engine-path range 1.2.0-1.2.1 (trtllm-build was removed after 1.2.x). "
-                    f"Fix: pip install 'tensorrt-llm==1.2.1' --extra-index-url https://pypi.nvidia.com/ , or use {NGC_IMAGE}; "
-                    "or target.backend=pytorch for newer releases."
-                )
-            if backend == "pytorch" and vt < PYTORCH_MIN_VERSION:
-                fails.append(
-                    f"tensorrt_llm {v} is older than 1.2.0. Fix: pip install 'tensorrt-llm==1.2.1' --extra-index-url https://pypi.nvidia.com/"
-                )
-        if backend == "tensorrt":
-            exe = self.trtllm_build_exe(cfg)
-            if shutil.which(exe) is None and not (os.path.isabs(exe) and os.access(exe, os.X_OK)):
-                fails.append(
-                    f"`{exe}` (target.trtllm_build) is not on PATH. Fix: it ships with the tensorrt-llm 1.2.x wheel "
-                    "(install as above); or point target.trtllm_build=/path/to/trtllm-build."
-                )
-        g = gpus()
-        if not g:
-            fails.append(
-                f"no NVIDIA GPU is visible (nvidia-smi found none). Fix: run on a GPU host / inside {NGC_IMAGE} with --gpus all, "
-                "or build for CPU with target=onnxruntime_genai."
-            )
-        else:
-            try:
-                cc = tuple(int(x) for x in str(g[0]["compute_capability"]).split(".")[:2])
-            except ValueError:
-                cc = (0, 0)
-            need = max(RECIPE_MIN_SM.get(cfg.quant.recipe, (8, 0)), KV_MIN_SM.get(cfg.quant.kv_cache_dtype, (7, 5)))
-            if cfg.quant.export_dtype == "bfloat16":
-                need = max(need, (8, 0))
-            if cc < need:
-                fails.append(
-                    f"GPU {g[0]['name']} has compute capability {cc[0]}.{cc[1]}; quant={cfg.quant.recipe} kv_cache_dtype={cfg.quant.kv_cache_dtype} "
-                    f"needs SM >= {need[0]}.{need[1]} (FP8/W4A8 need Ada/Hopper, SM 8.9+). "
-                    "Fix: use quant=int4_awq or int8_sq on Ampere, or a newer GPU."
-                )
+        fails = _version_fails(cfg, self.trtllm_build_exe(cfg))
+        fails += _gpu_fails(cfg)
         if not fails:
             from ..planner import plan as _plan
 
