@@ -679,6 +679,17 @@ def _pickle_weights(src: Path, allow_pickle: bool, allow_external_files: bool) -
     return pickles
 
 
+def _is_integer_dtype(dt: str) -> bool:
+    """safetensors (``I8``, ``U8``, ``BOOL`` ...) or torch (``torch.int8`` ...) integer / boolean dtype names."""
+    d = str(dt)
+    return d in ("I8", "I16", "I32", "I64", "U8", "U16", "U32", "U64", "BOOL") or d.startswith(("torch.int", "torch.uint", "torch.bool"))
+
+
+#: embedding rows beyond the tokenizer that are still padding: checkpoints pad the vocabulary to a multiple of 64..256
+#: or reserve tokens (Qwen2.5: 152064 rows for 151665 tokens; Phi-3: 32064 for 32011); far more means the wrong tokenizer.
+MAX_UNUSED_EMBEDDING_ROWS = 4096
+
+
 def check_tensor_shapes(facts: CheckpointFacts) -> None:
     """vocab_size vs embedding rows vs lm_head rows, hidden size of both, and the tie rule.
 
@@ -686,6 +697,15 @@ def check_tensor_shapes(facts: CheckpointFacts) -> None:
     """
     cfg, src = facts.config, facts.path
     vocab, hidden = cfg["vocab_size"], cfg["hidden_size"]
+    ints = sorted(n for n, (_, dt) in facts.tensors.items() if n.endswith((".weight", ".bias")) and _is_integer_dtype(dt))
+    if ints:
+        n0 = ints[0]
+        raise InputError(
+            f"{src / facts.tensor_file.get(n0, '')}: {len(ints)} weight tensor(s) are stored as integers, e.g. {n0} "
+            f"({facts.tensors[n0][1]}); loading would cast the integers to floats and the model would produce garbage. "
+            f"Fix: use the checkpoint's floating-point weights (an already-quantized checkpoint is not an export input: "
+            f"export its unquantized original and let the quantize stage quantize it)."
+        )
     emb = facts.tensors.get(EMBED_NAME)
     if emb is None:
         raise InputError(
@@ -756,6 +776,12 @@ def _load_tokenizer(src: Path, vocab_rows: int, trust_remote_code: bool) -> Any:
             f"({EMBED_NAME}, vocab_size) has only {vocab_rows} rows; ids >= {vocab_rows} would index past the "
             f"embedding. Fix: use the tokenizer the model was trained with, or resize the embeddings "
             f"(model.resize_token_embeddings(len(tokenizer))) and re-save the checkpoint."
+        )
+    if vocab_rows > 2 * n and vocab_rows - n > MAX_UNUSED_EMBEDDING_ROWS:
+        raise InputError(
+            f"{src}: the embedding ({EMBED_NAME}, vocab_size) has {vocab_rows} rows but the tokenizer only {n} tokens: "
+            f"{vocab_rows - n} rows no token can reach (padding is at most a few thousand), so this is not the tokenizer "
+            f"the model was trained with. Fix: copy the model's own tokenizer files into the checkpoint folder."
         )
     return tok
 

@@ -235,3 +235,31 @@ def test_serve_verify_cache_refuses_a_package_with_a_flipped_byte(tmp_path):
         resolve_repository(str(bare), None, verify=True)
     p = _cli(["serve", f"store_dir={store}", "verify_cache=true"], tmp_path)  # the CLI passes the flag through
     assert p.returncode == 2 and "verify_cache=true and a file of this artifact differs" in p.stderr, p.stdout + p.stderr
+
+
+# --------------------------------------------------------------------------- odd weights (export)
+def test_integer_weights_in_a_float_checkpoint_are_refused(tmp_path):
+    import tiny
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from pipeline.errors import InputError
+    from pipeline.export import inspect_checkpoint
+
+    ck = tiny.make_checkpoint(tmp_path / "ck", "llama")
+    sd = load_file(str(ck / "model.safetensors"))
+    sd["model.layers.0.mlp.up_proj.weight"] = torch.randint(-8, 8, sd["model.layers.0.mlp.up_proj.weight"].shape, dtype=torch.int8)
+    save_file(sd, str(ck / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(InputError, match=r"stored as integers, e\.g\. model\.layers\.0\.mlp\.up_proj\.weight \(I8\).*Fix:"):
+        inspect_checkpoint(ck)
+
+
+def test_an_embedding_far_larger_than_the_tokenizer_is_refused(tmp_path):
+    import tiny
+
+    from pipeline.errors import InputError
+    from pipeline.export import export_checkpoint
+
+    ck = tiny.make_checkpoint(tmp_path / "ck", "llama", vocab_size=20000)  # the tokenizer has 320 tokens
+    with pytest.raises(InputError, match=r"20000 rows but the tokenizer only 320 tokens.*Fix: copy the model's own tokenizer"):
+        export_checkpoint(ck, tmp_path / "out")

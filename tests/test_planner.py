@@ -265,8 +265,11 @@ def test_doctor_json_reports_this_environment():
     assert rep["schema"] == "pipeline.doctor/v1" and rep["python"]["version"].count(".") == 2
     for dist in ("onnxruntime-genai", "nvidia-modelopt", "transformers"):
         assert rep["packages"][dist] == importlib.metadata.version(dist)
-    assert set(rep["targets"]) == {"onnxruntime_genai", "tensorrt_llm", "triton_serving", "quantize"}
+    assert set(rep["targets"]) == {"onnxruntime_genai", "tensorrt_llm", "tensorrt_llm_pytorch", "triton_serving", "quantize"}
     assert rep["targets"]["onnxruntime_genai"]["ok"] is True
+    # the forward path packages without TensorRT-LLM or a GPU; the engine path is labelled legacy
+    assert rep["targets"]["tensorrt_llm_pytorch"]["ok"] is True and "forward path" in rep["targets"]["tensorrt_llm_pytorch"]["why"][0]
+    assert "legacy" in rep["targets"]["tensorrt_llm"]["why"][0]
     has_trtllm = importlib.util.find_spec("tensorrt_llm") is not None
     if not has_trtllm:
         assert rep["targets"]["tensorrt_llm"]["ok"] is False and any("tensorrt_llm" in w for w in rep["targets"]["tensorrt_llm"]["why"])

@@ -397,7 +397,7 @@ def version_problems(build_info: dict[str, Any], serving_image: str | None) -> l
                 "version",
             )
         )
-    elif not V.same_version(str(eng_t), img["tensorrt_llm"]):
+    elif not V.same_version(str(eng_t), str(img["tensorrt_llm"])):
         out.append(
             Problem(
                 "package.serving_image",
