@@ -141,6 +141,8 @@ _INPUT_FIELDS = {
     "reference_checkpoint": "model.path",
     "draft_model": "eval.draft_model_path",
 }
+#: external inputs that are one file (a folder there is refused with the others, before any stage runs)
+_FILE_FIELDS = {"calibration.path", "eval.eval_set"}
 
 
 def _resolve_externals(stage: Stage, cfg: PipelineConfig) -> tuple[dict[str, Path], dict[str, str]]:
@@ -157,6 +159,12 @@ def _resolve_externals(stage: Stage, cfg: PipelineConfig) -> tuple[dict[str, Pat
                 f"{what}: not found (looked for {rp}; the {stage.name} stage reads it). "
                 f"Fix: {'set ' + field + ' to' if field else 'point the config at'} an existing path (relative paths are "
                 "resolved against the directory you run pipeline from, then the repository)."
+            )
+        elif rp.is_dir() and _INPUT_FIELDS.get(name) in _FILE_FIELDS:
+            field = _INPUT_FIELDS[name]
+            missing[f"{field}={p}"] = (
+                f"{field}={p}: is a directory ({rp}); the {stage.name} stage reads one file. "
+                f"Fix: set {field} to the data file itself (e.g. a .jsonl file, one JSON object per line)."
             )
         else:
             out[name] = rp

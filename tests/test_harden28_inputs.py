@@ -263,3 +263,28 @@ def test_an_embedding_far_larger_than_the_tokenizer_is_refused(tmp_path):
     ck = tiny.make_checkpoint(tmp_path / "ck", "llama", vocab_size=20000)  # the tokenizer has 320 tokens
     with pytest.raises(InputError, match=r"20000 rows but the tokenizer only 320 tokens.*Fix: copy the model's own tokenizer"):
         export_checkpoint(ck, tmp_path / "out")
+
+
+def test_a_directory_as_the_eval_set_is_refused_before_any_stage_runs(tmp_path, tiny_llama):
+    import subprocess
+    import sys
+
+    (tmp_path / "evals").mkdir()
+    store = tmp_path / "store"
+    cmd = [
+        sys.executable,
+        "-m",
+        "pipeline.cli",
+        f"model.path={tiny_llama}",
+        f"eval.eval_set={tmp_path / 'evals'}",
+        f"store_dir={store}",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        "progress=false",
+        "build.max_seq_len=256",
+        "build.max_input_len=200",
+    ]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode == 2, out[-2000:]
+    assert "is a directory" in out and "Fix: set eval.eval_set to the data file" in out, out[-2000:]
+    assert not (store / "export").exists()  # refused before export ran

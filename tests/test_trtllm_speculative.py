@@ -137,7 +137,7 @@ def _package_ctx(tmp_path: Path, spec_measured: dict, **pkg):
     build = tmp_path / "build"
     for d in ("engine", "draft_engine"):  # test data standing in for trtllm-build output; never run
         (build / d).mkdir(parents=True)
-        (build / d / "config.json").write_text(json.dumps({"version": "1.1.0"}))
+        (build / d / "config.json").write_text(json.dumps({"version": "1.2.1"}))
         (build / d / "rank0.engine").write_bytes(b"test data, not an engine")
     from pipeline.targets.tensorrt_llm import runtime_knobs
 
@@ -146,7 +146,7 @@ def _package_ctx(tmp_path: Path, spec_measured: dict, **pkg):
         "backend": "tensorrt",
         "limits": {"max_batch_size": 8, "max_input_len": 256, "max_seq_len": 388, "max_beam_width": 1},
         "runtime": runtime_knobs(cfg),
-        "versions": {"tensorrt_llm": "1.1.0", "tensorrt": "10.13.3.9"},
+        "versions": {"tensorrt_llm": "1.2.1", "tensorrt": "10.13.3.9"},
     }
     (build / "build_info.json").write_text(json.dumps(bi))
     ev = tmp_path / "evaluate"
