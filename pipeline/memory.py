@@ -27,9 +27,9 @@ _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
 
 
-def _status_kib(field: str) -> int | None:
+def _status_kib(field: str, status: Path = _STATUS) -> int | None:
     try:
-        for line in _STATUS.read_text().splitlines():
+        for line in status.read_text().splitlines():
             if line.startswith(field + ":"):
                 return int(line.split()[1])
     except (OSError, ValueError, IndexError):
@@ -140,13 +140,9 @@ def run_sampled(cmd: list[str], *, interval_s: float = 0.1, **popen_kw: Any) -> 
     status = Path(f"/proc/{proc.pid}/status")
     peak: int | None = None
     while proc.poll() is None:
-        try:
-            for line in status.read_text().splitlines():
-                if line.startswith("VmHWM:"):
-                    peak = max(peak or 0, int(line.split()[1]) * 1024)
-                    break
-        except (OSError, ValueError, IndexError):
-            pass
+        kib = _status_kib("VmHWM", status)
+        if kib is not None:
+            peak = max(peak or 0, kib * 1024)
         time.sleep(interval_s)
     return int(proc.returncode), peak
 

@@ -63,16 +63,10 @@ def predict(shape_dir: Path, stages: list[str]) -> dict[str, Any]:
     """The planner's per-stage prediction and refusals for ``shape_dir`` (no work done)."""
     from ..config import compose
     from ..planner import plan
-    from ..planner.host import StageMemory, stage_refusals
+    from ..planner.host import plan_refusals
 
-    cfg = compose([f"model.path={shape_dir}", *RUN_ARGS])
-    p = plan(cfg)
-    pred = {k: StageMemory(**v) for k, v in p.stages["predicted"].items()}
-    return {
-        "host_total_bytes": p.stages["host_total_bytes"],
-        "predicted": p.stages["predicted"],
-        "refusals": stage_refusals(pred, stages, p.stages["host_total_bytes"]),
-    }
+    p = plan(compose([f"model.path={shape_dir}", *RUN_ARGS]))
+    return {**p.stages, "refusals": plan_refusals(p.stages, stages)}
 
 
 def run_shape(shape: str, shape_dir: Path, work: Path, stages: list[str], extra: list[str]) -> dict[str, Any]:
@@ -105,7 +99,7 @@ def run_shape(shape: str, shape_dir: Path, work: Path, stages: list[str], extra:
             if info.is_file():
                 row["builder_peak_rss_bytes"] = json.loads(info.read_text(encoding="utf-8")).get("builder_peak_rss_bytes")
         if s["stage"] == "quantize" and s.get("path"):
-            rep = Path(s["path"]) / QuantizeArtifact.REPORT_JSON
+            rep = QuantizeArtifact(Path(s["path"])).report_path
             if rep.is_file():
                 r = json.loads(rep.read_text(encoding="utf-8"))
                 row["steps_peak_rss_bytes"] = r.get("peak_rss_bytes")

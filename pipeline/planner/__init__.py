@@ -34,7 +34,7 @@ def plan_for_run(cfg: Any, console: Any, stages: list[str] | None = None) -> dic
     ``stages`` (the run order) is predicted to need more host memory than the host has
     (:func:`pipeline.planner.host.stage_refusals`).  A model whose config.json cannot be read yields
     ``{"status": "unavailable", "error": ...}`` (the export stage reports that input problem itself)."""
-    from .host import StageMemory, stage_refusals
+    from .host import plan_refusals
     from .render import render
 
     try:
@@ -42,8 +42,7 @@ def plan_for_run(cfg: Any, console: Any, stages: list[str] | None = None) -> dic
     except PipelineError as e:
         return {"schema": "pipeline.plan/v1", "status": "unavailable", "error": str(e)}
     if stages and p.stages:
-        pred = {k: StageMemory(**v) for k, v in p.stages["predicted"].items()}
-        more = stage_refusals(pred, list(stages), p.stages.get("host_total_bytes"))
+        more = plan_refusals(p.stages, list(stages))
         if more:
             p.refusals.extend(more)
             p.status = "refused"

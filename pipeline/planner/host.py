@@ -40,8 +40,6 @@ BUILDER_FACTOR = 0.6
 #: (1 B shape: 6.62 GB peak for a 3.93 GB float32 reference, bench/results/scale.json).
 EVAL_TRANSIENT = 0.6
 
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
-
 
 @dataclasses.dataclass(frozen=True)
 class StageMemory:
@@ -75,6 +73,8 @@ def stage_memory(
     Returns:
         ``{stage: StageMemory}`` for export, quantize, build and evaluate.
     """
+    from .plan import DTYPE_BYTES
+
     P, W = int(num_parameters), 4 * int(num_parameters)
     exp_b = DTYPE_BYTES.get(export_dtype, 2)
     out: dict[str, StageMemory] = {
@@ -134,6 +134,12 @@ def stage_refusals(pred: dict[str, StageMemory], stages: list[str], host_total: 
                 f"{host_total / 1e9:.1f} GB. Fix: {fixes[s]}."
             )
     return out
+
+
+def plan_refusals(stages_doc: dict[str, Any], stages: list[str]) -> list[str]:
+    """:func:`stage_refusals` for a plan's ``stages`` section (``{"host_total_bytes", "predicted"}``, :func:`as_json`)."""
+    pred = {k: StageMemory(**v) for k, v in stages_doc["predicted"].items()}
+    return stage_refusals(pred, stages, stages_doc.get("host_total_bytes"))
 
 
 def as_json(pred: dict[str, StageMemory]) -> dict[str, Any]:

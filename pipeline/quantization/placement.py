@@ -28,8 +28,6 @@ from ..errors import InputError
 
 #: Share of the device's free memory kept for activations, the calibration batch and ModelOpt's statistics.
 RESERVE_FRACTION = 0.2
-#: Bytes per element of the compute dtypes.
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,19 +89,15 @@ def compute_dtype(device: str, checkpoint_dtype: str) -> str:
 
 
 def free_bytes(device: str) -> int:
-    """Free memory of ``device`` now, bytes: ``torch.cuda.mem_get_info`` for CUDA, ``MemAvailable`` (/proc/meminfo)
-    for the CPU (0 when unreadable)."""
+    """Free memory of ``device`` now, bytes: ``torch.cuda.mem_get_info`` for CUDA; for the CPU the planner's
+    :func:`pipeline.planner.plan.host_memory` (``MemAvailable`` of /proc/meminfo; 0 when unreadable)."""
     if device.startswith("cuda"):
         import torch
 
         return int(torch.cuda.mem_get_info(int(device.split(":")[1]))[0])
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
+    from ..planner.plan import host_memory
+
+    return int(host_memory()["available"] or 0)
 
 
 def plan_placement(
@@ -122,6 +116,8 @@ def plan_placement(
     """
     dev = device or resolve_device(cal.device)
     dtype = compute_dtype(dev, checkpoint_dtype)
+    from ..planner.plan import DTYPE_BYTES
+
     model_bytes = int(num_parameters) * DTYPE_BYTES[dtype]
     cap = getattr(cal, "max_device_memory_gb", None)
     if cap is not None:

@@ -109,8 +109,10 @@ def _export_reader(hf_dir: Path) -> Callable[[str], torch.Tensor | None]:
     """``name -> tensor`` of the export checkpoint (``hf/*.safetensors``), one tensor read at a time; None when absent."""
     from safetensors import safe_open
 
+    from ..modelio import shard_files
+
     where: dict[str, Path] = {}
-    for f in sorted(Path(hf_dir).glob("*.safetensors")):
+    for f in shard_files(Path(hf_dir)):
         with safe_open(str(f), framework="pt") as sf:
             for k in sf.keys():
                 where[k] = f
