@@ -38,14 +38,14 @@ $(SERVE_STAMP): pipeline/serving/requirements-serve.txt
 
 serve-env: $(SERVE_STAMP)
 
-# What only the test suite needs beyond the pipeline: the Ray cluster engine (hydra/launcher=ray_cluster; the launcher
+# What only the test suite needs beyond the pipeline: the SLURM launcher (its docs config is composed), the Ray cluster engine (hydra/launcher=ray_cluster; the launcher
 # --no-deps, its cloudpickle<3 pin would break joblib: pyproject.toml) and a real MLflow server in its own venv (full
 # mlflow pins pyarrow<26; the pipeline itself only needs the mlflow-skinny client).
 MLFLOW_VENV ?= .venv-mlflow
 TEST_STAMP := $(VENV)/.installed-test
 MLFLOW_STAMP := $(MLFLOW_VENV)/.installed
 $(TEST_STAMP): $(STAMP)
-	$(PY) -m pip install $(PIP_FLAGS) -e '.[dev,mlflow,ray]'
+	$(PY) -m pip install $(PIP_FLAGS) -e '.[dev,mlflow,ray,slurm]'
 	$(PY) -m pip install $(PIP_FLAGS) --no-deps hydra-ray-launcher==1.2.2
 	touch $@
 $(MLFLOW_STAMP):
