@@ -352,6 +352,10 @@ def _run_stages(cfg: PipelineConfig, console: Console, state: _RunState) -> None
     externals = _all_externals(order, cfg)
     if "build" in order and not cfg.dry_run:
         _target_available(cfg, store, order, externals)
+    if "quantize" in order and not cfg.dry_run and str(cfg.calibration.device).lower().startswith("cuda"):
+        from .quantization.placement import resolve_device
+
+        resolve_device(cfg.calibration.device)  # a named GPU that is not there: exit 2 before export runs
     done: dict[str, Artifact] = {}
     show_progress = cfg.progress and console.is_terminal
     for name in order:

@@ -126,6 +126,29 @@ def test_cuda_on_a_host_without_one_is_refused():
     assert resolve_device("auto") == "cpu"
 
 
+def test_a_missing_gpu_is_refused_before_any_stage_runs(tmp_path, tiny_llama):
+    if torch.cuda.is_available():
+        pytest.skip("this host has a GPU")
+    store = tmp_path / "store"
+    cmd = [
+        sys.executable,
+        "-m",
+        "pipeline.cli",
+        f"model.path={tiny_llama}",
+        "stages=[quantize]",
+        "calibration.device=cuda:0",
+        f"store_dir={store}",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        "build.max_seq_len=256",
+        "build.max_input_len=200",
+    ]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode == 2, out[-2000:]
+    assert "calibration.device='cuda:0'" in out and "Fix: calibration.device=auto" in out, out[-2000:]
+    assert not (store / "export").exists()  # refused before export ran
+
+
 def test_bad_calibration_device_values_are_refused_at_compose_time():
     from pipeline.config.common import ConfigError
     from pipeline.validation import validate
