@@ -98,20 +98,29 @@ class CalibrationSet:
         """Tokens cut by :meth:`batches` to keep batches padding-free."""
         return sum(len(s) for s in self.samples) - sum(len(r) for _, ids in self.batches(batch_size) for r in ids)
 
-    def forward_loop(self, batch_size: int, device: str = "cpu", progress: Any = None):
+    def forward_loop(self, batch_size: int, device: str = "cpu", progress: Any = None, *, last_logits_only: bool = False):
         """A ModelOpt ``forward_loop(model)`` feeding every batch once (``input_ids`` + ``attention_mask``).
 
-        ``progress`` (optional) is called with the number of samples after each batch.
+        ``progress`` (optional) is called with the number of samples after each batch. ``last_logits_only`` asks the
+        model for the last position's logits only (transformers' ``logits_to_keep=1``, where its ``forward`` takes it):
+        calibration reads no logits, and all of them are ``batch x tokens x vocab`` floats (2.1 GB for 8 x 512 tokens of
+        a 128 K vocabulary). Only valid when the LM head is not quantized: its input quantizer would then see the last
+        position only (the caller checks, :func:`pipeline.quantization.modelopt_config.lm_head_excluded`).
         """
+        import inspect
+
         import torch
 
         batches = self.batches(batch_size)
 
         def loop(model: torch.nn.Module) -> None:
+            extra: dict[str, Any] = {}
+            if last_logits_only and "logits_to_keep" in inspect.signature(model.forward).parameters:
+                extra["logits_to_keep"] = 1
             with torch.no_grad():
                 for _, ids in batches:
                     t = torch.tensor(ids, dtype=torch.long, device=device)
-                    model(input_ids=t, attention_mask=torch.ones_like(t))
+                    model(input_ids=t, attention_mask=torch.ones_like(t), **extra)
                     if progress is not None:
                         progress(len(ids))
 

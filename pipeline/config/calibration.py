@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 from .common import Problem, choice, deprecated_alias, runtime
 
@@ -39,9 +39,13 @@ class CalibrationConfig:
     """Deprecated alias of ``calib_size``, removed in the next release."""
     max_seq_len: Optional[int] = deprecated_alias("calib_max_seq_length")
     """Deprecated alias of ``calib_max_seq_length``, removed in the next release."""
-    batch_size: int = 8
-    """Calibration samples per forward pass. Samples are sorted by length and each batch is cut to its shortest member
-    (no padding token reaches a quantizer), so the batch size changes the tokens seen and is part of the key."""
+    batch_size: Any = "auto"
+    """Calibration samples per forward pass: a positive integer, or ``auto`` = the largest batch whose activations fit half
+    the calibration device's free memory beside the model (at most 16 on the CPU; on a GPU holding the whole model,
+    ModelOpt's ``get_max_batch_size`` probe), recorded in the quant report with the reason
+    (pipeline/quantization/placement.py). Samples are sorted by length and each batch is cut to its shortest member (no
+    padding token reaches a quantizer), so the batch changes the tokens seen: an integer is part of the key; set one for
+    results that do not depend on the host's free memory."""
     seed: int = 1234
     """Seed of the sample shuffle (which ``calib_size`` samples are used) and of torch during calibration."""
     apply_chat_template: bool = False
@@ -68,10 +72,33 @@ class CalibrationConfig:
     calibration gives the same statistics (tests/test_scale_memory.py)."""
 
 
+def parse_batch_size(setting: Any) -> Optional[int]:
+    """``calibration.batch_size`` -> the integer given, or None for ``auto``.
+
+    Raises:
+        ValueError: anything else (a bool, a float with a fraction, a number below 1, another word).
+    """
+    if isinstance(setting, str) and setting.strip().lower() == "auto":
+        return None
+    if isinstance(setting, bool) or isinstance(setting, float) and not setting.is_integer():
+        raise ValueError("is not a batch size")
+    try:
+        n = int(setting.strip()) if isinstance(setting, str) else int(setting)
+    except (TypeError, ValueError):
+        raise ValueError("is not a batch size") from None
+    if n < 1:
+        raise ValueError("must be >= 1")
+    return n
+
+
 def validate(cfg: CalibrationConfig, prefix: str = "calibration") -> list[Problem]:
     problems: list[Problem] = []
     choice(problems, f"{prefix}.format", cfg.format, FORMATS)
-    for f in ("calib_size", "calib_max_seq_length", "batch_size", "min_samples", "threads"):
+    try:
+        parse_batch_size(cfg.batch_size)
+    except ValueError as e:
+        problems.append(Problem(f"{prefix}.batch_size", cfg.batch_size, f"{e}.", f"set {prefix}.batch_size to a positive integer, or auto"))
+    for f in ("calib_size", "calib_max_seq_length", "min_samples", "threads"):
         v = getattr(cfg, f)
         if v < 1:
             problems.append(Problem(f"{prefix}.{f}", v, "must be >= 1.", f"set {prefix}.{f} to a positive integer"))

@@ -6,10 +6,10 @@ the libraries' fixed cost plus what the stage holds at its worst moment, from th
 ============  ==========================================================================================================
 export        ``LIBS + P x export dtype bytes + 2 x largest tensor`` (transformers loads the model in the export dtype
               once; ``save_pretrained`` writes from it)
-quantize      CPU: ``LIBS + W x (1 + QUANT_TRANSIENT)`` (one float32 model: calibrated, its state streamed out, exported;
-              the transient is activations, AWQ's search and the exporters' output tensors); CUDA: the host holds
-              ``LIBS`` plus one tensor while the GPU holds ``P x 2`` (bf16) plus activations; offloaded layers wait in
-              host memory
+quantize      CPU: ``LIBS + W x (1 + QUANT_TRANSIENT) + A`` (one float32 model: calibrated, its state streamed out,
+              exported; the transient is AWQ's search and the exporters' output tensors; ``A`` is one calibration batch's
+              activations, :func:`calibration_activation_bytes`); CUDA: the host holds ``LIBS`` plus one tensor while the
+              GPU holds ``P x 2`` (bf16) plus ``A``; offloaded layers wait in host memory
 build         onnxruntime_genai: ``LIBS + W x (1 + BUILD_TRANSIENT)`` for the restored simulated-quant model and its
               converted int4 tensors, then the builder (a separate process, after the model is freed):
               ``BUILDER_LIBS + W x BUILDER_FACTOR``
@@ -36,9 +36,24 @@ QUANT_TRANSIENT = 0.35
 BUILD_TRANSIENT = 0.35
 #: the onnxruntime-genai builder's peak beyond its libraries, as a share of the float32 weights (int4 input).
 BUILDER_FACTOR = 0.6
+#: activations of one calibration sample at its worst moment, per token, in elements of ``hidden_size`` and of
+#: ``intermediate_size``: the residual stream, the normalised input, q/k/v and attention output and ModelOpt's fake-quant
+#: copies of a linear's input (about 8 hidden-sized rows), the MLP's gate, up and activated rows plus the down
+#: projection's quantized input (about 4 intermediate-sized rows). The logits are not counted: the calibration forward
+#: asks for the last position's only (``logits_to_keep=1``, pipeline/calibration.py). An upper bound, not a fit: it has
+#: not been measured on a GPU (docs/memory.md).
+ACT_HIDDEN_ROWS = 8
+ACT_INTERMEDIATE_ROWS = 4
 #: evaluate: activations, KV caches, the engine and the fidelity logits beyond the reference model, as a share of it
 #: (1 B shape: 6.62 GB peak for a 3.93 GB float32 reference, bench/results/scale.json).
 EVAL_TRANSIENT = 0.6
+
+
+def calibration_activation_bytes(hidden_size: int, intermediate_size: int, seq_len: int, dtype_bytes: int) -> int:
+    """Peak activation bytes of ONE calibration sample of ``seq_len`` tokens in a ``dtype_bytes``-wide compute dtype:
+    ``seq_len x (ACT_HIDDEN_ROWS x hidden + ACT_INTERMEDIATE_ROWS x intermediate) x dtype_bytes`` (constants above).
+    A batch of ``b`` samples takes ``b`` times this."""
+    return int(seq_len) * (ACT_HIDDEN_ROWS * int(hidden_size) + ACT_INTERMEDIATE_ROWS * int(intermediate_size)) * int(dtype_bytes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +74,7 @@ def stage_memory(
     calib_device: str,
     reference_dtype: str,
     target: str,
+    calib_activation_bytes: int = 0,
 ) -> dict[str, StageMemory]:
     """Per-stage peak memory of a run (module docstring).
 
@@ -84,13 +100,17 @@ def stage_memory(
     }
     if calib_device == "cpu":
         q = StageMemory(
-            int(LIBS_BYTES + W * (1 + QUANT_TRANSIENT)), None, f"libraries + float32 weights x {1 + QUANT_TRANSIENT:.2f} (CPU calibration)"
+            int(LIBS_BYTES + W * (1 + QUANT_TRANSIENT) + calib_activation_bytes),
+            None,
+            f"libraries + float32 weights x {1 + QUANT_TRANSIENT:.2f} + one calibration batch's activations "
+            f"({calib_activation_bytes / 1e9:.2f} GB) (CPU calibration)",
         )
     else:
         q = StageMemory(
             LIBS_BYTES + 2 * largest_tensor * 4,
-            int(2 * P * (1 + QUANT_TRANSIENT)),
-            f"host: libraries + 2 largest tensors; GPU: bf16 weights x {1 + QUANT_TRANSIENT:.2f} (beyond the GPU: layers offloaded)",
+            int(2 * P * (1 + QUANT_TRANSIENT) + calib_activation_bytes),
+            f"host: libraries + 2 largest tensors; GPU: bf16 weights x {1 + QUANT_TRANSIENT:.2f} + one calibration batch's "
+            f"activations ({calib_activation_bytes / 1e9:.2f} GB) (beyond the GPU: layers offloaded)",
         )
     out["quantize"] = q
     if target == "onnxruntime_genai":
@@ -121,7 +141,8 @@ def stage_refusals(pred: dict[str, StageMemory], stages: list[str], host_total: 
     fixes = {
         "export": "export on a host with more memory, or from a checkpoint already in a 16-bit dtype (model.dtype=bfloat16)",
         "quantize": "calibrate on a GPU host (calibration.device=auto picks CUDA when visible; bf16, layers onloaded one at a "
-        "time when the model does not fit the GPU), or a host with more memory",
+        "time when the model does not fit the GPU), a smaller calibration batch (calibration.batch_size=auto, or a "
+        "lower integer), or a host with more memory",
         "build": "build on a host with more memory, or target=tensorrt_llm_pytorch (no host-side engine build)",
         "evaluate": "eval.reference_dtype=bfloat16 (half the baseline's memory), or a host with more memory",
     }

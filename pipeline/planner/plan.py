@@ -535,15 +535,37 @@ def _stage_memory(p: Plan, cfg: Any, shape: ModelShape) -> None:
         exp = str(cfg.model.dtype)
     except Exception:  # an unreadable checkpoint: the export stage names it
         exp = "float32"
+    dev = calibration_device(cfg)
     pred = stage_memory(
         shape.num_parameters,
         shape.vocab_size * shape.hidden_size,
         export_dtype=exp,
-        calib_device=calibration_device(cfg),
+        calib_device=dev,
         reference_dtype=str(cfg.eval.reference_dtype),
         target=resolve_target(cfg)[0],
+        calib_activation_bytes=_calibration_batch_bytes(cfg, shape, dev, exp) if cfg.quant.recipe != "none" else 0,
     )
     p.stages = {"host_total_bytes": host_memory()["total"], "predicted": as_json(pred)}
+
+
+def _calibration_batch_bytes(cfg: Any, shape: ModelShape, device: str, export_dtype: str) -> int:
+    """One calibration batch's activations on ``device``, bytes (:func:`pipeline.planner.host.calibration_activation_bytes`
+    x the batch): ``calibration.batch_size`` when it is an integer; for ``auto`` the most it may choose on the CPU
+    (:data:`pipeline.quantization.placement.AUTO_BATCH_MAX_CPU`; on a GPU it is chosen at run time within half the free
+    memory, and this nominal batch is what the plan counts). An invalid setting counts as ``auto`` (validation names it)."""
+    from ..quantization.placement import AUTO_BATCH_MAX_CPU, compute_dtype
+    from .host import calibration_activation_bytes
+
+    cal = cfg.calibration
+    try:
+        from ..config.calibration import parse_batch_size
+
+        batch = parse_batch_size(cal.batch_size) or AUTO_BATCH_MAX_CPU
+    except ValueError:
+        batch = AUTO_BATCH_MAX_CPU
+    batch = max(1, min(batch, int(cal.calib_size)))
+    dtype_b = DTYPE_BYTES[compute_dtype(device, export_dtype)]
+    return batch * calibration_activation_bytes(shape.hidden_size, shape.intermediate_size, int(cal.calib_max_seq_length), dtype_b)
 
 
 def _catalogue_keys() -> list[str]:

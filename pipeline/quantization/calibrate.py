@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 from pathlib import Path
 from typing import Any
 
 from .auto import auto_search
 from .common import _quiet
-from .modelopt_config import modelopt_config
-from .placement import with_layerwise
+from .modelopt_config import lm_head_excluded, modelopt_config
+from .placement import choose_batch_size, free_bytes, with_layerwise
 from .preflight import _Source
 from .resmooth import resmooth
+
+log = logging.getLogger(__name__)
+#: ModelOpt's probe measures a plain forward pass (no quantizers inserted yet); calibration adds fake-quant copies of the
+#: linears' inputs, about as large again (:data:`pipeline.planner.host.ACT_HIDDEN_ROWS`). Not measured on a GPU.
+FAKE_QUANT_ACTIVATION_RATIO = 2.0
 
 
 @dataclasses.dataclass
@@ -37,11 +43,13 @@ def _calibrate(cfg: Any, src: _Source, calib_path: Path | None, progress: Any, s
     from ..calibration import load_calibration
 
     qcfg = cfg.quant
-    batch_size = int(cfg.calibration.batch_size)
     prog = progress or (lambda d, t: contextlib.nullcontext(lambda n=1: None))
     tok = tf.AutoTokenizer.from_pretrained(str(src.hf), trust_remote_code=False)
     cset = load_calibration(cfg.calibration, tok, calib_path)
     cal = _Calibration(stats=cset.stats, warnings=cset.warnings, cset=cset)
+    batch_size, why = _batch_size(cfg.calibration.batch_size, src, cset)
+    cset.stats["batch_size"], cset.stats["batch_size_reason"] = batch_size, why
+    log.info("calibration batch: %s", why)
     if qcfg.recipe == "auto":
         cal.modelopt_cfg = {"auto_quantize": {f: modelopt_config(qcfg, src.excluded, f) for f in qcfg.auto.formats}}
         with prog("searching per-layer formats (auto_quantize)", 1) as advance:
@@ -52,7 +60,9 @@ def _calibrate(cfg: Any, src: _Source, calib_path: Path | None, progress: Any, s
         cal.modelopt_cfg = with_layerwise(modelopt_config(qcfg, src.excluded), src.placement)
         where = f" layer by layer on {src.placement.device}" if src.placement.layerwise else f" on {src.placement.device}"
         with prog(f"calibrating {qcfg.recipe}{where}", len(cset.samples)) as advance:
-            loop = cset.forward_loop(batch_size, device=src.placement.device, progress=advance)
+            loop = cset.forward_loop(
+                batch_size, device=src.placement.device, progress=advance, last_logits_only=lm_head_excluded(src.excluded)
+            )
             torch.manual_seed(seed)
             with torch.no_grad(), _quiet("mtq.quantize"):
                 mtq.quantize(src.model, cal.modelopt_cfg, loop)
@@ -65,3 +75,27 @@ def _calibrate(cfg: Any, src: _Source, calib_path: Path | None, progress: Any, s
     cal.stats["batches"] = len(cset.batches(batch_size))
     cal.stats["tokens_trimmed"] = cset.trimmed_tokens(batch_size)
     return cal
+
+
+def _batch_size(setting: Any, src: _Source, cset: Any) -> tuple[int, str]:
+    """``calibration.batch_size`` resolved against the device's free memory beside the loaded model
+    (:func:`pipeline.quantization.placement.choose_batch_size`); on CUDA with the whole model resident, ModelOpt's own
+    probe (``get_max_batch_size``, with :data:`FAKE_QUANT_ACTIVATION_RATIO`)."""
+    from ..planner.host import calibration_activation_bytes
+    from ..planner.plan import DTYPE_BYTES
+    from ..planner.shape import ModelShape
+
+    pl = src.placement
+    shape = ModelShape.from_hf_config(src.model.config.to_dict(), source=str(src.hf / "config.json"))
+    seq = max((len(s) for s in cset.samples), default=1)
+    per_sample = calibration_activation_bytes(shape.hidden_size, shape.intermediate_size, seq, DTYPE_BYTES[pl.dtype])
+    probe = None
+    if pl.device.startswith("cuda") and pl.offload == "none":
+        from modelopt.torch.utils.dataset_utils import get_max_batch_size
+
+        def probe() -> int:
+            return int(get_max_batch_size(src.model, max_sample_length=seq, sample_memory_usage_ratio=FAKE_QUANT_ACTIVATION_RATIO))
+
+    return choose_batch_size(
+        setting, device=pl.device, per_sample_bytes=per_sample, free=free_bytes(pl.device), n_samples=len(cset.samples), probe=probe
+    )

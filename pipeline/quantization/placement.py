@@ -185,3 +185,58 @@ def with_layerwise(modelopt_cfg: dict[str, Any], placement: Placement) -> dict[s
     algo = dict(algo) if isinstance(algo, dict) else {"method": algo if algo is not None else "max"}
     algo["layerwise"] = {"enable": True}
     return {**modelopt_cfg, "algorithm": algo}
+
+
+#: ``calibration.batch_size=auto`` on the CPU: at most this many samples per forward pass. 16 was the shipped presets'
+#: fixed batch before ``auto`` (build_configs/calibration/), so CPU results, the shipped gate's among them, are unchanged
+#: wherever the memory allows it; the CPU's GEMMs gain little from larger batches.
+AUTO_BATCH_MAX_CPU = 16
+#: Share of the free memory left beside the model that one calibration batch's activations may take (``auto``).
+ACTIVATION_FRACTION = 0.5
+
+
+def parse_batch_size(setting: Any) -> int | None:
+    """``calibration.batch_size`` -> the integer given, or None for ``auto``.
+
+    Raises:
+        InputError: anything else (:func:`pipeline.config.calibration.parse_batch_size`).
+    """
+    from ..config.calibration import parse_batch_size as parse
+
+    try:
+        return parse(setting)
+    except ValueError as e:
+        raise InputError(f"calibration.batch_size={setting!r} {e}. Fix: a positive integer, or auto.") from None
+
+
+def choose_batch_size(setting: Any, *, device: str, per_sample_bytes: int, free: int, n_samples: int, probe: Any = None) -> tuple[int, str]:
+    """The calibration batch (samples per forward pass) and one sentence saying why.
+
+    Args:
+        setting: ``calibration.batch_size``: an integer is used as given; ``auto`` picks the largest batch whose
+            activations fit :data:`ACTIVATION_FRACTION` of ``free``, at most :data:`AUTO_BATCH_MAX_CPU` on the CPU.
+        device: ``cpu`` | ``cuda:N``.
+        per_sample_bytes: one sample's activations (:func:`pipeline.planner.host.calibration_activation_bytes`), bytes.
+        free: the device's free memory now, beside the loaded model, bytes.
+        n_samples: calibration samples (no batch is larger).
+        probe: optional ``() -> int``: on CUDA with the whole model resident, ModelOpt's own probe
+            (``modelopt.torch.utils.dataset_utils.get_max_batch_size``, 0.47: one forward pass at batch 1 measures the
+            memory per sample, then the target batch is tried) replaces the formula.
+    Raises:
+        InputError: an invalid ``setting`` (:func:`parse_batch_size`).
+    """
+    n = parse_batch_size(setting)
+    if n is not None:
+        return n, f"calibration.batch_size={n}"
+    cap = AUTO_BATCH_MAX_CPU if device == "cpu" else max(1, n_samples)
+    if probe is not None:
+        b, how = int(probe()), "ModelOpt's get_max_batch_size probe"
+    else:
+        b = int(ACTIVATION_FRACTION * max(0, free) // max(1, per_sample_bytes))
+        how = (
+            f"{ACTIVATION_FRACTION:.0%} of the {free / 1e9:.1f} GB free on {device} at "
+            f"{per_sample_bytes / 1e6:.1f} MB of activations per sample"
+        )
+    chosen = max(1, min(b, cap, max(1, n_samples)))
+    limit = f", at most {AUTO_BATCH_MAX_CPU} on the CPU" if device == "cpu" else ""
+    return chosen, f"calibration.batch_size=auto: {chosen} ({how} allow {b}{limit}; {n_samples} samples)"
