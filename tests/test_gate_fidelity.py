@@ -79,3 +79,44 @@ def test_hf_teacher_forced_logits_equal_an_unpadded_forward(tiny_llama):
             ref = model(input_ids=ids).logits[0, len(s.prompt) - 1 :].numpy()
         assert g.shape == (len(s.continuation), model.config.vocab_size)
         np.testing.assert_allclose(g, ref, atol=1e-4)
+
+
+def test_spilled_baseline_and_streamed_candidate_give_what_the_in_memory_comparison_gives(tmp_path):
+    """The evaluate stage's path: the baseline's logits on disk, each candidate sequence compared as it arrives."""
+    rng = np.random.default_rng(1)
+    seqs = [F.TFSequence(str(i), "xy"[i % 2], [1], list(rng.integers(0, 13, size=i + 1))) for i in range(5)]
+    seqs.append(F.TFSequence("empty", "x", [1], []))
+    base = [rng.normal(size=(len(s.continuation), 13)).astype(np.float32) for s in seqs]
+    cand = [b + rng.normal(scale=0.3, size=b.shape).astype(np.float32) for b in base]
+    spill = F.SpilledLogits(tmp_path / "b.f32")
+    for i in (3, 0, 5, 1, 4, 2):  # any order, as batches sorted by length come
+        spill[i] = base[i]
+    assert (tmp_path / "b.f32").stat().st_size == 4 * sum(b.size for b in base)
+    cmp = F.StreamedComparison(seqs, spill)
+    for i in range(len(seqs)):
+        np.testing.assert_array_equal(spill[i], base[i])
+        cmp[i] = cand[i]
+    assert cmp.result(0, 4) == F.compare(seqs[:4], base[:4], cand[:4])
+    assert cmp.result(4, 6) == F.compare(seqs[4:], base[4:], cand[4:])
+    spill.close()
+    assert not (tmp_path / "b.f32").exists()
+
+
+def test_hf_teacher_forced_logits_fill_a_given_store_and_project_only_the_needed_positions(tiny_llama):
+    import torch
+
+    from pipeline.evaluation.runners import HFRunner, load_reference_model
+
+    model = load_reference_model(tiny_llama, "float32")
+    widths = []
+    model.lm_head.register_forward_hook(lambda m, i, o: widths.append(o.shape[1]))
+    r = HFRunner(model, None, stop_ids=[2], pad_id=0, name="baseline")
+    seqs = [F.TFSequence("a", "s", [1, 5, 6, 7, 8, 3, 4], [9, 10]), F.TFSequence("b", "s", [1, 11, 4, 4, 4], [12, 13, 14])]
+    store: dict[int, np.ndarray] = {}
+    assert r.teacher_forced_logits(seqs, batch_size=2, into=store) is store and sorted(store) == [0, 1]
+    assert widths == [8 - 4]  # the padded width is 8; from the shortest prompt's last position (4) on
+    for i, s in enumerate(seqs):
+        ids = torch.tensor([s.prompt + s.continuation[:-1]])
+        with torch.inference_mode():
+            ref = model(input_ids=ids).logits[0, len(s.prompt) - 1 :].numpy()
+        np.testing.assert_allclose(store[i], ref, atol=1e-4)

@@ -18,8 +18,12 @@ within one answer are correlated, so the standard errors (like llama.cpp's) unde
 they are reported, not used by the gate.  The gate uses the overall mean KLD and top-1 agreement
 (``eval.gate.max_kld`` / ``min_top1``, ``pipeline/evaluation/gate.py``).
 
-Runners provide ``teacher_forced_logits(seqs, batch_size) -> [np.ndarray (len(continuation), vocab)]``
-(float32 logits at the positions that predict each continuation token); see ``runners.py``.
+Runners provide ``teacher_forced_logits(seqs, batch_size, advance, into=None)`` filling ``into[i]`` (default: a new
+list) with ``np.ndarray (len(continuation), vocab)``, the float32 logits at the positions that predict each continuation
+token; see ``runners.py``. The evaluate stage never holds all of them: the baseline's go to a file
+(:class:`SpilledLogits`, memory-mapped back), and each of the candidate's is compared the moment it arrives
+(:class:`StreamedComparison`), keeping four numbers per position. Held in memory they would be
+``sequences x tokens x vocab x 4`` bytes twice: 3.7 GB each for 720 ten-token answers of a 128 K vocabulary.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import dataclasses
 import json
 from collections import defaultdict
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -148,9 +153,13 @@ def summarize(kld: np.ndarray, same_top: np.ndarray, nll_base: np.ndarray, nll_c
 
 def compare(seqs: Sequence[TFSequence], base: Sequence[np.ndarray], cand: Sequence[np.ndarray]) -> dict[str, Any]:
     """Fidelity overall and per slice: ``{"overall": summary, "slices": {slice: summary}, "items": n}``."""
+    return compare_stats(seqs, [position_stats(b, c, s.continuation) for s, b, c in zip(seqs, base, cand)])
+
+
+def compare_stats(seqs: Sequence[TFSequence], stats: Sequence[dict[str, np.ndarray]]) -> dict[str, Any]:
+    """:func:`compare` from each sequence's :func:`position_stats` (``stats[i]`` belongs to ``seqs[i]``)."""
     acc: dict[str, dict[str, list[np.ndarray]]] = defaultdict(lambda: defaultdict(list))
-    for s, b, c in zip(seqs, base, cand):
-        st = position_stats(b, c, s.continuation)
+    for s, st in zip(seqs, stats):
         for scope in ("overall", f"slice:{s.slice}"):
             for k, v in st.items():
                 acc[scope][k].append(v)
@@ -164,3 +173,57 @@ def compare(seqs: Sequence[TFSequence], base: Sequence[np.ndarray], cand: Sequen
         "slices": {k.split(":", 1)[1]: summ(v) for k, v in sorted(acc.items()) if k != "overall"},
         "items": len(seqs),
     }
+
+
+class SpilledLogits:
+    """Per-sequence float32 logits written to one file as they come (``store[i] = (T, V) array``) and read back
+    memory-mapped (``store[i]``), so that the baseline's logits wait on disk, not in memory, while the candidate runs.
+
+    The file is raw little-endian float32 rows; :meth:`close` removes it.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f: Any = self.path.open("wb")
+        self._where: dict[int, tuple[int, tuple[int, ...]]] = {}  # i -> (byte offset, shape)
+
+    def __setitem__(self, i: int, logits: Any) -> None:
+        a = np.ascontiguousarray(logits, dtype="<f4")
+        self._where[int(i)] = (self._f.tell(), tuple(a.shape))
+        self._f.write(a.tobytes())
+        self._f.flush()
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        off, shape = self._where[int(i)]
+        if not int(np.prod(shape)):
+            return np.zeros(shape, dtype=np.float32)
+        return np.memmap(self.path, dtype="<f4", mode="r", offset=off, shape=shape)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+        self.path.unlink(missing_ok=True)
+
+
+class StreamedComparison:
+    """The candidate's side of :func:`compare`: ``cmp[i] = logits`` compares sequence ``i``'s logits with ``base[i]``
+    at once (:func:`position_stats`) and keeps only the per-position statistics; :meth:`result` is :func:`compare`'s
+    result for a range of the sequences."""
+
+    def __init__(self, seqs: Sequence[TFSequence], base: Any) -> None:
+        self.seqs, self.base = seqs, base
+        self.stats: dict[int, dict[str, np.ndarray]] = {}
+
+    def __setitem__(self, i: int, logits: Any) -> None:
+        self.stats[int(i)] = position_stats(self.base[i], logits, self.seqs[i].continuation)
+
+    def __len__(self) -> int:
+        return len(self.stats)
+
+    def result(self, start: int, stop: int) -> dict[str, Any]:
+        idx = range(start, stop)
+        return compare_stats([self.seqs[i] for i in idx], [self.stats[i] for i in idx])

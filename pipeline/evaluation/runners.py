@@ -173,16 +173,21 @@ class HFRunner:
             advance(len(chunk))
         return out
 
-    def teacher_forced_logits(self, seqs: Sequence[Any], batch_size: int, advance: Advance = lambda n: None) -> list[Any]:
+    def teacher_forced_logits(self, seqs: Sequence[Any], batch_size: int, advance: Advance = lambda n: None, into: Any = None) -> Any:
         """One forward pass per batch over ``prompt + continuation`` (right-padded, ``attention_mask``).
 
-        Returns, per sequence, the float32 logits (len(continuation), vocab) at the positions predicting each
-        continuation token (``fidelity.TFSequence``).
+        Returns ``into`` (default: a new list) with ``into[i]`` = sequence ``i``'s float32 logits (len(continuation),
+        vocab) at the positions predicting each continuation token (``fidelity.TFSequence``). Only the positions from
+        the batch's shortest prompt on are projected onto the vocabulary (transformers' ``logits_to_keep``, where the
+        model takes it): a batch's logits are ``batch x tokens x vocab`` floats.
         """
+        import inspect
+
         import numpy as np
         import torch
 
-        out: list[Any] = [None] * len(seqs)
+        out: Any = into if into is not None else [None] * len(seqs)
+        keep_ok = "logits_to_keep" in inspect.signature(self.model.forward).parameters
         order = sorted(range(len(seqs)), key=lambda i: len(seqs[i].prompt) + len(seqs[i].continuation))
         for s in range(0, len(order), max(1, batch_size)):
             idx = order[s : s + batch_size]
@@ -193,11 +198,15 @@ class HFRunner:
             for j, r in enumerate(rows):
                 ids[j, : len(r)] = torch.tensor(r, dtype=torch.long)
                 mask[j, : len(r)] = 1
+            first = min(len(seqs[i].prompt) - 1 for i in idx)  # the earliest position any row needs
+            kw = {"logits_to_keep": width - first} if keep_ok else {}
             with torch.inference_mode():
-                logits = self.model(input_ids=ids, attention_mask=mask).logits
+                logits = self.model(input_ids=ids, attention_mask=mask, **kw).logits
+            shift = width - logits.shape[1]  # logits[:, k] is position shift + k
             for j, i in enumerate(idx):
-                a, n = len(seqs[i].prompt) - 1, len(seqs[i].continuation)
+                a, n = len(seqs[i].prompt) - 1 - shift, len(seqs[i].continuation)
                 out[i] = logits[j, a : a + n].float().numpy().astype(np.float32, copy=True)
+            del logits
             advance(len(idx))
         return out
 
@@ -285,10 +294,11 @@ class EngineAdapter:
             advance(len(chunk))
         return out
 
-    def teacher_forced_logits(self, seqs: Sequence[Any], batch_size: int, advance: Advance = lambda n: None) -> list[Any]:
+    def teacher_forced_logits(self, seqs: Sequence[Any], batch_size: int, advance: Advance = lambda n: None, into: Any = None) -> Any:
         """Teacher-forced logits from the engine: the engine runner's own ``teacher_forced_logits(prompt,
         continuation) -> (len(continuation), vocab)`` when it has one (e.g. TensorRT-LLM context/generation
         logits), else onnxruntime-genai's generator on the runner's ``og.Model`` (``og_teacher_forced_logits``).
+        Fills and returns ``into`` (default: a new list), ``into[i]`` for sequence ``i``.
 
         Raises ``NotImplementedError`` when the engine exposes no logits (the report says so).
         """
@@ -296,9 +306,9 @@ class EngineAdapter:
         model = getattr(self.runner, "model", None)
         if own is None and not type(model).__module__.startswith("onnxruntime_genai"):
             raise NotImplementedError(f"engine runner {type(self.runner).__name__} exposes no teacher-forced logits")
-        out = []
-        for s in seqs:
-            out.append(
+        out: Any = into if into is not None else [None] * len(seqs)
+        for i, s in enumerate(seqs):
+            out[i] = (
                 own(s.prompt, s.continuation)
                 if own is not None
                 else og_teacher_forced_logits(model, s.prompt, s.continuation, int(getattr(self.runner, "min_length", 0) or 0))

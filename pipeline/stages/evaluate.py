@@ -13,8 +13,10 @@ import dataclasses
 import json
 import os
 import statistics
+import tempfile
 import time
 from collections import Counter, defaultdict
+from pathlib import Path
 from typing import Any
 
 from ..artifacts import BuildArtifact, EvalArtifact, ExportArtifact, target_of
@@ -166,13 +168,26 @@ def _run_all(
                 t1 = time.perf_counter()
                 try:
                     with ctx.progress(f"evaluate: {name} fidelity", total=len(fid["seqs"])) as adv:
-                        fid["logits"][name] = runner.teacher_forced_logits(fid["seqs"], ctx.cfg.eval.batch_size, adv)
+                        fid["logits"][name] = runner.teacher_forced_logits(
+                            fid["seqs"], ctx.cfg.eval.batch_size, adv, into=_logit_sink(fid, name)
+                        )
                 except NotImplementedError as e:
                     fid["unavailable"] = str(e)
                 fid["seconds"][name] = round(time.perf_counter() - t1, 3)
         finally:
             runner.close()
         seconds[name] = time.perf_counter() - t0
+
+
+def _logit_sink(fid: dict[str, Any], name: str) -> Any:
+    """Where ``name``'s teacher-forced logits go: the baseline's to a file (:class:`~pipeline.evaluation.fidelity.SpilledLogits`,
+    ``fid["spill"]``), the candidate's straight into the comparison with it
+    (:class:`~pipeline.evaluation.fidelity.StreamedComparison`): one sequence's logits in memory at a time."""
+    from ..evaluation import fidelity as F
+
+    if name == "baseline":
+        return F.SpilledLogits(fid["spill"])
+    return F.StreamedComparison(fid["seqs"], fid["logits"]["baseline"])
 
 
 def evaluate(ctx: StageContext) -> dict[str, Any]:
@@ -294,8 +309,13 @@ def _run_runners(ctx: StageContext, st: _Setup) -> _Runs:
     outputs: dict[str, dict[str, Any]] = {}
     seconds: dict[str, float] = {}
     fid = _fidelity_plan(ctx, st) if ctx.cfg.eval.fidelity and "baseline" in st.runners and st.cand != "baseline" else None
-    _run_all(ctx, st.runners, st.prepared, st.tokenizer, st.stop_ids, st.pad_id, st.n_run, outputs, seconds, fid)
-    return _Runs(outputs, seconds, _fidelity_result(fid, st.cand) if fid is not None else None)
+    try:
+        _run_all(ctx, st.runners, st.prepared, st.tokenizer, st.stop_ids, st.pad_id, st.n_run, outputs, seconds, fid)
+        return _Runs(outputs, seconds, _fidelity_result(fid, st.cand) if fid is not None else None)
+    finally:
+        base = (fid or {}).get("logits", {}).get("baseline")
+        if base is not None and hasattr(base, "close"):
+            base.close()  # the spilled baseline logits never reach the artifact
 
 
 def _fidelity_plan(ctx: StageContext, st: _Setup) -> dict[str, Any]:
@@ -323,21 +343,22 @@ def _fidelity_plan(ctx: StageContext, st: _Setup) -> dict[str, Any]:
         "logits": {},
         "seconds": {},
         "heldout": F.heldout_sequences([h for h in _heldout_samples(ctx, st.tokenizer) if len(h) - 1 <= fits]),
+        "spill": Path(ctx.out or tempfile.gettempdir()) / f".fidelity-baseline-{os.getpid()}.f32",
     }
 
 
 def _fidelity_result(fid: dict[str, Any], cand: str) -> dict[str, Any]:
     """The report's ``fidelity`` section from the filled ``fid`` state (:func:`pipeline.evaluation.fidelity.compare`)."""
-    from ..evaluation import fidelity as F
 
     if "unavailable" in fid:
         return {"candidate": cand, "unavailable": fid["unavailable"], "seconds": fid["seconds"]}
-    n_tune = len(fid["seqs"]) - len(fid["heldout"])
-    base_l, cand_l = fid["logits"]["baseline"], fid["logits"][cand]
-    held = F.compare(fid["seqs"][n_tune:], base_l[n_tune:], cand_l[n_tune:]) if fid["heldout"] else None
+    n_all = len(fid["seqs"])
+    n_tune = n_all - len(fid["heldout"])
+    cmp = fid["logits"][cand]  # F.StreamedComparison (_logit_sink)
+    held = cmp.result(n_tune, n_all) if fid["heldout"] else None
     return {
         "candidate": cand,
-        **F.compare(fid["seqs"][:n_tune], base_l[:n_tune], cand_l[:n_tune]),
+        **cmp.result(0, n_tune),
         "calibration_heldout": ({"samples": held["items"], **held["overall"]} if held else None),
         "seconds": fid["seconds"],
         "sequence": "prompt + reference answer (the baseline's tokens where it answered correctly) + eos, cut to the item budget",
