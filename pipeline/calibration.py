@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import MAX_LINE_BYTES, InputError, line_too_long
-from .tokenization import codec_of
+from .tokenization import TokenizationError, codec_of
 
 if TYPE_CHECKING:
     import torch
@@ -407,8 +407,9 @@ def load_calibration(cfg: CalibrationConfig, tokenizer: Any, path: Path | None) 
     Returns:
         :class:`CalibrationSet` with up to ``calib_size`` samples, each truncated to ``calib_max_seq_length`` tokens.
     Raises:
-        InputError: unreadable / non-UTF-8 / malformed input (file and line named), or fewer than
-        ``min_samples`` usable samples (counts named).
+        InputError: unreadable / non-UTF-8 / malformed input (file and line named), a chat sample the model's chat
+        template cannot render (``raise_exception``, a syntax error, the sandbox refusing an attribute: file:line, the
+        template's error and the fix), or fewer than ``min_samples`` usable samples (counts named).
     """
     rows, blank, fmt = read_raw(cfg, path)
     pad, pad_set = ensure_pad_token(tokenizer)
@@ -423,7 +424,13 @@ def load_calibration(cfg: CalibrationConfig, tokenizer: Any, path: Path | None) 
             break
         r = rows[i]
         if r.messages is not None:
-            ids = codec.encode_prompt(messages=r.messages, apply_chat_template=cfg.apply_chat_template, add_generation_prompt=False)
+            try:
+                ids = codec.encode_prompt(messages=r.messages, apply_chat_template=cfg.apply_chat_template, add_generation_prompt=False)
+            except TokenizationError as e:  # the template renders eval prompts (checked at config time) but not this chat
+                raise InputError(
+                    f"{r.where}: calibration sample (chat messages, calibration.apply_chat_template=true): {e} Or calibrate "
+                    f"on these chats without the template: calibration.apply_chat_template=false."
+                ) from None
         else:
             if not r.text or not r.text.strip():
                 empty += 1

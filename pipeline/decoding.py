@@ -15,8 +15,9 @@ different policies.  This module is the one place that reads the fields and says
   ``RepetitionPenaltyLogitsProcessor`` and onnxruntime-genai ``search.cpp`` ``ApplyRepetitionPenalty``: every distinct
   token of prompt + output, logit / p when positive, logit * p when negative); ``no_repeat_ngram_size`` is refused
   (onnxruntime-genai's ``og.Engine`` has no such option), :data:`REFUSED`.
-* **sampling defaults** (``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``min_p``): recorded; the release gate
-  always evaluates greedy; the OpenAI endpoint uses them for a request that omits the field (as vLLM does).
+* **sampling defaults** (``do_sample``, ``temperature``, ``top_k``, ``top_p``): recorded; the release gate always
+  evaluates greedy; the OpenAI endpoint uses them for a request that omits the field (as vLLM does).  ``min_p`` > 0 is
+  refused (:data:`REFUSED`): no served runtime has min-p sampling, so it could only be dropped silently.
 * **ignored**: other logits-changing fields (``num_beams``, ``min_length``, ``suppress_tokens`` ...) are applied by
   no runner and no server (the baseline no longer inherits them either); they are listed in the policy and warned
   about once at export.
@@ -39,12 +40,24 @@ SCHEMA = "pipeline.decoding/v1"
 
 #: generation_config.json fields that change greedy output and are applied by every runtime (name -> neutral value)
 PENALTIES: dict[str, float] = {"repetition_penalty": 1.0}
-#: fields that change greedy output and that some runtime cannot apply: refused (name -> (neutral value, why))
+#: fields that some runtime cannot apply, so the baseline, the engine and the served model would decode differently:
+#: refused (name -> (neutral value, what it changes and who cannot apply it))
 REFUSED: dict[str, tuple[Any, str]] = {
-    "no_repeat_ngram_size": (0, "onnxruntime-genai's og.Engine (the served CPU engine) has no n-gram blocking option"),
+    "no_repeat_ngram_size": (
+        0,
+        "changes greedy output and cannot be applied identically by every runtime: onnxruntime-genai's og.Engine "
+        "(the served CPU engine) has no n-gram blocking option",
+    ),
+    "min_p": (
+        0,
+        "is a sampling default that no served runtime can apply: onnxruntime-genai 0.18's search options have no min-p "
+        "and TensorRT-LLM's in-flight-batcher ensemble has no min_p input (tensorrtllm_backend all_models/"
+        "inflight_batcher_llm/ensemble/config.pbtxt), so served sampling would silently differ from what the model "
+        "asks",
+    ),
 }
 #: sampling defaults (name -> the value meaning "not set": transformers' GenerationConfig defaults)
-SAMPLING: dict[str, Any] = {"do_sample": False, "temperature": 1.0, "top_k": 50, "top_p": 1.0, "min_p": None}
+SAMPLING: dict[str, Any] = {"do_sample": False, "temperature": 1.0, "top_k": 50, "top_p": 1.0}
 #: other fields that change what is generated; applied by no runtime (recorded and warned about when non-neutral)
 IGNORED: dict[str, Any] = {
     "num_beams": 1,
@@ -73,7 +86,7 @@ class DecodingPolicy:
 
     ``repetition_penalty`` (float > 0; 1.0 = none) is applied by every runner and server, greedy included.
     ``sampling`` holds the model's recommended sampling values that are set (subset of ``do_sample`` bool,
-    ``temperature`` float >= 0, ``top_k`` int >= 0, ``top_p`` float in (0, 1], ``min_p`` float in [0, 1]).
+    ``temperature`` float >= 0, ``top_k`` int >= 0, ``top_p`` float in (0, 1]).
     ``ignored`` maps fields no runtime applies to their value.  ``source`` names the file read
     (``generation_config.json``, or ``none`` when the checkpoint has none; never a path: the artifact must not depend
     on where the checkpoint lies).
@@ -121,9 +134,8 @@ def policy_from_dict(gen: dict[str, Any], where: str = "generation_config.json")
         v = gen.get(name)
         if v is not None and v != neutral:
             raise InputError(
-                f"{where}: {name}={v!r} changes greedy output and cannot be applied identically by every runtime: {why}. "
-                f"Fix: remove {name} from generation_config.json (or set it to {neutral}) in a copy of the checkpoint; "
-                f"evaluate and serving then decode without it."
+                f"{where}: {name}={v!r} {why}. Fix: remove {name} from generation_config.json (or set it to {neutral}) in "
+                f"a copy of the checkpoint; evaluate and serving then decode without it."
             )
     rp = gen.get("repetition_penalty")
     penalty = 1.0 if rp is None else _number(where, "repetition_penalty", rp, 0.0, 100.0, lo_open=True)
@@ -134,8 +146,6 @@ def policy_from_dict(gen: dict[str, Any], where: str = "generation_config.json")
         sampling["temperature"] = _number(where, "temperature", gen["temperature"], 0.0, 100.0)
     if gen.get("top_p") is not None:
         sampling["top_p"] = _number(where, "top_p", gen["top_p"], 0.0, 1.0, lo_open=True)
-    if gen.get("min_p") is not None:
-        sampling["min_p"] = _number(where, "min_p", gen["min_p"], 0.0, 1.0)
     if gen.get("top_k") is not None:
         sampling["top_k"] = int(_number(where, "top_k", gen["top_k"], 0, 1 << 31))
     ignored = {k: gen[k] for k, neutral in IGNORED.items() if gen.get(k) is not None and gen[k] != neutral}

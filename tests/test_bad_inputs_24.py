@@ -53,24 +53,31 @@ def test_lone_surrogate_in_an_eval_line_names_file_line_and_field(tmp_path):
     assert f"{p}:2: field 'prompt' contains a lone UTF-16 surrogate" in str(ei.value) and "Fix:" in str(ei.value)
 
 
-def test_lm_eval_task_yaml_is_refused_in_one_message_naming_the_conversion(tmp_path):
+def test_lm_eval_task_yaml_without_local_data_gets_one_message_naming_the_key(tmp_path):
+    """A task YAML is read as an eval set now (tests/test_eval_foreign_formats.py); one whose documents are not a local
+    JSON Lines file gets one line naming the key and the fix, in a .yaml file or not (old code: 6+ lines of
+    "invalid JSON ... one JSON object per line")."""
     task = "task: support\ndataset_path: json\ndoc_to_text: '{{question}}'\ndoc_to_target: '{{answer}}'\nmetric_list:\n  - metric: exact_match\n"
     for name in ("task.yaml", "task.jsonl"):
         p = tmp_path / name
         p.write_text(task, encoding="utf-8")
-        with pytest.raises(InputError) as ei:  # old code: 6+ lines of "invalid JSON ... one JSON object per line"
+        with pytest.raises(InputError) as ei:
             load_eval_set(p)
         msg = str(ei.value)
-        assert "lm-evaluation-harness task YAML" in msg and "doc_to_text -> prompt" in msg and "pipeline serve --openai" in msg
+        assert "lm-evaluation-harness task" in msg and "dataset_kwargs=" in msg and "pipeline serve --openai" in msg, msg
         assert msg.count("\n") == 0
 
 
-def test_question_answer_jsonl_gets_the_mapping_not_a_wall_of_field_errors(tmp_path):
+def test_question_answer_jsonl_is_mapped_not_a_wall_of_field_errors(tmp_path):
+    from pipeline.evaluation.dataset import read_eval_set
+
     p = _write(tmp_path / "qa.jsonl", [json.dumps({"question": f"q{i}?", "answer": f"a{i}"}) for i in range(50)])
-    with pytest.raises(InputError) as ei:  # old code: 150 per-field errors, no hint
-        load_eval_set(p)
-    msg = str(ei.value)
-    assert "question (or input) -> prompt" in msg and "answer (or target) -> reference" in msg and msg.count("\n") == 0
+    es = read_eval_set(p)  # old code: 150 per-field errors, no hint; then a refusal naming the mapping
+    assert [(i.id, i.prompt, i.reference, i.metric, i.slice) for i in es.items[:2]] == [
+        ("qa-0001", "q0?", "a0", "exact_match", "qa"),
+        ("qa-0002", "q1?", "a1", "exact_match", "qa"),
+    ]
+    assert es.format["mapping"]["prompt"] == "question" and es.format["mapping"]["reference"] == "answer"
     assert load_eval_set(_write(tmp_path / "ok.jsonl", [json.dumps(GOOD)]))[0].prompt == GOOD["prompt"]
 
 

@@ -51,16 +51,21 @@ def test_policy_reads_penalty_and_sampling_and_refuses_what_no_engine_applies(tm
     assert policy_from_dict({}).penalty is None and read_policy(tmp_path).to_json()["source"] == "none"
     with pytest.raises(InputError, match=r"no_repeat_ngram_size=3 .*Fix: remove no_repeat_ngram_size"):
         policy_from_dict({"no_repeat_ngram_size": 3})
+    # min_p: no served runtime has min-p sampling; recorded-and-dropped would let served sampling differ silently
+    with pytest.raises(InputError, match=r"min_p=0.05 .*onnxruntime-genai.*min_p input.*Fix: remove min_p"):
+        policy_from_dict({**QWEN_LIKE, "min_p": 0.05})
+    assert "min_p" not in policy_from_dict({**QWEN_LIKE, "min_p": 0.0}).sampling  # the neutral value is accepted
     for bad in ({"repetition_penalty": 0}, {"repetition_penalty": "x"}, {"top_p": 0}, {"temperature": -1}, {"top_k": -2}):
         with pytest.raises(InputError, match=rf"{next(iter(bad))}=.*is outside"):
             policy_from_dict(bad, "ck/generation_config.json")
 
 
-def test_refused_field_exits_2_before_any_stage(tmp_path):
-    ck = _checkpoint(tmp_path / "ck", no_repeat_ngram_size=3)
+@pytest.mark.parametrize("field, value", [("no_repeat_ngram_size", 3), ("min_p", 0.05)])
+def test_refused_field_exits_2_before_any_stage(tmp_path, field, value):
+    ck = _checkpoint(tmp_path / "ck", **{field: value})
     r = _cli([f"model.path={ck}", "quant=none", "stages=[export]", f"store_dir={tmp_path / 'store'}", "progress=false"], tmp_path)
     assert r.returncode == 2, r.stderr[-2000:]
-    assert "no_repeat_ngram_size=3" in r.stderr + r.stdout and "Fix:" in r.stderr + r.stdout
+    assert f"{field}={value}" in r.stderr + r.stdout and "Fix:" in r.stderr + r.stdout
     assert not (tmp_path / "store" / "export").exists() or not any((tmp_path / "store" / "export").iterdir())
 
 

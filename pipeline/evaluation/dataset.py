@@ -12,6 +12,9 @@ Line format (JSON object; unknown fields are kept in ``EvalItem.meta``)::
      "stop": ["\\n"],                              # optional list of stop strings (added to eval.stop)
      "metric_args": {"tol": 0.01}}                 # optional per-metric arguments (see metrics.py)
 
+A question/answer JSONL and an lm-evaluation-harness task YAML are accepted too: mapped onto these lines first
+(:mod:`pipeline.evaluation.foreign`; :func:`read_eval_set` says which mapping was used).
+
 Every malformed line raises :class:`pipeline.errors.InputError` naming the file, the 1-based line
 number, the field and the fix; all problems of a file are reported together (up to 20).
 """
@@ -73,23 +76,6 @@ def _surrogate_field(obj: Any, path: str = "") -> str | None:
         found = _surrogate_field(v, f"{path}[{k}]" if isinstance(k, int) else (f"{path}.{k}" if path else str(k)))
         if found:
             return found
-    return None
-
-
-#: foreign eval formats, recognised to say what to convert instead of listing every missing field
-_FOREIGN_FIELDS = {"question": "prompt", "input": "prompt", "answer": "reference", "target": "reference"}
-_LM_EVAL_KEYS = ("doc_to_text", "doc_to_target", "metric_list", "dataset_path", "task:")
-
-
-def _foreign_format(p: Path, text: str) -> str | None:
-    """A one-message refusal for an lm-evaluation-harness task YAML given as an eval set, else None."""
-    if p.suffix.lower() in (".yaml", ".yml") or any(line.lstrip().startswith(_LM_EVAL_KEYS) for line in text.splitlines()[:50]):
-        return (
-            f"eval set {p} is an lm-evaluation-harness task YAML, not an eval set (JSONL: one object per line with id, "
-            f"prompt, reference, metric, slice). Fix: convert it (doc_to_text -> prompt, doc_to_target -> reference, "
-            f"metric exact_match, one line per document), or run lm_eval against `pipeline serve --openai` "
-            f"(README, OpenAI-style clients)."
-        )
     return None
 
 
@@ -168,20 +154,56 @@ def _check_line(obj: Any, where: str, known_metrics: set[str]) -> tuple[EvalItem
     return (None, errs) if errs else (item, [])
 
 
+@dataclasses.dataclass
+class EvalSet:
+    """An eval set as read: its items (file order) and how the file was read (``format``: ``{"format": "jsonl"}``,
+    or a foreign format's record with the mapping used, :mod:`pipeline.evaluation.foreign`), and the data files a task
+    YAML read (their content is part of the eval set: the evaluate stage digests them into its key)."""
+
+    items: list[EvalItem]
+    format: dict[str, Any]
+    data_files: list[Path] = dataclasses.field(default_factory=list)
+
+
 def load_eval_set(path: str | Path, *, limit: int | None = None) -> list[EvalItem]:
-    """Read and validate a JSONL eval set.
+    """The items of :func:`read_eval_set` (same arguments and errors)."""
+    return read_eval_set(path, limit=limit).items
+
+
+def _parse_lines(p: Path, text: str, errors: list[str]) -> list[tuple[int, Any]]:
+    """``(line number, parsed JSON)`` of every non-blank, non-comment line; problems appended to ``errors``."""
+    rows: list[tuple[int, Any]] = []
+    for n, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        where = f"{p}:{n}"
+        if len(line) > MAX_LINE_BYTES // 4 and (nbytes := len(line.encode("utf-8"))) > MAX_LINE_BYTES:
+            errors.append(str(line_too_long(where, nbytes, "shorten the prompt and references (one eval item per line)")))
+            continue
+        try:
+            rows.append((n, json.loads(line)))
+        except json.JSONDecodeError as e:
+            errors.append(f"{where}: invalid JSON ({e.msg} at column {e.colno}). Fix: one JSON object per line.")
+    return rows
+
+
+def read_eval_set(path: str | Path, *, limit: int | None = None) -> EvalSet:
+    """Read and validate an eval set: our JSONL, a question/answer JSONL or an lm-evaluation-harness task YAML
+    (the foreign formats are mapped onto our lines first, :mod:`pipeline.evaluation.foreign`).
 
     Args:
-        path: the ``.jsonl`` file (UTF-8; blank lines and lines starting with ``#`` are skipped).
+        path: the file (UTF-8; in JSONL, blank lines and lines starting with ``#`` are skipped).
         limit: keep only ``limit`` items, taken round-robin across slices (:func:`stratified_head`);
             the whole file is still validated.
     Returns:
-        The items in file order.
+        :class:`EvalSet` (items in file / document order, the format record).
     Raises:
         InputError: a directory, an unreadable file, a line over :data:`pipeline.errors.MAX_LINE_BYTES`,
-            invalid JSON, missing/wrong fields, duplicate ids, an unknown metric or an empty set; the message names
-            ``file:line``, the field and the fix.
+            invalid JSON, missing/wrong fields, duplicate ids, an unknown metric, an empty set, a task-YAML key that is
+            not implemented; the message names ``file:line`` (or the key), the field and the fix.
     """
+    from . import foreign
     from .metrics import METRICS
 
     p = Path(path)
@@ -193,32 +215,26 @@ def load_eval_set(path: str | Path, *, limit: int | None = None) -> list[EvalIte
         raise InputError(f"eval set {p} not found. Fix: set eval.eval_set to an existing .jsonl file.") from None
     except (OSError, UnicodeDecodeError) as e:
         raise InputError(f"eval set {p} cannot be read as UTF-8 text: {e}. Fix: save it as UTF-8 JSONL.") from None
-    foreign = _foreign_format(p, text)
-    if foreign:
-        raise InputError(foreign)
-    items: list[EvalItem] = []
     errors: list[str] = []
+    data_files: list[Path] = []
+    if foreign.is_task_yaml(p, text):
+        rows, fmt, data_files = foreign.read_task_yaml(p, text)
+        where_of = {n: f"{p} document {n}" for n, _ in rows}
+    else:
+        parsed = _parse_lines(p, text, errors)
+        fmt = {"format": "jsonl"}
+        if not errors and foreign.qa_mapping([o for _, o in parsed]) is not None:
+            rows, fmt = foreign.map_qa(p, parsed)
+        else:
+            rows = parsed
+        where_of = {n: f"{p}:{n}" for n, _ in rows}
+    items: list[EvalItem] = []
     seen: dict[str, int] = {}
     known = set(METRICS)
-    objects = qa_lines = 0
-    for n, raw in enumerate(text.splitlines(), start=1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        where = f"{p}:{n}"
-        if len(line) > MAX_LINE_BYTES // 4 and (nbytes := len(line.encode("utf-8"))) > MAX_LINE_BYTES:
-            errors.append(str(line_too_long(where, nbytes, "shorten the prompt and references (one eval item per line)")))
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            errors.append(f"{where}: invalid JSON ({e.msg} at column {e.colno}). Fix: one JSON object per line.")
-            continue
+    for n, obj in rows:
+        where = where_of[n]
         item, errs = _check_line(obj, where, known)
         errors.extend(errs)
-        if isinstance(obj, dict):
-            objects += 1
-            qa_lines += bool(set(obj) & _FOREIGN_FIELDS.keys()) and "prompt" not in obj and "messages" not in obj
         iid = obj.get("id") if isinstance(obj, dict) else None
         if isinstance(iid, str) and iid.strip():  # checked on every line, whatever else is wrong with it
             if iid in seen:
@@ -229,18 +245,12 @@ def load_eval_set(path: str | Path, *, limit: int | None = None) -> list[EvalIte
             continue
         item.line = n
         items.append(item)
-    if errors and objects and qa_lines == objects:
-        raise InputError(
-            f"eval set {p}: its lines have question/input and answer/target fields, not this eval set's. Fix: map "
-            f"question (or input) -> prompt and answer (or target) -> reference, and add id, metric (e.g. exact_match) "
-            f"and slice to each line (docs/evaluate.md, Eval sets are data)."
-        )
     if errors:
         more = f"\n  ... and {len(errors) - MAX_REPORTED_PROBLEMS} more" if len(errors) > MAX_REPORTED_PROBLEMS else ""
         raise InputError(f"eval set {p}: {len(errors)} problem(s):\n  - " + "\n  - ".join(errors[:MAX_REPORTED_PROBLEMS]) + more)
     if not items:
         raise InputError(f"eval set {p} has no items. Fix: add JSONL lines with id, prompt, reference, metric, slice.")
-    return stratified_head(items, limit) if limit else items
+    return EvalSet(stratified_head(items, limit) if limit else items, fmt, data_files)
 
 
 def stratified_head(items: list[EvalItem], limit: int) -> list[EvalItem]:

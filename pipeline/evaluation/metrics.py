@@ -6,7 +6,8 @@ scores are ``binary`` (0/1; binary metrics get Tango's paired score bound, see g
 
 Metrics (``metric_args`` are optional per-item arguments in the eval set):
 
-- ``exact_match``: output == a reference after stripping surrounding whitespace.
+- ``exact_match``: output == a reference after stripping surrounding whitespace (and the options
+  ``regexes_to_ignore``, ``ignore_case``, ``ignore_punctuation``, ``ignore_numbers`` of lm-eval's exact_match).
 - ``normalized_exact_match``: equality after the SQuAD v1.1 answer normalisation (lower-case, remove
   punctuation, remove English articles a/an/the, collapse whitespace; Rajpurkar et al. 2016, official
   ``evaluate-v1.1.py`` ``normalize_answer``), applied after Unicode NFKC so full-width punctuation and
@@ -35,6 +36,7 @@ import dataclasses
 import json
 import math
 import re
+import string
 import unicodedata
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -154,9 +156,47 @@ def _regex(item: EvalItem) -> re.Pattern:
 
 
 # --------------------------------------------------------------------------- metrics
+_EXACT_OPTIONS = ("regexes_to_ignore", "ignore_case", "ignore_punctuation", "ignore_numbers")
+
+
+def _exact_form(s: str, a: dict[str, Any]) -> str:
+    """``s`` stripped, then the HF ``evaluate`` exact_match options lm-evaluation-harness passes through
+    (``metrics/exact_match/exact_match.py``, in its order: each of ``regexes_to_ignore`` removed, lower-cased with
+    ``ignore_case``, ``string.punctuation`` removed with ``ignore_punctuation``, digits with ``ignore_numbers``)."""
+    for rx in a.get("regexes_to_ignore") or ():
+        s = re.sub(rx, "", s)
+    if a.get("ignore_case"):
+        s = s.lower()
+    if a.get("ignore_punctuation"):
+        s = s.translate(str.maketrans("", "", string.punctuation))
+    if a.get("ignore_numbers"):
+        s = s.translate(str.maketrans("", "", string.digits))
+    return s.strip()
+
+
 def _exact(out: str, item: EvalItem) -> float:
-    o = out.strip()
-    return float(any(o == str(r).strip() for r in item.references))
+    a = item.metric_args
+    o = _exact_form(out.strip(), a)
+    return float(any(o == _exact_form(str(r).strip(), a) for r in item.references))
+
+
+def _exact_check(item: EvalItem) -> str | None:
+    bad = sorted(set(item.metric_args) - set(_EXACT_OPTIONS))
+    if bad:
+        return f"metric_args {bad} are not exact_match options (use {list(_EXACT_OPTIONS)})"
+    rx = item.metric_args.get("regexes_to_ignore")
+    if rx is not None:
+        if not isinstance(rx, list) or not all(isinstance(r, str) for r in rx):
+            return "metric_args.regexes_to_ignore must be a list of regular expressions (strings)"
+        for r in rx:
+            try:
+                re.compile(r)
+            except re.error as e:
+                return f"metric_args.regexes_to_ignore {r!r} does not compile ({e})"
+    flags = [k for k in _EXACT_OPTIONS[1:] if k in item.metric_args and not isinstance(item.metric_args[k], bool)]
+    if flags:
+        return f"metric_args {flags} must be true or false"
+    return _str_refs_check(item)
 
 
 def _norm_exact(out: str, item: EvalItem) -> float:
@@ -281,7 +321,7 @@ def _str_refs_check(item: EvalItem) -> str | None:
     return f"reference(s) {bad!r} must be strings" if bad else None
 
 
-register(Metric("exact_match", _exact, check=_str_refs_check, description="output == reference (stripped)"))
+register(Metric("exact_match", _exact, check=_exact_check, description="output == reference (stripped; lm-eval's exact_match options)"))
 register(Metric("normalized_exact_match", _norm_exact, check=_str_refs_check, description="SQuAD-normalised exact match"))
 register(Metric("contains", _contains, check=_str_refs_check, description="reference occurs in output (case-folded)"))
 register(Metric("regex", _regex_fn, check=_regex_check, description="extracted answer (metric_args.pattern) == reference"))

@@ -4,7 +4,8 @@
 ``eval_report.json`` top-level keys (stable for CI):
 
 - ``schema``: ``"pipeline.eval_report/v1"``
-- ``eval_set``: {name, path, sha256, items, evaluated, limit}
+- ``eval_set``: {name, path, sha256, items, evaluated, limit, format} (``format``: how the file was read, a foreign
+  format's mapping: ``pipeline.evaluation.dataset.EvalSet.format``)
 - ``recipe``, ``target``, ``candidate`` (runner judged by the gate), ``baseline`` (``"baseline"`` or null)
 - ``runners``: {name: {score, slices: {slice: {score, n}}, n, skipped_too_long, errors,
   finish_reasons: {eos, stop, length, error}, latency_s: {mean, p50, p90}, seconds}}

@@ -222,6 +222,34 @@ def _file_sig(p: Path) -> tuple[str, int, int]:
     return (str(p), st.st_size, st.st_mtime_ns)
 
 
+def _eval_rows(path: Path) -> list[dict[str, Any]]:
+    """The eval set's lines as objects (a foreign format, a task YAML or a question/answer JSONL, as the eval loader
+    maps it; malformed lines are left out: the eval loader reports them with their line number)."""
+    from ..errors import InputError
+    from ..evaluation import foreign
+    from ..evaluation.dataset import read_eval_set
+
+    text = path.read_text(encoding="utf-8-sig", errors="replace")
+    rows = []
+    for line in text.splitlines():
+        try:
+            row = json.loads(line) if line.strip() else None
+        except ValueError:
+            row = None
+        if isinstance(row, dict):
+            rows.append(row)
+    if foreign.is_task_yaml(path, text) or foreign.qa_mapping(rows) is not None:
+        try:
+            items = read_eval_set(path).items
+        except InputError:
+            return []
+        return [
+            {"id": it.id, "prompt": it.prompt, "messages": it.messages, "max_new_tokens": it.max_new_tokens, "slice": it.slice}
+            for it in items
+        ]
+    return rows
+
+
 @functools.lru_cache(maxsize=8)
 def _prompt_lengths(
     eval_sig: tuple[str, int, int], tok_sig: tuple[str, int, int], limit: int | None, apply_chat_template: bool, default_new: int
@@ -236,37 +264,27 @@ def _prompt_lengths(
         raise InputError(str(e)) from None
     lens, totals, ids = [], [], []
     slices: list[str] = []
-    with open(eval_sig[0], encoding="utf-8", errors="replace") as f:
-        for i, line in enumerate(f):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue  # the eval loader reports malformed lines with their line number
-            if not isinstance(row, dict):
-                continue
-            prompt, messages = row.get("prompt"), row.get("messages")
-            if not isinstance(prompt, str) and not isinstance(messages, list):
-                continue
-            try:
-                n = len(
-                    tokenization.encode_prompt(
-                        tok,
-                        prompt if isinstance(prompt, str) else None,
-                        messages if isinstance(messages, list) else None,
-                        apply_chat_template=apply_chat_template,
-                    )
+    for i, row in enumerate(_eval_rows(Path(eval_sig[0]))):
+        prompt, messages = row.get("prompt"), row.get("messages")
+        if not isinstance(prompt, str) and not isinstance(messages, list):
+            continue
+        try:
+            n = len(
+                tokenization.encode_prompt(
+                    tok,
+                    prompt if isinstance(prompt, str) else None,
+                    messages if isinstance(messages, list) else None,
+                    apply_chat_template=apply_chat_template,
                 )
-            except Exception:
-                continue
-            mnt = row.get("max_new_tokens")
-            mnt = mnt if isinstance(mnt, int) and not isinstance(mnt, bool) and mnt > 0 else default_new
-            lens.append(n)
-            totals.append(n + mnt)
-            ids.append(str(row.get("id", f"line {i + 1}")))
-            slices.append(str(row.get("slice", "")))
+            )
+        except Exception:
+            continue
+        mnt = row.get("max_new_tokens")
+        mnt = mnt if isinstance(mnt, int) and not isinstance(mnt, bool) and mnt > 0 else default_new
+        lens.append(n)
+        totals.append(n + mnt)
+        ids.append(str(row.get("id", f"line {i + 1}")))
+        slices.append(str(row.get("slice", "")))
     if limit is not None and 0 < limit < len(ids):
         # the items the evaluate stage will use: eval.limit takes them round-robin across slices
         from ..evaluation.dataset import EvalItem, stratified_head

@@ -221,6 +221,7 @@ class _Setup:
     cand: str
     notes: dict[str, str]
     n_run: int  # items not skipped
+    eval_format: dict[str, Any] = dataclasses.field(default_factory=lambda: {"format": "jsonl"})  # EvalSet.format
 
 
 @dataclasses.dataclass
@@ -274,13 +275,16 @@ def _evaluate(ctx: StageContext) -> dict[str, Any]:
 
 def _setup(ctx: StageContext) -> _Setup:
     """Load the eval set and the export's tokenizer, tokenize every item under the engine's limits, pick the runners."""
-    from ..evaluation.dataset import load_eval_set
+    from ..evaluation.dataset import read_eval_set
     from ..evaluation.runners import load_tokenizer, prepare
     from ..tokenization import stop_token_ids
 
     cfg, e = ctx.cfg, ctx.cfg.eval
     eval_path = ctx.external["eval_set"]
-    items = load_eval_set(eval_path, limit=e.limit)
+    es = read_eval_set(eval_path, limit=e.limit)
+    items = es.items
+    if es.format["format"] != "jsonl":
+        ctx.log.info("eval set %s read as %s, mapping %s", eval_path, es.format["format"], es.format.get("mapping"))
     export_dir = ctx.inputs["export"].path
     build_art = ctx.inputs.get("build")
     info = ExportArtifact(export_dir).model_info()
@@ -301,7 +305,7 @@ def _setup(ctx: StageContext) -> _Setup:
     for k, v in notes.items():
         ctx.log.info("%s: %s", k, v)
     n_run = sum(1 for p in prepared if not p.skipped)
-    return _Setup(eval_path, items, build_art, tokenizer, stop_ids, pad_id, limits, prepared, runners, cand, notes, n_run)
+    return _Setup(eval_path, items, build_art, tokenizer, stop_ids, pad_id, limits, prepared, runners, cand, notes, n_run, es.format)
 
 
 def _run_runners(ctx: StageContext, st: _Setup) -> _Runs:
@@ -504,6 +508,7 @@ def _report(
             "items": len(st.items),
             "evaluated": st.n_run,
             "limit": e.limit,
+            "format": st.eval_format,  # how the file was read; a foreign format's mapping (pipeline/evaluation/foreign.py)
         },
         "recipe": cfg.quant.recipe,
         "target": target_name(cfg, st.build_art) if st.build_art is not None else None,
@@ -647,14 +652,16 @@ def _speculative_summary(acc: dict[str, dict[str, int]], prepared: list[Any], e:
 
 def _external(cfg: Any) -> dict[str, Any]:
     from ..config import resolve_path
-    from ..evaluation.dataset import load_eval_set
+    from ..evaluation.dataset import read_eval_set
 
     # Parse the eval set now: the runner resolves every stage's external inputs before the first stage
     # runs, so a malformed eval set fails in milliseconds, not after quantization and the build.
     path = resolve_path(cfg.eval.eval_set)
-    if path is not None and path.is_file():
-        load_eval_set(path, limit=cfg.eval.limit)
     ext: dict[str, Any] = {"eval_set": cfg.eval.eval_set}
+    if path is not None and path.is_file():
+        # a task YAML's documents are part of the eval set: each data file's content digest enters this key too
+        for k, f in enumerate(read_eval_set(path, limit=cfg.eval.limit).data_files):
+            ext[f"eval_data_{k}"] = str(f)
     if cfg.model.path is not None and "baseline" in cfg.eval.runners:
         # the baseline's independent reference: the user's checkpoint (its content digest enters this key; the
         # runner memoises digests per process, so the export stage's digest of the same folder is reused)
