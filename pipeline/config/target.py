@@ -16,7 +16,8 @@ the legacy engine path (1.2.0-1.2.1) and the PyTorch backend (>= 1.2.0) both acc
 @dataclass
 class TargetConfig:
     name: str = runtime("auto", doc="the *resolved* target enters the build key (build stage key_extras)")
-    """auto | onnxruntime_genai | tensorrt_llm. ``auto`` picks tensorrt_llm when it is importable and
+    """auto | onnxruntime_genai | tensorrt_llm. ``auto`` picks tensorrt_llm (and settles ``backend`` by its version:
+    pytorch without an engine builder, >= 1.3; tensorrt for 1.2.x) when it is importable and
     a GPU is visible, else onnxruntime_genai, and says which and why. Not hashed as written: the build
     stage hashes the resolved target, so ``auto`` and the target it resolves to share artifacts."""
     backend: str = "tensorrt"

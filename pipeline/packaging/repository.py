@@ -24,7 +24,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ..artifacts import TOKENIZER_COPY_FILES, BuildArtifact, ExportArtifact
+from ..artifacts import TOKENIZER_COPY_FILES, ExportArtifact
 from ..errors import InputError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -317,8 +317,6 @@ def template_values(s: Settings) -> dict[str, Any]:
         # LLM-API (PyTorch backend) model.yaml
         "checkpoint_dir": f"{CONTAINER_REPO}/tensorrt_llm/1/checkpoint",
         "llmapi_tokenizer_dir": f"{CONTAINER_REPO}/tensorrt_llm/1/tokenizer",
-        "capacity_scheduler_policy": s.batch_scheduler_policy.upper(),
-        "cuda_graph_max_batch_size": max(s.cuda_graph_batch_sizes or [s.engine_max_batch_size]),
         **_trtllm_values(s),
     }
 
@@ -414,22 +412,11 @@ def generate_repository(
 def _write_llmapi_model(
     d: Path, settings: Settings, vals: dict[str, Any], templates: Path, engine_dir: Path, tokenizer_dirs: list[Path]
 ) -> None:
-    """The TensorRT-LLM PyTorch-backend (LLM API) model in ``d``: ``model.yaml`` (template + the build's
-    ``llm_api_options.yaml`` + package overrides), tokenizer, README notice and the checkpoint."""
-    text = fill((templates / "llmapi" / "model.yaml").read_text(encoding="utf-8"), vals)
-    build_opts = engine_dir / BuildArtifact.LLM_API_OPTIONS
-    if build_opts.is_file() and "${" not in text:
-        import yaml
+    """The TensorRT-LLM PyTorch-backend (LLM API) model in ``d``: ``model.yaml`` (``pipeline.packaging.llmapi_options``:
+    the one LLM-API options source, checked against the upstream key sets), tokenizer, README notice and the checkpoint."""
+    from .llmapi_options import write_model_yaml
 
-        # the build stage's LLM() options (kv_cache_config, cuda_graph_config, scheduler ...) win over the template's
-        merged = {**yaml.safe_load(text), **(yaml.safe_load(build_opts.read_text(encoding="utf-8")) or {})}
-        merged["model"], merged["tokenizer"] = vals["checkpoint_dir"], vals["llmapi_tokenizer_dir"]
-        text = "# LLM() keyword arguments (TensorRT-LLM PyTorch backend): template + the build's llm_api_options.yaml\n" + yaml.safe_dump(
-            merged, sort_keys=False
-        )
-    from .trtllm_config import apply_llmapi_overrides
-
-    (d / "1" / "model.yaml").write_text(apply_llmapi_overrides(text, settings), encoding="utf-8")
+    write_model_yaml(d / "1" / "model.yaml", settings, engine_dir, model=vals["checkpoint_dir"], tokenizer=vals["llmapi_tokenizer_dir"])
     copy_tokenizer(tokenizer_dirs, d / "1" / "tokenizer")
     (d / "README.md").write_text(settings.trtllm.get("llmapi_notice", ""), encoding="utf-8")  # container + files it needs
     src = engine_dir / "hf" if (engine_dir / "hf").is_dir() else engine_dir  # the build copies the checkpoint to engine/hf

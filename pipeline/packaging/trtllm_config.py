@@ -482,28 +482,6 @@ def llmapi_overrides(rt: Any) -> dict[str, Any]:
     return out
 
 
-def apply_llmapi_overrides(text: str, s: Any) -> str:
-    """Deep-merge the package.runtime overrides (``Settings.trtllm["llmapi_overrides"]``) into a filled ``model.yaml``."""
-    ov = (getattr(s, "trtllm", None) or {}).get("llmapi_overrides") or {}
-    if not ov or "${" in text:
-        return text
-    import yaml
-
-    doc = yaml.safe_load(text) or {}
-
-    def merge(a: dict[str, Any], b: dict[str, Any]) -> None:
-        for k, v in b.items():
-            if isinstance(v, dict) and isinstance(a.get(k), dict):
-                merge(a[k], v)
-            else:
-                a[k] = v
-
-    merge(doc, ov)
-    return "# LLM() keyword arguments (TensorRT-LLM PyTorch backend): template + build options + package.runtime\n" + yaml.safe_dump(
-        doc, sort_keys=False
-    )
-
-
 # --------------------------------------------------------------------------- tensorrt_llm_bls
 BLS_MODEL = "tensorrt_llm_bls"
 BLS_EXTRA_INPUTS = (

@@ -13,7 +13,9 @@ Checks (docs/reference/triton.md §6, from the tensorrtllm_backend templates and
 4. ``max_batch_size``, the served input length and beam width never exceed the engine's (an error names both numbers);
 5. decoupled mode is the same on every model that needs it (engine model, BLS, the CPU target's Python ``ensemble``);
 6. tokenizer files are present (``tokenizer.json`` + ``tokenizer_config.json``) and pre/postprocessing agree;
-7. ``tensorrt_llm`` target: the engine's TensorRT-LLM/TensorRT versions match the serving image (:mod:`.versions`).
+7. ``tensorrt_llm`` target: the engine's TensorRT-LLM/TensorRT versions match the serving image (:mod:`.versions`);
+8. PyTorch-backend (LLM API) layout: ``tensorrt_llm/config.pbtxt`` and ``1/model.yaml`` against the upstream key sets
+   of :mod:`.llmapi_schema` (unknown key or tensor, wrong type, missing required tensor or key).
 
 :func:`validate_repository` returns every :class:`Problem` found; :func:`check_repository` raises
 :class:`InputError` (or :class:`PreflightError` for a version mismatch) listing them all.
@@ -199,7 +201,36 @@ def validate_repository(
     problems += _tokenizer_problems(repo, configs)
     if target == "tensorrt_llm" and (repo / "tensorrt_llm" / "1" / "engine").is_dir():
         problems += _trtllm_version_problems(repo, build_info, serving_image)
+    if eng is not None and (repo / "tensorrt_llm" / "1" / "model.yaml").is_file():
+        problems += llmapi_problems(repo, eng)
     return problems
+
+
+def llmapi_problems(repo: Path, eng: Any) -> list[Problem]:
+    """Check 8: the LLM-API model's ``config.pbtxt`` (parsed ``eng``) and ``1/model.yaml`` against :mod:`.llmapi_schema`."""
+    import yaml
+
+    from . import llmapi_schema as S
+
+    fix = "regenerate the package (pipeline/packaging/llmapi_options.py writes these files from the upstream key sets)"
+    out = [Problem("tensorrt_llm/config.pbtxt", m, fix) for m in S.check_model_config(eng, where="config.pbtxt")]
+    my = repo / "tensorrt_llm" / "1" / "model.yaml"
+    try:
+        doc = yaml.safe_load(my.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        return out + [Problem("tensorrt_llm/1/model.yaml", f"does not parse as YAML: {e}", fix)]
+    out += [Problem("tensorrt_llm/1/model.yaml", m, fix) for m in S.check_model_yaml(doc, where="model.yaml")]
+    tc = doc.get("triton_config") if isinstance(doc, dict) else None
+    if isinstance(tc, dict) and "decoupled" in tc and bool(tc["decoupled"]) != eng.model_transaction_policy.decoupled:
+        out.append(
+            Problem(
+                "tensorrt_llm/1/model.yaml",
+                f"triton_config.decoupled={tc['decoupled']} differs from config.pbtxt decoupled={eng.model_transaction_policy.decoupled} "
+                "(NVIDIA's model.py cannot override a value config.pbtxt sets).",
+                fix,
+            )
+        )
+    return out
 
 
 def _model_configs(repo: Path, problems: list[Problem]) -> dict[str, Any]:

@@ -136,6 +136,8 @@ def package(ctx: StageContext) -> dict[str, Any]:
         info = generate_repository(repo, settings, engine_dir=engine_dir, tokenizer_dirs=[export.path / "hf", engine_dir])
         advance(1)
         serving_image = pc.serving_image or cfg.target.serving_image
+        if info["layout"] == "llmapi":  # trtllm-serve + trtllm-bench/AIPerf files from the same LLM-API options
+            info["servers"] = _servers(ctx, repo, settings, engine_dir, serving_image)
         limits = {
             "max_batch_size": settings.engine_max_batch_size,
             "max_input_len": settings.max_input_len,
@@ -174,6 +176,21 @@ def package(ctx: StageContext) -> dict[str, Any]:
         f"{parity['matched']}/{parity['total']}" if parity.get("total") is not None else parity["status"]
     )
     return result
+
+
+def _servers(ctx: StageContext, repo: Path, settings: Any, engine_dir: Path, image: str | None) -> dict[str, Any]:
+    """``servers/`` of a PyTorch-backend package (:func:`pipeline.packaging.llmapi_options.write_servers`), preflighted
+    for the serving image's TensorRT-LLM; the manifest's ``serving.servers``."""
+    from ..packaging import versions as V
+    from ..packaging.llmapi_options import write_servers
+
+    assert ctx.out is not None
+    img = V.image_versions(image or "")
+    version = str(img["tensorrt_llm"]) if img else None
+    return {
+        **write_servers(ctx.out, repo, settings, engine_dir, bench_cfg=ctx.cfg.benchmark, trtllm_version=version),
+        "tensorrt_llm": version,
+    }
 
 
 def _release_manifest(
@@ -235,7 +252,8 @@ def _release_manifest(
             "ensemble": None if info["layout"] == "llmapi" else "ensemble",
             "engine_model": settings.engine_model,
             "decoupled": settings.decoupled,
-            "triton_max_batch_size": settings.triton_max_batch_size,
+            "triton_max_batch_size": 0 if info["layout"] == "llmapi" else settings.triton_max_batch_size,
+            "servers": info.get("servers"),
             "exclude_input_in_output": settings.exclude_input_in_output,
             "end_id": settings.end_id,
             "pad_id": settings.pad_id,
@@ -300,6 +318,8 @@ def _release_archive(ctx: StageContext, repo: Path, name: str, manifest: dict[st
         (out / PackageArtifact.RELEASE_MANIFEST, f"{name}/{PackageArtifact.RELEASE_MANIFEST}"),
     ]
     members += _parity_members(out, name)
+    if (out / "servers").is_dir():  # PyTorch backend: trtllm-serve / trtllm-bench / AIPerf files (llmapi_options)
+        members.append((out / "servers", f"{name}/servers"))
     sha = make_archive(archive, members)
     listed = [
         archive,

@@ -12,14 +12,16 @@ config validation, preflight and the evaluate stage ask. The registry names: ``o
 
 ``target=auto`` resolves (:func:`resolve_target`, the only resolver; the planner uses it too) to ``tensorrt_llm``
 when ``target.gpu`` names a GPU, or when the ``tensorrt_llm`` package is installed *and* an NVIDIA GPU is
-visible; else to ``onnxruntime_genai``. Importing this package imports neither torch nor any target library.
+visible (then the PyTorch backend for a TensorRT-LLM without engine builder, >= 1.3, and engines for 1.2.x); else
+to ``onnxruntime_genai``. Importing this package imports neither torch nor any target library.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
-from typing import TYPE_CHECKING, NamedTuple
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from ..config import PipelineConfig
@@ -72,13 +74,19 @@ class Resolution(NamedTuple):
     reason: str
 
 
-def resolve_target(cfg: PipelineConfig) -> Resolution:
+def resolve_target(cfg: PipelineConfig, *, gpus: Callable[[], list[dict[str, Any]]] | None = None) -> Resolution:
     """``(name, reason)`` of the target a run uses; the one resolver (build, preflight, planner, families).
 
     ``auto``: ``tensorrt_llm`` when ``target.gpu`` names a GPU (a plan or build for that GPU), or when
-    ``tensorrt_llm`` is installed and ``nvidia-smi``/torch sees a GPU; else ``onnxruntime_genai``. An explicit
-    name is returned as is (validated by :func:`get_target`).
+    ``tensorrt_llm`` is installed and ``nvidia-smi``/torch sees a GPU; else ``onnxruntime_genai``. With TensorRT-LLM
+    installed and a GPU visible, auto also settles ``cfg.target.backend`` by the installed version
+    (:func:`pipeline.targets.tensorrt_llm.has_engine_builder`): ``pytorch`` (the forward path,
+    ``tensorrt_llm_pytorch``) when it has no engine builder (>= 1.3, main), ``tensorrt`` (engines) for 1.2.x, and
+    says why in the reason (printed by the build stage, recorded in ``build_info.json`` ``target_reason`` and the run
+    summary). An explicit name is returned as is (validated by :func:`get_target`).
 
+    Args:
+        gpus: the GPU probe (default :func:`pipeline.hostinfo.gpus`; tests inject one).
     Raises:
         InputError: unknown ``target.name``.
     """
@@ -88,13 +96,34 @@ def resolve_target(cfg: PipelineConfig) -> Resolution:
         return Resolution(name, f"target.name={name} was set explicitly")
     if cfg.target.gpu:
         return Resolution("tensorrt_llm", f"target=auto: target.gpu={cfg.target.gpu} names an NVIDIA GPU -> tensorrt_llm")
-    from ..hostinfo import gpus
-
+    if gpus is None:
+        from ..hostinfo import gpus
+    assert gpus is not None
     trt = tensorrt_llm_installed()
     g = gpus()
     if trt and g:
+        from .tensorrt_llm import has_engine_builder, installed_version
+
+        v = installed_version()
+        seen = f"a GPU is visible ({g[0]['name']}, SM {g[0]['compute_capability']})"
+        engines = has_engine_builder(v)
+        if engines is False:
+            cfg.target.backend = "pytorch"
+            return Resolution(
+                "tensorrt_llm",
+                f"target=auto: tensorrt_llm {v} is installed and {seen}; {v} has no engine builder (removed after 1.2) "
+                "-> tensorrt_llm_pytorch (PyTorch backend, the forward path)",
+            )
+        if engines:
+            cfg.target.backend = "tensorrt"
+            return Resolution(
+                "tensorrt_llm",
+                f"target=auto: tensorrt_llm {v} is installed and {seen}; 1.2.x has the engine builder -> tensorrt_llm (engines)",
+            )
         return Resolution(
-            "tensorrt_llm", f"target=auto: tensorrt_llm is installed and a GPU is visible ({g[0]['name']}, SM {g[0]['compute_capability']})"
+            "tensorrt_llm",
+            f"target=auto: tensorrt_llm ({v or 'version unknown'}) is installed and {seen} -> tensorrt_llm, "
+            f"target.backend={cfg.target.backend} as configured",
         )
     why = []
     if not trt:

@@ -156,11 +156,42 @@ def installed_version() -> str | None:
     if v is not None:
         return v
     try:
-        if importlib.util.find_spec("tensorrt_llm") is not None:
-            return "unknown"
+        spec = importlib.util.find_spec("tensorrt_llm")
     except (ImportError, ValueError):
-        pass
+        spec = None
+    if spec is None:
+        return None
+    return _source_version(spec.origin) or "unknown"
+
+
+def _source_version(origin: str | None) -> str | None:
+    """``__version__ = "..."`` from the package's ``version.py`` (where upstream defines it) or ``__init__.py``, read
+    as text (importing tensorrt_llm initialises CUDA); None when neither has it."""
+    import re
+
+    if not origin:
+        return None
+    root = Path(origin).parent
+    for f in (root / "version.py", Path(origin)):
+        try:
+            m = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", f.read_text(encoding="utf-8", errors="replace"), re.M)
+        except OSError:
+            continue
+        if m:
+            return m.group(1)
     return None
+
+
+def has_engine_builder(version: str | None) -> bool | None:
+    """Whether TensorRT-LLM ``version`` still has the engine builder (``trtllm-build``): the 1.2.x line does (the
+    :data:`ENGINE_VERSIONS` range), 1.3 release candidates and main do not (the TensorRT backend was removed after 1.2:
+    PRs #15907, #15918; docs legacy/tensorrt-backend-removal). None for an unknown version."""
+    if not version or version == "unknown":
+        return None
+    vt = _ver_tuple(version)
+    if vt[:2] >= (1, 3):
+        return False
+    return ENGINE_VERSIONS[0] <= vt <= ENGINE_VERSIONS[1]
 
 
 def model_hf_config(cfg: Any) -> dict[str, Any] | None:
