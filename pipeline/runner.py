@@ -17,7 +17,7 @@ from rich.table import Table
 from . import hostinfo, memory
 from .config import STAGES, PipelineConfig, deprecations, key_fields, resolve_path
 from .errors import EXIT_FAILED, EXIT_GATE, EXIT_INTERRUPTED, EXIT_OK, PipelineError
-from .stages import Stage, StageContext, get_stage
+from .stages import Stage, StageContext, get_stage, resolve_order
 from .store import (
     Artifact,
     ArtifactStore,
@@ -78,23 +78,6 @@ class RunSummary:
             "deprecations": self.deprecations,
             "stages": [dataclasses.asdict(s) for s in self.stages],
         }
-
-
-def resolve_order(requested: list[str], cfg: PipelineConfig | None = None) -> list[str]:
-    """Requested stages plus their transitive dependencies (for this ``cfg``), in pipeline order."""
-    need: set[str] = set()
-
-    def add(name: str) -> None:
-        if name in need:
-            return
-        need.add(name)
-        stage = get_stage(name)
-        for d in stage.deps_for(cfg) if cfg is not None else stage.deps:
-            add(d)
-
-    for s in requested:
-        add(s)
-    return [s for s in STAGES if s in need]
 
 
 _DIGESTS: dict[tuple[str, int, int], str] = {}

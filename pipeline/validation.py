@@ -15,14 +15,35 @@ from .planner.validate import cross_field_problems
 from .targets import config_problems as target_problems
 
 
+def with_run_order(cfg: PipelineConfig) -> PipelineConfig:
+    """``cfg`` with ``stages`` replaced by the stages that will run: the requested ones plus their dependencies, in
+    pipeline order (:func:`pipeline.stages.resolve_order`), so that every check of a stage that will run is run
+    (``stages=[package]`` runs export, quantize, build and evaluate, whose fields are then checked before any work).
+    ``cfg`` itself when a requested name is unknown (the field check reports it)."""
+    from omegaconf import OmegaConf
+
+    from .config import STAGES
+    from .stages import resolve_order
+
+    requested = list(cfg.stages or [])
+    if not requested or any(s not in STAGES for s in requested):
+        return cfg
+    order = resolve_order(requested, cfg)
+    if order == requested:
+        return cfg
+    run = OmegaConf.merge(cfg, {"stages": order})
+    return run  # type: ignore[return-value]
+
+
 def validate(cfg: PipelineConfig, *, raise_on_error: bool = True) -> list[Problem]:
-    """Field checks (:func:`pipeline.config.validate`), then cross-field checks (``pipeline.planner.validate``),
+    """For the stages that will run (:func:`with_run_order`): field checks (:func:`pipeline.config.validate`), then cross-field checks (``pipeline.planner.validate``),
     then the resolved target's ``check_config`` (skipped when ``target.name`` itself is wrong), then the model
     family's rules (a problem already reported with the same field and message is not repeated).
 
     Returns every problem; raises :class:`~pipeline.config.ConfigError` listing them all when ``raise_on_error``
     and any were found.
     """
+    cfg = with_run_order(cfg)
     problems = validate_fields(cfg, raise_on_error=False)
     problems.extend(cross_field_problems(cfg))
     if not any(p.field == "target.name" for p in problems):

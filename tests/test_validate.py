@@ -208,3 +208,34 @@ def test_validation_does_not_import_torch_or_transformers(tiny_llama):
 
 def test_shape_only_presets_skip_eval_lengths_without_a_tokenizer():
     assert eval_prompt_stats(compose(["model=llama31_8b"])) is None
+
+
+@pytest.mark.parametrize("stages", ["[package]", "[benchmark]", "[build]"])
+def test_the_checks_of_every_stage_that_will_run_are_run(stages):
+    """``stages=[package]`` runs export, quantize, build and evaluate first: their fields are checked too (issue
+    "one package per stage": it used to run 50 s and die in evaluate with a scipy NaN traceback, exit 1)."""
+    bad = ["eval.gate.confidence=1.5", "calibration.batch_size=0", "quant=int4_awq"]
+    fields = {p.field for p in validate(compose([f"stages={stages}", *bad]), raise_on_error=False)}
+    assert "calibration.batch_size" in fields  # quantize runs before each of them
+    assert ("eval.gate.confidence" in fields) == (stages != "[build]")  # build does not need evaluate
+
+
+def test_a_bad_field_of_an_upstream_stage_exits_2_before_any_work(tmp_path):
+    store = tmp_path / "store"
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline.cli",
+            "stages=[package]",
+            "eval.gate.confidence=1.5",
+            f"store_dir={store}",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "eval.gate.confidence=1.5: must be in [0.5, 1)" in r.stdout + r.stderr
+    assert not any(store.glob("*/*")) if store.exists() else True  # no stage ran

@@ -135,3 +135,22 @@ def get_stage(name: str) -> Stage:
         raise KeyError(f"unknown stage {name!r}; known stages: {list(STAGES)}")
     mod = importlib.import_module(f"{__name__}.{name}")
     return mod.STAGE
+
+
+def resolve_order(requested: list[str], cfg: PipelineConfig | None = None) -> list[str]:
+    """Requested stages plus their transitive dependencies (for this ``cfg``), in pipeline order."""
+    need: set[str] = set()
+
+    def add(name: str) -> None:
+        if name in need:
+            return
+        need.add(name)
+        stage = get_stage(name)
+        for d in stage.deps_for(cfg) if cfg is not None else stage.deps:
+            add(d)
+
+    for s in requested:
+        add(s)
+    from ..config import STAGES
+
+    return [s for s in STAGES if s in need]
