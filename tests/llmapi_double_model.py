@@ -68,7 +68,12 @@ class TritonPythonModel:
             if flag("return_cumulative_logprob"):
                 t.append(pb_utils.Tensor("cumulative_logprob", np.asarray([-1.5], dtype=np.float32)))
             if flag("sampling_param_return_perf_metrics"):
-                for k, v in (("arrival_time_ns", 1000), ("first_scheduled_time_ns", 2000), ("first_token_time_ns", 3000), ("last_token_time_ns", 4000)):
+                for k, v in (
+                    ("arrival_time_ns", 1000),
+                    ("first_scheduled_time_ns", 2000),
+                    ("first_token_time_ns", 3000),
+                    ("last_token_time_ns", 4000),
+                ):
                     t.append(pb_utils.Tensor(k, np.asarray([v], dtype=np.int64)))
             out.append(pb_utils.InferenceResponse(output_tensors=t))
         return out
@@ -87,7 +92,9 @@ class TritonPythonModel:
             try:
                 answers = self._answer(r)
             except Exception as e:
-                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                sender.send(
+                    pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+                )
                 continue
             for i, a in enumerate(answers):
                 sender.send(a, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if i == len(answers) - 1 else 0)

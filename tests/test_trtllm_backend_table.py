@@ -207,7 +207,8 @@ def test_pytorch_layout_states_container_and_files_in_readme_and_serve(tmp_path,
     assert "nvcr.io/nvidia/tritonserver:26.01-trtllm-python-py3" in readme
     assert "/app/all_models/llmapi/tensorrt_llm/1/model.py" in readme and "/app/all_models/llmapi/tensorrt_llm/1/helpers.py" in readme
     my = yaml.safe_load((repo / "tensorrt_llm" / "1" / "model.yaml").read_text())
-    assert my["triton_config"] == {"max_batch_size": 8, "decoupled": True}
+    # max_batch_size 0: one prompt per request, as upstream's llmapi model.yaml (the ensemble adapter batches prompts)
+    assert my["triton_config"] == {"max_batch_size": 0, "decoupled": True}
     assert serve.main([str(repo), "package.serving_image='nvcr.io/nvidia/tritonserver:26.01-trtllm-python-py3'"]) == 0
     out = capsys.readouterr().out
     assert "helpers.py" in out and "model.py" in out and "cp /app/all_models/llmapi/tensorrt_llm/1/model.py" in out

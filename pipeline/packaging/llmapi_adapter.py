@@ -92,7 +92,9 @@ INPUT_MAP: dict[str, dict[str, Any]] = {
     "return_generation_logits": _neutral([False], _NO_INPUT),
     "return_num_input_tokens": _neutral([False], _NO_INPUT),
     "return_num_output_tokens": _neutral([False], _NO_INPUT),
-    "num_draft_tokens": _neutral([0], f"draft-model speculative decoding by BLS: {_NO_INPUT} (configure speculative decoding in model.yaml)"),
+    "num_draft_tokens": _neutral(
+        [0], f"draft-model speculative decoding by BLS: {_NO_INPUT} (configure speculative decoding in model.yaml)"
+    ),
     "use_draft_logits": _neutral([False], _NO_INPUT),
     "decoder_text_input": _refused(f"encoder-decoder input: {_NO_INPUT}"),
     "bad_words": _refused(_NO_INPUT),

@@ -57,15 +57,16 @@ def check_inputs(present: dict[str, np.ndarray], table: dict[str, Any]) -> None:
         ent = inputs.get(name)
         if ent is None:
             raise AdapterError(
-                f"input {name!r} has no mapping onto the LLM-API model (pipeline/packaging/llmapi_adapter.py INPUT_MAP). "
-                f"Fix: leave it out."
+                f"input {name!r} has no mapping onto the LLM-API model (pipeline/packaging/llmapi_adapter.py INPUT_MAP). Fix: leave it out."
             )
         kind = ent["kind"]
         if kind == "refused":
             if a.dtype == np.object_ and not _strings(a):
                 continue  # an empty word list / string: nothing asked for
             if a.size:
-                raise AdapterError(f"input {name!r} is not supported by this TensorRT-LLM PyTorch-backend package: {ent['why']}. Fix: leave it out.")
+                raise AdapterError(
+                    f"input {name!r} is not supported by this TensorRT-LLM PyTorch-backend package: {ent['why']}. Fix: leave it out."
+                )
         elif kind == "neutral":
             bad = [v for v in np.asarray(a).reshape(-1).tolist() if v not in ent["values"]]
             if bad:
@@ -85,7 +86,9 @@ def check_inputs(present: dict[str, np.ndarray], table: dict[str, Any]) -> None:
         raise AdapterError("inputs 'random_seed' and 'seed' were both given; they set the same sampling_param_seed. Fix: send only one.")
 
 
-def llmapi_inputs(present: dict[str, np.ndarray], table: dict[str, Any], llm_types: dict[str, str], b: int, n: int) -> dict[str, np.ndarray]:
+def llmapi_inputs(
+    present: dict[str, np.ndarray], table: dict[str, Any], llm_types: dict[str, str], b: int, n: int
+) -> dict[str, np.ndarray]:
     """The LLM-API model's inputs for prompt row ``b`` of ``n`` (name -> array of its data type, shape ``[1]`` or ``[k]``)."""
     out: dict[str, np.ndarray] = {}
     for name, a in present.items():
@@ -143,7 +146,9 @@ class TritonPythonModel:
         if stream and not self.decoupled:
             raise AdapterError("stream=true needs a decoupled deployment (package.decoupled=true). Fix: send stream=false, or repackage.")
         if n > 1 and not self.decoupled:
-            raise AdapterError(f"{n} prompts in one request need a decoupled deployment (one response per prompt). Fix: one prompt per request.")
+            raise AdapterError(
+                f"{n} prompts in one request need a decoupled deployment (one response per prompt). Fix: one prompt per request."
+            )
         keep_prompt = not self._flag(present, "exclude_input_in_output", True)
         wanted = set(request.requested_output_names()) or set(self.out_types)
         for b in range(n):
@@ -170,7 +175,9 @@ class TritonPythonModel:
                 text = v.decode("utf-8") if isinstance(v, bytes) else str(v or "")
                 if stream:
                     if not text.startswith(sent):
-                        raise AdapterError(f"{self.llm} revised text it had streamed ({sent!r} -> {text!r}); the ensemble stream cannot take it back.")
+                        raise AdapterError(
+                            f"{self.llm} revised text it had streamed ({sent!r} -> {text!r}); the ensemble stream cannot take it back."
+                        )
                     new, sent = text[len(sent) :], text
                 else:
                     new = text
@@ -217,5 +224,7 @@ class TritonPythonModel:
                 self._run(request, got.append)
                 responses.append(got[-1])
             except Exception as e:
-                responses.append(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(f"{self.model_config['name']}: {e}")))
+                responses.append(
+                    pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(f"{self.model_config['name']}: {e}"))
+                )
         return responses
