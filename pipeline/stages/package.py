@@ -401,6 +401,7 @@ def _key_extras(cfg: Any, inputs: dict[str, Any]) -> dict[str, Any]:
     return {
         "templates": digest_path(TEMPLATES),
         "serving_models": digest_path(MODELS_SRC),
+        "llmapi_adapter": digest_path(Path(__file__).resolve().parents[1] / "packaging" / "llmapi_adapter.py"),  # tensor_map.json
         "serving_image": cfg.package.serving_image or cfg.target.serving_image,
         "model_name": cfg.model.name,
         "signing": signer_identity(cfg.package),  # method + the signer's public key digest, never the key's path
