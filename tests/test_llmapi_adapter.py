@@ -71,6 +71,23 @@ def test_the_llmapi_layout_has_the_adapter_and_the_table_covers_every_input(tmp_
     assert {"num_draft_tokens", "seed", "min_tokens"} <= bls
 
 
+def test_not_decoupled_the_adapter_and_the_llmapi_model_agree(tmp_path, tiny_llama):
+    """package.decoupled=false: the adapter models and the LLM-API model (config.pbtxt and model.yaml triton_config)
+    are all non-decoupled, and the repository validates with streaming off."""
+    import yaml
+
+    from pipeline.packaging.validate import parse_config, validate_repository
+
+    repo, _ = _repo(tmp_path, tiny_llama, decoupled=False)
+    for name in ("ensemble", "tensorrt_llm_bls", "tensorrt_llm"):
+        assert not parse_config(repo / name / "config.pbtxt").model_transaction_policy.decoupled, name
+    assert yaml.safe_load((repo / "tensorrt_llm" / "1" / "model.yaml").read_text())["triton_config"] == {
+        "max_batch_size": 0,
+        "decoupled": False,
+    }
+    assert validate_repository(repo, limits=LIMITS, target="tensorrt_llm", streaming=False) == []
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, tiny_llama):
     if not (DEFAULT_SERVE_VENV / "bin" / "python3").exists():
@@ -208,7 +225,7 @@ def test_stop_words_are_kept_exclude_input_and_several_prompts(served):
     [
         ("bad_words", np.array([[b"refund"]], dtype=object), "BYTES", ["bad_words", "no input for it", "Fix: leave it out"]),
         ("beam_width", np.array([[2]], np.int32), "INT32", ["beam_width=2", "Fix: send beam_width=1"]),
-        ("repetition_penalty", np.array([[1.2]], np.float32), "FP32", ["repetition_penalty=1.2", "Fix"]),
+        ("repetition_penalty", np.array([[1.2]], np.float32), "FP32", ["repetition_penalty=1.2 cannot", "Fix"]),
         ("end_id", np.array([[7]], np.int32), "INT32", ["end_id=7", "takes no end_id input"]),
         ("lora_task_id", np.array([[1]], np.uint64), "UINT64", ["lora_task_id", "not supported"]),
         ("return_generation_logits", np.array([[True]]), "BOOL", ["return_generation_logits=True"]),

@@ -68,7 +68,7 @@ def check_inputs(present: dict[str, np.ndarray], table: dict[str, Any]) -> None:
                     f"input {name!r} is not supported by this TensorRT-LLM PyTorch-backend package: {ent['why']}. Fix: leave it out."
                 )
         elif kind == "neutral":
-            bad = [v for v in np.asarray(a).reshape(-1).tolist() if v not in ent["values"]]
+            bad = [round(v, 6) if isinstance(v, float) else v for v in np.asarray(a).reshape(-1).tolist() if v not in ent["values"]]
             if bad:
                 raise AdapterError(
                     f"{name}={bad[0]!r} cannot be honoured by this TensorRT-LLM PyTorch-backend package: {ent['why']}. "
@@ -162,6 +162,7 @@ class TritonPythonModel:
             req = pb_utils.InferenceRequest(
                 model_name=self.llm, requested_output_names=asked, inputs=[pb_utils.Tensor(k, v) for k, v in ins.items()]
             )
+            stops = set(_strings(_row(present["stop_words"], b, n, "stop_words"))) if "stop_words" in present else set()
             prompt = _row(prompts, b, n, "text_input").reshape(-1)[0]
             prompt_text = prompt.decode("utf-8") if isinstance(prompt, bytes) else str(prompt)
             sent, first = "", True
@@ -185,7 +186,7 @@ class TritonPythonModel:
                 if sr is not None:
                     s = _first(sr)
                     s = s.decode("utf-8") if isinstance(s, bytes) else str(s)
-                    if s in set(_strings(present.get("stop_words", np.zeros(0, dtype=np.object_)))):
+                    if s in stops:
                         new += s  # the ensemble keeps the stop word (TensorRT-LLM backend semantics)
                 if keep_prompt and first:
                     new = prompt_text + new
