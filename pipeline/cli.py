@@ -8,6 +8,8 @@ resolved (the values the run would use: Hydra's ``--resolve`` is added).  Subcom
     pipeline doctor                   what is installed and which targets can run here
     pipeline serve [overrides]        start Triton on the packaged model repository
     pipeline verify RELEASE [--key K] check a release: signature, SHA256SUMS, manifest, provenance
+    pipeline migrate RELEASE [overrides]  the TensorRT-LLM PyTorch-backend package of an engine release (same
+                                      checkpoint and recipe; pipeline/packaging/migrate.py)
     pipeline client ...               gRPC client for the served ensemble
     pipeline benchmark compare A B    compare two benchmark JSON results
 
@@ -557,6 +559,7 @@ def main(argv: list[str] | None = None) -> None:
     tune_allocator()  # freed weights go back to the OS (docs/memory.md)
     # `target_gpu=X` is accepted as an alias of `target.gpu=X` (as in `pipeline plan`)
     argv = [f"target.gpu={a.split('=', 1)[1]}" if a.startswith("target_gpu=") else a for a in argv]
+    import shutil
     import tempfile
 
     import hydra
@@ -565,6 +568,17 @@ def main(argv: list[str] | None = None) -> None:
     from .errors import EXIT_INPUT, InputError
 
     register()
+    migrate_tmp = None
+    if argv and argv[0] == "migrate":  # `pipeline migrate <engine release>`: the same chain for the PyTorch backend
+        from .packaging.migrate import pipeline_argv
+
+        migrate_tmp = Path(tempfile.mkdtemp(prefix="pipeline-migrate-"))
+        try:
+            argv = pipeline_argv(argv[1:], migrate_tmp)
+        except InputError as e:
+            shutil.rmtree(migrate_tmp, ignore_errors=True)
+            print(f"error (exit {EXIT_INPUT}): {e}", file=sys.stderr)
+            sys.exit(EXIT_INPUT)
     problems = check_overrides(argv) + run_dir_problems(argv)
     if problems:
         for msg in problems:
@@ -593,6 +607,8 @@ def main(argv: list[str] | None = None) -> None:
         import shutil
 
         shutil.rmtree(tmp_root, ignore_errors=True)
+        if migrate_tmp is not None:
+            shutil.rmtree(migrate_tmp, ignore_errors=True)
     from .runner import worst_exit_code
 
     sys.exit(worst_exit_code())

@@ -59,7 +59,8 @@ def test_pytorch_backend_packages_on_a_cpu_host_for_a_named_gpu(tmp_path, ckpt, 
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]  # was exit 4 at export ("tensorrt_llm ... not installed")
     (pkg,) = [p.parent for p in (tmp_path / "store" / "package").glob("*/release_manifest.json")]
     repo = pkg / "model_repository"
-    assert sorted(p.name for p in repo.iterdir()) == ["tensorrt_llm"]
+    # the LLM-API model plus the ensemble / tensorrt_llm_bls adapter for NVIDIA's ensemble clients (test_llmapi_adapter.py)
+    assert sorted(p.name for p in repo.iterdir()) == ["ensemble", "tensorrt_llm", "tensorrt_llm_bls"]
     assert (repo / "tensorrt_llm" / "config.pbtxt").is_file()
     opts = yaml.safe_load((repo / "tensorrt_llm" / "1" / "model.yaml").read_text(encoding="utf-8"))
     assert opts["max_batch_size"] == 16 and "kv_cache_config" in opts
@@ -69,7 +70,7 @@ def test_pytorch_backend_packages_on_a_cpu_host_for_a_named_gpu(tmp_path, ckpt, 
     assert "tensorrt_llm is not installed" in ev["candidate_note"]
     assert "target.gpu=h100_sxm" in ev["gpu_host_check"] and "simulated" in ev["gpu_host_check"]
     assert m["parity"]["command"] in ev["gpu_host_check"] and m["parity"]["status"] == "not run here"
-    assert m["serving"]["layout"] == "llmapi" and m["build"]["backend"] == "pytorch"
+    assert m["serving"]["layout"] == "llmapi" and m["build"]["backend"] == "pytorch" and m["serving"]["ensemble"] == "ensemble"
     rep = json.loads(next((tmp_path / "store" / "evaluate").glob("*/eval_report.json")).read_text(encoding="utf-8"))
     assert rep["candidate"] == "simulated" and rep["notes"]["candidate"].startswith("auto -> simulated")
 

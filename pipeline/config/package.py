@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Optional
 
 from .common import Problem, runtime
@@ -106,6 +107,10 @@ class PackageConfig:
     """``pipeline serve``: model repository to serve; ``None`` = the newest package artifact in the store."""
     host: str = runtime("127.0.0.1")
     """``pipeline serve``: bind address of every endpoint (127.0.0.1 = this machine only)."""
+    migrated_from: Optional[str] = runtime(None)
+    """The engine release (its ``release/`` folder) this PyTorch-backend package migrates (set by ``pipeline migrate``;
+    recorded in the release manifest's ``migration``). Keyed by the content digest of that release's manifest, not its
+    path (package stage ``key_extras``)."""
     # declared last: the field name `runtime` shadows the helper of the same name inside this class body
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     """TensorRT-LLM serving knobs (``pipeline/config/serving.py``; backend parameter names)."""
@@ -142,6 +147,12 @@ def host_problems(host: str, name: str = "package.host") -> list[Problem]:
 
 def validate(cfg: PackageConfig, prefix: str = "package") -> list[Problem]:
     problems: list[Problem] = host_problems(cfg.host, f"{prefix}.host")
+    if cfg.migrated_from is not None and not (Path(cfg.migrated_from).expanduser() / "release_manifest.json").is_file():
+        problems.append(
+            Problem(
+                f"{prefix}.migrated_from", cfg.migrated_from, "holds no release_manifest.json.", "use `pipeline migrate <engine release>`"
+            )
+        )
     if cfg.max_batch_size is not None and cfg.max_batch_size < 1:
         problems.append(Problem(f"{prefix}.max_batch_size", cfg.max_batch_size, "must be >= 1 or null.", "remove it to use the engine's"))
     for f in ("max_input_len", "max_beam_width", "max_prompt_bytes"):

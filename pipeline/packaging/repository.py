@@ -8,7 +8,8 @@ Layouts (``docs/package.md``):
   backend, ``inflight_fused_batching``) -> ``postprocessing``; engine copied to ``tensorrt_llm/1/engine``; absolute
   paths point into the container mount ``/models`` (:data:`CONTAINER_REPO`); plus ``tensorrt_llm_bls`` (our Python
   BLS model calling those three, ``trtllm_config.write_bls_model``).
-* ``tensorrt_llm`` with the PyTorch backend: the LLM-API layout ``tensorrt_llm/config.pbtxt`` + ``1/model.yaml``.
+* ``tensorrt_llm`` with the PyTorch backend: the LLM-API layout ``tensorrt_llm/config.pbtxt`` + ``1/model.yaml``, plus
+  ``ensemble`` and ``tensorrt_llm_bls``: the adapter mapping NVIDIA's ensemble tensors onto it (:mod:`.llmapi_adapter`).
 
 Every value comes from the build (limits, runtime knobs, versions) or the package config; templates are filled
 with a ``${name}`` substitution that leaves unknown names in place so :mod:`.validate` can report them with
@@ -378,6 +379,10 @@ def generate_repository(
 
     if settings.target == "tensorrt_llm" and settings.backend == "pytorch":
         _write_llmapi_model(write("tensorrt_llm", "llmapi"), settings, vals, templates, engine_dir, tokenizer_dirs)
+        from .llmapi_adapter import write_adapter_models  # NVIDIA's ensemble tensors in front of it (docs/package.md)
+
+        ens = fill((templates / "ensemble" / "config.pbtxt").read_text(encoding="utf-8"), vals)
+        models += write_adapter_models(out, settings, ens, MODELS_SRC)
         layout = "llmapi"
     else:
         write("ensemble", "ensemble")

@@ -249,7 +249,7 @@ def _release_manifest(
         "serving": {
             "layout": info["layout"],
             "models": info["models"],
-            "ensemble": None if info["layout"] == "llmapi" else "ensemble",
+            "ensemble": "ensemble",  # llmapi layout: the adapter over the LLM-API model (pipeline/packaging/llmapi_adapter.py)
             "engine_model": settings.engine_model,
             "decoupled": settings.decoupled,
             "triton_max_batch_size": 0 if info["layout"] == "llmapi" else settings.triton_max_batch_size,
@@ -260,6 +260,7 @@ def _release_manifest(
             "serving_image": serving_image if settings.target == "tensorrt_llm" else None,
         },
         "parity": parity,
+        "migration": _migration(ctx),
         "signing": signer_identity(pc),
         "provenance": PackageArtifact.PROVENANCE if pc.archive else None,
         "versions": {"engine": dict(bi.get("versions") or {}), "packaging": library_versions(LIBRARIES)},
@@ -297,6 +298,21 @@ def _evaluated_what(ctx: StageContext, settings: Any, bi: dict[str, Any]) -> dic
             f"has not run this checkpoint. On the GPU host, serve the package and run `{command_for()}`."
         )
     return out
+
+
+def _migration(ctx: StageContext) -> dict[str, Any] | None:
+    """``pipeline migrate``: the engine release this package replaces (``pipeline.packaging.migrate.migration_record``)."""
+    if not ctx.cfg.package.migrated_from:
+        return None
+    from ..config.common import key_fields
+    from ..packaging.migrate import migration_record
+
+    return migration_record(
+        ctx.cfg.package.migrated_from,
+        export_digest=ctx.inputs["export"].digest,
+        build_dir=ctx.inputs["build"].path,
+        quant=key_fields(ctx.cfg.quant),
+    )
 
 
 def _release_archive(ctx: StageContext, repo: Path, name: str, manifest: dict[str, Any]) -> dict[str, Any]:
@@ -405,10 +421,21 @@ def _key_extras(cfg: Any, inputs: dict[str, Any]) -> dict[str, Any]:
     return {
         "templates": digest_path(TEMPLATES),
         "serving_models": digest_path(MODELS_SRC),
+        "llmapi_adapter": digest_path(Path(__file__).resolve().parents[1] / "packaging" / "llmapi_adapter.py"),  # tensor_map.json
         "serving_image": cfg.package.serving_image or cfg.target.serving_image,
         "model_name": cfg.model.name,
         "signing": signer_identity(cfg.package),  # method + the signer's public key digest, never the key's path
+        "migrated_from": _migrated_from_digest(cfg.package.migrated_from),  # the engine release's manifest, not its path
     }
+
+
+def _migrated_from_digest(release_dir: str | None) -> str | None:
+    from ..store import sha256_file
+
+    if not release_dir:
+        return None
+    p = Path(release_dir) / PackageArtifact.RELEASE_MANIFEST
+    return sha256_file(p) if p.is_file() else None
 
 
 def _dry_run(ctx: StageContext) -> dict[str, Any]:
