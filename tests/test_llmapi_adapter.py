@@ -30,6 +30,7 @@ pytestmark = pytest.mark.slow
 
 HERE = Path(__file__).resolve().parent
 LIMITS = {"max_batch_size": 4, "max_input_len": 96, "max_seq_len": 128}
+TRTLLM = "1.2.1"  # the default serving image's TensorRT-LLM (pipeline/packaging/versions.py), whose option verdicts are recorded
 
 
 def _repo(tmp: Path, ckpt: Path, *, decoupled: bool = True) -> tuple[Path, dict]:
@@ -40,7 +41,7 @@ def _repo(tmp: Path, ckpt: Path, *, decoupled: bool = True) -> tuple[Path, dict]
     bi = {"target": "tensorrt_llm", "backend": "pytorch", "limits": LIMITS}
     s = settings_from_build(bi, mi, PackageConfig(name="tiny", decoupled=decoupled))
     repo = tmp / "repo"
-    out = generate_repository(repo, s, engine_dir=ckpt, tokenizer_dirs=[ckpt])
+    out = generate_repository(repo, s, engine_dir=ckpt, tokenizer_dirs=[ckpt], trtllm_version=TRTLLM)
     return repo, {**out, "end_id": s.end_id, "pad_id": s.pad_id}
 
 
@@ -279,3 +280,20 @@ def test_llmclient_and_the_parity_command_work_unchanged_through_the_adapter(ser
     write_expected(pkg / EXPECTED_FILE, reqs, {"sample": 2, "of": 2, "seed": 0, "modes": ["unary", "stream"]})
     res = check_against_server(pkg, served.url)
     assert res["status"] == "failed" and res["matched"] == 2 and res["first_mismatch"]["id"] == 1
+
+
+def test_the_adapter_forwards_only_options_the_serving_trtllm_is_known_to_honour(tmp_path, tiny_llama):
+    """Fail closed (pipeline/packaging/option_support.py): on the recorded 1.2 line every forwarded input is honoured
+    and kept; on a line with no recorded verdicts each forwarded option becomes a refusal naming the version and the
+    verdict, in the packaged tensor_map.json the served adapter reads (its refusal path is tested on the server above)."""
+    from pipeline.packaging import llmapi_adapter as A
+
+    kept = A.fail_closed_inputs(TRTLLM)
+    assert kept == A.INPUT_MAP
+    unknown = A.fail_closed_inputs("9.9.0")
+    forwarded = [k for k, e in A.INPUT_MAP.items() if "to" in e and A.request_option(e["to"])]
+    assert forwarded and all(unknown[k]["kind"] == "refused" and "TensorRT-LLM 9.9.0" in unknown[k]["why"] for k in forwarded)
+    assert unknown["text_input"] == A.INPUT_MAP["text_input"]  # the prompt itself is not an option
+    repo, _ = _repo(tmp_path, tiny_llama)
+    table = json.loads((repo / "ensemble" / "1" / A.TENSOR_MAP_FILE).read_text())
+    assert table["trtllm_version"] == TRTLLM and table["inputs"]["temperature"] == A.INPUT_MAP["temperature"]

@@ -141,9 +141,37 @@ def llmapi_input_types(llmapi_config: str) -> dict[str, str]:
     return {i.name: mc.DataType.Name(i.data_type) for i in cfg.input}
 
 
-def tensor_map(settings: Any, llmapi_config: str) -> dict[str, Any]:
-    """The JSON the adapter reads (``<model>/1/tensor_map.json``): the two tables, the LLM-API model's input data types
-    (from its packaged ``config.pbtxt``), the package's ``end_id``/``pad_id`` (int token ids) and the LLM-API model name.
+def request_option(llmapi_input: str) -> str | None:
+    """The per-request option an LLM-API input carries, by its ``SamplingParams`` name (the key of
+    :data:`pipeline.packaging.option_support.TABLE` scope ``request``): ``sampling_param_top_k`` -> ``top_k``,
+    ``streaming`` -> ``streaming``, ``return_cumulative_logprob`` -> itself; None for the prompt (``text_input``)."""
+    if llmapi_input == "text_input":
+        return None
+    return llmapi_input.removeprefix("sampling_param_")
+
+
+def fail_closed_inputs(trtllm_version: str | None) -> dict[str, dict[str, Any]]:
+    """:data:`INPUT_MAP` for a package served by TensorRT-LLM ``trtllm_version``: every ``forward`` / ``stop`` input
+    whose option that version is not known to honour (:func:`pipeline.packaging.option_support.verdict`) becomes
+    ``refused`` with the verdict as the reason, so the adapter never forwards an option the runtime may ignore."""
+    from .option_support import verdict
+
+    out: dict[str, dict[str, Any]] = {}
+    for name, entry in INPUT_MAP.items():
+        opt = request_option(entry["to"]) if "to" in entry else None
+        if opt is not None:
+            ok, why = verdict("request", opt, None, trtllm_version)
+            if not ok:
+                out[name] = _refused(f"TensorRT-LLM {trtllm_version or 'unknown'}: {opt} is {why}")
+                continue
+        out[name] = entry
+    return out
+
+
+def tensor_map(settings: Any, llmapi_config: str, trtllm_version: str | None = None) -> dict[str, Any]:
+    """The JSON the adapter reads (``<model>/1/tensor_map.json``): the two tables (inputs fail-closed for
+    ``trtllm_version``, :func:`fail_closed_inputs`), the LLM-API model's input data types (from its packaged
+    ``config.pbtxt``), the package's ``end_id``/``pad_id`` (int token ids) and the LLM-API model name.
 
     Raises:
         ValueError: a ``forward``/``stop`` target of :data:`INPUT_MAP` is not an input of the LLM-API model.
@@ -156,7 +184,8 @@ def tensor_map(settings: Any, llmapi_config: str) -> dict[str, Any]:
         "llmapi_inputs": types,
         "source": "pipeline/packaging/llmapi_adapter.py",
         "upstream": UPSTREAM,
-        "inputs": INPUT_MAP,
+        "trtllm_version": trtllm_version,
+        "inputs": fail_closed_inputs(trtllm_version),
         "outputs": OUTPUT_MAP,
         "llmapi_model": LLMAPI_MODEL,
         "end_id": int(settings.end_id),
@@ -209,12 +238,15 @@ def adapter_config(ensemble_config: str, name: str, settings: Any) -> str:
     return head + text_format.MessageToString(cfg)
 
 
-def write_adapter_models(repo: Path, settings: Any, ensemble_config: str, models_src: Path) -> list[str]:
+def write_adapter_models(
+    repo: Path, settings: Any, ensemble_config: str, models_src: Path, *, trtllm_version: str | None = None
+) -> list[str]:
     """Write ``ensemble/`` and ``tensorrt_llm_bls/`` (config, ``1/model.py``, ``1/tensor_map.json``) into ``repo``
-    (its ``tensorrt_llm/config.pbtxt`` must already be written); returns the model names."""
+    (its ``tensorrt_llm/config.pbtxt`` must already be written); returns the model names. ``trtllm_version``: the
+    serving TensorRT-LLM, whose option verdicts decide what the adapter forwards (:func:`fail_closed_inputs`)."""
     out = []
     llm_cfg = (repo / LLMAPI_MODEL / "config.pbtxt").read_text(encoding="utf-8")
-    table = json.dumps(tensor_map(settings, llm_cfg), indent=2, sort_keys=True) + "\n"
+    table = json.dumps(tensor_map(settings, llm_cfg, trtllm_version), indent=2, sort_keys=True) + "\n"
     for name in ADAPTER_MODELS:
         d = repo / name
         (d / "1").mkdir(parents=True, exist_ok=True)

@@ -104,6 +104,11 @@ TABLE: dict[tuple[str, str], tuple[str, str]] = {
         )
     },
     ("request", "best_of=1"): ("honoured", _LLMAPI_HELPERS + " (default 1)"),
+    ("request", "return_cumulative_logprob"): (
+        "honoured",
+        "NVIDIA/TensorRT-LLM triton_backend/all_models/llmapi/tensorrt_llm/config.pbtxt @c8c6df08bd0e (input "
+        "return_cumulative_logprob, output cumulative_logprob) and 1/model.py @b35ac1b64368 (CompletionOutput.cumulative_logprob)",
+    ),
     ("request", "response_format"): ("ignored", _RESPONSE_FORMAT),
     ("request", "guided_decoding"): ("ignored", _RESPONSE_FORMAT),
     ("request", "beam_width"): ("unsupported", "the package is built with max_beam_width=1 (beam search is not served)"),

@@ -350,7 +350,13 @@ def copy_tokenizer(src_dirs: list[Path], dst: Path) -> list[str]:
 
 
 def generate_repository(
-    out: Path, settings: Settings, *, engine_dir: Path, tokenizer_dirs: list[Path], templates: Path = TEMPLATES
+    out: Path,
+    settings: Settings,
+    *,
+    engine_dir: Path,
+    tokenizer_dirs: list[Path],
+    templates: Path = TEMPLATES,
+    trtllm_version: str | None = None,
 ) -> dict[str, Any]:
     """Write the model repository for ``settings`` into ``out`` (created; must not exist or be empty).
 
@@ -359,6 +365,8 @@ def generate_repository(
         settings: see :func:`settings_from_build`.
         engine_dir: the build's ``engine/`` folder (copied into the engine model's version folder).
         tokenizer_dirs: folders searched in order for ``tokenizer.json`` (export ``hf/`` first, then the engine).
+        trtllm_version: the serving image's TensorRT-LLM (LLM-API layout: the adapter refuses the client options that
+            version is not known to honour, :func:`pipeline.packaging.llmapi_adapter.tensor_map`).
     Returns:
         {"models": [names], "files": n, "layout": "..."}.
     """
@@ -382,7 +390,7 @@ def generate_repository(
         from .llmapi_adapter import write_adapter_models  # NVIDIA's ensemble tensors in front of it (docs/package.md)
 
         ens = fill((templates / "ensemble" / "config.pbtxt").read_text(encoding="utf-8"), vals)
-        models += write_adapter_models(out, settings, ens, MODELS_SRC)
+        models += write_adapter_models(out, settings, ens, MODELS_SRC, trtllm_version=trtllm_version)
         layout = "llmapi"
     else:
         write("ensemble", "ensemble")

@@ -132,10 +132,16 @@ def package(ctx: StageContext) -> dict[str, Any]:
         )
     speculative = _speculative(ctx, bi)
     repo = ctx.out / "model_repository"
+    serving_image = pc.serving_image or cfg.target.serving_image
     with ctx.progress("package: model repository", total=3) as advance:
-        info = generate_repository(repo, settings, engine_dir=engine_dir, tokenizer_dirs=[export.path / "hf", engine_dir])
+        info = generate_repository(
+            repo,
+            settings,
+            engine_dir=engine_dir,
+            tokenizer_dirs=[export.path / "hf", engine_dir],
+            trtllm_version=_image_trtllm(serving_image),
+        )
         advance(1)
-        serving_image = pc.serving_image or cfg.target.serving_image
         if info["layout"] == "llmapi":  # trtllm-serve + trtllm-bench/AIPerf files from the same LLM-API options
             info["servers"] = _servers(ctx, repo, settings, engine_dir, serving_image)
         limits = {
@@ -178,15 +184,21 @@ def package(ctx: StageContext) -> dict[str, Any]:
     return result
 
 
+def _image_trtllm(image: str | None) -> str | None:
+    """The TensorRT-LLM version of the serving image ``image`` (:func:`pipeline.packaging.versions.image_versions`)."""
+    from ..packaging import versions as V
+
+    img = V.image_versions(image or "")
+    return str(img["tensorrt_llm"]) if img else None
+
+
 def _servers(ctx: StageContext, repo: Path, settings: Any, engine_dir: Path, image: str | None) -> dict[str, Any]:
     """``servers/`` of a PyTorch-backend package (:func:`pipeline.packaging.llmapi_options.write_servers`), preflighted
     for the serving image's TensorRT-LLM; the manifest's ``serving.servers``."""
-    from ..packaging import versions as V
     from ..packaging.llmapi_options import write_servers
 
     assert ctx.out is not None
-    img = V.image_versions(image or "")
-    version = str(img["tensorrt_llm"]) if img else None
+    version = _image_trtllm(image)
     return {
         **write_servers(ctx.out, repo, settings, engine_dir, bench_cfg=ctx.cfg.benchmark, trtllm_version=version),
         "tensorrt_llm": version,
