@@ -269,6 +269,14 @@ class PackageArtifact:
     def release_manifest_path(self) -> Path:
         return self.path / self.RELEASE_MANIFEST
 
+    def read_release_manifest(self) -> dict[str, Any]:
+        """The release manifest of this package (the artifact's copy, else the one in ``release/``); ``{}`` when there
+        is none (a bare model repository)."""
+        for p in (self.release_manifest_path, self.release_dir / self.RELEASE_MANIFEST):
+            if p.is_file():
+                return json.loads(p.read_text(encoding="utf-8"))
+        return {}
+
     @property
     def release_dir(self) -> Path:
         return self.path / self.RELEASE_DIR

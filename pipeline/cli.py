@@ -28,7 +28,7 @@ SUBCOMMANDS = {
     "plan": "pipeline.planner.cli",
     "doctor": "pipeline.doctor",
     "serve": "pipeline.serving.serve",
-    "client": "pipeline.serving.client",
+    "client": "pipeline.serving.client_cli",
     "benchmark": "pipeline.bench.cli",
     "verify": "pipeline.packaging.verify",
 }

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.serving.client import main
+from pipeline.serving.client_cli import main
 from pipeline.serving.server import free_port
 
 

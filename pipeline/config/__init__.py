@@ -30,7 +30,14 @@ from . import target as _target
 from .benchmark import BenchmarkConfig
 from .build import BuildConfig, SpeculativeConfig
 from .calibration import CalibrationConfig
-from .common import ConfigError, Problem, key_fields, runtime
+from .common import (  # defined in .common: pipeline.config.model needs them too
+    REPO_ROOT,
+    ConfigError,
+    Problem,
+    key_fields,
+    resolve_path,
+    runtime,
+)
 from .eval import EvalConfig, GateConfig
 from .model import ModelConfig
 from .package import PackageConfig
@@ -38,7 +45,6 @@ from .parallel import ParallelConfig
 from .quant import QuantConfig
 from .target import TargetConfig
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG_DIR = Path(os.environ.get("PIPELINE_CONFIG_DIR", REPO_ROOT / "build_configs"))
 STAGES = ("export", "quantize", "build", "evaluate", "package", "benchmark")
 
@@ -98,20 +104,6 @@ def register() -> None:
     cs.store(name="pipeline_schema", node=PipelineConfig)
     for group, schema in GROUPS.items():
         cs.store(group=group, name=f"base_{group}", node=schema)
-
-
-def resolve_path(p: Optional[str]) -> Optional[Path]:
-    """Resolve a user path: absolute as is; relative against the cwd, else the repo root."""
-    if p is None:
-        return None
-    path = Path(os.path.expanduser(str(p)))
-    if path.is_absolute():
-        return path
-    cwd = Path.cwd() / path
-    if cwd.exists():
-        return cwd.resolve()
-    repo = REPO_ROOT / path
-    return repo.resolve() if repo.exists() else cwd
 
 
 def _alias_fields(root: Any, obj: Any = None, prefix: str = ""):

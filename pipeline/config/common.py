@@ -8,7 +8,9 @@ always runtime fields: the *content* behind them is digested into the key instea
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import field
+from pathlib import Path
 from typing import Any
 
 
@@ -73,3 +75,21 @@ def choice(problems: list[Problem], name: str, value: Any, choices: list | tuple
     """Append a Problem if ``value`` is not one of ``choices``."""
     if value not in choices:
         problems.append(Problem(name, value, f"must be one of {list(choices)}.", fix or f"set {name} to one of {list(choices)}"))
+
+
+#: the repository root (relative user paths fall back to it)
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def resolve_path(p: str | None) -> Path | None:
+    """Resolve a user path: absolute as is; relative against the cwd, else the repo root."""
+    if p is None:
+        return None
+    path = Path(os.path.expanduser(str(p)))
+    if path.is_absolute():
+        return path
+    cwd = Path.cwd() / path
+    if cwd.exists():
+        return cwd.resolve()
+    repo = REPO_ROOT / path
+    return repo.resolve() if repo.exists() else cwd

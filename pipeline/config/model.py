@@ -20,7 +20,7 @@ DTYPE_FROM_CHECKPOINT = "${checkpoint_dtype:${.path}}"
 def _checkpoint_folder(path: Any) -> Optional[Path]:
     if path is None or str(path).strip() == "":
         return None
-    from . import resolve_path  # late: pipeline.config imports this module
+    from .common import resolve_path
 
     return resolve_path(str(path))
 

@@ -39,10 +39,18 @@ import re
 import string
 import unicodedata
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from .dataset import EvalItem
+
+class EvalItem(Protocol):
+    """What a metric reads of an eval item (:class:`pipeline.evaluation.dataset.EvalItem` has it; a Protocol here so
+    that this module does not import the dataset module, which imports it)."""
+
+    @property
+    def references(self) -> list[Any]: ...
+
+    @property
+    def metric_args(self) -> dict[str, Any]: ...
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,6 +27,7 @@ from typing import Any
 
 from ..artifacts import TOKENIZER_COPY_FILES, ExportArtifact
 from ..errors import InputError
+from .fragment import Fragment
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TEMPLATES = REPO_ROOT / "triton_models"
@@ -37,10 +38,6 @@ the same ``TextCodec`` as the evaluated text (standalone module: ``tokenizers`` 
 CONTAINER_REPO = "/models"
 """Where the GPU container command mounts the repository; TensorRT-LLM's C++ backend needs absolute engine paths."""
 PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-
-
-class Fragment(str):
-    """A multi-line config.pbtxt fragment: inserted verbatim by :func:`fill` (no string-literal escaping)."""
 
 
 # The ensemble's engine step: TensorRT-LLM's engine emits ids, which the postprocessing step detokenizes (three steps,

@@ -194,12 +194,10 @@ def render_parameters(params: dict[str, str]) -> str:
 
 
 def _fragment(text: str) -> str:
-    """Mark ``text`` as a pre-rendered fragment for ``repository.fill`` (its ``Fragment`` type where it has one; the
-    leading six spaces of :func:`render_parameters` where it does not)."""
-    from . import repository
+    """Mark ``text`` as a pre-rendered fragment for ``repository.fill`` (:class:`pipeline.packaging.fragment.Fragment`)."""
+    from .fragment import Fragment
 
-    frag = getattr(repository, "Fragment", None)
-    return frag(text) if frag is not None else text
+    return Fragment(text)
 
 
 def template_values(s: Any) -> dict[str, Any]:

@@ -56,6 +56,20 @@ def calibration_activation_bytes(hidden_size: int, intermediate_size: int, seq_l
     return int(seq_len) * (ACT_HIDDEN_ROWS * int(hidden_size) + ACT_INTERMEDIATE_ROWS * int(intermediate_size)) * int(dtype_bytes)
 
 
+#: ``calibration.batch_size=auto`` on the CPU: at most this many samples per forward pass. 16 was the shipped presets'
+#: fixed batch before ``auto`` (build_configs/calibration/), so CPU results, the shipped gate's among them, are unchanged
+#: wherever the memory allows it; the CPU's GEMMs gain little from larger batches.
+AUTO_BATCH_MAX_CPU = 16
+
+
+def compute_dtype(device: str, checkpoint_dtype: str) -> str:
+    """The calibration dtype on ``device`` for a checkpoint stored in ``checkpoint_dtype``: float32 on the CPU, else the
+    checkpoint's 16-bit dtype (bfloat16 for a float32 checkpoint; pipeline/quantization/placement.py says why)."""
+    if device == "cpu":
+        return "float32"
+    return checkpoint_dtype if checkpoint_dtype in ("bfloat16", "float16") else "bfloat16"
+
+
 @dataclasses.dataclass(frozen=True)
 class StageMemory:
     """Predicted peak memory of one stage: ``host_bytes`` (resident set, the largest process of the stage),
@@ -89,7 +103,7 @@ def stage_memory(
     Returns:
         ``{stage: StageMemory}`` for export, quantize, build and evaluate.
     """
-    from .plan import DTYPE_BYTES
+    from .shape import DTYPE_BYTES
 
     P, W = int(num_parameters), 4 * int(num_parameters)
     exp_b = DTYPE_BYTES.get(export_dtype, 2)

@@ -42,11 +42,10 @@ from typing import Any
 from ..errors import InputError
 from ..recipes import KV_MIN_SM, RECIPE_MIN_SM, RECIPES
 from .gpus import GPU, local_gpus, lookup
-from .shape import Linear, ModelShape, kv_heads_per_rank, read_config_json
+from .shape import DTYPE_BYTES, Linear, ModelShape, kv_heads_per_rank, read_config_json
 
 GiB = 1 << 30
 KiB = 1 << 10
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8": 1, "int8": 1}
 RUNTIME_OVERHEAD_BYTES = 1 * GiB
 """Assumed CUDA context + cuBLAS/TensorRT workspaces per GPU (not published by TensorRT-LLM; an
 estimate of the usual 0.3-0.5 GiB context plus workspaces)."""
@@ -551,10 +550,9 @@ def _stage_memory(p: Plan, cfg: Any, shape: ModelShape) -> None:
 def _calibration_batch_bytes(cfg: Any, shape: ModelShape, device: str, export_dtype: str) -> int:
     """One calibration batch's activations on ``device``, bytes (:func:`pipeline.planner.host.calibration_activation_bytes`
     x the batch): ``calibration.batch_size`` when it is an integer; for ``auto`` the most it may choose on the CPU
-    (:data:`pipeline.quantization.placement.AUTO_BATCH_MAX_CPU`; on a GPU it is chosen at run time within half the free
+    (:data:`pipeline.planner.host.AUTO_BATCH_MAX_CPU`; on a GPU it is chosen at run time within half the free
     memory, and this nominal batch is what the plan counts). An invalid setting counts as ``auto`` (validation names it)."""
-    from ..quantization.placement import AUTO_BATCH_MAX_CPU, compute_dtype
-    from .host import calibration_activation_bytes
+    from .host import AUTO_BATCH_MAX_CPU, calibration_activation_bytes, compute_dtype
 
     cal = cfg.calibration
     try:

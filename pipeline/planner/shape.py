@@ -22,6 +22,10 @@ from ..errors import InputError
 _ROPE_NO_FACTOR = ("su", "longrope", "llama3")
 
 
+#: bytes per element of each dtype name the planner and the memory model use
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8": 1, "int8": 1}
+
+
 @dataclasses.dataclass(frozen=True)
 class Linear:
     """One linear layer: HF module name, (in, out) features, decoder layer index (-1 = lm_head),

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
+from ..planner.host import AUTO_BATCH_MAX_CPU, compute_dtype
 
 #: Share of the device's free memory kept for activations, the calibration batch and ModelOpt's statistics.
 RESERVE_FRACTION = 0.2
@@ -79,13 +80,6 @@ def resolve_device(setting: str) -> str:
             )
         return f"cuda:{idx}"
     raise InputError(f"calibration.device={setting!r}: unknown. Fix: use auto, cpu, cuda or cuda:N.")
-
-
-def compute_dtype(device: str, checkpoint_dtype: str) -> str:
-    """The calibration dtype on ``device`` for a checkpoint stored in ``checkpoint_dtype`` (module docstring)."""
-    if device == "cpu":
-        return "float32"
-    return checkpoint_dtype if checkpoint_dtype in ("bfloat16", "float16") else "bfloat16"
 
 
 def free_bytes(device: str) -> int:
@@ -187,10 +181,6 @@ def with_layerwise(modelopt_cfg: dict[str, Any], placement: Placement) -> dict[s
     return {**modelopt_cfg, "algorithm": algo}
 
 
-#: ``calibration.batch_size=auto`` on the CPU: at most this many samples per forward pass. 16 was the shipped presets'
-#: fixed batch before ``auto`` (build_configs/calibration/), so CPU results, the shipped gate's among them, are unchanged
-#: wherever the memory allows it; the CPU's GEMMs gain little from larger batches.
-AUTO_BATCH_MAX_CPU = 16
 #: Share of the free memory left beside the model that one calibration batch's activations may take (``auto``).
 ACTIVATION_FRACTION = 0.5
 

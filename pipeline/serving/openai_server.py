@@ -319,11 +319,11 @@ class Frontend:
     """
 
     def __init__(self, grpc_url: str, repository: Path, model_id: str | None = None, *, timeout_s: float = 300.0) -> None:
+        from ..artifacts import PackageArtifact
         from .client import LLMClient, _load_tokenizer
-        from .serve import release_manifest
 
         self.grpc_url, self.repository, self.timeout_s = grpc_url, Path(repository), float(timeout_s)
-        man = release_manifest(self.repository)
+        man = PackageArtifact(self.repository.parent).read_release_manifest()
         self.model_id = model_id or (man.get("model") or {}).get("name") or self.repository.parent.name
         policy_rp = float((man.get("decoding") or {}).get("repetition_penalty") or 1.0)
         self.default_repetition_penalty = None if policy_rp == 1.0 else policy_rp

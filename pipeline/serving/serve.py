@@ -183,11 +183,8 @@ def verified_repository(
 
 
 def release_manifest(repo: Path) -> dict[str, Any]:
-    pkg = PackageArtifact(repo.parent)
-    for p in (pkg.release_manifest_path, pkg.release_dir / PackageArtifact.RELEASE_MANIFEST):
-        if p.is_file():
-            return json.loads(p.read_text(encoding="utf-8"))
-    return {}
+    """The release manifest of the package whose model repository is ``repo`` (:meth:`PackageArtifact.read_release_manifest`)."""
+    return PackageArtifact(repo.parent).read_release_manifest()
 
 
 def release_warnings(man: dict[str, Any]) -> list[str]:

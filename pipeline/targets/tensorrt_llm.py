@@ -968,16 +968,8 @@ class TensorRTLLMTarget:
         backend = cfg.target.backend
         fails = _version_fails(cfg, self.trtllm_build_exe(cfg))
         fails += _gpu_fails(cfg)
-        if not fails:
-            from ..planner import plan as _plan
-
-            try:
-                pl = _plan(cfg)
-            except PipelineError as e:
-                log.warning("memory plan unavailable: %s", e)
-                pl = None
-            if pl is not None and pl.status == "refused":
-                fails.append("the memory plan does not fit: " + " | ".join(pl.refusals) + " (see `pipeline plan`).")
+        # The memory plan is not checked here: the runner refuses a plan that cannot work before any stage runs
+        # (pipeline.planner.plan_for_run, exit 4), and the planner reads the targets, not the other way round.
         if fails:
             cmd = (
                 shlex.join(self.command(cfg, checkpoint, out or "<build artifact>"))
