@@ -210,3 +210,68 @@ def test_failures_after_generation_started_count_as_failures(srv):
     assert ours == {("failure", "mid_stream"): 1, ("failure", "engine_error"): 1, ("success", "none"): 1}, ours
     assert triton == {"success": 3}, triton  # nv_inference_request_failure misses both failures
     _check_relation(ours, triton)
+
+
+def test_a_request_ended_by_the_stop_input_counts_as_cancelled(srv):
+    """TensorRT-LLM's ``stop`` input on the token-id model (``onnxruntime_genai``; NVIDIA's inflight_batcher_llm_client
+    ``--stop-after-ms``): a ``stop=true`` request with the running request's id ends it.  The running request counts as
+    cancelled/stop, the stop request itself as a success; a ``stop=true`` without a request id is refused, here and in
+    Triton's failure counter."""
+    import queue
+
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    def tensors(**kv: np.ndarray) -> list:
+        out = []
+        for k, a in kv.items():
+            i = grpcclient.InferInput(k, list(a.shape), {np.dtype(np.int32): "INT32", np.dtype(bool): "BOOL"}[a.dtype])
+            i.set_data_from_numpy(a)
+            out.append(i)
+        return out
+
+    ids = np.array([[1, 40, 41, 42, 43]], dtype=np.int32)
+    common = {"input_ids": ids, "input_lengths": np.array([[ids.shape[1]]], np.int32)}
+    c0 = Counts(srv, "onnxruntime_genai")
+    rid = uuid.uuid4().hex[:12]
+    c, stopper = grpcclient.InferenceServerClient(srv.grpc_url), grpcclient.InferenceServerClient(srv.grpc_url)
+    q: queue.Queue = queue.Queue()
+    c.start_stream(callback=lambda result, error: q.put((result, error)))
+    c.async_stream_infer(
+        "onnxruntime_genai",
+        tensors(
+            **common,
+            request_output_len=np.array([[LONG]], np.int32),
+            min_length=np.array([[LONG]], np.int32),
+            streaming=np.array([[True]]),
+        ),
+        request_id=rid,
+        enable_empty_final_response=True,
+    )
+    r, e = q.get(timeout=60)
+    assert e is None, e
+    stop = tensors(**common, request_output_len=np.array([[1]], np.int32), stop=np.array([[True]]))
+    sq: queue.Queue = queue.Queue()
+    stopper.start_stream(callback=lambda result, error: sq.put((result, error)))
+    stopper.async_stream_infer("onnxruntime_genai", stop, request_id=rid, enable_empty_final_response=True)
+    assert sq.get(timeout=60)[1] is None
+    stopper.async_stream_infer("onnxruntime_genai", stop, enable_empty_final_response=True)
+    refused = sq.get(timeout=60)[1]
+    assert refused is not None and "stop=true needs the request id" in str(refused), refused
+    n, final = 0, False
+    while not final:
+        r, e = q.get(timeout=60)
+        assert e is None, e
+        seq = r.as_numpy("sequence_length")
+        n += 0 if seq is None else int(seq.reshape(-1)[0])
+        p = r.get_response().parameters.get("triton_final_response")
+        final = p is not None and p.bool_param
+    c.stop_stream()
+    stopper.stop_stream()
+    c.close()
+    stopper.close()
+    assert n < LONG, n  # ended by the stop, not by its budget
+    ours, triton = c0.delta(3)
+    assert ours == {("cancelled", "stop"): 1, ("success", "none"): 1, ("failure", "refused"): 1}, ours
+    assert triton == {"success": 2, "failure:BACKEND": 1}, triton
+    _check_relation(ours, triton)
