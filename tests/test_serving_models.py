@@ -92,6 +92,14 @@ def _fake_pb_utils():
     return SimpleNamespace(Tensor=Tensor, InferenceResponse=InferenceResponse, TritonError=str, TRITONSERVER_RESPONSE_COMPLETE_FINAL=1)
 
 
+def _counter():
+    """``request_metrics`` and a recorder in place of its ``RequestOutcomes`` (``.counted``: the (outcome, reason) counted)."""
+    from pipeline.serving.models import request_metrics
+
+    counted: list[tuple[str, str]] = []
+    return request_metrics, SimpleNamespace(count=lambda outcome, reason: counted.append((outcome, reason)), counted=counted)
+
+
 def _sent_by_model(coalesce: bool, stream: list[tuple[str, list[int], str, bool]]):
     """Queue streamed responses through the real ``_send``/``_sender`` of the CPU model before its sender runs, so
     every one of them is waiting when it starts (a server that fell behind); returns what each request received."""
@@ -103,6 +111,7 @@ def _sent_by_model(coalesce: bool, stream: list[tuple[str, list[int], str, bool]
     m.outbox, m.coalesce, m.eos_ids, m.text = queue.SimpleQueue(), coalesce, {2}, True
     m.outputs = {"output_ids", "sequence_length", "text_output"}
     m.logger = SimpleNamespace(log_warn=lambda msg: (_ for _ in ()).throw(AssertionError(msg)))
+    m.rm, m.outcomes = _counter()
     senders, jobs = {}, {}
     for name, ids, text, final in stream:
         if name not in jobs:
@@ -112,6 +121,7 @@ def _sent_by_model(coalesce: bool, stream: list[tuple[str, list[int], str, bool]
         m._send(jobs[name], ids, text, final=final)
     m.outbox.put(None)
     m._sender()
+    assert m.outcomes.counted == [("success", "none")] * len(senders)  # each request once, when its FINAL was sent
     return {
         name: [
             (r.outputs["output_ids"].tolist(), int(r.outputs["sequence_length"][0][0]), r.outputs["text_output"][0].decode(), f)
@@ -180,6 +190,7 @@ def _model_for_stream(interval: int):
     m.outbox, m.coalesce, m.eos_ids, m.text, m.stream_interval = queue.SimpleQueue(), False, {2}, True, interval
     m.outputs = {"output_ids", "sequence_length", "text_output"}
     m.logger = SimpleNamespace(log_warn=lambda msg: (_ for _ in ()).throw(AssertionError(msg)))
+    m.rm, m.outcomes = _counter()
     sender = _FakeResponseSender()
     g = mod.Group(sender=sender, request_id="r", size=1, open=1)
     job = mod.Job(g, 0, [1], 8, True, True, None, [], False, 1, 0.0, 1.0, None, 0, None, False, {"text_output"})
@@ -251,3 +262,21 @@ def test_stream_interval_is_validated_and_refused_on_the_tensorrt_llm_target():
     assert settings_from_build({"target": "onnxruntime_genai", "limits": lim}, {"eos_token_ids": [2]}, pc).stream_interval == 4
     with pytest.raises(InputError, match=r"package\.stream_interval=4: the TensorRT-LLM target streams every token"):
         settings_from_build({"target": "tensorrt_llm", "limits": lim, "versions": {"tensorrt_llm": "1.2.1"}}, {"eos_token_ids": [2]}, pc)
+
+
+def test_a_failed_request_is_counted_once_as_mid_stream_after_a_response_else_engine_error():
+    m, job, sender = _model_for_stream(1)
+    job.tokens.append(11)
+    m._stream(job, 11, "a", None, last=False)
+    m._fail(job, "engine error: boom")
+    m._fail(job, "engine error: again")  # a job fails once
+    m2, job2, sender2 = _model_for_stream(1)
+    m2._fail(job2, "engine error: boom")
+    for model in (m, m2):
+        model.outbox.put(None)
+        model._sender()
+    # a token, then the error with the FINAL flag; the other request: only its error, FINAL
+    assert [(r.error is not None, f) for r, f in sender.sent] == [(False, 0), (True, 1)], sender.sent
+    assert [(r.error is not None, f) for r, f in sender2.sent] == [(True, 1)], sender2.sent
+    assert m.outcomes.counted == [("failure", "mid_stream")], m.outcomes.counted
+    assert m2.outcomes.counted == [("failure", "engine_error")], m2.outcomes.counted

@@ -35,6 +35,9 @@ MODELS_SRC = Path(__file__).resolve().parents[1] / "serving" / "models"
 TOKENIZATION_SRC = Path(__file__).resolve().parents[1] / "tokenization.py"
 """Copied next to every served Python model's ``model.py`` as ``tokenization.py``: the served text is produced by
 the same ``TextCodec`` as the evaluated text (standalone module: ``tokenizers`` + lazy ``jinja2``)."""
+REQUEST_METRICS_PY = "request_metrics.py"
+"""Copied from ``MODELS_SRC`` next to every served ``onnxruntime_genai_model.py``: the request-outcome counter's name and
+labels (Triton ``/metrics``), imported by that model and by ``pipeline``."""
 CONTAINER_REPO = "/models"
 """Where the GPU container command mounts the repository; TensorRT-LLM's C++ backend needs absolute engine paths."""
 PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -379,6 +382,8 @@ def generate_repository(
         if model_py:
             shutil.copy2(MODELS_SRC / model_py, d / "1" / "model.py")
             shutil.copy2(TOKENIZATION_SRC, d / "1" / "tokenization.py")
+            if model_py == "onnxruntime_genai_model.py":
+                shutil.copy2(MODELS_SRC / REQUEST_METRICS_PY, d / "1" / REQUEST_METRICS_PY)
         models.append(model)
         return d
 
@@ -476,5 +481,6 @@ def _write_ort_text_models(out: Path, settings: Settings, vals: dict[str, Any]) 
         )
         shutil.copy2(MODELS_SRC / "onnxruntime_genai_model.py", d / "1" / "model.py")
         shutil.copy2(TOKENIZATION_SRC, d / "1" / "tokenization.py")
+        shutil.copy2(MODELS_SRC / REQUEST_METRICS_PY, d / "1" / REQUEST_METRICS_PY)
         names.append(name)
     return names

@@ -76,6 +76,13 @@ except ImportError:  # pragma: no cover - importable for unit tests of the pure 
 
 FLAG_TOKEN, FLAG_TURN_FINISHED, FLAG_FAILED = 1, 2, 8  # og.EngineEventFlags (0.18); re-read from og in initialize()
 CANCEL_POLL_S = 0.005  # is_cancelled() is a round trip to the server: once per 5 ms per request, on the sender thread
+# TEST-ONLY fault injection, off unless the server's environment sets it when the model loads (a client cannot turn
+# it on): with PIPELINE_TEST_FAULT_AFTER_TOKENS=N, a request whose request id starts with FAULT_REQUEST_PREFIX makes the
+# engine loop raise when that request generates its N-th token, before the token is sent.  The raise takes the path of
+# a real engine failure (``_loop``: every request in flight fails with "engine error", the engine is rebuilt).  It
+# exists because no real input fails og.Engine after its first token (tests/test_request_metrics.py).
+FAULT_ENV = "PIPELINE_TEST_FAULT_AFTER_TOKENS"
+FAULT_REQUEST_PREFIX = "test-fault-"
 
 # Inputs the engine cannot honour: a request that sets them to a non-default value gets a clear error.
 _UNSUPPORTED = {
@@ -148,6 +155,19 @@ def load_codec(tokenizer_dir: str) -> Any:
     return TextCodec.from_dir(tokenizer_dir)
 
 
+def load_request_metrics() -> Any:
+    """``request_metrics`` (``pipeline/serving/models/request_metrics.py``, copied next to this file by the package
+    stage): the name and labels of the request-outcome counter."""
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    import request_metrics
+
+    return request_metrics
+
+
 def encode_served(codec: Any, text: str) -> list[int]:
     """Ids of a served ``text_input``: already-rendered prompt text (the client applied the chat template, whose
     control tokens are control ids), nothing added; BOS prepended only when the tokenizer itself adds it
@@ -169,6 +189,9 @@ class Group:
     open: int
     cancelled: bool = False
     gone: bool = False  # the client cancelled or vanished (set by the sender thread's is_cancelled() polls)
+    outcome: tuple[str, str] | None = None  # how it ended, when not a success (request_metrics.REASONS); first wins
+    responded: bool = False  # a response of it (a token, a prompt's answer) was queued for the client
+    counted: bool = False  # counted in request_metrics.REQUESTS_ENDED (once, when its FINAL flag is sent)
 
 
 @dataclass
@@ -298,6 +321,15 @@ class TritonPythonModel:
         self.outputs = {o["name"] for o in self.model_config.get("output", [])}
         self.logger = pb_utils.Logger
         self.engine_dir = engine_dir
+        rm = load_request_metrics()
+        self.rm = rm
+        self.outcomes = rm.RequestOutcomes(pb_utils, args.get("model_name", ""), args.get("model_version", ""), self.logger.log_warn)
+        self.fault_after = int(os.environ.get(FAULT_ENV) or 0)
+        if self.fault_after:
+            self.logger.log_warn(
+                f"TEST-ONLY fault injection is on ({FAULT_ENV}={self.fault_after}): requests whose id starts with "
+                f"{FAULT_REQUEST_PREFIX!r} fail at their token {self.fault_after}; unset it for a real deployment"
+            )
         self.buffer_size = int(params.get("event_buffer_size") or 256)
         self.coalesce = params.get("stream_coalescing", "true").lower() in ("1", "true", "yes")  # package.stream_coalescing
         self.stream_interval = max(1, int(params.get("stream_interval") or 1))  # package.stream_interval
@@ -643,28 +675,12 @@ class TritonPythonModel:
 
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
-            stop = self._get(request, "stop")
-            if stop is not None and stop.size and bool(stop.reshape(-1)[0]):
-                # TensorRT-LLM's convention: a request with stop=true and the running request's id ends that request
-                rid = request.request_id()
-                sender = request.get_response_sender()
-                if not rid:
-                    sender.send(
-                        pb_utils.InferenceResponse(
-                            output_tensors=[],
-                            error=pb_utils.TritonError(
-                                "onnxruntime_genai: stop=true needs the request id of the request to stop (send it as request_id)"
-                            ),
-                        ),
-                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
-                    )
-                else:
-                    self.pending.put(rid)
-                    sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-                continue
             try:
-                jobs = self._parse(request)
+                jobs = self._stop_request(request)
+                if jobs is None:
+                    jobs = self._parse(request)
             except Exception as e:
+                self.outcomes.count(self.rm.FAILURE, "refused")
                 if len(requests) == 1:
                     # raised, the refusal is counted by Triton (nv_inference_request_failure{reason="BACKEND"}); an error
                     # sent through the response sender counts as a success (Triton 2.51 python_backend). The wrapper
@@ -677,8 +693,24 @@ class TritonPythonModel:
                     flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
                 )
                 continue
-            self.pending.put(jobs)
+            if jobs:
+                self.pending.put(jobs)
         return None
+
+    def _stop_request(self, request: Any) -> list[Job] | None:
+        """TensorRT-LLM's convention: a request with ``stop=true`` and the running request's id ends that request.
+        Such a request is answered at once (an empty FINAL, counted a success) and queues the id for the engine thread;
+        returns ``[]`` for it, None for any other request.  Without a request id it is refused (ValueError)."""
+        stop = self._get(request, "stop")
+        if stop is None or not stop.size or not bool(stop.reshape(-1)[0]):
+            return None
+        rid = request.request_id()
+        if not rid:
+            raise ValueError("stop=true needs the request id of the request to stop (send it as request_id)")
+        self.pending.put(rid)
+        request.get_response_sender().send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        self.outcomes.count(self.rm.SUCCESS, "none")
+        return []
 
     # ------------------------------------------------------------------ engine loop
     def _admit(self, job: Job) -> None:
@@ -765,6 +797,7 @@ class TritonPythonModel:
                         jobs = []
                     for job in jobs:
                         if job.group.cancelled:
+                            self._mark(job.group, self.rm.CANCELLED, "client" if job.group.gone else "stop")
                             self._finish(job, True)
                             continue
                         if self._engine_broken is not None:
@@ -912,6 +945,7 @@ class TritonPythonModel:
                 g.cancelled = True
                 self.logger.log_info(f"request {g.request_id or '-'} cancelled by the client after {len(job.tokens)} generated token(s)")
             if g.cancelled:
+                self._mark(g, self.rm.CANCELLED, "client" if gone else "stop")
                 self.gen_jobs.remove(job)
                 job.steps = None
                 if not job.done and not gone:  # stopped by a stop request: answer with what it has
@@ -956,6 +990,7 @@ class TritonPythonModel:
                     f"{sum(len(j.tokens) for j in self.active.values() if j.group is g)} generated token(s)"
                 )
             if g.cancelled:
+                self._mark(g, self.rm.CANCELLED, "client" if gone else "stop")
                 for j in [j for j in self.active.values() if j.group is g]:
                     if not j.done and not gone:  # stopped by a stop request: answer with what it has
                         self._final_response(j)
@@ -993,6 +1028,8 @@ class TritonPythonModel:
             else:
                 _token_made(job)
                 job.tokens.append(tok)
+                if self.fault_after and len(job.tokens) >= self.fault_after and job.group.request_id.startswith(FAULT_REQUEST_PREFIX):
+                    raise RuntimeError(f"injected fault ({FAULT_ENV}={self.fault_after}, test only) at token {len(job.tokens)}")
                 piece = job.decoder.push((tok,)) if job.decoder is not None else ""
                 if job.stop_sequences and ends_with_any(job.tokens, job.stop_sequences):
                     finished = True
@@ -1076,12 +1113,29 @@ class TritonPythonModel:
         g = job.group
         job.done = True
         g.open -= 1
+        self._mark(g, self.rm.FAILURE, "mid_stream" if g.responded else "engine_error")
         where = f"prompt {job.batch_index}: " if g.size > 1 else ""
         self._emit(
             g,
             pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(f"onnxruntime_genai: {where}{msg}")),
             pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if g.open == 0 else 0,
         )
+
+    @staticmethod
+    def _mark(g: Group, outcome: str, reason: str) -> None:
+        """Record how ``g`` ends when it is not a success (the first cause wins); counted when its FINAL flag is sent."""
+        if g.outcome is None:
+            g.outcome = (outcome, reason)
+
+    def _count_end(self, g: Group) -> None:
+        """Count ``g`` once in ``request_metrics.REQUESTS_ENDED`` (sender thread, after its FINAL flag was sent)."""
+        if g.counted:
+            return
+        g.counted = True
+        try:
+            self.outcomes.count(*(g.outcome or (self.rm.SUCCESS, "none")))
+        except Exception as e:
+            self.logger.log_warn(f"request {g.request_id or '-'}: not counted in {self.rm.REQUESTS_ENDED} ({e})")
 
     def _emit(self, g: Group, response: Any = None, flags: int = 0) -> None:
         """Queue ``response`` for the sender thread (:meth:`_sender`), which delivers every response in order."""
@@ -1114,6 +1168,7 @@ class TritonPythonModel:
                         try:
                             response = self._response(response.job, response.ids, response.text, last_token_ns=response.last_token_ns)
                         except Exception as e:  # answer the request with the reason rather than leave it waiting
+                            self._mark(g, self.rm.FAILURE, "mid_stream")
                             response = pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(f"onnxruntime_genai: {e}"))
                     if response is None:
                         g.sender.send(flags=flags)
@@ -1121,6 +1176,9 @@ class TritonPythonModel:
                         g.sender.send(response, flags=flags)
                 except Exception as e:
                     self.logger.log_warn(f"request {g.request_id or '-'}: response not delivered ({e})")
+                finally:
+                    if flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+                        self._count_end(g)
             if done:
                 return
             if time.monotonic() - polled >= CANCEL_POLL_S:
@@ -1163,9 +1221,11 @@ class TritonPythonModel:
         """
         if job.streaming and logps is None and not (ids and isinstance(ids[0], list)):
             # the common streamed delta: built by the sender thread, which may join it with the next ones (_sender)
+            job.group.responded = True
             delta = Delta(job, [int(t) for t in ids], str(text), job.last_token_ns)  # type: ignore[arg-type]
             self._emit(job.group, delta, self._settle(job, final))
             return
+        job.group.responded = True
         self._emit(job.group, self._response(job, ids, text, logps), self._settle(job, final))
 
     def _response(
