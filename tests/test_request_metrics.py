@@ -59,7 +59,7 @@ def package(tmp_path_factory) -> Path:
             "eval.gate.mode=exploratory",
             "package.allow_failed_gate=true",
             "package.parity=false",
-            "build.max_input_len=64",
+            "build.max_input_len=128",  # the eval prompts (evaluate runs before package: its length check applies)
             "build.max_seq_len=1024",
             "progress=false",
         ]
