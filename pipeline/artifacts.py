@@ -239,6 +239,10 @@ class PackageArtifact:
     path: Path
     MODEL_REPOSITORY: ClassVar[str] = "model_repository"
     RELEASE_MANIFEST: ClassVar[str] = "release_manifest.json"
+    #: PyTorch-backend packages: the non-Triton server files, in ``servers/`` (pipeline/packaging/llmapi_options.py)
+    SERVE_YAML: ClassVar[str] = "trtllm_serve.yaml"
+    SERVE_SCRIPT: ClassVar[str] = "trtllm_serve.sh"
+    BENCH_JSON: ClassVar[str] = "benchmark.json"
     RELEASE_DIR: ClassVar[str] = "release"
     SHA256SUMS: ClassVar[str] = "SHA256SUMS"
     SIGNATURE: ClassVar[str] = "release.sig"

@@ -397,6 +397,25 @@ def ensure_pad_token(tokenizer: Any) -> tuple[str, bool]:
     )
 
 
+def _encode_row(codec: Any, r: Any, apply_chat_template: bool) -> list[int]:
+    """One calibration row's token ids (empty for a blank text row).
+
+    Raises:
+        InputError: a chat the model's chat template cannot render (file:line, the template's error and the fix).
+    """
+    if r.messages is not None:
+        try:
+            return list(codec.encode_prompt(messages=r.messages, apply_chat_template=apply_chat_template, add_generation_prompt=False))
+        except TokenizationError as e:  # the template renders eval prompts (checked at config time) but not this chat
+            raise InputError(
+                f"{r.where}: calibration sample (chat messages, calibration.apply_chat_template=true): {e} Or calibrate "
+                f"on these chats without the template: calibration.apply_chat_template=false."
+            ) from None
+    if not r.text or not r.text.strip():
+        return []
+    return list(codec.encode_prompt(r.text, apply_chat_template=False))
+
+
 def load_calibration(cfg: CalibrationConfig, tokenizer: Any, path: Path | None) -> CalibrationSet:
     """Read, shuffle (seeded), tokenize and check a calibration set.
 
@@ -422,20 +441,7 @@ def load_calibration(cfg: CalibrationConfig, tokenizer: Any, path: Path | None) 
     for i in order:
         if len(samples) >= cfg.calib_size:
             break
-        r = rows[i]
-        if r.messages is not None:
-            try:
-                ids = codec.encode_prompt(messages=r.messages, apply_chat_template=cfg.apply_chat_template, add_generation_prompt=False)
-            except TokenizationError as e:  # the template renders eval prompts (checked at config time) but not this chat
-                raise InputError(
-                    f"{r.where}: calibration sample (chat messages, calibration.apply_chat_template=true): {e} Or calibrate "
-                    f"on these chats without the template: calibration.apply_chat_template=false."
-                ) from None
-        else:
-            if not r.text or not r.text.strip():
-                empty += 1
-                continue
-            ids = codec.encode_prompt(r.text, apply_chat_template=False)
+        ids = _encode_row(codec, rows[i], cfg.apply_chat_template)
         if not ids:
             empty += 1
             continue
@@ -443,7 +449,7 @@ def load_calibration(cfg: CalibrationConfig, tokenizer: Any, path: Path | None) 
             ids = ids[: cfg.calib_max_seq_length]
             truncated += 1
         if len(ids) < cfg.min_tokens:
-            short.append(r.where)
+            short.append(rows[i].where)
         samples.append(ids)
     warnings: list[str] = []
     source = str(path) if fmt != "hf" else f"hf:{cfg.hf_dataset}"

@@ -88,14 +88,25 @@ def test_parity_command_against_a_running_server(packaged):
 
 
 def test_served_differs_from_evaluated_fails_with_exit_3(tmp_path, tiny_llama):
-    """The gate measured the fp32 baseline (eval.candidate=baseline) but an int4 engine ships: the served answers
-    differ, so packaging fails with exit 3 and shows the first difference side by side; nothing is published."""
+    """The evaluated answers are not what the deployment serves (here: the evaluate artifact's engine answers were
+    altered in the store after evaluate ran; eval.candidate=baseline, the earlier way to make them differ, is refused by
+    validation now that evaluate's checks run for stages=[package]): the served answers differ, so packaging fails with
+    exit 3 and shows the first difference side by side; nothing is published."""
     if not (DEFAULT_SERVE_VENV / "bin" / "python3").exists():
         pytest.skip("serving environment missing: run `make serve-env`")
-    s = _run(tiny_llama, tmp_path / "store", "quant=int4_wo", "eval.limit=6", "eval.candidate=baseline", "eval.runners=[baseline]")
+    store = tmp_path / "store"
+    s = _run(tiny_llama, store, "quant=int4_wo", "eval.limit=6", "stages=[evaluate]")
+    assert s.exit_code == 0, s.error
+    outputs = {r.stage: Path(r.path) for r in s.stages}["evaluate"] / "outputs.jsonl"
+    rows = [json.loads(x) for x in outputs.read_text().splitlines()]
+    for r in rows:
+        if r.get("runner") == "engine":
+            r["text"] = "evaluated, not served: " + r["text"]
+    outputs.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    s = _run(tiny_llama, store, "quant=int4_wo", "eval.limit=6")
     assert s.exit_code == 3, s.error
     assert "serving parity failed" in s.error and "evaluated:" in s.error and "served:" in s.error
-    assert not any((tmp_path / "store" / "package").glob("*/release_manifest.json"))
+    assert not any((store / "package").glob("*/release_manifest.json"))
 
 
 def test_disabling_is_explicit_and_recorded(tmp_path, packaged, tiny_llama):

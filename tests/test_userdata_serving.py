@@ -54,8 +54,8 @@ def served(request, tmp_path_factory):
             "eval.limit=2",
             *SMALL_EVAL,
             "build.max_batch_size=4",
-            "build.max_input_len=128",
-            "build.max_seq_len=192",
+            "build.max_input_len=160",  # the eval prompts with the chat template (evaluate's length check applies)
+            "build.max_seq_len=224",
             "package.decoupled=true",
             "progress=false",
         ]

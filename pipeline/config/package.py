@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from ..artifacts import PackageArtifact
 from .common import Problem, runtime
 from .serving import RuntimeConfig, SpeculativeGateConfig
 from .serving import validate as _validate_runtime
@@ -147,10 +148,13 @@ def host_problems(host: str, name: str = "package.host") -> list[Problem]:
 
 def validate(cfg: PackageConfig, prefix: str = "package") -> list[Problem]:
     problems: list[Problem] = host_problems(cfg.host, f"{prefix}.host")
-    if cfg.migrated_from is not None and not (Path(cfg.migrated_from).expanduser() / "release_manifest.json").is_file():
+    if cfg.migrated_from is not None and not (Path(cfg.migrated_from).expanduser() / PackageArtifact.RELEASE_MANIFEST).is_file():
         problems.append(
             Problem(
-                f"{prefix}.migrated_from", cfg.migrated_from, "holds no release_manifest.json.", "use `pipeline migrate <engine release>`"
+                f"{prefix}.migrated_from",
+                cfg.migrated_from,
+                f"holds no {PackageArtifact.RELEASE_MANIFEST}.",
+                "use `pipeline migrate <engine release>`",
             )
         )
     if cfg.max_batch_size is not None and cfg.max_batch_size < 1:

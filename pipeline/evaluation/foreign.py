@@ -327,6 +327,36 @@ def read_task_yaml(p: Path, text: str) -> tuple[list[tuple[int, dict[str, Any]]]
         raise InputError(f"eval set {p}: not valid YAML ({e}). Fix: correct the task YAML (or give a JSONL eval set).") from None
     if not isinstance(task, dict):
         raise InputError(f"eval set {p}: a YAML task must be a mapping of keys (task, doc_to_text, ...). Fix: see docs/evaluate.md.")
+    name = _check_task_keys(p, task)
+    args = _metric(p, task)
+    until, max_new = _generation(p, task)
+    docs, files, split = _documents(p, task)
+    env = ImmutableSandboxedEnvironment(undefined=StrictUndefined, keep_trailing_newline=True)
+    desc = task.get("description") or ""
+    if not isinstance(desc, str):
+        raise _refuse(p, "description", desc, "must be a string (a Jinja template)")
+    lines = _task_lines(env, p, task, docs, name, desc, args, until, max_new)
+    record = {
+        "format": "lm_eval_task",
+        "task": name,
+        "split": split,
+        "data_files": [str(f) for f in files],
+        "mapping": {
+            "prompt": ("description + " if desc else "") + "doc_to_text",
+            "reference": "doc_to_target",
+            "id": f"{name}-<document>",
+            "slice": name,
+        },
+        "metric": {"name": "exact_match", **args},
+        "generation": {"until": until, "max_gen_toks": max_new},
+        "no_effect": sorted(k for k in task if k in _NO_EFFECT),
+    }
+    return lines, record, files
+
+
+def _check_task_keys(p: Path, task: dict[str, Any]) -> str:
+    """:func:`read_task_yaml`'s refusals of the keys that would change the score and are not implemented (InputError);
+    returns the task's name."""
     fn = _find_function(task)
     if fn:
         raise _refuse(
@@ -365,13 +395,14 @@ def read_task_yaml(p: Path, text: str) -> tuple[list[tuple[int, dict[str, Any]]]
     for key in ("doc_to_text", "doc_to_target"):
         if not isinstance(task.get(key), str):
             raise _refuse(p, key, task.get(key), "must be a document field's name or a Jinja template", f"set {key}: '{{{{question}}}}'")
-    args = _metric(p, task)
-    until, max_new = _generation(p, task)
-    docs, files, split = _documents(p, task)
-    env = ImmutableSandboxedEnvironment(undefined=StrictUndefined, keep_trailing_newline=True)
-    desc = task.get("description") or ""
-    if not isinstance(desc, str):
-        raise _refuse(p, "description", desc, "must be a string (a Jinja template)")
+
+    return name
+
+
+def _task_lines(
+    env: Any, p: Path, task: dict[str, Any], docs: list[Any], name: str, desc: str, args: dict[str, Any], until: Any, max_new: Any
+) -> list[tuple[int, dict[str, Any]]]:
+    """One of our eval-set lines per task document (:func:`read_task_yaml`), templates rendered in ``env``."""
     lines = []
     for n, doc in enumerate(docs, start=1):
         prompt = (_render(env, p, "description", desc, doc, n) if desc else "") + str(
@@ -391,22 +422,7 @@ def read_task_yaml(p: Path, text: str) -> tuple[list[tuple[int, dict[str, Any]]]
         if max_new is not None:
             line["max_new_tokens"] = max_new
         lines.append((n, line))
-    record = {
-        "format": "lm_eval_task",
-        "task": name,
-        "split": split,
-        "data_files": [str(f) for f in files],
-        "mapping": {
-            "prompt": ("description + " if desc else "") + "doc_to_text",
-            "reference": "doc_to_target",
-            "id": f"{name}-<document>",
-            "slice": name,
-        },
-        "metric": {"name": "exact_match", **args},
-        "generation": {"until": until, "max_gen_toks": max_new},
-        "no_effect": sorted(k for k in task if k in _NO_EFFECT),
-    }
-    return lines, record, files
+    return lines
 
 
 def _find_function_ref(task: dict[str, Any], path: str) -> str:

@@ -27,17 +27,16 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from ..artifacts import BuildArtifact, PackageArtifact
 from ..errors import InputError
 from . import llmapi_schema as S
 
 SERVERS_DIR = "servers"
 """Package folder (next to ``model_repository/``, inside the release archive) of the non-Triton server files."""
-SERVE_YAML = "trtllm_serve.yaml"
-SERVE_SCRIPT = "trtllm_serve.sh"
-BENCH_JSON = "benchmark.json"
+SERVE_YAML, SERVE_SCRIPT, BENCH_JSON = PackageArtifact.SERVE_YAML, PackageArtifact.SERVE_SCRIPT, PackageArtifact.BENCH_JSON
 SERVE_PORT = 8000
-LLM_OPTIONS_FILE = "llm_api_options.yaml"
-"""The build stage's file in ``engine/`` (``BuildArtifact.LLM_API_OPTIONS``)."""
+LLM_OPTIONS_FILE = BuildArtifact.LLM_API_OPTIONS
+"""The build stage's file in ``engine/``."""
 HEADER = (
     "# LLM() keyword arguments (TensorRT-LLM PyTorch backend, TorchLlmArgs) written by pipeline/packaging/llmapi_options.py\n"
     "# from the build's limits + engine/llm_api_options.yaml + package.runtime. triton_config is read by NVIDIA's llmapi\n"

@@ -321,15 +321,7 @@ class TritonPythonModel:
         self.outputs = {o["name"] for o in self.model_config.get("output", [])}
         self.logger = pb_utils.Logger
         self.engine_dir = engine_dir
-        rm = load_request_metrics()
-        self.rm = rm
-        self.outcomes = rm.RequestOutcomes(pb_utils, args.get("model_name", ""), args.get("model_version", ""), self.logger.log_warn)
-        self.fault_after = int(os.environ.get(FAULT_ENV) or 0)
-        if self.fault_after:
-            self.logger.log_warn(
-                f"TEST-ONLY fault injection is on ({FAULT_ENV}={self.fault_after}): requests whose id starts with "
-                f"{FAULT_REQUEST_PREFIX!r} fail at their token {self.fault_after}; unset it for a real deployment"
-            )
+        self._init_outcomes(args)
         self.buffer_size = int(params.get("event_buffer_size") or 256)
         self.coalesce = params.get("stream_coalescing", "true").lower() in ("1", "true", "yes")  # package.stream_coalescing
         self.stream_interval = max(1, int(params.get("stream_interval") or 1))  # package.stream_interval
@@ -367,6 +359,18 @@ class TritonPythonModel:
             f"decoupled={self.decoupled} repetition_penalty={self.default_repetition_penalty or 1.0} "
             f"(the package's decoding policy, decoding.json; applied when a request sends none)"
         )
+
+    def _init_outcomes(self, args: dict[str, Any]) -> None:
+        """The per-outcome request counter (request_metrics.py) and the test-only fault switch (``FAULT_ENV``)."""
+        rm = load_request_metrics()
+        self.rm = rm
+        self.outcomes = rm.RequestOutcomes(pb_utils, args.get("model_name", ""), args.get("model_version", ""), self.logger.log_warn)
+        self.fault_after = int(os.environ.get(FAULT_ENV) or 0)
+        if self.fault_after:
+            self.logger.log_warn(
+                f"TEST-ONLY fault injection is on ({FAULT_ENV}={self.fault_after}): requests whose id starts with "
+                f"{FAULT_REQUEST_PREFIX!r} fail at their token {self.fault_after}; unset it for a real deployment"
+            )
 
     # ------------------------------------------------------------------ request parsing
     def _init_limits(self, params: dict[str, str]) -> None:
