@@ -188,3 +188,16 @@ def test_gitlab_ci_structure():
     text = "\n".join("\n".join(j["script"]) for j in jobs.values())
     assert "stages=[export,quantize,build,evaluate,package]" in text
     assert "pipeline verify" in text and "package.sign_key=" in text
+
+
+def test_junit_stays_well_formed_with_control_characters_in_user_names():
+    """A slice name or eval-set name is user text: XML 1.0 cannot hold a control character even escaped, so it is
+    written as its \\xNN spelling (fresh-user trial: a slice named "sl\\x00ice" broke every JUnit reader)."""
+    name = "sl\x00ice\x01<&>"
+    check = {"scope": f"slice:{name}", "check": "max_drop", "verdict": "fail", "value": 0.3, "upper": 0.4, "threshold": 0.1}
+    check["detail"] = f"slice {name} \x1b dropped"
+    rep = {"gate": {"checks": [check], "mode": "release"}, "eval_set": {"name": f"set\x02{name}"}, "recipe": "int4_awq"}
+    xml = to_junit(rep, {"status": "failed", "matched": 0, "total": 1, "first_mismatch": {"id": "a\x03b"}})
+    root = ET.fromstring(xml.split("?>", 1)[1])  # well-formed
+    texts = " ".join([*(v for el in root.iter() for v in el.attrib.values()), *(el.text or "" for el in root.iter())])
+    assert "\\x00" in texts and "<&>" in texts and "\x00" not in texts

@@ -506,3 +506,21 @@ def test_stage_refuses_failed_gate_and_records_override(tmp_path, ort_build, tin
     ctx2 = _ctx(tmp_path / "c", ort_build, tiny_llama, failed, allow_failed_gate="true")
     ctx2.inputs = ctx.inputs
     assert stage.run(ctx2)["archive_sha256"] == res["archive_sha256"]
+
+
+@pytest.mark.parametrize(
+    "name,want",
+    [("tiny", "tiny-1"), ("a/b", "a-b-1"), ("模型", None), ("-x", "x-1"), (".hidden", "hidden-1")],
+)
+def test_release_names_are_safe_file_names(name, want):
+    """Never a leading '-' or '.' (tar would read an option); a name of no ASCII letter gets a digest, so two such
+    names do not share an archive (fresh-user trial: '模型' gave release/--1.tar.gz)."""
+    from pipeline.config import compose
+    from pipeline.stages.package import release_name
+
+    got = release_name(compose([f"model.name='{name}'"]))
+    if want is None:
+        assert got.startswith("model-") and got.endswith("-1") and got != release_name(compose(["model.name='其他'"]))
+    else:
+        assert got == want
+    assert not got.startswith(("-", "."))

@@ -22,6 +22,7 @@ rendered on the run's page): :func:`append_step_summary` appends the gate table 
 from __future__ import annotations
 
 import os
+import re
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from pathlib import Path
@@ -124,8 +125,26 @@ def to_junit(rep: Mapping[str, Any], parity: Mapping[str, Any] | None = None) ->
     attrs = {"tests": str(counts["tests"]), "failures": str(counts["failures"]), "errors": "0", "skipped": str(counts["skipped"])}
     suite.attrib.update(attrs)
     suites.attrib.update({k: v for k, v in attrs.items() if k != "skipped"})
+    _xml_safe(suites)
     ET.indent(suites)
     return ET.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"
+
+
+#: characters XML 1.0 cannot hold even escaped (W3C XML 1.0 section 2.2 ``Char``); ElementTree writes them raw
+_NOT_XML = re.compile("[^\x09\x0a\x0d\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def _xml_safe(root: ET.Element) -> None:
+    """Replace, in every attribute and text of ``root``, each character XML 1.0 cannot hold (a control character of a
+    user's slice name or item id) by its ``\\xNN`` spelling, so the report stays well-formed for CI readers."""
+
+    def fix(v: str | None) -> str | None:
+        return _NOT_XML.sub(lambda m: f"\\x{ord(m.group()):02x}", v) if v else v
+
+    for el in root.iter():
+        el.text, el.tail = fix(el.text), fix(el.tail)
+        for k, v in list(el.attrib.items()):
+            el.attrib[k] = fix(v) or ""
 
 
 def write_junit(path: Path, rep: Mapping[str, Any], parity: Mapping[str, Any] | None = None) -> Path:

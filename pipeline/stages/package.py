@@ -33,9 +33,19 @@ def model_info(export_dir: Path) -> dict[str, Any]:
 
 
 def release_name(cfg: Any) -> str:
+    """``<model>-<version>``, in the characters ``[A-Za-z0-9._-]`` (others become ``-``), never starting with ``-`` or
+    ``.`` (``tar xzf -x.tar.gz`` reads an option). A model name with no such character (``模型``) becomes ``model-`` plus
+    the first 8 hex digits of its sha256, so two such names do not share a file name."""
+    import hashlib
+
     from ..store import redact_text
 
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", f"{redact_text(cfg.model.name)}-{redact_text(str(cfg.package.version))}")
+    def slug(v: str) -> str:
+        return re.sub(r"[^A-Za-z0-9._-]+", "-", v).strip("-.")
+
+    raw = redact_text(cfg.model.name)
+    name = slug(raw) or f"model-{hashlib.sha256(raw.encode('utf-8', 'surrogatepass')).hexdigest()[:8]}"
+    return f"{name}-{slug(redact_text(str(cfg.package.version))) or 'v'}"
 
 
 def _gate(ctx: StageContext) -> dict[str, Any]:
