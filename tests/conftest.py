@@ -38,3 +38,16 @@ def make_checkpoint(tmp_path):
         return tiny.make_checkpoint(tmp_path / (name or arch), arch, **kw)
 
     return _make
+
+
+@pytest.fixture(scope="module")
+def export_dir(tmp_path_factory):
+    """A tiny random-weight Llama through the real export stage (one per test module that asks for it)."""
+    import tiny
+
+    from pipeline.export import export_checkpoint
+
+    src = tiny.make_checkpoint(tmp_path_factory.mktemp("src"), "llama")
+    out = tmp_path_factory.mktemp("export")
+    export_checkpoint(src, out)
+    return out

@@ -85,16 +85,6 @@ def test_the_planner_counts_the_batch_and_refuses_one_the_host_cannot_hold(tmp_p
 
 
 # --------------------------------------------------------------------------- through the quantize stage
-@pytest.fixture(scope="module")
-def export_dir(tmp_path_factory):
-    import tiny
-
-    from pipeline.export import export_checkpoint
-
-    src = tiny.make_checkpoint(tmp_path_factory.mktemp("src"), "llama")
-    out = tmp_path_factory.mktemp("export")
-    export_checkpoint(src, out)
-    return out
 
 
 def _quantize(tmp_path_factory, export_dir, repo_root, name, extra):

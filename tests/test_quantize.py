@@ -33,18 +33,6 @@ RECIPE_KV = {
 
 
 @pytest.fixture(scope="module")
-def export_dir(tmp_path_factory):
-    import tiny
-
-    from pipeline.export import export_checkpoint
-
-    src = tiny.make_checkpoint(tmp_path_factory.mktemp("src"), "llama")
-    out = tmp_path_factory.mktemp("export")
-    export_checkpoint(src, out)
-    return out
-
-
-@pytest.fixture(scope="module")
 def calib(repo_root):
     return Path(repo_root) / "evaluation/data/support_calib_v2.jsonl"
 

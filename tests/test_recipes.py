@@ -21,18 +21,6 @@ CALIB = ["calibration.calib_size=16", "calibration.min_samples=4", "calibration.
 
 
 @pytest.fixture(scope="module")
-def export_dir(tmp_path_factory):
-    import tiny
-
-    from pipeline.export import export_checkpoint
-
-    src = tiny.make_checkpoint(tmp_path_factory.mktemp("src"), "llama")
-    out = tmp_path_factory.mktemp("export")
-    export_checkpoint(src, out)
-    return out
-
-
-@pytest.fixture(scope="module")
 def runs(tmp_path_factory, export_dir, repo_root):
     cache: dict[str, tuple[Path, dict]] = {}
 

@@ -160,16 +160,6 @@ def test_bad_calibration_device_values_are_refused_at_compose_time():
 
 
 # --------------------------------------------------------------------------- layer-by-layer calibration, offloaded
-@pytest.fixture(scope="module")
-def export_dir(tmp_path_factory):
-    import tiny
-
-    from pipeline.export import export_checkpoint
-
-    src = tiny.make_checkpoint(tmp_path_factory.mktemp("src"), "llama")
-    out = tmp_path_factory.mktemp("export")
-    export_checkpoint(src, out)
-    return out
 
 
 def _quantize(tmp_path_factory, export_dir, repo_root, name, extra):
