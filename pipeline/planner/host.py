@@ -117,14 +117,14 @@ def stage_memory(
             int(LIBS_BYTES + W * (1 + QUANT_TRANSIENT) + calib_activation_bytes),
             None,
             f"libraries + float32 weights x {1 + QUANT_TRANSIENT:.2f} + one calibration batch's activations "
-            f"({calib_activation_bytes / 1e9:.2f} GB) (CPU calibration)",
+            f"({calib_activation_bytes / 2**30:.2f} GiB) (CPU calibration)",
         )
     else:
         q = StageMemory(
             LIBS_BYTES + 2 * largest_tensor * 4,
             int(2 * P * (1 + QUANT_TRANSIENT) + calib_activation_bytes),
             f"host: libraries + 2 largest tensors; GPU: bf16 weights x {1 + QUANT_TRANSIENT:.2f} + one calibration batch's "
-            f"activations ({calib_activation_bytes / 1e9:.2f} GB) (beyond the GPU: layers offloaded)",
+            f"activations ({calib_activation_bytes / 2**30:.2f} GiB) (beyond the GPU: layers offloaded)",
         )
     out["quantize"] = q
     if target == "onnxruntime_genai":
@@ -165,8 +165,8 @@ def stage_refusals(pred: dict[str, StageMemory], stages: list[str], host_total: 
         m = pred.get(s)
         if m is not None and m.host_bytes > host_total:
             out.append(
-                f"{s} needs about {m.host_bytes / 1e9:.1f} GB of host memory ({m.formula}) but the host has "
-                f"{host_total / 1e9:.1f} GB. Fix: {fixes[s]}."
+                f"{s} needs about {m.host_bytes / 2**30:.1f} GiB of host memory ({m.formula}) but the host has "
+                f"{host_total / 2**30:.1f} GiB. Fix: {fixes[s]}."
             )
     return out
 

@@ -768,7 +768,8 @@ def _cpu_plan(p: Plan, shape: ModelShape, k: _Knobs) -> Plan:
     }
     if mem["total"] and w.total_bytes >= mem["total"]:
         p.refusals.append(
-            f"weights need {_gib(w.total_bytes)} but the host has {_gib(mem['total'])} RAM. Fix: quant=int4_awq or a larger host."
+            f"weights need {_gib(w.total_bytes)} but the host has {_gib(mem['total'])} RAM. Fix: "
+            + ("a larger host (the weights are already int4)." if "int4" in str(k.recipe) else "quant=int4_awq or a larger host.")
         )
     elif avail and need > avail:
         p.warnings.append(
