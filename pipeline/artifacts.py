@@ -262,8 +262,12 @@ class PackageArtifact:
         "provenance.intoto.json",
         "provenance.intoto.dsse.json",
         "sbom.cdx.json",
+        "trtllm_serve.yaml",
+        "trtllm_serve.sh",
+        "benchmark.json",
     )
-    """Top-level names and the names inside ``release/`` (``SHA256SUMS``, the signature, the provenance)."""
+    """Top-level names and the names inside ``release/`` (``SHA256SUMS``, the signature, the provenance) and, for a
+    PyTorch-backend package, inside ``servers/`` (the trtllm-serve options and command, the benchmark commands)."""
 
     @property
     def model_repository(self) -> Path:

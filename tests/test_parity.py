@@ -87,26 +87,28 @@ def test_parity_command_against_a_running_server(packaged):
     assert "served == evaluated: 12/12" in r.stdout
 
 
-def test_served_differs_from_evaluated_fails_with_exit_3(tmp_path, tiny_llama):
-    """The evaluated answers are not what the deployment serves (here: the evaluate artifact's engine answers were
-    altered in the store after evaluate ran; eval.candidate=baseline, the earlier way to make them differ, is refused by
-    validation now that evaluate's checks run for stages=[package]): the served answers differ, so packaging fails with
-    exit 3 and shows the first difference side by side; nothing is published."""
-    if not (DEFAULT_SERVE_VENV / "bin" / "python3").exists():
-        pytest.skip("serving environment missing: run `make serve-env`")
-    store = tmp_path / "store"
-    s = _run(tiny_llama, store, "quant=int4_wo", "eval.limit=6", "stages=[evaluate]")
-    assert s.exit_code == 0, s.error
-    outputs = {r.stage: Path(r.path) for r in s.stages}["evaluate"] / "outputs.jsonl"
-    rows = [json.loads(x) for x in outputs.read_text().splitlines()]
-    for r in rows:
-        if r.get("runner") == "engine":
-            r["text"] = "evaluated, not served: " + r["text"]
-    outputs.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    s = _run(tiny_llama, store, "quant=int4_wo", "eval.limit=6")
-    assert s.exit_code == 3, s.error
-    assert "serving parity failed" in s.error and "evaluated:" in s.error and "served:" in s.error
-    assert not any((store / "package").glob("*/release_manifest.json"))
+def test_served_differs_from_evaluated_fails_with_exit_3(tmp_path, packaged):
+    """Evaluated answers that the deployment does not serve (a copy of the package whose expected answers were altered;
+    eval.candidate=baseline, the earlier way to make them differ, is refused now that evaluate's checks run for
+    stages=[package], and the store re-verifies an altered evaluate artifact): the parity check exits 3 and shows the
+    first difference side by side."""
+    import shutil
+
+    pkg = tmp_path / "pkg"
+    shutil.copytree(packaged["package"], pkg, symlinks=True)
+    exp = pkg / "parity_expected.jsonl"
+    head, *rows = exp.read_text().splitlines()
+    rows = [json.dumps({**json.loads(r), "expected": "evaluated, not served: " + json.loads(r)["expected"]}) for r in rows]
+    exp.write_text("\n".join([head, *rows]) + "\n")
+    with TritonServer(pkg / "model_repository", ready_timeout_s=180) as srv:
+        r = subprocess.run(
+            [sys.executable, "-m", "pipeline", "client", "--parity", str(pkg), "--url", srv.grpc_url],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "served == evaluated: 0/12" in r.stdout and "evaluated:" in r.stderr and "served:" in r.stderr
 
 
 def test_disabling_is_explicit_and_recorded(tmp_path, packaged, tiny_llama):
