@@ -182,11 +182,6 @@ def verified_repository(
     return repo
 
 
-def release_manifest(repo: Path) -> dict[str, Any]:
-    """The release manifest of the package whose model repository is ``repo`` (:meth:`PackageArtifact.read_release_manifest`)."""
-    return PackageArtifact(repo.parent).read_release_manifest()
-
-
 def release_warnings(man: dict[str, Any]) -> list[str]:
     """What a user about to serve this release must know from its ``release_manifest.json``: an evaluation gate that
     did not pass (packaged with ``package.allow_failed_gate=true``) and a serving parity check that did not pass or was
@@ -237,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
             repo = verified_repository(arg, cfg.store_dir, pc.verify_key, list(pc.verify_certificate_chain), verify=cfg.verify_cache)
         else:
             repo = resolve_repository(arg, cfg.store_dir, verify=cfg.verify_cache)
-        man = release_manifest(repo)
+        man = PackageArtifact(repo.parent).read_release_manifest()
         target = (man.get("build") or {}).get("target") or (
             "onnxruntime_genai" if (repo / "onnxruntime_genai").is_dir() else "tensorrt_llm"
         )
