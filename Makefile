@@ -29,10 +29,10 @@ env: $(STAMP)
 
 # Serving environment for the Triton Python backend: numpy < 2 (2.x corrupts tensors in the 2.51
 # backend stub) and the tritonserver binary from the nvidia-pytriton wheel, installed --no-deps.
-$(SERVE_STAMP): pipeline/serving/requirements-serve.txt
+$(SERVE_STAMP): pipeline/serve/requirements-serve.txt
 	$(PYTHON) -m venv $(SERVE_VENV)
 	$(SERVE_VENV)/bin/python -m pip install $(PIP_FLAGS) --upgrade pip
-	$(SERVE_VENV)/bin/python -m pip install $(PIP_FLAGS) -r pipeline/serving/requirements-serve.txt
+	$(SERVE_VENV)/bin/python -m pip install $(PIP_FLAGS) -r pipeline/serve/requirements-serve.txt
 	$(SERVE_VENV)/bin/python -m pip install $(PIP_FLAGS) --no-deps nvidia-pytriton==0.7.0
 	touch $@
 
@@ -87,7 +87,7 @@ BENCH_80M ?= bench/models/llama80m
 BENCH_REPEATS ?= 3
 bench: env serve-env
 	$(PIPELINE) stages=[benchmark] quant=int4_awq target=onnxruntime_genai benchmark=default benchmark.repeats=$(BENCH_REPEATS) $(ARGS)
-	$(PY) -m pipeline.bench.shapes llama80m $(BENCH_80M)
+	$(PY) -m pipeline.benchmark.shapes llama80m $(BENCH_80M)
 	@touch $(BENCH_80M).stamp
 	$(PIPELINE) stages=[benchmark] model.path=$(BENCH_80M) model.name=llama80m quant=int4_awq target=onnxruntime_genai \
 	  benchmark=llama80m benchmark.repeats=$(BENCH_REPEATS) calibration.calib_size=16 calibration.min_samples=16 calibration.calib_max_seq_length=64 eval.limit=16 \
@@ -103,7 +103,7 @@ bench: env serve-env
 # is refused by the planner before any work -> bench/results/scale.json + scale.png. SCALE_SHAPES picks the ladder.
 SCALE_SHAPES ?= llama80m,llama400m,llama1b,llama3b
 bench-scale: env serve-env
-	$(PY) -m pipeline.bench.scale --shapes $(SCALE_SHAPES)
+	$(PY) -m pipeline.benchmark.scale --shapes $(SCALE_SHAPES)
 
 serve: env serve-env
 	$(PIPELINE) serve $(ARGS)

@@ -9,11 +9,11 @@ resolved (the values the run would use: Hydra's ``--resolve`` is added).  Subcom
     pipeline serve [overrides]        start Triton on the packaged model repository
     pipeline verify RELEASE [--key K] check a release: signature, SHA256SUMS, manifest, provenance
     pipeline migrate RELEASE [overrides]  the TensorRT-LLM PyTorch-backend package of an engine release (same
-                                      checkpoint and recipe; pipeline/packaging/migrate.py)
+                                      checkpoint and recipe; pipeline/package/migrate.py)
     pipeline client ...               gRPC client for the served ensemble
     pipeline benchmark compare A B    compare two benchmark JSON results
 
-Exit codes are listed in :mod:`pipeline.errors`.
+Exit codes are listed in :mod:`pipeline.core.errors`.
 """
 
 from __future__ import annotations
@@ -27,21 +27,21 @@ from typing import Any
 SUBCOMMANDS = {
     "plan": "pipeline.planner.cli",
     "doctor": "pipeline.doctor",
-    "serve": "pipeline.serving.serve",
-    "client": "pipeline.serving.client_cli",
-    "benchmark": "pipeline.bench.cli",
-    "verify": "pipeline.packaging.verify",
+    "serve": "pipeline.serve.serve",
+    "client": "pipeline.serve.client_cli",
+    "benchmark": "pipeline.benchmark.cli",
+    "verify": "pipeline.package.verify",
 }
 
 _state = {"task_started": False}
 
 
 def _register_redact_resolver() -> None:
-    """``${redact:...}`` (pipeline.store.redact_text) for Hydra's sweep folder names (build_configs/pipeline.yaml);
+    """``${redact:...}`` (pipeline.core.store.redact_text) for Hydra's sweep folder names (build_configs/pipeline.yaml);
     registered at import so joblib/SLURM job processes that unpickle ``_task`` have it too."""
     from omegaconf import OmegaConf
 
-    from .store import redact_text
+    from .core.store import redact_text
 
     OmegaConf.register_new_resolver("redact", lambda s: redact_text(str(s)), replace=True)
 
@@ -53,8 +53,8 @@ def _task(cfg) -> int:  # DictConfig
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from .config import to_object
-    from .errors import EXIT_INPUT
+    from .core.config import to_object
+    from .core.errors import EXIT_INPUT
     from .runner import record_exit_code, run_pipeline
 
     _state["task_started"] = True
@@ -64,13 +64,13 @@ def _task(cfg) -> int:  # DictConfig
     # unresolved: an override holding a bad ${...} interpolation must reach to_object (exit 2), not fail here (exit 1)
     overrides = [str(o) for o in OmegaConf.to_container(hc.overrides.task, resolve=False)]  # type: ignore[union-attr]
     out_dir = Path(hc.runtime.output_dir)
+    from .core.store import install_log_redaction
     from .runner import redact_run_outputs
-    from .store import install_log_redaction
 
     install_log_redaction()
     redact_run_outputs(out_dir)  # Hydra wrote .hydra/*.yaml with the config verbatim
     if hc.mode == RunMode.MULTIRUN:
-        from .store import redact_files
+        from .core.store import redact_files
 
         redact_files([Path(hc.sweep.dir) / "multirun.yaml"])
     try:
@@ -104,8 +104,8 @@ def _interpolation_error(e: Exception) -> Exception:
 
 def _write_error_summary(out_dir: Path, overrides: list[str], code: int, error: str) -> None:
     """A summary.json for a job that failed before the runner started (multirun comparisons read it)."""
+    from .core.store import redact, write_json_atomic
     from .runner import RunSummary
-    from .store import redact, write_json_atomic
 
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -142,7 +142,7 @@ def check_yaml_size(path: Path) -> None:
     once per node."""
     import yaml
 
-    from .errors import InputError
+    from .core.errors import InputError
 
     size = path.stat().st_size
     if size > MAX_USER_YAML_BYTES:
@@ -188,13 +188,13 @@ def user_config_argv(argv: list[str], tmp_root: Path) -> list[str]:
 
     A file that has a ``defaults`` list is left to Hydra (it composes it as written).
 
-    Returns the new argv; raises :class:`pipeline.errors.InputError` (exit 2) when the file is missing or is
+    Returns the new argv; raises :class:`pipeline.core.errors.InputError` (exit 2) when the file is missing or is
     not a YAML mapping, naming the file and the fix.
     """
     from omegaconf import OmegaConf
 
-    from .config import CONFIG_DIR, GROUPS
-    from .errors import InputError
+    from .core.config import CONFIG_DIR, GROUPS
+    from .core.errors import InputError
 
     name = _flag_value(argv, _CONFIG_NAME_FLAGS)
     if name is None:
@@ -276,7 +276,7 @@ def alias_notes_for_printed_config(argv: list[str]) -> list[str]:
     """One note per deprecated alias among ``argv``'s overrides when ``argv`` asks Hydra to print the job config.
 
     Hydra prints the config as composed, before the run copies an alias into its new field
-    (:func:`pipeline.config.resolve_aliases`), so ``--cfg job quant.tp_size=2`` shows ``parallel.tp_size: 1``;
+    (:func:`pipeline.core.config.resolve_aliases`), so ``--cfg job quant.tp_size=2`` shows ``parallel.tp_size: 1``;
     the note says which field the run uses.  Empty when no config is printed or no alias is given."""
     options = [a for a in argv if a.startswith("-")] + [a for i, a in enumerate(argv) if i and argv[i - 1] in ("--cfg", "-c")]
     if not any(a in ("job", "--cfg=job", "-c=job") for a in options):
@@ -284,7 +284,7 @@ def alias_notes_for_printed_config(argv: list[str]) -> list[str]:
     import dataclasses
     import typing
 
-    from .config import PipelineConfig, alias_paths
+    from .core.config import PipelineConfig, alias_paths
 
     hints = typing.get_type_hints(PipelineConfig)
     groups: dict[str, Any] = {n: t() for n, t in hints.items() if isinstance(t, type) and dataclasses.is_dataclass(t)}
@@ -438,7 +438,7 @@ def check_overrides(argv: list[str]) -> list[str]:
     and runs with a user ``--config-dir`` (other presets) are left to Hydra."""
     import difflib
 
-    from .config import CONFIG_DIR, GROUPS, PipelineConfig
+    from .core.config import CONFIG_DIR, GROUPS, PipelineConfig
 
     if any(a in ("--config-dir", "-cd") or a.startswith("--config-dir=") for a in argv):
         return []
@@ -507,7 +507,7 @@ def _scalar_problem(key: str, value: str, typ: Any) -> str | None:
     comma list is checked) or the value is an interpolation."""
     import typing
 
-    from .config import BOOL_WORDS
+    from .core.config import BOOL_WORDS
 
     args = [a for a in typing.get_args(typ) if a is not type(None)]
     optional = type(None) in typing.get_args(typ)
@@ -549,12 +549,12 @@ def main(argv: list[str] | None = None) -> None:
         try:
             code = importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:]) or 0
         except KeyboardInterrupt:  # Ctrl-C in a subcommand (client, plan, ...): the documented 130, no traceback
-            from .errors import EXIT_INTERRUPTED
+            from .core.errors import EXIT_INTERRUPTED
 
             print(f"pipeline {argv[0]}: interrupted", file=sys.stderr)
             code = EXIT_INTERRUPTED
         sys.exit(code)
-    from .memory import tune_allocator
+    from .core.memory import tune_allocator
 
     tune_allocator()  # freed weights go back to the OS (docs/memory.md)
     # `target_gpu=X` is accepted as an alias of `target.gpu=X` (as in `pipeline plan`)
@@ -564,13 +564,13 @@ def main(argv: list[str] | None = None) -> None:
 
     import hydra
 
-    from .config import CONFIG_DIR, register
-    from .errors import EXIT_INPUT, InputError
+    from .core.config import CONFIG_DIR, register
+    from .core.errors import EXIT_INPUT, InputError
 
     register()
     migrate_tmp = None
     if argv and argv[0] == "migrate":  # `pipeline migrate <engine release>`: the same chain for the PyTorch backend
-        from .packaging.migrate import pipeline_argv
+        from .package.migrate import pipeline_argv
 
         migrate_tmp = Path(tempfile.mkdtemp(prefix="pipeline-migrate-"))
         try:

@@ -21,8 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import hostinfo
-from .errors import EXIT_OK, EXIT_PREFLIGHT
+from .core import hostinfo
+from .core.errors import EXIT_OK, EXIT_PREFLIGHT
 
 PACKAGES = (
     "torch",
@@ -88,7 +88,7 @@ def _serve_env(root: Path) -> dict[str, Any]:
 
 def collect(root: Path | None = None) -> dict[str, Any]:
     """The doctor report as a dict (the ``--json`` output)."""
-    from . import hostinfo
+    from .core import hostinfo
 
     root = root or Path(__file__).resolve().parents[1]
     pkgs = {p: _version(p) for p in PACKAGES}

@@ -14,11 +14,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from . import hostinfo, memory
-from .config import STAGES, PipelineConfig, deprecations, key_fields, resolve_path
-from .errors import EXIT_FAILED, EXIT_GATE, EXIT_INTERRUPTED, EXIT_OK, PipelineError
-from .stages import Stage, StageContext, get_stage, resolve_order
-from .store import (
+from .core import hostinfo, memory
+from .core.config import STAGES, PipelineConfig, deprecations, key_fields, resolve_path
+from .core.errors import EXIT_FAILED, EXIT_GATE, EXIT_INTERRUPTED, EXIT_OK, PipelineError
+from .core.stage import Stage, StageContext, get_stage, resolve_order
+from .core.store import (
     Artifact,
     ArtifactStore,
     cache_key,
@@ -47,7 +47,7 @@ class StageReport:
     error: str | None = None
     lookup_s: float | None = None
     memory: dict[str, Any] | None = None
-    """Peak host RSS (this process and its children) and GPU memory of a stage that ran (:mod:`pipeline.memory`)."""
+    """Peak host RSS (this process and its children) and GPU memory of a stage that ran (:mod:`pipeline.core.memory`)."""
 
 
 @dataclasses.dataclass
@@ -62,7 +62,7 @@ class RunSummary:
     gate: dict[str, Any] | None = None
     """The release-gate section: the evaluate stage's ``gate`` result and the package stage's ``parity``."""
     deprecations: list[str] = dataclasses.field(default_factory=list)
-    """One warning per deprecated config spelling the run used (:func:`pipeline.config.deprecations`)."""
+    """One warning per deprecated config spelling the run used (:func:`pipeline.core.config.deprecations`)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -158,7 +158,7 @@ def _all_externals(order: list[str], cfg: PipelineConfig) -> dict[str, dict[str,
     """:func:`_resolve_externals` of every stage in ``order``. Every missing input is reported in one InputError,
     once even when several stages read it (the calibration set: quantize, and evaluate's held-out text); its
     ``stage`` attribute is the first stage with a missing input (the one the run summary marks failed)."""
-    from .errors import InputError
+    from .core.errors import InputError
 
     out: dict[str, dict[str, Path]] = {}
     missing: dict[str, str] = {}
@@ -179,7 +179,7 @@ def _all_externals(order: list[str], cfg: PipelineConfig) -> dict[str, dict[str,
 
 def _open_store(store_dir: str, verify: bool = False) -> ArtifactStore:
     """The artifact store at ``store_dir``, created if needed; InputError (exit 2) when unusable."""
-    from .errors import InputError
+    from .core.errors import InputError
 
     if not str(store_dir).strip():
         raise InputError("store_dir='': empty. Fix: set store_dir to a folder, e.g. store_dir=artifacts (the default).")
@@ -203,7 +203,7 @@ def _target_available(cfg: PipelineConfig, store: ArtifactStore, order: list[str
 
     Keys are input-addressed, so the quantize artifact's future folder is known before it exists.
     """
-    from .targets import get_target, resolve_target
+    from .build.targets import get_target, resolve_target
 
     name, _ = resolve_target(cfg)
     target = get_target(name)
@@ -218,7 +218,7 @@ def _target_available(cfg: PipelineConfig, store: ArtifactStore, order: list[str
         key, _ = compute_key(st, cfg, {d: pending[d] for d in st.deps_for(cfg)}, externals[s])
         pending[s] = Artifact(s, key, store.path_for(s, key), {"output_digest": f"pending:{key}", "result": {}})
     quant = pending.get("quantize")
-    from .artifacts import QuantizeArtifact
+    from .core.artifacts import QuantizeArtifact
 
     ckpt = QuantizeArtifact(quant.path if quant else store.root / "quantize" / "<key>").trtllm_checkpoint
     target.preflight(cfg, ckpt, None)
@@ -281,7 +281,7 @@ def run_pipeline(
         exit_code, error = e.exit_code, str(e)
         _mark_failed(state.reports, cfg, error, getattr(e, "stage", None))
     except Exception as e:
-        from .config import ConfigError
+        from .core.config import ConfigError
 
         if isinstance(e, ConfigError):  # found before any stage ran: no stage is to blame, none ran
             exit_code, error = 2, str(e)
@@ -310,7 +310,7 @@ def run_pipeline(
 
 def _config_warnings(cfg: PipelineConfig, console: Console) -> list[str]:
     """Print one warning per config field that holds a secret-looking value (the run uses it as given; every
-    recorded copy masks it: pipeline.store.redact) and per deprecated spelling; returns the deprecation notes."""
+    recorded copy masks it: pipeline.core.store.redact) and per deprecated spelling; returns the deprecation notes."""
     for field_name in secret_fields(cfg):
         console.print(
             f"[yellow]warning:[/] {field_name} holds a secret-looking value; the run uses it as given and every record "
@@ -336,7 +336,7 @@ def _run_stages(cfg: PipelineConfig, console: Console, state: _RunState) -> None
     if "build" in order and not cfg.dry_run:
         _target_available(cfg, store, order, externals)
     if "quantize" in order and not cfg.dry_run and str(cfg.calibration.device).lower().startswith("cuda"):
-        from .quantization.placement import resolve_device
+        from .quantize.placement import resolve_device
 
         resolve_device(cfg.calibration.device)  # a named GPU that is not there: exit 2 before export runs
     done: dict[str, Artifact] = {}
@@ -369,9 +369,9 @@ def _run_stages(cfg: PipelineConfig, console: Console, state: _RunState) -> None
 
 def _publish(art: Artifact, cfg: PipelineConfig, console: Console, state: _RunState) -> None:
     """``package.publish=mlflow``: register the release (ran or cached) as a new model version
-    (``pipeline.packaging.publish``); recorded in the summary's ``gate.publish``. Raises GateFailed (exit 3) for a
+    (``pipeline.package.publish``); recorded in the summary's ``gate.publish``. Raises GateFailed (exit 3) for a
     release whose gate did not pass, PreflightError (exit 4) when the registry does not answer."""
-    from .packaging.publish import publish_mlflow
+    from .package.publish import publish_mlflow
 
     rec = publish_mlflow(Path(art.path), cfg)
     state.gate_info["publish"] = rec
@@ -476,10 +476,10 @@ JUNIT_FILE = "junit.xml"
 
 def _ci_reports(state: _RunState, summary_dir: Path | None, console: Console) -> None:
     """For CI jobs, when this run evaluated (ran or cache hit): ``<run dir>/junit.xml`` (gate checks and the package
-    stage's serving parity, ``pipeline.evaluation.junit``) and, when ``$GITHUB_STEP_SUMMARY`` is set, the gate table
+    stage's serving parity, ``pipeline.evaluate.junit``) and, when ``$GITHUB_STEP_SUMMARY`` is set, the gate table
     appended to it. A write failure is reported, not raised (the run's exit code stays the gate's)."""
-    from .artifacts import EvalArtifact
-    from .evaluation.junit import append_step_summary, write_junit
+    from .core.artifacts import EvalArtifact
+    from .evaluate.junit import append_step_summary, write_junit
 
     if state.eval_dir is None:
         return
@@ -505,9 +505,9 @@ def _write_summary(summary: RunSummary, summary_dir: Path, console: Console) -> 
 
 def _model_facts(cfg: PipelineConfig, overrides: list[str]) -> dict[str, Any] | None:
     """The model's name and dtype and where each came from (``set`` in the config, or derived from the checkpoint:
-    the folder name / ``config.json`` ``torch_dtype``; pipeline/config/model.py)."""
+    the folder name / ``config.json`` ``torch_dtype``; pipeline/core/config/model.py)."""
     try:
-        from .config.model import checkpoint_dtype, checkpoint_name
+        from .core.config.model import checkpoint_dtype, checkpoint_name
 
         m = cfg.model
         set_keys = {o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o}
@@ -571,7 +571,7 @@ def print_summary(summary: RunSummary, console: Console) -> None:
 
 def _parity_record(art: Artifact) -> dict[str, Any] | None:
     """The package stage's serving-parity record: its result's ``parity``, else ``release_manifest.json`` ``parity``."""
-    from .artifacts import PackageArtifact
+    from .core.artifacts import PackageArtifact
 
     p = art.result.get("parity")
     if not isinstance(p, dict):

@@ -1,29 +1,29 @@
 """Whole-config validation: the config layer's field checks, then the cross-layer rules that need the layers
 above it (the planner's model limits, the resolved target's capabilities and checks, the model family's rules).
 
-Layers point one way (cli -> runner -> stages -> domain modules -> config): :mod:`pipeline.config` checks fields
+Layers point one way (cli -> runner -> stages -> domain modules -> config): :mod:`pipeline.core.config` checks fields
 only and never imports the planner or the targets; this module, used by the runner and ``pipeline plan``, imports
 them normally, so a broken module fails loudly instead of silently skipping its checks.
 """
 
 from __future__ import annotations
 
-from .config import ConfigError, PipelineConfig, Problem
-from .config import validate as validate_fields
-from .families import config_problems as family_problems
+from .build.targets import config_problems as target_problems
+from .core.config import ConfigError, PipelineConfig, Problem
+from .core.config import validate as validate_fields
+from .facts.families import config_problems as family_problems
 from .planner.validate import cross_field_problems
-from .targets import config_problems as target_problems
 
 
 def with_run_order(cfg: PipelineConfig) -> PipelineConfig:
     """``cfg`` with ``stages`` replaced by the stages that will run: the requested ones plus their dependencies, in
-    pipeline order (:func:`pipeline.stages.resolve_order`), so that every check of a stage that will run is run
+    pipeline order (:func:`pipeline.core.stage.resolve_order`), so that every check of a stage that will run is run
     (``stages=[package]`` runs export, quantize, build and evaluate, whose fields are then checked before any work).
     ``cfg`` itself when a requested name is unknown (the field check reports it)."""
     from omegaconf import OmegaConf
 
-    from .config import STAGES
-    from .stages import resolve_order
+    from .core.config import STAGES
+    from .core.stage import resolve_order
 
     requested = list(cfg.stages or [])
     if not requested or any(s not in STAGES for s in requested):
@@ -36,11 +36,11 @@ def with_run_order(cfg: PipelineConfig) -> PipelineConfig:
 
 
 def validate(cfg: PipelineConfig, *, raise_on_error: bool = True) -> list[Problem]:
-    """For the stages that will run (:func:`with_run_order`): field checks (:func:`pipeline.config.validate`), then cross-field checks (``pipeline.planner.validate``),
+    """For the stages that will run (:func:`with_run_order`): field checks (:func:`pipeline.core.config.validate`), then cross-field checks (``pipeline.planner.validate``),
     then the resolved target's ``check_config`` (skipped when ``target.name`` itself is wrong), then the model
     family's rules (a problem already reported with the same field and message is not repeated).
 
-    Returns every problem; raises :class:`~pipeline.config.ConfigError` listing them all when ``raise_on_error``
+    Returns every problem; raises :class:`~pipeline.core.config.ConfigError` listing them all when ``raise_on_error``
     and any were found.
     """
     cfg = with_run_order(cfg)

@@ -1,5 +1,5 @@
 """TEST DOUBLE for NVIDIA's LLM-API ``tensorrt_llm`` Triton model (TensorRT-LLM PyTorch backend), used by
-``tests/test_llmapi_adapter.py``. It is NOT TensorRT-LLM and runs no model: it is a Triton Python model with the
+``tests/package/test_llmapi_adapter.py``. It is NOT TensorRT-LLM and runs no model: it is a Triton Python model with the
 upstream llmapi tensor interface (the package's own ``tensorrt_llm/config.pbtxt`` is kept) whose answer reports what it
 received, so a test can check what the adapter sent.
 

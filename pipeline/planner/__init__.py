@@ -4,11 +4,11 @@ Public API:
 
 * :func:`plan` (``plan(cfg) -> Plan``): the memory and speed plan; see :mod:`pipeline.planner.plan`.
 * :func:`plan_for_run` (``plan_for_run(cfg, console) -> dict``): what the runner calls at the start
-  of every run; prints the plan and raises :class:`~pipeline.errors.PreflightError` when it is refused.
+  of every run; prints the plan and raises :class:`~pipeline.core.errors.PreflightError` when it is refused.
 * :func:`host_memory_bandwidth_gbs`: measured host memory bandwidth in GB/s (cached per process),
   for CPU rooflines.
 * :func:`pipeline.planner.validate.cross_field_problems`: cross-field config checks.
-* :mod:`pipeline.planner.gpus`: ``CATALOGUE``, ``lookup(name)``.
+* :mod:`pipeline.facts.gpus`: ``CATALOGUE``, ``lookup(name)``.
 
 Importing this package does not import torch or transformers.
 """
@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import PipelineError, PreflightError
-from .gpus import CATALOGUE, GPU, lookup
+from ..core.errors import PipelineError, PreflightError
+from ..facts.geometry import ModelShape
+from ..facts.gpus import CATALOGUE, GPU, lookup
 from .plan import Plan, host_memory_bandwidth_gbs, plan, weight_bytes
-from .shape import ModelShape
 
 
 class PlanRefused(PreflightError):

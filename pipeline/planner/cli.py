@@ -4,7 +4,7 @@ Composes the config exactly as a run would (same presets, same overrides), runs 
 cross-field check, and prints the memory/speed plan.  ``target_gpu=X`` is accepted as an alias of
 ``target.gpu=X``.
 
-Exit codes (pipeline.errors): 0 plan ok (warnings allowed), 2 configuration problems (all listed),
+Exit codes (pipeline.core.errors): 0 plan ok (warnings allowed), 2 configuration problems (all listed),
 4 the plan cannot work on the target (refused, with the numbers).
 """
 
@@ -16,7 +16,7 @@ import json
 import sys
 from typing import Any
 
-from ..errors import EXIT_INPUT, EXIT_OK, EXIT_PREFLIGHT, PipelineError
+from ..core.errors import EXIT_INPUT, EXIT_OK, EXIT_PREFLIGHT, PipelineError
 
 _ALIASES = {"target_gpu": "target.gpu", "gpu": "target.gpu"}
 
@@ -30,7 +30,7 @@ def _rewrite(overrides: list[str]) -> list[str]:
 
 
 def _compose(overrides: list[str]) -> Any:
-    from ..config import compose
+    from ..core.config import compose
 
     return compose(overrides)
 
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     out: dict[str, Any] = {"overrides": overrides, "problems": [dataclasses.asdict(p) for p in problems]}
     try:
         if args.gpus:
-            from .gpus import CATALOGUE, lookup
+            from ..facts.gpus import CATALOGUE, lookup
 
             names = list(CATALOGUE) if args.gpus == "all" else [lookup(n).key for n in args.gpus.split(",") if n.strip()]
             out["comparison"], _ = _gpu_table(cfg, names, console)

@@ -40,7 +40,7 @@ BUILDER_FACTOR = 0.6
 #: ``intermediate_size``: the residual stream, the normalised input, q/k/v and attention output and ModelOpt's fake-quant
 #: copies of a linear's input (about 8 hidden-sized rows), the MLP's gate, up and activated rows plus the down
 #: projection's quantized input (about 4 intermediate-sized rows). The logits are not counted: the calibration forward
-#: asks for the last position's only (``logits_to_keep=1``, pipeline/calibration.py). An upper bound, not a fit: it has
+#: asks for the last position's only (``logits_to_keep=1``, pipeline/quantize/calibration_set.py). An upper bound, not a fit: it has
 #: not been measured on a GPU (docs/memory.md).
 ACT_HIDDEN_ROWS = 8
 ACT_INTERMEDIATE_ROWS = 4
@@ -64,7 +64,7 @@ AUTO_BATCH_MAX_CPU = 16
 
 def compute_dtype(device: str, checkpoint_dtype: str) -> str:
     """The calibration dtype on ``device`` for a checkpoint stored in ``checkpoint_dtype``: float32 on the CPU, else the
-    checkpoint's 16-bit dtype (bfloat16 for a float32 checkpoint; pipeline/quantization/placement.py says why)."""
+    checkpoint's 16-bit dtype (bfloat16 for a float32 checkpoint; pipeline/quantize/placement.py says why)."""
     if device == "cpu":
         return "float32"
     return checkpoint_dtype if checkpoint_dtype in ("bfloat16", "float16") else "bfloat16"
@@ -103,7 +103,7 @@ def stage_memory(
     Returns:
         ``{stage: StageMemory}`` for export, quantize, build and evaluate.
     """
-    from .shape import DTYPE_BYTES
+    from ..facts.geometry import DTYPE_BYTES
 
     P, W = int(num_parameters), 4 * int(num_parameters)
     exp_b = DTYPE_BYTES.get(export_dtype, 2)

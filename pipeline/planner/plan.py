@@ -39,10 +39,10 @@ import math
 import os
 from typing import Any
 
-from ..errors import InputError
-from ..recipes import KV_MIN_SM, RECIPE_MIN_SM, RECIPES
-from .gpus import GPU, local_gpus, lookup
-from .shape import DTYPE_BYTES, Linear, ModelShape, kv_heads_per_rank, read_config_json
+from ..core.errors import InputError
+from ..facts.geometry import DTYPE_BYTES, Linear, ModelShape, kv_heads_per_rank, read_config_json
+from ..facts.gpus import GPU, local_gpus, lookup
+from ..facts.recipes import KV_MIN_SM, RECIPE_MIN_SM, RECIPES
 
 GiB = 1 << 30
 KiB = 1 << 10
@@ -58,7 +58,7 @@ FEW_SEQUENCES = 4
 def load_shape(cfg: Any) -> tuple[ModelShape, str]:
     """The model shape and where it came from: the checkpoint's ``config.json`` at ``model.path``,
     else ``model.hf_config`` (shapes-only presets).  Raises :class:`InputError` when neither exists."""
-    from ..config import resolve_path
+    from ..core.config import resolve_path
 
     m = cfg.model
     if m.path:
@@ -85,11 +85,11 @@ def load_shape(cfg: Any) -> tuple[ModelShape, str]:
 
 def plan_device(cfg: Any) -> tuple[str, GPU | None, str]:
     """(kind, gpu, why) of the hardware to plan for: kind is ``gpu`` or ``cpu`` (the device of the target that
-    :func:`pipeline.targets.resolve_target` picks, so the plan and the build agree); ``gpu`` is the named
+    :func:`pipeline.build.targets.resolve_target` picks, so the plan and the build agree); ``gpu`` is the named
     (``target.gpu``) or local GPU, ``None`` when none is named or visible.
 
     Raises :class:`InputError` for an unknown ``target.gpu`` name (listing the catalogue) or ``target.name``."""
-    from ..targets import resolve_target
+    from ..build.targets import resolve_target
 
     t = cfg.target
     named = None
@@ -453,7 +453,7 @@ def _roofline(weights_slice: int, kv_tok_slice: int, context: int, batch: int, b
 
 
 def plan(cfg: Any) -> Plan:
-    """Memory and speed plan for ``cfg`` (a composed :class:`pipeline.config.PipelineConfig`).
+    """Memory and speed plan for ``cfg`` (a composed :class:`pipeline.core.config.PipelineConfig`).
 
     Never raises for a plan that does not fit: it returns ``status='refused'`` with the numbers.
     Raises :class:`InputError` when the model's config.json cannot be read or ``target.gpu`` is
@@ -527,7 +527,7 @@ def calibration_device(cfg: Any) -> str:
 
 def _stage_memory(p: Plan, cfg: Any, shape: ModelShape) -> None:
     """``p.stages``: each stage's predicted peak host (and GPU) memory (:mod:`pipeline.planner.host`)."""
-    from ..targets import resolve_target
+    from ..build.targets import resolve_target
     from .host import as_json, stage_memory
 
     try:
@@ -556,7 +556,7 @@ def _calibration_batch_bytes(cfg: Any, shape: ModelShape, device: str, export_dt
 
     cal = cfg.calibration
     try:
-        from ..config.calibration import parse_batch_size
+        from ..core.config.calibration import parse_batch_size
 
         batch = parse_batch_size(cal.batch_size) or AUTO_BATCH_MAX_CPU
     except ValueError:
@@ -567,7 +567,7 @@ def _calibration_batch_bytes(cfg: Any, shape: ModelShape, device: str, export_dt
 
 
 def _catalogue_keys() -> list[str]:
-    from .gpus import CATALOGUE
+    from ..facts.gpus import CATALOGUE
 
     return list(CATALOGUE)
 
@@ -776,7 +776,7 @@ def _cpu_plan(p: Plan, shape: ModelShape, k: _Knobs) -> Plan:
             f"weights + KV for {k.max_batch_size} x {k.max_seq_len} tokens + activations need {_gib(need)}; "
             f"{_gib(avail)} is available now. Fix: lower build.max_batch_size or build.max_seq_len."
         )
-    from ..targets import get_target
+    from ..build.targets import get_target
 
     refusal = get_target("onnxruntime_genai").capabilities().recipe_refusal(k.recipe)
     if refusal is not None:

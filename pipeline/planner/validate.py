@@ -3,10 +3,10 @@
 Called by :func:`pipeline.validation.validate` after the per-group field checks, so every problem of a
 config is reported together.  Fast (well under a second for the default model) and never imports
 torch or transformers: the model shape comes from ``config.json`` / ``model.hf_config``, prompt lengths
-from :class:`pipeline.tokenization.TextCodec` (``tokenizers`` + ``jinja2``, no transformers), the one
+from :class:`pipeline.core.tokenization.TextCodec` (``tokenizers`` + ``jinja2``, no transformers), the one
 tokenization path every runtime uses.
 
-Checks (each a :class:`~pipeline.config.common.Problem` naming field, value and fix):
+Checks (each a :class:`~pipeline.core.config.common.Problem` naming field, value and fix):
 
 * ``build.max_input_len < build.max_seq_len``; ``max_seq_len (+ speculative.max_draft_len) <=
   max_position_embeddings x rope factor`` unless ``allow_unsafe_lengths=true`` (then recorded in the plan);
@@ -32,8 +32,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..config.common import Problem
-from ..errors import PipelineError
+from ..core.config.common import Problem
+from ..core.errors import PipelineError
 
 _LATER_THAN_QUANTIZE = ("quantize", "build", "evaluate", "package", "benchmark")
 _NEEDS_BUILD = ("build", "evaluate", "package", "benchmark")
@@ -168,8 +168,8 @@ def _parallel_problems(cfg: Any, shape: Any) -> list[Problem]:
 
 
 def _gpu_problems(cfg: Any) -> list[Problem]:
-    from ..recipes import BF16_MIN_SM, KV_MIN_SM, RECIPE_MIN_SM
-    from ..targets import TARGETS
+    from ..build.targets import TARGETS
+    from ..facts.recipes import BF16_MIN_SM, KV_MIN_SM, RECIPE_MIN_SM
     from .plan import plan_device
 
     if cfg.target.name != "auto" and cfg.target.name not in TARGETS:
@@ -177,7 +177,7 @@ def _gpu_problems(cfg: Any) -> list[Problem]:
     try:
         kind, gpu, _why = plan_device(cfg)
     except PipelineError:
-        from .gpus import CATALOGUE
+        from ..facts.gpus import CATALOGUE
 
         return [Problem("target.gpu", cfg.target.gpu, "is not in the GPU catalogue.", f"use one of {sorted(CATALOGUE)}")]
     out: list[Problem] = []
@@ -225,9 +225,9 @@ def _file_sig(p: Path) -> tuple[str, int, int]:
 def _eval_rows(path: Path) -> list[dict[str, Any]]:
     """The eval set's lines as objects (a foreign format, a task YAML or a question/answer JSONL, as the eval loader
     maps it; malformed lines are left out: the eval loader reports them with their line number)."""
-    from ..errors import InputError
-    from ..evaluation import foreign
-    from ..evaluation.dataset import read_eval_set
+    from ..core.errors import InputError
+    from ..evaluate import foreign
+    from ..evaluate.dataset import read_eval_set
 
     text = path.read_text(encoding="utf-8-sig", errors="replace")
     rows = []
@@ -255,8 +255,8 @@ def _prompt_lengths(
     eval_sig: tuple[str, int, int], tok_sig: tuple[str, int, int], limit: int | None, apply_chat_template: bool, default_new: int
 ) -> tuple[list[int], list[int], list[str]]:
     """(prompt token lengths, prompt + max_new_tokens, ids) for the eval set; cached per file version."""
-    from .. import tokenization
-    from ..errors import InputError
+    from ..core import tokenization
+    from ..core.errors import InputError
 
     try:
         tok = tokenization.TextCodec.from_dir(Path(tok_sig[0]).parent)
@@ -287,7 +287,7 @@ def _prompt_lengths(
         slices.append(str(row.get("slice", "")))
     if limit is not None and 0 < limit < len(ids):
         # the items the evaluate stage will use: eval.limit takes them round-robin across slices
-        from ..evaluation.dataset import EvalItem, stratified_head
+        from ..evaluate.dataset import EvalItem, stratified_head
 
         items = [EvalItem(id=f"{k}", slice=sl, metric="", reference=None) for k, sl in enumerate(slices)]
         keep = {int(it.id) for it in stratified_head(items, limit)}
@@ -299,7 +299,7 @@ def _prompt_lengths(
 def eval_prompt_stats(cfg: Any) -> dict[str, Any] | None:
     """Token-length statistics of the eval set's prompts as the engine sees them, or ``None`` when the
     eval set or a fast tokenizer is not available.  Keys: count, max, p99, max_id, max_total, max_total_id."""
-    from ..config import resolve_path
+    from ..core.config import resolve_path
 
     if not cfg.eval.eval_set or not cfg.model.path:
         return None

@@ -1,0 +1,294 @@
+"""Benchmark outputs: ``benchmark.json`` (schema ``pipeline.benchmark/v1``), a Markdown table and plots."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+from ..core.artifacts import BenchmarkArtifact
+from ..core.store import write_json_atomic
+
+log = logging.getLogger("pipeline.benchmark")
+
+PLOTS = ("latency_vs_concurrency.png", "throughput_vs_concurrency.png", "ttft_tpot_distributions.png")
+
+
+def _f(v: Any, nd: int = 2) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.{nd}f}"
+    return str(v)
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    """The human-readable report: one row per mode × level (repeat 0), then the headline ratios."""
+    lines = [f"# Benchmark `{doc['name']}` ({doc['created_utc']})", ""]
+    lines += _md_setup(doc)
+    lines += _md_runs(doc)
+    lines += _md_roofline(doc)
+    lines += _md_serving_path(doc)
+    lines += _md_spread(doc)
+    lines += _md_ratios(doc)
+    lines += [
+        "",
+        "TTFT = send → first token; TPOT = (last − first token) / (tokens − 1); ITL = gaps between tokens; "
+        "latency = send → last token; out tok/s = output tokens / (first send → last completion). "
+        "Roofline = achieved decode tokens/s ÷ memory-bandwidth bound (docs/benchmark.md).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _md_setup(doc: dict[str, Any]) -> list[str]:
+    """:func:`markdown`: target, dataset, seeds, host, load and bandwidth."""
+    lines: list[str] = []
+    m = doc["model"]
+    host = doc["host"]
+    lines.append(
+        f"Target `{m.get('target')}`, quant `{m.get('quant_recipe', '-')}`, dataset `{doc['dataset']['kind']}` "
+        f"({doc['dataset']['requests_per_level']} requests/level, digest `{doc['dataset']['digest'][:12]}`), "
+        f"seed {doc['seeds']['base']}, repeats {doc['config'].get('repeats')}, ignore_eos {doc['config'].get('ignore_eos')}."
+    )
+    lines.append(
+        f"Host: {host.get('cpu')} × {host.get('cpu_count')} CPUs, GPUs: {[g['name'] for g in host.get('gpus') or []] or 'none'}. "
+        f"Load average (1 min) {host.get('loadavg_1m_start')} at start, {host.get('loadavg_1m_end')} at end. "
+        f"Memory bandwidth {doc['roofline']['bandwidth_gbs']:.1f} GB/s ({doc['roofline']['bandwidth_source']})."
+    )
+    lines.append("")
+    return lines
+
+
+def _md_runs(doc: dict[str, Any]) -> list[str]:
+    """:func:`markdown`: one table row per mode × level of repeat 0."""
+    lines: list[str] = []
+    if doc["config"].get("repeats", 1) > 1:
+        lines += ["Repeat 0 of each level (the spread over repeats follows below):", ""]
+    lines.append(
+        "| mode | level | req | err | TTFT avg / p50 / p90 / p99 (ms) | TPOT avg / p50 / p90 / p99 (ms) | ITL p99 (ms) | "
+        "latency p50 / p90 / p99 (ms) | out tok/s | req/s | prefill share | roofline |"
+    )
+    lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in doc["runs"]:
+        if r["repeat"] != 0:
+            continue
+        mt = r["metrics"]
+        lvl = f"c={r['concurrency']}" if r["kind"] == "concurrency" else f"{r['request_rate']:g} req/s"
+        tt, tp, e2, itl = mt["time_to_first_token"], mt["time_per_output_token"], mt["request_latency"], mt["inter_token_latency"]
+        rf = r.get("roofline") or {}
+        lines.append(
+            f"| {r['mode']} | {lvl} | {mt['requests']['completed']} | {mt['requests']['errors']} | "
+            f"{_f(tt.get('avg'), 1)} / {_f(tt.get('p50'), 1)} / {_f(tt.get('p90'), 1)} / {_f(tt.get('p99'), 1)} | "
+            f"{_f(tp.get('avg'))} / {_f(tp.get('p50'))} / {_f(tp.get('p90'))} / {_f(tp.get('p99'))} | {_f(itl.get('p99'))} | "
+            f"{_f(e2.get('p50'), 1)} / {_f(e2.get('p90'), 1)} / {_f(e2.get('p99'), 1)} | "
+            f"{_f(mt['output_token_throughput']['avg'], 1)} | {_f(mt['request_throughput']['avg'])} | "
+            f"{_f(mt['prefill_decode']['prefill_share'])} | {_f(rf.get('fraction'), 3)} |"
+        )
+    return lines
+
+
+def _md_roofline(doc: dict[str, Any]) -> list[str]:
+    """:func:`markdown`: the decode roofline table at concurrency 1 (when measured)."""
+    lines: list[str] = []
+    per_mode = (doc.get("roofline") or {}).get("per_mode") or {}
+    c1 = [r for r in doc["runs"] if r["repeat"] == 0 and r["kind"] == "concurrency" and r["concurrency"] == 1 and r.get("roofline")]
+    if c1:
+        bw = doc["roofline"]["bandwidth_gbs"]
+        lines += [
+            "",
+            f"Decode roofline at concurrency 1 (host bandwidth {bw:.1f} GB/s, {doc['roofline']['bandwidth_source']}): "
+            "bytes read per decode step = weights (every initializer except Gather-ed embedding tables) + KV cache at the "
+            "mean context; bound = bandwidth / bytes per step.",
+            "",
+            "| mode | weight MB/step | KV MB/step | bound tok/s | achieved tok/s | fraction of bound |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in c1:
+            rf = r["roofline"]
+            w = (per_mode.get(r["mode"]) or doc["roofline"]).get("weight_bytes_per_step")
+            lines.append(
+                f"| `{r['mode']}` | {_f(w / 1e6 if w else None, 2)} | {_f(rf['kv_bytes_per_seq'] * rf['batch'] / 1e6, 2)} | "
+                f"{_f(rf['bound_tokens_per_s'], 0)} | {_f(rf['achieved_decode_tokens_per_s'], 0)} | {_f(rf['fraction'], 3)} |"
+            )
+    return lines
+
+
+def _md_serving_path(doc: dict[str, Any]) -> list[str]:
+    """:func:`markdown`: per-hop timing of the Triton mode (means over repeats of each hop's per-level average)."""
+    rows = [s for s in doc["summary"] if "serving_path.request_hop.avg" in s["spread"]]
+    if not rows:
+        return []
+    engine = {s["key"].split("/", 1)[1]: s["spread"].get("time_per_output_token.avg") for s in doc["summary"] if s["mode"] == "engine"}
+    lines = [
+        "",
+        "Where the Triton path's time goes (ms, mean over repeats of each level's average; the deployment's own "
+        "timestamps, `return_perf_metrics`). TTFT = client + request hop + queue + prefill + first-token delivery; "
+        "the client's TPOT differs from the server's by the change of the delivery lag. On the CPU target, prefill "
+        "includes waiting inside og.Engine for a running static batch (docs/benchmark.md).",
+        "",
+        "| level | client | request hop | queue | prefill | first-token delivery | TTFT | TPOT client | TPOT in server | "
+        "TPOT engine mode | last-token delivery |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s in rows:
+        sp = s["spread"]
+
+        def m(p: str, sp: dict = sp) -> str:
+            v = sp.get(p)
+            return _f(v["mean"], 2) if v else "-"
+
+        lvl = s["key"].split("/", 1)[1]
+        e = engine.get(lvl)
+        lines.append(
+            f"| {lvl} | {m('serving_path.client.avg')} | {m('serving_path.request_hop.avg')} | {m('serving_path.queue.avg')} | "
+            f"{m('serving_path.prefill.avg')} | {m('serving_path.first_token_delivery.avg')} | {m('time_to_first_token.avg')} | "
+            f"{m('time_per_output_token.avg')} | {m('serving_path.server_time_per_output_token.avg')} | "
+            f"{_f(e['mean'], 2) if e else '-'} | {m('serving_path.last_token_delivery.avg')} |"
+        )
+    return lines
+
+
+def _md_spread(doc: dict[str, Any]) -> list[str]:
+    """:func:`markdown`: mean ± std over repeats (when there are several)."""
+    lines: list[str] = []
+    if any(s["repeats"] > 1 for s in doc["summary"]):
+        lines += [
+            "",
+            "Spread over repeats (mean ± std, n):",
+            "",
+            "| mode/level | TPOT avg (ms) | TTFT p50 (ms) | out tok/s |",
+            "|---|---|---|---|",
+        ]
+        for s in doc["summary"]:
+            sp = s["spread"]
+
+            def ms(p: str, sp: dict = sp) -> str:
+                v = sp.get(p)
+                return f"{v['mean']:.2f} ± {v['std']:.2f} (n={v['n']})" if v else "-"
+
+            lines.append(
+                f"| {s['key']} | {ms('time_per_output_token.avg')} | {ms('time_to_first_token.p50')} | {ms('output_token_throughput.avg')} |"
+            )
+    return lines
+
+
+def _md_ratios(doc: dict[str, Any]) -> list[str]:
+    """:func:`markdown`: the target ratios table."""
+    lines: list[str] = []
+    lines += ["", "| ratio | value | target | met | definition |", "|---|---|---|---|---|"]
+    for k, v in doc["ratios"].items():
+        met = {True: "yes", False: "**no**", None: "not measured"}[v["met"]] if v.get("judged", True) else "(not a target here)"
+        lines.append(
+            f"| {k} | {_f(v['value'], 3) if isinstance(v['value'], float) else _f(v['value'])} | {v['target']} | {met} | {v['definition']} |"
+        )
+    return lines
+
+
+def plots(doc: dict[str, Any], out_dir: Path) -> list[str]:
+    """Write the three PNGs of :data:`PLOTS` into ``out_dir``; returns the file names written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [r for r in doc["runs"] if r["kind"] == "concurrency" and r["repeat"] == 0]
+    modes = list(dict.fromkeys(r["mode"] for r in runs))
+    written = []
+    # 1. latency percentiles vs concurrency
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    for ax, (metric, title) in zip(
+        axes, (("time_to_first_token", "TTFT"), ("time_per_output_token", "TPOT"), ("request_latency", "request latency"))
+    ):
+        for mode in modes:
+            rs = sorted((r for r in runs if r["mode"] == mode), key=lambda r: r["concurrency"])
+            xs = [r["concurrency"] for r in rs]
+            for p, style in (("p50", "-"), ("p90", "--"), ("p99", ":")):
+                ys = [r["metrics"][metric].get(p, float("nan")) for r in rs]
+                ax.plot(xs, ys, style, marker="o", label=f"{mode} {p}")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrency")
+        ax.set_ylabel("ms")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out_dir / PLOTS[0], dpi=110)
+    plt.close(fig)
+    written.append(PLOTS[0])
+    # 2. throughput vs concurrency
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for mode in modes:
+        rs = sorted((r for r in runs if r["mode"] == mode), key=lambda r: r["concurrency"])
+        xs = [r["concurrency"] for r in rs]
+        axes[0].plot(xs, [r["metrics"]["output_token_throughput"]["avg"] for r in rs], marker="o", label=mode)
+        axes[1].plot(xs, [r["metrics"]["request_throughput"]["avg"] for r in rs], marker="o", label=mode)
+    for ax, yl in zip(axes, ("output tokens/s", "requests/s")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrency")
+        ax.set_ylabel(yl)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_dir / PLOTS[1], dpi=110)
+    plt.close(fig)
+    written.append(PLOTS[1])
+    # 3. TTFT / TPOT distributions at concurrency 1 and the highest level of each mode
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for mode in modes:
+        rs = sorted((r for r in runs if r["mode"] == mode), key=lambda r: r["concurrency"])
+        for r in {id(x): x for x in (rs[0], rs[-1])}.values():
+            ok = [q for q in r["requests"] if "ttft_ms" in q]
+            lab = f"{mode} c={r['concurrency']}"
+            axes[0].hist([q["ttft_ms"] for q in ok], bins=20, alpha=0.5, label=lab)
+            axes[1].hist([q["tpot_ms"] for q in ok if q.get("tpot_ms") is not None], bins=20, alpha=0.5, label=lab)
+    for ax, xl in zip(axes, ("TTFT (ms)", "TPOT (ms)")):
+        ax.set_xlabel(xl)
+        ax.set_ylabel("requests")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out_dir / PLOTS[2], dpi=110)
+    plt.close(fig)
+    written.append(PLOTS[2])
+    return written
+
+
+def write_outputs(doc: dict[str, Any], out_dir: Path, *, make_plots: bool = True) -> dict[str, str]:
+    """Write ``benchmark.json``, ``benchmark.md`` and the plots into ``out_dir``; returns {kind: path}."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"json": str(out_dir / BenchmarkArtifact.RESULT_JSON), "md": str(out_dir / BenchmarkArtifact.RESULT_MD)}
+    write_json_atomic(out_dir / BenchmarkArtifact.RESULT_JSON, doc)
+    (out_dir / BenchmarkArtifact.RESULT_MD).write_text(markdown(doc), encoding="utf-8")
+    if make_plots:
+        try:
+            for name in plots(doc, out_dir):
+                paths[name] = str(out_dir / name)
+        except Exception as e:
+            log.warning("could not draw the benchmark plots: %s", e)
+    return paths
+
+
+def load(path: str | Path) -> dict[str, Any]:
+    """Read a benchmark JSON and check its schema.
+
+    Raises:
+        InputError: missing file, invalid JSON or another schema.
+    """
+    from ..core.errors import InputError
+
+    p = Path(path)
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(
+            f"{p}: no such benchmark result. Fix: pass a benchmark.json written by the benchmark stage (bench/results/*.json)."
+        ) from None
+    except ValueError as e:
+        raise InputError(f"{p}: not valid JSON ({e}).") from None
+    if not isinstance(doc, dict) or doc.get("schema") != "pipeline.benchmark/v1":
+        raise InputError(
+            f"{p}: schema is {doc.get('schema') if isinstance(doc, dict) else type(doc).__name__!r}, expected 'pipeline.benchmark/v1'."
+        )
+    return doc

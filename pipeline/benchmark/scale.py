@@ -1,0 +1,375 @@
+"""``make bench-scale``: what each stage costs as the model grows (docs/memory.md).
+
+For each shape of the ladder (:data:`LADDER`, deterministic random Llama weights, :mod:`pipeline.benchmark.shapes`) it
+first asks the planner for the stages' predicted peak memory (:mod:`pipeline.planner.host`): a shape the host cannot
+hold is reported as refused, with the planner's figure, and not run. Otherwise it runs ``pipeline`` (one process, the
+same calibration settings for every shape, int4 AWQ on the onnxruntime-genai target) and reads, per stage, the wall
+time and the peak RSS the run summary records (:mod:`pipeline.core.memory`: the pipeline process and the engine builder
+process), and reports bytes per parameter and seconds per billion parameters. ``FULL_CHAIN`` shapes also run
+evaluate (``eval.limit``) and package.
+
+Writes ``<out>/scale.json`` (every figure, the targets with met/missed) and ``<out>/scale.png`` (peak RSS and
+quantize time against parameter count), then prints the table.
+
+    python -m pipeline.benchmark.scale [--shapes llama80m,llama400m,llama1b,llama3b] [--out bench/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..core.artifacts import BuildArtifact, QuantizeArtifact
+from .shapes import ROOT, SHAPES, make_shape, parameter_count
+
+LADDER = ("llama80m", "llama400m", "llama1b", "llama3b")
+#: the same calibration for every shape (seconds per parameter are compared across the ladder)
+RUN_ARGS = [
+    "quant=int4_awq",
+    "target=onnxruntime_genai",
+    "calibration.calib_size=32",
+    "calibration.min_samples=16",
+    "calibration.calib_max_seq_length=128",
+    "progress=false",
+]
+HEAVY = ["export", "quantize", "build"]
+#: shapes that also go through evaluate and package (random weights: the gate fails, exit 3 is expected)
+FULL_CHAIN = {"llama1b"}
+FULL_ARGS = [
+    "eval.limit=8",
+    "eval.max_new_tokens=16",
+    "package.allow_failed_gate=true",
+    "package.parity=false",
+]
+#: targets of the issue this benchmark answers (docs/memory.md)
+PEAK_OVER_FP32_MAX = 1.5
+QUANT_S_PER_PARAM_RATIO_MAX = 1.2
+
+
+def _pipeline() -> list[str]:
+    exe = Path(sys.executable).with_name("pipeline")
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "pipeline.cli"]
+
+
+def predict(shape_dir: Path, stages: list[str]) -> dict[str, Any]:
+    """The planner's per-stage prediction and refusals for ``shape_dir`` (no work done)."""
+    from ..core.config import compose
+    from ..planner import plan
+    from ..planner.host import plan_refusals
+
+    p = plan(compose([f"model.path={shape_dir}", *RUN_ARGS]))
+    return {**p.stages, "refusals": plan_refusals(p.stages, stages)}
+
+
+def run_shape(shape: str, shape_dir: Path, work: Path, stages: list[str], extra: list[str]) -> dict[str, Any]:
+    """Run the pipeline on ``shape_dir`` and collect per-stage time and memory from its run summary."""
+    from ..core.memory import run_sampled
+
+    run_dir = work / f"run-{shape}"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    cmd = [
+        *_pipeline(),
+        f"model.path={shape_dir}",
+        f"model.name={shape}",
+        f"store_dir={work / 'store'}",
+        f"hydra.run.dir={run_dir}",
+        f"stages=[{','.join(stages)}]",
+        "force=true",  # a benchmark measures: every stage runs, none is a cache hit
+        *RUN_ARGS,
+        *extra,
+    ]
+    t0 = time.time()
+    with open(work / f"{shape}.log", "w", encoding="utf-8") as log:
+        code, peak = run_sampled(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
+    summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8")) if (run_dir / "summary.json").is_file() else {}
+    per_stage: dict[str, Any] = {}
+    for s in summary.get("stages", []):
+        mem = s.get("memory") or {}
+        row = {"status": s["status"], "seconds": round(s["seconds"], 1), "peak_rss_bytes": mem.get("process_peak_rss_bytes")}
+        if s["stage"] == "build" and s.get("path"):
+            info = BuildArtifact(Path(s["path"])).build_info_path
+            if info.is_file():
+                row["builder_peak_rss_bytes"] = json.loads(info.read_text(encoding="utf-8")).get("builder_peak_rss_bytes")
+        if s["stage"] == "quantize" and s.get("path"):
+            rep = QuantizeArtifact(Path(s["path"])).report_path
+            if rep.is_file():
+                r = json.loads(rep.read_text(encoding="utf-8"))
+                row["steps_peak_rss_bytes"] = r.get("peak_rss_bytes")
+                row["steps_s"] = {k: round(v, 1) for k, v in (r.get("timings_s") or {}).items()}
+                row["placement"] = r.get("placement")
+        per_stage[s["stage"]] = row
+    return {"exit_code": code, "wall_s": round(time.time() - t0, 1), "process_peak_rss_bytes": peak, "stages": per_stage, "command": cmd}
+
+
+def _row(shape: str, res: dict[str, Any]) -> dict[str, Any]:
+    n = parameter_count(shape)
+    fp32 = 4 * n
+    st = res.get("stages", {})
+    peaks = [v for s in HEAVY for v in (st.get(s, {}).get("peak_rss_bytes"), st.get(s, {}).get("builder_peak_rss_bytes")) if v]
+    q = st.get("quantize", {})
+    return {
+        "shape": shape,
+        "parameters": n,
+        "fp32_weight_bytes": fp32,
+        "heavy_peak_rss_bytes": max(peaks) if peaks else None,
+        "peak_over_fp32": round(max(peaks) / fp32, 3) if peaks else None,
+        "peak_bytes_per_parameter": round(max(peaks) / n, 2) if peaks else None,
+        "quantize_s": q.get("seconds"),
+        "quantize_s_per_billion_parameters": round(q["seconds"] / (n / 1e9), 1) if q.get("seconds") else None,
+    }
+
+
+def _targets(rows: dict[str, dict[str, Any]], results: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for shape in ("llama400m", "llama1b"):
+        r = rows.get(shape)
+        if r and r["peak_over_fp32"] is not None:
+            out.append(
+                {
+                    "target": f"{shape}: peak RSS of export+quantize+build <= {PEAK_OVER_FP32_MAX} x fp32 weights",
+                    "value": r["peak_over_fp32"],
+                    "met": r["peak_over_fp32"] <= PEAK_OVER_FP32_MAX,
+                }
+            )
+    if "llama1b" in results:
+        st = results["llama1b"].get("stages", {})
+        ok = all(st.get(s, {}).get("status") in ("ran", "cached") for s in ("export", "quantize", "build", "evaluate", "package"))
+        out.append({"target": "llama1b: export -> quantize -> build -> evaluate -> package on this host", "value": ok, "met": ok})
+    if "llama3b" in results:
+        r3 = results["llama3b"]
+        ok = bool(r3.get("refused")) or all(r3.get("stages", {}).get(s, {}).get("status") == "ran" for s in HEAVY)
+        value: Any = "not run (planned only)" if r3.get("planned_only") else ok
+        out.append(
+            {
+                "target": "llama3b: export -> quantize -> build within the host, or refused by the planner",
+                "value": value,
+                "met": None if r3.get("planned_only") else ok,
+            }
+        )
+    a, b = (
+        rows.get("llama80m", {}).get("quantize_s_per_billion_parameters"),
+        rows.get("llama1b", {}).get("quantize_s_per_billion_parameters"),
+    )
+    if a and b:
+        out.append(
+            {
+                "target": f"quantize seconds per parameter, llama1b / llama80m <= {QUANT_S_PER_PARAM_RATIO_MAX}",
+                "value": round(b / a, 3),
+                "met": b / a <= QUANT_S_PER_PARAM_RATIO_MAX,
+            }
+        )
+    return out
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """Peak RSS (GB) and quantize seconds against parameters (log-log), with the 1.5 x fp32 line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ran = [r for r in rows if r["heavy_peak_rss_bytes"]]
+    if not ran:
+        return
+    x = [r["parameters"] / 1e9 for r in ran]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
+    a1.loglog(x, [r["heavy_peak_rss_bytes"] / 1e9 for r in ran], "o-", label="peak RSS (export, quantize, build)")
+    a1.loglog(x, [PEAK_OVER_FP32_MAX * r["fp32_weight_bytes"] / 1e9 for r in ran], "--", label=f"{PEAK_OVER_FP32_MAX} x fp32 weights")
+    a1.loglog(x, [r["fp32_weight_bytes"] / 1e9 for r in ran], ":", label="fp32 weights")
+    a1.set_xlabel("parameters (billions)")
+    a1.set_ylabel("GB")
+    a1.legend(fontsize=8)
+    a1.set_title("host memory")
+    q = [r for r in ran if r["quantize_s"]]
+    a2.loglog([r["parameters"] / 1e9 for r in q], [r["quantize_s"] for r in q], "o-")
+    a2.set_xlabel("parameters (billions)")
+    a2.set_ylabel("seconds")
+    a2.set_title("quantize (int4 AWQ, 32 x 128 calibration tokens, CPU)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m pipeline.benchmark.scale", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shapes", default=",".join(LADDER), help=f"comma-separated, from {list(LADDER)}")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    ap.add_argument("--models", type=Path, default=ROOT / "bench" / "models")
+    ap.add_argument("--work", type=Path, default=ROOT / "artifacts" / "bench-scale")
+    ap.add_argument(
+        "--plan-only",
+        default="",
+        help="comma-separated shapes to plan but not run (recorded as predicted, not measured: e.g. a shape whose run "
+        "takes longer than the session that runs the benchmark)",
+    )
+    ap.add_argument("--merge", type=Path, default=None, help="an earlier scale.json whose shapes not run now are kept")
+    a = ap.parse_args(list(sys.argv[1:] if argv is None else argv))
+    shapes = [s for s in a.shapes.split(",") if s]
+    bad = [s for s in shapes if s not in SHAPES]
+    if bad:
+        print(f"bench-scale: unknown shape(s) {bad}; known: {sorted(SHAPES)}", file=sys.stderr)
+        return 2
+    a.work.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {}
+    plan_only = {s for s in a.plan_only.split(",") if s}
+    if a.merge is not None and a.merge.is_file():
+        results.update({k: v for k, v in json.loads(a.merge.read_text(encoding="utf-8"))["results"].items() if k not in shapes})
+    for shape in shapes:
+        stages = HEAVY + (["evaluate", "package"] if shape in FULL_CHAIN else [])
+        cfg_dir = a.models / shape
+        # the planner reads the shape's config.json only: write it first, the weights after a plan that fits
+        pred = _predict_shape(shape, cfg_dir, a.work, stages)
+        if shape in plan_only:
+            results[shape] = {"planned_only": True, "prediction": pred}
+            print(f"{shape}: planned only (--plan-only): {json.dumps(pred['predicted'])}", flush=True)
+            continue
+        if pred["refusals"]:
+            results[shape] = {"refused": pred["refusals"], "prediction": pred}
+            print(f"{shape}: refused by the planner: {' | '.join(pred['refusals'])}", flush=True)
+            continue
+        print(f"{shape}: {parameter_count(shape) / 1e6:.0f} M parameters, stages {stages} ...", flush=True)
+        make_shape(shape, cfg_dir)
+        res = run_shape(shape, cfg_dir, a.work, stages, FULL_ARGS if shape in FULL_CHAIN else [])
+        res["prediction"] = pred
+        results[shape] = res
+    rows = {s: _row(s, r) for s, r in results.items() if "stages" in r}
+    doc = {
+        "schema": "pipeline.bench_scale/v1",
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "host": _host(),
+        "settings": RUN_ARGS,
+        "rows": list(rows.values()),
+        "targets": _targets(rows, results),
+        "results": results,
+    }
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "scale.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    (a.out / "scale.md").write_text(markdown(doc), encoding="utf-8")
+    plot(list(rows.values()), a.out / "scale.png")
+    _print(doc)
+    return 0
+
+
+def _predict_shape(shape: str, cfg_dir: Path, work: Path, stages: list[str]) -> dict[str, Any]:
+    """The planner's verdict from the shape's config.json alone (written to a scratch folder: no weights yet)."""
+    import transformers as tf
+
+    probe = work / f"plan-{shape}"
+    probe.mkdir(parents=True, exist_ok=True)
+    tf.LlamaConfig(**SHAPES[shape]).save_pretrained(str(probe))
+    return predict(probe, stages)
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    """The results table and the targets in Markdown (``scale.md``; the README and docs/memory.md quote it)."""
+    head = "| shape | parameters | fp32 weights | export | quantize | build (builder process) | evaluate | package | peak / fp32 | bytes / parameter | quantize s / B params |"
+    lines = [head, "|" + "---|" * 11]
+    for shape, res in doc["results"].items():
+        n = parameter_count(shape)
+        if res.get("planned_only") or "refused" in res:
+            pq = res["prediction"]["predicted"]
+            what = "refused by the planner: " + res["refused"][0] if "refused" in res else "not run; planner predicts"
+            lines.append(
+                f"| {shape} | {n / 1e9:.2f} B | {_gb(4 * n)} GB | {what} export {_gb(pq['export']['host_bytes'])} GB, "
+                f"quantize {_gb(pq['quantize']['host_bytes'])} GB, build {_gb(pq['build']['host_bytes'])} GB | | | | | | | |"
+            )
+            continue
+        st, row = res["stages"], next(r for r in doc["rows"] if r["shape"] == shape)
+
+        def cell(s: str, st: dict[str, Any] = st) -> str:
+            v = st.get(s)
+            if not v:
+                return "-"
+            extra = f" ({_gb(v['builder_peak_rss_bytes'])} GB)" if v.get("builder_peak_rss_bytes") else ""
+            return f"{v['seconds']:.0f} s, {_gb(v['peak_rss_bytes'])} GB{extra}"
+
+        lines.append(
+            f"| {shape} | {n / 1e9:.2f} B | {_gb(4 * n)} GB | "
+            + " | ".join(cell(s) for s in ("export", "quantize", "build", "evaluate", "package"))
+            + f" | {row['peak_over_fp32']} | {row['peak_bytes_per_parameter']} | {row['quantize_s_per_billion_parameters']} |"
+        )
+    lines.append("")
+    for tg in doc["targets"]:
+        verdict = "n/a" if tg["met"] is None else ("met" if tg["met"] else "**missed**")
+        lines.append(f"- {verdict}: {tg['target']} ({tg['value']})")
+    return "\n".join(lines) + "\n"
+
+
+def _host() -> dict[str, Any]:
+    from ..core.hostinfo import host
+    from ..planner.plan import host_memory
+
+    return {**host(), "memory": host_memory()}
+
+
+def _gb(b: Any) -> str:
+    return f"{b / 1e9:.2f}" if isinstance(b, (int, float)) else "-"
+
+
+def _print(doc: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="bench-scale: int4 AWQ on onnxruntime-genai (CPU), per stage: seconds / peak RSS GB")
+    for c in (
+        "shape",
+        "params",
+        "fp32 GB",
+        "export",
+        "quantize",
+        "build (builder)",
+        "evaluate",
+        "package",
+        "peak / fp32",
+        "B/param",
+        "quant s/B",
+    ):
+        t.add_column(c)
+    for shape, res in doc["results"].items():
+        if res.get("planned_only"):
+            pq = res["prediction"]["predicted"]
+            t.add_row(
+                shape,
+                f"{parameter_count(shape) / 1e9:.2f} B",
+                _gb(4 * parameter_count(shape)),
+                *(f"predicted {_gb(pq[s]['host_bytes'])}" for s in ("export", "quantize", "build")),
+                "not run",
+            )
+            continue
+        if "refused" in res:
+            t.add_row(shape, f"{parameter_count(shape) / 1e9:.2f} B", _gb(4 * parameter_count(shape)), "refused: " + res["refused"][0][:60])
+            continue
+        st, row = res["stages"], next(r for r in doc["rows"] if r["shape"] == shape)
+
+        def cell(s: str, st: dict[str, Any] = st) -> str:
+            v = st.get(s)
+            if not v:
+                return "-"
+            extra = f" ({_gb(v['builder_peak_rss_bytes'])})" if v.get("builder_peak_rss_bytes") else ""
+            return f"{v['seconds']:.0f} s / {_gb(v['peak_rss_bytes'])}{extra}"
+
+        t.add_row(
+            shape,
+            f"{row['parameters'] / 1e9:.2f} B",
+            _gb(row["fp32_weight_bytes"]),
+            *(cell(s) for s in ("export", "quantize", "build", "evaluate", "package")),
+            str(row["peak_over_fp32"]),
+            str(row["peak_bytes_per_parameter"]),
+            str(row["quantize_s_per_billion_parameters"]),
+        )
+    Console(width=200).print(t)
+    for tg in doc["targets"]:
+        verdict = "n/a   " if tg["met"] is None else ("met   " if tg["met"] else "MISSED")
+        print(f"{verdict}  {tg['target']}: {tg['value']}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

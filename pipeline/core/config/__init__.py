@@ -1,0 +1,376 @@
+"""Typed configuration: one dataclass schema per stage, registered in Hydra's ConfigStore.
+
+The YAML presets under ``build_configs/<group>/`` extend these schemas through their Defaults
+List (``- base_<group>``), so unknown keys and wrong types fail at compose time with the key
+named.  :func:`compose` gives the same composed object outside a Hydra app (planner, tests).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.nodes import BooleanNode
+
+from . import benchmark as _benchmark
+from . import build as _build
+from . import calibration as _calibration
+from . import eval as _eval
+from . import model as _model
+from . import package as _package
+from . import parallel as _parallel
+from . import quant as _quant
+from . import target as _target
+from .benchmark import BenchmarkConfig
+from .build import BuildConfig, SpeculativeConfig
+from .calibration import CalibrationConfig
+from .common import REPO_ROOT, ConfigError, Problem, key_fields, resolve_path, runtime
+from .eval import EvalConfig, GateConfig
+from .model import ModelConfig
+from .package import PackageConfig
+from .parallel import ParallelConfig
+from .quant import QuantConfig
+from .target import TargetConfig
+
+CONFIG_DIR = Path(os.environ.get("PIPELINE_CONFIG_DIR", REPO_ROOT / "build_configs"))
+STAGES = ("export", "quantize", "build", "evaluate", "package", "benchmark")
+
+GROUPS = {
+    "model": ModelConfig,
+    "calibration": CalibrationConfig,
+    "quant": QuantConfig,
+    "parallel": ParallelConfig,
+    "target": TargetConfig,
+    "build": BuildConfig,
+    "eval": EvalConfig,
+    "package": PackageConfig,
+    "benchmark": BenchmarkConfig,
+}
+
+
+@dataclass
+class PipelineConfig:
+    model: ModelConfig = MISSING
+    """The checkpoint (export stage): path, dtype, trust and tokenizer settings; presets under build_configs/model/."""
+    calibration: CalibrationConfig = MISSING
+    """The calibration set the quantize stage feeds through the model."""
+    quant: QuantConfig = MISSING
+    """The quantization recipe and its settings (quantize stage)."""
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    """Tensor/pipeline-parallel ranks (TensorRT-LLM ``Mapping``). The one group with a default here, so a user YAML
+    whose defaults list predates it still composes."""
+    target: TargetConfig = MISSING
+    """Where the engine runs: onnxruntime_genai (CPU) or tensorrt_llm (NVIDIA GPU), and the target GPU."""
+    build: BuildConfig = MISSING
+    """Engine limits and build/runtime knobs (build stage)."""
+    eval: EvalConfig = MISSING
+    """Business eval set, runners and the release gate (evaluate stage)."""
+    package: PackageConfig = MISSING
+    """Triton model repository, release archive, parity check and ``pipeline serve`` settings (package stage)."""
+    benchmark: BenchmarkConfig = MISSING
+    """Load generation and measurement (benchmark stage)."""
+    stages: List[str] = field(default_factory=lambda: ["export", "quantize", "build", "evaluate", "package"])
+    """Stages to run, in pipeline order; missing upstream artifacts are produced (or found cached) first."""
+    store_dir: str = "artifacts"
+    """Content-addressed artifact store (relative paths resolve against the cwd)."""
+    force: bool = False
+    """Re-run the requested stages even when a cached artifact exists."""
+    verify_cache: bool = False
+    """Re-hash every file of a cached artifact before trusting it (slower)."""
+    dry_run: bool = False
+    """Validate, plan and print what each stage would do (e.g. the exact trtllm-build command); write nothing."""
+    progress: bool = True
+    """Show progress bars (off automatically when stdout is not a terminal)."""
+    allow_unsafe_lengths: bool = False
+    """Accept max_seq_len above max positions x rope factor (recorded in the manifest)."""
+
+
+def register() -> None:
+    """Register every schema in Hydra's ConfigStore (idempotent)."""
+    cs = ConfigStore.instance()
+    cs.store(name="pipeline_schema", node=PipelineConfig)
+    for group, schema in GROUPS.items():
+        cs.store(group=group, name=f"base_{group}", node=schema)
+
+
+def _alias_fields(root: Any, obj: Any = None, prefix: str = ""):
+    """(dotted alias path, dotted new path, owning dataclass, alias name, new field's owner, new name) of every
+    deprecated alias field (:func:`pipeline.core.config.common.deprecated_alias`) in the config tree ``root``.
+
+    ``alias_of`` without a dot names a field of the same group (``quant.kv_cache`` -> ``quant.kv_cache_dtype``); with
+    dots it is the new field's path from the root (``quant.tp_size`` -> ``parallel.tp_size``, a cross-group alias).
+    """
+    obj = root if obj is None else obj
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        if dataclasses.is_dataclass(v):
+            yield from _alias_fields(root, v, f"{prefix}{f.name}.")
+        elif "alias_of" in f.metadata:
+            target = f.metadata["alias_of"]
+            if "." in target:
+                parent, new = target.rsplit(".", 1)
+                new_owner = root
+                for part in parent.split("."):
+                    new_owner = getattr(new_owner, part)
+                yield prefix + f.name, target, obj, f.name, new_owner, new
+            else:
+                yield prefix + f.name, prefix + target, obj, f.name, obj, target
+
+
+def alias_paths(cfg: Any) -> dict[str, str]:
+    """``{deprecated alias path: path of the field it stands for}`` of the config tree ``cfg``
+    (e.g. ``{"quant.kv_cache": "quant.kv_cache_dtype", "quant.tp_size": "parallel.tp_size", ...}``)."""
+    return {old: new for old, new, *_ in _alias_fields(cfg)}
+
+
+def _override_key(o: str) -> str:
+    """``calibration.calib_size`` of the Hydra override ``++calibration.calib_size=64``."""
+    return o.lstrip("+~").split("=", 1)[0].strip()
+
+
+def resolve_aliases(cfg: PipelineConfig, explicit: Optional[list[str]] = None) -> list[str]:
+    """Copy every deprecated alias that is set into its new field; return one warning per alias used.
+
+    ``explicit``: the command-line overrides (``key=value`` strings).  A preset or the schema default of the new
+    field gives way to the alias; a new field the user set explicitly (in ``explicit``; when ``explicit`` is None:
+    any value other than the schema default) must agree with the alias.  Idempotent (the alias keeps its value).
+    Raises :class:`ConfigError` (exit 2) naming both spellings when they disagree.
+    """
+    given = None if explicit is None else {_override_key(o) for o in explicit}
+    problems: list[Problem] = []
+    notes: list[str] = []
+    for old_path, new_path, owner, old, new_owner, new in _alias_fields(cfg):
+        value = getattr(owner, old)
+        if value is None:
+            continue
+        current = getattr(new_owner, new)
+        if current != value:
+            default = next(f.default for f in dataclasses.fields(new_owner) if f.name == new)
+            user_set_new = (new_path in given) if given is not None else current != default
+            if user_set_new:
+                problems.append(
+                    Problem(
+                        old_path,
+                        value,
+                        f"is a deprecated alias of {new_path}, which is set to {current!r}.",
+                        f"set only {new_path} (drop {old_path})",
+                    )
+                )
+                continue
+            setattr(new_owner, new, value)
+        notes.append(
+            f"{old_path} is a deprecated alias of {new_path} (removed in the next release); "
+            f"{new_path}={value!r} is used. Fix: write {new_path}={value}"
+        )
+    if problems:
+        raise ConfigError(problems)
+    return notes
+
+
+def deprecations(cfg: PipelineConfig) -> list[str]:
+    """The deprecation warnings of the aliases set in an already resolved ``cfg`` (for the run summary)."""
+    return [
+        f"{old_path} is a deprecated alias of {new_path} (removed in the next release); write {new_path}={getattr(new_owner, new)}"
+        for old_path, new_path, owner, old, new_owner, new in _alias_fields(cfg)
+        if getattr(owner, old) is not None
+    ]
+
+
+def to_object(cfg: DictConfig | PipelineConfig, explicit: Optional[list[str]] = None) -> PipelineConfig:
+    """DictConfig (from Hydra) -> PipelineConfig dataclass instance, deprecated aliases resolved
+    (:func:`resolve_aliases`; ``explicit`` = the command-line overrides; each alias used is logged as a warning)."""
+    if isinstance(cfg, PipelineConfig):
+        return cfg
+    bad_bools = _numeric_bools(cfg, explicit or [])
+    if bad_bools:
+        raise ConfigError(bad_bools)
+    obj = OmegaConf.to_object(cfg)
+    if not isinstance(obj, PipelineConfig):
+        missing = [g for g in GROUPS if g not in (obj if isinstance(obj, dict) else {})]
+        raise ConfigError(
+            [
+                Problem(
+                    "defaults",
+                    None,
+                    "the composed config is not a pipeline config: its defaults list does not start from the pipeline schema "
+                    f"(missing: {missing}).",
+                    "drop the defaults list from your YAML (the pipeline's defaults then apply, your values on top), or start "
+                    "it like build_configs/pipeline.yaml: `- pipeline_schema` then one preset per group "
+                    f"({', '.join(f'{g}: <preset>' for g in GROUPS)}) and `- _self_`",
+                )
+            ]
+        )
+    for note in resolve_aliases(obj, explicit):
+        logging.getLogger("pipeline.core.config").warning(note)
+    for note in relabel_custom_data(obj):
+        logging.getLogger("pipeline.core.config").info(note)
+    return obj
+
+
+#: the spellings of a boolean this pipeline accepts: OmegaConf's (omegaconf/nodes.py BooleanNode) without its
+#: "any other integer is true" (``package.parity=2``), which would accept a typo silently
+BOOL_WORDS = frozenset({"true", "false", "yes", "no", "on", "off", "y", "n", "1", "0"})
+
+
+def _numeric_bools(cfg: DictConfig, explicit: list[str]) -> list[Problem]:
+    """Overrides that set a boolean field to something other than :data:`BOOL_WORDS` which OmegaConf still took: a
+    number other than 0 or 1 (OmegaConf refuses other strings itself).  The ``pipeline`` command refuses these
+    earlier (``pipeline.cli.check_overrides``); this covers :func:`compose` callers."""
+    problems = []
+    for o in explicit:
+        key, sep, raw = o.lstrip("+~").partition("=")
+        v = raw.strip().strip("'\"")
+        if not sep or v.lower() in BOOL_WORDS or not v.lstrip("+-").isdigit():
+            continue
+        parent_key, _, leaf = key.rpartition(".")
+        parent = OmegaConf.select(cfg, parent_key) if parent_key else cfg
+        node = parent._get_node(leaf) if isinstance(parent, DictConfig) else None
+        if isinstance(node, BooleanNode):
+            problems.append(Problem(key, raw, "is a boolean; a number other than 0 or 1 is not one.", f"{key}=true or {key}=false"))
+    return problems
+
+
+DATA_PRESETS = (("eval", "eval_set"), ("calibration", "path"))
+"""(group, path field) of the groups whose ``name`` labels a shipped data file (build_configs/<group>/<name>.yaml)."""
+
+
+def relabel_custom_data(cfg: PipelineConfig) -> list[str]:
+    """Keep a data group's ``name`` from claiming a shipped set it does not read: when ``<group>.name`` is a preset
+    under ``build_configs/<group>/`` whose file is not the configured ``<group>.<path field>`` (e.g.
+    ``eval.eval_set=my.jsonl`` on the default ``eval=support_v2``), the name becomes the file's name.  The name
+    enters the stage key, so the key follows the label; the file's content digest is keyed as before.
+    Returns one note per relabelled group."""
+    notes = []
+    for group, field_name in DATA_PRESETS:
+        g: Any = getattr(cfg, group, None)
+        path = getattr(g, field_name, None) if g is not None else None
+        preset = CONFIG_DIR / group / f"{getattr(g, 'name', '')}.yaml"
+        if g is None or not path or not preset.is_file():
+            continue
+        try:
+            loaded = OmegaConf.load(preset)
+            shipped = loaded.get(field_name) if isinstance(loaded, DictConfig) else None
+        except Exception:
+            continue
+        if not shipped or resolve_path(str(shipped)) == resolve_path(str(path)):
+            continue
+        label = Path(os.path.expanduser(str(path))).name
+        notes.append(
+            f"{group}.name: {g.name!r} names the shipped set {shipped}; {group}.{field_name}={path} is another file, labelled {label!r}"
+        )
+        g.name = label
+    return notes
+
+
+def compose(overrides: list[str] | None = None, config_name: str = "pipeline") -> PipelineConfig:
+    """Compose the config as the ``pipeline`` command would, outside a Hydra app.
+
+    Raises Hydra's ``ConfigCompositionException`` / OmegaConf's ``ValidationError`` naming the
+    key for unknown keys, wrong types and unknown presets.
+    """
+    from hydra import compose as _compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    register()
+    gh = GlobalHydra.instance()
+    if gh.is_initialized():
+        gh.clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+            cfg = _compose(config_name=config_name, overrides=list(overrides or []))
+    except (ValueError, TypeError, AttributeError, KeyError) as e:
+        from omegaconf.errors import OmegaConfBaseException
+
+        if isinstance(e, (OmegaConfBaseException, ConfigError)):
+            raise
+        # Hydra raises a bare ValueError for some override shapes (found by tests/contracts/test_fuzz.py: ``build=0``), and
+        # OmegaConf a bare AttributeError for others (``+build.max_seq_len=0 ~build``, also found by the fuzz test)
+        raise ConfigError(
+            [
+                Problem(
+                    "overrides",
+                    list(overrides or []),
+                    f"{type(e).__name__}: {e}.",
+                    "use group=<preset name> for config groups and key=value for fields",
+                )
+            ]
+        ) from e
+    return to_object(cfg, list(overrides or []))
+
+
+_VALIDATORS: dict[str, Callable[..., list[Problem]]] = {
+    "model": _model.validate,
+    "calibration": _calibration.validate,
+    "quant": _quant.validate,
+    "parallel": _parallel.validate,
+    "target": _target.validate,
+    "build": _build.validate,
+    "eval": _eval.validate,
+    "package": _package.validate,
+    "benchmark": _benchmark.validate,
+}
+
+
+def validate(cfg: PipelineConfig, *, raise_on_error: bool = True) -> list[Problem]:
+    """Run every group's field checks (this layer's rules only); collect all problems.
+
+    Cross-layer rules (the model's limits, the target's capabilities, the model family) belong to the layers
+    above: :func:`pipeline.validation.validate` runs these field checks and then those, and is what the runner
+    and the planner call.
+
+    Raises :class:`ConfigError` listing them all when ``raise_on_error`` and any were found.
+    """
+    problems: list[Problem] = []
+    if not cfg.stages:
+        problems.append(Problem("stages", [], "no stage to run.", f"use a subset of {list(STAGES)}, e.g. stages=[export,quantize]"))
+    for s in cfg.stages:
+        if s not in STAGES:
+            problems.append(Problem("stages", s, "unknown stage.", f"use a subset of {list(STAGES)}"))
+    needs = set(cfg.stages)
+    for group, fn in _VALIDATORS.items():
+        if group == "calibration" and ("quantize" not in needs or cfg.quant.recipe == "none"):
+            continue
+        if group == "eval" and "evaluate" not in needs:
+            continue
+        problems.extend(fn(getattr(cfg, group)))
+    if problems and raise_on_error:
+        raise ConfigError(problems)
+    return problems
+
+
+__all__ = [
+    "BenchmarkConfig",
+    "BuildConfig",
+    "CalibrationConfig",
+    "ConfigError",
+    "EvalConfig",
+    "GateConfig",
+    "ModelConfig",
+    "PackageConfig",
+    "ParallelConfig",
+    "PipelineConfig",
+    "Problem",
+    "QuantConfig",
+    "SpeculativeConfig",
+    "TargetConfig",
+    "CONFIG_DIR",
+    "REPO_ROOT",
+    "STAGES",
+    "alias_paths",
+    "compose",
+    "deprecations",
+    "key_fields",
+    "register",
+    "resolve_aliases",
+    "resolve_path",
+    "runtime",
+    "to_object",
+    "validate",
+]

@@ -1,0 +1,156 @@
+"""Stage interface and registry.
+
+A stage is a plain function from (config, input artifacts) to files in an output folder plus a
+small JSON-able result.  Each stage module (``pipeline/stages/<name>.py``) defines a module-level
+``STAGE = Stage(...)``; modules are imported lazily by :func:`get_stage` so that ``pipeline plan``
+or a cache hit never pays for importing torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import logging
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from .config import PipelineConfig
+    from .store import Artifact
+
+
+@dataclasses.dataclass
+class StageContext:
+    """What a stage function receives.
+
+    Attributes:
+        cfg: the whole resolved config (stages read their own group and may read others).
+        inputs: upstream artifacts by stage name (each has ``.path`` and ``.manifest``).
+        external: external input files/folders by name (model checkpoint, calibration set, eval set),
+            already resolved to absolute paths; their content digests are in the cache key.
+        out: the folder to write into (a temporary folder, published atomically on success);
+            ``None`` in dry-run mode.
+        manifest: the manifest under construction; stages may add keys (e.g. ``plan``).
+    """
+
+    cfg: PipelineConfig
+    inputs: dict[str, Artifact]
+    external: dict[str, Path]
+    out: Path | None
+    manifest: dict[str, Any]
+    console: Console
+    log: logging.Logger
+    show_progress: bool = True
+
+    @contextlib.contextmanager
+    def progress(self, description: str, total: float | None) -> Iterator[Callable[[float], None]]:
+        """A rich progress bar; yields ``advance(n)``. Silent when progress is off."""
+        if not self.show_progress:
+
+            def _noop(n: float = 1) -> None:
+                return None
+
+            yield _noop
+            return
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        with Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=self.console,
+            transient=True,
+        ) as prog:
+            task = prog.add_task(description, total=total)
+
+            def _advance(n: float = 1) -> None:
+                prog.advance(task, n)
+
+            yield _advance
+
+
+def _no_external(cfg: PipelineConfig) -> dict[str, Path]:
+    return {}
+
+
+def _no_extras(cfg: PipelineConfig, inputs: dict[str, Artifact]) -> dict[str, Any]:
+    return {}
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    """A pipeline stage.
+
+    Attributes:
+        name: stage name (``export`` ...).
+        deps: upstream stages whose artifacts are inputs.
+        config_groups: config groups whose cache-relevant fields enter the key (see ``config.common.runtime``).
+        libraries: distributions whose versions enter the key and the manifest.
+        run: ``run(ctx) -> result dict`` (JSON-able). Writes into ``ctx.out``. A ``headline`` sub-dict
+            is shown in run summaries and multirun comparisons.
+        version: bump when the stage's output format changes (invalidates old artifacts).
+        external_inputs: ``f(cfg) -> {name: path}`` of files/folders outside the store (digested).
+        key_extras: ``f(cfg, inputs) -> dict`` of further facts that change the bytes (e.g. the
+            resolved target, the target GPU).
+        dry_run: ``f(ctx) -> dict`` describing what would be done, without writing (optional).
+        cacheable: ``False`` for measurements (benchmark) that must run every time.
+        select_deps: ``f(cfg) -> deps`` when the inputs depend on the config (e.g. evaluate needs no
+            engine when only the baseline and simulated runners are asked for); a subset of ``deps``.
+        runtime_reads: dotted config fields outside the key that the stage reads but that never change its
+            output (paths whose content is digested, scheduling knobs); checked by tests/contracts/test_gate_key_reads.py.
+    """
+
+    name: str
+    deps: tuple[str, ...]
+    config_groups: tuple[str, ...]
+    libraries: tuple[str, ...]
+    run: Callable[[StageContext], dict[str, Any]]
+    version: str = "1"
+    external_inputs: Callable[[PipelineConfig], dict[str, Path]] = _no_external
+    key_extras: Callable[[PipelineConfig, dict[str, Artifact]], dict[str, Any]] = _no_extras
+    dry_run: Callable[[StageContext], dict[str, Any]] | None = None
+    cacheable: bool = True
+    select_deps: Callable[[PipelineConfig], tuple[str, ...]] | None = None
+    runtime_reads: tuple[str, ...] = ()
+
+    def deps_for(self, cfg: PipelineConfig) -> tuple[str, ...]:
+        """The upstream stages this run needs (``select_deps(cfg)`` when given, else ``deps``)."""
+        return tuple(self.select_deps(cfg)) if self.select_deps is not None else self.deps
+
+
+def get_stage(name: str) -> Stage:
+    """Import ``pipeline.core.stage.<name>`` and return its ``STAGE``.
+
+    Raises ``KeyError`` with the list of known stages for an unknown name.
+    """
+    from .config import STAGES
+
+    if name not in STAGES:
+        raise KeyError(f"unknown stage {name!r}; known stages: {list(STAGES)}")
+    mod = importlib.import_module(f"pipeline.{name}.stage")
+    return mod.STAGE
+
+
+def resolve_order(requested: list[str], cfg: PipelineConfig | None = None) -> list[str]:
+    """Requested stages plus their transitive dependencies (for this ``cfg``), in pipeline order."""
+    need: set[str] = set()
+
+    def add(name: str) -> None:
+        if name in need:
+            return
+        need.add(name)
+        stage = get_stage(name)
+        for d in stage.deps_for(cfg) if cfg is not None else stage.deps:
+            add(d)
+
+    for s in requested:
+        add(s)
+    from .config import STAGES
+
+    return [s for s in STAGES if s in need]

@@ -1,0 +1,382 @@
+"""Eval report writers: JSON (schema ``pipeline.eval_report/v1``), Markdown, self-contained HTML
+(matplotlib PNGs embedded as base64) and the console table (rich).
+
+``eval_report.json`` top-level keys (stable for CI):
+
+- ``schema``: ``"pipeline.eval_report/v1"``
+- ``eval_set``: {name, path, sha256, items, evaluated, limit, format} (``format``: how the file was read, a foreign
+  format's mapping: ``pipeline.evaluate.dataset.EvalSet.format``)
+- ``recipe``, ``target``, ``candidate`` (runner judged by the gate), ``baseline`` (``"baseline"`` or null)
+- ``runners``: {name: {score, slices: {slice: {score, n}}, n, skipped_too_long, errors,
+  finish_reasons: {eos, stop, length, error}, latency_s: {mean, p50, p90}, seconds}}
+- ``comparison``: {"overall": PairedStats, "slices": {slice: PairedStats}} (candidate vs baseline;
+  PairedStats = {n, baseline, candidate, drop, upper, confidence, method, discordant, agreement})
+- ``pairwise_agreement``: {"<runner a>~<runner b>": fraction of items with identical output text}
+- ``gate``: {passed, verdict (pass | inconclusive | fail), mode (release | exploratory), reason, checks: [{scope, check,
+  value, threshold, verdict, passed, detail, upper, items_needed}], allowed_drop, confidence, bound, fidelity_thresholds}
+- ``fidelity``: null, {candidate, unavailable, seconds}, or {candidate, overall, slices: {slice: ...}, items, seconds,
+  sequence}; overall/slice = {positions, kld {mean, se, median, p90, p95, p99, p99_9, max, min}, top1, top1_se,
+  ppl_base, ppl_cand, ln_ppl_ratio, ln_ppl_ratio_se} (``fidelity.py``)
+- ``decoding``: the decoding policy every runner applied (``pipeline.core.decoding``, ``decoding.json`` of the export):
+  {schema, repetition_penalty, sampling (the model's recommended values; not used by the gate), ignored, source,
+  gate: "greedy"}
+- ``reference``: {checkpoint, dtype, requested}: the baseline's source checkpoint and compute dtype
+- ``skipped``: {"too_long": [ids], "max_input_len": int}
+- ``worst_regressions``: [{id, slice, prompt, reference, baseline, candidate, baseline_score, candidate_score}]
+- ``speculative``: null or {draft_model, k, acceptance_rate, mean_accepted_per_step, slices: {slice: {acceptance_rate, proposed, accepted}}}
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+SCHEMA = "pipeline.eval_report/v1"
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def _pp(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:+.1f} pp"
+
+
+def _kld(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3g}"
+
+
+def fidelity_markdown(rep: dict[str, Any]) -> list[str]:
+    """The llama.cpp-style KL-divergence block (overall) as Markdown lines; [] without fidelity."""
+    f = rep.get("fidelity")
+    if not f:
+        return []
+    if f.get("unavailable"):
+        return [f"Fidelity: not measured ({f['unavailable']}).", ""]
+    o = f["overall"]
+    if not o.get("positions"):
+        return []
+    k = o["kld"]
+    return [
+        f"### Fidelity ({f['candidate']} vs baseline, teacher-forced over {o['positions']} answer tokens of {f['items']} items)",
+        "",
+        "| statistic | value |",
+        "|---|---|",
+        f"| mean KLD (nats) | {k['mean']:.4g} ± {k['se']:.4g} |",
+        f"| median / p90 / p95 KLD | {k['median']:.4g} / {k['p90']:.4g} / {k['p95']:.4g} |",
+        f"| p99 / p99.9 / max KLD | {k['p99']:.4g} / {k['p99_9']:.4g} / {k['max']:.4g} |",
+        f"| same top token | {100 * o['top1']:.2f} ± {100 * o['top1_se']:.2f} % |",
+        f"| ln(PPL_cand / PPL_base) | {o['ln_ppl_ratio']:+.4g} ± {o['ln_ppl_ratio_se']:.2g} (PPL {o['ppl_base']:.4f} -> {o['ppl_cand']:.4f}) |",
+        *(
+            [
+                f"| calibration hold-out ({h['samples']} samples, {h['positions']} tokens): mean KLD / top-1 / ln PPL ratio | "
+                f"{h['kld']['mean']:.4g} ± {h['kld']['se']:.2g} / {100 * h['top1']:.2f} % / {h['ln_ppl_ratio']:+.4g} |"
+            ]
+            if (h := f.get("calibration_heldout")) and h.get("positions")
+            else []
+        ),
+        "",
+    ]
+
+
+def slice_rows(rep: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per scope (overall first, then slices): baseline, candidate, drop, upper bound, agreement,
+    verdict (the scope's worst check), mean KLD and top-1 agreement."""
+    cand = rep["runners"].get(rep["candidate"], {})
+    comp = rep.get("comparison") or {}
+    order = ("pass", "inconclusive", "fail")
+    worst: dict[str, str] = {}
+    for c in rep["gate"]["checks"]:
+        v = c.get("verdict", "pass" if c["passed"] else "fail")
+        worst[c["scope"]] = max(worst.get(c["scope"], "pass"), v, key=order.index)
+    fid = rep.get("fidelity") or {}
+    rows = []
+    scopes = [("overall", comp.get("overall"), cand.get("score"), cand.get("n"))]
+    for s, v in sorted(cand.get("slices", {}).items()):
+        scopes.append((s, (comp.get("slices") or {}).get(s), v["score"], v["n"]))
+    for name, st, score, n in scopes:
+        scope = "overall" if name == "overall" else f"slice:{name}"
+        f = fid.get("overall") if name == "overall" else (fid.get("slices") or {}).get(name)
+        f = f if f and f.get("positions") else None
+        rows.append(
+            {
+                "scope": name,
+                "n": n,
+                "baseline": st["baseline"] if st else None,
+                "candidate": score,
+                "drop": st["drop"] if st else None,
+                "upper": st.get("upper") if st else None,
+                "agreement": st.get("agreement") if st else None,
+                "verdict": worst.get(scope, "pass"),
+                "passed": worst.get(scope, "pass") == "pass",
+                "kld": f["kld"]["mean"] if f else None,
+                "top1": f["top1"] if f else None,
+            }
+        )
+    return rows
+
+
+def _md_cell(s: Any) -> str:
+    """A Markdown table cell: ``|`` escaped, newlines joined (slice names are the user's data)."""
+    return str(s).replace("|", "\\|").replace("\n", " ")
+
+
+def gate_table_markdown(rep: dict[str, Any]) -> list[str]:
+    """The per-scope gate table (:func:`slice_rows`) as Markdown lines: the table of ``eval_report.md`` and the one
+    a run appends to ``$GITHUB_STEP_SUMMARY`` (``pipeline.evaluate.junit.append_step_summary``)."""
+    lines = [
+        "| scope | n | baseline | candidate | drop | upper bound | agreement | mean KLD | top-1 | gate |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in slice_rows(rep):
+        v = r["verdict"] if r["verdict"] == "pass" else f"**{r['verdict'].upper()}**"
+        lines.append(
+            f"| {_md_cell(r['scope'])} | {r['n']} | {_pct(r['baseline'])} | {_pct(r['candidate'])} | {_pp(r['drop'])} | {_pp(r['upper'])} | "
+            f"{_pct(r['agreement'])} | {_kld(r['kld'])} | {_pct(r['top1'])} | {v} |"
+        )
+    return lines
+
+
+def to_markdown(rep: dict[str, Any]) -> str:
+    g = rep["gate"]
+    verdict = g.get("verdict", "pass" if g["passed"] else "fail").upper()
+    lines = [
+        f"## Evaluation: {rep['eval_set']['name']} - gate **{verdict}** ({g.get('mode', 'release')} mode)",
+        "",
+        f"recipe `{rep['recipe']}`, target `{rep['target']}`, candidate runner `{rep['candidate']}`, "
+        f"{rep['eval_set']['evaluated']} items evaluated ({len(rep['skipped']['too_long'])} skipped: too long > "
+        f"{rep['skipped']['max_input_len']} tokens). Non-inferiority: allowed drop {_pp(g['allowed_drop']['overall'])} overall, "
+        f"{_pp(g['allowed_drop']['slice'])} per slice; a scope passes when the one-sided {g['confidence']:.0%} upper bound "
+        f"of the drop is within it.",
+        "",
+    ]
+    if g.get("mode") == "exploratory":
+        lines += ["> **EXPLORATORY RUN**: an inconclusive verdict did not fail this run; it is not releasable.", ""]
+    lines += gate_table_markdown(rep)
+    lines += ["", f"**Gate:** {g['reason']}", ""]
+    dec = rep.get("decoding") or {}
+    if dec:
+        lines += [
+            f"**Decoding:** greedy, repetition_penalty {dec.get('repetition_penalty', 1.0)} in every runner "
+            f"(from {dec.get('source')}); the model's sampling defaults {dec.get('sampling') or {}} are not used by the gate",
+            "",
+        ]
+    lines += fidelity_markdown(rep)
+    lines += [
+        "### Runners",
+        "",
+        "| runner | score | items | skipped (too long) | errors | eos / stop / length | mean latency (s) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, r in rep["runners"].items():
+        fr = r["finish_reasons"]
+        lines.append(
+            f"| {name} | {_pct(r['score'])} | {r['n']} | {r['skipped_too_long']} | {r['errors']} | "
+            f"{fr.get('eos', 0)} / {fr.get('stop', 0)} / {fr.get('length', 0)} | {r['latency_s']['mean']:.3f} |"
+        )
+    if rep.get("pairwise_agreement"):
+        lines += ["", "Output agreement between runners: " + ", ".join(f"{k} {_pct(v)}" for k, v in rep["pairwise_agreement"].items())]
+    sp = rep.get("speculative")
+    if sp:
+        lines += [
+            "",
+            f"### Speculative decoding readiness (draft `{sp['draft_model']}`, k={sp['k']})",
+            "",
+            f"acceptance rate {_pct(sp['acceptance_rate'])}, mean tokens per target step {sp['mean_tokens_per_step']:.2f}",
+            "",
+            "| slice | acceptance | proposed | accepted |",
+            "|---|---|---|---|",
+        ]
+        for s, v in sorted(sp["slices"].items()):
+            lines.append(f"| {s} | {_pct(v['acceptance_rate'])} | {v['proposed']} | {v['accepted']} |")
+    if rep["worst_regressions"]:
+        lines += ["", "### Worst regressions", "", "| id | slice | reference | baseline | candidate |", "|---|---|---|---|---|"]
+        for w in rep["worst_regressions"][:10]:
+            cell = lambda s: _md_cell(s)[:80]  # noqa: E731
+            lines.append(f"| {w['id']} | {w['slice']} | {cell(w['reference'])} | {cell(w['baseline'])} | {cell(w['candidate'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def _png(fig: Any) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def plots(rep: dict[str, Any], latencies: dict[str, list[float]]) -> dict[str, str]:
+    """base64 PNGs: per-slice score (every runner), per-slice agreement, per-item latency histogram."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    out: dict[str, str] = {}
+    runners = list(rep["runners"])
+    slices = sorted({s for r in rep["runners"].values() for s in r["slices"]})
+    if slices:
+        fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(slices) + 2), 3.6))
+        w = 0.8 / max(1, len(runners))
+        x = np.arange(len(slices))
+        for i, name in enumerate(runners):
+            ax.bar(x + i * w - 0.4 + w / 2, [rep["runners"][name]["slices"].get(s, {}).get("score", 0) for s in slices], w, label=name)
+        ax.set_xticks(x, slices, rotation=20)
+        ax.set_ylim(0, 1.05)
+        ax.set_ylabel("score")
+        ax.set_title("score per slice")
+        ax.legend()
+        out["scores"] = _png(fig)
+    comp = rep.get("comparison") or {}
+    if comp.get("slices"):
+        fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(slices) + 2), 3.2))
+        names = sorted(comp["slices"])
+        ax.bar(names, [comp["slices"][s].get("agreement") or 0 for s in names], color="tab:green")
+        ax.set_ylim(0, 1.05)
+        ax.set_ylabel(f"{rep['candidate']} == baseline")
+        ax.set_title("output agreement with the baseline per slice")
+        ax.tick_params(axis="x", rotation=20)
+        out["agreement"] = _png(fig)
+    if any(latencies.values()):
+        fig, ax = plt.subplots(figsize=(7, 3.2))
+        for name, v in latencies.items():
+            if v:
+                ax.hist(np.asarray(v) * 1000.0, bins=30, alpha=0.6, label=name)
+        ax.set_xlabel("completion latency per item (ms, within its batch)")
+        ax.set_ylabel("items")
+        ax.set_title("latency per item")
+        ax.legend()
+        out["latency"] = _png(fig)
+    return out
+
+
+def to_html(rep: dict[str, Any], latencies: dict[str, list[float]]) -> str:
+    e = html.escape
+    g = rep["gate"]
+    imgs = plots(rep, latencies)
+    color = "#1a7f37" if g["passed"] else "#cf222e"
+    verdict = g.get("verdict", "pass" if g["passed"] else "fail").upper()
+    rows = []
+    for r in slice_rows(rep):
+        rows.append(
+            f"<tr class='{'' if r['passed'] else 'fail'}'><td>{e(r['scope'])}</td><td>{r['n']}</td><td>{_pct(r['baseline'])}</td>"
+            f"<td>{_pct(r['candidate'])}</td><td>{_pp(r['drop'])}</td><td>{_pp(r['upper'])}</td><td>{_pct(r['agreement'])}</td>"
+            f"<td>{_kld(r['kld'])}</td><td>{_pct(r['top1'])}</td><td>{e(r['verdict'])}</td></tr>"
+        )
+    fid_md = fidelity_markdown(rep)
+    fid_html = "".join(
+        f"<tr><td>{e(c.split('|')[1].strip())}</td><td>{e(c.split('|')[2].strip())}</td></tr>"
+        for c in fid_md
+        if c.startswith("| ") and not c.startswith("| statistic")
+    )
+    fid_html = (
+        f"<h2>{e(fid_md[0].lstrip('# '))}</h2><table>{fid_html}</table>" if fid_html else (f"<p>{e(fid_md[0])}</p>" if fid_md else "")
+    )
+    mode = (
+        "<p><b>EXPLORATORY RUN</b>: an inconclusive verdict did not fail this run; it is not releasable.</p>"
+        if g.get("mode") == "exploratory"
+        else ""
+    )
+    worst = []
+    for w in rep["worst_regressions"]:
+        worst.append(
+            f"<tr><td>{e(w['id'])}<br><small>{e(w['slice'])}</small></td><td><pre>{e(str(w['prompt']))}</pre></td>"
+            f"<td><pre>{e(json.dumps(w['reference'], ensure_ascii=False))}</pre></td>"
+            f"<td><pre>{e(w['baseline'])}</pre><small>score {w['baseline_score']:.2f}</small></td>"
+            f"<td><pre>{e(w['candidate'])}</pre><small>score {w['candidate_score']:.2f}</small></td></tr>"
+        )
+    img_html = "".join(f"<figure><img alt='{k}' src='data:image/png;base64,{v}'></figure>" for k, v in imgs.items())
+    return f"""<!doctype html><html><head><meta charset="utf-8"><title>eval report {e(rep["eval_set"]["name"])}</title>
+<style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}}table{{border-collapse:collapse;margin:1em 0}}
+td,th{{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top}}tr.fail td{{background:#ffebe9}}
+pre{{white-space:pre-wrap;margin:0;max-width:320px}}.verdict{{color:#fff;background:{color};padding:4px 10px;border-radius:4px}}
+figure{{display:inline-block;margin:0 1em 1em 0}}</style></head><body>
+<h1>Evaluation {e(rep["eval_set"]["name"])} <span class="verdict">gate {verdict}</span></h1>{mode}
+<p>recipe <code>{e(rep["recipe"])}</code>, target <code>{e(str(rep["target"]))}</code>, candidate runner <code>{e(rep["candidate"])}</code>;
+{rep["eval_set"]["evaluated"]} items evaluated, {len(rep["skipped"]["too_long"])} skipped (too long).</p>
+<p><b>Gate:</b> {e(g["reason"])}</p>
+<table><tr><th>scope</th><th>n</th><th>baseline</th><th>candidate</th><th>drop</th><th>{g["confidence"]:.0%} upper bound of drop</th><th>agreement</th><th>mean KLD</th><th>top-1</th><th>gate</th></tr>
+{"".join(rows)}</table>
+{fid_html}
+{img_html}
+<h2>Worst regressions</h2>
+<table><tr><th>id</th><th>prompt</th><th>reference</th><th>baseline</th><th>candidate</th></tr>{"".join(worst) or "<tr><td colspan=5>none</td></tr>"}</table>
+</body></html>
+"""
+
+
+def print_console(rep: dict[str, Any], console: Any) -> None:
+    """Per-slice table (scores in %, drops and CI in percentage points) and the gate verdict."""
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    g = rep["gate"]
+    t = Table(
+        title=f"evaluate: {rep['eval_set']['name']} ({rep['candidate']} vs baseline, recipe {rep['recipe']})",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
+    t.add_column("scope", no_wrap=True)
+    for c in ("n", "base%", "cand%", "drop", "UB (pp)", "agree%", "KLD", "top1%", "gate"):
+        t.add_column(c, no_wrap=True, justify="right" if c != "gate" else "left")
+    f1 = lambda x: "-" if x is None else f"{100 * x:.1f}"  # noqa: E731
+    d1 = lambda x: "-" if x is None else f"{100 * x:+.1f}"  # noqa: E731
+    style = {"pass": "[green]pass[/]", "inconclusive": "[bold yellow]INCONCLUSIVE[/]", "fail": "[bold red]FAIL[/]"}
+    for r in slice_rows(rep):
+        t.add_row(
+            Text(r["scope"]),  # slice names are the user's data: never markup or emoji codes
+            str(r["n"]),
+            f1(r["baseline"]),
+            f1(r["candidate"]),
+            d1(r["drop"]),
+            d1(r["upper"]),
+            f1(r["agreement"]),
+            _kld(r["kld"]),
+            f1(r["top1"]),
+            style[r["verdict"]],
+        )
+    console.print(t)
+    f = rep.get("fidelity") or {}
+    o = f.get("overall") or {}
+    if o.get("positions"):
+        k = o["kld"]
+        console.print(
+            f"fidelity ({o['positions']} teacher-forced tokens): mean KLD {k['mean']:.4g} ± {k['se']:.2g} nats, median "
+            f"{k['median']:.3g}, p99 {k['p99']:.3g}, max {k['max']:.3g}; same top token {100 * o['top1']:.2f}%; "
+            f"ln(PPL ratio) {o['ln_ppl_ratio']:+.5f} ± {o['ln_ppl_ratio_se']:.5f}"
+        )
+        h = f.get("calibration_heldout") or {}
+        if h.get("positions"):
+            console.print(
+                f"fidelity on {h['samples']} held-out calibration samples ({h['positions']} tokens): mean KLD "
+                f"{h['kld']['mean']:.4g} ± {h['kld']['se']:.2g}, same top token {100 * h['top1']:.2f}%, "
+                f"ln(PPL ratio) {h['ln_ppl_ratio']:+.5f}"
+            )
+    elif f.get("unavailable"):
+        console.print(Text.assemble(("fidelity not measured: ", "yellow"), str(f["unavailable"])))
+    if rep["skipped"]["too_long"]:
+        console.print(f"[yellow]skipped: too long[/] {len(rep['skipped']['too_long'])} item(s) > {rep['skipped']['max_input_len']} tokens")
+    if g["passed"]:
+        console.print(Text.assemble(("gate passed", "bold green"), f" ({g['reason']})"))
+    elif g.get("verdict") == "inconclusive" and g.get("mode") == "exploratory":
+        console.print(Text.assemble(("EXPLORATORY RUN - gate INCONCLUSIVE, NOT RELEASABLE: ", "bold yellow"), g["reason"]))
+    elif g.get("verdict") == "inconclusive":
+        console.print(Text.assemble(("gate INCONCLUSIVE (not failed; not releasable): ", "bold yellow"), g.get("fix") or g["reason"]))
+    else:
+        console.print(Text.assemble(("gate FAILED: ", "bold red"), g["reason"]))
+
+
+def write_all(out: Path, rep: dict[str, Any], latencies: dict[str, list[float]]) -> None:
+    from ..core.artifacts import EvalArtifact as E
+    from ..core.store import write_json_atomic
+
+    write_json_atomic(out / E.REPORT_JSON, rep)
+    (out / E.REPORT_MD).write_text(to_markdown(rep), encoding="utf-8")
+    (out / E.REPORT_HTML).write_text(to_html(rep, latencies), encoding="utf-8")

@@ -1,0 +1,101 @@
+"""The calibration loop: ``mtq.quantize`` with the recipe's ModelOpt config, or the ``quant=auto`` search."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Any
+
+from .auto import auto_search
+from .common import _quiet
+from .modelopt_config import lm_head_excluded, modelopt_config
+from .placement import choose_batch_size, free_bytes, with_layerwise
+from .preflight import _Source
+from .resmooth import resmooth
+
+log = logging.getLogger(__name__)
+#: ModelOpt's probe measures a plain forward pass (no quantizers inserted yet); calibration adds fake-quant copies of the
+#: linears' inputs, about as large again (:data:`pipeline.planner.host.ACT_HIDDEN_ROWS`). Not measured on a GPU.
+FAKE_QUANT_ACTIVATION_RATIO = 2.0
+
+
+@dataclasses.dataclass
+class _Calibration:
+    """What calibration produced (all empty for ``none``)."""
+
+    stats: dict[str, Any] | None = None
+    warnings: list[str] = dataclasses.field(default_factory=list)
+    modelopt_cfg: dict[str, Any] | None = None
+    auto: dict[str, Any] | None = None
+    cset: Any = None  # pipeline.quantize.calibration_set.CalibrationSet
+    resmooth: dict[str, Any] | None = None  # pipeline.quantize.resmooth.ResmoothResult.as_dict()
+
+
+def _calibrate(cfg: Any, src: _Source, calib_path: Path | None, progress: Any, seed: int) -> _Calibration:
+    """Calibrate ``src.model`` in place: ``mtq.quantize`` with the recipe's config, or the ``auto`` search."""
+    import contextlib
+
+    import modelopt.torch.quantization as mtq
+    import torch
+    import transformers as tf
+
+    from .calibration_set import load_calibration
+
+    qcfg = cfg.quant
+    prog = progress or (lambda d, t: contextlib.nullcontext(lambda n=1: None))
+    tok = tf.AutoTokenizer.from_pretrained(str(src.hf), trust_remote_code=False)
+    cset = load_calibration(cfg.calibration, tok, calib_path)
+    cal = _Calibration(stats=cset.stats, warnings=cset.warnings, cset=cset)
+    batch_size, why = _batch_size(cfg.calibration.batch_size, src, cset)
+    cset.stats["batch_size"], cset.stats["batch_size_reason"] = batch_size, why
+    log.info("calibration batch: %s", why)
+    if qcfg.recipe == "auto":
+        cal.modelopt_cfg = {"auto_quantize": {f: modelopt_config(qcfg, src.excluded, f) for f in qcfg.auto.formats}}
+        with prog("searching per-layer formats (auto_quantize)", 1) as advance:
+            cal.auto = auto_search(src.model, qcfg, src.excluded, [ids for _, ids in cset.batches(batch_size)], seed)
+            advance(1)
+        src.model.eval()
+    else:
+        cal.modelopt_cfg = with_layerwise(modelopt_config(qcfg, src.excluded), src.placement)
+        where = f" layer by layer on {src.placement.device}" if src.placement.layerwise else f" on {src.placement.device}"
+        with prog(f"calibrating {qcfg.recipe}{where}", len(cset.samples)) as advance:
+            loop = cset.forward_loop(
+                batch_size, device=src.placement.device, progress=advance, last_logits_only=lm_head_excluded(src.excluded)
+            )
+            torch.manual_seed(seed)
+            with torch.no_grad(), _quiet("mtq.quantize"):
+                mtq.quantize(src.model, cal.modelopt_cfg, loop)
+    if bool(qcfg.resmooth):
+        with _quiet("resmooth"):
+            cal.resmooth = resmooth(src.model, src.placement.device).as_dict()
+    else:
+        cal.resmooth = {"applied": False, "reason": "quant.resmooth=false"}
+    assert cal.stats is not None
+    cal.stats["batches"] = len(cset.batches(batch_size))
+    cal.stats["tokens_trimmed"] = cset.trimmed_tokens(batch_size)
+    return cal
+
+
+def _batch_size(setting: Any, src: _Source, cset: Any) -> tuple[int, str]:
+    """``calibration.batch_size`` resolved against the device's free memory beside the loaded model
+    (:func:`pipeline.quantize.placement.choose_batch_size`); on CUDA with the whole model resident, ModelOpt's own
+    probe (``get_max_batch_size``, with :data:`FAKE_QUANT_ACTIVATION_RATIO`)."""
+    from ..facts.geometry import ModelShape
+    from ..planner.host import calibration_activation_bytes
+    from ..planner.plan import DTYPE_BYTES
+
+    pl = src.placement
+    shape = ModelShape.from_hf_config(src.model.config.to_dict(), source=str(src.hf / "config.json"))
+    seq = max((len(s) for s in cset.samples), default=1)
+    per_sample = calibration_activation_bytes(shape.hidden_size, shape.intermediate_size, seq, DTYPE_BYTES[pl.dtype])
+    probe = None
+    if pl.device.startswith("cuda") and pl.offload == "none":
+        from modelopt.torch.utils.dataset_utils import get_max_batch_size
+
+        def probe() -> int:
+            return int(get_max_batch_size(src.model, max_sample_length=seq, sample_memory_usage_ratio=FAKE_QUANT_ACTIVATION_RATIO))
+
+    return choose_batch_size(
+        setting, device=pl.device, per_sample_bytes=per_sample, free=free_bytes(pl.device), n_samples=len(cset.samples), probe=probe
+    )

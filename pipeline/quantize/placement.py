@@ -1,0 +1,232 @@
+"""Where the quantize stage calibrates: the device, the compute dtype, and whether the model is onloaded layer by layer.
+
+Decisions (each recorded in the quant report under ``placement``):
+
+* **device** (``calibration.device``): ``auto`` = ``cuda`` when torch sees a GPU, else ``cpu``; ``cpu``, ``cuda`` or
+  ``cuda:N`` as given (``cuda`` on a host without one is refused, exit 2).
+* **dtype**: on CUDA the checkpoint's own 16-bit dtype (bfloat16 for a float32 checkpoint: ModelOpt's PTQ example
+  loads in the checkpoint's dtype, ``examples/llm_ptq/hf_ptq.py``); on the CPU float32, because torch's CPU kernels
+  for 16-bit GEMMs are slow on most hosts and the shipped gate results were measured with a float32 calibration.
+* **placement**: the model's bytes in that dtype (parameter count x element size; the count from the export's
+  ``model_info.json``, else its safetensors headers) against the device's budget: free memory
+  (``torch.cuda.mem_get_info`` / ``MemAvailable`` of /proc/meminfo) less :data:`RESERVE_FRACTION` for activations,
+  or ``calibration.max_device_memory_gb`` when set. A model within budget is loaded whole onto the device; a larger
+  one is loaded with an accelerate ``device_map`` that keeps what fits on the device and offloads the remaining
+  decoder layers (to host memory from a GPU, to disk from the CPU), and ModelOpt calibrates it layer by layer
+  (``algorithm.layerwise.enable``, modelopt/torch/quantization/model_calib.py ``layerwise_calibrate``, 0.47): each
+  layer is onloaded once and replays the cached activations of the layer before it, as llm-compressor's
+  sequential pipeline does. ``calibration.layerwise=true`` asks for layer-by-layer calibration without offload.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from ..core.errors import InputError
+from ..planner.host import AUTO_BATCH_MAX_CPU, compute_dtype
+
+#: Share of the device's free memory kept for activations, the calibration batch and ModelOpt's statistics.
+RESERVE_FRACTION = 0.2
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """The resolved calibration placement (recorded in the quant report).
+
+    Attributes:
+        device: ``cpu`` | ``cuda:N``.
+        dtype: compute dtype of the calibrated model (``float32`` | ``bfloat16`` | ``float16``).
+        model_bytes: the model's weights in ``dtype``, bytes.
+        budget_bytes: what the device may hold of them, bytes.
+        offload: ``none`` | ``cpu`` | ``disk`` (where layers beyond the budget wait).
+        layerwise: ModelOpt calibrates one decoder layer at a time.
+        reason: one sentence for the log and the report.
+    """
+
+    device: str
+    dtype: str
+    model_bytes: int
+    budget_bytes: int
+    offload: str
+    layerwise: bool
+    reason: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def resolve_device(setting: str) -> str:
+    """``calibration.device`` -> ``cpu`` | ``cuda:N``.
+
+    Raises:
+        InputError: ``cuda``/``cuda:N`` on a host where torch sees no such GPU; an unknown spelling.
+    """
+    import torch
+
+    s = str(setting).strip().lower()
+    if s == "auto":
+        return "cuda:0" if torch.cuda.is_available() else "cpu"
+    if s == "cpu":
+        return "cpu"
+    if s == "cuda" or (s.startswith("cuda:") and s[5:].isdigit()):
+        idx = int(s[5:]) if ":" in s else 0
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if idx >= n:
+            raise InputError(
+                f"calibration.device={setting!r}: torch sees {n} CUDA device(s) on this host. "
+                "Fix: calibration.device=auto (CUDA when visible, else the CPU) or calibration.device=cpu."
+            )
+        return f"cuda:{idx}"
+    raise InputError(f"calibration.device={setting!r}: unknown. Fix: use auto, cpu, cuda or cuda:N.")
+
+
+def free_bytes(device: str) -> int:
+    """Free memory of ``device`` now, bytes: ``torch.cuda.mem_get_info`` for CUDA; for the CPU the planner's
+    :func:`pipeline.planner.plan.host_memory` (``MemAvailable`` of /proc/meminfo; 0 when unreadable)."""
+    if device.startswith("cuda"):
+        import torch
+
+        return int(torch.cuda.mem_get_info(int(device.split(":")[1]))[0])
+    from ..planner.plan import host_memory
+
+    return int(host_memory()["available"] or 0)
+
+
+def plan_placement(
+    cal: Any, num_parameters: int, checkpoint_dtype: str, *, free: int | None = None, device: str | None = None
+) -> Placement:
+    """Decide device, dtype, offload and layerwise calibration for a model of ``num_parameters`` weights.
+
+    Args:
+        cal: the ``calibration`` config (``device``, ``layerwise``, ``max_device_memory_gb``).
+        num_parameters: the model's parameter count.
+        checkpoint_dtype: the export checkpoint's dtype.
+        free: the device's free bytes (default: measured now, :func:`free_bytes`).
+        device: the resolved device (default: :func:`resolve_device` of ``cal.device``).
+    Raises:
+        InputError: an unknown device; ``calibration.layerwise=false`` for a model beyond the budget.
+    """
+    dev = device or resolve_device(cal.device)
+    dtype = compute_dtype(dev, checkpoint_dtype)
+    from ..planner.plan import DTYPE_BYTES
+
+    model_bytes = int(num_parameters) * DTYPE_BYTES[dtype]
+    cap = getattr(cal, "max_device_memory_gb", None)
+    if cap is not None:
+        budget, why = int(float(cap) * 1e9), f"calibration.max_device_memory_gb={cap}"
+    else:
+        avail = free_bytes(dev) if free is None else int(free)
+        budget, why = int(avail * (1 - RESERVE_FRACTION)), f"{(1 - RESERVE_FRACTION):.0%} of the {avail / 1e9:.1f} GB free on {dev}"
+    fits = model_bytes <= budget
+    want = str(getattr(cal, "layerwise", "auto")).lower()
+    if not fits and want == "false":
+        raise InputError(
+            f"calibration.layerwise=false: the model's {model_bytes / 1e9:.2f} GB in {dtype} exceed the {budget / 1e9:.2f} GB "
+            f"budget ({why}). Fix: calibration.layerwise=auto (onload one layer at a time), a larger "
+            "calibration.max_device_memory_gb, or a device with more memory."
+        )
+    offload = "none" if fits else ("cpu" if dev.startswith("cuda") else "disk")
+    layerwise = (not fits) or want == "true"
+    if fits:
+        reason = f"the model ({model_bytes / 1e9:.2f} GB in {dtype}) fits {why}: loaded whole on {dev}"
+    else:
+        reason = (
+            f"the model ({model_bytes / 1e9:.2f} GB in {dtype}) exceeds {why}: layers beyond it wait on the {offload} and "
+            f"are onloaded one at a time (layer-by-layer calibration)"
+        )
+    if layerwise and fits:
+        reason += "; calibration.layerwise=true: calibrated layer by layer"
+    return Placement(dev, dtype, model_bytes, budget, offload, layerwise, reason)
+
+
+def load_for_calibration(hf: Path, placement: Placement, offload_dir: Path) -> Any:
+    """Load the export checkpoint per ``placement``: whole, one tensor at a time onto the device
+    (:func:`pipeline.core.modelio.load_causal_lm`); offloaded, with transformers' ``from_pretrained`` and a ``device_map`` +
+    ``max_memory`` + ``offload_folder`` (accelerate's dispatch). Returns the model in eval mode."""
+    import torch
+    import transformers as tf
+
+    if placement.offload == "none":
+        from ..core.modelio import load_causal_lm
+
+        return load_causal_lm(hf, getattr(torch, placement.dtype), placement.device)
+    offload_dir.mkdir(parents=True, exist_ok=True)
+    mem: dict[Any, Any] = {}
+    if placement.device.startswith("cuda"):
+        mem[int(placement.device.split(":")[1])] = placement.budget_bytes
+        mem["cpu"] = max(free_bytes("cpu") - (1 << 30), 1 << 30)
+    else:
+        mem["cpu"] = placement.budget_bytes
+    model = tf.AutoModelForCausalLM.from_pretrained(
+        str(hf),
+        dtype=getattr(torch, placement.dtype),
+        trust_remote_code=False,
+        device_map="auto",
+        max_memory=mem,
+        offload_folder=str(offload_dir),
+    )
+    model.eval()
+    return model
+
+
+def with_layerwise(modelopt_cfg: dict[str, Any], placement: Placement) -> dict[str, Any]:
+    """``modelopt_cfg`` with ModelOpt's layer-by-layer calibration switched on when ``placement`` asks for it."""
+    if not placement.layerwise:
+        return modelopt_cfg
+    algo = modelopt_cfg.get("algorithm")
+    algo = dict(algo) if isinstance(algo, dict) else {"method": algo if algo is not None else "max"}
+    algo["layerwise"] = {"enable": True}
+    return {**modelopt_cfg, "algorithm": algo}
+
+
+#: Share of the free memory left beside the model that one calibration batch's activations may take (``auto``).
+ACTIVATION_FRACTION = 0.5
+
+
+def parse_batch_size(setting: Any) -> int | None:
+    """``calibration.batch_size`` -> the integer given, or None for ``auto``.
+
+    Raises:
+        InputError: anything else (:func:`pipeline.core.config.calibration.parse_batch_size`).
+    """
+    from ..core.config.calibration import parse_batch_size as parse
+
+    try:
+        return parse(setting)
+    except ValueError as e:
+        raise InputError(f"calibration.batch_size={setting!r} {e}. Fix: a positive integer, or auto.") from None
+
+
+def choose_batch_size(setting: Any, *, device: str, per_sample_bytes: int, free: int, n_samples: int, probe: Any = None) -> tuple[int, str]:
+    """The calibration batch (samples per forward pass) and one sentence saying why.
+
+    Args:
+        setting: ``calibration.batch_size``: an integer is used as given; ``auto`` picks the largest batch whose
+            activations fit :data:`ACTIVATION_FRACTION` of ``free``, at most :data:`AUTO_BATCH_MAX_CPU` on the CPU.
+        device: ``cpu`` | ``cuda:N``.
+        per_sample_bytes: one sample's activations (:func:`pipeline.planner.host.calibration_activation_bytes`), bytes.
+        free: the device's free memory now, beside the loaded model, bytes.
+        n_samples: calibration samples (no batch is larger).
+        probe: optional ``() -> int``: on CUDA with the whole model resident, ModelOpt's own probe
+            (``modelopt.torch.utils.dataset_utils.get_max_batch_size``, 0.47: one forward pass at batch 1 measures the
+            memory per sample, then the target batch is tried) replaces the formula.
+    Raises:
+        InputError: an invalid ``setting`` (:func:`parse_batch_size`).
+    """
+    n = parse_batch_size(setting)
+    if n is not None:
+        return n, f"calibration.batch_size={n}"
+    cap = AUTO_BATCH_MAX_CPU if device == "cpu" else max(1, n_samples)
+    if probe is not None:
+        b, how = int(probe()), "ModelOpt's get_max_batch_size probe"
+    else:
+        b = int(ACTIVATION_FRACTION * max(0, free) // max(1, per_sample_bytes))
+        how = (
+            f"{ACTIVATION_FRACTION:.0%} of the {free / 1e9:.1f} GB free on {device} at "
+            f"{per_sample_bytes / 1e6:.1f} MB of activations per sample"
+        )
+    chosen = max(1, min(b, cap, max(1, n_samples)))
+    limit = f", at most {AUTO_BATCH_MAX_CPU} on the CPU" if device == "cpu" else ""
+    return chosen, f"calibration.batch_size=auto: {chosen} ({how} allow {b}{limit}; {n_samples} samples)"

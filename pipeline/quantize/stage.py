@@ -1,0 +1,66 @@
+"""Quantize stage: ModelOpt calibration + TensorRT-LLM / unified-HF export (see pipeline/quantize/)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..core.config import key_fields
+from ..core.stage import Stage, StageContext
+
+
+def _run(ctx: StageContext) -> dict[str, Any]:
+    from .run import quantize
+
+    assert ctx.out is not None
+    return quantize(ctx.cfg, ctx.inputs["export"].path, ctx.external.get("calibration"), ctx.out, progress=ctx.progress)
+
+
+def _external(cfg: Any) -> dict[str, Path]:
+    c = cfg.calibration
+    if cfg.quant.recipe == "none" or c.format == "hf" or not c.path:
+        return {}
+    return {"calibration": Path(c.path)}
+
+
+def _extras(cfg: Any, inputs: dict) -> dict[str, Any]:
+    # the calibration settings change the bytes only when something is calibrated; the target GPU
+    # only decides whether the recipe is refused, but keying on it makes that check run on a cache hit.
+    cal = key_fields(cfg.calibration) if cfg.quant.recipe != "none" else None
+    if cal is not None and cal.get("format") != "hf":
+        cal.pop("hf_dataset", None)
+        cal.pop("hf_split", None)
+    return {"calibration": cal, "target_gpu": getattr(cfg.target, "gpu", None)}
+
+
+def _dry_run(ctx: StageContext) -> dict[str, Any]:
+    q = ctx.cfg.quant
+    from ..facts.recipes import KV_CACHE_FORMATS, RECIPES
+
+    r = RECIPES[q.recipe]
+    return {
+        "headline": {
+            "recipe": q.recipe,
+            "quant_algo": r.quant_algo,
+            "kv_cache": KV_CACHE_FORMATS[q.kv_cache_dtype].kv_cache_quant_algo,
+            "tp_size": ctx.cfg.parallel.tp_size,
+            "pp_size": ctx.cfg.parallel.pp_size,
+            "calib_samples": 0 if q.recipe == "none" else ctx.cfg.calibration.calib_size,
+        }
+    }
+
+
+STAGE = Stage(
+    name="quantize",
+    deps=("export",),
+    config_groups=("quant", "parallel"),
+    libraries=("nvidia-modelopt", "torch", "transformers", "safetensors"),
+    run=_run,
+    version="1",
+    external_inputs=_external,
+    key_extras=_extras,
+    dry_run=_dry_run,
+    # the placement budget: an offloaded, layer-by-layer calibration gives the same statistics
+    # (tests/quantize/test_scale_memory.py::test_offloaded_layerwise_calibration_equals_the_whole_model)
+    runtime_reads=("calibration.max_device_memory_gb",),
+)

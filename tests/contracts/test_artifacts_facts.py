@@ -1,0 +1,108 @@
+"""One fact, one place: artifact file names (pipeline/core/artifacts.py), the one model_info.json reader and the one
+"installed version of X" helper (issue 15, items 1-2 and the versions part of item 1)."""
+
+from __future__ import annotations
+
+import json
+import re
+import types
+from pathlib import Path
+
+import pytest
+
+from pipeline.core import artifacts as A
+from pipeline.core import hostinfo
+from pipeline.core.errors import InputError
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "artifacts.md"
+
+
+@pytest.mark.parametrize("stage", sorted(A.ARTIFACTS))
+def test_docs_name_every_artifact_file(stage):
+    cls = A.ARTIFACTS[stage]
+    text = DOCS.read_text(encoding="utf-8")
+    missing = [f for f in cls.FILES if not re.search(r"(?<![\w./-])" + re.escape(f), text)]
+    assert not missing, f"docs/artifacts.md does not name {stage} files {missing}"
+    # FILES is complete: every name constant of the class is listed
+    names = {v for k, v in vars(cls).items() if k.isupper() and isinstance(v, str)}
+    listed = {f.rstrip("/") for f in cls.FILES}
+    assert names <= listed, names - listed
+
+
+def test_producers_use_the_same_names():
+    from pipeline.build.targets.onnxruntime_genai import builder as onnxruntime_genai
+
+    quantize = pytest.importorskip("pipeline.quantize.state")
+    assert quantize.QUANT_STATE_TENSORS == A.QuantizeArtifact.QUANT_STATE_TENSORS
+    assert quantize.QUANT_STATE_JSON == A.QuantizeArtifact.QUANT_STATE_JSON
+    assert onnxruntime_genai.LIMITS_FILE == A.BuildArtifact.ENGINE_LIMITS
+
+
+def _export(tmp_path, config=None, gen=None, info=None):
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    if config is not None:
+        (hf / "config.json").write_text(json.dumps(config))
+    if gen is not None:
+        (hf / "generation_config.json").write_text(json.dumps(gen))
+    if info is not None:
+        (tmp_path / "model_info.json").write_text(info if isinstance(info, str) else json.dumps(info))
+    return tmp_path
+
+
+def test_one_model_info_reader_for_evaluate_package_and_benchmark(tmp_path):
+    """Old behaviour: evaluate's reader omitted pad/bos when absent and had no architecture; package's had both;
+    a corrupt model_info.json raised a bare ValueError in evaluate and InputError in package."""
+    from pipeline.package import stage as package
+
+    exp = _export(
+        tmp_path, config={"architectures": ["LlamaForCausalLM"], "eos_token_id": 2, "bos_token_id": 1}, gen={"eos_token_id": [2, 7]}
+    )
+    info = A.ExportArtifact(exp).model_info()
+    assert info == {"eos_token_ids": [2, 7], "pad_token_id": None, "bos_token_id": 1, "architecture": "LlamaForCausalLM"}
+    assert package.model_info(exp) == info
+    import pipeline.evaluate.stage as ev
+
+    assert not hasattr(ev, "model_info")  # the evaluate stage reads through pipeline.core.artifacts
+
+
+def test_model_info_json_wins_and_corrupt_file_names_the_fix(tmp_path):
+    exp = _export(tmp_path, config={"eos_token_id": 2}, info={"eos_token_ids": [5], "architecture": "X"})
+    assert A.ExportArtifact(exp).model_info()["eos_token_ids"] == [5]
+    (exp / "model_info.json").write_text("{not json")
+    with pytest.raises(InputError) as e:
+        A.ExportArtifact(exp).model_info()
+    assert "model_info.json" in str(e.value) and "export" in str(e.value)
+
+
+def test_build_limits_fall_back_to_result_then_config(tmp_path):
+    b = A.BuildArtifact(tmp_path)
+    cfg = types.SimpleNamespace(max_input_len=100, max_seq_len=200, max_batch_size=4)
+    assert b.limits({"limits": {"max_seq_len": 150}}, cfg) == {"max_seq_len": 150, "max_input_len": 100, "max_batch_size": 4}
+    b.build_info_path.write_text(json.dumps({"limits": {"max_seq_len": 120, "max_input_len": 60, "max_batch_size": 2}}))
+    assert b.limits({"limits": {"max_seq_len": 150}}, cfg) == {"max_seq_len": 120, "max_input_len": 60, "max_batch_size": 2}
+
+
+# --------------------------------------------------------------------------- installed versions
+def test_one_installed_version_helper(monkeypatch):
+    """doctor, quantize, the targets and manifests all answer through hostinfo.installed_version."""
+    from pipeline import doctor
+    from pipeline.build.targets.onnxruntime_genai import builder as onnxruntime_genai
+    from pipeline.build.targets.tensorrt_llm import builder as tensorrt_llm
+
+    assert hostinfo.installed_version("hydra_core") == hostinfo.installed_version("hydra-core") is not None
+    assert hostinfo.installed_version("no-such-dist-xyz") is None
+    seen: list[str] = []
+
+    def fake(dist: str) -> str | None:
+        seen.append(dist)
+        return {"tensorrt-llm": "1.2.1", "onnxruntime-genai": "9.9.9"}.get(dist)
+
+    monkeypatch.setattr(hostinfo, "installed_version", fake)
+    assert tensorrt_llm.installed_version() == "1.2.1"
+    assert onnxruntime_genai.TARGET.available() == (True, "onnxruntime-genai 9.9.9")
+    assert doctor._version("tensorrt-llm") == "1.2.1"
+    assert hostinfo.library_versions(["onnxruntime-genai"])["onnxruntime-genai"] == "9.9.9"
+    qcommon = pytest.importorskip("pipeline.quantize.common")
+    assert qcommon._version("tensorrt-llm") == "1.2.1"
+    assert {"tensorrt-llm", "onnxruntime-genai"} <= set(seen)

@@ -1,0 +1,132 @@
+"""Did-you-mean for unknown override keys: eval.path -> eval.eval_set (targeted), parallel.tp -> parallel.tp_size
+(a shortened leaf)."""
+
+from __future__ import annotations
+
+from pipeline.cli import check_overrides
+
+
+def _one(arg: str) -> str:
+    out = check_overrides([arg])
+    assert len(out) == 1, out
+    return out[0]
+
+
+def test_eval_path_suggests_eval_set():
+    assert "did you mean eval.eval_set" in _one("eval.path=x.jsonl")
+
+
+def test_shortened_leaf_suggests_the_full_key():
+    assert "did you mean parallel.tp_size" in _one("parallel.tp=2")
+
+
+def test_plus_override_of_a_field_nothing_reads_is_refused(tmp_path):
+    """``+key=v`` makes Hydra add a key the schema lacks; the pipeline would never read it, so it is refused like a
+    misspelt key, through the real command (exit 2).  Adding a key to a dict-valued field stays Hydra's business."""
+    import subprocess
+    import sys
+
+    assert "did you mean package.parity" in _one("+package.parit=false")
+    assert "no such field in the top level" in _one("+foo.bar=3")
+    assert check_overrides(["++package.parity=false", "+eval.gate.max_drop_by_recipe.new_recipe=0.1"]) == []
+    r = subprocess.run(
+        [sys.executable, "-m", "pipeline", "+package.foo=3", "stages=[export]", f"store_dir={tmp_path}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 2 and "package.foo: no such field in package" in r.stderr + r.stdout, (r.returncode, r.stderr[-2000:])
+    assert not (tmp_path / "export").exists()
+
+
+def test_a_boolean_set_to_another_number_is_refused():
+    """OmegaConf reads any nonzero integer as true; the config refuses 2 (a typo, or a count meant for another key)
+    and keeps OmegaConf's boolean spellings."""
+    import pytest
+
+    from pipeline.core.config import ConfigError, compose
+
+    with pytest.raises(ConfigError, match=r"package.parity='2': is a boolean"):
+        compose(["package.parity=2"])
+    with pytest.raises(ConfigError, match=r"progress='-1'"):
+        compose(["progress=-1"])
+    assert compose(["package.parity=yes"]).package.parity is True
+    assert compose(["package.parity=0", "progress=false"]).package.parity is False
+    assert compose(["eval.gate.seed=5"]).eval.gate.seed == 5  # an int field is not touched
+
+
+def test_stages_without_brackets_says_it_is_a_list():
+    assert "Fix: stages=[quantize]" in _one("stages=quantize")
+    assert check_overrides(["stages=[export,quantize]"]) == []
+
+
+def test_gate_allowances_out_of_range_are_refused_with_the_scale():
+    """eval.gate.max_drop=5 (meant as 5 pp) would allow a 500 pp drop: every absolute share is checked to [0, 1], the
+    fix converting a percentage; the per-recipe tables too."""
+    import pytest
+
+    from pipeline.core.config import ConfigError, compose, validate
+
+    def problems(*o: str) -> list[str]:
+        with pytest.raises(ConfigError) as e:
+            validate(compose(list(o)))
+        return [str(p) for p in e.value.problems]
+
+    (p,) = problems("eval.gate.max_drop=5")
+    assert "eval.gate.max_drop=5.0: must be in [0, 1]" in p and "Fix: e.g. eval.gate.max_drop=0.05" in p
+    assert "eval.gate.slice_max_drop=-0.1" in problems("eval.gate.slice_max_drop=-0.1")[0]
+    assert "eval.gate.min_score=90.0" in problems("eval.gate.min_score=90")[0]
+    assert "must be >= 0 (nats)" in problems("eval.gate.max_kld_by_recipe.int4_awq=-1")[0]
+    assert "eval.gate.max_drop_by_recipe.int4_awq=3.0" in problems("eval.gate.max_drop_by_recipe.int4_awq=3")[0]
+    validate(compose(["eval.gate.max_drop=1.0", "eval.gate.slice_max_drop=0", "eval.gate.min_score=0.5"]))
+
+
+def test_a_value_of_the_wrong_type_gets_a_fix():
+    """Hydra said "Value 'maybe' is not a valid bool" with no fix; each scalar type now names its fix, and values that
+    convert (OmegaConf's boolean words, numbers, null for an optional field, each value of a sweep) pass."""
+    assert _one("package.parity=maybe") == "package.parity=maybe: not a boolean. Fix: package.parity=true or package.parity=false."
+    assert "not a number. Fix: eval.gate.max_drop=<number> or null." in _one("eval.gate.max_drop=abc")
+    assert "not a whole number. Fix: eval.limit=<integer> or null." in _one("eval.limit=ten")
+    assert "eval.gate.max_drop=x" in _one("eval.gate.max_drop=0.05,x")
+    ok = [
+        "package.parity=Yes",
+        "progress=off",
+        "eval.gate.max_drop=0.05,0.1",
+        "eval.limit=null",
+        "eval.limit=12",
+        "eval.gate.seed=${oc.env:SEED,0}",
+    ]
+    assert check_overrides(ok) == []
+
+
+def test_a_user_yaml_is_checked_like_the_command_line(tmp_path):
+    """A plain user YAML (--config-dir/--config-name) went to Hydra unchecked: `parity: 2` was read as true, `foo: 1`
+    got Hydra's bare ConfigKeyError, `stages: quantize` a type error. Its values are now judged as overrides."""
+    import pytest
+
+    from pipeline.cli import user_config_argv
+    from pipeline.core.errors import InputError
+
+    def refusal(text: str) -> str:
+        (tmp_path / "mine.yaml").write_text(text)
+        with pytest.raises(InputError) as e:
+            user_config_argv(["--config-dir", str(tmp_path), "--config-name", "mine"], tmp_path / "root")
+        return str(e.value)
+
+    assert "mine.yaml: package.parity=2: not a boolean" in refusal("package:\n  parity: 2\n")
+    err = refusal("foo: 1\npackage:\n  foo: 3\n")
+    assert "foo: no such field in the top level" in err and "package.foo: no such field in package" in err
+    assert "stages=quantize: stages is a list" in refusal("stages: quantize\n")
+    (tmp_path / "ok.yaml").write_text(
+        'progress: "yes"\nstages: [export]\nquant: int4_awq\neval:\n  gate:\n    max_drop_by_recipe:\n      int4_awq: 0.04\n'
+    )
+    argv = user_config_argv(["--config-dir", str(tmp_path), "--config-name", "ok"], tmp_path / "root2")
+    assert "quant=int4_awq" in argv
+
+
+def test_deleting_a_schema_group_or_field_is_refused():
+    """``~build`` made OmegaConf crash with a traceback (found by tests/contracts/test_fuzz.py); deleting what the schema needs is
+    refused with the fix, and Hydra's own keys stay Hydra's."""
+    assert "~build: deletes build" in _one("~build") and "Fix: set it instead (build=<value>)" in _one("~build")
+    assert "~quant.group_size: deletes quant.group_size" in _one("~quant.group_size")
+    assert check_overrides(["~hydra.run"]) == []

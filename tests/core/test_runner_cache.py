@@ -1,0 +1,238 @@
+"""Runner + artifact store: content-addressed cache, manifests, summaries, interruption, multirun comparison.
+
+Uses the real export stage on a tiny real checkpoint; the CLI tests run ``python -m pipeline`` in a subprocess.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from pipeline.core.config import compose
+from pipeline.core.store import ArtifactStore, digest_path
+from pipeline.runner import run_pipeline
+
+ROOT = Path(__file__).resolve().parents[2]
+HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def run(ckpt: Path, store: Path, *extra: str, summary_dir: Path | None = None):
+    cfg = compose([f"model.path={ckpt}", "stages=[export]", f"store_dir={store}", "progress=false", *extra])
+    summary = run_pipeline(cfg, overrides=list(extra), summary_dir=summary_dir, console=Console(file=io.StringIO()))
+    assert summary.exit_code == 0, summary.error
+    (rep,) = summary.stages
+    return rep
+
+
+def trusted_dirs(store: Path) -> list[Path]:
+    d = store / "export"
+    return sorted(p for p in d.iterdir() if p.is_dir() and not p.name.startswith(".")) if d.exists() else []
+
+
+@pytest.fixture()
+def ckpt(tiny_llama, tmp_path) -> Path:
+    return Path(shutil.copytree(tiny_llama, tmp_path / "ckpt"))
+
+
+def test_miss_then_hit_manifest_and_summary(ckpt, tmp_path):
+    store = tmp_path / "store"
+    first = run(ckpt, store, summary_dir=tmp_path / "run1")
+    assert first.status == "ran" and first.path and Path(first.path).is_dir()
+    second = run(ckpt, store, summary_dir=tmp_path / "run2")
+    assert second.status == "cached" and second.key == first.key and second.path == first.path
+
+    # the run summary lists every stage with status, time and output path
+    s1 = json.loads((tmp_path / "run1" / "summary.json").read_text())
+    s2 = json.loads((tmp_path / "run2" / "summary.json").read_text())
+    assert s1["schema"] == "pipeline.summary/v1" and s1["ok"] is True and s1["exit_code"] == 0
+    assert [(st["stage"], st["status"]) for st in s1["stages"]] == [("export", "ran")]
+    assert [(st["stage"], st["status"]) for st in s2["stages"]] == [("export", "cached")]
+    for st in s1["stages"] + s2["stages"]:
+        assert st["path"] == first.path and st["seconds"] >= 0 and st["headline"]["architecture"] == "LlamaForCausalLM"
+
+    mf = json.loads((Path(first.path) / "manifest.json").read_text())
+    assert mf["complete"] is True and mf["key"] == first.key and mf["stage"] == "export"
+    assert mf["external"]["checkpoint"]["digest"] == digest_path(ckpt) and HEX64.match(mf["external"]["checkpoint"]["digest"])
+    assert mf["config"]["model"]["dtype"] == "float32" and "path" not in mf["config"]["model"]  # path is a runtime field
+    assert {"python", "transformers", "safetensors", "torch"} <= set(mf["versions"]) and mf["versions"]["transformers"]
+    assert mf["timings"]["run_s"] > 0 and "produce_s" in mf["timings"]
+    assert mf["host"]["cpu"] or mf["host"]["gpus"]
+    assert HEX64.match(mf["outputs"]["hf/model.safetensors"]["sha256"]) and HEX64.match(mf["output_digest"])
+    assert mf["result"]["headline"] == {"architecture": "LlamaForCausalLM", "params": 393856, "dtype": "float32"}
+
+    # paths never enter the key: the same bytes in another folder (or behind symlinks, as in a
+    # Hugging Face hub cache snapshot: snapshots/<rev>/<file> -> ../../blobs/<sha256>) are a cache hit
+    repo = tmp_path / "hub" / "models--org--ckpt"  # same derived model.name ("ckpt") as the folder above
+    links = repo / "snapshots" / "0123abc"
+    (repo / "blobs").mkdir(parents=True)
+    links.mkdir(parents=True)
+    for f in ckpt.iterdir():
+        blob = repo / "blobs" / digest_path(f)
+        shutil.copyfile(f, blob)
+        (links / f.name).symlink_to(Path("..") / ".." / "blobs" / blob.name)
+    assert run(links, store).status == "cached"
+
+
+def test_changed_input_byte_is_a_miss_with_a_new_key(ckpt, tmp_path):
+    store = tmp_path / "store"
+    k0 = run(ckpt, store).key
+    with open(ckpt / "tokenizer.json", "ab") as f:  # one more byte (still valid JSON)
+        f.write(b"\n")
+    r1 = run(ckpt, store)
+    assert r1.status == "ran" and r1.key != k0
+    w = ckpt / "model.safetensors"
+    data = bytearray(w.read_bytes())
+    data[-1] ^= 0x01  # one bit of the last weight (data section, header unchanged)
+    w.write_bytes(bytes(data))
+    r2 = run(ckpt, store)
+    assert r2.status == "ran" and r2.key not in (k0, r1.key)
+    assert r2.status == "ran" and run(ckpt, store).status == "cached"
+    assert len(trusted_dirs(store)) == 3
+
+
+def test_force_reruns_and_damaged_artifact_is_not_trusted(ckpt, tmp_path):
+    store = tmp_path / "store"
+    first = run(ckpt, store)
+    forced = run(ckpt, store, "force=true")
+    assert forced.status == "ran" and forced.key == first.key
+    # a published artifact that lost a file is never trusted: the next run re-produces it
+    (Path(first.path) / "hf" / "model.safetensors").unlink()
+    assert ArtifactStore(store).lookup("export", first.key) is None
+    again = run(ckpt, store)
+    assert again.status == "ran" and (Path(again.path) / "hf" / "model.safetensors").is_file()
+    assert ArtifactStore(store).lookup("export", first.key, verify=True) is not None
+
+
+def _cli_env() -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=str(ROOT), TERM="dumb", COLUMNS="200", TOKENIZERS_PARALLELISM="false")
+
+
+def test_killed_stage_leaves_no_trusted_artifact(ckpt, tmp_path):
+    store = tmp_path / "store"
+    cmd = [
+        sys.executable,
+        "-m",
+        "pipeline",
+        f"model.path={ckpt}",
+        "stages=[export]",
+        f"store_dir={store}",
+        "progress=false",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    ]
+    proc = subprocess.Popen(cmd, env=_cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    tmp_dirs: list[Path] = []
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and proc.poll() is None:
+            tmp_dirs = list((store / "export").glob(".tmp-*")) if (store / "export").exists() else []
+            if tmp_dirs:
+                break
+            time.sleep(0.005)
+        assert tmp_dirs, f"the export never started writing (exit code {proc.poll()})"
+        proc.send_signal(signal.SIGKILL)  # no cleanup handlers run: the worst case
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    assert trusted_dirs(store) == []  # only the untrusted .tmp- folder is left
+    assert list((store / "export").glob(".tmp-*"))
+    rep = run(ckpt, store)
+    assert rep.status == "ran" and ArtifactStore(store).lookup("export", rep.key, verify=True) is not None
+    assert not list((store / "export").glob(".tmp-*"))  # the dead run's leftover was removed under the lock
+
+
+def test_multirun_joblib_writes_one_comparison_and_fails_if_a_job_failed(ckpt, tmp_path):
+    """A sweep over model dtypes in two joblib worker processes: float16 and float32 export; int8 is not an
+    export dtype (a config error, exit 2).
+
+    One comparison covers every job; the sweep's exit code is the failed job's although that job ran in
+    another process (``MultirunComparison`` reads the jobs' summary.json files).
+    """
+    sweep = tmp_path / "sweep"
+    cmd = [
+        sys.executable,
+        "-m",
+        "pipeline",
+        "-m",
+        "hydra/launcher=joblib",
+        "hydra.launcher.n_jobs=2",
+        f"hydra.sweep.dir={sweep}",
+        f"model.path={ckpt}",
+        "stages=[export]",
+        f"store_dir={tmp_path / 'store'}",
+        "progress=false",
+        "model.dtype=float16,float32,int8",
+    ]
+    r = subprocess.run(cmd, env=_cli_env(), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, (r.returncode, r.stdout[-3000:], r.stderr[-3000:])
+    doc = json.loads((sweep / "comparison.json").read_text())
+    md = (sweep / "comparison.md").read_text().splitlines()
+    assert len(md) == 2 + 3 and "export.dtype" in md[0]
+    assert doc["schema"] == "pipeline.comparison/v1" and doc["exit_code"] == 2 and len(doc["rows"]) == 3
+    by_dtype = {next(o.split("=", 1)[1] for o in row["overrides"].split() if o.startswith("model.dtype=")): row for row in doc["rows"]}
+    assert set(by_dtype) == {"float16", "float32", "int8"}
+    for dt in ("float16", "float32"):
+        row = by_dtype[dt]
+        assert row["exit_code"] == 0 and row["export.dtype"] == dt and row["export.architecture"] == "LlamaForCausalLM"
+        assert row["export.params"] == 393856
+    assert by_dtype["int8"]["exit_code"] == 2 and "model.dtype" in by_dtype["int8"]["error"]
+    assert len(list((tmp_path / "store" / "export").glob("[!.]*"))) == 2  # one artifact per dtype
+
+
+def test_comparison_on_a_narrow_terminal_prints_one_block_per_variant(tmp_path):
+    """Nine columns on an 80-column terminal shrank every cell to "e…" (fresh-user trial): the console then lists
+    each variant's values instead; a wide terminal keeps the table.  The files always hold every column."""
+    import io
+
+    from rich.console import Console
+
+    from pipeline.runner import write_comparison
+
+    for i, (q, score) in enumerate((("none", 0.9069), ("int4_awq", 0.9097))):
+        d = tmp_path / str(i)
+        d.mkdir()
+        head = {"score": score, "drop": 0.0, "agreement": 0.99, "kld": 0.0049, "top1": 0.996, "gate": "pass", "runner": "engine"}
+        (d / "summary.json").write_text(
+            json.dumps(
+                {
+                    "overrides": [f"quant={q}", "store_dir=/x"],
+                    "exit_code": 0,
+                    "stages": [{"stage": "evaluate", "headline": head}, {"stage": "quantize", "headline": {"recipe": q}}],
+                }
+            )
+        )
+    narrow = io.StringIO()
+    write_comparison(tmp_path, Console(file=narrow, width=80))
+    out = narrow.getvalue()
+    assert "quant=int4_awq" in out and "0.9097" in out and "eval.score" in out and "…" not in out, out
+    wide = io.StringIO()
+    write_comparison(tmp_path, Console(file=wide, width=250))
+    assert "┃ variant" in wide.getvalue() and "0.9097" in wide.getvalue()
+    assert "quantize.recipe" in json.loads((tmp_path / "comparison.json").read_text())["columns"]
+
+
+def test_target_auto_and_the_target_it_resolves_to_share_the_downstream_keys():
+    """``make run`` uses ``target=auto``; a later ``target=onnxruntime_genai`` run on the same CPU host must reuse its
+    evaluate (and so its package) instead of redoing them: the key holds the resolved target, as the build key does.
+    A target that resolves differently still gets its own key."""
+    from pipeline.build.targets import resolve_target
+    from pipeline.core.stage import get_stage
+
+    auto, explicit, trt = (compose([f"target={t}"]) for t in ("auto", "onnxruntime_genai", "tensorrt_llm"))
+    assert resolve_target(auto).name == "onnxruntime_genai"  # this host has no GPU / TensorRT-LLM
+    for stage in ("build", "evaluate"):
+        extras = get_stage(stage).key_extras
+        assert extras(auto, {}) == extras(explicit, {}), stage
+        assert extras(trt, {}) != extras(explicit, {}), stage

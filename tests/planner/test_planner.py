@@ -1,0 +1,284 @@
+"""Planner: KV-cache and weight sizes against published figures, capacity, refusals, warnings, CLI."""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pipeline.core.config import compose
+from pipeline.facts.gpus import match_local
+from pipeline.planner import CATALOGUE, PlanRefused, host_memory_bandwidth_gbs, lookup, plan, plan_for_run, weight_bytes
+from pipeline.planner.cli import main as plan_main
+from pipeline.planner.plan import load_shape
+
+ROOT = Path(__file__).resolve().parents[2]
+KiB, GB = 1024, 10**9
+PRESETS = ("llama2_7b", "llama31_8b", "llama31_70b", "qwen25_7b", "mistral_7b")
+
+
+def shape_of(preset: str):
+    return load_shape(compose([f"model={preset}"]))[0]
+
+
+# --------------------------------------------------------------------------- published figures
+def test_llama2_7b_fp8_kv_is_256_kib_per_token():
+    # TensorRT-LLM memory.md log: 4060 blocks x 64 tokens in 63.44 GiB ~ 256 KiB/token (7B Llama, FP8 KV)
+    s = shape_of("llama2_7b")
+    assert s.kv_bytes_per_token(1) == 256 * KiB
+    p = plan(compose(["model=llama2_7b", "quant.kv_cache_dtype=fp8", "target.gpu=h100_sxm"]))
+    assert p.kv_cache["bytes_per_token_model"] == 256 * KiB
+
+
+def test_llama31_8b_bf16_kv_and_weights():
+    s = shape_of("llama31_8b")
+    assert s.kv_bytes_per_token(2) == 128 * KiB  # 2 x 32 layers x 8 KV heads x 128 x 2 B (GQA)
+    w = weight_bytes(s, "none", hp_dtype="bfloat16")
+    assert 15.5 * GB < w.total_bytes < 16.5 * GB  # "about 16 GB" (8.03 B params x 2 B)
+
+
+def test_llama31_70b_fp8_weights_about_70_gb():
+    w = weight_bytes(shape_of("llama31_70b"), "fp8", hp_dtype="bfloat16", exclude=["lm_head"])
+    assert 68 * GB < w.total_bytes < 75 * GB
+    # the embeddings and lm_head stay in 16 bit: 2 x 128256 x 8192 x 2 B
+    assert w.high_precision_bytes >= 2 * 128256 * 8192 * 2
+
+
+@pytest.mark.parametrize(
+    "preset,billions", [("llama2_7b", 6.74), ("llama31_8b", 8.03), ("llama31_70b", 70.55), ("qwen25_7b", 7.62), ("mistral_7b", 7.25)]
+)
+def test_parameter_counts_match_model_cards(preset, billions):
+    assert shape_of(preset).num_parameters / 1e9 == pytest.approx(billions, rel=0.005)
+
+
+def _safetensors_header(path: Path) -> dict:
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        return json.loads(f.read(n))
+
+
+def test_shape_matches_a_real_checkpoint(tiny_llama):
+    """Parameter count and fp32 weight bytes equal what the checkpoint's safetensors file holds."""
+    hdr = {k: v for k, v in _safetensors_header(tiny_llama / "model.safetensors").items() if k != "__metadata__"}
+    numel = sum(int(__import__("math").prod(v["shape"])) for v in hdr.values())
+    nbytes = sum(v["data_offsets"][1] - v["data_offsets"][0] for v in hdr.values())
+    cfg = compose([f"model.path={tiny_llama}"])
+    s = load_shape(cfg)[0]
+    assert s.num_parameters == numel
+    assert weight_bytes(s, "none", hp_dtype="float32").total_bytes == nbytes
+
+
+def test_quantized_recipes_shrink_weights_in_the_right_order():
+    s = shape_of("llama31_8b")
+    b = {
+        r: weight_bytes(s, r, hp_dtype="bfloat16", exclude=["lm_head"]).total_bytes
+        for r in ("none", "fp8", "int8_sq", "int8_wo", "int4_awq", "int4_wo", "w4a8_awq")
+    }
+    assert b["none"] > b["int8_sq"] > b["fp8"] > b["int4_awq"]
+    assert b["int4_awq"] > b["int4_wo"]  # AWQ adds pre-quant scales
+    # keeping more layers in high precision costs bytes
+    more = weight_bytes(s, "int4_awq", hp_dtype="bfloat16", exclude=["lm_head"], sensitive="first_last").total_bytes
+    assert more > b["int4_awq"]
+
+
+# --------------------------------------------------------------------------- sharding, blocks, capacity
+def test_tensor_parallel_shards_weights_and_replicates_kv_heads():
+    s = shape_of("llama31_70b")
+    w1 = weight_bytes(s, "fp8", hp_dtype="bfloat16", exclude=["lm_head"])
+    w4 = weight_bytes(s, "fp8", hp_dtype="bfloat16", exclude=["lm_head"], tp=4)
+    emb = 128256 * 8192 * 2
+    assert w4.max_rank_bytes == pytest.approx((w1.total_bytes - emb) / 4 + emb, rel=0.02)  # embeddings replicated
+    assert s.kv_bytes_per_token(2, tp=8) == s.kv_bytes_per_token(2) // 8
+    # 16 ranks > 8 KV heads: each rank keeps one (replicated), the per-rank KV does not shrink further
+    assert s.kv_bytes_per_token(2, tp=16) == s.kv_bytes_per_token(2, tp=8)
+    w_pp = weight_bytes(s, "fp8", hp_dtype="bfloat16", exclude=["lm_head"], pp=2)
+    assert sum(w_pp.per_stage_rank_bytes) == pytest.approx(w1.total_bytes, rel=1e-6)
+
+
+def test_capacity_is_whole_blocks_and_sequences():
+    p = plan(compose(["model=llama31_8b", "target.gpu=h100_sxm", "quant=fp8", "build=throughput"]))
+    kv, cap, c = p.kv_cache, p.capacity, p.config
+    assert cap["kv_tokens"] % c["tokens_per_block"] == 0
+    assert kv["blocks_per_sequence"] == -(-c["max_seq_len"] // c["tokens_per_block"])
+    assert cap["max_sequences_at_max_seq_len"] == cap["kv_blocks"] // kv["blocks_per_sequence"]
+    assert p.memory["kv_pool_bytes"] == int(p.memory["free_after_load_bytes"] * 0.9)
+    assert cap["kv_blocks"] * kv["bytes_per_block_rank"] <= p.memory["kv_pool_bytes"]
+    # a larger free-memory fraction holds more tokens
+    p2 = plan(
+        compose(["model=llama31_8b", "target.gpu=h100_sxm", "quant=fp8", "build=throughput", "build.kv_cache_free_gpu_mem_fraction=0.95"])
+    )
+    assert p2.capacity["kv_tokens"] > cap["kv_tokens"]
+    # decode roofline: bytes / bandwidth; aggregate grows with the batch, per-sequence rate falls
+    b1, full = p.decode["batch1"], p.decode["full"]
+    assert b1["step_s_min"] == pytest.approx(b1["bytes_per_step"] / lookup("h100_sxm").bandwidth_bytes_s)
+    assert full["tok_s_aggregate_max"] > b1["tok_s_aggregate_max"] and full["tok_s_per_seq_max"] < b1["tok_s_per_seq_max"]
+
+
+def test_tokens_per_block_rounding_changes_sequences():
+    # a max_seq_len one token past a block boundary costs a whole extra block per sequence
+    a = plan(compose(["model=llama31_8b", "target.gpu=l4", "quant=fp8", "build.max_seq_len=2048", "build.max_input_len=1024"]))
+    b = plan(compose(["model=llama31_8b", "target.gpu=l4", "quant=fp8", "build.max_seq_len=2049", "build.max_input_len=1024"]))
+    assert b.kv_cache["blocks_per_sequence"] == a.kv_cache["blocks_per_sequence"] + 1
+
+
+# --------------------------------------------------------------------------- refusals and warnings
+def test_weights_that_do_not_fit_are_refused_with_numbers_and_a_fix():
+    p = plan(compose(["model=llama31_70b", "quant=none", "target.gpu=h100_sxm"]))
+    assert p.status == "refused"
+    msg = " ".join(p.refusals)
+    assert "weights alone need" in msg and "GiB" in msg and "tp=1" in msg and "parallel.tp_size=" in msg
+    with pytest.raises(PlanRefused) as e:
+        plan_for_run(compose(["model=llama31_70b", "quant=none", "target.gpu=h100_sxm"]), _Quiet())
+    assert e.value.exit_code == 4
+    # with TP=2 and FP8 the same model plans fine
+    assert plan(compose(["model=llama31_70b", "target.gpu=h100_sxm", "quant=fp8", "parallel.tp_size=2"])).status in ("ok", "warn")
+
+
+def test_zero_sequences_is_refused():
+    p = plan(compose(["model=llama31_8b", "target.gpu=l4", "build.max_seq_len=131072", "build.max_input_len=2048"]))
+    assert p.status == "refused"
+    assert "zero sequences fit at max_seq_len=131072" in p.refusals[0]
+    assert "quant.kv_cache_dtype=fp8" in p.refusals[0] or "build.max_seq_len=" in p.refusals[0]
+
+
+def test_kv_bound_plan_warns_with_fixes():
+    p = plan(compose(["model=llama31_8b", "target.gpu=h100_sxm", "quant=fp8", "build=throughput"]))
+    assert p.status == "warn"
+    w = p.warnings[0]
+    assert "concurrency is KV-bound" in w and "quant.kv_cache_dtype=fp8" in w and "parallel.tp_size=2" in w
+
+
+def test_unsupported_formats_are_refused_on_older_gpus():
+    p = plan(compose(["model=llama31_8b", "target.gpu=a100_80gb", "quant=fp8"]))
+    assert p.status == "refused" and "compute capability >= 8.9" in p.refusals[0]
+    assert "fp8" not in lookup("a100_80gb").kv_formats and "fp8" in lookup("l4").kv_formats
+    # the formats offered as fixes are recipes (nvfp4 was listed although no recipe produces it)
+    from pipeline.facts.recipes import KV_CACHE_FORMATS, RECIPES
+
+    assert "fp8" in lookup("b200").quant_formats and set(lookup("b200").quant_formats) <= set(RECIPES)
+    assert set(lookup("b200").kv_formats) <= set(KV_CACHE_FORMATS)
+
+
+def test_target_without_gpu_is_unplanned_not_guessed():
+    p = plan(compose(["model=llama31_8b", "target=tensorrt_llm"]))
+    if p.target["kind"] == "gpu" and p.status != "unplanned":
+        pytest.skip("a local GPU is visible")
+    assert p.status == "unplanned" and "target.gpu=" in p.notes[-1]
+
+
+# --------------------------------------------------------------------------- catalogue
+def test_catalogue_has_the_required_gpus_with_sources():
+    for k in ("a10g", "l4", "l40s", "a100_40gb", "a100_80gb", "h100_sxm", "h200", "b200"):
+        g = CATALOGUE[k]
+        assert g.memory_bytes > 20 * 2**30 and g.bandwidth_bytes_s > 100e9 and g.source
+        assert "none" in g.quant_formats
+    assert lookup("H100").key == "h100_sxm" and lookup("A100-80GB").key == "a100_80gb"
+    with pytest.raises(KeyError, match="known"):
+        lookup("tpu_v5")
+
+
+@pytest.mark.parametrize(
+    "smi,key",
+    [
+        ("NVIDIA H100 80GB HBM3", "h100_sxm"),
+        ("NVIDIA H100 PCIe", "h100_pcie"),
+        ("NVIDIA H200", "h200"),
+        ("NVIDIA A100-SXM4-40GB", "a100_40gb"),
+        ("NVIDIA A100-SXM4-80GB", "a100_80gb"),
+        ("NVIDIA A10G", "a10g"),
+        ("NVIDIA L4", "l4"),
+        ("NVIDIA L40S", "l40s"),
+        ("NVIDIA B200", "b200"),
+    ],
+)
+def test_local_gpu_names_map_to_the_catalogue(smi, key):
+    assert match_local(smi).key == key
+
+
+# --------------------------------------------------------------------------- CPU target
+def test_cpu_plan_reports_host_ram_and_measured_bandwidth(tiny_llama):
+    bw = host_memory_bandwidth_gbs()
+    assert 0.1 < bw < 10_000
+    assert host_memory_bandwidth_gbs() == bw  # cached in-process
+    p = plan(compose([f"model.path={tiny_llama}", "target=onnxruntime_genai", "build.max_seq_len=256", "build.max_input_len=128"]))
+    assert p.target["kind"] == "cpu" and p.target["memory_bytes"] > 0 and p.target["bandwidth_gb_s"] == round(bw, 2)
+    assert p.memory["total_needed_bytes"] == p.memory["weights_bytes"] + p.memory["kv_cache_bytes"] + p.memory["activations_bytes"]
+    assert p.decode["batch1"]["tok_s_per_seq_max"] > 0
+
+
+# --------------------------------------------------------------------------- CLI and presets
+class _Quiet:
+    def print(self, *a, **k):
+        pass
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_presets_plan_on_h200(preset):
+    p = plan(compose([f"model={preset}", "target.gpu=h200", "quant=fp8", "parallel.tp_size=1"]))
+    assert p.model["source"] == "model.hf_config" and p.status in ("ok", "warn")
+
+
+def test_cli_json_and_alias(capsys):
+    code = plan_main(["--json", "model=llama31_8b", "target_gpu=h100_sxm", "quant=fp8", "build=throughput"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["plan"]["target"]["key"] == "h100_sxm" and out["plan"]["schema"] == "pipeline.plan/v1"
+    assert plan_main(["--json", "model=llama31_70b", "quant=none", "target.gpu=h100_sxm"]) == 4
+    capsys.readouterr()
+    assert plan_main(["--json", "model=llama31_8b", "target.gpu=nonesuch"]) == 2
+    assert "nonesuch" in capsys.readouterr().out
+    assert plan_main(["--json", "model=nonesuch_preset"]) == 2
+    assert plan_main(["--gpus", "all", "model=llama31_8b", "quant=fp8"]) == 0
+
+
+def test_pipeline_plan_command_end_to_end():
+    r = subprocess.run(
+        [str(ROOT / ".venv/bin/pipeline"), "plan", "model=llama31_8b", "target.gpu=h100_sxm", "quant=fp8", "build=throughput"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "128.00 KiB/token" in r.stdout and "sequences at max_seq_len=4096" in r.stdout and "Traceback" not in r.stderr
+
+
+def test_plan_json_is_serialisable_and_complete():
+    d = plan(compose(["model=qwen25_7b", "target.gpu=l40s", "quant=int4_awq", "quant.kv_cache_dtype=fp8"])).to_json()
+    json.dumps(d)
+    for k in ("weights", "kv_cache", "memory", "capacity", "decode", "target", "model", "config"):
+        assert d[k], k
+    assert d["kv_cache"]["bytes_per_token_model"] == 2 * 28 * 4 * 128 * 1
+
+
+# --------------------------------------------------------------------------- doctor
+def test_doctor_json_reports_this_environment():
+    import importlib.metadata
+    import importlib.util
+
+    r = subprocess.run([str(ROOT / ".venv/bin/pipeline"), "doctor", "--json"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["schema"] == "pipeline.doctor/v1" and rep["python"]["version"].count(".") == 2
+    for dist in ("onnxruntime-genai", "nvidia-modelopt", "transformers"):
+        assert rep["packages"][dist] == importlib.metadata.version(dist)
+    assert set(rep["targets"]) == {"onnxruntime_genai", "tensorrt_llm", "tensorrt_llm_pytorch", "triton_serving", "quantize"}
+    assert rep["targets"]["onnxruntime_genai"]["ok"] is True
+    # the forward path packages without TensorRT-LLM or a GPU; the engine path is labelled legacy
+    assert rep["targets"]["tensorrt_llm_pytorch"]["ok"] is True and "forward path" in rep["targets"]["tensorrt_llm_pytorch"]["why"][0]
+    assert "legacy" in rep["targets"]["tensorrt_llm"]["why"][0]
+    has_trtllm = importlib.util.find_spec("tensorrt_llm") is not None
+    if not has_trtllm:
+        assert rep["targets"]["tensorrt_llm"]["ok"] is False and any("tensorrt_llm" in w for w in rep["targets"]["tensorrt_llm"]["why"])
+        r2 = subprocess.run(
+            [str(ROOT / ".venv/bin/pipeline"), "doctor", "--require", "tensorrt_llm"], capture_output=True, text=True, timeout=120, cwd=ROOT
+        )
+        assert r2.returncode == 4
+    serve = rep["serve"]
+    if serve.get("tritonserver"):
+        assert Path(serve["tritonserver"]).is_file()
+        numpy_major = int((serve.get("numpy") or "2").split(".")[0])
+        assert rep["targets"]["triton_serving"]["ok"] == bool(serve.get("python_backend_stub") and numpy_major < 2)

@@ -1,0 +1,40 @@
+"""`pipeline client` argument checks: --max-tokens < 1 and a URL scheme on the gRPC address are refused locally
+(exit 2, naming the flag) instead of reaching the server or reporting "no server"."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.serve.client_cli import main
+from pipeline.serve.server import free_port
+
+
+@pytest.mark.parametrize("value", ["0", "-2"])
+def test_max_tokens_below_one_is_exit_2_naming_the_flag(capsys, value):
+    rc = main(["--url", f"127.0.0.1:{free_port()}", "--raw", "--max-tokens", value, "hi"])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert f"--max-tokens={value}" in err and ">= 1" in err
+
+
+def test_max_tokens_via_input_is_checked_too(capsys):
+    rc = main(["--url", f"127.0.0.1:{free_port()}", "--raw", "--input", "max_tokens=0", "hi"])
+    assert rc == 2 and "--input max_tokens=0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_http_scheme_on_the_grpc_url_is_exit_2_with_the_fix(capsys, scheme):
+    port = free_port()
+    rc = main(["--url", f"{scheme}://127.0.0.1:{port}", "--raw", "hi"])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "host:port without a scheme" in err and f"--url 127.0.0.1:{port}" in err
+    assert "no Triton server answers" not in err
+
+
+def test_grpc_scheme_is_stripped(capsys):
+    port = free_port()
+    rc = main(["--url", f"grpc://127.0.0.1:{port}", "--raw", "hi"])
+    err = capsys.readouterr().err
+    assert rc == 4, err  # no server there: the preflight names the stripped address
+    assert f"no Triton server answers at 127.0.0.1:{port}" in err
