@@ -218,7 +218,7 @@ def _target_available(cfg: PipelineConfig, store: ArtifactStore, order: list[str
         key, _ = compute_key(st, cfg, {d: pending[d] for d in st.deps_for(cfg)}, externals[s])
         pending[s] = Artifact(s, key, store.path_for(s, key), {"output_digest": f"pending:{key}", "result": {}})
     quant = pending.get("quantize")
-    from .core.artifacts import QuantizeArtifact
+    from .quantize.artifact import QuantizeArtifact
 
     ckpt = QuantizeArtifact(quant.path if quant else store.root / "quantize" / "<key>").trtllm_checkpoint
     target.preflight(cfg, ckpt, None)
@@ -478,7 +478,7 @@ def _ci_reports(state: _RunState, summary_dir: Path | None, console: Console) ->
     """For CI jobs, when this run evaluated (ran or cache hit): ``<run dir>/junit.xml`` (gate checks and the package
     stage's serving parity, ``pipeline.evaluate.junit``) and, when ``$GITHUB_STEP_SUMMARY`` is set, the gate table
     appended to it. A write failure is reported, not raised (the run's exit code stays the gate's)."""
-    from .core.artifacts import EvalArtifact
+    from .evaluate.artifact import EvalArtifact
     from .evaluate.junit import append_step_summary, write_junit
 
     if state.eval_dir is None:
@@ -571,7 +571,7 @@ def print_summary(summary: RunSummary, console: Console) -> None:
 
 def _parity_record(art: Artifact) -> dict[str, Any] | None:
     """The package stage's serving-parity record: its result's ``parity``, else ``release_manifest.json`` ``parity``."""
-    from .core.artifacts import PackageArtifact
+    from .package.artifact import PackageArtifact
 
     p = art.result.get("parity")
     if not isinstance(p, dict):

@@ -18,7 +18,9 @@ from ..core.stage import Stage, StageContext
 
 
 def _inputs(ctx: StageContext):
-    from ..core.artifacts import BuildArtifact, ExportArtifact, PackageArtifact, target_of
+    from ..build.artifact import BuildArtifact, target_of
+    from ..export.artifact import ExportArtifact
+    from ..package.artifact import PackageArtifact
     from .core import BenchInputs
 
     cfg = ctx.cfg

@@ -14,9 +14,9 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from ..core.artifacts import BuildArtifact
 from ..core.stage import Stage, StageContext
 from ..core.store import write_json_atomic
+from .artifact import BuildArtifact
 
 
 def _key_extras(cfg: Any, inputs: dict[str, Any]) -> dict[str, Any]:

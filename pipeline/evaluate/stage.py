@@ -19,11 +19,13 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from ..core.artifacts import BuildArtifact, EvalArtifact, ExportArtifact, target_of
+from ..build.artifact import BuildArtifact, target_of
 from ..core.config.common import key_fields
 from ..core.errors import InputError
 from ..core.stage import Stage, StageContext
 from ..core.store import sha256_file
+from ..export.artifact import ExportArtifact
+from .artifact import EvalArtifact
 
 REPORT_SCHEMA = "pipeline.eval_report/v1"
 

@@ -44,8 +44,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ..core.artifacts import TOKENIZER_DIRS, TOKENIZER_FILES, ExportArtifact
+from ..core.artifacts import TOKENIZER_DIRS, TOKENIZER_FILES
 from ..core.errors import InputError
+from .artifact import ExportArtifact
 
 log = logging.getLogger("pipeline.export.checkpoint")
 

@@ -76,9 +76,9 @@ def _headline(architecture: str, params: Any, dtype: str) -> dict[str, Any]:
 
 
 def _run(ctx: StageContext) -> dict[str, Any]:
-    from ..core.artifacts import ExportArtifact
     from ..core.decoding import read_policy
     from ..core.store import write_json_atomic
+    from .artifact import ExportArtifact
     from .checkpoint import export_checkpoint, inspect_checkpoint
 
     m = ctx.cfg.model

@@ -36,8 +36,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from ..core.artifacts import EvalArtifact
 from ..core.errors import GateFailed, InputError, PreflightError
+from ..evaluate.artifact import EvalArtifact
 
 EXPECTED_FILE = "parity_expected.jsonl"
 MODES = ("unary", "stream")

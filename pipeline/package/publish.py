@@ -27,8 +27,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ..core.artifacts import EvalArtifact, PackageArtifact
 from ..core.errors import GateFailed, InputError, PreflightError
+from ..evaluate.artifact import EvalArtifact
+from .artifact import PackageArtifact
 
 A = PackageArtifact
 

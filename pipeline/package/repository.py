@@ -25,8 +25,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ..core.artifacts import TOKENIZER_COPY_FILES, ExportArtifact
+from ..core.artifacts import TOKENIZER_COPY_FILES
 from ..core.errors import InputError
+from ..export.artifact import ExportArtifact
 from .fragment import Fragment
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -20,15 +20,17 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ..core.artifacts import BuildArtifact, ExportArtifact, PackageArtifact
+from ..build.artifact import BuildArtifact
 from ..core.errors import GateFailed, InputError
 from ..core.stage import Stage, StageContext
+from ..export.artifact import ExportArtifact
+from .artifact import PackageArtifact
 
 LIBRARIES = ("tritonclient", "protobuf", "onnxruntime-genai", "tokenizers")
 
 
 def model_info(export_dir: Path) -> dict[str, Any]:
-    """``model_info.json`` of the export artifact (:meth:`pipeline.core.artifacts.ExportArtifact.model_info`)."""
+    """``model_info.json`` of the export artifact (:meth:`pipeline.export.artifact.ExportArtifact.model_info`)."""
     return ExportArtifact(export_dir).model_info()
 
 
@@ -303,7 +305,7 @@ def _evaluated_what(ctx: StageContext, settings: Any, bi: dict[str, Any]) -> dic
     that the served engine has not run yet: the GPU host runs the served-parity command (``parity.command``)."""
     import json
 
-    from ..core.artifacts import EvalArtifact
+    from ..evaluate.artifact import EvalArtifact
 
     out: dict[str, Any] = {"candidate": None, "candidate_note": None, "gpu_host_check": None}
     ev = ctx.inputs.get("evaluate")

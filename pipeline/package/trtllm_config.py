@@ -19,13 +19,13 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ..core.artifacts import BuildArtifact
+from ..build.artifact import BuildArtifact
 from ..core.errors import GateFailed, InputError
 
 DRAFT_MODEL = "tensorrt_llm_draft"
 """Model name of the draft engine in a draft-model package (the BLS ``tensorrt_llm_draft_model_name``)."""
 DRAFT_ENGINE_DIR = BuildArtifact.DRAFT_ENGINE_DIR
-"""Folder of the draft engine inside a build artifact (next to ``engine/``; the name lives in pipeline/core/artifacts.py)."""
+"""Folder of the draft engine inside a build artifact (next to ``engine/``; the name lives in pipeline/build/artifact.py)."""
 EXECUTOR_WORKER = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"
 SPEC_DECODING_MODE = {"medusa": "medusa", "eagle": "eagle", "lookahead_decoding": "lookahead"}
 """build.speculative.mode -> backend ``decoding_mode`` (draft_tokens_external: the engine's own mode, not written)."""
@@ -385,7 +385,7 @@ def read_measurement(evaluate_dir: Path | None) -> dict[str, Any] | None:
         return None
     import json
 
-    from ..core.artifacts import EvalArtifact
+    from ..evaluate.artifact import EvalArtifact
 
     p = EvalArtifact(Path(evaluate_dir)).report_path
     if not p.is_file():

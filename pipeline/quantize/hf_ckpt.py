@@ -6,7 +6,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..core.artifacts import TOKENIZER_COPY_FILES, QuantizeArtifact
+from ..core.artifacts import TOKENIZER_COPY_FILES
+from .artifact import QuantizeArtifact
 from .common import _link_file, _link_tree, _quiet
 from .preflight import _Source
 

@@ -339,7 +339,7 @@ class _Source:
 
 def _num_parameters(export_dir: Path, hf: Path) -> int:
     """The export's parameter count (``model_info.json``), else the element count of its safetensors headers."""
-    from ..core.artifacts import ExportArtifact
+    from ..export.artifact import ExportArtifact
 
     try:
         return int(json.loads(ExportArtifact(Path(export_dir)).model_info_path.read_text(encoding="utf-8"))["num_parameters"])

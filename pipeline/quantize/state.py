@@ -8,8 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..core.artifacts import QuantizeArtifact
 from ..core.errors import InputError
+from .artifact import QuantizeArtifact
 from .common import KV_CACHE, _hf_dir
 
 if TYPE_CHECKING:

@@ -9,9 +9,9 @@ import warnings
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ..core.artifacts import QuantizeArtifact
 from ..core.errors import InputError
 from ..facts.recipes import RECIPES
+from .artifact import QuantizeArtifact
 from .common import DECODER_TYPES, KV_CACHE, NO_TRTLLM_CHECKPOINT, _quiet
 from .modelopt_config import lm_head_excluded
 from .preflight import _Source

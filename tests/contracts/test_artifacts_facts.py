@@ -10,16 +10,19 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.build.artifact import BuildArtifact
 from pipeline.core import artifacts as A
 from pipeline.core import hostinfo
 from pipeline.core.errors import InputError
+from pipeline.export.artifact import ExportArtifact
+from pipeline.quantize.artifact import QuantizeArtifact
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "artifacts.md"
 
 
-@pytest.mark.parametrize("stage", sorted(A.ARTIFACTS))
+@pytest.mark.parametrize("stage", sorted(A.STAGE_ARTIFACTS))
 def test_docs_name_every_artifact_file(stage):
-    cls = A.ARTIFACTS[stage]
+    cls = A.artifact_classes()[stage]
     text = DOCS.read_text(encoding="utf-8")
     missing = [f for f in cls.FILES if not re.search(r"(?<![\w./-])" + re.escape(f), text)]
     assert not missing, f"docs/artifacts.md does not name {stage} files {missing}"
@@ -33,9 +36,9 @@ def test_producers_use_the_same_names():
     from pipeline.build.targets.onnxruntime_genai import builder as onnxruntime_genai
 
     quantize = pytest.importorskip("pipeline.quantize.state")
-    assert quantize.QUANT_STATE_TENSORS == A.QuantizeArtifact.QUANT_STATE_TENSORS
-    assert quantize.QUANT_STATE_JSON == A.QuantizeArtifact.QUANT_STATE_JSON
-    assert onnxruntime_genai.LIMITS_FILE == A.BuildArtifact.ENGINE_LIMITS
+    assert quantize.QUANT_STATE_TENSORS == QuantizeArtifact.QUANT_STATE_TENSORS
+    assert quantize.QUANT_STATE_JSON == QuantizeArtifact.QUANT_STATE_JSON
+    assert onnxruntime_genai.LIMITS_FILE == BuildArtifact.ENGINE_LIMITS
 
 
 def _export(tmp_path, config=None, gen=None, info=None):
@@ -58,7 +61,7 @@ def test_one_model_info_reader_for_evaluate_package_and_benchmark(tmp_path):
     exp = _export(
         tmp_path, config={"architectures": ["LlamaForCausalLM"], "eos_token_id": 2, "bos_token_id": 1}, gen={"eos_token_id": [2, 7]}
     )
-    info = A.ExportArtifact(exp).model_info()
+    info = ExportArtifact(exp).model_info()
     assert info == {"eos_token_ids": [2, 7], "pad_token_id": None, "bos_token_id": 1, "architecture": "LlamaForCausalLM"}
     assert package.model_info(exp) == info
     import pipeline.evaluate.stage as ev
@@ -68,15 +71,15 @@ def test_one_model_info_reader_for_evaluate_package_and_benchmark(tmp_path):
 
 def test_model_info_json_wins_and_corrupt_file_names_the_fix(tmp_path):
     exp = _export(tmp_path, config={"eos_token_id": 2}, info={"eos_token_ids": [5], "architecture": "X"})
-    assert A.ExportArtifact(exp).model_info()["eos_token_ids"] == [5]
+    assert ExportArtifact(exp).model_info()["eos_token_ids"] == [5]
     (exp / "model_info.json").write_text("{not json")
     with pytest.raises(InputError) as e:
-        A.ExportArtifact(exp).model_info()
+        ExportArtifact(exp).model_info()
     assert "model_info.json" in str(e.value) and "export" in str(e.value)
 
 
 def test_build_limits_fall_back_to_result_then_config(tmp_path):
-    b = A.BuildArtifact(tmp_path)
+    b = BuildArtifact(tmp_path)
     cfg = types.SimpleNamespace(max_input_len=100, max_seq_len=200, max_batch_size=4)
     assert b.limits({"limits": {"max_seq_len": 150}}, cfg) == {"max_seq_len": 150, "max_input_len": 100, "max_batch_size": 4}
     b.build_info_path.write_text(json.dumps({"limits": {"max_seq_len": 120, "max_input_len": 60, "max_batch_size": 2}}))

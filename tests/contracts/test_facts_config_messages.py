@@ -15,11 +15,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from pipeline.quantize.preflight import preflight
 
 from pipeline.cli import check_overrides
 from pipeline.core.config import ParallelConfig, compose
 from pipeline.core.errors import InputError
+from pipeline.quantize.preflight import preflight
 
 ROOT = Path(__file__).resolve().parents[2]
 FACTS = {

@@ -256,11 +256,11 @@ def test_none_engine_equals_transformers_fp32(matrix, family):
 def test_int4_engine_matches_modelopt_simulated_model(matrix, family):
     """int4_awq: the engine's teacher-forced greedy choices on the simulated model's own continuations agree >= 99 %."""
     import torch
-    from pipeline.quantize.state import load_simulated_model
 
     from pipeline.build.targets.onnxruntime_genai.builder import OrtEngineRunner
     from pipeline.core.tokenization import TextCodec
     from pipeline.evaluate.dataset import load_eval_set
+    from pipeline.quantize.state import load_simulated_model
 
     s = matrix[(family, "int4_awq")]
     export, quant, build = _stage(s, "export"), _stage(s, "quantize"), _stage(s, "build")

@@ -171,8 +171,9 @@ def _quantize(tmp_path_factory, export_dir, repo_root, name, extra):
 
 
 def test_offloaded_layerwise_calibration_equals_the_whole_model(tmp_path_factory, export_dir, repo_root):
-    from pipeline.quantize.state import load_simulated_model
     from safetensors import safe_open
+
+    from pipeline.quantize.state import load_simulated_model
 
     whole, r1 = _quantize(tmp_path_factory, export_dir, repo_root, "whole", [])
     off, r2 = _quantize(tmp_path_factory, export_dir, repo_root, "offloaded", ["calibration.max_device_memory_gb=0.0002"])

@@ -33,9 +33,9 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ....core.artifacts import BuildArtifact
 from ....core.config.common import Problem
 from ....core.errors import InputError, PipelineError, PreflightError
+from ...artifact import BuildArtifact
 from ..base import Capabilities, GenerationRequest, GenerationResult, Target, TokenCallback
 
 log = logging.getLogger("pipeline.build.targets.onnxruntime_genai.builder")

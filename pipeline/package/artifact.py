@@ -1,0 +1,66 @@
+"""The package stage's artifact: file names and readers of ``artifacts/package/<key>/``."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, ClassVar
+
+
+@dataclasses.dataclass(frozen=True)
+class PackageArtifact:
+    """Package stage output: the Triton model repository, the release manifest and the release folder."""
+
+    path: Path
+    MODEL_REPOSITORY: ClassVar[str] = "model_repository"
+    RELEASE_MANIFEST: ClassVar[str] = "release_manifest.json"
+    #: PyTorch-backend packages: the non-Triton server files, in ``servers/`` (pipeline/package/llmapi_options.py)
+    SERVE_YAML: ClassVar[str] = "trtllm_serve.yaml"
+    SERVE_SCRIPT: ClassVar[str] = "trtllm_serve.sh"
+    BENCH_JSON: ClassVar[str] = "benchmark.json"
+    RELEASE_DIR: ClassVar[str] = "release"
+    SHA256SUMS: ClassVar[str] = "SHA256SUMS"
+    SIGNATURE: ClassVar[str] = "release.sig"
+    """Inside ``release/``: the model-signing signature of every other file there (``package.sign``)."""
+    PROVENANCE: ClassVar[str] = "provenance.intoto.json"
+    """Inside ``release/``: the in-toto Statement with the SLSA v1 provenance predicate (pipeline/package/provenance.py)."""
+    PROVENANCE_DSSE: ClassVar[str] = "provenance.intoto.dsse.json"
+    """Inside ``release/``, when signed with a key: the provenance statement in a signed DSSE envelope."""
+    SBOM: ClassVar[str] = "sbom.cdx.json"
+    """Inside ``release/``: CycloneDX SBOM of the serving environment (pipeline/package/sbom.py)."""
+    FILES: ClassVar[tuple[str, ...]] = (
+        "model_repository/",
+        "release_manifest.json",
+        "release/",
+        "SHA256SUMS",
+        "release.sig",
+        "provenance.intoto.json",
+        "provenance.intoto.dsse.json",
+        "sbom.cdx.json",
+        "trtllm_serve.yaml",
+        "trtllm_serve.sh",
+        "benchmark.json",
+    )
+    """Top-level names and the names inside ``release/`` (``SHA256SUMS``, the signature, the provenance) and, for a
+    PyTorch-backend package, inside ``servers/`` (the trtllm-serve options and command, the benchmark commands)."""
+
+    @property
+    def model_repository(self) -> Path:
+        return self.path / self.MODEL_REPOSITORY
+
+    @property
+    def release_manifest_path(self) -> Path:
+        return self.path / self.RELEASE_MANIFEST
+
+    def read_release_manifest(self) -> dict[str, Any]:
+        """The release manifest of this package (the artifact's copy, else the one in ``release/``); ``{}`` when there
+        is none (a bare model repository)."""
+        for p in (self.release_manifest_path, self.release_dir / self.RELEASE_MANIFEST):
+            if p.is_file():
+                return json.loads(p.read_text(encoding="utf-8"))
+        return {}
+
+    @property
+    def release_dir(self) -> Path:
+        return self.path / self.RELEASE_DIR
