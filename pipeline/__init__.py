@@ -1,3 +1,53 @@
-"""pipeline: Hugging Face checkpoint -> quantized, built, evaluated, packaged Triton deployment."""
+"""pipeline: Hugging Face checkpoint -> quantized, built, evaluated, packaged Triton deployment.
+
+The public Python surface (everything else is private and may change between releases):
+
+* :func:`compose` (``compose(overrides) -> PipelineConfig``): the validated config, as the CLI composes it;
+* :func:`run` (``run(cfg) -> RunSummary``): run the configured stages (``RunSummary.exit_code`` is the CLI's);
+* :func:`plan` (``plan(cfg) -> Plan``): the memory and speed plan, no work done;
+* one typed reader per stage artifact: :class:`ExportArtifact`, :class:`QuantizeArtifact`, :class:`BuildArtifact`,
+  :class:`EvalArtifact`, :class:`PackageArtifact`, :class:`BenchmarkArtifact`;
+* :func:`register_metric`: add an eval metric;
+* :class:`LLMClient`: the gRPC client of a served package.
+
+Names are imported on first use, so ``import pipeline`` stays cheap (no torch, no transformers).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
+
+_PUBLIC: dict[str, str] = {
+    "compose": "pipeline.core.config:compose",
+    "run": "pipeline.runner:run_pipeline",
+    "plan": "pipeline.planner.plan:plan",
+    "ExportArtifact": "pipeline.export.artifact:ExportArtifact",
+    "QuantizeArtifact": "pipeline.quantize.artifact:QuantizeArtifact",
+    "BuildArtifact": "pipeline.build.artifact:BuildArtifact",
+    "EvalArtifact": "pipeline.evaluate.artifact:EvalArtifact",
+    "PackageArtifact": "pipeline.package.artifact:PackageArtifact",
+    "BenchmarkArtifact": "pipeline.benchmark.artifact:BenchmarkArtifact",
+    "register_metric": "pipeline.evaluate.metrics:register",
+    "LLMClient": "pipeline.serve.client:LLMClient",
+}
+"""public name -> ``module:attribute`` that defines it."""
+
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name on first use (PEP 562). Raises ``AttributeError`` for any other name."""
+    ref = _PUBLIC.get(name)
+    if ref is None:
+        raise AttributeError(f"module 'pipeline' has no attribute {name!r}; public names: {__all__}")
+    mod, attr = ref.split(":")
+    value = getattr(importlib.import_module(mod), attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_PUBLIC])
