@@ -657,8 +657,8 @@ def cut_at_stop(output_ids: Sequence[int], stop_ids: Iterable[int]) -> tuple[lis
 
 
 # --------------------------------------------------------------------------- request limits
-# Checked by the served text models (serving/models/onnxruntime_genai_model.py, which gets this file copied next to
-# it) and by the OpenAI front end *before* anything is tokenized: tokenizing a 10 MB prompt takes tens of seconds and
+# Checked by the served text models (serve/models/genai_requests.py of onnxruntime_genai_model.py, which gets this file copied next
+# to it) and by the OpenAI front end *before* anything is tokenized: tokenizing a 10 MB prompt takes tens of seconds and
 # holds the model's execute thread, so one oversized request would delay every other one.
 
 #: Floor of the derived per-prompt byte limit (chat templates and short-context test models stay usable).

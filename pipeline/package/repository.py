@@ -36,9 +36,30 @@ MODELS_SRC = Path(__file__).resolve().parents[1] / "serve" / "models"
 TOKENIZATION_SRC = Path(__file__).resolve().parents[1] / "core" / "tokenization.py"
 """Copied next to every served Python model's ``model.py`` as ``tokenization.py``: the served text is produced by
 the same ``TextCodec`` as the evaluated text (standalone module: ``tokenizers`` + lazy ``jinja2``)."""
-REQUEST_METRICS_PY = "request_metrics.py"
-"""Copied from ``MODELS_SRC`` next to every served ``onnxruntime_genai_model.py``: the request-outcome counter's name and
-labels (Triton ``/metrics``), imported by that model and by ``pipeline``."""
+ORT_MODEL_PY = "onnxruntime_genai_model.py"
+"""The CPU target's served model (``MODELS_SRC``): ``onnxruntime_genai``, and ``ensemble`` / ``tensorrt_llm_bls`` with
+``interface=text``."""
+MODEL_HELPERS = ("genai_requests.py", "genai_scheduling.py", "genai_sending.py", "request_metrics.py")
+"""Copied from ``MODELS_SRC`` next to every served ``onnxruntime_genai_model.py`` (its ``model.py``), which imports them
+from its own folder: request handling, scheduling (the og.Engine loop), sending (responses, the sender thread), and
+the request-outcome counter's name and labels (Triton ``/metrics``, imported by ``pipeline`` too).  The one list:
+the copy (:func:`copy_model_py`), the validation (``validate.sibling_problems``) and the tests read it; the release
+manifest hashes every repository file and the package key digests ``MODELS_SRC``."""
+SIBLING_MODULES = ("tokenization.py", *MODEL_HELPERS)
+"""Every module a served ``model.py`` may import from its own folder (``validate.sibling_problems`` checks that each
+one it imports is there)."""
+
+
+def copy_model_py(model_py: str, version_dir: Path) -> None:
+    """``MODELS_SRC/model_py`` as ``version_dir/model.py``, with ``tokenization.py`` and, for the onnxruntime_genai
+    model, its ``MODEL_HELPERS`` next to it."""
+    shutil.copy2(MODELS_SRC / model_py, version_dir / "model.py")
+    shutil.copy2(TOKENIZATION_SRC, version_dir / "tokenization.py")
+    if model_py == ORT_MODEL_PY:
+        for name in MODEL_HELPERS:
+            shutil.copy2(MODELS_SRC / name, version_dir / name)
+
+
 CONTAINER_REPO = "/models"
 """Where the GPU container command mounts the repository; TensorRT-LLM's C++ backend needs absolute engine paths."""
 PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -381,10 +402,7 @@ def generate_repository(
         text = fill((templates / tpl / "config.pbtxt").read_text(encoding="utf-8"), vals)
         (d / "config.pbtxt").write_text(text, encoding="utf-8")
         if model_py:
-            shutil.copy2(MODELS_SRC / model_py, d / "1" / "model.py")
-            shutil.copy2(TOKENIZATION_SRC, d / "1" / "tokenization.py")
-            if model_py == "onnxruntime_genai_model.py":
-                shutil.copy2(MODELS_SRC / REQUEST_METRICS_PY, d / "1" / REQUEST_METRICS_PY)
+            copy_model_py(model_py, d / "1")
         models.append(model)
         return d
 
@@ -402,7 +420,7 @@ def generate_repository(
         post = write("postprocessing", "postprocessing", model_py="postprocessing_model.py")
         copy_tokenizer(tokenizer_dirs, post / "1" / "tokenizer")
         if settings.target == "onnxruntime_genai":
-            eng = write("onnxruntime_genai", "onnxruntime_genai", model_py="onnxruntime_genai_model.py")
+            eng = write("onnxruntime_genai", "onnxruntime_genai", model_py=ORT_MODEL_PY)
             copy_tokenizer(tokenizer_dirs, eng / "1" / "tokenizer")  # in-process detokenization (text_output)
             if settings.decoding:
                 (eng / "1" / ExportArtifact.DECODING).write_text(
@@ -480,8 +498,6 @@ def _write_ort_text_models(out: Path, settings: Settings, vals: dict[str, Any]) 
             ),
             encoding="utf-8",
         )
-        shutil.copy2(MODELS_SRC / "onnxruntime_genai_model.py", d / "1" / "model.py")
-        shutil.copy2(TOKENIZATION_SRC, d / "1" / "tokenization.py")
-        shutil.copy2(MODELS_SRC / REQUEST_METRICS_PY, d / "1" / REQUEST_METRICS_PY)
+        copy_model_py(ORT_MODEL_PY, d / "1")
         names.append(name)
     return names

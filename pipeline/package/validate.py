@@ -4,7 +4,8 @@ Checks (docs/reference/triton.md §6, from the tensorrtllm_backend templates and
 
 1. every ``config.pbtxt`` parses with Triton's own ``ModelConfig`` protobuf (``tritonclient.grpc.model_config_pb2`` +
    ``google.protobuf.text_format``), ``name`` equals the folder name, a numeric version folder exists and Python
-   models have ``<version>/model.py``;
+   models have ``<version>/model.py``, and every sibling module a ``model.py`` imports from its own folder
+   (``repository.SIBLING_MODULES``: ``tokenization.py``, the onnxruntime_genai model's ``MODEL_HELPERS``) is next to it;
 2. no unresolved ``${...}`` is left in any text file (file, line and placeholder named);
 3. the ensemble (CPU target: a Python model with the ensemble's interface; its required inputs and ``text_output``
    are checked) has a tensor graph consistent end to end: every ``input_map`` key is an input of the step model,
@@ -30,7 +31,7 @@ from typing import Any
 from ..core.artifacts import REQUIRED_TOKENIZER_FILES
 from ..core.errors import InputError, PreflightError
 from ..facts import versions as V
-from .repository import CONTAINER_REPO, PLACEHOLDER
+from .repository import CONTAINER_REPO, PLACEHOLDER, SIBLING_MODULES
 
 TEXT_SUFFIXES = {".pbtxt", ".yaml", ".yml", ".json", ".py", ".txt", ".jinja"}
 
@@ -79,6 +80,33 @@ def find_placeholders(root: Path) -> list[Problem]:
                         f"{p.relative_to(root)}:{i}",
                         f"unresolved placeholder {m.group(0)}",
                         f"give a value for {m.group(1)!r} (build_info.json or the package config)",
+                    )
+                )
+    return out
+
+
+def sibling_problems(root: Path) -> list[Problem]:
+    """Check 1: a served ``<model>/<version>/model.py`` that imports a sibling module (``SIBLING_MODULES``, imported
+    from its own folder, never from ``pipeline``) has it next to it; Triton would fail the model at load otherwise."""
+    import ast
+
+    siblings = {n.removesuffix(".py") for n in SIBLING_MODULES}
+    out = []
+    for py in sorted(root.glob("*/*/model.py")):
+        try:
+            tree = ast.parse(py.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, OSError) as e:
+            out.append(Problem(str(py.relative_to(root)), f"does not parse as Python: {e}"))
+            continue
+        names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        names |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and not n.level and n.module}
+        for name in sorted(names & siblings):
+            if not (py.parent / f"{name}.py").is_file():
+                out.append(
+                    Problem(
+                        str(py.relative_to(root)),
+                        f"imports {name} from its own folder, but {name}.py is not next to it.",
+                        "regenerate the package (pipeline/package/repository.py copy_model_py copies the sibling modules)",
                     )
                 )
     return out
@@ -189,6 +217,7 @@ def validate_repository(
     repo = Path(repo)
     problems.extend(find_placeholders(repo))
     configs = _model_configs(repo, problems)
+    problems += sibling_problems(repo)
     _check_ensemble(configs, problems)
     problems += _batch_limit_problems(configs, limits)
     engine_model = "onnxruntime_genai" if target == "onnxruntime_genai" else "tensorrt_llm"

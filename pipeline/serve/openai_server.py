@@ -269,7 +269,7 @@ def ensemble_inputs(p: dict[str, Any]) -> dict[str, Any]:
 
 
 #: messages of a deployment fault (Triton python_backend 2.51 ``src/python_be.cc``: a dead stub; the served model's
-#: own engine failures, ``serving/models/onnxruntime_genai_model.py``): answered 503 ``server_error``
+#: own engine failures, ``serve/models/genai_scheduling.py``): answered 503 ``server_error``
 SERVER_FAULTS = ("is not healthy", "Stub process", "engine error", "engine failed", "Socket closed", "failed to connect")
 
 
@@ -389,7 +389,7 @@ class Frontend:
 
     def prompt_tokens(self, text: str | list[dict]) -> int:
         """Ids the served model feeds the engine for ``text``: the served encode rule (``encode_served`` in
-        ``serving/models/onnxruntime_genai_model.py``: rendered text as is, BOS only where the tokenizer adds it);
+        ``serve/models/genai_requests.py``: rendered text as is, BOS only where the tokenizer adds it);
         for chat messages rendered server-side, ``TextCodec.encode_prompt`` (what the served model runs)."""
         c = self.codec
         if isinstance(text, list):

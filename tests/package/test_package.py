@@ -22,8 +22,8 @@ import pytest
 from pipeline.core.errors import GateFailed, InputError, PreflightError
 from pipeline.facts import versions as V
 from pipeline.package import make_archive, safe_extract, write_sha256sums
-from pipeline.package.repository import Settings, generate_repository, settings_from_build
-from pipeline.package.validate import check_repository, ensemble_interface, parse_config, validate_repository
+from pipeline.package.repository import MODEL_HELPERS, Settings, generate_repository, settings_from_build
+from pipeline.package.validate import check_repository, ensemble_interface, parse_config, sibling_problems, validate_repository
 
 # TensorRT-LLM in-flight-batcher ensemble interface: docs/reference/triton.md §2 (tensorrtllm_backend v0.19.0 templates),
 # name -> (data type, dims without the batch dim, optional)
@@ -172,6 +172,10 @@ def test_ort_repository_parses_validates_and_matches_trtllm_ensemble_interface(t
         cfg = parse_config(repo / name / "config.pbtxt")
         assert cfg.backend == "python" and not cfg.HasField("ensemble_scheduling") and cfg.model_transaction_policy.decoupled
         assert (repo / name / "1" / "model.py").is_file() and (repo / name / "1" / "tokenization.py").is_file()
+    for name in ("ensemble", "tensorrt_llm_bls", "onnxruntime_genai"):  # the served model's sibling modules (one list)
+        assert all((repo / name / "1" / f).is_file() for f in MODEL_HELPERS), name
+    (repo / "ensemble" / "1" / "genai_sending.py").unlink()  # a missing sibling is a validation problem
+    assert [p.where for p in sibling_problems(repo)] == ["ensemble/1/model.py"]
     for name in ("ensemble", "tensorrt_llm_bls", "onnxruntime_genai"):  # package.stream_* reach every engine-running model
         params = parse_config(repo / name / "config.pbtxt").parameters
         assert (params["stream_interval"].string_value, params["stream_coalescing"].string_value) == ("1", "true"), name

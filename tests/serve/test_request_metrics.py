@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.serve.models.onnxruntime_genai_model import FAULT_ENV, FAULT_REQUEST_PREFIX
+from pipeline.serve.models.genai_scheduling import FAULT_ENV, FAULT_REQUEST_PREFIX
 from pipeline.serve.models.request_metrics import REASONS, REQUESTS_ENDED, parse_requests_ended
 from pipeline.serve.server import DEFAULT_SERVE_VENV
 

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 from pipeline.core.config.package import PackageConfig
 
-MODELS = Path(__file__).resolve().parents[2] / "pipeline" / "serving" / "models"
+MODELS = Path(__file__).resolve().parents[2] / "pipeline" / "serve" / "models"
 
 
 def _load(name: str):
@@ -26,7 +26,7 @@ def _load(name: str):
 def test_words_list_round_trip():
     import numpy as np
 
-    mod = _load("onnxruntime_genai_model")
+    mod = _load("genai_requests")
     pre = _load("preprocessing_model")
     stacked = pre.stack_words([np.array([[5, 6, 7], [2, 3, -1]], np.int32), np.array([[9], [1]], np.int32)])  # [N, 2, L]
     assert stacked.shape == (2, 2, 3)
@@ -100,27 +100,39 @@ def _counter():
     return request_metrics, SimpleNamespace(count=lambda outcome, reason: counted.append((outcome, reason)), counted=counted)
 
 
-def _sent_by_model(coalesce: bool, stream: list[tuple[str, list[int], str, bool]]):
-    """Queue streamed responses through the real ``_send``/``_sender`` of the CPU model before its sender runs, so
-    every one of them is waiting when it starts (a server that fell behind); returns what each request received."""
-    import queue
+def _responder(coalesce: bool, interval: int):
+    """The CPU model's ``genai_requests`` module and a ``genai_sending.Responder`` over the fake ``pb_utils``."""
+    req, snd = _load("genai_requests"), _load("genai_sending")
+    snd.pb_utils = _fake_pb_utils()
+    rm, outcomes = _counter()
+    logger = SimpleNamespace(log_warn=lambda msg: (_ for _ in ()).throw(AssertionError(msg)))
+    m = snd.Responder(
+        outputs={"output_ids", "sequence_length", "text_output"},
+        text=True,
+        eos_ids={2},
+        decode=lambda ids: "",
+        coalesce=coalesce,
+        stream_interval=interval,
+        logger=logger,
+        rm=rm,
+        outcomes=outcomes,
+    )
+    return req, m
 
-    mod = _load("onnxruntime_genai_model")
-    mod.pb_utils = _fake_pb_utils()
-    m = object.__new__(mod.TritonPythonModel)
-    m.outbox, m.coalesce, m.eos_ids, m.text = queue.SimpleQueue(), coalesce, {2}, True
-    m.outputs = {"output_ids", "sequence_length", "text_output"}
-    m.logger = SimpleNamespace(log_warn=lambda msg: (_ for _ in ()).throw(AssertionError(msg)))
-    m.rm, m.outcomes = _counter()
+
+def _sent_by_model(coalesce: bool, stream: list[tuple[str, list[int], str, bool]]):
+    """Queue streamed responses through the real ``Responder.send``/``Responder.run`` of the CPU model before its sender runs, so
+    every one of them is waiting when it starts (a server that fell behind); returns what each request received."""
+    req, m = _responder(coalesce, 1)
     senders, jobs = {}, {}
     for name, ids, text, final in stream:
         if name not in jobs:
             senders[name] = _FakeResponseSender()
-            g = mod.Group(sender=senders[name], request_id=name, size=1, open=1)
-            jobs[name] = mod.Job(g, 0, [1], 8, True, True, None, [], False, 1, 0.0, 1.0, None, 0, None, False, {"text_output"})
-        m._send(jobs[name], ids, text, final=final)
+            g = req.Group(sender=senders[name], request_id=name, size=1, open=1)
+            jobs[name] = req.Job(g, 0, [1], 8, True, True, None, [], False, 1, 0.0, 1.0, None, 0, None, False, {"text_output"})
+        m.send(jobs[name], ids, text, final=final)
     m.outbox.put(None)
-    m._sender()
+    m.run()
     assert m.outcomes.counted == [("success", "none")] * len(senders)  # each request once, when its FINAL was sent
     return {
         name: [
@@ -154,7 +166,7 @@ def test_stream_coalescing_off_sends_one_response_per_token():
 
 
 def test_coalesce_keeps_each_requests_order_and_never_joins_across_a_final_or_another_prompt():
-    mod = _load("onnxruntime_genai_model")
+    mod = _load("genai_sending")
     g1, g2 = object(), object()
     j1, j2, j3 = object(), object(), object()  # j1, j2: two prompts of request g1; j3: request g2
     D = mod.Delta
@@ -182,24 +194,16 @@ def test_coalesce_keeps_each_requests_order_and_never_joins_across_a_final_or_an
 
 def _model_for_stream(interval: int):
     """The CPU model with a recording response sender, coalescing off (so only ``stream_interval`` groups tokens)."""
-    import queue
-
-    mod = _load("onnxruntime_genai_model")
-    mod.pb_utils = _fake_pb_utils()
-    m = object.__new__(mod.TritonPythonModel)
-    m.outbox, m.coalesce, m.eos_ids, m.text, m.stream_interval = queue.SimpleQueue(), False, {2}, True, interval
-    m.outputs = {"output_ids", "sequence_length", "text_output"}
-    m.logger = SimpleNamespace(log_warn=lambda msg: (_ for _ in ()).throw(AssertionError(msg)))
-    m.rm, m.outcomes = _counter()
+    req, m = _responder(False, interval)
     sender = _FakeResponseSender()
-    g = mod.Group(sender=sender, request_id="r", size=1, open=1)
-    job = mod.Job(g, 0, [1], 8, True, True, None, [], False, 1, 0.0, 1.0, None, 0, None, False, {"text_output"})
+    g = req.Group(sender=sender, request_id="r", size=1, open=1)
+    job = req.Job(g, 0, [1], 8, True, True, None, [], False, 1, 0.0, 1.0, None, 0, None, False, {"text_output"})
     return m, job, sender
 
 
 def _received(m, sender):
     m.outbox.put(None)
-    m._sender()
+    m.run()
     return [(r.outputs["output_ids"].reshape(-1).tolist(), r.outputs["text_output"][0].decode(), f) for r, f in sender.sent]
 
 
@@ -207,7 +211,7 @@ def test_stream_interval_sends_the_first_token_then_every_nth():
     m, job, sender = _model_for_stream(3)
     for i, tok in enumerate([11, 12, 13, 14, 15, 16, 17]):
         job.tokens.append(tok)
-        m._stream(job, tok, chr(97 + i), None, last=tok == 17)
+        m.stream(job, tok, chr(97 + i), None, last=tok == 17)
     assert _received(m, sender) == [([11], "a", 0), ([12, 13, 14], "bcd", 0), ([15, 16, 17], "efg", 1)]
 
 
@@ -215,8 +219,8 @@ def test_stream_interval_tokens_held_at_an_end_token_leave_with_the_final_respon
     m, job, sender = _model_for_stream(4)
     for i, tok in enumerate([11, 12, 13]):
         job.tokens.append(tok)
-        m._stream(job, tok, chr(97 + i), None, last=False)
-    m._final_response(job)  # the engine produced the end token: nothing more comes
+        m.stream(job, tok, chr(97 + i), None, last=False)
+    m.final_response(job)  # the engine produced the end token: nothing more comes
     assert _received(m, sender) == [([11], "a", 0), ([12, 13], "bc", 1)]
 
 
@@ -231,9 +235,9 @@ def test_perf_metrics_name_admission_and_the_tokens_own_time_even_when_queued_to
     for i, (tok, made) in enumerate([(11, 300), (12, 400), (13, 500)]):
         job.tokens.append(tok)
         job.first_token_ns, job.last_token_ns = 300, made  # as _token_made stamps them
-        m._stream(job, tok, chr(97 + i), None, last=tok == 13)
+        m.stream(job, tok, chr(97 + i), None, last=tok == 13)
     m.outbox.put(None)
-    m._sender()  # all three were queued before the sender ran: they leave as one response
+    m.run()  # all three were queued before the sender ran: they leave as one response
     got = [
         (
             [
@@ -267,14 +271,14 @@ def test_stream_interval_is_validated_and_refused_on_the_tensorrt_llm_target():
 def test_a_failed_request_is_counted_once_as_mid_stream_after_a_response_else_engine_error():
     m, job, sender = _model_for_stream(1)
     job.tokens.append(11)
-    m._stream(job, 11, "a", None, last=False)
-    m._fail(job, "engine error: boom")
-    m._fail(job, "engine error: again")  # a job fails once
+    m.stream(job, 11, "a", None, last=False)
+    m.fail(job, "engine error: boom")
+    m.fail(job, "engine error: again")  # a job fails once
     m2, job2, sender2 = _model_for_stream(1)
-    m2._fail(job2, "engine error: boom")
+    m2.fail(job2, "engine error: boom")
     for model in (m, m2):
         model.outbox.put(None)
-        model._sender()
+        model.run()
     # a token, then the error with the FINAL flag; the other request: only its error, FINAL
     assert [(r.error is not None, f) for r, f in sender.sent] == [(False, 0), (True, 1)], sender.sent
     assert [(r.error is not None, f) for r, f in sender2.sent] == [(True, 1)], sender2.sent

@@ -106,7 +106,7 @@ def test_user_markers_are_data_via_llmclient_and_openai_sdk(served):
     import openai
 
     from pipeline.serve.client import LLMClient
-    from pipeline.serve.models.onnxruntime_genai_model import encode_served
+    from pipeline.serve.models.genai_requests import encode_served
 
     s, codec = served, served.codec
     msgs = MARKED[s.family]
