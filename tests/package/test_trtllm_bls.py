@@ -198,7 +198,7 @@ def test_bls_refuses_draft_tokens_without_a_draft_model():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
-        "served_bls", Path(__file__).resolve().parents[2] / "pipeline" / "serving" / "models" / "tensorrt_llm_bls_model.py"
+        "served_bls", Path(__file__).resolve().parents[2] / "pipeline" / "serve" / "models" / "tensorrt_llm_bls_model.py"
     )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
