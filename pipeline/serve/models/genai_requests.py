@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -157,6 +158,20 @@ class Job:
 
 def _flag(params: dict[str, str], name: str, default: str) -> bool:
     return params.get(name, default).lower() in ("1", "true", "yes")
+
+
+def _single_string_rows(arr: np.ndarray, name: str, unit: str) -> Iterator[tuple[str, Any]]:
+    """``(where, string)`` per row of a BYTES ``[N, 1]`` input ``name``; ``where`` is `` (prompt b)`` when N > 1.
+
+    Raises:
+        ValueError: a row holds more or fewer than one string (``send {unit} ([N, 1])``).
+    """
+    rows = np.asarray(arr).reshape(arr.shape[0], -1)
+    for b, row in enumerate(rows):
+        where = f" (prompt {b})" if len(rows) > 1 else ""
+        if row.size != 1:
+            raise ValueError(f"{name}{where} has {row.size} strings; send {unit} ([N, 1])")
+        yield where, row[0]
 
 
 class RequestParser:
@@ -321,7 +336,6 @@ class RequestParser:
         string inside a content never becomes a control id; BOS only where the template puts it), exactly the ids the
         evaluate stage fed the engine.  ``text_input`` must then be empty (it stays a required tensor of the
         TensorRT-LLM interface): sending both is refused, never resolved silently."""
-        arr = np.asarray(arr).reshape(arr.shape[0], -1)
         if text is not None and any(
             (x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x)) for x in np.asarray(text).reshape(-1).tolist()
         ):
@@ -330,11 +344,7 @@ class RequestParser:
                 "or the rendered prompt as text_input without messages"
             )
         out = []
-        for b, row in enumerate(arr):
-            where = f" (prompt {b})" if len(arr) > 1 else ""
-            if row.size != 1:
-                raise ValueError(f"messages{where} has {row.size} strings; send one JSON list per row ([N, 1])")
-            x = row[0]
+        for where, x in _single_string_rows(arr, "messages", "one JSON list per row"):
             try:
                 msgs = json.loads(x.decode("utf-8") if isinstance(x, bytes) else str(x))
             except (UnicodeDecodeError, ValueError) as e:
@@ -356,13 +366,8 @@ class RequestParser:
             return self._encode_messages(messages, arr)
         if arr is None or arr.size == 0:
             raise ValueError("text_input is empty; send a non-empty prompt")
-        arr = np.asarray(arr).reshape(arr.shape[0], -1)
         out = []
-        for b, row in enumerate(arr):
-            where = f" (prompt {b})" if len(arr) > 1 else ""
-            if row.size != 1:
-                raise ValueError(f"text_input{where} has {row.size} strings; send one prompt per row ([N, 1])")
-            x = row[0]
+        for where, x in _single_string_rows(arr, "text_input", "one prompt per row"):
             try:
                 text = x.decode("utf-8") if isinstance(x, bytes) else str(x)
             except UnicodeDecodeError:
