@@ -125,7 +125,7 @@ class Stage:
 
 
 def get_stage(name: str) -> Stage:
-    """Import ``pipeline.core.stage.<name>`` and return its ``STAGE``.
+    """Import ``pipeline.<name>.stage`` and return its ``STAGE``.
 
     Raises ``KeyError`` with the list of known stages for an unknown name.
     """

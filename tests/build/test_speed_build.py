@@ -129,8 +129,8 @@ def test_exclude_modules_empty_quantizes_the_lm_head_and_the_engine_deploys_it_e
     """quant.exclude_modules=[] quantizes the LM head (ModelOpt's own recipe keeps it unquantized, an entry the quantize
     stage drops then); the build deploys it as MatMulNBits with ModelOpt's integers, and the engine still follows the
     simulated model token for token at accuracy_level=1.  The default (exclude_modules=[lm_head]) keeps a float head."""
-    from pipeline.quantize.modelopt_config.modelopt_config import modelopt_config
-    from pipeline.quantize.preflight.preflight import excluded_modules
+    from pipeline.quantize.modelopt_config import modelopt_config
+    from pipeline.quantize.preflight import excluded_modules
 
     linears = ["model.layers.0.self_attn.q_proj", "lm_head"]
     default_q = compose(["quant=int4_awq"]).quant

@@ -75,7 +75,7 @@ def record_stage_reads(monkeypatch) -> dict[str, dict[str, set[str]]]:
 
     log: dict[str, dict[str, set[str]]] = {}
     for name in STAGES:
-        mod = importlib.import_module(f"pipeline.core.stage.{name}")
+        mod = importlib.import_module(f"pipeline.{name}.stage")
         st = mod.STAGE
         rec = log.setdefault(name, {"run": set(), "key": set(), "external": set()})
 

@@ -116,10 +116,10 @@ def test_the_calibration_pass_computes_only_the_last_logits_and_the_statistics_d
     one through ours (``last_logits_only``); with the LM head unquantized, every quantizer's statistics match."""
     import modelopt.torch.quantization as mtq
     import transformers as tf
-    from pipeline.quantize.modelopt_config.modelopt_config import modelopt_config
 
     from pipeline.core.modelio import load_causal_lm
     from pipeline.quantize.calibration_set import load_calibration
+    from pipeline.quantize.modelopt_config import modelopt_config
 
     cfg = compose([*CALIB, "quant=int8_sq"])
     hf = export_dir / "hf" if (export_dir / "hf").is_dir() else export_dir
