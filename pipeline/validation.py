@@ -1,18 +1,15 @@
-"""Whole-config validation: the config layer's field checks, then the cross-layer rules that need the layers
-above it (the planner's model limits, the resolved target's capabilities and checks, the model family's rules).
+"""Whole-config validation before any work: the config layer's field checks, then the checks of every stage that
+will run (each stage's ``checks.py``, :attr:`pipeline.core.stage.Stage.checks`), all problems reported together.
 
 Layers point one way (cli -> runner -> stages -> domain modules -> config): :mod:`pipeline.core.config` checks fields
-only and never imports the planner or the targets; this module, used by the runner and ``pipeline plan``, imports
-them normally, so a broken module fails loudly instead of silently skipping its checks.
+only and never imports a stage; this module, used by the runner and ``pipeline plan``, imports the stages normally,
+so a broken module fails loudly instead of silently skipping its checks.
 """
 
 from __future__ import annotations
 
-from .build.targets import config_problems as target_problems
-from .core.config import ConfigError, PipelineConfig, Problem
+from .core.config import STAGES, ConfigError, PipelineConfig, Problem
 from .core.config import validate as validate_fields
-from .facts.families import config_problems as family_problems
-from .planner.validate import cross_field_problems
 
 
 def with_run_order(cfg: PipelineConfig) -> PipelineConfig:
@@ -22,7 +19,6 @@ def with_run_order(cfg: PipelineConfig) -> PipelineConfig:
     ``cfg`` itself when a requested name is unknown (the field check reports it)."""
     from omegaconf import OmegaConf
 
-    from .core.config import STAGES
     from .core.stage import resolve_order
 
     requested = list(cfg.stages or [])
@@ -35,23 +31,32 @@ def with_run_order(cfg: PipelineConfig) -> PipelineConfig:
     return run  # type: ignore[return-value]
 
 
+def stage_problems(cfg: PipelineConfig) -> list[Problem]:
+    """The checks of every stage in ``cfg.stages`` (unknown names skipped: the field check reports them), in pipeline
+    order; a problem already reported with the same field and message is not repeated.  Never raises for bad values."""
+    from .core.stage import get_stage
+
+    problems: list[Problem] = []
+    for name in (s for s in STAGES if s in set(cfg.stages or [])):
+        for p in get_stage(name).checks(cfg):
+            if not any(q.field == p.field and q.message == p.message for q in problems):
+                problems.append(p)
+    return problems
+
+
 def validate(cfg: PipelineConfig, *, raise_on_error: bool = True) -> list[Problem]:
-    """For the stages that will run (:func:`with_run_order`): field checks (:func:`pipeline.core.config.validate`), then cross-field checks (``pipeline.planner.validate``),
-    then the resolved target's ``check_config`` (skipped when ``target.name`` itself is wrong), then the model
-    family's rules (a problem already reported with the same field and message is not repeated).
+    """For the stages that will run (:func:`with_run_order`): the field checks (:func:`pipeline.core.config.validate`),
+    then each stage's checks (:func:`stage_problems`).
 
     Returns every problem; raises :class:`~pipeline.core.config.ConfigError` listing them all when ``raise_on_error``
     and any were found.
     """
     cfg = with_run_order(cfg)
     problems = validate_fields(cfg, raise_on_error=False)
-    problems.extend(cross_field_problems(cfg))
-    if not any(p.field == "target.name" for p in problems):
-        problems.extend(target_problems(cfg))
-    problems.extend(p for p in family_problems(cfg) if not any(q.field == p.field and q.message == p.message for q in problems))
+    problems.extend(p for p in stage_problems(cfg) if not any(q.field == p.field and q.message == p.message for q in problems))
     if problems and raise_on_error:
         raise ConfigError(problems)
     return problems
 
 
-__all__ = ["validate"]
+__all__ = ["stage_problems", "validate", "with_run_order"]

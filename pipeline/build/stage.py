@@ -17,6 +17,7 @@ from typing import Any
 from ..core.stage import Stage, StageContext
 from ..core.store import write_json_atomic
 from .artifact import BuildArtifact
+from .checks import checks
 
 
 def _key_extras(cfg: Any, inputs: dict[str, Any]) -> dict[str, Any]:
@@ -89,6 +90,7 @@ def _dry_run(ctx: StageContext) -> dict[str, Any]:
 
 STAGE = Stage(
     name="build",
+    checks=checks,
     deps=("export", "quantize"),
     config_groups=("target", "build", "quant", "parallel"),
     libraries=("onnxruntime-genai", "onnx", "tensorrt-llm", "tensorrt", "nvidia-modelopt", "transformers"),

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from .config import PipelineConfig
+    from .config.common import Problem
     from .store import Artifact
 
 
@@ -79,6 +80,10 @@ def _no_external(cfg: PipelineConfig) -> dict[str, Path]:
     return {}
 
 
+def _no_checks(cfg: PipelineConfig) -> list[Problem]:
+    return []
+
+
 def _no_extras(cfg: PipelineConfig, inputs: dict[str, Artifact]) -> dict[str, Any]:
     return {}
 
@@ -104,6 +109,8 @@ class Stage:
             engine when only the baseline and simulated runners are asked for); a subset of ``deps``.
         runtime_reads: dotted config fields outside the key that the stage reads but that never change its
             output (paths whose content is digested, scheduling knobs); checked by tests/contracts/test_gate_key_reads.py.
+        checks: ``f(cfg) -> [Problem]``, the stage's config checks (its ``checks.py``), run by
+            :func:`pipeline.validation.validate` before any work whenever the stage is in the run order.
     """
 
     name: str
@@ -118,6 +125,7 @@ class Stage:
     cacheable: bool = True
     select_deps: Callable[[PipelineConfig], tuple[str, ...]] | None = None
     runtime_reads: tuple[str, ...] = ()
+    checks: Callable[[PipelineConfig], list[Problem]] = _no_checks
 
     def deps_for(self, cfg: PipelineConfig) -> tuple[str, ...]:
         """The upstream stages this run needs (``select_deps(cfg)`` when given, else ``deps``)."""

@@ -26,6 +26,7 @@ from ..core.stage import Stage, StageContext
 from ..core.store import sha256_file
 from ..export.artifact import ExportArtifact
 from .artifact import EvalArtifact
+from .checks import checks
 
 REPORT_SCHEMA = "pipeline.eval_report/v1"
 
@@ -732,6 +733,7 @@ def _select_deps(cfg: Any) -> tuple[str, ...]:
 
 STAGE = Stage(
     name="evaluate",
+    checks=checks,
     deps=("export", "quantize", "build"),
     config_groups=("eval",),
     libraries=("transformers", "torch", "tokenizers", "nvidia-modelopt", "onnxruntime-genai", "rouge-score", "scipy", "numpy"),

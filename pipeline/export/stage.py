@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.errors import InputError
 from ..core.stage import Stage, StageContext
+from .checks import checks
 
 if TYPE_CHECKING:
     from ..core.config import PipelineConfig
@@ -134,6 +135,7 @@ def _numel(shape: list[int]) -> int:
 
 STAGE = Stage(
     name="export",
+    checks=checks,
     deps=(),
     config_groups=("model",),
     libraries=("transformers", "safetensors", "tokenizers", "torch"),

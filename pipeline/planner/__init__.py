@@ -7,7 +7,7 @@ Public API:
   of every run; prints the plan and raises :class:`~pipeline.core.errors.PreflightError` when it is refused.
 * :func:`host_memory_bandwidth_gbs`: measured host memory bandwidth in GB/s (cached per process),
   for CPU rooflines.
-* :func:`pipeline.planner.validate.cross_field_problems`: cross-field config checks.
+* the stages' config checks live with each stage (``pipeline/<stage>/checks.py``), run by :func:`pipeline.validation.validate`.
 * :mod:`pipeline.facts.gpus`: ``CATALOGUE``, ``lookup(name)``.
 
 Importing this package does not import torch or transformers.

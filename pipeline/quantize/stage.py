@@ -7,6 +7,7 @@ from typing import Any
 
 from ..core.config import key_fields
 from ..core.stage import Stage, StageContext
+from .checks import checks
 
 
 def _run(ctx: StageContext) -> dict[str, Any]:
@@ -52,6 +53,7 @@ def _dry_run(ctx: StageContext) -> dict[str, Any]:
 
 STAGE = Stage(
     name="quantize",
+    checks=checks,
     deps=("export",),
     config_groups=("quant", "parallel"),
     libraries=("nvidia-modelopt", "torch", "transformers", "safetensors"),

@@ -185,11 +185,11 @@ def test_calibration_loader_fuzz(tmp_path, lines, raw):
 @given(lines=st.lists(LINE, max_size=6))
 def test_eval_length_check_fuzz(tiny_llama, tmp_path, lines):
     """The cross-field eval-set length check skips what it cannot read instead of crashing."""
-    from pipeline.planner.validate import cross_field_problems
+    from pipeline.validation import stage_problems
 
     p = _write(tmp_path, "e.jsonl", lines, None)
     cfg = compose([f"model.path={tiny_llama}", f"eval.eval_set={p}", "build.max_seq_len=256", "build.max_input_len=128"])
-    assert isinstance(cross_field_problems(cfg), list)
+    assert isinstance(stage_problems(cfg), list)
 
 
 # --------------------------------------------------------------------------- config.json field types (issue 16 item 9)

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from pipeline.core.config import ConfigError, compose
+from pipeline.evaluate.checks import eval_prompt_stats
 from pipeline.planner import plan
-from pipeline.planner.validate import cross_field_problems, eval_prompt_stats
-from pipeline.validation import validate
+from pipeline.validation import stage_problems, validate
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -53,12 +53,10 @@ def test_all_problems_are_reported_together():
 
 def test_max_seq_len_against_positions_and_rope_factor():
     # Llama 3.1: rope_type llama3 -> max_position_embeddings (131072) already is the extended length
-    p = cross_field_problems(
-        compose(["model=llama31_8b", "build.max_seq_len=140000", "build.max_input_len=1024", "build.max_num_tokens=8192"])
-    )
+    p = stage_problems(compose(["model=llama31_8b", "build.max_seq_len=140000", "build.max_input_len=1024", "build.max_num_tokens=8192"]))
     assert "build.max_seq_len" in fields(p) and "131072" in str(p[fields(p).index("build.max_seq_len")])
     # linear rope scaling multiplies the positions
-    ok = cross_field_problems(
+    ok = stage_problems(
         compose(
             [
                 "model=llama2_7b",
@@ -70,12 +68,10 @@ def test_max_seq_len_against_positions_and_rope_factor():
         )
     )
     assert "build.max_seq_len" not in fields(ok)
-    bad = cross_field_problems(
-        compose(["model=llama2_7b", "build.max_seq_len=8192", "build.max_input_len=1024", "build.max_num_tokens=8192"])
-    )
+    bad = stage_problems(compose(["model=llama2_7b", "build.max_seq_len=8192", "build.max_input_len=1024", "build.max_num_tokens=8192"]))
     assert "build.max_seq_len" in fields(bad)
     # speculative draft tokens count against the positions
-    spec = cross_field_problems(
+    spec = stage_problems(
         compose(
             [
                 "model=llama2_7b",
@@ -92,27 +88,27 @@ def test_max_seq_len_against_positions_and_rope_factor():
 def test_allow_unsafe_lengths_accepts_and_records():
     ov = ["model=llama2_7b", "build.max_seq_len=8192", "build.max_input_len=1024", "build.max_num_tokens=8192", "target.gpu=h100_sxm"]
     cfg = compose(ov + ["allow_unsafe_lengths=true"])
-    assert "build.max_seq_len" not in fields(cross_field_problems(cfg))
+    assert "build.max_seq_len" not in fields(stage_problems(cfg))
     p = plan(cfg)
     assert p.config["allow_unsafe_lengths"] is True and any("allow_unsafe_lengths=true" in w for w in p.warnings)
 
 
 def test_chunked_context_allows_short_max_num_tokens_but_needs_paged_fmha():
     base = ["model=llama31_8b", "build=long_context"]
-    assert "build.max_num_tokens" not in fields(cross_field_problems(compose(base)))
-    p = cross_field_problems(compose(base + ["build.use_paged_context_fmha=false"]))
+    assert "build.max_num_tokens" not in fields(stage_problems(compose(base)))
+    p = stage_problems(compose(base + ["build.use_paged_context_fmha=false"]))
     assert "build.enable_chunked_context" in fields(p)
 
 
 def test_tensor_parallel_heads_kv_heads_and_vocab():
     # qwen2.5-7b: 28 heads, 4 KV heads, vocab 152064
-    assert fields(cross_field_problems(compose(["model=qwen25_7b", "parallel.tp_size=4"]))) == []
-    p = cross_field_problems(compose(["model=qwen25_7b", "parallel.tp_size=8"]))  # 28 % 8 != 0
+    assert fields(stage_problems(compose(["model=qwen25_7b", "parallel.tp_size=4"]))) == []
+    p = stage_problems(compose(["model=qwen25_7b", "parallel.tp_size=8"]))  # 28 % 8 != 0
     assert "parallel.tp_size" in fields(p)
     # 32 heads, 8 KV heads: TP 16 replicates KV heads (allowed)
-    assert "parallel.tp_size" not in fields(cross_field_problems(compose(["model=mistral_7b", "parallel.tp_size=16"])))
+    assert "parallel.tp_size" not in fields(stage_problems(compose(["model=mistral_7b", "parallel.tp_size=16"])))
     # a KV-head count neither divided nor replicated evenly
-    p = cross_field_problems(
+    p = stage_problems(
         compose(
             ["model=mistral_7b", "model.hf_config.num_key_value_heads=6", "parallel.tp_size=4", "model.hf_config.num_attention_heads=48"]
         )
@@ -126,40 +122,40 @@ def test_tensor_parallel_heads_kv_heads_and_vocab():
         "parallel.tp_size=3",
         "model.hf_config.vocab_size=32002",
     ]
-    assert "quant.vocab_padding" not in fields(cross_field_problems(compose(ov)))
-    p = cross_field_problems(compose(ov + ["quant.vocab_padding=reject"]))
+    assert "quant.vocab_padding" not in fields(stage_problems(compose(ov)))
+    p = stage_problems(compose(ov + ["quant.vocab_padding=reject"]))
     assert "quant.vocab_padding" in fields(p) and "32002" in str(p[fields(p).index("quant.vocab_padding")])
 
 
 def test_calibration_length_against_positions():
-    p = cross_field_problems(compose(["model=llama2_7b", "quant=int4_awq", "calibration.calib_max_seq_length=8192"]))
+    p = stage_problems(compose(["model=llama2_7b", "quant=int4_awq", "calibration.calib_max_seq_length=8192"]))
     assert "calibration.calib_max_seq_length" in fields(p)
     # no calibration for the unquantized recipe
     assert "calibration.calib_max_seq_length" not in fields(
-        cross_field_problems(compose(["model=llama2_7b", "quant=none", "calibration.calib_max_seq_length=8192"]))
+        stage_problems(compose(["model=llama2_7b", "quant=none", "calibration.calib_max_seq_length=8192"]))
     )
 
 
 def test_unknown_target_gpu_is_a_problem():
-    p = cross_field_problems(compose(["model=llama2_7b", "target.gpu=rtx9090"]))
+    p = stage_problems(compose(["model=llama2_7b", "target.gpu=rtx9090"]))
     assert fields(p) == ["target.gpu"] and "h100_sxm" in p[0].fix
 
 
 def test_build_limits_only_checked_when_an_engine_is_involved(tiny_llama):
     # tiny checkpoint: 256 positions; cpu_default asks for 384 -> a problem for a build, none for export/quantize only
-    assert "build.max_seq_len" in fields(cross_field_problems(compose([f"model.path={tiny_llama}"])))
-    assert cross_field_problems(compose([f"model.path={tiny_llama}", "stages=[export,quantize]", "quant=int4_awq"])) == []
+    assert "build.max_seq_len" in fields(stage_problems(compose([f"model.path={tiny_llama}"])))
+    assert stage_problems(compose([f"model.path={tiny_llama}", "stages=[export,quantize]", "quant=int4_awq"])) == []
 
 
 def test_eval_set_prompt_lengths_checked_with_max_and_p99(tiny_llama):
     cfg = compose([f"model.path={tiny_llama}", "build.max_input_len=16", "build.max_seq_len=256"])
-    p = cross_field_problems(cfg)
+    p = stage_problems(cfg)
     assert "build.max_input_len" in fields(p)
     msg = str(p[fields(p).index("build.max_input_len")])
     st = eval_prompt_stats(cfg)
     assert f"up to {st['max']} tokens" in msg and f"P99 {st['p99']}" in msg and st["count"] == 720
     assert st["p99"] <= st["max"]
-    ok = cross_field_problems(
+    ok = stage_problems(
         compose([f"model.path={tiny_llama}", f"build.max_input_len={st['max']}", "build.max_seq_len=256", "build.max_num_tokens=2048"])
     )
     assert "build.max_input_len" not in fields(ok)

@@ -304,8 +304,11 @@ class OnnxRuntimeGenAITarget:
 
     # ------------------------------------------------------------------ config time
     def check_config(self, cfg: Any) -> list[Problem]:
-        """Recipe/kv-cache/limits checks for this target (no heavy imports)."""
-        return _quant_problems(cfg) + _build_problems(cfg)
+        """Recipe/kv-cache/limits checks for this target, then what it needs from the model
+        (:mod:`.checks`: head size, sliding window); no heavy imports."""
+        from .checks import model_problems
+
+        return _quant_problems(cfg) + _build_problems(cfg) + model_problems(cfg)
 
     def available(self) -> tuple[bool, str]:
         from ....core.hostinfo import installed_version

@@ -927,7 +927,7 @@ class TensorRTLLMTarget:
             )
         p += runtime_problems(cfg)
         p += serving_image_problems(cfg)
-        # max_seq_len (+ draft) vs the model's positions: pipeline/planner/validate.py (one rule, one place)
+        # max_seq_len (+ draft) vs the model's positions: pipeline/build/checks.py (one rule, one place)
         return p
 
     def available(self) -> tuple[bool, str]:

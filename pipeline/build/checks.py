@@ -1,0 +1,86 @@
+"""The build stage's config checks (run by :func:`pipeline.validation.validate` when the build stage will run).
+
+* ``build.max_input_len < build.max_seq_len``; ``max_seq_len (+ speculative.max_draft_len) <=
+  max_position_embeddings x rope factor`` unless ``allow_unsafe_lengths=true`` (then recorded in the plan);
+* ``build.max_num_tokens >= build.max_input_len`` unless ``build.enable_chunked_context``; chunked
+  context needs ``build.use_paged_context_fmha`` (TensorRT-LLM plugin/plugin.py);
+* the resolved target's own ``check_config`` (recipe, KV cache format, limits, and the model's needs on that
+  target: :mod:`pipeline.build.targets`).
+
+(``tokens_per_block`` being a power of two is checked by the ``build`` config group itself.)  Never imports torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..core.config.common import Problem
+from ..core.errors import PipelineError
+
+
+def checks(cfg: Any) -> list[Problem]:
+    """Every build-stage problem of ``cfg`` (a composed ``PipelineConfig``); never raises for bad values."""
+    from ..planner.plan import load_shape
+    from .targets import TARGETS
+    from .targets import config_problems as target_problems
+
+    problems = _length_problems(cfg.build)
+    try:
+        shape, _src = load_shape(cfg)
+    except PipelineError:
+        shape = None  # the export stage / `pipeline plan` reports an unreadable checkpoint with its own message
+    if shape is not None:
+        problems.extend(_position_problems(cfg, shape))
+    if cfg.target.name == "auto" or cfg.target.name in TARGETS:  # else the target.name field check reports it
+        problems.extend(target_problems(cfg))
+    return problems
+
+
+def _length_problems(b: Any) -> list[Problem]:
+    problems: list[Problem] = []
+    if b.max_input_len >= b.max_seq_len:
+        problems.append(
+            Problem(
+                "build.max_input_len",
+                b.max_input_len,
+                f"must be below build.max_seq_len={b.max_seq_len} (max_seq_len = prompt + generated tokens).",
+                f"set build.max_seq_len > {b.max_input_len} or build.max_input_len < {b.max_seq_len}",
+            )
+        )
+    if b.max_num_tokens < b.max_input_len and not b.enable_chunked_context:
+        problems.append(
+            Problem(
+                "build.max_num_tokens",
+                b.max_num_tokens,
+                f"is below build.max_input_len={b.max_input_len}: a full prompt cannot be processed in one step.",
+                f"set build.max_num_tokens >= {b.max_input_len}, or build.enable_chunked_context=true",
+            )
+        )
+    if b.enable_chunked_context and not b.use_paged_context_fmha:
+        problems.append(Problem("build.enable_chunked_context", True, "needs paged context FMHA.", "set build.use_paged_context_fmha=true"))
+    return problems
+
+
+def _position_problems(cfg: Any, shape: Any) -> list[Problem]:
+    problems: list[Problem] = []
+    b = cfg.build
+    if b is not None:
+        limit = shape.max_seq_len_limit
+        total = b.max_seq_len + max(0, b.speculative.max_draft_len)
+        if total > limit and not getattr(cfg, "allow_unsafe_lengths", False):
+            extra = f" + speculative.max_draft_len={b.speculative.max_draft_len}" if b.speculative.max_draft_len else ""
+            how = (
+                f"max_position_embeddings={shape.max_positions} x rope factor {shape.rope_factor:g}"
+                if limit != shape.max_positions
+                else f"max_position_embeddings={shape.max_positions}"
+            )
+            problems.append(
+                Problem(
+                    "build.max_seq_len",
+                    b.max_seq_len,
+                    f"{extra and extra.lstrip() + f' = {total} '}exceeds the model's {limit} positions ({how}).",
+                    f"set build.max_seq_len <= {limit - max(0, b.speculative.max_draft_len)}, "
+                    "or allow_unsafe_lengths=true to accept it (recorded in the plan)",
+                )
+            )
+    return problems

@@ -1,0 +1,184 @@
+"""The evaluate stage's config checks (run by :func:`pipeline.validation.validate` when the evaluate stage will run).
+
+* the business eval set's prompts, rendered and tokenized as the engine will see them
+  (:class:`pipeline.core.tokenization.TextCodec`: ``tokenizers`` + ``jinja2``, no transformers), fit
+  ``build.max_input_len`` (max and P99 reported), and prompt + ``max_new_tokens`` fit ``build.max_seq_len``.
+
+Fast (well under a second for the default model; cached per file version).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from ..core.config.common import Problem
+from ..core.errors import PipelineError
+
+
+def checks(cfg: Any) -> list[Problem]:
+    """Every evaluate-stage problem of ``cfg`` (a composed ``PipelineConfig``); never raises for bad values."""
+    from ..planner.plan import load_shape
+
+    try:
+        load_shape(cfg)
+    except PipelineError:
+        return []  # the export stage / `pipeline plan` reports an unreadable checkpoint with its own message
+    return _eval_set_problems(cfg)
+
+
+# --------------------------------------------------------------------------- eval set
+def _file_sig(p: Path) -> tuple[str, int, int]:
+    st = p.stat()
+    return (str(p), st.st_size, st.st_mtime_ns)
+
+
+def _eval_rows(path: Path) -> list[dict[str, Any]]:
+    """The eval set's lines as objects (a foreign format, a task YAML or a question/answer JSONL, as the eval loader
+    maps it; malformed lines are left out: the eval loader reports them with their line number)."""
+    from ..core.errors import InputError
+    from ..evaluate import foreign
+    from ..evaluate.dataset import read_eval_set
+
+    text = path.read_text(encoding="utf-8-sig", errors="replace")
+    rows = []
+    for line in text.splitlines():
+        try:
+            row = json.loads(line) if line.strip() else None
+        except ValueError:
+            row = None
+        if isinstance(row, dict):
+            rows.append(row)
+    if foreign.is_task_yaml(path, text) or foreign.qa_mapping(rows) is not None:
+        try:
+            items = read_eval_set(path).items
+        except InputError:
+            return []
+        return [
+            {"id": it.id, "prompt": it.prompt, "messages": it.messages, "max_new_tokens": it.max_new_tokens, "slice": it.slice}
+            for it in items
+        ]
+    return rows
+
+
+@functools.lru_cache(maxsize=8)
+def _prompt_lengths(
+    eval_sig: tuple[str, int, int], tok_sig: tuple[str, int, int], limit: int | None, apply_chat_template: bool, default_new: int
+) -> tuple[list[int], list[int], list[str]]:
+    """(prompt token lengths, prompt + max_new_tokens, ids) for the eval set; cached per file version."""
+    from ..core import tokenization
+    from ..core.errors import InputError
+
+    try:
+        tok = tokenization.TextCodec.from_dir(Path(tok_sig[0]).parent)
+    except tokenization.TokenizationError as e:
+        raise InputError(str(e)) from None
+    lens, totals, ids = [], [], []
+    slices: list[str] = []
+    for i, row in enumerate(_eval_rows(Path(eval_sig[0]))):
+        prompt, messages = row.get("prompt"), row.get("messages")
+        if not isinstance(prompt, str) and not isinstance(messages, list):
+            continue
+        try:
+            n = len(
+                tokenization.encode_prompt(
+                    tok,
+                    prompt if isinstance(prompt, str) else None,
+                    messages if isinstance(messages, list) else None,
+                    apply_chat_template=apply_chat_template,
+                )
+            )
+        except Exception:
+            continue
+        mnt = row.get("max_new_tokens")
+        mnt = mnt if isinstance(mnt, int) and not isinstance(mnt, bool) and mnt > 0 else default_new
+        lens.append(n)
+        totals.append(n + mnt)
+        ids.append(str(row.get("id", f"line {i + 1}")))
+        slices.append(str(row.get("slice", "")))
+    if limit is not None and 0 < limit < len(ids):
+        # the items the evaluate stage will use: eval.limit takes them round-robin across slices
+        from ..evaluate.dataset import EvalItem, stratified_head
+
+        items = [EvalItem(id=f"{k}", slice=sl, metric="", reference=None) for k, sl in enumerate(slices)]
+        keep = {int(it.id) for it in stratified_head(items, limit)}
+        sel = sorted(keep)
+        lens, totals, ids = [lens[k] for k in sel], [totals[k] for k in sel], [ids[k] for k in sel]
+    return lens, totals, ids
+
+
+def eval_prompt_stats(cfg: Any) -> dict[str, Any] | None:
+    """Token-length statistics of the eval set's prompts as the engine sees them, or ``None`` when the
+    eval set or a fast tokenizer is not available.  Keys: count, max, p99, max_id, max_total, max_total_id."""
+    from ..core.config import resolve_path
+
+    if not cfg.eval.eval_set or not cfg.model.path:
+        return None
+    try:
+        ep = resolve_path(cfg.eval.eval_set)
+        mp = resolve_path(cfg.model.path)
+        if ep is None or mp is None or not ep.is_file() or not (mp / "tokenizer.json").is_file():
+            return None
+    except (OSError, ValueError):
+        return None  # the eval loader / export stage name the bad path
+    try:
+        lens, totals, ids = _prompt_lengths(
+            _file_sig(ep),
+            _file_sig(mp / "tokenizer.json"),
+            cfg.eval.limit,
+            bool(cfg.model.apply_chat_template),
+            int(cfg.eval.max_new_tokens),
+        )
+    except (OSError, ValueError, ImportError):
+        return None
+    if not lens:
+        return None
+    s = sorted(lens)
+    p99 = s[min(len(s) - 1, max(0, math.ceil(0.99 * len(s)) - 1))]
+    imax = max(range(len(lens)), key=lens.__getitem__)
+    itot = max(range(len(totals)), key=totals.__getitem__)
+    return {
+        "count": len(lens),
+        "max": lens[imax],
+        "p99": p99,
+        "max_id": ids[imax],
+        "max_total": totals[itot],
+        "max_total_id": ids[itot],
+        "file": str(ep),
+    }
+
+
+def _eval_set_problems(cfg: Any) -> list[Problem]:
+    if not any(s in ("evaluate", "benchmark") for s in cfg.stages):
+        return []
+    if os.environ.get("PIPELINE_SKIP_EVAL_LENGTH_CHECK") == "1":
+        return []
+    st = eval_prompt_stats(cfg)
+    if st is None:
+        return []
+    b = cfg.build
+    out = []
+    if st["max"] > b.max_input_len:
+        out.append(
+            Problem(
+                "build.max_input_len",
+                b.max_input_len,
+                f"the eval set {st['file']} has prompts up to {st['max']} tokens "
+                f"(item {st['max_id']}; P99 {st['p99']} over {st['count']} prompts, rendered with the chat template).",
+                f"set build.max_input_len >= {st['max']} (and build.max_seq_len above it), or shorten the prompts",
+            )
+        )
+    if st["max_total"] > b.max_seq_len:
+        out.append(
+            Problem(
+                "build.max_seq_len",
+                b.max_seq_len,
+                f"prompt + max_new_tokens reaches {st['max_total']} tokens on the eval set (item {st['max_total_id']}).",
+                f"set build.max_seq_len >= {st['max_total']}",
+            )
+        )
+    return out

@@ -1,0 +1,81 @@
+"""The export stage's config checks (run by :func:`pipeline.validation.validate`): is the checkpoint at
+``model.path`` of a family this pipeline supports, for the target and the recipe asked for.
+
+The facts are :data:`pipeline.facts.families.FAMILY_SUPPORT`; this module turns them into config-time refusals
+(exit 2) from the checkpoint's ``config.json``, before any stage runs.  Never imports torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..facts.families import FAMILY_SUPPORT, read_model_config
+
+
+def checks(cfg: Any) -> list[Any]:
+    """Config-time refusals for the checkpoint at ``model.path`` (called from ``pipeline.validation.validate``).
+
+    * an architecture this pipeline has no support for (e.g. ``GemmaForCausalLM``), named with the supported list;
+    * a target the family cannot be built for (Phi-3 on ``tensorrt_llm``), with the reason and the alternative.
+
+    Only when a stage that exports or builds is requested; shapes-only presets (no ``model.path``) are skipped.
+    """
+    from ..core.config.common import Problem
+
+    stages = set(getattr(cfg, "stages", ()) or ())
+    if not stages & {"export", "quantize", "build", "evaluate", "package", "benchmark"}:
+        return []
+    mc = read_model_config(getattr(cfg.model, "path", None))
+    if mc is None:
+        return []
+    problems: list[Problem] = []
+    archs = mc.get("architectures") or []
+    arch = archs[0] if archs else None
+    mt = mc.get("model_type")
+    fam = FAMILY_SUPPORT.get(mt) if isinstance(mt, str) else None
+    if fam is None or (arch is not None and arch != fam["architecture"]):
+        supported = sorted(f["architecture"] for f in FAMILY_SUPPORT.values())
+        problems.append(
+            Problem(
+                "model.path",
+                cfg.model.path,
+                f"architecture {arch!r} (model_type {mt!r}) is not supported by this pipeline (supported: {supported}).",
+                "convert the model to one of the supported architectures, or use a checkpoint of a supported "
+                "family (docs/models.md lists what works on which target)",
+            )
+        )
+        return problems
+    from ..build.targets import needs_build, resolve_target
+
+    if needs_build(cfg):
+        try:
+            target, _ = resolve_target(cfg)
+        except Exception:
+            return problems
+        why = fam["targets"].get(target)
+        if why:
+            problems.append(
+                Problem(
+                    "target.name",
+                    target,
+                    f"{fam['architecture']}: {why.split(' Fix: ')[0]}",
+                    why.split(" Fix: ", 1)[1] if " Fix: " in why else "use another target",
+                )
+            )
+    recipe = getattr(cfg.quant, "recipe", None)
+    recipe_why = fam.get("recipes", {}).get(recipe)
+    if recipe_why is None and recipe != "none" and needs_build(cfg):
+        try:
+            recipe_why = fam.get("quantized_on", {}).get(resolve_target(cfg)[0])
+        except Exception:
+            recipe_why = None
+    if recipe_why:
+        problems.append(
+            Problem(
+                "quant.recipe",
+                cfg.quant.recipe,
+                f"{fam['architecture']}: {recipe_why.split(' Fix: ')[0]}",
+                recipe_why.split(" Fix: ", 1)[1] if " Fix: " in recipe_why else "use another recipe",
+            )
+        )
+    return problems

@@ -1,0 +1,133 @@
+"""The quantize stage's config checks (run by :func:`pipeline.validation.validate` when the quantize stage will run).
+
+* ``parallel.tp_size`` divides the attention heads; KV heads are divided or replicated (TP a multiple of
+  them); a vocabulary not divisible by TP is padded (``quant.vocab_padding=pad``, recorded) or rejected;
+  ``parallel.pp_size`` <= layers;
+* ``calibration.calib_max_seq_length`` <= the model's positions;
+* ``target.gpu`` is a catalogue name; the recipe, the export dtype and the KV cache format are supported by the
+  target GPU (:mod:`pipeline.facts.recipes`, TensorRT-LLM support matrix).
+
+Never imports torch.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..core.config.common import Problem
+from ..core.errors import PipelineError
+
+
+def checks(cfg: Any) -> list[Problem]:
+    """Every quantize-stage problem of ``cfg`` (a composed ``PipelineConfig``); never raises for bad values."""
+    from ..planner.plan import load_shape
+
+    problems: list[Problem] = []
+    try:
+        shape, _src = load_shape(cfg)
+    except PipelineError:
+        shape = None  # the export stage / `pipeline plan` reports an unreadable checkpoint with its own message
+    if shape is not None:
+        problems.extend(_parallel_problems(cfg, shape))
+    problems.extend(_gpu_problems(cfg))
+    return problems
+
+
+def _parallel_problems(cfg: Any, shape: Any) -> list[Problem]:
+    problems: list[Problem] = []
+    q, par = cfg.quant, cfg.parallel
+    if q is not None:
+        tp, pp = max(1, par.tp_size), max(1, par.pp_size)
+        if shape.num_heads % tp:
+            ok = [t for t in (1, 2, 4, 8, 16) if shape.num_heads % t == 0]
+            problems.append(
+                Problem("parallel.tp_size", par.tp_size, f"does not divide the {shape.num_heads} attention heads.", f"use one of {ok}")
+            )
+        elif shape.num_kv_heads % tp and tp % shape.num_kv_heads:
+            problems.append(
+                Problem(
+                    "parallel.tp_size",
+                    par.tp_size,
+                    f"neither divides nor is a multiple of the {shape.num_kv_heads} KV heads (they can be split or replicated, not both).",
+                    "use a TP size that divides or is a multiple of the KV heads",
+                )
+            )
+        if shape.vocab_size % tp and q.vocab_padding == "reject":
+            padded = math.ceil(shape.vocab_size / tp) * tp
+            problems.append(
+                Problem(
+                    "quant.vocab_padding",
+                    "reject",
+                    f"vocab_size={shape.vocab_size} is not divisible by tp_size={tp}.",
+                    f"set quant.vocab_padding=pad (pads to {padded}) or a TP size dividing {shape.vocab_size}",
+                )
+            )
+        if pp > shape.num_layers:
+            problems.append(
+                Problem(
+                    "parallel.pp_size",
+                    par.pp_size,
+                    f"exceeds the model's {shape.num_layers} layers.",
+                    f"use parallel.pp_size <= {shape.num_layers}",
+                )
+            )
+        if q.recipe != "none" and cfg.calibration.calib_max_seq_length > shape.max_seq_len_limit:
+            problems.append(
+                Problem(
+                    "calibration.calib_max_seq_length",
+                    cfg.calibration.calib_max_seq_length,
+                    f"exceeds the model's {shape.max_seq_len_limit} positions.",
+                    f"set calibration.calib_max_seq_length <= {shape.max_seq_len_limit}",
+                )
+            )
+    return problems
+
+
+def _gpu_problems(cfg: Any) -> list[Problem]:
+    from ..build.targets import TARGETS
+    from ..facts.recipes import BF16_MIN_SM, KV_MIN_SM, RECIPE_MIN_SM
+    from ..planner.plan import plan_device
+
+    if cfg.target.name != "auto" and cfg.target.name not in TARGETS:
+        return []  # the target.name field check reports it
+    try:
+        kind, gpu, _why = plan_device(cfg)
+    except PipelineError:
+        from ..facts.gpus import CATALOGUE
+
+        return [Problem("target.gpu", cfg.target.gpu, "is not in the GPU catalogue.", f"use one of {sorted(CATALOGUE)}")]
+    out: list[Problem] = []
+    if kind != "gpu" or gpu is None:
+        return out
+    q = cfg.quant
+    if gpu.sm < RECIPE_MIN_SM.get(q.recipe, 0):
+        out.append(
+            Problem(
+                "quant.recipe",
+                q.recipe,
+                f"needs compute capability >= {RECIPE_MIN_SM[q.recipe] / 10:.1f}; "
+                f"the target {gpu.name} is {gpu.compute_capability} (TensorRT-LLM support matrix).",
+                f"use one of {gpu.quant_formats}, or a newer GPU",
+            )
+        )
+    dtype = q.export_dtype if q.recipe != "none" else cfg.model.dtype
+    if dtype == "bfloat16" and gpu.sm < BF16_MIN_SM:
+        out.append(
+            Problem(
+                "model.dtype" if q.recipe == "none" else "quant.export_dtype",
+                dtype,
+                f"bfloat16 needs compute capability >= {BF16_MIN_SM / 10:.1f}; the target {gpu.name} is {gpu.compute_capability}.",
+                "use float16 on this GPU, or a newer GPU",
+            )
+        )
+    if gpu.sm < KV_MIN_SM.get(q.kv_cache_dtype, 0):
+        out.append(
+            Problem(
+                "quant.kv_cache_dtype",
+                q.kv_cache_dtype,
+                f"needs compute capability >= {KV_MIN_SM[q.kv_cache_dtype] / 10:.1f}; the target {gpu.name} is {gpu.compute_capability}.",
+                f"use one of {gpu.kv_formats}",
+            )
+        )
+    return out
