@@ -450,16 +450,18 @@ def _record_gate(name: str, art: Artifact, console: Console, state: _RunState, *
     """Record the evaluate stage's gate and the package stage's parity in ``state.gate_info``; a failed gate sets
     ``state.gate_failed`` (an exploratory run's inconclusive verdict only warns: exit 0, and the package stage refuses
     it unless ``package.allow_failed_gate``)."""
-    gate = art.result.get("gate")
-    if name == "evaluate" and isinstance(gate, dict):
-        state.gate_info["evaluate"] = gate
+    from .evaluate.artifact import gate_of
+
+    gate = gate_of(art.result) if name == "evaluate" else None
+    if gate is not None:
+        state.gate_info["evaluate"] = gate.to_json()
         state.eval_dir = Path(art.path)
     if name == "package":
         parity = _parity_record(art)
         if parity is not None:
             state.gate_info["parity"] = parity
-    if isinstance(gate, dict) and gate.get("passed") is False:
-        if name == "evaluate" and gate.get("mode") == "exploratory" and gate.get("verdict") == "inconclusive":
+    if gate is not None and not gate.passed:
+        if gate.exploratory and gate.inconclusive:
             then = (
                 "the package stage packages it anyway because package.allow_failed_gate=true (recorded in the release manifest)"
                 if allow_failed_gate
@@ -467,7 +469,7 @@ def _record_gate(name: str, art: Artifact, console: Console, state: _RunState, *
             )
             console.print(f"[bold yellow]EXPLORATORY RUN: the gate is INCONCLUSIVE (eval.gate.mode=exploratory); exit 0, {then}[/]")
         else:
-            state.gate_failed = gate.get("reason", "evaluation gate failed")
+            state.gate_failed = gate.reason
 
 
 JUNIT_FILE = "junit.xml"
@@ -585,41 +587,38 @@ def _parity_record(art: Artifact) -> dict[str, Any] | None:
 def print_gate(gate: dict[str, Any], console: Console) -> None:
     """The release-gate section of the run summary: non-inferiority verdict (bound vs allowance), fidelity
     (mean KLD, top-1 agreement) and serving parity (``served == evaluated: N/N`` from the package stage's
-    ``parity`` result; "not checked" when absent)."""
-    ev = gate.get("evaluate") or {}
-    if ev:
-        verdict = str(ev.get("verdict") or ("pass" if ev.get("passed") else "fail"))
+    ``parity`` result; "not checked" when absent).  ``gate`` is ``{"evaluate": <GateVerdict record>, "parity": ...}``
+    (``summary.json`` ``gate``)."""
+    from .evaluate.artifact import GateVerdict
+
+    ev = GateVerdict.from_json(gate.get("evaluate"))
+    if ev is not None:
         colors = {"pass": "green", "inconclusive": "yellow", "fail": "red"}
         # the headline names the checks that failed; non-inferiority is the max_drop checks' own verdict
-        # (reports written before it was recorded: the overall verdict)
-        ni = str(ev.get("non_inferiority") or verdict)
+        ni = ev.non_inferiority
         color = colors.get(ni, "red")
-        other = [c for c in ev.get("failed_checks") or [] if c.get("check") != "max_drop"]
+        other = [c for c in ev.failed_checks if c.check != "max_drop"]
         if other:
-            named = "; ".join(
-                f"{c.get('check')}" + ("" if c.get("scope") == "overall" else f" [{c.get('scope')}]") + f" ({c.get('detail')})"
-                for c in other
-            )
-            xmode = " (exploratory: not releasable)" if ev.get("mode") == "exploratory" else ""
-            console.print(f"[bold]gate[/]  [{colors.get(verdict, 'red')}]{verdict}[/] on {escape(named)}{xmode}")
-        b = ev.get("bound") or {}
+            named = "; ".join(f"{c.check}" + ("" if c.scope == "overall" else f" [{c.scope}]") + f" ({c.detail})" for c in other)
+            xmode = " (exploratory: not releasable)" if ev.exploratory else ""
+            console.print(f"[bold]gate[/]  [{colors.get(ev.verdict, 'red')}]{ev.verdict}[/] on {escape(named)}{xmode}")
+        b = ev.bound
         bound = (
-            f" drop {100 * b['drop']:+.1f} pp, upper bound {100 * b['upper']:+.1f} pp vs allowed {100 * b['allowance']:.1f} pp"
-            if b.get("upper") is not None
+            f" drop {100 * b.drop:+.1f} pp, upper bound {100 * b.upper:+.1f} pp vs allowed {100 * b.allowance:.1f} pp"
+            if b is not None and b.upper is not None
             else ""
         )
-        mode = " (exploratory: not releasable)" if ev.get("mode") == "exploratory" and ni != "pass" else ""
-        sc = ev.get("scopes") or {}
-        if sc:
-            bound = f" (overall{bound}; scopes: " + ", ".join(f"{n} {v}" for v, n in sc.items() if n) + ")"
+        mode = " (exploratory: not releasable)" if ev.exploratory and ni != "pass" else ""
+        if ev.scopes:
+            bound = f" (overall{bound}; scopes: " + ", ".join(f"{n} {v}" for v, n in ev.scopes.items() if n) + ")"
         console.print(f"[bold]gate[/]  non-inferiority [{color}]{ni}[/]{escape(bound)}{mode}")
-        if ev.get("verdict") == "inconclusive" and ev.get("fix"):
-            console.print(f"[bold]gate[/]  [yellow]{escape(str(ev['fix']))}[/]")
-        f = ev.get("fidelity")
-        if f:
+        if ev.inconclusive and ev.fix:
+            console.print(f"[bold]gate[/]  [yellow]{escape(ev.fix)}[/]")
+        f = ev.fidelity
+        if f is not None:
             console.print(
-                f"[bold]gate[/]  fidelity: mean KLD {f['kld_mean']:.4g} ± {f['kld_se']:.2g} nats, same top token "
-                f"{100 * f['top1']:.2f}% ({f['positions']} teacher-forced tokens)"
+                f"[bold]gate[/]  fidelity: mean KLD {f.kld_mean:.4g} ± {f.kld_se:.2g} nats, same top token "
+                f"{100 * f.top1:.2f}% ({f.positions} teacher-forced tokens)"
             )
     p = gate.get("parity")
     if isinstance(p, dict) and p.get("total") is not None:

@@ -55,9 +55,8 @@ import numpy as np
 
 from ..core.errors import InputError
 from ..facts.recipes import RECIPES
+from .artifact import VERDICTS  # ordered from best to worst: the gate's verdict is the worst of its scopes'
 
-VERDICTS = ("pass", "inconclusive", "fail")
-"""Ordered from best to worst: the gate's verdict is the worst of its scopes'."""
 MAX_ITEMS_NEEDED = 10_000_000
 
 

@@ -25,7 +25,7 @@ from ..core.errors import InputError
 from ..core.stage import Stage, StageContext
 from ..core.store import sha256_file
 from ..export.artifact import ExportArtifact
-from .artifact import EvalArtifact
+from .artifact import EvalArtifact, FailedCheck, GateBound, GateFidelity, GateVerdict
 from .checks import checks
 
 REPORT_SCHEMA = "pipeline.eval_report/v1"
@@ -578,7 +578,7 @@ def _stage_result(st: _Setup, runs: _Runs, sc: _Scores, verdict: dict[str, Any])
         headline["drop_ub"] = round(verdict["bound"]["upper"], 4)
     summary = gate_summary(verdict, fo)
     return {
-        "gate": {"passed": verdict["passed"], "reason": verdict["reason"], **summary},
+        "gate": summary,
         "headline": headline,
         "skipped_too_long": sum(1 for p in st.prepared if p.skipped),
         "evaluated": st.n_run,
@@ -588,27 +588,25 @@ def _stage_result(st: _Setup, runs: _Runs, sc: _Scores, verdict: dict[str, Any])
 
 
 def gate_summary(verdict: dict[str, Any], fidelity_overall: dict[str, Any]) -> dict[str, Any]:
-    """The gate record of the evaluate result (shown by ``runner.print_gate``, kept in summary.json and the
-    release manifest) from ``gate.judge``'s verdict and the overall fidelity summary (``fidelity.summarize``)."""
+    """The gate record of the evaluate result (:class:`~pipeline.evaluate.artifact.GateVerdict`, shown by
+    ``runner.print_gate``, kept in summary.json and the release manifest) from ``gate.judge``'s verdict and the
+    overall fidelity summary (``fidelity.summarize``)."""
     fo = fidelity_overall
-    return {
-        "verdict": verdict["verdict"],
-        "non_inferiority": verdict["non_inferiority"],
-        "fix": verdict.get("fix"),
-        "failed_checks": verdict["failed_checks"],
-        "mode": verdict["mode"],
-        "bound": verdict["bound"],
-        "scopes": verdict["scopes"],
-        "fidelity": {
-            "kld_mean": fo["kld"]["mean"],
-            "kld_se": fo["kld"]["se"],
-            "top1": fo["top1"],
-            "ln_ppl_ratio": fo["ln_ppl_ratio"],
-            "positions": fo["positions"],
-        }
+    b = verdict["bound"]
+    return GateVerdict(
+        passed=bool(verdict["passed"]),
+        reason=str(verdict["reason"]),
+        verdict=verdict["verdict"],
+        non_inferiority=verdict["non_inferiority"],
+        mode=verdict["mode"],
+        fix=verdict.get("fix"),
+        failed_checks=tuple(FailedCheck.from_json(c) for c in verdict["failed_checks"]),
+        bound=GateBound(b["drop"], b["upper"], b["allowance"]) if b else None,
+        scopes=dict(verdict["scopes"]),
+        fidelity=GateFidelity(fo["kld"]["mean"], fo["kld"]["se"], fo["top1"], fo["ln_ppl_ratio"], fo["positions"])
         if fo.get("positions")
         else None,
-    }
+    ).to_json()
 
 
 def _heldout_samples(ctx: StageContext, tokenizer: Any) -> list[list[int]]:

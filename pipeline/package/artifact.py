@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any, ClassVar
 
+from ..evaluate.artifact import GateVerdict
+
 
 @dataclasses.dataclass(frozen=True)
 class PackageArtifact:
@@ -64,3 +66,53 @@ class PackageArtifact:
     @property
     def release_dir(self) -> Path:
         return self.path / self.RELEASE_DIR
+
+
+@dataclasses.dataclass(frozen=True)
+class ReleaseGate:
+    """``release_manifest.json`` ``evaluation.gate``: the evaluate stage's verdict (None when the release was packaged
+    without one) and whether ``package.allow_failed_gate`` overrode it.  The JSON is the verdict's record
+    (:meth:`GateVerdict.to_json`) plus ``override`` (and ``override_note`` when overridden)."""
+
+    verdict: GateVerdict | None
+    override: bool
+    override_note: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict is not None and self.verdict.passed
+
+    @property
+    def verdict_name(self) -> str:
+        """``pass`` / ``inconclusive`` / ``fail`` (``fail`` without a verdict)."""
+        return self.verdict.verdict if self.verdict is not None else "fail"
+
+    @property
+    def reason(self) -> str:
+        return self.verdict.reason if self.verdict is not None else "no evaluation verdict"
+
+    def to_json(self) -> dict[str, Any]:
+        d: dict[str, Any] = self.verdict.to_json() if self.verdict is not None else {"passed": False}
+        d["override"] = self.override
+        if self.override_note:
+            d["override_note"] = self.override_note
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any] | None) -> ReleaseGate | None:
+        """The gate of a release manifest's ``evaluation.gate``; None when the manifest has none."""
+        if not isinstance(d, dict) or not d:
+            return None
+        return cls(
+            GateVerdict.from_json(
+                {k: v for k, v in d.items() if k not in ("override", "override_note")} if "verdict" in d or "reason" in d else None
+            ),
+            bool(d.get("override")),
+            d.get("override_note"),
+        )
+
+    @classmethod
+    def of_manifest(cls, manifest: dict[str, Any]) -> ReleaseGate | None:
+        """The gate of a parsed ``release_manifest.json`` (None when it has no evaluation)."""
+        ev = manifest.get("evaluation") if isinstance(manifest, dict) else None
+        return cls.from_json(ev.get("gate") if isinstance(ev, dict) else None)

@@ -29,7 +29,7 @@ from typing import Any
 
 from ..core.errors import GateFailed, InputError, PreflightError
 from ..evaluate.artifact import EvalArtifact
-from .artifact import PackageArtifact
+from .artifact import PackageArtifact, ReleaseGate
 
 A = PackageArtifact
 
@@ -119,12 +119,12 @@ def publish_mlflow(package_dir: Path, cfg: Any) -> dict[str, Any]:
     """
     pc = cfg.package
     f = _facts(Path(package_dir))
-    gate = (f["manifest"].get("evaluation") or {}).get("gate") or {}
-    override = gate.get("passed") is not True
+    gate = ReleaseGate.of_manifest(f["manifest"]) or ReleaseGate(None, override=False)
+    override = not gate.passed
     if override and not pc.publish_allow_failed_gate:
         raise GateFailed(
             f"package.publish=mlflow: refusing to register {f['release']}: its evaluation gate did not pass "
-            f"({gate.get('verdict') or 'fail'}: {str(gate.get('reason') or '?')[:200]}). Fix: improve the candidate; "
+            f"({gate.verdict_name}: {gate.reason[:200]}). Fix: improve the candidate; "
             f"or override explicitly with package.publish_allow_failed_gate=true (recorded on the model version)."
         )
     uri = pc.mlflow_tracking_uri
@@ -167,7 +167,7 @@ def _params(f: dict[str, Any], cfg: Any) -> dict[str, str]:
     }
 
 
-def _version_tags(f: dict[str, Any], gate: dict[str, Any], override: bool) -> dict[str, str]:
+def _version_tags(f: dict[str, Any], gate: ReleaseGate, override: bool) -> dict[str, str]:
     """Content keys, archive digest, gate verdict and signature as MLflow tags (strings)."""
     from ..core.store import sha256_file
 
@@ -178,7 +178,7 @@ def _version_tags(f: dict[str, Any], gate: dict[str, Any], override: bool) -> di
     tags.update(
         {
             "pipeline.archive_sha256": sha256_file(archives[0]) if archives else "",
-            "pipeline.gate": str(gate.get("verdict") or ("pass" if gate.get("passed") else "fail")),
+            "pipeline.gate": gate.verdict_name,
             "pipeline.gate_override": "true" if override else "false",
             "pipeline.signature": (
                 f"{sign.get('method')}:{sign.get('public_key_sha256', '')}" if sign and (rel / A.SIGNATURE).is_file() else "unsigned"

@@ -23,8 +23,9 @@ from typing import Any
 from ..build.artifact import BuildArtifact
 from ..core.errors import GateFailed, InputError
 from ..core.stage import Stage, StageContext
+from ..evaluate.artifact import gate_of
 from ..export.artifact import ExportArtifact
-from .artifact import PackageArtifact
+from .artifact import PackageArtifact, ReleaseGate
 
 LIBRARIES = ("tritonclient", "protobuf", "onnxruntime-genai", "tokenizers")
 
@@ -51,13 +52,16 @@ def release_name(cfg: Any) -> str:
 
 
 def _gate(ctx: StageContext) -> dict[str, Any]:
+    """The release manifest's ``evaluation.gate`` (:class:`~pipeline.package.artifact.ReleaseGate`) from the evaluate
+    input's verdict. Raises :class:`GateFailed` (exit 3) for a verdict that did not pass, unless
+    ``package.allow_failed_gate``."""
     ev = ctx.inputs.get("evaluate")
-    gate = dict((ev.result.get("gate") if ev is not None else None) or {})
-    if gate.get("passed") is True:
-        return {**gate, "override": False}
-    reason = _first_scopes(gate.get("reason") or ("no evaluation verdict" if not gate else "evaluation gate failed"))
-    if not ctx.cfg.package.allow_failed_gate and gate.get("verdict") == "inconclusive":
-        fix = gate.get("fix") or (
+    gate = gate_of(ev.result if ev is not None else None)
+    if gate is not None and gate.passed:
+        return ReleaseGate(gate, override=False).to_json()
+    reason = _first_scopes(gate.reason if gate is not None else "no evaluation verdict")
+    if not ctx.cfg.package.allow_failed_gate and gate is not None and gate.inconclusive:
+        fix = gate.fix or (
             "the gate is INCONCLUSIVE, not failed: the eval set is too small to show non-inferiority. Fix: a larger "
             "eval set (eval.eval_set), an explicit allowance (eval.gate.max_drop / eval.gate.slice_max_drop), or "
             "eval.gate.mode=exploratory"
@@ -66,7 +70,7 @@ def _gate(ctx: StageContext) -> dict[str, Any]:
         fix = _first_scopes(fix).rstrip(". ")
         if "package.allow_failed_gate" not in fix:
             fix += "; or override explicitly with package.allow_failed_gate=true (recorded in release_manifest.json)"
-        why = "" if gate.get("fix") else f" ({reason})"
+        why = "" if gate.fix else f" ({reason})"
         raise GateFailed(f"package: refusing to package an artifact whose evaluation gate is inconclusive{why}: {fix}.")
     if not ctx.cfg.package.allow_failed_gate:
         raise GateFailed(
@@ -75,12 +79,9 @@ def _gate(ctx: StageContext) -> dict[str, Any]:
             f"(recorded in release_manifest.json)."
         )
     ctx.log.warning("packaging despite a failed evaluation gate (%s): package.allow_failed_gate=true", reason)
-    return {
-        **gate,
-        "passed": bool(gate.get("passed", False)),
-        "override": True,
-        "override_note": "package.allow_failed_gate=true: packaged although the evaluation gate failed",
-    }
+    return ReleaseGate(
+        gate, override=True, override_note="package.allow_failed_gate=true: packaged although the evaluation gate failed"
+    ).to_json()
 
 
 def _first_scopes(text: str, keep: int = 1) -> str:

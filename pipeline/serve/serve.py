@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import EXIT_INPUT, EXIT_INTERRUPTED, InputError, PipelineError
-from ..package.artifact import PackageArtifact
+from ..package.artifact import PackageArtifact, ReleaseGate
 
 
 def _created_order(art: Any) -> tuple[str, tuple[int, int, str], str]:
@@ -187,12 +187,12 @@ def release_warnings(man: dict[str, Any]) -> list[str]:
     did not pass (packaged with ``package.allow_failed_gate=true``) and a serving parity check that did not pass or was
     switched off. Empty for a release the gate vouches for (or a repository without a manifest)."""
     out: list[str] = []
-    gate = (man.get("evaluation") or {}).get("gate") or {}
-    if gate and (gate.get("override") or gate.get("passed") is False):
-        reason = str(gate.get("reason") or "?")
+    gate = ReleaseGate.of_manifest(man)
+    if gate is not None and (gate.override or not gate.passed):
+        reason = gate.reason
         reason = reason if len(reason) <= 160 else reason[:157] + "..."
         out.append(
-            f"this release's evaluation gate did not pass ({gate.get('verdict') or 'fail'}: {reason}; whole reason in "
+            f"this release's evaluation gate did not pass ({gate.verdict_name}: {reason}; whole reason in "
             "release_manifest.json -> evaluation.gate); it was packaged with package.allow_failed_gate=true, so the gate "
             "does not vouch for what this server answers."
         )
