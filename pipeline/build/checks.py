@@ -15,20 +15,16 @@ from __future__ import annotations
 from typing import Any
 
 from ..core.config.common import Problem
-from ..core.errors import PipelineError
 
 
 def checks(cfg: Any) -> list[Problem]:
     """Every build-stage problem of ``cfg`` (a composed ``PipelineConfig``); never raises for bad values."""
-    from ..planner.plan import load_shape
+    from ..planner.plan import shape_or_none
     from .targets import TARGETS
     from .targets import config_problems as target_problems
 
     problems = _length_problems(cfg.build)
-    try:
-        shape, _src = load_shape(cfg)
-    except PipelineError:
-        shape = None  # the export stage / `pipeline plan` reports an unreadable checkpoint with its own message
+    shape = shape_or_none(cfg)
     if shape is not None:
         problems.extend(_position_problems(cfg, shape))
     if cfg.target.name == "auto" or cfg.target.name in TARGETS:  # else the target.name field check reports it

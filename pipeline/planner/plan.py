@@ -39,7 +39,7 @@ import math
 import os
 from typing import Any
 
-from ..core.errors import InputError
+from ..core.errors import InputError, PipelineError
 from ..facts.geometry import DTYPE_BYTES, Linear, ModelShape, kv_heads_per_rank, read_config_json
 from ..facts.gpus import GPU, local_gpus, lookup
 from ..facts.recipes import KV_MIN_SM, RECIPE_MIN_SM, RECIPES
@@ -55,6 +55,15 @@ FEW_SEQUENCES = 4
 
 
 # --------------------------------------------------------------------------- inputs
+def shape_or_none(cfg: Any) -> ModelShape | None:
+    """:func:`load_shape`'s shape, or None when the checkpoint cannot be read (the export stage and ``pipeline plan``
+    report an unreadable checkpoint with their own message; config checks then skip what needs the shape)."""
+    try:
+        return load_shape(cfg)[0]
+    except PipelineError:
+        return None
+
+
 def load_shape(cfg: Any) -> tuple[ModelShape, str]:
     """The model shape and where it came from: the checkpoint's ``config.json`` at ``model.path``,
     else ``model.hf_config`` (shapes-only presets).  Raises :class:`InputError` when neither exists."""

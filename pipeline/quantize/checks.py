@@ -21,13 +21,10 @@ from ..core.errors import PipelineError
 
 def checks(cfg: Any) -> list[Problem]:
     """Every quantize-stage problem of ``cfg`` (a composed ``PipelineConfig``); never raises for bad values."""
-    from ..planner.plan import load_shape
+    from ..planner.plan import shape_or_none
 
     problems: list[Problem] = []
-    try:
-        shape, _src = load_shape(cfg)
-    except PipelineError:
-        shape = None  # the export stage / `pipeline plan` reports an unreadable checkpoint with its own message
+    shape = shape_or_none(cfg)
     if shape is not None:
         problems.extend(_parallel_problems(cfg, shape))
     problems.extend(_gpu_problems(cfg))
