@@ -47,6 +47,17 @@ def test_config_layer_imports_nothing_above_it():
         assert not bad, f"{f.name} imports {bad} (cross-layer checks belong in pipeline/validation.py)"
 
 
+def test_facts_import_nothing_above_core():
+    """facts/ (recipes, families, geometry, GPUs, versions) is the floor every stage reads: it may import core/ and
+    itself, never a stage, the planner, the runner or the CLI (issue 25). Its family refusals live in
+    pipeline/export/checks.py, the onnxruntime_genai model checks in that target's checks.py."""
+    files = sorted((PKG / "facts").glob("*.py"))
+    assert len(files) >= 5, "facts/ moved: point this test at it"
+    for f in files:
+        bad = [m for m in _imports(f) if m.startswith("pipeline.") and not m.startswith(("pipeline.core", "pipeline.facts"))]
+        assert not bad, f"facts/{f.name} imports {bad}"
+
+
 def test_runner_does_not_import_the_cli():
     """Old behaviour: runner.MultirunComparison wrote ``cli._state`` (a cli <-> runner cycle)."""
     assert not [m for m in _imports(PKG / "runner.py") if m == "pipeline.cli" or m.startswith("pipeline.cli.")]
