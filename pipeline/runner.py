@@ -572,16 +572,10 @@ def print_summary(summary: RunSummary, console: Console) -> None:
 
 
 def _parity_record(art: Artifact) -> dict[str, Any] | None:
-    """The package stage's serving-parity record: its result's ``parity``, else ``release_manifest.json`` ``parity``."""
+    """The package stage's serving-parity record (:meth:`pipeline.package.artifact.PackageArtifact.parity_record`)."""
     from .package.artifact import PackageArtifact
 
-    p = art.result.get("parity")
-    if not isinstance(p, dict):
-        try:
-            p = json.loads(PackageArtifact(art.path).release_manifest_path.read_text(encoding="utf-8")).get("parity")
-        except (OSError, ValueError, AttributeError):
-            p = None
-    return p if isinstance(p, dict) else None
+    return PackageArtifact(Path(art.path)).parity_record(art.result)
 
 
 def print_gate(gate: dict[str, Any], console: Console) -> None:

@@ -63,6 +63,18 @@ class PackageArtifact:
                 return json.loads(p.read_text(encoding="utf-8"))
         return {}
 
+    def parity_record(self, result: dict[str, Any] | None = None) -> dict[str, Any] | None:
+        """The serving-parity record (docs/package.md "Serving parity": status, matched, total, note, command): the
+        stage result's ``parity`` when given, else the release manifest's (packages written before the result kept
+        it); None when neither has one."""
+        p = (result or {}).get("parity")
+        if not isinstance(p, dict):
+            try:
+                p = self.read_release_manifest().get("parity")
+            except (OSError, ValueError):
+                p = None
+        return p if isinstance(p, dict) else None
+
     @property
     def release_dir(self) -> Path:
         return self.path / self.RELEASE_DIR
