@@ -4,6 +4,8 @@
   them); a vocabulary not divisible by TP is padded (``quant.vocab_padding=pad``, recorded) or rejected;
   ``parallel.pp_size`` <= layers;
 * ``calibration.calib_max_seq_length`` <= the model's positions;
+* the recipe on the model's linear layers (from ``config.json``): ``quant.group_size`` divides every quantized
+  per-rank input dimension, q/k/v are kept whole, something is left to quantize;
 * ``target.gpu`` is a catalogue name; the recipe, the export dtype and the KV cache format are supported by the
   target GPU (:mod:`pipeline.facts.recipes`, TensorRT-LLM support matrix).
 
@@ -27,8 +29,23 @@ def checks(cfg: Any) -> list[Problem]:
     shape = shape_or_none(cfg)
     if shape is not None:
         problems.extend(_parallel_problems(cfg, shape))
+        problems.extend(_linear_problems(cfg, shape))
     problems.extend(_gpu_problems(cfg))
     return problems
+
+
+def _linear_problems(cfg: Any, shape: Any) -> list[Problem]:
+    """The recipe on the model's linear layers, from the shape alone (``config.json``: no weights read), with the
+    rules the quantize stage applies again to the loaded model (:func:`pipeline.quantize.preflight.linear_problems`:
+    group size vs the per-rank input dimensions, q/k/v kept whole, something left to quantize)."""
+    from .preflight import excluded_modules, linear_problems
+
+    q = cfg.quant
+    if q.recipe == "none" and q.kv_cache_dtype == "none":
+        return []
+    linears = {lin.name: (lin.in_features, lin.out_features) for lin in shape.linears()}
+    excluded = excluded_modules(q, list(linears), shape.num_layers)
+    return linear_problems(q, linears, excluded, max(1, int(cfg.parallel.tp_size)))
 
 
 def _parallel_problems(cfg: Any, shape: Any) -> list[Problem]:

@@ -126,16 +126,27 @@ def preflight(
     """
     tp, pp = int(parallel.tp_size), int(parallel.pp_size)
     out: dict[str, Any] = {"tp_size": tp, "pp_size": pp}
-    quantized = {n: d for n, d in linears.items() if n not in excluded and qcfg.recipe != "none"}
-    problems = _recipe_problems(qcfg, quantized, excluded)
-    problems += _fused_group_problems(qcfg, linears, excluded)
-    problems += _group_size_problems(qcfg, quantized, tp)
+    problems = linear_problems(qcfg, linears, excluded, tp)
     problems += _parallel_problems(qcfg, facts, tp, pp, out)
     problems += _gpu_problems(qcfg, target_gpu, out)
     if problems:
         lines = "\n".join(f"  - {p}" for p in problems)
         raise InputError(f"quantize: {len(problems)} problem(s) found before calibration:\n{lines}")
     return out
+
+
+def linear_problems(qcfg: Any, linears: dict[str, tuple[int, int]], excluded: dict[str, str], tp: int) -> list[Problem]:
+    """The problems of the recipe on these linear layers (``{module name: (in_features, out_features)}``; the modules
+    kept in high precision, :func:`excluded_modules`): a recipe left with nothing to quantize or a quantized KV cache
+    without calibration, a q/k/v group split across formats, group sizes that do not divide the per-rank input
+    dimensions. Run at config time from the shape (``pipeline/quantize/checks.py``, ``ModelShape.linears``) and again
+    on the loaded model before calibration (:func:`preflight`)."""
+    quantized = {n: d for n, d in linears.items() if n not in excluded and qcfg.recipe != "none"}
+    return (
+        _recipe_problems(qcfg, quantized, excluded)
+        + _fused_group_problems(qcfg, linears, excluded)
+        + _group_size_problems(qcfg, quantized, tp)
+    )
 
 
 def _recipe_problems(qcfg: Any, quantized: dict[str, tuple[int, int]], excluded: dict[str, str]) -> list[Problem]:

@@ -1,0 +1,64 @@
+"""The quantize stage's config checks (pipeline/quantize/checks.py) on a real checkpoint's config.json: the recipe's
+rules on the model's linear layers are refused before any work (export included), with the same message the
+quantize stage's own preflight gives on the loaded model. Found by a fresh-user trial: a hidden-64 Qwen2 with
+quant=int4_awq ran its export, then exited 2 on quant.group_size=128, and `pipeline plan` said nothing."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.core.config import compose
+from pipeline.validation import stage_problems
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory) -> Path:
+    import tiny
+
+    return tiny.make_checkpoint(
+        tmp_path_factory.mktemp("small") / "qwen2",
+        "qwen2",
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+
+
+def _fields(over: list[str]) -> dict[str, str]:
+    return {p.field: str(p) for p in stage_problems(compose(over))}
+
+
+def test_group_size_that_does_not_divide_the_hidden_size_is_a_config_problem(small):
+    got = _fields([f"model.path={small}", "quant=int4_awq", "stages=[export,quantize]"])
+    assert "quant.group_size" in got, got
+    assert "the input dimension(s) [64]" in got["quant.group_size"] and "set quant.group_size=64" in got["quant.group_size"]
+    assert "quant.group_size" not in _fields([f"model.path={small}", "quant=int4_awq", "quant.group_size=64", "stages=[export,quantize]"])
+    assert "quant.group_size" not in _fields([f"model.path={small}", "quant=int8_sq", "stages=[export,quantize]"])  # not grouped
+    assert "quant.group_size" not in _fields([f"model.path={small}", "quant=int4_awq", "stages=[export]"])  # quantize will not run
+
+
+def test_split_qkv_exclusion_is_a_config_problem(small):
+    got = _fields([f"model.path={small}", "quant=int8_sq", "quant.exclude_modules=[lm_head,*q_proj]", "stages=[export,quantize]"])
+    assert "quant.exclude_modules" in got and "splits the q/k/v" in got["quant.exclude_modules"], got
+
+
+def test_the_run_and_the_plan_refuse_it_before_any_work(small, tmp_path):
+    store = tmp_path / "store"
+    for cmd in (["pipeline.cli", "stages=[package]", f"store_dir={store}"], ["pipeline.cli", "plan"]):
+        r = subprocess.run(
+            [sys.executable, "-m", *cmd, f"model.path={small}", "quant=int4_awq", f"hydra.run.dir={tmp_path / 'run'}"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=ROOT,
+        )
+        assert r.returncode == 2, (cmd, r.stdout[-2000:] + r.stderr[-2000:])
+        assert "quant.group_size=128" in r.stdout + r.stderr
+    assert not any(store.glob("*/*")) if store.exists() else True  # no stage ran
