@@ -305,7 +305,8 @@ def inconclusive_fix(gate: Any, recipe: str, checks: Sequence[Check], n_items: d
             "the result as not releasable, and the package stage refuses such an artifact unless told; recorded in the "
             "release manifest)."
             if getattr(gate, "mode", "") == "exploratory"
-            else "eval.gate.mode=exploratory (exit 0, recorded as not releasable)."
+            else "eval.gate.mode=exploratory (exit 0 for a run that stops at evaluate, recorded as not releasable; a run "
+            "that packages also needs package.allow_failed_gate=true, recorded in the release manifest)."
         )
     )
 

@@ -85,14 +85,20 @@ def _gate(ctx: StageContext) -> dict[str, Any]:
 
 
 def _first_scopes(text: str, keep: int = 1) -> str:
-    """A gate reason or fix cut after its first ``keep`` slice scopes (the gate lists every scope, "; slice:<name>"
-    after "; slice:<name>"; the evaluate stage has printed them all and eval_report.json keeps them). Text after
-    the last scope's ". Fix:" is kept."""
-    parts = re.split(r"; (?=slice:)", text)
-    if len(parts) <= keep + 1:
+    """A gate reason or fix with only its first ``keep`` slice scopes (the gate lists every scope, "; slice:<name>"
+    after "; slice:<name>"; the evaluate stage has printed them all and eval_report.json keeps them). Every
+    ``overall`` part is kept, wherever it stands (a failed ``overall min_top1`` after the slices' ``max_drop`` is the
+    reason the gate failed), and so is the text after the last elided part's ". Fix:"."""
+    parts = re.split(r"; (?=(?:overall|slice:\S+) )", text)
+    elided = [i for i, p in enumerate(parts) if p.startswith("slice:")][keep:]
+    if not elided:
         return text
-    m = re.search(r"\. Fix: .*$", parts[-1], re.S)
-    return "; ".join(parts[: keep + 1]) + f"; and {len(parts) - keep - 1} more slice(s) (eval_report.json)" + (m.group(0) if m else "")
+    m = re.search(r"\. Fix: .*$", parts[-1], re.S) if elided[-1] == len(parts) - 1 else None
+    kept = [p for i, p in enumerate(parts) if i not in elided]
+    if m is not None:
+        kept.append(m.group(0)[2:].strip())
+    more = f"and {len(elided)} more slice(s) (eval_report.json)"
+    return "; ".join(kept[:-1] if m is not None else kept) + f"; {more}" + (f". {kept[-1]}" if m is not None else "")
 
 
 def _speculative(ctx: StageContext, build_info: dict[str, Any]) -> dict[str, Any] | None:
