@@ -27,6 +27,27 @@ class PlanRefused(PreflightError):
     """The plan cannot work on the target (weights do not fit, zero sequences fit, format unsupported)."""
 
 
+def host_check(p: Plan, cfg: Any, stages: list[str]) -> None:
+    """Add to ``p`` the host-memory verdict of the ``stages`` that will run (:func:`pipeline.planner.host.plan_refusals`:
+    each stage's predicted peak against this host's RAM). A config with a checkpoint (``model.path``) can run here,
+    so a stage that does not fit refuses the plan (``status = "refused"``: exit 4, as the run itself would); a
+    shapes-only preset cannot run here anyway, so the same figures are warnings (``status`` at least ``warn``)."""
+    from .host import plan_refusals
+
+    if not stages or not p.stages:
+        return
+    more = plan_refusals(p.stages, stages)
+    if not more:
+        return
+    if getattr(cfg.model, "path", None):
+        p.refusals.extend(more)
+        p.status = "refused"
+    else:
+        p.warnings.extend(f"on this host (shapes-only preset, so nothing runs here): {m}" for m in more)
+        if p.status == "ok":
+            p.status = "warn"
+
+
 def plan_for_run(cfg: Any, console: Any, stages: list[str] | None = None) -> dict[str, Any]:
     """Plan at the start of a run: print the compact plan and return it as JSON (run summary / manifests).
 
@@ -34,18 +55,13 @@ def plan_for_run(cfg: Any, console: Any, stages: list[str] | None = None) -> dic
     ``stages`` (the run order) is predicted to need more host memory than the host has
     (:func:`pipeline.planner.host.stage_refusals`).  A model whose config.json cannot be read yields
     ``{"status": "unavailable", "error": ...}`` (the export stage reports that input problem itself)."""
-    from .host import plan_refusals
     from .render import render
 
     try:
         p = plan(cfg)
     except PipelineError as e:
         return {"schema": "pipeline.plan/v1", "status": "unavailable", "error": str(e)}
-    if stages and p.stages:
-        more = plan_refusals(p.stages, list(stages))
-        if more:
-            p.refusals.extend(more)
-            p.status = "refused"
+    host_check(p, cfg, list(stages or []))
     render(p, console, compact=True)
     doc = p.to_json()
     if p.status == "refused":
@@ -59,6 +75,7 @@ __all__ = [
     "ModelShape",
     "Plan",
     "PlanRefused",
+    "host_check",
     "host_memory_bandwidth_gbs",
     "lookup",
     "plan",

@@ -5,7 +5,8 @@ cross-field check, and prints the memory/speed plan.  ``target_gpu=X`` is accept
 ``target.gpu=X``.
 
 Exit codes (pipeline.core.errors): 0 plan ok (warnings allowed), 2 configuration problems (all listed),
-4 the plan cannot work on the target (refused, with the numbers).
+4 the plan cannot work on the target, or a stage that will run does not fit this host's memory (refused, with the
+numbers; for a shapes-only preset, which runs nowhere, the host figures are warnings).
 """
 
 from __future__ import annotations
@@ -33,6 +34,16 @@ def _compose(overrides: list[str]) -> Any:
     from ..core.config import compose
 
     return compose(overrides)
+
+
+def _run_order(cfg: Any) -> list[str]:
+    """The stages a run of ``cfg`` would run (requested + dependencies); [] when a name is unknown (reported)."""
+    from ..core.stage import resolve_order
+
+    try:
+        return resolve_order(list(cfg.stages or []), cfg)
+    except KeyError:
+        return []
 
 
 def _gpu_table(cfg: Any, names: list[str], console: Any) -> tuple[list[dict[str, Any]], int]:
@@ -88,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INPUT
 
     from ..validation import validate
+    from . import host_check
     from .plan import plan
     from .render import render
 
@@ -102,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             out["comparison"], _ = _gpu_table(cfg, names, console)
         else:
             p = plan(cfg)
+            host_check(p, cfg, _run_order(cfg))
             out["plan"] = p.to_json()
             if not args.json:
                 render(p, console)

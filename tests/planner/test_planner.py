@@ -282,3 +282,57 @@ def test_doctor_json_reports_this_environment():
         assert Path(serve["tritonserver"]).is_file()
         numpy_major = int((serve.get("numpy") or "2").split(".")[0])
         assert rep["targets"]["triton_serving"]["ok"] == bool(serve.get("python_backend_stub") and numpy_major < 2)
+
+
+# ------------------------------------------------------------------ host memory in `pipeline plan` (fresh-user trial)
+def _huge_checkpoint(d: Path) -> Path:
+    """config.json only, of a ~1.5 T-parameter Llama: no host has the memory its stages are predicted to need."""
+    d.mkdir(parents=True, exist_ok=True)
+    cfg = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 32768,
+        "intermediate_size": 131072,
+        "num_attention_heads": 256,
+        "num_key_value_heads": 8,
+        "num_hidden_layers": 120,
+        "vocab_size": 128256,
+        "max_position_embeddings": 8192,
+        "rms_norm_eps": 1e-5,
+        "torch_dtype": "bfloat16",
+    }
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+def test_plan_refuses_a_runnable_config_whose_stage_cannot_fit_the_host(tmp_path, capsys):
+    """The run refuses it with exit 4 before any work (plan_for_run); `pipeline plan` of the same config says the same,
+    not exit 0 (it printed the predicted stage peaks above the host's RAM and exited 0)."""
+    ck = _huge_checkpoint(tmp_path / "huge")
+    assert plan_main([f"model.path={ck}", "quant=int4_awq", "stages=[export]"]) == 4
+    out = capsys.readouterr().out
+    assert "export needs about" in out and "of host memory" in out and "Fix:" in out
+
+
+def test_plan_of_a_shapes_only_preset_warns_with_the_host_figures():
+    """A shapes-only preset runs nowhere, so the host figures are warnings (status warn), never a refusal."""
+    from pipeline.planner import host_check
+
+    cfg = compose(["model=llama31_70b", "target.gpu=h100_sxm", "quant=fp8"])
+    p = plan(cfg)
+    p.stages = {**p.stages, "host_total_bytes": 2**30}  # a 1 GiB host: every stage is above it
+    p.refusals, p.warnings, p.status = [], [], "ok"
+    host_check(p, cfg, ["export", "quantize"])
+    assert p.status == "warn" and not p.refusals
+    assert any(w.startswith("on this host (shapes-only preset") and "export needs about" in w for w in p.warnings)
+    assert not any("build needs" in w for w in p.warnings)  # only the stages that would run
+    ck_cfg = _with_path(cfg, "/nonexistent-but-set")
+    p.warnings, p.status = [], "ok"
+    host_check(p, ck_cfg, ["export"])
+    assert p.status == "refused" and any("export needs about" in r for r in p.refusals)
+
+
+def _with_path(cfg, path: str):
+    import dataclasses
+
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=path))
