@@ -28,10 +28,41 @@ def repo_root() -> Path:
     return ROOT
 
 
+def _shared_root(tmp_path_factory) -> Path:
+    """A folder every pytest-xdist worker of this session shares (the parent of the workers' base temp folders;
+    the base temp folder itself in a serial run)."""
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared"
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
 @pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory) -> Path:
-    """A tiny random-weight Llama checkpoint (GQA, untied) with a byte-level BPE tokenizer."""
-    return tiny.make_checkpoint(tmp_path_factory.mktemp("tiny_llama"), "llama")
+    """A tiny random-weight Llama checkpoint (GQA, untied) with a byte-level BPE tokenizer, made once per session
+    for all workers (seeded, so every worker would write the same bytes; one path keeps their store keys equal).
+    Read-only: a test that changes a checkpoint copies it first."""
+    from filelock import FileLock
+
+    root = _shared_root(tmp_path_factory)
+    out = root / "tiny_llama"
+    with FileLock(str(root / ".tiny_llama.lock")):
+        if not (out / "config.json").is_file():
+            tmp = root / f".tiny_llama-{os.getpid()}"
+            tiny.make_checkpoint(tmp, "llama")
+            os.replace(tmp, out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def shared_store(tmp_path_factory) -> Path:
+    """One artifact store for the whole session, all workers included: the pipeline's content-addressed store
+    (per-key file locks, atomic publish: pipeline/core/store.py) lets fixtures that run the same stages on the same
+    inputs reuse each other's artifacts (tests/serve: the served tiny package's export, quantize and build).
+    Only for fixtures that never change an artifact or count the store's contents."""
+    d = _shared_root(tmp_path_factory) / "store"
+    d.mkdir(exist_ok=True)
+    return d
 
 
 @pytest.fixture()

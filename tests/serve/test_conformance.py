@@ -143,7 +143,7 @@ def _xfail(reason: str) -> Any:
 
 # --------------------------------------------------------------------------- fixtures: one server for the module
 @pytest.fixture(scope="module")
-def served(tmp_path_factory, tiny_llama):
+def served(tmp_path_factory, tiny_llama, shared_store):
     """The real pipeline (export -> build -> evaluate -> package) on a tiny Llama, served by a real Triton server."""
     if not (DEFAULT_SERVE_VENV / "bin" / "python3").exists():
         pytest.skip("serving environment missing: run `make serve-env`")
@@ -152,7 +152,7 @@ def served(tmp_path_factory, tiny_llama):
     from pipeline.core.config import compose
     from pipeline.runner import run_pipeline
 
-    store = tmp_path_factory.mktemp("store")
+    store = shared_store  # the served tiny package: tests/conftest.py shares its artifacts across these files
     cfg = compose(
         [
             f"model.path={tiny_llama}",
@@ -175,7 +175,7 @@ def served(tmp_path_factory, tiny_llama):
     assert summary.exit_code == 0, summary.error
     art = {r.stage: Path(r.path) for r in summary.stages}
     repo = art["package"] / "model_repository"
-    srv = TritonServer(repo, ready_timeout_s=180, log_dir=store / "serve-log")
+    srv = TritonServer(repo, ready_timeout_s=180, log_dir=tmp_path_factory.mktemp("serve-log"))
     srv.start()
     try:
         yield SimpleNamespace(

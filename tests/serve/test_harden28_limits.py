@@ -27,7 +27,7 @@ HUGE = "word " * (2 << 20)  # 10 MiB of text
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory, tiny_llama):
+def served(tmp_path_factory, tiny_llama, shared_store):
     if not (DEFAULT_SERVE_VENV / "bin" / "python3").exists():
         pytest.skip("serving environment missing: run `make serve-env`")
     from rich.console import Console
@@ -36,7 +36,7 @@ def served(tmp_path_factory, tiny_llama):
     from pipeline.runner import run_pipeline
     from pipeline.serve.openai_server import OpenAIServer
 
-    store = tmp_path_factory.mktemp("store")
+    store = shared_store  # the served tiny package: tests/conftest.py shares its artifacts across these files
     cfg = compose(
         [
             f"model.path={tiny_llama}",
@@ -59,7 +59,7 @@ def served(tmp_path_factory, tiny_llama):
     summary = run_pipeline(cfg, console=Console(quiet=True))
     assert summary.exit_code == 0, summary.error
     repo = {r.stage: Path(r.path) for r in summary.stages}["package"] / "model_repository"
-    srv = TritonServer(repo, ready_timeout_s=180, log_dir=store / "serve-log").start()
+    srv = TritonServer(repo, ready_timeout_s=180, log_dir=tmp_path_factory.mktemp("serve-log")).start()
     oai = OpenAIServer(srv.grpc_url, repo, port=0).start()
     try:
         yield SimpleNamespace(server=srv, oai=oai, repo=repo)

@@ -28,7 +28,7 @@ PROMPTS = ["Where is my order ORD-12345?", "I want a refund for the damaged item
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory, tiny_llama):
+def served(tmp_path_factory, tiny_llama, shared_store):
     if not (DEFAULT_SERVE_VENV / "bin" / "python3").exists():
         pytest.skip("serving environment missing: run `make serve-env`")
     from rich.console import Console
@@ -37,7 +37,7 @@ def served(tmp_path_factory, tiny_llama):
     from pipeline.runner import run_pipeline
     from pipeline.serve.openai_server import OpenAIServer
 
-    store = tmp_path_factory.mktemp("store")
+    store = shared_store  # the served tiny package: tests/conftest.py shares its artifacts across these files
     cfg = compose(
         [
             f"model.path={tiny_llama}",
@@ -59,7 +59,7 @@ def served(tmp_path_factory, tiny_llama):
     assert summary.exit_code == 0, summary.error
     pkg = {r.stage: Path(r.path) for r in summary.stages}["package"]
     repo = pkg / "model_repository"
-    srv = TritonServer(repo, ready_timeout_s=180, log_dir=store / "serve-log").start()
+    srv = TritonServer(repo, ready_timeout_s=180, log_dir=tmp_path_factory.mktemp("serve-log")).start()
     oai = OpenAIServer(srv.grpc_url, repo, port=0).start()
     try:
         yield SimpleNamespace(server=srv, oai=oai, repo=repo, package=pkg, tokenizer_dir=repo / "preprocessing" / "1" / "tokenizer")

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def package(tmp_path_factory, tiny_llama) -> Path:
+def package(tmp_path_factory, tiny_llama, shared_store) -> Path:
     if not (DEFAULT_SERVE_VENV / "bin" / "python3").exists():
         pytest.skip("serving environment missing: run `make serve-env`")
     from rich.console import Console
@@ -33,7 +33,7 @@ def package(tmp_path_factory, tiny_llama) -> Path:
     from pipeline.core.config import compose
     from pipeline.runner import run_pipeline
 
-    store = tmp_path_factory.mktemp("store")
+    store = shared_store  # the served tiny package: tests/conftest.py shares its artifacts across these files
     cfg = compose(
         [
             f"model.path={tiny_llama}",

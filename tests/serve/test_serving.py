@@ -42,7 +42,7 @@ def _eval_prompts() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory, tiny_llama):
+def served(tmp_path_factory, tiny_llama, shared_store):
     """The real pipeline (export -> quantize -> build -> evaluate -> package) on a tiny Llama, then a real server on it."""
     if not (DEFAULT_SERVE_VENV / "bin" / "python3").exists():
         pytest.skip("serving environment missing: run `make serve-env`")
@@ -53,7 +53,7 @@ def served(tmp_path_factory, tiny_llama):
     from pipeline.core.config import compose
     from pipeline.runner import run_pipeline
 
-    store = tmp_path_factory.mktemp("store")
+    store = shared_store  # the served tiny package: tests/conftest.py shares its artifacts across these files
     cfg = compose(
         [
             f"model.path={tiny_llama}",
@@ -76,7 +76,7 @@ def served(tmp_path_factory, tiny_llama):
     assert summary.exit_code == 0, summary.error
     art = {r.stage: Path(r.path) for r in summary.stages}
     repo = art["package"] / "model_repository"
-    srv = TritonServer(repo, grpc_port=0, http_port=0, metrics_port=0, ready_timeout_s=120, log_dir=store / "serve-log")
+    srv = TritonServer(repo, grpc_port=0, http_port=0, metrics_port=0, ready_timeout_s=120, log_dir=tmp_path_factory.mktemp("serve-log"))
     srv.start()
     try:
         yield SimpleNamespace(
