@@ -80,7 +80,7 @@ def export_dir(tmp_path_factory):
     """A tiny random-weight Llama through the real export stage (one per test module that asks for it)."""
     import tiny
 
-    from pipeline.export.checkpoint import export_checkpoint
+    from pipeline.export.write import export_checkpoint
 
     src = tiny.make_checkpoint(tmp_path_factory.mktemp("src"), "llama")
     out = tmp_path_factory.mktemp("export")

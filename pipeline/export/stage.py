@@ -1,7 +1,7 @@
 """``export`` stage: validate the local Hugging Face checkpoint (``model.path``) and write a normalised copy.
 
 Output (see docs/artifacts.md): ``hf/`` (config.json, model*.safetensors, generation_config.json, tokenizer
-files), ``model_info.json`` and ``decoding.json`` (the decoding policy, :mod:`pipeline.core.decoding`).  The checks and the writing live in :mod:`pipeline.export.checkpoint`.
+files), ``model_info.json`` and ``decoding.json`` (the decoding policy, :mod:`pipeline.core.decoding`).  The checks live in :mod:`pipeline.export.inspect` (headers only) and :mod:`pipeline.export.safety`, the writing in :mod:`pipeline.export.write`.
 
 Cache key: the ``model`` group's cache fields (name, dtype, trust_remote_code, allow_pickle, ...) and the
 content digest of the whole checkpoint folder (``external_inputs``); ``model.path`` itself is a runtime field.
@@ -28,7 +28,7 @@ def _checkpoint(cfg: PipelineConfig) -> dict[str, Path]:
     """
     from ..core.config import resolve_path
     from ..core.decoding import read_policy
-    from .checkpoint import external_files, inspect_checkpoint
+    from .inspect import external_files, inspect_checkpoint
 
     m = cfg.model
     if m.path is None:
@@ -80,7 +80,8 @@ def _run(ctx: StageContext) -> dict[str, Any]:
     from ..core.decoding import read_policy
     from ..core.store import write_json_atomic
     from .artifact import ExportArtifact
-    from .checkpoint import export_checkpoint, inspect_checkpoint
+    from .inspect import inspect_checkpoint
+    from .write import export_checkpoint
 
     m = ctx.cfg.model
     src = ctx.external["checkpoint"]
@@ -113,7 +114,7 @@ def _run(ctx: StageContext) -> dict[str, Any]:
 
 
 def _dry_run(ctx: StageContext) -> dict[str, Any]:
-    from .checkpoint import inspect_checkpoint
+    from .inspect import inspect_checkpoint
 
     m = ctx.cfg.model
     facts = inspect_checkpoint(

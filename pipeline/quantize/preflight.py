@@ -40,7 +40,7 @@ def source_facts(hf_dir: Path) -> dict[str, Any]:
     the config gives none, the transformers LLaMA default), rope_scaling (dict or None, ``rope_type``
     spelling), norm_epsilon (``rms_norm_eps``), dtype.
     """
-    from ..export.checkpoint import normalise_rope
+    from ..export.inspect import normalise_rope
 
     where = str(hf_dir / "config.json")
     try:
@@ -355,7 +355,7 @@ def _num_parameters(export_dir: Path, hf: Path) -> int:
     try:
         return int(json.loads(ExportArtifact(Path(export_dir)).model_info_path.read_text(encoding="utf-8"))["num_parameters"])
     except (OSError, ValueError, KeyError, TypeError):
-        from ..export.checkpoint import _safetensors_header
+        from ..export.inspect import _safetensors_header
 
         n = 0
         for f in hf.glob("*.safetensors"):

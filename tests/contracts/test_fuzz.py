@@ -247,7 +247,7 @@ def test_config_json_wrong_types_exit_2_naming_the_field(tiny_llama, tmp_path_fa
     from hypothesis import assume
 
     from pipeline.core.errors import EXIT_INPUT
-    from pipeline.export.checkpoint import check_config_types
+    from pipeline.export.inspect import check_config_types
 
     name, kind, nullable = field
     assume(not (value is None and nullable))
@@ -271,7 +271,7 @@ def test_config_json_wrong_types_exit_2_naming_the_field(tiny_llama, tmp_path_fa
         if f.name != "config.json":
             (ck / f.name).symlink_to(f)
     (ck / "config.json").write_text(json.dumps(cfg))
-    from pipeline.export.checkpoint import inspect_checkpoint
+    from pipeline.export.inspect import inspect_checkpoint
 
     with pytest.raises(PipelineError) as e:
         inspect_checkpoint(ck, allow_external_files=True)  # the other files are links to the fixture's

@@ -55,7 +55,7 @@ def _edited_checkpoint(src: Path, dst: Path, **fields) -> Path:
 
 
 def test_unknown_torch_dtype_names_the_field_not_the_tokenizer(tiny_llama, tmp_path):
-    from pipeline.export.checkpoint import inspect_checkpoint
+    from pipeline.export.inspect import inspect_checkpoint
 
     ck = _edited_checkpoint(tiny_llama, tmp_path / "ck", torch_dtype="float7")
     with pytest.raises(InputError, match=r"torch_dtype='float7' is not a dtype .*Fix: correct \"torch_dtype\" in config\.json"):
@@ -74,7 +74,7 @@ def test_unknown_hidden_act_names_the_field_instead_of_a_bare_keyerror(tiny_llam
 def test_index_without_metadata_is_an_input_error_with_allow_external_files(tiny_llama, tmp_path):
     from safetensors import safe_open
 
-    from pipeline.export.checkpoint import inspect_checkpoint
+    from pipeline.export.inspect import inspect_checkpoint
 
     ck = tmp_path / "ck"
     shutil.copytree(tiny_llama, ck)
@@ -244,7 +244,7 @@ def test_integer_weights_in_a_float_checkpoint_are_refused(tmp_path):
     from safetensors.torch import load_file, save_file
 
     from pipeline.core.errors import InputError
-    from pipeline.export.checkpoint import inspect_checkpoint
+    from pipeline.export.inspect import inspect_checkpoint
 
     ck = tiny.make_checkpoint(tmp_path / "ck", "llama")
     sd = load_file(str(ck / "model.safetensors"))
@@ -258,7 +258,7 @@ def test_an_embedding_far_larger_than_the_tokenizer_is_refused(tmp_path):
     import tiny
 
     from pipeline.core.errors import InputError
-    from pipeline.export.checkpoint import export_checkpoint
+    from pipeline.export.write import export_checkpoint
 
     ck = tiny.make_checkpoint(tmp_path / "ck", "llama", vocab_size=20000)  # the tokenizer has 320 tokens
     with pytest.raises(InputError, match=r"20000 rows but the tokenizer only 320 tokens.*Fix: copy the model's own tokenizer"):

@@ -20,7 +20,8 @@ from rich.console import Console
 
 from pipeline.core.config import compose
 from pipeline.core.errors import InputError
-from pipeline.export.checkpoint import export_checkpoint, inspect_checkpoint
+from pipeline.export.inspect import inspect_checkpoint
+from pipeline.export.write import export_checkpoint
 from pipeline.runner import run_pipeline
 
 ROOT = Path(__file__).resolve().parents[2]

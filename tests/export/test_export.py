@@ -11,7 +11,8 @@ import pytest
 import tiny
 
 from pipeline.core.errors import InputError
-from pipeline.export.checkpoint import SUPPORTED_ARCHITECTURES, export_checkpoint, inspect_checkpoint
+from pipeline.export.inspect import SUPPORTED_ARCHITECTURES, inspect_checkpoint
+from pipeline.export.write import export_checkpoint
 
 IDS = [[1, 40, 41, 42, 7, 99, 250, 300, 2, 17, 5, 64]]
 

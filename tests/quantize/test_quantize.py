@@ -132,7 +132,7 @@ def test_load_simulated_model_reproduces_logits(runs, export_dir, recipe):
 def test_load_simulated_model_refuses_a_different_export(runs, tmp_path):
     import tiny
 
-    from pipeline.export.checkpoint import export_checkpoint
+    from pipeline.export.write import export_checkpoint
 
     out, _ = _recipe_run(runs, "int8_wo")
     other = tmp_path / "export"
@@ -218,7 +218,7 @@ def test_pp2_splits_layers_and_kv_scales_cover_every_layer(runs):
 def test_rope_scaled_model_keeps_scaling_and_vocab_is_padded(runs, tmp_path_factory):
     import tiny
 
-    from pipeline.export.checkpoint import export_checkpoint
+    from pipeline.export.write import export_checkpoint
 
     rope = {
         "rope_type": "llama3",
@@ -252,7 +252,7 @@ def test_rope_scaled_model_keeps_scaling_and_vocab_is_padded(runs, tmp_path_fact
 def test_other_architectures_int4_awq(runs, tmp_path_factory, arch):
     import tiny
 
-    from pipeline.export.checkpoint import export_checkpoint
+    from pipeline.export.write import export_checkpoint
 
     exp = tmp_path_factory.mktemp(f"{arch}_export")
     export_checkpoint(tiny.make_checkpoint(tmp_path_factory.mktemp(f"{arch}_src"), arch), exp)
@@ -267,7 +267,7 @@ def test_phi3_quantizes_without_a_tensorrt_llm_checkpoint(tmp_path, calib):
     and tensorrt_llm_pytorch need no such checkpoint), says so, and target=tensorrt_llm is refused at config time."""
     import tiny
 
-    from pipeline.export.checkpoint import export_checkpoint
+    from pipeline.export.write import export_checkpoint
 
     exp = tmp_path / "export"
     export_checkpoint(tiny.make_checkpoint(tmp_path / "src", "phi3"), exp)
@@ -415,7 +415,7 @@ def test_default_model_int4_awq(repo_root, calib, tmp_path):
     model = Path(repo_root) / "models/support-llama"
     if not (model / "config.json").is_file():
         pytest.skip(f"default model not trained yet: {model}/config.json is absent")
-    from pipeline.export.checkpoint import export_checkpoint
+    from pipeline.export.write import export_checkpoint
 
     exp = tmp_path / "export"
     export_checkpoint(model, exp)

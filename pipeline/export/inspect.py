@@ -1,0 +1,675 @@
+"""Export, step 1: inspect a local Hugging Face checkpoint without loading its weights.
+
+:func:`inspect_checkpoint` reads ``config.json``, the safetensors headers (never the tensors) and the index files, and
+runs every check below; :mod:`pipeline.export.write` then loads the weights once and writes the normalised copy.
+Each check raises :class:`pipeline.core.errors.InputError` naming the file/field, the values and the fix:
+
+* architecture is one of :data:`SUPPORTED_ARCHITECTURES` (the families of :data:`pipeline.facts.families.FAMILY_SUPPORT`);
+  ``auto_map`` (custom modelling code) needs ``model.trust_remote_code=true``;
+* head counts: ``hidden_size == num_attention_heads * head_dim`` unless ``head_dim`` is given
+  explicitly, ``num_attention_heads % num_key_value_heads == 0``;
+* ``rope_scaling`` in the legacy ``type`` or the newer ``rope_type`` spelling (or transformers 5
+  ``rope_parameters``) is normalised to carry ``rope_type`` with every other field kept;
+* ``config.json`` field types and values (ids, rope numbers, activation, dtype);
+* weights: safetensors headers must parse and cover the file (truncated/corrupt files are named);
+  pickled ``*.bin``/``*.pt`` weights are refused unless ``allow_pickle``; every path stays inside the checkpoint
+  (:mod:`pipeline.export.safety`);
+* ``vocab_size`` == embedding rows == ``lm_head`` rows (from the headers).
+
+No function here imports torch or transformers at module import time.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..core.errors import InputError
+from ..facts.families import FAMILY_SUPPORT
+
+#: architecture (``config.json`` ``architectures[0]``) -> ``model_type``.
+from .safety import _is_inside, check_folder_links, confine, confinement_roots
+
+log = logging.getLogger("pipeline.export.inspect")
+
+
+#: architecture (``config.json`` ``architectures[0]``) -> ``model_type``: the families this pipeline supports
+#: (:data:`pipeline.facts.families.FAMILY_SUPPORT`, the one family table).
+SUPPORTED_ARCHITECTURES: dict[str, str] = {f["architecture"]: mt for mt, f in FAMILY_SUPPORT.items()}
+
+
+DTYPES = ("float16", "bfloat16", "float32")
+
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
+
+
+EMBED_NAME = "model.embed_tokens.weight"
+
+
+LM_HEAD_NAME = "lm_head.weight"
+
+
+#: Largest safetensors shard the export writes (the Hugging Face Hub's usual 5 GB shards; ``save_pretrained``'s
+#: ``max_shard_size``): a 70 B bf16 checkpoint is written as 28 shards, each readable on its own.
+EXPORT_SHARD_SIZE = "5GB"
+
+
+# non-persistent buffers that old checkpoints sometimes carry; harmless when "unexpected"
+_IGNORABLE_UNEXPECTED = ("rotary_emb.inv_freq",)
+
+
+_SAFETENSORS_DTYPE_BYTES = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+}
+
+
+ProgressFactory = Callable[[str, "float | None"], AbstractContextManager[Callable[[float], None]]]
+
+
+@dataclass
+class CheckpointFacts:
+    """What :func:`inspect_checkpoint` learned from config.json and the weight headers (no weights loaded).
+
+    Attributes:
+        path: the checkpoint folder.
+        config: the raw ``config.json`` dict.
+        architecture / model_type: e.g. ``LlamaForCausalLM`` / ``llama``.
+        weight_format: ``"safetensors"`` or ``"pickle"``.
+        weight_files: weight file names (relative), in load order.
+        tensors: tensor name -> (shape, safetensors dtype string); empty for pickle until loaded.
+        tensor_file: tensor name -> file holding it (safetensors only).
+        tied: ``tie_word_embeddings`` as configured.
+        rope_theta: RoPE base (None when config.json does not state it; transformers' default applies).
+        rope_scaling: normalised scaling dict (carries ``rope_type``) or None for plain RoPE.
+        head_dim_explicit: whether config.json states ``head_dim``.
+    """
+
+    path: Path
+    config: dict[str, Any]
+    architecture: str
+    model_type: str
+    weight_format: str
+    weight_files: list[str]
+    tensors: dict[str, tuple[list[int], str]] = field(default_factory=dict)
+    tensor_file: dict[str, str] = field(default_factory=dict)
+    tied: bool = False
+    rope_theta: float | None = None
+    rope_scaling: dict[str, Any] | None = None
+    head_dim_explicit: bool = False
+    warnings: list[str] = field(default_factory=list)
+
+
+def _read_json(path: Path, what: str) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(
+            f"{path}: {what} not found. Fix: point model.path at a Hugging Face checkpoint folder that has {path.name}."
+        ) from None
+    except UnicodeDecodeError as e:
+        raise InputError(f"{path}: {what} is not UTF-8 text ({e}). Fix: restore {path.name} from the original checkpoint.") from None
+    except json.JSONDecodeError as e:
+        raise InputError(
+            f"{path}: {what} is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg}). "
+            f"Fix: restore {path.name} from the original checkpoint."
+        ) from None
+    except OSError as e:
+        raise InputError(f"{path}: cannot read {what}: {e.strerror or e}. Fix: check the file's permissions.") from None
+
+
+def _ids(value: Any) -> list[int]:
+    """``None`` | int | list[int] -> list[int]."""
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        return [int(v) for v in value if v is not None]
+    return [int(value)]
+
+
+def _merge_ids(*lists: list[int]) -> list[int]:
+    out: list[int] = []
+    for lst in lists:
+        for i in lst:
+            if i not in out:
+                out.append(i)
+    return out
+
+
+def normalise_rope(config: dict[str, Any], where: str = "config.json") -> tuple[float | None, dict[str, Any] | None]:
+    """RoPE base and scaling from a raw ``config.json`` dict, in one normalised form.
+
+    Accepts ``rope_scaling`` with the legacy ``type`` key or the newer ``rope_type`` key, and
+    transformers 5's ``rope_parameters`` (which also carries ``rope_theta``).  Returns
+    ``(rope_theta, scaling)``; ``scaling`` keeps every field of the source, always has
+    ``rope_type``, never contains ``rope_theta``, and is None for plain RoPE (``rope_type``
+    ``default`` with no other field).  Raises InputError when the spellings disagree.
+    """
+    theta = config.get("rope_theta")
+    merged: dict[str, Any] = {}
+    for key in ("rope_parameters", "rope_scaling"):
+        d = config.get(key)
+        if d is None:
+            continue
+        if not isinstance(d, dict):
+            raise InputError(
+                f"{where}: {key}={d!r} is not an object. Fix: write {key} as "
+                '{"rope_type": "...", "factor": ...} or remove it for plain RoPE.'
+            )
+        legacy, new = d.get("type"), d.get("rope_type")
+        if legacy is not None and new is not None and legacy != new:
+            raise InputError(
+                f"{where}: {key} has type={legacy!r} and rope_type={new!r}, which disagree. "
+                f"Fix: keep one spelling (rope_type) with the intended scaling type."
+            )
+        for k, v in d.items():
+            if k in merged and merged[k] != v and k not in ("type", "rope_type"):
+                raise InputError(
+                    f"{where}: rope_parameters.{k}={merged[k]!r} but rope_scaling.{k}={v!r}. "
+                    f"Fix: make them agree or keep only one of rope_parameters/rope_scaling."
+                )
+            merged[k] = v
+        if new is None and legacy is not None:
+            merged["rope_type"] = legacy
+    if "rope_theta" in merged:
+        t = merged.pop("rope_theta")
+        if theta is not None and float(theta) != float(t):
+            raise InputError(f"{where}: rope_theta={theta!r} but rope_parameters.rope_theta={t!r}. Fix: make them agree.")
+        theta = t
+    if not merged:
+        return (float(theta) if theta is not None else None), None
+    if merged.get("rope_type") is None:
+        raise InputError(
+            f"{where}: rope_scaling={merged!r} names no scaling type. "
+            f'Fix: add "rope_type" (e.g. "linear", "dynamic", "yarn", "longrope", "llama3").'
+        )
+    if merged.get("rope_type") == "default":  # plain RoPE; other keys (e.g. partial_rotary_factor) are not scaling
+        return (float(theta) if theta is not None else None), None
+    return (float(theta) if theta is not None else None), merged
+
+
+def _check_heads(cfg: dict[str, Any], where: str) -> list[str]:
+    """Head-count consistency problems (messages) of a raw config dict."""
+    problems: list[str] = []
+
+    def pos_int(name: str) -> int | None:
+        v = cfg.get(name)
+        if v is None:
+            problems.append(f"{name} is missing. Fix: add {name} to {where}.")
+            return None
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            problems.append(f"{name}={v!r} must be a positive integer. Fix: correct {name} in {where}.")
+            return None
+        return v
+
+    hidden = pos_int("hidden_size")
+    heads = pos_int("num_attention_heads")
+    kv = cfg.get("num_key_value_heads")
+    if kv is None:
+        kv = heads  # transformers' default: multi-head attention
+    elif isinstance(kv, bool) or not isinstance(kv, int) or kv <= 0:
+        problems.append(f"num_key_value_heads={kv!r} must be a positive integer. Fix: correct it in {where}.")
+        kv = None
+    for name in ("num_hidden_layers", "vocab_size", "intermediate_size"):
+        pos_int(name)
+    if heads and kv and heads % kv:
+        problems.append(
+            f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv} (grouped-query attention "
+            f"shares each KV head among heads/kv_heads query heads). Fix: correct one of them in {where}."
+        )
+    head_dim = cfg.get("head_dim")
+    if head_dim is not None:
+        if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0:
+            problems.append(f"head_dim={head_dim!r} must be a positive integer. Fix: correct or remove head_dim in {where}.")
+    elif hidden and heads and hidden % heads:
+        problems.append(
+            f"hidden_size={hidden} is not num_attention_heads={heads} x head_dim (it is not divisible by {heads}) and "
+            f"head_dim is not given. Fix: correct hidden_size/num_attention_heads, or state head_dim in {where}."
+        )
+    return problems
+
+
+def external_files(src: Path) -> list[Path]:
+    """Files outside the checkpoint folder that export reads (only with ``model.allow_external_files``): the
+    targets of out-of-folder shard names in the weight index. Their contents enter the cache key. Links inside the
+    folder are already covered: the folder digest hashes what a link points to."""
+    out: list[Path] = []
+    roots = confinement_roots(src)
+    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        ip = Path(src) / index
+        if not ip.is_file():
+            continue
+        try:
+            wmap = json.loads(ip.read_text(encoding="utf-8")).get("weight_map") or {}
+        except (OSError, ValueError, AttributeError):
+            continue
+        for f in sorted({v for v in wmap.values() if isinstance(v, str)}):
+            r = (Path(src) / f).resolve()
+            if not _is_inside(r, roots) and r not in out:
+                out.append(r)
+    return out
+
+
+_INT, _NUM, _BOOL, _STR = "an integer", "a number", "true or false", "a string"
+
+
+#: config.json / generation_config.json fields with their expected JSON type (checked where data enters, so a
+#: wrong type is an exit 2 naming the file and the field, never a TypeError deep inside transformers).
+CONFIG_FIELD_TYPES: dict[str, tuple[str, bool]] = {  # name -> (kind, nullable)
+    "vocab_size": (_INT, False),
+    "hidden_size": (_INT, False),
+    "intermediate_size": (_INT, False),
+    "num_hidden_layers": (_INT, False),
+    "num_attention_heads": (_INT, False),
+    "num_key_value_heads": (_INT, True),
+    "head_dim": (_INT, True),
+    "max_position_embeddings": (_INT, False),
+    "sliding_window": (_INT, True),
+    "original_max_position_embeddings": (_INT, True),
+    "max_window_layers": (_INT, True),
+    "rope_theta": (_NUM, True),
+    "rms_norm_eps": (_NUM, False),
+    "initializer_range": (_NUM, False),
+    "attention_dropout": (_NUM, False),
+    "partial_rotary_factor": (_NUM, True),
+    "resid_pdrop": (_NUM, False),
+    "embd_pdrop": (_NUM, False),
+    "tie_word_embeddings": (_BOOL, False),
+    "attention_bias": (_BOOL, False),
+    "mlp_bias": (_BOOL, False),
+    "use_cache": (_BOOL, False),
+    "use_sliding_window": (_BOOL, False),
+    "hidden_act": (_STR, False),
+    "model_type": (_STR, False),
+    "torch_dtype": (_STR, True),
+    "dtype": (_STR, True),
+}
+
+
+_ID_FIELDS = ("eos_token_id", "bos_token_id", "pad_token_id")
+
+
+_ROPE_NUMBERS = (
+    "factor",
+    "low_freq_factor",
+    "high_freq_factor",
+    "beta_fast",
+    "beta_slow",
+    "attention_factor",
+    "mscale",
+    "mscale_all_dim",
+    "rope_theta",
+    "partial_rotary_factor",
+)
+
+
+_ROPE_INTS = ("original_max_position_embeddings",)
+
+
+_ROPE_LISTS = ("short_factor", "long_factor")
+
+
+def _type_ok(v: Any, kind: str) -> bool:
+    import math
+
+    if kind == _BOOL:
+        return isinstance(v, bool)
+    if kind == _STR:
+        return isinstance(v, str)
+    if isinstance(v, bool):
+        return False
+    if kind == _INT:
+        return isinstance(v, int)
+    return isinstance(v, (int, float)) and math.isfinite(v)
+
+
+def check_config_types(cfg: dict[str, Any], where: str) -> None:
+    """Every known field of a ``config.json``/``generation_config.json`` dict has the right JSON type.
+
+    Covers :data:`CONFIG_FIELD_TYPES`, the special-token id fields (an integer >= 0, a list of them, or null),
+    ``architectures`` (a list of strings) and the numeric fields of ``rope_scaling``/``rope_parameters``.
+    Raises InputError naming ``where``, the field (dotted for nested ones), its value and the fix; all problems
+    are reported together.
+    """
+    problems: list[str] = []
+
+    def bad(name: str, v: Any, kind: str) -> None:
+        problems.append(f'{name}={v!r} ({type(v).__name__}) must be {kind}. Fix: correct "{name.split(".")[0]}" in {Path(where).name}.')
+
+    for name, (kind, nullable) in CONFIG_FIELD_TYPES.items():
+        if name not in cfg or (cfg[name] is None and nullable):
+            continue
+        if not _type_ok(cfg[name], kind):
+            bad(name, cfg[name], kind + (" or null" if nullable else ""))
+    for name in _ID_FIELDS:
+        v = cfg.get(name)
+        items = v if isinstance(v, list) else [v]
+        if v is not None and (not items or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in items)):
+            bad(name, v, "a token id (an integer >= 0), a list of them, or null")
+    archs = cfg.get("architectures")
+    if archs is not None and not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
+        bad("architectures", archs, "a list of strings")
+    for key in ("rope_scaling", "rope_parameters"):
+        d = cfg.get(key)
+        if not isinstance(d, dict):
+            continue  # null, or not an object: normalise_rope names it
+        for k, v in d.items():
+            if k in _ROPE_NUMBERS and v is not None and not _type_ok(v, _NUM):
+                bad(f"{key}.{k}", v, _NUM)
+            elif k in _ROPE_INTS and v is not None and not _type_ok(v, _INT):
+                bad(f"{key}.{k}", v, _INT)
+            elif k in _ROPE_LISTS and v is not None and not (isinstance(v, list) and all(_type_ok(x, _NUM) for x in v)):
+                bad(f"{key}.{k}", v, "a list of numbers")
+            elif k in ("type", "rope_type") and v is not None and not isinstance(v, str):
+                bad(f"{key}.{k}", v, _STR)
+    problems += _config_value_problems(cfg, where)
+    if problems:
+        raise InputError(f"{where}: {len(problems)} field(s) with the wrong type or value:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+#: ``torch_dtype`` / ``dtype`` names a checkpoint may state (torch's floating dtypes, ``torch.`` prefix allowed).
+CHECKPOINT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+def _config_value_problems(cfg: dict[str, Any], where: str) -> list[str]:
+    """``torch_dtype`` / ``dtype`` of ``config.json`` must be one of :data:`CHECKPOINT_DTYPES` (no loader reads
+    another); one line per problem, naming the field, the value and the fix.  (``hidden_act`` needs transformers'
+    table: :func:`check_activation`.)"""
+    problems: list[str] = []
+    for key in ("torch_dtype", "dtype"):
+        v = cfg.get(key)
+        if isinstance(v, str) and v.removeprefix("torch.") not in CHECKPOINT_DTYPES:
+            problems.append(f'{key}={v!r} is not a dtype (one of {list(CHECKPOINT_DTYPES)}). Fix: correct "{key}" in {Path(where).name}.')
+    return problems
+
+
+def check_activation(cfg: dict[str, Any], where: str) -> None:
+    """``hidden_act`` must be a key of transformers' ``ACT2FN`` (transformers/activations.py), else InputError
+    naming the file, the field, the value and the valid names (before transformers' own bare ``KeyError``)."""
+    act = cfg.get("hidden_act")
+    if not isinstance(act, str):
+        return
+    from transformers.activations import ACT2FN
+
+    if act not in ACT2FN:
+        raise InputError(
+            f"{where}: hidden_act={act!r} is not an activation transformers knows (one of {sorted(ACT2FN)}). Fix: "
+            f'correct "hidden_act" in {Path(where).name} (LLaMA-family checkpoints use "silu").'
+        )
+
+
+def _read_headers(facts: Any, src: Path, files: list[str]) -> None:
+    """Record ``files`` as the weight files and every tensor's header (dtype, shape) and file in ``facts``."""
+    facts.weight_files = files
+    for f in files:
+        tensors, _ = _safetensors_header(src / f)
+        for name, meta in tensors.items():
+            facts.tensors[name] = meta
+            facts.tensor_file[name] = f
+
+
+def _safetensors_header(path: Path) -> tuple[dict[str, tuple[list[int], str]], dict[str, str]]:
+    """Tensor name -> (shape, dtype) and the metadata of one safetensors file, via ``safe_open``.
+
+    ``safe_open`` validates the header and that the data section covers the file exactly, so
+    truncated or padded files fail here.  Raises InputError naming the file.
+    """
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="np") as f:
+            tensors = {}
+            for name in f.keys():
+                sl = f.get_slice(name)
+                tensors[name] = (list(sl.get_shape()), str(sl.get_dtype()))
+            meta = f.metadata() or {}
+    except (SafetensorError, OSError, ValueError) as e:
+        size = path.stat().st_size if path.exists() else None
+        raise InputError(
+            f"{path}: unreadable safetensors file ({e}; {size} bytes on disk). It is truncated or corrupt "
+            f"(an interrupted download or copy). Fix: download or copy {path.name} again and compare its "
+            f"sha256 with the source."
+        ) from None
+    return tensors, meta
+
+
+def inspect_checkpoint(
+    path: str | Path, *, trust_remote_code: bool = False, allow_pickle: bool = False, allow_external_files: bool = False
+) -> CheckpointFacts:
+    """Every check that needs only ``config.json`` and the weight-file headers (no torch, no transformers).
+
+    Args:
+        path: local checkpoint folder.
+        trust_remote_code: allow a config with ``auto_map`` (custom modelling code).
+        allow_pickle: allow pickled ``*.bin``/``*.pt``/``*.pth`` weights when no safetensors exist.
+        allow_external_files: accept links and index shard names that resolve outside the folder (:func:`confine`).
+    Returns:
+        :class:`CheckpointFacts`.  For pickled weights, tensor shapes are checked later, after loading.
+    Raises:
+        InputError naming the file/field, the value and the fix.
+    """
+    src = Path(path)
+    if not src.is_dir():
+        raise InputError(
+            f"model.path={str(path)!r}: not a folder. Fix: point model.path at a local Hugging Face checkpoint "
+            f"folder (config.json, *.safetensors, tokenizer files)."
+        )
+    check_folder_links(src, allow_external=allow_external_files)
+    cfg_path = src / "config.json"
+    cfg = _read_config(cfg_path, trust_remote_code)
+    arch, model_type = _architecture(cfg, cfg_path)
+    problems = _check_heads(cfg, "config.json")
+    if problems:
+        raise InputError(f"{cfg_path}: {len(problems)} problem(s):\n" + "\n".join(f"  - {p}" for p in problems))
+    theta, scaling = normalise_rope(cfg, str(cfg_path))
+    facts = CheckpointFacts(
+        path=src,
+        config=cfg,
+        architecture=arch,
+        model_type=model_type,
+        weight_format="safetensors",
+        weight_files=[],
+        tied=bool(cfg.get("tie_word_embeddings", False)),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        head_dim_explicit=cfg.get("head_dim") is not None,
+    )
+    _find_weights(facts, allow_pickle=allow_pickle, allow_external_files=allow_external_files)
+    if facts.weight_format == "safetensors":
+        check_tensor_shapes(facts)
+    return facts
+
+
+def _supported() -> str:
+    return ", ".join(f"{a} ({t})" for a, t in SUPPORTED_ARCHITECTURES.items())
+
+
+def _read_config(cfg_path: Path, trust_remote_code: bool) -> dict[str, Any]:
+    """config.json as a dict with checked field types; InputError for ``auto_map`` without trust_remote_code."""
+    cfg = _read_json(cfg_path, "config.json")
+    if not isinstance(cfg, dict):
+        raise InputError(f"{cfg_path}: expected a JSON object, found {type(cfg).__name__}. Fix: restore config.json.")
+    check_config_types(cfg, str(cfg_path))
+    if cfg.get("auto_map") and not trust_remote_code:
+        raise InputError(
+            f"{cfg_path}: auto_map={cfg['auto_map']!r} asks to run Python code shipped with the checkpoint, and "
+            f"model.trust_remote_code is false (the secure default: that code would run with your permissions). "
+            f"Fix: use a checkpoint of a supported architecture in standard transformers format ({_supported()}), "
+            f"or, only if you trust its source, set model.trust_remote_code=true."
+        )
+    return cfg
+
+
+def _architecture(cfg: dict[str, Any], cfg_path: Path) -> tuple[str, str]:
+    """``(architecture, model_type)`` from ``architectures[0]`` (else ``model_type``); InputError when unsupported or
+    when the two disagree."""
+    archs = cfg.get("architectures") or []
+    arch = archs[0] if isinstance(archs, list) and archs else None
+    if arch is None:
+        by_type = {t: a for a, t in SUPPORTED_ARCHITECTURES.items()}
+        model_type = cfg.get("model_type")
+        arch = by_type.get(model_type) if isinstance(model_type, str) else None
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise InputError(
+            f"{cfg_path}: architectures={archs!r} (model_type={cfg.get('model_type')!r}) is not supported. "
+            f"Supported architectures: {_supported()}. Fix: export a checkpoint of a supported architecture."
+        )
+    model_type = SUPPORTED_ARCHITECTURES[arch]
+    if cfg.get("model_type") not in (None, model_type):
+        raise InputError(
+            f"{cfg_path}: architectures[0]={arch!r} but model_type={cfg.get('model_type')!r} (expected "
+            f"{model_type!r}). Fix: correct model_type in config.json."
+        )
+    return arch, model_type
+
+
+def _index_shards(index_path: Path, what: str, src: Path, allow_external_files: bool, missing_fix: str) -> tuple[dict[str, str], list[str]]:
+    """``(weight_map, shard files)`` of a weight index; every shard confined to ``src`` and present."""
+    index = _read_json(index_path, what)
+    wmap = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(wmap, dict) or not wmap:
+        raise InputError(f"{index_path}: no weight_map. Fix: restore {index_path.name} from the source checkpoint.")
+    if not isinstance(index.get("metadata"), dict):  # transformers' sharded loader reads index["metadata"]
+        raise InputError(
+            f"{index_path}: metadata={index.get('metadata')!r} must be a JSON object (transformers reads it to load the "
+            f'shards). Fix: restore {index_path.name} from the source checkpoint, or add "metadata": {{"total_size": '
+            f"<bytes of all shards>}}."
+        )
+    for tname, f in wmap.items():
+        confine(src, f, f"{index_path}: weight_map[{tname!r}]", allow_external=allow_external_files)
+    files = sorted(set(wmap.values()))
+    missing = [f for f in files if not (src / f).is_file()]
+    if missing:
+        raise InputError(f"{index_path}: lists shard(s) {missing} that are not in {src}. Fix: {missing_fix}.")
+    return wmap, files
+
+
+def _find_weights(facts: CheckpointFacts, *, allow_pickle: bool, allow_external_files: bool) -> None:
+    """Fill ``facts``' weight files and (safetensors) tensor headers: an index + shards, ``model.safetensors``,
+    other ``*.safetensors``, else pickled weights (:func:`_pickle_weights`)."""
+    src = facts.path
+    index_path = src / "model.safetensors.index.json"
+    single = src / "model.safetensors"
+    if index_path.exists():
+        wmap, files = _index_shards(index_path, "safetensors index", src, allow_external_files, "download the missing shards")
+        _read_headers(facts, src, files)
+        absent = [n for n, f in wmap.items() if facts.tensor_file.get(n) != f]
+        if absent:
+            raise InputError(
+                f"{index_path}: {len(absent)} tensor(s) are not in the shard the index names, e.g. {absent[:3]}. "
+                f"Fix: restore the index and shards from one consistent source."
+            )
+    elif single.exists():
+        facts.weight_files = ["model.safetensors"]
+        tensors, _ = _safetensors_header(single)
+        facts.tensors = tensors
+        facts.tensor_file = {n: "model.safetensors" for n in tensors}
+    else:
+        others = sorted(p.name for p in src.glob("*.safetensors"))
+        if others:
+            _read_headers(facts, src, others)
+        else:
+            facts.weight_format = "pickle"
+            facts.weight_files = _pickle_weights(src, allow_pickle, allow_external_files)
+
+
+def _pickle_weights(src: Path, allow_pickle: bool, allow_external_files: bool) -> list[str]:
+    """Pickled weight files in load order; InputError when there are none, or unless ``allow_pickle``."""
+    pickles = sorted(
+        p.name
+        for p in src.iterdir()
+        if p.is_file() and p.suffix in PICKLE_SUFFIXES and not p.name.startswith(("training_args", "optimizer", "scheduler", "rng_state"))
+    )
+    if not pickles:
+        raise InputError(
+            f"{src}: no weights found (model.safetensors, model-*.safetensors + index, or pickled "
+            f"pytorch_model*.bin). Fix: point model.path at a complete checkpoint folder."
+        )
+    if not allow_pickle:
+        raise InputError(
+            f"{src}: the weights are pickled ({', '.join(pickles)}); loading a pickle can run arbitrary "
+            f"code, so it is refused by default. Fix: convert the checkpoint to safetensors "
+            f"(model.save_pretrained(dir, safe_serialization=True)), or, only for a file you trust, set "
+            f"model.allow_pickle=true (it is then loaded with torch.load(weights_only=True))."
+        )
+    bin_index = src / "pytorch_model.bin.index.json"
+    if bin_index.exists():
+        _, pickles = _index_shards(bin_index, "pickle weight index", src, allow_external_files, "download them")
+    return pickles
+
+
+def _is_integer_dtype(dt: str) -> bool:
+    """safetensors (``I8``, ``U8``, ``BOOL`` ...) or torch (``torch.int8`` ...) integer / boolean dtype names."""
+    d = str(dt)
+    return d in ("I8", "I16", "I32", "I64", "U8", "U16", "U32", "U64", "BOOL") or d.startswith(("torch.int", "torch.uint", "torch.bool"))
+
+
+#: embedding rows beyond the tokenizer that are still padding: checkpoints pad the vocabulary to a multiple of 64..256
+#: or reserve tokens (Qwen2.5: 152064 rows for 151665 tokens; Phi-3: 32064 for 32011); far more means the wrong tokenizer.
+MAX_UNUSED_EMBEDDING_ROWS = 4096
+
+
+def check_tensor_shapes(facts: CheckpointFacts) -> None:
+    """vocab_size vs embedding rows vs lm_head rows, hidden size of both, and the tie rule.
+
+    Raises InputError; sets ``facts.tied`` (unchanged) and appends warnings.
+    """
+    cfg, src = facts.config, facts.path
+    vocab, hidden = cfg["vocab_size"], cfg["hidden_size"]
+    ints = sorted(n for n, (_, dt) in facts.tensors.items() if n.endswith((".weight", ".bias")) and _is_integer_dtype(dt))
+    if ints:
+        n0 = ints[0]
+        raise InputError(
+            f"{src / facts.tensor_file.get(n0, '')}: {len(ints)} weight tensor(s) are stored as integers, e.g. {n0} "
+            f"({facts.tensors[n0][1]}); loading would cast the integers to floats and the model would produce garbage. "
+            f"Fix: use the checkpoint's floating-point weights (an already-quantized checkpoint is not an export input: "
+            f"export its unquantized original and let the quantize stage quantize it)."
+        )
+    emb = facts.tensors.get(EMBED_NAME)
+    if emb is None:
+        raise InputError(
+            f"{src}: the weights have no {EMBED_NAME} (found e.g. {sorted(facts.tensors)[:4]}). "
+            f"Fix: export a standard transformers {facts.architecture} checkpoint."
+        )
+    where_emb = facts.tensor_file.get(EMBED_NAME, "the weights")
+    if len(emb[0]) != 2 or emb[0][1] != hidden:
+        raise InputError(
+            f"{src / where_emb}: {EMBED_NAME} has shape {emb[0]}, expected [vocab_size, hidden_size={hidden}]. "
+            f"Fix: correct hidden_size in config.json or use matching weights."
+        )
+    if emb[0][0] != vocab:
+        raise InputError(
+            f"{src / 'config.json'}: vocab_size={vocab} but {EMBED_NAME} in {where_emb} has {emb[0][0]} rows. "
+            f"Fix: set vocab_size={emb[0][0]} in config.json (or use the weights that match the config)."
+        )
+    head = facts.tensors.get(LM_HEAD_NAME)
+    if head is not None:
+        where_head = facts.tensor_file.get(LM_HEAD_NAME, "the weights")
+        if head[0] != [vocab, hidden]:
+            raise InputError(
+                f"{src / where_head}: {LM_HEAD_NAME} has shape {head[0]} but vocab_size={vocab}, hidden_size={hidden} "
+                f"(expected [{vocab}, {hidden}]). Fix: correct vocab_size in config.json or use matching weights."
+            )
+    elif not facts.tied:
+        raise InputError(
+            f"{src / 'config.json'}: tie_word_embeddings={cfg.get('tie_word_embeddings', False)!r} (untied) but the "
+            f"weights have no {LM_HEAD_NAME}; the output projection would be random. The export never ties "
+            f"silently. Fix: if the model really shares the embedding as its output head, set "
+            f'"tie_word_embeddings": true in config.json; otherwise supply the checkpoint\'s {LM_HEAD_NAME}.'
+        )
