@@ -24,14 +24,20 @@ import sys
 from pathlib import Path
 from typing import Any
 
-SUBCOMMANDS = {
-    "plan": "pipeline.planner.cli",
-    "doctor": "pipeline.doctor",
-    "serve": "pipeline.serve.serve",
-    "client": "pipeline.serve.client_cli",
-    "benchmark": "pipeline.benchmark.cli",
-    "verify": "pipeline.package.verify",
-}
+from .core.registry import Registry
+
+SUBCOMMANDS: Registry[str] = Registry(
+    "subcommand",
+    {
+        "plan": "pipeline.planner.cli",
+        "doctor": "pipeline.doctor",
+        "serve": "pipeline.serve.serve",
+        "client": "pipeline.serve.client_cli",
+        "benchmark": "pipeline.benchmark.cli",
+        "verify": "pipeline.package.verify",
+    },
+)
+"""``pipeline <name> ...`` -> the module whose ``main(argv)`` runs it (imported on use)."""
 
 _state = {"task_started": False}
 

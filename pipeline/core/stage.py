@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .registry import Registry
+
 if TYPE_CHECKING:
     from rich.console import Console
 
@@ -132,16 +134,22 @@ class Stage:
         return tuple(self.select_deps(cfg)) if self.select_deps is not None else self.deps
 
 
+def _stage_modules() -> Registry[str]:
+    from .config import STAGES
+
+    return Registry("stage", {name: f"pipeline.{name}.stage" for name in STAGES})
+
+
+STAGE_MODULES: Registry[str] = _stage_modules()
+"""Stage name -> the module defining its ``STAGE`` (``pipeline.<name>.stage``), in pipeline order."""
+
+
 def get_stage(name: str) -> Stage:
     """Import ``pipeline.<name>.stage`` and return its ``STAGE``.
 
-    Raises ``KeyError`` with the list of known stages for an unknown name.
+    Raises :class:`~pipeline.core.registry.UnknownName` (a ``KeyError``) listing the known stages for an unknown name.
     """
-    from .config import STAGES
-
-    if name not in STAGES:
-        raise KeyError(f"unknown stage {name!r}; known stages: {list(STAGES)}")
-    mod = importlib.import_module(f"pipeline.{name}.stage")
+    mod = importlib.import_module(STAGE_MODULES[name])
     return mod.STAGE
 
 

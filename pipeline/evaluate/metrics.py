@@ -41,6 +41,8 @@ import unicodedata
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from ..core.registry import Registry
+
 
 class EvalItem(Protocol):
     """What a metric reads of an eval item (:class:`pipeline.evaluate.dataset.EvalItem` has it; a Protocol here so
@@ -69,7 +71,8 @@ class Metric:
         return float(self.fn(output, item))
 
 
-METRICS: dict[str, Metric] = {}
+METRICS: Registry[Metric] = Registry("metric")
+"""The eval metrics by name (``pipeline.core.registry.Registry``: a miss lists the known names)."""
 
 
 def register(metric: Metric) -> Metric:
@@ -81,16 +84,13 @@ def register(metric: Metric) -> Metric:
     """
     if not metric.higher_is_better:
         raise ValueError(f"metric {metric.name!r}: the gate needs higher_is_better=True scores in [0, 1]; register 1 - score instead")
-    METRICS[metric.name] = metric
-    return metric
+    return METRICS.register(metric.name, metric, replace=True)
 
 
 def get_metric(name: str) -> Metric:
-    """The registered metric ``name``; ``KeyError`` listing the known metrics otherwise."""
-    try:
-        return METRICS[name]
-    except KeyError:
-        raise KeyError(f"unknown metric {name!r}; known metrics: {sorted(METRICS)}") from None
+    """The registered metric ``name``; :class:`~pipeline.core.registry.UnknownName` (a ``KeyError``) listing the known
+    metrics otherwise."""
+    return METRICS[name]
 
 
 # --------------------------------------------------------------------------- helpers

@@ -23,15 +23,20 @@ import importlib.util
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from ...core.registry import Registry
+
 if TYPE_CHECKING:
     from ...core.config import PipelineConfig
     from ...core.config.common import Problem
     from .base import Capabilities, Target
 
-TARGETS: dict[str, str] = {
-    "onnxruntime_genai": "pipeline.build.targets.onnxruntime_genai.builder",
-    "tensorrt_llm": "pipeline.build.targets.tensorrt_llm.builder",
-}
+TARGETS: Registry[str] = Registry(
+    "target",
+    {
+        "onnxruntime_genai": "pipeline.build.targets.onnxruntime_genai.builder",
+        "tensorrt_llm": "pipeline.build.targets.tensorrt_llm.builder",
+    },
+)
 """name -> module defining ``TARGET`` (imported on first use)."""
 
 _CACHE: dict[str, Target] = {}
@@ -50,10 +55,9 @@ def get_target(name: str) -> Target:
     from ...core.errors import InputError
 
     if name not in TARGETS:
-        raise InputError(
-            f"target.name={name!r}: unknown target. Known targets: {known_targets() + ['auto']}. "
-            "Fix: pass target=onnxruntime_genai (CPU) or target=tensorrt_llm (NVIDIA GPU)."
-        )
+        close = TARGETS.closest(name)
+        hint = f"target={close}" if close else "target=onnxruntime_genai (CPU) or target=tensorrt_llm (NVIDIA GPU)"
+        raise InputError(f"target.name={name!r}: unknown target. Known targets: {known_targets() + ['auto']}. Fix: pass {hint}.")
     if name not in _CACHE:
         _CACHE[name] = importlib.import_module(TARGETS[name]).TARGET
     return _CACHE[name]

@@ -1,0 +1,47 @@
+"""pipeline/core/registry.py: the one registry the extension points share (stages, targets, metrics, subcommands)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.core.registry import Registry, UnknownName
+
+
+def test_a_miss_lists_the_known_names_and_the_closest():
+    r: Registry[int] = Registry("widget", {"alpha": 1, "beta": 2})
+    with pytest.raises(UnknownName) as e:
+        r["alpah"]
+    assert str(e.value) == "unknown widget 'alpah'; known widgets: ['alpha', 'beta']; did you mean 'alpha'?"
+    assert isinstance(e.value, KeyError)
+    assert "did you mean" not in r.miss("zzz")
+
+
+def test_register_refuses_a_taken_name_unless_replace():
+    r: Registry[int] = Registry("widget")
+    assert r.register("a", 1) == 1 and r["a"] == 1 and list(r) == ["a"] and len(r) == 1 and "a" in r
+    with pytest.raises(ValueError, match="already registered"):
+        r.register("a", 2)
+    assert r.register("a", 2, replace=True) == 2 and r["a"] == 2
+
+
+def test_every_extension_point_uses_it():
+    from pipeline.build.targets import TARGETS
+    from pipeline.cli import SUBCOMMANDS
+    from pipeline.core.stage import STAGE_MODULES, get_stage
+    from pipeline.evaluate.metrics import METRICS, get_metric
+
+    for reg in (TARGETS, SUBCOMMANDS, STAGE_MODULES, METRICS):
+        assert isinstance(reg, Registry)
+    with pytest.raises(UnknownName, match=r"unknown stage 'evaluat'.*did you mean 'evaluate'"):
+        get_stage("evaluat")
+    with pytest.raises(UnknownName, match=r"unknown metric 'exact_mach'.*did you mean 'exact_match'"):
+        get_metric("exact_mach")
+    assert list(STAGE_MODULES) == ["export", "quantize", "build", "evaluate", "package", "benchmark"]
+
+
+def test_an_unknown_target_suggests_the_closest_name():
+    from pipeline.build.targets import get_target
+    from pipeline.core.errors import InputError
+
+    with pytest.raises(InputError, match=r"Fix: pass target=onnxruntime_genai\.$"):
+        get_target("onnxruntime-genai")
