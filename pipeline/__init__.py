@@ -7,7 +7,7 @@ The public Python surface (everything else is private and may change between rel
 * :func:`plan` (``plan(cfg) -> Plan``): the memory and speed plan, no work done;
 * one typed reader per stage artifact: :class:`ExportArtifact`, :class:`QuantizeArtifact`, :class:`BuildArtifact`,
   :class:`EvalArtifact`, :class:`PackageArtifact`, :class:`BenchmarkArtifact`;
-* :func:`register_metric`: add an eval metric;
+* :func:`register_metric`: add an eval metric; :func:`register_target`: add a build target;
 * :class:`LLMClient`: the gRPC client of a served package.
 
 Names are imported on first use, so ``import pipeline`` stays cheap (no torch, no transformers).
@@ -31,6 +31,7 @@ _PUBLIC: dict[str, str] = {
     "PackageArtifact": "pipeline.package.artifact:PackageArtifact",
     "BenchmarkArtifact": "pipeline.benchmark.artifact:BenchmarkArtifact",
     "register_metric": "pipeline.evaluate.metrics:register",
+    "register_target": "pipeline.build.targets:register",
     "LLMClient": "pipeline.serve.client:LLMClient",
 }
 """public name -> ``module:attribute`` that defines it."""

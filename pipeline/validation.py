@@ -46,13 +46,16 @@ def stage_problems(cfg: PipelineConfig) -> list[Problem]:
 
 def validate(cfg: PipelineConfig, *, raise_on_error: bool = True) -> list[Problem]:
     """For the stages that will run (:func:`with_run_order`): the field checks (:func:`pipeline.core.config.validate`),
-    then each stage's checks (:func:`stage_problems`).
+    ``target.name`` against the build-target registry (every stage after export reads it), then each stage's checks
+    (:func:`stage_problems`).
 
     Returns every problem; raises :class:`~pipeline.core.config.ConfigError` listing them all when ``raise_on_error``
     and any were found.
     """
+    from .build.targets import name_problems
+
     cfg = with_run_order(cfg)
-    problems = validate_fields(cfg, raise_on_error=False)
+    problems = validate_fields(cfg, raise_on_error=False) + name_problems(cfg)
     problems.extend(p for p in stage_problems(cfg) if not any(q.field == p.field and q.message == p.message for q in problems))
     if problems and raise_on_error:
         raise ConfigError(problems)

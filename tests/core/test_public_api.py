@@ -1,5 +1,5 @@
 """The public Python surface (issue "one package per stage"): ``pipeline.compose``/``run``/``plan``, one typed reader
-per stage artifact, ``register_metric`` and ``LLMClient`` resolve from ``import pipeline``, lazily (no torch)."""
+per stage artifact, ``register_metric``, ``register_target`` and ``LLMClient`` resolve from ``import pipeline``, lazily (no torch)."""
 
 from __future__ import annotations
 

@@ -45,3 +45,34 @@ def test_an_unknown_target_suggests_the_closest_name():
 
     with pytest.raises(InputError, match=r"Fix: pass target=onnxruntime_genai\.$"):
         get_target("onnxruntime-genai")
+
+
+def test_a_registered_target_is_a_valid_target_name(monkeypatch):
+    """``pipeline.register_target``: the config accepts the new name (the check asks the registry), get_target returns
+    the object itself; an unregistered name is refused with exit-2 problem naming the closest target."""
+    import pipeline
+    from pipeline.build import targets
+    from pipeline.core.config import compose
+    from pipeline.validation import validate
+
+    monkeypatch.setattr(targets, "TARGETS", Registry("target", dict(targets.TARGETS)))
+    monkeypatch.setattr(targets, "_CACHE", dict(targets._CACHE))
+
+    class Mine:
+        name = "my_npu"
+
+        def check_config(self, cfg):
+            return []
+
+    assert pipeline.register_target is targets.register
+    problems = validate(compose(["target.name=my_npu", "stages=[export]"]), raise_on_error=False)
+    assert [p.field for p in problems] == ["target.name"] and "must be one of ['auto', 'onnxruntime_genai', 'tensorrt_llm']" in str(
+        problems[0]
+    )
+    mine = pipeline.register_target(Mine())
+    assert targets.get_target("my_npu") is mine
+    assert validate(compose(["target.name=my_npu", "stages=[export]"]), raise_on_error=False) == []
+    with pytest.raises(ValueError, match="already registered"):
+        pipeline.register_target(Mine())
+    p = targets.name_problems(compose(["target.name=onnxruntime_genia"]))
+    assert len(p) == 1 and "Fix: pick target=onnxruntime_genai" in str(p[0])

@@ -63,6 +63,27 @@ def get_target(name: str) -> Target:
     return _CACHE[name]
 
 
+def register(target: Target, *, replace: bool = False) -> Target:
+    """Add a build target (an object with the :class:`~pipeline.build.targets.base.Target` interface; its ``name`` is
+    what ``target.name`` selects) to :data:`TARGETS`; returns it. ``ValueError`` when the name is taken, unless
+    ``replace``. The target lives in this process: register it before composing and running (``pipeline.run``)."""
+    TARGETS.register(target.name, type(target).__module__, replace=replace)
+    _CACHE[target.name] = target
+    return target
+
+
+def name_problems(cfg: PipelineConfig) -> list[Problem]:
+    """``target.name`` is ``auto`` or a registered target (:data:`TARGETS`); the fix names the closest one."""
+    from ...core.config.common import Problem
+
+    name = cfg.target.name
+    if name == "auto" or name in TARGETS:
+        return []
+    close = TARGETS.closest(str(name))
+    fix = f"pick target={close}" if close else "pick target=onnxruntime_genai (CPU) or target=tensorrt_llm (NVIDIA GPU)"
+    return [Problem("target.name", name, f"must be one of {['auto', *TARGETS]}.", fix)]
+
+
 def tensorrt_llm_installed() -> bool:
     """True when the ``tensorrt_llm`` package can be imported (checked without importing it)."""
     try:
@@ -209,7 +230,9 @@ __all__ = [
     "config_problems",
     "get_target",
     "known_targets",
+    "name_problems",
     "needs_build",
+    "register",
     "resolve_target",
     "tensorrt_llm_installed",
 ]
