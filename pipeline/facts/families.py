@@ -29,24 +29,35 @@ from typing import Any
 #: (transformers 5: ``modeling_mistral.py`` / ``modeling_phi3.py`` pass ``config.sliding_window`` to each attention).
 WINDOW_ALL_LAYERS = ("mistral", "phi3")
 
-#: model_type -> {"architecture", "targets": {target: None | "reason. Fix: ..."}, "recipes": {recipe: reason},
-#: "quantized_on": {target: reason}}.  ``None`` = supported; a ``recipes`` entry refuses that recipe on every target,
-#: a ``quantized_on`` entry every recipe but ``none`` on that target.
+#: model_type -> {"architecture", "trtllm_decoder", "targets": {target: None | "reason. Fix: ..."}, "recipes": {recipe:
+#: reason}, "quantized_on": {target: reason}, "no_trtllm_checkpoint": reason}.  ``None`` = supported; a ``recipes`` entry
+#: refuses that recipe on every target, a ``quantized_on`` entry every recipe but ``none`` on that target.
+#: ``trtllm_decoder`` is ModelOpt's ``decoder_type`` for ``export_tensorrt_llm_checkpoint`` (modelopt/torch/export,
+#: 0.47); a family without one has ``no_trtllm_checkpoint``: why ModelOpt writes none (quantize still calibrates and
+#: writes the simulated-quant state and the unified HF checkpoint, which onnxruntime_genai and tensorrt_llm_pytorch
+#: deploy).
 FAMILY_SUPPORT: dict[str, dict[str, Any]] = {
     "llama": {
         "architecture": "LlamaForCausalLM",
+        "trtllm_decoder": "llama",
         "targets": {"onnxruntime_genai": None, "tensorrt_llm": None, "tensorrt_llm_pytorch": None},
     },
     "mistral": {
         "architecture": "MistralForCausalLM",
+        "trtllm_decoder": "llama",
         "targets": {"onnxruntime_genai": None, "tensorrt_llm": None, "tensorrt_llm_pytorch": None},
     },
     "qwen2": {
         "architecture": "Qwen2ForCausalLM",
+        "trtllm_decoder": "qwen",
         "targets": {"onnxruntime_genai": None, "tensorrt_llm": None, "tensorrt_llm_pytorch": None},
     },
     "phi3": {
         "architecture": "Phi3ForCausalLM",
+        "trtllm_decoder": None,
+        # modelopt/torch/export/tensorrt_llm_utils.py (0.47) raises NotImplementedError for Phi3ForCausalLM
+        "no_trtllm_checkpoint": "ModelOpt 0.47 cannot export Phi3ForCausalLM to a TensorRT-LLM checkpoint (its converter "
+        "raises NotImplementedError and points to the unified HF checkpoint + the PyTorch backend)",
         "targets": {
             "onnxruntime_genai": None,
             "tensorrt_llm_pytorch": None,
@@ -63,6 +74,13 @@ FAMILY_SUPPORT: dict[str, dict[str, Any]] = {
         },
     },
 }
+
+
+#: HF ``model_type`` -> ModelOpt ``decoder_type`` (from :data:`FAMILY_SUPPORT`).
+DECODER_TYPES: dict[str, str] = {mt: f["trtllm_decoder"] for mt, f in FAMILY_SUPPORT.items() if f.get("trtllm_decoder")}
+
+#: model_type -> why ModelOpt writes no TensorRT-LLM checkpoint for it (from :data:`FAMILY_SUPPORT`).
+NO_TRTLLM_CHECKPOINT: dict[str, str] = {mt: f["no_trtllm_checkpoint"] for mt, f in FAMILY_SUPPORT.items() if f.get("no_trtllm_checkpoint")}
 
 
 def read_model_config(path: str | os.PathLike | None) -> dict[str, Any] | None:

@@ -38,11 +38,14 @@ def _linear_problems(cfg: Any, shape: Any) -> list[Problem]:
     """The recipe on the model's linear layers, from the shape alone (``config.json``: no weights read), with the
     rules the quantize stage applies again to the loaded model (:func:`pipeline.quantize.preflight.linear_problems`:
     group size vs the per-rank input dimensions, q/k/v kept whole, something left to quantize)."""
+    from ..facts.recipes import RECIPES
     from .preflight import excluded_modules, linear_problems
 
     q = cfg.quant
     if q.recipe == "none" and q.kv_cache_dtype == "none":
         return []
+    if q.recipe not in RECIPES or (q.recipe == "auto" and any(f not in RECIPES for f in q.auto.formats)):
+        return []  # an unknown recipe or format: the quant field check reports it
     linears = {lin.name: (lin.in_features, lin.out_features) for lin in shape.linears()}
     excluded = excluded_modules(q, list(linears), shape.num_layers)
     return linear_problems(q, linears, excluded, max(1, int(cfg.parallel.tp_size)))

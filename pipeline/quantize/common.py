@@ -24,20 +24,6 @@ KV_CACHE: dict[str, tuple[str | None, list[dict[str, Any]]]] = {
 }
 
 
-#: HF ``model_type`` -> ModelOpt ``decoder_type`` for export_tensorrt_llm_checkpoint.
-#: phi3 is absent on purpose: ModelOpt 0.47's export_tensorrt_llm_checkpoint raises NotImplementedError for it.
-DECODER_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen"}
-
-
-#: model_type -> why ModelOpt writes no TensorRT-LLM checkpoint for it; quantize still calibrates and writes the
-#: simulated-quant state and the unified HF checkpoint (onnxruntime_genai and tensorrt_llm_pytorch deploy those).
-#: Source: modelopt/torch/export/tensorrt_llm_utils.py (0.47) raises NotImplementedError for Phi3ForCausalLM.
-NO_TRTLLM_CHECKPOINT = {
-    "phi3": "ModelOpt 0.47 cannot export Phi3ForCausalLM to a TensorRT-LLM checkpoint (its converter "
-    "raises NotImplementedError and points to the unified HF checkpoint + the PyTorch backend)"
-}
-
-
 def _hf_dir(export_dir: Path) -> Path:
     export_dir = Path(export_dir)
     if (export_dir / ExportArtifact.HF_DIR / "config.json").is_file():

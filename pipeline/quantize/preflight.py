@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core.errors import InputError
+from ..facts.families import DECODER_TYPES, NO_TRTLLM_CHECKPOINT
 from ..facts.recipes import KV_MIN_SM, RECIPE_MIN_SM, RECIPES
 from .auto import auto_min_bits
-from .common import DECODER_TYPES, KV_CACHE, NO_TRTLLM_CHECKPOINT, _hf_dir, _linear_modules, _version, log
+from .common import KV_CACHE, _hf_dir, _linear_modules, _version, log
 from .placement import Placement, load_for_calibration, plan_placement
 
 if TYPE_CHECKING:

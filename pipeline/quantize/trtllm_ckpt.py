@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ..core.errors import InputError
+from ..facts.families import DECODER_TYPES, NO_TRTLLM_CHECKPOINT
 from ..facts.recipes import RECIPES
 from .artifact import QuantizeArtifact
-from .common import DECODER_TYPES, KV_CACHE, NO_TRTLLM_CHECKPOINT, _quiet
+from .common import KV_CACHE, _quiet
 from .modelopt_config import lm_head_excluded
 from .preflight import _Source
 
