@@ -2,9 +2,13 @@
 
 The public Python surface (everything else is private and may change between releases):
 
-* :func:`compose` (``compose(overrides) -> PipelineConfig``): the validated config, as the CLI composes it;
+* :func:`compose` (``compose(overrides) -> PipelineConfig``): the typed config, as the CLI composes it (types and
+  unknown keys checked; the rules are :func:`validate`'s);
 * :func:`run` (``run(cfg) -> RunSummary``): run the configured stages (``RunSummary.exit_code`` is the CLI's);
-* :func:`plan` (``plan(cfg) -> Plan``): the memory and speed plan, no work done;
+* :func:`validate` (``validate(cfg, raise_on_error=True) -> [Problem]``): every check a run makes before any work
+  (fields, then each stage that will run); raises ``ConfigError`` listing them all;
+* :func:`plan` (``plan(cfg) -> Plan``): the memory and speed plan, no work done (it does not validate: call
+  :func:`validate` first, as ``pipeline plan`` does);
 * one typed reader per stage artifact: :class:`ExportArtifact`, :class:`QuantizeArtifact`, :class:`BuildArtifact`,
   :class:`EvalArtifact`, :class:`PackageArtifact`, :class:`BenchmarkArtifact`;
 * :func:`register_metric`: add an eval metric; :func:`register_target`: add a build target;
@@ -24,6 +28,7 @@ _PUBLIC: dict[str, str] = {
     "compose": "pipeline.core.config:compose",
     "run": "pipeline.runner:run_pipeline",
     "plan": "pipeline.planner.plan:plan",
+    "validate": "pipeline.validation:validate",
     "ExportArtifact": "pipeline.export.artifact:ExportArtifact",
     "QuantizeArtifact": "pipeline.quantize.artifact:QuantizeArtifact",
     "BuildArtifact": "pipeline.build.artifact:BuildArtifact",

@@ -560,6 +560,12 @@ def main(argv: list[str] | None = None) -> None:
             print(f"pipeline {argv[0]}: interrupted", file=sys.stderr)
             code = EXIT_INTERRUPTED
         sys.exit(code)
+    if argv and not argv[0].startswith("-") and "=" not in argv[0] and SUBCOMMANDS.closest(argv[0]):
+        # a bare word is no Hydra override: a mistyped subcommand (`pipeline plna`), not a parse error
+        from .core.errors import EXIT_INPUT
+
+        print(f"pipeline: {SUBCOMMANDS.miss(argv[0])} (or pass overrides as key=value)", file=sys.stderr)
+        sys.exit(EXIT_INPUT)
     from .core.memory import tune_allocator
 
     tune_allocator()  # freed weights go back to the OS (docs/memory.md)

@@ -22,6 +22,7 @@ number, the field and the fix; all problems of a file are reported together (up 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 from pathlib import Path
 from typing import Any, cast
@@ -116,7 +117,8 @@ def _check_line(obj: Any, where: str, known_metrics: set[str]) -> tuple[EvalItem
         bad("reference", "is missing or empty", 'add "reference": "<expected answer>" (or a list of acceptable answers)')
     metric = obj.get("metric")
     if not isinstance(metric, str) or metric not in known_metrics:
-        bad("metric", "is not a known metric", f"use one of {sorted(known_metrics)}")
+        close = difflib.get_close_matches(metric, sorted(known_metrics), n=1) if isinstance(metric, str) else []
+        bad("metric", "is not a known metric", (f"did you mean {close[0]!r}? " if close else "") + f"use one of {sorted(known_metrics)}")
     sl = obj.get("slice")
     if not isinstance(sl, str) or not sl.strip():
         bad("slice", "must be a non-empty string", 'add "slice": "<group name>"')

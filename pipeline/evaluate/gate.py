@@ -372,7 +372,8 @@ def judge(
     checks += _fidelity_checks(fidelity, max_kld, min_top1)
     verdict = max((c.verdict for c in checks), key=VERDICTS.index, default="pass")
     non_inferiority = max((c.verdict for c in checks if c.check == "max_drop"), key=VERDICTS.index, default="pass")
-    bad = [c for c in checks if not c.passed]
+    # the worst first (fail before inconclusive), so every place that shortens the reason keeps what failed
+    bad = sorted((c for c in checks if not c.passed), key=lambda c: -VERDICTS.index(c.verdict))
     reason = "; ".join(f"{c.scope} {c.check}: {c.detail}" for c in bad) if bad else "all checks passed"
     ov = next((c for c in checks if c.scope == "overall" and c.check == "max_drop"), None)
     counts = {v: sum(1 for c in checks if c.check == "max_drop" and c.verdict == v) for v in VERDICTS}

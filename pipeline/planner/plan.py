@@ -252,6 +252,16 @@ def stage_layers(num_layers: int, pp: int) -> list[list[int]]:
     return out
 
 
+def _smaller_weights_fix(shape: ModelShape, k: Any, host_total: int) -> str:
+    """The fix for weights that do not fit the host's RAM: int4 weights when they would fit, else a larger host."""
+    if "int4" in str(k.recipe):
+        return "a larger host (the weights are already int4)."
+    int4 = weight_bytes(shape, "int4_awq", hp_dtype=k.hp_dtype, group_size=k.group_size, exclude=list(k.exclude), sensitive=k.sensitive)
+    if int4.total_bytes < host_total:
+        return f"quant=int4_awq ({_gib(int4.total_bytes)} of weights) or a larger host."
+    return f"a larger host (even int4 weights need {_gib(int4.total_bytes)})."
+
+
 def weight_bytes(
     shape: ModelShape,
     recipe: str,
@@ -778,7 +788,7 @@ def _cpu_plan(p: Plan, shape: ModelShape, k: _Knobs) -> Plan:
     if mem["total"] and w.total_bytes >= mem["total"]:
         p.refusals.append(
             f"weights need {_gib(w.total_bytes)} but the host has {_gib(mem['total'])} RAM. Fix: "
-            + ("a larger host (the weights are already int4)." if "int4" in str(k.recipe) else "quant=int4_awq or a larger host.")
+            + _smaller_weights_fix(shape, k, mem["total"])
         )
     elif avail and need > avail:
         p.warnings.append(

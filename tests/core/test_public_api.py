@@ -18,8 +18,10 @@ def test_every_public_name_resolves_to_its_defining_object():
     from pipeline.planner.plan import plan
     from pipeline.runner import run_pipeline
     from pipeline.serve.client import LLMClient
+    from pipeline.validation import validate
 
     assert pipeline.compose is compose and pipeline.run is run_pipeline and pipeline.plan is plan
+    assert pipeline.validate is validate
     assert pipeline.BuildArtifact is BuildArtifact and pipeline.register_metric is register and pipeline.LLMClient is LLMClient
     for name in pipeline.__all__:
         assert getattr(pipeline, name) is not None, name

@@ -76,3 +76,27 @@ def test_a_registered_target_is_a_valid_target_name(monkeypatch):
         pipeline.register_target(Mine())
     p = targets.name_problems(compose(["target.name=onnxruntime_genia"]))
     assert len(p) == 1 and "Fix: pick target=onnxruntime_genai" in str(p[0])
+
+
+def test_mistyped_names_get_the_closest_one_wherever_they_are_typed(tmp_path):
+    """A stage in ``stages``, a metric in an eval set, a subcommand on the command line, a target preset given as
+    ``target.name``: each refusal names the closest valid spelling (exit 2)."""
+    import json
+    import subprocess
+    import sys
+
+    from pipeline.build.targets import name_problems
+    from pipeline.core.config import compose, validate
+    from pipeline.core.errors import InputError
+    from pipeline.evaluate.dataset import read_eval_set
+
+    st = [p for p in validate(compose(["stages=[evaluat]"]), raise_on_error=False) if p.field == "stages"]
+    assert st and "did you mean 'evaluate'?" in str(st[0])
+    es = tmp_path / "e.jsonl"
+    es.write_text(json.dumps({"id": "a", "prompt": "p", "reference": "r", "metric": "exact_mach"}) + "\n")
+    with pytest.raises(InputError, match="did you mean 'exact_match'"):
+        read_eval_set(es)
+    (p,) = name_problems(compose(["target.name=tensorrt_llm_pytorch"]))
+    assert "use the preset target=tensorrt_llm_pytorch" in str(p)
+    r = subprocess.run([sys.executable, "-m", "pipeline", "plna"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "did you mean 'plan'?" in r.stderr, r.stderr[-2000:]

@@ -98,3 +98,15 @@ def test_evaluate_console_says_inconclusive_not_failed():
     out = buf.getvalue()
     assert "gate FAILED" not in out and "gate INCONCLUSIVE" in out
     assert "about 138 items needed (it has 80)" in out and "eval.gate.mode=exploratory" in out
+
+
+def test_the_reason_leads_with_the_failed_check_not_the_inconclusive_scopes():
+    """Fresh-user trial: only min_top1 failed, and every shortened reason (serve warning, sweep table, headline) began
+    with the inconclusive max_drop scopes and was cut before min_top1. The reason now lists fails first."""
+    gate = GateConfig()
+    stats = {"overall": _stats(720, 1), "slice:orders": _stats(80, 1)}
+    fidelity = {"kld": {"mean": 0.01, "se": 0.001}, "top1": 0.80, "positions": 1000, "ln_ppl_ratio": 0.0}
+    v = judge(gate, "int8_wo", stats, {"overall": 0.9, "slice:orders": 0.9}, fidelity=fidelity)
+    assert v["verdict"] == "fail" and v["non_inferiority"] == "inconclusive"
+    assert v["reason"].startswith("overall min_top1"), v["reason"]
+    assert [c["verdict"] for c in v["failed_checks"]][0] == "fail"

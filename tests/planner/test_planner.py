@@ -6,6 +6,7 @@ import json
 import struct
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -336,3 +337,15 @@ def _with_path(cfg, path: str):
     import dataclasses
 
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=path))
+
+
+def test_cpu_weights_refusal_offers_int4_only_when_int4_fits():
+    """llama31_70b fp8 on a 24 GB CPU host: int4 weights (about 37 GiB) do not fit either, so the fix is a larger host,
+    never quant=int4_awq (which a fresh-user trial followed into the same refusal)."""
+    from pipeline.planner.plan import _smaller_weights_fix
+
+    cfg = compose(["model=llama31_70b", "quant=fp8"])
+    shape, _ = load_shape(cfg)
+    k = SimpleNamespace(recipe="fp8", hp_dtype="float16", group_size=128, exclude=["lm_head"], sensitive="none")
+    assert _smaller_weights_fix(shape, k, 24 * 2**30).startswith("a larger host (even int4 weights need")
+    assert _smaller_weights_fix(shape, k, 64 * 2**30).startswith("quant=int4_awq (")

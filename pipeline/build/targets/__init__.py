@@ -79,8 +79,13 @@ def name_problems(cfg: PipelineConfig) -> list[Problem]:
     name = cfg.target.name
     if name == "auto" or name in TARGETS:
         return []
-    close = TARGETS.closest(str(name))
-    fix = f"pick target={close}" if close else "pick target=onnxruntime_genai (CPU) or target=tensorrt_llm (NVIDIA GPU)"
+    from ...core.config import CONFIG_DIR
+
+    if (CONFIG_DIR / "target" / f"{name}.yaml").is_file():
+        fix = f"use the preset target={name} (it sets target.name and target.backend), not target.name={name}"
+    else:
+        close = TARGETS.closest(str(name))
+        fix = f"pick target={close}" if close else "pick target=onnxruntime_genai (CPU) or target=tensorrt_llm (NVIDIA GPU)"
     return [Problem("target.name", name, f"must be one of {['auto', *TARGETS]}.", fix)]
 
 

@@ -8,6 +8,7 @@ named.  :func:`compose` gives the same composed object outside a Hydra app (plan
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import logging
 import os
 from dataclasses import dataclass, field
@@ -332,7 +333,9 @@ def validate(cfg: PipelineConfig, *, raise_on_error: bool = True) -> list[Proble
         problems.append(Problem("stages", [], "no stage to run.", f"use a subset of {list(STAGES)}, e.g. stages=[export,quantize]"))
     for s in cfg.stages:
         if s not in STAGES:
-            problems.append(Problem("stages", s, "unknown stage.", f"use a subset of {list(STAGES)}"))
+            close = difflib.get_close_matches(str(s), STAGES, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            problems.append(Problem("stages", s, "unknown stage.", f"{hint}use a subset of {list(STAGES)}"))
     needs = set(cfg.stages)
     for group, fn in _VALIDATORS.items():
         if group == "calibration" and ("quantize" not in needs or cfg.quant.recipe == "none"):
