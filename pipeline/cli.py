@@ -539,18 +539,13 @@ def _scalar_problem(key: str, value: str, typ: Any) -> str | None:
     return None
 
 
-def main(argv: list[str] | None = None) -> None:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    # A job started in the background of a non-interactive shell (CI runners, `cmd &`) inherits SIGINT as
-    # *ignored*, and Python then never raises KeyboardInterrupt: restore it so SIGINT always stops a run (exit 130).
-    import signal
-
-    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+def _subcommand(argv: list[str]) -> None:
+    """Run ``pipeline <subcommand> ...``, print the help, or refuse a mistyped subcommand (exit 2); each exits.
+    Returns only when ``argv`` is a run (Hydra overrides)."""
     if argv and argv[0] in ("-h", "--help", "help"):
         print(__doc__.strip())
         print("\nConfig groups and overrides: pipeline --cfg job (resolved config), pipeline --hydra-help; README.md.")
-        return
+        sys.exit(0)
     if argv and argv[0] in SUBCOMMANDS:
         try:
             code = importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:]) or 0
@@ -566,6 +561,17 @@ def main(argv: list[str] | None = None) -> None:
 
         print(f"pipeline: {SUBCOMMANDS.miss(argv[0])} (or pass overrides as key=value)", file=sys.stderr)
         sys.exit(EXIT_INPUT)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # A job started in the background of a non-interactive shell (CI runners, `cmd &`) inherits SIGINT as
+    # *ignored*, and Python then never raises KeyboardInterrupt: restore it so SIGINT always stops a run (exit 130).
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    _subcommand(argv)  # exits when argv names a subcommand, help, or a mistyped subcommand
     from .core.memory import tune_allocator
 
     tune_allocator()  # freed weights go back to the OS (docs/memory.md)
