@@ -204,6 +204,10 @@ def _valid(kind: str, v) -> bool:
         return isinstance(v, bool)
     if kind == "str":
         return isinstance(v, str)
+    if kind == "dtype":  # a string naming a dtype a loader reads (export/inspect.py CHECKPOINT_DTYPES)
+        from pipeline.export.inspect import CHECKPOINT_DTYPES
+
+        return isinstance(v, str) and v.removeprefix("torch.") in CHECKPOINT_DTYPES
     if kind == "id":  # token id, a list of them, or null
         items = v if isinstance(v, list) else [v]
         return v is None or (bool(items) and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in items))
@@ -223,7 +227,7 @@ TYPED_FIELDS = [
     ("tie_word_embeddings", "bool", False),
     ("attention_bias", "bool", False),
     ("hidden_act", "str", False),
-    ("torch_dtype", "str", True),
+    ("torch_dtype", "dtype", True),
     ("eos_token_id", "id", True),
     ("bos_token_id", "id", True),
     ("pad_token_id", "id", True),
