@@ -38,8 +38,8 @@ def _eval_rows(path: Path) -> list[dict[str, Any]]:
     """The eval set's lines as objects (a foreign format, a task YAML or a question/answer JSONL, as the eval loader
     maps it; malformed lines are left out: the eval loader reports them with their line number)."""
     from ..core.errors import InputError
-    from ..evaluate import foreign
-    from ..evaluate.dataset import read_eval_set
+    from . import foreign
+    from .dataset import read_eval_set
 
     text = path.read_text(encoding="utf-8-sig", errors="replace")
     rows = []
@@ -99,7 +99,7 @@ def _prompt_lengths(
         slices.append(str(row.get("slice", "")))
     if limit is not None and 0 < limit < len(ids):
         # the items the evaluate stage will use: eval.limit takes them round-robin across slices
-        from ..evaluate.dataset import EvalItem, stratified_head
+        from .dataset import EvalItem, stratified_head
 
         items = [EvalItem(id=f"{k}", slice=sl, metric="", reference=None) for k, sl in enumerate(slices)]
         keep = {int(it.id) for it in stratified_head(items, limit)}
@@ -150,8 +150,6 @@ def eval_prompt_stats(cfg: Any) -> dict[str, Any] | None:
 
 
 def _eval_set_problems(cfg: Any) -> list[Problem]:
-    if not any(s in ("evaluate", "benchmark") for s in cfg.stages):
-        return []
     if os.environ.get("PIPELINE_SKIP_EVAL_LENGTH_CHECK") == "1":
         return []
     st = eval_prompt_stats(cfg)

@@ -18,13 +18,10 @@ def checks(cfg: Any) -> list[Any]:
     * an architecture this pipeline has no support for (e.g. ``GemmaForCausalLM``), named with the supported list;
     * a target the family cannot be built for (Phi-3 on ``tensorrt_llm``), with the reason and the alternative.
 
-    Only when a stage that exports or builds is requested; shapes-only presets (no ``model.path``) are skipped.
+    Shapes-only presets (no ``model.path``) are skipped.
     """
     from ..core.config.common import Problem
 
-    stages = set(getattr(cfg, "stages", ()) or ())
-    if not stages & {"export", "quantize", "build", "evaluate", "package", "benchmark"}:
-        return []
     mc = read_model_config(getattr(cfg.model, "path", None))
     if mc is None:
         return []
@@ -47,11 +44,12 @@ def checks(cfg: Any) -> list[Any]:
         return problems
     from ..build.targets import needs_build, resolve_target
 
+    target: str | None = None
     if needs_build(cfg):
         try:
-            target, _ = resolve_target(cfg)
+            target = resolve_target(cfg).name
         except Exception:
-            return problems
+            return problems  # the target's own checks report an unresolvable target
         why = fam["targets"].get(target)
         if why:
             problems.append(
@@ -64,11 +62,8 @@ def checks(cfg: Any) -> list[Any]:
             )
     recipe = getattr(cfg.quant, "recipe", None)
     recipe_why = fam.get("recipes", {}).get(recipe)
-    if recipe_why is None and recipe != "none" and needs_build(cfg):
-        try:
-            recipe_why = fam.get("quantized_on", {}).get(resolve_target(cfg)[0])
-        except Exception:
-            recipe_why = None
+    if recipe_why is None and recipe != "none" and target is not None:
+        recipe_why = fam.get("quantized_on", {}).get(target)
     if recipe_why:
         problems.append(
             Problem(

@@ -10,24 +10,13 @@ from ....facts.families import builder_config, read_model_config
 
 
 def model_problems(cfg: Any) -> list[Any]:
-    """The model's problems on this target (``[]`` when ``model.path`` has no readable ``config.json``)."""
+    """The model's problems on this target (``[]`` when ``model.path`` has no readable ``config.json``). Part of the
+    target's ``check_config``, which :func:`pipeline.build.targets.config_problems` calls only for a run that builds
+    on this target."""
     mc = read_model_config(getattr(cfg.model, "path", None))
     if mc is None:
         return []
     return _window_problems(cfg, mc) + _head_size_problems(cfg, mc)
-
-
-def _builds_on_ort(cfg: Any) -> bool:
-    """The run builds an engine and its target resolves to onnxruntime_genai (False when it cannot be resolved: the
-    target's own checks report that)."""
-    from ...targets import needs_build, resolve_target
-
-    if not needs_build(cfg):
-        return False
-    try:
-        return resolve_target(cfg)[0] == "onnxruntime_genai"
-    except Exception:
-        return False
 
 
 #: onnxruntime's CPU ``GroupQueryAttention`` kernel (the attention op onnxruntime-genai's builder emits) refuses other
@@ -41,7 +30,7 @@ def _head_size_problems(cfg: Any, mc: dict[str, Any]) -> list[Any]:
     time instead of after the build (the engine loads and fails at its first step)."""
     from ....core.config.common import Problem
 
-    if not _builds_on_ort(cfg) or getattr(cfg.target, "execution_provider", "cpu") != "cpu":
+    if getattr(cfg.target, "execution_provider", "cpu") != "cpu":
         return []
     try:
         hidden, heads = int(mc["hidden_size"]), int(mc["num_attention_heads"])
@@ -71,8 +60,6 @@ def _window_problems(cfg: Any, mc: dict[str, Any]) -> list[Any]:
     """
     from ....core.config.common import Problem
 
-    if not _builds_on_ort(cfg):
-        return []
     b = cfg.build
     new, _ = builder_config(mc, int(b.max_seq_len))
     windowed = new is not None and new.get("sliding_window") is not None and "sliding_attention" in (new.get("layer_types") or [])
