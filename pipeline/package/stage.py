@@ -94,11 +94,8 @@ def _first_scopes(text: str, keep: int = 1) -> str:
     if not elided:
         return text
     m = re.search(r"\. Fix: .*$", parts[-1], re.S) if elided[-1] == len(parts) - 1 else None
-    kept = [p for i, p in enumerate(parts) if i not in elided]
-    if m is not None:
-        kept.append(m.group(0)[2:].strip())
-    more = f"and {len(elided)} more slice(s) (eval_report.json)"
-    return "; ".join(kept[:-1] if m is not None else kept) + f"; {more}" + (f". {kept[-1]}" if m is not None else "")
+    kept = "; ".join(p for i, p in enumerate(parts) if i not in elided)
+    return f"{kept}; and {len(elided)} more slice(s) (eval_report.json)" + (m.group(0) if m else "")
 
 
 def _speculative(ctx: StageContext, build_info: dict[str, Any]) -> dict[str, Any] | None:

@@ -36,16 +36,6 @@ def _compose(overrides: list[str]) -> Any:
     return compose(overrides)
 
 
-def _run_order(cfg: Any) -> list[str]:
-    """The stages a run of ``cfg`` would run (requested + dependencies); [] when a name is unknown (reported)."""
-    from ..core.stage import resolve_order
-
-    try:
-        return resolve_order(list(cfg.stages or []), cfg)
-    except KeyError:
-        return []
-
-
 def _gpu_table(cfg: Any, names: list[str], console: Any) -> tuple[list[dict[str, Any]], int]:
     from rich.table import Table
 
@@ -98,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
             console.print(f"[bold red]{msg}[/]")
         return EXIT_INPUT
 
-    from ..validation import validate
+    from ..validation import validate, with_run_order
     from . import host_check
     from .plan import plan
     from .render import render
@@ -114,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             out["comparison"], _ = _gpu_table(cfg, names, console)
         else:
             p = plan(cfg)
-            host_check(p, cfg, _run_order(cfg))
+            host_check(p, cfg, list(with_run_order(cfg).stages))
             out["plan"] = p.to_json()
             if not args.json:
                 render(p, console)

@@ -55,12 +55,16 @@ def get_target(name: str) -> Target:
     from ...core.errors import InputError
 
     if name not in TARGETS:
-        close = TARGETS.closest(name)
-        hint = f"target={close}" if close else "target=onnxruntime_genai (CPU) or target=tensorrt_llm (NVIDIA GPU)"
-        raise InputError(f"target.name={name!r}: unknown target. Known targets: {known_targets() + ['auto']}. Fix: pass {hint}.")
+        raise InputError(f"target.name={name!r}: unknown target. Known targets: {known_targets() + ['auto']}. Fix: pass {_suggest(name)}.")
     if name not in _CACHE:
         _CACHE[name] = importlib.import_module(TARGETS[name]).TARGET
     return _CACHE[name]
+
+
+def _suggest(name: str) -> str:
+    """``target=<the registered name closest to name>``, else the two built-in targets."""
+    close = TARGETS.closest(name)
+    return f"target={close}" if close else "target=onnxruntime_genai (CPU) or target=tensorrt_llm (NVIDIA GPU)"
 
 
 def register(target: Target, *, replace: bool = False) -> Target:
@@ -84,8 +88,7 @@ def name_problems(cfg: PipelineConfig) -> list[Problem]:
     if (CONFIG_DIR / "target" / f"{name}.yaml").is_file():
         fix = f"use the preset target={name} (it sets target.name and target.backend), not target.name={name}"
     else:
-        close = TARGETS.closest(str(name))
-        fix = f"pick target={close}" if close else "pick target=onnxruntime_genai (CPU) or target=tensorrt_llm (NVIDIA GPU)"
+        fix = f"pick {_suggest(str(name))}"
     return [Problem("target.name", name, f"must be one of {['auto', *TARGETS]}.", fix)]
 
 
