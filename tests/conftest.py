@@ -76,6 +76,21 @@ def make_checkpoint(tmp_path):
 
 
 @pytest.fixture(scope="module")
+def small_qwen2(tmp_path_factory) -> Path:
+    """A tiny Qwen2 of small hidden size (64: below the default int4 group size of 128), tied embeddings, with a
+    byte-level BPE tokenizer."""
+    return tiny.make_checkpoint(
+        tmp_path_factory.mktemp("small") / "qwen2",
+        "qwen2",
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    )
+
+
+@pytest.fixture(scope="module")
 def export_dir(tmp_path_factory):
     """A tiny random-weight Llama through the real export stage (one per test module that asks for it)."""
     import tiny

@@ -19,21 +19,6 @@ from pipeline.core.tokenization import encode_prompt
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def small_qwen2(tmp_path_factory) -> Path:
-    from tests.tiny import make_checkpoint
-
-    return make_checkpoint(
-        tmp_path_factory.mktemp("small") / "qwen2",
-        "qwen2",
-        hidden_size=64,
-        intermediate_size=128,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,
-    )
-
-
 def _quantized(ckpt: Path, cfg_name: str):
     import modelopt.torch.quantization as mtq
     import torch

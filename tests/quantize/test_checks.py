@@ -9,51 +9,37 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from pipeline.core.config import compose
 from pipeline.validation import stage_problems
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def small(tmp_path_factory) -> Path:
-    import tiny
-
-    return tiny.make_checkpoint(
-        tmp_path_factory.mktemp("small") / "qwen2",
-        "qwen2",
-        hidden_size=64,
-        intermediate_size=128,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
-
-
 def _fields(over: list[str]) -> dict[str, str]:
     return {p.field: str(p) for p in stage_problems(compose(over))}
 
 
-def test_group_size_that_does_not_divide_the_hidden_size_is_a_config_problem(small):
-    got = _fields([f"model.path={small}", "quant=int4_awq", "stages=[export,quantize]"])
+def test_group_size_that_does_not_divide_the_hidden_size_is_a_config_problem(small_qwen2):
+    got = _fields([f"model.path={small_qwen2}", "quant=int4_awq", "stages=[export,quantize]"])
     assert "quant.group_size" in got, got
     assert "the input dimension(s) [64]" in got["quant.group_size"] and "set quant.group_size=64" in got["quant.group_size"]
-    assert "quant.group_size" not in _fields([f"model.path={small}", "quant=int4_awq", "quant.group_size=64", "stages=[export,quantize]"])
-    assert "quant.group_size" not in _fields([f"model.path={small}", "quant=int8_sq", "stages=[export,quantize]"])  # not grouped
-    assert "quant.group_size" not in _fields([f"model.path={small}", "quant=int4_awq", "stages=[export]"])  # quantize will not run
+    assert "quant.group_size" not in _fields(
+        [f"model.path={small_qwen2}", "quant=int4_awq", "quant.group_size=64", "stages=[export,quantize]"]
+    )
+    assert "quant.group_size" not in _fields([f"model.path={small_qwen2}", "quant=int8_sq", "stages=[export,quantize]"])  # not grouped
+    assert "quant.group_size" not in _fields([f"model.path={small_qwen2}", "quant=int4_awq", "stages=[export]"])  # quantize will not run
 
 
-def test_split_qkv_exclusion_is_a_config_problem(small):
-    got = _fields([f"model.path={small}", "quant=int8_sq", "quant.exclude_modules=[lm_head,*q_proj]", "stages=[export,quantize]"])
+def test_split_qkv_exclusion_is_a_config_problem(small_qwen2):
+    got = _fields([f"model.path={small_qwen2}", "quant=int8_sq", "quant.exclude_modules=[lm_head,*q_proj]", "stages=[export,quantize]"])
     assert "quant.exclude_modules" in got and "splits the q/k/v" in got["quant.exclude_modules"], got
 
 
-def test_the_run_and_the_plan_refuse_it_before_any_work(small, tmp_path):
+def test_the_run_and_the_plan_refuse_it_before_any_work(small_qwen2, tmp_path):
     store = tmp_path / "store"
     for cmd in (["pipeline.cli", "stages=[package]", f"store_dir={store}"], ["pipeline.cli", "plan"]):
         r = subprocess.run(
-            [sys.executable, "-m", *cmd, f"model.path={small}", "quant=int4_awq", f"hydra.run.dir={tmp_path / 'run'}"],
+            [sys.executable, "-m", *cmd, f"model.path={small_qwen2}", "quant=int4_awq", f"hydra.run.dir={tmp_path / 'run'}"],
             capture_output=True,
             text=True,
             timeout=300,
