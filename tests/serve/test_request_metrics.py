@@ -32,7 +32,8 @@ from pipeline.serve.server import DEFAULT_SERVE_VENV
 pytestmark = pytest.mark.slow
 
 PROMPT = "Where is my order?"
-LONG = 900  # tokens a request to be cancelled must generate (min_length): seconds of work, so the cancel lands first
+LONG = 4000  # tokens a request to be cancelled must generate (min_length): ~0.85 s of work for this tiny model here (measured),
+# ~170x the few ms a cancel or a stop sent on an open stream takes to land (900 tokens took 0.12 s: CI lost that race)
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +46,7 @@ def package(tmp_path_factory) -> Path:
     from pipeline.core.config import compose
     from pipeline.runner import run_pipeline
 
-    ckpt = tiny.make_checkpoint(tmp_path_factory.mktemp("ckpt"), "llama", max_position_embeddings=1024)
+    ckpt = tiny.make_checkpoint(tmp_path_factory.mktemp("ckpt"), "llama", max_position_embeddings=4096)
     store = tmp_path_factory.mktemp("store")
     cfg = compose(
         [
@@ -60,7 +61,7 @@ def package(tmp_path_factory) -> Path:
             "package.allow_failed_gate=true",
             "package.parity=false",
             "build.max_input_len=128",  # the eval prompts (evaluate runs before package: its length check applies)
-            "build.max_seq_len=1024",
+            "build.max_seq_len=4096",
             "progress=false",
         ]
     )
@@ -235,8 +236,19 @@ def test_a_request_ended_by_the_stop_input_counts_as_cancelled(srv):
     c0 = Counts(srv, "onnxruntime_genai")
     rid = uuid.uuid4().hex[:12]
     c, stopper = grpcclient.InferenceServerClient(srv.grpc_url), grpcclient.InferenceServerClient(srv.grpc_url)
+    stop = tensors(**common, request_output_len=np.array([[1]], np.int32), stop=np.array([[True]]))
+    sq: queue.Queue = queue.Queue()
+    stopper.start_stream(callback=lambda result, error: sq.put((result, error)))  # open before the request starts
     q: queue.Queue = queue.Queue()
-    c.start_stream(callback=lambda result, error: q.put((result, error)))
+    sent = threading.Event()
+
+    def on_response(result, error) -> None:
+        q.put((result, error))
+        if not sent.is_set():  # the first streamed token: stop it now, from the callback, with no setup in between
+            sent.set()
+            stopper.async_stream_infer("onnxruntime_genai", stop, request_id=rid, enable_empty_final_response=True)
+
+    c.start_stream(callback=on_response)
     c.async_stream_infer(
         "onnxruntime_genai",
         tensors(
@@ -248,17 +260,7 @@ def test_a_request_ended_by_the_stop_input_counts_as_cancelled(srv):
         request_id=rid,
         enable_empty_final_response=True,
     )
-    r, e = q.get(timeout=60)
-    assert e is None, e
-    stop = tensors(**common, request_output_len=np.array([[1]], np.int32), stop=np.array([[True]]))
-    sq: queue.Queue = queue.Queue()
-    stopper.start_stream(callback=lambda result, error: sq.put((result, error)))
-    stopper.async_stream_infer("onnxruntime_genai", stop, request_id=rid, enable_empty_final_response=True)
-    assert sq.get(timeout=60)[1] is None
-    stopper.async_stream_infer("onnxruntime_genai", stop, enable_empty_final_response=True)
-    refused = sq.get(timeout=60)[1]
-    assert refused is not None and "stop=true needs the request id" in str(refused), refused
-    n, final = 0, False
+    n, final = 0, False  # every generated token, the first response's included
     while not final:
         r, e = q.get(timeout=60)
         assert e is None, e
@@ -266,6 +268,10 @@ def test_a_request_ended_by_the_stop_input_counts_as_cancelled(srv):
         n += 0 if seq is None else int(seq.reshape(-1)[0])
         p = r.get_response().parameters.get("triton_final_response")
         final = p is not None and p.bool_param
+    assert sq.get(timeout=60)[1] is None
+    stopper.async_stream_infer("onnxruntime_genai", stop, enable_empty_final_response=True)
+    refused = sq.get(timeout=60)[1]
+    assert refused is not None and "stop=true needs the request id" in str(refused), refused
     c.stop_stream()
     stopper.stop_stream()
     c.close()
