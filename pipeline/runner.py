@@ -486,7 +486,7 @@ def _ci_reports(state: _RunState, summary_dir: Path | None, console: Console) ->
     if state.eval_dir is None:
         return
     try:
-        rep = json.loads(EvalArtifact(state.eval_dir).report_path.read_text(encoding="utf-8"))
+        rep = EvalArtifact(state.eval_dir).report().document
         parity = state.gate_info.get("parity")
         if summary_dir is not None:
             summary_dir.mkdir(parents=True, exist_ok=True)

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 
 from ..core import hostinfo
 from ..core.errors import InputError, PipelineError
+from ..export.artifact import ModelInfo
 from . import loadgen
 from .metrics import aggregate_repeats, level_metrics
 from .records import RequestRecord
@@ -66,7 +67,7 @@ class BenchInputs:
 
     Attributes:
         hf_dir: the export artifact's ``hf/`` (tokenizer; the baseline's weights).
-        model_info: the export artifact's ``model_info.json`` contents (eos ids for stop tokens).
+        model_info: the export artifact's ``model_info.json`` (:class:`pipeline.export.artifact.ModelInfo`; eos ids for stop tokens).
         engine_dir: the build artifact's ``engine/`` (engine mode); ``None`` skips engine facts.
         model_repository: the package artifact's ``model_repository/`` (triton mode).
         eval_set / corpus: JSONL prompt sources (dataset=eval / synthetic).
@@ -77,7 +78,7 @@ class BenchInputs:
     """
 
     hf_dir: Path
-    model_info: dict[str, Any]
+    model_info: ModelInfo
     engine_dir: Path | None = None
     model_repository: Path | None = None
     eval_set: Path | None = None
@@ -223,7 +224,7 @@ def run_benchmark(bcfg: Any, inp: BenchInputs, *, progress: Callable[[float], No
     t_begin = time.time()
     load_start = _loadavg()
     tok = AutoTokenizer.from_pretrained(str(inp.hf_dir), trust_remote_code=False)
-    stop_ids = stop_token_ids(inp.model_info)
+    stop_ids = stop_token_ids(inp.model_info.eos_token_ids)
     wl = _build_workloads(bcfg, inp, tok)
     engine_facts = _engine_facts(inp)
     bw = memory_bandwidth()

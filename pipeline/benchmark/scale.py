@@ -96,9 +96,9 @@ def run_shape(shape: str, shape_dir: Path, work: Path, stages: list[str], extra:
         mem = s.get("memory") or {}
         row = {"status": s["status"], "seconds": round(s["seconds"], 1), "peak_rss_bytes": mem.get("process_peak_rss_bytes")}
         if s["stage"] == "build" and s.get("path"):
-            info = BuildArtifact(Path(s["path"])).build_info_path
-            if info.is_file():
-                row["builder_peak_rss_bytes"] = json.loads(info.read_text(encoding="utf-8")).get("builder_peak_rss_bytes")
+            bi = BuildArtifact(Path(s["path"])).build_info()
+            if bi.recorded:
+                row["builder_peak_rss_bytes"] = bi.builder_peak_rss_bytes
         if s["stage"] == "quantize" and s.get("path"):
             rep = QuantizeArtifact(Path(s["path"])).report_path
             if rep.is_file():

@@ -48,20 +48,150 @@ class BuildArtifact:
     def build_log_path(self) -> Path:
         return self.path / self.BUILD_LOG
 
-    def build_info(self) -> dict[str, Any]:
-        """``build_info.json`` (``{}`` when absent). Raises :class:`InputError` when it is corrupt."""
-        return _read_json(self.build_info_path, "rebuild with the build stage (force=true stages=[build])")
+    def build_info(self) -> BuildInfo:
+        """``build_info.json`` as a :class:`BuildInfo` (``recorded`` False when the file is absent).
+
+        Raises:
+            InputError: the file is corrupt or a field has the wrong type.
+        """
+        fix = "rebuild with the build stage (force=true stages=[build])"
+        return BuildInfo.from_json(_read_json(self.build_info_path, fix), source=self.build_info_path)
 
     def limits(self, result: dict[str, Any] | None = None, build_cfg: Any = None) -> dict[str, Any]:
         """Engine limits (``max_input_len``, ``max_seq_len``, ``max_batch_size``, tokens): ``build_info.json``
         ``limits``, else the manifest ``result`` ``limits``, each missing key from ``build_cfg`` (``cfg.build``)."""
-        limits = dict(self.build_info().get("limits") or {})
+        limits: dict[str, Any] = dict(self.build_info().limits)
         if not limits and result:
             limits = dict(result.get("limits") or {})
         if build_cfg is not None:
             for k in self.LIMIT_KEYS:
                 limits.setdefault(k, getattr(build_cfg, k))
         return limits
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildInfo:
+    """``build_info.json``: what the build stage built and decided (docs/build.md lists every field).
+
+    Attributes:
+        target: ``onnxruntime_genai`` | ``tensorrt_llm`` (None: not recorded).
+        backend: the engine's backend (``onnxruntime_genai``; TensorRT-LLM ``tensorrt`` engine or ``pytorch``).
+        execution_provider: onnxruntime-genai's (``cpu`` | ``cuda``); None for TensorRT-LLM.
+        target_reason: why the build chose its target (``target=auto``).
+        limits: the engine's limits in tokens and sequences (``max_input_len``, ``max_seq_len``, ``max_batch_size``;
+            TensorRT-LLM also ``max_num_tokens``, ``max_beam_width``).
+        versions: library -> version on the build host (``tensorrt_llm``, ``tensorrt``, ``onnxruntime-genai`` ...).
+        gpus: the build host's GPUs (``pipeline.core.hostinfo.gpus`` records); empty on a CPU build.
+        engine_bytes / build_s / builder_peak_rss_bytes: size of ``engine/`` (bytes), build wall time (s), the
+            builder process's peak RSS (bytes; onnxruntime-genai's model builder only).
+        knobs: the build settings recorded (target-specific: TensorRT-LLM ``build_config``, onnxruntime-genai
+            ``extra_options`` ...).
+        runtime: TensorRT-LLM: the runtime knobs the build decided (window, speculative decoding, CUDA graphs, KV).
+        document: the whole file, for the target-specific sections recorded verbatim (``quantized_weights``,
+            ``command``, ``graph_fixes``, ``llm_api_options`` ...).
+    """
+
+    target: str | None = None
+    backend: str | None = None
+    execution_provider: str | None = None
+    target_reason: str | None = None
+    limits: dict[str, int] = dataclasses.field(default_factory=dict)
+    versions: dict[str, str] = dataclasses.field(default_factory=dict)
+    gpus: tuple[dict[str, Any], ...] = ()
+    engine_bytes: int | None = None
+    build_s: float | None = None
+    builder_peak_rss_bytes: int | None = None
+    knobs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    runtime: dict[str, Any] = dataclasses.field(default_factory=dict)
+    document: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any], source: Path | str = "build_info.json") -> BuildInfo:
+        """The document ``d`` (``{}``: nothing recorded); an older ``target: {"name": ...}`` is read as its name.
+
+        Raises:
+            InputError: a field has the wrong type (names ``source``, the field and the fix).
+        """
+        from ..core.errors import InputError
+
+        def bad(name: str) -> InputError:
+            return InputError(
+                f"{source}: {name}={d.get(name)!r} has the wrong type. Fix: rebuild with the build stage (force=true stages=[build])."
+            )
+
+        def of(name: str, kind: type | tuple[type, ...], default: Any = None) -> Any:
+            v = d.get(name)
+            if v is None:
+                return default
+            if isinstance(v, bool) or not isinstance(v, kind):
+                raise bad(name)
+            return v
+
+        target = d.get("target")
+        if isinstance(target, dict):
+            target = target.get("name")
+        if target is not None and not isinstance(target, str):
+            raise bad("target")
+        gpus = of("host", dict, {}).get("gpus") or []
+        if not isinstance(gpus, list) or not all(isinstance(g, dict) for g in gpus):
+            raise bad("host")
+        limits = of("limits", dict, {})
+        if any(isinstance(v, bool) or not isinstance(v, int) for v in limits.values()):
+            raise bad("limits")
+        build_s = of("build_s", (int, float))
+        return cls(
+            target=target,
+            backend=of("backend", str),
+            execution_provider=of("execution_provider", str),
+            target_reason=of("target_reason", str),
+            limits=dict(limits),
+            versions={str(k): str(v) for k, v in of("versions", dict, {}).items() if v is not None},
+            gpus=tuple(gpus),
+            engine_bytes=of("engine_bytes", int),
+            build_s=float(build_s) if build_s is not None else None,
+            builder_peak_rss_bytes=of("builder_peak_rss_bytes", int),
+            knobs=dict(of("knobs", dict, {})),
+            runtime=dict(of("runtime", dict, {})),
+            document=dict(d),
+        )
+
+    @property
+    def recorded(self) -> bool:
+        """Whether there was a ``build_info.json`` with anything in it."""
+        return bool(self.document)
+
+    def knob(self, name: str) -> Any:
+        """A build or runtime knob by its build-config name (``pipeline/core/config/build.py``): ``knobs`` over
+        ``runtime``; None when the build did not record it."""
+        return self.knobs.get(name, self.runtime.get(name))
+
+    @property
+    def speculative(self) -> dict[str, Any]:
+        """TensorRT-LLM: ``{"mode", "max_draft_len", "draft_model_path", "draft_engine"}`` of the build (empty when
+        none was recorded)."""
+        return dict(self.runtime.get("speculative") or {})
+
+    @property
+    def max_attention_window_size(self) -> int | None:
+        """TensorRT-LLM: the sliding window the build decided (tokens); None for full attention."""
+        v = self.runtime.get("max_attention_window_size")
+        return int(v) if v is not None else None
+
+    @property
+    def tensorrt_llm_version(self) -> str | None:
+        """The TensorRT-LLM the engine was built with (``versions``, under its import or its distribution name)."""
+        return self.versions.get("tensorrt_llm") or self.versions.get("tensorrt-llm")
+
+    @property
+    def tensorrt_version(self) -> str | None:
+        """The TensorRT the engine was built with (``tensorrt`` or its CUDA-specific distribution names)."""
+        return self.versions.get("tensorrt") or self.versions.get("tensorrt-cu13") or self.versions.get("tensorrt-cu12")
+
+    @property
+    def kv_cache_free_gpu_mem_fraction(self) -> float | None:
+        """TensorRT-LLM: the KV cache's share of free GPU memory the build recorded (0-1)."""
+        v = self.runtime.get("kv_cache_free_gpu_mem_fraction")
+        return float(v) if v is not None else None
 
 
 def target_of(build_art: Any, default: str) -> str:
@@ -71,4 +201,4 @@ def target_of(build_art: Any, default: str) -> str:
         return default
     bi = BuildArtifact(build_art.path).build_info()
     head = build_art.result.get("headline") or {}
-    return str(bi.get("target") or head.get("target") or default)
+    return str(bi.target or head.get("target") or default)

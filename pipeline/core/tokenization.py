@@ -635,10 +635,10 @@ def encode_prompt(
     return codec_of(tokenizer).encode_prompt(prompt, messages, apply_chat_template)
 
 
-def stop_token_ids(model_info: dict[str, Any], extra: Sequence[int] = ()) -> list[int]:
-    """The whole eos list from ``model_info.json`` plus extra stop ids, de-duplicated, order kept."""
+def stop_token_ids(eos_token_ids: Sequence[int], extra: Sequence[int] = ()) -> list[int]:
+    """The whole eos list (``model_info.json`` ``eos_token_ids``) plus extra stop ids, de-duplicated, order kept."""
     ids: list[int] = []
-    for i in list(model_info.get("eos_token_ids") or []) + list(extra):
+    for i in list(eos_token_ids) + list(extra):
         if i is not None and int(i) not in ids:
             ids.append(int(i))
     return ids

@@ -28,6 +28,111 @@ class EvalArtifact:
     def outputs_path(self) -> Path:
         return self.path / self.OUTPUTS
 
+    def report(self) -> EvalReport:
+        """``eval_report.json`` as an :class:`EvalReport`.
+
+        Raises:
+            InputError: the file is missing, not a JSON object, or a field the readers use has the wrong type.
+        """
+        from ..core.artifacts import _read_json
+        from ..core.errors import InputError
+
+        fix = "re-run the evaluate stage (force=true stages=[evaluate])"
+        if not self.report_path.is_file():
+            raise InputError(f"{self.report_path} is missing. Fix: {fix}.")
+        return EvalReport.from_json(_read_json(self.report_path, fix), source=self.report_path)
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSetRef:
+    """The eval set a report was computed on: ``name``, ``path``, ``sha256`` of the file, ``limit`` (items; None: all)."""
+
+    name: str | None = None
+    path: Path | None = None
+    sha256: str | None = None
+    limit: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalReport:
+    """``eval_report.json`` (schema ``pipeline.eval_report/v1``; every key in :mod:`pipeline.evaluate.report`).
+
+    Attributes:
+        candidate: the runner the gate judged (``engine`` | ``simulated`` | ...).
+        candidate_note: why that runner was chosen (``eval.candidate=auto``), else None.
+        eval_set: the eval set evaluated.
+        limits: the limits the prompts were checked against (tokens / sequences: ``max_input_len``, ``max_seq_len``,
+            ``max_batch_size``; a value is None when unknown).
+        speculative: the measured speculative-decoding acceptance (None unless measured).
+        document: the whole report, for the writers of its other sections (JUnit, step summary).
+    """
+
+    candidate: str | None = None
+    candidate_note: str | None = None
+    eval_set: EvalSetRef = EvalSetRef()
+    limits: dict[str, int | None] = dataclasses.field(default_factory=dict)
+    speculative: dict[str, Any] | None = None
+    document: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any], source: Path | str = "eval_report.json") -> EvalReport:
+        """Raises: InputError when a field the readers use has the wrong type (names ``source``, the field, the fix)."""
+        from ..core.errors import InputError
+
+        def bad(name: str, v: Any) -> InputError:
+            return InputError(f"{source}: {name}={v!r} has the wrong type. Fix: re-run the evaluate stage (force=true stages=[evaluate]).")
+
+        def typed(name: str, v: Any, kind: type | tuple[type, ...]) -> Any:
+            if v is not None and (isinstance(v, bool) or not isinstance(v, kind)):
+                raise bad(name, v)
+            return v
+
+        es = typed("eval_set", d.get("eval_set"), dict) or {}
+        path = typed("eval_set.path", es.get("path"), str)
+        notes = typed("notes", d.get("notes"), dict) or {}
+        limits = typed("limits", d.get("limits"), dict) or {}
+        for k, v in limits.items():
+            typed(f"limits.{k}", v, int)
+        return cls(
+            candidate=typed("candidate", d.get("candidate"), str),
+            candidate_note=typed("notes.candidate", notes.get("candidate"), str),
+            eval_set=EvalSetRef(
+                name=typed("eval_set.name", es.get("name"), str),
+                path=Path(path) if path else None,
+                sha256=typed("eval_set.sha256", es.get("sha256"), str),
+                limit=typed("eval_set.limit", es.get("limit"), int),
+            ),
+            limits=dict(limits),
+            speculative=typed("speculative", d.get("speculative"), dict),
+            document=dict(d),
+        )
+
+    def gate_metrics(self) -> dict[str, float]:
+        """The candidate's gate numbers, overall and per slice, as plain floats (absent ones left out): ``score``,
+        ``baseline``, ``drop`` and ``drop_upper`` (the one-sided upper bound of the paired drop), ``allowed_drop``,
+        ``kld_mean`` and ``top1`` (fidelity, when measured), ``slice.<name>.score|drop|drop_upper``.  Scores and drops
+        are fractions of the eval metric (0-1)."""
+        d = self.document
+        cand = (d.get("runners") or {}).get(self.candidate) or {}
+        comp = d.get("comparison") or {}
+        ov = comp.get("overall") or {}
+        pairs: dict[str, Any] = {
+            "score": cand.get("score"),
+            "baseline": ov.get("baseline"),
+            "drop": ov.get("drop"),
+            "drop_upper": ov.get("upper"),
+        }
+        pairs["allowed_drop"] = ((d.get("gate") or {}).get("allowed_drop") or {}).get("overall")
+        fo = (d.get("fidelity") or {}).get("overall") or {}
+        if fo.get("positions"):
+            pairs["kld_mean"], pairs["top1"] = (fo.get("kld") or {}).get("mean"), fo.get("top1")
+        for name, v in sorted((cand.get("slices") or {}).items()):
+            st = (comp.get("slices") or {}).get(name) or {}
+            pairs[f"slice.{name}.score"] = v.get("score")
+            pairs[f"slice.{name}.drop"] = st.get("drop")
+            pairs[f"slice.{name}.drop_upper"] = st.get("upper")
+        return {k: float(v) for k, v in pairs.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
 
 VERDICTS: tuple[str, ...] = ("pass", "inconclusive", "fail")
 """Gate verdicts, best first (``pipeline.evaluate.gate.VERDICTS`` orders checks by the same list)."""

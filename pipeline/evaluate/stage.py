@@ -24,7 +24,7 @@ from ..core.config.common import key_fields
 from ..core.errors import InputError
 from ..core.stage import Stage, StageContext
 from ..core.store import sha256_file
-from ..export.artifact import ExportArtifact
+from ..export.artifact import ExportArtifact, ModelInfo
 from .artifact import EvalArtifact, FailedCheck, GateBound, GateFidelity, GateVerdict
 from .checks import checks
 
@@ -112,8 +112,8 @@ def _make_runner(name: str, ctx: StageContext, tokenizer: Any, stop_ids: list[in
     raise InputError(f"eval.runners: unknown runner {name!r}. Fix: use baseline, engine or simulated.")
 
 
-def _pad_id(info: dict[str, Any], tokenizer: Any, stop_ids: list[int]) -> int:
-    for v in (info.get("pad_token_id"), getattr(tokenizer, "pad_token_id", None)):
+def _pad_id(info: ModelInfo, tokenizer: Any, stop_ids: list[int]) -> int:
+    for v in (info.pad_token_id, getattr(tokenizer, "pad_token_id", None)):
         if isinstance(v, int):
             return v
     if stop_ids:
@@ -292,7 +292,7 @@ def _setup(ctx: StageContext) -> _Setup:
     build_art = ctx.inputs.get("build")
     info = ExportArtifact(export_dir).model_info()
     tokenizer = load_tokenizer(ExportArtifact(export_dir).hf_dir)
-    stop_ids = stop_token_ids(info, list(getattr(cfg.model, "extra_stop_token_ids", []) or []))
+    stop_ids = stop_token_ids(info.eos_token_ids, list(getattr(cfg.model, "extra_stop_token_ids", []) or []))
     pad_id = _pad_id(info, tokenizer, stop_ids)
     limits = engine_limits(build_art, cfg)
     prepared = prepare(

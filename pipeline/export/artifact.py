@@ -8,6 +8,8 @@ from typing import Any, ClassVar
 
 from ..core.artifacts import _read_json
 
+MODEL_INFO_NAME = "model_info.json"
+
 
 @dataclasses.dataclass(frozen=True)
 class ExportArtifact:
@@ -15,7 +17,7 @@ class ExportArtifact:
 
     path: Path
     HF_DIR: ClassVar[str] = "hf"
-    MODEL_INFO: ClassVar[str] = "model_info.json"
+    MODEL_INFO: ClassVar[str] = MODEL_INFO_NAME
     DECODING: ClassVar[str] = "decoding.json"
     FILES: ClassVar[tuple[str, ...]] = ("hf/", "model_info.json", "decoding.json")
 
@@ -44,25 +46,135 @@ class ExportArtifact:
         d = _read_json(self.decoding_path, "re-run the export stage (force=true stages=[export])")
         return DecodingPolicy.from_json(d) if d else read_policy(self.hf_dir)
 
-    def model_info(self) -> dict[str, Any]:
-        """``model_info.json`` (fields in docs/artifacts.md); for an export without it (written by an older
-        release), the token ids from ``hf/generation_config.json`` over ``hf/config.json`` (generation_config wins,
-        as in transformers' ``GenerationConfig``): ``eos_token_ids`` (list), ``pad_token_id``, ``bos_token_id``,
-        ``architecture``.
+    def model_info(self) -> ModelInfo:
+        """``model_info.json`` as a :class:`ModelInfo`; for an export without it (written by an older release), the
+        token ids from ``hf/generation_config.json`` over ``hf/config.json`` (generation_config wins, as in
+        transformers' ``GenerationConfig``) and the architecture, every other field ``None``.
 
         Raises:
-            InputError: a file exists but is not a JSON object.
+            InputError: a file exists but is not a JSON object, or a field has the wrong type.
         """
         fix = "re-run the export stage (force=true stages=[export])"
         mi = _read_json(self.model_info_path, fix)
         if mi:
-            return mi
+            return ModelInfo.from_json(mi, source=self.model_info_path)
         cfg = _read_json(self.hf_dir / "config.json", fix)
         gen = _read_json(self.hf_dir / "generation_config.json", fix)
         eos = gen.get("eos_token_id", cfg.get("eos_token_id"))
-        return {
-            "eos_token_ids": eos if isinstance(eos, list) else ([eos] if eos is not None else []),
-            "pad_token_id": gen.get("pad_token_id", cfg.get("pad_token_id")),
-            "bos_token_id": gen.get("bos_token_id", cfg.get("bos_token_id")),
-            "architecture": (cfg.get("architectures") or [None])[0],
-        }
+        return ModelInfo.from_json(
+            {
+                "eos_token_ids": eos if isinstance(eos, list) else ([eos] if eos is not None else []),
+                "pad_token_id": gen.get("pad_token_id", cfg.get("pad_token_id")),
+                "bos_token_id": gen.get("bos_token_id", cfg.get("bos_token_id")),
+                "architecture": (cfg.get("architectures") or [None])[0],
+            },
+            source=self.hf_dir / "config.json",
+        )
+
+
+_INT_FIELDS = (
+    "num_parameters",
+    "num_hidden_layers",
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "vocab_size",
+    "tokenizer_vocab_size",
+    "max_position_embeddings",
+    "bos_token_id",
+    "pad_token_id",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelInfo:
+    """``model_info.json``: the facts export established that downstream stages rely on (docs/artifacts.md).
+
+    Geometry fields are the transformers config's, defaults filled in (``head_dim`` = hidden / heads when the config
+    has none; ``num_key_value_heads`` = heads for MHA).  ``eos_token_ids``: every end-of-sequence id (generation
+    config over config.json), in order.  ``files``: sha256 of every file of the source checkpoint.  Fields a
+    document lacks are ``None`` (an older or a fallback document), never guessed.
+    """
+
+    architecture: str | None = None
+    model_type: str | None = None
+    num_parameters: int | None = None
+    num_hidden_layers: int | None = None
+    hidden_size: int | None = None
+    intermediate_size: int | None = None
+    num_attention_heads: int | None = None
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    vocab_size: int | None = None
+    tokenizer_vocab_size: int | None = None
+    max_position_embeddings: int | None = None
+    rope_theta: float | None = None
+    rope_scaling: dict[str, Any] | None = None
+    tie_word_embeddings: str | None = None  # "tied" | "untied"
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    pad_token_id: int | None = None
+    pad_token_derived: bool = False
+    dtype: str | None = None  # float16 | bfloat16 | float32: the dtype export wrote hf/ in
+    chat_template: bool = False
+    weight_format: str | None = None  # the source's: safetensors | pickle
+    files: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any], source: Path | str = MODEL_INFO_NAME) -> ModelInfo:
+        """The document ``d`` (keys not named above are ignored; an older single ``eos_token_id`` becomes the list).
+
+        Raises:
+            InputError: a field has the wrong type (names ``source``, the field and the fix).
+        """
+        from ..core.errors import InputError
+
+        def bad(name: str) -> InputError:
+            return InputError(
+                f"{source}: {name}={d.get(name)!r} has the wrong type. Fix: re-run the export stage (force=true stages=[export])."
+            )
+
+        kw: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            if f.name not in d or d[f.name] is None:
+                continue
+            v = d[f.name]
+            if f.name in _INT_FIELDS:
+                if isinstance(v, bool) or not isinstance(v, int):
+                    raise bad(f.name)
+            elif f.name == "rope_theta":
+                if isinstance(v, bool) or not isinstance(v, (int, float)):
+                    raise bad(f.name)
+                v = float(v)
+            elif f.name in ("rope_scaling", "files"):
+                if not isinstance(v, dict):
+                    raise bad(f.name)
+            elif f.name in ("pad_token_derived", "chat_template"):
+                v = bool(v)
+            elif f.name == "eos_token_ids":
+                if not isinstance(v, list) or any(isinstance(i, bool) or not isinstance(i, int) for i in v):
+                    raise bad(f.name)
+                v = tuple(v)
+            elif not isinstance(v, str):
+                raise bad(f.name)
+            kw[f.name] = v
+        if "eos_token_ids" not in kw and d.get("eos_token_id") is not None:  # written before the list existed
+            single = d["eos_token_id"]
+            single = single if isinstance(single, list) else [single]
+            if any(isinstance(i, bool) or not isinstance(i, int) for i in single):
+                raise bad("eos_token_id")
+            kw["eos_token_ids"] = tuple(single)
+        return cls(**kw)
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``model_info.json`` document (lists for tuples)."""
+        d = dataclasses.asdict(self)
+        d["eos_token_ids"] = list(self.eos_token_ids)
+        return d
+
+    @property
+    def end_id(self) -> int:
+        """The first eos id (TensorRT-LLM's single ``end_id``), -1 when there is none."""
+        return int(self.eos_token_ids[0]) if self.eos_token_ids else -1

@@ -91,23 +91,22 @@ def expected_requests(
             f"{eval_dir}: no eval_report.json/outputs.jsonl; the parity check needs the evaluated answers. "
             f"Fix: re-run the evaluate stage (pipeline force=true stages=[evaluate,package])."
         )
-    rep = json.loads(rep_p.read_text(encoding="utf-8"))
-    cand = rep.get("candidate")
-    es = rep.get("eval_set") or {}
-    path = Path(es.get("path", ""))
-    if not path.is_file() or sha256_file(path) != es.get("sha256"):
+    rep = EvalArtifact(eval_dir).report()
+    cand, es = rep.candidate, rep.eval_set
+    path = es.path or Path("")
+    if not path.is_file() or sha256_file(path) != es.sha256:
         raise InputError(
-            f"eval set {path} is missing or changed since it was evaluated (sha256 recorded {es.get('sha256')}). "
+            f"eval set {path} is missing or changed since it was evaluated (sha256 recorded {es.sha256}). "
             f"Fix: re-run evaluate on the current eval set."
         )
-    items = {it.id: it for it in load_eval_set(path, limit=es.get("limit"))}
+    items = {it.id: it for it in load_eval_set(path, limit=es.limit)}
     rows = {r["id"]: r for r in _read_jsonl(out_p) if r.get("runner") == cand and not r.get("skipped")}
     if not rows:
         raise InputError(f"{out_p} has no answers of the candidate runner {cand!r}. Fix: re-run the evaluate stage.")
     ids = sorted(rows)
     chosen = sorted(random.Random(seed).sample(ids, min(sample, len(ids)))) if sample < len(ids) else ids
     tok = _tokenizer(package_tokenizer_dir(repo))
-    limits = rep.get("limits") or {}
+    limits = rep.limits
     prepared = prepare(
         [items[i] for i in chosen],
         tok,

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import GateFailed, InputError, PreflightError
-from ..evaluate.artifact import EvalArtifact
+from ..evaluate.artifact import EvalArtifact, EvalReport
 from .artifact import PackageArtifact, ReleaseGate
 
 A = PackageArtifact
@@ -47,27 +47,10 @@ def _read(p: Path) -> dict[str, Any]:
     return doc if isinstance(doc, dict) else {}
 
 
-def release_metrics(report: dict[str, Any]) -> dict[str, float]:
-    """Gate metrics of an ``eval_report.json`` (schema ``pipeline.eval_report/v1``): overall and per slice."""
-    cand = report.get("runners", {}).get(report.get("candidate"), {})
-    comp = report.get("comparison") or {}
-    ov = comp.get("overall") or {}
-    pairs: dict[str, Any] = {
-        "score": cand.get("score"),
-        "baseline": ov.get("baseline"),
-        "drop": ov.get("drop"),
-        "drop_upper": ov.get("upper"),
-    }
-    pairs["allowed_drop"] = ((report.get("gate") or {}).get("allowed_drop") or {}).get("overall")
-    fo = (report.get("fidelity") or {}).get("overall") or {}
-    if fo.get("positions"):
-        pairs["kld_mean"], pairs["top1"] = fo["kld"]["mean"], fo["top1"]
-    for name, v in sorted((cand.get("slices") or {}).items()):
-        st = (comp.get("slices") or {}).get(name) or {}
-        pairs[f"slice.{name}.score"] = v.get("score")
-        pairs[f"slice.{name}.drop"] = st.get("drop")
-        pairs[f"slice.{name}.drop_upper"] = st.get("upper")
-    return {_metric_name(k): float(v) for k, v in pairs.items() if isinstance(v, (int, float))}
+def release_metrics(report: EvalReport) -> dict[str, float]:
+    """The gate metrics of an eval report (:meth:`pipeline.evaluate.artifact.EvalReport.gate_metrics`) under their
+    MLflow metric names."""
+    return {_metric_name(k): v for k, v in report.gate_metrics().items()}
 
 
 def _facts(package_dir: Path) -> dict[str, Any]:
@@ -81,7 +64,7 @@ def _facts(package_dir: Path) -> dict[str, Any]:
     rm = _read(rel / A.RELEASE_MANIFEST)
     keys = {"package": package_dir.name, **{s: str(v.get("key", ""))[:24] for s, v in (art.get("inputs") or {}).items()}}
     ev = (art.get("inputs") or {}).get("evaluate") or {}
-    report = _read(EvalArtifact(Path(str(ev.get("path", "")))).report_path) if ev.get("path") else {}
+    report = EvalArtifact(Path(str(ev["path"]))).report() if ev.get("path") else EvalReport()
     return {"release": rel, "artifact": art, "manifest": rm, "keys": keys, "report": report}
 
 
@@ -162,8 +145,8 @@ def _params(f: dict[str, Any], cfg: Any) -> dict[str, str]:
         "target": str((rm.get("build") or {}).get("target")),
         "model": str(cfg.model.name),
         "release": str(rm.get("name")),
-        "eval_set": str((rep.get("eval_set") or {}).get("name")),
-        "candidate": str(rep.get("candidate")),
+        "eval_set": str(rep.eval_set.name),
+        "candidate": str(rep.candidate),
     }
 
 

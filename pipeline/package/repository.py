@@ -25,9 +25,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from ..build.artifact import BuildInfo
 from ..core.artifacts import TOKENIZER_COPY_FILES
 from ..core.errors import InputError
-from ..export.artifact import ExportArtifact
+from ..export.artifact import ExportArtifact, ModelInfo
 from .fragment import Fragment
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -154,7 +155,7 @@ class Settings:
 
 
 def settings_from_build(
-    build_info: dict[str, Any], model_info: dict[str, Any], package_cfg: Any, build_cfg: Any = None, target_cfg: Any = None
+    build_info: BuildInfo, model_info: ModelInfo, package_cfg: Any, build_cfg: Any = None, target_cfg: Any = None
 ) -> Settings:
     """Join ``build_info.json`` (limits, runtime knobs), ``model_info.json`` (token ids) and the package config.
 
@@ -162,14 +163,12 @@ def settings_from_build(
     Raises :class:`InputError` when the build has no target or limits.
     """
     target = _build_target(build_info)
-    limits = dict(build_info.get("limits") or {})
-    knobs = {**dict(build_info.get("runtime") or {}), **dict(build_info.get("knobs") or {})}
+    limits = build_info.limits
 
     def knob(name: str, default: Any) -> Any:
-        if name in knobs:
-            return knobs[name]
-        if name in build_info and not isinstance(build_info[name], (dict, list)):
-            return build_info[name]
+        v = build_info.knob(name)
+        if v is not None:
+            return v
         if build_cfg is not None and hasattr(build_cfg, name):
             return getattr(build_cfg, name)
         return default
@@ -184,14 +183,14 @@ def settings_from_build(
     # onnxruntime_genai: beam search runs on og.Generator (num_beams is a per-request search option; genai_config.json
     # needs no change), so package.max_beam_width only bounds the beam_width a request may ask for.
     eng_bs = limit("max_batch_size")
-    end_id = _end_id(model_info)
-    pad = model_info.get("pad_token_id")
-    backend = build_info.get("backend") or (getattr(target_cfg, "backend", "tensorrt") if target_cfg is not None else "tensorrt")
-    ep = build_info.get("execution_provider") or (getattr(target_cfg, "execution_provider", "cpu") if target_cfg is not None else "cpu")
+    end_id = model_info.end_id
+    pad = model_info.pad_token_id
+    backend = build_info.backend or (getattr(target_cfg, "backend", "tensorrt") if target_cfg is not None else "tensorrt")
+    ep = build_info.execution_provider or (getattr(target_cfg, "execution_provider", "cpu") if target_cfg is not None else "cpu")
     s = Settings(
         target=target,
         backend=str(backend),
-        model_name=str(model_info.get("name") or getattr(package_cfg, "name", "model")),
+        model_name=str(getattr(package_cfg, "name", None) or "model"),
         engine_max_batch_size=eng_bs,
         max_input_len=limit("max_input_len"),
         max_seq_len=limit("max_seq_len"),
@@ -208,7 +207,7 @@ def settings_from_build(
         stream_coalescing=bool(getattr(package_cfg, "stream_coalescing", True)),
         stream_interval=int(getattr(package_cfg, "stream_interval", 1)),
         instance_count=int(package_cfg.instance_count),
-        bos_id=model_info.get("bos_token_id"),
+        bos_id=model_info.bos_token_id,
         end_id=end_id,
         pad_id=int(pad) if pad is not None else end_id,
         execution_provider=str(ep),
@@ -227,26 +226,15 @@ def settings_from_build(
     return s
 
 
-def _build_target(build_info: dict[str, Any]) -> str:
-    """The build's target name (``target`` or ``target.name``); InputError unless a known target."""
-    target = build_info.get("target")
-    if isinstance(target, dict):
-        target = target.get("name")
+def _build_target(build_info: BuildInfo) -> str:
+    """The build's target name; InputError unless a known target."""
+    target = build_info.target
     if target not in ("onnxruntime_genai", "tensorrt_llm"):
         raise InputError(
             f"build_info.json target={target!r}: expected 'onnxruntime_genai' or 'tensorrt_llm'. "
             f"Fix: package a build artifact written by the build stage."
         )
     return str(target)
-
-
-def _end_id(model_info: dict[str, Any]) -> int:
-    """The first eos id of ``model_info.json`` (``eos_token_ids``, else the older ``eos_token_id``; -1 when none)."""
-    eos = model_info.get("eos_token_ids") or []
-    if eos:
-        return int(eos[0])
-    single = model_info.get("eos_token_id", -1)
-    return int(single[0] if isinstance(single, list) else single)
 
 
 def python_text_model_config(

@@ -20,17 +20,17 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ..build.artifact import BuildArtifact
+from ..build.artifact import BuildArtifact, BuildInfo
 from ..core.errors import GateFailed, InputError
 from ..core.stage import Stage, StageContext
 from ..evaluate.artifact import gate_of
-from ..export.artifact import ExportArtifact
+from ..export.artifact import ExportArtifact, ModelInfo
 from .artifact import PackageArtifact, ReleaseGate
 
 LIBRARIES = ("tritonclient", "protobuf", "onnxruntime-genai", "tokenizers")
 
 
-def model_info(export_dir: Path) -> dict[str, Any]:
+def model_info(export_dir: Path) -> ModelInfo:
     """``model_info.json`` of the export artifact (:meth:`pipeline.export.artifact.ExportArtifact.model_info`)."""
     return ExportArtifact(export_dir).model_info()
 
@@ -98,11 +98,11 @@ def _first_scopes(text: str, keep: int = 1) -> str:
     return f"{kept}; and {len(elided)} more slice(s) (eval_report.json)" + (m.group(0) if m else "")
 
 
-def _speculative(ctx: StageContext, build_info: dict[str, Any]) -> dict[str, Any] | None:
+def _speculative(ctx: StageContext, build_info: BuildInfo) -> dict[str, Any] | None:
     """Acceptance-first decision for a speculative build (``pipeline.package.trtllm_config.decide_speculative``)."""
     from .trtllm_config import decide_speculative, read_measurement, speculative_of
 
-    if build_info.get("target") != "tensorrt_llm":
+    if build_info.target != "tensorrt_llm":
         return None
     sp = speculative_of(build_info, ctx.cfg.build)
     ev = ctx.inputs.get("evaluate")
@@ -129,7 +129,7 @@ def package(ctx: StageContext) -> dict[str, Any]:
     gate = _gate(ctx)
     build, export = ctx.inputs["build"], ctx.inputs["export"]
     bi = BuildArtifact(build.path).build_info()
-    if not bi:
+    if not bi.recorded:
         raise InputError(f"{build.path}/build_info.json is missing. Fix: rebuild with the build stage.")
     engine_dir = BuildArtifact(build.path).engine_dir
     if not engine_dir.is_dir():
@@ -225,8 +225,8 @@ def _release_manifest(
     ctx: StageContext,
     name: str,
     settings: Any,
-    bi: dict[str, Any],
-    mi: dict[str, Any],
+    bi: BuildInfo,
+    mi: ModelInfo,
     gate: dict[str, Any],
     speculative: dict[str, Any] | None,
     info: dict[str, Any],
@@ -253,17 +253,17 @@ def _release_manifest(
         "version": pc.version,
         "model": {
             "name": cfg.model.name,
-            "architecture": mi.get("architecture"),
-            "num_parameters": mi.get("num_parameters"),
-            "dtype": mi.get("dtype"),
-            "eos_token_ids": mi.get("eos_token_ids"),
-            "pad_token_id": mi.get("pad_token_id"),
+            "architecture": mi.architecture,
+            "num_parameters": mi.num_parameters,
+            "dtype": mi.dtype,
+            "eos_token_ids": list(mi.eos_token_ids),
+            "pad_token_id": mi.pad_token_id,
         },
         "quant": key_fields(cfg.quant),
         "build": {
             "target": settings.target,
             "backend": settings.backend if settings.target == "tensorrt_llm" else None,
-            "limits": dict(bi.get("limits") or limits),
+            "limits": dict(bi.limits or limits),
             "knobs": key_fields(cfg.build),
             "execution_provider": settings.execution_provider if settings.target == "onnxruntime_genai" else None,
         },
@@ -291,7 +291,7 @@ def _release_manifest(
         "migration": _migration(ctx),
         "signing": signer_identity(pc),
         "provenance": PackageArtifact.PROVENANCE if pc.archive else None,
-        "versions": {"engine": dict(bi.get("versions") or {}), "packaging": library_versions(LIBRARIES)},
+        "versions": {"engine": dict(bi.versions), "packaging": library_versions(LIBRARIES)},
         "sources": {
             "export": export.digest,
             "build": build.digest,
@@ -303,21 +303,18 @@ def _release_manifest(
     }
 
 
-def _evaluated_what(ctx: StageContext, settings: Any, bi: dict[str, Any]) -> dict[str, Any]:
+def _evaluated_what(ctx: StageContext, settings: Any, bi: BuildInfo) -> dict[str, Any]:
     """The manifest's record of *what* the gate judged: the evaluate stage's candidate runner and why it was chosen,
     and, for a TensorRT-LLM package built on a host without a GPU (``target=tensorrt_llm_pytorch target.gpu=...``),
     that the served engine has not run yet: the GPU host runs the served-parity command (``parity.command``)."""
-    import json
-
     from ..evaluate.artifact import EvalArtifact
 
     out: dict[str, Any] = {"candidate": None, "candidate_note": None, "gpu_host_check": None}
     ev = ctx.inputs.get("evaluate")
     if ev is not None and EvalArtifact(ev.path).report_path.is_file():
-        rep = json.loads(EvalArtifact(ev.path).report_path.read_text(encoding="utf-8"))
-        out["candidate"], out["candidate_note"] = rep.get("candidate"), (rep.get("notes") or {}).get("candidate")
-    gpus = ((bi.get("host") or {}).get("gpus")) or []
-    if settings.target == "tensorrt_llm" and not gpus:
+        rep = EvalArtifact(ev.path).report()
+        out["candidate"], out["candidate_note"] = rep.candidate, rep.candidate_note
+    if settings.target == "tensorrt_llm" and not bi.gpus:
         from .parity import command_for
 
         judged = "ModelOpt's simulated-quantization model (PyTorch, CPU)" if out["candidate"] == "simulated" else out["candidate"]

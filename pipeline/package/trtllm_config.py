@@ -19,7 +19,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ..build.artifact import BuildArtifact
+from ..build.artifact import BuildArtifact, BuildInfo
 from ..core.errors import GateFailed, InputError
 
 DRAFT_MODEL = "tensorrt_llm_draft"
@@ -75,9 +75,9 @@ def _runtime(package_cfg: Any) -> Any:
     return rt
 
 
-def speculative_of(build_info: dict[str, Any], build_cfg: Any = None) -> dict[str, Any]:
+def speculative_of(build_info: BuildInfo, build_cfg: Any = None) -> dict[str, Any]:
     """``{"mode", "max_draft_len", "draft_model_path", "draft_engine"}`` of the build (``build_info.json`` ``runtime``)."""
-    sp = dict(((build_info.get("runtime") or {}).get("speculative")) or {})
+    sp = build_info.speculative
     if not sp and build_cfg is not None and getattr(build_cfg, "speculative", None) is not None:
         b = build_cfg.speculative
         sp = {"mode": b.mode, "max_draft_len": b.max_draft_len, "draft_model_path": b.draft_model_path}
@@ -85,7 +85,7 @@ def speculative_of(build_info: dict[str, Any], build_cfg: Any = None) -> dict[st
     return sp
 
 
-def parameters(s: Any, build_info: dict[str, Any], package_cfg: Any, build_cfg: Any = None) -> dict[str, str]:
+def parameters(s: Any, build_info: BuildInfo, package_cfg: Any, build_cfg: Any = None) -> dict[str, str]:
     """The ``tensorrt_llm`` model parameters (key -> string value) for repository settings ``s``.
 
     Args:
@@ -97,7 +97,6 @@ def parameters(s: Any, build_info: dict[str, Any], package_cfg: Any, build_cfg: 
             field, the value and the fix (exit 2).
     """
     rt = _runtime(package_cfg)
-    bi_rt = dict(build_info.get("runtime") or {})
     p: dict[str, str] = {
         "gpt_model_path": "/models/tensorrt_llm/1/engine",
         "gpt_model_type": "inflight_fused_batching",
@@ -120,7 +119,7 @@ def parameters(s: Any, build_info: dict[str, Any], package_cfg: Any, build_cfg: 
         v = getattr(rt, f)
         if v is not None:
             p[f] = _s(v)
-    window = rt.max_attention_window_size if rt.max_attention_window_size is not None else bi_rt.get("max_attention_window_size")
+    window = rt.max_attention_window_size if rt.max_attention_window_size is not None else build_info.max_attention_window_size
     if window is not None:
         if int(window) > s.max_seq_len:
             raise InputError(
@@ -217,7 +216,7 @@ def template_values(s: Any) -> dict[str, Any]:
     }
 
 
-def plan(s: Any, build_info: dict[str, Any], package_cfg: Any, build_cfg: Any = None, target_cfg: Any = None) -> dict[str, Any]:
+def plan(s: Any, build_info: BuildInfo, package_cfg: Any, build_cfg: Any = None, target_cfg: Any = None) -> dict[str, Any]:
     """What :func:`pipeline.package.repository.settings_from_build` stores in ``Settings.trtllm``."""
     if s.stream_interval != 1:
         raise InputError(
@@ -383,17 +382,12 @@ def read_measurement(evaluate_dir: Path | None) -> dict[str, Any] | None:
     """The ``speculative`` section of the evaluate artifact's ``eval_report.json`` (None when absent)."""
     if evaluate_dir is None:
         return None
-    import json
-
     from ..evaluate.artifact import EvalArtifact
 
-    p = EvalArtifact(Path(evaluate_dir)).report_path
-    if not p.is_file():
+    art = EvalArtifact(Path(evaluate_dir))
+    if not art.report_path.is_file():
         return None
-    try:
-        return (json.loads(p.read_text(encoding="utf-8")) or {}).get("speculative")
-    except ValueError as e:
-        raise InputError(f"{p}: not valid JSON ({e}). Fix: re-run the evaluate stage.") from e
+    return art.report().speculative
 
 
 # --------------------------------------------------------------------------- PyTorch backend (LLM API) layout

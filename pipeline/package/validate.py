@@ -28,6 +28,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from ..build.artifact import BuildInfo
 from ..core.artifacts import REQUIRED_TOKENIZER_FILES
 from ..core.errors import InputError, PreflightError
 from ..facts import versions as V
@@ -208,7 +209,7 @@ def validate_repository(
     *,
     limits: dict[str, Any],
     target: str,
-    build_info: dict[str, Any] | None = None,
+    build_info: BuildInfo | None = None,
     serving_image: str | None = None,
     streaming: bool = True,
 ) -> list[Problem]:
@@ -405,13 +406,12 @@ def _tokenizer_problems(repo: Path, configs: dict[str, Any]) -> list[Problem]:
     return problems
 
 
-def _trtllm_version_problems(repo: Path, build_info: dict[str, Any] | None, serving_image: str | None) -> list[Problem]:
+def _trtllm_version_problems(repo: Path, build_info: BuildInfo | None, serving_image: str | None) -> list[Problem]:
     """:func:`version_problems` for a packaged TensorRT-LLM engine; the engine's own ``config.json`` ``version``
     (written by trtllm-build) stands in when ``build_info`` records no TensorRT-LLM version."""
-    bi = dict(build_info or {})
-    vers = dict(bi.get("versions") or {})
+    bi = build_info or BuildInfo()
     eng_cfg = repo / "tensorrt_llm" / "1" / "engine" / "config.json"
-    if not (vers.get("tensorrt_llm") or vers.get("tensorrt-llm")) and eng_cfg.is_file():
+    if not bi.tensorrt_llm_version and eng_cfg.is_file():
         import json
 
         try:
@@ -419,11 +419,11 @@ def _trtllm_version_problems(repo: Path, build_info: dict[str, Any] | None, serv
         except ValueError:
             v = None
         if v:
-            vers["tensorrt_llm"] = str(v)
-    return version_problems({**bi, "versions": vers}, serving_image)
+            bi = dataclasses.replace(bi, versions={**bi.versions, "tensorrt_llm": str(v)})
+    return version_problems(bi, serving_image)
 
 
-def version_problems(build_info: dict[str, Any], serving_image: str | None) -> list[Problem]:
+def version_problems(build_info: BuildInfo, serving_image: str | None) -> list[Problem]:
     """Engine TensorRT-LLM/TensorRT versions (``build_info.json`` ``versions``) vs the serving image's (NVIDIA compatibility matrix, docs/reference/triton.md §3)."""
     if not serving_image:
         return [
@@ -444,10 +444,9 @@ def version_problems(build_info: dict[str, Any], serving_image: str | None) -> l
                 "version",
             )
         ]
-    vers = dict(build_info.get("versions") or {})
     out: list[Problem] = []
-    eng_t = vers.get("tensorrt_llm") or vers.get("tensorrt-llm")
-    eng_trt = vers.get("tensorrt") or vers.get("tensorrt-cu13") or vers.get("tensorrt-cu12")
+    eng_t = build_info.tensorrt_llm_version
+    eng_trt = build_info.tensorrt_version
     if not eng_t:
         out.append(
             Problem(

@@ -354,18 +354,21 @@ def _num_parameters(export_dir: Path, hf: Path) -> int:
     from ..export.artifact import ExportArtifact
 
     try:
-        return int(json.loads(ExportArtifact(Path(export_dir)).model_info_path.read_text(encoding="utf-8"))["num_parameters"])
-    except (OSError, ValueError, KeyError, TypeError):
-        from ..export.inspect import _safetensors_header
+        n_info = ExportArtifact(Path(export_dir)).model_info().num_parameters
+    except InputError:
+        n_info = None
+    if n_info is not None:
+        return int(n_info)
+    from ..export.inspect import _safetensors_header
 
-        n = 0
-        for f in hf.glob("*.safetensors"):
-            for shape, _ in _safetensors_header(f)[0].values():
-                k = 1
-                for d in shape:
-                    k *= int(d)
-                n += k
-        return n
+    n = 0
+    for f in hf.glob("*.safetensors"):
+        for shape, _ in _safetensors_header(f)[0].values():
+            k = 1
+            for d in shape:
+                k *= int(d)
+            n += k
+    return n
 
 
 def _load_source(cfg: Any, export_dir: Path, offload_dir: Path | None = None) -> _Source:

@@ -20,6 +20,7 @@ from pipeline.benchmark.report import PLOTS, load
 from pipeline.benchmark.workload import build_requests, sample_lengths
 from pipeline.core.config import ConfigError, compose
 from pipeline.core.errors import InputError
+from pipeline.export.artifact import ModelInfo
 from pipeline.validation import validate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -89,7 +90,7 @@ def smoke_doc(stage_run):
 def _inputs(run) -> BenchInputs:
     return BenchInputs(
         hf_dir=run["export"] / "hf",
-        model_info=MODEL_INFO,
+        model_info=ModelInfo.from_json(MODEL_INFO),
         engine_dir=run["build"] / "engine",
         model_repository=run["package"] / "model_repository",
         eval_set=EVAL_SET,

@@ -11,6 +11,7 @@ import pytest
 from pipeline.benchmark import shapes
 from pipeline.benchmark.core import TARGETS, BenchInputs, ratios, run_benchmark
 from pipeline.core.config import compose
+from pipeline.export.artifact import ModelInfo
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -107,7 +108,7 @@ def test_builder_int4_reference_mode_runs_with_its_own_roofline(tiny_llama, tmp_
     get_target("onnxruntime_genai").build(cfg, tiny_llama, tmp_path / "b")
     inp = BenchInputs(
         hf_dir=tiny_llama,
-        model_info={"eos_token_ids": [2]},
+        model_info=ModelInfo.from_json({"eos_token_ids": [2]}),
         engine_dir=tmp_path / "b" / "engine",
         corpus=ROOT / "evaluation" / "data" / "support_calib_v2.jsonl",
         max_input_len=96,

@@ -17,10 +17,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pipeline.build.artifact import BuildInfo
 from pipeline.build.targets import get_target
 from pipeline.build.targets.tensorrt_llm import builder as trt
 from pipeline.core.config import ConfigError, compose
 from pipeline.core.errors import EXIT_PREFLIGHT, PipelineError, PreflightError
+from pipeline.export.artifact import ModelInfo
 from pipeline.validation import validate
 
 # Reference facts (sec. 1a/1b: flags; sec. 4c: BuildConfig fields; sec. 4d: KvCacheConfig fields)
@@ -391,7 +393,7 @@ def test_sliding_window_is_passed_through_as_max_attention_window_size(make_chec
         "limits": {"max_batch_size": 8, "max_input_len": 128, "max_seq_len": 256},
         "runtime": trt.runtime_knobs(cfg),
     }
-    s = settings_from_build(bi, {"eos_token_ids": [2]}, cfg.package, cfg.build, cfg.target)
+    s = settings_from_build(BuildInfo.from_json(bi), ModelInfo.from_json({"eos_token_ids": [2]}), cfg.package, cfg.build, cfg.target)
     assert s.trtllm["parameters"]["max_attention_window_size"] == "16"
 
 

@@ -14,7 +14,7 @@ from pipeline.build.artifact import BuildArtifact
 from pipeline.core import artifacts as A
 from pipeline.core import hostinfo
 from pipeline.core.errors import InputError
-from pipeline.export.artifact import ExportArtifact
+from pipeline.export.artifact import ExportArtifact, ModelInfo
 from pipeline.quantize.artifact import QuantizeArtifact
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "artifacts.md"
@@ -62,7 +62,7 @@ def test_one_model_info_reader_for_evaluate_package_and_benchmark(tmp_path):
         tmp_path, config={"architectures": ["LlamaForCausalLM"], "eos_token_id": 2, "bos_token_id": 1}, gen={"eos_token_id": [2, 7]}
     )
     info = ExportArtifact(exp).model_info()
-    assert info == {"eos_token_ids": [2, 7], "pad_token_id": None, "bos_token_id": 1, "architecture": "LlamaForCausalLM"}
+    assert info == ModelInfo(eos_token_ids=(2, 7), pad_token_id=None, bos_token_id=1, architecture="LlamaForCausalLM")
     assert package.model_info(exp) == info
     import pipeline.evaluate.stage as ev
 
@@ -71,7 +71,7 @@ def test_one_model_info_reader_for_evaluate_package_and_benchmark(tmp_path):
 
 def test_model_info_json_wins_and_corrupt_file_names_the_fix(tmp_path):
     exp = _export(tmp_path, config={"eos_token_id": 2}, info={"eos_token_ids": [5], "architecture": "X"})
-    assert ExportArtifact(exp).model_info()["eos_token_ids"] == [5]
+    assert ExportArtifact(exp).model_info().eos_token_ids == (5,)
     (exp / "model_info.json").write_text("{not json")
     with pytest.raises(InputError) as e:
         ExportArtifact(exp).model_info()
@@ -109,3 +109,64 @@ def test_one_installed_version_helper(monkeypatch):
     qcommon = pytest.importorskip("pipeline.quantize.common")
     assert qcommon._version("tensorrt-llm") == "1.2.1"
     assert {"tensorrt-llm", "onnxruntime-genai"} <= set(seen)
+
+
+def test_typed_readers_refuse_a_wrong_field_type_and_read_older_documents(tmp_path):
+    """``ModelInfo`` / ``BuildInfo`` are the only readers of ``model_info.json`` / ``build_info.json``: a field of the
+    wrong type is an InputError naming the file, the field and the fix (it used to surface as a TypeError wherever
+    a stage used it); an older single ``eos_token_id`` and an older ``target: {"name": ...}`` are read."""
+    from pipeline.build.artifact import BuildArtifact, BuildInfo
+
+    (tmp_path / "a").mkdir()
+    exp = _export(tmp_path / "a", config={"eos_token_id": 2}, info={"eos_token_ids": "2", "architecture": "X"})
+    with pytest.raises(InputError, match=r"model_info\.json: eos_token_ids='2' has the wrong type\. Fix: re-run the export"):
+        ExportArtifact(exp).model_info()
+    assert ModelInfo.from_json({"eos_token_id": 7, "pad_token_id": 0}).eos_token_ids == (7,)
+    assert ModelInfo.from_json({"eos_token_ids": [7, 9]}).end_id == 7 and ModelInfo().end_id == -1
+
+    bdir = tmp_path / "b"
+    bdir.mkdir()
+    (bdir / "build_info.json").write_text(json.dumps({"target": "onnxruntime_genai", "limits": {"max_seq_len": "512"}}))
+    with pytest.raises(InputError, match=r"build_info\.json: limits=.* has the wrong type\. Fix: rebuild"):
+        BuildArtifact(bdir).build_info()
+    bi = BuildInfo.from_json({"target": {"name": "tensorrt_llm"}, "versions": {"tensorrt-llm": "1.2.1"}, "host": {"gpus": []}})
+    assert (bi.target, bi.tensorrt_llm_version, bi.gpus, bi.recorded) == ("tensorrt_llm", "1.2.1", (), True)
+    assert not BuildArtifact(tmp_path / "none").build_info().recorded
+
+
+def test_eval_report_reader_types_what_other_stages_read(tmp_path):
+    """``EvalArtifact.report()`` is how package, parity, publish and the runner read ``eval_report.json``: a missing
+    file or a wrong-typed field is an InputError with the fix; ``gate_metrics`` takes the candidate's numbers."""
+    from pipeline.evaluate.artifact import EvalArtifact, EvalReport
+
+    with pytest.raises(InputError, match=r"eval_report\.json is missing\. Fix: re-run the evaluate stage"):
+        EvalArtifact(tmp_path).report()
+    (tmp_path / "eval_report.json").write_text(json.dumps({"candidate": 3}))
+    with pytest.raises(InputError, match=r"candidate=3 has the wrong type"):
+        EvalArtifact(tmp_path).report()
+    doc = {
+        "candidate": "engine",
+        "notes": {"candidate": "auto -> engine: built"},
+        "eval_set": {"name": "support", "path": "/data/es.jsonl", "sha256": "ab", "limit": 4},
+        "runners": {"engine": {"score": 0.75, "slices": {"faq": {"score": 0.5}}}, "baseline": {"score": 0.8}},
+        "comparison": {"overall": {"baseline": 0.8, "drop": 0.05, "upper": 0.12}, "slices": {"faq": {"drop": 0.1, "upper": 0.3}}},
+        "gate": {"allowed_drop": {"overall": 0.1}},
+        "fidelity": None,
+    }
+    rep = EvalReport.from_json(doc)
+    assert (rep.candidate, rep.candidate_note, rep.eval_set.path, rep.eval_set.limit) == (
+        "engine",
+        "auto -> engine: built",
+        Path("/data/es.jsonl"),
+        4,
+    )
+    assert rep.gate_metrics() == {
+        "score": 0.75,
+        "baseline": 0.8,
+        "drop": 0.05,
+        "drop_upper": 0.12,
+        "allowed_drop": 0.1,
+        "slice.faq.score": 0.5,
+        "slice.faq.drop": 0.1,
+        "slice.faq.drop_upper": 0.3,
+    }

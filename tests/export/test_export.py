@@ -303,7 +303,7 @@ def test_eos_list_is_kept_whole(base, tmp_path):
     assert gen["eos_token_id"] == [2, 5, 7]
     from pipeline.core.tokenization import stop_token_ids
 
-    assert stop_token_ids(json.loads((tmp_path / "out" / "model_info.json").read_text()), [9]) == [2, 5, 7, 9]
+    assert stop_token_ids(json.loads((tmp_path / "out" / "model_info.json").read_text())["eos_token_ids"], [9]) == [2, 5, 7, 9]
 
 
 def test_no_pad_id_is_derived_from_the_first_eos(base, tmp_path):

@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pipeline.build.artifact import BuildInfo
 from pipeline.core.config import compose
 from pipeline.core.errors import InputError
+from pipeline.export.artifact import ModelInfo
 from pipeline.package import llmapi_options as O
 from pipeline.package import llmapi_schema as S
 from pipeline.package import option_support as OS
@@ -39,7 +41,7 @@ def _package(tmp_path: Path, *over: str) -> tuple[Path, Path, object]:
     make_checkpoint(eng / "hf", "llama")
     (eng / O.LLM_OPTIONS_FILE).write_text(yaml.safe_dump(llm_api_options(cfg)), encoding="utf-8")
     bi = {"target": "tensorrt_llm", "backend": "pytorch", "limits": LIMITS}
-    s = settings_from_build(bi, MODEL_INFO, cfg.package, cfg.build, cfg.target)
+    s = settings_from_build(BuildInfo.from_json(bi), ModelInfo.from_json(MODEL_INFO), cfg.package, cfg.build, cfg.target)
     pkg = tmp_path / "pkg"
     repo = pkg / "model_repository"
     generate_repository(repo, s, engine_dir=eng, tokenizer_dirs=[eng / "hf"])

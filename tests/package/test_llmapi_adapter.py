@@ -23,7 +23,9 @@ import numpy as np
 import pytest
 import tiny
 
+from pipeline.build.artifact import BuildInfo
 from pipeline.core.config.package import PackageConfig
+from pipeline.export.artifact import ModelInfo
 from pipeline.serve.server import DEFAULT_SERVE_VENV, TritonServer
 
 pytestmark = pytest.mark.slow
@@ -39,7 +41,7 @@ def _repo(tmp: Path, ckpt: Path, *, decoupled: bool = True) -> tuple[Path, dict]
     info = tiny.read_json(ckpt / "config.json")
     mi = {"eos_token_ids": [info["eos_token_id"]], "pad_token_id": info["pad_token_id"], "bos_token_id": info["bos_token_id"]}
     bi = {"target": "tensorrt_llm", "backend": "pytorch", "limits": LIMITS}
-    s = settings_from_build(bi, mi, PackageConfig(name="tiny", decoupled=decoupled))
+    s = settings_from_build(BuildInfo.from_json(bi), ModelInfo.from_json(mi), PackageConfig(name="tiny", decoupled=decoupled))
     repo = tmp / "repo"
     out = generate_repository(repo, s, engine_dir=ckpt, tokenizer_dirs=[ckpt], trtllm_version=TRTLLM)
     return repo, {**out, "end_id": s.end_id, "pad_id": s.pad_id}

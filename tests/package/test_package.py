@@ -19,7 +19,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from pipeline.build.artifact import BuildInfo
 from pipeline.core.errors import GateFailed, InputError, PreflightError
+from pipeline.export.artifact import ModelInfo
 from pipeline.facts import versions as V
 from pipeline.package import make_archive, safe_extract, write_sha256sums
 from pipeline.package.repository import MODEL_HELPERS, Settings, generate_repository, settings_from_build
@@ -136,7 +138,7 @@ def ort_build(tmp_path_factory, tiny_llama):
 
 def make_repo(dst: Path, ort_build: Path, tiny_llama: Path, **pkg) -> tuple[Path, Settings]:
     bi = json.loads((ort_build / "build_info.json").read_text())
-    s = settings_from_build(bi, MODEL_INFO, pkg_cfg(**pkg))
+    s = settings_from_build(BuildInfo.from_json(bi), ModelInfo.from_json(MODEL_INFO), pkg_cfg(**pkg))
     repo = dst / "model_repository"
     generate_repository(repo, s, engine_dir=ort_build / "engine", tokenizer_dirs=[tiny_llama])
     return repo, s
@@ -205,12 +207,16 @@ def test_trtllm_repository_fills_every_parameter_from_the_build(tmp_path):
         },
         "versions": {"tensorrt_llm": "1.1.0", "tensorrt": "10.13.3.9"},
     }
-    s = settings_from_build(bi, MODEL_INFO, pkg_cfg(max_batch_size=32, exclude_input_in_output=False))
+    s = settings_from_build(
+        BuildInfo.from_json(bi), ModelInfo.from_json(MODEL_INFO), pkg_cfg(max_batch_size=32, exclude_input_in_output=False)
+    )
     repo = tmp_path / "repo"
     info = generate_repository(repo, s, engine_dir=engine, tokenizer_dirs=[tok])
     assert info["models"] == ["ensemble", "postprocessing", "preprocessing", "tensorrt_llm", "tensorrt_llm_bls"]
     image = "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"
-    assert validate_repository(repo, limits=bi["limits"], target="tensorrt_llm", build_info=bi, serving_image=image) == []
+    assert (
+        validate_repository(repo, limits=bi["limits"], target="tensorrt_llm", build_info=BuildInfo.from_json(bi), serving_image=image) == []
+    )
     t = parse_config(repo / "tensorrt_llm" / "config.pbtxt")
     p = {k: v.string_value for k, v in t.parameters.items()}
     assert t.backend == "tensorrtllm" and t.max_batch_size == 32 and t.model_transaction_policy.decoupled
@@ -221,7 +227,11 @@ def test_trtllm_repository_fills_every_parameter_from_the_build(tmp_path):
     assert ensemble_interface(repo)["inputs"] == EXPECTED_INPUTS
     # the engine was built with 1.1.0; a 25.09 image ships 1.0.0 -> refused, both versions named
     probs = validate_repository(
-        repo, limits=bi["limits"], target="tensorrt_llm", build_info=bi, serving_image="nvcr.io/nvidia/tritonserver:25.09-trtllm-python-py3"
+        repo,
+        limits=bi["limits"],
+        target="tensorrt_llm",
+        build_info=BuildInfo.from_json(bi),
+        serving_image="nvcr.io/nvidia/tritonserver:25.09-trtllm-python-py3",
     )
     assert len(probs) >= 1 and "1.1.0" in str(probs[0]) and "1.0.0" in str(probs[0])
     with pytest.raises(PreflightError, match="TensorRT-LLM 1.1.0"):
@@ -229,7 +239,7 @@ def test_trtllm_repository_fills_every_parameter_from_the_build(tmp_path):
             repo,
             limits=bi["limits"],
             target="tensorrt_llm",
-            build_info=bi,
+            build_info=BuildInfo.from_json(bi),
             serving_image="nvcr.io/nvidia/tritonserver:25.09-trtllm-python-py3",
         )
     assert "not a known" in str(
@@ -237,7 +247,7 @@ def test_trtllm_repository_fills_every_parameter_from_the_build(tmp_path):
             repo,
             limits=bi["limits"],
             target="tensorrt_llm",
-            build_info=bi,
+            build_info=BuildInfo.from_json(bi),
             serving_image="nvcr.io/nvidia/tritonserver:25.03-trtllm-python-py3",
         )[0]
     )
@@ -247,7 +257,7 @@ def test_trtllm_repository_fills_every_parameter_from_the_build(tmp_path):
         repo,
         limits=bi["limits"],
         target="tensorrt_llm",
-        build_info=no_vers,
+        build_info=BuildInfo.from_json(no_vers),
         serving_image="nvcr.io/nvidia/tritonserver:25.09-trtllm-python-py3",
     )
     assert any("TensorRT-LLM 1.1.0" in str(p) for p in probs)
@@ -272,7 +282,7 @@ def test_pytorch_backend_gets_llmapi_layout(tmp_path, tiny_llama):
     ckpt = tmp_path / "ckpt"
     shutil.copytree(tiny_llama, ckpt)
     bi = {"target": "tensorrt_llm", "backend": "pytorch", "limits": {"max_batch_size": 16, "max_input_len": 512, "max_seq_len": 1024}}
-    s = settings_from_build(bi, MODEL_INFO, pkg_cfg())
+    s = settings_from_build(BuildInfo.from_json(bi), ModelInfo.from_json(MODEL_INFO), pkg_cfg())
     repo = tmp_path / "repo"
     assert generate_repository(repo, s, engine_dir=ckpt, tokenizer_dirs=[tiny_llama])["layout"] == "llmapi"
     text = (repo / "tensorrt_llm" / "1" / "model.yaml").read_text()

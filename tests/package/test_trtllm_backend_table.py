@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 import tiny
 
+from pipeline.build.artifact import BuildInfo
 from pipeline.core.config import compose
+from pipeline.export.artifact import ModelInfo
 from pipeline.package import trtllm_backend_table as T
 from pipeline.package import trtllm_config as TC
 from pipeline.package.repository import TEMPLATES, generate_repository, settings_from_build
@@ -100,12 +102,16 @@ def _repo(tmp_path: Path, runtime: dict, spec: dict, window: int | None) -> Path
     cfg = compose(
         ["target=tensorrt_llm", *[f"package.runtime.{k}={json.dumps(v) if isinstance(v, str) else v}" for k, v in runtime.items()]]
     )
-    s = settings_from_build(bi, MODEL_INFO, cfg.package, cfg.build, cfg.target)
+    s = settings_from_build(BuildInfo.from_json(bi), ModelInfo.from_json(MODEL_INFO), cfg.package, cfg.build, cfg.target)
     repo = tmp_path / "repo"
     generate_repository(repo, s, engine_dir=build / "engine", tokenizer_dirs=[tok])
     # version pairing (engine vs serving image) is pipeline/facts/versions.py's concern, not this table's
     probs = validate_repository(
-        repo, limits=LIMITS, target="tensorrt_llm", build_info=bi, serving_image="nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"
+        repo,
+        limits=LIMITS,
+        target="tensorrt_llm",
+        build_info=BuildInfo.from_json(bi),
+        serving_image="nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3",
     )
     assert [p for p in probs if p.kind != "version"] == []
     return repo
@@ -199,7 +205,7 @@ def test_pytorch_layout_states_container_and_files_in_readme_and_serve(tmp_path,
     tiny.make_checkpoint(ckpt, "llama")
     cfg = compose(["target=tensorrt_llm_pytorch", "package.serving_image='nvcr.io/nvidia/tritonserver:26.01-trtllm-python-py3'"])
     bi = {"target": "tensorrt_llm", "backend": "pytorch", "limits": LIMITS}
-    s = settings_from_build(bi, MODEL_INFO, cfg.package, cfg.build, cfg.target)
+    s = settings_from_build(BuildInfo.from_json(bi), ModelInfo.from_json(MODEL_INFO), cfg.package, cfg.build, cfg.target)
     repo = tmp_path / "model_repository"
     generate_repository(repo, s, engine_dir=ckpt, tokenizer_dirs=[ckpt])
     readme = (repo / "tensorrt_llm" / "README.md").read_text()
@@ -231,7 +237,11 @@ def test_pytorch_backend_maps_runtime_knobs_into_model_yaml_and_refuses_the_rest
     ]
     cfg = compose(over)
     s = settings_from_build(
-        {"target": "tensorrt_llm", "backend": "pytorch", "limits": LIMITS}, MODEL_INFO, cfg.package, cfg.build, cfg.target
+        BuildInfo.from_json({"target": "tensorrt_llm", "backend": "pytorch", "limits": LIMITS}),
+        ModelInfo.from_json(MODEL_INFO),
+        cfg.package,
+        cfg.build,
+        cfg.target,
     )
     repo = tmp_path / "repo"
     generate_repository(repo, s, engine_dir=ckpt, tokenizer_dirs=[ckpt])
@@ -243,5 +253,9 @@ def test_pytorch_backend_maps_runtime_knobs_into_model_yaml_and_refuses_the_rest
     assert any(p.field == "package.runtime.multi_block_mode" for p in get_target("tensorrt_llm").check_config(bad))
     with pytest.raises(InputError, match="package.runtime.multi_block_mode"):
         settings_from_build(
-            {"target": "tensorrt_llm", "backend": "pytorch", "limits": LIMITS}, MODEL_INFO, bad.package, bad.build, bad.target
+            BuildInfo.from_json({"target": "tensorrt_llm", "backend": "pytorch", "limits": LIMITS}),
+            ModelInfo.from_json(MODEL_INFO),
+            bad.package,
+            bad.build,
+            bad.target,
         )

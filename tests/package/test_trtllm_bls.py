@@ -22,7 +22,9 @@ import numpy as np
 import pytest
 import tiny
 
+from pipeline.build.artifact import BuildInfo
 from pipeline.core.config.package import PackageConfig
+from pipeline.export.artifact import ModelInfo
 from pipeline.serve.server import DEFAULT_SERVE_VENV, TritonServer
 
 pytestmark = pytest.mark.slow
@@ -75,13 +77,18 @@ def served(tmp_path_factory, tiny_llama):
         "runtime": {"speculative": {"mode": "draft_tokens_external", "max_draft_len": 3, "draft_model_path": str(tiny_llama)}},
     }
     repo = d / "repo"
-    generate_repository(repo, settings_from_build(bi, model_info, pc), engine_dir=trt_engine, tokenizer_dirs=[tiny_llama])
+    generate_repository(
+        repo,
+        settings_from_build(BuildInfo.from_json(bi), ModelInfo.from_json(model_info), pc),
+        engine_dir=trt_engine,
+        tokenizer_dirs=[tiny_llama],
+    )
     assert (repo / "tensorrt_llm_draft" / "config.pbtxt").is_file()
     # the double: the CPU package's onnxruntime_genai model, renamed tensorrt_llm
     cpu = d / "cpu"
     generate_repository(
         cpu,
-        settings_from_build({**bi, "target": "onnxruntime_genai"}, model_info, pc),
+        settings_from_build(BuildInfo.from_json({**bi, "target": "onnxruntime_genai"}), ModelInfo.from_json(model_info), pc),
         engine_dir=d / "b" / "engine",
         tokenizer_dirs=[tiny_llama],
     )
@@ -242,7 +249,10 @@ def test_bls_decoupled_follows_the_engine_model(tmp_path):
         )
         repo = tmp_path / f"r{decoupled}"
         out = generate_repository(
-            repo, settings_from_build(bi, {"eos_token_ids": [2]}, pc), engine_dir=eng, tokenizer_dirs=[tmp_path / "tok"]
+            repo,
+            settings_from_build(BuildInfo.from_json(bi), ModelInfo.from_json({"eos_token_ids": [2]}), pc),
+            engine_dir=eng,
+            tokenizer_dirs=[tmp_path / "tok"],
         )
         assert "tensorrt_llm_bls" in out["models"]
         bls, trt = parse_config(repo / "tensorrt_llm_bls" / "config.pbtxt"), parse_config(repo / "tensorrt_llm" / "config.pbtxt")

@@ -40,7 +40,9 @@ import numpy as np
 import pytest
 from cli_serve import start_cli_server
 
+from pipeline.build.artifact import BuildInfo
 from pipeline.core.config.package import PackageConfig
+from pipeline.export.artifact import ModelInfo
 from pipeline.serve.server import DEFAULT_SERVE_VENV, TritonServer
 
 pytestmark = pytest.mark.slow
@@ -808,7 +810,7 @@ def trt_repo(tmp_path_factory):
         "versions": {"tensorrt_llm": "1.1.0"},
     }
     pc = PackageConfig(name="tiny")
-    s = settings_from_build(bi, {"eos_token_ids": [2], "pad_token_id": 0, "bos_token_id": 1}, pc)
+    s = settings_from_build(BuildInfo.from_json(bi), ModelInfo.from_json({"eos_token_ids": [2], "pad_token_id": 0, "bos_token_id": 1}), pc)
     repo = d / "repo"
     generate_repository(repo, s, engine_dir=engine, tokenizer_dirs=[d / "tok"])
     return repo

@@ -10,7 +10,9 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+from pipeline.build.artifact import BuildInfo
 from pipeline.core.config.package import PackageConfig
+from pipeline.export.artifact import ModelInfo
 
 MODELS = Path(__file__).resolve().parents[2] / "pipeline" / "serve" / "models"
 
@@ -38,10 +40,12 @@ def test_cpu_target_serves_the_packaged_beam_width():
 
     bi = {"target": "onnxruntime_genai", "limits": {"max_batch_size": 8, "max_input_len": 64, "max_seq_len": 128}}
     pc = PackageConfig(name="m", max_beam_width=4)
-    s = settings_from_build(bi, {"eos_token_ids": [2]}, pc)  # og beam search needs no build-time limit
+    s = settings_from_build(
+        BuildInfo.from_json(bi), ModelInfo.from_json({"eos_token_ids": [2]}), pc
+    )  # og beam search needs no build-time limit
     assert (s.max_beam_width, s.served_max_beam_width) == (4, 4)
     pc.max_beam_width = None
-    assert settings_from_build(bi, {"eos_token_ids": [2]}, pc).max_beam_width == 1
+    assert settings_from_build(BuildInfo.from_json(bi), ModelInfo.from_json({"eos_token_ids": [2]}), pc).max_beam_width == 1
 
 
 def test_python_text_model_config_has_the_ensembles_interface():
@@ -263,9 +267,18 @@ def test_stream_interval_is_validated_and_refused_on_the_tensorrt_llm_target():
     assert [p.field for p in validate(bad)] == ["package.stream_interval"]
     pc = PackageConfig(name="m", stream_interval=4)
     lim = {"max_batch_size": 8, "max_input_len": 64, "max_seq_len": 128}
-    assert settings_from_build({"target": "onnxruntime_genai", "limits": lim}, {"eos_token_ids": [2]}, pc).stream_interval == 4
+    assert (
+        settings_from_build(
+            BuildInfo.from_json({"target": "onnxruntime_genai", "limits": lim}), ModelInfo.from_json({"eos_token_ids": [2]}), pc
+        ).stream_interval
+        == 4
+    )
     with pytest.raises(InputError, match=r"package\.stream_interval=4: the TensorRT-LLM target streams every token"):
-        settings_from_build({"target": "tensorrt_llm", "limits": lim, "versions": {"tensorrt_llm": "1.2.1"}}, {"eos_token_ids": [2]}, pc)
+        settings_from_build(
+            BuildInfo.from_json({"target": "tensorrt_llm", "limits": lim, "versions": {"tensorrt_llm": "1.2.1"}}),
+            ModelInfo.from_json({"eos_token_ids": [2]}),
+            pc,
+        )
 
 
 def test_a_failed_request_is_counted_once_as_mid_stream_after_a_response_else_engine_error():

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from ....core.errors import InputError, PreflightError
-from ...artifact import BuildArtifact
+from ...artifact import BuildArtifact, BuildInfo
 
 INSTALL_FIX = (
     "install TensorRT-LLM 1.2.1 on an NVIDIA GPU host (`pip install 'tensorrt-llm==1.2.1' --extra-index-url "
@@ -330,14 +330,12 @@ def load_runner(engine_dir: Path, **kw: Any) -> TrtllmEngineRunner:
             f"{engine_dir}: no TensorRT-LLM engine (config.json + rank*.engine) and no llm_api_options.yaml. "
             "Fix: rebuild with the build stage (target=tensorrt_llm)."
         )
-    bi_file = engine_dir.parent / BuildArtifact.BUILD_INFO
-    if bi_file.is_file():
-        try:
-            bi = json.loads(bi_file.read_text(encoding="utf-8"))
-        except ValueError:
-            bi = {}
-        rt = bi.get("runtime") or {}
-        kw.setdefault("limits", bi.get("limits"))
-        kw.setdefault("max_attention_window_size", rt.get("max_attention_window_size"))
-        kw.setdefault("kv_cache_free_gpu_memory_fraction", rt.get("kv_cache_free_gpu_mem_fraction"))
+    try:
+        bi = BuildArtifact(engine_dir.parent).build_info()
+    except InputError:  # a corrupt build_info.json: the engine's own config still loads
+        bi = BuildInfo()
+    if bi.recorded:
+        kw.setdefault("limits", bi.limits or None)
+        kw.setdefault("max_attention_window_size", bi.max_attention_window_size)
+        kw.setdefault("kv_cache_free_gpu_memory_fraction", bi.kv_cache_free_gpu_mem_fraction)
     return TrtllmEngineRunner(engine_dir, **kw)
