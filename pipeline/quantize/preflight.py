@@ -81,7 +81,7 @@ def excluded_modules(qcfg: Any, linear_names: list[str], num_layers: int) -> dic
     out: dict[str, str] = {}
     for name in linear_names:
         for pat in qcfg.exclude_modules:
-            if fnmatch.fnmatchcase(name, pat) or fnmatch.fnmatchcase(name, f"*.{pat}") or fnmatch.fnmatchcase(name, f"{pat}.*"):
+            if _matches(name, pat):
                 out[name] = f"quant.exclude_modules: {pat}"
                 break
     preset = qcfg.sensitive_preset
@@ -144,10 +144,45 @@ def linear_problems(qcfg: Any, linears: dict[str, tuple[int, int]], excluded: di
     on the loaded model before calibration (:func:`preflight`)."""
     quantized = {n: d for n, d in linears.items() if n not in excluded and qcfg.recipe != "none"}
     return (
-        _recipe_problems(qcfg, quantized, excluded)
+        _unmatched_exclude_problems(qcfg, list(linears))
+        + _recipe_problems(qcfg, quantized, excluded)
         + _fused_group_problems(qcfg, linears, excluded)
         + _group_size_problems(qcfg, quantized, tp)
     )
+
+
+def _matches(name: str, pat: str) -> bool:
+    """``quant.exclude_modules`` matching: the fnmatch pattern, a bare name as ``*.<name>``, a prefix as ``<pat>.*``."""
+    import fnmatch
+
+    return fnmatch.fnmatchcase(name, pat) or fnmatch.fnmatchcase(name, f"*.{pat}") or fnmatch.fnmatchcase(name, f"{pat}.*")
+
+
+def _unmatched_exclude_problems(qcfg: Any, linear_names: list[str]) -> list[Problem]:
+    """A ``quant.exclude_modules`` pattern that matches no linear layer keeps nothing in high precision: a typo
+    (``lm_haed``) would silently quantize the module it meant to keep, so it is refused, with the closest names."""
+    import difflib
+
+    from ..core.config.common import Problem
+
+    if qcfg.recipe == "none" or not linear_names:
+        return []
+    unmatched = [str(p) for p in qcfg.exclude_modules if not any(_matches(n, str(p)) for n in linear_names)]
+    if not unmatched:
+        return []
+    short = sorted({n.rsplit(".", 1)[-1] for n in linear_names})
+    near = sorted({c for p in unmatched for c in difflib.get_close_matches(p.rsplit(".", 1)[-1].lstrip("*"), short, n=2, cutoff=0.6)})
+    hint = f" (did you mean {', '.join(near)}?)" if near else ""
+    return [
+        Problem(
+            "quant.exclude_modules",
+            list(qcfg.exclude_modules),
+            f"{unmatched} match no linear layer of the model{hint}, so they keep nothing in high precision; the list "
+            f"replaces the default [lm_head], so the LM head would be quantized.",
+            f"use module names or fnmatch patterns of the model's linear layers ({', '.join(short)}; e.g. "
+            f"quant.exclude_modules=[lm_head,model.layers.0.*])",
+        )
+    ]
 
 
 def _recipe_problems(qcfg: Any, quantized: dict[str, tuple[int, int]], excluded: dict[str, str]) -> list[Problem]:

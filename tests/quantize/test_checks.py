@@ -48,3 +48,29 @@ def test_the_run_and_the_plan_refuse_it_before_any_work(small_qwen2, tmp_path):
         assert r.returncode == 2, (cmd, r.stdout[-2000:] + r.stderr[-2000:])
         assert "quant.group_size=128" in r.stdout + r.stderr
     assert not any(store.glob("*/*")) if store.exists() else True  # no stage ran
+
+
+def test_an_exclude_pattern_that_matches_no_linear_is_refused(small_qwen2):
+    """Fresh-user trial: ``quant.exclude_modules=[nonexistent_mod]`` (or a typo ``lm_haed``) ran to exit 0 and
+    quantized the LM head, because the list replaces the default [lm_head] and the pattern kept nothing."""
+    base = [f"model.path={small_qwen2}", "quant=int8_sq", "stages=[export,quantize]"]
+    got = _fields([*base, "quant.exclude_modules=[lm_haed]"])
+    assert "quant.exclude_modules" in got, got
+    msg = got["quant.exclude_modules"]
+    assert "['lm_haed'] match no linear layer" in msg and "did you mean lm_head" in msg and "LM head would be quantized" in msg, msg
+    for ok in ("[lm_head]", "[lm_head,model.layers.0.*]", "[]", "[lm_head,*q_proj,*k_proj,*v_proj]"):
+        assert "quant.exclude_modules" not in _fields([*base, f"quant.exclude_modules={ok}"]), ok
+
+
+def test_the_loaded_model_check_refuses_the_same_pattern():
+    """The quantize stage's own preflight (on the loaded model's module names) applies the same rule."""
+    import types
+
+    from pipeline.quantize.preflight import excluded_modules, linear_problems
+
+    q = types.SimpleNamespace(
+        recipe="int4_awq", exclude_modules=["lm_head", "*mlp.gate_projj"], sensitive_preset="none", kv_cache_dtype="none", group_size=64
+    )
+    linears = {"model.layers.0.mlp.gate_proj": (64, 128), "model.layers.0.mlp.down_proj": (128, 64), "lm_head": (64, 320)}
+    probs = linear_problems(q, linears, excluded_modules(q, list(linears), 1), 1)
+    assert [p.field for p in probs] == ["quant.exclude_modules"] and "['*mlp.gate_projj']" in str(probs[0]), probs
