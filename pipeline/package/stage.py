@@ -4,7 +4,7 @@ Inputs: ``export`` (tokenizer, ``model_info.json``), ``build`` (``engine/``, ``b
 (gate verdict).  Writes (``docs/artifacts.md``)::
 
     model_repository/            ensemble, preprocessing, <engine model>, postprocessing (docs/package.md)
-    release/<model>-<version>.tar.gz, release/release_manifest.json, release/SHA256SUMS
+    release/<model>-<recipe>-<version>.tar.gz, release/release_manifest.json, release/SHA256SUMS
     release_manifest.json
 
 Refuses (``GateFailed``, exit 3) an artifact whose evaluation gate failed unless ``package.allow_failed_gate=true``,
@@ -36,9 +36,11 @@ def model_info(export_dir: Path) -> ModelInfo:
 
 
 def release_name(cfg: Any) -> str:
-    """``<model>-<version>``, in the characters ``[A-Za-z0-9._-]`` (others become ``-``), never starting with ``-`` or
-    ``.`` (``tar xzf -x.tar.gz`` reads an option). A model name with no such character (``模型``) becomes ``model-`` plus
-    the first 8 hex digits of its sha256, so two such names do not share a file name."""
+    """``<model>-<recipe>[-kv<kv_cache_dtype>]-<version>`` (``tiny-int4_awq-1``, ``tiny-int8_sq-kvfp8-1``): two recipes
+    of one model never share an archive name (a fresh-user trial got three different ``tq-1.tar.gz``).  In the
+    characters ``[A-Za-z0-9._-]`` (others become ``-``), never starting with ``-`` or ``.`` (``tar xzf -x.tar.gz``
+    reads an option). A model name with no such character (``模型``) becomes ``model-`` plus the first 8 hex digits of
+    its sha256, so two such names do not share a file name."""
     import hashlib
 
     from ..core.store import redact_text
@@ -48,7 +50,9 @@ def release_name(cfg: Any) -> str:
 
     raw = redact_text(cfg.model.name)
     name = slug(raw) or f"model-{hashlib.sha256(raw.encode('utf-8', 'surrogatepass')).hexdigest()[:8]}"
-    return f"{name}-{slug(redact_text(str(cfg.package.version))) or 'v'}"
+    q = cfg.quant
+    variant = slug(str(q.recipe)) + (f"-kv{slug(str(q.kv_cache_dtype))}" if q.kv_cache_dtype not in (None, "none") else "")
+    return f"{name}-{variant}-{slug(redact_text(str(cfg.package.version))) or 'v'}"
 
 
 def _gate(ctx: StageContext) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """``pipeline verify``: check a release before trusting it.
 
-    pipeline verify artifacts/package/<key>/release/support-llama-1.tar.gz --key release.pub
+    pipeline verify artifacts/package/<key>/release/support-llama-int4_awq-1.tar.gz --key release.pub
     pipeline verify artifacts/package/<key>/release --key release.pub      # the release folder
     pipeline verify artifacts/package/<key>                                # a package artifact (its release/)
     pipeline verify RELEASE --certificate-chain ca.pem                     # a certificate-signed release

@@ -2,10 +2,10 @@
 
     pipeline serve                                   # newest package artifact in the store (artifacts/package/*)
     pipeline serve artifacts/package/<key>           # a package artifact (or its model_repository/, or an unpacked release)
-    pipeline serve release/tiny-1.tar.gz             # a release archive (unpacked safely under runs/)
+    pipeline serve release/tiny-none-1.tar.gz        # a release archive (unpacked safely under runs/)
     pipeline serve package.repository=/path/to/model_repository package.grpc_port=0
     pipeline serve --openai                          # + an OpenAI-compatible endpoint on 127.0.0.1:9000/v1 (package.openai_port)
-    pipeline serve release/tiny-1.tar.gz package.verify_key=release.pub   # verify the signature first (exit 2 if not)
+    pipeline serve release/tiny-none-1.tar.gz package.verify_key=release.pub   # verify the signature first (exit 2 if not)
     make serve ARGS="package.grpc_port=9001"
 
 onnxruntime_genai packages run here, on the Triton binary of the nvidia-pytriton wheel in ``.venv-serve``
@@ -119,7 +119,7 @@ def resolve_repository(arg: str | None, store_dir: str | None, *, verify: bool =
         if not p.exists():
             raise InputError(
                 f"{arg}: not found (looked for {p}). Fix: give a package artifact folder, its model_repository/ or a "
-                f"release archive (<package artifact>/release/<name>-<version>.tar.gz; the run summary prints the "
+                f"release archive (<package artifact>/release/<model>-<recipe>-<version>.tar.gz; the run summary prints the "
                 f"package path), or no path for the newest package in the store."
             )
         archive = p.is_file() and p.name.endswith((".tar.gz", ".tgz", ".tar"))

@@ -513,9 +513,9 @@ def test_stage_refuses_failed_gate_and_records_override(tmp_path, ort_build, tin
         "provenance.intoto.json",
         "release_manifest.json",
         "sbom.cdx.json",
-        "tiny-1.tar.gz",
+        "tiny-none-1.tar.gz",
     ]
-    assert hashlib.sha256((rel / "tiny-1.tar.gz").read_bytes()).hexdigest() == res["archive_sha256"]
+    assert hashlib.sha256((rel / "tiny-none-1.tar.gz").read_bytes()).hexdigest() == res["archive_sha256"]
     # same inputs -> same archive bytes
     ctx2 = _ctx(tmp_path / "c", ort_build, tiny_llama, failed, allow_failed_gate="true")
     ctx2.inputs = ctx.inputs
@@ -524,7 +524,7 @@ def test_stage_refuses_failed_gate_and_records_override(tmp_path, ort_build, tin
 
 @pytest.mark.parametrize(
     "name,want",
-    [("tiny", "tiny-1"), ("a/b", "a-b-1"), ("模型", None), ("-x", "x-1"), (".hidden", "hidden-1")],
+    [("tiny", "tiny-none-1"), ("a/b", "a-b-none-1"), ("模型", None), ("-x", "x-none-1"), (".hidden", "hidden-none-1")],
 )
 def test_release_names_are_safe_file_names(name, want):
     """Never a leading '-' or '.' (tar would read an option); a name of no ASCII letter gets a digest, so two such
@@ -532,9 +532,21 @@ def test_release_names_are_safe_file_names(name, want):
     from pipeline.core.config import compose
     from pipeline.package.stage import release_name
 
-    got = release_name(compose([f"model.name='{name}'"]))
+    got = release_name(compose([f"model.name='{name}'", "quant=none"]))
     if want is None:
-        assert got.startswith("model-") and got.endswith("-1") and got != release_name(compose(["model.name='其他'"]))
+        assert got.startswith("model-") and got.endswith("-none-1") and got != release_name(compose(["model.name='其他'", "quant=none"]))
     else:
         assert got == want
     assert not got.startswith(("-", "."))
+
+
+def test_two_recipes_of_one_model_never_share_an_archive_name():
+    """Fresh-user trial: three different archives of model ``tq`` were all ``tq-1.tar.gz``; a release pipeline that
+    uploads them to one place would overwrite one with another."""
+    from pipeline.core.config import compose
+    from pipeline.package.stage import release_name
+
+    names = {
+        release_name(compose(["model.name=tq", *o])) for o in ([f"quant={r}"] for r in ("none", "int8_wo", "int4_awq", "fp8", "int8_sq"))
+    } | {release_name(compose(["model.name=tq", "quant=int8_sq", "quant.kv_cache_dtype=int8"]))}
+    assert len(names) == 6 and "tq-int8_sq-kvint8-1" in names and "tq-int4_awq-1" in names, names

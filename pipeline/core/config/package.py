@@ -18,7 +18,7 @@ from .serving import validate_speculative as _validate_speculative
 class PackageConfig:
     name: str = "default"
     """Label of the package preset; it enters the package key but names nothing: the served model, the archive
-    (``<model.name>-<version>.tar.gz``) and the release are named after ``model.name``."""
+    (``<model.name>-<recipe>-<version>.tar.gz``) and the release are named after ``model.name``."""
     version: str = "1"
     """Model version folder in the Triton repository and the release archive's version."""
     max_batch_size: Optional[int] = None
@@ -51,7 +51,7 @@ class PackageConfig:
     allow_failed_gate: bool = False
     """Package an artifact whose evaluation gate failed (recorded in the manifest). Off by default."""
     archive: bool = True
-    """Also write ``<name>-<version>.tar.gz`` and ``SHA256SUMS``."""
+    """Also write ``<model>-<recipe>-<version>.tar.gz`` and ``SHA256SUMS``."""
     parity: bool = True
     """Serving parity check after packaging (pipeline/package/parity.py): the packaged repository is served on the
     real Triton server and a seeded sample of eval items must get the evaluated answers byte for byte (exit 3
