@@ -65,8 +65,9 @@ def _eval_rows(path: Path) -> list[dict[str, Any]]:
 @functools.lru_cache(maxsize=8)
 def _prompt_lengths(
     eval_sig: tuple[str, int, int], tok_sig: tuple[str, int, int], limit: int | None, apply_chat_template: bool, default_new: int
-) -> tuple[list[int], list[int], list[str]]:
-    """(prompt token lengths, prompt + max_new_tokens, ids) for the eval set; cached per file version."""
+) -> tuple[list[int], list[int], list[str], tuple[str, str] | None]:
+    """(prompt token lengths, prompt + max_new_tokens, ids, the first prompt the tokenizer or its chat template cannot
+    render as ``(item id, reason)``) for the eval set; cached per file version."""
     from ..core import tokenization
     from ..core.errors import InputError
 
@@ -76,6 +77,7 @@ def _prompt_lengths(
         raise InputError(str(e)) from None
     lens, totals, ids = [], [], []
     slices: list[str] = []
+    refused: tuple[str, str] | None = None
     for i, row in enumerate(_eval_rows(Path(eval_sig[0]))):
         prompt, messages = row.get("prompt"), row.get("messages")
         if not isinstance(prompt, str) and not isinstance(messages, list):
@@ -89,6 +91,9 @@ def _prompt_lengths(
                     apply_chat_template=apply_chat_template,
                 )
             )
+        except tokenization.TokenizationError as e:  # a chat template that cannot render it: evaluate would stop there
+            refused = refused or (str(row.get("id", f"line {i + 1}")), str(e))
+            continue
         except Exception:
             continue
         mnt = row.get("max_new_tokens")
@@ -105,7 +110,7 @@ def _prompt_lengths(
         keep = {int(it.id) for it in stratified_head(items, limit)}
         sel = sorted(keep)
         lens, totals, ids = [lens[k] for k in sel], [totals[k] for k in sel], [ids[k] for k in sel]
-    return lens, totals, ids
+    return lens, totals, ids, refused
 
 
 def eval_prompt_stats(cfg: Any) -> dict[str, Any] | None:
@@ -123,7 +128,7 @@ def eval_prompt_stats(cfg: Any) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None  # the eval loader / export stage name the bad path
     try:
-        lens, totals, ids = _prompt_lengths(
+        lens, totals, ids, refused = _prompt_lengths(
             _file_sig(ep),
             _file_sig(mp / "tokenizer.json"),
             cfg.eval.limit,
@@ -133,7 +138,7 @@ def eval_prompt_stats(cfg: Any) -> dict[str, Any] | None:
     except (OSError, ValueError, ImportError):
         return None
     if not lens:
-        return None
+        return {"count": 0, "refused": refused, "file": str(ep)} if refused else None
     s = sorted(lens)
     p99 = s[min(len(s) - 1, max(0, math.ceil(0.99 * len(s)) - 1))]
     imax = max(range(len(lens)), key=lens.__getitem__)
@@ -146,6 +151,7 @@ def eval_prompt_stats(cfg: Any) -> dict[str, Any] | None:
         "max_total": totals[itot],
         "max_total_id": ids[itot],
         "file": str(ep),
+        "refused": refused,
     }
 
 
@@ -157,6 +163,19 @@ def _eval_set_problems(cfg: Any) -> list[Problem]:
         return []
     b = cfg.build
     out = []
+    if st["refused"]:
+        item, why = st["refused"]
+        msg, _, fix = why.partition(" Fix: ")
+        out.append(
+            Problem(
+                "model.apply_chat_template",
+                bool(cfg.model.apply_chat_template),
+                f"the eval set {st['file']} item {item}: {msg}",
+                fix.rstrip(".") or "correct the chat template, or set model.apply_chat_template=false",
+            )
+        )
+    if not st["count"]:
+        return out
     if st["max"] > b.max_input_len:
         out.append(
             Problem(
