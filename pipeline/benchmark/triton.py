@@ -122,7 +122,8 @@ class TritonBackend:
         c = self._client()
         if self.per_hop and "return_perf_metrics" in c.inputs:
             extra["return_perf_metrics"] = True
-        res = c.generate(req.prompt, int(req.max_new_tokens), stream=True, chat=True, request_id=req.request_id, **extra)
+        prompt = None if req.messages else req.prompt
+        res = c.generate(prompt, int(req.max_new_tokens), stream=True, chat=True, request_id=req.request_id, messages=req.messages, **extra)
         t_after = time.perf_counter()
         t0 = t_after - res.total_s  # the client's own send time, on the perf_counter clock
         rec.t_client_send = t0

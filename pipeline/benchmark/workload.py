@@ -26,15 +26,19 @@ class BenchRequest:
 
     Attributes:
         request_id: stable id (``<dataset>-<index>``).
-        prompt: the user message (text; Triton mode sends it through the ensemble's preprocessing).
+        prompt: the user message (text; Triton mode sends it through the ensemble's preprocessing); for an eval item
+            given as ``messages``, their contents joined by newlines (for display only).
         input_ids: rendered + encoded prompt ids (what the in-process modes are fed).
         max_new_tokens: output length budget (exactly this many tokens when ``ignore_eos``).
+        messages: the eval item's ``[{"role", "content"}, ...]`` when it has them instead of a prompt (Triton mode
+            sends them as the ensemble's ``messages``).
     """
 
     request_id: str
     prompt: str
     input_ids: list[int]
     max_new_tokens: int
+    messages: list[dict[str, Any]] | None = None
 
 
 def sample_lengths(dist: Any, n: int, rng: np.random.Generator, field: str) -> list[int]:
@@ -68,6 +72,8 @@ def sample_lengths(dist: Any, n: int, rng: np.random.Generator, field: str) -> l
 
 
 def _read_jsonl(path: Path, key: str) -> list[dict[str, Any]]:
+    """The objects of a JSONL file that have a string ``key`` (``prompt``: or a list ``messages``, as the eval set
+    format allows, docs/evaluate.md).  Raises InputError naming the line and the fix."""
     rows = []
     with open(path, encoding="utf-8") as f:
         for ln, line in enumerate(f, 1):
@@ -77,8 +83,16 @@ def _read_jsonl(path: Path, key: str) -> list[dict[str, Any]]:
                 row = json.loads(line)
             except ValueError as e:
                 raise InputError(f"{path}:{ln}: not valid JSON ({e}). Fix the line or regenerate the file.") from None
-            if not isinstance(row, dict) or not isinstance(row.get(key), str):
-                raise InputError(f"{path}:{ln}: expected an object with a string field {key!r}.")
+            if not isinstance(row, dict) or not (
+                isinstance(row.get(key), str) or (key == "prompt" and isinstance(row.get("messages"), list) and row["messages"])
+            ):
+                what = (
+                    "a string field 'prompt' or a list 'messages' (the eval set format)" if key == "prompt" else f"a string field {key!r}"
+                )
+                raise InputError(
+                    f"{path}:{ln}: expected an object with {what}. Fix: correct the line, or point the benchmark at "
+                    f"another file (eval.eval_set for benchmark.dataset=eval, calibration.dataset for synthetic prompts)."
+                )
             rows.append(row)
     if not rows:
         raise InputError(f"{path}: no records. Point the benchmark at a non-empty JSONL file.")
@@ -118,8 +132,14 @@ def build_requests(
         rows = _read_jsonl(Path(eval_set), "prompt")
         idx = rng.integers(0, len(rows), n)
         for i, (j, ol) in enumerate(zip(idx, out_lens)):
-            p = rows[int(j)]["prompt"]
-            reqs.append(BenchRequest(f"{prefix}-{i}", p, encode_prompt(tokenizer, p), ol))
+            row = rows[int(j)]
+            if isinstance(row.get("prompt"), str):
+                p = row["prompt"]
+                reqs.append(BenchRequest(f"{prefix}-{i}", p, encode_prompt(tokenizer, p), ol))
+            else:
+                msgs = [dict(m) for m in row["messages"]]
+                text = "\n".join(str(m.get("content", "")) for m in msgs)
+                reqs.append(BenchRequest(f"{prefix}-{i}", text, encode_prompt(tokenizer, messages=msgs), ol, messages=msgs))
     else:
         src = corpus if corpus is not None and Path(corpus).exists() else eval_set
         if src is None or not Path(src).exists():
@@ -127,7 +147,10 @@ def build_requests(
         try:
             texts = [r["text"] for r in _read_jsonl(Path(src), "text")]
         except InputError:
-            texts = [r["prompt"] for r in _read_jsonl(Path(src), "prompt")]
+            texts = [
+                r["prompt"] if isinstance(r.get("prompt"), str) else "\n".join(str(m.get("content", "")) for m in r["messages"])
+                for r in _read_jsonl(Path(src), "prompt")
+            ]
         ids = list(tokenizer("\n".join(texts), add_special_tokens=False)["input_ids"])
         in_lens = sample_lengths(bcfg.input_len, n, rng, "benchmark.input_len")
         for i, (il, ol) in enumerate(zip(in_lens, out_lens)):

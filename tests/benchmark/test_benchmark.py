@@ -334,3 +334,24 @@ def test_bad_config_and_oversized_requests_are_named(tiny_llama):
         build_requests(cfg.benchmark, tok, 3, seed=0, eval_set=EVAL_SET, max_input_len=200, max_seq_len=256)
     with pytest.raises(InputError, match="eval.eval_set"):
         build_requests(cfg.benchmark, tok, 3, seed=0, eval_set=None)
+
+
+def test_eval_items_given_as_messages_are_benchmarked_like_evaluate_renders_them(tiny_llama, tmp_path):
+    """Fresh-user trial: ``stages=[benchmark]`` refused an eval set whose items use ``messages`` (a documented
+    format) with "expected an object with a string field 'prompt'" and no fix.  Now such an item is a request whose
+    ids are the chat-template rendering evaluate feeds the engine; a line with neither is refused with the fix."""
+    from transformers import AutoTokenizer
+
+    from pipeline.core.tokenization import encode_prompt
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_llama))
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Where is my order?"}]
+    es = tmp_path / "es.jsonl"
+    es.write_text(json.dumps({"id": "m1", "messages": msgs, "reference": "x"}) + "\n")
+    cfg = compose(["benchmark.output_len.mean=4", "benchmark.output_len.max=4", "benchmark.output_len.kind=fixed"])
+    reqs = build_requests(cfg.benchmark, tok, 2, seed=0, eval_set=es)
+    assert [r.messages for r in reqs] == [msgs, msgs]
+    assert reqs[0].input_ids == encode_prompt(tok, messages=msgs) and reqs[0].prompt == "Be brief.\nWhere is my order?"
+    es.write_text(json.dumps({"id": "m1", "question": "q?"}) + "\n")
+    with pytest.raises(InputError, match=r"es\.jsonl:1: expected an object with a string field 'prompt' or a list 'messages'.*Fix:"):
+        build_requests(cfg.benchmark, tok, 2, seed=0, eval_set=es)
