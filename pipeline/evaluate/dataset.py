@@ -1,6 +1,7 @@
 """Eval sets as data: a versioned JSONL file, one item per line.
 
-Line format (JSON object; unknown fields are kept in ``EvalItem.meta``)::
+Line format (JSON object; unknown fields are kept in ``EvalItem.meta``, except a near miss of a known field, which is
+refused as a typo: ``max_new_token``, ``stops``)::
 
     {"id": "intent_en-0001",                      # str, unique in the file
      "prompt": "What is the intent ...?",          # str  -- or --
@@ -61,6 +62,12 @@ class EvalItem:
 
 
 _KNOWN = {"id", "prompt", "messages", "reference", "metric", "slice", "max_new_tokens", "stop", "metric_args"}
+ROLES = ("system", "user", "assistant", "tool", "developer", "ipython")
+"""Message roles chat templates know (OpenAI chat roles and Llama 3's ``ipython``); another role is passed to the
+template as given, except a near miss of one of these (``usr``), which is refused as a typo."""
+NEAR_MISS_CUTOFF = 0.85
+"""difflib ratio above which an unknown field is taken for a misspelled known one (``max_new_token``, ``stops``)
+and refused rather than kept as metadata; ``idx`` (0.8 to ``id``) stays metadata."""
 
 
 def _surrogate_field(obj: Any, path: str = "") -> str | None:
@@ -112,6 +119,19 @@ def _check_line(obj: Any, where: str, known_metrics: set[str]) -> tuple[EvalItem
         )
         if not ok:
             bad("messages", 'must be a non-empty list of {"role": str, "content": str}', 'use [{"role": "user", "content": "..."}]')
+        else:
+            for m in messages:
+                near = difflib.get_close_matches(m["role"], ROLES, n=1, cutoff=0.7) if m["role"] not in ROLES else []
+                if near:
+                    bad("messages", f"has role {m['role']!r}, a near miss of {near[0]!r}", f"use role {near[0]!r}")
+                    break
+    for key in sorted(k for k in obj if k not in _KNOWN):
+        near = difflib.get_close_matches(key, sorted(_KNOWN), n=1, cutoff=NEAR_MISS_CUTOFF)
+        if near:
+            errs.append(
+                f"{where}: field {key!r} is not an eval-set field; did you mean {near[0]!r}? (unknown fields are kept as "
+                f"metadata and ignored, so a misspelled one would be dropped silently). Fix: rename it to {near[0]!r}."
+            )
     ref_ok = not ("reference" not in obj or obj["reference"] is None or obj["reference"] == [] or obj["reference"] == "")
     if not ref_ok:
         bad("reference", "is missing or empty", 'add "reference": "<expected answer>" (or a list of acceptable answers)')

@@ -102,6 +102,30 @@ def test_malformed_lines_name_file_line_field(tmp_path):
     assert "Fix:" in msg
 
 
+def test_a_misspelled_optional_field_or_role_is_refused_not_dropped(tmp_path):
+    """Fresh-user trial: ``"max_new_token": 0`` and ``"stops": [...]`` ran to exit 0 (kept as metadata, so the item's
+    budget and stop strings were silently the defaults), and role ``"usr"`` was accepted.  A near miss of a known
+    field or role is now refused; other unknown fields (``lang``, ``idx``) stay metadata."""
+    good = {"id": "a", "prompt": "p", "reference": "r", "metric": "exact_match", "slice": "s"}
+    lines = [
+        json.dumps({**good, "max_new_token": 0}),
+        json.dumps({**good, "id": "b", "stops": ["\n"]}),
+        json.dumps({**good, "id": "c", "prompt": None, "messages": [{"role": "usr", "content": "hi"}]}),
+    ]
+    f = tmp_path / "typos.jsonl"
+    f.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with pytest.raises(InputError) as e:
+        load_eval_set(f)
+    msg = str(e.value)
+    assert f"{f}:1: field 'max_new_token' is not an eval-set field; did you mean 'max_new_tokens'?" in msg, msg
+    assert f"{f}:2: field 'stops' is not an eval-set field; did you mean 'stop'?" in msg, msg
+    assert f"{f}:3: field 'messages' has role 'usr', a near miss of 'user'" in msg, msg
+    ok = tmp_path / "ok.jsonl"
+    ok.write_text(json.dumps({**good, "lang": "en", "idx": 3, "messages": [{"role": "ipython", "content": "x"}], "prompt": None}) + "\n")
+    (item,) = load_eval_set(ok)
+    assert item.meta == {"lang": "en", "idx": 3} and item.messages == [{"role": "ipython", "content": "x"}]
+
+
 def test_shipped_eval_set_loads(repo_root):
     items = load_eval_set(repo_root / "evaluation/data/support_eval_v2.jsonl")
     assert len(items) >= 100 and len({i.slice for i in items}) >= 4
