@@ -362,7 +362,7 @@ def _run_stages(cfg: PipelineConfig, console: Console, state: _RunState) -> None
             continue
         art = _run_or_reuse(stage, ctx, store, key, t0, state)
         done[name] = art
-        _record_gate(name, art, console, state, allow_failed_gate=bool(cfg.package.allow_failed_gate))
+        _record_gate(name, art, console, state, allow_failed_gate=bool(cfg.package.allow_failed_gate), packaging="package" in order)
         if name == "package" and cfg.package.publish:
             _publish(art, cfg, console, state)
 
@@ -446,10 +446,13 @@ def _run_or_reuse(stage: Stage, ctx: StageContext, store: ArtifactStore, key: st
     return art
 
 
-def _record_gate(name: str, art: Artifact, console: Console, state: _RunState, *, allow_failed_gate: bool = False) -> None:
+def _record_gate(
+    name: str, art: Artifact, console: Console, state: _RunState, *, allow_failed_gate: bool = False, packaging: bool = False
+) -> None:
     """Record the evaluate stage's gate and the package stage's parity in ``state.gate_info``; a failed gate sets
-    ``state.gate_failed`` (an exploratory run's inconclusive verdict only warns: exit 0, and the package stage refuses
-    it unless ``package.allow_failed_gate``)."""
+    ``state.gate_failed`` (an exploratory run's inconclusive verdict only warns: exit 0 for a run that stops at
+    evaluate; when the package stage runs (``packaging``) it refuses the candidate, exit 3, unless
+    ``package.allow_failed_gate``)."""
     from .evaluate.artifact import gate_of
 
     gate = gate_of(art.result) if name == "evaluate" else None
@@ -462,12 +465,15 @@ def _record_gate(name: str, art: Artifact, console: Console, state: _RunState, *
             state.gate_info["parity"] = parity
     if gate is not None and not gate.passed:
         if gate.exploratory and gate.inconclusive:
-            then = (
-                "the package stage packages it anyway because package.allow_failed_gate=true (recorded in the release manifest)"
-                if allow_failed_gate
-                else "but the package stage will refuse to release this candidate"
-            )
-            console.print(f"[bold yellow]EXPLORATORY RUN: the gate is INCONCLUSIVE (eval.gate.mode=exploratory); exit 0, {then}[/]")
+            if allow_failed_gate:
+                then = (
+                    "exit 0; the package stage packages it anyway because package.allow_failed_gate=true (recorded in the release manifest)"
+                )
+            elif packaging:
+                then = "the package stage of this run will refuse to release this candidate: exit 3"
+            else:
+                then = "exit 0, but a package stage would refuse to release this candidate"
+            console.print(f"[bold yellow]EXPLORATORY RUN: the gate is INCONCLUSIVE (eval.gate.mode=exploratory); {then}[/]")
         else:
             state.gate_failed = gate.reason
 

@@ -47,7 +47,7 @@ def test_small_set_release_fails_exploratory_runs_but_is_not_packaged(tmp_path, 
 
     summary, out = _run(store, "stages=[evaluate]", "eval.gate.mode=exploratory", *common)
     assert summary.exit_code == EXIT_OK, (summary.error, out)
-    assert "EXPLORATORY RUN" in out and "not releasable" in out
+    assert "EXPLORATORY RUN" in out and "not releasable" in out and "exit 0, but a package stage would refuse" in out
     ev = next(s for s in summary.stages if s.stage == "evaluate")
     rep = json.loads((Path(ev.path) / "eval_report.json").read_text())
     assert rep["gate"]["mode"] == "exploratory" and rep["gate"]["verdict"] == "inconclusive" and rep["gate"]["passed"] is False
@@ -55,6 +55,8 @@ def test_small_set_release_fails_exploratory_runs_but_is_not_packaged(tmp_path, 
 
     summary, out = _run(store, "stages=[package]", "eval.gate.mode=exploratory", *common)
     assert summary.exit_code == EXIT_GATE, out
+    # the banner tells this run's outcome (a fresh-user trial read "exit 0" here, then got exit 3)
+    assert "the package stage of this run will refuse to release this candidate: exit 3" in out and "exit 0" not in out, out
     pkg = next(s for s in summary.stages if s.stage == "package")
     assert pkg.status == "failed" and "gate" in (pkg.error or "")
     # the refusal names the first slice and counts the rest (evaluate printed them all), and gives each fix once
