@@ -87,6 +87,34 @@ def _surrogate_field(obj: Any, path: str = "") -> str | None:
     return None
 
 
+def _ok_messages(messages: Any) -> bool:
+    """``messages`` is a non-empty list of ``{"role": str, "content": str}``."""
+    return bool(
+        isinstance(messages, list)
+        and messages
+        and all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages)
+    )
+
+
+def _near_misses(obj: dict[str, Any], where: str, messages: list[dict[str, Any]] | None) -> list[str]:
+    """A field that is a near miss of a known one (:data:`NEAR_MISS_CUTOFF`), or a message role that is a near miss of
+    one of :data:`ROLES`: refused as a typo, since an unknown field would be kept as ignored metadata."""
+    errs = []
+    for m in messages or []:
+        near = difflib.get_close_matches(m["role"], ROLES, n=1, cutoff=0.7) if m["role"] not in ROLES else []
+        if near:
+            errs.append(f"{where}: field 'messages' has role {m['role']!r}, a near miss of {near[0]!r}. Fix: use role {near[0]!r}.")
+            break
+    for key in sorted(k for k in obj if k not in _KNOWN):
+        near = difflib.get_close_matches(key, sorted(_KNOWN), n=1, cutoff=NEAR_MISS_CUTOFF)
+        if near:
+            errs.append(
+                f"{where}: field {key!r} is not an eval-set field; did you mean {near[0]!r}? (unknown fields are kept as "
+                f"metadata and ignored, so a misspelled one would be dropped silently). Fix: rename it to {near[0]!r}."
+            )
+    return errs
+
+
 def _check_line(obj: Any, where: str, known_metrics: set[str]) -> tuple[EvalItem | None, list[str]]:
     errs: list[str] = []
     if not isinstance(obj, dict):
@@ -111,27 +139,9 @@ def _check_line(obj: Any, where: str, known_metrics: set[str]) -> tuple[EvalItem
         errs.append(f"{where}: has both 'prompt' and 'messages'. Fix: keep one of them.")
     if prompt is not None and (not isinstance(prompt, str) or not prompt):
         bad("prompt", "must be a non-empty string", 'write the prompt text, e.g. "prompt": "..."')
-    if messages is not None:
-        ok = (
-            isinstance(messages, list)
-            and messages
-            and all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages)
-        )
-        if not ok:
-            bad("messages", 'must be a non-empty list of {"role": str, "content": str}', 'use [{"role": "user", "content": "..."}]')
-        else:
-            for m in messages:
-                near = difflib.get_close_matches(m["role"], ROLES, n=1, cutoff=0.7) if m["role"] not in ROLES else []
-                if near:
-                    bad("messages", f"has role {m['role']!r}, a near miss of {near[0]!r}", f"use role {near[0]!r}")
-                    break
-    for key in sorted(k for k in obj if k not in _KNOWN):
-        near = difflib.get_close_matches(key, sorted(_KNOWN), n=1, cutoff=NEAR_MISS_CUTOFF)
-        if near:
-            errs.append(
-                f"{where}: field {key!r} is not an eval-set field; did you mean {near[0]!r}? (unknown fields are kept as "
-                f"metadata and ignored, so a misspelled one would be dropped silently). Fix: rename it to {near[0]!r}."
-            )
+    if messages is not None and not _ok_messages(messages):
+        bad("messages", 'must be a non-empty list of {"role": str, "content": str}', 'use [{"role": "user", "content": "..."}]')
+    errs.extend(_near_misses(obj, where, messages if _ok_messages(messages) else None))
     ref_ok = not ("reference" not in obj or obj["reference"] is None or obj["reference"] == [] or obj["reference"] == "")
     if not ref_ok:
         bad("reference", "is missing or empty", 'add "reference": "<expected answer>" (or a list of acceptable answers)')
