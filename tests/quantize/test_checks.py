@@ -48,3 +48,18 @@ def test_the_run_and_the_plan_refuse_it_before_any_work(small_qwen2, tmp_path):
         assert r.returncode == 2, (cmd, r.stdout[-2000:] + r.stderr[-2000:])
         assert "quant.group_size=128" in r.stdout + r.stderr
     assert not any(store.glob("*/*")) if store.exists() else True  # no stage ran
+
+
+def test_a_kv_cache_fix_never_repeats_an_unknown_kv_format():
+    """``quant=none quant.kv_cache_dtype=int4`` suggested "e.g. quant=int8_sq quant.kv_cache_dtype=int4", the invalid
+    value again (new-user trial): every ``quant.kv_cache_dtype=`` a fix names is a KV format there is."""
+    import re
+
+    from pipeline.facts.recipes import KV_CACHE_FORMATS
+
+    for over in (["quant=none", "quant.kv_cache_dtype=int4"], ["quant=none", "quant.kv_cache_dtype=fp8"]):
+        problems = [p for p in stage_problems(compose([*over, "stages=[export,quantize]"])) if "calibrates nothing" in str(p)]
+        assert problems, over
+        named = re.findall(r"quant\.kv_cache_dtype=(\w+)", problems[0].fix)
+        assert named and set(named) <= set(KV_CACHE_FORMATS), (over, problems[0].fix)
+    assert "quant.kv_cache_dtype=fp8" in problems[0].fix  # a known format is kept in the example
