@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import InputError, PipelineError
-from .client import DEFAULT_URL, LLMClient, grpc_address, require_server, served_tokenizer
+from .client import DEFAULT_URL, LLMClient, RequestRefused, grpc_address, require_server, served_tokenizer
 
 
 def _parity_main(package: Path, url: str) -> int:
@@ -82,6 +82,16 @@ def _request_inputs(a: argparse.Namespace) -> tuple[dict[str, Any], int, bool]:
     return extra, max_tokens, stream
 
 
+def _refusal_fix(a: argparse.Namespace, reason: str) -> str:
+    """The fix of a request the server refused: the flags that sent what its ``reason`` names."""
+    named = [f"--input {item}" for item in a.input if item.partition("=")[0] and item.partition("=")[0] in reason]
+    if "max_tokens" in reason and not any(item.startswith("max_tokens=") for item in a.input):
+        named.append(f"--max-tokens {a.max_tokens}")
+    if named:
+        return f"change or drop {', '.join(named)}"
+    return "change the request as the reason says (an --input value, --max-tokens, the prompt)"
+
+
 def main(argv: list[str] | None = None) -> int:
     """``pipeline client [PROMPT ...] [--url ...] [--stream] [--max-tokens N] [--input name=value ...]``."""
     from ..core.errors import EXIT_FAILED, EXIT_INPUT
@@ -132,6 +142,9 @@ def main(argv: list[str] | None = None) -> int:
                         print(r.text)
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
+        return EXIT_INPUT
+    except RequestRefused as e:
+        print(f"error: {e}. Fix: {_refusal_fix(a, str(e))}.", file=sys.stderr)
         return EXIT_INPUT
     except PipelineError as e:
         print(f"error: {e}", file=sys.stderr)

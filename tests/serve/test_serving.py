@@ -261,6 +261,19 @@ def test_cancellation_and_timeout(client, direct):
     assert client.generate(PROMPTS[2], MAX_TOKENS, stream=True).text == direct(PROMPTS[2])
 
 
+@pytest.mark.parametrize("item,name", [('bad_words=["x"]', "bad_words"), ("beam_width=2", "beam_width")])
+def test_pipeline_client_input_the_server_refuses_is_exit_2_with_its_reason(served, capsys, item, name):
+    """The served model refused the input (INVALID_ARG) and `pipeline client` exited 1 as for a server failure."""
+    from pipeline.serve.client_cli import main
+
+    url = served.server.grpc_url
+    assert main(["--url", url, "--tokenizer", str(served.tokenizer), "--input", item, PROMPTS[0]]) == 2
+    err = capsys.readouterr().err
+    assert "the server refused the request" in err and name in err and f"Fix: change or drop --input {item}" in err, err
+    assert "Traceback" not in err and "server error" not in err
+    assert main(["--url", url, "--tokenizer", str(served.tokenizer), "--max-tokens", "4", PROMPTS[0]]) == 0  # still serving
+
+
 def test_pipeline_serve_cli_serves_the_package_and_stops_on_sigint(served, tmp_path):
     import re
     import signal
