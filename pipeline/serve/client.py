@@ -101,7 +101,14 @@ class RequestRefused(RequestError):
 
 
 class RequestTimeout(RequestError):
-    """No complete answer within the timeout (the request was cancelled)."""
+    """No complete answer within the timeout (the request was cancelled).
+
+    ``reason``: what happened; the message adds the fix in :class:`LLMClient`'s words (``timeout_s``, ``max_tokens``),
+    which ``pipeline client`` words as its flags."""
+
+    def __init__(self, reason: str, status: str | None = None) -> None:
+        super().__init__(f"{reason}. Fix: raise timeout_s or lower max_tokens.", status)
+        self.reason = reason
 
 
 @dataclasses.dataclass
@@ -371,10 +378,7 @@ class LLMClient:
                     cancelled = True
                     break
                 if remaining <= 0:
-                    raise RequestTimeout(
-                        f"no complete answer from {self.model!r} within {timeout:.1f} s (request {rid}); cancelled. "
-                        f"Fix: raise timeout_s or lower max_tokens."
-                    )
+                    raise RequestTimeout(f"no complete answer from {self.model!r} within {timeout:g} s (request {rid}); cancelled")
                 try:
                     t, result, error = q.get(timeout=min(remaining, 0.05 if cancel is not None else remaining))
                 except queue.Empty:

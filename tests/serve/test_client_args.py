@@ -40,6 +40,16 @@ def test_grpc_scheme_is_stripped(capsys):
     assert f"no Triton server answers at 127.0.0.1:{port}" in err
 
 
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf"])
+def test_a_timeout_that_is_not_a_positive_number_is_exit_2_naming_the_flag(capsys, value):
+    """``--timeout 0`` was accepted, then every request timed out: exit 1 with "Fix: raise timeout_s"."""
+    rc = main(["--url", f"127.0.0.1:{free_port()}", "--raw", "--timeout", value, "hi"])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert f"--timeout {value}" in err and "Fix: e.g. --timeout 120" in err and "timeout_s" not in err
+    assert "no Triton server answers" not in err  # refused before the preflight
+
+
 @pytest.mark.parametrize(
     "status,msg,exit_code",
     [

@@ -274,6 +274,17 @@ def test_pipeline_client_input_the_server_refuses_is_exit_2_with_its_reason(serv
     assert main(["--url", url, "--tokenizer", str(served.tokenizer), "--max-tokens", "4", PROMPTS[0]]) == 0  # still serving
 
 
+def test_pipeline_client_timeout_names_the_flag(served, capsys):
+    """An expired --timeout said "Fix: raise timeout_s" (LLMClient's parameter) to a command-line user."""
+    from pipeline.serve.client_cli import main
+
+    rc = main(["--url", served.server.grpc_url, "--raw", "--stream", "--timeout", "0.0001", "--max-tokens", "150", PROMPTS[1]])
+    err = capsys.readouterr().err
+    assert rc == 1, err
+    assert "no complete answer" in err and "Fix: raise --timeout (now 0.0001 s) or lower --max-tokens" in err, err
+    assert "timeout_s" not in err
+
+
 def test_pipeline_serve_cli_serves_the_package_and_stops_on_sigint(served, tmp_path):
     import re
     import signal
