@@ -310,17 +310,15 @@ def run_pipeline(
 
 def _config_warnings(cfg: PipelineConfig, console: Console) -> list[str]:
     """Print one warning per config field that holds a secret-looking value (the run uses it as given; every
-    recorded copy masks it: pipeline.core.store.redact) and per deprecated spelling; returns the deprecation notes."""
+    recorded copy masks it: pipeline.core.store.redact); returns the deprecation notes, for the summary.  A deprecated
+    spelling is not printed here: resolving the config (:func:`pipeline.core.config.to_object`) logged it already."""
     for field_name in secret_fields(cfg):
         console.print(
             f"[yellow]warning:[/] {field_name} holds a secret-looking value; the run uses it as given and every record "
             f"of it (manifests, summary, logs, .hydra/*.yaml) shows ***redacted*** (secrets belong in the environment, "
             f"e.g. HF_TOKEN, never in the config)."
         )
-    deprecated = deprecations(cfg)
-    for note in deprecated:
-        console.print(f"[yellow]warning:[/] {escape(note)}")
-    return deprecated
+    return deprecations(cfg)
 
 
 def _run_stages(cfg: PipelineConfig, console: Console, state: _RunState) -> None:

@@ -94,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     from .render import render
 
     problems = validate(cfg, raise_on_error=False)
+    # a field the checks above report is not reported again when the plan, which reads it too, refuses it
+    reported = tuple(f"{p.field}=" for p in problems)
     code = EXIT_OK
     out: dict[str, Any] = {"overrides": overrides, "problems": [dataclasses.asdict(p) for p in problems]}
     try:
@@ -115,12 +117,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyError as e:
         out["error"] = str(e.args[0])
         code = EXIT_INPUT
-        if not args.json:
+        if not args.json and not str(e.args[0]).startswith(reported):
             console.print(f"[bold red]error:[/] {e.args[0]}")
     except PipelineError as e:
         out["error"] = str(e)
         code = e.exit_code
-        if not args.json:
+        if not args.json and not str(e).startswith(reported):
             console.print(f"[bold red]error:[/] {e}")
     if problems:
         code = EXIT_INPUT if code == EXIT_OK else code

@@ -191,12 +191,14 @@ def _recipe_problems(qcfg: Any, quantized: dict[str, tuple[int, int]], excluded:
 
     problems: list[Problem] = []
     if qcfg.recipe == "none" and qcfg.kv_cache_dtype != "none":
+        # the example keeps the user's KV format only when it is one (an unknown one is reported by the config check)
+        kv = qcfg.kv_cache_dtype if qcfg.kv_cache_dtype in KV_MIN_SM else "int8"
         problems.append(
             Problem(
                 "quant.kv_cache_dtype",
                 qcfg.kv_cache_dtype,
                 "a quantized KV cache needs calibrated K/V scales, and recipe 'none' calibrates nothing.",
-                f"use quant.kv_cache_dtype=none, or a quantized recipe, e.g. quant=int8_sq quant.kv_cache_dtype={qcfg.kv_cache_dtype}",
+                f"use quant.kv_cache_dtype=none, or a quantized recipe, e.g. quant=int8_sq quant.kv_cache_dtype={kv}",
             )
         )
     if qcfg.recipe != "none" and not [n for n in quantized if not n.endswith("lm_head")]:

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core.errors import EXIT_PREFLIGHT, InputError, PipelineError
+from ..core.errors import EXIT_INPUT, EXIT_PREFLIGHT, InputError, PipelineError
 
 DEFAULT_URL = "127.0.0.1:8001"
 
@@ -83,11 +83,32 @@ def require_server(url: str, timeout_s: float = 10.0) -> None:
 
 
 class RequestError(PipelineError):
-    """The server rejected or failed a request; the message is the server's."""
+    """The server failed a request (exit 1); the message is the server's.
+
+    ``status``: the status the server's error carried (tritonclient's ``InferenceServerException.status()``: gRPC
+    ``StatusCode.INVALID_ARGUMENT`` ..., HTTP ``400`` ...); None for an error a stream delivered, which carries only
+    its message (tritonclient ``grpc/_infer_stream.py``)."""
+
+    def __init__(self, message: str, status: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class RequestRefused(RequestError):
+    """The server refused the request as invalid input (exit 2): the message is the server's reason."""
+
+    exit_code = EXIT_INPUT
 
 
 class RequestTimeout(RequestError):
-    """No complete answer within the timeout (the request was cancelled)."""
+    """No complete answer within the timeout (the request was cancelled).
+
+    ``reason``: what happened; the message adds the fix in :class:`LLMClient`'s words (``timeout_s``, ``max_tokens``),
+    which ``pipeline client`` words as its flags."""
+
+    def __init__(self, reason: str, status: str | None = None) -> None:
+        super().__init__(f"{reason}. Fix: raise timeout_s or lower max_tokens.", status)
+        self.reason = reason
 
 
 @dataclasses.dataclass
@@ -301,7 +322,8 @@ class LLMClient:
             inputs: further ensemble inputs (``temperature``, ``top_k``, ``stop_words`` ...), typed from metadata.
                 ``return_perf_metrics=True`` also asks for the timing outputs (:data:`PERF_TIMES`): ``result.perf``.
         Raises:
-            InputError (local, before sending), RequestError (server-side), RequestTimeout, ServerUnavailable.
+            InputError (local, before sending), RequestRefused (the server refused the input), RequestError (the
+            server failed), RequestTimeout, ServerUnavailable.
         """
         if stream and not self.decoupled:
             raise InputError(
@@ -356,10 +378,7 @@ class LLMClient:
                     cancelled = True
                     break
                 if remaining <= 0:
-                    raise RequestTimeout(
-                        f"no complete answer from {self.model!r} within {timeout:.1f} s (request {rid}); cancelled. "
-                        f"Fix: raise timeout_s or lower max_tokens."
-                    )
+                    raise RequestTimeout(f"no complete answer from {self.model!r} within {timeout:g} s (request {rid}); cancelled")
                 try:
                     t, result, error = q.get(timeout=min(remaining, 0.05 if cancel is not None else remaining))
                 except queue.Empty:
@@ -478,14 +497,44 @@ def backend_message(msg: str) -> str:
     return m.group(1).strip() if m else msg
 
 
+#: messages of a deployment fault, not of a bad request (Triton python_backend 2.51 ``src/python_be.cc``: a dead stub,
+#: answered with the status of a bad request; the served CPU model's own engine failures,
+#: ``serve/models/genai_scheduling.py``): ``pipeline client`` exit 1, the OpenAI endpoint's 503 ``server_error``
+SERVER_FAULTS = (
+    "is not healthy",
+    "Stub process",
+    "engine error",
+    "engine failed",
+    "the engine is not usable",
+    "generation failed",
+    "server is shutting down",
+    "Socket closed",
+    "failed to connect",
+)
+
+#: statuses of a request refused as invalid input: gRPC's ``StatusCode.INVALID_ARGUMENT``, Triton's
+#: ``TRITONSERVER_ERROR_INVALID_ARG``, HTTP 400
+INVALID_INPUT_STATUSES = ("INVALID_ARGUMENT", "INVALID_ARG", "400")
+
+
+def is_server_fault(msg: str) -> bool:
+    """True when a refused request's ``msg`` says the deployment failed (:data:`SERVER_FAULTS`), not the request."""
+    return any(m in msg for m in SERVER_FAULTS)
+
+
 def _classify(e: Any, url: str) -> PipelineError:
     msg = backend_message(e.message() if hasattr(e, "message") else str(e))
-    status = e.status() if hasattr(e, "status") else ""
-    if "UNAVAILABLE" in str(status) or "failed to connect" in msg.lower() or "connection refused" in msg.lower():
+    status = e.status() if hasattr(e, "status") else None
+    code = str(status or "").rsplit(".", 1)[-1]  # "StatusCode.INVALID_ARGUMENT" -> "INVALID_ARGUMENT"
+    if code == "UNAVAILABLE" or "failed to connect" in msg.lower() or "connection refused" in msg.lower():
         return ServerUnavailable(no_server_message(url, msg))
-    if "DEADLINE_EXCEEDED" in str(status):
-        return RequestTimeout(f"request timed out: {msg}")
-    return RequestError(f"server error: {msg}")
+    if code == "DEADLINE_EXCEEDED":
+        return RequestTimeout(f"request timed out: {msg}", status)
+    if not is_server_fault(msg) and (code in INVALID_INPUT_STATUSES or status is None):
+        # a streamed error has no status; Triton answers a bad request and a failed model alike there, so the
+        # message tells them apart (the rule the OpenAI endpoint applies: 400, or 503 for a fault)
+        return RequestRefused(f"the server refused the request: {msg}", status)
+    return RequestError(f"server error: {msg}", status)
 
 
 _TOKENIZER_LOCK = threading.Lock()

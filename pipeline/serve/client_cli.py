@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
 
 from ..core.errors import InputError, PipelineError
-from .client import DEFAULT_URL, LLMClient, grpc_address, require_server, served_tokenizer
+from .client import DEFAULT_URL, LLMClient, RequestRefused, RequestTimeout, grpc_address, require_server, served_tokenizer
 
 
 def _parity_main(package: Path, url: str) -> int:
@@ -63,7 +64,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def _request_inputs(a: argparse.Namespace) -> tuple[dict[str, Any], int, bool]:
     """``(extra inputs, max_tokens, stream)`` from the parsed flags (``--input NAME=JSON`` values decoded as JSON when
-    they parse, else kept as text).  Raises :class:`InputError` for ``max_tokens`` < 1 or a prompt passed as an input."""
+    they parse, else kept as text).  Raises :class:`InputError` for ``max_tokens`` < 1, a ``--timeout`` that is not a
+    positive number, or a prompt passed as an input."""
     extra: dict[str, Any] = {}
     for item in a.input:
         k, _, v = item.partition("=")
@@ -75,11 +77,25 @@ def _request_inputs(a: argparse.Namespace) -> tuple[dict[str, Any], int, bool]:
     max_tokens = extra.pop("max_tokens", a.max_tokens)
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise InputError(f"{flag}={max_tokens!r}: must be an integer >= 1 (tokens to generate). Fix: e.g. --max-tokens 64.")
+    if not (math.isfinite(a.timeout) and a.timeout > 0):
+        raise InputError(
+            f"--timeout {a.timeout:g}: must be a positive number of seconds per request. Fix: e.g. --timeout 120 (the default)."
+        )
     stream = bool(extra.pop("stream", a.stream))
     for k in ("text_input", "messages"):
         if k in extra:
             raise InputError(f"--input {k}=... : pass the prompt as an argument instead.")
     return extra, max_tokens, stream
+
+
+def _refusal_fix(a: argparse.Namespace, reason: str) -> str:
+    """The fix of a request the server refused: the flags that sent what its ``reason`` names."""
+    named = [f"--input {item}" for item in a.input if item.partition("=")[0] and item.partition("=")[0] in reason]
+    if "max_tokens" in reason and not any(item.startswith("max_tokens=") for item in a.input):
+        named.append(f"--max-tokens {a.max_tokens}")
+    if named:
+        return f"change or drop {', '.join(named)}"
+    return "change the request as the reason says (an --input value, --max-tokens, the prompt)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,6 +149,12 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_INPUT
+    except RequestRefused as e:
+        print(f"error: {e}. Fix: {_refusal_fix(a, str(e))}.", file=sys.stderr)
+        return EXIT_INPUT
+    except RequestTimeout as e:  # LLMClient's fix names its parameters; here the flags
+        print(f"error: {e.reason}. Fix: raise --timeout (now {a.timeout:g} s) or lower --max-tokens.", file=sys.stderr)
+        return e.exit_code
     except PipelineError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code if e.exit_code else EXIT_FAILED

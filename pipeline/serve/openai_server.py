@@ -268,19 +268,16 @@ def ensemble_inputs(p: dict[str, Any]) -> dict[str, Any]:
     return extra
 
 
-#: messages of a deployment fault (Triton python_backend 2.51 ``src/python_be.cc``: a dead stub; the served model's
-#: own engine failures, ``serve/models/genai_scheduling.py``): answered 503 ``server_error``
-SERVER_FAULTS = ("is not healthy", "Stub process", "engine error", "engine failed", "Socket closed", "failed to connect")
-
-
 def _as_openai_error(e: Exception, p: dict[str, Any]) -> APIError:
     """A deployment's refusal as an OpenAI error naming the field the client sent.
 
     The ensemble names its own inputs; ``random_seed`` is what this front end sends for ``seed``
     (:func:`ensemble_inputs`), so its refusal is reported as ``seed`` with that field's fix.
     """
+    from .client import is_server_fault
+
     msg = str(e)
-    if any(m in msg for m in SERVER_FAULTS):  # the deployment failed, not the request: a server error, never a 400
+    if is_server_fault(msg):  # the deployment failed, not the request: a server error, never a 400
         return APIError(msg, status=503, type_="server_error")
     if p.get("seed") is not None and "random_seed" in msg:
         log.info("seed refused by the deployment (as random_seed): %s", msg)

@@ -122,3 +122,21 @@ def test_cli_shows_new_names_and_refuses_conflicts_with_exit_2(tmp_path):
     r = _cli("calibration.num_samples=64", "calibration.calib_size=32", f"hydra.run.dir={tmp_path}")
     assert r.returncode == 2, r.stdout + r.stderr
     assert "calibration.num_samples" in r.stderr and "calibration.calib_size" in r.stderr
+
+
+def test_a_run_shows_each_deprecation_once(tmp_path):
+    """A run printed each deprecated spelling twice: the warning logged when the config is resolved, then the same
+    warning from the runner (new-user trial).  Now once; the run summary still records it."""
+    r = _cli(
+        "calibration.num_samples=8",
+        "calibration.min_samples=8",
+        "stages=[export]",
+        "dry_run=true",
+        f"store_dir={tmp_path / 'store'}",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    out = r.stdout + r.stderr
+    assert out.count("calibration.num_samples is a deprecated alias") == 1, out
+    doc = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert [d.split(" ")[0] for d in doc["deprecations"]] == ["calibration.num_samples"]

@@ -234,6 +234,24 @@ def test_cli_json_and_alias(capsys):
     assert plan_main(["--gpus", "all", "model=llama31_8b", "quant=fp8"]) == 0
 
 
+@pytest.mark.parametrize(
+    "over,said,times",
+    [
+        (["target.gpu=nosuchgpu"], "target.gpu='nosuchgpu'", 1),
+        (["quant=int8_sq", "quant.kv_cache_dtype=int4"], "quant.kv_cache_dtype='int4': unknown", 0),  # the planner's words
+    ],
+)
+def test_a_bad_field_the_checks_report_is_not_reported_again_by_the_plan(capsys, over, said, times):
+    """The config checks and the planner both refused an unknown ``target.gpu`` / ``quant.kv_cache_dtype``, so
+    ``pipeline plan`` showed the problem twice (new-user trial): once, in the problem list."""
+    assert plan_main(over) == 2
+    out = " ".join(capsys.readouterr().out.split())  # the console wraps lines
+    assert "configuration problem(s)" in out and out.count(said) == times, out
+    assert plan_main(["--json", *over]) == 2
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["error"] and doc["problems"], doc  # the JSON keeps both records
+
+
 def test_pipeline_plan_command_end_to_end():
     r = subprocess.run(
         [str(ROOT / ".venv/bin/pipeline"), "plan", "model=llama31_8b", "target.gpu=h100_sxm", "quant=fp8", "build=throughput"],

@@ -74,3 +74,18 @@ def test_the_loaded_model_check_refuses_the_same_pattern():
     linears = {"model.layers.0.mlp.gate_proj": (64, 128), "model.layers.0.mlp.down_proj": (128, 64), "lm_head": (64, 320)}
     probs = linear_problems(q, linears, excluded_modules(q, list(linears), 1), 1)
     assert [p.field for p in probs] == ["quant.exclude_modules"] and "['*mlp.gate_projj']" in str(probs[0]), probs
+
+
+def test_a_kv_cache_fix_never_repeats_an_unknown_kv_format():
+    """``quant=none quant.kv_cache_dtype=int4`` suggested "e.g. quant=int8_sq quant.kv_cache_dtype=int4", the invalid
+    value again (new-user trial): every ``quant.kv_cache_dtype=`` a fix names is a KV format there is."""
+    import re
+
+    from pipeline.facts.recipes import KV_CACHE_FORMATS
+
+    for over in (["quant=none", "quant.kv_cache_dtype=int4"], ["quant=none", "quant.kv_cache_dtype=fp8"]):
+        problems = [p for p in stage_problems(compose([*over, "stages=[export,quantize]"])) if "calibrates nothing" in str(p)]
+        assert problems, over
+        named = re.findall(r"quant\.kv_cache_dtype=(\w+)", problems[0].fix)
+        assert named and set(named) <= set(KV_CACHE_FORMATS), (over, problems[0].fix)
+    assert "quant.kv_cache_dtype=fp8" in problems[0].fix  # a known format is kept in the example

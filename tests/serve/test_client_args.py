@@ -38,3 +38,39 @@ def test_grpc_scheme_is_stripped(capsys):
     err = capsys.readouterr().err
     assert rc == 4, err  # no server there: the preflight names the stripped address
     assert f"no Triton server answers at 127.0.0.1:{port}" in err
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf"])
+def test_a_timeout_that_is_not_a_positive_number_is_exit_2_naming_the_flag(capsys, value):
+    """``--timeout 0`` was accepted, then every request timed out: exit 1 with "Fix: raise timeout_s"."""
+    rc = main(["--url", f"127.0.0.1:{free_port()}", "--raw", "--timeout", value, "hi"])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert f"--timeout {value}" in err and "Fix: e.g. --timeout 120" in err and "timeout_s" not in err
+    assert "no Triton server answers" not in err  # refused before the preflight
+
+
+@pytest.mark.parametrize(
+    "status,msg,exit_code",
+    [
+        (None, "onnxruntime_genai: beam_width=2 is outside this deployment's range 1..1", 2),  # streamed: no status
+        ("StatusCode.INVALID_ARGUMENT", "unexpected inference input 'x'", 2),  # gRPC unary
+        ("400", "onnxruntime_genai: bad_words is not supported", 2),  # HTTP
+        ("StatusCode.INTERNAL", "onnxruntime_genai: something broke", 1),
+        (None, "onnxruntime_genai: engine error: injected fault", 1),  # the engine failed the request
+        ("400", "Failed to process the request(s) for model 'ensemble_0_0', message: Stub process 'x' is not healthy.", 1),
+        ("StatusCode.UNAVAILABLE", "Socket closed", 4),
+    ],
+)
+def test_a_request_the_server_refuses_as_invalid_input_is_exit_2(status, msg, exit_code):
+    """A refusal of the request's input (INVALID_ARG: gRPC INVALID_ARGUMENT, HTTP 400; a streamed error, which carries
+    no status) is the user's input error; a failed engine or an internal error stays exit 1, though Triton 2.51
+    answers a dead backend process with a 400 too."""
+    from tritonclient.utils import InferenceServerException
+
+    from pipeline.serve.client import RequestError, _classify
+
+    e = _classify(InferenceServerException(msg=msg, status=status), "127.0.0.1:1")
+    assert e.exit_code == exit_code, (e, type(e))
+    if exit_code != 4:
+        assert isinstance(e, RequestError) and e.status == status

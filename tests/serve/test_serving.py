@@ -261,6 +261,30 @@ def test_cancellation_and_timeout(client, direct):
     assert client.generate(PROMPTS[2], MAX_TOKENS, stream=True).text == direct(PROMPTS[2])
 
 
+@pytest.mark.parametrize("item,name", [('bad_words=["x"]', "bad_words"), ("beam_width=2", "beam_width")])
+def test_pipeline_client_input_the_server_refuses_is_exit_2_with_its_reason(served, capsys, item, name):
+    """The served model refused the input (INVALID_ARG) and `pipeline client` exited 1 as for a server failure."""
+    from pipeline.serve.client_cli import main
+
+    url = served.server.grpc_url
+    assert main(["--url", url, "--tokenizer", str(served.tokenizer), "--input", item, PROMPTS[0]]) == 2
+    err = capsys.readouterr().err
+    assert "the server refused the request" in err and name in err and f"Fix: change or drop --input {item}" in err, err
+    assert "Traceback" not in err and "server error" not in err
+    assert main(["--url", url, "--tokenizer", str(served.tokenizer), "--max-tokens", "4", PROMPTS[0]]) == 0  # still serving
+
+
+def test_pipeline_client_timeout_names_the_flag(served, capsys):
+    """An expired --timeout said "Fix: raise timeout_s" (LLMClient's parameter) to a command-line user."""
+    from pipeline.serve.client_cli import main
+
+    rc = main(["--url", served.server.grpc_url, "--raw", "--stream", "--timeout", "0.0001", "--max-tokens", "150", PROMPTS[1]])
+    err = capsys.readouterr().err
+    assert rc == 1, err
+    assert "no complete answer" in err and "Fix: raise --timeout (now 0.0001 s) or lower --max-tokens" in err, err
+    assert "timeout_s" not in err
+
+
 def test_pipeline_serve_cli_serves_the_package_and_stops_on_sigint(served, tmp_path):
     import re
     import signal
