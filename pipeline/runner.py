@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .core import hostinfo, memory
-from .core.config import STAGES, PipelineConfig, deprecations, key_fields, resolve_path
+from .core.config import STAGES, ConfigError, PipelineConfig, deprecations, key_fields, resolve_path
 from .core.errors import EXIT_FAILED, EXIT_GATE, EXIT_INTERRUPTED, EXIT_OK, PipelineError
 from .core.stage import Stage, StageContext, get_stage, resolve_order
 from .core.store import (
@@ -277,19 +277,16 @@ def run_pipeline(
     except KeyboardInterrupt:
         exit_code, error = EXIT_INTERRUPTED, "interrupted"
         _mark_failed(state.reports, cfg, error)
+    except ConfigError as e:  # found before any stage ran: no stage is to blame, none ran
+        exit_code, error = e.exit_code, str(e)
+        _mark_failed(state.reports, cfg, error, blame=False)
     except PipelineError as e:
         exit_code, error = e.exit_code, str(e)
         _mark_failed(state.reports, cfg, error, getattr(e, "stage", None))
     except Exception as e:
-        from .core.config import ConfigError
-
-        if isinstance(e, ConfigError):  # found before any stage ran: no stage is to blame, none ran
-            exit_code, error = 2, str(e)
-            _mark_failed(state.reports, cfg, error, blame=False)
-        else:
-            log.exception("stage failed")
-            exit_code, error = EXIT_FAILED, f"{type(e).__name__}: {e}"
-            _mark_failed(state.reports, cfg, error)
+        log.exception("stage failed")
+        exit_code, error = EXIT_FAILED, f"{type(e).__name__}: {e}"
+        _mark_failed(state.reports, cfg, error)
     summary = RunSummary(
         state.reports,
         exit_code,
