@@ -42,17 +42,41 @@ SUBCOMMANDS: Registry[str] = Registry(
 _state = {"task_started": False}
 
 
-def _register_redact_resolver() -> None:
-    """``${redact:...}`` (pipeline.core.store.redact_text) for Hydra's sweep folder names (build_configs/pipeline.yaml);
-    registered at import so joblib/SLURM job processes that unpickle ``_task`` have it too."""
+#: The longest sweep job folder name :func:`job_dirname` makes after the job number (a longer one keeps its first
+#: part and a hash of the whole); far below the 255 bytes a file name may hold.
+MAX_JOB_DIRNAME = 64
+
+
+def job_dirname(num: Any, override_dirname: Any) -> str:
+    """The folder name of sweep job ``num`` (``hydra.sweep.subdir``, build_configs/pipeline.yaml): the number, then
+    Hydra's ``override_dirname`` (``quant=none``: the swept overrides only, :func:`sweep_dirname_argv`) with secrets
+    masked (:func:`pipeline.core.store.redact_text`), every character but letters, digits and ``._,=+-`` as ``_`` (a
+    ``/`` of a path value would nest folders) and, over :data:`MAX_JOB_DIRNAME` characters, cut with a short hash of
+    the whole (``0-model.path=_data_ckpt...-1a2b3c4d``)."""
+    import hashlib
+    import re
+
+    from .core.store import redact_text
+
+    text = re.sub(r"[^A-Za-z0-9._,=+-]", "_", redact_text(str(override_dirname or "")))
+    if len(text) > MAX_JOB_DIRNAME:
+        text = f"{text[: MAX_JOB_DIRNAME - 9]}-{hashlib.sha256(text.encode()).hexdigest()[:8]}"
+    return f"{num}-{text}" if text else str(num)
+
+
+def _register_resolvers() -> None:
+    """``${job_dirname:num,override_dirname}`` (:func:`job_dirname`) and ``${redact:...}``
+    (pipeline.core.store.redact_text) for Hydra's sweep folder names (build_configs/pipeline.yaml); registered at
+    import so joblib/Ray/SLURM job processes that unpickle ``_task`` have them too."""
     from omegaconf import OmegaConf
 
     from .core.store import redact_text
 
     OmegaConf.register_new_resolver("redact", lambda s: redact_text(str(s)), replace=True)
+    OmegaConf.register_new_resolver("job_dirname", job_dirname, replace=True)
 
 
-_register_redact_resolver()
+_register_resolvers()
 
 
 def _task(cfg) -> int:  # DictConfig
@@ -348,6 +372,36 @@ def check_overrides(argv: list[str]) -> list[str]:
     return check(argv)
 
 
+_EXCLUDE_KEYS = "hydra.job.config.override_dirname.exclude_keys"
+
+
+def sweep_dirname_argv(argv: list[str]) -> list[str]:
+    """``argv`` of a ``-m`` sweep with ``hydra.job.config.override_dirname.exclude_keys=[...]`` added, listing every
+    override key that is not swept, so each job's folder (``hydra.job.override_dirname`` via :func:`job_dirname`)
+    names only what differs between the jobs (``0-quant=none``), not every override of the command line (fourteen
+    overrides made a name over the 255 bytes a file name may hold).  Unchanged when it is no sweep, when the user
+    sets the exclude list, or when every override is swept."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    options, positionals = _split_hydra_args(argv)
+    if not ({"-m", "--multirun"} & set(options)) or any(a.lstrip("+").startswith(_EXCLUDE_KEYS + "=") for a in positionals):
+        return argv
+    parser = OverridesParser.create()
+    fixed: list[str] = []
+    for a in positionals:
+        try:
+            o = parser.parse_override(a)
+        except HydraException:
+            continue  # refused before this runs (pipeline.core.config.overrides.override_problems)
+        if not o.is_hydra_override() and not o.is_sweep_override() and o.key_or_group not in fixed:
+            fixed.append(o.key_or_group)
+    if not fixed:
+        return argv
+    at = argv.index(next(a for a in positionals if "=" in a)) + 1  # in the overrides' run: Hydra's argparse takes one
+    return [*argv[:at], f"{_EXCLUDE_KEYS}=[{','.join(fixed)}]", *argv[at:]]
+
+
 def run_dir_problems(argv: list[str]) -> list[str]:
     """``hydra.run.dir=`` / ``hydra.sweep.dir=`` given on the command line (without interpolations) that cannot be
     created or written (``/proc/x``, a read-only or full filesystem): one message each, naming the override, the
@@ -453,7 +507,7 @@ def main(argv: list[str] | None = None) -> None:
     except InputError as e:
         print(f"error (exit {EXIT_INPUT}): {e}", file=sys.stderr)
         sys.exit(EXIT_INPUT)
-    sys.argv = [sys.argv[0], *argv]
+    sys.argv = [sys.argv[0], *sweep_dirname_argv(argv)]
     app = hydra.main(config_path=str(CONFIG_DIR), config_name="pipeline", version_base="1.3")(_task)
     try:
         app()

@@ -666,8 +666,8 @@ def worst_exit_code() -> int:
 def write_comparison(sweep_dir: Path, console: Console) -> dict[str, Any]:
     """Read every job's ``summary.json`` under ``sweep_dir`` and write ``comparison.json`` and ``comparison.md``.
 
-    Job folders are found recursively (an override value with ``/``, e.g. ``model.path=/data/m``, nests
-    the job folder).  A job folder (it has ``.hydra/``) without a readable summary counts as failed
+    Job folders are found recursively (the default ``hydra.sweep.subdir`` is one flat folder per job,
+    ``<num>-<swept overrides>``, pipeline.cli.job_dirname; a user's subdir may nest).  A job folder (it has ``.hydra/``) without a readable summary counts as failed
     (exit code 1).  The document's ``exit_code`` is the highest job exit code (0 when all passed).
     """
     rows = []

@@ -13,6 +13,7 @@ Old behaviour:
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -22,16 +23,77 @@ from pathlib import Path
 import pytest
 
 import pipeline
+from pipeline.cli import MAX_JOB_DIRNAME, job_dirname, sweep_dirname_argv
 from pipeline.core.config import ConfigError
 from pipeline.core.errors import EXIT_INPUT, InputError
 
 ROOT = Path(__file__).resolve().parents[2]
+EXCLUDE = "hydra.job.config.override_dirname.exclude_keys="
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
     env["PYTHONPATH"] = str(ROOT)
     return subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+# --------------------------------------------------------------------------- 1. sweep job folder names
+def test_job_dirname_is_flat_short_and_redacted():
+    assert job_dirname(0, "quant=none") == "0-quant=none"
+    assert job_dirname(3, "") == "3"
+    assert job_dirname(1, "model.path=/data/m,quant=fp8") == "1-model.path=_data_m,quant=fp8"  # no nested folder
+    long = "model.path=/" + "a" * 300
+    name = job_dirname(12, long)
+    assert len(name) == len("12-") + MAX_JOB_DIRNAME and "/" not in name and re.fullmatch(r"12-model\.path=_a+-[0-9a-f]{8}", name)
+    assert job_dirname(12, long + "b") != name  # the hash keeps two long names apart
+    token = "hf_" + "Ab3" * 12
+    assert token not in job_dirname(0, f"model.name={token}")
+
+
+def test_sweep_names_only_the_swept_keys():
+    argv = ["-m", "quant=none,int8_wo", "model.path=/tmp/x", "model.name=tq", "eval.eval_set=/tmp/e.jsonl", "stages=[export]"]
+    out = sweep_dirname_argv(argv)
+    (extra,) = [a for a in out if a.startswith(EXCLUDE)]
+    assert extra == EXCLUDE + "[model.path,model.name,eval.eval_set,stages]"
+    assert out.index(extra) == 2  # inside the run of overrides (Hydra's argparse takes one)
+    assert sweep_dirname_argv(argv[1:]) == argv[1:]  # no sweep: unchanged
+    own = [*argv, EXCLUDE + "[]"]
+    assert sweep_dirname_argv(own) == own  # the user's own exclude list wins
+
+
+def test_a_sweep_with_many_overrides_and_swept_paths_writes_flat_short_job_folders(tiny_llama, tmp_path):
+    """The trial's shape: fourteen overrides with path values, and here the swept values are paths too (one over the
+    name limit); the real CLI runs both export jobs and the comparison finds them."""
+    long_link = tmp_path / ("checkpoint-with-a-long-descriptive-name-" + "x" * 60)
+    long_link.symlink_to(tiny_llama, target_is_directory=True)
+    sweep = tmp_path / "sweep"
+    r = _cli(
+        "-m",
+        f"model.path={tiny_llama},{long_link}",
+        "target=onnxruntime_genai",
+        f"eval.eval_set={tmp_path / 'e.jsonl'}",
+        "build.max_batch_size=16",
+        "build.max_seq_len=256",
+        "build.max_input_len=128",
+        "eval.limit=8",
+        "eval.gate.mode=exploratory",
+        "calibration.calib_size=16",
+        "package.parity=false",
+        "model.dtype=float32",
+        f"store_dir={tmp_path / 'store'}",
+        "progress=false",
+        "stages=[export]",
+        f"hydra.sweep.dir={sweep}",
+        cwd=tmp_path,
+    )
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+    jobs = sorted(p.name for p in sweep.iterdir() if p.is_dir())
+    assert [j.split("-", 1)[0] for j in jobs] == ["0", "1"], jobs
+    for j in jobs:
+        assert re.fullmatch(r"[01]-model\.path=[A-Za-z0-9._,=+-]+", j) and len(j) <= 2 + MAX_JOB_DIRNAME, j
+        assert (sweep / j / "summary.json").is_file()
+    doc = json.loads((sweep / "comparison.json").read_text())
+    assert sorted(row["job"] for row in doc["rows"]) == jobs and {row["exit_code"] for row in doc["rows"]} == {0}
 
 
 # --------------------------------------------------------------------------- 2. compose refuses as the CLI does
