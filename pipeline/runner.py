@@ -30,6 +30,7 @@ from .core.store import (
     secret_fields,
     write_json_atomic,
 )
+from .validation import order_note
 from .validation import validate as validate_config
 
 log = logging.getLogger("pipeline")
@@ -307,13 +308,17 @@ def run_pipeline(
 
 def _config_warnings(cfg: PipelineConfig, console: Console) -> list[str]:
     """Print one warning per config field that holds a secret-looking value (the run uses it as given; every
-    recorded copy masks it: pipeline.core.store.redact) and per deprecated spelling; returns the deprecation notes."""
+    recorded copy masks it: pipeline.core.store.redact) and per deprecated spelling, and a note when ``stages`` is
+    written out of pipeline order (:func:`pipeline.validation.order_note`); returns the deprecation notes."""
     for field_name in secret_fields(cfg):
         console.print(
             f"[yellow]warning:[/] {field_name} holds a secret-looking value; the run uses it as given and every record "
             f"of it (manifests, summary, logs, .hydra/*.yaml) shows ***redacted*** (secrets belong in the environment, "
             f"e.g. HF_TOKEN, never in the config)."
         )
+    order = order_note(cfg)
+    if order:
+        console.print(f"note: {escape(order)}")
     deprecated = deprecations(cfg)
     for note in deprecated:
         console.print(f"[yellow]warning:[/] {escape(note)}")

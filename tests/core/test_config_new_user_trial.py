@@ -13,6 +13,7 @@ Old behaviour:
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -21,6 +22,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 import pipeline
 from pipeline.cli import MAX_JOB_DIRNAME, job_dirname, sweep_dirname_argv
@@ -115,6 +117,14 @@ def test_compose_refuses_what_the_cli_refuses(overrides, field, said):
     assert len(err.problems) == len(overrides)
 
 
+def test_config_error_is_exit_2_in_the_run_summary(tmp_path):
+    """A ConfigError from validation is the documented exit 2 of the Python API's run, with no stage blamed."""
+    cfg = pipeline.compose(["stages=[export,export]", f"store_dir={tmp_path}", "progress=false"])
+    summary = pipeline.run(cfg, console=Console(file=io.StringIO()))
+    assert summary.exit_code == EXIT_INPUT and "listed more than once" in str(summary.error)
+    assert not (tmp_path / "export").exists()
+
+
 # --------------------------------------------------------------------------- 3. override grammar errors
 @pytest.mark.parametrize("arg,fix", [("model.name=a=b", """'model.name="a=b"'"""), ("model.name=模型", """'model.name="模型"'""")])
 def test_an_override_hydra_cannot_parse_is_refused_in_the_pipelines_format(arg, fix, tmp_path):
@@ -126,3 +136,24 @@ def test_an_override_hydra_cannot_parse_is_refused_in_the_pipelines_format(arg, 
     with pytest.raises(ConfigError, match=re.escape(fix)):
         pipeline.compose([arg])
     assert pipeline.compose([fix.strip("'")]).model.name == arg.split("=", 1)[1]  # the fix works
+
+
+# --------------------------------------------------------------------------- 4. stages: repeated, out of order
+def test_a_stage_listed_twice_is_refused_naming_it():
+    problems = pipeline.validate(pipeline.compose(["stages=[export,quantize,export]"]), raise_on_error=False)
+    (p,) = [p for p in problems if p.field == "stages"]
+    assert p.value == "export" and "more than once" in p.message and "stages=[export,quantize]" in p.fix
+
+
+def test_stages_out_of_order_run_in_pipeline_order_and_say_so(tmp_path):
+    cfg = pipeline.compose(["stages=[quantize,export]", f"store_dir={tmp_path}", "dry_run=true", "progress=false"])
+    assert pipeline.validate(cfg, raise_on_error=False) == []
+    out = io.StringIO()
+    summary = pipeline.run(cfg, console=Console(file=out, width=200))
+    assert summary.exit_code == 0, summary.error
+    assert [s.stage for s in summary.stages] == ["export", "quantize"]
+    notes = [ln for ln in out.getvalue().splitlines() if "pipeline order" in ln]
+    assert notes == ["note: stages=[quantize,export]: stages run in pipeline order (export, quantize), whatever the order written"]
+    quiet = io.StringIO()
+    pipeline.run(pipeline.compose(["stages=[export,quantize]", f"store_dir={tmp_path}", "dry_run=true"]), console=Console(file=quiet))
+    assert "pipeline order" not in quiet.getvalue()

@@ -284,11 +284,14 @@ def validate(cfg: PipelineConfig, *, raise_on_error: bool = True) -> list[Proble
     problems: list[Problem] = []
     if not cfg.stages:
         problems.append(Problem("stages", [], "no stage to run.", f"use a subset of {list(STAGES)}, e.g. stages=[export,quantize]"))
-    for s in cfg.stages:
+    for i, s in enumerate(cfg.stages):
         if s not in STAGES:
             close = difflib.get_close_matches(str(s), STAGES, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
             problems.append(Problem("stages", s, "unknown stage.", f"{hint}use a subset of {list(STAGES)}"))
+        elif s in cfg.stages[:i] and s not in cfg.stages[i + 1 :]:  # one problem per repeated name
+            once = list(dict.fromkeys(cfg.stages))
+            problems.append(Problem("stages", s, "is listed more than once.", f"list each stage once: stages=[{','.join(once)}]"))
     needs = set(cfg.stages)
     for group, fn in _VALIDATORS.items():
         if group == "calibration" and ("quantize" not in needs or cfg.quant.recipe == "none"):

@@ -61,7 +61,8 @@ class PipelineConfig:
     benchmark: BenchmarkConfig = MISSING
     """Load generation and measurement (benchmark stage)."""
     stages: List[str] = field(default_factory=lambda: ["export", "quantize", "build", "evaluate", "package"])
-    """Stages to run, in pipeline order; missing upstream artifacts are produced (or found cached) first."""
+    """Stages to run, each once; they run in pipeline order whatever the order written (``[quantize,export]`` runs
+    export first); missing upstream artifacts are produced (or found cached) first."""
     store_dir: str = "artifacts"
     """Content-addressed artifact store (relative paths resolve against the cwd)."""
     force: bool = False
