@@ -2,8 +2,9 @@
 
 The public Python surface (everything else is private and may change between releases):
 
-* :func:`compose` (``compose(overrides) -> PipelineConfig``): the typed config, as the CLI composes it (types and
-  unknown keys checked; the rules are :func:`validate`'s);
+* :func:`compose` (``compose(overrides) -> PipelineConfig``): the typed config, as the CLI composes it; an override
+  the CLI refuses (an unknown key, ``+key=value`` included, an unknown preset, a wrong type, one Hydra cannot parse)
+  raises ``ConfigError`` (``exit_code`` 2) with the CLI's message; the rules are :func:`validate`'s;
 * :func:`run` (``run(cfg) -> RunSummary``): run the configured stages (``RunSummary.exit_code`` is the CLI's);
 * :func:`validate` (``validate(cfg, raise_on_error=True) -> [Problem]``): every check a run makes before any work
   (fields, then each stage that will run); raises ``ConfigError`` listing them all;

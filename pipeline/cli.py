@@ -42,17 +42,41 @@ SUBCOMMANDS: Registry[str] = Registry(
 _state = {"task_started": False}
 
 
-def _register_redact_resolver() -> None:
-    """``${redact:...}`` (pipeline.core.store.redact_text) for Hydra's sweep folder names (build_configs/pipeline.yaml);
-    registered at import so joblib/SLURM job processes that unpickle ``_task`` have it too."""
+#: The longest sweep job folder name :func:`job_dirname` makes after the job number (a longer one keeps its first
+#: part and a hash of the whole); far below the 255 bytes a file name may hold.
+MAX_JOB_DIRNAME = 64
+
+
+def job_dirname(num: Any, override_dirname: Any) -> str:
+    """The folder name of sweep job ``num`` (``hydra.sweep.subdir``, build_configs/pipeline.yaml): the number, then
+    Hydra's ``override_dirname`` (``quant=none``: the swept overrides only, :func:`sweep_dirname_argv`) with secrets
+    masked (:func:`pipeline.core.store.redact_text`), every character but letters, digits and ``._,=+-`` as ``_`` (a
+    ``/`` of a path value would nest folders) and, over :data:`MAX_JOB_DIRNAME` characters, cut with a short hash of
+    the whole (``0-model.path=_data_ckpt...-1a2b3c4d``)."""
+    import hashlib
+    import re
+
+    from .core.store import redact_text
+
+    text = re.sub(r"[^A-Za-z0-9._,=+-]", "_", redact_text(str(override_dirname or "")))
+    if len(text) > MAX_JOB_DIRNAME:
+        text = f"{text[: MAX_JOB_DIRNAME - 9]}-{hashlib.sha256(text.encode()).hexdigest()[:8]}"
+    return f"{num}-{text}" if text else str(num)
+
+
+def _register_resolvers() -> None:
+    """``${job_dirname:num,override_dirname}`` (:func:`job_dirname`) and ``${redact:...}``
+    (pipeline.core.store.redact_text) for Hydra's sweep folder names (build_configs/pipeline.yaml); registered at
+    import so joblib/Ray/SLURM job processes that unpickle ``_task`` have them too."""
     from omegaconf import OmegaConf
 
     from .core.store import redact_text
 
     OmegaConf.register_new_resolver("redact", lambda s: redact_text(str(s)), replace=True)
+    OmegaConf.register_new_resolver("job_dirname", job_dirname, replace=True)
 
 
-_register_redact_resolver()
+_register_resolvers()
 
 
 def _task(cfg) -> int:  # DictConfig
@@ -340,69 +364,42 @@ def _split_hydra_args(argv: list[str]) -> tuple[list[str], list[str]]:
     return options, positionals
 
 
-def _schema_fields(cls: Any) -> dict[str, Any]:
-    """``{field name: resolved type}`` of a config dataclass (empty when ``cls`` is not one)."""
-    import dataclasses
-    import typing
+def check_overrides(argv: list[str]) -> list[str]:
+    """:func:`pipeline.core.config.overrides.check_overrides` (shared with :func:`pipeline.core.config.compose`),
+    imported on use so ``pipeline doctor`` / ``client`` do not load the config schemas."""
+    from .core.config.overrides import check_overrides as check
 
-    if not dataclasses.is_dataclass(cls):
-        return {}
-    try:
-        hints = typing.get_type_hints(cls)
-    except Exception:
-        hints = {}
-    return {f.name: hints.get(f.name) for f in dataclasses.fields(cls)}
+    return check(argv)
 
 
-def _dotted_keys(cls: Any, prefix: str = "") -> dict[str, str]:
-    """``{dotted key: the key to write}`` of every field of the config schema ``cls``, nested groups included; a
-    deprecated alias maps to its new field (``quant.tp_size`` -> ``parallel.tp_size``), every other key to itself."""
-    import dataclasses
-
-    out: dict[str, str] = {}
-    if not dataclasses.is_dataclass(cls):
-        return out
-    hints = _schema_fields(cls)
-    for f in dataclasses.fields(cls):
-        key = prefix + f.name
-        target = f.metadata.get("alias_of")
-        out[key] = (target if "." in target else prefix + target) if target else key
-        out.update(_dotted_keys(hints.get(f.name), key + "."))
-    return out
+_EXCLUDE_KEYS = "hydra.job.config.override_dirname.exclude_keys"
 
 
-def _current_names(cls: Any) -> list[str]:
-    """Field names of the config dataclass ``cls`` without its deprecated aliases (the names to write)."""
-    import dataclasses
+def sweep_dirname_argv(argv: list[str]) -> list[str]:
+    """``argv`` of a ``-m`` sweep with ``hydra.job.config.override_dirname.exclude_keys=[...]`` added, listing every
+    override key that is not swept, so each job's folder (``hydra.job.override_dirname`` via :func:`job_dirname`)
+    names only what differs between the jobs (``0-quant=none``), not every override of the command line (fourteen
+    overrides made a name over the 255 bytes a file name may hold).  Unchanged when it is no sweep, when the user
+    sets the exclude list, or when every override is swept."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
 
-    return [f.name for f in dataclasses.fields(cls) if "alias_of" not in f.metadata]
-
-
-_KEY_HINTS = {"eval.path": ("eval.eval_set",)}
-"""Unknown keys whose intended key no spelling similarity finds: ``model.path`` and ``calibration.path`` make
-``eval.path`` a natural guess, but the eval group's file field is ``eval.eval_set``."""
-
-
-def _close_keys(typed: str, keys: dict[str, str]) -> list[str]:
-    """Up to three keys to suggest for the unknown dotted key ``typed``: whole keys at least 80 % alike
-    (difflib ratio) whose last parts are at least 75 % alike, so a shared group prefix alone never makes a match
-    (``eval.path`` is not close to ``eval.gate``); deprecated spellings are offered as their new names.  First the
-    targeted hints of ``_KEY_HINTS`` (``eval.path`` -> ``eval.eval_set``), then keys of the same group whose last part
-    starts with the typed one (``parallel.tp`` -> ``parallel.tp_size``)."""
-    import difflib
-
-    leaf = typed.rsplit(".", 1)[-1]
-    parent = typed.rsplit(".", 1)[0] if "." in typed else ""
-    out: list[str] = [keys[h] for h in _KEY_HINTS.get(typed, ()) if h in keys]
-    # a leaf the user shortened (parallel.tp -> parallel.tp_size): same group, the key's leaf starts with it
-    for k in keys:
-        kp, _, kl = k.rpartition(".")
-        if kp == parent and len(leaf) >= 2 and kl != leaf and kl.startswith(leaf) and keys[k] not in out:
-            out.append(keys[k])
-    for k in difflib.get_close_matches(typed, list(keys), n=6, cutoff=0.8):
-        if difflib.SequenceMatcher(None, leaf, k.rsplit(".", 1)[-1]).ratio() >= 0.75 and keys[k] not in out:
-            out.append(keys[k])
-    return out[:3]
+    options, positionals = _split_hydra_args(argv)
+    if not ({"-m", "--multirun"} & set(options)) or any(a.lstrip("+").startswith(_EXCLUDE_KEYS + "=") for a in positionals):
+        return argv
+    parser = OverridesParser.create()
+    fixed: list[str] = []
+    for a in positionals:
+        try:
+            o = parser.parse_override(a)
+        except HydraException:
+            continue  # refused before this runs (pipeline.core.config.overrides.override_problems)
+        if not o.is_hydra_override() and not o.is_sweep_override() and o.key_or_group not in fixed:
+            fixed.append(o.key_or_group)
+    if not fixed:
+        return argv
+    at = argv.index(next(a for a in positionals if "=" in a)) + 1  # in the overrides' run: Hydra's argparse takes one
+    return [*argv[:at], f"{_EXCLUDE_KEYS}=[{','.join(fixed)}]", *argv[at:]]
 
 
 def run_dir_problems(argv: list[str]) -> list[str]:
@@ -434,109 +431,6 @@ def run_dir_problems(argv: list[str]) -> list[str]:
             with contextlib.suppress(OSError):
                 probe.unlink()
     return out
-
-
-def check_overrides(argv: list[str]) -> list[str]:
-    """Problems with plain ``key=value`` / ``group=preset`` overrides, found before Hydra composes the config, each
-    naming the override, the valid names (closest first) and the fix. Hydra's own messages for these cases suggest
-    ``+key=...`` (which would add an unknown field) and point to ``HYDRA_FULL_ERROR``. ``+key=`` / ``++key=`` are
-    checked the same way (an added field nothing reads would be silently ignored); ``~`` overrides, ``hydra.*`` keys
-    and runs with a user ``--config-dir`` (other presets) are left to Hydra."""
-    import difflib
-
-    from .core.config import CONFIG_DIR, GROUPS, PipelineConfig
-
-    if any(a in ("--config-dir", "-cd") or a.startswith("--config-dir=") for a in argv):
-        return []
-    out: list[str] = []
-
-    def closest(name: str, choices: list[str]) -> str:
-        near = difflib.get_close_matches(name, choices, n=3, cutoff=0.5)
-        return (f"did you mean {' or '.join(near)}? " if near else "") + f"valid: {', '.join(sorted(choices))}"
-
-    def closest_key(key: str, valid_here: list[str]) -> str:
-        near = _close_keys(key, _dotted_keys(PipelineConfig))
-        return (f"did you mean {' or '.join(near)}? " if near else "") + f"valid: {', '.join(sorted(valid_here))}"
-
-    for arg in argv:
-        if arg.startswith("~") and not arg.startswith("~hydra"):
-            key = arg[1:].split("=", 1)[0]
-            if key.split(".", 1)[0] in GROUPS or key in _schema_fields(PipelineConfig):
-                out.append(
-                    f"{arg}: deletes {key}, which the pipeline's schema needs. Fix: set it instead ({key}=<value>), or drop the override."
-                )
-            continue
-        if arg.startswith("-") or "=" not in arg:
-            continue
-        # ``+key=v`` / ``++key=v`` make Hydra add a key the schema lacks, which the pipeline would never read:
-        # checked like a plain override (a dict-valued field, where adding a key is meaningful, stops the walk below)
-        key, value = arg.lstrip("+").split("=", 1)
-        if key.startswith(("hydra.", "hydra/")) or not key:
-            continue
-        if key == "stages" and not value.startswith("["):
-            out.append(f"stages={value}: stages is a list of stage names. Fix: stages=[{value}] (quoted in a shell: 'stages=[{value}]').")
-            continue
-        if key in GROUPS:
-            presets = sorted(p.stem for p in (CONFIG_DIR / key).glob("*.yaml"))
-            for v in value.split(","):
-                if v and v not in presets:
-                    out.append(
-                        f"{key}={v}: no such {key} preset ({CONFIG_DIR / key}/). {closest(v, presets)}. "
-                        f"Fix: pick a preset, or set fields directly (e.g. {key}.<field>=...)."
-                    )
-            continue
-        cls: Any = PipelineConfig
-        path: list[str] = []
-        for part in key.split("."):
-            fields = _schema_fields(cls)
-            if not fields:
-                break  # a dict-valued field (e.g. per-recipe tables) or a plain value: Hydra checks the rest
-            if part not in fields:
-                where = ".".join(path) or "the top level"
-                out.append(
-                    f"{key}: no such field in {where}; {closest_key('.'.join([*path, part]), _current_names(cls))}. "
-                    f"Fix: use one of those names ({'pipeline --cfg job'} prints the whole config)."
-                )
-                break
-            path.append(part)
-            cls = GROUPS.get(part, fields[part]) if len(path) == 1 else fields[part]
-        else:
-            problem = _scalar_problem(key, value, cls)
-            if problem:
-                out.append(problem)
-    return out
-
-
-def _scalar_problem(key: str, value: str, typ: Any) -> str | None:
-    """A value OmegaConf cannot convert to the field's type (``package.parity=maybe``, ``eval.gate.max_drop=abc``),
-    said with the fix instead of Hydra's bare conversion error; None when it converts (each value of a sweep's
-    comma list is checked) or the value is an interpolation."""
-    import typing
-
-    from .core.config import BOOL_WORDS
-
-    args = [a for a in typing.get_args(typ) if a is not type(None)]
-    optional = type(None) in typing.get_args(typ)
-    base = args[0] if optional and len(args) == 1 else typ
-    if base not in (bool, int, float) or "${" in value:
-        return None
-    for v in value.split(","):
-        v = v.strip().strip("'\"")
-        if optional and v.lower() in ("null", "none", "~"):
-            continue
-        if base is bool and v.lower() not in BOOL_WORDS:
-            return f"{key}={v}: not a boolean. Fix: {key}=true or {key}=false."
-        if base is int:
-            try:
-                int(v)
-            except ValueError:
-                return f"{key}={v}: not a whole number. Fix: {key}=<integer>" + (" or null." if optional else ".")
-        if base is float:
-            try:
-                float(v)
-            except ValueError:
-                return f"{key}={v}: not a number. Fix: {key}=<number>" + (" or null." if optional else ".")
-    return None
 
 
 def _subcommand(argv: list[str]) -> None:
@@ -597,7 +491,9 @@ def main(argv: list[str] | None = None) -> None:
             shutil.rmtree(migrate_tmp, ignore_errors=True)
             print(f"error (exit {EXIT_INPUT}): {e}", file=sys.stderr)
             sys.exit(EXIT_INPUT)
-    problems = check_overrides(argv) + run_dir_problems(argv)
+    from .core.config.overrides import override_problems
+
+    problems = [str(p) for p in override_problems(argv)] + run_dir_problems(argv)
     if problems:
         for msg in problems:
             print(f"error (exit {EXIT_INPUT}): {msg}", file=sys.stderr)
@@ -611,7 +507,7 @@ def main(argv: list[str] | None = None) -> None:
     except InputError as e:
         print(f"error (exit {EXIT_INPUT}): {e}", file=sys.stderr)
         sys.exit(EXIT_INPUT)
-    sys.argv = [sys.argv[0], *argv]
+    sys.argv = [sys.argv[0], *sweep_dirname_argv(argv)]
     app = hydra.main(config_path=str(CONFIG_DIR), config_name="pipeline", version_base="1.3")(_task)
     try:
         app()

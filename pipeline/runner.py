@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .core import hostinfo, memory
-from .core.config import STAGES, PipelineConfig, deprecations, key_fields, resolve_path
+from .core.config import STAGES, ConfigError, PipelineConfig, deprecations, key_fields, resolve_path
 from .core.errors import EXIT_FAILED, EXIT_GATE, EXIT_INTERRUPTED, EXIT_OK, PipelineError
 from .core.stage import Stage, StageContext, get_stage, resolve_order
 from .core.store import (
@@ -30,6 +30,7 @@ from .core.store import (
     secret_fields,
     write_json_atomic,
 )
+from .validation import order_note
 from .validation import validate as validate_config
 
 log = logging.getLogger("pipeline")
@@ -277,19 +278,16 @@ def run_pipeline(
     except KeyboardInterrupt:
         exit_code, error = EXIT_INTERRUPTED, "interrupted"
         _mark_failed(state.reports, cfg, error)
+    except ConfigError as e:  # found before any stage ran: no stage is to blame, none ran
+        exit_code, error = e.exit_code, str(e)
+        _mark_failed(state.reports, cfg, error, blame=False)
     except PipelineError as e:
         exit_code, error = e.exit_code, str(e)
         _mark_failed(state.reports, cfg, error, getattr(e, "stage", None))
     except Exception as e:
-        from .core.config import ConfigError
-
-        if isinstance(e, ConfigError):  # found before any stage ran: no stage is to blame, none ran
-            exit_code, error = 2, str(e)
-            _mark_failed(state.reports, cfg, error, blame=False)
-        else:
-            log.exception("stage failed")
-            exit_code, error = EXIT_FAILED, f"{type(e).__name__}: {e}"
-            _mark_failed(state.reports, cfg, error)
+        log.exception("stage failed")
+        exit_code, error = EXIT_FAILED, f"{type(e).__name__}: {e}"
+        _mark_failed(state.reports, cfg, error)
     summary = RunSummary(
         state.reports,
         exit_code,
@@ -310,14 +308,18 @@ def run_pipeline(
 
 def _config_warnings(cfg: PipelineConfig, console: Console) -> list[str]:
     """Print one warning per config field that holds a secret-looking value (the run uses it as given; every
-    recorded copy masks it: pipeline.core.store.redact); returns the deprecation notes, for the summary.  A deprecated
-    spelling is not printed here: resolving the config (:func:`pipeline.core.config.to_object`) logged it already."""
+    recorded copy masks it: pipeline.core.store.redact) and a note when ``stages`` is written out of pipeline order
+    (:func:`pipeline.validation.order_note`); returns the deprecation notes, for the summary.  A deprecated spelling is
+    not printed here: resolving the config (:func:`pipeline.core.config.to_object`) logged it already."""
     for field_name in secret_fields(cfg):
         console.print(
             f"[yellow]warning:[/] {field_name} holds a secret-looking value; the run uses it as given and every record "
             f"of it (manifests, summary, logs, .hydra/*.yaml) shows ***redacted*** (secrets belong in the environment, "
             f"e.g. HF_TOKEN, never in the config)."
         )
+    order = order_note(cfg)
+    if order:
+        console.print(f"note: {escape(order)}")
     return deprecations(cfg)
 
 
@@ -673,8 +675,8 @@ def worst_exit_code() -> int:
 def write_comparison(sweep_dir: Path, console: Console) -> dict[str, Any]:
     """Read every job's ``summary.json`` under ``sweep_dir`` and write ``comparison.json`` and ``comparison.md``.
 
-    Job folders are found recursively (an override value with ``/``, e.g. ``model.path=/data/m``, nests
-    the job folder).  A job folder (it has ``.hydra/``) without a readable summary counts as failed
+    Job folders are found recursively (the default ``hydra.sweep.subdir`` is one flat folder per job,
+    ``<num>-<swept overrides>``, pipeline.cli.job_dirname; a user's subdir may nest).  A job folder (it has ``.hydra/``) without a readable summary counts as failed
     (exit code 1).  The document's ``exit_code`` is the highest job exit code (0 when all passed).
     """
     rows = []

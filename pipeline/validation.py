@@ -16,19 +16,30 @@ def with_run_order(cfg: PipelineConfig) -> PipelineConfig:
     """``cfg`` with ``stages`` replaced by the stages that will run: the requested ones plus their dependencies, in
     pipeline order (:func:`pipeline.core.stage.resolve_order`), so that every check of a stage that will run is run
     (``stages=[package]`` runs export, quantize, build and evaluate, whose fields are then checked before any work).
-    ``cfg`` itself when a requested name is unknown (the field check reports it)."""
+    The order of the request does not matter: ``stages=[quantize,export]`` runs export, then quantize (the runner says
+    so, :func:`order_note`).  ``cfg`` itself when a requested name is unknown or repeated (the field check reports it)."""
     from omegaconf import OmegaConf
 
     from .core.stage import resolve_order
 
     requested = list(cfg.stages or [])
-    if not requested or any(s not in STAGES for s in requested):
+    if not requested or any(s not in STAGES for s in requested) or len(set(requested)) < len(requested):
         return cfg
     order = resolve_order(requested, cfg)
     if order == requested:
         return cfg
     run = OmegaConf.merge(cfg, {"stages": order})
     return run  # type: ignore[return-value]
+
+
+def order_note(cfg: PipelineConfig) -> str | None:
+    """One line when ``cfg.stages`` names known stages, each once, in an order other than the pipeline's (they run in
+    pipeline order, :func:`with_run_order`); None otherwise."""
+    requested = [str(s) for s in cfg.stages or []]
+    in_order = [s for s in STAGES if s in requested]
+    if len(set(requested)) < len(requested) or len(in_order) != len(requested) or in_order == requested:
+        return None
+    return f"stages=[{','.join(requested)}]: stages run in pipeline order ({', '.join(in_order)}), whatever the order written"
 
 
 def stage_problems(cfg: PipelineConfig) -> list[Problem]:
@@ -62,4 +73,4 @@ def validate(cfg: PipelineConfig, *, raise_on_error: bool = True) -> list[Proble
     return problems
 
 
-__all__ = ["stage_problems", "validate", "with_run_order"]
+__all__ = ["order_note", "stage_problems", "validate", "with_run_order"]

@@ -130,7 +130,7 @@ def test_redaction_covers_keys_and_config_objects(monkeypatch):
 def test_escaped_env_override_is_echoed_literally_never_resolved(tmp_path):
     """Hydra's console echo of escaped overrides (``\\${oc.env:...}``, and the malformed ``$\\{oc.env:...}`` it refuses):
     the secret never appears, whether the config is printed resolved (``--cfg job --resolve``) or the override is
-    refused with Hydra's parse error."""
+    refused as one Hydra cannot parse (the pipeline's message, the override as typed)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
     env["HF_TOKEN"] = SECRET_IN_ENV
     outs = []
@@ -141,6 +141,6 @@ def test_escaped_env_override_is_echoed_literally_never_resolved(tmp_path):
         p = subprocess.run([PIPELINE, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
         outs.append((args, p.returncode, p.stdout + p.stderr))
     assert outs[0][1] == 0 and "${oc.env:HF_TOKEN}" in outs[0][2], outs[0]
-    assert outs[1][1] == 2 and "Error parsing override" in outs[1][2], outs[1]
+    assert outs[1][1] == 2 and "Hydra cannot parse this override" in outs[1][2], outs[1]
     assert not [a for a, _, out in outs if SECRET_IN_ENV in out]
     assert _hits(tmp_path, [SECRET_IN_ENV]) == []

@@ -11,12 +11,11 @@ import dataclasses
 import difflib
 import logging
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.nodes import BooleanNode
 
 from . import benchmark as _benchmark
@@ -31,65 +30,16 @@ from . import target as _target
 from .benchmark import BenchmarkConfig
 from .build import BuildConfig, SpeculativeConfig
 from .calibration import CalibrationConfig
-from .common import REPO_ROOT, ConfigError, Problem, key_fields, resolve_path, runtime
+from .common import BOOL_WORDS, REPO_ROOT, ConfigError, Problem, key_fields, resolve_path, runtime
 from .eval import EvalConfig, GateConfig
 from .model import ModelConfig
 from .package import PackageConfig
 from .parallel import ParallelConfig
 from .quant import QuantConfig
+from .schema import CONFIG_DIR, GROUPS, PipelineConfig
 from .target import TargetConfig
 
-CONFIG_DIR = Path(os.environ.get("PIPELINE_CONFIG_DIR", REPO_ROOT / "build_configs"))
 STAGES = ("export", "quantize", "build", "evaluate", "package", "benchmark")
-
-GROUPS = {
-    "model": ModelConfig,
-    "calibration": CalibrationConfig,
-    "quant": QuantConfig,
-    "parallel": ParallelConfig,
-    "target": TargetConfig,
-    "build": BuildConfig,
-    "eval": EvalConfig,
-    "package": PackageConfig,
-    "benchmark": BenchmarkConfig,
-}
-
-
-@dataclass
-class PipelineConfig:
-    model: ModelConfig = MISSING
-    """The checkpoint (export stage): path, dtype, trust and tokenizer settings; presets under build_configs/model/."""
-    calibration: CalibrationConfig = MISSING
-    """The calibration set the quantize stage feeds through the model."""
-    quant: QuantConfig = MISSING
-    """The quantization recipe and its settings (quantize stage)."""
-    parallel: ParallelConfig = field(default_factory=ParallelConfig)
-    """Tensor/pipeline-parallel ranks (TensorRT-LLM ``Mapping``). The one group with a default here, so a user YAML
-    whose defaults list predates it still composes."""
-    target: TargetConfig = MISSING
-    """Where the engine runs: onnxruntime_genai (CPU) or tensorrt_llm (NVIDIA GPU), and the target GPU."""
-    build: BuildConfig = MISSING
-    """Engine limits and build/runtime knobs (build stage)."""
-    eval: EvalConfig = MISSING
-    """Business eval set, runners and the release gate (evaluate stage)."""
-    package: PackageConfig = MISSING
-    """Triton model repository, release archive, parity check and ``pipeline serve`` settings (package stage)."""
-    benchmark: BenchmarkConfig = MISSING
-    """Load generation and measurement (benchmark stage)."""
-    stages: List[str] = field(default_factory=lambda: ["export", "quantize", "build", "evaluate", "package"])
-    """Stages to run, in pipeline order; missing upstream artifacts are produced (or found cached) first."""
-    store_dir: str = "artifacts"
-    """Content-addressed artifact store (relative paths resolve against the cwd)."""
-    force: bool = False
-    """Re-run the requested stages even when a cached artifact exists."""
-    verify_cache: bool = False
-    """Re-hash every file of a cached artifact before trusting it (slower)."""
-    dry_run: bool = False
-    """Validate, plan and print what each stage would do (e.g. the exact trtllm-build command); write nothing."""
-    progress: bool = True
-    """Show progress bars (off automatically when stdout is not a terminal)."""
-    allow_unsafe_lengths: bool = False
-    """Accept max_seq_len above max positions x rope factor (recorded in the manifest)."""
 
 
 def register() -> None:
@@ -214,15 +164,10 @@ def to_object(cfg: DictConfig | PipelineConfig, explicit: Optional[list[str]] = 
     return obj
 
 
-#: the spellings of a boolean this pipeline accepts: OmegaConf's (omegaconf/nodes.py BooleanNode) without its
-#: "any other integer is true" (``package.parity=2``), which would accept a typo silently
-BOOL_WORDS = frozenset({"true", "false", "yes", "no", "on", "off", "y", "n", "1", "0"})
-
-
 def _numeric_bools(cfg: DictConfig, explicit: list[str]) -> list[Problem]:
     """Overrides that set a boolean field to something other than :data:`BOOL_WORDS` which OmegaConf still took: a
-    number other than 0 or 1 (OmegaConf refuses other strings itself).  The ``pipeline`` command refuses these
-    earlier (``pipeline.cli.check_overrides``); this covers :func:`compose` callers."""
+    number other than 0 or 1 (OmegaConf refuses other strings itself).  The ``pipeline`` command and :func:`compose`
+    refuse these earlier (:mod:`pipeline.core.config.overrides`); this covers a DictConfig composed otherwise."""
     problems = []
     for o in explicit:
         key, sep, raw = o.lstrip("+~").partition("=")
@@ -272,13 +217,21 @@ def relabel_custom_data(cfg: PipelineConfig) -> list[str]:
 def compose(overrides: list[str] | None = None, config_name: str = "pipeline") -> PipelineConfig:
     """Compose the config as the ``pipeline`` command would, outside a Hydra app.
 
-    Raises Hydra's ``ConfigCompositionException`` / OmegaConf's ``ValidationError`` naming the
-    key for unknown keys, wrong types and unknown presets.
+    Raises :class:`ConfigError` (exit code 2) with the ``pipeline`` command's messages (the override, the valid
+    names, closest first, and the fix; :mod:`pipeline.core.config.overrides`) for an override Hydra's grammar cannot
+    parse, an unknown key (``+key=value`` included), a value of the wrong type and an unknown preset; any other
+    composition error of Hydra or OmegaConf is a ConfigError too.
     """
     from hydra import compose as _compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
 
+    from .overrides import override_problems
+
+    problems = override_problems(list(overrides or []))
+    if problems:
+        raise ConfigError(list(problems))
     register()
     gh = GlobalHydra.instance()
     if gh.is_initialized():
@@ -286,7 +239,7 @@ def compose(overrides: list[str] | None = None, config_name: str = "pipeline") -
     try:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
             cfg = _compose(config_name=config_name, overrides=list(overrides or []))
-    except (ValueError, TypeError, AttributeError, KeyError) as e:
+    except (ValueError, TypeError, AttributeError, KeyError, HydraException) as e:
         from omegaconf.errors import OmegaConfBaseException
 
         if isinstance(e, (OmegaConfBaseException, ConfigError)):
@@ -331,11 +284,14 @@ def validate(cfg: PipelineConfig, *, raise_on_error: bool = True) -> list[Proble
     problems: list[Problem] = []
     if not cfg.stages:
         problems.append(Problem("stages", [], "no stage to run.", f"use a subset of {list(STAGES)}, e.g. stages=[export,quantize]"))
-    for s in cfg.stages:
+    for i, s in enumerate(cfg.stages):
         if s not in STAGES:
             close = difflib.get_close_matches(str(s), STAGES, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
             problems.append(Problem("stages", s, "unknown stage.", f"{hint}use a subset of {list(STAGES)}"))
+        elif s in cfg.stages[:i] and s not in cfg.stages[i + 1 :]:  # one problem per repeated name
+            once = list(dict.fromkeys(cfg.stages))
+            problems.append(Problem("stages", s, "is listed more than once.", f"list each stage once: stages=[{','.join(once)}]"))
     needs = set(cfg.stages)
     for group, fn in _VALIDATORS.items():
         if group == "calibration" and ("quantize" not in needs or cfg.quant.recipe == "none"):

@@ -13,6 +13,12 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any
 
+from ..errors import InputError
+
+#: the spellings of a boolean this pipeline accepts: OmegaConf's (omegaconf/nodes.py BooleanNode) without its
+#: "any other integer is true" (``package.parity=2``), which would accept a typo silently
+BOOL_WORDS = frozenset({"true", "false", "yes", "no", "on", "off", "y", "n", "1", "0"})
+
 
 def runtime(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING, doc: str = "") -> Any:
     """A dataclass field that does not enter the cache key (see module docstring)."""
@@ -62,8 +68,9 @@ class Problem:
         return s + (f" Fix: {self.fix}" if self.fix else "")
 
 
-class ConfigError(ValueError):
-    """Raised with every :class:`Problem` found, reported together."""
+class ConfigError(InputError):
+    """Raised with every :class:`Problem` found, reported together: bad input, ``exit_code`` 2 (an
+    :class:`~pipeline.core.errors.InputError`, so a ``ValueError`` too)."""
 
     def __init__(self, problems: list[Problem]):
         self.problems = list(problems)

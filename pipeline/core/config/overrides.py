@@ -1,0 +1,245 @@
+"""Checks of command-line overrides (``key=value``, ``group=preset``, ``+key=value``, ``~key``) against the pipeline's
+schema and presets, before Hydra composes the config: the ``pipeline`` command (:mod:`pipeline.cli`) and
+:func:`pipeline.core.config.compose` share them, so both refuse the same overrides with the same message (the
+override, the valid names, closest first, and the fix) instead of Hydra's, which suggests ``+key=...`` (a field
+nothing reads), lists the internal ``base_<group>`` schemas among the presets and points to ``HYDRA_FULL_ERROR``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import shlex
+from typing import Any
+
+from .common import BOOL_WORDS, Problem
+from .schema import CONFIG_DIR, GROUPS, PipelineConfig
+
+
+@dataclasses.dataclass
+class OverrideProblem(Problem):
+    """A :class:`Problem` of one override (``field`` = its key, ``value`` = its value), said as the command line says
+    it (``text``: the override, what is wrong and the fix)."""
+
+    text: str = ""
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def _grammar_problem(parser: Any, arg: str) -> OverrideProblem | None:
+    """``arg`` as an override Hydra's grammar cannot parse (``model.name=a=b``, ``model.name=模型``: an unquoted ``=``
+    or non-ASCII letter), with the fix: the value quoted (``'model.name="a=b"'``); None when it parses or is no
+    override (no ``=``, or an option: ``-...``)."""
+    from hydra.errors import HydraException
+
+    if arg.startswith("-") or "=" not in arg:
+        return None
+    try:
+        parser.parse_override(arg)
+        return None
+    except HydraException as e:
+        why = str(e).splitlines()[0] if str(e).strip() else type(e).__name__
+    key, value = arg.split("=", 1)
+    try:
+        parser.parse_override(f"{key}=x")
+    except HydraException:
+        fix = "a key is a dotted name of ASCII letters, digits and _ (e.g. model.name=my-model); `pipeline --cfg job` lists them"
+    else:
+        quoted = f"{key}='{value}'" if '"' in value else f'{key}="{value}"'
+        fix = f"quote the value, as Hydra's override grammar needs for '=' and non-ASCII text: {shlex.quote(quoted)}"
+    text = f"{arg}: Hydra cannot parse this override ({why}). Fix: {fix}."
+    return OverrideProblem(key.lstrip("+~"), value, "Hydra cannot parse this override.", fix, text=text)
+
+
+def override_problems(argv: list[str]) -> list[OverrideProblem]:
+    """Every problem of the overrides in ``argv`` (the ``pipeline`` command's arguments, or the list
+    :func:`pipeline.core.config.compose` takes): each one Hydra's grammar cannot parse (:func:`_grammar_problem`),
+    then the schema's problems (:func:`check_overrides`) of the others."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    out: list[OverrideProblem] = []
+    parsed: list[str] = []
+    for arg in argv:
+        bad = _grammar_problem(parser, arg)
+        if bad is None:
+            parsed.append(arg)
+        else:
+            out.append(bad)
+    return out + _problems(parsed)
+
+
+def check_overrides(argv: list[str]) -> list[str]:
+    """Problems with plain ``key=value`` / ``group=preset`` overrides, found before Hydra composes the config, each
+    naming the override, the valid names (closest first) and the fix. Hydra's own messages for these cases suggest
+    ``+key=...`` (which would add an unknown field) and point to ``HYDRA_FULL_ERROR``. ``+key=`` / ``++key=`` are
+    checked the same way (an added field nothing reads would be silently ignored); ``~`` overrides, ``hydra.*`` keys
+    and runs with a user ``--config-dir`` (other presets) are left to Hydra."""
+    return [str(p) for p in _problems(argv)]
+
+
+def _problems(argv: list[str]) -> list[OverrideProblem]:
+    """:func:`check_overrides`' problems as :class:`OverrideProblem` objects."""
+    if any(a in ("--config-dir", "-cd") or a.startswith("--config-dir=") for a in argv):
+        return []
+    out: list[OverrideProblem] = []
+    for arg in argv:
+        if arg.startswith("~") and not arg.startswith("~hydra"):
+            out += _deletion_problem(arg)
+            continue
+        if arg.startswith("-") or "=" not in arg:
+            continue
+        # ``+key=v`` / ``++key=v`` make Hydra add a key the schema lacks, which the pipeline would never read:
+        # checked like a plain override (a dict-valued field, where adding a key is meaningful, stops the walk below)
+        key, value = arg.lstrip("+").split("=", 1)
+        if key.startswith(("hydra.", "hydra/")) or not key:
+            continue
+        out += _value_problems(key, value)
+    return out
+
+
+def _deletion_problem(arg: str) -> list[OverrideProblem]:
+    """``~model``: deleting a group or a top-level field the schema needs."""
+    key = arg[1:].split("=", 1)[0]
+    if key.split(".", 1)[0] not in GROUPS and key not in _schema_fields(PipelineConfig):
+        return []
+    fix = f"set it instead ({key}=<value>), or drop the override"
+    text = f"{arg}: deletes {key}, which the pipeline's schema needs. Fix: {fix}."
+    return [OverrideProblem(key, None, "deletes a key the pipeline's schema needs.", fix, text=text)]
+
+
+def _closest(name: str, choices: list[str]) -> str:
+    near = difflib.get_close_matches(name, choices, n=3, cutoff=0.5)
+    return (f"did you mean {' or '.join(near)}? " if near else "") + f"valid: {', '.join(sorted(choices))}"
+
+
+def _closest_key(key: str, valid_here: list[str]) -> str:
+    near = _close_keys(key, _dotted_keys(PipelineConfig))
+    return (f"did you mean {' or '.join(near)}? " if near else "") + f"valid: {', '.join(sorted(valid_here))}"
+
+
+def _value_problems(key: str, value: str) -> list[OverrideProblem]:
+    """The problems of one ``key=value`` (``+`` stripped, not a ``hydra.*`` key): ``stages`` without brackets, an
+    unknown preset of a group, an unknown field, a value the field's type cannot take."""
+    if key == "stages" and not value.startswith("["):
+        what, fix = "stages is a list of stage names.", f"stages=[{value}] (quoted in a shell: 'stages=[{value}]')"
+        return [OverrideProblem(key, value, what, fix, text=f"stages={value}: {what} Fix: {fix}.")]
+    if key in GROUPS:
+        presets = sorted(p.stem for p in (CONFIG_DIR / key).glob("*.yaml"))
+        out = []
+        for v in value.split(","):
+            if v and v not in presets:
+                what = f"no such {key} preset ({CONFIG_DIR / key}/). {_closest(v, presets)}."
+                fix = f"pick a preset, or set fields directly (e.g. {key}.<field>=...)"
+                out.append(OverrideProblem(key, v, what, fix, text=f"{key}={v}: {what} Fix: {fix}."))
+        return out
+    cls: Any = PipelineConfig
+    path: list[str] = []
+    for part in key.split("."):
+        fields = _schema_fields(cls)
+        if not fields:
+            return []  # a dict-valued field (e.g. per-recipe tables) or a plain value: Hydra checks the rest
+        if part not in fields:
+            where = ".".join(path) or "the top level"
+            what = f"no such field in {where}; {_closest_key('.'.join([*path, part]), _current_names(cls))}."
+            fix = "use one of those names (pipeline --cfg job prints the whole config)"
+            return [OverrideProblem(key, value, what, fix, text=f"{key}: {what} Fix: {fix}.")]
+        path.append(part)
+        cls = GROUPS.get(part, fields[part]) if len(path) == 1 else fields[part]
+    bad = _scalar_problem(key, value, cls)
+    return [bad] if bad else []
+
+
+def _schema_fields(cls: Any) -> dict[str, Any]:
+    """``{field name: resolved type}`` of a config dataclass (empty when ``cls`` is not one)."""
+    import typing
+
+    if not dataclasses.is_dataclass(cls):
+        return {}
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:
+        hints = {}
+    return {f.name: hints.get(f.name) for f in dataclasses.fields(cls)}
+
+
+def _dotted_keys(cls: Any, prefix: str = "") -> dict[str, str]:
+    """``{dotted key: the key to write}`` of every field of the config schema ``cls``, nested groups included; a
+    deprecated alias maps to its new field (``quant.tp_size`` -> ``parallel.tp_size``), every other key to itself."""
+    out: dict[str, str] = {}
+    if not dataclasses.is_dataclass(cls):
+        return out
+    hints = _schema_fields(cls)
+    for f in dataclasses.fields(cls):
+        key = prefix + f.name
+        target = f.metadata.get("alias_of")
+        out[key] = (target if "." in target else prefix + target) if target else key
+        out.update(_dotted_keys(hints.get(f.name), key + "."))
+    return out
+
+
+def _current_names(cls: Any) -> list[str]:
+    """Field names of the config dataclass ``cls`` without its deprecated aliases (the names to write)."""
+    return [f.name for f in dataclasses.fields(cls) if "alias_of" not in f.metadata]
+
+
+_KEY_HINTS = {"eval.path": ("eval.eval_set",)}
+"""Unknown keys whose intended key no spelling similarity finds: ``model.path`` and ``calibration.path`` make
+``eval.path`` a natural guess, but the eval group's file field is ``eval.eval_set``."""
+
+
+def _close_keys(typed: str, keys: dict[str, str]) -> list[str]:
+    """Up to three keys to suggest for the unknown dotted key ``typed``: whole keys at least 80 % alike
+    (difflib ratio) whose last parts are at least 75 % alike, so a shared group prefix alone never makes a match
+    (``eval.path`` is not close to ``eval.gate``); deprecated spellings are offered as their new names.  First the
+    targeted hints of ``_KEY_HINTS`` (``eval.path`` -> ``eval.eval_set``), then keys of the same group whose last part
+    starts with the typed one (``parallel.tp`` -> ``parallel.tp_size``)."""
+    leaf = typed.rsplit(".", 1)[-1]
+    parent = typed.rsplit(".", 1)[0] if "." in typed else ""
+    out: list[str] = [keys[h] for h in _KEY_HINTS.get(typed, ()) if h in keys]
+    # a leaf the user shortened (parallel.tp -> parallel.tp_size): same group, the key's leaf starts with it
+    for k in keys:
+        kp, _, kl = k.rpartition(".")
+        if kp == parent and len(leaf) >= 2 and kl != leaf and kl.startswith(leaf) and keys[k] not in out:
+            out.append(keys[k])
+    for k in difflib.get_close_matches(typed, list(keys), n=6, cutoff=0.8):
+        if difflib.SequenceMatcher(None, leaf, k.rsplit(".", 1)[-1]).ratio() >= 0.75 and keys[k] not in out:
+            out.append(keys[k])
+    return out[:3]
+
+
+def _scalar_problem(key: str, value: str, typ: Any) -> OverrideProblem | None:
+    """A value OmegaConf cannot convert to the field's type (``package.parity=maybe``, ``eval.gate.max_drop=abc``),
+    said with the fix instead of Hydra's bare conversion error; None when it converts (each value of a sweep's
+    comma list is checked) or the value is an interpolation."""
+    import typing
+
+    args = [a for a in typing.get_args(typ) if a is not type(None)]
+    optional = type(None) in typing.get_args(typ)
+    base = args[0] if optional and len(args) == 1 else typ
+    if base not in (bool, int, float) or "${" in value:
+        return None
+    null = " or null" if optional else ""
+    for v in value.split(","):
+        v = v.strip().strip("'\"")
+        if optional and v.lower() in ("null", "none", "~"):
+            continue
+        what, fix = "", ""
+        if base is bool and v.lower() not in BOOL_WORDS:
+            what, fix = "not a boolean.", f"{key}=true or {key}=false"
+        elif base is int and not _converts(int, v):
+            what, fix = "not a whole number.", f"{key}=<integer>{null}"
+        elif base is float and not _converts(float, v):
+            what, fix = "not a number.", f"{key}=<number>{null}"
+        if what:
+            return OverrideProblem(key, v, what, fix, text=f"{key}={v}: {what} Fix: {fix}.")
+    return None
+
+
+def _converts(typ: Any, v: str) -> bool:
+    try:
+        typ(v)
+    except ValueError:
+        return False
+    return True
