@@ -68,7 +68,26 @@ class Metric:
     description: str = ""
 
     def __call__(self, output: str, item: EvalItem) -> float:
-        return float(self.fn(output, item))
+        """The score of ``output`` for ``item``.
+
+        Raises:
+            InputError: the metric returned something other than a number in [0, 1] (0 or 1 when ``binary``): the
+                gate's drop, bound and Tango's paired test are defined on such scores only.
+        """
+        from ..core.errors import InputError
+
+        raw = self.fn(output, item)
+        try:
+            x = float(raw)
+        except (TypeError, ValueError):
+            x = math.nan
+        if not (0.0 <= x <= 1.0) or (self.binary and x not in (0.0, 1.0)):
+            want = "0 or 1 (binary=True)" if self.binary else "a number in [0, 1]"
+            raise InputError(
+                f"metric {self.name!r} returned {raw!r} for item {getattr(item, 'id', '?')!r}; a metric must return {want}. "
+                f"Fix: correct the metric function{', or register it with binary=False' if self.binary and 0.0 <= x <= 1.0 else ''}."
+            )
+        return x
 
 
 METRICS: Registry[Metric] = Registry("metric")
@@ -80,10 +99,21 @@ def register(metric: Metric) -> Metric:
 
     The gate computes drops as ``baseline - candidate`` of per-item scores in [0, 1], so a metric must
     score "goodness": one with ``higher_is_better=False`` (an error rate, a distance) is refused with
-    ``ValueError``; register ``1 - x`` instead.
+    ``ValueError``; register ``1 - x`` instead.  Also refused (``ValueError``): a name an eval set cannot spell, an
+    ``fn`` not callable as ``fn(output, item)`` or a ``check`` not callable as ``check(item)``.  A score outside [0, 1]
+    (or not 0/1 for a ``binary`` metric) is refused when it is computed (:meth:`Metric.__call__`, exit 2).
     """
+    import inspect
+
+    if not isinstance(metric.name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]*", metric.name):
+        raise ValueError(f'metric name {metric.name!r}: must be an identifier-like string (eval sets name it in "metric")')
     if not metric.higher_is_better:
         raise ValueError(f"metric {metric.name!r}: the gate needs higher_is_better=True scores in [0, 1]; register 1 - score instead")
+    for what, fn, args in (("fn", metric.fn, ("output", "item")), ("check", metric.check, ("item",))):
+        try:
+            inspect.signature(fn).bind(*args)
+        except TypeError as e:
+            raise ValueError(f"metric {metric.name!r}: {what} must be callable as {what}({', '.join(args)}) ({e})") from None
     return METRICS.register(metric.name, metric, replace=True)
 
 

@@ -200,3 +200,24 @@ def test_over_long_prompt_is_skipped_not_truncated(tok):
     ps = prepare(items, tok, max_input_len=64, max_seq_len=70, default_max_new_tokens=8)
     assert ps[0].skipped is None and len(ps[0].input_ids) + ps[0].max_new_tokens <= 70
     assert ps[1].skipped == SKIP_TOO_LONG and len(ps[1].input_ids) > 64
+
+
+def test_a_registered_metric_is_checked_when_registered_and_when_it_scores():
+    """``pipeline.register_metric`` refused only a lower-is-better metric; a function of the wrong arity failed deep in
+    evaluate, and a score of 2.0 (or 0.5 from a binary metric) went into the gate's paired statistics unchecked."""
+    from pipeline.core.errors import InputError
+    from pipeline.evaluate.metrics import Metric, register
+
+    with pytest.raises(ValueError, match=r"fn must be callable as fn\(output, item\)"):
+        register(Metric("one_arg", lambda o: 1.0))
+    with pytest.raises(ValueError, match=r"check must be callable as check\(item\)"):
+        register(Metric("bad_check", lambda o, i: 1.0, check=lambda: None))
+    with pytest.raises(ValueError, match="identifier-like"):
+        register(Metric("has space", lambda o, i: 1.0))
+    assert not {"one_arg", "bad_check", "has space"} & set(METRICS)
+    it = EvalItem(id="x1", slice="s", metric="m", reference="r", prompt="p")
+    with pytest.raises(InputError, match=r"metric 'len_score' returned 2\.0 for item 'x1'; a metric must return a number in \[0, 1\]"):
+        Metric("len_score", lambda o, i: 2.0, binary=False)("out", it)
+    with pytest.raises(InputError, match=r"returned 0\.5 .* must return 0 or 1 \(binary=True\).*binary=False"):
+        Metric("half", lambda o, i: 0.5)("out", it)
+    assert Metric("half", lambda o, i: 0.5, binary=False)("out", it) == 0.5
