@@ -71,6 +71,12 @@ def sample_lengths(dist: Any, n: int, rng: np.random.Generator, field: str) -> l
     return [int(v) for v in np.clip(np.rint(x), lo, hi)]
 
 
+def _messages_text(messages: Sequence[dict[str, Any]]) -> str:
+    """An eval item's ``messages`` as plain text (their contents joined by newlines): its display prompt and, for
+    synthetic prompts, corpus text."""
+    return "\n".join(str(m.get("content", "")) for m in messages)
+
+
 def _read_jsonl(path: Path, key: str) -> list[dict[str, Any]]:
     """The objects of a JSONL file that have a string ``key`` (``prompt``: or a list ``messages``, as the eval set
     format allows, docs/evaluate.md).  Raises InputError naming the line and the fix."""
@@ -138,7 +144,7 @@ def build_requests(
                 reqs.append(BenchRequest(f"{prefix}-{i}", p, encode_prompt(tokenizer, p), ol))
             else:
                 msgs = [dict(m) for m in row["messages"]]
-                text = "\n".join(str(m.get("content", "")) for m in msgs)
+                text = _messages_text(msgs)
                 reqs.append(BenchRequest(f"{prefix}-{i}", text, encode_prompt(tokenizer, messages=msgs), ol, messages=msgs))
     else:
         src = corpus if corpus is not None and Path(corpus).exists() else eval_set
@@ -148,8 +154,7 @@ def build_requests(
             texts = [r["text"] for r in _read_jsonl(Path(src), "text")]
         except InputError:
             texts = [
-                r["prompt"] if isinstance(r.get("prompt"), str) else "\n".join(str(m.get("content", "")) for m in r["messages"])
-                for r in _read_jsonl(Path(src), "prompt")
+                r["prompt"] if isinstance(r.get("prompt"), str) else _messages_text(r["messages"]) for r in _read_jsonl(Path(src), "prompt")
             ]
         ids = list(tokenizer("\n".join(texts), add_special_tokens=False)["input_ids"])
         in_lens = sample_lengths(bcfg.input_len, n, rng, "benchmark.input_len")
