@@ -177,8 +177,13 @@ def _unmatched_exclude_problems(qcfg: Any, linear_names: list[str]) -> list[Prob
         Problem(
             "quant.exclude_modules",
             list(qcfg.exclude_modules),
-            f"{unmatched} match no linear layer of the model{hint}, so they keep nothing in high precision; the list "
-            f"replaces the default [lm_head], so the LM head would be quantized.",
+            f"{unmatched} match no linear layer of the model{hint}, so they keep nothing in high precision"
+            + (
+                ""
+                if any(_matches("lm_head", str(p)) for p in qcfg.exclude_modules)
+                else "; the list replaces the default [lm_head], so the LM head would be quantized"
+            )
+            + ".",
             f"use module names or fnmatch patterns of the model's linear layers ({', '.join(short)}; e.g. "
             f"quant.exclude_modules=[lm_head,model.layers.0.*])",
         )

@@ -58,6 +58,8 @@ def test_an_exclude_pattern_that_matches_no_linear_is_refused(small_qwen2):
     assert "quant.exclude_modules" in got, got
     msg = got["quant.exclude_modules"]
     assert "['lm_haed'] match no linear layer" in msg and "did you mean lm_head" in msg and "LM head would be quantized" in msg, msg
+    kept = _fields([*base, "quant.exclude_modules=[lm_head,model.layers.9.*]"])["quant.exclude_modules"]
+    assert "['model.layers.9.*'] match no linear layer" in kept and "LM head would be quantized" not in kept, kept
     for ok in ("[lm_head]", "[lm_head,model.layers.0.*]", "[]", "[lm_head,*q_proj,*k_proj,*v_proj]"):
         assert "quant.exclude_modules" not in _fields([*base, f"quant.exclude_modules={ok}"]), ok
 
