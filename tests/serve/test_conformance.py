@@ -31,7 +31,6 @@ import json
 import queue
 import time
 import urllib.request
-import uuid
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -671,97 +670,9 @@ def test_request_cancel_stops_a_stream(served):
     assert streamed_text(served.url, PROMPTS[1])
 
 
-def _engine_model(grpc: Any) -> str:
-    """The token-id model clients of the backend call directly (``tensorrt_llm``; ``onnxruntime_genai`` on CPU)."""
-    for name in ("tensorrt_llm", "onnxruntime_genai"):
-        if _has_model(grpc, name):
-            return name
-    raise AssertionError("no token-id engine model (tensorrt_llm / onnxruntime_genai) is served")
-
-
-@pytest.mark.parametrize("log_probs", [False, True], ids=["engine", "generator-log-probs"])
-def test_stop_input_with_the_same_request_id_ends_a_running_request(served, grpc, tok, log_probs):
-    """``inflight_batcher_llm_client.py --stop-after-ms``: a second request with the same id and ``stop=true`` to the
-    engine model ends the first one; the first stream then finishes long before ``request_output_len`` (on both paths:
-    og.Engine, and og.Generator for return_log_probs)."""
-    import tritonclient.grpc as grpcclient
-
-    model = _engine_model(grpc)
-    cfg = grpc.get_model_config(model, as_json=True)["config"]
-    if "stop" not in {i["name"] for i in cfg["input"]}:
-        pytest.fail(f"engine model {model!r} has no `stop` input (TensorRT-LLM's tensorrt_llm model has one)")
-    ids = np.array([tok(PROMPTS[0], add_special_tokens=False)["input_ids"]], dtype=np.int32)
-
-    def tensors(**kv: np.ndarray) -> list[Any]:
-        out = []
-        for k, a in kv.items():
-            i = grpcclient.InferInput(k, list(a.shape), {np.dtype(np.int32): "INT32", np.dtype(bool): "BOOL"}[a.dtype])
-            i.set_data_from_numpy(a)
-            out.append(i)
-        return out
-
-    def attempt() -> int:
-        rid = uuid.uuid4().hex[:12]
-        c = grpcclient.InferenceServerClient(served.url)
-        q: queue.Queue = queue.Queue()
-        c.start_stream(callback=lambda result, error: q.put((result, error)))
-        # the stopper's stream is open before the request starts: the race is then only the stop request's own send
-        # against the 150 tokens of a tiny model (a new gRPC connection under CI load took longer than those)
-        stopper = grpcclient.InferenceServerClient(served.url)
-        sq: queue.Queue = queue.Queue()
-        stopper.start_stream(callback=lambda result, error: sq.put((result, error)))
-        c.async_stream_infer(
-            model,
-            tensors(
-                input_ids=ids,
-                input_lengths=np.array([[ids.shape[1]]], np.int32),
-                request_output_len=np.array([[150]], np.int32),
-                streaming=np.array([[True]]),
-                end_id=np.array([[-1]], np.int32),
-                # min_length: without the stop the request runs its 150 tokens
-                **({"return_log_probs": np.array([[True]]), "min_length": np.array([[150]], np.int32)} if log_probs else {}),
-            ),
-            request_id=rid,
-            enable_empty_final_response=True,
-        )
-        r, e = q.get(timeout=60)
-        assert e is None
-        n = int(r.as_numpy("sequence_length").reshape(-1)[0])  # tokens, not responses: a response may carry several
-        stopper.async_stream_infer(
-            model,
-            tensors(
-                input_ids=ids,
-                input_lengths=np.array([[ids.shape[1]]], np.int32),
-                request_output_len=np.array([[1]], np.int32),
-                stop=np.array([[True]]),
-            ),
-            request_id=rid,
-            enable_empty_final_response=True,
-        )
-        final = False
-        deadline = time.monotonic() + 60
-        while not final and time.monotonic() < deadline:
-            r, e = q.get(timeout=60)
-            if e is not None:
-                break
-            seq = r.as_numpy("sequence_length")
-            n += 0 if seq is None else int(seq.reshape(-1)[0])
-            p = r.get_response().parameters.get("triton_final_response")
-            final = p is not None and p.bool_param
-        c.stop_stream()
-        stopper.stop_stream()
-        c.close()
-        stopper.close()
-        return n
-
-    # a race by nature: the stop must reach the engine before a tiny model's 150 tokens are out (tens of ms); under a
-    # loaded CI host one try can lose it, so up to three tries, and the stop must win at least once
-    counts = []
-    for _ in range(3):
-        counts.append(attempt())
-        if counts[-1] < 150:
-            break
-    assert min(counts) < 150, counts  # generated tokens over every response; 150 without the stop
+# ``inflight_batcher_llm_client.py --stop-after-ms`` (a ``stop=true`` request with the running request's id ends it) is
+# tested in tests/serve/test_request_metrics.py on both engine paths: this module's package has max_seq_len=192, and a
+# tiny model's 150 tokens (~30 ms) were not enough room for the stop to win under a loaded CI host (lost 3 of 3 tries).
 
 
 # --------------------------------------------------------------------------- Triton's HTTP generate extension

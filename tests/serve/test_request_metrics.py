@@ -213,11 +213,12 @@ def test_failures_after_generation_started_count_as_failures(srv):
     _check_relation(ours, triton)
 
 
-def test_a_request_ended_by_the_stop_input_counts_as_cancelled(srv):
+@pytest.mark.parametrize("log_probs", [False, True], ids=["engine", "generator-log-probs"])
+def test_a_request_ended_by_the_stop_input_counts_as_cancelled(srv, log_probs):
     """TensorRT-LLM's ``stop`` input on the token-id model (``onnxruntime_genai``; NVIDIA's inflight_batcher_llm_client
-    ``--stop-after-ms``): a ``stop=true`` request with the running request's id ends it.  The running request counts as
-    cancelled/stop, the stop request itself as a success; a ``stop=true`` without a request id is refused, here and in
-    Triton's failure counter."""
+    ``--stop-after-ms``): a ``stop=true`` request with the running request's id ends it, on both engine paths (og.Engine,
+    and og.Generator for ``return_log_probs``).  The running request counts as cancelled/stop, the stop request itself
+    as a success; a ``stop=true`` without a request id is refused, here and in Triton's failure counter."""
     import queue
 
     import numpy as np
@@ -256,6 +257,7 @@ def test_a_request_ended_by_the_stop_input_counts_as_cancelled(srv):
             request_output_len=np.array([[LONG]], np.int32),
             min_length=np.array([[LONG]], np.int32),
             streaming=np.array([[True]]),
+            **({"return_log_probs": np.array([[True]])} if log_probs else {}),
         ),
         request_id=rid,
         enable_empty_final_response=True,
