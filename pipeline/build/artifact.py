@@ -110,48 +110,39 @@ class BuildInfo:
         """The document ``d`` (``{}``: nothing recorded); an older ``target: {"name": ...}`` is read as its name.
 
         Raises:
-            InputError: a field has the wrong type (names ``source``, the field and the fix).
+            InputError: a field has the wrong type, or a limit below 1 or a size or time below 0 (names ``source``,
+                the field, the value, what was expected and the fix).
         """
-        from ..core.errors import InputError
+        from ..core.artifacts import DocumentFields
 
-        def bad(name: str) -> InputError:
-            return InputError(
-                f"{source}: {name}={d.get(name)!r} has the wrong type. Fix: rebuild with the build stage (force=true stages=[build])."
-            )
-
-        def of(name: str, kind: type | tuple[type, ...], default: Any = None) -> Any:
-            v = d.get(name)
-            if v is None:
-                return default
-            if isinstance(v, bool) or not isinstance(v, kind):
-                raise bad(name)
-            return v
-
+        f = DocumentFields(source, "rebuild with the build stage (force=true stages=[build])")
         target = d.get("target")
         if isinstance(target, dict):
             target = target.get("name")
-        if target is not None and not isinstance(target, str):
-            raise bad("target")
-        gpus = of("host", dict, {}).get("gpus") or []
-        if not isinstance(gpus, list) or not all(isinstance(g, dict) for g in gpus):
-            raise bad("host")
-        limits = of("limits", dict, {})
-        if any(isinstance(v, bool) or not isinstance(v, int) for v in limits.values()):
-            raise bad("limits")
-        build_s = of("build_s", (int, float))
+        f.get("target", target, str)
+        host = f.get("host", d.get("host"), dict) or {}
+        gpus = f.get("host.gpus", host.get("gpus"), list) or []
+        for i, g in enumerate(gpus):
+            f.get(f"host.gpus[{i}]", g, dict)
+        limits = f.get("limits", d.get("limits"), dict) or {}
+        for k, v in limits.items():  # tokens / sequences / beams: each recorded, and at least one
+            if v is None:
+                raise f.error(f"limits.{k}", v, "a positive integer")
+            f.get(f"limits.{k}", v, int, minimum=1)
+        versions = f.get("versions", d.get("versions"), dict) or {}
         return cls(
             target=target,
-            backend=of("backend", str),
-            execution_provider=of("execution_provider", str),
-            target_reason=of("target_reason", str),
+            backend=f.get("backend", d.get("backend"), str),
+            execution_provider=f.get("execution_provider", d.get("execution_provider"), str),
+            target_reason=f.get("target_reason", d.get("target_reason"), str),
             limits=dict(limits),
-            versions={str(k): str(v) for k, v in of("versions", dict, {}).items() if v is not None},
+            versions={str(k): str(v) for k, v in versions.items() if v is not None},
             gpus=tuple(gpus),
-            engine_bytes=of("engine_bytes", int),
-            build_s=float(build_s) if build_s is not None else None,
-            builder_peak_rss_bytes=of("builder_peak_rss_bytes", int),
-            knobs=dict(of("knobs", dict, {})),
-            runtime=dict(of("runtime", dict, {})),
+            engine_bytes=f.get("engine_bytes", d.get("engine_bytes"), int, minimum=0),
+            build_s=f.get("build_s", d.get("build_s"), (int, float), minimum=0),
+            builder_peak_rss_bytes=f.get("builder_peak_rss_bytes", d.get("builder_peak_rss_bytes"), int, minimum=0),
+            knobs=dict(f.get("knobs", d.get("knobs"), dict) or {}),
+            runtime=dict(f.get("runtime", d.get("runtime"), dict) or {}),
             document=dict(d),
         )
 

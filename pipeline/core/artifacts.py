@@ -36,6 +36,51 @@ def _read_json(p: Path, fix: str) -> dict[str, Any]:
     return doc
 
 
+_KIND_NAMES: dict[type, str] = {str: "a string", int: "an integer", float: "a number", dict: "an object", list: "a list"}
+
+
+class DocumentFields:
+    """Typed reads of one JSON document's fields: a refusal names the file, the field, its value, what was expected
+    and the fix (the artifact readers' ``from_json`` use it; a document is written by the pipeline, so a wrong field
+    means the file was edited or corrupted, and the fix is to re-run the stage that writes it).
+
+    Args:
+        source: the file the document was read from (named in every message).
+        fix: what to do, e.g. ``"re-run the export stage (force=true stages=[export])"``.
+    """
+
+    def __init__(self, source: Path | str, fix: str) -> None:
+        self.source, self.fix = source, fix
+
+    def error(self, name: str, value: Any, expected: str) -> InputError:
+        """The refusal of field ``name`` (dotted: ``limits.max_seq_len``) holding ``value``, not ``expected``."""
+        return InputError(f"{self.source}: {name}={value!r} is not {expected}. Fix: {self.fix}.")
+
+    def get(self, name: str, value: Any, kind: type | tuple[type, ...], *, minimum: float | None = None) -> Any:
+        """``value`` when it is None or of ``kind`` (a bool is never an int or a number) and, for numbers, not below
+        ``minimum``; an ``int`` read as ``float`` when ``kind`` is ``(int, float)``.
+
+        Raises:
+            InputError: ``value`` has another type, or is below ``minimum`` (:meth:`error`).
+        """
+        if value is None:
+            return None
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        expected = _KIND_NAMES.get(kinds[-1], kinds[-1].__name__)
+        if minimum == 0:
+            expected = "a non-negative " + expected.split(" ", 1)[1]
+        elif minimum == 1 and kinds == (int,):
+            expected = "a positive integer"
+        elif minimum is not None:
+            expected = f"{expected} >= {minimum:g}"
+        if isinstance(value, bool) or not isinstance(value, kinds):
+            raise self.error(name, value, expected)
+        number: Any = value  # isinstance() over a runtime tuple narrows to object
+        if minimum is not None and number < minimum:
+            raise self.error(name, value, expected)
+        return float(number) if float in kinds and not isinstance(value, float) else value
+
+
 TOKENIZER_FILES: tuple[str, ...] = (
     "tokenizer.json",
     "tokenizer_config.json",

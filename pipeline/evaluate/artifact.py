@@ -76,23 +76,18 @@ class EvalReport:
 
     @classmethod
     def from_json(cls, d: dict[str, Any], source: Path | str = "eval_report.json") -> EvalReport:
-        """Raises: InputError when a field the readers use has the wrong type (names ``source``, the field, the fix)."""
-        from ..core.errors import InputError
+        """Raises: InputError when a field the readers use has the wrong type, or a limit below 1 (names ``source``,
+        the field, the value, what was expected and the fix)."""
+        from ..core.artifacts import DocumentFields
 
-        def bad(name: str, v: Any) -> InputError:
-            return InputError(f"{source}: {name}={v!r} has the wrong type. Fix: re-run the evaluate stage (force=true stages=[evaluate]).")
-
-        def typed(name: str, v: Any, kind: type | tuple[type, ...]) -> Any:
-            if v is not None and (isinstance(v, bool) or not isinstance(v, kind)):
-                raise bad(name, v)
-            return v
-
+        f = DocumentFields(source, "re-run the evaluate stage (force=true stages=[evaluate])")
+        typed = f.get
         es = typed("eval_set", d.get("eval_set"), dict) or {}
         path = typed("eval_set.path", es.get("path"), str)
         notes = typed("notes", d.get("notes"), dict) or {}
         limits = typed("limits", d.get("limits"), dict) or {}
         for k, v in limits.items():
-            typed(f"limits.{k}", v, int)
+            typed(f"limits.{k}", v, int, minimum=1)  # None: unknown
         return cls(
             candidate=typed("candidate", d.get("candidate"), str),
             candidate_note=typed("notes.candidate", notes.get("candidate"), str),
@@ -100,7 +95,7 @@ class EvalReport:
                 name=typed("eval_set.name", es.get("name"), str),
                 path=Path(path) if path else None,
                 sha256=typed("eval_set.sha256", es.get("sha256"), str),
-                limit=typed("eval_set.limit", es.get("limit"), int),
+                limit=typed("eval_set.limit", es.get("limit"), int, minimum=1),
             ),
             limits=dict(limits),
             speculative=typed("speculative", d.get("speculative"), dict),

@@ -83,9 +83,21 @@ _INT_FIELDS = (
     "vocab_size",
     "tokenizer_vocab_size",
     "max_position_embeddings",
-    "bos_token_id",
-    "pad_token_id",
 )
+_TOKEN_ID_FIELDS = ("bos_token_id", "pad_token_id")
+
+
+def _token_ids(fields: Any, name: str, ids: list[Any]) -> list[int]:
+    """``ids`` when each is an int (``fields``: a :class:`pipeline.core.artifacts.DocumentFields`).
+
+    Raises:
+        InputError: an id is not an integer (names ``name[i]``).
+    """
+    for i, t in enumerate(ids):
+        if t is None:
+            raise fields.error(f"{name}[{i}]", t, "an integer")
+        fields.get(f"{name}[{i}]", t, int)
+    return ids
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,45 +139,36 @@ class ModelInfo:
         """The document ``d`` (keys not named above are ignored; an older single ``eos_token_id`` becomes the list).
 
         Raises:
-            InputError: a field has the wrong type (names ``source``, the field and the fix).
+            InputError: a field has the wrong type, or a size or count below 1 (names ``source``, the field, the value,
+                what was expected and the fix).
         """
-        from ..core.errors import InputError
+        from ..core.artifacts import DocumentFields
 
-        def bad(name: str) -> InputError:
-            return InputError(
-                f"{source}: {name}={d.get(name)!r} has the wrong type. Fix: re-run the export stage (force=true stages=[export])."
-            )
-
+        fields = DocumentFields(source, "re-run the export stage (force=true stages=[export])")
         kw: dict[str, Any] = {}
         for f in dataclasses.fields(cls):
-            if f.name not in d or d[f.name] is None:
+            v = d.get(f.name)
+            if v is None:
                 continue
-            v = d[f.name]
-            if f.name in _INT_FIELDS:
-                if isinstance(v, bool) or not isinstance(v, int):
-                    raise bad(f.name)
+            if f.name in _TOKEN_ID_FIELDS:
+                fields.get(f.name, v, int)  # any int: some configs spell "no pad token" -1
+            elif f.name in _INT_FIELDS:
+                fields.get(f.name, v, int, minimum=1)  # sizes and counts
             elif f.name == "rope_theta":
-                if isinstance(v, bool) or not isinstance(v, (int, float)):
-                    raise bad(f.name)
-                v = float(v)
+                v = fields.get(f.name, v, (int, float), minimum=0)
             elif f.name in ("rope_scaling", "files"):
-                if not isinstance(v, dict):
-                    raise bad(f.name)
+                fields.get(f.name, v, dict)
             elif f.name in ("pad_token_derived", "chat_template"):
                 v = bool(v)
             elif f.name == "eos_token_ids":
-                if not isinstance(v, list) or any(isinstance(i, bool) or not isinstance(i, int) for i in v):
-                    raise bad(f.name)
-                v = tuple(v)
-            elif not isinstance(v, str):
-                raise bad(f.name)
+                fields.get(f.name, v, list)
+                v = tuple(_token_ids(fields, f.name, v))
+            else:
+                fields.get(f.name, v, str)
             kw[f.name] = v
         if "eos_token_ids" not in kw and d.get("eos_token_id") is not None:  # written before the list existed
             single = d["eos_token_id"]
-            single = single if isinstance(single, list) else [single]
-            if any(isinstance(i, bool) or not isinstance(i, int) for i in single):
-                raise bad("eos_token_id")
-            kw["eos_token_ids"] = tuple(single)
+            kw["eos_token_ids"] = tuple(_token_ids(fields, "eos_token_id", single if isinstance(single, list) else [single]))
         return cls(**kw)
 
     def to_json(self) -> dict[str, Any]:

@@ -119,16 +119,29 @@ def test_typed_readers_refuse_a_wrong_field_type_and_read_older_documents(tmp_pa
 
     (tmp_path / "a").mkdir()
     exp = _export(tmp_path / "a", config={"eos_token_id": 2}, info={"eos_token_ids": "2", "architecture": "X"})
-    with pytest.raises(InputError, match=r"model_info\.json: eos_token_ids='2' has the wrong type\. Fix: re-run the export"):
+    with pytest.raises(InputError, match=r"model_info\.json: eos_token_ids='2' is not a list\. Fix: re-run the export"):
         ExportArtifact(exp).model_info()
+    # in range, not only of the right type: a size below 1 is refused, a token id of -1 ("no pad token") is read
+    for field, value, expected in (("hidden_size", 0, "a positive integer"), ("eos_token_ids", [2, None], "an integer")):
+        with pytest.raises(InputError, match=rf"{field}(\[1\])?={value if field == 'hidden_size' else None}.* is not {expected}\."):
+            ModelInfo.from_json({field: value}, source="model_info.json")
+    assert ModelInfo.from_json({"pad_token_id": -1, "rope_theta": 10000}).rope_theta == 10000.0
     assert ModelInfo.from_json({"eos_token_id": 7, "pad_token_id": 0}).eos_token_ids == (7,)
     assert ModelInfo.from_json({"eos_token_ids": [7, 9]}).end_id == 7 and ModelInfo().end_id == -1
 
     bdir = tmp_path / "b"
     bdir.mkdir()
     (bdir / "build_info.json").write_text(json.dumps({"target": "onnxruntime_genai", "limits": {"max_seq_len": "512"}}))
-    with pytest.raises(InputError, match=r"build_info\.json: limits=.* has the wrong type\. Fix: rebuild"):
+    with pytest.raises(InputError, match=r"build_info\.json: limits\.max_seq_len='512' is not a positive integer\. Fix: rebuild"):
         BuildArtifact(bdir).build_info()
+    # trial 2: limits.max_seq_len=-10 passed the type check and ended as exit 3 in parity
+    for bad in ({"limits": {"max_seq_len": -10}}, {"limits": {"max_batch_size": 0}}, {"limits": {"max_seq_len": None}}):
+        with pytest.raises(InputError, match=r"limits\.max_\w+=(-10|0|None) is not a positive integer\. Fix: rebuild"):
+            BuildInfo.from_json(bad)
+    with pytest.raises(InputError, match=r"engine_bytes=-1 is not a non-negative integer"):
+        BuildInfo.from_json({"engine_bytes": -1})
+    with pytest.raises(InputError, match=r"host\.gpus\[0\]='H100' is not an object"):
+        BuildInfo.from_json({"host": {"gpus": ["H100"]}})
     bi = BuildInfo.from_json({"target": {"name": "tensorrt_llm"}, "versions": {"tensorrt-llm": "1.2.1"}, "host": {"gpus": []}})
     assert (bi.target, bi.tensorrt_llm_version, bi.gpus, bi.recorded) == ("tensorrt_llm", "1.2.1", (), True)
     assert not BuildArtifact(tmp_path / "none").build_info().recorded
@@ -142,8 +155,10 @@ def test_eval_report_reader_types_what_other_stages_read(tmp_path):
     with pytest.raises(InputError, match=r"eval_report\.json is missing\. Fix: re-run the evaluate stage"):
         EvalArtifact(tmp_path).report()
     (tmp_path / "eval_report.json").write_text(json.dumps({"candidate": 3}))
-    with pytest.raises(InputError, match=r"candidate=3 has the wrong type"):
+    with pytest.raises(InputError, match=r"candidate=3 is not a string\. Fix: re-run the evaluate stage"):
         EvalArtifact(tmp_path).report()
+    with pytest.raises(InputError, match=r"limits\.max_input_len=-1 is not a positive integer"):
+        EvalReport.from_json({"limits": {"max_input_len": -1, "max_seq_len": None}})
     doc = {
         "candidate": "engine",
         "notes": {"candidate": "auto -> engine: built"},

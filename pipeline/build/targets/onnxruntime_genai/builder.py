@@ -173,15 +173,7 @@ def _build_problems(cfg: Any) -> list[Problem]:
                 "set build.speculative.mode=none",
             )
         )
-    if b.max_input_len >= b.max_seq_len:
-        p.append(
-            Problem(
-                "build.max_input_len",
-                b.max_input_len,
-                f"must be < build.max_seq_len ({b.max_seq_len}) so a prompt of max_input_len tokens can generate.",
-                f"set build.max_input_len <= {b.max_seq_len - 1} or raise build.max_seq_len",
-            )
-        )
+    # build.max_input_len < build.max_seq_len holds for every target: pipeline/build/checks.py checks it once
     if b.max_beam_width != 1:
         p.append(
             Problem("build.max_beam_width", b.max_beam_width, "the engine runner is greedy (beam width 1).", "set build.max_beam_width=1")
