@@ -60,8 +60,11 @@ class RequestRecord:
 
     @property
     def tpot(self) -> float | None:
-        """Time per output token after the first (s): (last token - first token) / (osl - 1)."""
-        if len(self.token_times) < 2:
+        """Time per output token after the first (s): (last token - first token) / (osl - 1); None for a one-token
+        answer and for one whose tokens all arrived in the first response (unstreamed, or coalesced by the server):
+        no decode step was observed, and a TPOT of 0 would pass every "<=" target (trial: a Triton TPOT of 0.00 ms
+        was reported as a met overhead ratio)."""
+        if len(self.token_times) < 2 or self.token_times[-1] == self.token_times[0]:
             return None
         return (self.token_times[-1] - self.token_times[0]) / (len(self.token_times) - 1)
 

@@ -33,3 +33,14 @@ def test_itl_is_per_request_decode_time_over_tokens_not_pooled_zero_gaps():
 def test_one_token_answers_have_no_itl():
     m = level_metrics([_record(0, per_response=1, responses=1, gap_s=0.0, ttft_s=0.05)])
     assert m["inter_token_latency"]["count"] == 0 and m["inter_response_latency"]["count"] == 0
+
+
+def test_an_answer_that_arrived_in_one_response_has_no_tpot():
+    """Trial 2: a c=1 Triton TPOT of 0.00 ms (every token in the first response) passed the ``<= 1.10`` overhead
+    target.  No decode step was observed, so the request has no TPOT (count 0: "not measured", never "met")."""
+    one = _record(0, per_response=8, responses=1, gap_s=0.0, ttft_s=0.05)
+    assert one.tpot is None
+    m = level_metrics([one])
+    assert m["time_per_output_token"]["count"] == 0 and "avg" not in m["time_per_output_token"]
+    streamed = level_metrics([_record(1, per_response=2, responses=4, gap_s=0.010, ttft_s=0.05)])
+    assert streamed["time_per_output_token"]["avg"] == pytest.approx(3 * 10.0 / 7)  # (last - first) / (8 - 1), ms
