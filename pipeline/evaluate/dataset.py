@@ -98,15 +98,16 @@ def _ok_messages(messages: Any) -> bool:
 
 def _near_misses(obj: dict[str, Any], where: str, messages: list[dict[str, Any]] | None) -> list[str]:
     """A field that is a near miss of a known one (:data:`NEAR_MISS_CUTOFF`), or a message role that is a near miss of
-    one of :data:`ROLES`: refused as a typo, since an unknown field would be kept as ignored metadata."""
+    one of :data:`ROLES`: refused as a typo, since an unknown field would be kept as ignored metadata.  Matched without
+    case (``Stop`` is a near miss of ``stop``, ``User`` of ``user``: fields and roles are lower case)."""
     errs = []
     for m in messages or []:
-        near = difflib.get_close_matches(m["role"], ROLES, n=1, cutoff=0.7) if m["role"] not in ROLES else []
+        near = difflib.get_close_matches(str(m["role"]).lower(), ROLES, n=1, cutoff=0.7) if m["role"] not in ROLES else []
         if near:
             errs.append(f"{where}: field 'messages' has role {m['role']!r}, a near miss of {near[0]!r}. Fix: use role {near[0]!r}.")
             break
     for key in sorted(k for k in obj if k not in _KNOWN):
-        near = difflib.get_close_matches(key, sorted(_KNOWN), n=1, cutoff=NEAR_MISS_CUTOFF)
+        near = difflib.get_close_matches(key.lower(), sorted(_KNOWN), n=1, cutoff=NEAR_MISS_CUTOFF)
         if near:
             errs.append(
                 f"{where}: field {key!r} is not an eval-set field; did you mean {near[0]!r}? (unknown fields are kept as "

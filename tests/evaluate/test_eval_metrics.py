@@ -111,6 +111,9 @@ def test_a_misspelled_optional_field_or_role_is_refused_not_dropped(tmp_path):
         json.dumps({**good, "max_new_token": 0}),
         json.dumps({**good, "id": "b", "stops": ["\n"]}),
         json.dumps({**good, "id": "c", "prompt": None, "messages": [{"role": "usr", "content": "hi"}]}),
+        # trial 2: a capitalised field or role was not caught (the match was case-sensitive)
+        json.dumps({**good, "id": "d", "Stop": ["\n"]}),
+        json.dumps({**good, "id": "e", "prompt": None, "messages": [{"role": "User", "content": "hi"}]}),
     ]
     f = tmp_path / "typos.jsonl"
     f.write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -120,6 +123,8 @@ def test_a_misspelled_optional_field_or_role_is_refused_not_dropped(tmp_path):
     assert f"{f}:1: field 'max_new_token' is not an eval-set field; did you mean 'max_new_tokens'?" in msg, msg
     assert f"{f}:2: field 'stops' is not an eval-set field; did you mean 'stop'?" in msg, msg
     assert f"{f}:3: field 'messages' has role 'usr', a near miss of 'user'" in msg, msg
+    assert f"{f}:4: field 'Stop' is not an eval-set field; did you mean 'stop'?" in msg, msg
+    assert f"{f}:5: field 'messages' has role 'User', a near miss of 'user'" in msg, msg
     ok = tmp_path / "ok.jsonl"
     ok.write_text(json.dumps({**good, "lang": "en", "idx": 3, "messages": [{"role": "ipython", "content": "x"}], "prompt": None}) + "\n")
     (item,) = load_eval_set(ok)
