@@ -20,6 +20,7 @@ from .client import (
     LLMClient,
     RequestRefused,
     RequestTimeout,
+    UnknownModel,
     grpc_address,
     require_server,
     served_tokenizer,
@@ -211,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
                         )
                     else:
                         print(r.text)
+    except UnknownModel as e:  # LLMClient's fix names its parameter; here the flag
+        print(f"error: --model {e.model}: {e.reason}. Fix: --model <one of them>, e.g. --model {e.example}.", file=sys.stderr)
+        return EXIT_INPUT
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_INPUT
