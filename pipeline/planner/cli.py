@@ -32,7 +32,13 @@ def _rewrite(overrides: list[str]) -> list[str]:
 
 def _compose(overrides: list[str]) -> Any:
     from ..core.config import compose
+    from ..core.config.hydra_settings import refuse_hydra_settings
 
+    refuse_hydra_settings(
+        overrides,
+        "`pipeline plan`",
+        "drop it: the plan is printed and no run folder is written (pipeline plan --json > plan.json saves it)",
+    )
     return compose(overrides)
 
 

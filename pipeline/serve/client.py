@@ -25,6 +25,7 @@ Library use::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import queue
@@ -80,6 +81,21 @@ def require_server(url: str, timeout_s: float = 10.0) -> None:
         c.close()
     if not live:
         raise ServerUnavailable(no_server_message(url, detail))
+
+
+class UnknownModel(InputError):
+    """The model asked for is not one the server serves (exit 2: the caller's input, not the server's state).
+
+    ``model``: the name asked for; ``served``: the models the server's repository index lists as ready; ``prompt_models``:
+    those of them that take a prompt (a ``text_input`` input in their metadata: ``ensemble``, ``tensorrt_llm_bls``);
+    ``reason``: what is wrong, which ``pipeline client`` words with its ``--model`` flag."""
+
+    def __init__(self, model: str, url: str, served: list[str], prompt_models: list[str]) -> None:
+        self.model, self.served, self.prompt_models = model, served, prompt_models
+        takes = f"; of these, {', '.join(prompt_models)} take a prompt" if prompt_models else ""
+        self.reason = f"not a model the server at {url} serves (it serves {', '.join(served) or 'no model'}{takes})"
+        self.example = "ensemble" if "ensemble" in prompt_models else (prompt_models or served or ["ensemble"])[0]
+        super().__init__(f"model {model!r}: {self.reason}. Fix: pass model=<one of them>, e.g. model={self.example!r}.")
 
 
 class RequestError(PipelineError):
@@ -205,6 +221,7 @@ class LLMClient:
         timeout_s: default per-request timeout in seconds.
     Raises:
         ServerUnavailable: the server is not reachable or the model is not ready.
+        UnknownModel: the server does not serve ``model`` (its repository index does not list it).
     """
 
     def __init__(self, url: str = DEFAULT_URL, model: str = "ensemble", *, tokenizer: Any = None, timeout_s: float = 120.0) -> None:
@@ -219,6 +236,7 @@ class LLMClient:
             if not self.client.is_server_live(client_timeout=10):
                 raise ServerUnavailable(f"Triton at {url} is not live.")
             if not self.client.is_model_ready(model, client_timeout=10):
+                self._refuse_unknown_model(model)
                 raise ServerUnavailable(
                     f"model {model!r} is not ready on {url}. Fix: check the server log; list models with "
                     f"`curl localhost:<http_port>/v2/repository/index`."
@@ -231,6 +249,22 @@ class LLMClient:
             self.client.close()
             raise ServerUnavailable(no_server_message(url, e.message() if hasattr(e, "message") else str(e))) from None
         self.tokenizer = _load_tokenizer(tokenizer)
+
+    def _refuse_unknown_model(self, model: str) -> None:
+        """Raise :class:`UnknownModel` when the server's repository index does not list ``model`` (a model that is
+        listed but not ready is the server's state, left to the caller: exit 4)."""
+        index = self.client.get_model_repository_index(as_json=True, client_timeout=10).get("models", [])
+        if any(m.get("name") == model for m in index):
+            return
+        served = sorted({m["name"] for m in index if m.get("name") and m.get("state") == "READY"})
+        prompt_models = []
+        for name in served:
+            with contextlib.suppress(self._exc):
+                meta = self.client.get_model_metadata(name, as_json=True, client_timeout=10)
+                if any(i.get("name") == "text_input" for i in meta.get("inputs", [])):
+                    prompt_models.append(name)
+        self.client.close()
+        raise UnknownModel(model, self.url, served, prompt_models)
 
     def _is_decoupled(self, model: str) -> bool:
         cfg = self.client.get_model_config(model, as_json=True, client_timeout=10)["config"]

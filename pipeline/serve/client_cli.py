@@ -15,7 +15,16 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import InputError, PipelineError
-from .client import DEFAULT_URL, LLMClient, RequestRefused, RequestTimeout, grpc_address, require_server, served_tokenizer
+from .client import (
+    DEFAULT_URL,
+    LLMClient,
+    RequestRefused,
+    RequestTimeout,
+    UnknownModel,
+    grpc_address,
+    require_server,
+    served_tokenizer,
+)
 
 
 def _parity_main(package: Path, url: str) -> int:
@@ -43,14 +52,22 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("prompts", nargs="*", help="prompts (default: read one per line from stdin)")
     ap.add_argument("--url", default=DEFAULT_URL, help="gRPC host:port, no scheme; grpc://host:port accepted (default %(default)s)")
     ap.add_argument("--model", default="ensemble")
-    ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--stream", action="store_true", help="stream the answer (decoupled deployments)")
+    # default None: a flag the user gave is told apart from its default (an --input of the same tensor conflicts with
+    # the first only, _flag_conflicts); _request_inputs applies the defaults
+    ap.add_argument("--max-tokens", type=int, default=None, help=f"tokens to generate at most (default {DEFAULT_MAX_TOKENS})")
+    ap.add_argument("--stream", action="store_true", default=None, help="stream the answer (decoupled deployments)")
     ap.add_argument("--raw", action="store_true", help="send the text as is (no chat template)")
     ap.add_argument(
         "--tokenizer", default=None, help="tokenizer folder (default: the served package's, recorded by `pipeline serve` for --url)"
     )
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
-    ap.add_argument("--input", action="append", default=[], metavar="NAME=JSON", help="extra input, e.g. --input temperature=0.7")
+    ap.add_argument(
+        "--input",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="extra input (VALUE as JSON, else text), e.g. --input temperature=0.7",
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON object per answer")
     ap.add_argument(
         "--parity",
@@ -62,29 +79,78 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _request_inputs(a: argparse.Namespace) -> tuple[dict[str, Any], int, bool]:
-    """``(extra inputs, max_tokens, stream)`` from the parsed flags (``--input NAME=JSON`` values decoded as JSON when
-    they parse, else kept as text).  Raises :class:`InputError` for ``max_tokens`` < 1, a ``--timeout`` that is not a
-    positive number, or a prompt passed as an input."""
+#: ``--max-tokens`` when it is not given
+DEFAULT_MAX_TOKENS = 64
+
+#: ensemble inputs a dedicated flag sets -> that flag (the prompt, ``text_input``/``messages``, is refused as an
+#: ``--input`` in :func:`_request_inputs`)
+FLAG_INPUTS = {"max_tokens": "--max-tokens", "stream": "--stream"}
+
+
+def _parse_inputs(items: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """``--input NAME=VALUE`` items as ``({name: value}, {name: the item as typed})`` (VALUE decoded as JSON when it
+    parses, else kept as text).  Raises :class:`InputError` for an item without ``NAME=`` and for a name given twice (one of them would be dropped)."""
     extra: dict[str, Any] = {}
-    for item in a.input:
-        k, _, v = item.partition("=")
+    given: dict[str, str] = {}
+    for item in items:
+        k, sep, v = item.partition("=")
+        k = k.strip()
+        if not sep or not k:
+            named = f"--input {k}=<value>, " if k and not sep else ""
+            raise InputError(
+                f"--input {item!r}: expected NAME=VALUE (an ensemble input's name, '=', its value as JSON or text). "
+                f"Fix: {named}e.g. --input temperature=0.7 or --input 'stop_words=[\"Thanks\"]'."
+            )
+        if k in given:
+            raise InputError(
+                f"--input {given[k]} and --input {item}: both set the {k} input, and only one value can be sent. "
+                f"Fix: give --input {k}=... once."
+            )
+        given[k] = item
         try:
             extra[k] = json.loads(v)
         except ValueError:
             extra[k] = v
-    flag = "--input max_tokens" if "max_tokens" in extra else "--max-tokens"
-    max_tokens = extra.pop("max_tokens", a.max_tokens)
+    return extra, given
+
+
+def _flag_conflicts(a: argparse.Namespace, given: dict[str, str]) -> None:
+    """Raise :class:`InputError` when an ``--input`` (``given``: name -> the item as typed) sets a tensor that a flag
+    the user gave also sets (:data:`FLAG_INPUTS`; a flag left at its default does not conflict)."""
+    for name, flag in FLAG_INPUTS.items():
+        value = getattr(a, flag.lstrip("-").replace("-", "_"))
+        if name in given and value is not None:
+            typed = flag if isinstance(value, bool) else f"{flag} {value}"
+            raise InputError(
+                f"--input {given[name]} and {typed}: both set the {name} input, and only one value can be sent. "
+                f"Fix: use one of them ({typed}, or --input {given[name]} without {flag})."
+            )
+
+
+def _request_inputs(a: argparse.Namespace) -> tuple[dict[str, Any], int, bool]:
+    """``(extra inputs, max_tokens, stream)`` from the parsed flags (``--input NAME=VALUE`` values decoded as JSON when
+    they parse, else kept as text; :func:`_parse_inputs`).  Raises :class:`InputError` for a malformed or repeated
+    ``--input``, an ``--input`` of a tensor a flag given also sets (:func:`_flag_conflicts`), ``max_tokens`` < 1, a
+    ``stream`` that is not true/false, a ``--timeout`` that is not a positive number, or a prompt passed as an input."""
+    extra, given = _parse_inputs(a.input)
+    _flag_conflicts(a, given)
+    flag = f"--input {given['max_tokens']}" if "max_tokens" in extra else f"--max-tokens={a.max_tokens}"
+    max_tokens = extra.pop("max_tokens", DEFAULT_MAX_TOKENS if a.max_tokens is None else a.max_tokens)
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        raise InputError(f"{flag}={max_tokens!r}: must be an integer >= 1 (tokens to generate). Fix: e.g. --max-tokens 64.")
+        raise InputError(f"{flag}: must be an integer >= 1 (tokens to generate). Fix: e.g. --max-tokens 64.")
     if not (math.isfinite(a.timeout) and a.timeout > 0):
         raise InputError(
             f"--timeout {a.timeout:g}: must be a positive number of seconds per request. Fix: e.g. --timeout 120 (the default)."
         )
-    stream = bool(extra.pop("stream", a.stream))
+    stream = extra.pop("stream", bool(a.stream))
+    if not isinstance(stream, bool):
+        raise InputError(f"--input {given['stream']}: stream is true or false. Fix: --stream (or --input stream=true).")
     for k in ("text_input", "messages"):
         if k in extra:
-            raise InputError(f"--input {k}=... : pass the prompt as an argument instead.")
+            raise InputError(
+                f"--input {given[k]}: the prompt arguments (or stdin, one prompt a line) set {k}. "
+                f'Fix: pass the prompt as an argument instead, e.g. pipeline client "Where is my order?".'
+            )
     return extra, max_tokens, stream
 
 
@@ -92,7 +158,7 @@ def _refusal_fix(a: argparse.Namespace, reason: str) -> str:
     """The fix of a request the server refused: the flags that sent what its ``reason`` names."""
     named = [f"--input {item}" for item in a.input if item.partition("=")[0] and item.partition("=")[0] in reason]
     if "max_tokens" in reason and not any(item.startswith("max_tokens=") for item in a.input):
-        named.append(f"--max-tokens {a.max_tokens}")
+        named.append(f"--max-tokens {DEFAULT_MAX_TOKENS if a.max_tokens is None else a.max_tokens}")
     if named:
         return f"change or drop {', '.join(named)}"
     return "change the request as the reason says (an --input value, --max-tokens, the prompt)"
@@ -146,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
                         )
                     else:
                         print(r.text)
+    except UnknownModel as e:  # LLMClient's fix names its parameter; here the flag
+        print(f"error: --model {e.model}: {e.reason}. Fix: --model <one of them>, e.g. --model {e.example}.", file=sys.stderr)
+        return EXIT_INPUT
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_INPUT

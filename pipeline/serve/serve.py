@@ -205,8 +205,17 @@ def release_warnings(man: dict[str, Any]) -> list[str]:
     return out
 
 
+#: the fix of a ``hydra.*`` override given to ``pipeline serve``, which runs no Hydra app
+SERVE_HYDRA_FIX = (
+    "drop it; the server log goes to runs/serve-<time>/ under the current folder (the ready: line prints its path), "
+    "a release archive is unpacked under runs/ too, and the ports and host are package.* overrides "
+    "(pipeline serve --help)"
+)
+
+
 def main(argv: list[str] | None = None) -> int:
     from ..core.config import ConfigError, compose
+    from ..core.config.hydra_settings import hydra_key, refuse_hydra_settings
     from ..core.config.package import host_problems
     from .server import TritonServer
 
@@ -219,9 +228,11 @@ def main(argv: list[str] | None = None) -> int:
     if unknown_flags:
         print(f"error: unknown option(s) {unknown_flags}; `pipeline serve --help` lists them.", file=sys.stderr)
         return EXIT_INPUT
-    paths = [a for a in argv if "=" not in a and not a.startswith("-")]
+    hydra_args = [a for a in argv if hydra_key(a) is not None]  # ~hydra.x has no "=": not a path either
+    paths = [a for a in argv if "=" not in a and not a.startswith("-") and a not in hydra_args]
     overrides = [a for a in argv if "=" in a]
     try:
+        refuse_hydra_settings(hydra_args, "`pipeline serve`", SERVE_HYDRA_FIX)
         cfg = compose(overrides)
         pc = cfg.package
         bad_host = host_problems(pc.host)

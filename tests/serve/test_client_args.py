@@ -74,3 +74,59 @@ def test_a_request_the_server_refuses_as_invalid_input_is_exit_2(status, msg, ex
     assert e.exit_code == exit_code, (e, type(e))
     if exit_code != 4:
         assert isinstance(e, RequestError) and e.status == status
+
+
+@pytest.mark.parametrize(
+    "args,both,fix",
+    [
+        (
+            ["--input", "max_tokens=2", "--max-tokens", "5"],
+            "--input max_tokens=2 and --max-tokens 5",
+            "--max-tokens 5, or --input max_tokens=2",
+        ),
+        (
+            ["--max-tokens", "64", "--input", "max_tokens=2"],
+            "--input max_tokens=2 and --max-tokens 64",
+            "--max-tokens 64, or",
+        ),  # the default, given
+        (["--input", "stream=false", "--stream"], "--input stream=false and --stream", "--stream, or --input stream=false without"),
+    ],
+)
+def test_an_input_that_a_flag_given_also_sets_is_exit_2_naming_both(capsys, args, both, fix):
+    """``--input max_tokens=2 --max-tokens 5`` sent 2 tokens and dropped --max-tokens without a word (fresh-user trial);
+    refused before anything is sent (no server here: the refusal comes before the preflight's exit 4)."""
+    rc = main(["--url", f"127.0.0.1:{free_port()}", "--raw", *args, "hi"])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert both in err and "only one value can be sent" in err and f"Fix: use one of them ({fix}" in err, err
+
+
+@pytest.mark.parametrize("item", ["max_tokens=2", "stream=true"])
+def test_an_input_whose_flag_is_left_at_its_default_is_no_conflict(capsys, item):
+    rc = main(["--url", f"127.0.0.1:{free_port()}", "--raw", "--input", item, "hi"])
+    err = capsys.readouterr().err
+    assert rc == 4 and "no Triton server answers" in err, err  # accepted: the request got as far as the preflight
+
+
+@pytest.mark.parametrize("item,named", [("temperature", "--input temperature=<value>, "), ("=0.7", ""), ("", "")])
+def test_an_input_without_name_and_value_says_name_value_with_an_example(capsys, item, named):
+    """``--input temperature`` (no ``=``) reached the server as temperature='' and came back as "input 'temperature'
+    (FP32, shape [1]) expects numbers, got ['']"."""
+    rc = main(["--url", f"127.0.0.1:{free_port()}", "--raw", "--input", item, "hi"])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert f"--input {item!r}: expected NAME=VALUE" in err and f"Fix: {named}e.g. --input temperature=0.7" in err, err
+
+
+def test_an_input_given_twice_is_exit_2_naming_both(capsys):
+    rc = main(["--url", f"127.0.0.1:{free_port()}", "--raw", "--input", "top_k=1", "--input", "top_k=40", "hi"])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "--input top_k=1 and --input top_k=40: both set the top_k input" in err and "Fix: give --input top_k=... once" in err
+
+
+def test_a_stream_input_that_is_not_true_or_false_is_exit_2(capsys):
+    """``--input stream=no`` was sent as stream=True (``bool("no")``)."""
+    rc = main(["--url", f"127.0.0.1:{free_port()}", "--raw", "--input", "stream=no", "hi"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--input stream=no: stream is true or false" in err, err

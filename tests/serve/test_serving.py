@@ -274,6 +274,27 @@ def test_pipeline_client_input_the_server_refuses_is_exit_2_with_its_reason(serv
     assert main(["--url", url, "--tokenizer", str(served.tokenizer), "--max-tokens", "4", PROMPTS[0]]) == 0  # still serving
 
 
+def test_pipeline_client_model_the_server_does_not_serve_is_exit_2_naming_the_served_ones(served, capsys, direct):
+    """``--model nosuch`` was exit 4 ("not ready ... check the server log"), as for a server fault; the name is the
+    user's input: exit 2 naming it, the models the server's repository index lists, and ``--model <one of them>``."""
+    from pipeline.serve.client import LLMClient, UnknownModel
+    from pipeline.serve.client_cli import main
+
+    url = served.server.grpc_url
+    assert main(["--url", url, "--raw", "--model", "nosuch", PROMPTS[0]]) == 2
+    err = capsys.readouterr().err
+    assert f"--model nosuch: not a model the server at {url} serves (it serves ensemble, " in err, err
+    assert "preprocessing" in err and "of these, ensemble, tensorrt_llm_bls take a prompt" in err, err
+    assert "Fix: --model <one of them>, e.g. --model ensemble." in err and "model=" not in err, err
+    with pytest.raises(UnknownModel, match=r"model 'nosuch': .*Fix: pass model=<one of them>, e.g. model='ensemble'") as e:
+        LLMClient(url, "nosuch")
+    assert e.value.exit_code == 2 and {"ensemble", "preprocessing", "postprocessing"} <= set(e.value.served)
+    # a served model is still served, and an --input whose flag is left at its default is honoured
+    tok = str(served.tokenizer)
+    assert main(["--url", url, "--tokenizer", tok, "--model", "tensorrt_llm_bls", "--input", "max_tokens=3", PROMPTS[0]]) == 0
+    assert capsys.readouterr().out == direct(PROMPTS[0], 3) + "\n"
+
+
 def test_pipeline_client_timeout_names_the_flag(served, capsys):
     """An expired --timeout said "Fix: raise timeout_s" (LLMClient's parameter) to a command-line user."""
     from pipeline.serve.client_cli import main

@@ -227,8 +227,10 @@ def compose(overrides: list[str] | None = None, config_name: str = "pipeline") -
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
 
+    from .hydra_settings import refuse_hydra_settings
     from .overrides import override_problems
 
+    refuse_hydra_settings(list(overrides or []))  # Hydra's compose API drops hydra.* overrides without a word
     problems = override_problems(list(overrides or []))
     if problems:
         raise ConfigError(list(problems))
