@@ -3,8 +3,9 @@
 The public Python surface (everything else is private and may change between releases):
 
 * :func:`compose` (``compose(overrides) -> PipelineConfig``): the typed config, as the CLI composes it; an override
-  the CLI refuses (an unknown key, ``+key=value`` included, an unknown preset, a wrong type, one Hydra cannot parse)
-  raises ``ConfigError`` (``exit_code`` 2) with the CLI's message; the rules are :func:`validate`'s;
+  the CLI refuses (an unknown key, ``+key=value`` included, an unknown preset, a wrong type, one Hydra cannot parse,
+  a ``${...}`` that cannot be resolved) raises ``ConfigError`` (``exit_code`` 2) with the CLI's message; the rules
+  are :func:`validate`'s; ``overrides`` is a list (or tuple) of str: a str is refused (``ConfigTypeError``);
 * :func:`run` (``run(cfg) -> RunSummary``): run the configured stages (``RunSummary.exit_code`` is the CLI's);
 * :func:`validate` (``validate(cfg, raise_on_error=True) -> [Problem]``): every check a run makes before any work
   (fields, then each stage that will run); raises ``ConfigError`` listing them all;

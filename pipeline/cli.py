@@ -105,8 +105,7 @@ def _task(cfg) -> int:  # DictConfig
         redact_files([Path(hc.sweep.dir) / "multirun.yaml"])
     try:
         obj = to_object(cfg, overrides)
-    except Exception as e:
-        e = _interpolation_error(e)
+    except Exception as e:  # a bad ${...} interpolation included: a ConfigError naming the override (to_object)
         print(f"error (exit {EXIT_INPUT}): {e}", file=sys.stderr)
         code = EXIT_INPUT
         _write_error_summary(out_dir, overrides, code, f"configuration error: {e}")
@@ -116,20 +115,6 @@ def _task(cfg) -> int:  # DictConfig
     if hc.mode == RunMode.RUN:
         sys.exit(code)
     return code
-
-
-def _interpolation_error(e: Exception) -> Exception:
-    """An OmegaConf interpolation failure (an unknown key, a cycle, bad ``${...}`` syntax) as a message naming the field,
-    the value and the fix (OmegaConf's own names neither the value nor the fix); other errors unchanged."""
-    from omegaconf.errors import GrammarParseError, InterpolationKeyError, InterpolationResolutionError
-
-    if not isinstance(e, (InterpolationKeyError, InterpolationResolutionError, GrammarParseError)):
-        return e
-    key = getattr(e, "full_key", None) or "?"
-    return ValueError(
-        f"{key}: its ${{...}} interpolation cannot be resolved ({type(e).__name__}: {str(getattr(e, 'msg', None) or e).splitlines()[0]}). "
-        f"Fix: reference an existing key (e.g. ${{model.name}}) without a cycle, or quote a literal value."
-    )
 
 
 def _write_error_summary(out_dir: Path, overrides: list[str], code: int, error: str) -> None:

@@ -3,7 +3,9 @@
 Old behaviour:
 * ``pipeline -m quant=none ... quant=none,int8_sq``: the swept key was also a fixed override, so
   :func:`pipeline.cli.sweep_dirname_argv` excluded it from the job folder names (``0``, ``1``); with
-  ``hydra.sweep.subdir=${hydra.job.override_dirname}`` both jobs wrote into one folder.
+  ``hydra.sweep.subdir=${hydra.job.override_dirname}`` both jobs wrote into one folder;
+* ``pipeline.compose(["model.name=${nosuch}"])`` raised OmegaConf's ``InterpolationKeyError`` (no override, no fix);
+  ``compose("model.name=x")`` read the str one character at a time (Hydra's parse error of override ``m``).
 """
 
 from __future__ import annotations
@@ -13,7 +15,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+import pipeline
 from pipeline.cli import sweep_dirname_argv
+from pipeline.core.config import ConfigError, ConfigTypeError
+from pipeline.core.errors import EXIT_INPUT, InputError
 
 ROOT = Path(__file__).resolve().parents[2]
 EXCLUDE = "hydra.job.config.override_dirname.exclude_keys="
@@ -49,3 +56,62 @@ def test_a_sweep_of_a_key_also_given_fixed_writes_one_folder_per_job(tmp_path):
         jobs = {p.name for p in sweep.iterdir() if p.is_dir()}
         assert jobs == want, jobs
         assert all((sweep / j / "summary.json").is_file() for j in jobs)
+
+
+# --------------------------------------------------------------------------- 2. compose: interpolations, a str
+@pytest.mark.parametrize(
+    "overrides,field,said",
+    [
+        (["model.name=${nosuch}"], "model.name", "it refers to 'nosuch', which is no key of the config."),
+        (["model.name=${model.nosuch}"], "model.name", "it refers to 'model.nosuch', which is no key"),
+        (["model.path=/ckpt/${nosuch}"], "model.path", "it refers to 'nosuch'"),  # model.name reads it: still model.path
+        (["stages=[export,${nosuch}]"], "stages", "it refers to 'nosuch'"),
+        (["model.name=${model.name}"], "model.name", "it refers to itself (a cycle)."),
+        (["model.name=${nosuch:x}"], "model.name", "it calls the resolver 'nosuch', which is not registered."),
+        (["model.name=${oc.env:PIPELINE_NO_SUCH_VARIABLE}"], "model.name", "'PIPELINE_NO_SUCH_VARIABLE' it reads is not set"),
+        (["build.max_seq_len=${model.name}"], "build.max_seq_len", "the value it resolves to does not fit the field"),
+    ],
+)
+def test_compose_refuses_an_interpolation_it_cannot_resolve(overrides, field, said):
+    with pytest.raises(ConfigError) as e:
+        pipeline.compose(overrides)
+    err = e.value
+    assert isinstance(err, InputError) and err.exit_code == EXIT_INPUT
+    (p,) = err.problems
+    assert p.field == field and str(p).startswith(f"{overrides[0]}: its ${{...}} interpolation cannot be resolved: "), str(p)
+    assert said in str(p) and "Fix: " in str(p), str(p)
+
+
+def test_compose_names_every_bad_interpolation_and_a_literal_one_composes():
+    with pytest.raises(ConfigError) as e:
+        pipeline.compose(["model.name=${nosuch}", "build.max_seq_len=${nosuch2}"])
+    assert [p.field for p in e.value.problems] == ["model.name", "build.max_seq_len"]
+    assert pipeline.compose([r"model.name=\${nosuch}"]).model.name == "${nosuch}"  # the escape the fix names
+    assert pipeline.compose(["model.name=${model.path}"]).model.name == pipeline.compose([]).model.path  # a good one resolves
+
+
+def test_a_preset_value_whose_interpolation_fails_is_named_by_its_field(tmp_path):
+    """A value no override set (a user YAML's): the run refuses it with exit 2 naming the field and its value."""
+    (tmp_path / "mine.yaml").write_text("model:\n  name: ${nosuch}\nstages: [export]\n", encoding="utf-8")
+    r = _cli("--config-dir", str(tmp_path), "--config-name", "mine", f"store_dir={tmp_path / 'store'}", "progress=false", cwd=tmp_path)
+    assert r.returncode == EXIT_INPUT, r.stderr[-2000:]
+    assert "model.name='${nosuch}': its ${...} interpolation cannot be resolved: it refers to 'nosuch'" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and "Fix: " in r.stderr
+
+
+@pytest.mark.parametrize(
+    "arg,fix",
+    [
+        ("model.name=x", "compose(['model.name=x'])"),
+        ("model.name=x quant=none", "compose(['model.name=x', 'quant=none'])"),
+        ({"model.name": "x"}, 'compose([f"{k}={v}" for k, v in overrides.items()])'),
+        (["model.name=x", 3], '"build.max_batch_size=8"'),
+    ],
+)
+def test_compose_refuses_what_is_not_a_list_of_str(arg, fix):
+    with pytest.raises(ConfigTypeError) as e:
+        pipeline.compose(arg)
+    err = e.value
+    assert isinstance(err, TypeError) and isinstance(err, ConfigError) and err.exit_code == EXIT_INPUT
+    assert fix in str(err) and "list" in str(err), str(err)
+    assert pipeline.compose(("model.name=x",)).model.name == "x"  # a tuple is a list of overrides too
