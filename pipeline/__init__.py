@@ -7,6 +7,8 @@ The public Python surface (everything else is private and may change between rel
   a ``${...}`` that cannot be resolved) raises ``ConfigError`` (``exit_code`` 2) with the CLI's message; the rules
   are :func:`validate`'s; ``overrides`` is a list (or tuple) of str: a str is refused (``ConfigTypeError``);
 * :func:`run` (``run(cfg) -> RunSummary``): run the configured stages (``RunSummary.exit_code`` is the CLI's);
+  ``cfg`` is what :func:`compose` returns (or a Hydra ``DictConfig`` of the pipeline's config); a dict or a list of
+  overrides raises ``ConfigTypeError``;
 * :func:`validate` (``validate(cfg, raise_on_error=True) -> [Problem]``): every check a run makes before any work
   (fields, then each stage that will run); raises ``ConfigError`` listing them all;
 * :func:`plan` (``plan(cfg) -> Plan``): the memory and speed plan, no work done (it does not validate: call

@@ -5,17 +5,21 @@ Old behaviour:
   :func:`pipeline.cli.sweep_dirname_argv` excluded it from the job folder names (``0``, ``1``); with
   ``hydra.sweep.subdir=${hydra.job.override_dirname}`` both jobs wrote into one folder;
 * ``pipeline.compose(["model.name=${nosuch}"])`` raised OmegaConf's ``InterpolationKeyError`` (no override, no fix);
-  ``compose("model.name=x")`` read the str one character at a time (Hydra's parse error of override ``m``).
+  ``compose("model.name=x")`` read the str one character at a time (Hydra's parse error of override ``m``);
+* ``pipeline.run({"stages": ["export"]})`` raised ``AttributeError: 'dict' object has no attribute 'stages'``, and a
+  Hydra ``DictConfig`` of the pipeline's config a ``TypeError`` from deep in the runner.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 import pipeline
 from pipeline.cli import sweep_dirname_argv
@@ -115,3 +119,36 @@ def test_compose_refuses_what_is_not_a_list_of_str(arg, fix):
     assert isinstance(err, TypeError) and isinstance(err, ConfigError) and err.exit_code == EXIT_INPUT
     assert fix in str(err) and "list" in str(err), str(err)
     assert pipeline.compose(("model.name=x",)).model.name == "x"  # a tuple is a list of overrides too
+
+
+# --------------------------------------------------------------------------- 2. run: what it takes
+@pytest.mark.parametrize(
+    "cfg,fix",
+    [
+        ({"stages": ["export"]}, 'pipeline.compose([f"{k}={v}" for k, v in overrides.items()])'),
+        (["quant=none", "stages=[export]"], "pipeline.compose(['quant=none', 'stages=[export]'])"),
+        ("quant=none stages=[export]", "pipeline.compose(['quant=none', 'stages=[export]'])"),
+    ],
+)
+def test_run_refuses_what_is_not_a_config_naming_what_it_takes(cfg, fix, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigTypeError) as e:
+        pipeline.run(cfg, console=Console(file=io.StringIO()))
+    err = e.value
+    assert isinstance(err, TypeError) and err.exit_code == EXIT_INPUT
+    assert "run takes the PipelineConfig of pipeline.compose(...)" in str(err) and fix in str(err), str(err)
+    assert not list(tmp_path.iterdir())  # refused before any work
+
+
+def test_run_takes_a_hydra_dictconfig_of_the_pipeline_config(tmp_path):
+    """A DictConfig composed by Hydra's own API (a user's @hydra.main app) runs as the CLI runs it: here validation
+    refuses the missing checkpoint, the documented exit 2 in the summary, no exception."""
+    from hydra import compose, initialize_config_dir
+
+    from pipeline.core.config import CONFIG_DIR, register
+
+    register()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        dc = compose("pipeline", ["model.path=/nonexistent", "stages=[export]", "progress=false", f"store_dir={tmp_path}"])
+    summary = pipeline.run(dc, console=Console(file=io.StringIO()))
+    assert summary.exit_code == EXIT_INPUT and "model.path='/nonexistent': not found" in str(summary.error), summary.error
