@@ -7,12 +7,16 @@ Old behaviour:
 * ``pipeline.compose(["model.name=${nosuch}"])`` raised OmegaConf's ``InterpolationKeyError`` (no override, no fix);
   ``compose("model.name=x")`` read the str one character at a time (Hydra's parse error of override ``m``);
 * ``pipeline.run({"stages": ["export"]})`` raised ``AttributeError: 'dict' object has no attribute 'stages'``, and a
-  Hydra ``DictConfig`` of the pipeline's config a ``TypeError`` from deep in the runner.
+  Hydra ``DictConfig`` of the pipeline's config a ``TypeError`` from deep in the runner;
+* ``ExportArtifact("artifacts/export/k").hf_dir`` (every stage artifact class, given a str) raised
+  ``TypeError: unsupported operand type(s) for /: 'str' and 'str'``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
+import json
 import os
 import subprocess
 import sys
@@ -23,6 +27,7 @@ from rich.console import Console
 
 import pipeline
 from pipeline.cli import sweep_dirname_argv
+from pipeline.core.artifacts import STAGE_ARTIFACTS, artifact_classes
 from pipeline.core.config import ConfigError, ConfigTypeError
 from pipeline.core.errors import EXIT_INPUT, InputError
 
@@ -152,3 +157,36 @@ def test_run_takes_a_hydra_dictconfig_of_the_pipeline_config(tmp_path):
         dc = compose("pipeline", ["model.path=/nonexistent", "stages=[export]", "progress=false", f"store_dir={tmp_path}"])
     summary = pipeline.run(dc, console=Console(file=io.StringIO()))
     assert summary.exit_code == EXIT_INPUT and "model.path='/nonexistent': not found" in str(summary.error), summary.error
+
+
+# --------------------------------------------------------------------------- 3. artifact classes take a str
+class _FolderLike:
+    """An ``os.PathLike`` that is no ``Path``."""
+
+    def __init__(self, p: str):
+        self.p = p
+
+    def __fspath__(self) -> str:
+        return self.p
+
+
+@pytest.mark.parametrize("stage", list(STAGE_ARTIFACTS))
+def test_every_stage_artifact_class_takes_a_str_or_path_like(stage, tmp_path):
+    cls = artifact_classes()[stage]
+    assert getattr(pipeline, cls.__name__) is cls
+    by_path = cls(tmp_path)
+    for given in (str(tmp_path), _FolderLike(str(tmp_path))):
+        art = cls(given)
+        assert isinstance(art.path, Path) and art.path == tmp_path and art == by_path and hash(art) == hash(by_path)
+        paths = {k: getattr(art, k) for k, v in vars(cls).items() if isinstance(v, property)}
+        assert paths and all(isinstance(p, Path) and p.parent == tmp_path for p in paths.values()), paths
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        by_path.path = tmp_path  # type: ignore[misc]
+    with pytest.raises(TypeError, match=rf"{cls.__name__}\(path\): expected the artifact folder as a str or os.PathLike, got int"):
+        cls(3)
+
+
+def test_an_artifact_reader_works_from_a_str_folder(tmp_path):
+    (tmp_path / "model_info.json").write_text(json.dumps({"eos_token_ids": [2], "architecture": "LlamaForCausalLM"}))
+    info = pipeline.ExportArtifact(str(tmp_path)).model_info()
+    assert tuple(info.eos_token_ids) == (2,) and info.architecture == "LlamaForCausalLM"
