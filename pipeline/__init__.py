@@ -11,8 +11,8 @@ The public Python surface (everything else is private and may change between rel
   overrides raises ``ConfigTypeError``;
 * :func:`validate` (``validate(cfg, raise_on_error=True) -> [Problem]``): every check a run makes before any work
   (fields, then each stage that will run); raises ``ConfigError`` listing them all;
-* :func:`plan` (``plan(cfg) -> Plan``): the memory and speed plan, no work done (it does not validate: call
-  :func:`validate` first, as ``pipeline plan`` does);
+* :func:`plan` (``plan(cfg) -> Plan``): the memory and speed plan, no work done; it runs :func:`validate` first and
+  raises its ``ConfigError`` (exit 2) for a config a run would refuse (``plan(cfg, check=False)`` skips that);
 * one typed reader per stage artifact: :class:`ExportArtifact`, :class:`QuantizeArtifact`, :class:`BuildArtifact`,
   :class:`EvalArtifact`, :class:`PackageArtifact`, :class:`BenchmarkArtifact`;
 * :func:`register_metric`: add an eval metric; :func:`register_target`: add a build target;

@@ -9,7 +9,9 @@ Old behaviour:
 * ``pipeline.run({"stages": ["export"]})`` raised ``AttributeError: 'dict' object has no attribute 'stages'``, and a
   Hydra ``DictConfig`` of the pipeline's config a ``TypeError`` from deep in the runner;
 * ``ExportArtifact("artifacts/export/k").hf_dir`` (every stage artifact class, given a str) raised
-  ``TypeError: unsupported operand type(s) for /: 'str' and 'str'``.
+  ``TypeError: unsupported operand type(s) for /: 'str' and 'str'``;
+* ``pipeline.plan(cfg)`` of a config the run refuses (``build.max_input_len=4096 build.max_seq_len=1024``) returned
+  ``status='ok'``; ``pipeline plan`` printed that plan (``--json``: ``"status": "warn"``) above the problems.
 """
 
 from __future__ import annotations
@@ -190,3 +192,33 @@ def test_an_artifact_reader_works_from_a_str_folder(tmp_path):
     (tmp_path / "model_info.json").write_text(json.dumps({"eos_token_ids": [2], "architecture": "LlamaForCausalLM"}))
     info = pipeline.ExportArtifact(str(tmp_path)).model_info()
     assert tuple(info.eos_token_ids) == (2,) and info.architecture == "LlamaForCausalLM"
+
+
+# --------------------------------------------------------------------------- 4. plan validates first
+BAD_LENGTHS = ["model=llama31_8b", "target.gpu=h100_sxm", "quant=fp8", "build.max_input_len=4096", "build.max_seq_len=1024"]
+
+
+def test_plan_refuses_what_validate_refuses_with_its_message():
+    from pipeline.validation import validate
+
+    cfg = pipeline.compose(BAD_LENGTHS)
+    problems = validate(cfg, raise_on_error=False)
+    assert "build.max_input_len" in [p.field for p in problems]
+    with pytest.raises(ConfigError) as e:
+        pipeline.plan(cfg)
+    assert e.value.exit_code == EXIT_INPUT and str(e.value) == str(ConfigError(problems))
+    assert pipeline.plan(pipeline.compose(BAD_LENGTHS[:3])).status == "ok"  # a valid config still plans
+
+
+def test_pipeline_plan_refuses_it_without_a_plan(capsys):
+    from pipeline.planner.cli import main as plan_main
+    from pipeline.validation import validate
+
+    want = str(ConfigError(validate(pipeline.compose(BAD_LENGTHS), raise_on_error=False)))
+    assert plan_main(["--json", *BAD_LENGTHS]) == EXIT_INPUT
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["exit_code"] == EXIT_INPUT and doc["error"] == want and doc["problems"] and "plan" not in doc, doc
+    assert plan_main(BAD_LENGTHS) == EXIT_INPUT
+    out = " ".join(capsys.readouterr().out.split())  # the console wraps lines
+    assert out.startswith("error (exit 2): 2 configuration problem(s): - build.max_input_len=4096: must be below"), out
+    assert "weights" not in out and "KV cache" not in out, out  # no plan table above the refusal
