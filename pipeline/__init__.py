@@ -3,15 +3,18 @@
 The public Python surface (everything else is private and may change between releases):
 
 * :func:`compose` (``compose(overrides) -> PipelineConfig``): the typed config, as the CLI composes it; an override
-  the CLI refuses (an unknown key, ``+key=value`` included, an unknown preset, a wrong type, one Hydra cannot parse)
-  raises ``ConfigError`` (``exit_code`` 2) with the CLI's message; so does a ``hydra.*`` override (``hydra.run.dir=``:
-  no Hydra app runs here; ``run(cfg, summary_dir=...)`` and ``store_dir=`` say where outputs go); the rules are
-  :func:`validate`'s;
+  the CLI refuses (an unknown key, ``+key=value`` included, an unknown preset, a wrong type, one Hydra cannot parse,
+  a ``${...}`` that cannot be resolved) raises ``ConfigError`` (``exit_code`` 2) with the CLI's message; so does a
+  ``hydra.*`` override (``hydra.run.dir=``: no Hydra app runs here; ``run(cfg, summary_dir=...)`` and ``store_dir=``
+  say where outputs go); the rules are :func:`validate`'s; ``overrides`` is a list (or tuple) of str: a str is
+  refused (``ConfigTypeError``);
 * :func:`run` (``run(cfg) -> RunSummary``): run the configured stages (``RunSummary.exit_code`` is the CLI's);
+  ``cfg`` is what :func:`compose` returns (or a Hydra ``DictConfig`` of the pipeline's config); a dict or a list of
+  overrides raises ``ConfigTypeError``;
 * :func:`validate` (``validate(cfg, raise_on_error=True) -> [Problem]``): every check a run makes before any work
   (fields, then each stage that will run); raises ``ConfigError`` listing them all;
-* :func:`plan` (``plan(cfg) -> Plan``): the memory and speed plan, no work done (it does not validate: call
-  :func:`validate` first, as ``pipeline plan`` does);
+* :func:`plan` (``plan(cfg) -> Plan``): the memory and speed plan, no work done; it runs :func:`validate` first and
+  raises its ``ConfigError`` (exit 2) for a config a run would refuse (``plan(cfg, check=False)`` skips that);
 * one typed reader per stage artifact: :class:`ExportArtifact`, :class:`QuantizeArtifact`, :class:`BuildArtifact`,
   :class:`EvalArtifact`, :class:`PackageArtifact`, :class:`BenchmarkArtifact`;
 * :func:`register_metric`: add an eval metric; :func:`register_target`: add a build target;

@@ -105,8 +105,7 @@ def _task(cfg) -> int:  # DictConfig
         redact_files([Path(hc.sweep.dir) / "multirun.yaml"])
     try:
         obj = to_object(cfg, overrides)
-    except Exception as e:
-        e = _interpolation_error(e)
+    except Exception as e:  # a bad ${...} interpolation included: a ConfigError naming the override (to_object)
         print(f"error (exit {EXIT_INPUT}): {e}", file=sys.stderr)
         code = EXIT_INPUT
         _write_error_summary(out_dir, overrides, code, f"configuration error: {e}")
@@ -116,20 +115,6 @@ def _task(cfg) -> int:  # DictConfig
     if hc.mode == RunMode.RUN:
         sys.exit(code)
     return code
-
-
-def _interpolation_error(e: Exception) -> Exception:
-    """An OmegaConf interpolation failure (an unknown key, a cycle, bad ``${...}`` syntax) as a message naming the field,
-    the value and the fix (OmegaConf's own names neither the value nor the fix); other errors unchanged."""
-    from omegaconf.errors import GrammarParseError, InterpolationKeyError, InterpolationResolutionError
-
-    if not isinstance(e, (InterpolationKeyError, InterpolationResolutionError, GrammarParseError)):
-        return e
-    key = getattr(e, "full_key", None) or "?"
-    return ValueError(
-        f"{key}: its ${{...}} interpolation cannot be resolved ({type(e).__name__}: {str(getattr(e, 'msg', None) or e).splitlines()[0]}). "
-        f"Fix: reference an existing key (e.g. ${{model.name}}) without a cycle, or quote a literal value."
-    )
 
 
 def _write_error_summary(out_dir: Path, overrides: list[str], code: int, error: str) -> None:
@@ -373,13 +358,16 @@ def check_overrides(argv: list[str]) -> list[str]:
 
 
 _EXCLUDE_KEYS = "hydra.job.config.override_dirname.exclude_keys"
+_SWEEPER_PARAMS = "hydra.sweeper.params."
 
 
 def sweep_dirname_argv(argv: list[str]) -> list[str]:
     """``argv`` of a ``-m`` sweep with ``hydra.job.config.override_dirname.exclude_keys=[...]`` added, listing every
     override key that is not swept, so each job's folder (``hydra.job.override_dirname`` via :func:`job_dirname`)
     names only what differs between the jobs (``0-quant=none``), not every override of the command line (fourteen
-    overrides made a name over the 255 bytes a file name may hold).  Unchanged when it is no sweep, when the user
+    overrides made a name over the 255 bytes a file name may hold).  A key swept anywhere on the line (or in
+    ``hydra.sweeper.params``) is never excluded, even when it is also given a fixed value (``quant=none ...
+    quant=none,int8_sq``).  Unchanged when it is no sweep, when the user
     sets the exclude list, or when every override is swept."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
@@ -389,13 +377,21 @@ def sweep_dirname_argv(argv: list[str]) -> list[str]:
         return argv
     parser = OverridesParser.create()
     fixed: list[str] = []
+    swept: set[str] = set()
     for a in positionals:
         try:
             o = parser.parse_override(a)
         except HydraException:
             continue  # refused before this runs (pipeline.core.config.overrides.override_problems)
-        if not o.is_hydra_override() and not o.is_sweep_override() and o.key_or_group not in fixed:
+        if o.key_or_group.startswith(_SWEEPER_PARAMS):  # a sweeper plugin's search space (Optuna, Nevergrad, ...)
+            swept.add(o.key_or_group[len(_SWEEPER_PARAMS) :])
+        elif o.is_sweep_override():
+            swept.add(o.key_or_group)
+        elif not o.is_hydra_override() and o.key_or_group not in fixed:
             fixed.append(o.key_or_group)
+    # a key swept anywhere on the line stays in the name, even when it is also given a fixed value (`quant=none ...
+    # quant=none,int8_sq`): excluding it would name both jobs alike (`0`, `1`; `${hydra.job.override_dirname}`: '')
+    fixed = [k for k in fixed if k not in swept]
     if not fixed:
         return argv
     at = argv.index(next(a for a in positionals if "=" in a)) + 1  # in the overrides' run: Hydra's argparse takes one

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -258,10 +259,40 @@ def _console() -> Console:
     return Console(stderr=False, emoji=False, width=160 if wide else None)
 
 
+def _pipeline_config(cfg: Any, overrides: list[str]) -> PipelineConfig:
+    """``run_pipeline``'s ``cfg`` as a :class:`PipelineConfig`: one as is, a Hydra ``DictConfig`` of the pipeline's
+    config converted as the CLI converts it (:func:`pipeline.core.config.to_object`: ConfigError, exit 2, for a bad
+    one); anything else (a dict, a list of overrides) raises :class:`ConfigTypeError` (exit 2) naming what it takes."""
+    from omegaconf import DictConfig
+
+    from .core.config import ConfigTypeError, Problem, to_object
+
+    if isinstance(cfg, PipelineConfig):
+        return cfg
+    if isinstance(cfg, DictConfig):
+        return to_object(cfg, overrides)
+    if isinstance(cfg, (list, tuple, str)):
+        fix = f"cfg = pipeline.compose({cfg.split() if isinstance(cfg, str) else list(cfg)!r}); pipeline.run(cfg)"
+    elif isinstance(cfg, Mapping):
+        fix = 'cfg = pipeline.compose([f"{k}={v}" for k, v in overrides.items()]) for a dict of overrides; pipeline.run(cfg)'
+    else:
+        fix = 'cfg = pipeline.compose(["quant=int4_awq", "stages=[export,quantize]"]); pipeline.run(cfg)'
+    what = (
+        f"is of type {type(cfg).__name__}; run takes the PipelineConfig of pipeline.compose(...) (or a Hydra DictConfig "
+        "of the pipeline's config), so the config gets the CLI's presets and checks."
+    )
+    raise ConfigTypeError([Problem("cfg", cfg, what, fix)])
+
+
 def run_pipeline(
     cfg: PipelineConfig, *, overrides: list[str] | None = None, summary_dir: Path | None = None, console: Console | None = None
 ) -> RunSummary:
-    """Run the configured stages; never raises for stage failures (see ``RunSummary.exit_code``)."""
+    """Run the configured stages; never raises for stage failures (see ``RunSummary.exit_code``).
+
+    ``cfg``: the :class:`PipelineConfig` of :func:`pipeline.core.config.compose`, or a Hydra ``DictConfig`` of the
+    pipeline's config; anything else (a dict, a list of overrides) raises ``ConfigTypeError`` (a ``ConfigError``,
+    exit 2, and a ``TypeError``) before any work, as a DictConfig compose would refuse raises ``ConfigError``."""
+    cfg = _pipeline_config(cfg, list(overrides or []))
     console = console or _console()
     t_start = time.time()
     state = _RunState()

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import ClassVar
 
+from ..core.artifacts import StageArtifact
 
-@dataclasses.dataclass(frozen=True)
-class BenchmarkArtifact:
+
+class BenchmarkArtifact(StageArtifact):
     """Benchmark stage output (schema ``pipeline.benchmark/v1``)."""
 
-    path: Path
     RESULT_JSON: ClassVar[str] = "benchmark.json"
     RESULT_MD: ClassVar[str] = "benchmark.md"
     FILES: ClassVar[tuple[str, ...]] = ("benchmark.json", "benchmark.md")

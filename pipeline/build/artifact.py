@@ -6,14 +6,12 @@ import dataclasses
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..core.artifacts import _read_json
+from ..core.artifacts import StageArtifact, _read_json
 
 
-@dataclasses.dataclass(frozen=True)
-class BuildArtifact:
+class BuildArtifact(StageArtifact):
     """Build stage output: the engine folder, ``build_info.json`` and the builder's log."""
 
-    path: Path
     ENGINE_DIR: ClassVar[str] = "engine"
     BUILD_INFO: ClassVar[str] = "build_info.json"
     BUILD_LOG: ClassVar[str] = "build.log"

@@ -12,11 +12,34 @@ find a file corrupt raise :class:`~pipeline.core.errors.InputError` naming the f
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Union
 
 from .errors import InputError
+
+PathArg = Union[str, "os.PathLike[str]"]
+"""What a stage artifact class takes as its folder: a str or any ``os.PathLike`` (a ``Path``)."""
+
+
+@dataclasses.dataclass(frozen=True, init=False)
+class StageArtifact:
+    """The base of every stage's artifact class (``pipeline/<stage>/artifact.py``): its folder ``path``, given as a
+    str or any ``os.PathLike`` and kept as a :class:`~pathlib.Path` (the one place it is converted).  Frozen; equal
+    when the class and the path are."""
+
+    path: Path
+
+    def __init__(self, path: PathArg) -> None:
+        if not isinstance(path, (str, os.PathLike)) or isinstance(os.fspath(path), bytes):
+            name = type(self).__name__
+            raise TypeError(
+                f"{name}(path): expected the artifact folder as a str or os.PathLike, got {type(path).__name__} "
+                f"({path!r}). Fix: pass the folder, e.g. {name}('artifacts/<stage>/<key>') or {name}(Path(...))."
+            )
+        object.__setattr__(self, "path", Path(os.fspath(path)))
 
 
 def _read_json(p: Path, fix: str) -> dict[str, Any]:

@@ -6,12 +6,12 @@ import dataclasses
 from pathlib import Path
 from typing import Any, ClassVar
 
+from ..core.artifacts import StageArtifact
 
-@dataclasses.dataclass(frozen=True)
-class EvalArtifact:
+
+class EvalArtifact(StageArtifact):
     """Evaluate stage output: the report (schema ``pipeline.eval_report/v1``) and every generated answer."""
 
-    path: Path
     REPORT_JSON: ClassVar[str] = "eval_report.json"
     REPORT_MD: ClassVar[str] = "eval_report.md"
     REPORT_HTML: ClassVar[str] = "eval_report.html"

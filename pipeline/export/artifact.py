@@ -6,16 +6,14 @@ import dataclasses
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..core.artifacts import _read_json
+from ..core.artifacts import StageArtifact, _read_json
 
 MODEL_INFO_NAME = "model_info.json"
 
 
-@dataclasses.dataclass(frozen=True)
-class ExportArtifact:
+class ExportArtifact(StageArtifact):
     """Export stage output: the normalised Hugging Face checkpoint and its facts."""
 
-    path: Path
     HF_DIR: ClassVar[str] = "hf"
     MODEL_INFO: ClassVar[str] = MODEL_INFO_NAME
     DECODING: ClassVar[str] = "decoding.json"

@@ -7,14 +7,13 @@ import json
 from pathlib import Path
 from typing import Any, ClassVar
 
+from ..core.artifacts import StageArtifact
 from ..evaluate.artifact import GateVerdict
 
 
-@dataclasses.dataclass(frozen=True)
-class PackageArtifact:
+class PackageArtifact(StageArtifact):
     """Package stage output: the Triton model repository, the release manifest and the release folder."""
 
-    path: Path
     MODEL_REPOSITORY: ClassVar[str] = "model_repository"
     RELEASE_MANIFEST: ClassVar[str] = "release_manifest.json"
     #: PyTorch-backend packages: the non-Triton server files, in ``servers/`` (pipeline/package/llmapi_options.py)

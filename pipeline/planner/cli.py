@@ -1,7 +1,8 @@
 """``pipeline plan [--json] [--gpus LIST|all] [hydra overrides ...]``: the preflight plan, no GPU needed.
 
 Composes the config exactly as a run would (same presets, same overrides), runs every field and
-cross-field check, and prints the memory/speed plan.  ``target_gpu=X`` is accepted as an alias of
+cross-field check (:func:`pipeline.validation.validate`, as the run does; a config they refuse gets no plan, only
+the problems, exit 2), and prints the memory/speed plan.  ``target_gpu=X`` is accepted as an alias of
 ``target.gpu=X``.
 
 Exit codes (pipeline.core.errors): 0 plan ok (warnings allowed), 2 configuration problems (all listed),
@@ -56,7 +57,7 @@ def _gpu_table(cfg: Any, names: list[str], console: Any) -> tuple[list[dict[str,
         t.add_column(col)
     for n in names:
         c = dataclasses.replace(cfg, target=dataclasses.replace(cfg.target, gpu=n))
-        p = plan(c)
+        p = plan(c, check=False)  # main validated cfg; only target.gpu differs
         d = p.decode or {}
         full = d.get("full") or {}
         b1 = d.get("batch1") or {}
@@ -94,16 +95,24 @@ def main(argv: list[str] | None = None) -> int:
             console.print(f"[bold red]{msg}[/]")
         return EXIT_INPUT
 
+    from rich.markup import escape
+
+    from ..core.config import ConfigError
     from ..validation import validate, with_run_order
     from . import host_check
     from .plan import plan
     from .render import render
 
     problems = validate(cfg, raise_on_error=False)
-    # a field the checks above report is not reported again when the plan, which reads it too, refuses it
-    reported = tuple(f"{p.field}=" for p in problems)
-    code = EXIT_OK
     out: dict[str, Any] = {"overrides": overrides, "problems": [dataclasses.asdict(p) for p in problems]}
+    if problems:  # refused as plan() and the run refuse it (exit 2, validate's message): no plan of a config that cannot run
+        err = ConfigError(problems)
+        if args.json:
+            print(json.dumps({**out, "error": str(err), "exit_code": EXIT_INPUT}, indent=2, default=str))
+        else:
+            console.print(f"[bold red]error (exit {EXIT_INPUT}):[/] {escape(str(err))}")
+        return EXIT_INPUT
+    code = EXIT_OK
     try:
         if args.gpus:
             from ..facts.gpus import CATALOGUE, lookup
@@ -111,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
             names = list(CATALOGUE) if args.gpus == "all" else [lookup(n).key for n in args.gpus.split(",") if n.strip()]
             out["comparison"], _ = _gpu_table(cfg, names, console)
         else:
-            p = plan(cfg)
+            p = plan(cfg, check=False)  # validated above
             host_check(p, cfg, list(with_run_order(cfg).stages))
             out["plan"] = p.to_json()
             if not args.json:
@@ -123,19 +132,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyError as e:
         out["error"] = str(e.args[0])
         code = EXIT_INPUT
-        if not args.json and not str(e.args[0]).startswith(reported):
+        if not args.json:
             console.print(f"[bold red]error:[/] {e.args[0]}")
     except PipelineError as e:
         out["error"] = str(e)
         code = e.exit_code
-        if not args.json and not str(e).startswith(reported):
-            console.print(f"[bold red]error:[/] {e}")
-    if problems:
-        code = EXIT_INPUT if code == EXIT_OK else code
         if not args.json:
-            console.print(f"[bold red]{len(problems)} configuration problem(s):[/]")
-            for pr in problems:
-                console.print(f"  - {pr}")
+            console.print(f"[bold red]error:[/] {e}")
     out["exit_code"] = code
     if args.json:
         print(json.dumps(out, indent=2, default=str))

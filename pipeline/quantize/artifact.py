@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import ClassVar
 
+from ..core.artifacts import StageArtifact
 
-@dataclasses.dataclass(frozen=True)
-class QuantizeArtifact:
+
+class QuantizeArtifact(StageArtifact):
     """Quantize stage output: unified HF checkpoint, TensorRT-LLM checkpoint, ModelOpt state and the report."""
 
-    path: Path
     HF_DIR: ClassVar[str] = "hf"
     TRTLLM_CHECKPOINT: ClassVar[str] = "trtllm_checkpoint"
     QUANT_STATE_TENSORS: ClassVar[str] = "quant_state.safetensors"

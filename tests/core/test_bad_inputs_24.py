@@ -29,7 +29,7 @@ def _cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
 def test_bad_or_cyclic_interpolation_is_exit_2_naming_the_field(value, tmp_path):
     r = _cli([f"model.name={value}", "stages=[export]", f"store_dir={tmp_path / 'store'}", "progress=false"], tmp_path)
     assert r.returncode == 2, r.stderr[-2000:]  # old code: exit 1, Hydra's bare "Interpolation key 'oops' not found"
-    assert "model.name: its ${...} interpolation cannot be resolved" in r.stderr and "Fix:" in r.stderr, r.stderr[-2000:]
+    assert f"model.name={value}: its ${{...}} interpolation cannot be resolved" in r.stderr and "Fix:" in r.stderr, r.stderr[-2000:]
     assert "Traceback" not in r.stderr and not (tmp_path / "store").exists()
 
 

@@ -69,7 +69,13 @@ def test_the_planner_counts_the_batch_and_refuses_one_the_host_cannot_hold(tmp_p
     from pipeline.planner.host import ACT_HIDDEN_ROWS, ACT_INTERMEDIATE_ROWS, StageMemory, stage_refusals
 
     tf.LlamaConfig(
-        num_hidden_layers=2, hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8, vocab_size=32000
+        num_hidden_layers=2,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        vocab_size=32000,
+        max_position_embeddings=4096,  # calib_max_seq_length=4096 passes the config checks plan() runs first
     ).save_pretrained(str(tmp_path))
     base = [f"model.path={tmp_path}", "quant=int4_awq", "target=onnxruntime_genai", "calibration.device=cpu"]
     base += ["calibration.calib_size=4096", "calibration.min_samples=1", "calibration.calib_max_seq_length=4096"]

@@ -11,6 +11,7 @@ import dataclasses
 import difflib
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -30,7 +31,7 @@ from . import target as _target
 from .benchmark import BenchmarkConfig
 from .build import BuildConfig, SpeculativeConfig
 from .calibration import CalibrationConfig
-from .common import BOOL_WORDS, REPO_ROOT, ConfigError, Problem, key_fields, resolve_path, runtime
+from .common import BOOL_WORDS, REPO_ROOT, ConfigError, ConfigTypeError, Problem, key_fields, resolve_path, runtime
 from .eval import EvalConfig, GateConfig
 from .model import ModelConfig
 from .package import PackageConfig
@@ -134,14 +135,21 @@ def deprecations(cfg: PipelineConfig) -> list[str]:
 
 
 def to_object(cfg: DictConfig | PipelineConfig, explicit: Optional[list[str]] = None) -> PipelineConfig:
-    """DictConfig (from Hydra) -> PipelineConfig dataclass instance, deprecated aliases resolved
-    (:func:`resolve_aliases`; ``explicit`` = the command-line overrides; each alias used is logged as a warning)."""
+    """DictConfig (from Hydra) -> PipelineConfig dataclass instance, every ``${...}`` resolved and deprecated aliases
+    resolved (:func:`resolve_aliases`; ``explicit`` = the command-line overrides; each alias used is logged as a
+    warning).  Raises :class:`ConfigError` (exit 2) for an interpolation that cannot be resolved, naming the override
+    (:func:`pipeline.core.config.interpolation.interpolation_problems`) or the field, and the fix."""
     if isinstance(cfg, PipelineConfig):
         return cfg
-    bad_bools = _numeric_bools(cfg, explicit or [])
-    if bad_bools:
-        raise ConfigError(bad_bools)
-    obj = OmegaConf.to_object(cfg)
+    from .interpolation import ERRORS, interpolation_problem, interpolation_problems
+
+    bad = _numeric_bools(cfg, explicit or []) + interpolation_problems(cfg, explicit or [])
+    if bad:
+        raise ConfigError(bad)
+    try:
+        obj = OmegaConf.to_object(cfg)  # resolves every interpolation
+    except ERRORS as e:  # one no override set (a preset's, a user YAML's)
+        raise ConfigError([interpolation_problem(e, cfg)]) from e
     if not isinstance(obj, PipelineConfig):
         missing = [g for g in GROUPS if g not in (obj if isinstance(obj, dict) else {})]
         raise ConfigError(
@@ -214,14 +222,51 @@ def relabel_custom_data(cfg: PipelineConfig) -> list[str]:
     return notes
 
 
+def _override_list(overrides: Any) -> list[str]:
+    """``compose``'s ``overrides`` as a list: None is ``[]``, a list or tuple of str is taken as is; anything else (a
+    str, whose characters Hydra would read as one override each; a dict; a non-str item) raises
+    :class:`ConfigTypeError` (exit 2) saying to pass a list."""
+    if overrides is None:
+        return []
+    if isinstance(overrides, str):
+        example = repr(overrides.split()) if overrides.split() else '["model.name=x"]'
+        raise ConfigTypeError(
+            [
+                Problem(
+                    "overrides",
+                    overrides,
+                    "is a str; compose takes a list of overrides, one per item (a str would be read one character at a time).",
+                    f"pass a list: compose({example})",
+                )
+            ]
+        )
+    if not isinstance(overrides, (list, tuple)):
+        fix = (
+            'pass a list of "key=value" str: compose([f"{k}={v}" for k, v in overrides.items()])'
+            if isinstance(overrides, Mapping)
+            else 'pass a list, e.g. compose(["quant=int4_awq", "stages=[export,quantize]"])'
+        )
+        what = f"is of type {type(overrides).__name__}; compose takes a list (or tuple) of 'key=value' str overrides."
+        raise ConfigTypeError([Problem("overrides", overrides, what, fix)])
+    bad = [(i, o) for i, o in enumerate(overrides) if not isinstance(o, str)]
+    if bad:
+        what = "is of type {}; each item of the overrides list is one 'key=value' str."
+        fix = 'write it as one str, e.g. "build.max_batch_size=8"'
+        raise ConfigTypeError([Problem(f"overrides[{i}]", o, what.format(type(o).__name__), fix) for i, o in bad])
+    return list(overrides)
+
+
 def compose(overrides: list[str] | None = None, config_name: str = "pipeline") -> PipelineConfig:
     """Compose the config as the ``pipeline`` command would, outside a Hydra app.
 
     Raises :class:`ConfigError` (exit code 2) with the ``pipeline`` command's messages (the override, the valid
     names, closest first, and the fix; :mod:`pipeline.core.config.overrides`) for an override Hydra's grammar cannot
     parse, an unknown key (``+key=value`` included), a value of the wrong type and an unknown preset; any other
-    composition error of Hydra or OmegaConf is a ConfigError too.
+    composition error of Hydra or OmegaConf is a ConfigError too.  Every ``${...}`` is resolved here (an override
+    whose interpolation cannot be resolved is a ConfigError naming it, :func:`to_object`), and ``overrides`` must be a
+    list (or tuple) of str: a str is refused (:class:`ConfigTypeError`, a ConfigError and a TypeError).
     """
+    overrides = _override_list(overrides)
     from hydra import compose as _compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -311,6 +356,7 @@ __all__ = [
     "BuildConfig",
     "CalibrationConfig",
     "ConfigError",
+    "ConfigTypeError",
     "EvalConfig",
     "GateConfig",
     "ModelConfig",

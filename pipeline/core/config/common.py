@@ -78,6 +78,11 @@ class ConfigError(InputError):
         super().__init__(f"{len(self.problems)} configuration problem(s):\n{lines}")
 
 
+class ConfigTypeError(ConfigError, TypeError):
+    """A :class:`ConfigError` (exit 2) for an argument of the wrong Python type given to the API (a str where a list
+    of overrides goes, a dict where a config goes); a ``TypeError`` too."""
+
+
 def choice(problems: list[Problem], name: str, value: Any, choices: list | tuple, fix: str = "") -> None:
     """Append a Problem if ``value`` is not one of ``choices``."""
     if value not in choices:
