@@ -33,7 +33,7 @@ __version__ = "0.1.0"
 _PUBLIC: dict[str, str] = {
     "compose": "pipeline.core.config:compose",
     "run": "pipeline.runner:run_pipeline",
-    "plan": "pipeline.planner.plan:plan",
+    "plan": "pipeline.validation:checked_plan",
     "validate": "pipeline.validation:validate",
     "ExportArtifact": "pipeline.export.artifact:ExportArtifact",
     "QuantizeArtifact": "pipeline.quantize.artifact:QuantizeArtifact",

@@ -8,8 +8,13 @@ so a broken module fails loudly instead of silently skipping its checks.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .core.config import STAGES, ConfigError, PipelineConfig, Problem
 from .core.config import validate as validate_fields
+
+if TYPE_CHECKING:
+    from .planner.plan import Plan
 
 
 def with_run_order(cfg: PipelineConfig) -> PipelineConfig:
@@ -73,4 +78,20 @@ def validate(cfg: PipelineConfig, *, raise_on_error: bool = True) -> list[Proble
     return problems
 
 
-__all__ = ["order_note", "stage_problems", "validate", "with_run_order"]
+def checked_plan(cfg: PipelineConfig, *, check: bool = True) -> Plan:
+    """The public ``pipeline.plan``: :func:`validate` (when ``check``), then the memory and speed plan
+    (:func:`pipeline.planner.plan.plan`, a :class:`~pipeline.planner.plan.Plan`), so a config a run refuses is never
+    planned as ``ok`` (fresh-user trial: ``build.max_input_len=4096 build.max_seq_len=1024`` planned as ``ok``).
+
+    Raises:
+        ConfigError: ``check`` and :func:`validate` found problems (exit 2, the run's message).
+        InputError: the model's config.json cannot be read or ``target.gpu`` is unknown (the planner's own).
+    """
+    from .planner.plan import plan
+
+    if check:
+        validate(cfg)
+    return plan(cfg)
+
+
+__all__ = ["checked_plan", "order_note", "stage_problems", "validate", "with_run_order"]

@@ -66,7 +66,7 @@ def predict(shape_dir: Path, stages: list[str]) -> dict[str, Any]:
     from ..planner import plan
     from ..planner.host import plan_refusals
 
-    p = plan(compose([f"model.path={shape_dir}", *RUN_ARGS]), check=False)  # the run itself validates (run_shape)
+    p = plan(compose([f"model.path={shape_dir}", *RUN_ARGS]))  # the run itself validates (run_shape)
     return {**p.stages, "refusals": plan_refusals(p.stages, stages)}
 
 

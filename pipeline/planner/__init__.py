@@ -2,8 +2,8 @@
 
 Public API:
 
-* :func:`plan` (``plan(cfg) -> Plan``): the memory and speed plan of a config :func:`pipeline.validation.validate`
-  accepts (it raises that ``ConfigError``, exit 2, first); see :mod:`pipeline.planner.plan`.
+* :func:`plan` (``plan(cfg) -> Plan``): the memory and speed plan of a validated config (the public
+  ``pipeline.plan`` is :func:`pipeline.validation.checked_plan`: the run's checks first); see :mod:`pipeline.planner.plan`.
 * :func:`plan_for_run` (``plan_for_run(cfg, console) -> dict``): what the runner calls at the start
   of every run; prints the plan and raises :class:`~pipeline.core.errors.PreflightError` when it is refused.
 * :func:`host_memory_bandwidth_gbs`: measured host memory bandwidth in GB/s (cached per process),
@@ -59,7 +59,7 @@ def plan_for_run(cfg: Any, console: Any, stages: list[str] | None = None) -> dic
     from .render import render
 
     try:
-        p = plan(cfg, check=False)  # the runner validated cfg before any stage (runner._run_stages)
+        p = plan(cfg)  # the runner validated cfg before any stage (runner._run_stages)
     except PipelineError as e:
         return {"schema": "pipeline.plan/v1", "status": "unavailable", "error": str(e)}
     host_check(p, cfg, list(stages or []))

@@ -57,7 +57,7 @@ def _gpu_table(cfg: Any, names: list[str], console: Any) -> tuple[list[dict[str,
         t.add_column(col)
     for n in names:
         c = dataclasses.replace(cfg, target=dataclasses.replace(cfg.target, gpu=n))
-        p = plan(c, check=False)  # main validated cfg; only target.gpu differs
+        p = plan(c)  # main validated cfg; only target.gpu differs
         d = p.decode or {}
         full = d.get("full") or {}
         b1 = d.get("batch1") or {}
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
             names = list(CATALOGUE) if args.gpus == "all" else [lookup(n).key for n in args.gpus.split(",") if n.strip()]
             out["comparison"], _ = _gpu_table(cfg, names, console)
         else:
-            p = plan(cfg, check=False)  # validated above
+            p = plan(cfg)  # validated above
             host_check(p, cfg, list(with_run_order(cfg).stages))
             out["plan"] = p.to_json()
             if not args.json:

@@ -471,22 +471,17 @@ def _roofline(weights_slice: int, kv_tok_slice: int, context: int, batch: int, b
     }
 
 
-def plan(cfg: Any, *, check: bool = True) -> Plan:
+def plan(cfg: Any) -> Plan:
     """Memory and speed plan for ``cfg`` (a composed :class:`pipeline.core.config.PipelineConfig`).
 
-    ``check`` (the default): first every check a run makes before any work, :func:`pipeline.validation.validate`
-    (what ``pipeline validate``, ``pipeline plan`` and the runner call), so a config the run refuses is never planned
-    as ``ok``: raises its :class:`~pipeline.core.config.ConfigError` (exit 2, the same message).  ``check=False`` is
-    for callers that validated ``cfg`` already (the runner, ``pipeline plan``, one plan per GPU of ``--gpus``).
+    It does not validate ``cfg``: its callers have (the runner, ``pipeline plan``, one plan per GPU of ``--gpus``), and
+    the public ``pipeline.plan`` (:func:`pipeline.validation.checked_plan`) runs the run's checks first, so a config a
+    run refuses is never planned as ``ok``.  This module sits below the stage checks (they import it), so it cannot
+    import :mod:`pipeline.validation` itself.
 
     Never raises for a plan that does not fit: it returns ``status='refused'`` with the numbers.
     Raises :class:`InputError` when the model's config.json cannot be read or ``target.gpu`` is
     unknown.  Does not import torch; on a CPU target it measures host bandwidth (~0.2 s, cached)."""
-    if check:
-        # imported on use: validation runs every stage's checks, and those import this module (shape_or_none)
-        from ..validation import validate
-
-        validate(cfg)
     shape, src = load_shape(cfg)
     kind, gpu, why = plan_device(cfg)
     k = _knobs(cfg, kind)

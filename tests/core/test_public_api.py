@@ -15,12 +15,11 @@ def test_every_public_name_resolves_to_its_defining_object():
     from pipeline.build.artifact import BuildArtifact
     from pipeline.core.config import compose
     from pipeline.evaluate.metrics import register
-    from pipeline.planner.plan import plan
     from pipeline.runner import run_pipeline
     from pipeline.serve.client import LLMClient
-    from pipeline.validation import validate
+    from pipeline.validation import checked_plan, validate
 
-    assert pipeline.compose is compose and pipeline.run is run_pipeline and pipeline.plan is plan
+    assert pipeline.compose is compose and pipeline.run is run_pipeline and pipeline.plan is checked_plan
     assert pipeline.validate is validate
     assert pipeline.BuildArtifact is BuildArtifact and pipeline.register_metric is register and pipeline.LLMClient is LLMClient
     for name in pipeline.__all__:

@@ -154,9 +154,9 @@ def test_kv_bound_plan_warns_with_fixes():
 
 def test_unsupported_formats_are_refused_on_older_gpus():
     cfg = compose(["model=llama31_8b", "target.gpu=a100_80gb", "quant=fp8"])
-    # the config checks refuse it first (plan() raises their ConfigError, tests/core/test_api_user_trial.py); the
-    # plan's own refusal, with the numbers, is what check=False shows
-    p = plan(cfg, check=False)
+    # the config checks refuse it first (pipeline.plan raises their ConfigError, tests/core/test_api_user_trial.py);
+    # the planner's own refusal, with the numbers, is what pipeline.planner.plan shows
+    p = plan(cfg)
     assert p.status == "refused" and "compute capability >= 8.9" in p.refusals[0]
     assert "fp8" not in lookup("a100_80gb").kv_formats and "fp8" in lookup("l4").kv_formats
     # the formats offered as fixes are recipes (nvfp4 was listed although no recipe produces it)
@@ -208,7 +208,9 @@ def test_cpu_plan_reports_host_ram_and_measured_bandwidth(tiny_llama):
     assert 0.1 < bw < 10_000
     assert host_memory_bandwidth_gbs() == bw  # cached in-process
     cfg = compose([f"model.path={tiny_llama}", "target=onnxruntime_genai", "build.max_seq_len=256", "build.max_input_len=128"])
-    p = plan(cfg, check=False)  # the numbers only: the default eval set's prompts are longer than max_input_len=128
+    p = plan(
+        cfg
+    )  # the numbers only (the planner's plan does not validate): the default eval set's prompts are longer than max_input_len=128
     assert p.target["kind"] == "cpu" and p.target["memory_bytes"] > 0 and p.target["bandwidth_gb_s"] == round(bw, 2)
     assert p.memory["total_needed_bytes"] == p.memory["weights_bytes"] + p.memory["kv_cache_bytes"] + p.memory["activations_bytes"]
     assert p.decode["batch1"]["tok_s_per_seq_max"] > 0
