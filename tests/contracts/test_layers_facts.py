@@ -95,3 +95,14 @@ def test_exit_code_state_lives_in_the_runner():
     runner.record_exit_code(2)
     assert runner.worst_exit_code() == max(before, 3)
     runner._WORST_EXIT[0] = before
+
+
+def test_planner_model_imports_no_layer_above_the_stage_checks():
+    """The stage checks import the planner (``shape_or_none``), so the planner's model must not import the runner,
+    the CLI or :mod:`pipeline.validation` (a lazy upward import there was how ``plan()`` validated; the public
+    ``pipeline.plan`` is ``pipeline.validation.checked_plan`` instead).  ``planner/cli.py`` is the CLI layer."""
+    files = sorted(f for f in (PKG / "planner").glob("*.py") if f.name != "cli.py")
+    assert len(files) >= 3, "the planner moved: point this test at it"
+    for f in files:
+        bad = [m for m in _imports(f) if m.startswith(("pipeline.runner", "pipeline.cli", "pipeline.validation"))]
+        assert not bad, f"planner/{f.name} imports {bad}"
