@@ -273,10 +273,10 @@ def compose(overrides: list[str] | None = None, config_name: str = "pipeline") -
     from hydra.errors import HydraException
 
     from .hydra_settings import refuse_hydra_settings
-    from .overrides import override_problems
+    from .overrides import override_problems, sweep_problems
 
     refuse_hydra_settings(list(overrides or []))  # Hydra's compose API drops hydra.* overrides without a word
-    problems = override_problems(list(overrides or []))
+    problems = override_problems(list(overrides or [])) or sweep_problems(list(overrides or []))
     if problems:
         raise ConfigError(list(problems))
     register()

@@ -70,6 +70,32 @@ def override_problems(argv: list[str]) -> list[OverrideProblem]:
     return out + _problems(parsed)
 
 
+def sweep_problems(argv: list[str], *, cli: bool = False) -> list[OverrideProblem]:
+    """Each override in ``argv`` that is a sweep (``quant=none,fp8``, ``build.max_seq_len=range(1,3)``): one config
+    has one value, so :func:`pipeline.core.config.compose` refuses them (Hydra's compose API says only "Ambiguous
+    value"); the ``pipeline -m`` command runs a sweep (``cli``: the fix is said for the command line without ``-m``)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    out: list[OverrideProblem] = []
+    for arg in argv:
+        if arg.startswith("-") or "=" not in arg:
+            continue
+        try:
+            o = parser.parse_override(arg)
+        except HydraException:
+            continue  # a grammar problem: override_problems says it
+        if o.is_sweep_override():
+            key = o.get_key_element()
+            values = [_show(e) for e in _elements(arg.split("=", 1)[1])]
+            what = f"is a sweep of {len(values)} values; a config has one value per key."
+            one = "set one value" if cli else "compose one config per value"
+            fix = f"{one} (e.g. {key}={values[0]}), or run the sweep with `pipeline -m {arg}`"
+            out.append(OverrideProblem(key, arg.split("=", 1)[1], what, fix, text=f"{arg}: {what} Fix: {fix}."))
+    return out
+
+
 def check_overrides(argv: list[str]) -> list[str]:
     """Problems with plain ``key=value`` / ``group=preset`` overrides, found before Hydra composes the config, each
     naming the override, the valid names (closest first) and the fix. Hydra's own messages for these cases suggest
@@ -128,7 +154,7 @@ def _value_problems(key: str, value: str) -> list[OverrideProblem]:
     if key in GROUPS:
         presets = sorted(p.stem for p in (CONFIG_DIR / key).glob("*.yaml"))
         out = []
-        for v in value.split(","):
+        for v in (_show(e) for e in _elements(value)):
             if v and v not in presets:
                 what = f"no such {key} preset ({CONFIG_DIR / key}/). {_closest(v, presets)}."
                 fix = f"pick a preset, or set fields directly (e.g. {key}.<field>=...)"
@@ -209,29 +235,92 @@ def _close_keys(typed: str, keys: dict[str, str]) -> list[str]:
     return out[:3]
 
 
-def _scalar_problem(key: str, value: str, typ: Any) -> OverrideProblem | None:
-    """A value OmegaConf cannot convert to the field's type (``package.parity=maybe``, ``eval.gate.max_drop=abc``),
-    said with the fix instead of Hydra's bare conversion error; None when it converts (each value of a sweep's
-    comma list is checked) or the value is an interpolation."""
+def _elements(value: str) -> list[Any]:
+    """The values of one override's right-hand side as Hydra's grammar reads them (``1,2`` a sweep of two ints,
+    ``[1,2]`` one list, ``{a:1}`` one dict, ``null`` None, ``'a,b'`` one str); the comma-split text when the grammar
+    cannot read it (reported by :func:`_grammar_problem`)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import Transformer
+    from hydra.errors import HydraException
+
+    try:
+        o = OverridesParser.create().parse_override(f"k={value}")
+        return list(o.sweep_iterator(transformer=Transformer.identity)) if o.is_sweep_override() else [o.value()]
+    except (HydraException, ValueError, TypeError):
+        return value.split(",")
+
+
+def _show(v: Any) -> str:
+    """An override value as it was written: ``null``, ``true``, ``[a, b]``, ``{a: 1}``, ``3``."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, list):
+        return "[" + ", ".join(_show(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k}: {_show(x)}" for k, x in v.items()) + "}"
+    return str(v)
+
+
+def _shape_problem(key: str, v: Any, base: Any, optional: bool, written: str) -> tuple[str, str]:
+    """(what is wrong, the fix) when the parsed value ``v`` has the wrong shape for a field of type ``base``: null
+    for a field that cannot be null, a list or dict for a scalar, a scalar for a list, a mapping or a group of fields;
+    ``("", "")`` when the shape fits (the scalar's own conversion is :func:`_scalar_problem`'s).  ``written``: the
+    override's right-hand side (a list field's fix brackets all of it: ``a,b`` -> ``[a,b]``)."""
     import typing
 
+    origin = typing.get_origin(base)
+    if v is None:
+        return ("", "") if optional or base is Any else ("cannot be null.", "set a value, or drop the override to keep the default")
+    if dataclasses.is_dataclass(base):
+        names = ", ".join(_current_names(base))
+        return (
+            ("", "")
+            if isinstance(v, dict)
+            else (f"is a group of fields ({names}), not a single value.", f"set one of its fields, e.g. {key}.<field>=...")
+        )
+    if origin in (list, tuple):
+        return ("", "") if isinstance(v, list) else ("is a list.", f"{key}=[{written}] (quoted in a shell: '{key}=[{written}]')")
+    if origin is dict:
+        return ("", "") if isinstance(v, dict) else ("is a mapping.", f"{key}={{name: value}}, or {key}.<name>=<value>")
+    if base in (str, int, float, bool) and isinstance(v, (list, dict)):
+        kind = "a list" if isinstance(v, list) else "a mapping"
+        want, slot = {
+            str: ("text", "text"),
+            int: ("a whole number", "integer"),
+            float: ("a number", "number"),
+            bool: ("a boolean", "true|false"),
+        }[base]
+        quote = f" (text with brackets or braces is quoted: {key}='\"{_show(v)}\"')" if base is str else ""
+        return (f"takes {want}, not {kind}.", f"{key}=<{slot}>{quote}")
+    return ("", "")
+
+
+def _scalar_problem(key: str, value: str, typ: Any) -> OverrideProblem | None:
+    """A value OmegaConf cannot take for the field's type, said with the fix instead of Hydra's bare conversion or
+    merge error: a scalar that does not convert (``package.parity=maybe``, ``eval.gate.max_drop=abc``), a value of the
+    wrong shape (:func:`_shape_problem`: ``model.name=[a]``, ``eval.gate=3``, ``quant.exclude_modules=3``,
+    ``build.speculative=null``); None when every value fits (each value of a sweep is checked) or the value is an
+    interpolation."""
+    import typing
+
+    if "${" in value:
+        return None
     args = [a for a in typing.get_args(typ) if a is not type(None)]
     optional = type(None) in typing.get_args(typ)
     base = args[0] if optional and len(args) == 1 else typ
-    if base not in (bool, int, float) or "${" in value:
-        return None
     null = " or null" if optional else ""
-    for v in value.split(","):
-        v = v.strip().strip("'\"")
-        if optional and v.lower() in ("null", "none", "~"):
-            continue
-        what, fix = "", ""
-        if base is bool and v.lower() not in BOOL_WORDS:
-            what, fix = "not a boolean.", f"{key}=true or {key}=false"
-        elif base is int and not _converts(int, v):
-            what, fix = "not a whole number.", f"{key}=<integer>{null}"
-        elif base is float and not _converts(float, v):
-            what, fix = "not a number.", f"{key}=<number>{null}"
+    for el in _elements(value):
+        what, fix = _shape_problem(key, el, base, optional, value)
+        v = value if what else _show(el)  # a shape problem is the whole value's
+        if not what and base in (bool, int, float) and el is not None:
+            if base is bool and v.lower() not in BOOL_WORDS:
+                what, fix = "not a boolean.", f"{key}=true or {key}=false"
+            elif base is int and (isinstance(el, float) or not _converts(int, v)):
+                what, fix = "not a whole number.", f"{key}=<integer>{null}"
+            elif base is float and not _converts(float, v):
+                what, fix = "not a number.", f"{key}=<number>{null}"
         if what:
             return OverrideProblem(key, v, what, fix, text=f"{key}={v}: {what} Fix: {fix}.")
     return None
