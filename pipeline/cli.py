@@ -487,9 +487,11 @@ def main(argv: list[str] | None = None) -> None:
             shutil.rmtree(migrate_tmp, ignore_errors=True)
             print(f"error (exit {EXIT_INPUT}): {e}", file=sys.stderr)
             sys.exit(EXIT_INPUT)
-    from .core.config.overrides import override_problems
+    from .core.config.overrides import override_problems, sweep_problems
 
     problems = [str(p) for p in override_problems(argv)] + run_dir_problems(argv)
+    if not problems and not ({"-m", "--multirun"} & set(argv)) and not any(a.startswith("hydra.mode=") for a in argv):
+        problems = [str(p) for p in sweep_problems(argv, cli=True)]  # Hydra's own message names no key's fix
     if problems:
         for msg in problems:
             print(f"error (exit {EXIT_INPUT}): {msg}", file=sys.stderr)
@@ -497,10 +499,13 @@ def main(argv: list[str] | None = None) -> None:
     for note in alias_notes_for_printed_config(argv):
         print(note, file=sys.stderr)
     argv = resolve_printed_config(argv)
-    tmp_root = Path(tempfile.mkdtemp(prefix="pipeline-user-config-"))
+    # only a --config-name YAML needs the folder: a run killed before its finally would leave an empty one behind
+    tmp_root = Path(tempfile.mkdtemp(prefix="pipeline-user-config-")) if _flag_value(argv, _CONFIG_NAME_FLAGS) else None
     try:
-        argv = user_config_argv(argv, tmp_root)
+        argv = user_config_argv(argv, tmp_root) if tmp_root is not None else argv
     except InputError as e:
+        if tmp_root is not None:
+            shutil.rmtree(tmp_root, ignore_errors=True)
         print(f"error (exit {EXIT_INPUT}): {e}", file=sys.stderr)
         sys.exit(EXIT_INPUT)
     sys.argv = [sys.argv[0], *sweep_dirname_argv(argv)]
@@ -516,7 +521,8 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         import shutil
 
-        shutil.rmtree(tmp_root, ignore_errors=True)
+        if tmp_root is not None:
+            shutil.rmtree(tmp_root, ignore_errors=True)
         if migrate_tmp is not None:
             shutil.rmtree(migrate_tmp, ignore_errors=True)
     from .runner import worst_exit_code
