@@ -18,7 +18,7 @@ import json
 import sys
 from typing import Any
 
-from ..core.errors import EXIT_INPUT, EXIT_OK, EXIT_PREFLIGHT, PipelineError
+from ..core.errors import EXIT_INPUT, EXIT_OK, EXIT_PREFLIGHT, InputError, PipelineError
 
 _ALIASES = {"target_gpu": "target.gpu", "gpu": "target.gpu"}
 
@@ -75,6 +75,12 @@ def _gpu_table(cfg: Any, names: list[str], console: Any) -> tuple[list[dict[str,
     return rows, worst
 
 
+def _error(code: int, msg: str) -> None:
+    """An error line as the ``pipeline`` command prints it: ``error (exit N): ...`` on stderr, unwrapped (a CI log
+    greps it whole; the plan itself goes to stdout)."""
+    print(f"error (exit {code}): {msg}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
@@ -87,15 +93,12 @@ def main(argv: list[str] | None = None) -> int:
     overrides = _rewrite(args.overrides)
     try:
         cfg = _compose(overrides)
-    except Exception as e:
-        msg = f"configuration error: {type(e).__name__}: {e}"
+    except InputError as e:  # ConfigError included: the override, the valid names and the fix
         if args.json:
-            print(json.dumps({"exit_code": EXIT_INPUT, "error": msg}))
+            print(json.dumps({"exit_code": EXIT_INPUT, "error": str(e)}))
         else:
-            console.print(f"[bold red]{msg}[/]")
+            _error(EXIT_INPUT, str(e))
         return EXIT_INPUT
-
-    from rich.markup import escape
 
     from ..core.config import ConfigError
     from ..validation import validate, with_run_order
@@ -110,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             print(json.dumps({**out, "error": str(err), "exit_code": EXIT_INPUT}, indent=2, default=str))
         else:
-            console.print(f"[bold red]error (exit {EXIT_INPUT}):[/] {escape(str(err))}")
+            _error(EXIT_INPUT, str(err))
         return EXIT_INPUT
     code = EXIT_OK
     try:
@@ -133,12 +136,12 @@ def main(argv: list[str] | None = None) -> int:
         out["error"] = str(e.args[0])
         code = EXIT_INPUT
         if not args.json:
-            console.print(f"[bold red]error:[/] {e.args[0]}")
+            _error(code, str(e.args[0]))
     except PipelineError as e:
         out["error"] = str(e)
         code = e.exit_code
         if not args.json:
-            console.print(f"[bold red]error:[/] {e}")
+            _error(code, str(e))
     out["exit_code"] = code
     if args.json:
         print(json.dumps(out, indent=2, default=str))

@@ -251,8 +251,8 @@ def test_a_bad_field_the_checks_report_is_not_reported_again_by_the_plan(capsys,
     """The config checks and the planner both refused an unknown ``target.gpu`` / ``quant.kv_cache_dtype``, so
     ``pipeline plan`` showed the problem twice (new-user trial): once, in the problem list."""
     assert plan_main(over) == 2
-    out = " ".join(capsys.readouterr().out.split())  # the console wraps lines
-    assert "configuration problem(s)" in out and out.count(said) == times, out
+    err = capsys.readouterr().err  # error lines go to stderr, unwrapped, as the pipeline command prints them
+    assert err.startswith("error (exit 2): ") and "configuration problem(s)" in err and err.count(said) == times, err
     assert plan_main(["--json", *over]) == 2
     doc = json.loads(capsys.readouterr().out)
     assert doc["error"] and doc["problems"], doc  # the JSON keeps both records
@@ -373,3 +373,13 @@ def test_cpu_weights_refusal_offers_int4_only_when_int4_fits():
     k = SimpleNamespace(recipe="fp8", hp_dtype="float16", group_size=128, exclude=["lm_head"], sensitive="none")
     assert _smaller_weights_fix(shape, k, 24 * 2**30).startswith("a larger host (even int4 weights need")
     assert _smaller_weights_fix(shape, k, 64 * 2**30).startswith("quant=int4_awq (")
+
+
+def test_plan_error_lines_go_to_stderr_whole_with_their_brackets(capsys):
+    """A compose-time refusal was printed through rich to stdout as ``configuration error: ConfigError: ...``, wrapped
+    at 80 columns, and rich read ``[a]`` in a message as markup.  Now: ``error (exit 2): ...`` on stderr, as the
+    ``pipeline`` command prints it."""
+    assert plan_main(["model.name=[a]"]) == 2
+    got = capsys.readouterr()
+    assert got.err.startswith("error (exit 2): 1 configuration problem(s):") and "model.name=[a]: takes text, not a list" in got.err, got
+    assert not got.out.strip(), got.out

@@ -37,9 +37,10 @@ def test_split_qkv_exclusion_is_a_config_problem(small_qwen2):
 
 def test_the_run_and_the_plan_refuse_it_before_any_work(small_qwen2, tmp_path):
     store = tmp_path / "store"
-    for cmd in (["pipeline.cli", "stages=[package]", f"store_dir={store}"], ["pipeline.cli", "plan"]):
+    # (hydra.run.dir only for the run: `pipeline plan` writes no run folder and refuses hydra.* overrides)
+    for cmd in (["pipeline.cli", "stages=[package]", f"store_dir={store}", f"hydra.run.dir={tmp_path / 'run'}"], ["pipeline.cli", "plan"]):
         r = subprocess.run(
-            [sys.executable, "-m", *cmd, f"model.path={small_qwen2}", "quant=int4_awq", f"hydra.run.dir={tmp_path / 'run'}"],
+            [sys.executable, "-m", *cmd, f"model.path={small_qwen2}", "quant=int4_awq"],
             capture_output=True,
             text=True,
             timeout=300,
