@@ -292,7 +292,11 @@ class LLMClient:
                 values[k] = v
         unknown = [k for k in values if k not in self.inputs]
         if unknown:
-            raise InputError(f"input(s) {unknown} are not inputs of model {self.model!r}; it accepts {sorted(self.inputs)}.")
+            if "text_input" in unknown:  # a token-id or pre/post-processing model, called with a prompt
+                fix = "send prompts to model ensemble (or tensorrt_llm_bls), the models that take text_input"
+            else:
+                fix = "drop them, or send inputs the model accepts"
+            raise InputError(f"input(s) {unknown} are not inputs of model {self.model!r}; it accepts {sorted(self.inputs)}. Fix: {fix}.")
         return [make_input(k, v, self.inputs[k]) for k, v in values.items()]
 
     def prompt_text(self, prompt: str, chat: bool = True) -> str:

@@ -289,6 +289,13 @@ def test_pipeline_client_model_the_server_does_not_serve_is_exit_2_naming_the_se
     with pytest.raises(UnknownModel, match=r"model 'nosuch': .*Fix: pass model=<one of them>, e.g. model='ensemble'") as e:
         LLMClient(url, "nosuch")
     assert e.value.exit_code == 2 and {"ensemble", "preprocessing", "postprocessing"} <= set(e.value.served)
+    # a served model that takes no prompt, and an input no model has: each names the fix
+    assert main(["--url", url, "--raw", "--model", "preprocessing", PROMPTS[0]]) == 2
+    err = capsys.readouterr().err
+    assert "are not inputs of model 'preprocessing'" in err and "Fix: send prompts to model ensemble" in err, err
+    assert main(["--url", url, "--raw", "--input", "no_such_input=1", PROMPTS[0]]) == 2
+    err = capsys.readouterr().err
+    assert "['no_such_input'] are not inputs of model 'ensemble'" in err and "Fix: drop them" in err, err
     # a served model is still served, and an --input whose flag is left at its default is honoured
     tok = str(served.tokenizer)
     assert main(["--url", url, "--tokenizer", tok, "--model", "tensorrt_llm_bls", "--input", "max_tokens=3", PROMPTS[0]]) == 0
