@@ -50,9 +50,10 @@ class BuildArtifact(StageArtifact):
         """``build_info.json`` as a :class:`BuildInfo` (``recorded`` False when the file is absent).
 
         Raises:
-            InputError: the file is corrupt or a field has the wrong type.
+            InputError: the folder does not exist, the file is corrupt or a field has the wrong type.
         """
         fix = "rebuild with the build stage (force=true stages=[build])"
+        self.require_folder("build")
         return BuildInfo.from_json(_read_json(self.build_info_path, fix), source=self.build_info_path)
 
     def limits(self, result: dict[str, Any] | None = None, build_cfg: Any = None) -> dict[str, Any]:

@@ -41,6 +41,21 @@ class StageArtifact:
             )
         object.__setattr__(self, "path", Path(os.fspath(path)))
 
+    def require_folder(self, stage: str) -> None:
+        """For a reader: ``path`` must be an existing folder (a reader of a folder that is not there returned an
+        empty record, as if the stage had recorded nothing).
+
+        Raises:
+            InputError: ``path`` is not a folder (names it, and where ``stage``'s artifacts are).
+        """
+        if not self.path.is_dir():
+            a = "an" if stage[:1] in "aeiou" else "a"
+            what = f"is a file, not {a}" if self.path.exists() else f"does not exist: not {a}"
+            raise InputError(
+                f"{type(self).__name__}({str(self.path)!r}): the folder {what} {stage} artifact. Fix: pass a folder "
+                f"under <store_dir>/{stage}/ (a run's summary.json lists each stage's artifact path)."
+            )
+
 
 def _read_json(p: Path, fix: str) -> dict[str, Any]:
     """The JSON object in ``p``; ``{}`` when the file does not exist.

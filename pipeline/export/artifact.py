@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ..core.artifacts import StageArtifact, _read_json
+from ..core.errors import InputError
 
 MODEL_INFO_NAME = "model_info.json"
 
@@ -50,12 +51,19 @@ class ExportArtifact(StageArtifact):
         transformers' ``GenerationConfig``) and the architecture, every other field ``None``.
 
         Raises:
-            InputError: a file exists but is not a JSON object, or a field has the wrong type.
+            InputError: the folder does not exist or holds neither file, a file exists but is not a JSON object, or
+                a field has the wrong type.
         """
         fix = "re-run the export stage (force=true stages=[export])"
+        self.require_folder("export")
         mi = _read_json(self.model_info_path, fix)
         if mi:
             return ModelInfo.from_json(mi, source=self.model_info_path)
+        if not (self.hf_dir / "config.json").is_file():
+            raise InputError(
+                f"{self.path}: no {self.MODEL_INFO} and no {self.HF_DIR}/config.json: not an export artifact (or one "
+                f"whose files were removed). Fix: pass an export folder (<store_dir>/export/<key>), or {fix}."
+            )
         cfg = _read_json(self.hf_dir / "config.json", fix)
         gen = _read_json(self.hf_dir / "generation_config.json", fix)
         eos = gen.get("eos_token_id", cfg.get("eos_token_id"))

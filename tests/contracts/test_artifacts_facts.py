@@ -144,7 +144,24 @@ def test_typed_readers_refuse_a_wrong_field_type_and_read_older_documents(tmp_pa
         BuildInfo.from_json({"host": {"gpus": ["H100"]}})
     bi = BuildInfo.from_json({"target": {"name": "tensorrt_llm"}, "versions": {"tensorrt-llm": "1.2.1"}, "host": {"gpus": []}})
     assert (bi.target, bi.tensorrt_llm_version, bi.gpus, bi.recorded) == ("tensorrt_llm", "1.2.1", (), True)
-    assert not BuildArtifact(tmp_path / "none").build_info().recorded
+    (tmp_path / "empty").mkdir()
+    assert not BuildArtifact(tmp_path / "empty").build_info().recorded  # a build that recorded nothing
+
+
+def test_a_reader_of_a_missing_or_foreign_folder_refuses_instead_of_an_empty_record(tmp_path):
+    """Trial 3: ``ExportArtifact(Path('/nonexistent')).model_info()`` and the same reader on a build folder returned
+    ``ModelInfo()`` (every field None), as if export had recorded nothing."""
+    from pipeline.build.artifact import BuildArtifact
+
+    with pytest.raises(InputError, match=r"ExportArtifact\('.*nope'\): the folder does not exist: not an export artifact"):
+        ExportArtifact(tmp_path / "nope").model_info()
+    with pytest.raises(InputError, match=r"BuildArtifact\('.*nope'\): the folder does not exist"):
+        BuildArtifact(str(tmp_path / "nope")).build_info()
+    build = tmp_path / "build"
+    build.mkdir()
+    (build / "build_info.json").write_text(json.dumps({"target": "onnxruntime_genai"}))
+    with pytest.raises(InputError, match=r"no model_info\.json and no hf/config\.json: not an export artifact"):
+        ExportArtifact(build).model_info()
 
 
 def test_eval_report_reader_types_what_other_stages_read(tmp_path):
