@@ -115,39 +115,57 @@ class DecodingPolicy:
         )
 
 
-def _number(where: str, name: str, v: Any, lo: float, hi: float, *, lo_open: bool = False) -> float:
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and (v > lo if lo_open else v >= lo) and v <= hi
-    if not ok:
-        rng = f"{'(' if lo_open else '['}{lo}, {hi}]"
-        raise InputError(f"{where}: {name}={v!r} is outside {rng}. Fix: correct {name} in generation_config.json or delete the field.")
-    return float(v)
+def _number_problem(name: str, v: Any, lo: float, hi: float, *, lo_open: bool = False, whole: bool = False) -> str | None:
+    """What is wrong with ``v`` as the number field ``name`` (a number, a whole one when ``whole``, in the range), or
+    None when it is fine."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (whole and not isinstance(v, int)):
+        return f"{name}={v!r} is not {'a whole number' if whole else 'a number'}"
+    if not math.isfinite(v) or not ((v > lo if lo_open else v >= lo) and v <= hi):
+        return f"{name}={v!r} is outside {'(' if lo_open else '['}{lo}, {hi}]"
+    return None
+
+
+_RANGES: dict[str, tuple[float, float, bool, bool]] = {
+    "repetition_penalty": (0.0, 100.0, True, False),
+    "temperature": (0.0, 100.0, False, False),
+    "top_p": (0.0, 1.0, True, False),
+    "top_k": (0, 1 << 31, False, True),
+}
+"""field -> (low, high, low bound open, whole number) of the numeric fields read (transformers ``GenerationConfig``:
+``repetition_penalty`` > 0, ``temperature`` >= 0, ``top_p`` in (0, 1], ``top_k`` a non-negative int)."""
 
 
 def policy_from_dict(gen: dict[str, Any], where: str = "generation_config.json") -> DecodingPolicy:
     """The policy of a parsed ``generation_config.json`` object.
 
     Raises:
-        InputError: a refused field (:data:`REFUSED`) has a non-neutral value, or a value is out of range
-            (``repetition_penalty`` <= 0, ``temperature`` < 0, ``top_p`` outside (0, 1], ``top_k`` < 0, ...).
+        InputError: a refused field (:data:`REFUSED`) has a non-neutral value, or a numeric field is not a number (a
+            whole one for ``top_k``) or out of range (:data:`_RANGES`); every problem of the file in one error.
     """
+    problems: list[str] = []
     for name, (neutral, why) in REFUSED.items():
         v = gen.get(name)
         if v is not None and v != neutral:
-            raise InputError(
-                f"{where}: {name}={v!r} {why}. Fix: remove {name} from generation_config.json (or set it to {neutral}) in "
-                f"a copy of the checkpoint; evaluate and serving then decode without it."
+            problems.append(
+                f"{name}={v!r} {why}. Fix: remove {name} from generation_config.json (or set it to {neutral}) in a copy of "
+                f"the checkpoint; evaluate and serving then decode without it."
             )
+    for name, (lo, hi, lo_open, whole) in _RANGES.items():
+        bad = None if gen.get(name) is None else _number_problem(name, gen[name], lo, hi, lo_open=lo_open, whole=whole)
+        if bad:
+            problems.append(f"{bad}. Fix: correct {name} in generation_config.json or delete the field.")
+    if problems:
+        raise InputError(
+            f"{where}: {problems[0]}" if len(problems) == 1 else f"{where}: {len(problems)} problems:\n  - " + "\n  - ".join(problems)
+        )
     rp = gen.get("repetition_penalty")
-    penalty = 1.0 if rp is None else _number(where, "repetition_penalty", rp, 0.0, 100.0, lo_open=True)
+    penalty = 1.0 if rp is None else float(rp)
     sampling: dict[str, Any] = {}
     if isinstance(gen.get("do_sample"), bool):
         sampling["do_sample"] = gen["do_sample"]
-    if gen.get("temperature") is not None:
-        sampling["temperature"] = _number(where, "temperature", gen["temperature"], 0.0, 100.0)
-    if gen.get("top_p") is not None:
-        sampling["top_p"] = _number(where, "top_p", gen["top_p"], 0.0, 1.0, lo_open=True)
-    if gen.get("top_k") is not None:
-        sampling["top_k"] = int(_number(where, "top_k", gen["top_k"], 0, 1 << 31))
+    for name in ("temperature", "top_p", "top_k"):
+        if gen.get(name) is not None:
+            sampling[name] = int(gen[name]) if name == "top_k" else float(gen[name])
     ignored = {k: gen[k] for k, neutral in IGNORED.items() if gen.get(k) is not None and gen[k] != neutral}
     return DecodingPolicy(repetition_penalty=penalty, sampling=sampling, ignored=ignored, source="generation_config.json")
 

@@ -55,9 +55,21 @@ def test_policy_reads_penalty_and_sampling_and_refuses_what_no_engine_applies(tm
     with pytest.raises(InputError, match=r"min_p=0.05 .*onnxruntime-genai.*min_p input.*Fix: remove min_p"):
         policy_from_dict({**QWEN_LIKE, "min_p": 0.05})
     assert "min_p" not in policy_from_dict({**QWEN_LIKE, "min_p": 0.0}).sampling  # the neutral value is accepted
-    for bad in ({"repetition_penalty": 0}, {"repetition_penalty": "x"}, {"top_p": 0}, {"temperature": -1}, {"top_k": -2}):
+    for bad in ({"repetition_penalty": 0}, {"top_p": 0}, {"temperature": -1}, {"top_k": -2}):
         with pytest.raises(InputError, match=rf"{next(iter(bad))}=.*is outside"):
             policy_from_dict(bad, "ck/generation_config.json")
+    # trial 3: a wrong type was said as "outside [0, 2147483648]", and only the first problem of the file was reported
+    for bad, said in (
+        ({"repetition_penalty": "x"}, "repetition_penalty='x' is not a number"),
+        ({"top_k": 40.5}, "top_k=40.5 is not a whole number"),
+    ):
+        with pytest.raises(InputError, match=said):
+            policy_from_dict(bad)
+    with pytest.raises(InputError) as e:
+        policy_from_dict({"top_k": "abc", "temperature": -1, "min_p": 0.05}, "ck/generation_config.json")
+    msg = str(e.value)
+    assert msg.startswith("ck/generation_config.json: 3 problems:") and "top_k='abc' is not a whole number" in msg, msg
+    assert "temperature=-1 is outside [0.0, 100.0]" in msg and "min_p=0.05" in msg, msg
 
 
 @pytest.mark.parametrize("field, value", [("no_repeat_ngram_size", 3), ("min_p", 0.05)])
