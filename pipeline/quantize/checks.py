@@ -4,6 +4,8 @@
   them); a vocabulary not divisible by TP is padded (``quant.vocab_padding=pad``, recorded) or rejected;
   ``parallel.pp_size`` <= layers;
 * ``calibration.calib_max_seq_length`` <= the model's positions;
+* a local calibration file holds at least ``calibration.min_samples`` non-blank records (an upper bound of the usable
+  samples the stage counts after tokenizing, so this never refuses a set the stage would accept);
 * the recipe on the model's linear layers (from ``config.json``): ``quant.group_size`` divides every quantized
   per-rank input dimension, q/k/v are kept whole, something is left to quantize;
 * ``target.gpu`` is a catalogue name; the recipe, the export dtype and the KV cache format are supported by the
@@ -31,7 +33,35 @@ def checks(cfg: Any) -> list[Problem]:
         problems.extend(_parallel_problems(cfg, shape))
         problems.extend(_linear_problems(cfg, shape))
     problems.extend(_gpu_problems(cfg))
+    problems.extend(_calibration_size_problems(cfg))
     return problems
+
+
+def _calibration_size_problems(cfg: Any) -> list[Problem]:
+    """Too few records in a local calibration file, found before export runs (the stage found it after export:
+    fresh-user trial).  A file the reader refuses, or a dataset (``format=hf``), is left to the stage's own check."""
+    c = cfg.calibration
+    if cfg.quant.recipe == "none" or c.format == "hf" or not c.path:
+        return []
+    from ..core.errors import InputError
+    from .calibration_set import read_raw
+
+    try:
+        rows, blank, _ = read_raw(c, c.path)
+    except InputError:
+        return []  # missing or unreadable: the field check or the stage names it
+    if len(rows) >= c.min_samples:
+        return []
+    return [
+        Problem(
+            "calibration.path",
+            c.path,
+            f"holds {len(rows)} non-blank record(s) ({blank} blank), fewer than calibration.min_samples={c.min_samples}.",
+            f"provide a larger calibration set, or lower calibration.min_samples (<= {len(rows)})"
+            if rows
+            else "provide a calibration set with records",
+        )
+    ]
 
 
 def _linear_problems(cfg: Any, shape: Any) -> list[Problem]:

@@ -92,3 +92,19 @@ def test_a_kv_cache_fix_never_repeats_an_unknown_kv_format():
         named = re.findall(r"quant\.kv_cache_dtype=(\w+)", problems[0].fix)
         assert named and set(named) <= set(KV_CACHE_FORMATS), (over, problems[0].fix)
     assert "quant.kv_cache_dtype=fp8" in problems[0].fix  # a known format is kept in the example
+
+
+def test_a_calibration_file_with_too_few_records_is_refused_before_export(small_qwen2, tmp_path):
+    """Trial 3: a 20-line calibration file ran export, then quantize exited 2 (fewer than min_samples=32 usable)."""
+    import json
+
+    calib = tmp_path / "calib.jsonl"
+    calib.write_text("".join(json.dumps({"text": f"Where is order {i}?"}) + "\n" for i in range(20)) + "\n\n", encoding="utf-8")
+    base = [f"model.path={small_qwen2}", "quant=int8_sq", "stages=[export,quantize]", f"calibration.path={calib}"]
+    got = _fields(base)
+    assert "calibration.path" in got, got
+    msg = got["calibration.path"]
+    assert "holds 20 non-blank record(s) (2 blank), fewer than calibration.min_samples=32" in msg, msg
+    assert "lower calibration.min_samples (<= 20)" in msg, msg
+    assert "calibration.path" not in _fields([*base, "calibration.min_samples=20"])  # as many records as needed
+    assert "calibration.path" not in _fields([*base[:-1], "quant=none", f"calibration.path={calib}"])  # nothing calibrated
