@@ -246,6 +246,7 @@ class _RunState:
     plan: dict[str, Any] | None = None
     gate_info: dict[str, Any] = dataclasses.field(default_factory=dict)
     gate_failed: str | None = None
+    gate_inconclusive: bool = False  # the verdict that set gate_failed could show neither pass nor failure
     eval_dir: Path | None = None
     """The evaluate artifact of this run (its ``eval_report.json`` feeds the run's JUnit XML and step summary)."""
 
@@ -305,7 +306,8 @@ def run_pipeline(
     try:
         _run_stages(cfg, console, state)
         if state.gate_failed and exit_code == EXIT_OK:
-            exit_code, error = EXIT_GATE, f"evaluation gate failed: {state.gate_failed}"
+            verdict = "inconclusive (not failed: the eval set cannot show non-inferiority)" if state.gate_inconclusive else "failed"
+            exit_code, error = EXIT_GATE, f"evaluation gate {verdict}: {state.gate_failed}"
     except KeyboardInterrupt:
         exit_code, error = EXIT_INTERRUPTED, "interrupted"
         _mark_failed(state.reports, cfg, error)
@@ -506,7 +508,7 @@ def _record_gate(
                 then = "exit 0, but a package stage would refuse to release this candidate"
             console.print(f"[bold yellow]EXPLORATORY RUN: the gate is INCONCLUSIVE (eval.gate.mode=exploratory); {then}[/]")
         else:
-            state.gate_failed = gate.reason
+            state.gate_failed, state.gate_inconclusive = gate.reason, gate.inconclusive
 
 
 JUNIT_FILE = "junit.xml"

@@ -82,9 +82,14 @@ def _gate(ctx: StageContext) -> dict[str, Any]:
             f"Fix: improve the candidate (recipe, calibration), or override explicitly with package.allow_failed_gate=true "
             f"(recorded in release_manifest.json)."
         )
-    ctx.log.warning("packaging despite a failed evaluation gate (%s): package.allow_failed_gate=true", reason)
+    ctx.log.warning(
+        "packaging despite %s evaluation gate (%s): package.allow_failed_gate=true",
+        "an inconclusive" if gate is not None and gate.inconclusive else "a failed",
+        reason,
+    )
+    verdict = "was inconclusive" if gate is not None and gate.inconclusive else "failed"
     return ReleaseGate(
-        gate, override=True, override_note="package.allow_failed_gate=true: packaged although the evaluation gate failed"
+        gate, override=True, override_note=f"package.allow_failed_gate=true: packaged although the evaluation gate {verdict}"
     ).to_json()
 
 

@@ -43,6 +43,8 @@ def test_small_set_release_fails_exploratory_runs_but_is_not_packaged(tmp_path, 
     summary, out = _run(store, "stages=[evaluate]", *common)
     assert summary.exit_code == EXIT_GATE, out
     assert "inconclusive" in summary.error and "paired items would be needed" in summary.error
+    # trial 3: the run's final line called it failed ("evaluation gate failed: ... inconclusive")
+    assert summary.error.startswith("evaluation gate inconclusive (not failed") and "gate failed" not in summary.error, summary.error
     assert "non-inferiority inconclusive" in out
 
     summary, out = _run(store, "stages=[evaluate]", "eval.gate.mode=exploratory", *common)
