@@ -7,6 +7,11 @@ from typing import Any
 from .plan import Plan, fmt_bytes
 
 
+def _params(n: float) -> str:
+    """A parameter count the way model cards write it: ``4.59M``, ``8.03B`` (``0.00B`` hid a 4.59 M model)."""
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M" if n >= 1e6 else f"{int(n)}"
+
+
 def _rate(r: dict[str, Any] | None) -> str:
     if not r:
         return "-"
@@ -23,7 +28,7 @@ def render(p: Plan, console: Any, *, compact: bool = False) -> None:
     c = p.config
     tgt = p.target
     title = (
-        f"plan: {p.model.get('architecture')} {p.model.get('num_parameters', 0) / 1e9:.2f}B params, "
+        f"plan: {p.model.get('architecture')} {_params(p.model.get('num_parameters', 0))} params, "
         f"quant={c['recipe']} kv={c['kv_cache']} tp={c['tp_size']} pp={c['pp_size']} on {tgt.get('name') or tgt.get('kind')}"
     )
     t = Table(title=title, show_header=False, title_justify="left")

@@ -383,3 +383,13 @@ def test_plan_error_lines_go_to_stderr_whole_with_their_brackets(capsys):
     got = capsys.readouterr()
     assert got.err.startswith("error (exit 2): 1 configuration problem(s):") and "model.name=[a]: takes text, not a list" in got.err, got
     assert not got.out.strip(), got.out
+
+
+def test_the_plan_header_writes_a_small_model_in_millions(tiny_llama, capsys):
+    """Trial 3: the default 4.59 M model was headed ``LlamaForCausalLM 0.00B params``."""
+    from pipeline.planner.render import _params
+
+    assert (_params(4_590_000), _params(8.03e9), _params(512)) == ("4.59M", "8.03B", "512")
+    assert plan_main([f"model.path={tiny_llama}", "target=onnxruntime_genai", "stages=[export]"]) == 0
+    out = capsys.readouterr().out
+    assert "0.00B params" not in out and "LlamaForCausalLM 393856 params" in out, out  # tests/tiny.py: 393,856
