@@ -623,7 +623,7 @@ def _heldout_samples(ctx: StageContext, tokenizer: Any) -> list[list[int]]:
     c = ctx.cfg.calibration
     wider = dataclasses.replace(c, calib_size=c.calib_size + n, min_samples=0)
     try:
-        cs = load_calibration(wider, tokenizer, path)
+        cs = load_calibration(wider, tokenizer, path, requested=f" ({c.calib_size} calibration + {n} eval.fidelity_heldout)")
     except InputError as e:  # the measurement is optional; the quantize stage reports calibration problems
         ctx.log.warning("fidelity: no calibration hold-out (%s)", e)
         return []

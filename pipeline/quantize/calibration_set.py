@@ -416,13 +416,15 @@ def _encode_row(codec: Any, r: Any, apply_chat_template: bool) -> list[int]:
     return list(codec.encode_prompt(r.text, apply_chat_template=False))
 
 
-def load_calibration(cfg: CalibrationConfig, tokenizer: Any, path: Path | None) -> CalibrationSet:
+def load_calibration(cfg: CalibrationConfig, tokenizer: Any, path: Path | None, *, requested: str = "") -> CalibrationSet:
     """Read, shuffle (seeded), tokenize and check a calibration set.
 
     Args:
         cfg: the ``calibration`` config group (calib_size, calib_max_seq_length, seed, min_tokens, min_samples ...).
         tokenizer: the export checkpoint's ``transformers`` tokenizer.
         path: the resolved calibration file (``None`` for ``format: hf``).
+        requested: what ``calib_size`` is made of, for the short-set warning (evaluate's fidelity hold-out asks for
+            calibration's samples plus its own: ``" (16 calibration + 64 eval.fidelity_heldout)"``).
     Returns:
         :class:`CalibrationSet` with up to ``calib_size`` samples, each truncated to ``calib_max_seq_length`` tokens.
     Raises:
@@ -461,7 +463,7 @@ def load_calibration(cfg: CalibrationConfig, tokenizer: Any, path: Path | None) 
             f"(e.g. {', '.join(short[:3])}); they are kept but carry little signal"
         )
     if len(samples) < cfg.calib_size:
-        warnings.append(f"{source}: {len(samples)} usable sample(s) of {cfg.calib_size} requested")
+        warnings.append(f"{source}: {len(samples)} usable sample(s) of {cfg.calib_size} requested{requested}")
     for w in warnings:
         log.warning(w)
     stats = {

@@ -112,6 +112,9 @@ def test_short_samples_warned_and_usable_vs_requested(tmp_path, tok, caplog):
     assert cs.stats["short"] == 2 and cs.stats["used"] == 7 and cs.stats["requested"] == 10
     assert any("shorter than calibration.min_tokens=5" in r.message for r in caplog.records)
     assert any("7 usable sample(s) of 10 requested" in w for w in cs.warnings)
+    # evaluate's fidelity hold-out asks for more than calib_size: the warning says what the number is made of
+    held = load_calibration(_cfg(min_tokens=5, calib_size=10), tok, p, requested=" (4 calibration + 6 eval.fidelity_heldout)")
+    assert any("7 usable sample(s) of 10 requested (4 calibration + 6 eval.fidelity_heldout)" in w for w in held.warnings)
 
 
 def test_seeded_selection_and_truncation(tmp_path, tok):
