@@ -19,12 +19,10 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_run import run_pipeline_cli
 from rich.console import Console
 
 import pipeline
@@ -35,12 +33,6 @@ from pipeline.core.errors import EXIT_INPUT, InputError
 
 ROOT = Path(__file__).resolve().parents[2]
 EXCLUDE = "hydra.job.config.override_dirname.exclude_keys="
-
-
-def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
-    env["PYTHONPATH"] = str(ROOT)
-    return subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
 # --------------------------------------------------------------------------- 1. a swept key also given a fixed value
@@ -62,7 +54,7 @@ def test_a_sweep_of_a_key_also_given_fixed_writes_one_folder_per_job(tmp_path):
     for sub, want in ((None, {"0-quant=none", "1-quant=int8_sq"}), ("${hydra.job.override_dirname}", {"quant=none", "quant=int8_sq"})):
         sweep = tmp_path / f"sweep-{bool(sub)}"
         extra = [f"hydra.sweep.subdir={sub}"] if sub else []
-        r = _cli("-m", "quant=none", "quant=none,int8_sq", *common, f"hydra.sweep.dir={sweep}", *extra, cwd=tmp_path)
+        r = run_pipeline_cli("-m", "quant=none", "quant=none,int8_sq", *common, f"hydra.sweep.dir={sweep}", *extra, cwd=tmp_path)
         assert r.returncode == 2, r.stderr[-3000:]  # both jobs refused (no checkpoint), after their folders were made
         jobs = {p.name for p in sweep.iterdir() if p.is_dir()}
         assert jobs == want, jobs
@@ -104,7 +96,9 @@ def test_compose_names_every_bad_interpolation_and_a_literal_one_composes():
 def test_a_preset_value_whose_interpolation_fails_is_named_by_its_field(tmp_path):
     """A value no override set (a user YAML's): the run refuses it with exit 2 naming the field and its value."""
     (tmp_path / "mine.yaml").write_text("model:\n  name: ${nosuch}\nstages: [export]\n", encoding="utf-8")
-    r = _cli("--config-dir", str(tmp_path), "--config-name", "mine", f"store_dir={tmp_path / 'store'}", "progress=false", cwd=tmp_path)
+    r = run_pipeline_cli(
+        "--config-dir", str(tmp_path), "--config-name", "mine", f"store_dir={tmp_path / 'store'}", "progress=false", cwd=tmp_path
+    )
     assert r.returncode == EXIT_INPUT, r.stderr[-2000:]
     assert "model.name='${nosuch}': its ${...} interpolation cannot be resolved: it refers to 'nosuch'" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and "Fix: " in r.stderr

@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_run import run_pipeline_cli
 from rich.console import Console
 
 import pipeline
@@ -31,12 +29,6 @@ from pipeline.core.errors import EXIT_INPUT, InputError
 
 ROOT = Path(__file__).resolve().parents[2]
 EXCLUDE = "hydra.job.config.override_dirname.exclude_keys="
-
-
-def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
-    env["PYTHONPATH"] = str(ROOT)
-    return subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
 # --------------------------------------------------------------------------- 1. sweep job folder names
@@ -69,7 +61,7 @@ def test_a_sweep_with_many_overrides_and_swept_paths_writes_flat_short_job_folde
     long_link = tmp_path / ("checkpoint-with-a-long-descriptive-name-" + "x" * 60)
     long_link.symlink_to(tiny_llama, target_is_directory=True)
     sweep = tmp_path / "sweep"
-    r = _cli(
+    r = run_pipeline_cli(
         "-m",
         f"model.path={tiny_llama},{long_link}",
         "target=onnxruntime_genai",
@@ -128,7 +120,7 @@ def test_config_error_is_exit_2_in_the_run_summary(tmp_path):
 # --------------------------------------------------------------------------- 3. override grammar errors
 @pytest.mark.parametrize("arg,fix", [("model.name=a=b", """'model.name="a=b"'"""), ("model.name=模型", """'model.name="模型"'""")])
 def test_an_override_hydra_cannot_parse_is_refused_in_the_pipelines_format(arg, fix, tmp_path):
-    r = _cli(arg, "stages=[export]", f"store_dir={tmp_path / 'store'}", cwd=tmp_path)
+    r = run_pipeline_cli(arg, "stages=[export]", f"store_dir={tmp_path / 'store'}", cwd=tmp_path)
     assert r.returncode == EXIT_INPUT, r.stderr[-2000:]
     err = r.stderr.strip()
     assert err.startswith(f"error (exit 2): {arg}: Hydra cannot parse this override") and err.endswith(f"{fix}."), err
