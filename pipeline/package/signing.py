@@ -129,6 +129,41 @@ def sign_release(release_dir: Path, pc: Any) -> dict[str, Any]:
     return ident
 
 
+def check_public_key(public_key: str, field: str) -> Any:
+    """The ``cryptography`` elliptic-curve public key in the PEM file ``public_key``, given as ``field`` (``--key`` of
+    ``pipeline verify``, ``package.verify_key`` of ``pipeline serve``), read before model-signing sees it (its errors
+    for a missing file or a private key were tracebacks).
+
+    Raises:
+        InputError: the file is missing or unreadable, holds a private key (the fix says how to derive the public
+            one), is not a PEM public key, or is not an elliptic-curve key.
+    """
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    p = Path(os.path.expanduser(public_key))
+    sep = " " if field.startswith("-") else "="  # a flag (--key K) or a config field (package.verify_key=K)
+    given = f"{field}{sep}{public_key}"
+    fix_pub = f"pass the signer's PEM public key, e.g. {field}{sep}release.pub"
+    try:
+        data = p.read_bytes()
+    except OSError as e:
+        what = "no such file" if not p.exists() else f"not readable ({e.strerror or e})"
+        raise InputError(f"{given}: {what}. Fix: {fix_pub}.") from None
+    if b"PRIVATE KEY-----" in data:
+        raise InputError(
+            f"{given}: a private key, not a public one (never hand the signing key to a verifier). Fix: "
+            f"derive the public key (openssl ec -in {p.name} -pubout -out release.pub) and {fix_pub}."
+        )
+    try:
+        key = serialization.load_pem_public_key(data)
+    except (ValueError, TypeError) as e:
+        raise InputError(f"{given}: not a PEM public key ({str(e).splitlines()[0][:200]}). Fix: {fix_pub}.") from None
+    if not isinstance(key, ec.EllipticCurvePublicKey):
+        raise InputError(f"{given}: a {type(key).__name__}, but releases are signed with elliptic-curve keys. Fix: {fix_pub}.")
+    return key
+
+
 def verify_signature(release_dir: Path, *, public_key: str | None = None, certificate_chain: Sequence[str] = ()) -> str:
     """Check ``release_dir/release.sig`` against the files of ``release_dir`` with model-signing: signed by
     ``public_key`` (PEM public key path) or by a certificate chaining to ``certificate_chain``. Returns a one-line
@@ -250,6 +285,7 @@ __all__ = [
     "dsse_sign",
     "dsse_verify",
     "method",
+    "check_public_key",
     "public_key_sha256",
     "sign_release",
     "signer_identity",

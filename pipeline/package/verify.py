@@ -100,13 +100,20 @@ def _check_signature(rel: Path, manifest: dict[str, Any], public_key: str | None
     return "not checked" if sig.is_file() else "unsigned"
 
 
-def verify_release(path: str | Path, *, public_key: str | None = None, certificate_chain: Sequence[str] = ()) -> dict[str, Any]:
+def verify_release(
+    path: str | Path, *, public_key: str | None = None, certificate_chain: Sequence[str] = (), key_field: str = "--key"
+) -> dict[str, Any]:
     """Verify the release at ``path`` (module doc, steps 1-4). Returns ``{"release", "archive", "manifest",
     "checks": [str], "signature": "verified" | "not checked" | "unsigned"}``. Raises InputError (exit 2) naming the
-    file that does not verify."""
+    file that does not verify, or ``key_field`` (how the caller's user gave ``public_key``) when the key file is
+    missing, a private key or not a PEM EC public key (:func:`pipeline.package.signing.check_public_key`)."""
     from . import safe_extract
     from .provenance import check_statement
     from .release import verify_extracted_release, verify_release_archive
+    from .signing import check_public_key
+
+    if public_key:
+        check_public_key(public_key, key_field)
 
     rel, archive = release_folder(path)
     checks: list[str] = []

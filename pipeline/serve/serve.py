@@ -165,7 +165,7 @@ def verified_repository(
 
     p = Path(arg).expanduser().absolute() if arg else None
     if p is not None and p.is_file():
-        rep = verify_release(p, public_key=public_key, certificate_chain=certificate_chain)
+        rep = verify_release(p, public_key=public_key, certificate_chain=certificate_chain, key_field="package.verify_key")
         print(f"release verified: {rep['archive']} ({rep['signature']})")
         return resolve_repository(arg, store_dir, verify=verify)
     repo = resolve_repository(arg, store_dir, verify=verify)
@@ -176,7 +176,7 @@ def verified_repository(
             f"package.verify_key is set; refusing to serve it. Fix: serve the release archive "
             f"(pipeline serve <release>/<name>.tar.gz) or the package artifact it came from."
         )
-    rep = verify_release(rel, public_key=public_key, certificate_chain=certificate_chain)
+    rep = verify_release(rel, public_key=public_key, certificate_chain=certificate_chain, key_field="package.verify_key")
     check_repository_files(repo, rep["manifest"])
     print(f"release verified: {rep['archive']} ({rep['signature']}); {repo} matches its signed manifest")
     return repo

@@ -358,3 +358,28 @@ def test_sbom_lists_the_serving_environment(signed_package):
         assert got[dist] == want and want, (dist, want)
     assert got["numpy"].startswith("1.")  # the serving environment's numpy, not the pipeline's
     assert any(c["purl"] == f"pkg:pypi/onnxruntime-genai@{got['onnxruntime-genai']}" for c in bom["components"])
+
+
+def test_a_bad_key_file_is_exit_2_naming_the_flag_or_field(signed_package, keys, tmp_path, capsys):
+    """Trial 3: ``pipeline verify --key`` with a missing file, a non-PEM file or the PRIVATE key was a traceback
+    (exit 1); ``pipeline serve ... package.verify_key=`` with them printed only the library's text."""
+    from pipeline.serve import serve
+
+    archive = str(_archive(signed_package / "release"))
+    garbage = tmp_path / "garbage.pub"
+    garbage.write_text("garbage\n")
+    priv = keys["good"][0]
+    cases = [
+        (tmp_path / "nonexist.pub", "no such file"),
+        (garbage, "not a PEM public key"),
+        (priv, "a private key, not a public one"),
+    ]
+    for key, said in cases:
+        code, out = _verify(capsys, archive, "--key", str(key))
+        assert code == EXIT_INPUT, out
+        assert f"--key {key}: {said}" in out and "Fix: " in out and "Traceback" not in out, out
+        assert serve.main([archive, f"package.verify_key={key}"]) == EXIT_INPUT
+        err = capsys.readouterr().err
+        assert f"package.verify_key={key}: {said}" in err and "Fix: " in err, err
+    code, out = _verify(capsys, archive, "--key", str(priv))
+    assert f"openssl ec -in {priv.name} -pubout -out release.pub" in out, out
