@@ -50,6 +50,8 @@ class StageReport:
     lookup_s: float | None = None
     memory: dict[str, Any] | None = None
     """Peak host RSS (this process and its children) and GPU memory of a stage that ran (:mod:`pipeline.core.memory`)."""
+    notes: list[str] = dataclasses.field(default_factory=list)
+    """Why a stored artifact of this key was not reused (moved aside and produced again), one line each."""
 
 
 @dataclasses.dataclass
@@ -444,21 +446,66 @@ def _dry_run_stage(stage: Stage, ctx: StageContext, store: ArtifactStore, key: s
     return cached
 
 
+def _stale_inputs(art: Artifact, inputs: dict[str, Artifact], rerun: set[str]) -> str | None:
+    """Why the stored artifact ``art`` (its key matches) must not be reused with this run's ``inputs``, or None.
+
+    Keys are input-addressed: an upstream enters a key by its *key*, so an upstream re-produced for the same key
+    (its stored artifact was missing, damaged, or rejected by ``verify_cache=true``) leaves every downstream key as
+    it was.  What the downstream artifact was computed from is then unknown (perhaps the rejected bytes), so it is
+    not reused when an upstream it depends on was re-produced in this run (``rerun``) or when the upstream digest
+    its manifest records differs from the upstream in use now (re-produced by an earlier run)."""
+    recorded = art.manifest.get("inputs") or {}
+    for d, up in sorted(inputs.items()):
+        rec = recorded.get(d, {}).get("digest") if isinstance(recorded.get(d), dict) else None
+        if isinstance(rec, str) and rec != up.digest:
+            when = "re-produced in this run" if d in rerun else "re-produced after it"
+            return f"it was computed from the {d} artifact with digest {rec[:12]}, but the {d} in use ({when}) has digest {up.digest[:12]}"
+        if d in rerun:
+            return f"its input {d} was re-produced in this run (the stored {d} was missing or rejected), so what it was computed from is unknown"
+    return None
+
+
+def _reuse(
+    stage: Stage, ctx: StageContext, store: ArtifactStore, key: str, rerun: set[str]
+) -> tuple[Artifact | None, tuple[str, str] | None]:
+    """The stored artifact of ``key`` when it may be reused, else ``(None, why)``: ``why`` is None when nothing is
+    stored, else ``(why the stored folder is not reused, what is done instead)``: it does not match its manifest
+    (:meth:`ArtifactStore.inspect`), rebuilding; or an input changed under it (:func:`_stale_inputs`), re-running.
+    The one reuse decision of the runner (the first look and the look under the lock)."""
+    art, bad = store.inspect(stage.name, key)
+    if bad is not None:
+        return None, (bad, "rebuilding")
+    stale = _stale_inputs(art, ctx.inputs, rerun) if art is not None else None
+    if stale is not None:
+        return None, (f"not reused: {stale}", "re-running")
+    return art, None
+
+
 def _run_or_reuse(stage: Stage, ctx: StageContext, store: ArtifactStore, key: str, t0: float, state: _RunState) -> Artifact:
     """The cached artifact for ``key``, else run the stage under the store's lock and publish its artifact
-    (``force`` reruns the stages named in ``stages``; a stage that is not cacheable always runs)."""
+    (``force`` reruns the stages named in ``stages``; a stage that is not cacheable always runs).  A stored folder
+    that is not reused (:func:`_reuse`) is moved aside first, with one line saying why (also in the stage's
+    ``notes`` in the run summary)."""
     name, cfg, console = stage.name, ctx.cfg, ctx.console
     force = cfg.force and name in cfg.stages
-    art = None if (force or not stage.cacheable) else store.lookup(name, key)
+    reusable = stage.cacheable and not force
+    rerun = {r.stage for r in state.reports if r.status == "ran"}
+    art = _reuse(stage, ctx, store, key, rerun)[0] if reusable else None
     lookup_s = time.time() - t0
     if art is not None:
         state.reports.append(StageReport(name, "cached", lookup_s, str(art.path), key, art.result.get("headline", {}), lookup_s=lookup_s))
         console.print(f"[green]✓[/] {name:<9} cache hit ({lookup_s:.2f} s)  {art.path}")
         return art
     console.print(f"[cyan]▶[/] {name:<9} running ...")
+    notes: list[str] = []
     with store.locked(name, key):
-        art = None if (force or not stage.cacheable) else store.lookup(name, key)
+        art, why = _reuse(stage, ctx, store, key, rerun) if reusable else (None, None)
         if art is None:  # not produced by a concurrent run while we waited for the lock
+            if why is not None:
+                aside = store.set_aside(name, key)
+                note = f"{name} {key[:24]}: {why[0]}; moved aside to {aside}, {why[1]}"
+                notes.append(redact_text(note))
+                console.print(f"[yellow]{escape(note)}[/]")
             with store.produce(name, key, ctx.manifest) as (tmp, mf):
                 ctx.out = tmp
                 t_run = time.time()
@@ -474,7 +521,9 @@ def _run_or_reuse(stage: Stage, ctx: StageContext, store: ArtifactStore, key: st
             status = "cached"
     secs = time.time() - t0
     mem = art.manifest.get("memory") if status == "ran" else None
-    state.reports.append(StageReport(name, status, secs, str(art.path), key, art.result.get("headline", {}), lookup_s=lookup_s, memory=mem))
+    state.reports.append(
+        StageReport(name, status, secs, str(art.path), key, art.result.get("headline", {}), lookup_s=lookup_s, memory=mem, notes=notes)
+    )
     console.print(f"[green]✓[/] {name:<9} {status} in {secs:.1f} s  {art.path}")
     return art
 

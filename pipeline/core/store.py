@@ -365,26 +365,56 @@ class ArtifactStore:
         the store's ``verify`` when None, also re-hashes every file).  Anything else is treated
         as absent: the caller produces the key again, and :meth:`produce` moves the rejected
         folder aside before publishing, so a rejected artifact is never reused.
+        :meth:`inspect` says why a folder was rejected.
         """
+        return self.inspect(stage, key, verify=verify)[0]
+
+    def inspect(self, stage: str, key: str, *, verify: bool | None = None) -> tuple[Artifact | None, str | None]:
+        """:meth:`lookup` with its reason: ``(artifact, None)`` for a trusted artifact, ``(None, None)`` when nothing
+        is stored for ``key``, ``(None, why)`` when a folder is there but not trusted (``why`` names the first file
+        that differs, e.g. ``the stored artifact does not match its manifest (build_info.json: size 812 != 815
+        recorded)``)."""
         verify = self.verify if verify is None else verify
         path = self.path_for(stage, key)
+        if not path.exists():
+            return None, None
         mf = path / MANIFEST
         try:
             manifest = json.loads(mf.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
-        if manifest.get("schema") != MANIFEST_SCHEMA or not manifest.get("complete") or manifest.get("key") != key:
-            return None
+        except (OSError, ValueError) as e:
+            return None, f"the stored artifact has no readable {MANIFEST} ({type(e).__name__})"
+        if not isinstance(manifest, dict) or manifest.get("schema") != MANIFEST_SCHEMA or not manifest.get("complete"):
+            return None, f"the stored artifact's {MANIFEST} is not a complete {MANIFEST_SCHEMA} manifest"
+        if manifest.get("key") != key:
+            return None, f"the stored artifact's {MANIFEST} records another key ({str(manifest.get('key'))[:24]})"
+        mismatch = "the stored artifact does not match its manifest"
         for rel, meta in manifest.get("outputs", {}).items():
             f = path / rel
             try:
-                if f.stat().st_size != meta["bytes"]:
-                    return None
+                size = f.stat().st_size
             except OSError:
-                return None
-            if verify and sha256_file(f) != meta["sha256"]:
-                return None
-        return Artifact(stage, key, path, manifest)
+                return None, f"{mismatch} ({rel}: missing, {meta.get('bytes')} bytes recorded)"
+            if size != meta.get("bytes"):
+                return None, f"{mismatch} ({rel}: size {size} != {meta.get('bytes')} recorded)"
+            if verify:
+                digest = sha256_file(f)
+                if digest != meta.get("sha256"):
+                    return None, f"{mismatch} ({rel}: sha256 {digest[:12]} != {str(meta.get('sha256'))[:12]} recorded)"
+        return Artifact(stage, key, path, manifest), None
+
+    def set_aside(self, stage: str, key: str) -> Path | None:
+        """Move the folder of ``key`` (one that must not be reused) to ``.stale-<key>-<rand>`` next to it and return
+        that path (None when there is none).  The caller must hold :meth:`locked`; the next holder of the lock
+        removes the stale folder."""
+        final = self.path_for(stage, key)
+        if not final.exists():
+            return None
+        aside = final.parent / f".stale-{key[:24]}-{secrets.token_hex(3)}"
+        try:
+            shutil.move(str(final), str(aside))
+        except OSError as e:
+            raise StoreError(f"cannot move {final} aside to {aside}: {e.strerror or e}") from e
+        return aside
 
     def published(self, stage: str, *, verify: bool | None = None) -> list[Artifact]:
         """Every trusted artifact of ``stage``, oldest first (by manifest time).
