@@ -38,6 +38,7 @@ from typing import Any
 
 from ..core.errors import GateFailed, InputError, PreflightError
 from ..evaluate.artifact import EvalArtifact
+from .artifact import PackageArtifact
 
 EXPECTED_FILE = "parity_expected.jsonl"
 MODES = ("unary", "stream")
@@ -232,9 +233,18 @@ def read_expected(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
 
 
 def run_parity(
-    package_dir: Path, repo: Path, eval_dir: Path, *, target: str, cfg: Any, log: Any = None, serve_venv: str | None = None
+    package_dir: Path,
+    repo: Path,
+    eval_dir: Path,
+    *,
+    target: str,
+    cfg: Any,
+    log: Any = None,
+    serve_venv: str | None = None,
+    package_id: str | None = None,
 ) -> dict[str, Any]:
     """The package stage's parity check (see module docstring).  Returns the manifest's ``parity`` record.
+    ``package_id`` (the id stamped into the repository's ensemble config) is recorded in ``parity_expected.jsonl``.
 
     Raises:
         GateFailed (exit 3): a served answer differs from the evaluated one (the message shows the first side by side).
@@ -256,7 +266,9 @@ def run_parity(
         sample=sample,
         seed=seed,
     )
-    meta = {"sample": len(requests), "of": n_eval, "seed": seed, "modes": list(MODES)}
+    meta: dict[str, Any] = {"sample": len(requests), "of": n_eval, "seed": seed, "modes": list(MODES)}
+    if package_id:
+        meta["package_id"] = package_id
     write_expected(package_dir / EXPECTED_FILE, requests, meta)
     base.update(sample=len(requests), of=n_eval, expected_file=EXPECTED_FILE)
     if target != "onnxruntime_genai":
@@ -296,12 +308,44 @@ def run_parity(
     return rec
 
 
+def served_package_id(url: str) -> str | None:
+    """The package id (:attr:`PackageArtifact.PACKAGE_ID_PARAMETER`) of the ``ensemble`` served at ``url``; None
+    when the server does not report one (a repository written before the id, or by another tool) or cannot be asked
+    (the replay then reports the connection problem)."""
+    try:
+        import tritonclient.grpc as grpcclient
+
+        from ..serve.client import grpc_address
+
+        c = grpcclient.InferenceServerClient(grpc_address(url))
+        try:
+            cfg = c.get_model_config("ensemble", as_json=True, client_timeout=10)["config"]
+        finally:
+            c.close()
+    except Exception:
+        return None
+    value = (cfg.get("parameters") or {}).get(PackageArtifact.PACKAGE_ID_PARAMETER, {}).get("string_value")
+    return value if isinstance(value, str) and value else None
+
+
 def check_against_server(package_dir: Path, url: str) -> dict[str, Any]:
-    """``pipeline client --parity``: replay ``parity_expected.jsonl`` of a package against a running server."""
+    """``pipeline client --parity``: replay ``parity_expected.jsonl`` of a package against a running server.
+
+    Raises:
+        InputError (exit 2): the package has no parity file, or the server reports another package's id
+            (:func:`served_package_id`), naming both ids and the fix.
+    """
     p = package_dir / EXPECTED_FILE
     if not p.is_file():
         raise InputError(f"{p} is missing. Fix: pass a package artifact folder written by the package stage (with the parity check on).")
     meta, requests = read_expected(p)
+    ours, served = meta.get("package_id"), served_package_id(url)
+    if ours and served and served != ours:
+        raise InputError(
+            f"the server at {url} serves another package: its ensemble config has {PackageArtifact.PACKAGE_ID_PARAMETER}="
+            f"{served[:16]}, but {p} was written for {ours[:16]}, so its answers are not the ones to expect. Fix: pass "
+            f"the package that server was started from, or point --url at the server started from {package_dir}."
+        )
     res = replay(url, requests, modes=meta.get("modes") or MODES)
     return {**meta, **res, "status": "passed" if res["matched"] == res["total"] else "failed", "url": url}
 
@@ -314,5 +358,6 @@ __all__ = [
     "expected_requests",
     "replay",
     "run_parity",
+    "served_package_id",
     "side_by_side",
 ]

@@ -359,6 +359,21 @@ def copy_tokenizer(src_dirs: list[Path], dst: Path) -> list[str]:
     )
 
 
+def stamp_package_id(repo: Path, package_id: str) -> Path:
+    """Add ``parameters { key: "pipeline_package_id" ... }`` (:attr:`PackageArtifact.PACKAGE_ID_PARAMETER`) to
+    ``repo/ensemble/config.pbtxt`` (every layout has an ``ensemble``); returns that file.  The value is data for
+    clients only: no backend reads it.  Raises InputError when the repository has no ensemble."""
+    from .artifact import PackageArtifact
+
+    p = repo / "ensemble" / "config.pbtxt"
+    if not p.is_file():
+        raise InputError(f"{repo}: no ensemble/config.pbtxt to record the package id in. Fix: re-package.")
+    text = p.read_text(encoding="utf-8").rstrip("\n")
+    entry = f'parameters {{\n  key: "{PackageArtifact.PACKAGE_ID_PARAMETER}"\n  value: {{ string_value: "{package_id}" }}\n}}\n'
+    p.write_text(f"{text}\n{entry}", encoding="utf-8")
+    return p
+
+
 def generate_repository(
     out: Path,
     settings: Settings,

@@ -129,8 +129,8 @@ def _speculative(ctx: StageContext, build_info: BuildInfo) -> dict[str, Any] | N
 
 def package(ctx: StageContext) -> dict[str, Any]:
     """Generate, validate and release (see module docstring). Returns the stage result."""
-    from ..core.store import redact, redact_text, write_json_atomic
-    from .repository import generate_repository, settings_from_build
+    from ..core.store import cache_key, redact, redact_text, write_json_atomic
+    from .repository import generate_repository, settings_from_build, stamp_package_id
     from .validate import check_repository
 
     cfg, pc = ctx.cfg, ctx.cfg.package
@@ -166,6 +166,8 @@ def package(ctx: StageContext) -> dict[str, Any]:
             tokenizer_dirs=[export.path / "hf", engine_dir],
             trtllm_version=_image_trtllm(serving_image),
         )
+        package_id = cache_key(ctx.manifest.get("key_document") or {})  # = the provenance's invocationId
+        stamp_package_id(repo, package_id)
         advance(1)
         if info["layout"] == "llmapi":  # trtllm-serve + trtllm-bench/AIPerf files from the same LLM-API options
             info["servers"] = _servers(ctx, repo, settings, engine_dir, serving_image)
@@ -177,7 +179,7 @@ def package(ctx: StageContext) -> dict[str, Any]:
         }
         check_repository(repo, limits=limits, target=settings.target, build_info=bi, serving_image=serving_image, streaming=pc.decoupled)
         advance(1)
-        parity = _parity(ctx, repo, settings.target)
+        parity = _parity(ctx, repo, settings.target, package_id)
         # serving the staged repository must not change it: bytecode caches would make the archive depend on when
         # it was served (the server runs with PYTHONDONTWRITEBYTECODE=1; this also covers a stub that ignores it)
         for cache in sorted(repo.rglob("__pycache__"), reverse=True):
@@ -431,12 +433,12 @@ def _provenance(ctx: StageContext, rel: Path, archive: Path, manifest: dict[str,
     return files
 
 
-def _parity(ctx: StageContext, repo: Path, target: str) -> dict[str, Any]:
+def _parity(ctx: StageContext, repo: Path, target: str, package_id: str) -> dict[str, Any]:
     """Serving parity (``pipeline.package.parity``): served answers == evaluated answers, or GateFailed (exit 3)."""
     from .parity import run_parity
 
     assert ctx.out is not None
-    return run_parity(ctx.out, repo, ctx.inputs["evaluate"].path, target=target, cfg=ctx.cfg, log=ctx.log)
+    return run_parity(ctx.out, repo, ctx.inputs["evaluate"].path, target=target, cfg=ctx.cfg, log=ctx.log, package_id=package_id)
 
 
 def _parity_members(out: Path, name: str) -> list[tuple[Path, str]]:

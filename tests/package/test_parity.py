@@ -75,16 +75,34 @@ def test_package_records_served_equals_evaluated(packaged):
     assert not [k for k in man["repository_files"] if k.endswith(".pyc")]
 
 
-def test_parity_command_against_a_running_server(packaged):
+def test_parity_command_against_a_running_server(tmp_path, packaged):
+    """The check passes against the server of its own package, and a server of another package is exit 2 naming the
+    mismatch (it used to replay and report every answer as a parity failure, exit 3)."""
+    import shutil
+
+    from pipeline.package.parity import served_package_id
+
+    other = tmp_path / "other"  # another package's parity file: its recorded id is not the served one
+    shutil.copytree(packaged["package"], other, symlinks=True)
+    exp = other / "parity_expected.jsonl"
+    head, *rows = exp.read_text().splitlines()
+    meta = json.loads(head)["meta"]
+    exp.write_text("\n".join([json.dumps({"meta": {**meta, "package_id": "0" * 64}}), *rows]) + "\n")
+
+    def parity(pkg: Path, url: str) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "pipeline", "client", "--parity", str(pkg), "--url", url]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+
     with TritonServer(packaged["package"] / "model_repository", ready_timeout_s=180) as srv:
-        r = subprocess.run(
-            [sys.executable, "-m", "pipeline", "client", "--parity", str(packaged["package"]), "--url", srv.grpc_url],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        served = served_package_id(srv.grpc_url)
+        r = parity(packaged["package"], srv.grpc_url)
+        wrong = parity(other, srv.grpc_url)
+    assert served and served == meta["package_id"]
     assert r.returncode == 0, r.stdout + r.stderr
     assert "served == evaluated: 12/12" in r.stdout
+    assert wrong.returncode == 2, wrong.stdout + wrong.stderr
+    assert "serves another package" in wrong.stderr and f"pipeline_package_id={served[:16]}" in wrong.stderr
+    assert "0" * 16 in wrong.stderr and "Fix:" in wrong.stderr and "served == evaluated" not in wrong.stdout
 
 
 def test_served_differs_from_evaluated_fails_with_exit_3(tmp_path, packaged):
