@@ -182,6 +182,24 @@ def verified_repository(
     return repo
 
 
+def refuse_unvouched_default(repo: Path, man: dict[str, Any]) -> None:
+    """``pipeline serve`` without a path serves the newest package only when its evaluation gate vouches for it.
+
+    Raises:
+        InputError (exit 2): the newest package's gate did not pass (packaged with ``package.allow_failed_gate=true``),
+            naming the package and the two fixes (name it to serve it anyway, which prints the gate warning, or
+            package a release whose gate passes).
+    """
+    gate = ReleaseGate.of_manifest(man)
+    if gate is not None and (gate.override or not gate.passed):
+        raise InputError(
+            f"the newest package in the store, {repo.parent}, did not pass its evaluation gate ({gate.verdict_name}; "
+            f"packaged with package.allow_failed_gate=true), and `pipeline serve` without a path serves only a package "
+            f"the gate vouches for. Fix: name it to serve it anyway (`pipeline serve {repo.parent}`), or package a "
+            f"release whose gate passes."
+        )
+
+
 def release_warnings(man: dict[str, Any]) -> list[str]:
     """What a user about to serve this release must know from its ``release_manifest.json``: an evaluation gate that
     did not pass (packaged with ``package.allow_failed_gate=true``) and a serving parity check that did not pass or was
@@ -244,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             repo = resolve_repository(arg, cfg.store_dir, verify=cfg.verify_cache)
         man = PackageArtifact(repo.parent).read_release_manifest()
+        if not arg:
+            refuse_unvouched_default(repo, man)
         target = (man.get("build") or {}).get("target") or (
             "onnxruntime_genai" if (repo / "onnxruntime_genai").is_dir() else "tensorrt_llm"
         )

@@ -155,3 +155,20 @@ def test_tensorrt_llm_package_is_recorded_not_run_here_with_the_command(tmp_path
     assert rec["status"] == "not run here" and rec["matched"] is None
     assert rec["command"].startswith("pipeline client --parity ") and "--url" in rec["command"]
     assert (tmp_path / "parity_expected.jsonl").is_file()
+
+
+def test_serve_without_a_path_refuses_a_newest_package_the_gate_does_not_vouch_for(packaged, tmp_path):
+    """This module's package was packaged with package.allow_failed_gate=true (an inconclusive gate): `pipeline serve`
+    with no path used to serve it as "the newest package" with only a warning; now exit 2 naming it and the fix, and
+    naming it explicitly is the way to serve it anyway (not started here: the refusal comes before any server)."""
+    store = packaged["package"].parent.parent
+    r = subprocess.run(
+        [sys.executable, "-m", "pipeline", "serve", f"store_dir={store}", "package.grpc_port=0", "package.http_port=0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "did not pass its evaluation gate" in r.stderr and f"pipeline serve {packaged['package']}" in r.stderr
+    assert "starting tritonserver" not in r.stdout
