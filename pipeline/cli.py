@@ -487,7 +487,7 @@ def main(argv: list[str] | None = None) -> None:
             shutil.rmtree(migrate_tmp, ignore_errors=True)
             print(f"error (exit {EXIT_INPUT}): {e}", file=sys.stderr)
             sys.exit(EXIT_INPUT)
-    from .core.config.overrides import override_problems, sweep_problems
+    from .core.config.overrides import override_problems, repeated_key_notes, sweep_problems
 
     problems = [str(p) for p in override_problems(argv)] + run_dir_problems(argv)
     if not problems and not ({"-m", "--multirun"} & set(argv)) and not any(a.startswith("hydra.mode=") for a in argv):
@@ -496,7 +496,7 @@ def main(argv: list[str] | None = None) -> None:
         for msg in problems:
             print(f"error (exit {EXIT_INPUT}): {msg}", file=sys.stderr)
         sys.exit(EXIT_INPUT)
-    for note in alias_notes_for_printed_config(argv):
+    for note in [*repeated_key_notes(argv), *alias_notes_for_printed_config(argv)]:
         print(note, file=sys.stderr)
     argv = resolve_printed_config(argv)
     # only a --config-name YAML needs the folder: a run killed before its finally would leave an empty one behind

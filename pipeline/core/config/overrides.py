@@ -96,6 +96,22 @@ def sweep_problems(argv: list[str], *, cli: bool = False) -> list[OverrideProble
     return out
 
 
+def repeated_key_notes(argv: list[str]) -> list[str]:
+    """One note per key given more than once in ``argv`` (``quant=fp8 ... quant=none``): Hydra applies them in order,
+    so the last value is the one used (``make bench ARGS=quant=fp8`` relies on that to override the target's own
+    ``quant=``); the note says so instead of the earlier value being dropped unseen."""
+    seen: dict[str, list[str]] = {}
+    for arg in argv:
+        if arg.startswith(("-", "~")) or "=" not in arg:
+            continue
+        key, value = arg.lstrip("+").split("=", 1)
+        if key and not key.startswith(("hydra.", "hydra/")):
+            seen.setdefault(key, []).append(value)
+    return [
+        f"note: {k} is given {len(vs)} times ({', '.join(vs)}); the last, {k}={vs[-1]}, is used." for k, vs in seen.items() if len(vs) > 1
+    ]
+
+
 def check_overrides(argv: list[str]) -> list[str]:
     """Problems with plain ``key=value`` / ``group=preset`` overrides, found before Hydra composes the config, each
     naming the override, the valid names (closest first) and the fix. Hydra's own messages for these cases suggest
