@@ -431,18 +431,37 @@ def _manifest(
     return manifest
 
 
+WOULD_RUN = "would run"
+"""The first words of a dry-run stage's note when the real run would run it (the rest says why)."""
+
+
 def _dry_run_stage(stage: Stage, ctx: StageContext, store: ArtifactStore, key: str, t0: float, state: _RunState) -> Artifact:
     """``dry_run=true``: the stage's dry-run report, and the cached artifact or a provisional one.
 
     Not built yet: later stages are planned against the folder this stage *would* write. Their keys are
-    provisional (marked "pending") because the real digest is unknown."""
+    provisional (marked "pending") because the real digest is unknown.
+
+    The reuse decision is the real run's (:func:`_reuse`): a stored artifact that would not be reused (damaged, or an
+    upstream that would be produced again) is said, with why, and its stage counts as one that would run."""
     name = stage.name
     info = stage.dry_run(ctx) if stage.dry_run else {}
-    state.reports.append(StageReport(name, "dry-run", time.time() - t0, None, key, info.get("headline", {})))
-    cached = store.lookup(name, key)
+    would_run = {r.stage for r in state.reports if any(n.startswith(WOULD_RUN) for n in r.notes)}
+    forced = ctx.cfg.force and name in ctx.cfg.stages
+    cached, why = (None, None) if forced or not stage.cacheable else _reuse(stage, ctx, store, key, would_run)
+    path = store.path_for(name, key)
+    if cached is not None:
+        note = None
+    elif why is not None:
+        note = redact_text(f"{WOULD_RUN}: {key[:24]}: {why[0]}; it would be moved aside, {why[1]}")
+    elif forced or not stage.cacheable:
+        note = f"{WOULD_RUN}: " + ("force=true names it" if forced else "it is never cached")
+    else:
+        note = f"{WOULD_RUN}: not built yet; would write {path}"
+    if note is not None:
+        ctx.console.print(f"[yellow]dry run:[/] {name}: {escape(note)}")
+    state.reports.append(StageReport(name, "dry-run", time.time() - t0, None, key, info.get("headline", {}), notes=[note] if note else []))
     if cached is None:
-        ctx.console.print(f"[yellow]dry run:[/] {name} not built yet; would write {store.path_for(name, key)}")
-        cached = Artifact(name, key, store.path_for(name, key), {"output_digest": f"pending:{key}", "result": {}, "pending": True})
+        cached = Artifact(name, key, path, {"output_digest": f"pending:{key}", "result": {}, "pending": True})
     return cached
 
 
@@ -457,7 +476,7 @@ def _stale_inputs(art: Artifact, inputs: dict[str, Artifact], rerun: set[str]) -
     recorded = art.manifest.get("inputs") or {}
     for d, up in sorted(inputs.items()):
         rec = recorded.get(d, {}).get("digest") if isinstance(recorded.get(d), dict) else None
-        if isinstance(rec, str) and rec != up.digest:
+        if isinstance(rec, str) and rec != up.digest and not up.manifest.get("pending"):  # pending: a dry run's
             when = "re-produced in this run" if d in rerun else "re-produced after it"
             return f"it was computed from the {d} artifact with digest {rec[:12]}, but the {d} in use ({when}) has digest {up.digest[:12]}"
         if d in rerun:

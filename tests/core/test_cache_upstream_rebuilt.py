@@ -130,3 +130,26 @@ def test_an_artifact_that_lost_its_size_is_moved_aside_with_one_line(tmp_path, t
     assert f"(model_info.json: size {before + 3} != {before} recorded); moved aside to " in line and line.endswith(", rebuilding")
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["stages"][0]["notes"] == [line]
+
+
+def test_dry_run_predicts_the_reruns_the_real_run_makes(tmp_path, tiny_ckpt):
+    """dry_run=true takes the real run's reuse decision: a damaged upstream would be rebuilt and its dependents would
+    re-run, each said with why (dry_run used to show every stored artifact as reusable); nothing is moved or run."""
+    reps, _ = _run(tmp_path, tiny_ckpt, "[quantize]")
+    info = Path(reps["export"].path) / "model_info.json"
+    info.write_text(info.read_text() + "\n")
+    d, out = _run(tmp_path, tiny_ckpt, "[quantize]", "dry_run=true", run_dir=tmp_path / "dry")
+    notes = {s["stage"]: s["notes"] for s in json.loads((tmp_path / "dry" / "summary.json").read_text())["stages"]}
+    (exp,) = notes["export"]
+    assert exp.startswith(f"would run: {reps['export'].key[:24]}: the stored artifact does not match its manifest")
+    assert exp.endswith("it would be moved aside, rebuilding")
+    (qnt,) = notes["quantize"]
+    assert qnt.startswith(f"would run: {reps['quantize'].key[:24]}: not reused: its input export was re-produced in this run")
+    assert f"dry run: quantize: {qnt}" in out
+    assert Path(reps["export"].path).is_dir() and Path(reps["quantize"].path).is_dir()  # nothing moved aside
+    # an intact store: the dry run says nothing would run
+    again, _ = _run(tmp_path, tiny_ckpt, "[quantize]")
+    assert again["export"].status == "ran" and again["quantize"].status == "ran"
+    _, out = _run(tmp_path, tiny_ckpt, "[quantize]", "dry_run=true", run_dir=tmp_path / "dry2")
+    notes = {s["stage"]: s["notes"] for s in json.loads((tmp_path / "dry2" / "summary.json").read_text())["stages"]}
+    assert notes == {"export": [], "quantize": []} and "would run" not in out
