@@ -30,10 +30,6 @@ class PackageArtifact(StageArtifact):
     """Inside ``release/``, when signed with a key: the provenance statement in a signed DSSE envelope."""
     SBOM: ClassVar[str] = "sbom.cdx.json"
     """Inside ``release/``: CycloneDX SBOM of the serving environment (pipeline/package/sbom.py)."""
-    PACKAGE_ID_PARAMETER: ClassVar[str] = "pipeline_package_id"
-    """A ``parameters`` entry of the repository's ``ensemble/config.pbtxt``: the package stage's invocation id (the
-    provenance's ``invocationId``), also recorded in ``parity_expected.jsonl``, so ``pipeline client --parity`` can tell
-    a server that serves another package (Triton reports model-config parameters over gRPC; files it does not)."""
     FILES: ClassVar[tuple[str, ...]] = (
         "model_repository/",
         "release_manifest.json",

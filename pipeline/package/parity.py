@@ -38,7 +38,7 @@ from typing import Any
 
 from ..core.errors import GateFailed, InputError, PreflightError
 from ..evaluate.artifact import EvalArtifact
-from .artifact import PackageArtifact
+from .repository import PACKAGE_ID_PARAMETER
 
 EXPECTED_FILE = "parity_expected.jsonl"
 MODES = ("unary", "stream")
@@ -309,7 +309,7 @@ def run_parity(
 
 
 def served_package_id(url: str) -> str | None:
-    """The package id (:attr:`PackageArtifact.PACKAGE_ID_PARAMETER`) of the ``ensemble`` served at ``url``; None
+    """The package id (:data:`pipeline.package.repository.PACKAGE_ID_PARAMETER`) of the ``ensemble`` served at ``url``; None
     when the server does not report one (a repository written before the id, or by another tool) or cannot be asked
     (the replay then reports the connection problem)."""
     try:
@@ -324,7 +324,7 @@ def served_package_id(url: str) -> str | None:
             c.close()
     except Exception:
         return None
-    value = (cfg.get("parameters") or {}).get(PackageArtifact.PACKAGE_ID_PARAMETER, {}).get("string_value")
+    value = (cfg.get("parameters") or {}).get(PACKAGE_ID_PARAMETER, {}).get("string_value")
     return value if isinstance(value, str) and value else None
 
 
@@ -342,7 +342,7 @@ def check_against_server(package_dir: Path, url: str) -> dict[str, Any]:
     ours, served = meta.get("package_id"), served_package_id(url)
     if ours and served and served != ours:
         raise InputError(
-            f"the server at {url} serves another package: its ensemble config has {PackageArtifact.PACKAGE_ID_PARAMETER}="
+            f"the server at {url} serves another package: its ensemble config has {PACKAGE_ID_PARAMETER}="
             f"{served[:16]}, but {p} was written for {ours[:16]}, so its answers are not the ones to expect. Fix: pass "
             f"the package that server was started from, or point --url at the server started from {package_dir}."
         )

@@ -359,17 +359,21 @@ def copy_tokenizer(src_dirs: list[Path], dst: Path) -> list[str]:
     )
 
 
+PACKAGE_ID_PARAMETER = "pipeline_package_id"
+"""A ``parameters`` entry of the repository's ``ensemble/config.pbtxt``: the package stage's invocation id (the
+provenance's ``invocationId``), also recorded in ``parity_expected.jsonl``, so ``pipeline client --parity`` can tell a
+server that serves another package (Triton reports model-config parameters over gRPC; files it does not)."""
+
+
 def stamp_package_id(repo: Path, package_id: str) -> Path:
-    """Add ``parameters { key: "pipeline_package_id" ... }`` (:attr:`PackageArtifact.PACKAGE_ID_PARAMETER`) to
+    """Add ``parameters { key: "pipeline_package_id" ... }`` (:data:`PACKAGE_ID_PARAMETER`) to
     ``repo/ensemble/config.pbtxt`` (every layout has an ``ensemble``); returns that file.  The value is data for
     clients only: no backend reads it.  Raises InputError when the repository has no ensemble."""
-    from .artifact import PackageArtifact
-
     p = repo / "ensemble" / "config.pbtxt"
     if not p.is_file():
         raise InputError(f"{repo}: no ensemble/config.pbtxt to record the package id in. Fix: re-package.")
     text = p.read_text(encoding="utf-8").rstrip("\n")
-    entry = f'parameters {{\n  key: "{PackageArtifact.PACKAGE_ID_PARAMETER}"\n  value: {{ string_value: "{package_id}" }}\n}}\n'
+    entry = f'parameters {{\n  key: "{PACKAGE_ID_PARAMETER}"\n  value: {{ string_value: "{package_id}" }}\n}}\n'
     p.write_text(f"{text}\n{entry}", encoding="utf-8")
     return p
 
@@ -382,6 +386,7 @@ def generate_repository(
     tokenizer_dirs: list[Path],
     templates: Path = TEMPLATES,
     trtllm_version: str | None = None,
+    package_id: str | None = None,
 ) -> dict[str, Any]:
     """Write the model repository for ``settings`` into ``out`` (created; must not exist or be empty).
 
@@ -392,6 +397,7 @@ def generate_repository(
         tokenizer_dirs: folders searched in order for ``tokenizer.json`` (export ``hf/`` first, then the engine).
         trtllm_version: the serving image's TensorRT-LLM (LLM-API layout: the adapter refuses the client options that
             version is not known to honour, :func:`pipeline.package.llmapi_adapter.tensor_map`).
+        package_id: stamped into the ensemble's config (:func:`stamp_package_id`) when given.
     Returns:
         {"models": [names], "files": n, "layout": "..."}.
     """
@@ -442,6 +448,8 @@ def generate_repository(
                 models.append("tensorrt_llm_draft")
             models.append(write_bls_model(out, settings, MODELS_SRC))
         layout = "inflight_batcher_llm"
+    if package_id:
+        stamp_package_id(out, package_id)
     n = sum(1 for p in out.rglob("*") if p.is_file())
     return {"models": sorted(models), "files": n, "layout": layout}
 

@@ -18,7 +18,7 @@ import json
 import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..build.artifact import BuildArtifact, BuildInfo
 from ..core.errors import GateFailed, InputError
@@ -26,6 +26,9 @@ from ..core.stage import Stage, StageContext
 from ..evaluate.artifact import gate_of
 from ..export.artifact import ExportArtifact, ModelInfo
 from .artifact import PackageArtifact, ReleaseGate
+
+if TYPE_CHECKING:
+    from .repository import Settings
 
 LIBRARIES = ("tritonclient", "protobuf", "onnxruntime-genai", "tokenizers")
 
@@ -129,8 +132,8 @@ def _speculative(ctx: StageContext, build_info: BuildInfo) -> dict[str, Any] | N
 
 def package(ctx: StageContext) -> dict[str, Any]:
     """Generate, validate and release (see module docstring). Returns the stage result."""
-    from ..core.store import cache_key, redact, redact_text, write_json_atomic
-    from .repository import generate_repository, settings_from_build, stamp_package_id
+    from ..core.store import cache_key, redact, write_json_atomic
+    from .repository import generate_repository
     from .validate import check_repository
 
     cfg, pc = ctx.cfg, ctx.cfg.package
@@ -144,19 +147,10 @@ def package(ctx: StageContext) -> dict[str, Any]:
     if not engine_dir.is_dir():
         raise InputError(f"{engine_dir} is missing: the build artifact has no engine. Fix: rebuild with the build stage.")
     mi = model_info(export.path)
-    settings = settings_from_build(bi, mi, pc, cfg.build, cfg.target)
-    settings.model_name = redact_text(cfg.model.name)  # a label written into the repository, not a path
-    settings.decoding = ExportArtifact(export.path).decoding().to_json()
-    if settings.target == "tensorrt_llm" and settings.decoding.get("repetition_penalty", 1.0) != 1.0:
-        # NVIDIA's ensemble has no default for it: only requests that send it (the OpenAI endpoint does) get the policy
-        settings.decoding["served_default"] = "sent by pipeline serve --openai only; gRPC clients must send repetition_penalty"
-        ctx.log.warning(
-            "decoding policy: repetition_penalty=%s is applied by evaluate, but the TensorRT-LLM ensemble applies it only "
-            "when a request sends it (the OpenAI endpoint does; gRPC clients must send repetition_penalty)",
-            settings.decoding["repetition_penalty"],
-        )
+    settings = _settings(ctx, bi, mi)
     speculative = _speculative(ctx, bi)
     repo = ctx.out / "model_repository"
+    package_id = cache_key(ctx.manifest.get("key_document") or {})  # = the provenance's invocationId
     serving_image = pc.serving_image or cfg.target.serving_image
     with ctx.progress("package: model repository", total=3) as advance:
         info = generate_repository(
@@ -165,9 +159,8 @@ def package(ctx: StageContext) -> dict[str, Any]:
             engine_dir=engine_dir,
             tokenizer_dirs=[export.path / "hf", engine_dir],
             trtllm_version=_image_trtllm(serving_image),
+            package_id=package_id,
         )
-        package_id = cache_key(ctx.manifest.get("key_document") or {})  # = the provenance's invocationId
-        stamp_package_id(repo, package_id)
         advance(1)
         if info["layout"] == "llmapi":  # trtllm-serve + trtllm-bench/AIPerf files from the same LLM-API options
             info["servers"] = _servers(ctx, repo, settings, engine_dir, serving_image)
@@ -209,6 +202,27 @@ def package(ctx: StageContext) -> dict[str, Any]:
         f"{parity['matched']}/{parity['total']}" if parity.get("total") is not None else parity["status"]
     )
     return result
+
+
+def _settings(ctx: StageContext, bi: BuildInfo, mi: ModelInfo) -> Settings:
+    """The repository settings (:func:`pipeline.package.repository.settings_from_build`) with the model's label and
+    the checkpoint's decoding policy; warns when the TensorRT-LLM ensemble cannot apply that policy by default."""
+    from ..core.store import redact_text
+    from .repository import settings_from_build
+
+    cfg = ctx.cfg
+    settings = settings_from_build(bi, mi, cfg.package, cfg.build, cfg.target)
+    settings.model_name = redact_text(cfg.model.name)  # a label written into the repository, not a path
+    settings.decoding = ExportArtifact(ctx.inputs["export"].path).decoding().to_json()
+    if settings.target == "tensorrt_llm" and settings.decoding.get("repetition_penalty", 1.0) != 1.0:
+        # NVIDIA's ensemble has no default for it: only requests that send it (the OpenAI endpoint does) get the policy
+        settings.decoding["served_default"] = "sent by pipeline serve --openai only; gRPC clients must send repetition_penalty"
+        ctx.log.warning(
+            "decoding policy: repetition_penalty=%s is applied by evaluate, but the TensorRT-LLM ensemble applies it only "
+            "when a request sends it (the OpenAI endpoint does; gRPC clients must send repetition_penalty)",
+            settings.decoding["repetition_penalty"],
+        )
+    return settings
 
 
 def _image_trtllm(image: str | None) -> str | None:
