@@ -14,11 +14,49 @@ writes them with ``save_pretrained`` (no key renaming). Anything else is refused
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from .errors import InputError
+
+
+@contextlib.contextmanager
+def loadable_view(src: Path) -> Iterator[Path]:
+    """``src`` itself, or, when its safetensors index names a shard outside it (``../x.safetensors``, accepted only
+    with ``model.allow_external_files`` by the export stage's checks), a temporary folder
+    of symlinks: every top-level file of ``src`` but the index, each shard as ``external-<i>-<name>``, and an index
+    rewritten to those names. transformers >= 5.25 refuses such shard names outright
+    (``transformers/utils/hub.py`` ``_check_shard_filenames_stay_in_model_dir``, which checks names, not resolved
+    paths, because Hub-cache shards are symlinks), so the view keeps an explicitly allowed checkpoint loadable on
+    every transformers the project supports. Nothing is copied; the folder is removed on exit."""
+    import tempfile
+
+    index_path = src / "model.safetensors.index.json"
+    if not index_path.is_file():
+        yield src
+        return
+    index = json.loads(index_path.read_text(encoding="utf-8"))
+    names = list(dict.fromkeys(index["weight_map"].values()))
+    if not any(".." in Path(n).parts for n in names):
+        yield src
+        return
+    with tempfile.TemporaryDirectory(prefix="pipeline-load-view-") as tmp:
+        view = Path(tmp)
+        for f in src.iterdir():
+            if f.is_file() and f.name != index_path.name:
+                (view / f.name).symlink_to(f.resolve())
+        renamed = {n: (n if ".." not in Path(n).parts else f"external-{i}-{Path(n).name}") for i, n in enumerate(names)}
+        for n, local in renamed.items():
+            target = view / local
+            if not target.exists():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.symlink_to((src / n).resolve())
+        index["weight_map"] = {t: renamed[n] for t, n in index["weight_map"].items()}
+        (view / index_path.name).write_text(json.dumps(index), encoding="utf-8")
+        yield view
 
 
 def shard_files(hf_dir: Path) -> list[Path]:

@@ -355,9 +355,12 @@ def load_reference_model(checkpoint: Path, dtype: str, *, allow_pickle: bool = F
     import torch
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(
-        str(checkpoint), dtype=getattr(torch, dtype), trust_remote_code=False, use_safetensors=None if allow_pickle else True
-    )
+    from ..core.modelio import loadable_view
+
+    with loadable_view(Path(checkpoint)) as load_dir:  # an allowed outside shard (model.allow_external_files)
+        return AutoModelForCausalLM.from_pretrained(
+            str(load_dir), dtype=getattr(torch, dtype), trust_remote_code=False, use_safetensors=None if allow_pickle else True
+        )
 
 
 def load_tokenizer(hf_dir: Path) -> Any:

@@ -36,6 +36,7 @@ from typing import Any, NamedTuple
 
 from ..core.artifacts import TOKENIZER_DIRS, TOKENIZER_FILES
 from ..core.errors import InputError
+from ..core.modelio import loadable_view
 from .artifact import ExportArtifact
 
 #: architecture (``config.json`` ``architectures[0]``) -> ``model_type``.
@@ -445,42 +446,6 @@ def _quiet_transformers_bars() -> Iterator[None]:
             tlog.enable_progress_bar()
 
 
-@contextlib.contextmanager
-def _loadable_view(src: Path) -> Iterator[Path]:
-    """``src`` itself, or, when its safetensors index names a shard outside it (``../x.safetensors``, accepted only
-    with ``model.allow_external_files`` by :func:`pipeline.export.inspect.inspect_checkpoint`), a temporary folder
-    of symlinks: every top-level file of ``src`` but the index, each shard as ``external-<i>-<name>``, and an index
-    rewritten to those names. transformers >= 5.25 refuses such shard names outright
-    (``transformers/utils/hub.py`` ``_check_shard_filenames_stay_in_model_dir``, which checks names, not resolved
-    paths, because Hub-cache shards are symlinks), so the view keeps an explicitly allowed checkpoint loadable on
-    every transformers the project supports. Nothing is copied; the folder is removed on exit."""
-    import tempfile
-
-    index_path = src / "model.safetensors.index.json"
-    if not index_path.is_file():
-        yield src
-        return
-    index = json.loads(index_path.read_text(encoding="utf-8"))
-    names = list(dict.fromkeys(index["weight_map"].values()))
-    if not any(".." in Path(n).parts for n in names):
-        yield src
-        return
-    with tempfile.TemporaryDirectory(prefix="pipeline-load-view-") as tmp:
-        view = Path(tmp)
-        for f in src.iterdir():
-            if f.is_file() and f.name != index_path.name:
-                (view / f.name).symlink_to(f.resolve())
-        renamed = {n: (n if ".." not in Path(n).parts else f"external-{i}-{Path(n).name}") for i, n in enumerate(names)}
-        for n, local in renamed.items():
-            target = view / local
-            if not target.exists():
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.symlink_to((src / n).resolve())
-        index["weight_map"] = {t: renamed[n] for t, n in index["weight_map"].items()}
-        (view / index_path.name).write_text(json.dumps(index), encoding="utf-8")
-        yield view
-
-
 def _load_model(facts: CheckpointFacts, hf_cfg: Any, torch_dtype: Any, trust_remote_code: bool) -> Any:
     """Load the weights once into an ``AutoModelForCausalLM``; refuse missing tensors."""
     from transformers import AutoModelForCausalLM
@@ -506,7 +471,7 @@ def _load_model(facts: CheckpointFacts, hf_cfg: Any, torch_dtype: Any, trust_rem
     else:
         _check_tied_head(facts, None)
         try:
-            with _loadable_view(src) as load_dir:
+            with loadable_view(src) as load_dir:
                 loaded: Any = AutoModelForCausalLM.from_pretrained(
                     str(load_dir),
                     config=hf_cfg,

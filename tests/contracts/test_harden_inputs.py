@@ -93,6 +93,20 @@ def test_index_shard_names_outside_the_checkpoint_are_refused_and_keyed_when_all
     assert second.exit_code == 0, second.error
     assert second.stages[0].status == "ran" and second.stages[0].key != first.stages[0].key
 
+    # and the rest of the run reads it too: evaluate's baseline loads the source checkpoint (transformers >= 5.25
+    # refuses a `..` shard name outright; the run used to end in evaluate with exit 1)
+    evs = tmp_path / "eval.jsonl"
+    rows = [
+        {"id": f"o{i}", "prompt": f"Where is order ORD-1{i}?", "reference": f"ORD-1{i}", "metric": "exact_match", "slice": "order"}
+        for i in range(2)
+    ]
+    evs.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    chain = ["quant=none", "stages=[evaluate]", f"eval.eval_set={evs}", "eval.runners=[baseline,engine]", "eval.max_new_tokens=4"]
+    chain += ["build.max_input_len=128", "build.max_seq_len=160", "eval.gate.mode=exploratory"]
+    whole, out = run(ck, tmp_path / "store", "model.allow_external_files=true", *chain)
+    assert whole.exit_code == 0, (whole.error, out[-2000:])
+    assert [r.status for r in whole.stages] == ["cached", "ran", "ran", "ran"]
+
 
 def test_absolute_and_non_string_shard_names_are_refused(tiny_llama, tmp_path):
     ck = copy(tiny_llama, tmp_path / "ck")
