@@ -335,6 +335,17 @@ def check_against_server(package_dir: Path, url: str) -> dict[str, Any]:
         InputError (exit 2): the package has no parity file, or the server reports another package's id
             (:func:`served_package_id`), naming both ids and the fix.
     """
+    if not package_dir.exists():
+        raise InputError(
+            f"--parity {package_dir}: no such file or folder. Fix: pass a package artifact folder or an unpacked release folder."
+        )
+    if package_dir.is_file():
+        fix = (
+            "unpack it first (tar -xzf) and pass the folder"
+            if package_dir.name.endswith((".tar.gz", ".tgz", ".tar"))
+            else "pass its folder"
+        )
+        raise InputError(f"--parity {package_dir}: a file, not a package folder. Fix: {fix}.")
     p = package_dir / EXPECTED_FILE
     if not p.is_file():
         raise InputError(f"{p} is missing. Fix: pass a package artifact folder written by the package stage (with the parity check on).")

@@ -172,3 +172,15 @@ def test_serve_without_a_path_refuses_a_newest_package_the_gate_does_not_vouch_f
     assert r.returncode == 2, r.stdout + r.stderr
     assert "did not pass its evaluation gate" in r.stderr and f"pipeline serve {packaged['package']}" in r.stderr
     assert "starting tritonserver" not in r.stdout
+
+
+def test_parity_of_a_path_that_is_no_package_folder_says_what_it_is(packaged, tmp_path):
+    """A release archive or a missing path used to be reported as '<path>/parity_expected.jsonl is missing'."""
+    from pipeline.core.errors import InputError
+    from pipeline.package.parity import check_against_server
+
+    archive = next((packaged["package"] / "release").glob("*.tar.gz"))
+    with pytest.raises(InputError, match=r"a file, not a package folder\. Fix: unpack it first \(tar -xzf\)"):
+        check_against_server(archive, "127.0.0.1:1")
+    with pytest.raises(InputError, match=r"no such file or folder"):
+        check_against_server(tmp_path / "nosuch", "127.0.0.1:1")
