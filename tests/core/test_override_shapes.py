@@ -94,3 +94,11 @@ def test_a_key_given_twice_is_said_and_the_last_value_is_the_one_used(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "note: build.max_seq_len is given 2 times (256, 512); the last, build.max_seq_len=512, is used." in r.stderr
     assert "max_seq_len: 512" in r.stdout and "quant is given" not in r.stderr
+
+
+@pytest.mark.parametrize("group", ["quant", "model"])
+def test_an_empty_group_value_names_the_presets_not_hydras_search_path(group):
+    """``quant=`` used to end in Hydra's "Could not find 'quant/'" with its internal base_* schemas and HYDRA_FULL_ERROR."""
+    with pytest.raises(ConfigError, match=rf"{group}=: names no {group} preset; valid: .*Fix: name one") as e:
+        compose([f"{group}="])
+    assert "base_" not in str(e.value) and "HYDRA_FULL_ERROR" not in str(e.value)

@@ -169,6 +169,10 @@ def _value_problems(key: str, value: str) -> list[OverrideProblem]:
         return [OverrideProblem(key, value, what, fix, text=f"stages={value}: {what} Fix: {fix}.")]
     if key in GROUPS:
         presets = sorted(p.stem for p in (CONFIG_DIR / key).glob("*.yaml"))
+        if not value.strip():  # Hydra would look for the file `<group>/.yaml` and list its internal schemas
+            what = f"names no {key} preset; valid: {', '.join(presets)}."
+            fix = f"name one (e.g. {key}={presets[0]}), or drop the override for the default"
+            return [OverrideProblem(key, value, what, fix, text=f"{key}=: {what} Fix: {fix}.")]
         out = []
         for v in (_show(e) for e in _elements(value)):
             if v and v not in presets:
