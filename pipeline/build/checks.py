@@ -75,8 +75,13 @@ def _position_problems(cfg: Any, shape: Any) -> list[Problem]:
                     "build.max_seq_len",
                     b.max_seq_len,
                     f"{extra and extra.lstrip() + f' = {total} '}exceeds the model's {limit} positions ({how}).",
-                    f"set build.max_seq_len <= {limit - max(0, b.speculative.max_draft_len)}, "
-                    "or allow_unsafe_lengths=true to accept it (recorded in the plan)",
+                    f"set build.max_seq_len <= {limit - max(0, b.speculative.max_draft_len)}"
+                    + (
+                        f" and build.max_input_len below it (now {b.max_input_len})"
+                        if b.max_input_len is not None and b.max_input_len >= limit - max(0, b.speculative.max_draft_len)
+                        else ""
+                    )
+                    + ", or allow_unsafe_lengths=true to accept it (recorded in the plan)",
                 )
             )
     return problems

@@ -23,9 +23,10 @@ def checks(cfg: Any) -> list[Problem]:
     """Every evaluate-stage problem of ``cfg`` (a composed ``PipelineConfig``); never raises for bad values."""
     from ..planner.plan import shape_or_none
 
-    if shape_or_none(cfg) is None:
+    shape = shape_or_none(cfg)
+    if shape is None:
         return []  # an unreadable checkpoint: the export stage / `pipeline plan` report it
-    return _eval_set_problems(cfg)
+    return _eval_set_problems(cfg, int(shape.max_seq_len_limit))
 
 
 # --------------------------------------------------------------------------- eval set
@@ -155,7 +156,9 @@ def eval_prompt_stats(cfg: Any) -> dict[str, Any] | None:
     }
 
 
-def _eval_set_problems(cfg: Any) -> list[Problem]:
+def _eval_set_problems(cfg: Any, positions: int) -> list[Problem]:
+    """The eval set's prompt lengths against the engine limits; ``positions`` is the model's position limit, so a
+    fix never asks for a limit the build checks would refuse next."""
     if os.environ.get("PIPELINE_SKIP_EVAL_LENGTH_CHECK") == "1":
         return []
     st = eval_prompt_stats(cfg)
@@ -183,7 +186,9 @@ def _eval_set_problems(cfg: Any) -> list[Problem]:
                 b.max_input_len,
                 f"the eval set {st['file']} has prompts up to {st['max']} tokens "
                 f"(item {st['max_id']}; P99 {st['p99']} over {st['count']} prompts, rendered with the chat template).",
-                f"set build.max_input_len >= {st['max']} (and build.max_seq_len above it), or shorten the prompts",
+                f"set build.max_input_len >= {st['max']} (and build.max_seq_len above it), or shorten the prompts"
+                if st["max"] < positions
+                else f"shorten the prompts: item {st['max_id']} alone is more than the model's {positions} positions",
             )
         )
     if st["max_total"] > b.max_seq_len:
@@ -192,7 +197,10 @@ def _eval_set_problems(cfg: Any) -> list[Problem]:
                 "build.max_seq_len",
                 b.max_seq_len,
                 f"prompt + max_new_tokens reaches {st['max_total']} tokens on the eval set (item {st['max_total_id']}).",
-                f"set build.max_seq_len >= {st['max_total']}",
+                f"set build.max_seq_len >= {st['max_total']}"
+                if st["max_total"] <= positions
+                else f"lower max_new_tokens (eval.max_new_tokens, or the item's own max_new_tokens): the model has "
+                f"{positions} positions, so build.max_seq_len cannot reach {st['max_total']}",
             )
         )
     return out

@@ -235,3 +235,22 @@ def test_a_bad_field_of_an_upstream_stage_exits_2_before_any_work(tmp_path):
     assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
     assert "eval.gate.confidence=1.5: must be in [0.5, 1)" in r.stdout + r.stderr
     assert not any(store.glob("*/*")) if store.exists() else True  # no stage ran
+
+
+def test_a_length_fix_never_points_at_the_next_refusal(tmp_path):
+    """Each fix, followed, must not be refused by the next check (trial 4): a max_seq_len over the positions with a
+    max_input_len at the limit names both; an item that alone needs more than the positions asks for fewer tokens,
+    not for a max_seq_len the position check would refuse."""
+    limit = 512  # models/support-llama: max_position_embeddings
+    p = stage_problems(compose([f"build.max_seq_len={limit + 100}", f"build.max_input_len={limit}"]))
+    msg = str(p[fields(p).index("build.max_seq_len")])
+    assert f"Fix: set build.max_seq_len <= {limit} and build.max_input_len below it (now {limit})" in msg
+    alone = stage_problems(compose([f"build.max_seq_len={limit + 100}", "build.max_input_len=256"]))
+    assert "build.max_input_len below it" not in str(alone[fields(alone).index("build.max_seq_len")])
+    ev = tmp_path / "eval.jsonl"
+    row = {"prompt": "Where is ORD-1?", "reference": "ORD-1", "metric": "exact_match", "slice": "s"}
+    ev.write_text(json.dumps({"id": "a", **row, "max_new_tokens": 100000}) + "\n" + json.dumps({"id": "b", **row}) + "\n")
+    p = stage_problems(compose([f"eval.eval_set={ev}"]))
+    msg = str(p[fields(p).index("build.max_seq_len")])
+    assert f"Fix: lower max_new_tokens (eval.max_new_tokens, or the item's own max_new_tokens): the model has {limit}" in msg
+    assert "set build.max_seq_len >=" not in msg
