@@ -445,7 +445,7 @@ def _dry_run_stage(stage: Stage, ctx: StageContext, store: ArtifactStore, key: s
     upstream that would be produced again) is said, with why, and its stage counts as one that would run."""
     name = stage.name
     info = stage.dry_run(ctx) if stage.dry_run else {}
-    would_run = {r.stage for r in state.reports if any(n.startswith(WOULD_RUN) for n in r.notes)}
+    would_run = {d for d, a in ctx.inputs.items() if a.manifest.get("pending")}  # the inputs this dry run would produce
     forced = ctx.cfg.force and name in ctx.cfg.stages
     cached, why = (None, None) if forced or not stage.cacheable else _reuse(stage, ctx, store, key, would_run)
     path = store.path_for(name, key)

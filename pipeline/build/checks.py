@@ -62,6 +62,7 @@ def _position_problems(cfg: Any, shape: Any) -> list[Problem]:
     b = cfg.build
     if b is not None:
         limit = shape.max_seq_len_limit
+        room = limit - max(0, b.speculative.max_draft_len)  # the most max_seq_len can be
         total = b.max_seq_len + max(0, b.speculative.max_draft_len)
         if total > limit and not getattr(cfg, "allow_unsafe_lengths", False):
             extra = f" + speculative.max_draft_len={b.speculative.max_draft_len}" if b.speculative.max_draft_len else ""
@@ -75,12 +76,8 @@ def _position_problems(cfg: Any, shape: Any) -> list[Problem]:
                     "build.max_seq_len",
                     b.max_seq_len,
                     f"{extra and extra.lstrip() + f' = {total} '}exceeds the model's {limit} positions ({how}).",
-                    f"set build.max_seq_len <= {limit - max(0, b.speculative.max_draft_len)}"
-                    + (
-                        f" and build.max_input_len below it (now {b.max_input_len})"
-                        if b.max_input_len is not None and b.max_input_len >= limit - max(0, b.speculative.max_draft_len)
-                        else ""
-                    )
+                    f"set build.max_seq_len <= {room}"
+                    + (f" and build.max_input_len below it (now {b.max_input_len})" if (b.max_input_len or 0) >= room else "")
                     + ", or allow_unsafe_lengths=true to accept it (recorded in the plan)",
                 )
             )

@@ -21,6 +21,9 @@ class PackageArtifact(StageArtifact):
     SERVE_SCRIPT: ClassVar[str] = "trtllm_serve.sh"
     BENCH_JSON: ClassVar[str] = "benchmark.json"
     RELEASE_DIR: ClassVar[str] = "release"
+    ARCHIVE_SUFFIXES: ClassVar[tuple[str, ...]] = (".tar.gz", ".tgz", ".tar")
+    """How a release archive a user passes may end (``pipeline serve <archive>`` unpacks it; ``--parity`` needs it
+    unpacked)."""
     SHA256SUMS: ClassVar[str] = "SHA256SUMS"
     SIGNATURE: ClassVar[str] = "release.sig"
     """Inside ``release/``: the model-signing signature of every other file there (``package.sign``)."""
@@ -92,6 +95,11 @@ class ReleaseGate:
     @property
     def passed(self) -> bool:
         return self.verdict is not None and self.verdict.passed
+
+    @property
+    def vouches(self) -> bool:
+        """The gate passed and was not overridden: the release is one the evaluation vouches for."""
+        return self.passed and not self.override
 
     @property
     def verdict_name(self) -> str:

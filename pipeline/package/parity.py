@@ -38,6 +38,7 @@ from typing import Any
 
 from ..core.errors import GateFailed, InputError, PreflightError
 from ..evaluate.artifact import EvalArtifact
+from .artifact import PackageArtifact
 from .repository import PACKAGE_ID_PARAMETER
 
 EXPECTED_FILE = "parity_expected.jsonl"
@@ -342,7 +343,7 @@ def check_against_server(package_dir: Path, url: str) -> dict[str, Any]:
     if package_dir.is_file():
         fix = (
             "unpack it first (tar -xzf) and pass the folder"
-            if package_dir.name.endswith((".tar.gz", ".tgz", ".tar"))
+            if package_dir.name.endswith(PackageArtifact.ARCHIVE_SUFFIXES)
             else "pass its folder"
         )
         raise InputError(f"--parity {package_dir}: a file, not a package folder. Fix: {fix}.")

@@ -132,7 +132,7 @@ def _speculative(ctx: StageContext, build_info: BuildInfo) -> dict[str, Any] | N
 
 def package(ctx: StageContext) -> dict[str, Any]:
     """Generate, validate and release (see module docstring). Returns the stage result."""
-    from ..core.store import cache_key, redact, write_json_atomic
+    from ..core.store import redact, write_json_atomic
     from .repository import generate_repository
     from .validate import check_repository
 
@@ -150,7 +150,7 @@ def package(ctx: StageContext) -> dict[str, Any]:
     settings = _settings(ctx, bi, mi)
     speculative = _speculative(ctx, bi)
     repo = ctx.out / "model_repository"
-    package_id = cache_key(ctx.manifest.get("key_document") or {})  # = the provenance's invocationId
+    package_id = _invocation_id(ctx)
     serving_image = pc.serving_image or cfg.target.serving_image
     with ctx.progress("package: model repository", total=3) as advance:
         info = generate_repository(
@@ -202,6 +202,14 @@ def package(ctx: StageContext) -> dict[str, Any]:
         f"{parity['matched']}/{parity['total']}" if parity.get("total") is not None else parity["status"]
     )
     return result
+
+
+def _invocation_id(ctx: StageContext) -> str:
+    """This package stage's invocation id: the cache key of its key document. It is the provenance's
+    ``invocationId`` and the repository's ``pipeline_package_id`` (:func:`pipeline.package.repository.stamp_package_id`)."""
+    from ..core.store import cache_key
+
+    return cache_key(ctx.manifest.get("key_document") or {})
 
 
 def _settings(ctx: StageContext, bi: BuildInfo, mi: ModelInfo) -> Settings:
@@ -423,7 +431,7 @@ def _provenance(ctx: StageContext, rel: Path, archive: Path, manifest: dict[str,
     import dataclasses
 
     from ..core.hostinfo import host
-    from ..core.store import cache_key, redact, write_json_atomic
+    from ..core.store import redact, write_json_atomic
     from .provenance import build_statement
     from .signing import dsse_sign, method
 
@@ -433,7 +441,7 @@ def _provenance(ctx: StageContext, rel: Path, archive: Path, manifest: dict[str,
         archive,
         config=config,
         upstream=ctx.inputs,
-        invocation_id=cache_key(ctx.manifest.get("key_document") or {}),
+        invocation_id=_invocation_id(ctx),
         versions=manifest.get("versions") or {},
         host=host(),
         gate=manifest["evaluation"]["gate"],

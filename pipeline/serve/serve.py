@@ -122,7 +122,7 @@ def resolve_repository(arg: str | None, store_dir: str | None, *, verify: bool =
                 f"release archive (<package artifact>/release/<model>-<recipe>-<version>.tar.gz; the run summary prints the "
                 f"package path), or no path for the newest package in the store."
             )
-        archive = p.is_file() and p.name.endswith((".tar.gz", ".tgz", ".tar"))
+        archive = p.is_file() and p.name.endswith(PackageArtifact.ARCHIVE_SUFFIXES)
         if archive:
             p = _unpack_release(p)
         elif verify:
@@ -191,7 +191,7 @@ def refuse_unvouched_default(repo: Path, man: dict[str, Any]) -> None:
             package a release whose gate passes).
     """
     gate = ReleaseGate.of_manifest(man)
-    if gate is not None and (gate.override or not gate.passed):
+    if gate is not None and not gate.vouches:
         raise InputError(
             f"the newest package in the store, {repo.parent}, did not pass its evaluation gate ({gate.verdict_name}; "
             f"packaged with package.allow_failed_gate=true), and `pipeline serve` without a path serves only a package "
@@ -206,7 +206,7 @@ def release_warnings(man: dict[str, Any]) -> list[str]:
     switched off. Empty for a release the gate vouches for (or a repository without a manifest)."""
     out: list[str] = []
     gate = ReleaseGate.of_manifest(man)
-    if gate is not None and (gate.override or not gate.passed):
+    if gate is not None and not gate.vouches:
         reason = gate.reason
         reason = reason if len(reason) <= 160 else reason[:157] + "..."
         out.append(

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_run import run_pipeline_cli
 
 from pipeline.core.config import ConfigError, compose
 
@@ -82,15 +83,7 @@ def test_the_cli_refuses_a_sweep_without_multirun_and_leaves_no_temp_folder(tmp_
 def test_a_key_given_twice_is_said_and_the_last_value_is_the_one_used(tmp_path):
     """Hydra applies overrides in order (``make bench ARGS=quant=fp8`` overrides the target's own ``quant=``); the
     earlier value used to be dropped unseen."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
-    r = subprocess.run(
-        [sys.executable, "-m", "pipeline", "build.max_seq_len=256", "quant=fp8", "build.max_seq_len=512", "--cfg", "job"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    r = run_pipeline_cli("build.max_seq_len=256", "quant=fp8", "build.max_seq_len=512", "--cfg", "job", cwd=tmp_path, HF_HUB_OFFLINE="1")
     assert r.returncode == 0, r.stderr
     assert "note: build.max_seq_len is given 2 times (256, 512); the last, build.max_seq_len=512, is used." in r.stderr
     assert "max_seq_len: 512" in r.stdout and "quant is given" not in r.stderr

@@ -101,12 +101,9 @@ def repeated_key_notes(argv: list[str]) -> list[str]:
     so the last value is the one used (``make bench ARGS=quant=fp8`` relies on that to override the target's own
     ``quant=``); the note says so instead of the earlier value being dropped unseen."""
     seen: dict[str, list[str]] = {}
-    for arg in argv:
-        if arg.startswith(("-", "~")) or "=" not in arg:
-            continue
-        key, value = arg.lstrip("+").split("=", 1)
-        if key and not key.startswith(("hydra.", "hydra/")):
-            seen.setdefault(key, []).append(value)
+    for kv in (_key_value(a) for a in argv if not a.startswith("~")):
+        if kv is not None:
+            seen.setdefault(kv[0], []).append(kv[1])
     return [
         f"note: {k} is given {len(vs)} times ({', '.join(vs)}); the last, {k}={vs[-1]}, is used." for k, vs in seen.items() if len(vs) > 1
     ]
@@ -130,15 +127,21 @@ def _problems(argv: list[str]) -> list[OverrideProblem]:
         if arg.startswith("~") and not arg.startswith("~hydra"):
             out += _deletion_problem(arg)
             continue
-        if arg.startswith("-") or "=" not in arg:
-            continue
         # ``+key=v`` / ``++key=v`` make Hydra add a key the schema lacks, which the pipeline would never read:
         # checked like a plain override (a dict-valued field, where adding a key is meaningful, stops the walk below)
-        key, value = arg.lstrip("+").split("=", 1)
-        if key.startswith(("hydra.", "hydra/")) or not key:
-            continue
-        out += _value_problems(key, value)
+        kv = _key_value(arg)
+        if kv is not None:
+            out += _value_problems(*kv)
     return out
+
+
+def _key_value(arg: str) -> tuple[str, str] | None:
+    """``(key, value)`` of a ``key=value`` / ``+key=value`` / ``++key=value`` override, ``+`` stripped; None for an
+    option (``-...``), an argument without ``=``, an empty key or a ``hydra.*`` key."""
+    if arg.startswith("-") or "=" not in arg:
+        return None
+    key, value = arg.lstrip("+").split("=", 1)
+    return None if key.startswith(("hydra.", "hydra/")) or not key else (key, value)
 
 
 def _deletion_problem(arg: str) -> list[OverrideProblem]:
