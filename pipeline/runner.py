@@ -198,6 +198,9 @@ def _open_store(store_dir: str, verify: bool = False) -> ArtifactStore:
             f"store_dir={str(store_dir)!r}: cannot create or write {root} ({e.strerror or e}). "
             "Fix: point store_dir at a writable folder (it is created if missing)."
         ) from e
+    # ModelOpt's CUDA extension is compiled on first use into TORCH_EXTENSIONS_DIR (~50 s on a fresh GPU machine):
+    # kept beside the store, so a CI job that caches the store keeps it (pipeline.quantize.calibrate.cuda_extension)
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(root / ".cache" / "torch_extensions"))
     return ArtifactStore(root, verify=verify)
 
 
@@ -526,7 +529,7 @@ def _run_or_reuse(stage: Stage, ctx: StageContext, store: ArtifactStore, key: st
                 notes.append(redact_text(note))
                 console.print(f"[yellow]{escape(note)}[/]")
             with store.produce(name, key, ctx.manifest) as (tmp, mf):
-                ctx.out = tmp
+                ctx.out, ctx.resume_dir = tmp, store.resume_dir(name, key)
                 t_run = time.time()
                 with memory.measure() as peak:
                     result = stage.run(ctx) or {}

@@ -32,6 +32,13 @@ class InputError(PipelineError, ValueError):
     exit_code = EXIT_INPUT
 
 
+class SelfCheckError(PipelineError):
+    """A self-check of the pipeline's own output failed (e.g. a restored model does not reproduce the calibrated one on
+    the same kind of device): a product fault, not the user's input (exit 1). The message holds the diagnosis."""
+
+    exit_code = EXIT_FAILED
+
+
 class GateFailed(PipelineError):
     """The evaluation gate failed, or a later stage refused an artifact whose gate failed."""
 

@@ -38,6 +38,9 @@ class StageContext:
         out: the folder to write into (a temporary folder, published atomically on success);
             ``None`` in dry-run mode.
         manifest: the manifest under construction; stages may add keys (e.g. ``plan``).
+        resume_dir: a folder for work that outlives a killed run of the same key (the store's
+            :meth:`pipeline.core.store.ArtifactStore.resume_dir`; removed when the artifact is published); None in
+            dry-run mode and outside the runner.
     """
 
     cfg: PipelineConfig
@@ -48,6 +51,7 @@ class StageContext:
     console: Console
     log: logging.Logger
     show_progress: bool = True
+    resume_dir: Path | None = None
 
     @contextlib.contextmanager
     def progress(self, description: str, total: float | None) -> Iterator[Callable[[float], None]]:

@@ -349,6 +349,12 @@ class ArtifactStore:
     def path_for(self, stage: str, key: str) -> Path:
         return self.root / stage / key[:24]
 
+    def resume_dir(self, stage: str, key: str) -> Path:
+        """``<root>/<stage>/.resume-<key>/``: where a stage keeps the work of a run of ``key`` that was killed, so the
+        next run of the same key resumes it (layer-by-layer calibration's per-layer checkpoints). Not created here;
+        kept when a run fails, removed when the artifact of ``key`` is published (:meth:`produce`)."""
+        return self.root / stage / f".resume-{key[:24]}"
+
     def _lock(self, stage: str, key: str) -> FileLock:
         d = self.root / stage
         try:
@@ -484,6 +490,7 @@ class ArtifactStore:
                 shutil.move(str(final), str(stage_dir / f".stale-{key[:24]}-{secrets.token_hex(3)}"))
             os.rename(tmp, final)
             _fsync_dir(stage_dir)
+            shutil.rmtree(self.resume_dir(stage, key), ignore_errors=True)
         except BaseException as e:
             shutil.rmtree(tmp, ignore_errors=True)
             if _is_storage_error(e):  # name the folder: a bare "File too large (os error 27)" says nothing

@@ -711,6 +711,7 @@ RUNTIME_READS = (
     "eval.torch_threads",
     "calibration.path",
     "calibration.max_device_memory_gb",
+    "calibration.max_host_memory_gb",
 )
 
 

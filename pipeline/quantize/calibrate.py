@@ -30,10 +30,53 @@ class _Calibration:
     auto: dict[str, Any] | None = None
     cset: Any = None  # pipeline.quantize.calibration_set.CalibrationSet
     resmooth: dict[str, Any] | None = None  # pipeline.quantize.resmooth.ResmoothResult.as_dict()
+    cuda_extension: dict[str, Any] | None = None  # cuda_extension(): load time of ModelOpt's CUDA extension (not hashed)
+    resumed_at: tuple[int, int] | None = None  # (first layer calibrated by this run, layers) when it resumed a killed run
 
 
-def _calibrate(cfg: Any, src: _Source, calib_path: Path | None, progress: Any, seed: int) -> _Calibration:
-    """Calibrate ``src.model`` in place: ``mtq.quantize`` with the recipe's config, or the ``auto`` search."""
+def resume_point(checkpoint_dir: Path) -> tuple[int, int] | None:
+    """``(layer, layers)`` where ModelOpt's layer-by-layer calibration would resume from ``checkpoint_dir``, or None
+    (empty, complete or unreadable: it starts over) (``detect_resume_point``, modelopt/torch/quantization/utils/
+    layerwise_calib.py, 0.47)."""
+    from modelopt.torch.quantization.utils.layerwise_calib import detect_resume_point
+
+    info = detect_resume_point(str(checkpoint_dir)) if checkpoint_dir.is_dir() else None
+    return (int(info[0]), int(info[1]["num_layers"])) if info else None
+
+
+def cuda_extension(device: str) -> dict[str, Any] | None:
+    """Load ModelOpt's CUDA fake-quant extension before calibration, timed; None on the CPU.
+
+    ModelOpt compiles it on first use with ``torch.utils.cpp_extension.load`` (``modelopt_cuda_ext``,
+    modelopt/torch/quantization/extensions.py, 0.47) into ``TORCH_EXTENSIONS_DIR``: about 50 s on a fresh H200 machine
+    (the first quantize there took 64 s of calibration for the 1 B shape, later ones 12-15 s, 2026-12-04), then
+    milliseconds. The runner points ``TORCH_EXTENSIONS_DIR`` next to the artifact store when it is unset
+    (``pipeline.runner._open_store``), so a CI job that caches its store keeps the build too.
+    Returns ``{"seconds", "dir", "built"}`` (built: the load took over 5 s, i.e. it compiled)."""
+    import os
+    import time
+
+    if not device.startswith("cuda"):
+        return None
+    from modelopt.torch.quantization.extensions import get_cuda_ext
+
+    where = os.environ.get("TORCH_EXTENSIONS_DIR", "~/.cache/torch_extensions")
+    t = time.time()
+    log.info("loading ModelOpt's CUDA extension (compiled on first use into %s: about 50 s)", where)
+    get_cuda_ext()
+    secs = round(time.time() - t, 2)
+    if secs > 5:
+        log.warning("ModelOpt's CUDA extension was compiled in %.0f s (first use of %s); later runs reuse it", secs, where)
+    return {"seconds": secs, "dir": where, "built": secs > 5}
+
+
+def _calibrate(cfg: Any, src: _Source, calib_path: Path | None, progress: Any, seed: int, resume_dir: Path | None = None) -> _Calibration:
+    """Calibrate ``src.model`` in place: ``mtq.quantize`` with the recipe's config, or the ``auto`` search.
+
+    Layer by layer with a ``resume_dir`` (the store's folder for this key that survives a killed run), ModelOpt keeps a
+    checkpoint of every finished layer in ``resume_dir/layerwise`` and a run of the same key resumes after the last one
+    (:func:`resume_point`); the statistics and bytes equal an uninterrupted run's
+    (tests/quantize/test_resume.py)."""
     import contextlib
 
     import modelopt.torch.quantization as mtq
@@ -44,9 +87,11 @@ def _calibrate(cfg: Any, src: _Source, calib_path: Path | None, progress: Any, s
 
     qcfg = cfg.quant
     prog = progress or (lambda d, t: contextlib.nullcontext(lambda n=1: None))
+    cuda_ext = cuda_extension(src.placement.device)
     tok = tf.AutoTokenizer.from_pretrained(str(src.hf), trust_remote_code=False)
     cset = load_calibration(cfg.calibration, tok, calib_path)
     cal = _Calibration(stats=cset.stats, warnings=cset.warnings, cset=cset)
+    cal.cuda_extension = cuda_ext
     batch_size, why = _batch_size(cfg.calibration.batch_size, src, cset)
     cset.stats["batch_size"], cset.stats["batch_size_reason"] = batch_size, why
     log.info("calibration batch: %s", why)
@@ -58,14 +103,26 @@ def _calibrate(cfg: Any, src: _Source, calib_path: Path | None, progress: Any, s
         src.model.eval()
     else:
         cal.modelopt_cfg = with_layerwise(modelopt_config(qcfg, src.excluded), src.placement)
+        ckpt = resume_dir / "layerwise" if resume_dir is not None and src.placement.layerwise else None
+        run_cfg = with_layerwise(modelopt_config(qcfg, src.excluded), src.placement, ckpt)
         where = f" layer by layer on {src.placement.device}" if src.placement.layerwise else f" on {src.placement.device}"
+        if ckpt is not None:
+            cal.resumed_at = resume_point(ckpt)
+            if cal.resumed_at:
+                where += f", resuming at layer {cal.resumed_at[0]} of {cal.resumed_at[1]}"
+                log.warning(
+                    "calibration: resuming layer-by-layer calibration at layer %d of %d from the checkpoint of a killed run of "
+                    "the same key (%s)",
+                    *cal.resumed_at,
+                    ckpt,
+                )
         with prog(f"calibrating {qcfg.recipe}{where}", len(cset.samples)) as advance:
             loop = cset.forward_loop(
                 batch_size, device=src.placement.device, progress=advance, last_logits_only=lm_head_excluded(src.excluded)
             )
             torch.manual_seed(seed)
             with torch.no_grad(), _quiet("mtq.quantize"):
-                mtq.quantize(src.model, cal.modelopt_cfg, loop)
+                mtq.quantize(src.model, run_cfg, loop)
     if bool(qcfg.resmooth):
         with _quiet("resmooth"):
             cal.resmooth = resmooth(src.model, src.placement.device).as_dict()

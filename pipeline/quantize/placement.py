@@ -43,6 +43,7 @@ class Placement:
         offload: ``none`` | ``cpu`` | ``disk`` (where layers beyond the budget wait).
         layerwise: ModelOpt calibrates one decoder layer at a time.
         reason: one sentence for the log and the report.
+        host_budget_bytes: what host memory may hold of the offloaded layers from a GPU, bytes (0 on the CPU).
     """
 
     device: str
@@ -52,6 +53,7 @@ class Placement:
     offload: str
     layerwise: bool
     reason: str
+    host_budget_bytes: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -95,16 +97,28 @@ def free_bytes(device: str) -> int:
 
 
 def plan_placement(
-    cal: Any, num_parameters: int, checkpoint_dtype: str, *, free: int | None = None, device: str | None = None
+    cal: Any,
+    num_parameters: int,
+    checkpoint_dtype: str,
+    *,
+    free: int | None = None,
+    device: str | None = None,
+    host_free: int | None = None,
 ) -> Placement:
     """Decide device, dtype, offload and layerwise calibration for a model of ``num_parameters`` weights.
 
+    A model within the device budget loads whole. A larger one keeps what fits on the device; from a GPU the remaining
+    layers wait in host memory up to the host budget (``calibration.max_host_memory_gb``, default
+    :data:`RESERVE_FRACTION` off the host's available memory) and on disk beyond it (``offload="disk"``); from the CPU
+    they wait on disk.
+
     Args:
-        cal: the ``calibration`` config (``device``, ``layerwise``, ``max_device_memory_gb``).
+        cal: the ``calibration`` config (``device``, ``layerwise``, ``max_device_memory_gb``, ``max_host_memory_gb``).
         num_parameters: the model's parameter count.
         checkpoint_dtype: the export checkpoint's dtype.
         free: the device's free bytes (default: measured now, :func:`free_bytes`).
         device: the resolved device (default: :func:`resolve_device` of ``cal.device``).
+        host_free: the host's available bytes (default: measured now), for the host budget of offloaded layers.
     Raises:
         InputError: an unknown device; ``calibration.layerwise=false`` for a model beyond the budget.
     """
@@ -127,24 +141,44 @@ def plan_placement(
             f"budget ({why}). Fix: calibration.layerwise=auto (onload one layer at a time), a larger "
             "calibration.max_device_memory_gb, or a device with more memory."
         )
-    offload = "none" if fits else ("cpu" if dev.startswith("cuda") else "disk")
+    host_budget, host_why = _host_budget(cal, host_free)
+    offload = "none"
+    if not fits:
+        offload = "cpu" if dev.startswith("cuda") and model_bytes - budget <= host_budget else "disk"
     layerwise = (not fits) or want == "true"
     if fits:
         reason = f"the model ({model_bytes / 1e9:.2f} GB in {dtype}) fits {why}: loaded whole on {dev}"
-    else:
+    elif offload == "cpu":
         reason = (
-            f"the model ({model_bytes / 1e9:.2f} GB in {dtype}) exceeds {why}: layers beyond it wait on the {offload} and "
-            f"are onloaded one at a time (layer-by-layer calibration)"
+            f"the model ({model_bytes / 1e9:.2f} GB in {dtype}) exceeds {why}: the {(model_bytes - budget) / 1e9:.2f} GB of "
+            f"layers beyond it wait in host memory ({host_why}) and are onloaded one at a time (layer-by-layer calibration)"
+        )
+    else:
+        beyond = "the host budget too (" + host_why + ")" if dev.startswith("cuda") else "a CPU device (no other memory tier)"
+        reason = (
+            f"the model ({model_bytes / 1e9:.2f} GB in {dtype}) exceeds {why} and {beyond}: the layers beyond it wait on "
+            f"disk and are onloaded one at a time (layer-by-layer calibration)"
         )
     if layerwise and fits:
         reason += "; calibration.layerwise=true: calibrated layer by layer"
-    return Placement(dev, dtype, model_bytes, budget, offload, layerwise, reason)
+    return Placement(dev, dtype, model_bytes, budget, offload, layerwise, reason, host_budget if dev.startswith("cuda") else 0)
+
+
+def _host_budget(cal: Any, host_free: int | None) -> tuple[int, str]:
+    """Host bytes the offloaded layers may take, and why: ``calibration.max_host_memory_gb``, else
+    ``1 - RESERVE_FRACTION`` of the available memory (``host_free``, default measured now)."""
+    cap = getattr(cal, "max_host_memory_gb", None)
+    if cap is not None:
+        return int(float(cap) * 1e9), f"calibration.max_host_memory_gb={cap}"
+    avail = free_bytes("cpu") if host_free is None else int(host_free)
+    return int(avail * (1 - RESERVE_FRACTION)), f"{(1 - RESERVE_FRACTION):.0%} of the {avail / 1e9:.1f} GB available on the host"
 
 
 def load_for_calibration(hf: Path, placement: Placement, offload_dir: Path) -> Any:
     """Load the export checkpoint per ``placement``: whole, one tensor at a time onto the device
     (:func:`pipeline.core.modelio.load_causal_lm`); offloaded, with transformers' ``from_pretrained`` and a ``device_map`` +
-    ``max_memory`` + ``offload_folder`` (accelerate's dispatch). Returns the model in eval mode."""
+    ``max_memory`` + ``offload_folder`` (accelerate's dispatch: the device's budget, then the host's for a GPU, then
+    disk). Returns the model in eval mode."""
     import torch
     import transformers as tf
 
@@ -156,14 +190,14 @@ def load_for_calibration(hf: Path, placement: Placement, offload_dir: Path) -> A
     mem: dict[Any, Any] = {}
     if placement.device.startswith("cuda"):
         mem[int(placement.device.split(":")[1])] = placement.budget_bytes
-        mem["cpu"] = max(free_bytes("cpu") - (1 << 30), 1 << 30)
+        mem["cpu"] = max(placement.host_budget_bytes, 1)
     else:
         mem["cpu"] = placement.budget_bytes
     model = tf.AutoModelForCausalLM.from_pretrained(
         str(hf),
         dtype=getattr(torch, placement.dtype),
         trust_remote_code=False,
-        device_map="auto",
+        device_map=_device_map(hf, placement, mem),
         max_memory=mem,
         offload_folder=str(offload_dir),
     )
@@ -171,13 +205,41 @@ def load_for_calibration(hf: Path, placement: Placement, offload_dir: Path) -> A
     return model
 
 
-def with_layerwise(modelopt_cfg: dict[str, Any], placement: Placement) -> dict[str, Any]:
-    """``modelopt_cfg`` with ModelOpt's layer-by-layer calibration switched on when ``placement`` asks for it."""
+def _device_map(hf: Path, placement: Placement, mem: dict[Any, Any]) -> dict[str, Any]:
+    """accelerate's device map for ``mem`` (``infer_auto_device_map`` over the model built on the meta device, whole
+    decoder layers never split), with every module outside the decoder layers (embeddings, final norm, LM head) kept
+    on the calibration device: ModelOpt's exporters feed a dummy input to ``model.device`` (the first parameter's
+    device), which must not be the meta device of an offloaded embedding (unified_export_hf.py ``llm_dummy_forward``,
+    0.47), and only decoder layers are calibrated one at a time."""
+    import re
+
+    import torch
+    import transformers as tf
+    from accelerate import init_empty_weights
+    from accelerate.utils import infer_auto_device_map
+
+    config = tf.AutoConfig.from_pretrained(str(hf), trust_remote_code=False)
+    with init_empty_weights():
+        meta = tf.AutoModelForCausalLM.from_config(config, trust_remote_code=False)
+    dm = infer_auto_device_map(
+        meta,
+        max_memory=mem,
+        no_split_module_classes=list(getattr(meta, "_no_split_modules", None) or []),
+        dtype=getattr(torch, placement.dtype),
+    )
+    main = next(iter(mem))
+    return {k: (v if re.search(r"(^|\.)layers(\.|$)", k) else main) for k, v in dm.items()}
+
+
+def with_layerwise(modelopt_cfg: dict[str, Any], placement: Placement, checkpoint_dir: Path | None = None) -> dict[str, Any]:
+    """``modelopt_cfg`` with ModelOpt's layer-by-layer calibration switched on when ``placement`` asks for it; with a
+    ``checkpoint_dir``, ModelOpt saves each finished layer there and a later run resumes after the last saved one
+    (``layerwise.checkpoint_dir``, modelopt/torch/quantization/utils/layerwise_calib.py ``_CheckpointState``, 0.47)."""
     if not placement.layerwise:
         return modelopt_cfg
     algo = modelopt_cfg.get("algorithm")
     algo = dict(algo) if isinstance(algo, dict) else {"method": algo if algo is not None else "max"}
-    algo["layerwise"] = {"enable": True}
+    algo["layerwise"] = {"enable": True, **({"checkpoint_dir": str(checkpoint_dir)} if checkpoint_dir is not None else {})}
     return {**modelopt_cfg, "algorithm": algo}
 
 

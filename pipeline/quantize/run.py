@@ -21,11 +21,13 @@ from .hf_ckpt import _export_hf
 from .placement import Placement
 from .preflight import _load_source
 from .report import _quant_report, module_precisions, render_report_md
-from .state import _write_state, load_simulated_model
+from .state import _write_state, export_digest, load_simulated_model
 from .trtllm_ckpt import _export_trtllm
 
 
-def quantize(cfg: Any, export_dir: Path, calib_path: Path | None, out: Path, *, progress: Any = None) -> dict[str, Any]:
+def quantize(
+    cfg: Any, export_dir: Path, calib_path: Path | None, out: Path, *, progress: Any = None, resume_dir: Path | None = None
+) -> dict[str, Any]:
     """Quantize the export artifact with ModelOpt and write the quantize artifact into ``out``.
 
     Steps: source facts -> placement (:mod:`.placement`: device, dtype, offload) and one load of the export checkpoint
@@ -42,6 +44,8 @@ def quantize(cfg: Any, export_dir: Path, calib_path: Path | None, out: Path, *, 
         calib_path: the resolved calibration file (None for ``none`` or ``format: hf``).
         out: the folder to write into.
         progress: optional ``progress(description, total)`` context manager factory (``StageContext.progress``).
+        resume_dir: a folder that survives a killed run of the same key (``StageContext.resume_dir``): layer-by-layer
+            calibration checkpoints every finished layer there and resumes from it (:func:`pipeline.quantize.calibrate._calibrate`).
     Returns:
         The stage result (``headline``: recipe, kv_cache, compression, calib_samples).
     Raises:
@@ -53,7 +57,7 @@ def quantize(cfg: Any, export_dir: Path, calib_path: Path | None, out: Path, *, 
     threads_before = torch.get_num_threads()
     torch.set_num_threads(max(1, int(getattr(cfg.calibration, "threads", 1))))
     try:
-        return _quantize(cfg, export_dir, calib_path, out, progress)
+        return _quantize(cfg, export_dir, calib_path, out, progress, resume_dir)
     finally:
         torch.set_num_threads(threads_before)
 
@@ -68,7 +72,8 @@ def _free() -> None:
 
 
 def _export_device(placement: Placement) -> str:
-    """Where the exporters run: the calibration device when the whole model fitted there, else the CPU."""
+    """Where the model restored from the quant state runs for the TensorRT-LLM export: the calibration device when the
+    whole model fitted there, else the CPU (ModelOpt's TensorRT-LLM exporter needs every weight resident)."""
     return placement.device if placement.offload == "none" else "cpu"
 
 
@@ -89,7 +94,7 @@ class _Steps:
         self.peaks[name] = m.process_peak_rss_bytes
 
 
-def _quantize(cfg: Any, export_dir: Path, calib_path: Path | None, out: Path, progress: Any) -> dict[str, Any]:
+def _quantize(cfg: Any, export_dir: Path, calib_path: Path | None, out: Path, progress: Any, resume_dir: Path | None) -> dict[str, Any]:
     import torch
 
     qcfg, parallel = cfg.quant, cfg.parallel
@@ -105,7 +110,7 @@ def _quantize(cfg: Any, export_dir: Path, calib_path: Path | None, out: Path, pr
     cal = _Calibration()
     if qcfg.recipe != "none":
         with step("calibration"):
-            cal = _calibrate(cfg, src, calib_path, progress, seed)
+            cal = _calibrate(cfg, src, calib_path, progress, seed, resume_dir)
     precisions = module_precisions(
         src.model,
         src.excluded,
@@ -117,29 +122,44 @@ def _quantize(cfg: Any, export_dir: Path, calib_path: Path | None, out: Path, pr
     )
     quant_algo = auto_quant_algo(cal.auto["per_module"]) if cal.auto else recipe.quant_algo
     with step("write_state"):
-        _write_state(out, qcfg, src.model, src.hf, cal, quant_algo, src.placement)
-    # One model in memory at a time, never a copy: the TensorRT-LLM export consumes the calibrated model (unless it is
-    # offloaded: ModelOpt's exporters need every weight resident), the HF export a model restored from the state.
-    model = None if src.placement.offload != "none" else src.model
-    src.model = None
-    _free()
-    shutil.rmtree(offload_dir, ignore_errors=True)
+        _write_state(out, qcfg, src.model, src.hf, cal, quant_algo, src.placement, export_digest(export_dir))
 
     def restore() -> Any:
         _free()
         return load_simulated_model(out, export_dir, device=_export_device(src.placement))
 
-    with step("export_trtllm"):
-        torch.manual_seed(seed)
-        exported = _export_trtllm(out, qcfg, parallel, src, model if model is not None else restore(), quant_algo if cal.auto else None)
-        model = None
+    hf_notes: list[str] = []
+    if src.placement.offload != "none" and qcfg.recipe != "none":
+        # Offloaded: ModelOpt's HF exporter streams an offloaded model one layer at a time (export_hf_checkpoint ->
+        # unified_export_hf_streaming, 0.47), so the calibrated model itself is exported and then freed; the
+        # TensorRT-LLM exporter needs every weight resident: it gets the model restored from the state on the host.
+        with step("export_hf"):
+            model, src.model = src.model, None
+            hf_notes = _export_hf(out, qcfg, src, lambda: model)
+            model = None
+            _free()
+        shutil.rmtree(offload_dir, ignore_errors=True)
+        with step("export_trtllm"):
+            torch.manual_seed(seed)
+            exported = _export_trtllm(out, qcfg, parallel, src, restore(), quant_algo if cal.auto else None)
+            _free()
+    else:
+        # One model in memory at a time, never a copy: the TensorRT-LLM export consumes the calibrated model, the HF
+        # export a model restored from the state.
+        model, src.model = src.model, None
         _free()
-    with step("export_hf"):
-        hf_notes = _export_hf(out, qcfg, src, restore)
-        _free()
+        with step("export_trtllm"):
+            torch.manual_seed(seed)
+            exported = _export_trtllm(out, qcfg, parallel, src, model, quant_algo if cal.auto else None)
+            model = None
+            _free()
+        with step("export_hf"):
+            hf_notes = _export_hf(out, qcfg, src, restore)
+            _free()
+    shutil.rmtree(offload_dir, ignore_errors=True)
     timings = {**step.timings, "total_s": time.time() - t0}
     report = _quant_report(qcfg, parallel, src, cal, exported, precisions, quant_algo, hf_notes, timings)
-    report["placement"] = src.placement.as_dict()
+    report["placement"] = {**src.placement.as_dict(), "resumed_at_layer": cal.resumed_at[0] if cal.resumed_at else None}
     report["peak_rss_bytes"] = step.peaks
     from ..core.store import write_json_atomic
 
@@ -157,6 +177,7 @@ def _quantize(cfg: Any, export_dir: Path, calib_path: Path | None, out: Path, pr
         "tp_size": int(parallel.tp_size),
         "pp_size": int(parallel.pp_size),
         "calibration_s": round(timings.get("calibration_s", 0.0), 3),
-        "placement": src.placement.as_dict(),
+        "placement": report["placement"],
+        "cuda_extension": cal.cuda_extension,
         "warnings": report["warnings"],
     }

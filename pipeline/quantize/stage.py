@@ -14,7 +14,9 @@ def _run(ctx: StageContext) -> dict[str, Any]:
     from .run import quantize
 
     assert ctx.out is not None
-    return quantize(ctx.cfg, ctx.inputs["export"].path, ctx.external.get("calibration"), ctx.out, progress=ctx.progress)
+    return quantize(
+        ctx.cfg, ctx.inputs["export"].path, ctx.external.get("calibration"), ctx.out, progress=ctx.progress, resume_dir=ctx.resume_dir
+    )
 
 
 def _external(cfg: Any) -> dict[str, Path]:
@@ -64,5 +66,5 @@ STAGE = Stage(
     dry_run=_dry_run,
     # the placement budget: an offloaded, layer-by-layer calibration gives the same statistics
     # (tests/quantize/test_scale_memory.py::test_offloaded_layerwise_calibration_equals_the_whole_model)
-    runtime_reads=("calibration.max_device_memory_gb",),
+    runtime_reads=("calibration.max_device_memory_gb", "calibration.max_host_memory_gb"),
 )

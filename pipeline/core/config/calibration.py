@@ -70,6 +70,10 @@ class CalibrationConfig:
     """Memory the model may take on the calibration device, GB (1e9 bytes); None = 80 % of its free memory now. A model
     larger than this is calibrated layer by layer (``layerwise=auto``). Not part of the cache key: layer-by-layer
     calibration gives the same statistics (tests/quantize/test_scale_memory.py)."""
+    max_host_memory_gb: Optional[float] = runtime(None)
+    """Host memory the offloaded layers may take, GB (1e9 bytes), when the model does not fit the calibration device;
+    None = 80 % of the host's available memory now (``MemAvailable``). Layers beyond both budgets wait on disk (in the
+    stage's staging folder). Not part of the cache key, for the same reason as ``max_device_memory_gb``."""
 
 
 def parse_batch_size(setting: Any) -> Optional[int]:
@@ -111,6 +115,10 @@ def validate(cfg: CalibrationConfig, prefix: str = "calibration") -> list[Proble
             Problem(
                 f"{prefix}.max_device_memory_gb", cfg.max_device_memory_gb, "must be > 0.", "set a positive size in GB, or leave it unset"
             )
+        )
+    if cfg.max_host_memory_gb is not None and not cfg.max_host_memory_gb > 0:
+        problems.append(
+            Problem(f"{prefix}.max_host_memory_gb", cfg.max_host_memory_gb, "must be > 0.", "set a positive size in GB, or leave it unset")
         )
     if cfg.min_samples > cfg.calib_size:
         problems.append(
