@@ -86,6 +86,29 @@ def gpus() -> list[dict[str, Any]]:
     return []
 
 
+def gpu_free_bytes() -> list[int]:
+    """Free memory of each visible NVIDIA GPU now, bytes, in :func:`gpus` order (``nvidia-smi``
+    ``memory.free``; else ``torch.cuda.mem_get_info`` when torch is already imported). Empty if none.
+    Not cached: free memory changes; not recorded in manifests."""
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            out = subprocess.run(
+                [smi, "--query-gpu=memory.free", "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=15, check=True
+            ).stdout
+            return [int(float(x.strip()) * 2**20) for x in out.strip().splitlines() if x.strip()]
+        except (OSError, subprocess.SubprocessError, ValueError):
+            pass
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            if torch.cuda.is_available():
+                return [int(torch.cuda.mem_get_info(i)[0]) for i in range(torch.cuda.device_count())]
+        except Exception:
+            pass
+    return []
+
+
 def host() -> dict[str, Any]:
     """Host description for manifests: CPU model and count, memory, GPUs."""
     mem = None

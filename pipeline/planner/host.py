@@ -1,24 +1,30 @@
 """Host (and GPU) memory of each pipeline stage, predicted from the model's shape before any work (docs/memory.md).
 
-The model is ``P`` parameters; ``W = 4 P`` bytes is its float32 weights. Each stage's peak resident set is predicted as
-the libraries' fixed cost plus what the stage holds at its worst moment, from the memory model in docs/memory.md:
+The model is ``P`` parameters; ``W = 4 P`` bytes is its float32 weights, ``B = 2 P`` its bf16 weights. Each stage's peak
+is predicted as the libraries' fixed cost plus what the stage holds at its worst moment, from the memory model in
+docs/memory.md:
 
 ============  ==========================================================================================================
 export        ``LIBS + P x export dtype bytes + 2 x largest tensor`` (transformers loads the model in the export dtype
               once; ``save_pretrained`` writes from it)
 quantize      CPU: ``LIBS + W x (1 + QUANT_TRANSIENT) + A`` (one float32 model: calibrated, its state streamed out,
               exported; the transient is AWQ's search and the exporters' output tensors; ``A`` is one calibration batch's
-              activations, :func:`calibration_activation_bytes`); CUDA: the host holds ``LIBS`` plus one tensor while the
-              GPU holds ``P x 2`` (bf16) plus ``A``; offloaded layers wait in host memory
+              activations, :func:`calibration_activation_bytes`). GPU, whole (:func:`calibration_placement`): GPU
+              ``B x (1 + GPU_QUANT_TRANSIENT) + GPU_QUANT_FIXED + A``, host ``LIBS + B`` (the bf16 state dict the HF
+              export gathers); GPU, layers offloaded: GPU ``budget + one layer + A``, host ``LIBS + the offloaded layers
+              (bf16) + one layer`` (streamed export)
 build         onnxruntime_genai: ``LIBS + W x (1 + BUILD_TRANSIENT)`` for the restored simulated-quant model and its
               converted int4 tensors, then the builder (a separate process, after the model is freed):
               ``BUILDER_LIBS + W x BUILDER_FACTOR``
-evaluate      ``LIBS + reference model (P x eval.reference_dtype bytes) + transient``: runners are loaded one at a time
+evaluate      CPU: ``LIBS + reference model (P x eval.reference_dtype bytes) x (1 + EVAL_TRANSIENT)``: runners are loaded
+              one at a time. GPU: the same on the GPU in the checkpoint's dtype (layers beyond 80 % of its free memory
+              wait in host memory), the host holding ``LIBS`` plus what is offloaded
 ============  ==========================================================================================================
 
-Coefficients are measured (``make bench-scale``, the 2-core 24 GB host, bench/results/scale.json): they are fits of
-the peak RSS of the 80 M, 412 M and 1 B shapes, with ``LIBS`` the RSS of a process that imported torch 2.13,
-transformers 5 and ModelOpt 0.47. A prediction above the host's total memory refuses the run (exit 4) before any work.
+CPU coefficients are measured (``make bench-scale``, the 2-core 24 GB host, bench/results/scale.json): fits of the peak
+RSS of the 80 M, 412 M, 1 B and 2.8 B shapes, with ``LIBS`` the RSS of a process that imported torch 2.13,
+transformers 5 and ModelOpt 0.47. GPU coefficients are a fit of two runs on an H200 (see :data:`GPU_QUANT_TRANSIENT`).
+A prediction above the host's total memory refuses the run (exit 4) before any work.
 """
 
 from __future__ import annotations
@@ -30,8 +36,28 @@ from typing import Any
 LIBS_BYTES = 550_000_000
 #: The builder subprocess's own fixed cost (python + torch + onnx + onnxruntime-genai), bytes.
 BUILDER_LIBS_BYTES = 600_000_000
-#: quantize on the CPU: peak beyond one float32 model, as a share of it (activations, AWQ search, export tensors).
-QUANT_TRANSIENT = 0.35
+#: quantize on the CPU: peak beyond one float32 model and one calibration batch's activations, as a share of the model
+#: (AWQ search, export tensors). Fit of bench/results/scale.json (int4_awq, 32 x 128 calibration tokens, batch 16):
+#: quantize peak RSS 2.62 GB (412 M), 5.33 GB (1 B), 14.46 GB (2.8 B) = LIBS + W x 1.20 + A within +6 %, +5 %, +1 %
+#: (0.35, the earlier value, over-predicted them by 15 %).
+QUANT_TRANSIENT = 0.20
+#: quantize on a GPU, the whole model resident: peak ``torch.cuda.max_memory_allocated`` beyond the bf16 weights ``B`` and
+#: the activation bound ``A`` is ``GPU_QUANT_FIXED + B x GPU_QUANT_TRANSIENT``. A two-point fit of runs on an H200
+#: (torch 2.11+cu130, transformers 5.17, ModelOpt 0.47; random bf16 Llama shapes llama1b and llama3b of
+#: pipeline/benchmark/shapes.py; int4_awq; 32 x 128 calibration tokens at batch 32): 1 B: B 1.96 GB, peak 3.64 GB;
+#: 2.8 B: B 5.68 GB, peak 8.04 GB, so 1.36 GB and 1.89 GB beyond B + A. Two rows: the split between the fixed and the
+#: proportional part is not established beyond them.
+GPU_QUANT_TRANSIENT = 0.145
+GPU_QUANT_FIXED_BYTES = 1_074_000_000
+#: Share of the device's free memory the model may take before layers are offloaded (pipeline/quantize/placement.py
+#: keeps the rest for activations, the calibration batch and ModelOpt's statistics).
+DEVICE_BUDGET_FRACTION = 0.8
+#: Host memory kept free when offloaded layers wait in host memory (the ``max_memory["cpu"]`` margin
+#: pipeline/quantize/placement.py gives accelerate).
+HOST_RESERVE_BYTES = 1 << 30
+#: ``calibration.batch_size=auto`` on a GPU: one batch's activations may take this share of the memory left beside the
+#: model (pipeline/quantize/placement.py, ``choose_batch_size``).
+ACTIVATION_FRACTION = 0.5
 #: build (parent): the restored float32 model plus the converted checkpoint, beyond one float32 model.
 BUILD_TRANSIENT = 0.35
 #: the onnxruntime-genai builder's peak beyond its libraries, as a share of the float32 weights (int4 input).
@@ -56,6 +82,20 @@ def calibration_activation_bytes(hidden_size: int, intermediate_size: int, seq_l
     return int(seq_len) * (ACT_HIDDEN_ROWS * int(hidden_size) + ACT_INTERMEDIATE_ROWS * int(intermediate_size)) * int(dtype_bytes)
 
 
+def eval_activation_bytes(
+    hidden_size: int, intermediate_size: int, vocab_size: int, kv_bytes_per_token: int, seq_len: int, batch: int, dtype_bytes: int
+) -> int:
+    """One evaluate batch on the GPU, bytes: ``batch x seq_len`` tokens of activations (the calibration bound,
+    :func:`calibration_activation_bytes`), their KV cache (``kv_bytes_per_token`` in the compute dtype) and the teacher-forced
+    logits (``batch x seq_len x vocab`` in the compute dtype plus one float32 row copy). An estimate from the shapes, not
+    measured on a GPU."""
+    act = calibration_activation_bytes(hidden_size, intermediate_size, seq_len, dtype_bytes)
+    return (
+        int(batch) * (act + int(seq_len) * int(kv_bytes_per_token) + int(seq_len) * int(vocab_size) * int(dtype_bytes))
+        + int(seq_len) * int(vocab_size) * 4
+    )
+
+
 #: ``calibration.batch_size=auto`` on the CPU: at most this many samples per forward pass. 16 was the shipped presets'
 #: fixed batch before ``auto`` (build_configs/calibration/), so CPU results, the shipped gate's among them, are unchanged
 #: wherever the memory allows it; the CPU's GEMMs gain little from larger batches.
@@ -71,13 +111,136 @@ def compute_dtype(device: str, checkpoint_dtype: str) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
+class CalibrationPlacement:
+    """Where a model's layers wait while it is calibrated (:func:`calibration_placement`).
+
+    Attributes:
+        offload: ``none`` (loaded whole on the device) | ``cpu`` (layers beyond the budget wait in host memory) |
+            ``disk`` (beyond what the host may hold too, on disk).
+        budget_bytes: what the device may hold of the model.
+        host_bytes: of the model, what waits in host memory (``offload=cpu``/``disk`` from a GPU).
+        disk_bytes: of the model, what waits on disk.
+        refused: the disk cannot hold ``disk_bytes`` either (``disk_free_bytes``): nothing can calibrate it.
+        reason: one sentence with the figures.
+    """
+
+    offload: str
+    budget_bytes: int
+    host_bytes: int
+    disk_bytes: int
+    refused: bool
+    reason: str
+
+
+def calibration_placement(
+    model_bytes: int,
+    gpu_free_bytes: int | None,
+    host_free_bytes: int | None,
+    max_device_bytes: int | None = None,
+    max_host_bytes: int | None = None,
+    disk_free_bytes: int | None = None,
+) -> CalibrationPlacement:
+    """Whole or offloaded: the rule of pipeline/quantize/placement.py as a pure function of the figures.
+
+    The model (``model_bytes`` in the compute dtype: bf16 on a GPU, float32 on the CPU) loads whole when it fits the
+    device's budget: ``max_device_bytes`` (``calibration.max_device_memory_gb``) or :data:`DEVICE_BUDGET_FRACTION` of
+    the device's free memory (``gpu_free_bytes``; ``None`` = the device is the CPU, whose free memory is
+    ``host_free_bytes``). Otherwise the layers beyond the budget wait in host memory (from a GPU) when the host may hold
+    them (``max_host_bytes``, ``calibration.max_host_memory_gb``, else ``host_free_bytes`` less
+    :data:`HOST_RESERVE_BYTES`; ``None`` = unknown, planned as holding them), else on disk (from the CPU always on
+    disk). ``refused`` when the disk (``disk_free_bytes``; ``None`` = unknown) cannot hold what is left either."""
+    gib = 2**30
+    on_gpu = gpu_free_bytes is not None
+    dev = "the GPU" if on_gpu else "the CPU"
+    if max_device_bytes is not None:
+        budget, why = int(max_device_bytes), f"calibration.max_device_memory_gb ({max_device_bytes / gib:.1f} GiB)"
+    else:
+        free = gpu_free_bytes if on_gpu else host_free_bytes
+        if free is None:
+            return CalibrationPlacement("none", int(model_bytes), 0, 0, False, f"{dev}'s free memory is unknown: planned whole")
+        budget = int(free * DEVICE_BUDGET_FRACTION)
+        why = f"{DEVICE_BUDGET_FRACTION:.0%} of the {free / gib:.1f} GiB free on {dev}"
+    if model_bytes <= budget:
+        return CalibrationPlacement("none", int(model_bytes), 0, 0, False, f"the model ({model_bytes / gib:.1f} GiB) fits {why}: whole")
+    rest = int(model_bytes) - budget
+    host_room: int | None = None
+    if on_gpu:
+        if max_host_bytes is not None:
+            host_room = int(max_host_bytes)
+        elif host_free_bytes is not None:
+            host_room = max(0, int(host_free_bytes) - HOST_RESERVE_BYTES)
+    else:
+        host_room = 0  # from the CPU, what is beyond the budget goes to disk
+    if host_room is None or rest <= host_room:
+        host_b, disk_b = rest, 0
+    else:
+        host_b, disk_b = host_room, rest - host_room
+    offload = "disk" if disk_b else "cpu"
+    refused = disk_free_bytes is not None and disk_b > disk_free_bytes
+    where = f"{rest / gib:.1f} GiB of layers wait in host memory"
+    if disk_b:
+        where = (f"{host_b / gib:.1f} GiB of layers wait in host memory and " if host_b else "") + f"{disk_b / gib:.1f} GiB on disk"
+    reason = f"the model ({model_bytes / gib:.1f} GiB) exceeds {why}: {where}, onloaded one layer at a time"
+    if host_room is None and on_gpu:
+        reason += " (the host's memory is unknown: planned as holding them; calibration.max_host_memory_gb plans a smaller host)"
+    if refused:
+        reason += f"; the disk has {(disk_free_bytes or 0) / gib:.1f} GiB free"
+    return CalibrationPlacement(offload, budget, host_b, disk_b, refused, reason)
+
+
+@dataclasses.dataclass(frozen=True)
+class Room:
+    """The figures a stage's placement is decided from, bytes: the GPU's free memory (``None`` = no GPU: CPU stages),
+    its name, the host's available memory and the store's free disk (``None`` = unknown: a GPU named with
+    ``target.gpu`` on another host), and the ``calibration`` caps (``None`` = auto)."""
+
+    gpu_name: str | None = None
+    gpu_free: int | None = None
+    host_free: int | None = None
+    disk_free: int | None = None
+    max_device: int | None = None
+    max_host: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class StageMemory:
     """Predicted peak memory of one stage: ``host_bytes`` (resident set, the largest process of the stage),
-    ``gpu_bytes`` (None when the stage uses no GPU) and the formula, in words, that gave them."""
+    ``gpu_bytes`` (None when the stage uses no GPU), the formula, in words, that gave them, and ``where`` it runs
+    (``cpu``; ``cuda <GPU>, whole (bfloat16)``; ``cuda <GPU>, layers offloaded to host``; ``host (onnxruntime-genai)``)."""
 
     host_bytes: int
     gpu_bytes: int | None
     formula: str
+    where: str = ""
+    offload: str = "none"
+
+
+def _gpu_quantize(B: int, layer: int, A: int, room: Room, dtype: str) -> tuple[StageMemory, CalibrationPlacement]:
+    """quantize on a GPU (module docstring): whole, or with the layers beyond the budget offloaded."""
+    gib = 2**30
+    pl = calibration_placement(B, room.gpu_free, room.host_free, room.max_device, room.max_host, room.disk_free)
+    gpu = room.gpu_name or "GPU"
+    if pl.offload == "none":
+        m = StageMemory(
+            LIBS_BYTES + B,
+            int(B * (1 + GPU_QUANT_TRANSIENT) + GPU_QUANT_FIXED_BYTES + A),
+            f"GPU: {dtype} weights x {1 + GPU_QUANT_TRANSIENT:.3f} + {GPU_QUANT_FIXED_BYTES / 1e9:.2f} GB + one calibration "
+            f"batch's activations ({A / gib:.2f} GiB); host: libraries + the {dtype} state dict the HF export gathers",
+            f"cuda {gpu}, whole ({dtype})",
+            "none",
+        )
+    else:
+        to = "host" if pl.offload == "cpu" else "host and disk"
+        m = StageMemory(
+            LIBS_BYTES + pl.host_bytes + layer,
+            int(pl.budget_bytes + layer + A),
+            f"GPU: budget {pl.budget_bytes / gib:.1f} GiB + one layer + one calibration batch's activations "
+            f"({A / gib:.2f} GiB); host: libraries + the offloaded layers ({pl.host_bytes / gib:.1f} GiB, {dtype}) + one layer"
+            + (f"; disk: {pl.disk_bytes / gib:.1f} GiB" if pl.disk_bytes else ""),
+            f"cuda {gpu}, layers offloaded to {to} ({dtype})",
+            pl.offload,
+        )
+    return m, pl
 
 
 def stage_memory(
@@ -89,6 +252,11 @@ def stage_memory(
     reference_dtype: str,
     target: str,
     calib_activation_bytes: int = 0,
+    layer_parameters: int = 0,
+    room: Room | None = None,
+    eval_device: str = "cpu",
+    engine_host_bytes: int = 0,
+    eval_activation_bytes: int = 0,
 ) -> dict[str, StageMemory]:
     """Per-stage peak memory of a run (module docstring).
 
@@ -100,16 +268,27 @@ def stage_memory(
         reference_dtype: the evaluate baseline's dtype (``eval.reference_dtype``; ``checkpoint`` = the export dtype).
         target: the build target (``onnxruntime_genai`` builds on the host; TensorRT-LLM builds are planned by the GPU
             plan and counted here as holding the checkpoint's shards only).
+        calib_activation_bytes: one calibration batch's activations (:func:`calibration_activation_bytes` x batch).
+        layer_parameters: parameters of one decoder layer (what an offloaded calibration onloads at a time).
+        room: the GPU, host and disk figures the GPU stages are placed from (:func:`calibration_placement`).
+        eval_device: ``cpu`` or ``cuda`` (where the baseline and simulated runners run).
+        engine_host_bytes: the built engine's weights when its runner runs on the host (onnxruntime-genai on the CPU).
+        eval_activation_bytes: one evaluate batch's activations, KV cache and logits on the GPU
+            (:func:`eval_activation_bytes`).
     Returns:
         ``{stage: StageMemory}`` for export, quantize, build and evaluate.
     """
     from ..facts.geometry import DTYPE_BYTES
 
+    room = room or Room()
     P, W = int(num_parameters), 4 * int(num_parameters)
     exp_b = DTYPE_BYTES.get(export_dtype, 2)
     out: dict[str, StageMemory] = {
         "export": StageMemory(
-            LIBS_BYTES + P * exp_b + 2 * largest_tensor * 4, None, f"libraries + P x {exp_b} B ({export_dtype}) + 2 largest tensors"
+            LIBS_BYTES + P * exp_b + 2 * largest_tensor * 4,
+            None,
+            f"libraries + P x {exp_b} B ({export_dtype}) + 2 largest tensors",
+            "cpu",
         )
     }
     if calib_device == "cpu":
@@ -118,14 +297,11 @@ def stage_memory(
             None,
             f"libraries + float32 weights x {1 + QUANT_TRANSIENT:.2f} + one calibration batch's activations "
             f"({calib_activation_bytes / 2**30:.2f} GiB) (CPU calibration)",
+            "cpu, whole (float32)",
         )
     else:
-        q = StageMemory(
-            LIBS_BYTES + 2 * largest_tensor * 4,
-            int(2 * P * (1 + QUANT_TRANSIENT) + calib_activation_bytes),
-            f"host: libraries + 2 largest tensors; GPU: bf16 weights x {1 + QUANT_TRANSIENT:.2f} + one calibration batch's "
-            f"activations ({calib_activation_bytes / 2**30:.2f} GiB) (beyond the GPU: layers offloaded)",
-        )
+        cd = compute_dtype("cuda", export_dtype)
+        q, _ = _gpu_quantize(P * DTYPE_BYTES[cd], layer_parameters * DTYPE_BYTES[cd], calib_activation_bytes, room, cd)
     out["quantize"] = q
     if target == "onnxruntime_genai":
         parent = int(LIBS_BYTES + W * (1 + BUILD_TRANSIENT))
@@ -134,17 +310,38 @@ def stage_memory(
             max(parent, child),
             None,
             f"max(libraries + float32 weights x {1 + BUILD_TRANSIENT:.2f}; builder: its libraries + float32 weights x {BUILDER_FACTOR})",
+            "host (onnxruntime-genai)",
         )
     else:
         out["build"] = StageMemory(
-            LIBS_BYTES + 2 * largest_tensor * 4, None, "libraries + 2 largest tensors (the engine build runs on the GPU)"
+            LIBS_BYTES + 2 * largest_tensor * 4, None, "libraries + 2 largest tensors (the engine build runs on the GPU)", "GPU"
         )
-    ref_b = DTYPE_BYTES.get(export_dtype if reference_dtype == "checkpoint" else reference_dtype, 4)
-    out["evaluate"] = StageMemory(
-        int(LIBS_BYTES + P * ref_b * (1 + EVAL_TRANSIENT)),
-        None,
-        f"libraries + reference model (P x {ref_b} B) x {1 + EVAL_TRANSIENT:.2f}; runners load one at a time",
-    )
+    ref = export_dtype if reference_dtype == "checkpoint" else reference_dtype
+    if eval_device == "cpu":
+        ref_b = DTYPE_BYTES.get(ref, 4)
+        out["evaluate"] = StageMemory(
+            int(LIBS_BYTES + P * ref_b * (1 + EVAL_TRANSIENT)),
+            None,
+            f"libraries + reference model (P x {ref_b} B) x {1 + EVAL_TRANSIENT:.2f}; runners load one at a time",
+            f"cpu ({ref})",
+        )
+    else:
+        ed = compute_dtype("cuda", export_dtype)
+        model_b = P * DTYPE_BYTES[ed]
+        pl = calibration_placement(model_b, room.gpu_free, room.host_free, None, room.max_host, room.disk_free)
+        engine = int(engine_host_bytes * (1 + EVAL_TRANSIENT))
+        to = "whole" if pl.offload == "none" else f"layers offloaded to {'host' if pl.offload == 'cpu' else 'host and disk'}"
+        out["evaluate"] = StageMemory(
+            int(LIBS_BYTES + max(pl.host_bytes, engine)),
+            int(min(model_b, pl.budget_bytes) + eval_activation_bytes),
+            f"GPU: reference model (P x {DTYPE_BYTES[ed]} B, {ed}) up to {DEVICE_BUDGET_FRACTION:.0%} of the free memory + one "
+            f"batch's activations, KV cache and logits ({eval_activation_bytes / 2**30:.2f} GiB); host: libraries"
+            + (f" + the offloaded layers ({pl.host_bytes / 2**30:.1f} GiB)" if pl.host_bytes else "")
+            + (f"; the engine on the host: its weights x {1 + EVAL_TRANSIENT:.2f}" if engine else "")
+            + "; runners load one at a time",
+            f"cuda {room.gpu_name or 'GPU'}, {to} ({ed})",
+            pl.offload,
+        )
     return out
 
 

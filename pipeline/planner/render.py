@@ -104,15 +104,25 @@ def render(p: Plan, console: Any, *, compact: bool = False) -> None:
 
 
 def _add_stage_memory_row(t: Any, p: Plan) -> None:
-    """A row with the predicted peak memory of each stage (:mod:`pipeline.planner.host`), when planned."""
+    """One row per stage: where it runs and its predicted peak host (and GPU) memory (:mod:`pipeline.planner.host`);
+    a row naming the visible GPUs and their free memory first."""
+    gpus = (p.target or {}).get("gpus") or []
+    if gpus:
+        t.add_row(
+            "visible GPUs",
+            "; ".join(
+                f"{i}: {g.get('name')}, {fmt_bytes(g.get('free_bytes'))} free of {fmt_bytes(g.get('memory_bytes'))}"
+                for i, g in enumerate(gpus)
+            ),
+        )
     pred = (p.stages or {}).get("predicted") or {}
     if not pred:
         return
-    t.add_row(
-        "stage peak memory",
-        ", ".join(
-            f"{s} {fmt_bytes(m['host_bytes'])}" + (f" (+{fmt_bytes(m['gpu_bytes'])} GPU)" if m.get("gpu_bytes") else "")
-            for s, m in pred.items()
+    for s, m in pred.items():
+        t.add_row(
+            f"{s} (predicted peak)",
+            (f"on {m['where']}: " if m.get("where") else "")
+            + f"host {fmt_bytes(m['host_bytes'])}"
+            + (f", GPU {fmt_bytes(m['gpu_bytes'])}" if m.get("gpu_bytes") else ""),
         )
-        + f" of {fmt_bytes(p.stages.get('host_total_bytes'))} host RAM (predicted, docs/memory.md)",
-    )
+    t.add_row("host RAM", f"{fmt_bytes(p.stages.get('host_total_bytes'))} here (stage peaks: docs/memory.md)")
