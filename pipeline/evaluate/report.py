@@ -55,7 +55,9 @@ def rope_note(rep: dict[str, Any]) -> str | None:
     """One line when a fidelity check (``max_kld`` / ``min_top1``) failed and the checkpoint has RoPE scaling: an engine
     that applies the scaling otherwise than transformers shifts every position's encoding (docs/build.md)."""
     rs = rep.get("rope_scaling")
-    failed = [c["check"] for c in (rep.get("gate") or {}).get("checks", []) if c.get("check") in ("max_kld", "min_top1") and not c.get("passed")]
+    failed = [
+        c["check"] for c in (rep.get("gate") or {}).get("checks", []) if c.get("check") in ("max_kld", "min_top1") and not c.get("passed")
+    ]
     if not rs or not failed:
         return None
     return (

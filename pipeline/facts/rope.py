@@ -113,12 +113,13 @@ def normalise_rope(config: dict[str, Any], where: str = "config.json") -> tuple[
     return (float(theta) if theta is not None else None), merged
 
 
-
 def _ort_yarn_range(config: dict[str, Any], rope: dict[str, Any], theta: float) -> tuple[float, float, float]:
     """onnxruntime-genai 0.18's unrounded YaRN correction range ``(low, high, d_half)`` for this config, with
     transformers' beta defaults (``builders/base.py`` ``make_inv_freq_rescaled_with_ntk``)."""
     head = int(config.get("head_dim") or int(config["hidden_size"]) // int(config["num_attention_heads"]))
-    orig = float(config.get("original_max_position_embeddings") or rope.get("original_max_position_embeddings") or config["max_position_embeddings"])
+    orig = float(
+        config.get("original_max_position_embeddings") or rope.get("original_max_position_embeddings") or config["max_position_embeddings"]
+    )
     d_half = head / 2
     fast = float(rope.get("beta_fast") or YARN_BETA_DEFAULTS["beta_fast"])
     slow = float(rope.get("beta_slow") or YARN_BETA_DEFAULTS["beta_slow"])
@@ -158,7 +159,7 @@ def rope_refusal(config: dict[str, Any], target: str) -> tuple[str, str] | None:
             if target == "onnxruntime_genai"
             else f"it handles {list(honoured)}"
         )
-        others = [t for t, fams in ROPE_SUPPORT.items() if t != target and rtype in fams.get(mt, ())]
+        others = [t for t, fams in ROPE_SUPPORT.items() if t != target and rtype in fams.get(str(mt), ())]
         fix = f"target={others[0]}" + (f" or target={others[1]}" if len(others) > 1 else "") if others else "another target"
         return (f"rope_scaling type {rtype!r} is not honoured by target {target}: {how}.", f"{fix}, {drop}")
     if target == "onnxruntime_genai" and rtype == "yarn":
@@ -214,8 +215,7 @@ def _phi3_lengths(config: dict[str, Any], rtype: str | None) -> tuple[str, str] 
             f"Phi-3 config.json has rope_scaling type 'longrope' but max_position_embeddings == "
             f"original_max_position_embeddings == {mpe}: onnxruntime-genai's builder then takes the short-context model "
             "and stops with NotImplementedError on longrope.",
-            "set original_max_position_embeddings to the pre-training length (4096 for Phi-3-mini-128k), or "
-            "target=tensorrt_llm_pytorch",
+            "set original_max_position_embeddings to the pre-training length (4096 for Phi-3-mini-128k), or target=tensorrt_llm_pytorch",
         )
     return None
 

@@ -49,7 +49,11 @@ def _rope_msgs(ckpt: Path, target: str = "onnxruntime_genai") -> list[str]:
         ("llama", {"type": "yarn", "factor": 4, "original_max_position_embeddings": 64}, "applies only llama3 scaling"),
         ("llama", {"type": "dynamic", "factor": 4}, "applies only llama3 scaling"),
         ("qwen2", {"type": "yarn", "factor": 4, "original_max_position_embeddings": 64}, "low=-1.99, high=4.03"),
-        ("qwen2", {"type": "yarn", "factor": 4, "original_max_position_embeddings": 64, "beta_fast": 32, "beta_slow": 1}, "0 < low < high < d_half - 1"),
+        (
+            "qwen2",
+            {"type": "yarn", "factor": 4, "original_max_position_embeddings": 64, "beta_fast": 32, "beta_slow": 1},
+            "0 < low < high < d_half - 1",
+        ),
         ("qwen2", {"type": "llama3", **{k: v for k, v in LLAMA3.items() if k != "rope_type"}}, "NotImplementedError"),
         ("mistral", {"type": "yarn", "factor": 4, "original_max_position_embeddings": 4096, "beta_fast": 32, "beta_slow": 1}, "does not"),
     ],
@@ -102,7 +106,9 @@ def test_ort_yarn_equals_transformers_only_without_truncation():
         c = tf.Qwen2Config(hidden_size=1024, num_attention_heads=8, max_position_embeddings=16384, rope_parameters=rp)
         hf, _ = ROPE_INIT_FUNCTIONS["yarn"](c, "cpu")
         me = types.SimpleNamespace(
-            head_size=128, original_context_length=4096, rope_attrs={"theta": 10000.0, "rescale_inv_freq": {"factor": 4.0, "ntk_alpha": 1, "ntk_beta": 32}}
+            head_size=128,
+            original_context_length=4096,
+            rope_attrs={"theta": 10000.0, "rescale_inv_freq": {"factor": 4.0, "ntk_alpha": 1, "ntk_beta": 32}},
         )
         ort = Model.make_inv_freq_rescaled_with_ntk(me, 1.0 / (10000.0 ** (torch.arange(0, 128, 2).float() / 128)))
         assert torch.equal(hf, ort) is (not truncate)

@@ -63,7 +63,6 @@ def test_gate_fails_on_fidelity_thresholds():
     assert v["verdict"] == "pass", v["reason"]
 
 
-
 def test_a_fidelity_failure_of_a_rope_scaled_checkpoint_names_the_scaling():
     """Issue 36: an engine that ignores the checkpoint's RoPE scaling fails on fidelity; the report says so."""
     from pipeline.evaluate.report import rope_note
