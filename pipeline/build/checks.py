@@ -4,6 +4,7 @@
   max_position_embeddings x rope factor`` unless ``allow_unsafe_lengths=true`` (then recorded in the plan);
 * ``build.max_num_tokens >= build.max_input_len`` unless ``build.enable_chunked_context``; chunked
   context needs ``build.use_paged_context_fmha`` (TensorRT-LLM plugin/plugin.py);
+* a RoPE scaling the resolved target does not honour, or would crash on (:func:`pipeline.facts.rope.rope_refusal`);
 * the resolved target's own ``check_config`` (recipe, KV cache format, limits, and the model's needs on that
   target: :mod:`pipeline.build.targets`).
 
@@ -29,7 +30,29 @@ def checks(cfg: Any) -> list[Problem]:
         problems.extend(_position_problems(cfg, shape))
     if cfg.target.name == "auto" or cfg.target.name in TARGETS:  # else the target.name field check reports it
         problems.extend(target_problems(cfg))
+        problems.extend(_rope_problems(cfg))
     return problems
+
+
+def _rope_problems(cfg: Any) -> list[Problem]:
+    """The checkpoint's ``rope_scaling`` on the resolved target (:data:`pipeline.facts.rope.ROPE_SUPPORT`)."""
+    from ..core.errors import InputError
+    from ..facts.families import read_model_config
+    from ..facts.rope import rope_refusal
+    from .targets import capabilities, needs_build
+
+    mc = read_model_config(getattr(cfg.model, "path", None))
+    if mc is None or not needs_build(cfg):
+        return []
+    try:
+        target = capabilities(cfg).name
+    except InputError:
+        return []  # the target's own checks name an unresolvable target
+    refusal = rope_refusal(mc, target)
+    if refusal is None:
+        return []
+    why, fix = refusal
+    return [Problem("model.path", cfg.model.path, why, fix)]
 
 
 def _length_problems(b: Any) -> list[Problem]:

@@ -23,6 +23,7 @@
 - ``reference``: {checkpoint, dtype, requested}: the baseline's source checkpoint and compute dtype
 - ``skipped``: {"too_long": [ids], "max_input_len": int}
 - ``worst_regressions``: [{id, slice, prompt, reference, baseline, candidate, baseline_score, candidate_score}]
+- ``rope_scaling``: null or the checkpoint's normalised RoPE scaling (``pipeline.facts.rope.normalise_rope``)
 - ``speculative``: null or {draft_model, k, acceptance_rate, mean_accepted_per_step, slices: {slice: {acceptance_rate, proposed, accepted}}}
 """
 
@@ -48,6 +49,21 @@ def _pp(x: float | None) -> str:
 
 def _kld(x: float | None) -> str:
     return "-" if x is None else f"{x:.3g}"
+
+
+def rope_note(rep: dict[str, Any]) -> str | None:
+    """One line when a fidelity check (``max_kld`` / ``min_top1``) failed and the checkpoint has RoPE scaling: an engine
+    that applies the scaling otherwise than transformers shifts every position's encoding (docs/build.md)."""
+    rs = rep.get("rope_scaling")
+    failed = [
+        c["check"] for c in (rep.get("gate") or {}).get("checks", []) if c.get("check") in ("max_kld", "min_top1") and not c.get("passed")
+    ]
+    if not rs or not failed:
+        return None
+    return (
+        f"the checkpoint has rope_scaling type {rs.get('rope_type')!r} and {'/'.join(failed)} failed: check that target "
+        f"{rep.get('target')} applies that scaling as transformers does (docs/build.md, RoPE scaling)"
+    )
 
 
 def fidelity_markdown(rep: dict[str, Any]) -> list[str]:
@@ -158,6 +174,8 @@ def to_markdown(rep: dict[str, Any]) -> str:
         lines += ["> **EXPLORATORY RUN**: an inconclusive verdict did not fail this run; it is not releasable.", ""]
     lines += gate_table_markdown(rep)
     lines += ["", f"**Gate:** {g['reason']}", ""]
+    if note := rope_note(rep):
+        lines += [f"**RoPE scaling:** {note}", ""]
     dec = rep.get("decoding") or {}
     if dec:
         lines += [
@@ -371,6 +389,8 @@ def print_console(rep: dict[str, Any], console: Any) -> None:
         console.print(Text.assemble(("gate INCONCLUSIVE (not failed; not releasable): ", "bold yellow"), g.get("fix") or g["reason"]))
     else:
         console.print(Text.assemble(("gate FAILED: ", "bold red"), g["reason"]))
+    if note := rope_note(rep):
+        console.print(Text.assemble(("RoPE scaling: ", "yellow"), note))
 
 
 def write_all(out: Path, rep: dict[str, Any], latencies: dict[str, list[float]]) -> None:

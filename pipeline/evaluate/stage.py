@@ -526,6 +526,7 @@ def _report(
         "pairwise_agreement": pairwise,
         "gate": verdict,
         "fidelity": runs.fidelity,
+        "rope_scaling": _rope_scaling(ctx.inputs["export"].path),
         "reference": {"checkpoint": str(ctx.external.get("reference_checkpoint")), "dtype": ref_dtype, "requested": e.reference_dtype}
         if "baseline" in outputs
         else None,
@@ -744,3 +745,14 @@ STAGE = Stage(
     dry_run=_dry_run,
     select_deps=_select_deps,
 )
+
+
+def _rope_scaling(export_dir: Any) -> dict[str, Any] | None:
+    """The exported checkpoint's RoPE scaling (:func:`pipeline.facts.rope.normalise_rope`), None for plain RoPE or an
+    unreadable config: a fidelity failure of a scaled checkpoint is reported with it (report.rope_note)."""
+    from ..facts.rope import normalise_rope
+
+    try:
+        return normalise_rope(json.loads((ExportArtifact(export_dir).hf_dir / "config.json").read_text(encoding="utf-8")))[1]
+    except (OSError, ValueError):
+        return None

@@ -31,6 +31,7 @@ from typing import Any
 
 from ..core.errors import InputError
 from ..facts.families import FAMILY_SUPPORT
+from ..facts.rope import normalise_rope
 
 #: architecture (``config.json`` ``architectures[0]``) -> ``model_type``.
 from .safety import _is_inside, check_folder_links, confine, confinement_roots
@@ -150,58 +151,6 @@ def _merge_ids(*lists: list[int]) -> list[int]:
             if i not in out:
                 out.append(i)
     return out
-
-
-def normalise_rope(config: dict[str, Any], where: str = "config.json") -> tuple[float | None, dict[str, Any] | None]:
-    """RoPE base and scaling from a raw ``config.json`` dict, in one normalised form.
-
-    Accepts ``rope_scaling`` with the legacy ``type`` key or the newer ``rope_type`` key, and
-    transformers 5's ``rope_parameters`` (which also carries ``rope_theta``).  Returns
-    ``(rope_theta, scaling)``; ``scaling`` keeps every field of the source, always has
-    ``rope_type``, never contains ``rope_theta``, and is None for plain RoPE (``rope_type``
-    ``default`` with no other field).  Raises InputError when the spellings disagree.
-    """
-    theta = config.get("rope_theta")
-    merged: dict[str, Any] = {}
-    for key in ("rope_parameters", "rope_scaling"):
-        d = config.get(key)
-        if d is None:
-            continue
-        if not isinstance(d, dict):
-            raise InputError(
-                f"{where}: {key}={d!r} is not an object. Fix: write {key} as "
-                '{"rope_type": "...", "factor": ...} or remove it for plain RoPE.'
-            )
-        legacy, new = d.get("type"), d.get("rope_type")
-        if legacy is not None and new is not None and legacy != new:
-            raise InputError(
-                f"{where}: {key} has type={legacy!r} and rope_type={new!r}, which disagree. "
-                f"Fix: keep one spelling (rope_type) with the intended scaling type."
-            )
-        for k, v in d.items():
-            if k in merged and merged[k] != v and k not in ("type", "rope_type"):
-                raise InputError(
-                    f"{where}: rope_parameters.{k}={merged[k]!r} but rope_scaling.{k}={v!r}. "
-                    f"Fix: make them agree or keep only one of rope_parameters/rope_scaling."
-                )
-            merged[k] = v
-        if new is None and legacy is not None:
-            merged["rope_type"] = legacy
-    if "rope_theta" in merged:
-        t = merged.pop("rope_theta")
-        if theta is not None and float(theta) != float(t):
-            raise InputError(f"{where}: rope_theta={theta!r} but rope_parameters.rope_theta={t!r}. Fix: make them agree.")
-        theta = t
-    if not merged:
-        return (float(theta) if theta is not None else None), None
-    if merged.get("rope_type") is None:
-        raise InputError(
-            f"{where}: rope_scaling={merged!r} names no scaling type. "
-            f'Fix: add "rope_type" (e.g. "linear", "dynamic", "yarn", "longrope", "llama3").'
-        )
-    if merged.get("rope_type") == "default":  # plain RoPE; other keys (e.g. partial_rotary_factor) are not scaling
-        return (float(theta) if theta is not None else None), None
-    return (float(theta) if theta is not None else None), merged
 
 
 def _check_heads(cfg: dict[str, Any], where: str) -> list[str]:

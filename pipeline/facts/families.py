@@ -150,6 +150,11 @@ def builder_input(src: Path, dst: Path, max_seq_len: int) -> tuple[Path, str | N
     src, dst = Path(src), Path(dst)
     cfg = json.loads((src / "config.json").read_text(encoding="utf-8"))
     new, note = builder_config(cfg, max_seq_len)
+    from .rope import builder_rope
+
+    roped, rope_note = builder_rope(new or cfg)
+    if roped is not None:
+        new, note = roped, "; ".join(n for n in (note, rope_note) if n)
     if new is None:
         return src, None
     if dst.exists():

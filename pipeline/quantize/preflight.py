@@ -41,7 +41,7 @@ def source_facts(hf_dir: Path) -> dict[str, Any]:
     the config gives none, the transformers LLaMA default), rope_scaling (dict or None, ``rope_type``
     spelling), norm_epsilon (``rms_norm_eps``), dtype.
     """
-    from ..export.inspect import normalise_rope
+    from ..facts.rope import normalise_rope
 
     where = str(hf_dir / "config.json")
     try:

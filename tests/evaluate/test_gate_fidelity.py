@@ -63,6 +63,23 @@ def test_gate_fails_on_fidelity_thresholds():
     assert v["verdict"] == "pass", v["reason"]
 
 
+def test_a_fidelity_failure_of_a_rope_scaled_checkpoint_names_the_scaling():
+    """Issue 36: an engine that ignores the checkpoint's RoPE scaling fails on fidelity; the report says so."""
+    from pipeline.evaluate.report import rope_note
+    from pipeline.facts.rope import normalise_rope
+
+    base = np.ones(600)
+    stats = {"overall": G.paired_stats(base, base, binary=True, agree=None, confidence=0.95, samples=200, seed=0)}
+    fid = {"positions": 100, "kld": {"mean": 0.2}, "top1": 0.9}
+    rope = normalise_rope({"rope_scaling": {"type": "linear", "factor": 4}})[1]
+    failed = {"gate": G.judge(GateConfig(), "none", stats, {"overall": 1.0}, fid), "target": "onnxruntime_genai", "rope_scaling": rope}
+    note = rope_note(failed)
+    assert note and "rope_scaling type 'linear'" in note and "max_kld/min_top1 failed" in note and "onnxruntime_genai" in note
+    assert rope_note({**failed, "rope_scaling": None}) is None
+    passed = G.judge(GateConfig(max_kld=1.0, min_top1=0.5), "none", stats, {"overall": 1.0}, fid)
+    assert rope_note({**failed, "gate": passed}) is None
+
+
 def test_hf_teacher_forced_logits_equal_an_unpadded_forward(tiny_llama):
     """Batched, right-padded teacher forcing returns, for each sequence, the logits of its own unpadded forward."""
     import torch

@@ -400,12 +400,12 @@ class OnnxRuntimeGenAITarget:
         cmd = self.command(cfg, src.path, engine, work / "cache", precision, extra)
         lg.info("building: %s", " ".join(cmd))
         env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-        from ....facts.families import builder_input  # sliding-window models: tell the builder which layers are windowed
+        from ....facts.families import builder_input  # windowed layers, RoPE defaults the builder needs
 
         builder_src, window_note = builder_input(src.path, work / "builder_input", int(cfg.build.max_seq_len))
         cmd[cmd.index("-i") + 1] = str(builder_src)
         if window_note:
-            lg.info("sliding window: %s (builder input %s)", window_note, builder_src)
+            lg.info("builder config: %s (builder input %s)", window_note, builder_src)
         builder_peak = _run_logged(cmd, logf, "onnxruntime-genai model builder", env=env)
         graph_fix, n_mul, graph = _finish_graph(engine / "model.onnx", logf, conv, rec, lg)
         limits = self.write_limits(cfg, engine)

@@ -16,7 +16,7 @@ def model_problems(cfg: Any) -> list[Any]:
     mc = read_model_config(getattr(cfg.model, "path", None))
     if mc is None:
         return []
-    return _window_problems(cfg, mc) + _head_size_problems(cfg, mc) + _long_rope_problems(cfg, mc)
+    return _window_problems(cfg, mc) + _head_size_problems(cfg, mc)
 
 
 #: onnxruntime's CPU ``GroupQueryAttention`` kernel (the attention op onnxruntime-genai's builder emits) refuses other
@@ -93,38 +93,5 @@ def _window_problems(cfg: Any, mc: dict[str, Any]) -> list[Any]:
             "prompts of different lengths through it wrongly.",
             f"build.max_batch_size=1 (one sequence at a time, matches transformers), or build.max_seq_len<={sw} "
             "(the window then never binds and the engine uses full attention)",
-        )
-    ]
-
-
-def _long_rope_problems(cfg: Any, mc: dict[str, Any]) -> list[Any]:
-    """A Phi-3 whose ``max_position_embeddings`` differs from ``original_max_position_embeddings`` without LongRoPE
-    factors.  onnxruntime-genai's model builder (0.13+, ``models/builder.py``) treats every such Phi-3 as the LongRoPE
-    (128K) model and reads ``rope_scaling``'s ``short_factor``/``long_factor``; without them the build dies with
-    ``KeyError: 'multi_cache'`` after export and quantize ran (fresh-user trial: 512 vs transformers' default 4096)."""
-    from ....core.config.common import Problem
-
-    if (mc.get("architectures") or [None])[0] != "Phi3ForCausalLM":
-        return []
-    orig = mc.get("original_max_position_embeddings")
-    if orig is None:
-        from transformers.models.phi3.configuration_phi3 import Phi3Config  # no torch: the config class only
-
-        orig = Phi3Config().original_max_position_embeddings
-    mpe = mc.get("max_position_embeddings")
-    rope = mc.get("rope_scaling") or mc.get("rope_parameters") or {}
-    long_rope = isinstance(rope, dict) and (rope.get("rope_type") or rope.get("type")) == "longrope"
-    if mpe is None or int(mpe) == int(orig) or long_rope:
-        return []
-    return [
-        Problem(
-            "model.path",
-            cfg.model.path,
-            f"Phi-3 config.json has max_position_embeddings={mpe} but original_max_position_embeddings={orig}"
-            f"{'' if 'original_max_position_embeddings' in mc else ' (the transformers default)'} and no LongRoPE "
-            f"rope_scaling: onnxruntime-genai's builder takes every Phi-3 whose two lengths differ for the LongRoPE model "
-            f"and fails without its short_factor/long_factor.",
-            f"set original_max_position_embeddings={mpe} in config.json (a model without long-context scaling), or add "
-            f"rope_scaling {{type: longrope, short_factor, long_factor}}; or use target=tensorrt_llm",
         )
     ]
