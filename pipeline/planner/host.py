@@ -161,7 +161,7 @@ def calibration_placement(
         budget = int(free * DEVICE_BUDGET_FRACTION)
         why = f"{DEVICE_BUDGET_FRACTION:.0%} of the {free / gib:.1f} GiB free on {dev}"
     if model_bytes <= budget:
-        return CalibrationPlacement("none", int(model_bytes), 0, 0, False, f"the model ({model_bytes / gib:.1f} GiB) fits {why}: whole")
+        return CalibrationPlacement("none", budget, 0, 0, False, f"the model ({model_bytes / gib:.1f} GiB) fits {why}: whole")
     rest = int(model_bytes) - budget
     host_room: int | None = None
     if on_gpu:

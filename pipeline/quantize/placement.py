@@ -8,9 +8,9 @@ Decisions (each recorded in the quant report under ``placement``):
   loads in the checkpoint's dtype, ``examples/llm_ptq/hf_ptq.py``); on the CPU float32, because torch's CPU kernels
   for 16-bit GEMMs are slow on most hosts and the shipped gate results were measured with a float32 calibration.
 * **placement**: the model's bytes in that dtype (parameter count x element size; the count from the export's
-  ``model_info.json``, else its safetensors headers) against the device's budget: free memory
-  (``torch.cuda.mem_get_info`` / ``MemAvailable`` of /proc/meminfo) less :data:`RESERVE_FRACTION` for activations,
-  or ``calibration.max_device_memory_gb`` when set. A model within budget is loaded whole onto the device; a larger
+  ``model_info.json``, else its safetensors headers) against the device's budget (the planner's rule,
+  :func:`pipeline.planner.host.calibration_placement`: a share of the free memory, ``torch.cuda.mem_get_info`` /
+  ``MemAvailable`` of /proc/meminfo, or ``calibration.max_device_memory_gb`` when set). A model within budget is loaded whole onto the device; a larger
   one is loaded with an accelerate ``device_map`` that keeps what fits on the device and offloads the remaining
   decoder layers (to host memory from a GPU, to disk from the CPU), and ModelOpt calibrates it layer by layer
   (``algorithm.layerwise.enable``, modelopt/torch/quantization/model_calib.py ``layerwise_calibrate``, 0.47): each
@@ -26,9 +26,6 @@ from typing import Any
 
 from ..core.errors import InputError
 from ..planner.host import AUTO_BATCH_MAX_CPU, compute_dtype
-
-#: Share of the device's free memory kept for activations, the calibration batch and ModelOpt's statistics.
-RESERVE_FRACTION = 0.2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,13 +101,13 @@ def plan_placement(
     free: int | None = None,
     device: str | None = None,
     host_free: int | None = None,
+    disk_free: int | None = None,
 ) -> Placement:
-    """Decide device, dtype, offload and layerwise calibration for a model of ``num_parameters`` weights.
-
-    A model within the device budget loads whole. A larger one keeps what fits on the device; from a GPU the remaining
-    layers wait in host memory up to the host budget (``calibration.max_host_memory_gb``, default
-    :data:`RESERVE_FRACTION` off the host's available memory) and on disk beyond it (``offload="disk"``); from the CPU
-    they wait on disk.
+    """Decide device, dtype, offload and layerwise calibration for a model of ``num_parameters`` weights, by the
+    planner's rule (:func:`pipeline.planner.host.calibration_placement`: the plan shows the same decision before any
+    work). A model within the device budget loads whole; a larger one keeps what fits on the device, and from a GPU
+    the remaining layers wait in host memory up to ``calibration.max_host_memory_gb`` (default: the available memory
+    less a reserve) and on disk beyond it; from the CPU they wait on disk.
 
     Args:
         cal: the ``calibration`` config (``device``, ``layerwise``, ``max_device_memory_gb``, ``max_host_memory_gb``).
@@ -118,60 +115,52 @@ def plan_placement(
         checkpoint_dtype: the export checkpoint's dtype.
         free: the device's free bytes (default: measured now, :func:`free_bytes`).
         device: the resolved device (default: :func:`resolve_device` of ``cal.device``).
-        host_free: the host's available bytes (default: measured now), for the host budget of offloaded layers.
+        host_free: the host's available bytes (default: measured now).
+        disk_free: free bytes where offloaded layers are written (None: not checked).
     Raises:
         InputError: an unknown device; ``calibration.layerwise=false`` for a model beyond the budget.
+        PreflightError: neither the device, the host nor the disk can hold the model (exit 4).
     """
-    dev = device or resolve_device(cal.device)
-    dtype = compute_dtype(dev, checkpoint_dtype)
+    from ..core.errors import PreflightError
+    from ..planner.host import HOST_RESERVE_BYTES, calibration_placement
     from ..planner.plan import DTYPE_BYTES
 
+    dev = device or resolve_device(cal.device)
+    dtype = compute_dtype(dev, checkpoint_dtype)
+    on_gpu = dev.startswith("cuda")
     model_bytes = int(num_parameters) * DTYPE_BYTES[dtype]
-    cap = getattr(cal, "max_device_memory_gb", None)
-    if cap is not None:
-        budget, why = int(float(cap) * 1e9), f"calibration.max_device_memory_gb={cap}"
+    cap, host_cap = getattr(cal, "max_device_memory_gb", None), getattr(cal, "max_host_memory_gb", None)
+    gpu_free: int | None = None  # None: the device is the CPU (calibration_placement's convention)
+    if on_gpu:
+        gpu_free = int(free) if free is not None else (free_bytes(dev) if cap is None else 0)
+        hostf: int | None = host_free if host_free is not None else free_bytes("cpu")
     else:
-        avail = free_bytes(dev) if free is None else int(free)
-        budget, why = int(avail * (1 - RESERVE_FRACTION)), f"{(1 - RESERVE_FRACTION):.0%} of the {avail / 1e9:.1f} GB free on {dev}"
-    fits = model_bytes <= budget
+        hostf = int(free) if free is not None else (host_free if host_free is not None else free_bytes("cpu"))
+    cp = calibration_placement(
+        model_bytes,
+        gpu_free,
+        hostf,
+        max_device_bytes=int(float(cap) * 1e9) if cap is not None else None,
+        max_host_bytes=int(float(host_cap) * 1e9) if host_cap is not None else None,
+        disk_free_bytes=disk_free,
+    )
+    fits = cp.offload == "none"
     want = str(getattr(cal, "layerwise", "auto")).lower()
     if not fits and want == "false":
         raise InputError(
-            f"calibration.layerwise=false: the model's {model_bytes / 1e9:.2f} GB in {dtype} exceed the {budget / 1e9:.2f} GB "
-            f"budget ({why}). Fix: calibration.layerwise=auto (onload one layer at a time), a larger "
-            "calibration.max_device_memory_gb, or a device with more memory."
+            f"calibration.layerwise=false: {cp.reason}. Fix: calibration.layerwise=auto (onload one layer at a time), a "
+            "larger calibration.max_device_memory_gb, or a device with more memory."
         )
-    host_budget, host_why = _host_budget(cal, host_free)
-    offload = "none"
-    if not fits:
-        offload = "cpu" if dev.startswith("cuda") and model_bytes - budget <= host_budget else "disk"
+    if cp.refused:
+        raise PreflightError(f"quantize: {cp.reason}. Fix: free disk space under store_dir, a host with more memory, or a larger GPU.")
+    host_budget = 0
+    if on_gpu and not fits:
+        host_budget = int(float(host_cap) * 1e9) if host_cap is not None else max(0, int(hostf or 0) - HOST_RESERVE_BYTES)
     layerwise = (not fits) or want == "true"
-    if fits:
-        reason = f"the model ({model_bytes / 1e9:.2f} GB in {dtype}) fits {why}: loaded whole on {dev}"
-    elif offload == "cpu":
-        reason = (
-            f"the model ({model_bytes / 1e9:.2f} GB in {dtype}) exceeds {why}: the {(model_bytes - budget) / 1e9:.2f} GB of "
-            f"layers beyond it wait in host memory ({host_why}) and are onloaded one at a time (layer-by-layer calibration)"
-        )
-    else:
-        beyond = "the host budget too (" + host_why + ")" if dev.startswith("cuda") else "a CPU device (no other memory tier)"
-        reason = (
-            f"the model ({model_bytes / 1e9:.2f} GB in {dtype}) exceeds {why} and {beyond}: the layers beyond it wait on "
-            f"disk and are onloaded one at a time (layer-by-layer calibration)"
-        )
-    if layerwise and fits:
-        reason += "; calibration.layerwise=true: calibrated layer by layer"
-    return Placement(dev, dtype, model_bytes, budget, offload, layerwise, reason, host_budget if dev.startswith("cuda") else 0)
-
-
-def _host_budget(cal: Any, host_free: int | None) -> tuple[int, str]:
-    """Host bytes the offloaded layers may take, and why: ``calibration.max_host_memory_gb``, else
-    ``1 - RESERVE_FRACTION`` of the available memory (``host_free``, default measured now)."""
-    cap = getattr(cal, "max_host_memory_gb", None)
-    if cap is not None:
-        return int(float(cap) * 1e9), f"calibration.max_host_memory_gb={cap}"
-    avail = free_bytes("cpu") if host_free is None else int(host_free)
-    return int(avail * (1 - RESERVE_FRACTION)), f"{(1 - RESERVE_FRACTION):.0%} of the {avail / 1e9:.1f} GB available on the host"
+    reason = f"{cp.reason} (on {dev} in {dtype})" + (
+        "; calibration.layerwise=true: calibrated layer by layer" if layerwise and fits else ""
+    )
+    return Placement(dev, dtype, model_bytes, cp.budget_bytes, cp.offload, layerwise, reason, host_budget)
 
 
 def load_for_calibration(hf: Path, placement: Placement, offload_dir: Path) -> Any:

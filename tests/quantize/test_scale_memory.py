@@ -108,7 +108,7 @@ def test_placement_onloads_layers_when_the_model_does_not_fit():
 
     gpu = plan_placement(_Cal(), 8_000_000_000, "bfloat16", free=10 * 10**9, device="cuda:0")
     assert (gpu.dtype, gpu.offload, gpu.layerwise) == ("bfloat16", "cpu", True)  # 16 GB of bf16 > 8 GB budget
-    assert "onloaded one at a time" in gpu.reason
+    assert "onloaded one layer at a time" in gpu.reason
     assert plan_placement(_Cal(), 10**6, "float32", free=10**9, device="cuda:0").dtype == "bfloat16"  # fp32 ckpt: bf16 on GPU
     cpu = plan_placement(_Cal(cap=0.001), 1_000_000, "float32", device="cpu")
     assert (cpu.offload, cpu.layerwise) == ("disk", True)
