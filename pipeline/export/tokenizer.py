@@ -167,8 +167,8 @@ def check_tokenizer(src: Path, tok: Any) -> TokenizerPlan:
         )
     record["followed"] = type(tok).__name__
     warnings.append(
-        f"{src / 'tokenizer.json'} tokenizes differently from transformers' AutoTokenizer ({type(tok).__name__}, chosen "
-        f"by config.json's model_type) in {len(first['mismatched'])} of {first['compared']} probes, e.g. "
+        f"{src / 'tokenizer.json'} tokenizes differently from transformers' AutoTokenizer ({type(tok).__name__}, the "
+        f"class transformers picks for this checkpoint) in {len(first['mismatched'])} of {first['compared']} probes, e.g. "
         f"{_first_difference(first['mismatched'][0])}; hf/tokenizer.json is written from the tokenizer transformers "
         f"builds, so every stage tokenizes as transformers does (model_info.json tokenizer_parity)"
     )
