@@ -611,8 +611,9 @@ def codec_of(tokenizer: Any) -> TextCodec:
         return c
     src = getattr(tokenizer, "name_or_path", None)
     if src and (Path(str(src)) / "tokenizer.json").is_file():
-        # the files, not transformers' in-memory rebuild: transformers 5 rebuilds some tokenizers (e.g. LlamaTokenizer
-        # with ``legacy: false``) with a different pre-tokenizer than tokenizer.json, which serving reads
+        # the files, which serving reads: export writes transformers' own tokenizer as hf/tokenizer.json wherever
+        # transformers 5 rebuilds it differently (Qwen2Tokenizer, LlamaTokenizer ``legacy: false``), so they agree
+        # (pipeline/export/tokenizer.py)
         c = TextCodec.from_dir(str(src))
         try:
             tokenizer._pipeline_text_codec = c
