@@ -540,8 +540,10 @@ def _architecture(cfg: dict[str, Any], cfg_path: Path) -> tuple[str, str]:
     return arch, model_type
 
 
-def _index_shards(index_path: Path, what: str, src: Path, allow_external_files: bool, missing_fix: str) -> tuple[dict[str, str], list[str]]:
-    """``(weight_map, shard files)`` of a weight index; every shard confined to ``src`` and present."""
+def _index_shards(
+    index_path: Path, what: str, src: Path, allow_external_files: bool, missing_fix: str, check_missing: bool = True
+) -> tuple[dict[str, str], list[str]]:
+    """``(weight_map, shard files)`` of a weight index; every shard confined to ``src`` and (``check_missing``) present."""
     index = _read_json(index_path, what)
     wmap = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(wmap, dict) or not wmap:
@@ -556,7 +558,7 @@ def _index_shards(index_path: Path, what: str, src: Path, allow_external_files: 
         confine(src, f, f"{index_path}: weight_map[{tname!r}]", allow_external=allow_external_files)
     files = sorted(set(wmap.values()))
     missing = [f for f in files if not (src / f).is_file()]
-    if missing:
+    if missing and check_missing:
         raise InputError(f"{index_path}: lists shard(s) {missing} that are not in {src}. Fix: {missing_fix}.")
     return wmap, files
 
@@ -579,12 +581,15 @@ def _find_weights(facts: CheckpointFacts, *, allow_pickle: bool, allow_external_
     index_path = src / "model.safetensors.index.json"
     single = src / "model.safetensors"
     if index_path.exists() and single.exists():
-        raise InputError(
-            f"{src}: holds both model.safetensors and model.safetensors.index.json; transformers' from_pretrained loads "
-            f"model.safetensors and ignores the index and its shards, so which weights are meant is ambiguous. Fix: "
-            f"delete the stale one: model.safetensors if the indexed shards are the weights, or "
-            f"model.safetensors.index.json and its shards if model.safetensors is."
-        )
+        # an index whose only shard is model.safetensors itself names the file transformers loads: not ambiguous
+        _, files = _index_shards(index_path, "safetensors index", src, allow_external_files, "", check_missing=False)
+        if {(src / f).resolve() for f in files} != {single.resolve()}:
+            raise InputError(
+                f"{src}: holds both model.safetensors and model.safetensors.index.json; transformers' from_pretrained "
+                f"loads model.safetensors and ignores the index and its shards, so which weights are meant is ambiguous. "
+                f"Fix: delete the stale one: model.safetensors if the indexed shards are the weights, or "
+                f"model.safetensors.index.json and its shards if model.safetensors is."
+            )
     if index_path.exists():
         wmap, files = _index_shards(index_path, "safetensors index", src, allow_external_files, "download the missing shards")
         _read_headers(facts, src, files)

@@ -148,6 +148,13 @@ def check_tokenizer(src: Path, tok: Any) -> TokenizerPlan:
     record: dict[str, Any] = {"probes": first["compared"], "source_mismatches": len(first["mismatched"]), "followed": None}
     if not first["mismatched"]:
         return TokenizerPlan(record, warnings, None)
+    if getattr(tok, "backend_tokenizer", None) is None:
+        raise InputError(
+            f"{src / 'tokenizer.json'}: tokenizes differently from transformers' {type(tok).__name__} in "
+            f"{len(first['mismatched'])} of {first['compared']} probes ({_first_difference(first['mismatched'][0])}), and "
+            f"that tokenizer has no tokenizers backend to follow. Fix: use a standard fast tokenizer (tokenizer.json) "
+            f"saved by transformers (AutoTokenizer.from_pretrained(...).save_pretrained(...))."
+        )
     backend = Tokenizer.from_str(tok.backend_tokenizer.to_str())
     backend.no_padding()
     backend.no_truncation()
