@@ -132,6 +132,34 @@ def _plain(v: Any) -> Any:
     return str(v)
 
 
+def chat_template_of(tokenizer_dir: str | os.PathLike, config: dict | None = None) -> tuple[str | None, str | None]:
+    """``(template, overridden)``: the default chat template transformers uses for this folder, and, when
+    ``tokenizer_config.json`` holds a *different* one that is therefore ignored, that one (else ``None``).
+
+    transformers 5 (``tokenization_utils_base.PreTrainedTokenizerBase._from_pretrained``): "If independent chat
+    template file(s) exist, they take priority over template entries in the tokenizer config", so
+    ``chat_template.jinja`` wins over ``tokenizer_config.json``'s ``chat_template`` (a string, or a list of named
+    templates whose ``default`` is used).  ``config``: the parsed ``tokenizer_config.json`` (read when ``None``).
+    """
+    d = Path(tokenizer_dir)
+    if config is None:
+        p = d / "tokenizer_config.json"
+        try:
+            config = json.loads(p.read_text(encoding="utf-8")) if p.is_file() else {}
+        except (OSError, ValueError) as e:
+            raise TokenizationError(f"{p}: not readable JSON ({e}). Fix: restore the file from the checkpoint.") from e
+    in_config = config.get("chat_template") if isinstance(config, dict) else None
+    if isinstance(in_config, list):  # named templates: [{"name": "default", "template": "..."}, ...]
+        named = {t.get("name"): t.get("template") for t in in_config if isinstance(t, dict)}
+        in_config = named.get("default")
+    in_config = in_config if isinstance(in_config, str) and in_config else None
+    jinja = d / "chat_template.jinja"
+    if jinja.is_file():
+        text = jinja.read_text(encoding="utf-8")
+        return text, (in_config if in_config is not None and in_config != text else None)
+    return in_config, None
+
+
 class TextCodec:
     """Prompt rendering, encoding and (streaming) decoding for one checkpoint's tokenizer.
 
@@ -181,8 +209,8 @@ class TextCodec:
     @classmethod
     def from_dir(cls, tokenizer_dir: str | os.PathLike) -> TextCodec:
         """Load ``tokenizer.json`` (required), ``tokenizer_config.json``, ``special_tokens_map.json`` and the chat
-        template (``tokenizer_config.json``'s ``chat_template``, else ``chat_template.jinja``, else
-        ``chat_template.json``) from ``tokenizer_dir``.
+        template (:func:`chat_template_of`: ``chat_template.jinja``, else ``tokenizer_config.json``'s
+        ``chat_template``, as transformers; else ``chat_template.json``) from ``tokenizer_dir``.
 
         Raises:
             TokenizationError: no ``tokenizer.json`` (a slow-only tokenizer) or an unreadable JSON file.
@@ -215,12 +243,7 @@ class TextCodec:
 
         config = read("tokenizer_config.json")
         stmap = read("special_tokens_map.json")
-        template = config.get("chat_template")
-        if isinstance(template, list):  # named templates: [{"name": "default", "template": "..."}, ...]
-            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
-            template = named.get("default")
-        if not template and (d / "chat_template.jinja").is_file():
-            template = (d / "chat_template.jinja").read_text(encoding="utf-8")
+        template, _ = chat_template_of(d, config)
         if not template and (d / "chat_template.json").is_file():
             template = read("chat_template.json").get("chat_template")
         return cls(tok, config, template if isinstance(template, str) else None, stmap)
@@ -588,8 +611,9 @@ def codec_of(tokenizer: Any) -> TextCodec:
         return c
     src = getattr(tokenizer, "name_or_path", None)
     if src and (Path(str(src)) / "tokenizer.json").is_file():
-        # the files, not transformers' in-memory rebuild: transformers 5 rebuilds some tokenizers (e.g. LlamaTokenizer
-        # with ``legacy: false``) with a different pre-tokenizer than tokenizer.json, which serving reads
+        # the files, which serving reads: export writes transformers' own tokenizer as hf/tokenizer.json wherever
+        # transformers 5 rebuilds it differently (Qwen2Tokenizer, LlamaTokenizer ``legacy: false``), so they agree
+        # (pipeline/export/tokenizer.py)
         c = TextCodec.from_dir(str(src))
         try:
             tokenizer._pipeline_text_codec = c

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -488,8 +489,10 @@ def _architecture(cfg: dict[str, Any], cfg_path: Path) -> tuple[str, str]:
     return arch, model_type
 
 
-def _index_shards(index_path: Path, what: str, src: Path, allow_external_files: bool, missing_fix: str) -> tuple[dict[str, str], list[str]]:
-    """``(weight_map, shard files)`` of a weight index; every shard confined to ``src`` and present."""
+def _index_shards(
+    index_path: Path, what: str, src: Path, allow_external_files: bool, missing_fix: str, check_missing: bool = True
+) -> tuple[dict[str, str], list[str]]:
+    """``(weight_map, shard files)`` of a weight index; every shard confined to ``src`` and (``check_missing``) present."""
     index = _read_json(index_path, what)
     wmap = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(wmap, dict) or not wmap:
@@ -504,17 +507,38 @@ def _index_shards(index_path: Path, what: str, src: Path, allow_external_files: 
         confine(src, f, f"{index_path}: weight_map[{tname!r}]", allow_external=allow_external_files)
     files = sorted(set(wmap.values()))
     missing = [f for f in files if not (src / f).is_file()]
-    if missing:
+    if missing and check_missing:
         raise InputError(f"{index_path}: lists shard(s) {missing} that are not in {src}. Fix: {missing_fix}.")
     return wmap, files
 
 
+#: ``model-00001-of-00003.safetensors``: the shard names ``save_pretrained`` writes (transformers/utils/hub.py).
+_SHARD_NAME = re.compile(r"^(?P<stem>.+)-(?P<i>\d+)-of-(?P<n>\d+)\.safetensors$")
+
+
 def _find_weights(facts: CheckpointFacts, *, allow_pickle: bool, allow_external_files: bool) -> None:
-    """Fill ``facts``' weight files and (safetensors) tensor headers: an index + shards, ``model.safetensors``,
-    other ``*.safetensors``, else pickled weights (:func:`_pickle_weights`)."""
+    """Fill ``facts``' weight files and (safetensors) tensor headers with exactly the files transformers'
+    ``from_pretrained`` loads, else refuse.
+
+    transformers 5 (``modeling_utils._get_resolved_checkpoint_files``, local folder, ``use_safetensors=True``) takes
+    ``model.safetensors`` if it exists, else ``model.safetensors.index.json`` and its shards, and refuses a folder with
+    neither (other ``*.safetensors`` names are never read). So: both ``model.safetensors`` and an index is ambiguous (a
+    stale file would win silently) and refused; shards without their index are refused naming the missing shards;
+    no safetensors at all falls back to pickled weights (:func:`_pickle_weights`).
+    """
     src = facts.path
     index_path = src / "model.safetensors.index.json"
     single = src / "model.safetensors"
+    if index_path.exists() and single.exists():
+        # an index whose only shard is model.safetensors itself names the file transformers loads: not ambiguous
+        _, files = _index_shards(index_path, "safetensors index", src, allow_external_files, "", check_missing=False)
+        if {(src / f).resolve() for f in files} != {single.resolve()}:
+            raise InputError(
+                f"{src}: holds both model.safetensors and model.safetensors.index.json; transformers' from_pretrained "
+                f"loads model.safetensors and ignores the index and its shards, so which weights are meant is ambiguous. "
+                f"Fix: delete the stale one: model.safetensors if the indexed shards are the weights, or "
+                f"model.safetensors.index.json and its shards if model.safetensors is."
+            )
     if index_path.exists():
         wmap, files = _index_shards(index_path, "safetensors index", src, allow_external_files, "download the missing shards")
         _read_headers(facts, src, files)
@@ -532,10 +556,26 @@ def _find_weights(facts: CheckpointFacts, *, allow_pickle: bool, allow_external_
     else:
         others = sorted(p.name for p in src.glob("*.safetensors"))
         if others:
-            _read_headers(facts, src, others)
-        else:
-            facts.weight_format = "pickle"
-            facts.weight_files = _pickle_weights(src, allow_pickle, allow_external_files)
+            raise InputError(_unindexed_shards(src, others))
+        facts.weight_format = "pickle"
+        facts.weight_files = _pickle_weights(src, allow_pickle, allow_external_files)
+
+
+def _unindexed_shards(src: Path, names: list[str]) -> str:
+    """The refusal for ``*.safetensors`` files without ``model.safetensors`` or an index: names the shards missing
+    from their ``-NNNNN-of-MMMMM`` series, if any, and the fix."""
+    missing: list[str] = []
+    for m in filter(None, (_SHARD_NAME.match(n) for n in names)):
+        width, n = len(m["i"]), int(m["n"])
+        missing += [f"{m['stem']}-{i:0{width}d}-of-{m['n']}.safetensors" for i in range(1, n + 1)]
+    missing = sorted(set(missing) - set(names))
+    gap = f" Shard(s) missing from the series: {missing}." if missing else ""
+    return (
+        f"{src}: weights {names} but no model.safetensors and no model.safetensors.index.json; transformers' "
+        f"from_pretrained reads only those two names, so it cannot load these files.{gap} Fix: restore "
+        f"model.safetensors.index.json{' and the missing shard(s)' if missing else ''} from the source checkpoint "
+        f"(or re-save the model with save_pretrained)."
+    )
 
 
 def _pickle_weights(src: Path, allow_pickle: bool, allow_external_files: bool) -> list[str]:

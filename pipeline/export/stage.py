@@ -141,7 +141,7 @@ STAGE = Stage(
     config_groups=("model",),
     libraries=("transformers", "safetensors", "tokenizers", "torch"),
     run=_run,
-    version="3",  # 3: decoding.json (issue 24)
+    version="4",  # 3: decoding.json (issue 24); 4: tokenizer follows transformers, tokenizer_parity (issue 36)
     external_inputs=_checkpoint,
     dry_run=_dry_run,
 )

@@ -18,7 +18,8 @@ Checks here (each raises :class:`pipeline.core.errors.InputError` naming the fil
   no pad id anywhere: the first eos id is used and ``pad_token_derived`` is recorded;
 * the requested dtype can hold every weight (:func:`check_weights_castable`);
 * after loading: no tensor the model needs may be missing from the checkpoint; the written files are re-read and
-  compared.
+  compared;
+* the written tokenizer tokenizes as transformers' ``AutoTokenizer`` (:mod:`pipeline.export.tokenizer`).
 
 Pickled weights (``model.allow_pickle=true``) are read with ``torch.load(weights_only=True)``.  No function here imports
 torch or transformers at module import time.
@@ -58,6 +59,7 @@ from .inspect import (
     check_tensor_shapes,
     inspect_checkpoint,
 )
+from .tokenizer import check_tokenizer
 
 log = logging.getLogger("pipeline.export.write")
 
@@ -157,6 +159,8 @@ def export_checkpoint(
         # 2. tokenizer, special-token ids
         tok = _load_tokenizer(src, vocab, trust_remote_code)
         ids = _special_ids(src, facts, tok, vocab)
+        tok_plan = check_tokenizer(src, tok)
+        facts.warnings.extend(tok_plan.warnings)
         advance(1)
 
         # 3. transformers config (defaults filled in), cross-checked against the raw file
@@ -176,11 +180,12 @@ def export_checkpoint(
         # 5. write hf/
         hf_dir = ExportArtifact(out).hf_dir
         _write_hf(src, hf_dir, model, tok, hf_cfg, ids, dtype, rope_theta, facts.rope_scaling)
+        tok_plan.write(hf_dir)
         advance(1)
 
         # 6. verify what was written (headers + config round trip), then model_info.json
         _verify_written(hf_dir, model, dtype, facts.rope_scaling, hf_cfg)
-        info = _model_info(src, facts, model, hf_cfg, tok, ids, dtype, rope_theta)
+        info = {**_model_info(src, facts, model, hf_cfg, tok, ids, dtype, rope_theta), "tokenizer_parity": tok_plan.record}
         from ..core.store import write_json_atomic
 
         write_json_atomic(ExportArtifact(out).model_info_path, info)

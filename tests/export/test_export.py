@@ -95,7 +95,10 @@ def test_each_architecture_exports_with_identical_logits(arch, base, tmp_path):
 
     assert written["files"]["tokenizer.json"] == hashlib.sha256((src / "tokenizer.json").read_bytes()).hexdigest()
     assert info["num_parameters"] == written["num_parameters"] > 0
-    assert (hf / "tokenizer.json").read_bytes() == (src / "tokenizer.json").read_bytes()
+    # Qwen2: transformers' Qwen2Tokenizer replaces this byte-level tokenizer's pre-tokenizer (tests/export/test_one_reading.py)
+    assert (written["tokenizer_parity"]["followed"] is not None) == (arch == "qwen2")
+    if arch != "qwen2":
+        assert (hf / "tokenizer.json").read_bytes() == (src / "tokenizer.json").read_bytes()
     assert_same_logits(src, hf)
 
 
