@@ -6,6 +6,7 @@ import dataclasses
 import json
 import logging
 import os
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -259,8 +260,6 @@ class _RunState:
 def _console() -> Console:
     """The run's console. No emoji codes (user text such as a slice named ``a`` would read ``:a:`` as one); when
     stdout is not a terminal (CI logs) and ``COLUMNS`` is unset, 160 columns so tables are not cut at Rich's 80."""
-    import sys
-
     wide = not sys.stdout.isatty() and not os.environ.get("COLUMNS")
     return Console(stderr=False, emoji=False, width=160 if wide else None)
 
@@ -659,7 +658,8 @@ def _mark_failed(reports: list[StageReport], cfg: PipelineConfig, error: str, st
 
 
 def print_summary(summary: RunSummary, console: Console) -> None:
-    """The run's table on ``console`` (a record like the summary: model name, paths and headlines are redacted)."""
+    """The run's table on ``console`` (a record like the summary: model name, paths and headlines are redacted); the
+    ``error (exit N): ...`` line of a failed run goes to stderr (none when ``console`` is quiet)."""
     m = summary.model
     title = "pipeline run"
     if m:
@@ -675,8 +675,10 @@ def print_summary(summary: RunSummary, console: Console) -> None:
     console.print(t)
     if summary.gate:
         print_gate(summary.gate, console)
-    if summary.error:
-        console.print(f"[bold red]error (exit {summary.exit_code}):[/] {escape(summary.error)}")
+    if summary.error:  # on stderr, unwrapped, as every other error line of the CLI (stdout keeps the summary)
+        if not console.quiet:
+            console.file.flush()
+            print(f"error (exit {summary.exit_code}): {summary.error}", file=sys.stderr, flush=True)
     else:
         console.print(f"[bold green]ok[/] in {summary.total_s:.1f} s")
 

@@ -39,15 +39,26 @@ class LimitError(ValueError):
         self.param = param
 
 
+def _params(ensemble_config: dict[str, Any] | None) -> dict[str, str]:
+    return {k: (v or {}).get("string_value", "") for k, v in ((ensemble_config or {}).get("parameters") or {}).items()}
+
+
+def served_max_input_len(ensemble_config: dict[str, Any] | None, manifest: dict[str, Any]) -> int:
+    """The longest prompt (tokens) the served engine takes: the ensemble config's ``max_input_len`` parameter (what
+    the served model refuses above, ``genai_requests.py``), else the release manifest's ``build.limits``; 0 unknown."""
+    limits = (manifest.get("build") or {}).get("limits") or {}
+    return int(_params(ensemble_config).get("max_input_len") or limits.get("max_input_len") or 0)
+
+
 def served_prompt_limit(ensemble_config: dict[str, Any] | None, manifest: dict[str, Any], tokenizer: Any) -> int:
     # tokenizer: the served ``tokenizers.Tokenizer`` (``TextCodec.tokenizer``)
     """The per-prompt byte limit of the served deployment: the ensemble config's ``max_prompt_bytes`` parameter when
-    set, else derived from its ``max_input_len`` parameter (else the release manifest's ``build.limits``) and the
+    set, else derived from :func:`served_max_input_len` (else the release manifest's ``max_seq_len``) and the
     served tokenizer's longest token (:func:`pipeline.core.tokenization.prompt_byte_limit`)."""
-    params = {k: (v or {}).get("string_value", "") for k, v in ((ensemble_config or {}).get("parameters") or {}).items()}
     limits = (manifest.get("build") or {}).get("limits") or {}
-    max_input_len = int(params.get("max_input_len") or limits.get("max_input_len") or limits.get("max_seq_len") or 0)
-    return prompt_byte_limit(max_input_len, max_token_bytes(tokenizer), int(params.get("max_prompt_bytes") or 0) or None)
+    max_input_len = served_max_input_len(ensemble_config, manifest) or int(limits.get("max_seq_len") or 0)
+    configured = int(_params(ensemble_config).get("max_prompt_bytes") or 0) or None
+    return prompt_byte_limit(max_input_len, max_token_bytes(tokenizer), configured)
 
 
 def body_limit(prompt_limit: int) -> int:

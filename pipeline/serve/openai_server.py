@@ -40,7 +40,9 @@ gives (streamed: held back until the last response, ``pipeline.core.tokenization
 before ``sequence_length`` was an ensemble output falls back to re-encoding the text.
 
 Refused with an OpenAI-style error (HTTP 400, ``{"error": {"message", "type", "param", "code"}}``) naming the
-field: ``logprobs``/``top_logprobs`` (no log probabilities on this endpoint), ``echo``, ``suffix``, ``best_of`` other
+field: ``logprobs``/``top_logprobs`` (every value OpenAI answers with log probabilities: completions ``logprobs``
+0-5, chat ``logprobs: true`` or any ``top_logprobs``; the served ``ensemble`` computes the sampled tokens' log probs,
+``output_log_probs``, but returns no token ids to name the tokens, and no top-k alternatives), ``echo``, ``suffix``, ``best_of`` other
 than ``n``, a non-empty ``logit_bias``, ``tools``/``functions``/``response_format`` other than text, an unknown
 ``model``, values out of range.  Unknown fields are refused too (never silently ignored); ``user`` is accepted as
 the caller's metadata and only logged.
@@ -61,7 +63,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..core.errors import InputError, PipelineError
-from .limits import LimitError, body_limit, check_prompts, read_json_body, served_prompt_limit
+from .limits import LimitError, body_limit, check_prompts, read_json_body, served_max_input_len, served_prompt_limit
 
 if TYPE_CHECKING:  # starlette is imported when the app is built (the serving extra)
     from starlette.requests import Request
@@ -204,9 +206,16 @@ def parse_common(body: dict[str, Any], kind: str, defaults: dict[str, Any] | Non
             f"(and accepts {sorted(_KNOWN[kind] & _DEFAULT_ONLY)} only unset or in their default form). Fix: remove them.",
             unknown[0],
         )
-    for name in ("logprobs", "top_logprobs"):
-        if body.get(name) not in (None, False, 0):
-            raise APIError(f"{name}={body[name]!r}: log probabilities are not returned by this endpoint. Fix: remove {name}.", name)
+    # every value OpenAI answers with log probabilities is refused (completions: any integer, 0 included; chat:
+    # logprobs=true, any top_logprobs): the served ensemble returns no token ids to label them with (module docstring)
+    off = (None,) if kind == "completions" else (None, False)
+    for name, allowed in (("logprobs", off), ("top_logprobs", (None,))):
+        if name in body and body[name] not in allowed:
+            raise APIError(
+                f"{name}={json.dumps(body[name])}: this endpoint returns no log probabilities (the deployment's text "
+                f"interface carries no token ids to label them with). Fix: remove {name}.",
+                name,
+            )
     if body.get("logit_bias"):
         raise APIError("logit_bias is not supported by this deployment. Fix: remove it.", "logit_bias")
     n = _int(body, "n", 1, 1, MAX_N)
@@ -351,11 +360,20 @@ class Frontend:
         finally:
             probe.close()
         self.prompt_limit = served_prompt_limit(ens_cfg, man, self.codec.tokenizer)  # request limits (serving/limits.py)
+        self.max_input_len = served_max_input_len(ens_cfg, man)  # the longest prompt the engine takes (0: unknown)
         self._local = threading.local()
         self._clients: list[Any] = []
         self._lock = threading.Lock()
         self.unhealthy: str | None = None
         """Set by ``pipeline serve`` when the engine's backend process died: /health and every request answer 503."""
+        self.watch: Any = None
+        """``TritonServer.failure`` of the server behind ``grpc_url`` when this process started it (:class:`OpenAIServer`)."""
+
+    def down(self) -> str | None:
+        """Why every request would fail now, or None: the one condition of ``/health`` and of each request (checked
+        before it is sent): :attr:`unhealthy`, else the served server's ``failure()`` (a dead engine process is seen
+        at once, not at ``pipeline serve``'s next look)."""
+        return self.unhealthy or (self.watch() if self.watch is not None else None)
 
     def not_ready(self) -> str | None:
         """Why the deployment cannot answer (Triton unreachable, server or ``ensemble`` not ready), or None."""
@@ -446,21 +464,41 @@ class Frontend:
         ``max_seq_len`` leaves after the prompt (release manifest ``build.limits``) when ``max_tokens`` is omitted.
 
         Raises:
-            APIError: 400 naming ``max_tokens`` when an explicit ``max_tokens`` exceeds that room (vLLM refuses it the
-                same way, ``serving_engine.py`` "maximum context length"), or the prompt leaves no room.
+            APIError: 400 naming the prompt (``prompt`` or ``messages``), its token count and the limit, when the
+                prompt alone is too long: over the engine's ``max_input_len`` (the served model refuses it, whatever
+                ``max_tokens``) or leaving no room under ``max_seq_len``; else 400 naming ``max_tokens`` when an
+                explicit ``max_tokens`` exceeds the room (vLLM refuses it the same way, ``serving_engine.py``
+                "maximum context length"): only then does lowering it help.
         """
         asked = int(p["max_tokens"]) if p["max_tokens"] is not None else None
-        if text is None or not self.max_seq_len:
+        if text is None:
             return asked if asked is not None else 256
         n_prompt = self.prompt_tokens(text)
-        room = self.max_seq_len - n_prompt
-        if not p.get("max_tokens_sent", True):  # a default (16 for completions, 256 for chat) is capped, never refused
-            asked = min(asked or 256, room) if room >= 1 else asked
-        if room < 1 or (asked is not None and asked > room):
+        field = "messages" if isinstance(text, list) else "prompt"
+        if self.max_input_len and n_prompt > self.max_input_len:
             raise APIError(
-                f"max_tokens={asked if asked is not None else 'default'} exceeds the room left: this model's maximum "
-                f"context length is {self.max_seq_len} tokens and the prompt has {n_prompt}, leaving {max(room, 0)}. "
-                f"Fix: send max_tokens <= {max(room, 0)} or shorten the prompt.",
+                f"{field} has {n_prompt} tokens, over this model's max_input_len of {self.max_input_len} tokens (the "
+                f"longest prompt its engine takes). Fix: shorten the prompt to at most "
+                f"{self.max_input_len} tokens.",
+                field,
+                code="context_length_exceeded",
+            )
+        if not self.max_seq_len:
+            return asked if asked is not None else 256
+        room = self.max_seq_len - n_prompt
+        if room < 1:
+            raise APIError(
+                f"{field} has {n_prompt} tokens, leaving no room to generate under this model's maximum context length "
+                f"of {self.max_seq_len} tokens. Fix: shorten the prompt to at most {self.max_seq_len - 1} tokens.",
+                field,
+                code="context_length_exceeded",
+            )
+        if not p.get("max_tokens_sent", True):  # a default (16 for completions, 256 for chat) is capped, never refused
+            asked = min(asked or 256, room)
+        if asked is not None and asked > room:
+            raise APIError(
+                f"max_tokens={asked} exceeds the room left: this model's maximum context length is {self.max_seq_len} "
+                f"tokens and the prompt has {n_prompt}, leaving {room}. Fix: send max_tokens <= {room} or shorten the prompt.",
                 "max_tokens",
             )
         return asked if asked is not None else min(256, room)
@@ -473,8 +511,9 @@ class Frontend:
         U+FFFD, as ``transformers``' ``decode`` gives)."""
         from .client import RequestError
 
-        if self.unhealthy:
-            raise APIError(f"the deployment is down: {self.unhealthy}", status=503, type_="server_error")
+        why = self.down()
+        if why:
+            raise APIError(f"the deployment is down: {why}", status=503, type_="server_error")
         budget = self.budget(p, text)
         stream = on_chunk is not None and self.decoupled
         sent = {"n": 0}
@@ -731,11 +770,12 @@ class _Handlers:
             return JSONResponse(e.body(), status_code=e.status)
 
     async def health(self, _request: Request) -> JSONResponse:
-        """200 ``{"status": "ok"}``; 503 ``{"status": "unhealthy", "reason"}`` once ``pipeline serve`` found the engine
-        dead (``Frontend.unhealthy``) or Triton reports the served model not ready."""
+        """200 ``{"status": "ok"}``; 503 ``{"status": "unhealthy", "reason"}`` as soon as requests would get a 503
+        (:meth:`Frontend.down`: the engine process died, tritonserver exited) or Triton reports the served model not
+        ready."""
         from starlette.responses import JSONResponse
 
-        why = self.fe.unhealthy or await asyncio.to_thread(self.fe.not_ready)
+        why = self.fe.down() or await asyncio.to_thread(self.fe.not_ready)
         if why:
             return JSONResponse({"status": "unhealthy", "reason": why}, status_code=503)
         return JSONResponse({"status": "ok"})
@@ -747,12 +787,21 @@ class OpenAIServer:
     Args:
         grpc_url, repository, model_id: see :class:`Frontend`.
         host: bind address (default 127.0.0.1: this machine only); port: 0 = a free one.
+        triton: the :class:`~pipeline.serve.server.TritonServer` behind ``grpc_url`` when this process started it: its
+            ``failure()`` (a dead engine process, tritonserver gone) turns ``/health`` and every request to 503 at once.
     Attributes after :meth:`start`: ``port``, ``url`` (``http://host:port/v1``).
     Raises :class:`InputError` when the port is taken.
     """
 
     def __init__(
-        self, grpc_url: str, repository: Path, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT, model_id: str | None = None
+        self,
+        grpc_url: str,
+        repository: Path,
+        *,
+        host: str = "127.0.0.1",
+        port: int = DEFAULT_PORT,
+        model_id: str | None = None,
+        triton: Any = None,
     ) -> None:
         self.grpc_url, self.repository, self.host, self.requested_port, self.model_id = (
             grpc_url,
@@ -762,6 +811,7 @@ class OpenAIServer:
             model_id,
         )
         self.port = 0
+        self.triton = triton
         self._server: Any = None
         self._thread: threading.Thread | None = None
         self.frontend: Frontend | None = None
@@ -780,6 +830,7 @@ class OpenAIServer:
             check_port_free(self.requested_port, self.host, "package.openai_port")
         self.port = self.requested_port or free_port(self.host)
         self.frontend = Frontend(self.grpc_url, self.repository, self.model_id)
+        self.frontend.watch = self.triton.failure if self.triton is not None else None
         cfg = uvicorn.Config(
             build_app(self.frontend), host=self.host, port=self.port, log_level="warning", access_log=False, lifespan="off"
         )

@@ -297,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         from .openai_server import OpenAIServer
 
         try:
-            oai = OpenAIServer(srv.grpc_url, repo, host=pc.host, port=pc.openai_port).start()
+            oai = OpenAIServer(srv.grpc_url, repo, host=pc.host, port=pc.openai_port, triton=srv).start()
         except PipelineError as e:
             srv.stop()
             print(f"error: {e}", file=sys.stderr)
@@ -341,8 +341,6 @@ def _serve_until_stopped(srv: Any, repo: Path, oai: Any) -> int:
     server's exit or the death of a model's backend process (the engine; :func:`pipeline.serve.server.dead_backends`);
     stop everything. Exit code: 1 when tritonserver exited on its own, a backend process died (a supervisor restarts
     the deployment) or the server did not stop cleanly; else 130 after Ctrl-C, 0 after SIGTERM."""
-    from .server import dead_backends
-
     stop = threading.Event()
     stopped_by: list[int] = []
 
@@ -366,16 +364,12 @@ def _serve_until_stopped(srv: Any, repo: Path, oai: Any) -> int:
             f"OpenAI-compatible endpoint: {oai.url}  (model {oai.frontend.model_id!r}; /v1/models, /v1/completions, /v1/chat/completions)"
         )
     print("Ctrl-C stops the server.", flush=True)
-    backends = srv.backend_processes()  # Triton keeps a model "ready" after its stub died: watch the stubs themselves
+    srv.failure()  # Triton keeps a model "ready" after its stub died: watch the stubs themselves, from now on
     while not stop.wait(WATCH_S):
-        dead = dead_backends(backends)
-        if not srv.is_running() or dead:
-            why = (
-                f"the backend process of model(s) {sorted(set(dead.values()))} died (pid {sorted(dead)}); every request "
-                f"to it would fail while Triton still reports it ready. Stopping so a supervisor restarts the deployment"
-                if dead
-                else "tritonserver exited unexpectedly"
-            )
+        why = srv.failure()  # the endpoint's /health and requests read the same condition (OpenAIServer(triton=srv))
+        if why:
+            if "backend process" in why:
+                why += ". Stopping so a supervisor restarts the deployment"
             if oai is not None and oai.frontend is not None:
                 oai.frontend.unhealthy = why  # /health answers 503 and requests 503 until the endpoint is down
             print(f"error (exit 1): {why}; log: {srv.log_path}\n{srv.log_tail(3000)}", file=sys.stderr, flush=True)

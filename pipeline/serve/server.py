@@ -299,6 +299,7 @@ class TritonServer:
         self.log_verbose = log_verbose
         self.extra_args = list(extra_args)
         self.process: subprocess.Popen | None = None
+        self._watched: dict[int, str] | None = None  # failure(): the stubs watched
         self.returncode: int | None = None
         self.log_path: Path | None = None
         self._log_file: IO[bytes] | None = None
@@ -550,6 +551,21 @@ class TritonServer:
             for pid, ppid, argv in procs
             if ppid in parents and argv and argv[0].endswith(b"triton_python_backend_stub") and len(argv) > 1
         }
+
+    def failure(self) -> str | None:
+        """Why this server can no longer answer, or None: a Python-backend stub of the ones running at the first call
+        died (:meth:`backend_processes`, :func:`dead_backends`: Triton still reports the model ready while every
+        request to it fails), or tritonserver exited.  The one readiness condition of ``pipeline serve``'s watcher and
+        of the OpenAI endpoint's ``/health`` and requests (``Frontend.down``); reads ``/proc`` for the watched pids only."""
+        if self._watched is None:
+            self._watched = self.backend_processes()
+        dead = dead_backends(self._watched)
+        if dead:
+            return (
+                f"the backend process of model(s) {sorted(set(dead.values()))} died (pid {sorted(dead)}); every request "
+                f"to it would fail while Triton still reports it ready"
+            )
+        return None if self.is_running() else "tritonserver exited unexpectedly"
 
     def cleanup(self) -> None:
         """Remove the temporary work folder (log included). Only for a folder this object created."""

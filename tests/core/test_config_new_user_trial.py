@@ -149,3 +149,16 @@ def test_stages_out_of_order_run_in_pipeline_order_and_say_so(tmp_path):
     quiet = io.StringIO()
     pipeline.run(pipeline.compose(["stages=[export,quantize]", f"store_dir={tmp_path}", "dry_run=true"]), console=Console(file=quiet))
     assert "pipeline order" not in quiet.getvalue()
+
+
+def test_a_failed_runs_error_line_goes_to_stderr_and_the_summary_to_stdout(tmp_path):
+    """Issue 36: the run summary's ``error (exit N): ...`` line was printed with the table on stdout (every other
+    error line of the CLI is on stderr); now stdout keeps the table and stderr has the error line, unwrapped."""
+    r = run_pipeline_cli(
+        "model.path=/nonexistent/ckpt", "stages=[export]", f"store_dir={tmp_path / 'store'}", "progress=false", cwd=tmp_path
+    )
+    assert r.returncode == EXIT_INPUT, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "error (exit" not in r.stdout and "│ export │ failed" in r.stdout, r.stdout
+    line = next((ln for ln in r.stderr.splitlines() if ln.startswith("error (exit 2): ")), None)
+    assert line is not None, r.stderr
+    assert "model.path='/nonexistent/ckpt': not found" in line and "Fix: point model.path" in line, line  # one line, unwrapped

@@ -206,6 +206,47 @@ def test_unsupported_or_invalid_fields_are_refused_naming_them(sdk, kwargs, para
     assert ei.value.body["param"] == param and param in ei.value.body["message"]
 
 
+def test_every_logprobs_request_is_refused_naming_the_field(sdk):
+    """Issue 36: ``logprobs: 0`` on completions answered 200 with ``logprobs: null`` (OpenAI returns the sampled tokens'
+    log probs) and chat ``top_logprobs: 0`` was accepted; every value OpenAI answers with log probs is now a 400."""
+    with pytest.raises(openai.BadRequestError) as ei:
+        sdk.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=4, logprobs=0)
+    assert ei.value.body["param"] == "logprobs" and "logprobs=0" in ei.value.body["message"], ei.value.body
+    msgs = [{"role": "user", "content": PROMPTS[0]}]
+    for kwargs, param in (
+        ({"logprobs": True}, "logprobs"),
+        ({"top_logprobs": 0}, "top_logprobs"),
+        ({"logprobs": True, "top_logprobs": 2}, "logprobs"),
+    ):
+        with pytest.raises(openai.BadRequestError) as ei:
+            sdk.chat.completions.create(model="tiny", messages=msgs, max_tokens=4, **kwargs)
+        assert ei.value.body["param"] == param and "Fix: remove" in ei.value.body["message"], (kwargs, ei.value.body)
+    off = sdk.chat.completions.create(model="tiny", messages=msgs, max_tokens=4, logprobs=False, temperature=0)
+    assert off.choices[0].logprobs is None  # logprobs=false asks for none: answered
+
+
+@pytest.mark.parametrize(
+    "kind, body, param",
+    [
+        ("completions", {"logprobs": 0}, "logprobs"),
+        ("completions", {"logprobs": 5}, "logprobs"),
+        ("completions", {"logprobs": False}, "logprobs"),
+        ("chat", {"logprobs": True}, "logprobs"),
+        ("chat", {"top_logprobs": 0}, "top_logprobs"),
+        ("chat", {"logprobs": False, "top_logprobs": 1}, "top_logprobs"),
+    ],
+)
+def test_parse_common_refuses_every_logprobs_value(kind, body, param):
+    from pipeline.serve.openai_server import APIError, parse_common
+
+    with pytest.raises(APIError) as ei:
+        parse_common({"model": "m", **body}, kind)
+    assert ei.value.param == param and f"{param}=" in ei.value.message, ei.value.message
+    parse_common({"model": "m", "logprobs": None, "top_logprobs": None}, kind)  # unset: accepted
+    if kind == "chat":
+        parse_common({"model": "m", "logprobs": False}, kind)
+
+
 def test_unknown_model_is_404(sdk):
     with pytest.raises(openai.NotFoundError, match="tiny"):
         sdk.completions.create(model="gpt-4o", prompt="hi", max_tokens=4)

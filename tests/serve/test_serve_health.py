@@ -69,6 +69,14 @@ def _stubs(repo: Path) -> dict[str, int]:
     return out
 
 
+def _state(pid: int) -> str:
+    """The process state letter of ``pid`` (``/proc/<pid>/stat``), or "gone"."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
 def _get(url: str) -> int | None:
     """HTTP status of GET ``url``; None when nothing answers."""
     try:
@@ -103,8 +111,14 @@ def test_dead_engine_turns_health_red_and_serve_exits_1(package, tmp_path):
         assert "ensemble" in stubs, stubs
         os.kill(stubs["ensemble"], signal.SIGKILL)
         t0 = time.monotonic()
+        while _state(stubs["ensemble"]) not in ("Z", "X", "gone"):  # the kill has taken effect
+            time.sleep(0.01)
+        # issue 36: health and requests share one condition: red as soon as requests fail, not at the watcher's next
+        # look (old code: /health 200 for about a second while requests already got 503)
+        health = _get(base + "/health")
         status, body = _post(base + "/v1/completions", {"model": "tiny", "prompt": "Where is my order?", "max_tokens": 4})
         assert status is None or status >= 500, (status, body)  # old code: 400 invalid_request_error
+        assert health != 200, "health still green after the engine died"
         while time.monotonic() - t0 < 10 and _get(base + "/health") == 200:
             time.sleep(0.2)
         assert _get(base + "/health") != 200, "health still green 10 s after the engine died"
@@ -144,6 +158,30 @@ def test_max_tokens_over_the_room_is_a_400_naming_it_streamed_or_not(oai):
         assert status == 400, (stream, status, body)  # old code: 200, silently cut
         err = body["error"]
         assert err["param"] == "max_tokens" and "192 tokens" in err["message"] and "Fix: send max_tokens <=" in err["message"], err
+
+
+def test_a_prompt_too_long_by_itself_is_refused_naming_its_length_not_max_tokens(oai):
+    """Issue 36: a prompt over max_seq_len was told "Fix: send max_tokens <= 0" (param max_tokens), one over
+    max_input_len (128) with a max_tokens over the room was told to lower max_tokens though the engine refuses it
+    anyway; the refusal now names the prompt's length and the limit, and max_tokens only where lowering it helps."""
+    long = " ".join(["Where is my order ORD-12345?"] * 40)  # well over max_seq_len (192) tokens
+    mid = " ".join(["Where is my order ORD-12345?"] * 14)  # over max_input_len (128), under max_seq_len
+    for route, key, text, param in (
+        ("/completions", "prompt", long, "prompt"),
+        ("/completions", "prompt", mid, "prompt"),
+        ("/chat/completions", "messages", [{"role": "user", "content": long}], "messages"),
+    ):
+        n = oai.frontend.prompt_tokens(text)
+        assert n > 128, n
+        for max_tokens in (4, 150):
+            status, body = _post(oai.url + route, {"model": "tiny", key: text, "max_tokens": max_tokens})
+            err = body.get("error") or {}
+            assert status == 400 and err.get("param") == param, (route, n, max_tokens, status, body)
+            msg = err["message"]
+            assert f"has {n} tokens" in msg and "max_input_len of 128" in msg and "max_tokens" not in msg, msg
+    short = "Where is my order?"
+    status, body = _post(oai.url + "/completions", {"model": "tiny", "prompt": short, "max_tokens": 1000})
+    assert status == 400 and body["error"]["param"] == "max_tokens", body  # the prompt fits: lowering max_tokens helps
 
 
 def test_an_answer_cut_by_the_engine_limit_is_length(oai):
