@@ -16,7 +16,7 @@ PYTEST_WORKERS ?= 2
 STAMP := $(VENV)/.installed
 SERVE_STAMP := $(SERVE_VENV)/.installed
 
-.PHONY: env serve-env test-env run test style typecheck lint bench bench-scale serve plan doctor clean
+.PHONY: env serve-env test-env run test style typecheck lint bench bench-scale gpu-check gpu-wheels serve plan doctor clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -104,6 +104,36 @@ bench: env serve-env
 SCALE_SHAPES ?= llama80m,llama400m,llama1b,llama3b
 bench-scale: env serve-env
 	$(PY) -m pipeline.benchmark.scale --shapes $(SCALE_SHAPES)
+
+# The quantize stage's placements on one device (docs/memory.md "GPU check"): whole, layer by layer, offloaded to host
+# memory and to disk, killed and resumed; peaks against the plan; placements compared (bytes, else KLD / top token)
+# -> bench/results/gpu.json + .md (gpu-cpu.* for DEVICE=cpu). DEVICE=cuda runs on the GPU host's own python3 and
+# torch (its CUDA build), with what the pipeline needs beyond them installed from .whl/ (no network needed there:
+# run `make gpu-wheels` on a machine with network first and bring .whl/ along); DEVICE=cpu uses .venv.
+DEVICE ?= cuda
+GPU_SHAPES ?=
+GPU_PYTHON ?= python3
+GPU_SITE ?= /tmp/pipeline-gpu-site
+ifeq ($(DEVICE),cpu)
+gpu-check: env
+	$(PY) -m pipeline.benchmark.gpu_check --device cpu $(if $(GPU_SHAPES),--shapes $(GPU_SHAPES)) $(ARGS)
+else
+gpu-check:
+	@ls .whl/*.whl >/dev/null 2>&1 || { echo "make gpu-check: no wheels in .whl/. Fix: run 'make gpu-wheels' on a machine with network, then bring .whl/ here." >&2; exit 2; }
+	$(GPU_PYTHON) -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $(GPU_SITE) .whl/*.whl
+	PYTHONPATH=$(GPU_SITE):$(CURDIR) $(GPU_PYTHON) -m pipeline.benchmark.gpu_check --device $(DEVICE) $(if $(GPU_SHAPES),--shapes $(GPU_SHAPES)) $(ARGS)
+endif
+
+# Wheels for a GPU host without network (Python 3.12, manylinux x86_64): what `pipeline export/quantize` needs beyond
+# the torch, transformers, accelerate and safetensors a CUDA image ships. antlr4 4.9.3 (Hydra's parser) has no wheel
+# on the index: built here from its sdist (pure Python).
+GPU_WHEEL_PLATFORMS := $(foreach p,manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64,--platform $(p))
+gpu-wheels:
+	mkdir -p .whl
+	$(PYTHON) -m pip download $(PIP_FLAGS) --no-deps --only-binary=:all: --python-version 3.12 --implementation cp $(GPU_WHEEL_PLATFORMS) -d .whl \
+	  nvidia-modelopt==0.47.0 pulp pydantic pydantic-core annotated-types typing-inspection hydra-core==1.3.2 omegaconf==2.3.0 \
+	  hydra-joblib-launcher onnxruntime-genai==0.18.0
+	$(PYTHON) -m pip wheel $(PIP_FLAGS) --no-deps -w .whl antlr4-python3-runtime==4.9.3
 
 serve: env serve-env
 	$(PIPELINE) serve $(ARGS)

@@ -82,6 +82,24 @@ SHAPES: dict[str, dict[str, Any]] = {
         "num_key_value_heads": 8,
         "dtype": "bfloat16",
     },
+    "llama8b": {  # Llama-3.1-8B's decoder geometry (32 x 4096 / 14336, 32 heads / 8 KV heads): 7.0 B with this vocabulary
+        **_COMMON,
+        "num_hidden_layers": 32,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "dtype": "bfloat16",
+    },
+    "llamatiny": {  # the smallest shape with the int4 group size (128) dividing every linear: `make test`'s gpu-check run
+        **_COMMON,
+        "num_hidden_layers": 4,
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "dtype": "bfloat16",
+    },
 }
 """Shape name -> ``transformers.LlamaConfig`` fields (``dtype``: the stored dtype, float32 when absent)."""
 #: Largest safetensors shard written (bytes); bigger checkpoints get ``model-0000N-of-0000M.safetensors`` + an index.
@@ -100,11 +118,12 @@ def parameter_count(shape: str) -> int:
     return L * per_layer + v * h * (1 if c["tie_word_embeddings"] else 2) + h
 
 
-def make_shape(shape: str, out: Path, *, seed: int = SEED, force: bool = False) -> Path:
+def make_shape(shape: str, out: Path, *, seed: int = SEED, force: bool = False, draw_device: str = "cpu") -> Path:
     """Write the ``shape`` checkpoint (config.json, model.safetensors, tokenizer files) into ``out``.
 
-    Deterministic: same ``seed`` -> same weights (torch CPU generator). Skips the work when ``out`` already holds
-    this shape and seed (``bench_shape.json``), unless ``force``.
+    Deterministic: same ``seed`` -> same weights (torch CPU generator; ``draw_device="cuda"`` draws with a CUDA
+    generator instead: other numbers, the same distribution, a 7 B shape in seconds instead of minutes). Skips the work
+    when ``out`` already holds this shape, seed and draw device (``bench_shape.json``), unless ``force``.
 
     Raises:
         ValueError: unknown shape. FileNotFoundError: the default model's tokenizer is missing.
@@ -115,6 +134,8 @@ def make_shape(shape: str, out: Path, *, seed: int = SEED, force: bool = False) 
         raise ValueError(f"unknown benchmark shape {shape!r}; known: {sorted(SHAPES)}")
     out = Path(out)
     stamp = {"shape": shape, "seed": seed, "init_std": INIT_STD, "config": SHAPES[shape]}
+    if draw_device != "cpu":
+        stamp["draw_device"] = draw_device
     if not force and (out / "bench_shape.json").is_file() and json.loads((out / "bench_shape.json").read_text()) == stamp:
         return out
     missing = [f for f in REQUIRED_TOKENIZER_FILES if not (TOKENIZER_SOURCE / f).is_file()]
@@ -123,7 +144,7 @@ def make_shape(shape: str, out: Path, *, seed: int = SEED, force: bool = False) 
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    _write_weights(tf.LlamaConfig(**SHAPES[shape]), tmp, seed)
+    _write_weights(tf.LlamaConfig(**SHAPES[shape]), tmp, seed, draw_device)
     for f in TOKENIZER_COPY_FILES:
         if (TOKENIZER_SOURCE / f).is_file():
             shutil.copy2(TOKENIZER_SOURCE / f, tmp / f)
@@ -133,7 +154,7 @@ def make_shape(shape: str, out: Path, *, seed: int = SEED, force: bool = False) 
     return out
 
 
-def _write_weights(cfg: Any, out: Path, seed: int) -> None:
+def _write_weights(cfg: Any, out: Path, seed: int, draw_device: str = "cpu") -> None:
     """Write ``config.json`` and the random weights of ``cfg`` into ``out`` one tensor at a time (never the whole model).
 
     Draws: every 2-D parameter N(0, ``INIT_STD``²), in sorted name order, from one torch CPU generator seeded with
@@ -160,14 +181,15 @@ def _write_weights(cfg: Any, out: Path, seed: int) -> None:
             used = 0
         shards[-1].append((n, shape))
         used += b
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device=draw_device).manual_seed(seed)
 
     shape_of = dict(params)
 
     def draw(name: str) -> torch.Tensor:
         shape = shape_of[name]
-        t = torch.randn(shape, generator=gen) * INIT_STD if len(shape) == 2 else torch.ones(shape)
-        return t.to(dtype)
+        if len(shape) != 2:
+            return torch.ones(shape).to(dtype)
+        return (torch.randn(shape, generator=gen, device=draw_device) * INIT_STD).to(dtype).cpu()
 
     # generate in sorted order across shards (the generator's sequence), writing each shard as its tensors come
     names = [[n for n, _ in sh] for sh in shards]
