@@ -131,7 +131,7 @@ GPU_WHEEL_PLATFORMS := $(foreach p,manylinux_2_28_x86_64 manylinux_2_27_x86_64 m
 gpu-wheels:
 	mkdir -p .whl
 	$(PYTHON) -m pip download $(PIP_FLAGS) --no-deps --only-binary=:all: --python-version 3.12 --implementation cp $(GPU_WHEEL_PLATFORMS) -d .whl \
-	  nvidia-modelopt==0.47.0 pulp pydantic pydantic-core annotated-types typing-inspection hydra-core==1.3.2 omegaconf==2.3.0 \
+	  nvidia-modelopt==0.47.0 pulp==3.3.2 pydantic pydantic-core annotated-types typing-inspection hydra-core==1.3.2 omegaconf==2.3.0 \
 	  hydra-joblib-launcher onnxruntime-genai==0.18.0
 	$(PYTHON) -m pip wheel $(PIP_FLAGS) --no-deps -w .whl antlr4-python3-runtime==4.9.3
 
