@@ -43,7 +43,9 @@ def quantize(cfg: Any, export_dir: Path, calib_path: Path | None, out: Path, *, 
         out: the folder to write into.
         progress: optional ``progress(description, total)`` context manager factory (``StageContext.progress``).
     Returns:
-        The stage result (``headline``: recipe, kv_cache, compression, calib_samples).
+        The stage result (``headline``: recipe, kv_cache, compression, calib_samples; ``measurements``: the wall time
+        ``timings_s`` and peak RSS ``peak_rss_bytes`` of each step, the placement's ``budget_bytes`` and ``reason``,
+        which the stage moves into the manifest).
     Raises:
         InputError: failed checks, bad calibration input.
     """
@@ -138,9 +140,12 @@ def _quantize(cfg: Any, export_dir: Path, calib_path: Path | None, out: Path, pr
         hf_notes = _export_hf(out, qcfg, src, restore)
         _free()
     timings = {**step.timings, "total_s": time.time() - t0}
-    report = _quant_report(qcfg, parallel, src, cal, exported, precisions, quant_algo, hf_notes, timings)
-    report["placement"] = src.placement.as_dict()
-    report["peak_rss_bytes"] = step.peaks
+    report = _quant_report(qcfg, parallel, src, cal, exported, precisions, quant_algo, hf_notes)
+    placement = src.placement.as_dict()
+    # what the run measured (wall times, peak RSS, the free memory behind the placement) goes to the manifest, not
+    # into the report, whose bytes make the artifact's content digest (a rerun from the same inputs has the same digest)
+    measured = {k: placement.pop(k) for k in ("budget_bytes", "reason")}
+    report["placement"] = placement
     from ..core.store import write_json_atomic
 
     write_json_atomic(out / QuantizeArtifact.REPORT_JSON, report)
@@ -159,4 +164,9 @@ def _quantize(cfg: Any, export_dir: Path, calib_path: Path | None, out: Path, pr
         "calibration_s": round(timings.get("calibration_s", 0.0), 3),
         "placement": src.placement.as_dict(),
         "warnings": report["warnings"],
+        "measurements": {
+            "timings_s": {k: round(v, 3) for k, v in timings.items()},
+            "peak_rss_bytes": step.peaks,
+            "placement": measured,
+        },
     }

@@ -14,7 +14,9 @@ def _run(ctx: StageContext) -> dict[str, Any]:
     from .run import quantize
 
     assert ctx.out is not None
-    return quantize(ctx.cfg, ctx.inputs["export"].path, ctx.external.get("calibration"), ctx.out, progress=ctx.progress)
+    result = quantize(ctx.cfg, ctx.inputs["export"].path, ctx.external.get("calibration"), ctx.out, progress=ctx.progress)
+    ctx.manifest["measurements"] = result.pop("measurements")  # wall times and peak memory: not in the content digest
+    return result
 
 
 def _external(cfg: Any) -> dict[str, Path]:
