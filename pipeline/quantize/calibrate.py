@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from .auto import auto_search
-from .common import _quiet
+from .common import _quiet, unused_fields
 from .modelopt_config import lm_head_excluded, modelopt_config
 from .placement import choose_batch_size, free_bytes, with_layerwise
 from .preflight import _Source
@@ -66,7 +66,9 @@ def _calibrate(cfg: Any, src: _Source, calib_path: Path | None, progress: Any, s
             torch.manual_seed(seed)
             with torch.no_grad(), _quiet("mtq.quantize"):
                 mtq.quantize(src.model, cal.modelopt_cfg, loop)
-    if bool(qcfg.resmooth):
+    if "resmooth" in unused_fields(qcfg):  # not keyed for it: never read
+        cal.resmooth = {"applied": False, "reason": f"quant={qcfg.recipe} has no AWQ/SmoothQuant pre-quant scale to share"}
+    elif bool(qcfg.resmooth):
         with _quiet("resmooth"):
             cal.resmooth = resmooth(src.model, src.placement.device).as_dict()
     else:

@@ -36,6 +36,13 @@ def _extras(cfg: Any, inputs: dict) -> dict[str, Any]:
     return {"calibration": cal, "target_gpu": getattr(cfg.target, "gpu", None)}
 
 
+def _key_unused(cfg: Any) -> dict[str, frozenset[str]]:
+    """The ``quant`` fields the recipe does not read (:func:`pipeline.quantize.common.unused_fields`): not keyed."""
+    from .common import unused_fields
+
+    return {"quant": unused_fields(cfg.quant)}
+
+
 def _dry_run(ctx: StageContext) -> dict[str, Any]:
     q = ctx.cfg.quant
     from ..facts.recipes import KV_CACHE_FORMATS, RECIPES
@@ -63,6 +70,7 @@ STAGE = Stage(
     version="1",
     external_inputs=_external,
     key_extras=_extras,
+    key_unused=_key_unused,
     dry_run=_dry_run,
     # the placement budget: an offloaded, layer-by-layer calibration gives the same statistics
     # (tests/quantize/test_scale_memory.py::test_offloaded_layerwise_calibration_equals_the_whole_model)
