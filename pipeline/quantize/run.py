@@ -44,7 +44,8 @@ def quantize(cfg: Any, export_dir: Path, calib_path: Path | None, out: Path, *, 
         progress: optional ``progress(description, total)`` context manager factory (``StageContext.progress``).
     Returns:
         The stage result (``headline``: recipe, kv_cache, compression, calib_samples; ``measurements``: the wall time
-        ``timings_s`` and peak RSS ``peak_rss_bytes`` of each step, the placement's ``budget_bytes`` and ``reason``,
+        ``timings_s`` and peak RSS ``peak_rss_bytes`` of each step, the placement's ``budget_bytes`` and ``reason``, the calibration's
+        ``batch_size_reason``,
         which the stage moves into the manifest).
     Raises:
         InputError: failed checks, bad calibration input.
@@ -141,11 +142,7 @@ def _quantize(cfg: Any, export_dir: Path, calib_path: Path | None, out: Path, pr
         _free()
     timings = {**step.timings, "total_s": time.time() - t0}
     report = _quant_report(qcfg, parallel, src, cal, exported, precisions, quant_algo, hf_notes)
-    placement = src.placement.as_dict()
-    # what the run measured (wall times, peak RSS, the free memory behind the placement) goes to the manifest, not
-    # into the report, whose bytes make the artifact's content digest (a rerun from the same inputs has the same digest)
-    measured = {k: placement.pop(k) for k in ("budget_bytes", "reason")}
-    report["placement"] = placement
+    measured = _measurements(report, src.placement, step, timings)
     from ..core.store import write_json_atomic
 
     write_json_atomic(out / QuantizeArtifact.REPORT_JSON, report)
@@ -164,9 +161,20 @@ def _quantize(cfg: Any, export_dir: Path, calib_path: Path | None, out: Path, pr
         "calibration_s": round(timings.get("calibration_s", 0.0), 3),
         "placement": src.placement.as_dict(),
         "warnings": report["warnings"],
-        "measurements": {
-            "timings_s": {k: round(v, 3) for k, v in timings.items()},
-            "peak_rss_bytes": step.peaks,
-            "placement": measured,
-        },
+        "measurements": measured,
+    }
+
+
+def _measurements(report: dict[str, Any], placement: Placement, step: _Steps, timings: dict[str, float]) -> dict[str, Any]:
+    """What the run measured, moved out of ``report`` (whose bytes make the artifact's content digest: a rerun from the
+    same inputs has the same digest) for the manifest: wall times, peak RSS, and the texts that name the free memory
+    (the placement's ``budget_bytes`` / ``reason``, the calibration's ``batch_size_reason``)."""
+    where = placement.as_dict()
+    measured = {k: where.pop(k) for k in ("budget_bytes", "reason")}
+    report["placement"] = where
+    return {
+        "timings_s": {k: round(v, 3) for k, v in timings.items()},
+        "peak_rss_bytes": step.peaks,
+        "placement": measured,
+        "batch_size_reason": (report.get("calibration") or {}).pop("batch_size_reason", None),
     }
