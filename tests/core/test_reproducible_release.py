@@ -32,13 +32,18 @@ def _run(store: Path, ckpt: Path, eval_set: Path):
         "progress=false",
         f"model.path={ckpt}",
         "model.dtype=float32",
-        "quant=none",
+        "quant=int4_awq",  # the default recipe: calibration, AWQ, resmooth and an int4 engine
+        "calibration.calib_size=16",
+        "calibration.min_samples=16",
+        "calibration.calib_max_seq_length=64",
         f"eval.eval_set={eval_set}",
         "eval.runners=[baseline,engine]",
         "eval.max_new_tokens=4",
         "build.max_input_len=128",
         "build.max_seq_len=160",
         "eval.gate.max_drop=1.0",
+        "eval.gate.max_kld=100",  # random weights: the gate is not what this test is about
+        "eval.gate.min_top1=0",
     ]
     buf = io.StringIO()
     summary = run_pipeline(compose(overrides), overrides=overrides, console=Console(file=buf, width=2000))
@@ -68,7 +73,8 @@ def test_forced_rebuild_into_another_store_gives_the_same_release_archive(tmp_pa
     # the measurements are still there for users: in each manifest
     build_m = manifests["build"][0]["measurements"]
     assert build_m["build_s"] >= 0 and "build_s" not in json.loads((Path(a["build"].path) / "build_info.json").read_text())
-    assert set(manifests["quantize"][0]["measurements"]["timings_s"]) >= {"load_s", "total_s"}
+    qm = manifests["quantize"][0]["measurements"]
+    assert set(qm["timings_s"]) >= {"load_s", "calibration_s", "total_s"} and qm["batch_size_reason"].startswith("calibration.batch_size=")
     ev = manifests["evaluate"][0]["measurements"]["runners"]
     assert set(ev) == {"baseline", "engine"} and len(ev["engine"]["latency_s_by_item"]) == 3
     assert str(tmp_path) not in (Path(a["build"].path) / "build_info.json").read_text()
