@@ -12,7 +12,7 @@ from .common import _quiet, unused_fields
 from .modelopt_config import lm_head_excluded, modelopt_config
 from .placement import choose_batch_size, free_bytes, with_layerwise
 from .preflight import _Source
-from .resmooth import resmooth
+from .resmooth import ResmoothResult, resmooth
 
 log = logging.getLogger(__name__)
 #: ModelOpt's probe measures a plain forward pass (no quantizers inserted yet); calibration adds fake-quant copies of the
@@ -67,7 +67,7 @@ def _calibrate(cfg: Any, src: _Source, calib_path: Path | None, progress: Any, s
             with torch.no_grad(), _quiet("mtq.quantize"):
                 mtq.quantize(src.model, cal.modelopt_cfg, loop)
     if "resmooth" in unused_fields(qcfg):  # not keyed for it: never read
-        cal.resmooth = {"applied": False, "reason": f"quant={qcfg.recipe} has no AWQ/SmoothQuant pre-quant scale to share"}
+        cal.resmooth = ResmoothResult(reason=f"quant={qcfg.recipe} has no AWQ/SmoothQuant pre-quant scale").as_dict()
     elif bool(qcfg.resmooth):
         with _quiet("resmooth"):
             cal.resmooth = resmooth(src.model, src.placement.device).as_dict()
