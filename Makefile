@@ -9,6 +9,10 @@ PIPELINE := $(VENV)/bin/pipeline
 # CPU build of torch, installed first so nothing pulls a multi-GB CUDA build (see README).
 TORCH_PIN ?= torch==2.13.0
 PIP_FLAGS ?= -q --disable-pip-version-check
+# Exact versions of every package of .venv (pip freeze without the project and torch): the install steps below take
+# them as pip constraints, so a fresh `make env` gets the environment the suite last passed on. `make lock` refreshes
+# the file from the current .venv on purpose (after upgrading a package); docs/reproducibility.md.
+CONSTRAINTS ?= constraints.txt
 ARGS ?=
 PYTEST_ARGS ?=
 # pytest-xdist workers for `make test` (one test file per worker, so a module's fixtures are built once); 0 = serial
@@ -16,16 +20,24 @@ PYTEST_WORKERS ?= 2
 STAMP := $(VENV)/.installed
 SERVE_STAMP := $(SERVE_VENV)/.installed
 
-.PHONY: env serve-env test-env run test style typecheck lint bench bench-scale gpu-check gpu-wheels serve plan doctor clean
+.PHONY: env serve-env test-env run test style typecheck lint bench bench-scale gpu-check gpu-wheels serve plan doctor clean lock
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install $(PIP_FLAGS) --upgrade pip
 	$(PY) -m pip install $(PIP_FLAGS) $(TORCH_PIN)
-	$(PY) -m pip install $(PIP_FLAGS) -e '.[dev]'
+	$(PY) -m pip install $(PIP_FLAGS) -c $(CONSTRAINTS) -e '.[dev]'
 	touch $@
 
 env: $(STAMP)
+
+# Refresh constraints.txt from the packages installed in .venv now (the project and torch left out: TORCH_PIN pins it).
+# Run it in the full test environment (make test-env) so the test extras are pinned too; it does not reinstall first.
+lock:
+	@test -x $(PY) || { echo "make lock: no $(VENV) to read versions from; run make test-env first" >&2; exit 1; }
+	{ sed -n '/^#/p' $(CONSTRAINTS); $(PY) -m pip freeze --disable-pip-version-check --exclude-editable --exclude torch; } > $(CONSTRAINTS).new
+	mv $(CONSTRAINTS).new $(CONSTRAINTS)
+	@touch -c $(STAMP)
 
 # Serving environment for the Triton Python backend: numpy < 2 (2.x corrupts tensors in the 2.51
 # backend stub) and the tritonserver binary from the nvidia-pytriton wheel, installed --no-deps.
@@ -45,7 +57,7 @@ MLFLOW_VENV ?= .venv-mlflow
 TEST_STAMP := $(VENV)/.installed-test
 MLFLOW_STAMP := $(MLFLOW_VENV)/.installed
 $(TEST_STAMP): $(STAMP)
-	$(PY) -m pip install $(PIP_FLAGS) -e '.[dev,mlflow,ray,slurm]'
+	$(PY) -m pip install $(PIP_FLAGS) -c $(CONSTRAINTS) -e '.[dev,mlflow,ray,slurm]'
 	$(PY) -m pip install $(PIP_FLAGS) --no-deps hydra-ray-launcher==1.2.2
 	touch $@
 $(MLFLOW_STAMP):

@@ -106,10 +106,11 @@ def _digest(p: Path) -> str:
 
 def compute_key(stage: Stage, cfg: PipelineConfig, inputs: dict[str, Artifact], external: dict[str, Path]) -> tuple[str, dict[str, Any]]:
     """The cache key of ``stage`` and the document it hashes (recorded in the manifest)."""
+    unused = stage.key_unused(cfg) if stage.key_unused is not None else {}
     doc = {
         "stage": stage.name,
         "stage_version": stage.version,
-        "config": {g: key_fields(getattr(cfg, g)) for g in stage.config_groups},
+        "config": {g: {k: v for k, v in key_fields(getattr(cfg, g)).items() if k not in unused.get(g, ())} for g in stage.config_groups},
         # Upstream artifacts enter by their *key* (itself a hash of their inputs, config and versions), so
         # the chain is input-addressed like a build system's action keys: timing fields inside an upstream
         # report never invalidate downstream work. Output digests stay in each manifest for provenance.

@@ -178,14 +178,12 @@ def _quantize_row(run_dir: Path, shape: str) -> dict[str, Any]:
     row["s_per_b_params"] = round(row["seconds"] / (parameter_count(shape) / 1e9), 1)
     if st.get("path"):
         man = Path(st["path"]) / "manifest.json"
-        res = (json.loads(man.read_text(encoding="utf-8")).get("result") or {}) if man.is_file() else {}
-        row["placement"] = res.get("placement")
+        m = json.loads(man.read_text(encoding="utf-8")) if man.is_file() else {}
+        res, measured = m.get("result") or {}, m.get("measurements") or {}
+        row["placement"] = {**(res.get("placement") or {}), **(measured.get("placement") or {})}
         row["cuda_extension"] = res.get("cuda_extension")
-        rep = Path(st["path"]) / "quant_report.json"
-        if rep.is_file():
-            r = json.loads(rep.read_text(encoding="utf-8"))
-            row["steps_s"] = {k: round(v, 1) for k, v in (r.get("timings_s") or {}).items()}
-            row["steps_peak_rss_bytes"] = r.get("peak_rss_bytes")
+        row["steps_s"] = {k: round(v, 1) for k, v in (measured.get("timings_s") or {}).items()}
+        row["steps_peak_rss_bytes"] = measured.get("peak_rss_bytes")
     return row
 
 

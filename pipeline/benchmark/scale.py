@@ -100,12 +100,12 @@ def run_shape(shape: str, shape_dir: Path, work: Path, stages: list[str], extra:
             if bi.recorded:
                 row["builder_peak_rss_bytes"] = bi.builder_peak_rss_bytes
         if s["stage"] == "quantize" and s.get("path"):
-            rep = QuantizeArtifact(Path(s["path"])).report_path
-            if rep.is_file():
-                r = json.loads(rep.read_text(encoding="utf-8"))
-                row["steps_peak_rss_bytes"] = r.get("peak_rss_bytes")
-                row["steps_s"] = {k: round(v, 1) for k, v in (r.get("timings_s") or {}).items()}
-                row["placement"] = r.get("placement")
+            qa = QuantizeArtifact(Path(s["path"]))
+            if qa.report_path.is_file():
+                m = qa.measurements()  # the manifest's: wall times and peaks are kept out of the digested report
+                row["steps_peak_rss_bytes"] = m.get("peak_rss_bytes")
+                row["steps_s"] = {k: round(v, 1) for k, v in (m.get("timings_s") or {}).items()}
+                row["placement"] = {**json.loads(qa.report_path.read_text(encoding="utf-8")).get("placement", {}), **m.get("placement", {})}
         per_stage[s["stage"]] = row
     return {"exit_code": code, "wall_s": round(time.time() - t0, 1), "process_peak_rss_bytes": peak, "stages": per_stage, "command": cmd}
 

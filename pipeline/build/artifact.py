@@ -33,6 +33,9 @@ class BuildArtifact(StageArtifact):
         "build_draft.log",
     )
     LIMIT_KEYS: ClassVar[tuple[str, ...]] = ("max_input_len", "max_seq_len", "max_batch_size")
+    MEASUREMENTS: ClassVar[tuple[str, ...]] = ("build_s", "builder_peak_rss_bytes")
+    """Measurements of the build run: recorded in ``manifest.json`` ``measurements``, not in ``build_info.json`` (whose
+    bytes enter the artifact's content digest; a rebuild from the same inputs must have the same digest)."""
 
     @property
     def engine_dir(self) -> Path:
@@ -54,7 +57,11 @@ class BuildArtifact(StageArtifact):
         """
         fix = "rebuild with the build stage (force=true stages=[build])"
         self.require_folder("build")
-        return BuildInfo.from_json(_read_json(self.build_info_path, fix), source=self.build_info_path)
+        doc = _read_json(self.build_info_path, fix)
+        if doc:  # the run's measurements live in the manifest (older artifacts: in build_info.json itself)
+            measured = self.measurements()
+            doc = {**{k: measured[k] for k in self.MEASUREMENTS if k in measured}, **doc}
+        return BuildInfo.from_json(doc, source=self.build_info_path)
 
     def limits(self, result: dict[str, Any] | None = None, build_cfg: Any = None) -> dict[str, Any]:
         """Engine limits (``max_input_len``, ``max_seq_len``, ``max_batch_size``, tokens): ``build_info.json``

@@ -44,6 +44,21 @@ def _announce(ctx: StageContext) -> tuple[str, str]:
     return name, reason
 
 
+def _portable(obj: Any, places: dict[str, str]) -> Any:
+    """``obj`` with every string that starts with one of the ``places`` folders (the staging folder of this build, the
+    input artifacts) rewritten to start with its placeholder (``<build>/engine``): ``build_info.json`` names no
+    temporary or store-specific path, so a rebuild into another store has the same bytes."""
+    if isinstance(obj, dict):
+        return {k: _portable(v, places) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_portable(v, places) for v in obj]
+    if isinstance(obj, str):
+        for folder, name in places.items():
+            if obj == folder or obj.startswith(folder + "/"):
+                return name + obj[len(folder) :]
+    return obj
+
+
 def _run(ctx: StageContext) -> dict[str, Any]:
     from .targets import get_target
 
@@ -58,9 +73,12 @@ def _run(ctx: StageContext) -> dict[str, Any]:
     with ctx.progress(f"building {name} engine", None):
         info = target.build(ctx.cfg, quant, ctx.out, ctx.log, export_dir=export)
     info["target_reason"] = reason
-    write_json_atomic(out.build_info_path, info)
+    measured = {k: info.pop(k) for k in BuildArtifact.MEASUREMENTS if k in info}
+    ctx.manifest["measurements"] = measured  # not in the content digest: a rebuild from the same inputs has the same bytes
+    places = {str(ctx.out): "<build>", str(quant): "<quantize>", str(export): "<export>"}
+    write_json_atomic(out.build_info_path, _portable(info, places))
     engine_mb = round(info["engine_bytes"] / 1e6, 3)
-    ctx.console.print(f"  engine: {engine_mb} MB in {info['build_s']:.1f} s  limits={info['limits']}")
+    ctx.console.print(f"  engine: {engine_mb} MB in {measured.get('build_s', 0.0):.1f} s  limits={info['limits']}")
     return {
         "headline": {"target": name, "engine_mb": engine_mb},
         "limits": info["limits"],

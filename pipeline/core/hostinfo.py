@@ -38,6 +38,13 @@ def library_versions(names: tuple[str, ...] | list[str]) -> dict[str, str | None
     return out
 
 
+def installed_distributions() -> dict[str, str]:
+    """Every Python distribution installed in this interpreter's environment, ``{name: version}`` sorted by name: the
+    exact versions the release's provenance names (the ones ``constraints.txt`` pins for ``make env``)."""
+    found = {d.metadata["Name"]: d.version for d in importlib.metadata.distributions() if d.metadata["Name"]}
+    return dict(sorted(found.items(), key=lambda kv: kv[0].lower()))
+
+
 def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:

@@ -12,6 +12,11 @@ under a per-key file lock (:mod:`filelock`).  A run killed at any point therefor
 at most a temporary folder, which is never trusted and is removed by the next producer of
 the same key.  Two concurrent runs of the same key serialise on the lock; the second one
 finds the first one's artifact and reports a cache hit.
+
+An artifact's content digest (``output_digest``) covers only what determines its bytes: ``manifest.json`` (where
+stages record timings, peak memory and other measurements of the run) and logs (``*.log``: progress bars, temporary
+paths) are listed and size-checked like every output but left out of the digest, so a forced rebuild from the same
+inputs has the same digest (tests/core/test_reproducible_release.py).
 """
 
 from __future__ import annotations
@@ -79,10 +84,20 @@ def tree_files(root: Path, *, follow_symlinks: bool = False) -> dict[str, dict[s
     return out
 
 
+#: outputs that record how a run went rather than what it made: verified like every output, not in ``output_digest``
+RECORD_SUFFIXES = (".log",)
+
+
+def is_record(rel: str) -> bool:
+    """Whether the output ``rel`` (a relative POSIX path) is a run record left out of the content digest."""
+    return rel.endswith(RECORD_SUFFIXES)
+
+
 def digest_files(files: Mapping[str, Mapping[str, Any]]) -> str:
-    """One digest for a file map from :func:`tree_files` (order-independent)."""
+    """One digest for a file map from :func:`tree_files` (order-independent; run records, :func:`is_record`, are
+    left out)."""
     h = hashlib.sha256()
-    for rel in sorted(files):
+    for rel in sorted(r for r in files if not is_record(r)):
         h.update(rel.encode())
         h.update(b"\0")
         h.update(files[rel]["sha256"].encode())

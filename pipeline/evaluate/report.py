@@ -8,14 +8,14 @@
   format's mapping: ``pipeline.evaluate.dataset.EvalSet.format``)
 - ``recipe``, ``target``, ``candidate`` (runner judged by the gate), ``baseline`` (``"baseline"`` or null)
 - ``runners``: {name: {score, slices: {slice: {score, n}}, n, skipped_too_long, errors,
-  finish_reasons: {eos, stop, length, error}, latency_s: {mean, p50, p90}, seconds}}
+  finish_reasons: {eos, stop, length, error}}} (wall time, items per second and latencies are the artifact manifest's
+  ``measurements``, not here: this file's bytes enter the content digest)
 - ``comparison``: {"overall": PairedStats, "slices": {slice: PairedStats}} (candidate vs baseline;
   PairedStats = {n, baseline, candidate, drop, upper, confidence, method, discordant, agreement})
 - ``pairwise_agreement``: {"<runner a>~<runner b>": fraction of items with identical output text}
 - ``gate``: {passed, verdict (pass | inconclusive | fail), mode (release | exploratory), reason, checks: [{scope, check,
   value, threshold, verdict, passed, detail, upper, items_needed}], allowed_drop, confidence, bound, fidelity_thresholds}
-- ``fidelity``: null, {candidate, unavailable, seconds}, or {candidate, overall, slices: {slice: ...}, items, seconds,
-  sequence}; overall/slice = {positions, kld {mean, se, median, p90, p95, p99, p99_9, max, min}, top1, top1_se,
+- ``fidelity``: null, {candidate, unavailable}, or {candidate, overall, slices: {slice: ...}, items, sequence}; overall/slice = {positions, kld {mean, se, median, p90, p95, p99, p99_9, max, min}, top1, top1_se,
   ppl_base, ppl_cand, ln_ppl_ratio, ln_ppl_ratio_se} (``fidelity.py``)
 - ``decoding``: the decoding policy every runner applied (``pipeline.core.decoding``, ``decoding.json`` of the export):
   {schema, repetition_penalty, sampling (the model's recommended values; not used by the gate), ignored, source,
@@ -187,14 +187,14 @@ def to_markdown(rep: dict[str, Any]) -> str:
     lines += [
         "### Runners",
         "",
-        "| runner | score | items | skipped (too long) | errors | eos / stop / length | mean latency (s) |",
-        "|---|---|---|---|---|---|---|",
+        "| runner | score | items | skipped (too long) | errors | eos / stop / length |",
+        "|---|---|---|---|---|---|",
     ]
     for name, r in rep["runners"].items():
         fr = r["finish_reasons"]
         lines.append(
             f"| {name} | {_pct(r['score'])} | {r['n']} | {r['skipped_too_long']} | {r['errors']} | "
-            f"{fr.get('eos', 0)} / {fr.get('stop', 0)} / {fr.get('length', 0)} | {r['latency_s']['mean']:.3f} |"
+            f"{fr.get('eos', 0)} / {fr.get('stop', 0)} / {fr.get('length', 0)} |"
         )
     if rep.get("pairwise_agreement"):
         lines += ["", "Output agreement between runners: " + ", ".join(f"{k} {_pct(v)}" for k, v in rep["pairwise_agreement"].items())]
@@ -228,8 +228,9 @@ def _png(fig: Any) -> str:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def plots(rep: dict[str, Any], latencies: dict[str, list[float]]) -> dict[str, str]:
-    """base64 PNGs: per-slice score (every runner), per-slice agreement, per-item latency histogram."""
+def plots(rep: dict[str, Any]) -> dict[str, str]:
+    """base64 PNGs: per-slice score (every runner), per-slice agreement (latencies are measurements of the run: the
+    manifest's ``measurements``, not part of this content-digested report)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -261,23 +262,13 @@ def plots(rep: dict[str, Any], latencies: dict[str, list[float]]) -> dict[str, s
         ax.set_title("output agreement with the baseline per slice")
         ax.tick_params(axis="x", rotation=20)
         out["agreement"] = _png(fig)
-    if any(latencies.values()):
-        fig, ax = plt.subplots(figsize=(7, 3.2))
-        for name, v in latencies.items():
-            if v:
-                ax.hist(np.asarray(v) * 1000.0, bins=30, alpha=0.6, label=name)
-        ax.set_xlabel("completion latency per item (ms, within its batch)")
-        ax.set_ylabel("items")
-        ax.set_title("latency per item")
-        ax.legend()
-        out["latency"] = _png(fig)
     return out
 
 
-def to_html(rep: dict[str, Any], latencies: dict[str, list[float]]) -> str:
+def to_html(rep: dict[str, Any]) -> str:
     e = html.escape
     g = rep["gate"]
-    imgs = plots(rep, latencies)
+    imgs = plots(rep)
     color = "#1a7f37" if g["passed"] else "#cf222e"
     verdict = g.get("verdict", "pass" if g["passed"] else "fail").upper()
     rows = []
@@ -393,10 +384,10 @@ def print_console(rep: dict[str, Any], console: Any) -> None:
         console.print(Text.assemble(("RoPE scaling: ", "yellow"), note))
 
 
-def write_all(out: Path, rep: dict[str, Any], latencies: dict[str, list[float]]) -> None:
+def write_all(out: Path, rep: dict[str, Any]) -> None:
     from ..core.store import write_json_atomic
     from .artifact import EvalArtifact as E
 
     write_json_atomic(out / E.REPORT_JSON, rep)
     (out / E.REPORT_MD).write_text(to_markdown(rep), encoding="utf-8")
-    (out / E.REPORT_HTML).write_text(to_html(rep, latencies), encoding="utf-8")
+    (out / E.REPORT_HTML).write_text(to_html(rep), encoding="utf-8")

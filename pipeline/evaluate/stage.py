@@ -123,14 +123,12 @@ def _pad_id(info: ModelInfo, tokenizer: Any, stop_ids: list[int]) -> int:
     )
 
 
-def _summarise(outputs: dict[str, Any], scores: dict[str, float], prepared: list[Any], seconds: float) -> dict[str, Any]:
+def _summarise(outputs: dict[str, Any], scores: dict[str, float], prepared: list[Any]) -> dict[str, Any]:
     by_slice: dict[str, list[float]] = defaultdict(list)
     for p in prepared:
         if p.item.id in scores:
             by_slice[p.item.slice].append(scores[p.item.id])
     vals = list(scores.values())
-    lat = sorted(o.latency_s for o in outputs.values())
-    q = (lambda f: lat[min(len(lat) - 1, int(f * len(lat)))]) if lat else (lambda f: 0.0)
     return {
         "score": statistics.fmean(vals) if vals else 0.0,
         "n": len(vals),
@@ -138,10 +136,27 @@ def _summarise(outputs: dict[str, Any], scores: dict[str, float], prepared: list
         "skipped_too_long": sum(1 for p in prepared if p.skipped),
         "errors": sum(1 for o in outputs.values() if o.finish_reason == "error"),
         "finish_reasons": dict(Counter(o.finish_reason for o in outputs.values())),
-        "latency_s": {"mean": statistics.fmean(lat) if lat else 0.0, "p50": q(0.5), "p90": q(0.9)},
-        "seconds": round(seconds, 3),
-        "items_per_s": round(len(outputs) / seconds, 3) if seconds > 0 else None,
     }
+
+
+def _measurements(runs: _Runs) -> dict[str, Any]:
+    """What the runners measured (the manifest's ``measurements``; kept out of the report and ``outputs.jsonl``, whose
+    bytes make the artifact's content digest): per runner the wall ``seconds``, ``items_per_s``, the completion
+    latency's mean/p50/p90 and every item's (``latency_s_by_item``), and the teacher-forced passes' ``fidelity_s``."""
+    out: dict[str, Any] = {"runners": {}, "fidelity_s": runs.fidelity_s}
+    for name, outputs in runs.outputs.items():
+        seconds = runs.seconds[name]
+        lat = sorted(o.latency_s for o in outputs.values()) or [0.0]
+        out["runners"][name] = {
+            "seconds": round(seconds, 3),
+            "items_per_s": round(len(outputs) / seconds, 3) if seconds > 0 else None,
+            "latency_s": {
+                "mean": statistics.fmean(lat),
+                **{k: lat[min(len(lat) - 1, int(f * len(lat)))] for k, f in (("p50", 0.5), ("p90", 0.9))},
+            },
+            "latency_s_by_item": {i: round(o.latency_s, 6) for i, o in outputs.items()},
+        }
+    return out
 
 
 def _run_all(
@@ -234,6 +249,7 @@ class _Runs:
     outputs: dict[str, dict[str, Any]]
     seconds: dict[str, float]
     fidelity: dict[str, Any] | None
+    fidelity_s: dict[str, float] | None = None
 
 
 @dataclasses.dataclass
@@ -270,7 +286,8 @@ def _evaluate(ctx: StageContext) -> dict[str, Any]:
     out = ctx.out
     assert out is not None
     _write_outputs(EvalArtifact(out).outputs_path, st, runs, sc)
-    R.write_all(out, rep, {r: [o.latency_s for o in runs.outputs[r].values()] for r in st.runners})
+    R.write_all(out, rep)
+    ctx.manifest["measurements"] = _measurements(runs)
     write_junit(out / EvalArtifact.JUNIT_XML, rep)
     R.print_console(rep, ctx.console)
     return _stage_result(st, runs, sc, verdict)
@@ -318,7 +335,9 @@ def _run_runners(ctx: StageContext, st: _Setup) -> _Runs:
     fid = _fidelity_plan(ctx, st) if ctx.cfg.eval.fidelity and "baseline" in st.runners and st.cand != "baseline" else None
     try:
         _run_all(ctx, st.runners, st.prepared, st.tokenizer, st.stop_ids, st.pad_id, st.n_run, outputs, seconds, fid)
-        return _Runs(outputs, seconds, _fidelity_result(fid, st.cand) if fid is not None else None)
+        if fid is None:
+            return _Runs(outputs, seconds, None)
+        return _Runs(outputs, seconds, _fidelity_result(fid, st.cand), fid["seconds"])
     finally:
         base = (fid or {}).get("logits", {}).get("baseline")
         if base is not None and hasattr(base, "close"):
@@ -358,7 +377,7 @@ def _fidelity_result(fid: dict[str, Any], cand: str) -> dict[str, Any]:
     """The report's ``fidelity`` section from the filled ``fid`` state (:func:`pipeline.evaluate.fidelity.compare`)."""
 
     if "unavailable" in fid:
-        return {"candidate": cand, "unavailable": fid["unavailable"], "seconds": fid["seconds"]}
+        return {"candidate": cand, "unavailable": fid["unavailable"]}
     n_all = len(fid["seqs"])
     n_tune = n_all - len(fid["heldout"])
     cmp = fid["logits"][cand]  # F.StreamedComparison (_logit_sink)
@@ -367,7 +386,6 @@ def _fidelity_result(fid: dict[str, Any], cand: str) -> dict[str, Any]:
         "candidate": cand,
         **cmp.result(0, n_tune),
         "calibration_heldout": ({"samples": held["items"], **held["overall"]} if held else None),
-        "seconds": fid["seconds"],
         "sequence": "prompt + reference answer (the baseline's tokens where it answered correctly) + eos, cut to the item budget",
     }
 
@@ -385,7 +403,7 @@ def _score(e: Any, st: _Setup, runs: _Runs) -> _Scores:
         r: {i: (metric_of[i](o.text, item_of[i]) if o.finish_reason != "error" else 0.0) for i, o in outs.items()}
         for r, outs in outputs.items()
     }
-    summaries = {r: _summarise(outputs[r], scores[r], prepared, runs.seconds[r]) for r in st.runners}
+    summaries = {r: _summarise(outputs[r], scores[r], prepared) for r in st.runners}
     comparison: dict[str, Any] | None = None
     stats: dict[str, Any] = {}
     cand_scores = {"overall": summaries[cand]["score"], **{f"slice:{s}": v["score"] for s, v in summaries[cand]["slices"].items()}}
@@ -537,7 +555,8 @@ def _report(
 
 
 def _write_outputs(path: Any, st: _Setup, runs: _Runs, sc: _Scores) -> None:
-    """``outputs.jsonl``: one line per skipped item, else one per (item, runner) with text, ids, score, latency."""
+    """``outputs.jsonl``: one line per skipped item, else one per (item, runner) with text, ids and score (latencies:
+    the manifest's ``measurements``)."""
     with open(path, "w", encoding="utf-8") as f:
         for p in st.prepared:
             base = {"id": p.item.id, "slice": p.item.slice, "metric": p.item.metric, "prompt_tokens": len(p.input_ids)}
@@ -554,7 +573,6 @@ def _write_outputs(path: Any, st: _Setup, runs: _Runs, sc: _Scores) -> None:
                         "output_ids": o.output_ids,
                         "finish_reason": o.finish_reason,
                         "score": sc.scores[r][p.item.id],
-                        "latency_s": round(o.latency_s, 6),
                         "error": o.error,
                     }
                     f.write(json.dumps(row, ensure_ascii=False) + "\n")

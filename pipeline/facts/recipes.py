@@ -43,6 +43,10 @@ class Recipe:
             ``eval.gate.max_kld_by_recipe``); None: not checked.
         min_top1: default floor of the teacher-forced top-1 agreement with the baseline (0..1;
             ``eval.gate.min_top1_by_recipe``); None: not checked.
+        reads: the recipe-specific ``quant`` fields its bytes depend on (``group_size``: grouped weights;
+            ``smoothquant_alpha``: SmoothQuant; ``resmooth``: recipes with an AWQ/SmoothQuant pre-quant scale,
+            pipeline/quantize/resmooth.py; ``auto``: the search).  A recipe-specific field another recipe reads stays
+            out of this one's quantize cache key (:func:`unused_quant_fields`); every other field is always keyed.
 
     The gate defaults' reasoning and measurements are in :class:`pipeline.core.config.eval.GateConfig` and docs/evaluate.md.
     """
@@ -60,6 +64,7 @@ class Recipe:
     max_drop: float | None = None
     max_kld: float | None = None
     min_top1: float | None = None
+    reads: tuple[str, ...] = ()
 
 
 RECIPES: dict[str, Recipe] = {
@@ -101,6 +106,7 @@ RECIPES: dict[str, Recipe] = {
             "smoothing strength quant.smoothquant_alpha",
             auto_format=True,
             max_drop=0.04,
+            reads=("smoothquant_alpha", "resmooth"),
         ),
         Recipe(
             "int8_wo",
@@ -128,6 +134,7 @@ RECIPES: dict[str, Recipe] = {
             max_drop=0.06,
             max_kld=0.05,
             min_top1=0.95,
+            reads=("group_size",),
         ),
         Recipe(
             "int4_awq",
@@ -141,6 +148,7 @@ RECIPES: dict[str, Recipe] = {
             max_drop=0.05,
             max_kld=0.05,
             min_top1=0.95,
+            reads=("group_size", "resmooth"),
         ),
         Recipe(
             "w4a8_awq",
@@ -153,6 +161,7 @@ RECIPES: dict[str, Recipe] = {
             min_sm=89,
             auto_format=True,
             max_drop=0.06,
+            reads=("group_size", "resmooth"),
         ),
         Recipe(
             "auto",
@@ -165,6 +174,7 @@ RECIPES: dict[str, Recipe] = {
             "or not quantized); TensorRT-LLM MIXED_PRECISION with per-layer quant_cfg.json, or the one format chosen",
             # SM 8.0 for the search itself; fp8/w4a8_awq candidates need SM 8.9 (checked per chosen format)
             max_drop=0.05,  # between the fp8/int8 allowances and int4's: the search mixes those formats per layer
+            reads=("auto", "resmooth"),
         ),
         Recipe(
             "int4_wo",
@@ -178,6 +188,7 @@ RECIPES: dict[str, Recipe] = {
             max_drop=0.06,
             max_kld=0.05,
             min_top1=0.95,
+            reads=("group_size",),
         ),
     )
 }
@@ -187,6 +198,20 @@ DEPRECATED_RECIPES: dict[str, str] = {r.name: r.deprecated_for for r in RECIPES.
 """Deprecated recipe name -> the name to use (still accepted for one release; the quant report warns)."""
 AUTO_FORMATS: tuple[str, ...] = tuple(r.name for r in RECIPES.values() if r.auto_format)
 """Formats ``quant=auto`` may pick per layer (besides "not quantized", which ModelOpt always adds)."""
+
+
+def unused_quant_fields(recipe: str, auto_formats: Any = ()) -> frozenset[str]:
+    """The recipe-specific ``quant`` fields (some recipe's ``reads``) that ``recipe`` does not read (``auto``: nor any
+    of ``quant.auto.formats``).  The quantize cache key leaves them out, so e.g. ``quant.group_size`` on ``fp8`` or
+    ``quant.smoothquant_alpha`` on ``int4_awq`` never changes it; a field no recipe lists is always keyed, and an
+    unknown name (refused by the config checks) leaves nothing out."""
+    r = RECIPES.get(recipe)
+    if r is None:
+        return frozenset()
+    formats = [RECIPES[f] for f in auto_formats if f in RECIPES] if recipe == "auto" else []
+    return frozenset().union(*(x.reads for x in RECIPES.values())) - frozenset(r.reads).union(*(f.reads for f in formats))
+
+
 RECIPE_MIN_SM: dict[str, int] = {r.name: r.min_sm for r in RECIPES.values()}
 """``quant.recipe`` -> minimum compute capability (major*10+minor) of a TensorRT-LLM engine."""
 
@@ -236,4 +261,5 @@ __all__ = [
     "RECIPES",
     "RECIPE_MIN_SM",
     "Recipe",
+    "unused_quant_fields",
 ]

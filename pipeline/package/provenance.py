@@ -20,8 +20,10 @@ What this tool records (``release/provenance.intoto.json``):
 - ``resolvedDependencies``: one entry per external input of every upstream stage (``checkpoint`` of export,
   ``calibration`` of quantize, ``eval_set`` / ``reference_checkpoint`` of evaluate, ...) with its content digest
   (never its path), and one per upstream artifact (``artifact:<stage>``, its output digest);
-- ``internalParameters``: library versions and host facts (``pipeline.core.hostinfo.host``: platform, CPU, memory, GPUs;
-  no user names, no environment);
+- ``internalParameters``: library versions, host facts (``pipeline.core.hostinfo.host``: platform, CPU, memory, GPUs;
+  no user names, no environment variables) and ``distributions``, the exact version of every Python distribution the
+  pipeline ran with (``pipeline.core.hostinfo.installed_distributions``; ``make env`` installs them from
+  ``constraints.txt``);
 - ``builder``: ``{"id": BUILDER_ID, "version": {"pipeline": <version>}}``; ``metadata.invocationId``: the sha256
   of the package stage's (redacted) key document, i.e. its cache key;
 - ``byproducts``: the evaluation gate verdict and the serving parity record, as ``annotations``.
@@ -116,6 +118,7 @@ def build_statement(
         gate, parity: the gate record of the release manifest and the parity record.
     """
     from .. import __version__
+    from ..core.hostinfo import installed_distributions
     from ..core.store import sha256_file
 
     manifest = release_dir / PackageArtifact.RELEASE_MANIFEST
@@ -132,7 +135,7 @@ def build_statement(
             "buildDefinition": {
                 "buildType": BUILD_TYPE,
                 "externalParameters": {"config": dict(config)},
-                "internalParameters": {"versions": dict(versions), "host": dict(host)},
+                "internalParameters": {"versions": dict(versions), "host": dict(host), "distributions": installed_distributions()},
                 "resolvedDependencies": _upstream(upstream),
             },
             "runDetails": {

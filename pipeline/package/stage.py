@@ -436,6 +436,7 @@ def _provenance(ctx: StageContext, rel: Path, archive: Path, manifest: dict[str,
     from .signing import dsse_sign, method
 
     config = redact(json.loads(json.dumps(dataclasses.asdict(ctx.cfg), default=str)))
+    config.pop("store_dir", None)  # where the artifacts are kept, not what they hold: a rebuild elsewhere has the same statement
     statement = build_statement(
         rel,
         archive,

@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from .auto import auto_search
-from .common import _quiet
+from .common import _quiet, unused_fields
 from .modelopt_config import lm_head_excluded, modelopt_config
 from .placement import choose_batch_size, free_bytes, with_layerwise
 from .preflight import _Source
-from .resmooth import resmooth
+from .resmooth import ResmoothResult, resmooth
 
 log = logging.getLogger(__name__)
 #: ModelOpt's probe measures a plain forward pass (no quantizers inserted yet); calibration adds fake-quant copies of the
@@ -123,7 +123,9 @@ def _calibrate(cfg: Any, src: _Source, calib_path: Path | None, progress: Any, s
             torch.manual_seed(seed)
             with torch.no_grad(), _quiet("mtq.quantize"):
                 mtq.quantize(src.model, run_cfg, loop)
-    if bool(qcfg.resmooth):
+    if "resmooth" in unused_fields(qcfg):  # not keyed for it: never read
+        cal.resmooth = ResmoothResult(reason=f"quant={qcfg.recipe} has no AWQ/SmoothQuant pre-quant scale").as_dict()
+    elif bool(qcfg.resmooth):
         with _quiet("resmooth"):
             cal.resmooth = resmooth(src.model, src.placement.device).as_dict()
     else:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.errors import InputError
 from ..export.artifact import ExportArtifact
-from ..facts.recipes import KV_CACHE_FORMATS
+from ..facts.recipes import KV_CACHE_FORMATS, unused_quant_fields
 
 if TYPE_CHECKING:
     import torch
@@ -22,6 +22,12 @@ log = logging.getLogger("pipeline.quantize")
 KV_CACHE: dict[str, tuple[str | None, list[dict[str, Any]]]] = {
     k: (f.kv_cache_quant_algo, list(f.quantizers)) for k, f in KV_CACHE_FORMATS.items()
 }
+
+
+def unused_fields(qcfg: Any) -> frozenset[str]:
+    """The ``quant`` fields ``qcfg.recipe`` does not read and the quantize key leaves out
+    (:func:`pipeline.facts.recipes.unused_quant_fields`; ``quant.auto`` is read only for ``quant=auto``)."""
+    return unused_quant_fields(qcfg.recipe, qcfg.auto.formats if qcfg.recipe == "auto" else ())
 
 
 def _hf_dir(export_dir: Path) -> Path:

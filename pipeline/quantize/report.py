@@ -107,9 +107,9 @@ def _quant_report(
     precisions: list[dict[str, Any]],
     quant_algo: str | None,
     hf_notes: list[str],
-    timings: dict[str, float],
 ) -> dict[str, Any]:
-    """The ``quant_report.json`` document (schema ``pipeline.quant_report/v1``)."""
+    """The ``quant_report.json`` document (schema ``pipeline.quant_report/v1``): what was made, never how long it took
+    or how much memory it used (those are the manifest's ``measurements``: the report's bytes enter the content digest)."""
     import torch
 
     recipe = RECIPES[qcfg.recipe]
@@ -144,7 +144,6 @@ def _quant_report(
         "calibration": cal.stats,
         "resmooth": cal.resmooth,
         "warnings": _deprecation_notes(qcfg.recipe) + cal.warnings + exported.notes + hf_notes,
-        "timings_s": {k: round(v, 3) for k, v in timings.items()},
         "modelopt_version": _version("nvidia-modelopt"),
         "torch_version": torch.__version__,
     }
@@ -192,8 +191,7 @@ def render_report_md(r: dict[str, Any]) -> str:
             f"| calibration tokens / batches | {cal['tokens']} ({cal.get('tokens_trimmed')} trimmed to keep batches padding-free) / {cal.get('batches')} |",
             f"| pad token | {cal['pad_token']!r}{' (set by the pipeline)' if cal['pad_token_set'] else ''} |",
         ]
-    t = r["timings_s"]
-    lines += [f"| time | calibration {t.get('calibration_s', 0):.2f} s, total {t['total_s']:.2f} s |", ""]
+    lines.append("")
     pre = r.get("preflight") or {}
     for k in ("vocab_padding", "kv_heads_replicated", "target_gpu"):
         if k in pre:

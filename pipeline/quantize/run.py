@@ -47,7 +47,10 @@ def quantize(
         resume_dir: a folder that survives a killed run of the same key (``StageContext.resume_dir``): layer-by-layer
             calibration checkpoints every finished layer there and resumes from it (:func:`pipeline.quantize.calibrate._calibrate`).
     Returns:
-        The stage result (``headline``: recipe, kv_cache, compression, calib_samples).
+        The stage result (``headline``: recipe, kv_cache, compression, calib_samples; ``measurements``: the wall time
+        ``timings_s`` and peak RSS ``peak_rss_bytes`` of each step, the placement's ``budget_bytes`` and ``reason``, the calibration's
+        ``batch_size_reason``,
+        which the stage moves into the manifest).
     Raises:
         InputError: failed checks, bad calibration input.
     """
@@ -158,9 +161,9 @@ def _quantize(cfg: Any, export_dir: Path, calib_path: Path | None, out: Path, pr
             _free()
     shutil.rmtree(offload_dir, ignore_errors=True)
     timings = {**step.timings, "total_s": time.time() - t0}
-    report = _quant_report(qcfg, parallel, src, cal, exported, precisions, quant_algo, hf_notes, timings)
-    report["placement"] = {**src.placement.as_dict(), "resumed_at_layer": cal.resumed_at[0] if cal.resumed_at else None}
-    report["peak_rss_bytes"] = step.peaks
+    report = _quant_report(qcfg, parallel, src, cal, exported, precisions, quant_algo, hf_notes)
+    measured = _measurements(report, src.placement, step, timings)
+    report["placement"]["resumed_at_layer"] = cal.resumed_at[0] if cal.resumed_at else None
     from ..core.store import write_json_atomic
 
     write_json_atomic(out / QuantizeArtifact.REPORT_JSON, report)
@@ -180,4 +183,20 @@ def _quantize(cfg: Any, export_dir: Path, calib_path: Path | None, out: Path, pr
         "placement": report["placement"],
         "cuda_extension": cal.cuda_extension,
         "warnings": report["warnings"],
+        "measurements": measured,
+    }
+
+
+def _measurements(report: dict[str, Any], placement: Placement, step: _Steps, timings: dict[str, float]) -> dict[str, Any]:
+    """What the run measured, moved out of ``report`` (whose bytes make the artifact's content digest: a rerun from the
+    same inputs has the same digest) for the manifest: wall times, peak RSS, and the texts that name the free memory
+    (the placement's ``budget_bytes`` / ``reason``, the calibration's ``batch_size_reason``)."""
+    where = placement.as_dict()
+    measured = {k: where.pop(k) for k in ("budget_bytes", "reason")}
+    report["placement"] = where
+    return {
+        "timings_s": {k: round(v, 3) for k, v in timings.items()},
+        "peak_rss_bytes": step.peaks,
+        "placement": measured,
+        "batch_size_reason": (report.get("calibration") or {}).pop("batch_size_reason", None),
     }

@@ -14,9 +14,11 @@ def _run(ctx: StageContext) -> dict[str, Any]:
     from .run import quantize
 
     assert ctx.out is not None
-    return quantize(
+    result = quantize(
         ctx.cfg, ctx.inputs["export"].path, ctx.external.get("calibration"), ctx.out, progress=ctx.progress, resume_dir=ctx.resume_dir
     )
+    ctx.manifest["measurements"] = result.pop("measurements")  # wall times and peak memory: not in the content digest
+    return result
 
 
 def _external(cfg: Any) -> dict[str, Path]:
@@ -34,6 +36,13 @@ def _extras(cfg: Any, inputs: dict) -> dict[str, Any]:
         cal.pop("hf_dataset", None)
         cal.pop("hf_split", None)
     return {"calibration": cal, "target_gpu": getattr(cfg.target, "gpu", None)}
+
+
+def _key_unused(cfg: Any) -> dict[str, frozenset[str]]:
+    """The ``quant`` fields the recipe does not read (:func:`pipeline.quantize.common.unused_fields`): not keyed."""
+    from .common import unused_fields
+
+    return {"quant": unused_fields(cfg.quant)}
 
 
 def _dry_run(ctx: StageContext) -> dict[str, Any]:
@@ -63,6 +72,7 @@ STAGE = Stage(
     version="1",
     external_inputs=_external,
     key_extras=_extras,
+    key_unused=_key_unused,
     dry_run=_dry_run,
     # the placement budget: an offloaded, layer-by-layer calibration gives the same statistics
     # (tests/quantize/test_scale_memory.py::test_offloaded_layerwise_calibration_equals_the_whole_model)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.errors import InputError, SelfCheckError
 from .artifact import QuantizeArtifact
-from .common import KV_CACHE, _hf_dir, log
+from .common import KV_CACHE, _hf_dir, log, unused_fields
 
 if TYPE_CHECKING:
     import torch
@@ -403,7 +403,7 @@ def _write_state(
         "modelopt_config": _encode_state(cal.modelopt_cfg, {}) if cal.modelopt_cfg is not None else None,
         "quant_algo": quant_algo,
         "kv_cache_quant_algo": KV_CACHE[qcfg.kv_cache_dtype][0],
-        "group_size": int(qcfg.group_size),
+        "group_size": None if "group_size" in unused_fields(qcfg) else int(qcfg.group_size),
     }
     if qcfg.recipe == "none":
         from safetensors.torch import save_file

@@ -69,12 +69,13 @@ def test_resmooth_false_keeps_each_calibrated_scale(src, tmp_path):
 
 
 def test_recipes_without_prescale_or_with_quantized_activations_are_left_alone(src, tmp_path):
-    _, quant = _quantize(src, tmp_path / "store", "quant=int4_rtn")
+    # int4_rtn has no pre-quant scale: quant.resmooth is not read (nor in its quantize key), whatever its value
+    _, quant = _quantize(src, tmp_path / "store", "quant=int4_rtn", "quant.resmooth=false")
     assert json.loads((quant / "quant_report.json").read_text())["resmooth"] == {
         "applied": False,
         "shared_groups": 0,
         "skipped": [],
-        "reason": "no layer has an AWQ/SmoothQuant pre-quant scale",
+        "reason": "quant=int4_rtn has no AWQ/SmoothQuant pre-quant scale",
     }
     _, quant = _quantize(src, tmp_path / "store", "quant=int8_sq", "quant.kv_cache_dtype=int8")
     rep = json.loads((quant / "quant_report.json").read_text())["resmooth"]
