@@ -4,7 +4,7 @@ ModelOpt simulated-quantization model, with one stop handling, one tokenization 
 ``generation_config.json``).
 
 - ``baseline``: the *source* checkpoint (``model.path``, never the export) in transformers in the
-  reference dtype (``eval.reference_dtype``), batched with left padding and an ``attention_mask``.
+  reference dtype (``eval.reference_dtype``) on ``eval.device``, batched with left padding and an ``attention_mask``.
 - ``simulated``: ``pipeline.quantize.state.load_simulated_model`` (ModelOpt fake-quant modules in PyTorch),
   driven exactly like the baseline.
 - ``engine``: the built engine through its own runtime (``pipeline.build.targets.get_target(t).load_runner``).
