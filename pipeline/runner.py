@@ -106,11 +106,10 @@ def _digest(p: Path) -> str:
 
 def compute_key(stage: Stage, cfg: PipelineConfig, inputs: dict[str, Artifact], external: dict[str, Path]) -> tuple[str, dict[str, Any]]:
     """The cache key of ``stage`` and the document it hashes (recorded in the manifest)."""
-    unused = stage.key_unused(cfg) if stage.key_unused is not None else {}
     doc = {
         "stage": stage.name,
         "stage_version": stage.version,
-        "config": {g: {k: v for k, v in key_fields(getattr(cfg, g)).items() if k not in unused.get(g, ())} for g in stage.config_groups},
+        "config": stage.key_config(cfg) if stage.key_config else {g: key_fields(getattr(cfg, g)) for g in stage.config_groups},
         # Upstream artifacts enter by their *key* (itself a hash of their inputs, config and versions), so
         # the chain is input-addressed like a build system's action keys: timing fields inside an upstream
         # report never invalidate downstream work. Output digests stay in each manifest for provenance.
@@ -373,10 +372,12 @@ def _run_stages(cfg: PipelineConfig, console: Console, state: _RunState) -> None
     externals = _all_externals(order, cfg)
     if "build" in order and not cfg.dry_run:
         _target_available(cfg, store, order, externals)
-    if "quantize" in order and not cfg.dry_run and str(cfg.calibration.device).lower().startswith("cuda"):
-        from .quantize.placement import resolve_device
-
-        resolve_device(cfg.calibration.device)  # a named GPU that is not there: exit 2 before export runs
+    for stage_name, setting, field in (
+        ("quantize", cfg.calibration.device, "calibration.device"),
+        ("evaluate", cfg.eval.device, "eval.device"),
+    ):
+        if stage_name in order and not cfg.dry_run and str(setting).strip().lower().startswith("cuda"):
+            hostinfo.resolve_torch_device(setting, field)  # a named GPU that is not there: exit 2 before export runs
     done: dict[str, Artifact] = {}
     show_progress = cfg.progress and console.is_terminal
     for name in order:

@@ -131,3 +131,33 @@ def host() -> dict[str, Any]:
         "memory_bytes": mem,
         "gpus": gpus(),
     }
+
+
+def resolve_torch_device(setting: str, field: str) -> str:
+    """A device setting (``calibration.device``, ``eval.device``) -> ``cpu`` | ``cuda:N``: ``auto`` = ``cuda:0`` when
+    torch sees a GPU, else ``cpu``; ``cpu``, ``cuda`` (= ``cuda:0``) and ``cuda:N`` as given. Imports torch unless the
+    setting is ``cpu``.
+
+    Raises:
+        InputError: ``cuda``/``cuda:N`` on a host where torch sees no such GPU (exit 2, naming ``field`` and the fix);
+            an unknown spelling.
+    """
+    from .errors import InputError
+
+    s = str(setting).strip().lower()
+    if s == "cpu":
+        return "cpu"
+    if s not in ("auto", "cuda") and not (s.startswith("cuda:") and s[5:].isdigit()):
+        raise InputError(f"{field}={setting!r}: unknown. Fix: use auto, cpu, cuda or cuda:N.")
+    import torch
+
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if s == "auto":
+        return "cuda:0" if n else "cpu"
+    idx = int(s[5:]) if ":" in s else 0
+    if idx >= n:
+        raise InputError(
+            f"{field}={setting!r}: torch sees {n} CUDA device(s) on this host. "
+            f"Fix: {field}=auto (CUDA when visible, else the CPU) or {field}=cpu."
+        )
+    return f"cuda:{idx}"

@@ -109,8 +109,9 @@ class Stage:
         external_inputs: ``f(cfg) -> {name: path}`` of files/folders outside the store (digested).
         key_extras: ``f(cfg, inputs) -> dict`` of further facts that change the bytes (e.g. the
             resolved target, the target GPU).
-        key_unused: ``f(cfg) -> {group: field names}``: cache fields of ``config_groups`` this config does not read
-            (quantize: ``quant.group_size`` on a recipe without groups), left out of the key.
+        key_config: ``f(cfg) -> {group: fields}``, the config part of the key when a group's fields enter it resolved
+            (evaluate: ``eval.reference_dtype=auto`` as the dtype it resolves to); default: ``key_fields`` of each of
+            ``config_groups``.
         dry_run: ``f(ctx) -> dict`` describing what would be done, without writing (optional).
         cacheable: ``False`` for measurements (benchmark) that must run every time.
         select_deps: ``f(cfg) -> deps`` when the inputs depend on the config (e.g. evaluate needs no
@@ -129,7 +130,7 @@ class Stage:
     version: str = "1"
     external_inputs: Callable[[PipelineConfig], dict[str, Path]] = _no_external
     key_extras: Callable[[PipelineConfig, dict[str, Artifact]], dict[str, Any]] = _no_extras
-    key_unused: Callable[[PipelineConfig], dict[str, frozenset[str]]] | None = None
+    key_config: Callable[[PipelineConfig], dict[str, Any]] | None = None
     dry_run: Callable[[StageContext], dict[str, Any]] | None = None
     cacheable: bool = True
     select_deps: Callable[[PipelineConfig], tuple[str, ...]] | None = None

@@ -8,8 +8,8 @@
   format's mapping: ``pipeline.evaluate.dataset.EvalSet.format``)
 - ``recipe``, ``target``, ``candidate`` (runner judged by the gate), ``baseline`` (``"baseline"`` or null)
 - ``runners``: {name: {score, slices: {slice: {score, n}}, n, skipped_too_long, errors,
-  finish_reasons: {eos, stop, length, error}}} (wall time, items per second and latencies are the artifact manifest's
-  ``measurements``, not here: this file's bytes enter the content digest)
+  finish_reasons: {eos, stop, length, error}, batch_size}} (wall time, items per second and latencies are the artifact
+  manifest's ``measurements``, not here: this file's bytes enter the content digest)
 - ``comparison``: {"overall": PairedStats, "slices": {slice: PairedStats}} (candidate vs baseline;
   PairedStats = {n, baseline, candidate, drop, upper, confidence, method, discordant, agreement})
 - ``pairwise_agreement``: {"<runner a>~<runner b>": fraction of items with identical output text}
@@ -21,6 +21,7 @@
   {schema, repetition_penalty, sampling (the model's recommended values; not used by the gate), ignored, source,
   gate: "greedy"}
 - ``reference``: {checkpoint, dtype, requested}: the baseline's source checkpoint and compute dtype
+- ``device``: where the baseline and simulated runners ran (the resolved ``eval.device``: ``cpu`` | ``cuda:N``)
 - ``skipped``: {"too_long": [ids], "max_input_len": int}
 - ``worst_regressions``: [{id, slice, prompt, reference, baseline, candidate, baseline_score, candidate_score}]
 - ``rope_scaling``: null or the checkpoint's normalised RoPE scaling (``pipeline.facts.rope.normalise_rope``)
@@ -187,14 +188,14 @@ def to_markdown(rep: dict[str, Any]) -> str:
     lines += [
         "### Runners",
         "",
-        "| runner | score | items | skipped (too long) | errors | eos / stop / length |",
-        "|---|---|---|---|---|---|",
+        "| runner | score | items | skipped (too long) | errors | eos / stop / length | batch |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, r in rep["runners"].items():
         fr = r["finish_reasons"]
         lines.append(
             f"| {name} | {_pct(r['score'])} | {r['n']} | {r['skipped_too_long']} | {r['errors']} | "
-            f"{fr.get('eos', 0)} / {fr.get('stop', 0)} / {fr.get('length', 0)} |"
+            f"{fr.get('eos', 0)} / {fr.get('stop', 0)} / {fr.get('length', 0)} | {r.get('batch_size') or '-'} |"
         )
     if rep.get("pairwise_agreement"):
         lines += ["", "Output agreement between runners: " + ", ".join(f"{k} {_pct(v)}" for k, v in rep["pairwise_agreement"].items())]

@@ -4,7 +4,7 @@ ModelOpt simulated-quantization model, with one stop handling, one tokenization 
 ``generation_config.json``).
 
 - ``baseline``: the *source* checkpoint (``model.path``, never the export) in transformers in the
-  reference dtype (``eval.reference_dtype``), batched with left padding and an ``attention_mask``.
+  reference dtype (``eval.reference_dtype``) on ``eval.device``, batched with left padding and an ``attention_mask``.
 - ``simulated``: ``pipeline.quantize.state.load_simulated_model`` (ModelOpt fake-quant modules in PyTorch),
   driven exactly like the baseline.
 - ``engine``: the built engine through its own runtime (``pipeline.build.targets.get_target(t).load_runner``).
@@ -147,6 +147,7 @@ class HFRunner:
         for i, x in enumerate(batch):
             ids[i, width - len(x) :] = torch.tensor(x, dtype=torch.long)
             mask[i, width - len(x) :] = 1
+        ids, mask = ids.to(self.model.device), mask.to(self.model.device)
         gc = GenerationConfig(
             do_sample=False,
             num_beams=1,
@@ -157,7 +158,7 @@ class HFRunner:
         )
         with torch.inference_mode():
             seq = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=gc)
-        return [row[width:].tolist() for row in seq]
+        return [row[width:].tolist() for row in seq.cpu()]
 
     def run(self, prepared: Sequence[Prepared], batch_size: int, advance: Advance = lambda n: None) -> dict[str, ItemOutput]:
         todo = sorted((p for p in prepared if not p.skipped), key=lambda p: (p.max_new_tokens, len(p.input_ids)))
@@ -201,11 +202,11 @@ class HFRunner:
             first = min(len(seqs[i].prompt) - 1 for i in idx)  # the earliest position any row needs
             kw = {"logits_to_keep": width - first} if keep_ok else {}
             with torch.inference_mode():
-                logits = self.model(input_ids=ids, attention_mask=mask, **kw).logits
+                logits = self.model(input_ids=ids.to(self.model.device), attention_mask=mask.to(self.model.device), **kw).logits
             shift = width - logits.shape[1]  # logits[:, k] is position shift + k
             for j, i in enumerate(idx):
                 a, n = len(seqs[i].prompt) - 1 - shift, len(seqs[i].continuation)
-                out[i] = logits[j, a : a + n].float().numpy().astype(np.float32, copy=True)
+                out[i] = logits[j, a : a + n].float().cpu().numpy().astype(np.float32, copy=True)
             del logits
             advance(len(idx))
         return out
@@ -330,23 +331,90 @@ def load_hf_model(hf_dir: Path, dtype: str = "float32") -> Any:
     return AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=getattr(torch, dtype), trust_remote_code=False, use_safetensors=True)
 
 
-def reference_dtype(checkpoint: Path, requested: str) -> str:
-    """The baseline's compute dtype: ``requested`` (float32 | bfloat16 | float16), or for ``checkpoint``
-    the source ``config.json`` ``torch_dtype`` (``dtype`` in transformers 5; float32 when absent)."""
-    if requested != "checkpoint":
-        return requested
+def checkpoint_dtype(checkpoint: Path) -> str:
+    """The ``config.json`` ``torch_dtype`` (``dtype`` in transformers 5) of a checkpoint folder: float32 | bfloat16 |
+    float16; float32 when absent, unreadable or another dtype."""
     import json
 
     try:
         cfg = json.loads((Path(checkpoint) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, TypeError):
         return "float32"
-    d = str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32")
+    d = str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32") if isinstance(cfg, dict) else "float32"
     return d if d in ("float32", "bfloat16", "float16") else "float32"
 
 
-def load_reference_model(checkpoint: Path, dtype: str, *, allow_pickle: bool = False) -> Any:
-    """The *source* checkpoint (the user's ``model.path``, never the export artifact) in ``dtype`` on CPU.
+def reference_dtype(checkpoint: Path | None, requested: str, device: str = "cpu") -> str:
+    """The baseline's compute dtype on ``device`` (``cpu`` | ``cuda[:N]``): ``requested`` (float32 | bfloat16 |
+    float16); for ``checkpoint`` the source checkpoint's dtype (:func:`checkpoint_dtype`); for ``auto`` float32 on the
+    CPU and on CUDA the checkpoint's 16-bit dtype, bfloat16 for a float32 one (the rule of the calibration dtype,
+    :func:`pipeline.planner.host.compute_dtype`)."""
+    if requested == "auto":
+        if device == "cpu":
+            return "float32"
+        from ..planner.host import compute_dtype
+
+        return compute_dtype("cuda", checkpoint_dtype(checkpoint) if checkpoint is not None else "float32")
+    if requested == "checkpoint":
+        return checkpoint_dtype(checkpoint) if checkpoint is not None else "float32"
+    return requested
+
+
+def device_kind(setting: str) -> str:
+    """``eval.device`` -> ``cpu`` | ``cuda``, the kind the evaluate key holds: ``auto`` asks torch (a GPU it sees);
+    ``cuda``/``cuda:N`` is ``cuda`` without checking (the runner refuses a missing GPU before any work, exit 2)."""
+    s = str(setting).strip().lower()
+    if s == "auto":
+        from ..core.hostinfo import resolve_torch_device
+
+        return "cpu" if resolve_torch_device(s, "eval.device") == "cpu" else "cuda"
+    return "cpu" if s == "cpu" else "cuda"
+
+
+#: ``eval.batch_size=auto`` on the CPU and for the engine runner: the fixed batch before ``auto``, so CPU results and
+#: timings are those of earlier runs.
+AUTO_BATCH_CPU = 16
+
+
+def choose_batch(setting: Any, device: str, model_config: Any, seq_len: int, n_items: int, dtype: str) -> tuple[int, str]:
+    """The batch of an HF runner (baseline, simulated) and one sentence saying why.
+
+    ``eval.batch_size``: an integer is used as given; ``auto`` is :data:`AUTO_BATCH_CPU` on the CPU, and on CUDA
+    ``floor(ACTIVATION_FRACTION x free / per_item)``, at least 1 and at most ``n_items``: ``free`` is
+    ``torch.cuda.mem_get_info`` of the device with the model loaded, ``per_item`` one sequence of ``seq_len`` tokens
+    by the planner's estimate of an evaluate batch (:func:`pipeline.planner.host.eval_activation_bytes`: activations,
+    KV cache and logits in ``dtype``) and ``ACTIVATION_FRACTION`` the share calibration's ``auto`` batch uses
+    (:data:`pipeline.planner.host.ACTIVATION_FRACTION`, one half).
+    """
+    from ..core.config.calibration import parse_batch_size
+
+    n = parse_batch_size(setting)
+    if n is not None:
+        return n, f"eval.batch_size={n}"
+    if device == "cpu":
+        return AUTO_BATCH_CPU, f"eval.batch_size=auto: {AUTO_BATCH_CPU} on the CPU"
+    import torch
+
+    from ..facts.geometry import DTYPE_BYTES, ModelShape
+    from ..planner.host import ACTIVATION_FRACTION, eval_activation_bytes
+
+    shape = ModelShape.from_hf_config(model_config.to_dict())
+    b = DTYPE_BYTES[dtype]
+    per = eval_activation_bytes(
+        shape.hidden_size, shape.intermediate_size, shape.vocab_size, shape.kv_bytes_per_token(b), max(1, seq_len), 1, b
+    )
+    free = int(torch.cuda.mem_get_info(torch.device(device))[0])
+    fit = int(ACTIVATION_FRACTION * free // max(1, per))
+    chosen = max(1, min(fit, max(1, n_items)))
+    return chosen, (
+        f"eval.batch_size=auto: {chosen} ({ACTIVATION_FRACTION:.0%} of the {free / 1e9:.1f} GB free on {device} at "
+        f"{per / 1e6:.1f} MB per {seq_len}-token sequence allow {fit}; {n_items} items)"
+    )
+
+
+def load_reference_model(checkpoint: Path, dtype: str, *, allow_pickle: bool = False, device: str = "cpu") -> Any:
+    """The *source* checkpoint (the user's ``model.path``, never the export artifact) in ``dtype`` on ``device``
+    (loaded there directly: transformers' ``device_map``; the CPU load is the one before ``eval.device``).
 
     An independent reference: a defect of the export (a lossy cast, a corrupted tensor) shows up as a
     difference between baseline and candidate instead of being shared by both.  safetensors only unless
@@ -358,8 +426,9 @@ def load_reference_model(checkpoint: Path, dtype: str, *, allow_pickle: bool = F
     from ..core.modelio import loadable_view
 
     with loadable_view(Path(checkpoint)) as load_dir:  # an allowed outside shard (model.allow_external_files)
+        kw = {"device_map": device} if device != "cpu" else {}
         return AutoModelForCausalLM.from_pretrained(
-            str(load_dir), dtype=getattr(torch, dtype), trust_remote_code=False, use_safetensors=None if allow_pickle else True
+            str(load_dir), dtype=getattr(torch, dtype), trust_remote_code=False, use_safetensors=None if allow_pickle else True, **kw
         )
 
 

@@ -89,19 +89,27 @@ def resolve_runners(cfg: Any, build_art: Any) -> tuple[list[str], str, dict[str,
 
 
 # --------------------------------------------------------------------------- running
-def _make_runner(name: str, ctx: StageContext, tokenizer: Any, stop_ids: list[int], pad_id: int) -> Any:
-    from .runners import EngineAdapter, HFRunner, load_reference_model, reference_dtype
+def _make_runner(name: str, ctx: StageContext, tokenizer: Any, stop_ids: list[int], pad_id: int, device: str = "cpu") -> Any:
+    """Load runner ``name``; the baseline and simulated models on ``device`` (the resolved ``eval.device``): the
+    baseline in its reference dtype (:func:`~pipeline.evaluate.runners.reference_dtype`), the simulated model in the
+    calibration dtype on the CPU and in the export's 16-bit dtype on CUDA."""
+    from .runners import EngineAdapter, HFRunner, checkpoint_dtype, load_reference_model, reference_dtype
 
     export_dir = ctx.inputs["export"].path
     penalty = ExportArtifact(export_dir).decoding().penalty  # one decoding policy for every runner (pipeline.core.decoding)
     if name == "baseline":
         src = ctx.external["reference_checkpoint"]
-        model = load_reference_model(src, reference_dtype(src, ctx.cfg.eval.reference_dtype), allow_pickle=ctx.cfg.model.allow_pickle)
+        dtype = reference_dtype(src, ctx.cfg.eval.reference_dtype, device)
+        model = load_reference_model(src, dtype, allow_pickle=ctx.cfg.model.allow_pickle, device=device)
         return HFRunner(model, tokenizer, stop_ids=stop_ids, pad_id=pad_id, name=name, repetition_penalty=penalty)
     if name == "simulated":
+        import torch
+
+        from ..planner.host import compute_dtype
         from ..quantize.state import load_simulated_model
 
-        model = load_simulated_model(ctx.inputs["quantize"].path, export_dir, device="cpu")
+        sim_dtype = None if device == "cpu" else getattr(torch, compute_dtype("cuda", checkpoint_dtype(ExportArtifact(export_dir).hf_dir)))
+        model = load_simulated_model(ctx.inputs["quantize"].path, export_dir, device=device, dtype=sim_dtype)
         return HFRunner(model, tokenizer, stop_ids=stop_ids, pad_id=pad_id, name=name, repetition_penalty=penalty)
     if name == "engine":
         from ..build.targets import get_target
@@ -170,24 +178,31 @@ def _run_all(
     outputs: dict[str, Any],
     seconds: dict[str, float],
     fid: dict[str, Any] | None = None,
+    device: str = "cpu",
+    batches: dict[str, int] | None = None,
 ) -> None:
-    """Generate with every runner (one loaded at a time); with ``fid`` (``{"seqs", "runners": (baseline, cand)}``)
+    """Generate with every runner (one loaded at a time; the baseline and simulated models on ``device``, each with the
+    batch :func:`_batch` chooses, recorded in ``batches``); with ``fid`` (``{"seqs", "runners": (baseline, cand)}``)
     the baseline and the candidate also compute teacher-forced logits (``fid["logits"][runner]``, seconds in
     ``fid["seconds"][runner]``); an engine without logits records ``fid["unavailable"]``."""
+    batches = {} if batches is None else batches
     for name in runners:
         t0 = time.perf_counter()
-        runner = _make_runner(name, ctx, tokenizer, stop_ids, pad_id)
+        runner = _make_runner(name, ctx, tokenizer, stop_ids, pad_id, device)
         try:
+            todo = [p for p in prepared if not p.skipped]
+            batches[name] = _batch(ctx, runner, device, max((len(p.input_ids) + p.max_new_tokens for p in todo), default=1), len(todo))
             with ctx.progress(f"evaluate: {name}", total=n_run) as adv:
-                outputs[name] = runner.run(prepared, ctx.cfg.eval.batch_size, adv)
+                outputs[name] = runner.run(prepared, batches[name], adv)
             if fid is not None and name == "baseline":
                 fid["seqs"] = fid["make"](outputs[name]) + fid["heldout"]
             if fid is not None and name in fid["runners"] and "unavailable" not in fid:
                 t1 = time.perf_counter()
                 try:
                     with ctx.progress(f"evaluate: {name} fidelity", total=len(fid["seqs"])) as adv:
+                        seq = max((len(q.prompt) + len(q.continuation) for q in fid["seqs"]), default=1)
                         fid["logits"][name] = runner.teacher_forced_logits(
-                            fid["seqs"], ctx.cfg.eval.batch_size, adv, into=_logit_sink(fid, name)
+                            fid["seqs"], _batch(ctx, runner, device, seq, len(fid["seqs"])), adv, into=_logit_sink(fid, name)
                         )
                 except NotImplementedError as e:
                     fid["unavailable"] = str(e)
@@ -195,6 +210,19 @@ def _run_all(
         finally:
             runner.close()
         seconds[name] = time.perf_counter() - t0
+
+
+def _batch(ctx: StageContext, runner: Any, device: str, seq_len: int, n_items: int) -> int:
+    """``eval.batch_size`` for one pass of ``runner`` (:func:`pipeline.evaluate.runners.choose_batch`; the engine and
+    a runner on the CPU: ``runner`` None or ``device`` cpu); the reason is logged."""
+    from .runners import choose_batch
+
+    model = getattr(runner, "model", None)
+    on = device if model is not None and hasattr(model, "config") else "cpu"
+    dtype = str(getattr(model, "dtype", "torch.float32")).removeprefix("torch.")
+    n, why = choose_batch(ctx.cfg.eval.batch_size, on, getattr(model, "config", None), seq_len, n_items, dtype)
+    ctx.log.info("%s", why)
+    return n
 
 
 def _logit_sink(fid: dict[str, Any], name: str) -> Any:
@@ -239,6 +267,7 @@ class _Setup:
     cand: str
     notes: dict[str, str]
     n_run: int  # items not skipped
+    device: str = "cpu"  # the resolved eval.device (cpu | cuda:N) of the baseline and simulated runners
     eval_format: dict[str, Any] = dataclasses.field(default_factory=lambda: {"format": "jsonl"})  # EvalSet.format
 
 
@@ -250,6 +279,7 @@ class _Runs:
     seconds: dict[str, float]
     fidelity: dict[str, Any] | None
     fidelity_s: dict[str, float] | None = None
+    batches: dict[str, int] = dataclasses.field(default_factory=dict)  # each runner's generation batch
 
 
 @dataclasses.dataclass
@@ -325,7 +355,12 @@ def _setup(ctx: StageContext) -> _Setup:
     for k, v in notes.items():
         ctx.log.info("%s: %s", k, v)
     n_run = sum(1 for p in prepared if not p.skipped)
-    return _Setup(eval_path, items, build_art, tokenizer, stop_ids, pad_id, limits, prepared, runners, cand, notes, n_run, es.format)
+    from ..core.hostinfo import resolve_torch_device
+
+    device = resolve_torch_device(e.device, "eval.device")
+    return _Setup(
+        eval_path, items, build_art, tokenizer, stop_ids, pad_id, limits, prepared, runners, cand, notes, n_run, device, es.format
+    )
 
 
 def _run_runners(ctx: StageContext, st: _Setup) -> _Runs:
@@ -334,10 +369,11 @@ def _run_runners(ctx: StageContext, st: _Setup) -> _Runs:
     seconds: dict[str, float] = {}
     fid = _fidelity_plan(ctx, st) if ctx.cfg.eval.fidelity and "baseline" in st.runners and st.cand != "baseline" else None
     try:
-        _run_all(ctx, st.runners, st.prepared, st.tokenizer, st.stop_ids, st.pad_id, st.n_run, outputs, seconds, fid)
+        batches: dict[str, int] = {}
+        _run_all(ctx, st.runners, st.prepared, st.tokenizer, st.stop_ids, st.pad_id, st.n_run, outputs, seconds, fid, st.device, batches)
         if fid is None:
-            return _Runs(outputs, seconds, None)
-        return _Runs(outputs, seconds, _fidelity_result(fid, st.cand), fid["seconds"])
+            return _Runs(outputs, seconds, None, None, batches)
+        return _Runs(outputs, seconds, _fidelity_result(fid, st.cand), fid["seconds"], batches)
     finally:
         base = (fid or {}).get("logits", {}).get("baseline")
         if base is not None and hasattr(base, "close"):
@@ -403,7 +439,7 @@ def _score(e: Any, st: _Setup, runs: _Runs) -> _Scores:
         r: {i: (metric_of[i](o.text, item_of[i]) if o.finish_reason != "error" else 0.0) for i, o in outs.items()}
         for r, outs in outputs.items()
     }
-    summaries = {r: _summarise(outputs[r], scores[r], prepared) for r in st.runners}
+    summaries = {r: {**_summarise(outputs[r], scores[r], prepared), "batch_size": runs.batches.get(r)} for r in st.runners}
     comparison: dict[str, Any] | None = None
     stats: dict[str, Any] = {}
     cand_scores = {"overall": summaries[cand]["score"], **{f"slice:{s}": v["score"] for s, v in summaries[cand]["slices"].items()}}
@@ -464,7 +500,7 @@ def _speculative(ctx: StageContext, st: _Setup, runs: _Runs) -> dict[str, Any] |
     Raises:
         InputError: the draft's tokenizer differs from the target's.
     """
-    from .runners import draft_acceptance, load_hf_model, load_tokenizer
+    from .runners import choose_batch, draft_acceptance, load_hf_model, load_tokenizer
 
     e = ctx.cfg.eval
     if not e.draft_model_path:
@@ -486,7 +522,7 @@ def _speculative(ctx: StageContext, st: _Setup, runs: _Runs) -> dict[str, Any] |
             k=e.draft_tokens,
             pad_id=st.pad_id,
             stop_ids=st.stop_ids,
-            batch_size=e.batch_size,
+            batch_size=choose_batch(e.batch_size, "cpu", None, 1, len(st.prepared), "float32")[0],  # the draft runs on the CPU
             advance=adv,
         )
     return _speculative_summary(acc, st.prepared, e, target_runner)
@@ -518,7 +554,7 @@ def _report(
     cfg, e = ctx.cfg, ctx.cfg.eval
     outputs, limits = runs.outputs, st.limits
     too_long = [p.item.id for p in st.prepared if p.skipped]
-    ref_dtype = reference_dtype(ctx.external["reference_checkpoint"], e.reference_dtype) if "baseline" in outputs else None
+    ref_dtype = reference_dtype(ctx.external["reference_checkpoint"], e.reference_dtype, st.device) if "baseline" in outputs else None
     pairwise = _pairwise_agreement(st.runners, outputs)
     return {
         "schema": REPORT_SCHEMA,
@@ -549,6 +585,7 @@ def _report(
         if "baseline" in outputs
         else None,
         "skipped": {"too_long": too_long, "max_input_len": int(limits["max_input_len"])},
+        "device": st.device,
         "worst_regressions": worst,
         "speculative": speculative,
     }
@@ -720,6 +757,22 @@ def _key_extras(cfg: Any, inputs: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _key_config(cfg: Any) -> dict[str, Any]:
+    """The ``eval`` group's cache fields as the run resolves them: ``reference_dtype=auto`` as the dtype it stands for
+    on this host (float32 on the CPU: the key of a CPU run is the one it had before ``auto``), and ``device: cuda`` when
+    the runners run on CUDA (absent on the CPU, for the same reason; ``eval.device`` itself is a runtime field)."""
+    from ..core.config import resolve_path
+    from .runners import device_kind, reference_dtype
+
+    ev = key_fields(cfg.eval)
+    kind = device_kind(cfg.eval.device)
+    if ev.get("reference_dtype") == "auto":
+        ev["reference_dtype"] = reference_dtype(resolve_path(cfg.model.path) if cfg.model.path else None, "auto", kind)
+    if kind != "cpu":
+        ev["device"] = kind
+    return {"eval": ev}
+
+
 # Fields evaluate reads that never change its report: paths whose content is digested as an external input,
 # and how the work is scheduled.
 RUNTIME_READS = (
@@ -728,6 +781,7 @@ RUNTIME_READS = (
     "eval.draft_model_path",
     "eval.batch_size",
     "eval.torch_threads",
+    "eval.device",
     "calibration.path",
     "calibration.max_device_memory_gb",
     "calibration.max_host_memory_gb",
@@ -759,6 +813,7 @@ STAGE = Stage(
     version="2",
     external_inputs=_external,
     key_extras=_key_extras,
+    key_config=_key_config,
     runtime_reads=RUNTIME_READS,
     dry_run=_dry_run,
     select_deps=_select_deps,

@@ -265,7 +265,8 @@ def stage_memory(
         largest_tensor: elements of its largest tensor (vocab x hidden for most LLMs).
         export_dtype: the export checkpoint's dtype.
         calib_device: ``cpu`` or ``cuda`` (the resolved ``calibration.device``).
-        reference_dtype: the evaluate baseline's dtype (``eval.reference_dtype``; ``checkpoint`` = the export dtype).
+        reference_dtype: the evaluate baseline's dtype (``eval.reference_dtype``; ``checkpoint`` = the export dtype;
+            ``auto`` = float32 on the CPU, the checkpoint's 16-bit dtype on a GPU).
         target: the build target (``onnxruntime_genai`` builds on the host; TensorRT-LLM builds are planned by the GPU
             plan and counted here as holding the checkpoint's shards only).
         calib_activation_bytes: one calibration batch's activations (:func:`calibration_activation_bytes` x batch).
@@ -316,7 +317,7 @@ def stage_memory(
         out["build"] = StageMemory(
             LIBS_BYTES + 2 * largest_tensor * 4, None, "libraries + 2 largest tensors (the engine build runs on the GPU)", "GPU"
         )
-    ref = export_dtype if reference_dtype == "checkpoint" else reference_dtype
+    ref = export_dtype if reference_dtype == "checkpoint" else "float32" if reference_dtype == "auto" else reference_dtype
     if eval_device == "cpu":
         ref_b = DTYPE_BYTES.get(ref, 4)
         out["evaluate"] = StageMemory(

@@ -663,7 +663,7 @@ def _stage_memory(p: Plan, cfg: Any, shape: ModelShape) -> None:
         room=room,
         eval_device=eval_dev,
         engine_host_bytes=engine,
-        eval_activation_bytes=_eval_batch_bytes(cfg, shape, exp) if eval_dev == "cuda" else 0,
+        eval_activation_bytes=_eval_batch_bytes(cfg, shape, exp, room) if eval_dev == "cuda" else 0,
     )
     p.stages = {"host_total_bytes": host_memory()["total"], "predicted": as_json(pred)}
     if not quantizes:
@@ -684,16 +684,34 @@ def _stage_memory(p: Plan, cfg: Any, shape: ModelShape) -> None:
         )
 
 
-def _eval_batch_bytes(cfg: Any, shape: ModelShape, export_dtype: str) -> int:
+def _eval_batch_bytes(cfg: Any, shape: ModelShape, export_dtype: str, room: Any = None) -> int:
     """One evaluate batch on the GPU (:func:`pipeline.planner.host.eval_activation_bytes`): ``eval.batch_size`` sequences
-    of ``build.max_seq_len`` tokens in the GPU's 16-bit dtype."""
-    from .host import compute_dtype, eval_activation_bytes
+    of ``build.max_seq_len`` tokens in the GPU's 16-bit dtype; for ``auto`` the most it may choose, the sequences that fit
+    :data:`pipeline.planner.host.ACTIVATION_FRACTION` of the GPU's free memory beside the model
+    (pipeline/evaluate/runners.py ``choose_batch``; 16 when the free memory is unknown). An invalid setting counts as
+    ``auto`` (validation names it)."""
+    from .host import ACTIVATION_FRACTION, DEVICE_BUDGET_FRACTION, compute_dtype, eval_activation_bytes
 
     b = DTYPE_BYTES[compute_dtype("cuda", export_dtype)]
     seq = max(1, int(cfg.build.max_seq_len))
-    return eval_activation_bytes(
-        shape.hidden_size, shape.intermediate_size, shape.vocab_size, shape.kv_bytes_per_token(b), seq, max(1, int(cfg.eval.batch_size)), b
-    )
+
+    def per(n: int) -> int:
+        return eval_activation_bytes(shape.hidden_size, shape.intermediate_size, shape.vocab_size, shape.kv_bytes_per_token(b), seq, n, b)
+
+    try:
+        from ..core.config.calibration import parse_batch_size
+
+        batch = parse_batch_size(cfg.eval.batch_size)
+    except ValueError:
+        batch = None
+    if batch is None:
+        free = getattr(room, "gpu_free", None)
+        if free is None:
+            batch = 16
+        else:
+            resident = min(shape.num_parameters * b, int(free * DEVICE_BUDGET_FRACTION))
+            batch = int(ACTIVATION_FRACTION * max(0, free - resident) // max(1, per(1)))
+    return per(max(1, batch))
 
 
 def _calibration_batch_bytes(cfg: Any, shape: ModelShape, device: str, export_dtype: str, room: Any = None) -> int:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import InputError
+from ..core.hostinfo import resolve_torch_device
 from ..planner.host import AUTO_BATCH_MAX_CPU, compute_dtype
 
 
@@ -57,28 +58,8 @@ class Placement:
 
 
 def resolve_device(setting: str) -> str:
-    """``calibration.device`` -> ``cpu`` | ``cuda:N``.
-
-    Raises:
-        InputError: ``cuda``/``cuda:N`` on a host where torch sees no such GPU; an unknown spelling.
-    """
-    import torch
-
-    s = str(setting).strip().lower()
-    if s == "auto":
-        return "cuda:0" if torch.cuda.is_available() else "cpu"
-    if s == "cpu":
-        return "cpu"
-    if s == "cuda" or (s.startswith("cuda:") and s[5:].isdigit()):
-        idx = int(s[5:]) if ":" in s else 0
-        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if idx >= n:
-            raise InputError(
-                f"calibration.device={setting!r}: torch sees {n} CUDA device(s) on this host. "
-                "Fix: calibration.device=auto (CUDA when visible, else the CPU) or calibration.device=cpu."
-            )
-        return f"cuda:{idx}"
-    raise InputError(f"calibration.device={setting!r}: unknown. Fix: use auto, cpu, cuda or cuda:N.")
+    """``calibration.device`` -> ``cpu`` | ``cuda:N`` (:func:`pipeline.core.hostinfo.resolve_torch_device`)."""
+    return resolve_torch_device(setting, "calibration.device")
 
 
 def free_bytes(device: str) -> int:

@@ -38,11 +38,12 @@ def _extras(cfg: Any, inputs: dict) -> dict[str, Any]:
     return {"calibration": cal, "target_gpu": getattr(cfg.target, "gpu", None)}
 
 
-def _key_unused(cfg: Any) -> dict[str, frozenset[str]]:
-    """The ``quant`` fields the recipe does not read (:func:`pipeline.quantize.common.unused_fields`): not keyed."""
+def _key_config(cfg: Any) -> dict[str, Any]:
+    """The keyed config: ``quant`` without the fields the recipe does not read (:func:`pipeline.quantize.common.unused_fields`), and ``parallel``."""
     from .common import unused_fields
 
-    return {"quant": unused_fields(cfg.quant)}
+    unused = unused_fields(cfg.quant)
+    return {"quant": {k: v for k, v in key_fields(cfg.quant).items() if k not in unused}, "parallel": key_fields(cfg.parallel)}
 
 
 def _dry_run(ctx: StageContext) -> dict[str, Any]:
@@ -72,7 +73,7 @@ STAGE = Stage(
     version="1",
     external_inputs=_external,
     key_extras=_extras,
-    key_unused=_key_unused,
+    key_config=_key_config,
     dry_run=_dry_run,
     # the placement budget: an offloaded, layer-by-layer calibration gives the same statistics
     # (tests/quantize/test_scale_memory.py::test_offloaded_layerwise_calibration_equals_the_whole_model)

@@ -263,9 +263,9 @@ def load_simulated_model(
         quant_dir: the quantize artifact folder (holds ``quant_state.json``/``.safetensors``).
         export_dir: the export artifact folder (holds ``hf/``) or the ``hf/`` folder itself.
         device: torch device for the returned model ("cpu", "cuda", ...).
-        dtype: override the float dtype (default: the calibration dtype, float32).
-        verify: when the state carries a probe (the quantize stage always stores one) and ``device`` is of the kind
-            calibration ran on, run it in the calibration dtype and require the logits to match the calibrated model's
+        dtype: override the float dtype (default: the calibration dtype, float32 on the CPU).
+        verify: when the state carries a probe (the quantize stage always stores one), ``device`` is of the kind
+            calibration ran on and the dtype is the calibration's, run it and require the logits to match the calibrated model's
             (``allclose`` within :data:`PROBE_TOLERANCE`; :func:`_check_probe`).
     Returns:
         ``transformers`` causal-LM ``torch.nn.Module`` in eval mode; for recipe ``none`` the plain
@@ -308,7 +308,7 @@ def load_simulated_model(
         )
     _load_tensors(model, quant_dir / QUANT_STATE_TENSORS, own)
     model.eval()
-    if verify and PROBE_IDS in tensors and dtype is None:
+    if verify and PROBE_IDS in tensors and want == getattr(torch, doc.get("calib_dtype", "float32")):
         _check_probe(model, tensors, doc, quant_dir, device, same_export)
     if dtype is not None:
         model.to(dtype)

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from ...facts.recipes import RECIPES
+from .calibration import parse_batch_size
 from .common import Problem, choice, runtime
 
 RUNNERS = ("baseline", "engine", "simulated")
 GATE_MODES = ("release", "exploratory")
-REFERENCE_DTYPES = ("float32", "bfloat16", "float16", "checkpoint")
+REFERENCE_DTYPES = ("auto", "float32", "bfloat16", "float16", "checkpoint")
 
 
 @dataclass
@@ -85,8 +86,11 @@ class EvalConfig:
     """The runner the gate judges against the baseline: engine | simulated | auto (the engine when the
     build target can run the recipe and an engine was built, else the ModelOpt simulated-quantization
     model; the choice and why are recorded in the report)."""
-    batch_size: int = runtime(16)
-    """Prompts per generation batch of the baseline / simulated / engine runners (speed only; outputs are the same)."""
+    batch_size: Any = runtime("auto")
+    """Prompts per batch of the baseline / simulated / engine runners and the draft (speed only; outputs are the same):
+    a positive integer, or ``auto`` = 16 on the CPU and for the engine (the fixed batch before ``auto``); for the
+    baseline / simulated runners on CUDA the largest batch whose activations fit half the GPU's free memory beside the
+    loaded model (``pipeline.evaluate.runners.choose_batch``), recorded per runner in the report."""
     max_new_tokens: int = 48
     """Default generation budget when an item has no ``max_new_tokens``."""
     stop: List[str] = field(default_factory=list)
@@ -102,10 +106,15 @@ class EvalConfig:
     """PyTorch intra-op threads for the baseline/simulated runners; 0 = auto (1 on hosts with <= 4 CPUs, where
     threads contend: measured 10 s vs 0.15 s for one 16-prompt batch on a shared 2-core box; else PyTorch's
     default)."""
-    reference_dtype: str = "float32"
+    reference_dtype: str = "auto"
     """Compute dtype of the baseline (reference) runner, which always loads the *source* checkpoint
-    (``model.path``), never the export: float32 (default) | bfloat16 | float16 | checkpoint (the
-    checkpoint's own ``torch_dtype``)."""
+    (``model.path``), never the export: auto (default: float32 on the CPU, the checkpoint's 16-bit dtype on CUDA,
+    bfloat16 for a float32 checkpoint) | float32 | bfloat16 | float16 | checkpoint (the checkpoint's own
+    ``torch_dtype``). The evaluate key holds the resolved dtype for ``auto`` (float32 on the CPU, as before ``auto``)."""
+    device: str = runtime("auto")
+    """Where the baseline and simulated runners run: auto (CUDA when torch sees a GPU, else the CPU) | cpu | cuda |
+    cuda:N (``cuda`` on a host without one: exit 2 before any work). Not keyed as written: the evaluate key holds the
+    resolved kind when it is CUDA (a CPU run's key is the one it had before this field)."""
     fidelity: bool = True
     """Teacher-forced fidelity metrics (KL divergence, top-1 agreement, ln PPL ratio) of the candidate vs
     the baseline over every eval prompt + its reference answer (``pipeline/evaluate/fidelity.py``)."""
@@ -148,8 +157,15 @@ def validate(cfg: EvalConfig, prefix: str = "eval") -> list[Problem]:
     problems.extend(_gate_problems(cfg.gate, f"{prefix}.gate"))
     if cfg.fidelity_heldout < 0:
         problems.append(Problem(f"{prefix}.fidelity_heldout", cfg.fidelity_heldout, "must be >= 0.", "use 64, or 0 to turn it off"))
-    if cfg.batch_size < 1:
-        problems.append(Problem(f"{prefix}.batch_size", cfg.batch_size, "must be >= 1.", "use eval.batch_size=16"))
+    try:
+        parse_batch_size(cfg.batch_size)
+    except ValueError as e:
+        problems.append(Problem(f"{prefix}.batch_size", cfg.batch_size, f"{e}.", f"set {prefix}.batch_size to a positive integer, or auto"))
+    d = str(cfg.device).strip().lower()
+    if not (d in ("auto", "cpu", "cuda") or (d.startswith("cuda:") and d[5:].isdigit())):
+        problems.append(
+            Problem(f"{prefix}.device", cfg.device, "is not an evaluate device.", f"use {prefix}.device=auto, cpu, cuda or cuda:N")
+        )
     if cfg.max_new_tokens < 1:
         problems.append(
             Problem(
