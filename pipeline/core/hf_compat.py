@@ -14,13 +14,14 @@ are given the spelling both read, here, by their writers (export ``hf/``, quanti
 ``tokenizer_config.json`` (:func:`tokenizer_config_both_read`)
     * ``tokenizer_class: "TokenizersBackend"`` (transformers 5's generic fast tokenizer) does not exist in 4.57
       (``AutoTokenizer``: "Tokenizer class TokenizersBackend does not exist"); ``PreTrainedTokenizerFast`` is the
-      same class in 5 (an alias, ``transformers/__init__.py``) and the generic fast tokenizer in 4.57.
+      same class in 5 (5.25 ``tokenization_utils_tokenizers.py``: ``PreTrainedTokenizerFast = TokenizersBackend``)
+      and the generic fast tokenizer in 4.57.
     * ``extra_special_tokens`` as a *list* (5's name for the additional special tokens) crashes 4.57, which reads
-      that key as a ``{name: token}`` dict (``tokenization_utils_base.py`` ``_set_model_specific_special_tokens``:
+      that key as a ``{name: token}`` dict (4.57.1 ``tokenization_utils_base.py`` ``_set_model_specific_special_tokens``:
       "'list' object has no attribute 'keys'"); the list is written as ``additional_special_tokens``, which both
       read as the additional special tokens. A dict ``extra_special_tokens`` (4.x's named tokens) is kept.
-    The chat template stays in ``chat_template.jinja``: 4.57 reads it (``tokenization_utils_base.py``
-    ``CHAT_TEMPLATE_FILE``).
+    The chat template stays in ``chat_template.jinja``: 4.57 reads it (4.57.1 ``utils/hub.py`` ``CHAT_TEMPLATE_FILE``,
+    loaded by ``tokenization_utils_base.py`` ``from_pretrained``).
 """
 
 from __future__ import annotations
