@@ -20,7 +20,7 @@ PYTEST_WORKERS ?= 2
 STAMP := $(VENV)/.installed
 SERVE_STAMP := $(SERVE_VENV)/.installed
 
-.PHONY: env serve-env test-env run test style typecheck lint bench bench-scale gpu-check gpu-wheels serve plan doctor clean lock
+.PHONY: env serve-env test-env trtllm-compat-env run test style typecheck lint bench bench-scale gpu-check gpu-wheels serve plan doctor clean lock
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -65,7 +65,17 @@ $(MLFLOW_STAMP):
 	$(MLFLOW_VENV)/bin/python -m pip install $(PIP_FLAGS) --upgrade pip
 	$(MLFLOW_VENV)/bin/python -m pip install $(PIP_FLAGS) 'mlflow>=3.1,<4'
 	touch $@
-test-env: $(TEST_STAMP) $(MLFLOW_STAMP)
+# The transformers the TensorRT-LLM serving image loads our tensorrt_llm_pytorch package with (4.57.x, no torch), in its
+# own venv: tests/package/test_trtllm_compat.py loads every shipped file there (docs/package.md).
+TRTLLM_COMPAT_VENV ?= .venv-trtllm-compat
+TRTLLM_COMPAT_REQ := pipeline/package/requirements-trtllm-compat.txt
+TRTLLM_COMPAT_STAMP := $(TRTLLM_COMPAT_VENV)/.installed
+$(TRTLLM_COMPAT_STAMP): $(TRTLLM_COMPAT_REQ)
+	$(PYTHON) -m venv $(TRTLLM_COMPAT_VENV)
+	$(TRTLLM_COMPAT_VENV)/bin/python -m pip install $(PIP_FLAGS) -r $(TRTLLM_COMPAT_REQ)
+	touch $@
+trtllm-compat-env: $(TRTLLM_COMPAT_STAMP)
+test-env: $(TEST_STAMP) $(MLFLOW_STAMP) $(TRTLLM_COMPAT_STAMP)
 
 run: env serve-env
 	$(PIPELINE) $(ARGS)

@@ -144,7 +144,8 @@ TOKENIZER_FILES: tuple[str, ...] = (
 fast tokenizer's ``tokenizer.json``, its config and special tokens, the chat template as ``chat_template.jinja`` or
 the older ``chat_template.json``; a slow SentencePiece ``tokenizer.model`` or BPE ``vocab.json`` + ``merges.txt``).
 Every folder a tokenizer is loaded from gets the ones present, byte for byte: export ``hf/``, quantize ``hf/``, the
-engine folders of both targets and the served models' tokenizer folders."""
+engine folders of both targets and the served models' tokenizer folders (the export's ``tokenizer_config.json`` in the
+spelling transformers 4.57 reads too: :mod:`pipeline.core.hf_compat`)."""
 REQUIRED_TOKENIZER_FILES: tuple[str, ...] = ("tokenizer.json", "tokenizer_config.json")
 """The subset :class:`pipeline.core.tokenization.TextCodec` needs (a fast tokenizer and its config)."""
 TOKENIZER_DIRS: tuple[str, ...] = ("additional_chat_templates",)

@@ -141,7 +141,9 @@ STAGE = Stage(
     config_groups=("model",),
     libraries=("transformers", "safetensors", "tokenizers", "torch"),
     run=_run,
-    version="4",  # 3: decoding.json (issue 24); 4: tokenizer follows transformers, tokenizer_parity (issue 36)
+    # 3: decoding.json (issue 24); 4: tokenizer follows transformers, tokenizer_parity (issue 36);
+    # 5: tokenizer_config.json that transformers 4.57 reads too (issue 34)
+    version="5",
     external_inputs=_checkpoint,
     dry_run=_dry_run,
 )

@@ -37,6 +37,7 @@ from typing import Any, NamedTuple
 
 from ..core.artifacts import TOKENIZER_DIRS, TOKENIZER_FILES
 from ..core.errors import InputError
+from ..core.hf_compat import rewrite_tokenizer_config, write_older_config_spellings
 from ..core.modelio import loadable_view
 from .artifact import ExportArtifact
 
@@ -181,6 +182,7 @@ def export_checkpoint(
         hf_dir = ExportArtifact(out).hf_dir
         _write_hf(src, hf_dir, model, tok, hf_cfg, ids, dtype, rope_theta, facts.rope_scaling)
         tok_plan.write(hf_dir)
+        tok_plan.record["tokenizer_config_both_read"] = rewrite_tokenizer_config(hf_dir)  # the serving image's 4.57 too
         advance(1)
 
         # 6. verify what was written (headers + config round trip), then model_info.json
@@ -301,7 +303,7 @@ def _write_hf(
     model.generation_config = gen
     with _quiet_transformers_bars():
         model.save_pretrained(str(hf_dir), safe_serialization=True, max_shard_size=EXPORT_SHARD_SIZE)
-    _finish_config(hf_dir / "config.json", dtype, rope_theta, rope_scaling)
+    write_older_config_spellings(hf_dir / "config.json", dtype, rope_theta, rope_scaling)  # transformers 4.x reads them
     for name in TOKENIZER_FILES:
         if (src / name).is_file():
             shutil.copyfile(src / name, hf_dir / name)
@@ -567,25 +569,6 @@ def _check_tied_head(facts: CheckpointFacts, state_dict: dict[str, Any] | None) 
             f"if the head is trained separately, or remove {LM_HEAD_NAME} if it is meant to be shared."
         )
     facts.warnings.append(f"tie_word_embeddings=true and {LM_HEAD_NAME} equals the embedding: written once (tied)")
-
-
-def _finish_config(path: Path, dtype: str, rope_theta: float | None, rope_scaling: dict[str, Any] | None) -> None:
-    """Add the spellings older readers need to the ``config.json`` transformers wrote.
-
-    transformers >= 5 writes RoPE as ``rope_parameters`` and the dtype as ``dtype``; TensorRT-LLM
-    converters and transformers 4.x read ``rope_theta``/``rope_scaling`` and ``torch_dtype``.  Both
-    spellings are written with the same values (``rope_parameters`` as transformers wrote it), so no
-    reader drops the scaling; :func:`_verify_written` checks that transformers reads it back unchanged.
-    """
-    cfg = json.loads(path.read_text(encoding="utf-8"))
-    cfg["dtype"] = dtype
-    cfg["torch_dtype"] = dtype
-    if rope_theta is not None:
-        cfg["rope_theta"] = rope_theta
-    cfg["rope_scaling"] = dict(rope_scaling) if rope_scaling else None
-    from ..core.store import write_json_atomic
-
-    write_json_atomic(path, cfg)
 
 
 def _verify_written(hf_dir: Path, model: Any, dtype: str, rope_scaling: dict[str, Any] | None, hf_cfg: Any = None) -> None:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ..core.artifacts import TOKENIZER_COPY_FILES
+from ..core.hf_compat import write_older_config_spellings
 from .artifact import QuantizeArtifact
 from .common import _link_file, _link_tree, _quiet
 from .preflight import _Source
@@ -38,7 +40,18 @@ def _export_hf(out: Path, qcfg: Any, src: _Source, restore: Callable[[], Any]) -
     with _quiet("export_hf_checkpoint"):
         mte.export_hf_checkpoint(hmodel, getattr(torch, qcfg.export_dtype), export_dir=out / QuantizeArtifact.HF_DIR)
     del hmodel
+    _older_config_spellings(out / QuantizeArtifact.HF_DIR / "config.json", src.hf / "config.json", qcfg.export_dtype)
     for f in TOKENIZER_COPY_FILES:
         if (src.hf / f).is_file() and not (out / QuantizeArtifact.HF_DIR / f).exists():
             _link_file(src.hf / f, out / QuantizeArtifact.HF_DIR / f)
     return notes
+
+
+def _older_config_spellings(written: Path, exported: Path, export_dtype: str) -> None:
+    """Give the ``config.json`` ModelOpt's exporter wrote (transformers 5 ``save_pretrained``: ``rope_parameters`` and
+    ``dtype`` only) the spellings transformers 4.x reads, as the export stage wrote them (its ``config.json``:
+    ``rope_theta``, ``rope_scaling``); the dtype is the one the exporter wrote (else ``quant.export_dtype``). Without
+    them the serving image's transformers 4.57 reads ``rope_theta`` as its default 10000 (docs/package.md)."""
+    cfg = json.loads(written.read_text(encoding="utf-8"))
+    src = json.loads(exported.read_text(encoding="utf-8"))
+    write_older_config_spellings(written, str(cfg.get("dtype") or export_dtype), src.get("rope_theta"), src.get("rope_scaling"))
