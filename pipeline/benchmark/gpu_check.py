@@ -232,12 +232,14 @@ def _same_bytes(a: Path, b: Path) -> dict[str, Any]:
     from safetensors import safe_open
 
     out: dict[str, Any] = {}
-    with safe_open(str(a / "quant_state.safetensors"), "pt") as x, safe_open(str(b / "quant_state.safetensors"), "pt") as y:
+    from ..quantize.artifact import QuantizeArtifact as Q
+
+    with safe_open(str(a / Q.QUANT_STATE_TENSORS), "pt") as x, safe_open(str(b / Q.QUANT_STATE_TENSORS), "pt") as y:
         keys = sorted(x.keys())
         out["quant_state"] = keys == sorted(y.keys()) and all(torch.equal(x.get_tensor(k), y.get_tensor(k)) for k in keys)
-    ra, rb = a / "trtllm_checkpoint" / "rank0.safetensors", b / "trtllm_checkpoint" / "rank0.safetensors"
+    ra, rb = a / Q.TRTLLM_CHECKPOINT / "rank0.safetensors", b / Q.TRTLLM_CHECKPOINT / "rank0.safetensors"
     out["trtllm_rank0"] = ra.is_file() and rb.is_file() and _file_equal(ra, rb)
-    ha, hb = sorted((a / "hf").glob("*.safetensors")), sorted((b / "hf").glob("*.safetensors"))
+    ha, hb = sorted((a / Q.HF_DIR).glob("*.safetensors")), sorted((b / Q.HF_DIR).glob("*.safetensors"))
     out["hf_weights"] = [p.name for p in ha] == [p.name for p in hb] and all(_file_equal(p, q) for p, q in zip(ha, hb))
     out["identical"] = all(out.values())
     return out

@@ -304,46 +304,54 @@ def stage_memory(
         cd = compute_dtype("cuda", export_dtype)
         q, _ = _gpu_quantize(P * DTYPE_BYTES[cd], layer_parameters * DTYPE_BYTES[cd], calib_activation_bytes, room, cd)
     out["quantize"] = q
+    out["build"] = _build_memory(W, largest_tensor, target)
+    out["evaluate"] = _evaluate_memory(P, export_dtype, reference_dtype, eval_device, room, engine_host_bytes, eval_activation_bytes)
+    return out
+
+
+def _build_memory(W: int, largest_tensor: int, target: str) -> StageMemory:
+    """build (module docstring): the onnxruntime-genai build on the host, or a GPU engine build."""
     if target == "onnxruntime_genai":
         parent = int(LIBS_BYTES + W * (1 + BUILD_TRANSIENT))
         child = int(BUILDER_LIBS_BYTES + W * BUILDER_FACTOR)
-        out["build"] = StageMemory(
+        return StageMemory(
             max(parent, child),
             None,
             f"max(libraries + float32 weights x {1 + BUILD_TRANSIENT:.2f}; builder: its libraries + float32 weights x {BUILDER_FACTOR})",
             "host (onnxruntime-genai)",
         )
-    else:
-        out["build"] = StageMemory(
-            LIBS_BYTES + 2 * largest_tensor * 4, None, "libraries + 2 largest tensors (the engine build runs on the GPU)", "GPU"
-        )
+    return StageMemory(LIBS_BYTES + 2 * largest_tensor * 4, None, "libraries + 2 largest tensors (the engine build runs on the GPU)", "GPU")
+
+
+def _evaluate_memory(
+    P: int, export_dtype: str, reference_dtype: str, eval_device: str, room: Room, engine_host_bytes: int, eval_activation_bytes: int
+) -> StageMemory:
+    """evaluate (module docstring): runners one at a time; on a GPU the reference model is loaded whole
+    (pipeline/evaluate/runners.py: evaluate does not offload)."""
+    from ..facts.geometry import DTYPE_BYTES
+
     ref = export_dtype if reference_dtype == "checkpoint" else "float32" if reference_dtype == "auto" else reference_dtype
     if eval_device == "cpu":
         ref_b = DTYPE_BYTES.get(ref, 4)
-        out["evaluate"] = StageMemory(
+        return StageMemory(
             int(LIBS_BYTES + P * ref_b * (1 + EVAL_TRANSIENT)),
             None,
             f"libraries + reference model (P x {ref_b} B) x {1 + EVAL_TRANSIENT:.2f}; runners load one at a time",
             f"cpu ({ref})",
         )
-    else:
-        ed = compute_dtype("cuda", export_dtype)
-        model_b = P * DTYPE_BYTES[ed]
-        pl = calibration_placement(model_b, room.gpu_free, room.host_free, None, room.max_host, room.disk_free)
-        engine = int(engine_host_bytes * (1 + EVAL_TRANSIENT))
-        to = "whole" if pl.offload == "none" else f"layers offloaded to {'host' if pl.offload == 'cpu' else 'host and disk'}"
-        out["evaluate"] = StageMemory(
-            int(LIBS_BYTES + max(pl.host_bytes, engine)),
-            int(min(model_b, pl.budget_bytes) + eval_activation_bytes),
-            f"GPU: reference model (P x {DTYPE_BYTES[ed]} B, {ed}) up to {DEVICE_BUDGET_FRACTION:.0%} of the free memory + one "
-            f"batch's activations, KV cache and logits ({eval_activation_bytes / 2**30:.2f} GiB); host: libraries"
-            + (f" + the offloaded layers ({pl.host_bytes / 2**30:.1f} GiB)" if pl.host_bytes else "")
-            + (f"; the engine on the host: its weights x {1 + EVAL_TRANSIENT:.2f}" if engine else "")
-            + "; runners load one at a time",
-            f"cuda {room.gpu_name or 'GPU'}, {to} ({ed})",
-            pl.offload,
-        )
-    return out
+    ed = compute_dtype("cuda", export_dtype) if reference_dtype == "auto" else ref
+    model_b = P * DTYPE_BYTES.get(ed, 2)
+    engine = int(engine_host_bytes * (1 + EVAL_TRANSIENT))
+    return StageMemory(
+        int(LIBS_BYTES + engine),
+        int(model_b + eval_activation_bytes),
+        f"GPU: reference model whole (P x {DTYPE_BYTES.get(ed, 2)} B, {ed}) + one batch's activations, KV cache and logits "
+        f"({eval_activation_bytes / 2**30:.2f} GiB); host: libraries"
+        + (f"; the engine on the host: its weights x {1 + EVAL_TRANSIENT:.2f}" if engine else "")
+        + "; runners load one at a time",
+        f"cuda {room.gpu_name or 'GPU'}, whole ({ed})",
+        "none",
+    )
 
 
 def stage_refusals(pred: dict[str, StageMemory], stages: list[str], host_total: int | None) -> list[str]:

@@ -623,7 +623,7 @@ def _stage_memory(p: Plan, cfg: Any, shape: ModelShape) -> None:
     a refusal in ``p.refusals`` when neither the GPU, the host nor the store's disk can hold the model to calibrate."""
     from ..build.targets import resolve_target
     from ..core.hostinfo import gpu_free_bytes
-    from .host import as_json, calibration_placement, compute_dtype, stage_memory
+    from .host import DEVICE_BUDGET_FRACTION, as_json, calibration_placement, compute_dtype, stage_memory
 
     try:
         exp = str(cfg.model.dtype)
@@ -666,6 +666,14 @@ def _stage_memory(p: Plan, cfg: Any, shape: ModelShape) -> None:
         eval_activation_bytes=_eval_batch_bytes(cfg, shape, exp, room) if eval_dev == "cuda" else 0,
     )
     p.stages = {"host_total_bytes": host_memory()["total"], "predicted": as_json(pred)}
+    gpu_total = (named or (local[0][1] if local else None)).memory_bytes if (named or local) else None  # type: ignore[union-attr]
+    ev = pred["evaluate"].gpu_bytes
+    if ev and gpu_total and ev > DEVICE_BUDGET_FRACTION * gpu_total:
+        p.notes.append(
+            f"evaluate loads the reference model whole on the GPU: about {ev / 2**30:.1f} GiB ({pred['evaluate'].formula}) "
+            f"exceed {DEVICE_BUDGET_FRACTION:.0%} of the GPU's {gpu_total / 2**30:.1f} GiB. Fix: eval.device=cpu (host memory), eval.reference_dtype=float16 "
+            "on a larger GPU, or skip evaluate on this host."
+        )
     if not quantizes:
         return
     cd = compute_dtype(dev, exp)

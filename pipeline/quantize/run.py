@@ -22,7 +22,7 @@ from .placement import Placement
 from .preflight import _load_source
 from .report import _quant_report, module_precisions, render_report_md
 from .state import _write_state, export_digest, load_simulated_model
-from .trtllm_ckpt import _export_trtllm
+from .trtllm_ckpt import _export_trtllm, _Exported
 
 
 def quantize(
@@ -127,38 +127,7 @@ def _quantize(cfg: Any, export_dir: Path, calib_path: Path | None, out: Path, pr
     with step("write_state"):
         _write_state(out, qcfg, src.model, src.hf, cal, quant_algo, src.placement, export_digest(export_dir))
 
-    def restore() -> Any:
-        _free()
-        return load_simulated_model(out, export_dir, device=_export_device(src.placement))
-
-    hf_notes: list[str] = []
-    if src.placement.offload != "none" and qcfg.recipe != "none":
-        # Offloaded: ModelOpt's HF exporter streams an offloaded model one layer at a time (export_hf_checkpoint ->
-        # unified_export_hf_streaming, 0.47), so the calibrated model itself is exported and then freed; the
-        # TensorRT-LLM exporter needs every weight resident: it gets the model restored from the state on the host.
-        with step("export_hf"):
-            model, src.model = src.model, None
-            hf_notes = _export_hf(out, qcfg, src, lambda: model)
-            model = None
-            _free()
-        shutil.rmtree(offload_dir, ignore_errors=True)
-        with step("export_trtllm"):
-            torch.manual_seed(seed)
-            exported = _export_trtllm(out, qcfg, parallel, src, restore(), quant_algo if cal.auto else None)
-            _free()
-    else:
-        # One model in memory at a time, never a copy: the TensorRT-LLM export consumes the calibrated model, the HF
-        # export a model restored from the state.
-        model, src.model = src.model, None
-        _free()
-        with step("export_trtllm"):
-            torch.manual_seed(seed)
-            exported = _export_trtllm(out, qcfg, parallel, src, model, quant_algo if cal.auto else None)
-            model = None
-            _free()
-        with step("export_hf"):
-            hf_notes = _export_hf(out, qcfg, src, restore)
-            _free()
+    exported, hf_notes = _exports(out, export_dir, qcfg, parallel, src, step, seed, quant_algo if cal.auto else None)
     shutil.rmtree(offload_dir, ignore_errors=True)
     timings = {**step.timings, "total_s": time.time() - t0}
     report = _quant_report(qcfg, parallel, src, cal, exported, precisions, quant_algo, hf_notes)
@@ -185,6 +154,46 @@ def _quantize(cfg: Any, export_dir: Path, calib_path: Path | None, out: Path, pr
         "warnings": report["warnings"],
         "measurements": measured,
     }
+
+
+def _exports(
+    out: Path, export_dir: Path, qcfg: Any, parallel: Any, src: Any, step: _Steps, seed: int, auto_algo: str | None
+) -> tuple[_Exported, list[str]]:
+    """The TensorRT-LLM and unified HF checkpoints of the calibrated ``src.model`` (consumed: freed when done).
+
+    Whole: one model in memory at a time, never a copy: the TensorRT-LLM export consumes the calibrated model, the HF
+    export a model restored from the quant state. Offloaded: ModelOpt's HF exporter streams an offloaded model one layer
+    at a time (``export_hf_checkpoint`` -> ``unified_export_hf_streaming``, 0.47), so the calibrated model itself is
+    exported and freed; the TensorRT-LLM exporter needs every weight resident: it gets the model restored from the
+    state on the host (docs/memory.md: the host then holds one copy in the calibration dtype)."""
+    import torch
+
+    def restore() -> Any:
+        _free()
+        return load_simulated_model(out, export_dir, device=_export_device(src.placement))
+
+    model, src.model = src.model, None
+    _free()
+    if src.placement.offload != "none" and qcfg.recipe != "none":
+        with step("export_hf"):
+            hf_notes = _export_hf(out, qcfg, src, lambda: model)
+            model = None
+            _free()
+        shutil.rmtree(out / ".offload", ignore_errors=True)
+        with step("export_trtllm"):
+            torch.manual_seed(seed)
+            exported = _export_trtllm(out, qcfg, parallel, src, restore(), auto_algo)
+            _free()
+        return exported, hf_notes
+    with step("export_trtllm"):
+        torch.manual_seed(seed)
+        exported = _export_trtllm(out, qcfg, parallel, src, model, auto_algo)
+        model = None
+        _free()
+    with step("export_hf"):
+        hf_notes = _export_hf(out, qcfg, src, restore)
+        _free()
+    return exported, hf_notes
 
 
 def _measurements(report: dict[str, Any], placement: Placement, step: _Steps, timings: dict[str, float]) -> dict[str, Any]:
