@@ -32,6 +32,7 @@ def _with_template(src: Path, dst: Path) -> Path:
     cfg_path = dst / "tokenizer_config.json"
     cfg = json.loads(cfg_path.read_text())
     cfg_path.write_text(json.dumps({**cfg, "chat_template": TEMPLATE}))
+    (dst / "chat_template.jinja").unlink(missing_ok=True)  # transformers reads the .jinja first (docs/export.md)
     return dst
 
 
