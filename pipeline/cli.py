@@ -434,7 +434,7 @@ def _subcommand(argv: list[str]) -> None:
     Returns only when ``argv`` is a run (Hydra overrides)."""
     if argv and argv[0] in ("-h", "--help", "help"):
         print(__doc__.strip())
-        print("\nConfig groups and overrides: pipeline --cfg job (resolved config), pipeline --hydra-help; README.md.")
+        print("\nConfig groups and overrides: pipeline --cfg job (resolved config), pipeline --hydra-help; docs/cli.md.")
         sys.exit(0)
     if argv and argv[0] in SUBCOMMANDS:
         try:

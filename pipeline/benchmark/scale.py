@@ -270,7 +270,7 @@ def _predict_shape(shape: str, cfg_dir: Path, work: Path, stages: list[str]) -> 
 
 
 def markdown(doc: dict[str, Any]) -> str:
-    """The results table and the targets in Markdown (``scale.md``; the README and docs/memory.md quote it)."""
+    """The results table and the targets in Markdown (``scale.md``; docs/results.md and docs/memory.md quote it)."""
     head = "| shape | parameters | fp32 weights | export | quantize | build (builder process) | evaluate | package | peak / fp32 | bytes / parameter | quantize s / B params |"
     lines = [head, "|" + "---|" * 11]
     for shape, res in doc["results"].items():

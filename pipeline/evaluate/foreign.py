@@ -39,7 +39,7 @@ from ..core.errors import MAX_LINE_BYTES, InputError
 
 QA_PROMPT = ("question", "input")
 QA_REFERENCE = ("answer", "target")
-_OPENAI = "run lm_eval against `pipeline serve --openai` (README, OpenAI-style clients)"
+_OPENAI = "run lm_eval against `pipeline serve --openai` (docs/serve.md, OpenAI-style clients)"
 #: lm-eval's default stop sequences for generate_until when the task has no generation_kwargs ([fewshot_delimiter])
 LM_EVAL_DEFAULT_UNTIL = ["\n\n"]
 #: task keys read here

@@ -48,7 +48,7 @@ DEFAULT_URL = "127.0.0.1:8001"
 class ServerUnavailable(PipelineError):
     """The server cannot be reached (not started, wrong port, crashed) or its model is not ready.
 
-    Exit code 4 (README exit codes: the request cannot run here as things stand; not bad input, not a crash)."""
+    Exit code 4 (docs/cli.md exit codes: the request cannot run here as things stand; not bad input, not a crash)."""
 
     exit_code = EXIT_PREFLIGHT
 

@@ -389,7 +389,7 @@ def _serve_until_stopped(srv: Any, repo: Path, oai: Any) -> int:
     if rc != 0:
         print(f"error: tritonserver did not stop cleanly (exit code {rc}); log: {srv.log_path}", file=sys.stderr)
         return 1
-    # Ctrl-C is an interruption (exit 130, the README's exit-code table); SIGTERM, how service managers stop a service,
+    # Ctrl-C is an interruption (exit 130, the exit-code table in docs/cli.md); SIGTERM, how service managers stop a service,
     # is a requested stop (exit 0)
     return EXIT_INTERRUPTED if stopped_by and stopped_by[0] == signal.SIGINT else 0
 

@@ -3,7 +3,7 @@
 Each recipe is quantized with the shipped calibration set and evaluated teacher-forced against the fp32 source
 checkpoint (``pipeline/evaluate/fidelity.py``), with ModelOpt's simulated model as the candidate (it is
 what the ORT engine deploys: tests/build/test_build_ort.py and tests/facts/test_recipes.py hold the engine to it).
-Everything is seeded and single-threaded, so the numbers are reproducible; README "Recipe trade-offs" gives them.
+Everything is seeded and single-threaded, so the numbers are reproducible; docs/results.md "Recipe trade-offs" gives them.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def sweep(tmp_path_factory):
 def test_mean_kld_orders_the_precisions(sweep):
     """Data v2 model, on the eval answers and on held-out calibration-domain text: none < int8 < int4, int8 at least
     ten times below either int4 recipe.  AWQ (resmoothed, the default) and RTN are within about one standard error of
-    each other on both (README "Recipe trade-offs"), so between them only "AWQ is not significantly worse" is
+    each other on both (docs/results.md "Recipe trade-offs"), so between them only "AWQ is not significantly worse" is
     asserted: its mean KLD is below RTN's plus two combined standard errors."""
     for scope in ("overall", "calibration_heldout"):
         k = {r: rep["fidelity"][scope]["kld"] for r, rep in sweep.items()}
@@ -63,7 +63,7 @@ def test_mean_kld_orders_the_precisions(sweep):
 
 def test_business_eval_separates_plain_rounding(sweep):
     """The v2 copy-heavy slices lose answers under int4 round-to-nearest; int8 and AWQ keep more of them.
-    Items right of 160 with the ORT engines (README): none 134, int8_wo 133, int4_awq 131 (resmoothed; 133 with
+    Items right of 160 with the ORT engines (docs/results.md): none 134, int8_wo 133, int4_awq 131 (resmoothed; 133 with
     quant.resmooth=false), int4_rtn 129."""
     hard = ("copy_number", "extract_fields")
 

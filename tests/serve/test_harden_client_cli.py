@@ -1,5 +1,5 @@
 """``pipeline client`` with no server running: one message naming host:port and how to start a server, one exit code (4:
-the README's "this machine cannot run the request" as things stand; neither bad input (2) nor a crash (1)), with or
+the exit-code table's (docs/cli.md) "this machine cannot run the request" as things stand; neither bad input (2) nor a crash (1)), with or
 without ``--raw``.  Before: "cannot tell which package the server serves" (exit 2), and with ``--raw`` exit 1."""
 
 from __future__ import annotations

@@ -106,7 +106,7 @@ def test_ctrl_c_after_malformed_and_cancelled_streams_is_clean(package, tmp_path
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=120)
         out = head + out
-        assert proc.returncode == 130, out[-3000:]  # Ctrl-C = interrupted (README exit codes), after a clean stop
+        assert proc.returncode == 130, out[-3000:]  # Ctrl-C = interrupted (docs/cli.md exit codes), after a clean stop
         assert "tritonserver stopped cleanly" in out and "model(s) ensemble stayed referenced" in out, out[-3000:]
     finally:
         if proc.poll() is None:

@@ -266,7 +266,7 @@ def test_pipeline_serve_openai_binds_localhost_and_answers(served, tmp_path):
         )
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=60)
-        assert proc.returncode == 130, out  # Ctrl-C: interrupted (README exit codes), after a clean stop
+        assert proc.returncode == 130, out  # Ctrl-C: interrupted (docs/cli.md exit codes), after a clean stop
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -176,7 +176,7 @@ def capabilities(cfg: PipelineConfig) -> Capabilities:
 
 
 def all_capabilities() -> dict[str, Capabilities]:
-    """Registry name -> capabilities, for every target and backend (README table, tests)."""
+    """Registry name -> capabilities, for every target and backend (docs/build.md table, tests)."""
     from types import SimpleNamespace
 
     out: dict[str, Capabilities] = {}
