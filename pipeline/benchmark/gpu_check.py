@@ -299,7 +299,7 @@ def _prepare(chk: Check, shape: str, work: Path, device: str) -> tuple[Path, Pat
     code, secs = _run(
         _cmd(shape, shape_dir, base, work / shape / "run-export", device, [], "export"), work / shape / "export.log", chk.time_left()
     )
-    doc["export"] = {"exit_code": code, "wall_s": secs}
+    doc["export"] = {"exit_code": code, "wall_s": secs, **({"note": "cut by --deadline-s"} if code == 124 else {})}
     chk.save()
     return (shape_dir, base) if code == 0 else None
 
@@ -311,7 +311,8 @@ def run_step(chk: Check, shape: str, name: str, work: Path, device: str, keep: b
     ready = _prepare(chk, shape, work, device)
     runs = chk.doc["shapes"][shape]["runs"]
     if ready is None:
-        runs[name] = {"skipped": "the export failed"}
+        cut = chk.doc["shapes"][shape]["export"].get("note")
+        runs[name] = {"skipped": "out of time (--deadline-s) during the export" if cut else "the export failed"}
         return
     if chk.time_left() < 20:
         runs[name] = {"skipped": "out of time (--deadline-s)"}
@@ -444,17 +445,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not torch.cuda.is_available():
             print("gpu-check: torch sees no CUDA device here. Fix: --device cpu (make gpu-check DEVICE=cpu).", file=sys.stderr)
             return 4
+    if a.deadline_s <= 0:
+        print(f"gpu-check: --deadline-s {a.deadline_s}: must be > 0 (seconds after which no step starts).", file=sys.stderr)
+        return 2
+    if a.shapes is not None and not a.shapes.strip():
+        print("gpu-check: --shapes '': empty. Fix: name at least one shape, or leave --shapes out for the defaults.", file=sys.stderr)
+        return 2
     shapes = (a.shapes or ("llama1b,llama8b" if a.device == "cuda" else "llama80m,llama400m")).split(",")
     unknown = [s for s in shapes if s not in SHAPES]
     if unknown:
         print(f"gpu-check: unknown shape(s) {unknown}. Fix: --shapes from {sorted(SHAPES)}.", file=sys.stderr)
         return 2
     only = a.only.split(",") if a.only else None
-    steps = (
-        [tuple(x.split(":", 1)) for x in a.steps.split(",")]
-        if a.steps
-        else [(sh, n) for sh in shapes for n in placements(sh, a.device) if not only or n in only]
-    )
+    known = list(placements(shapes[0], a.device))
+    if only and [n for n in only if n not in known]:
+        print(
+            f"gpu-check: --only {a.only}: unknown placement(s) {[n for n in only if n not in known]}. Fix: from {known}.", file=sys.stderr
+        )
+        return 2
+    raw = a.steps.split(",") if a.steps else [f"{sh}:{n}" for sh in shapes for n in placements(sh, a.device) if not only or n in only]
+    steps = [(x.split(":", 1)[0], x.split(":", 1)[1] if ":" in x else "") for x in raw]
     bad = [f"{sh}:{n}" for sh, n in steps if sh not in SHAPES or n not in placements(sh, a.device)]
     if bad:
         print(

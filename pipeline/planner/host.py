@@ -156,18 +156,22 @@ def calibration_placement(
     :data:`HOST_RESERVE_BYTES`; ``None`` = unknown, planned as holding them), else on disk (from the CPU always on
     disk). ``refused`` when the disk (``disk_free_bytes``; ``None`` = unknown) cannot hold what is left either."""
     gib = 2**30
+
+    def size(b: float) -> str:  # small models and caps are MiB, not "0.0 GiB"
+        return f"{b / gib:.1f} GiB" if b >= gib / 10 else f"{b / 2**20:.1f} MiB"
+
     on_gpu = gpu_free_bytes is not None
     dev = "the GPU" if on_gpu else "the CPU"
     if max_device_bytes is not None:
-        budget, why = int(max_device_bytes), f"calibration.max_device_memory_gb ({max_device_bytes / gib:.1f} GiB)"
+        budget, why = int(max_device_bytes), f"calibration.max_device_memory_gb ({size(max_device_bytes)})"
     else:
         free = gpu_free_bytes if on_gpu else host_free_bytes
         if free is None:
             return CalibrationPlacement("none", int(model_bytes), 0, 0, False, f"{dev}'s free memory is unknown: planned whole")
         budget = int(free * DEVICE_BUDGET_FRACTION)
-        why = f"{DEVICE_BUDGET_FRACTION:.0%} of the {free / gib:.1f} GiB free on {dev}"
+        why = f"{DEVICE_BUDGET_FRACTION:.0%} of the {size(free)} free on {dev}"
     if model_bytes <= budget:
-        return CalibrationPlacement("none", budget, 0, 0, False, f"the model ({model_bytes / gib:.1f} GiB) fits {why}: whole")
+        return CalibrationPlacement("none", budget, 0, 0, False, f"the model ({size(model_bytes)}) fits {why}: whole")
     rest = int(model_bytes) - budget
     host_room: int | None = None
     if on_gpu:
@@ -183,14 +187,14 @@ def calibration_placement(
         host_b, disk_b = host_room, rest - host_room
     offload = "disk" if disk_b else "cpu"
     refused = disk_free_bytes is not None and disk_b > disk_free_bytes
-    where = f"{rest / gib:.1f} GiB of layers wait in host memory"
+    where = f"{size(rest)} of layers wait in host memory"
     if disk_b:
-        where = (f"{host_b / gib:.1f} GiB of layers wait in host memory and " if host_b else "") + f"{disk_b / gib:.1f} GiB on disk"
-    reason = f"the model ({model_bytes / gib:.1f} GiB) exceeds {why}: {where}, onloaded one layer at a time"
+        where = (f"{size(host_b)} of layers wait in host memory and " if host_b else "") + f"{size(disk_b)} on disk"
+    reason = f"the model ({size(model_bytes)}) exceeds {why}: {where}, onloaded one layer at a time"
     if host_room is None and on_gpu:
         reason += " (the host's memory is unknown: planned as holding them; calibration.max_host_memory_gb plans a smaller host)"
     if refused:
-        reason += f"; the disk has {(disk_free_bytes or 0) / gib:.1f} GiB free"
+        reason += f"; the disk has {size(disk_free_bytes or 0)} free"
     return CalibrationPlacement(offload, budget, host_b, disk_b, refused, reason)
 
 

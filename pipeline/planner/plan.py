@@ -683,6 +683,11 @@ def _stage_memory(p: Plan, cfg: Any, shape: ModelShape) -> None:
         model_b, room.gpu_free if on_gpu else None, room.host_free, room.max_device, room.max_host if on_gpu else None, room.disk_free
     )
     p.stages["calibration_placement"] = {"device": dev, "dtype": cd, "model_bytes": model_b, **dataclasses.asdict(pl)}
+    q = p.stages["predicted"]["quantize"]
+    if not on_gpu and pl.offload != "none":  # the CPU's own budget: layers beyond it wait on disk (the stage's rule)
+        q.update(where=f"cpu, layers offloaded to disk ({cd})", offload="disk")
+    if str(getattr(cfg.calibration, "layerwise", "auto")).lower() == "true" and "layer by layer" not in q["where"]:
+        q["where"] += ", layer by layer (calibration.layerwise=true)"
     if pl.refused:
         p.refusals.append(
             f"quantize: nothing can hold the model to calibrate it: {pl.reason}. GPU: "

@@ -32,9 +32,53 @@ def checks(cfg: Any) -> list[Problem]:
     if shape is not None:
         problems.extend(_parallel_problems(cfg, shape))
         problems.extend(_linear_problems(cfg, shape))
+        problems.extend(_placement_problems(cfg, shape))
     problems.extend(_gpu_problems(cfg))
     problems.extend(_calibration_size_problems(cfg))
     return problems
+
+
+def _placement_problems(cfg: Any, shape: Any) -> list[Problem]:
+    """With ``calibration.max_device_memory_gb`` set, a model over it is calibrated layer by layer (offloaded): refused
+    here, before export, for ``calibration.layerwise=false`` and for ``quant=auto`` (whose search needs the whole model),
+    as the stage would refuse it after export (pipeline/quantize/placement.py). The compute dtype is the planner's rule
+    (float32 on the CPU, the checkpoint's 16-bit dtype on a GPU: ``calibration.device=auto`` counts as a GPU only when
+    nvidia-smi sees one). Without a cap the budget is the free memory at run time: the stage decides."""
+    c = cfg.calibration
+    cap = getattr(c, "max_device_memory_gb", None)
+    if cap is None or cfg.quant.recipe == "none":
+        return []
+    from ..facts.geometry import DTYPE_BYTES
+    from ..planner.host import compute_dtype
+    from ..planner.plan import local_gpus
+
+    d = str(c.device).strip().lower()
+    on_gpu = d.startswith("cuda") or (d == "auto" and bool(local_gpus()))
+    dtype = compute_dtype("cuda" if on_gpu else "cpu", str(getattr(cfg.model, "dtype", None) or "float32"))
+    need = shape.num_parameters * DTYPE_BYTES.get(dtype, 4)
+    if need <= float(cap) * 1e9:
+        return []
+    size = f"the model's {need / 1e9:.3g} GB in {dtype} exceed calibration.max_device_memory_gb={cap}"
+    out = []
+    if str(c.layerwise).lower() == "false":
+        out.append(
+            Problem(
+                "calibration.layerwise",
+                c.layerwise,
+                f"{size}, which needs layer-by-layer calibration.",
+                "calibration.layerwise=auto (onload one layer at a time) or a larger calibration.max_device_memory_gb",
+            )
+        )
+    if cfg.quant.recipe == "auto":
+        out.append(
+            Problem(
+                "quant",
+                "auto",
+                f"{size}; the per-layer format search needs the whole model on the device.",
+                "a larger calibration.max_device_memory_gb, or a fixed recipe (e.g. quant=int4_awq)",
+            )
+        )
+    return out
 
 
 def _calibration_size_problems(cfg: Any) -> list[Problem]:

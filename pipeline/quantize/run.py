@@ -161,11 +161,12 @@ def _exports(
 ) -> tuple[_Exported, list[str]]:
     """The TensorRT-LLM and unified HF checkpoints of the calibrated ``src.model`` (consumed: freed when done).
 
-    Whole: one model in memory at a time, never a copy: the TensorRT-LLM export consumes the calibrated model, the HF
-    export a model restored from the quant state. Offloaded: ModelOpt's HF exporter streams an offloaded model one layer
-    at a time (``export_hf_checkpoint`` -> ``unified_export_hf_streaming``, 0.47), so the calibrated model itself is
-    exported and freed; the TensorRT-LLM exporter needs every weight resident: it gets the model restored from the
-    state on the host (docs/memory.md: the host then holds one copy in the calibration dtype)."""
+    One model in memory at a time, never a copy: the TensorRT-LLM export consumes the calibrated model when it was
+    loaded whole; an offloaded one is freed and the exporter gets the model restored from the quant state on the host
+    (ModelOpt's TensorRT-LLM exporter needs every weight resident). The HF export always runs on a model restored from
+    the state: ModelOpt 0.47's streaming HF writer for offloaded models loses the pre-quant scales it folds into the
+    layer norms of layers offloaded to disk (its accelerate writeback to disk is a TODO: on the 80 M shape every
+    disk-offloaded layer's ``input_layernorm`` stayed 1.0, bench/results/gpu-cpu.json, 2026-12-04)."""
     import torch
 
     def restore() -> Any:
@@ -173,21 +174,13 @@ def _exports(
         return load_simulated_model(out, export_dir, device=_export_device(src.placement))
 
     model, src.model = src.model, None
+    if src.placement.offload != "none":
+        model = None  # offloaded: freed; the exporter gets the restored model
     _free()
-    if src.placement.offload != "none" and qcfg.recipe != "none":
-        with step("export_hf"):
-            hf_notes = _export_hf(out, qcfg, src, lambda: model)
-            model = None
-            _free()
-        shutil.rmtree(out / ".offload", ignore_errors=True)
-        with step("export_trtllm"):
-            torch.manual_seed(seed)
-            exported = _export_trtllm(out, qcfg, parallel, src, restore(), auto_algo)
-            _free()
-        return exported, hf_notes
+    shutil.rmtree(out / ".offload", ignore_errors=True)
     with step("export_trtllm"):
         torch.manual_seed(seed)
-        exported = _export_trtllm(out, qcfg, parallel, src, model, auto_algo)
+        exported = _export_trtllm(out, qcfg, parallel, src, model if model is not None else restore(), auto_algo)
         model = None
         _free()
     with step("export_hf"):

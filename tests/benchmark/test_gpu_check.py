@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from pipeline.benchmark import gpu_check
 
 
@@ -20,7 +22,7 @@ def test_gpu_check_on_the_cpu_runs_every_placement_and_they_agree(tmp_path):
             "--shapes",
             "llamatiny",
             "--only",
-            "whole,layerwise,offload_disk",
+            "whole,offload_disk",
             "--out",
             str(tmp_path / "out"),
             "--work",
@@ -43,3 +45,20 @@ def test_gpu_check_on_the_cpu_runs_every_placement_and_they_agree(tmp_path):
 def test_gpu_check_refuses_an_unknown_shape(tmp_path, capsys):
     assert gpu_check.main(["--device", "cpu", "--shapes", "nosuch", "--out", str(tmp_path)]) == 2
     assert "unknown shape" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--steps", "bogus"], "unknown step(s) ['bogus:']"),
+        (["--shapes", "llamatiny", "--only", "wholee"], "unknown placement(s) ['wholee']"),
+        (["--shapes", "llamatiny", "--deadline-s", "-5"], "must be > 0"),
+        (["--shapes", ""], "--shapes '': empty"),
+    ],
+)
+def test_gpu_check_refuses_bad_arguments_before_any_work(tmp_path, capsys, args, said):
+    """Fresh-user trial: `--steps bogus` was a traceback (exit 1), `--only wholee` ran nothing with exit 0, a negative
+    deadline said 'the export failed', an empty --shapes fell back to the defaults."""
+    assert gpu_check.main(["--device", "cpu", *args, "--out", str(tmp_path / "o"), "--work", str(tmp_path / "w")]) == 2
+    assert said in capsys.readouterr().err
+    assert not (tmp_path / "o").exists() and not (tmp_path / "w").exists()

@@ -541,3 +541,20 @@ def test_offloaded_gpu_quantize_prediction_matches_the_h200_gpu_check(tmp_path):
     assert q["offload"] == q_meas["placement"]["offload"] == "cpu"
     assert abs(q["gpu_bytes"] / q_meas["gpu_peak_bytes"] - 1) <= 0.2, (q["gpu_bytes"], q_meas["gpu_peak_bytes"])
     assert abs(q["host_bytes"] / q_meas["host_peak_bytes"] - 1) <= 0.2, (q["host_bytes"], q_meas["host_peak_bytes"])
+
+
+def test_the_plan_places_calibration_as_the_stage_does_on_the_cpu(tiny_llama):
+    """Fresh-user trial: with calibration.max_device_memory_gb below the model the plan said 'cpu, whole' while the
+    stage calibrated layer by layer from disk; calibration.layerwise=false with such a cap ran export, then exit 2."""
+    from pipeline.core.config.common import ConfigError
+    from pipeline.validation import validate
+
+    cap = ["calibration.device=cpu", "calibration.max_device_memory_gb=0.0001"]
+    p = plan(compose([f"model.path={tiny_llama}", "quant=int4_awq", *cap]))
+    q = p.stages["predicted"]["quantize"]
+    assert (q["offload"], p.stages["calibration_placement"]["offload"]) == ("disk", "disk") and "offloaded to disk" in q["where"]
+    assert "MiB" in p.stages["calibration_placement"]["reason"]  # a 0.1 MB cap is not "0.0 GiB"
+    p2 = plan(compose([f"model.path={tiny_llama}", "quant=int4_awq", "calibration.device=cpu", "calibration.layerwise=true"]))
+    assert "layer by layer" in p2.stages["predicted"]["quantize"]["where"]
+    with pytest.raises(ConfigError, match=r"calibration\.layerwise.*layer-by-layer.*calibration\.layerwise=auto"):
+        validate(compose([f"model.path={tiny_llama}", "quant=int4_awq", "calibration.layerwise=false", *cap]))
