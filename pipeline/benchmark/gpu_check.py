@@ -39,18 +39,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .scale import RUN_ARGS as SCALE_RUN_ARGS
 from .shapes import ROOT, SHAPES, make_shape, parameter_count
 
-#: int4 AWQ with a fixed calibration (every placement and shape sees the same tokens).
-RUN_ARGS = [
-    "quant=int4_awq",
-    "target=onnxruntime_genai",
-    "calibration.calib_size=32",
-    "calibration.min_samples=16",
-    "calibration.calib_max_seq_length=128",
-    "calibration.batch_size=8",
-    "progress=false",
-]
+#: the scale ladder's int4 AWQ calibration (pipeline/benchmark/scale.py), at a fixed batch: every placement and shape sees
+#: the same tokens, whatever memory is free
+RUN_ARGS = [*SCALE_RUN_ARGS, "calibration.batch_size=8"]
 #: the issue's agreement bar for placements that are not byte-identical
 KLD_MAX, TOP1_MIN = 1e-4, 0.999
 
