@@ -56,26 +56,29 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def _smi(fields: str) -> list[list[str]] | None:
+    """Rows of ``nvidia-smi --query-gpu=<fields>`` (one per GPU, values stripped), or None when nvidia-smi is absent or
+    fails."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return None
+    try:
+        out = subprocess.run(
+            [smi, f"--query-gpu={fields}", "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=15, check=True
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return [[p.strip() for p in line.split(",")] for line in out.strip().splitlines() if line.strip()]
+
+
 @functools.lru_cache(maxsize=1)
 def gpus() -> list[dict[str, Any]]:
     """Visible NVIDIA GPUs: name, compute capability (e.g. "9.0"), memory in MiB. Empty if none."""
-    smi = shutil.which("nvidia-smi")
-    if smi:
+    rows = _smi("name,compute_cap,memory.total,driver_version")
+    if rows is not None:
         try:
-            out = subprocess.run(
-                [smi, "--query-gpu=name,compute_cap,memory.total,driver_version", "--format=csv,noheader,nounits"],
-                capture_output=True,
-                text=True,
-                timeout=15,
-                check=True,
-            ).stdout
-            res = []
-            for line in out.strip().splitlines():
-                parts = [p.strip() for p in line.split(",")]
-                if len(parts) >= 4:
-                    res.append({"name": parts[0], "compute_capability": parts[1], "memory_mib": float(parts[2]), "driver": parts[3]})
-            return res
-        except (OSError, subprocess.SubprocessError, ValueError):
+            return [{"name": r[0], "compute_capability": r[1], "memory_mib": float(r[2]), "driver": r[3]} for r in rows if len(r) >= 4]
+        except ValueError:
             pass
     torch = sys.modules.get("torch")
     if torch is not None:
@@ -97,14 +100,11 @@ def gpu_free_bytes() -> list[int]:
     """Free memory of each visible NVIDIA GPU now, bytes, in :func:`gpus` order (``nvidia-smi``
     ``memory.free``; else ``torch.cuda.mem_get_info`` when torch is already imported). Empty if none.
     Not cached: free memory changes; not recorded in manifests."""
-    smi = shutil.which("nvidia-smi")
-    if smi:
+    rows = _smi("memory.free")
+    if rows is not None:
         try:
-            out = subprocess.run(
-                [smi, "--query-gpu=memory.free", "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=15, check=True
-            ).stdout
-            return [int(float(x.strip()) * 2**20) for x in out.strip().splitlines() if x.strip()]
-        except (OSError, subprocess.SubprocessError, ValueError):
+            return [int(float(r[0]) * 2**20) for r in rows]
+        except ValueError:
             pass
     torch = sys.modules.get("torch")
     if torch is not None:
