@@ -226,7 +226,7 @@ def _target_available(cfg: PipelineConfig, store: ArtifactStore, order: list[str
         key, _ = compute_key(st, cfg, {d: pending[d] for d in st.deps_for(cfg)}, externals[s])
         pending[s] = Artifact(s, key, store.path_for(s, key), {"output_digest": f"pending:{key}", "result": {}})
     quant = pending.get("quantize")
-    from .quantize.artifact import QuantizeArtifact
+    from .core.contracts.quantize import QuantizeArtifact
 
     ckpt = QuantizeArtifact(quant.path if quant else store.root / "quantize" / "<key>").trtllm_checkpoint
     target.preflight(cfg, ckpt, None)
@@ -558,7 +558,7 @@ def _record_gate(
     ``state.gate_failed`` (an exploratory run's inconclusive verdict only warns: exit 0 for a run that stops at
     evaluate; when the package stage runs (``packaging``) it refuses the candidate, exit 3, unless
     ``package.allow_failed_gate``)."""
-    from .evaluate.artifact import gate_of
+    from .core.contracts.evaluate import gate_of
 
     gate = gate_of(art.result) if name == "evaluate" else None
     if gate is not None:
@@ -591,7 +591,7 @@ def _ci_reports(state: _RunState, summary_dir: Path | None, console: Console) ->
     """For CI jobs, when this run evaluated (ran or cache hit): ``<run dir>/junit.xml`` (gate checks and the package
     stage's serving parity, ``pipeline.evaluate.junit``) and, when ``$GITHUB_STEP_SUMMARY`` is set, the gate table
     appended to it. A write failure is reported, not raised (the run's exit code stays the gate's)."""
-    from .evaluate.artifact import EvalArtifact
+    from .core.contracts.evaluate import EvalArtifact
     from .evaluate.junit import append_step_summary, write_junit
 
     if state.eval_dir is None:
@@ -686,8 +686,8 @@ def print_summary(summary: RunSummary, console: Console) -> None:
 
 
 def _parity_record(art: Artifact) -> dict[str, Any] | None:
-    """The package stage's serving-parity record (:meth:`pipeline.package.artifact.PackageArtifact.parity_record`)."""
-    from .package.artifact import PackageArtifact
+    """The package stage's serving-parity record (:meth:`pipeline.core.contracts.package.PackageArtifact.parity_record`)."""
+    from .core.contracts.package import PackageArtifact
 
     return PackageArtifact(Path(art.path)).parity_record(art.result)
 
@@ -697,7 +697,7 @@ def print_gate(gate: dict[str, Any], console: Console) -> None:
     (mean KLD, top-1 agreement) and serving parity (``served == evaluated: N/N`` from the package stage's
     ``parity`` result; "not checked" when absent).  ``gate`` is ``{"evaluate": <GateVerdict record>, "parity": ...}``
     (``summary.json`` ``gate``)."""
-    from .evaluate.artifact import GateVerdict
+    from .core.contracts.evaluate import GateVerdict
 
     ev = GateVerdict.from_json(gate.get("evaluate"))
     if ev is not None:

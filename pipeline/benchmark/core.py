@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ..core import hostinfo
+from ..core.contracts.export import ModelInfo
 from ..core.errors import InputError, PipelineError
-from ..export.artifact import ModelInfo
 from . import loadgen
 from .metrics import aggregate_repeats, level_metrics
 from .records import RequestRecord
@@ -67,7 +67,7 @@ class BenchInputs:
 
     Attributes:
         hf_dir: the export artifact's ``hf/`` (tokenizer; the baseline's weights).
-        model_info: the export artifact's ``model_info.json`` (:class:`pipeline.export.artifact.ModelInfo`; eos ids for stop tokens).
+        model_info: the export artifact's ``model_info.json`` (:class:`pipeline.core.contracts.export.ModelInfo`; eos ids for stop tokens).
         engine_dir: the build artifact's ``engine/`` (engine mode); ``None`` skips engine facts.
         model_repository: the package artifact's ``model_repository/`` (triton mode).
         eval_set / corpus: JSONL prompt sources (dataset=eval / synthetic).

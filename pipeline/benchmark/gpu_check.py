@@ -226,7 +226,7 @@ def _same_bytes(a: Path, b: Path) -> dict[str, Any]:
     from safetensors import safe_open
 
     out: dict[str, Any] = {}
-    from ..quantize.artifact import QuantizeArtifact as Q
+    from ..core.contracts.quantize import QuantizeArtifact as Q
 
     with safe_open(str(a / Q.QUANT_STATE_TENSORS), "pt") as x, safe_open(str(b / Q.QUANT_STATE_TENSORS), "pt") as y:
         keys = sorted(x.keys())

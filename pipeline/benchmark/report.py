@@ -8,8 +8,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from ..core.contracts.benchmark import BenchmarkArtifact
 from ..core.store import write_json_atomic
-from .artifact import BenchmarkArtifact
 
 log = logging.getLogger("pipeline.benchmark")
 

@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..build.artifact import BuildArtifact
-from ..quantize.artifact import QuantizeArtifact
+from ..core.contracts.build import BuildArtifact
+from ..core.contracts.quantize import QuantizeArtifact
 from .shapes import ROOT, SHAPES, make_shape, parameter_count
 
 LADDER = ("llama80m", "llama400m", "llama1b", "llama3b")

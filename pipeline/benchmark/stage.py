@@ -18,9 +18,9 @@ from ..core.stage import Stage, StageContext
 
 
 def _inputs(ctx: StageContext):
-    from ..build.artifact import BuildArtifact, target_of
-    from ..export.artifact import ExportArtifact
-    from ..package.artifact import PackageArtifact
+    from ..core.contracts.build import BuildArtifact, target_of
+    from ..core.contracts.export import ExportArtifact
+    from ..core.contracts.package import PackageArtifact
     from .core import BenchInputs
 
     cfg = ctx.cfg

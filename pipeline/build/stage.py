@@ -14,9 +14,9 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
+from ..core.contracts.build import BuildArtifact
 from ..core.stage import Stage, StageContext
 from ..core.store import write_json_atomic
-from .artifact import BuildArtifact
 from .checks import checks
 
 

@@ -158,12 +158,12 @@ TOKENIZER_COPY_FILES: tuple[str, ...] = TOKENIZER_FILES + (GENERATION_CONFIG,)
 
 
 STAGE_ARTIFACTS: dict[str, str] = {
-    "export": "pipeline.export.artifact:ExportArtifact",
-    "quantize": "pipeline.quantize.artifact:QuantizeArtifact",
-    "build": "pipeline.build.artifact:BuildArtifact",
-    "evaluate": "pipeline.evaluate.artifact:EvalArtifact",
-    "package": "pipeline.package.artifact:PackageArtifact",
-    "benchmark": "pipeline.benchmark.artifact:BenchmarkArtifact",
+    "export": "pipeline.core.contracts.export:ExportArtifact",
+    "quantize": "pipeline.core.contracts.quantize:QuantizeArtifact",
+    "build": "pipeline.core.contracts.build:BuildArtifact",
+    "evaluate": "pipeline.core.contracts.evaluate:EvalArtifact",
+    "package": "pipeline.core.contracts.package:PackageArtifact",
+    "benchmark": "pipeline.core.contracts.benchmark:BenchmarkArtifact",
 }
 """stage name -> ``module:class`` of its artifact (imported on use: this layer imports no stage package)."""
 

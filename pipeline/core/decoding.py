@@ -22,7 +22,7 @@ different policies.  This module is the one place that reads the fields and says
   no runner and no server (the baseline no longer inherits them either); they are listed in the policy and warned
   about once at export.
 
-The policy is written to the export artifact as ``decoding.json`` (:meth:`pipeline.export.artifact.ExportArtifact.decoding`)
+The policy is written to the export artifact as ``decoding.json`` (:meth:`pipeline.core.contracts.export.ExportArtifact.decoding`)
 and recorded in the eval report and the release manifest (``decoding``).
 """
 

@@ -386,8 +386,8 @@ def print_console(rep: dict[str, Any], console: Any) -> None:
 
 
 def write_all(out: Path, rep: dict[str, Any]) -> None:
+    from ..core.contracts.evaluate import EvalArtifact as E
     from ..core.store import write_json_atomic
-    from .artifact import EvalArtifact as E
 
     write_json_atomic(out / E.REPORT_JSON, rep)
     (out / E.REPORT_MD).write_text(to_markdown(rep), encoding="utf-8")

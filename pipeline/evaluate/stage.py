@@ -19,13 +19,13 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from ..build.artifact import BuildArtifact, target_of
 from ..core.config.common import key_fields
+from ..core.contracts.build import BuildArtifact, target_of
+from ..core.contracts.evaluate import EvalArtifact, FailedCheck, GateBound, GateFidelity, GateVerdict
+from ..core.contracts.export import ExportArtifact, ModelInfo
 from ..core.errors import InputError
 from ..core.stage import Stage, StageContext
 from ..core.store import sha256_file
-from ..export.artifact import ExportArtifact, ModelInfo
-from .artifact import EvalArtifact, FailedCheck, GateBound, GateFidelity, GateVerdict
 from .checks import checks
 
 REPORT_SCHEMA = "pipeline.eval_report/v1"
@@ -644,7 +644,7 @@ def _stage_result(st: _Setup, runs: _Runs, sc: _Scores, verdict: dict[str, Any])
 
 
 def gate_summary(verdict: dict[str, Any], fidelity_overall: dict[str, Any]) -> dict[str, Any]:
-    """The gate record of the evaluate result (:class:`~pipeline.evaluate.artifact.GateVerdict`, shown by
+    """The gate record of the evaluate result (:class:`~pipeline.core.contracts.evaluate.GateVerdict`, shown by
     ``runner.print_gate``, kept in summary.json and the release manifest) from ``gate.judge``'s verdict and the
     overall fidelity summary (``fidelity.summarize``)."""
     fo = fidelity_overall

@@ -77,9 +77,9 @@ def _headline(architecture: str, params: Any, dtype: str) -> dict[str, Any]:
 
 
 def _run(ctx: StageContext) -> dict[str, Any]:
+    from ..core.contracts.export import ExportArtifact
     from ..core.decoding import read_policy
     from ..core.store import write_json_atomic
-    from .artifact import ExportArtifact
     from .inspect import inspect_checkpoint
     from .write import export_checkpoint
 

@@ -36,10 +36,10 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ..core.artifacts import TOKENIZER_DIRS, TOKENIZER_FILES
+from ..core.contracts.export import ExportArtifact
 from ..core.errors import InputError
 from ..core.hf_compat import rewrite_tokenizer_config, write_older_config_spellings
 from ..core.modelio import loadable_view
-from .artifact import ExportArtifact
 
 #: architecture (``config.json`` ``architectures[0]``) -> ``model_type``.
 from .inspect import (

@@ -27,10 +27,10 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from ..build.artifact import BuildArtifact
+from ..core.contracts.build import BuildArtifact
+from ..core.contracts.package import PackageArtifact
 from ..core.errors import InputError
 from . import llmapi_schema as S
-from .artifact import PackageArtifact
 
 SERVERS_DIR = "servers"
 """Package folder (next to ``model_repository/``, inside the release archive) of the non-Triton server files."""

@@ -21,8 +21,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..core.contracts.package import PackageArtifact
 from ..core.errors import InputError
-from .artifact import PackageArtifact
 
 DROPPED = ("target", "stages", "store_dir", "force", "dry_run", "verify_cache", "progress", "hydra")
 """Top-level config keys not carried over from the engine release: the target is what changes, and the rest says how

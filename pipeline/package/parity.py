@@ -36,9 +36,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from ..core.contracts.evaluate import EvalArtifact
+from ..core.contracts.package import PackageArtifact
 from ..core.errors import GateFailed, InputError, PreflightError
-from ..evaluate.artifact import EvalArtifact
-from .artifact import PackageArtifact
 from .repository import PACKAGE_ID_PARAMETER
 
 EXPECTED_FILE = "parity_expected.jsonl"

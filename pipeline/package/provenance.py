@@ -42,8 +42,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..core.contracts.package import PackageArtifact
 from ..core.errors import InputError
-from .artifact import PackageArtifact
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://slsa.dev/provenance/v1"

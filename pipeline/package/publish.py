@@ -27,9 +27,9 @@ import re
 from pathlib import Path
 from typing import Any
 
+from ..core.contracts.evaluate import EvalArtifact, EvalReport
+from ..core.contracts.package import PackageArtifact, ReleaseGate
 from ..core.errors import GateFailed, InputError, PreflightError
-from ..evaluate.artifact import EvalArtifact, EvalReport
-from .artifact import PackageArtifact, ReleaseGate
 
 A = PackageArtifact
 
@@ -48,7 +48,7 @@ def _read(p: Path) -> dict[str, Any]:
 
 
 def release_metrics(report: EvalReport) -> dict[str, float]:
-    """The gate metrics of an eval report (:meth:`pipeline.evaluate.artifact.EvalReport.gate_metrics`) under their
+    """The gate metrics of an eval report (:meth:`pipeline.core.contracts.evaluate.EvalReport.gate_metrics`) under their
     MLflow metric names."""
     return {_metric_name(k): v for k, v in report.gate_metrics().items()}
 

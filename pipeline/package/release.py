@@ -20,9 +20,9 @@ import tarfile
 from collections.abc import Iterable
 from pathlib import Path
 
+from ..core.contracts.package import PackageArtifact
 from ..core.errors import InputError
 from ..core.store import sha256_file
-from .artifact import PackageArtifact
 
 
 def _mtime() -> int:

@@ -25,10 +25,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ..build.artifact import BuildInfo
 from ..core.artifacts import TOKENIZER_COPY_FILES
+from ..core.contracts.build import BuildInfo
+from ..core.contracts.export import ExportArtifact, ModelInfo
 from ..core.errors import InputError
-from ..export.artifact import ExportArtifact, ModelInfo
 from .fragment import Fragment
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -38,8 +38,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..core.contracts.package import PackageArtifact
 from ..core.errors import InputError
-from .artifact import PackageArtifact
 
 DSSE_PAYLOAD_TYPE = "application/vnd.in-toto+json"
 """The DSSE payload type of an in-toto Statement (in-toto attestation spec v1, ``envelope.md``)."""

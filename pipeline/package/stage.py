@@ -20,12 +20,12 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..build.artifact import BuildArtifact, BuildInfo
+from ..core.contracts.build import BuildArtifact, BuildInfo
+from ..core.contracts.evaluate import gate_of
+from ..core.contracts.export import ExportArtifact, ModelInfo
+from ..core.contracts.package import PackageArtifact, ReleaseGate
 from ..core.errors import GateFailed, InputError
 from ..core.stage import Stage, StageContext
-from ..evaluate.artifact import gate_of
-from ..export.artifact import ExportArtifact, ModelInfo
-from .artifact import PackageArtifact, ReleaseGate
 
 if TYPE_CHECKING:
     from .repository import Settings
@@ -34,7 +34,7 @@ LIBRARIES = ("tritonclient", "protobuf", "onnxruntime-genai", "tokenizers")
 
 
 def model_info(export_dir: Path) -> ModelInfo:
-    """``model_info.json`` of the export artifact (:meth:`pipeline.export.artifact.ExportArtifact.model_info`)."""
+    """``model_info.json`` of the export artifact (:meth:`pipeline.core.contracts.export.ExportArtifact.model_info`)."""
     return ExportArtifact(export_dir).model_info()
 
 
@@ -59,7 +59,7 @@ def release_name(cfg: Any) -> str:
 
 
 def _gate(ctx: StageContext) -> dict[str, Any]:
-    """The release manifest's ``evaluation.gate`` (:class:`~pipeline.package.artifact.ReleaseGate`) from the evaluate
+    """The release manifest's ``evaluation.gate`` (:class:`~pipeline.core.contracts.package.ReleaseGate`) from the evaluate
     input's verdict. Raises :class:`GateFailed` (exit 3) for a verdict that did not pass, unless
     ``package.allow_failed_gate``."""
     ev = ctx.inputs.get("evaluate")
@@ -340,7 +340,7 @@ def _evaluated_what(ctx: StageContext, settings: Any, bi: BuildInfo) -> dict[str
     """The manifest's record of *what* the gate judged: the evaluate stage's candidate runner and why it was chosen,
     and, for a TensorRT-LLM package built on a host without a GPU (``target=tensorrt_llm_pytorch target.gpu=...``),
     that the served engine has not run yet: the GPU host runs the served-parity command (``parity.command``)."""
-    from ..evaluate.artifact import EvalArtifact
+    from ..core.contracts.evaluate import EvalArtifact
 
     out: dict[str, Any] = {"candidate": None, "candidate_note": None, "gpu_host_check": None}
     ev = ctx.inputs.get("evaluate")

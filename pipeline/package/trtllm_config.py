@@ -19,13 +19,13 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ..build.artifact import BuildArtifact, BuildInfo
+from ..core.contracts.build import BuildArtifact, BuildInfo
 from ..core.errors import GateFailed, InputError
 
 DRAFT_MODEL = "tensorrt_llm_draft"
 """Model name of the draft engine in a draft-model package (the BLS ``tensorrt_llm_draft_model_name``)."""
 DRAFT_ENGINE_DIR = BuildArtifact.DRAFT_ENGINE_DIR
-"""Folder of the draft engine inside a build artifact (next to ``engine/``; the name lives in pipeline/build/artifact.py)."""
+"""Folder of the draft engine inside a build artifact (next to ``engine/``; the name lives in pipeline/core/contracts/build.py)."""
 EXECUTOR_WORKER = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"
 SPEC_DECODING_MODE = {"medusa": "medusa", "eagle": "eagle", "lookahead_decoding": "lookahead"}
 """build.speculative.mode -> backend ``decoding_mode`` (draft_tokens_external: the engine's own mode, not written)."""
@@ -382,7 +382,7 @@ def read_measurement(evaluate_dir: Path | None) -> dict[str, Any] | None:
     """The ``speculative`` section of the evaluate artifact's ``eval_report.json`` (None when absent)."""
     if evaluate_dir is None:
         return None
-    from ..evaluate.artifact import EvalArtifact
+    from ..core.contracts.evaluate import EvalArtifact
 
     art = EvalArtifact(Path(evaluate_dir))
     if not art.report_path.is_file():

@@ -28,8 +28,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from ..build.artifact import BuildInfo
 from ..core.artifacts import REQUIRED_TOKENIZER_FILES
+from ..core.contracts.build import BuildInfo
 from ..core.errors import InputError, PreflightError
 from ..facts import versions as V
 from .repository import CONTAINER_REPO, PLACEHOLDER, SIBLING_MODULES

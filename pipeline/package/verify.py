@@ -32,8 +32,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..core.contracts.package import PackageArtifact
 from ..core.errors import EXIT_INPUT, EXIT_OK, InputError
-from .artifact import PackageArtifact
 
 A = PackageArtifact
 

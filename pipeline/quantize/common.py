@@ -7,8 +7,8 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..core.contracts.export import ExportArtifact
 from ..core.errors import InputError
-from ..export.artifact import ExportArtifact
 from ..facts.recipes import KV_CACHE_FORMATS, unused_quant_fields
 
 if TYPE_CHECKING:

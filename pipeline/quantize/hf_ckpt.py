@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from ..core.artifacts import TOKENIZER_COPY_FILES
+from ..core.contracts.quantize import QuantizeArtifact
 from ..core.hf_compat import write_older_config_spellings
-from .artifact import QuantizeArtifact
 from .common import _link_file, _link_tree, _quiet
 from .preflight import _Source
 

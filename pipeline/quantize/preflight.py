@@ -393,7 +393,7 @@ class _Source:
 
 def _num_parameters(export_dir: Path, hf: Path) -> int:
     """The export's parameter count (``model_info.json``), else the element count of its safetensors headers."""
-    from ..export.artifact import ExportArtifact
+    from ..core.contracts.export import ExportArtifact
 
     try:
         n_info = ExportArtifact(Path(export_dir)).model_info().num_parameters

@@ -11,9 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ..core.contracts.quantize import QuantizeArtifact
 from ..core.memory import measure
 from ..facts.recipes import RECIPES
-from .artifact import QuantizeArtifact
 from .auto import auto_quant_algo
 from .calibrate import _calibrate, _Calibration
 from .common import KV_CACHE

@@ -8,8 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..core.contracts.quantize import QuantizeArtifact
 from ..core.errors import InputError, SelfCheckError
-from .artifact import QuantizeArtifact
 from .common import KV_CACHE, _hf_dir, log, unused_fields
 
 if TYPE_CHECKING:

@@ -9,10 +9,10 @@ import warnings
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from ..core.contracts.quantize import QuantizeArtifact
 from ..core.errors import InputError
 from ..facts.families import DECODER_TYPES, NO_TRTLLM_CHECKPOINT
 from ..facts.recipes import RECIPES
-from .artifact import QuantizeArtifact
 from .common import KV_CACHE, _quiet
 from .modelopt_config import lm_head_excluded
 from .preflight import _Source

@@ -325,7 +325,7 @@ class Frontend:
     """
 
     def __init__(self, grpc_url: str, repository: Path, model_id: str | None = None, *, timeout_s: float = 300.0) -> None:
-        from ..package.artifact import PackageArtifact
+        from ..core.contracts.package import PackageArtifact
         from .client import LLMClient, _load_tokenizer
 
         self.grpc_url, self.repository, self.timeout_s = grpc_url, Path(repository), float(timeout_s)

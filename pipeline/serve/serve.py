@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..core.contracts.package import PackageArtifact, ReleaseGate
 from ..core.errors import EXIT_INPUT, EXIT_INTERRUPTED, InputError, PipelineError
-from ..package.artifact import PackageArtifact, ReleaseGate
 
 
 def _created_order(art: Any) -> tuple[str, tuple[int, int, str], str]:

@@ -11,7 +11,7 @@ import pytest
 from pipeline.benchmark import shapes
 from pipeline.benchmark.core import TARGETS, BenchInputs, ratios, run_benchmark
 from pipeline.core.config import compose
-from pipeline.export.artifact import ModelInfo
+from pipeline.core.contracts.export import ModelInfo
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.build.artifact import BuildArtifact
 from pipeline.core import artifacts as A
 from pipeline.core import hostinfo
+from pipeline.core.contracts.build import BuildArtifact
+from pipeline.core.contracts.export import ExportArtifact, ModelInfo
+from pipeline.core.contracts.quantize import QuantizeArtifact
 from pipeline.core.errors import InputError
-from pipeline.export.artifact import ExportArtifact, ModelInfo
-from pipeline.quantize.artifact import QuantizeArtifact
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "artifacts.md"
 
@@ -115,7 +115,7 @@ def test_typed_readers_refuse_a_wrong_field_type_and_read_older_documents(tmp_pa
     """``ModelInfo`` / ``BuildInfo`` are the only readers of ``model_info.json`` / ``build_info.json``: a field of the
     wrong type is an InputError naming the file, the field and the fix (it used to surface as a TypeError wherever
     a stage used it); an older single ``eos_token_id`` and an older ``target: {"name": ...}`` are read."""
-    from pipeline.build.artifact import BuildArtifact, BuildInfo
+    from pipeline.core.contracts.build import BuildArtifact, BuildInfo
 
     (tmp_path / "a").mkdir()
     exp = _export(tmp_path / "a", config={"eos_token_id": 2}, info={"eos_token_ids": "2", "architecture": "X"})
@@ -151,7 +151,7 @@ def test_typed_readers_refuse_a_wrong_field_type_and_read_older_documents(tmp_pa
 def test_a_reader_of_a_missing_or_foreign_folder_refuses_instead_of_an_empty_record(tmp_path):
     """Trial 3: ``ExportArtifact(Path('/nonexistent')).model_info()`` and the same reader on a build folder returned
     ``ModelInfo()`` (every field None), as if export had recorded nothing."""
-    from pipeline.build.artifact import BuildArtifact
+    from pipeline.core.contracts.build import BuildArtifact
 
     with pytest.raises(InputError, match=r"ExportArtifact\('.*nope'\): the folder does not exist: not an export artifact"):
         ExportArtifact(tmp_path / "nope").model_info()
@@ -167,7 +167,7 @@ def test_a_reader_of_a_missing_or_foreign_folder_refuses_instead_of_an_empty_rec
 def test_eval_report_reader_types_what_other_stages_read(tmp_path):
     """``EvalArtifact.report()`` is how package, parity, publish and the runner read ``eval_report.json``: a missing
     file or a wrong-typed field is an InputError with the fix; ``gate_metrics`` takes the candidate's numbers."""
-    from pipeline.evaluate.artifact import EvalArtifact, EvalReport
+    from pipeline.core.contracts.evaluate import EvalArtifact, EvalReport
 
     with pytest.raises(InputError, match=r"eval_report\.json is missing\. Fix: re-run the evaluate stage"):
         EvalArtifact(tmp_path).report()

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.build.artifact import BuildInfo
 from pipeline.core.config import compose
+from pipeline.core.contracts.build import BuildInfo
+from pipeline.core.contracts.export import ModelInfo
 from pipeline.core.errors import InputError
-from pipeline.export.artifact import ModelInfo
 from pipeline.package import llmapi_options as O
 from pipeline.package import llmapi_schema as S
 from pipeline.package import option_support as OS

@@ -19,9 +19,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from pipeline.build.artifact import BuildInfo
+from pipeline.core.contracts.build import BuildInfo
+from pipeline.core.contracts.export import ModelInfo
 from pipeline.core.errors import GateFailed, InputError, PreflightError
-from pipeline.export.artifact import ModelInfo
 from pipeline.facts import versions as V
 from pipeline.package import make_archive, safe_extract, write_sha256sums
 from pipeline.package.repository import MODEL_HELPERS, Settings, generate_repository, settings_from_build

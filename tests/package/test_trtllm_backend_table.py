@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import tiny
 
-from pipeline.build.artifact import BuildInfo
 from pipeline.core.config import compose
-from pipeline.export.artifact import ModelInfo
+from pipeline.core.contracts.build import BuildInfo
+from pipeline.core.contracts.export import ModelInfo
 from pipeline.package import trtllm_backend_table as T
 from pipeline.package import trtllm_config as TC
 from pipeline.package.repository import TEMPLATES, generate_repository, settings_from_build

@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 import tiny
 
-from pipeline.build.artifact import BuildInfo
 from pipeline.core.config.package import PackageConfig
-from pipeline.export.artifact import ModelInfo
+from pipeline.core.contracts.build import BuildInfo
+from pipeline.core.contracts.export import ModelInfo
 from pipeline.serve.server import DEFAULT_SERVE_VENV, TritonServer
 
 pytestmark = pytest.mark.slow

@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-from pipeline.build.artifact import BuildInfo
 from pipeline.core.config.package import PackageConfig
-from pipeline.export.artifact import ModelInfo
+from pipeline.core.contracts.build import BuildInfo
+from pipeline.core.contracts.export import ModelInfo
 
 MODELS = Path(__file__).resolve().parents[2] / "pipeline" / "serve" / "models"
 

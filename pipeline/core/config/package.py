@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from ...package.artifact import PackageArtifact
+from ..contracts.package import PackageArtifact
 from .common import Problem, runtime
 from .serving import RuntimeConfig, SpeculativeGateConfig
 from .serving import validate as _validate_runtime

@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ....core.config.common import Problem
+from ....core.contracts.build import BuildArtifact
 from ....core.errors import InputError, PipelineError, PreflightError
-from ...artifact import BuildArtifact
 from ..base import Capabilities, GenerationRequest, GenerationResult, Target, TokenCallback
 
 log = logging.getLogger("pipeline.build.targets.onnxruntime_genai.builder")

@@ -38,10 +38,10 @@ from typing import Any
 from ....core.artifacts import TOKENIZER_COPY_FILES
 from ....core.config.common import Problem
 from ....core.config.target import DEFAULT_SERVING_IMAGE
+from ....core.contracts.build import BuildArtifact
+from ....core.contracts.quantize import QuantizeArtifact
 from ....core.errors import InputError, PipelineError, PreflightError
 from ....facts.recipes import KV_CACHE_FORMATS, RECIPES
-from ....quantize.artifact import QuantizeArtifact
-from ...artifact import BuildArtifact
 from ..base import Capabilities, Target
 
 log = logging.getLogger("pipeline.build.targets.tensorrt_llm.builder")

@@ -37,8 +37,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ....core.contracts.build import BuildArtifact, BuildInfo
 from ....core.errors import InputError, PreflightError
-from ...artifact import BuildArtifact, BuildInfo
 
 INSTALL_FIX = (
     "install TensorRT-LLM 1.2.1 on an NVIDIA GPU host (`pip install 'tensorrt-llm==1.2.1' --extra-index-url "

@@ -6,7 +6,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..core.artifacts import StageArtifact, _read_json
+from ..artifacts import StageArtifact, _read_json
 
 
 class BuildArtifact(StageArtifact):
@@ -119,7 +119,7 @@ class BuildInfo:
             InputError: a field has the wrong type, or a limit below 1 or a size or time below 0 (names ``source``,
                 the field, the value, what was expected and the fix).
         """
-        from ..core.artifacts import DocumentFields
+        from ..artifacts import DocumentFields
 
         f = DocumentFields(source, "rebuild with the build stage (force=true stages=[build])")
         target = d.get("target")

@@ -6,7 +6,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..core.artifacts import StageArtifact
+from ..artifacts import StageArtifact
 
 
 class EvalArtifact(StageArtifact):
@@ -34,8 +34,8 @@ class EvalArtifact(StageArtifact):
         Raises:
             InputError: the file is missing, not a JSON object, or a field the readers use has the wrong type.
         """
-        from ..core.artifacts import _read_json
-        from ..core.errors import InputError
+        from ..artifacts import _read_json
+        from ..errors import InputError
 
         fix = "re-run the evaluate stage (force=true stages=[evaluate])"
         if not self.report_path.is_file():
@@ -78,7 +78,7 @@ class EvalReport:
     def from_json(cls, d: dict[str, Any], source: Path | str = "eval_report.json") -> EvalReport:
         """Raises: InputError when a field the readers use has the wrong type, or a limit below 1 (names ``source``,
         the field, the value, what was expected and the fix)."""
-        from ..core.artifacts import DocumentFields
+        from ..artifacts import DocumentFields
 
         f = DocumentFields(source, "re-run the evaluate stage (force=true stages=[evaluate])")
         typed = f.get

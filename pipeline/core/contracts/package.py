@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..core.artifacts import StageArtifact
-from ..evaluate.artifact import GateVerdict
+from ..artifacts import StageArtifact
+from .evaluate import GateVerdict
 
 
 class PackageArtifact(StageArtifact):

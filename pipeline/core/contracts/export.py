@@ -6,8 +6,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..core.artifacts import StageArtifact, _read_json
-from ..core.errors import InputError
+from ..artifacts import StageArtifact, _read_json
+from ..errors import InputError
 
 MODEL_INFO_NAME = "model_info.json"
 
@@ -40,7 +40,7 @@ class ExportArtifact(StageArtifact):
         Raises:
             InputError: ``decoding.json`` is not a JSON object, or the fallback refuses ``generation_config.json``.
         """
-        from ..core.decoding import DecodingPolicy, read_policy
+        from ..decoding import DecodingPolicy, read_policy
 
         d = _read_json(self.decoding_path, "re-run the export stage (force=true stages=[export])")
         return DecodingPolicy.from_json(d) if d else read_policy(self.hf_dir)
@@ -148,7 +148,7 @@ class ModelInfo:
             InputError: a field has the wrong type, or a size or count below 1 (names ``source``, the field, the value,
                 what was expected and the fix).
         """
-        from ..core.artifacts import DocumentFields
+        from ..artifacts import DocumentFields
 
         fields = DocumentFields(source, "re-run the export stage (force=true stages=[export])")
         kw: dict[str, Any] = {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import ClassVar
 
-from ..core.artifacts import StageArtifact
+from ..artifacts import StageArtifact
 
 
 class BenchmarkArtifact(StageArtifact):
