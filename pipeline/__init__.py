@@ -42,7 +42,7 @@ _PUBLIC: dict[str, str] = {
     "PackageArtifact": "pipeline.core.contracts.package:PackageArtifact",
     "BenchmarkArtifact": "pipeline.core.contracts.benchmark:BenchmarkArtifact",
     "register_metric": "pipeline.evaluate.metrics:register",
-    "register_target": "pipeline.build.targets:register",
+    "register_target": "pipeline.core.targets:register",
     "LLMClient": "pipeline.serve.client:LLMClient",
 }
 """public name -> ``module:attribute`` that defines it."""

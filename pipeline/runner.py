@@ -211,7 +211,7 @@ def _target_available(cfg: PipelineConfig, store: ArtifactStore, order: list[str
 
     Keys are input-addressed, so the quantize artifact's future folder is known before it exists.
     """
-    from .build.targets import get_target, resolve_target
+    from .core.targets import get_target, resolve_target
 
     name, _ = resolve_target(cfg)
     target = get_target(name)

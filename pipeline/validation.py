@@ -68,7 +68,7 @@ def validate(cfg: PipelineConfig, *, raise_on_error: bool = True) -> list[Proble
     Returns every problem; raises :class:`~pipeline.core.config.ConfigError` listing them all when ``raise_on_error``
     and any were found.
     """
-    from .build.targets import name_problems
+    from .core.targets import name_problems
 
     cfg = with_run_order(cfg)
     problems = validate_fields(cfg, raise_on_error=False) + name_problems(cfg)

@@ -224,7 +224,7 @@ class OrtEngineBackend(ThreadedBackend):
 
 # --------------------------------------------------------------------------- any EngineRunner
 class RunnerBackend(ThreadedBackend):
-    """Any :class:`pipeline.build.targets.base.EngineRunner` (targets without a streaming driver here).
+    """Any :class:`pipeline.core.targets.base.EngineRunner` (targets without a streaming driver here).
 
     Requests that arrive while a ``generate`` call runs wait for the next call (batch admission,
     not in-flight admission); token times come from the runner's ``on_token`` callback.
@@ -240,7 +240,7 @@ class RunnerBackend(ThreadedBackend):
         self.stop_ids = list(stop_token_ids)
 
     def _work(self) -> None:
-        from ..build.targets.base import GenerationRequest
+        from ..core.targets.base import GenerationRequest
 
         while True:
             items: list[_Item] = []

@@ -32,7 +32,7 @@ def _inputs(ctx: StageContext):
     repo = PackageArtifact(pkg.path).model_repository if pkg is not None else None
 
     def load_runner() -> Any:
-        from ..build.targets import get_target
+        from ..core.targets import get_target
 
         return get_target(target).load_runner(engine_dir)
 

@@ -6,7 +6,7 @@
   context needs ``build.use_paged_context_fmha`` (TensorRT-LLM plugin/plugin.py);
 * a RoPE scaling the resolved target does not honour, or would crash on (:func:`pipeline.facts.rope.rope_refusal`);
 * the resolved target's own ``check_config`` (recipe, KV cache format, limits, and the model's needs on that
-  target: :mod:`pipeline.build.targets`).
+  target: :mod:`pipeline.core.targets`).
 
 (``tokens_per_block`` being a power of two is checked by the ``build`` config group itself.)  Never imports torch.
 """
@@ -20,9 +20,9 @@ from ..core.config.common import Problem
 
 def checks(cfg: Any) -> list[Problem]:
     """Every build-stage problem of ``cfg`` (a composed ``PipelineConfig``); never raises for bad values."""
+    from ..core.targets import TARGETS
+    from ..core.targets import config_problems as target_problems
     from ..planner.plan import shape_or_none
-    from .targets import TARGETS
-    from .targets import config_problems as target_problems
 
     problems = _length_problems(cfg.build)
     shape = shape_or_none(cfg)
@@ -37,9 +37,9 @@ def checks(cfg: Any) -> list[Problem]:
 def _rope_problems(cfg: Any) -> list[Problem]:
     """The checkpoint's ``rope_scaling`` on the resolved target (:data:`pipeline.facts.rope.ROPE_SUPPORT`)."""
     from ..core.errors import InputError
+    from ..core.targets import capabilities, needs_build
     from ..facts.families import read_model_config
     from ..facts.rope import rope_refusal
-    from .targets import capabilities, needs_build
 
     mc = read_model_config(getattr(cfg.model, "path", None))
     if mc is None or not needs_build(cfg):

@@ -5,7 +5,7 @@ Inputs: the export artifact (``hf/``, ``model_info.json``) and the quantize arti
 ``build_info.json``, ``build.log``; result ``headline`` {target, engine_mb} and ``limits``.
 
 The target (``target=auto|onnxruntime_genai|tensorrt_llm``) is resolved once per run
-(:func:`pipeline.build.targets.resolve_target`), printed with its reason, recorded in ``build_info.json``
+(:func:`pipeline.core.targets.resolve_target`), printed with its reason, recorded in ``build_info.json``
 and part of the cache key (``key_extras``), so an auto run on a GPU host never reuses a CPU engine.
 """
 
@@ -21,7 +21,7 @@ from .checks import checks
 
 
 def _key_extras(cfg: Any, inputs: dict[str, Any]) -> dict[str, Any]:
-    from .targets import resolve_target
+    from ..core.targets import resolve_target
 
     name, _ = resolve_target(cfg)
     extras: dict[str, Any] = {"target": name}
@@ -36,7 +36,7 @@ def _key_extras(cfg: Any, inputs: dict[str, Any]) -> dict[str, Any]:
 
 
 def _announce(ctx: StageContext) -> tuple[str, str]:
-    from .targets import resolve_target
+    from ..core.targets import resolve_target
 
     name, reason = resolve_target(ctx.cfg)
     ctx.console.print(f"[bold]build target:[/] {name}  ({reason})")
@@ -60,7 +60,7 @@ def _portable(obj: Any, places: dict[str, str]) -> Any:
 
 
 def _run(ctx: StageContext) -> dict[str, Any]:
-    from .targets import get_target
+    from ..core.targets import get_target
 
     name, reason = _announce(ctx)
     target = get_target(name)
@@ -89,7 +89,7 @@ def _run(ctx: StageContext) -> dict[str, Any]:
 
 
 def _dry_run(ctx: StageContext) -> dict[str, Any]:
-    from .targets import get_target
+    from ..core.targets import get_target
 
     name, reason = _announce(ctx)
     target = get_target(name)

@@ -7,7 +7,7 @@ ModelOpt simulated-quantization model, with one stop handling, one tokenization 
   reference dtype (``eval.reference_dtype``) on ``eval.device``, batched with left padding and an ``attention_mask``.
 - ``simulated``: ``pipeline.quantize.state.load_simulated_model`` (ModelOpt fake-quant modules in PyTorch),
   driven exactly like the baseline.
-- ``engine``: the built engine through its own runtime (``pipeline.build.targets.get_target(t).load_runner``).
+- ``engine``: the built engine through its own runtime (``pipeline.core.targets.get_target(t).load_runner``).
 
 Every runner receives the same token ids (``pipeline.core.tokenization.encode_prompt``: the chat template
 supplies BOS; no special tokens are added again).  Generated ids are cut at the first id of the whole
@@ -253,7 +253,7 @@ def og_teacher_forced_logits(og_model: Any, prompt: Sequence[int], continuation:
 
 
 class EngineAdapter:
-    """Drives a built engine (``pipeline.build.targets`` EngineRunner) with the same prompts and stop handling."""
+    """Drives a built engine (``pipeline.core.targets`` EngineRunner) with the same prompts and stop handling."""
 
     def __init__(
         self, runner: Any, tokenizer: Any, *, stop_ids: Sequence[int], name: str = "engine", repetition_penalty: float | None = None
@@ -262,7 +262,7 @@ class EngineAdapter:
         self.repetition_penalty = repetition_penalty  # the decoding policy's (pipeline.core.decoding), sent with every request
 
     def run(self, prepared: Sequence[Prepared], batch_size: int, advance: Advance = lambda n: None) -> dict[str, ItemOutput]:
-        from ..build.targets.base import GenerationRequest
+        from ..core.targets.base import GenerationRequest
 
         todo = [p for p in prepared if not p.skipped]
         bs = max(1, min(batch_size, int(getattr(self.runner, "max_batch_size", batch_size) or batch_size)))

@@ -49,8 +49,8 @@ def engine_usable(cfg: Any, build_art: Any) -> tuple[bool, str]:
     if build_art is None or not BuildArtifact(build_art.path).engine_dir.is_dir():
         return False, "the build artifact has no engine/ folder"
     name = target_name(cfg, build_art)
-    from ..build.targets import get_target
     from ..core.errors import InputError
+    from ..core.targets import get_target
 
     try:
         tgt = get_target(name)
@@ -112,7 +112,7 @@ def _make_runner(name: str, ctx: StageContext, tokenizer: Any, stop_ids: list[in
         model = load_simulated_model(ctx.inputs["quantize"].path, export_dir, device=device, dtype=sim_dtype)
         return HFRunner(model, tokenizer, stop_ids=stop_ids, pad_id=pad_id, name=name, repetition_penalty=penalty)
     if name == "engine":
-        from ..build.targets import get_target
+        from ..core.targets import get_target
 
         build_art = ctx.inputs["build"]
         runner = get_target(target_name(ctx.cfg, build_art)).load_runner(BuildArtifact(build_art.path).engine_dir)
@@ -737,7 +737,7 @@ def _heldout_wanted(cfg: Any) -> bool:
 def _key_extras(cfg: Any, inputs: dict[str, Any]) -> dict[str, Any]:
     """Every field outside the ``eval`` group that evaluate reads (tests/contracts/test_gate_key_reads.py records the reads
     of a real run and fails on any field that is neither here, in ``eval``'s cache fields, nor in ``RUNTIME_READS``)."""
-    from ..build.targets import resolve_target
+    from ..core.targets import resolve_target
 
     m, b = cfg.model, cfg.build
     return {

@@ -42,7 +42,7 @@ def checks(cfg: Any) -> list[Any]:
             )
         )
         return problems
-    from ..build.targets import needs_build, resolve_target
+    from ..core.targets import needs_build, resolve_target
 
     target: str | None = None
     if needs_build(cfg):

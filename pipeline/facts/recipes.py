@@ -4,7 +4,7 @@ Every other module reads a recipe's properties from here: the config schema (val
 ``quant.kv_cache_dtype`` / ``quant.auto.formats`` values, deprecated names), the quantize stage (ModelOpt config,
 TensorRT-LLM ``quant_algo``), the TensorRT-LLM target (checkpoint ``quant_algo``, minimum compute capability) and the
 planner (minimum compute capability, bytes per weight).  Which *target* runs which recipe is the target's fact
-(:mod:`pipeline.build.targets`, ``Capabilities.recipes``).
+(:mod:`pipeline.core.targets`, ``Capabilities.recipes``).
 
 Sources: ModelOpt 0.47 ``modelopt.torch.quantization.config`` (the ``*_CFG`` constants) and its TensorRT-LLM exporter
 (the ``quant_algo`` it writes, TensorRT-LLM ``quantization/mode.py`` ``QuantAlgo``); minimum compute capability:

@@ -94,11 +94,11 @@ def load_shape(cfg: Any) -> tuple[ModelShape, str]:
 
 def plan_device(cfg: Any) -> tuple[str, GPU | None, str]:
     """(kind, gpu, why) of the hardware to plan for: kind is ``gpu`` or ``cpu`` (the device of the target that
-    :func:`pipeline.build.targets.resolve_target` picks, so the plan and the build agree); ``gpu`` is the named
+    :func:`pipeline.core.targets.resolve_target` picks, so the plan and the build agree); ``gpu`` is the named
     (``target.gpu``) or local GPU, ``None`` when none is named or visible.
 
     Raises :class:`InputError` for an unknown ``target.gpu`` name (listing the catalogue) or ``target.name``."""
-    from ..build.targets import resolve_target
+    from ..core.targets import resolve_target
 
     t = cfg.target
     named = None
@@ -621,8 +621,8 @@ def _disk_free(cfg: Any) -> int | None:
 def _stage_memory(p: Plan, cfg: Any, shape: ModelShape) -> None:
     """``p.stages``: each stage's predicted peak host (and GPU) memory and where it runs (:mod:`pipeline.planner.host`);
     a refusal in ``p.refusals`` when neither the GPU, the host nor the store's disk can hold the model to calibrate."""
-    from ..build.targets import resolve_target
     from ..core.hostinfo import gpu_free_bytes
+    from ..core.targets import resolve_target
     from .host import DEVICE_BUDGET_FRACTION, as_json, calibration_placement, compute_dtype, stage_memory
 
     try:
@@ -966,7 +966,7 @@ def _cpu_plan(p: Plan, shape: ModelShape, k: _Knobs) -> Plan:
             f"weights + KV for {k.max_batch_size} x {k.max_seq_len} tokens + activations need {_gib(need)}; "
             f"{_gib(avail)} is available now. Fix: lower build.max_batch_size or build.max_seq_len."
         )
-    from ..build.targets import get_target
+    from ..core.targets import get_target
 
     refusal = get_target("onnxruntime_genai").capabilities().recipe_refusal(k.recipe)
     if refusal is not None:

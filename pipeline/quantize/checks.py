@@ -176,7 +176,7 @@ def _parallel_problems(cfg: Any, shape: Any) -> list[Problem]:
 
 
 def _gpu_problems(cfg: Any) -> list[Problem]:
-    from ..build.targets import TARGETS
+    from ..core.targets import TARGETS
     from ..facts.recipes import BF16_MIN_SM, KV_MIN_SM, RECIPE_MIN_SM
     from ..planner.plan import plan_device
 

@@ -83,7 +83,7 @@ def test_target_ratios_and_judged_subset():
 
 
 def test_builder_int4_reference_mode_runs_with_its_own_roofline(tiny_llama, tmp_path):
-    from pipeline.build.targets import get_target
+    from pipeline.core.targets import get_target
 
     cfg = compose(
         [

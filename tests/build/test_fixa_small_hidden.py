@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.build.targets import get_target
 from pipeline.core.config import compose
+from pipeline.core.targets import get_target
 from pipeline.core.tokenization import encode_prompt
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import tiny
 
-from pipeline.build.targets import get_target
-from pipeline.build.targets.base import GenerationRequest
 from pipeline.core.config import compose
+from pipeline.core.targets import get_target
+from pipeline.core.targets.base import GenerationRequest
 from pipeline.facts.rope import rope_refusal
 from pipeline.validation import stage_problems
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipeline.build.targets import get_target
 from pipeline.core.config import compose
+from pipeline.core.targets import get_target
 from pipeline.core.tokenization import encode_prompt
 
 ROOT = Path(__file__).resolve().parents[2]

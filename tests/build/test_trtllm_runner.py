@@ -80,7 +80,7 @@ def _baseline(ckpt, tok, prepared, stop_ids, pad):
 
 
 def test_engine_runner_matches_the_baseline_through_model_runner_cpp(tmp_path, ckpt, fake_trtllm):
-    from pipeline.build.targets import get_target
+    from pipeline.core.targets import get_target
     from pipeline.evaluate.runners import EngineAdapter
 
     tok, prepared = _prepared(ckpt)
@@ -100,8 +100,8 @@ def test_engine_runner_matches_the_baseline_through_model_runner_cpp(tmp_path, c
 
 
 def test_generation_logits_and_errors(tmp_path, ckpt, fake_trtllm):
-    from pipeline.build.targets.base import GenerationRequest
     from pipeline.build.targets.tensorrt_llm.runner import load_runner
+    from pipeline.core.targets.base import GenerationRequest
 
     runner = load_runner(_engine_dir(tmp_path, ckpt), generation_logits=True)
     reqs = [
@@ -155,8 +155,8 @@ def test_with_tensorrt_llm_present_default_evaluate_uses_the_engine(tmp_path, ck
 
 
 def test_without_tensorrt_llm_the_engine_runner_is_a_preflight_error_with_the_fix(tmp_path, ckpt, monkeypatch):
-    from pipeline.build.targets import get_target
     from pipeline.build.targets.tensorrt_llm import builder as trt
+    from pipeline.core.targets import get_target
 
     monkeypatch.setattr(trt, "installed_version", lambda: None)
     with pytest.raises(PreflightError) as e:
@@ -194,8 +194,8 @@ def test_teacher_forced_logits_match_transformers(tmp_path, ckpt, fake_trtllm, b
 
 def test_streaming_reports_each_token_as_its_step_returns(tmp_path, ckpt, fake_trtllm):
     """With on_token (benchmark), the engine path streams: tokens arrive step by step, in order, ids == non-streaming."""
-    from pipeline.build.targets.base import GenerationRequest
     from pipeline.build.targets.tensorrt_llm.runner import load_runner
+    from pipeline.core.targets.base import GenerationRequest
 
     runner = load_runner(_engine_dir(tmp_path, ckpt))
     reqs = [

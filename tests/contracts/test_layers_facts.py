@@ -33,7 +33,7 @@ def _imports(path: Path) -> list[str]:
 def test_config_layer_imports_nothing_above_it():
     above = (
         "pipeline.planner",
-        "pipeline.build.targets",
+        "pipeline.core.targets",
         "pipeline.facts.families",
         "pipeline.core.stage",
         "pipeline.runner",

@@ -25,9 +25,9 @@ def test_register_refuses_a_taken_name_unless_replace():
 
 
 def test_every_extension_point_uses_it():
-    from pipeline.build.targets import TARGETS
     from pipeline.cli import SUBCOMMANDS
     from pipeline.core.stage import STAGE_MODULES, get_stage
+    from pipeline.core.targets import TARGETS
     from pipeline.evaluate.metrics import METRICS, get_metric
 
     for reg in (TARGETS, SUBCOMMANDS, STAGE_MODULES, METRICS):
@@ -40,8 +40,8 @@ def test_every_extension_point_uses_it():
 
 
 def test_an_unknown_target_suggests_the_closest_name():
-    from pipeline.build.targets import get_target
     from pipeline.core.errors import InputError
+    from pipeline.core.targets import get_target
 
     with pytest.raises(InputError, match=r"Fix: pass target=onnxruntime_genai\.$"):
         get_target("onnxruntime-genai")
@@ -85,9 +85,9 @@ def test_mistyped_names_get_the_closest_one_wherever_they_are_typed(tmp_path):
     import subprocess
     import sys
 
-    from pipeline.build.targets import name_problems
     from pipeline.core.config import compose, validate
     from pipeline.core.errors import InputError
+    from pipeline.core.targets import name_problems
     from pipeline.evaluate.dataset import read_eval_set
 
     st = [p for p in validate(compose(["stages=[evaluat]"]), raise_on_error=False) if p.field == "stages"]

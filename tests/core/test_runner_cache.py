@@ -227,8 +227,8 @@ def test_target_auto_and_the_target_it_resolves_to_share_the_downstream_keys():
     """``make run`` uses ``target=auto``; a later ``target=onnxruntime_genai`` run on the same CPU host must reuse its
     evaluate (and so its package) instead of redoing them: the key holds the resolved target, as the build key does.
     A target that resolves differently still gets its own key."""
-    from pipeline.build.targets import resolve_target
     from pipeline.core.stage import get_stage
+    from pipeline.core.targets import resolve_target
 
     auto, explicit, trt = (compose([f"target={t}"]) for t in ("auto", "onnxruntime_genai", "tensorrt_llm"))
     assert resolve_target(auto).name == "onnxruntime_genai"  # this host has no GPU / TensorRT-LLM

@@ -22,13 +22,13 @@ DEFAULT_MODEL = Path(os.environ.get("PIPELINE_TEST_DEFAULT_MODEL", REPO_ROOT / "
 def _have_stages() -> str | None:
     import importlib
 
-    for m in ("pipeline.quantize.stage", "pipeline.build.stage", "pipeline.build.targets"):
+    for m in ("pipeline.quantize.stage", "pipeline.build.stage", "pipeline.core.targets"):
         try:
             mod = importlib.import_module(m)
         except ImportError as e:
             return f"{m} not available yet ({e})"
-        if m == "pipeline.build.targets" and not hasattr(mod, "get_target"):
-            return "pipeline.build.targets.get_target not available yet"
+        if m == "pipeline.core.targets" and not hasattr(mod, "get_target"):
+            return "pipeline.core.targets.get_target not available yet"
     return None
 
 

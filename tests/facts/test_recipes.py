@@ -104,7 +104,7 @@ def test_int4_rtn_builds_on_the_cpu_target_with_modelopts_integers(runs, export_
     ModelOpt simulated model on >= 99 % of steps, and no AWQ pre-quant scale is involved."""
     import torch
 
-    from pipeline.build.targets import get_target
+    from pipeline.core.targets import get_target
     from pipeline.core.tokenization import encode_prompt
 
     out, _ = runs("int4_rtn", ["quant=int4_rtn"])

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.build.targets import TARGETS, all_capabilities, capabilities, get_target, resolve_target
 from pipeline.core import hostinfo
 from pipeline.core.config import compose
 from pipeline.core.config.quant import RECIPES
+from pipeline.core.targets import TARGETS, all_capabilities, capabilities, get_target, resolve_target
 
 BACKEND = {
     "onnxruntime_genai": ("onnxruntime_genai", "tensorrt"),
@@ -24,9 +24,9 @@ BACKEND = {
 
 def test_registry_covers_every_target_and_backend():
     assert set(all_capabilities()) == set(BACKEND)
-    # one table of target names: the config check asks the registry (pipeline.build.targets.name_problems)
-    from pipeline.build.targets import name_problems
+    # one table of target names: the config check asks the registry (pipeline.core.targets.name_problems)
     from pipeline.core.config import compose
+    from pipeline.core.targets import name_problems
 
     for name in ("auto", *TARGETS):
         assert name_problems(compose([f"target.name={name}"])) == [], name
@@ -74,7 +74,7 @@ def _fake_gpu(monkeypatch):
 def test_planner_and_build_agree_when_a_gpu_is_visible_without_tensorrt_llm(monkeypatch):
     """Old behaviour: the planner said "gpu" whenever a GPU was visible while the build resolved auto to the CPU
     engine (TensorRT-LLM not installed): a plan for a GPU the run never used."""
-    from pipeline.build.targets import tensorrt_llm_installed
+    from pipeline.core.targets import tensorrt_llm_installed
     from pipeline.planner.plan import plan_device
 
     if tensorrt_llm_installed():
@@ -110,12 +110,12 @@ def test_cpu_plan_notes_every_recipe_the_cpu_target_refuses():
 def test_docs_capabilities_table_is_the_registry():
     from pathlib import Path
 
-    from pipeline.build.targets import capabilities_table
+    from pipeline.core.targets import capabilities_table
 
     text = (Path(__file__).resolve().parents[2] / "docs" / "build.md").read_text(encoding="utf-8")
     start = text.index("<!-- capabilities table:")
     table = text[text.index("\n", start) + 1 : text.index("<!-- end capabilities table -->")].strip()
-    assert table == capabilities_table(), "docs/build.md: regenerate the table with pipeline.build.targets.capabilities_table()"
+    assert table == capabilities_table(), "docs/build.md: regenerate the table with pipeline.core.targets.capabilities_table()"
 
 
 def test_minimum_compute_capability_is_one_table():

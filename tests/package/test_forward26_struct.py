@@ -172,7 +172,7 @@ H100 = [{"name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0", "memory_m
     [("1.3.0rc5", "pytorch", "no engine builder"), ("1.4.0rc1", "pytorch", "tensorrt_llm_pytorch"), ("1.2.1", "tensorrt", "engines")],
 )
 def test_auto_picks_the_backend_by_the_installed_trtllm_version(trtllm_double, version, backend, word):
-    from pipeline.build.targets import resolve_target
+    from pipeline.core.targets import resolve_target
 
     trtllm_double(version)
     cfg = compose(["target=auto"])
@@ -182,7 +182,7 @@ def test_auto_picks_the_backend_by_the_installed_trtllm_version(trtllm_double, v
 
 
 def test_auto_on_a_cpu_host_keeps_the_cpu_engine(trtllm_double):
-    from pipeline.build.targets import resolve_target
+    from pipeline.core.targets import resolve_target
 
     trtllm_double("1.3.0rc5")
     cfg = compose(["target=auto"])

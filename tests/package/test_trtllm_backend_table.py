@@ -222,8 +222,8 @@ def test_pytorch_layout_states_container_and_files_in_readme_and_serve(tmp_path,
 def test_pytorch_backend_maps_runtime_knobs_into_model_yaml_and_refuses_the_rest(tmp_path):
     import yaml
 
-    from pipeline.build.targets import get_target
     from pipeline.core.errors import InputError
+    from pipeline.core.targets import get_target
 
     ckpt = tmp_path / "ckpt"
     tiny.make_checkpoint(ckpt, "llama")

@@ -38,8 +38,8 @@ LIMITS = {"max_batch_size": 4, "max_input_len": 96, "max_seq_len": 128}
 def served(tmp_path_factory, tiny_llama):
     if not (DEFAULT_SERVE_VENV / "bin" / "python3").exists():
         pytest.skip("serving environment missing: run `make serve-env`")
-    from pipeline.build.targets import get_target
     from pipeline.core.config import compose
+    from pipeline.core.targets import get_target
     from pipeline.package.repository import generate_repository, settings_from_build
 
     d = tmp_path_factory.mktemp("trtbls")

@@ -335,8 +335,8 @@ def single(served):
 @pytest.fixture(scope="module")
 def generated_ids(served, tok):
     """prompt -> the ids the packaged engine generates for it (greedy; the build target's own runner, in process)."""
-    from pipeline.build.targets import get_target
-    from pipeline.build.targets.base import GenerationRequest
+    from pipeline.core.targets import get_target
+    from pipeline.core.targets.base import GenerationRequest
     from pipeline.core.tokenization import codec_of
 
     runner = get_target("onnxruntime_genai").load_runner(served.repo / "onnxruntime_genai" / "1" / "engine")

@@ -96,8 +96,8 @@ def tokenizer(served):
 @pytest.fixture(scope="module")
 def direct(served, tokenizer):
     """prompt -> text of the built engine's own greedy output (the build target's EngineRunner), decoded like the server."""
-    from pipeline.build.targets import get_target
-    from pipeline.build.targets.base import GenerationRequest
+    from pipeline.core.targets import get_target
+    from pipeline.core.targets.base import GenerationRequest
     from pipeline.core.tokenization import encode_prompt
 
     runner = get_target("onnxruntime_genai").load_runner(served.engine)

@@ -85,8 +85,8 @@ def served(request, tmp_path_factory):
 
 def _engine_text(s: SimpleNamespace, batch: list[list[int]]) -> list[str]:
     """The in-process engine's greedy text for each prompt's ids (stopped at the eos list, as served)."""
-    from pipeline.build.targets.base import GenerationRequest
     from pipeline.build.targets.onnxruntime_genai.builder import OrtEngineRunner
+    from pipeline.core.targets.base import GenerationRequest
 
     runner = OrtEngineRunner(s.engine, max_batch_size=1)
     try:

@@ -38,7 +38,7 @@ class TargetConfig:
 
 def validate(cfg: TargetConfig, prefix: str = "target") -> list[Problem]:
     problems: list[Problem] = []
-    # target.name is checked against the build-target registry (pipeline.build.targets.name_problems, run by
+    # target.name is checked against the build-target registry (pipeline.core.targets.name_problems, run by
     # pipeline.validation): this layer cannot import the targets, and a registered target is a valid name
     choice(problems, f"{prefix}.backend", cfg.backend, ("tensorrt", "pytorch"))
     choice(problems, f"{prefix}.execution_provider", cfg.execution_provider, ("cpu", "cuda"))

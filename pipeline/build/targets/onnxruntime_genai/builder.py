@@ -36,7 +36,7 @@ from typing import Any, NamedTuple
 from ....core.config.common import Problem
 from ....core.contracts.build import BuildArtifact
 from ....core.errors import InputError, PipelineError, PreflightError
-from ..base import Capabilities, GenerationRequest, GenerationResult, Target, TokenCallback
+from ....core.targets.base import Capabilities, GenerationRequest, GenerationResult, Target, TokenCallback
 
 log = logging.getLogger("pipeline.build.targets.onnxruntime_genai.builder")
 
@@ -60,7 +60,7 @@ CAPABILITIES = Capabilities(
     streaming=True,  # og.Engine token events -> on_token
     max_batch_size=None,
 )
-"""What this target can do (pipeline.build.targets.capabilities)."""
+"""What this target can do (pipeline.core.targets.capabilities)."""
 LIMITS_FILE = BuildArtifact.ENGINE_LIMITS
 BUILDER = "onnxruntime_genai.models.builder"
 

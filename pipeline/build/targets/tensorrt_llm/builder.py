@@ -41,8 +41,8 @@ from ....core.config.target import DEFAULT_SERVING_IMAGE
 from ....core.contracts.build import BuildArtifact
 from ....core.contracts.quantize import QuantizeArtifact
 from ....core.errors import InputError, PipelineError, PreflightError
+from ....core.targets.base import Capabilities, Target
 from ....facts.recipes import KV_CACHE_FORMATS, RECIPES
-from ..base import Capabilities, Target
 
 log = logging.getLogger("pipeline.build.targets.tensorrt_llm.builder")
 

@@ -129,7 +129,7 @@ class TrtllmEngineRunner:
 
     # ------------------------------------------------------------------ generation
     def generate(self, requests: Sequence[Any], on_token: Any = None) -> list[Any]:
-        """Greedy generation for every request (see ``pipeline.build.targets.base.EngineRunner``).
+        """Greedy generation for every request (see ``pipeline.core.targets.base.EngineRunner``).
 
         A prompt longer than ``max_input_len`` (or leaving no room in ``max_seq_len``) gets ``finish_reason="error"``.
         With ``on_token``, the engine path streams (``generate(..., streaming=True)``) and reports each token when its
@@ -137,7 +137,7 @@ class TrtllmEngineRunner:
         (``streams_tokens`` is False there: in-process TTFT of the PyTorch backend is not measured by this runner; the
         benchmark stage measures streaming through Triton).
         """
-        from ..base import GenerationResult
+        from ....core.targets.base import GenerationResult
 
         results: dict[int, Any] = {}
         groups: dict[int, list[int]] = defaultdict(list)

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from ...core.config import PipelineConfig
-    from ...core.config.common import Problem
+    from ..config import PipelineConfig
+    from ..config.common import Problem
 
 
 @dataclasses.dataclass
@@ -65,7 +65,7 @@ class EngineRunner(Protocol):
 @dataclasses.dataclass(frozen=True)
 class Capabilities:
     """What one target (and backend) can do; the one place config validation, preflight, the planner and the
-    evaluate stage look this up (:func:`pipeline.build.targets.capabilities`).
+    evaluate stage look this up (:func:`pipeline.core.targets.capabilities`).
 
     Every recipe the project knows (``pipeline.core.config.quant.RECIPES``) is either in ``recipes`` or refused
     with a reason in ``refused_recipes`` (tests/facts/test_target_capabilities.py checks both against ``check_config``).
@@ -101,7 +101,7 @@ class Capabilities:
 
 class Target(Protocol):
     """A build target (``onnxruntime_genai``, ``tensorrt_llm``); implementations in this package, registered in
-    :data:`pipeline.build.targets.TARGETS` and checked against this protocol by mypy and tests/facts/test_target_capabilities.py."""
+    :data:`pipeline.core.targets.TARGETS` and checked against this protocol by mypy and tests/facts/test_target_capabilities.py."""
 
     name: str
 
