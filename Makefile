@@ -109,7 +109,7 @@ BENCH_80M ?= bench/models/llama80m
 BENCH_REPEATS ?= 3
 bench: env serve-env
 	$(PIPELINE) stages=[benchmark] quant=int4_awq target=onnxruntime_genai benchmark=default benchmark.repeats=$(BENCH_REPEATS) $(ARGS)
-	$(PY) -m pipeline.benchmark.shapes llama80m $(BENCH_80M)
+	$(PY) -m pipeline.bench.shapes llama80m $(BENCH_80M)
 	@touch $(BENCH_80M).stamp
 	$(PIPELINE) stages=[benchmark] model.path=$(BENCH_80M) model.name=llama80m quant=int4_awq target=onnxruntime_genai \
 	  benchmark=llama80m benchmark.repeats=$(BENCH_REPEATS) calibration.calib_size=16 calibration.min_samples=16 calibration.calib_max_seq_length=64 eval.limit=16 \
@@ -125,7 +125,7 @@ bench: env serve-env
 # is refused by the planner before any work -> bench/results/scale.json + scale.png. SCALE_SHAPES picks the ladder.
 SCALE_SHAPES ?= llama80m,llama400m,llama1b,llama3b
 bench-scale: env serve-env
-	$(PY) -m pipeline.benchmark.scale --shapes $(SCALE_SHAPES)
+	$(PY) -m pipeline.bench.scale --shapes $(SCALE_SHAPES)
 
 # The quantize stage's placements on one device (docs/memory.md "GPU check"): whole, layer by layer, offloaded to host
 # memory and to disk, killed and resumed; peaks against the plan; placements compared (bytes, else KLD / top token)
@@ -138,12 +138,12 @@ GPU_PYTHON ?= python3
 GPU_SITE ?= /tmp/pipeline-gpu-site
 ifeq ($(DEVICE),cpu)
 gpu-check: env
-	$(PY) -m pipeline.benchmark.gpu_check --device cpu $(if $(GPU_SHAPES),--shapes $(GPU_SHAPES)) $(ARGS)
+	$(PY) -m pipeline.bench.gpu_check --device cpu $(if $(GPU_SHAPES),--shapes $(GPU_SHAPES)) $(ARGS)
 else
 gpu-check:
 	@ls .whl/*.whl >/dev/null 2>&1 || { echo "make gpu-check: no wheels in .whl/. Fix: run 'make gpu-wheels' on a machine with network, then bring .whl/ here." >&2; exit 2; }
 	$(GPU_PYTHON) -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $(GPU_SITE) .whl/*.whl
-	PYTHONPATH=$(GPU_SITE):$(CURDIR) $(GPU_PYTHON) -m pipeline.benchmark.gpu_check --device $(DEVICE) $(if $(GPU_SHAPES),--shapes $(GPU_SHAPES)) $(ARGS)
+	PYTHONPATH=$(GPU_SITE):$(CURDIR) $(GPU_PYTHON) -m pipeline.bench.gpu_check --device $(DEVICE) $(if $(GPU_SHAPES),--shapes $(GPU_SHAPES)) $(ARGS)
 endif
 
 # Wheels for a GPU host without network (Python 3.12, manylinux x86_64): what `pipeline export/quantize` needs beyond

@@ -41,7 +41,7 @@ _PUBLIC: dict[str, str] = {
     "EvalArtifact": "pipeline.core.contracts.evaluate:EvalArtifact",
     "PackageArtifact": "pipeline.core.contracts.package:PackageArtifact",
     "BenchmarkArtifact": "pipeline.core.contracts.benchmark:BenchmarkArtifact",
-    "register_metric": "pipeline.evaluate.metrics:register",
+    "register_metric": "pipeline.data.metrics:register",
     "register_target": "pipeline.core.targets:register",
     "LLMClient": "pipeline.serve.client:LLMClient",
 }

@@ -34,7 +34,7 @@ SUBCOMMANDS: Registry[str] = Registry(
         "serve": "pipeline.serve.serve",
         "client": "pipeline.serve.client_cli",
         "benchmark": "pipeline.benchmark.cli",
-        "verify": "pipeline.package.verify",
+        "verify": "pipeline.release.verify",
     },
 )
 """``pipeline <name> ...`` -> the module whose ``main(argv)`` runs it (imported on use)."""

@@ -2,7 +2,7 @@
 (runners), the release gate with paired statistics (gate) and reports (report).  The evaluate stage
 (``pipeline/evaluate/stage.py``) wires them together."""
 
-from .dataset import EvalItem, load_eval_set
-from .metrics import METRICS, Metric, get_metric, register
+from ..data.evalset import EvalItem, load_eval_set
+from ..data.metrics import METRICS, Metric, get_metric, register
 
 __all__ = ["EvalItem", "METRICS", "Metric", "get_metric", "load_eval_set", "register"]

@@ -39,8 +39,8 @@ def _eval_rows(path: Path) -> list[dict[str, Any]]:
     """The eval set's lines as objects (a foreign format, a task YAML or a question/answer JSONL, as the eval loader
     maps it; malformed lines are left out: the eval loader reports them with their line number)."""
     from ..core.errors import InputError
-    from . import foreign
-    from .dataset import read_eval_set
+    from ..data import foreign
+    from ..data.evalset import read_eval_set
 
     text = path.read_text(encoding="utf-8-sig", errors="replace")
     rows = []
@@ -105,7 +105,7 @@ def _prompt_lengths(
         slices.append(str(row.get("slice", "")))
     if limit is not None and 0 < limit < len(ids):
         # the items the evaluate stage will use: eval.limit takes them round-robin across slices
-        from .dataset import EvalItem, stratified_head
+        from ..data.evalset import EvalItem, stratified_head
 
         items = [EvalItem(id=f"{k}", slice=sl, metric="", reference=None) for k, sl in enumerate(slices)]
         keep = {int(it.id) for it in stratified_head(items, limit)}

@@ -5,7 +5,7 @@
 
 - ``schema``: ``"pipeline.eval_report/v1"``
 - ``eval_set``: {name, path, sha256, items, evaluated, limit, format} (``format``: how the file was read, a foreign
-  format's mapping: ``pipeline.evaluate.dataset.EvalSet.format``)
+  format's mapping: ``pipeline.data.evalset.EvalSet.format``)
 - ``recipe``, ``target``, ``candidate`` (runner judged by the gate), ``baseline`` (``"baseline"`` or null)
 - ``runners``: {name: {score, slices: {slice: {score, n}}, n, skipped_too_long, errors,
   finish_reasons: {eos, stop, length, error}, batch_size}} (wall time, items per second and latencies are the artifact

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.tokenization import cut_at_stop, encode_prompt
-from .dataset import EvalItem
+from ..data.evalset import EvalItem
 
 log = logging.getLogger("pipeline.evaluate")
 SKIP_TOO_LONG = "too_long"
@@ -348,11 +348,11 @@ def reference_dtype(checkpoint: Path | None, requested: str, device: str = "cpu"
     """The baseline's compute dtype on ``device`` (``cpu`` | ``cuda[:N]``): ``requested`` (float32 | bfloat16 |
     float16); for ``checkpoint`` the source checkpoint's dtype (:func:`checkpoint_dtype`); for ``auto`` float32 on the
     CPU and on CUDA the checkpoint's 16-bit dtype, bfloat16 for a float32 one (the rule of the calibration dtype,
-    :func:`pipeline.planner.host.compute_dtype`)."""
+    :func:`pipeline.core.sizing.compute_dtype`)."""
     if requested == "auto":
         if device == "cpu":
             return "float32"
-        from ..planner.host import compute_dtype
+        from ..core.sizing import compute_dtype
 
         return compute_dtype("cuda", checkpoint_dtype(checkpoint) if checkpoint is not None else "float32")
     if requested == "checkpoint":
@@ -382,9 +382,9 @@ def choose_batch(setting: Any, device: str, model_config: Any, seq_len: int, n_i
     ``eval.batch_size``: an integer is used as given; ``auto`` is :data:`AUTO_BATCH_CPU` on the CPU, and on CUDA
     ``floor(ACTIVATION_FRACTION x free / per_item)``, at least 1 and at most ``n_items``: ``free`` is
     ``torch.cuda.mem_get_info`` of the device with the model loaded, ``per_item`` one sequence of ``seq_len`` tokens
-    by the planner's estimate of an evaluate batch (:func:`pipeline.planner.host.eval_activation_bytes`: activations,
+    by the planner's estimate of an evaluate batch (:func:`pipeline.core.sizing.eval_activation_bytes`: activations,
     KV cache and logits in ``dtype``) and ``ACTIVATION_FRACTION`` the share calibration's ``auto`` batch uses
-    (:data:`pipeline.planner.host.ACTIVATION_FRACTION`, one half).
+    (:data:`pipeline.core.sizing.ACTIVATION_FRACTION`, one half).
     """
     from ..core.config.calibration import parse_batch_size
 
@@ -395,8 +395,8 @@ def choose_batch(setting: Any, device: str, model_config: Any, seq_len: int, n_i
         return AUTO_BATCH_CPU, f"eval.batch_size=auto: {AUTO_BATCH_CPU} on the CPU"
     import torch
 
+    from ..core.sizing import ACTIVATION_FRACTION, eval_activation_bytes
     from ..facts.geometry import DTYPE_BYTES, ModelShape
-    from ..planner.host import ACTIVATION_FRACTION, eval_activation_bytes
 
     shape = ModelShape.from_hf_config(model_config.to_dict())
     b = DTYPE_BYTES[dtype]

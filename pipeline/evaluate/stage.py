@@ -105,7 +105,7 @@ def _make_runner(name: str, ctx: StageContext, tokenizer: Any, stop_ids: list[in
     if name == "simulated":
         import torch
 
-        from ..planner.host import compute_dtype
+        from ..core.sizing import compute_dtype
         from ..quantize.state import load_simulated_model
 
         sim_dtype = None if device == "cpu" else getattr(torch, compute_dtype("cuda", checkpoint_dtype(ExportArtifact(export_dir).hf_dir)))
@@ -326,7 +326,7 @@ def _evaluate(ctx: StageContext) -> dict[str, Any]:
 def _setup(ctx: StageContext) -> _Setup:
     """Load the eval set and the export's tokenizer, tokenize every item under the engine's limits, pick the runners."""
     from ..core.tokenization import stop_token_ids
-    from .dataset import read_eval_set
+    from ..data.evalset import read_eval_set
     from .runners import load_tokenizer, prepare
 
     cfg, e = ctx.cfg, ctx.cfg.eval
@@ -383,8 +383,8 @@ def _run_runners(ctx: StageContext, st: _Setup) -> _Runs:
 def _fidelity_plan(ctx: StageContext, st: _Setup) -> dict[str, Any]:
     """The ``fid`` state :func:`_run_all` fills: how to build the teacher-forced sequences from the baseline's
     outputs, the two runners compared, and the held-out calibration samples that fit the engine's limits."""
+    from ..data.metrics import get_metric
     from . import fidelity as F
-    from .metrics import get_metric
 
     item_by_id = {p.item.id: p.item for p in st.prepared}
 
@@ -429,8 +429,8 @@ def _fidelity_result(fid: dict[str, Any], cand: str) -> dict[str, Any]:
 def _score(e: Any, st: _Setup, runs: _Runs) -> _Scores:
     """Score every output (an engine error scores 0: a broken engine must not pass the gate) and compare the
     candidate with the baseline, overall and per slice (:func:`pipeline.evaluate.gate.paired_stats`)."""
+    from ..data.metrics import get_metric
     from . import gate as G
-    from .metrics import get_metric
 
     prepared, outputs, cand = st.prepared, runs.outputs, st.cand
     metric_of = {p.item.id: get_metric(p.item.metric) for p in prepared}
@@ -565,7 +565,7 @@ def _report(
             "items": len(st.items),
             "evaluated": st.n_run,
             "limit": e.limit,
-            "format": st.eval_format,  # how the file was read; a foreign format's mapping (pipeline/evaluate/foreign.py)
+            "format": st.eval_format,  # how the file was read; a foreign format's mapping (pipeline/data/foreign.py)
         },
         "recipe": cfg.quant.recipe,
         "target": target_name(cfg, st.build_art) if st.build_art is not None else None,
@@ -667,14 +667,14 @@ def gate_summary(verdict: dict[str, Any], fidelity_overall: dict[str, Any]) -> d
 
 def _heldout_samples(ctx: StageContext, tokenizer: Any) -> list[list[int]]:
     """Calibration samples calibration did not use: the ``eval.fidelity_heldout`` samples after the first
-    ``calibration.calib_size`` in the calibration set's seeded order (``pipeline.quantize.calibration_set.load_calibration``)."""
+    ``calibration.calib_size`` in the calibration set's seeded order (``pipeline.data.calibration.load_calibration``)."""
     import dataclasses
 
     n = ctx.cfg.eval.fidelity_heldout
     path = ctx.external.get("calibration")
     if not n or path is None:
         return []
-    from ..quantize.calibration_set import load_calibration
+    from ..data.calibration import load_calibration
 
     c = ctx.cfg.calibration
     wider = dataclasses.replace(c, calib_size=c.calib_size + n, min_samples=0)
@@ -709,7 +709,7 @@ def _speculative_summary(acc: dict[str, dict[str, int]], prepared: list[Any], e:
 
 def _external(cfg: Any) -> dict[str, Any]:
     from ..core.config import resolve_path
-    from .dataset import read_eval_set
+    from ..data.evalset import read_eval_set
 
     # Parse the eval set now: the runner resolves every stage's external inputs before the first stage
     # runs, so a malformed eval set fails in milliseconds, not after quantization and the build.
@@ -789,7 +789,7 @@ RUNTIME_READS = (
 
 
 def _dry_run(ctx: StageContext) -> dict[str, Any]:
-    from .dataset import load_eval_set
+    from ..data.evalset import load_eval_set
 
     items = load_eval_set(ctx.external["eval_set"], limit=ctx.cfg.eval.limit)
     runners, cand, notes = resolve_runners(ctx.cfg, ctx.inputs.get("build"))

@@ -173,7 +173,7 @@ def migration_record(release_dir: str | Path, *, export_digest: str | None, buil
     Raises:
         InputError (exit 2): ``release_dir`` is not an engine release (:func:`read_engine_release`).
     """
-    from .parity import command_for
+    from ..serve.parity import command_for
 
     rel = read_engine_release(release_dir)
     m = rel.manifest

@@ -273,7 +273,7 @@ def _release_manifest(
     from ..core.config.common import key_fields
     from ..core.hostinfo import library_versions
     from ..core.store import digest_files, tree_files
-    from .signing import signer_identity
+    from ..release.signing import signer_identity
 
     cfg, pc = ctx.cfg, ctx.cfg.package
     build, export = ctx.inputs["build"], ctx.inputs["export"]
@@ -348,7 +348,7 @@ def _evaluated_what(ctx: StageContext, settings: Any, bi: BuildInfo) -> dict[str
         rep = EvalArtifact(ev.path).report()
         out["candidate"], out["candidate_note"] = rep.candidate, rep.candidate_note
     if settings.target == "tensorrt_llm" and not bi.gpus:
-        from .parity import command_for
+        from ..serve.parity import command_for
 
         judged = "ModelOpt's simulated-quantization model (PyTorch, CPU)" if out["candidate"] == "simulated" else out["candidate"]
         out["gpu_host_check"] = (
@@ -378,8 +378,8 @@ def _release_archive(ctx: StageContext, repo: Path, name: str, manifest: dict[st
     statement, SHA256SUMS and, when ``package.sign`` is on, the signature ``release.sig`` over all of them; returns
     the result fields ``archive``, ``archive_sha256``, ``provenance`` and ``signature`` (null when unsigned)."""
     from ..core.store import write_json_atomic
-    from . import make_archive, write_sha256sums
-    from .signing import method, sign_release
+    from ..release.archive import make_archive, write_sha256sums
+    from ..release.signing import method, sign_release
 
     out = ctx.out
     assert out is not None
@@ -426,14 +426,14 @@ def _sbom(rel: Path, archive: Path, sha: str, manifest: dict[str, Any]) -> list[
 
 
 def _provenance(ctx: StageContext, rel: Path, archive: Path, manifest: dict[str, Any]) -> list[Path]:
-    """``release/provenance.intoto.json`` (in-toto Statement, SLSA v1 predicate: pipeline/package/provenance.py) and,
+    """``release/provenance.intoto.json`` (in-toto Statement, SLSA v1 predicate: pipeline/release/provenance.py) and,
     when signing with a key or certificate, its DSSE envelope ``provenance.intoto.dsse.json``; returns the files."""
     import dataclasses
 
     from ..core.hostinfo import host
     from ..core.store import redact, write_json_atomic
-    from .provenance import build_statement
-    from .signing import dsse_sign, method
+    from ..release.provenance import build_statement
+    from ..release.signing import dsse_sign, method
 
     config = redact(json.loads(json.dumps(dataclasses.asdict(ctx.cfg), default=str)))
     config.pop("store_dir", None)  # where the artifacts are kept, not what they hold: a rebuild elsewhere has the same statement
@@ -457,8 +457,8 @@ def _provenance(ctx: StageContext, rel: Path, archive: Path, manifest: dict[str,
 
 
 def _parity(ctx: StageContext, repo: Path, target: str, package_id: str) -> dict[str, Any]:
-    """Serving parity (``pipeline.package.parity``): served answers == evaluated answers, or GateFailed (exit 3)."""
-    from .parity import run_parity
+    """Serving parity (``pipeline.serve.parity``): served answers == evaluated answers, or GateFailed (exit 3)."""
+    from ..serve.parity import run_parity
 
     assert ctx.out is not None
     return run_parity(ctx.out, repo, ctx.inputs["evaluate"].path, target=target, cfg=ctx.cfg, log=ctx.log, package_id=package_id)
@@ -466,15 +466,15 @@ def _parity(ctx: StageContext, repo: Path, target: str, package_id: str) -> dict
 
 def _parity_members(out: Path, name: str) -> list[tuple[Path, str]]:
     """The parity requests + expected answers travel in the release, so the check can run on the serving host."""
-    from .parity import EXPECTED_FILE
+    from ..serve.parity import EXPECTED_FILE
 
     return [(out / EXPECTED_FILE, f"{name}/{EXPECTED_FILE}")] if (out / EXPECTED_FILE).is_file() else []
 
 
 def _key_extras(cfg: Any, inputs: dict[str, Any]) -> dict[str, Any]:
     from ..core.store import digest_path
+    from ..release.signing import signer_identity
     from .repository import MODELS_SRC, TEMPLATES
-    from .signing import signer_identity
 
     # the templates and the Python-backend model code are part of the output bytes
     return {

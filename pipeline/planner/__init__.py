@@ -29,11 +29,11 @@ class PlanRefused(PreflightError):
 
 
 def host_check(p: Plan, cfg: Any, stages: list[str]) -> None:
-    """Add to ``p`` the host-memory verdict of the ``stages`` that will run (:func:`pipeline.planner.host.plan_refusals`:
+    """Add to ``p`` the host-memory verdict of the ``stages`` that will run (:func:`pipeline.core.sizing.plan_refusals`:
     each stage's predicted peak against this host's RAM). A config with a checkpoint (``model.path``) can run here,
     so a stage that does not fit refuses the plan (``status = "refused"``: exit 4, as the run itself would); a
     shapes-only preset cannot run here anyway, so the same figures are warnings (``status`` at least ``warn``)."""
-    from .host import plan_refusals
+    from ..core.sizing import plan_refusals
 
     if not stages or not p.stages:
         return
@@ -54,7 +54,7 @@ def plan_for_run(cfg: Any, console: Any, stages: list[str] | None = None) -> dic
 
     Raises :class:`PlanRefused` (exit code 4) with the numbers when the plan cannot work, or when a stage in
     ``stages`` (the run order) is predicted to need more host memory than the host has
-    (:func:`pipeline.planner.host.stage_refusals`).  A model whose config.json cannot be read yields
+    (:func:`pipeline.core.sizing.stage_refusals`).  A model whose config.json cannot be read yields
     ``{"status": "unavailable", "error": ...}`` (the export stage reports that input problem itself)."""
     from .render import render
 

@@ -351,7 +351,7 @@ class Plan:
     warnings: list[str] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
     stages: dict[str, Any] = dataclasses.field(default_factory=dict)
-    """Predicted peak memory of each pipeline stage on this host (:mod:`pipeline.planner.host`)."""
+    """Predicted peak memory of each pipeline stage on this host (:mod:`pipeline.core.sizing`)."""
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -561,13 +561,13 @@ def plan_room(
     """Where quantize and evaluate run and the figures their placement is decided from, from the device facts alone
     (``local``: :func:`pipeline.facts.gpus.local_gpus`; ``local_free``: :func:`pipeline.core.hostinfo.gpu_free_bytes`;
     ``host_available``: MemAvailable; ``disk_free``: the store's free disk). Returns (calibration device, evaluate
-    device, :class:`pipeline.planner.host.Room`, notes).
+    device, :class:`pipeline.core.sizing.Room`, notes).
 
     The GPU is the one ``calibration.device=cuda:N`` names (else GPU 0) when GPUs are visible; ``target.gpu`` names the
     GPU of another host when none visible here matches it: its memory is the catalogue's (pipeline/facts/gpus.py), all
     of it free, and that host's memory is unknown (planned as holding the offloaded layers unless
     ``calibration.max_host_memory_gb`` says how much it may hold)."""
-    from .host import Room
+    from ..core.sizing import Room
 
     cal = cfg.calibration
     setting = str(getattr(cal, "device", "auto")).strip().lower()
@@ -619,11 +619,11 @@ def _disk_free(cfg: Any) -> int | None:
 
 
 def _stage_memory(p: Plan, cfg: Any, shape: ModelShape) -> None:
-    """``p.stages``: each stage's predicted peak host (and GPU) memory and where it runs (:mod:`pipeline.planner.host`);
+    """``p.stages``: each stage's predicted peak host (and GPU) memory and where it runs (:mod:`pipeline.core.sizing`);
     a refusal in ``p.refusals`` when neither the GPU, the host nor the store's disk can hold the model to calibrate."""
     from ..core.hostinfo import gpu_free_bytes
+    from ..core.sizing import DEVICE_BUDGET_FRACTION, as_json, calibration_placement, compute_dtype, stage_memory
     from ..core.targets import resolve_target
-    from .host import DEVICE_BUDGET_FRACTION, as_json, calibration_placement, compute_dtype, stage_memory
 
     try:
         exp = str(cfg.model.dtype)
@@ -698,12 +698,12 @@ def _stage_memory(p: Plan, cfg: Any, shape: ModelShape) -> None:
 
 
 def _eval_batch_bytes(cfg: Any, shape: ModelShape, export_dtype: str, room: Any = None) -> int:
-    """One evaluate batch on the GPU (:func:`pipeline.planner.host.eval_activation_bytes`): ``eval.batch_size`` sequences
+    """One evaluate batch on the GPU (:func:`pipeline.core.sizing.eval_activation_bytes`): ``eval.batch_size`` sequences
     of ``build.max_seq_len`` tokens in the GPU's 16-bit dtype; for ``auto`` the most it may choose, the sequences that fit
-    :data:`pipeline.planner.host.ACTIVATION_FRACTION` of the GPU's free memory beside the model
+    :data:`pipeline.core.sizing.ACTIVATION_FRACTION` of the GPU's free memory beside the model
     (pipeline/evaluate/runners.py ``choose_batch``; 16 when the free memory is unknown). An invalid setting counts as
     ``auto`` (validation names it)."""
-    from .host import ACTIVATION_FRACTION, DEVICE_BUDGET_FRACTION, compute_dtype, eval_activation_bytes
+    from ..core.sizing import ACTIVATION_FRACTION, DEVICE_BUDGET_FRACTION, compute_dtype, eval_activation_bytes
 
     b = DTYPE_BYTES[compute_dtype("cuda", export_dtype)]
     seq = max(1, int(cfg.build.max_seq_len))
@@ -728,13 +728,13 @@ def _eval_batch_bytes(cfg: Any, shape: ModelShape, export_dtype: str, room: Any 
 
 
 def _calibration_batch_bytes(cfg: Any, shape: ModelShape, device: str, export_dtype: str, room: Any = None) -> int:
-    """One calibration batch's activations on ``device``, bytes (:func:`pipeline.planner.host.calibration_activation_bytes`
+    """One calibration batch's activations on ``device``, bytes (:func:`pipeline.core.sizing.calibration_activation_bytes`
     x the batch): ``calibration.batch_size`` when it is an integer; for ``auto`` the most it may choose: on the CPU
-    :data:`pipeline.planner.host.AUTO_BATCH_MAX_CPU`; on a GPU the samples whose activations fit
-    :data:`pipeline.planner.host.ACTIVATION_FRACTION` of the GPU's free memory beside the model (at most
+    :data:`pipeline.core.sizing.AUTO_BATCH_MAX_CPU`; on a GPU the samples whose activations fit
+    :data:`pipeline.core.sizing.ACTIVATION_FRACTION` of the GPU's free memory beside the model (at most
     ``calib_size``; pipeline/quantize/placement.py ``choose_batch_size``). An invalid setting counts as ``auto``
     (validation names it)."""
-    from .host import ACTIVATION_FRACTION, AUTO_BATCH_MAX_CPU, DEVICE_BUDGET_FRACTION, calibration_activation_bytes, compute_dtype
+    from ..core.sizing import ACTIVATION_FRACTION, AUTO_BATCH_MAX_CPU, DEVICE_BUDGET_FRACTION, calibration_activation_bytes, compute_dtype
 
     cal = cfg.calibration
     dtype_b = DTYPE_BYTES[compute_dtype(device, export_dtype)]

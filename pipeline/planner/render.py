@@ -104,7 +104,7 @@ def render(p: Plan, console: Any, *, compact: bool = False) -> None:
 
 
 def _add_stage_memory_row(t: Any, p: Plan) -> None:
-    """One row per stage: where it runs and its predicted peak host (and GPU) memory (:mod:`pipeline.planner.host`);
+    """One row per stage: where it runs and its predicted peak host (and GPU) memory (:mod:`pipeline.core.sizing`);
     a row naming the visible GPUs and their free memory first."""
     gpus = (p.target or {}).get("gpus") or []
     if gpus:

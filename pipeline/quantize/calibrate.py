@@ -16,7 +16,7 @@ from .resmooth import ResmoothResult, resmooth
 
 log = logging.getLogger(__name__)
 #: ModelOpt's probe measures a plain forward pass (no quantizers inserted yet); calibration adds fake-quant copies of the
-#: linears' inputs, about as large again (:data:`pipeline.planner.host.ACT_HIDDEN_ROWS`). Not measured on a GPU.
+#: linears' inputs, about as large again (:data:`pipeline.core.sizing.ACT_HIDDEN_ROWS`). Not measured on a GPU.
 FAKE_QUANT_ACTIVATION_RATIO = 2.0
 
 
@@ -28,7 +28,7 @@ class _Calibration:
     warnings: list[str] = dataclasses.field(default_factory=list)
     modelopt_cfg: dict[str, Any] | None = None
     auto: dict[str, Any] | None = None
-    cset: Any = None  # pipeline.quantize.calibration_set.CalibrationSet
+    cset: Any = None  # pipeline.data.calibration.CalibrationSet
     resmooth: dict[str, Any] | None = None  # pipeline.quantize.resmooth.ResmoothResult.as_dict()
     cuda_extension: dict[str, Any] | None = None  # cuda_extension(): load time of ModelOpt's CUDA extension (not hashed)
     resumed_at: tuple[int, int] | None = None  # (first layer calibrated by this run, layers) when it resumed a killed run
@@ -83,7 +83,7 @@ def _calibrate(cfg: Any, src: _Source, calib_path: Path | None, progress: Any, s
     import torch
     import transformers as tf
 
-    from .calibration_set import load_calibration
+    from ..data.calibration import load_calibration
 
     qcfg = cfg.quant
     prog = progress or (lambda d, t: contextlib.nullcontext(lambda n=1: None))
@@ -140,8 +140,8 @@ def _batch_size(setting: Any, src: _Source, cset: Any) -> tuple[int, str]:
     """``calibration.batch_size`` resolved against the device's free memory beside the loaded model
     (:func:`pipeline.quantize.placement.choose_batch_size`); on CUDA with the whole model resident, ModelOpt's own
     probe (``get_max_batch_size``, with :data:`FAKE_QUANT_ACTIVATION_RATIO`)."""
+    from ..core.sizing import calibration_activation_bytes
     from ..facts.geometry import ModelShape
-    from ..planner.host import calibration_activation_bytes
     from ..planner.plan import DTYPE_BYTES
 
     pl = src.placement

@@ -48,8 +48,8 @@ def _placement_problems(cfg: Any, shape: Any) -> list[Problem]:
     cap = getattr(c, "max_device_memory_gb", None)
     if cap is None or cfg.quant.recipe == "none":
         return []
+    from ..core.sizing import compute_dtype
     from ..facts.geometry import DTYPE_BYTES
-    from ..planner.host import compute_dtype
     from ..planner.plan import local_gpus
 
     d = str(c.device).strip().lower()
@@ -88,7 +88,7 @@ def _calibration_size_problems(cfg: Any) -> list[Problem]:
     if cfg.quant.recipe == "none" or c.format == "hf" or not c.path:
         return []
     from ..core.errors import InputError
-    from .calibration_set import read_raw
+    from ..data.calibration import read_raw
 
     try:
         rows, blank, _ = read_raw(c, c.path)

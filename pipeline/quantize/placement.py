@@ -9,7 +9,7 @@ Decisions (each recorded in the quant report under ``placement``):
   for 16-bit GEMMs are slow on most hosts and the shipped gate results were measured with a float32 calibration.
 * **placement**: the model's bytes in that dtype (parameter count x element size; the count from the export's
   ``model_info.json``, else its safetensors headers) against the device's budget (the planner's rule,
-  :func:`pipeline.planner.host.calibration_placement`: a share of the free memory, ``torch.cuda.mem_get_info`` /
+  :func:`pipeline.core.sizing.calibration_placement`: a share of the free memory, ``torch.cuda.mem_get_info`` /
   ``MemAvailable`` of /proc/meminfo, or ``calibration.max_device_memory_gb`` when set). A model within budget is loaded whole onto the device; a larger
   one is loaded with an accelerate ``device_map`` that keeps what fits on the device and offloads the remaining
   decoder layers (to host memory from a GPU, to disk from the CPU), and ModelOpt calibrates it layer by layer
@@ -26,7 +26,7 @@ from typing import Any
 
 from ..core.errors import InputError
 from ..core.hostinfo import resolve_torch_device
-from ..planner.host import AUTO_BATCH_MAX_CPU, compute_dtype
+from ..core.sizing import AUTO_BATCH_MAX_CPU, compute_dtype
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,7 +85,7 @@ def plan_placement(
     disk_free: int | None = None,
 ) -> Placement:
     """Decide device, dtype, offload and layerwise calibration for a model of ``num_parameters`` weights, by the
-    planner's rule (:func:`pipeline.planner.host.calibration_placement`: the plan shows the same decision before any
+    planner's rule (:func:`pipeline.core.sizing.calibration_placement`: the plan shows the same decision before any
     work). A model within the device budget loads whole; a larger one keeps what fits on the device, and from a GPU
     the remaining layers wait in host memory up to ``calibration.max_host_memory_gb`` (default: the available memory
     less a reserve) and on disk beyond it; from the CPU they wait on disk.
@@ -103,7 +103,7 @@ def plan_placement(
         PreflightError: neither the device, the host nor the disk can hold the model (exit 4).
     """
     from ..core.errors import PreflightError
-    from ..planner.host import HOST_RESERVE_BYTES, calibration_placement
+    from ..core.sizing import HOST_RESERVE_BYTES, calibration_placement
     from ..planner.plan import DTYPE_BYTES
 
     dev = device or resolve_device(cal.device)
@@ -238,7 +238,7 @@ def choose_batch_size(setting: Any, *, device: str, per_sample_bytes: int, free:
         setting: ``calibration.batch_size``: an integer is used as given; ``auto`` picks the largest batch whose
             activations fit :data:`ACTIVATION_FRACTION` of ``free``, at most :data:`AUTO_BATCH_MAX_CPU` on the CPU.
         device: ``cpu`` | ``cuda:N``.
-        per_sample_bytes: one sample's activations (:func:`pipeline.planner.host.calibration_activation_bytes`), bytes.
+        per_sample_bytes: one sample's activations (:func:`pipeline.core.sizing.calibration_activation_bytes`), bytes.
         free: the device's free memory now, beside the loaded model, bytes.
         n_samples: calibration samples (no batch is larger).
         probe: optional ``() -> int``: on CUDA with the whole model resident, ModelOpt's own probe

@@ -31,7 +31,7 @@ def quantize(
     """Quantize the export artifact with ModelOpt and write the quantize artifact into ``out``.
 
     Steps: source facts -> placement (:mod:`.placement`: device, dtype, offload) and one load of the export checkpoint
-    -> checks before calibration (:func:`preflight`) -> calibration set (:func:`pipeline.quantize.calibration_set.load_calibration`)
+    -> checks before calibration (:func:`preflight`) -> calibration set (:func:`pipeline.data.calibration.load_calibration`)
     -> ``mtq.quantize`` (layer by layer when offloaded) -> ``quant_state.*`` (streamed from the model's own tensors)
     -> TensorRT-LLM checkpoint (``export_tensorrt_llm_checkpoint`` of the calibrated model itself, tp/pp ranks) ->
     checks after export (:func:`check_trtllm_checkpoint`) -> unified HF checkpoint (``export_hf_checkpoint`` of the

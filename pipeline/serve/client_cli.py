@@ -1,6 +1,6 @@
 """``pipeline client``: the command line of :class:`pipeline.serve.client.LLMClient` (one prompt or many, streamed or
 not, ``--input name=value`` for any ensemble input) and its ``--parity`` mode, which replays a package's evaluated
-answers against a served deployment (:func:`pipeline.package.parity.check_against_server`).
+answers against a served deployment (:func:`pipeline.serve.parity.check_against_server`).
 
 Kept apart from the client so that the client (used by the parity check) does not import the parity check back.
 """
@@ -29,7 +29,7 @@ from .client import (
 
 def _parity_main(package: Path, url: str) -> int:
     from ..core.errors import EXIT_GATE
-    from ..package.parity import check_against_server, side_by_side
+    from .parity import check_against_server, side_by_side
 
     try:
         res = check_against_server(package, url)

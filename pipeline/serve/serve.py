@@ -92,8 +92,7 @@ def verify_package_artifact(art_dir: Path) -> None:
 def _unpack_release(p: Path) -> Path:
     """Check the release archive ``p`` (SHA256SUMS beside it, then the unpacked content against its manifest) and
     return the folder it was unpacked into under ``runs/``; on any refusal nothing stays there."""
-    from ..package import safe_extract
-    from ..package.release import verify_extracted_release, verify_release_archive
+    from ..release.archive import safe_extract, verify_extracted_release, verify_release_archive
 
     manifest = verify_release_archive(p)  # SHA256SUMS (+ release manifest) before anything is unpacked
     dest = Path("runs").absolute() / f"serve-release-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
@@ -153,15 +152,15 @@ def verified_repository(
     arg: str | None, store_dir: str | None, public_key: str | None, certificate_chain: list[str], *, verify: bool = False
 ) -> Path:
     """:func:`resolve_repository` after the release verifies (``package.verify_key`` / ``verify_certificate_chain``;
-    :func:`pipeline.package.verify.verify_release`: signature, SHA256SUMS, manifest, provenance). An archive is
+    :func:`pipeline.release.verify.verify_release`: signature, SHA256SUMS, manifest, provenance). An archive is
     verified in its release folder; a package artifact (or its ``model_repository/``) through the ``release/`` folder
     beside it, and the served repository's files must then equal the signed manifest's ``repository_files``.
 
     Raises:
         InputError (exit 2): the release does not verify (naming the file), or the repository has no release to verify.
     """
-    from ..package.release import check_repository_files
-    from ..package.verify import verify_release
+    from ..release.archive import check_repository_files
+    from ..release.verify import verify_release
 
     p = Path(arg).expanduser().absolute() if arg else None
     if p is not None and p.is_file():

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from pipeline.benchmark import gpu_check
+from pipeline.bench import gpu_check
 
 
 def test_gpu_check_on_the_cpu_runs_every_placement_and_they_agree(tmp_path):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.benchmark import shapes
+from pipeline.bench import shapes
 from pipeline.benchmark.core import TARGETS, BenchInputs, ratios, run_benchmark
 from pipeline.core.config import compose
 from pipeline.core.contracts.export import ModelInfo

@@ -41,7 +41,7 @@ def ckpt(tmp_path_factory):
 
 
 def _prepared(ckpt: Path, n: int = 6):
-    from pipeline.evaluate.dataset import EvalItem
+    from pipeline.data.evalset import EvalItem
     from pipeline.evaluate.runners import load_tokenizer, prepare
 
     tok = load_tokenizer(ckpt)

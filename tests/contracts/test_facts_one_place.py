@@ -56,7 +56,7 @@ def test_tokenizer_file_names_are_listed_only_in_artifacts():
 
 
 def test_every_tokenizer_copier_uses_the_one_list():
-    from pipeline.benchmark import shapes
+    from pipeline.bench import shapes
     from pipeline.build.targets.onnxruntime_genai import quant as ort_quant
     from pipeline.package import validate as pkg_validate
 

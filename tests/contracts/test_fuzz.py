@@ -157,7 +157,7 @@ def _write(tmp: Path, name: str, lines: list[str], raw: bytes | None) -> Path:
 @FUZZ
 @given(lines=st.lists(LINE, max_size=6), raw=st.none() | st.binary(max_size=60))
 def test_eval_set_loader_fuzz(tmp_path, lines, raw):
-    dataset = pytest.importorskip("pipeline.evaluate.dataset")
+    dataset = pytest.importorskip("pipeline.data.evalset")
     p = _write(tmp_path, "eval.jsonl", lines, raw)
     try:
         items = dataset.load_eval_set(p)
@@ -170,7 +170,7 @@ def test_eval_set_loader_fuzz(tmp_path, lines, raw):
 @FUZZ
 @given(lines=st.lists(LINE, max_size=6), raw=st.none() | st.binary(max_size=60))
 def test_calibration_loader_fuzz(tmp_path, lines, raw):
-    calibration = pytest.importorskip("pipeline.quantize.calibration_set")
+    calibration = pytest.importorskip("pipeline.data.calibration")
     from pipeline.core.config import CalibrationConfig
 
     p = _write(tmp_path, "calib.jsonl", lines, raw)

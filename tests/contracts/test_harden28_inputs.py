@@ -89,7 +89,7 @@ def test_index_without_metadata_is_an_input_error_with_allow_external_files(tiny
 
 # --------------------------------------------------------------------------- eval / calibration sets
 def test_eval_set_that_is_a_directory_says_so(tmp_path):
-    from pipeline.evaluate.dataset import load_eval_set
+    from pipeline.data.evalset import load_eval_set
 
     with pytest.raises(InputError, match=r"eval\.eval_set='.*' is a directory\. Fix: set eval\.eval_set to a \.jsonl file"):
         load_eval_set(tmp_path)
@@ -100,7 +100,7 @@ def _item(i: int, prompt: str) -> str:
 
 
 def test_eval_line_over_the_byte_limit_is_refused_naming_the_line(tmp_path):
-    from pipeline.evaluate.dataset import load_eval_set
+    from pipeline.data.evalset import load_eval_set
 
     f = tmp_path / "eval.jsonl"
     f.write_text(_item(1, "ok") + "\n" + _item(2, "é" * (MAX_LINE_BYTES // 2 + 8)) + "\n", encoding="utf-8")
@@ -113,7 +113,7 @@ def test_eval_line_over_the_byte_limit_is_refused_naming_the_line(tmp_path):
 @pytest.mark.parametrize("fmt", ["jsonl", "text"])
 def test_calibration_line_over_the_byte_limit_is_refused_naming_the_line(tmp_path, fmt):
     from pipeline.core.config.calibration import CalibrationConfig
-    from pipeline.quantize.calibration_set import read_raw
+    from pipeline.data.calibration import read_raw
 
     f = tmp_path / f"calib.{'jsonl' if fmt == 'jsonl' else 'txt'}"
     big = "y" * (MAX_LINE_BYTES + 1)
@@ -166,7 +166,7 @@ def test_yaml_alias_bomb_is_refused_before_it_is_expanded(tmp_path):
 def test_release_archive_holding_a_symlink_is_an_input_error_and_nothing_is_left(tmp_path, monkeypatch):
     from test_harden_serve_release import _release
 
-    from pipeline.package import write_sha256sums
+    from pipeline.release.archive import write_sha256sums
     from pipeline.serve.serve import resolve_repository
 
     monkeypatch.chdir(tmp_path)

@@ -13,7 +13,7 @@ import pytest
 
 from pipeline.core.errors import InputError
 from pipeline.core.store import digest_files, tree_files
-from pipeline.package import make_archive, write_sha256sums
+from pipeline.release.archive import make_archive, write_sha256sums
 from pipeline.serve.serve import resolve_repository
 
 MODEL_PY = "import triton_python_backend_utils as pb_utils\n\nclass TritonPythonModel:\n    pass\n"

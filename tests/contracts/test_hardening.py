@@ -253,15 +253,9 @@ def test_config_values_are_never_turned_into_code(tmp_path):
 
 
 def test_archive_extraction_cannot_escape(tmp_path):
-    from pipeline import package as packaging
-
-    safe_extract = getattr(packaging, "safe_extract", None)
-    if safe_extract is None:
-        try:
-            from pipeline.package.release import safe_extract  # type: ignore[no-redef]
-        except ImportError:
-            pytest.skip("pipeline.package.safe_extract not written yet")
     import io
+
+    from pipeline.release.archive import safe_extract
 
     def tar_with(name: str, *, link: str | None = None) -> Path:
         p = tmp_path / f"{abs(hash(name))}.tar.gz"

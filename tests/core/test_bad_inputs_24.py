@@ -13,7 +13,7 @@ import pytest
 
 from pipeline.core.config import ConfigError, compose
 from pipeline.core.errors import InputError
-from pipeline.evaluate.dataset import load_eval_set
+from pipeline.data.evalset import load_eval_set
 from pipeline.validation import validate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,7 +69,7 @@ def test_lm_eval_task_yaml_without_local_data_gets_one_message_naming_the_key(tm
 
 
 def test_question_answer_jsonl_is_mapped_not_a_wall_of_field_errors(tmp_path):
-    from pipeline.evaluate.dataset import read_eval_set
+    from pipeline.data.evalset import read_eval_set
 
     p = _write(tmp_path / "qa.jsonl", [json.dumps({"question": f"q{i}?", "answer": f"a{i}"}) for i in range(50)])
     es = read_eval_set(p)  # old code: 150 per-field errors, no hint; then a refusal naming the mapping

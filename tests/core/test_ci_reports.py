@@ -126,7 +126,7 @@ PARITY_CASES = [
 
 @pytest.mark.parametrize("parity,child", PARITY_CASES)
 def test_parity_testcase(parity, child):
-    """The package stage's parity record (shape of ``pipeline.package.parity.run_parity``) becomes one testcase."""
+    """The package stage's parity record (shape of ``pipeline.serve.parity.run_parity``) becomes one testcase."""
     rep = {"gate": {"checks": [], "mode": "release"}, "eval_set": {"name": "x"}, "recipe": "int4_awq"}
     root = ET.fromstring(to_junit(rep, parity).split("?>", 1)[1])
     (tc,) = root.iter("testcase")

@@ -137,7 +137,7 @@ def test_baseline_engine_and_served_decode_with_the_checkpoints_penalty(run):
 def _plain_greedy(export: Path) -> dict[str, list[int]]:
     """The export's model in transformers, greedy WITHOUT any penalty, on the evaluate stage's prompts."""
     from pipeline.core.config import compose, resolve_path
-    from pipeline.evaluate.dataset import load_eval_set
+    from pipeline.data.evalset import load_eval_set
     from pipeline.evaluate.runners import HFRunner, load_hf_model, load_tokenizer, prepare
 
     e = compose([]).eval

@@ -16,7 +16,7 @@ import subprocess
 from pathlib import Path
 
 from pipeline.core.store import redact, secret_fields
-from pipeline.package import safe_extract
+from pipeline.release.archive import safe_extract
 
 ROOT = Path(__file__).resolve().parents[2]
 PIPELINE = str(ROOT / ".venv" / "bin" / "pipeline")

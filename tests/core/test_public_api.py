@@ -14,7 +14,7 @@ import pipeline
 def test_every_public_name_resolves_to_its_defining_object():
     from pipeline.core.config import compose
     from pipeline.core.contracts.build import BuildArtifact
-    from pipeline.evaluate.metrics import register
+    from pipeline.data.metrics import register
     from pipeline.runner import run_pipeline
     from pipeline.serve.client import LLMClient
     from pipeline.validation import checked_plan, validate

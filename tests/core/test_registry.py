@@ -28,7 +28,7 @@ def test_every_extension_point_uses_it():
     from pipeline.cli import SUBCOMMANDS
     from pipeline.core.stage import STAGE_MODULES, get_stage
     from pipeline.core.targets import TARGETS
-    from pipeline.evaluate.metrics import METRICS, get_metric
+    from pipeline.data.metrics import METRICS, get_metric
 
     for reg in (TARGETS, SUBCOMMANDS, STAGE_MODULES, METRICS):
         assert isinstance(reg, Registry)
@@ -88,7 +88,7 @@ def test_mistyped_names_get_the_closest_one_wherever_they_are_typed(tmp_path):
     from pipeline.core.config import compose, validate
     from pipeline.core.errors import InputError
     from pipeline.core.targets import name_problems
-    from pipeline.evaluate.dataset import read_eval_set
+    from pipeline.data.evalset import read_eval_set
 
     st = [p for p in validate(compose(["stages=[evaluat]"]), raise_on_error=False) if p.field == "stages"]
     assert st and "did you mean 'evaluate'?" in str(st[0])

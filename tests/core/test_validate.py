@@ -160,7 +160,7 @@ def test_eval_set_prompt_lengths_checked_with_max_and_p99(tiny_llama):
     )
     assert "build.max_input_len" not in fields(ok)
     # eval.limit: the same items the evaluate stage takes (round-robin across slices), not the first N lines
-    from pipeline.evaluate.dataset import load_eval_set
+    from pipeline.data.evalset import load_eval_set
 
     lim = eval_prompt_stats(compose([f"model.path={tiny_llama}", "eval.limit=12"]))
     assert lim["count"] == 12 and lim["max_id"] in {it.id for it in load_eval_set(ROOT / "evaluation/data/support_eval_v2.jsonl", limit=12)}

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from pipeline.core.errors import InputError
-from pipeline.evaluate.dataset import read_eval_set
+from pipeline.data.evalset import read_eval_set
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "evaluation" / "data" / "support_eval_v2.jsonl"
@@ -102,8 +102,8 @@ def test_template_text_is_data_and_the_sandbox_holds(tmp_path):
 
 
 def test_exact_match_options_are_honoured():
-    from pipeline.evaluate.dataset import EvalItem
-    from pipeline.evaluate.metrics import get_metric
+    from pipeline.data.evalset import EvalItem
+    from pipeline.data.metrics import get_metric
 
     m = get_metric("exact_match")
     item = EvalItem(id="a", slice="s", metric="exact_match", reference="The answer: 42!")

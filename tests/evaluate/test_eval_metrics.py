@@ -8,8 +8,8 @@ import json
 import pytest
 
 from pipeline.core.errors import InputError
-from pipeline.evaluate.dataset import EvalItem, load_eval_set
-from pipeline.evaluate.metrics import METRICS, get_metric
+from pipeline.data.evalset import EvalItem, load_eval_set
+from pipeline.data.metrics import METRICS, get_metric
 
 
 def item(metric, reference, **args):
@@ -66,7 +66,7 @@ def test_registry_unknown_name_lists_known():
         get_metric("bleu")
     assert "exact_match" in str(e.value) and "rouge_l" in str(e.value)
     assert all(m.higher_is_better for m in METRICS.values())
-    from pipeline.evaluate.metrics import Metric, register
+    from pipeline.data.metrics import Metric, register
 
     with pytest.raises(ValueError, match="higher_is_better"):
         register(Metric("edit_distance", lambda o, i: 0.0, higher_is_better=False))
@@ -211,7 +211,7 @@ def test_a_registered_metric_is_checked_when_registered_and_when_it_scores():
     """``pipeline.register_metric`` refused only a lower-is-better metric; a function of the wrong arity failed deep in
     evaluate, and a score of 2.0 (or 0.5 from a binary metric) went into the gate's paired statistics unchecked."""
     from pipeline.core.errors import InputError
-    from pipeline.evaluate.metrics import Metric, register
+    from pipeline.data.metrics import Metric, register
 
     with pytest.raises(ValueError, match=r"fn must be callable as fn\(output, item\)"):
         register(Metric("one_arg", lambda o: 1.0))

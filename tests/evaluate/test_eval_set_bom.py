@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from pipeline.evaluate.dataset import load_eval_set
+from pipeline.data.evalset import load_eval_set
 
 
 def test_eval_set_with_a_utf8_bom_is_read(tmp_path):
@@ -19,7 +19,7 @@ def test_eval_set_with_a_utf8_bom_is_read(tmp_path):
 
 def test_calibration_jsonl_with_a_utf8_bom_is_read(tmp_path):
     """Guard (calibration already stripped the BOM; kept so both readers stay consistent)."""
-    from pipeline.quantize.calibration_set import _read_jsonl
+    from pipeline.data.calibration import _read_jsonl
 
     p = tmp_path / "calib.jsonl"
     p.write_bytes(b"\xef\xbb\xbf" + b'{"text": "hello"}\n{"text": "world"}\n')
@@ -32,7 +32,7 @@ def test_every_problem_of_a_line_is_reported_with_the_others(tmp_path):
     import pytest
 
     from pipeline.core.errors import InputError
-    from pipeline.evaluate.dataset import load_eval_set
+    from pipeline.data.evalset import load_eval_set
 
     p = tmp_path / "set.jsonl"
     p.write_text(

@@ -259,7 +259,7 @@ def test_int4_engine_matches_modelopt_simulated_model(matrix, family):
 
     from pipeline.build.targets.onnxruntime_genai.builder import OrtEngineRunner
     from pipeline.core.tokenization import TextCodec
-    from pipeline.evaluate.dataset import load_eval_set
+    from pipeline.data.evalset import load_eval_set
     from pipeline.quantize.state import load_simulated_model
 
     s = matrix[(family, "int4_awq")]

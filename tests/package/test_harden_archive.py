@@ -2,7 +2,7 @@
 
 The archives are built here with ``tarfile`` exactly as an attacker would (the symlink-chain / over-long-path
 layout of the CPython regression test for CVE-2025-4517, ``..``, absolute names, links, duplicates), and
-extracted with :func:`pipeline.package.safe_extract`, the function ``pipeline serve x.tar.gz`` uses.
+extracted with :func:`pipeline.release.archive.safe_extract`, the function ``pipeline serve x.tar.gz`` uses.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.core.errors import InputError
-from pipeline.package import safe_extract
+from pipeline.release.archive import safe_extract
 
 
 def _add(

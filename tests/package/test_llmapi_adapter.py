@@ -261,8 +261,8 @@ def test_neutral_values_and_the_packages_own_ids_are_accepted(served):
 
 def test_llmclient_and_the_parity_command_work_unchanged_through_the_adapter(served):
     """Our LLMClient (and so `pipeline client --parity`, the command the manifest names) against the adapter."""
-    from pipeline.package.parity import EXPECTED_FILE, check_against_server, write_expected
     from pipeline.serve.client import LLMClient
+    from pipeline.serve.parity import EXPECTED_FILE, check_against_server, write_expected
 
     with LLMClient(served.url) as c:
         assert c.decoupled

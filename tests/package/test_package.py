@@ -23,9 +23,9 @@ from pipeline.core.contracts.build import BuildInfo
 from pipeline.core.contracts.export import ModelInfo
 from pipeline.core.errors import GateFailed, InputError, PreflightError
 from pipeline.facts import versions as V
-from pipeline.package import make_archive, safe_extract, write_sha256sums
 from pipeline.package.repository import MODEL_HELPERS, Settings, generate_repository, settings_from_build
 from pipeline.package.validate import check_repository, ensemble_interface, parse_config, sibling_problems, validate_repository
+from pipeline.release.archive import make_archive, safe_extract, write_sha256sums
 
 # TensorRT-LLM in-flight-batcher ensemble interface: docs/reference/triton.md §2 (tensorrtllm_backend v0.19.0 templates),
 # name -> (data type, dims without the batch dim, optional)

@@ -80,7 +80,7 @@ def test_parity_command_against_a_running_server(tmp_path, packaged):
     mismatch (it used to replay and report every answer as a parity failure, exit 3)."""
     import shutil
 
-    from pipeline.package.parity import served_package_id
+    from pipeline.serve.parity import served_package_id
 
     other = tmp_path / "other"  # another package's parity file: its recorded id is not the served one
     shutil.copytree(packaged["package"], other, symlinks=True)
@@ -140,7 +140,7 @@ def test_disabling_is_explicit_and_recorded(tmp_path, packaged, tiny_llama):
 def test_tensorrt_llm_package_is_recorded_not_run_here_with_the_command(tmp_path, packaged):
     from types import SimpleNamespace
 
-    from pipeline.package.parity import run_parity
+    from pipeline.serve.parity import run_parity
 
     cfg = SimpleNamespace(
         package=SimpleNamespace(parity=True, parity_sample=64, parity_seed=0),
@@ -177,7 +177,7 @@ def test_serve_without_a_path_refuses_a_newest_package_the_gate_does_not_vouch_f
 def test_parity_of_a_path_that_is_no_package_folder_says_what_it_is(packaged, tmp_path):
     """A release archive or a missing path used to be reported as '<path>/parity_expected.jsonl is missing'."""
     from pipeline.core.errors import InputError
-    from pipeline.package.parity import check_against_server
+    from pipeline.serve.parity import check_against_server
 
     archive = next((packaged["package"] / "release").glob("*.tar.gz"))
     with pytest.raises(InputError, match=r"a file, not a package folder\. Fix: unpack it first \(tar -xzf\)"):

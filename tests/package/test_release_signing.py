@@ -20,9 +20,9 @@ from rich.console import Console
 from pipeline.core.config import compose
 from pipeline.core.errors import EXIT_INPUT, EXIT_OK, InputError
 from pipeline.core.store import sha256_file
-from pipeline.package import write_sha256sums
-from pipeline.package.verify import main as verify_main
-from pipeline.package.verify import verify_release
+from pipeline.release.archive import write_sha256sums
+from pipeline.release.verify import main as verify_main
+from pipeline.release.verify import verify_release
 from pipeline.runner import run_pipeline
 
 
@@ -143,7 +143,7 @@ def test_rewritten_file_with_regenerated_sums_fails_only_the_signature(signed_pa
 
 
 def test_release_re_signed_with_another_key_is_refused(signed_package, keys, tmp_path, capsys):
-    from pipeline.package.signing import sign_release
+    from pipeline.release.signing import sign_release
 
     rel = _copy(signed_package, tmp_path / "release")
     (rel / "release_manifest.json").write_text((rel / "release_manifest.json").read_text().replace('"passed": true', '"passed": false', 1))
@@ -206,7 +206,7 @@ def test_provenance_subjects_match_the_files(signed_package, keys):
     builder, the gate verdict and the resolved config; its DSSE envelope is signed with the release key."""
     import tarfile
 
-    from pipeline.package.signing import dsse_verify
+    from pipeline.release.signing import dsse_verify
 
     rel = signed_package / "release"
     st = json.loads((rel / "provenance.intoto.json").read_text())
@@ -277,7 +277,7 @@ def _ca_and_leaf(d: Path, tag: str) -> tuple[Path, Path, Path]:
 def test_certificate_signed_release(signed_package, tmp_path):
     """``package.sign=certificate``: signed with a key and its certificate, verified against the CA; another CA and an
     edited file are refused."""
-    from pipeline.package.signing import sign_release
+    from pipeline.release.signing import sign_release
 
     ca, leaf, key = _ca_and_leaf(tmp_path, "good")
     other_ca, _, _ = _ca_and_leaf(tmp_path, "other")
@@ -314,7 +314,7 @@ def test_encrypted_key_takes_its_password_from_the_environment(signed_package, t
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
 
-    from pipeline.package.signing import dsse_sign, sign_release
+    from pipeline.release.signing import dsse_sign, sign_release
     from pipeline.validation import validate
 
     k = ec.generate_private_key(ec.SECP384R1())

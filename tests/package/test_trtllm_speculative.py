@@ -32,7 +32,7 @@ def measured(tmp_path_factory):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from pipeline.evaluate.dataset import load_eval_set
+    from pipeline.data.evalset import load_eval_set
     from pipeline.evaluate.runners import HFRunner, draft_acceptance, load_hf_model, load_tokenizer, prepare
     from pipeline.evaluate.stage import _speculative_summary
 

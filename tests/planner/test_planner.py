@@ -477,7 +477,7 @@ def test_plan_room_from_fake_device_facts():
 
 
 def test_calibration_placement_whole_host_disk_refused():
-    from pipeline.planner.host import calibration_placement
+    from pipeline.core.sizing import calibration_placement
 
     assert calibration_placement(10 * GB, 20 * GB, 100 * GB).offload == "none"
     pl = calibration_placement(141 * GB, 150 * GB, 500 * GB)
@@ -496,7 +496,7 @@ def test_calibration_placement_whole_host_disk_refused():
 )
 def test_cpu_quantize_prediction_matches_bench_scale(tmp_path, shape, measured):
     """bench/results/scale.json: quantize peak RSS of int4_awq, 32 x 128 calibration tokens, on the 24 GB CPU host."""
-    from pipeline.benchmark.shapes import SHAPES
+    from pipeline.bench.shapes import SHAPES
 
     c = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **SHAPES[shape]}
     c["torch_dtype"] = c.pop("dtype", "float32")
@@ -507,9 +507,9 @@ def test_cpu_quantize_prediction_matches_bench_scale(tmp_path, shape, measured):
 
 
 def test_gpu_quantize_prediction_matches_the_h200_rows(tmp_path):
-    """The H200 runs the GPU fit comes from (pipeline/planner/host.py GPU_QUANT_TRANSIENT): llama1b 3.64 GB, llama3b
+    """The H200 runs the GPU fit comes from (pipeline/core/sizing.py GPU_QUANT_TRANSIENT): llama1b 3.64 GB, llama3b
     8.04 GB of torch max_memory_allocated; the host peak is an upper bound (2.55 and 3.52 GB measured)."""
-    from pipeline.benchmark.shapes import SHAPES
+    from pipeline.bench.shapes import SHAPES
 
     for shape, gpu, host in (("llama1b", 3.64e9, 2.55e9), ("llama3b", 8.04e9, 3.52e9)):
         d = tmp_path / shape
@@ -526,7 +526,7 @@ def test_gpu_quantize_prediction_matches_the_h200_rows(tmp_path):
 def test_offloaded_gpu_quantize_prediction_matches_the_h200_gpu_check(tmp_path):
     """bench/results/gpu.json (make gpu-check on one H200, 2026-12-04): llama1b with a 0.49 GB GPU budget, layers
     offloaded to host: GPU peak 0.69 GB, host peak 5.41 GB. The plan decides the same placement and is within 20 %."""
-    from pipeline.benchmark.shapes import SHAPES
+    from pipeline.bench.shapes import SHAPES
 
     run = json.loads((Path(__file__).parents[2] / "bench/results/gpu.json").read_text())["shapes"]["llama1b"]["runs"]["offload_host"]
     q_meas = run["quantize"]

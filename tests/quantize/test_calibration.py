@@ -10,7 +10,7 @@ import pytest
 
 from pipeline.core.config import compose
 from pipeline.core.errors import InputError
-from pipeline.quantize.calibration_set import CalibrationSet, ensure_pad_token, load_calibration
+from pipeline.data.calibration import CalibrationSet, ensure_pad_token, load_calibration
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +107,7 @@ def test_too_few_samples_fails_with_counts(tmp_path, tok):
 def test_short_samples_warned_and_usable_vs_requested(tmp_path, tok, caplog):
     p = tmp_path / "c.txt"
     p.write_text("hi\nok\n" + "\n".join(SENT) + "\n", encoding="utf-8")
-    with caplog.at_level(logging.WARNING, logger="pipeline.quantize.calibration_set"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.data.calibration"):
         cs = load_calibration(_cfg(min_tokens=5, calib_size=10), tok, p)
     assert cs.stats["short"] == 2 and cs.stats["used"] == 7 and cs.stats["requested"] == 10
     assert any("shorter than calibration.min_tokens=5" in r.message for r in caplog.records)

@@ -65,8 +65,8 @@ def test_the_placement_refuses_what_validation_would(monkeypatch):
 def test_the_planner_counts_the_batch_and_refuses_one_the_host_cannot_hold(tmp_path):
     import transformers as tf
 
+    from pipeline.core.sizing import ACT_HIDDEN_ROWS, ACT_INTERMEDIATE_ROWS, StageMemory, stage_refusals
     from pipeline.planner import plan
-    from pipeline.planner.host import ACT_HIDDEN_ROWS, ACT_INTERMEDIATE_ROWS, StageMemory, stage_refusals
 
     tf.LlamaConfig(
         num_hidden_layers=2,
@@ -126,7 +126,7 @@ def test_the_calibration_pass_computes_only_the_last_logits_and_the_statistics_d
     import transformers as tf
 
     from pipeline.core.modelio import load_causal_lm
-    from pipeline.quantize.calibration_set import load_calibration
+    from pipeline.data.calibration import load_calibration
     from pipeline.quantize.modelopt_config import modelopt_config
 
     cfg = compose([*CALIB, "quant=int8_sq"])

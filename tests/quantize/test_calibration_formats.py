@@ -9,7 +9,7 @@ import pytest
 
 from pipeline.core.config import compose
 from pipeline.core.errors import InputError
-from pipeline.quantize.calibration_set import load_calibration
+from pipeline.data.calibration import load_calibration
 
 SENT = [
     "Where is my order ORD-12345?",

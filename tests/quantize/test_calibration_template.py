@@ -13,7 +13,7 @@ import pytest
 
 from pipeline.core.config import compose
 from pipeline.core.errors import InputError
-from pipeline.quantize.calibration_set import load_calibration
+from pipeline.data.calibration import load_calibration
 
 # renders user turns (all an eval prompt has), raises on an assistant turn (a calibration chat has one)
 TEMPLATE = (

@@ -213,8 +213,8 @@ def test_quant_auto_needs_the_whole_model(tmp_path_factory, export_dir, repo_roo
 def test_planner_predicts_every_stage_and_refuses_what_the_host_cannot_hold(tmp_path):
     import transformers as tf
 
+    from pipeline.core.sizing import StageMemory, stage_refusals
     from pipeline.planner import plan
-    from pipeline.planner.host import StageMemory, stage_refusals
 
     tf.LlamaConfig(
         num_hidden_layers=80, hidden_size=8192, intermediate_size=28672, num_attention_heads=64, num_key_value_heads=8
@@ -256,7 +256,7 @@ def test_streamed_shape_weights_equal_building_the_model(tmp_path, monkeypatch):
     import transformers as tf
     from safetensors import safe_open
 
-    from pipeline.benchmark import shapes
+    from pipeline.bench import shapes
 
     cfg = {**shapes.SHAPES["llama80m"], "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4}
     monkeypatch.setitem(shapes.SHAPES, "tinyshape", cfg)

@@ -1,6 +1,6 @@
 """A calibration JSONL line that json rejects with a plain ValueError (not JSONDecodeError) is a clear InputError.
 
-Found while making ``pipeline/quantize/calibration_set.py`` type-check: the handler read ``e.msg``, which only JSONDecodeError has, so
+Found while making ``pipeline/data/calibration.py`` type-check: the handler read ``e.msg``, which only JSONDecodeError has, so
 an integer literal over Python's int digit limit (4300 digits) crashed with AttributeError (exit 1) instead of naming the
 line (exit 2). Real tokenizer, real file."""
 
@@ -10,7 +10,7 @@ import pytest
 
 from pipeline.core.config import compose
 from pipeline.core.errors import InputError
-from pipeline.quantize.calibration_set import load_calibration
+from pipeline.data.calibration import load_calibration
 
 
 def test_jsonl_integer_over_the_digit_limit_names_the_line(tmp_path):

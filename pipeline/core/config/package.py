@@ -53,7 +53,7 @@ class PackageConfig:
     archive: bool = True
     """Also write ``<model>-<recipe>-<version>.tar.gz`` and ``SHA256SUMS``."""
     parity: bool = True
-    """Serving parity check after packaging (pipeline/package/parity.py): the packaged repository is served on the
+    """Serving parity check after packaging (pipeline/serve/parity.py): the packaged repository is served on the
     real Triton server and a seeded sample of eval items must get the evaluated answers byte for byte (exit 3
     otherwise). ``false`` disables it explicitly; the release manifest records that."""
     parity_sample: int = 64
@@ -61,12 +61,12 @@ class PackageConfig:
     parity_seed: int = 0
     """Seed of the parity sample."""
     sign: Optional[str] = runtime(None)
-    """Sign the release with OpenSSF ``model-signing`` (pipeline/package/signing.py): ``key`` (an elliptic-curve
+    """Sign the release with OpenSSF ``model-signing`` (pipeline/release/signing.py): ``key`` (an elliptic-curve
     private key, ``package.sign_key``), ``certificate`` (``sign_key`` + ``sign_certificate`` [+
     ``sign_certificate_chain``]) or ``sigstore`` (keyless, with the CI job's OIDC identity; needs network). ``None``
     (default) = ``key`` when ``sign_key`` is set, else unsigned. The signature, ``release/release.sig``, covers every
     file of ``release/`` (archive, manifest, SHA256SUMS, provenance); ``pipeline verify`` checks it. The package stage's cache key holds the method and the sha256 of the signer's
-    public key (:func:`pipeline.package.signing.signer_identity`), not these paths."""
+    public key (:func:`pipeline.release.signing.signer_identity`), not these paths."""
     sign_key: Optional[str] = runtime(None)
     """PEM private key (EC P-256/P-384/P-521) that signs the release."""
     sign_key_password_env: Optional[str] = runtime(None)

@@ -28,7 +28,7 @@ class PackageArtifact(StageArtifact):
     SIGNATURE: ClassVar[str] = "release.sig"
     """Inside ``release/``: the model-signing signature of every other file there (``package.sign``)."""
     PROVENANCE: ClassVar[str] = "provenance.intoto.json"
-    """Inside ``release/``: the in-toto Statement with the SLSA v1 provenance predicate (pipeline/package/provenance.py)."""
+    """Inside ``release/``: the in-toto Statement with the SLSA v1 provenance predicate (pipeline/release/provenance.py)."""
     PROVENANCE_DSSE: ClassVar[str] = "provenance.intoto.dsse.json"
     """Inside ``release/``, when signed with a key: the provenance statement in a signed DSSE envelope."""
     SBOM: ClassVar[str] = "sbom.cdx.json"

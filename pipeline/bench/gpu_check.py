@@ -1,6 +1,6 @@
 """``make gpu-check``: the quantize stage's placements on one device, measured and compared (docs/memory.md).
 
-For each shape (deterministic random Llama weights, :mod:`pipeline.benchmark.shapes`) it exports once, then quantizes
+For each shape (deterministic random Llama weights, :mod:`pipeline.bench.shapes`) it exports once, then quantizes
 (int4 AWQ, ``calib_size`` x ``calib_max_seq_length`` tokens) in one ``pipeline`` process per placement, each in its own
 store so no placement is a cache hit of another:
 
@@ -20,7 +20,7 @@ Results go to ``<out>/gpu.json`` + ``gpu.md`` (``gpu-cpu.*`` for ``--device cpu`
 run cut short by its time limit (``--deadline-s``: steps that would start after it are recorded as skipped) still
 leaves what it measured.
 
-    python -m pipeline.benchmark.gpu_check [--device cuda|cpu] [--shapes llama1b,llama8b] [--out bench/results]
+    python -m pipeline.bench.gpu_check [--device cuda|cpu] [--shapes llama1b,llama8b] [--out bench/results]
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from typing import Any
 from .scale import RUN_ARGS as SCALE_RUN_ARGS
 from .shapes import ROOT, SHAPES, make_shape, parameter_count
 
-#: the scale ladder's int4 AWQ calibration (pipeline/benchmark/scale.py), at a fixed batch: every placement and shape sees
+#: the scale ladder's int4 AWQ calibration (pipeline/bench/scale.py), at a fixed batch: every placement and shape sees
 #: the same tokens, whatever memory is free
 RUN_ARGS = [*SCALE_RUN_ARGS, "calibration.batch_size=8"]
 #: the issue's agreement bar for placements that are not byte-identical
@@ -89,7 +89,7 @@ class Check:
             "date": _dt.date.today().isoformat(),
             "device": device,
             "host": _host(device),
-            "command": " ".join([sys.executable, "-m", "pipeline.benchmark.gpu_check", *sys.argv[1:]]),
+            "command": " ".join([sys.executable, "-m", "pipeline.bench.gpu_check", *sys.argv[1:]]),
             "shapes": {},
         }
 
@@ -415,7 +415,7 @@ def render_md(doc: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pipeline.benchmark.gpu_check", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m pipeline.bench.gpu_check", description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--shapes", default=None, help="comma-separated shapes (default: llama1b,llama8b on cuda, llama80m,llama400m on cpu)")
     ap.add_argument("--only", default=None, help="comma-separated placements to run (default: all)")

@@ -45,7 +45,7 @@ from ..core.registry import Registry
 
 
 class EvalItem(Protocol):
-    """What a metric reads of an eval item (:class:`pipeline.evaluate.dataset.EvalItem` has it; a Protocol here so
+    """What a metric reads of an eval item (:class:`pipeline.data.evalset.EvalItem` has it; a Protocol here so
     that this module does not import the dataset module, which imports it)."""
 
     @property

@@ -39,7 +39,7 @@ from typing import Any
 from ..core.contracts.evaluate import EvalArtifact
 from ..core.contracts.package import PackageArtifact
 from ..core.errors import GateFailed, InputError, PreflightError
-from .repository import PACKAGE_ID_PARAMETER
+from ..package.repository import PACKAGE_ID_PARAMETER
 
 EXPECTED_FILE = "parity_expected.jsonl"
 MODES = ("unary", "stream")
@@ -84,7 +84,7 @@ def expected_requests(
     """
     from ..core.store import sha256_file
     from ..core.tokenization import codec_of, render
-    from ..evaluate.dataset import load_eval_set
+    from ..data.evalset import load_eval_set
     from ..evaluate.runners import prepare
 
     rep_p, out_p = EvalArtifact(eval_dir).report_path, EvalArtifact(eval_dir).outputs_path
@@ -174,7 +174,7 @@ def replay(
 
     Returns ``{"matched", "total", "per_mode": {mode: matched}, "first_mismatch"}`` (items in id order).
     """
-    from ..serve.client import LLMClient
+    from .client import LLMClient
 
     local = threading.local()
     clients: list[LLMClient] = []
@@ -280,7 +280,7 @@ def run_parity(
             "total": None,
             "reason": f"a {target} package is served by the NGC TensorRT-LLM container on a GPU host; run the command there",
         }
-    from ..serve.server import TritonServer
+    from .server import TritonServer
 
     t0 = time.perf_counter()
     srv = TritonServer(repo, serve_venv=serve_venv, ready_timeout_s=float(getattr(pc, "ready_timeout_s", 180.0)))
@@ -316,7 +316,7 @@ def served_package_id(url: str) -> str | None:
     try:
         import tritonclient.grpc as grpcclient
 
-        from ..serve.client import grpc_address
+        from .client import grpc_address
 
         c = grpcclient.InferenceServerClient(grpc_address(url))
         try:

@@ -7,14 +7,14 @@ refused as a typo: ``max_new_token``, ``stops``)::
      "prompt": "What is the intent ...?",          # str  -- or --
      "messages": [{"role": "user", "content": "..."}],   # chat messages (rendered by the chat template)
      "reference": "damaged_item",                  # str | number | list of acceptable references | object (json_fields)
-     "metric": "exact_match",                      # a name in pipeline.evaluate.metrics.METRICS
+     "metric": "exact_match",                      # a name in pipeline.data.metrics.METRICS
      "slice": "intent_en",                         # str, the reporting/gating group
      "max_new_tokens": 16,                         # optional int >= 1 (default: eval.max_new_tokens)
      "stop": ["\\n"],                              # optional list of stop strings (added to eval.stop)
      "metric_args": {"tol": 0.01}}                 # optional per-metric arguments (see metrics.py)
 
 A question/answer JSONL and an lm-evaluation-harness task YAML are accepted too: mapped onto these lines first
-(:mod:`pipeline.evaluate.foreign`; :func:`read_eval_set` says which mapping was used).
+(:mod:`pipeline.data.foreign`; :func:`read_eval_set` says which mapping was used).
 
 Every malformed line raises :class:`pipeline.core.errors.InputError` naming the file, the 1-based line
 number, the field and the fix; all problems of a file are reported together (up to 20).
@@ -190,7 +190,7 @@ def _check_line(obj: Any, where: str, known_metrics: set[str]) -> tuple[EvalItem
 @dataclasses.dataclass
 class EvalSet:
     """An eval set as read: its items (file order) and how the file was read (``format``: ``{"format": "jsonl"}``,
-    or a foreign format's record with the mapping used, :mod:`pipeline.evaluate.foreign`), and the data files a task
+    or a foreign format's record with the mapping used, :mod:`pipeline.data.foreign`), and the data files a task
     YAML read (their content is part of the eval set: the evaluate stage digests them into its key)."""
 
     items: list[EvalItem]
@@ -223,7 +223,7 @@ def _parse_lines(p: Path, text: str, errors: list[str]) -> list[tuple[int, Any]]
 
 def read_eval_set(path: str | Path, *, limit: int | None = None) -> EvalSet:
     """Read and validate an eval set: our JSONL, a question/answer JSONL or an lm-evaluation-harness task YAML
-    (the foreign formats are mapped onto our lines first, :mod:`pipeline.evaluate.foreign`).
+    (the foreign formats are mapped onto our lines first, :mod:`pipeline.data.foreign`).
 
     Args:
         path: the file (UTF-8; in JSONL, blank lines and lines starting with ``#`` are skipped).

@@ -29,7 +29,7 @@ What this tool records (``release/provenance.intoto.json``):
 - ``byproducts``: the evaluation gate verdict and the serving parity record, as ``annotations``.
 
 When the release is signed with a key, ``provenance.intoto.dsse.json`` holds the statement in a DSSE envelope signed
-by the same key (:func:`pipeline.package.signing.dsse_sign`); the statement file itself is also covered by
+by the same key (:func:`pipeline.release.signing.dsse_sign`); the statement file itself is also covered by
 ``release.sig``.
 """
 

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
     from ..core.config.calibration import CalibrationConfig
 
-log = logging.getLogger("pipeline.quantize.calibration_set")
+log = logging.getLogger("pipeline.data.calibration")
 
 #: file suffix -> format read by ``calibration.format: auto`` (the default, also in the shipped preset).
 SUFFIX_FORMATS = {

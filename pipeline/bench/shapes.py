@@ -5,7 +5,7 @@
 (75.5 M in the decoder layers + 2 x 2.4 M embedding / LM head). The weights are drawn from N(0, 0.02²) with a fixed
 torch seed, so every run of the script writes the same tensors; they are generated on demand, never committed.
 
-    python -m pipeline.benchmark.shapes llama80m bench/models/llama80m     # writes the checkpoint (skips if present)
+    python -m pipeline.bench.shapes llama80m bench/models/llama80m     # writes the checkpoint (skips if present)
 
 Random weights give near-uniform next-token distributions: the shape is for speed (``benchmark.ignore_eos=true``
 generates the requested length), not for quality; its release gate is meaningless and ``make bench`` packages it
@@ -210,7 +210,7 @@ def _write_weights(cfg: Any, out: Path, seed: int, draw_device: str = "cpu") -> 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pipeline.benchmark.shapes", description="Write a standard benchmark checkpoint.")
+    ap = argparse.ArgumentParser(prog="python -m pipeline.bench.shapes", description="Write a standard benchmark checkpoint.")
     ap.add_argument("shape", choices=sorted(SHAPES))
     ap.add_argument("out", type=Path)
     ap.add_argument("--seed", type=int, default=SEED)

@@ -1,4 +1,4 @@
-"""Foreign eval-set formats, mapped onto our JSONL lines (``pipeline/evaluate/dataset.py``) before validation.
+"""Foreign eval-set formats, mapped onto our JSONL lines (``pipeline/data/evalset.py``) before validation.
 
 Two formats are accepted as ``eval.eval_set``:
 

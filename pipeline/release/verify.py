@@ -14,10 +14,10 @@ Checks, in order (:func:`verify_release`); the first that fails ends it with exi
    the folder, and the DSSE envelope of the provenance must verify with the key. Without them, a signed release
    verifies for integrity only, and the output says the signature was not checked; a release whose manifest says it
    was signed but which has no ``release.sig`` is refused (the signature was removed).
-3. The archive is unpacked into a temporary folder (:func:`pipeline.package.safe_extract`): its
+3. The archive is unpacked into a temporary folder (:func:`pipeline.release.archive.safe_extract`): its
    ``release_manifest.json`` equals the one beside it and its model repository has exactly the recorded files.
 4. The provenance statement (``provenance.intoto.json``): every subject's sha256 matches (archive, manifest, every
-   file inside the archive) and every unpacked file is a subject (:mod:`pipeline.package.provenance`).
+   file inside the archive) and every unpacked file is a subject (:mod:`pipeline.release.provenance`).
 
 Exit codes: 0 verified, 2 does not verify or bad arguments.
 """
@@ -60,7 +60,7 @@ def release_folder(path: str | Path) -> tuple[Path, Path]:
 def _check_sums(rel: Path) -> None:
     """Every file of ``SHA256SUMS`` matches; no unlisted file in ``rel`` but the signature."""
     from ..core.store import sha256_file
-    from .release import read_sha256sums
+    from .archive import read_sha256sums
 
     sums = read_sha256sums(rel / A.SHA256SUMS)
     for name, want in sorted(sums.items()):
@@ -106,10 +106,10 @@ def verify_release(
     """Verify the release at ``path`` (module doc, steps 1-4). Returns ``{"release", "archive", "manifest",
     "checks": [str], "signature": "verified" | "not checked" | "unsigned"}``. Raises InputError (exit 2) naming the
     file that does not verify, or ``key_field`` (how the caller's user gave ``public_key``) when the key file is
-    missing, a private key or not a PEM EC public key (:func:`pipeline.package.signing.check_public_key`)."""
-    from . import safe_extract
+    missing, a private key or not a PEM EC public key (:func:`pipeline.release.signing.check_public_key`)."""
+    from ..release.archive import safe_extract
+    from .archive import verify_extracted_release, verify_release_archive
     from .provenance import check_statement
-    from .release import verify_extracted_release, verify_release_archive
     from .signing import check_public_key
 
     if public_key:

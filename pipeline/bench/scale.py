@@ -1,7 +1,7 @@
 """``make bench-scale``: what each stage costs as the model grows (docs/memory.md).
 
-For each shape of the ladder (:data:`LADDER`, deterministic random Llama weights, :mod:`pipeline.benchmark.shapes`) it
-first asks the planner for the stages' predicted peak memory (:mod:`pipeline.planner.host`): a shape the host cannot
+For each shape of the ladder (:data:`LADDER`, deterministic random Llama weights, :mod:`pipeline.bench.shapes`) it
+first asks the planner for the stages' predicted peak memory (:mod:`pipeline.core.sizing`): a shape the host cannot
 hold is reported as refused, with the planner's figure, and not run. Otherwise it runs ``pipeline`` (one process, the
 same calibration settings for every shape, int4 AWQ on the onnxruntime-genai target) and reads, per stage, the wall
 time and the peak RSS the run summary records (:mod:`pipeline.core.memory`: the pipeline process and the engine builder
@@ -11,7 +11,7 @@ evaluate (``eval.limit``) and package.
 Writes ``<out>/scale.json`` (every figure, the targets with met/missed) and ``<out>/scale.png`` (peak RSS and
 quantize time against parameter count), then prints the table.
 
-    python -m pipeline.benchmark.scale [--shapes llama80m,llama400m,llama1b,llama3b] [--out bench/results]
+    python -m pipeline.bench.scale [--shapes llama80m,llama400m,llama1b,llama3b] [--out bench/results]
 """
 
 from __future__ import annotations
@@ -63,8 +63,8 @@ def _pipeline() -> list[str]:
 def predict(shape_dir: Path, stages: list[str]) -> dict[str, Any]:
     """The planner's per-stage prediction and refusals for ``shape_dir`` (no work done)."""
     from ..core.config import compose
+    from ..core.sizing import plan_refusals
     from ..planner import plan
-    from ..planner.host import plan_refusals
 
     p = plan(compose([f"model.path={shape_dir}", *RUN_ARGS]))  # the run itself validates (run_shape)
     return {**p.stages, "refusals": plan_refusals(p.stages, stages)}
@@ -200,7 +200,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pipeline.benchmark.scale", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m pipeline.bench.scale", description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default=",".join(LADDER), help=f"comma-separated, from {list(LADDER)}")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     ap.add_argument("--models", type=Path, default=ROOT / "bench" / "models")

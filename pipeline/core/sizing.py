@@ -44,7 +44,7 @@ QUANT_TRANSIENT = 0.20
 #: quantize on a GPU, the whole model resident: peak ``torch.cuda.max_memory_allocated`` beyond the bf16 weights ``B`` and
 #: the activation bound ``A`` is ``GPU_QUANT_FIXED + B x GPU_QUANT_TRANSIENT``. A two-point fit of runs on an H200
 #: (torch 2.11+cu130, transformers 5.17, ModelOpt 0.47; random bf16 Llama shapes llama1b and llama3b of
-#: pipeline/benchmark/shapes.py; int4_awq; 32 x 128 calibration tokens at batch 32): 1 B: B 1.96 GB, peak 3.64 GB;
+#: pipeline/bench/shapes.py; int4_awq; 32 x 128 calibration tokens at batch 32): 1 B: B 1.96 GB, peak 3.64 GB;
 #: 2.8 B: B 5.68 GB, peak 8.04 GB, so 1.36 GB and 1.89 GB beyond B + A. Two rows: the split between the fixed and the
 #: proportional part is not established beyond them.
 GPU_QUANT_TRANSIENT = 0.145
@@ -72,7 +72,7 @@ BUILDER_FACTOR = 0.6
 #: ``intermediate_size``: the residual stream, the normalised input, q/k/v and attention output and ModelOpt's fake-quant
 #: copies of a linear's input (about 8 hidden-sized rows), the MLP's gate, up and activated rows plus the down
 #: projection's quantized input (about 4 intermediate-sized rows). The logits are not counted: the calibration forward
-#: asks for the last position's only (``logits_to_keep=1``, pipeline/quantize/calibration_set.py). An upper bound, not a fit: it has
+#: asks for the last position's only (``logits_to_keep=1``, pipeline/data/calibration.py). An upper bound, not a fit: it has
 #: not been measured on a GPU (docs/memory.md).
 ACT_HIDDEN_ROWS = 8
 ACT_INTERMEDIATE_ROWS = 4
