@@ -13,7 +13,7 @@ resolved (the values the run would use: Hydra's ``--resolve`` is added).  Subcom
     pipeline client ...               gRPC client for the served ensemble
     pipeline benchmark compare A B    compare two benchmark JSON results
 
-Exit codes are listed in :mod:`pipeline.core.errors`.
+Exit codes are listed in :mod:`pipeline.errors`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from .core.registry import Registry
 SUBCOMMANDS: Registry[str] = Registry(
     "subcommand",
     {
-        "plan": "pipeline.planner.cli",
+        "plan": "pipeline.plan_cli",
         "doctor": "pipeline.doctor",
         "serve": "pipeline.serve.serve",
         "client": "pipeline.serve.client_cli",
@@ -84,7 +84,7 @@ def _task(cfg) -> int:  # DictConfig
     from hydra.types import RunMode
 
     from .core.config import to_object
-    from .core.errors import EXIT_INPUT
+    from .errors import EXIT_INPUT
     from .runner import record_exit_code, run_pipeline
 
     _state["task_started"] = True
@@ -157,7 +157,7 @@ def check_yaml_size(path: Path) -> None:
     once per node."""
     import yaml
 
-    from .core.errors import InputError
+    from .errors import InputError
 
     size = path.stat().st_size
     if size > MAX_USER_YAML_BYTES:
@@ -203,13 +203,13 @@ def user_config_argv(argv: list[str], tmp_root: Path) -> list[str]:
 
     A file that has a ``defaults`` list is left to Hydra (it composes it as written).
 
-    Returns the new argv; raises :class:`pipeline.core.errors.InputError` (exit 2) when the file is missing or is
+    Returns the new argv; raises :class:`pipeline.errors.InputError` (exit 2) when the file is missing or is
     not a YAML mapping, naming the file and the fix.
     """
     from omegaconf import OmegaConf
 
     from .core.config import CONFIG_DIR, GROUPS
-    from .core.errors import InputError
+    from .errors import InputError
 
     name = _flag_value(argv, _CONFIG_NAME_FLAGS)
     if name is None:
@@ -440,14 +440,14 @@ def _subcommand(argv: list[str]) -> None:
         try:
             code = importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:]) or 0
         except KeyboardInterrupt:  # Ctrl-C in a subcommand (client, plan, ...): the documented 130, no traceback
-            from .core.errors import EXIT_INTERRUPTED
+            from .errors import EXIT_INTERRUPTED
 
             print(f"pipeline {argv[0]}: interrupted", file=sys.stderr)
             code = EXIT_INTERRUPTED
         sys.exit(code)
     if argv and not argv[0].startswith("-") and "=" not in argv[0] and SUBCOMMANDS.closest(argv[0]):
         # a bare word is no Hydra override: a mistyped subcommand (`pipeline plna`), not a parse error
-        from .core.errors import EXIT_INPUT
+        from .errors import EXIT_INPUT
 
         print(f"pipeline: {SUBCOMMANDS.miss(argv[0])} (or pass overrides as key=value)", file=sys.stderr)
         sys.exit(EXIT_INPUT)
@@ -473,7 +473,7 @@ def main(argv: list[str] | None = None) -> None:
     import hydra
 
     from .core.config import CONFIG_DIR, register
-    from .core.errors import EXIT_INPUT, InputError
+    from .errors import EXIT_INPUT, InputError
 
     register()
     migrate_tmp = None

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .core import hostinfo
-from .core.errors import EXIT_OK, EXIT_PREFLIGHT
+from .errors import EXIT_OK, EXIT_PREFLIGHT
 
 PACKAGES = (
     "torch",

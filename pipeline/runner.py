@@ -18,7 +18,6 @@ from rich.table import Table
 
 from .core import hostinfo, memory
 from .core.config import STAGES, ConfigError, PipelineConfig, deprecations, key_fields, resolve_path
-from .core.errors import EXIT_FAILED, EXIT_GATE, EXIT_INTERRUPTED, EXIT_OK, PipelineError
 from .core.stage import Stage, StageContext, get_stage, resolve_order
 from .core.store import (
     Artifact,
@@ -32,6 +31,7 @@ from .core.store import (
     secret_fields,
     write_json_atomic,
 )
+from .errors import EXIT_FAILED, EXIT_GATE, EXIT_INTERRUPTED, EXIT_OK, PipelineError
 from .validation import order_note
 from .validation import validate as validate_config
 
@@ -163,7 +163,7 @@ def _all_externals(order: list[str], cfg: PipelineConfig) -> dict[str, dict[str,
     """:func:`_resolve_externals` of every stage in ``order``. Every missing input is reported in one InputError,
     once even when several stages read it (the calibration set: quantize, and evaluate's held-out text); its
     ``stage`` attribute is the first stage with a missing input (the one the run summary marks failed)."""
-    from .core.errors import InputError
+    from .errors import InputError
 
     out: dict[str, dict[str, Path]] = {}
     missing: dict[str, str] = {}
@@ -184,7 +184,7 @@ def _all_externals(order: list[str], cfg: PipelineConfig) -> dict[str, dict[str,
 
 def _open_store(store_dir: str, verify: bool = False) -> ArtifactStore:
     """The artifact store at ``store_dir``, created if needed; InputError (exit 2) when unusable."""
-    from .core.errors import InputError
+    from .errors import InputError
 
     if not str(store_dir).strip():
         raise InputError("store_dir='': empty. Fix: set store_dir to a folder, e.g. store_dir=artifacts (the default).")

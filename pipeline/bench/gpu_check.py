@@ -255,7 +255,7 @@ def _logprobs(quant: Path, export: Path, device: str, ids: Any) -> Any:
     """Log-probabilities of the simulated model (restored on ``device``; the probe self-check runs) on ``ids``, on the CPU."""
     import torch
 
-    from ..quantize.state import load_simulated_model
+    from ..core.quant_state import load_simulated_model
 
     model = load_simulated_model(quant, export, device=device)
     with torch.no_grad():

@@ -306,7 +306,7 @@ def markdown(doc: dict[str, Any]) -> str:
 
 def _host() -> dict[str, Any]:
     from ..core.hostinfo import host
-    from ..planner.plan import host_memory
+    from ..core.sizing import host_memory
 
     return {**host(), "memory": host_memory()}
 

@@ -21,7 +21,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ..core.errors import EXIT_INPUT, InputError
+from ..errors import EXIT_INPUT, InputError
 from .metrics import HEADLINE
 
 

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 from ..core import hostinfo
 from ..core.contracts.export import ModelInfo
-from ..core.errors import InputError, PipelineError
+from ..errors import InputError, PipelineError
 from . import loadgen
 from .metrics import aggregate_repeats, level_metrics
 from .records import RequestRecord

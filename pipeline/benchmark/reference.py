@@ -44,13 +44,13 @@ def build_builder_int4(hf_dir: Path, work: Path, *, max_batch_size: int | None, 
     Raises:
         PipelineError: the builder failed (with the log tail).
     """
-    from ..build.targets.onnxruntime_genai.builder import _run_logged, set_runtime_limits
+    from ..core.genai import run_logged, set_runtime_limits
 
     work = Path(work)
     engine = work / "engine"
     cmd = builder_int4_command(Path(hf_dir), engine, work / "cache")
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    _run_logged(cmd, work / "build.log", "onnxruntime-genai model builder (benchmark reference builder_int4)", env=env)
+    run_logged(cmd, work / "build.log", "onnxruntime-genai model builder (benchmark reference builder_int4)", env=env)
     import json
 
     gc = json.loads((engine / "genai_config.json").read_text(encoding="utf-8"))

@@ -276,7 +276,7 @@ def load(path: str | Path) -> dict[str, Any]:
     Raises:
         InputError: missing file, invalid JSON or another schema.
     """
-    from ..core.errors import InputError
+    from ..errors import InputError
 
     p = Path(path)
     try:

@@ -64,7 +64,7 @@ def memory_bandwidth() -> dict[str, Any]:
         except Exception as e:
             log.debug("GPU catalogue lookup failed: %s", e)
     try:
-        from ..planner import host_memory_bandwidth_gbs
+        from ..core.sizing import host_memory_bandwidth_gbs
 
         return {"gbs": float(host_memory_bandwidth_gbs()), "source": "measured on this host (pipeline.planner.host_memory_bandwidth_gbs)"}
     except Exception as e:

@@ -13,8 +13,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ..core.errors import InputError, PipelineError
 from ..core.stage import Stage, StageContext
+from ..errors import InputError, PipelineError
 
 
 def _inputs(ctx: StageContext):

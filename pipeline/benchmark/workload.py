@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from ..core.errors import InputError
 from ..core.tokenization import encode_prompt
+from ..errors import InputError
 
 
 @dataclasses.dataclass

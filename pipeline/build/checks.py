@@ -20,9 +20,9 @@ from ..core.config.common import Problem
 
 def checks(cfg: Any) -> list[Problem]:
     """Every build-stage problem of ``cfg`` (a composed ``PipelineConfig``); never raises for bad values."""
+    from ..core.sizing import shape_or_none
     from ..core.targets import TARGETS
     from ..core.targets import config_problems as target_problems
-    from ..planner.plan import shape_or_none
 
     problems = _length_problems(cfg.build)
     shape = shape_or_none(cfg)
@@ -36,9 +36,9 @@ def checks(cfg: Any) -> list[Problem]:
 
 def _rope_problems(cfg: Any) -> list[Problem]:
     """The checkpoint's ``rope_scaling`` on the resolved target (:data:`pipeline.facts.rope.ROPE_SUPPORT`)."""
-    from ..core.errors import InputError
+    from ..core.modelio import read_model_config
     from ..core.targets import capabilities, needs_build
-    from ..facts.families import read_model_config
+    from ..errors import InputError
     from ..facts.rope import rope_refusal
 
     mc = read_model_config(getattr(cfg.model, "path", None))

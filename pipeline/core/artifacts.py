@@ -7,7 +7,7 @@ the benchmark read the files below through these classes instead of spelling the
 describes the same files (tests/contracts/test_artifacts_facts.py checks that it names every one of ``FILES``).
 
 Each class wraps the artifact's folder (``path``); names ending in ``/`` in ``FILES`` are folders. Readers that
-find a file corrupt raise :class:`~pipeline.core.errors.InputError` naming the file and the fix.
+find a file corrupt raise :class:`~pipeline.errors.InputError` naming the file and the fix.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Any, Union
 
-from .errors import InputError
+from ..errors import InputError
 
 PathArg = Union[str, "os.PathLike[str]"]
 """What a stage artifact class takes as its folder: a str or any ``os.PathLike`` (a ``Path``)."""

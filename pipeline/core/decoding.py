@@ -34,7 +34,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from .errors import InputError
+from ..errors import InputError
 
 SCHEMA = "pipeline.core.decoding/v1"
 

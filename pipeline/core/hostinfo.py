@@ -6,6 +6,7 @@ already imported (importing torch just to look costs seconds on every cache hit)
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.metadata
 import os
@@ -14,6 +15,8 @@ import shutil
 import subprocess
 import sys
 from typing import Any
+
+from ..facts.gpus import GPU, MiB, match_local
 
 
 def installed_version(dist: str) -> str | None:
@@ -142,7 +145,7 @@ def resolve_torch_device(setting: str, field: str) -> str:
         InputError: ``cuda``/``cuda:N`` on a host where torch sees no such GPU (exit 2, naming ``field`` and the fix);
             an unknown spelling.
     """
-    from .errors import InputError
+    from ..errors import InputError
 
     s = str(setting).strip().lower()
     if s == "cpu":
@@ -161,3 +164,30 @@ def resolve_torch_device(setting: str, field: str) -> str:
             f"Fix: {field}=auto (CUDA when visible, else the CPU) or {field}=cpu."
         )
     return f"cuda:{idx}"
+
+
+def local_gpus() -> list[tuple[dict[str, Any], GPU]]:
+    """Visible NVIDIA GPUs as (nvidia-smi facts, GPU).
+
+    A GPU not in the catalogue gets an entry with the reported memory and compute capability and an
+    unknown bandwidth (``0``; the planner then reports no speed bound).
+    """
+    out = []
+    for i, d in enumerate(gpus()):
+        g = match_local(d.get("name", ""), d.get("memory_mib"))
+        mem = int(float(d.get("memory_mib") or 0) * MiB)
+        if g is not None:
+            if mem:
+                g = dataclasses.replace(g, memory_bytes=mem, source=g.source + f"; memory as reported locally ({d.get('memory_mib')} MiB)")
+        else:
+            g = GPU(
+                f"local{i}",
+                d.get("name", "unknown GPU"),
+                mem,
+                0.0,
+                str(d.get("compute_capability") or "0.0"),
+                "",
+                "local nvidia-smi (not in the catalogue: bandwidth unknown)",
+            )
+        out.append((d, g))
+    return out

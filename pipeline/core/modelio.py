@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .errors import InputError
+from ..errors import InputError
 
 
 @contextlib.contextmanager
@@ -116,3 +117,20 @@ def load_causal_lm(hf_dir: Path, dtype: Any, device: str = "cpu") -> Any:
     model.config.name_or_path = str(hf_dir)
     model.eval()
     return model
+
+
+def read_model_config(path: str | os.PathLike | None) -> dict[str, Any] | None:
+    """``config.json`` of the checkpoint at ``path`` (resolved like ``model.path``), or None when unreadable."""
+    if not path:
+        return None
+    from .config import resolve_path
+
+    try:
+        p = resolve_path(str(path))
+        cj = p / "config.json" if p is not None else None
+        if cj is None or not cj.is_file():
+            return None
+        doc = json.loads(cj.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # the export stage / planner report an unreadable checkpoint with their own message
+    return doc if isinstance(doc, dict) else None

@@ -38,7 +38,7 @@ from typing import Any
 
 from filelock import FileLock
 
-from .errors import PipelineError
+from ..errors import PipelineError
 
 MANIFEST = "manifest.json"
 MANIFEST_SCHEMA = "pipeline.manifest/v1"

@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..errors import InputError
+
 if TYPE_CHECKING:
     import torch
 
@@ -100,3 +102,28 @@ def _tensor_bytes(t: torch.Tensor) -> memoryview:
 
     flat = t.reshape(-1)
     return (flat.view(torch.uint8) if flat.dtype != torch.bool else flat.to(torch.uint8)).numpy().data
+
+
+def read_header(path: Path) -> tuple[dict[str, tuple[list[int], str]], dict[str, str]]:
+    """Tensor name -> (shape, dtype) and the metadata of one safetensors file, via ``safe_open``.
+
+    ``safe_open`` validates the header and that the data section covers the file exactly, so
+    truncated or padded files fail here.  Raises InputError naming the file.
+    """
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="np") as f:
+            tensors = {}
+            for name in f.keys():
+                sl = f.get_slice(name)
+                tensors[name] = (list(sl.get_shape()), str(sl.get_dtype()))
+            meta = f.metadata() or {}
+    except (SafetensorError, OSError, ValueError) as e:
+        size = path.stat().st_size if path.exists() else None
+        raise InputError(
+            f"{path}: unreadable safetensors file ({e}; {size} bytes on disk). It is truncated or corrupt "
+            f"(an interrupted download or copy). Fix: download or copy {path.name} again and compare its "
+            f"sha256 with the source."
+        ) from None
+    return tensors, meta

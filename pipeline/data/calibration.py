@@ -24,8 +24,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..core.errors import MAX_LINE_BYTES, InputError, line_too_long
 from ..core.tokenization import TokenizationError, codec_of
+from ..errors import MAX_LINE_BYTES, InputError, line_too_long
 
 if TYPE_CHECKING:
     import torch

@@ -16,7 +16,7 @@ refused as a typo: ``max_new_token``, ``stops``)::
 A question/answer JSONL and an lm-evaluation-harness task YAML are accepted too: mapped onto these lines first
 (:mod:`pipeline.data.foreign`; :func:`read_eval_set` says which mapping was used).
 
-Every malformed line raises :class:`pipeline.core.errors.InputError` naming the file, the 1-based line
+Every malformed line raises :class:`pipeline.errors.InputError` naming the file, the 1-based line
 number, the field and the fix; all problems of a file are reported together (up to 20).
 """
 
@@ -25,10 +25,12 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
 
-from ..core.errors import MAX_LINE_BYTES, InputError, line_too_long
+from ..core.tokenization import encode_prompt
+from ..errors import MAX_LINE_BYTES, InputError, line_too_long
 
 MAX_REPORTED_PROBLEMS = 20
 
@@ -232,7 +234,7 @@ def read_eval_set(path: str | Path, *, limit: int | None = None) -> EvalSet:
     Returns:
         :class:`EvalSet` (items in file / document order, the format record).
     Raises:
-        InputError: a directory, an unreadable file, a line over :data:`pipeline.core.errors.MAX_LINE_BYTES`,
+        InputError: a directory, an unreadable file, a line over :data:`pipeline.errors.MAX_LINE_BYTES`,
             invalid JSON, missing/wrong fields, duplicate ids, an unknown metric, an empty set, a task-YAML key that is
             not implemented; the message names ``file:line`` (or the key), the field and the fix.
     """
@@ -300,3 +302,56 @@ def stratified_head(items: list[EvalItem], limit: int) -> list[EvalItem]:
                 picked.add(lst[r].id)
         r += 1
     return [it for it in items if it.id in picked]
+
+
+SKIP_TOO_LONG = "too_long"
+
+
+@dataclasses.dataclass
+class Prepared:
+    """An item ready to run: its token ids and its own generation budget."""
+
+    item: EvalItem
+    input_ids: list[int]
+    max_new_tokens: int
+    stop_strings: list[str]
+    skipped: str | None = None
+    """``too_long`` when ``len(input_ids) > max_input_len`` (the item is not run by any runner)."""
+
+
+def prepare(
+    items: Sequence[EvalItem],
+    tokenizer: Any,
+    *,
+    max_input_len: int,
+    max_seq_len: int | None,
+    default_max_new_tokens: int,
+    extra_stop: Sequence[str] = (),
+    apply_chat_template: bool = True,
+) -> list[Prepared]:
+    """Encode every item once (shared by all runners) and apply the engine limits.
+
+    Args:
+        tokenizer: the export's ``transformers`` tokenizer (with its chat template).
+        max_input_len: longest prompt in tokens (the engine's build limit); longer prompts are skipped.
+        max_seq_len: prompt + generated tokens limit; an item's budget is reduced to fit it.
+        default_max_new_tokens: budget for items without ``max_new_tokens``.
+        extra_stop: stop strings added to every item's own ``stop`` list.
+        apply_chat_template: render through the chat template (``model.apply_chat_template``).
+    """
+    from ..core.tokenization import TokenizationError
+    from ..errors import InputError
+
+    out = []
+    for it in items:
+        try:
+            ids = encode_prompt(tokenizer, it.prompt, it.messages, apply_chat_template=apply_chat_template)
+        except TokenizationError as e:  # a chat template that raises, does not parse or touches unsafe attributes
+            raise InputError(f"eval item {it.id!r} (eval set line {it.line}): {e}") from None
+        mnt = it.max_new_tokens or default_max_new_tokens
+        skipped = SKIP_TOO_LONG if len(ids) > max_input_len else None
+        if max_seq_len and not skipped:
+            mnt = max(1, min(mnt, max_seq_len - len(ids)))
+        stops = list(dict.fromkeys([*extra_stop, *it.stop]))
+        out.append(Prepared(it, ids, mnt, stops, skipped))
+    return out

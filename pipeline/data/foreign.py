@@ -35,7 +35,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..core.errors import MAX_LINE_BYTES, InputError
+from ..errors import MAX_LINE_BYTES, InputError
 
 QA_PROMPT = ("question", "input")
 QA_REFERENCE = ("answer", "target")

@@ -74,7 +74,7 @@ class Metric:
             InputError: the metric returned something other than a number in [0, 1] (0 or 1 when ``binary``): the
                 gate's drop, bound and Tango's paired test are defined on such scores only.
         """
-        from ..core.errors import InputError
+        from ..errors import InputError
 
         raw = self.fn(output, item)
         try:

@@ -21,7 +21,7 @@ from ..core.config.common import Problem
 
 def checks(cfg: Any) -> list[Problem]:
     """Every evaluate-stage problem of ``cfg`` (a composed ``PipelineConfig``); never raises for bad values."""
-    from ..planner.plan import shape_or_none
+    from ..core.sizing import shape_or_none
 
     shape = shape_or_none(cfg)
     if shape is None:
@@ -38,9 +38,9 @@ def _file_sig(p: Path) -> tuple[str, int, int]:
 def _eval_rows(path: Path) -> list[dict[str, Any]]:
     """The eval set's lines as objects (a foreign format, a task YAML or a question/answer JSONL, as the eval loader
     maps it; malformed lines are left out: the eval loader reports them with their line number)."""
-    from ..core.errors import InputError
     from ..data import foreign
     from ..data.evalset import read_eval_set
+    from ..errors import InputError
 
     text = path.read_text(encoding="utf-8-sig", errors="replace")
     rows = []
@@ -70,7 +70,7 @@ def _prompt_lengths(
     """(prompt token lengths, prompt + max_new_tokens, ids, the first prompt the tokenizer or its chat template cannot
     render as ``(item id, reason)``) for the eval set; cached per file version."""
     from ..core import tokenization
-    from ..core.errors import InputError
+    from ..errors import InputError
 
     try:
         tok = tokenization.TextCodec.from_dir(Path(tok_sig[0]).parent)

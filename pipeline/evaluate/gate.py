@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 
 from ..core.contracts.evaluate import VERDICTS  # ordered from best to worst: the gate's verdict is the worst of its scopes'
-from ..core.errors import InputError
+from ..errors import InputError
 from ..facts.recipes import RECIPES
 
 MAX_ITEMS_NEEDED = 10_000_000

@@ -5,7 +5,7 @@ ModelOpt simulated-quantization model, with one stop handling, one tokenization 
 
 - ``baseline``: the *source* checkpoint (``model.path``, never the export) in transformers in the
   reference dtype (``eval.reference_dtype``) on ``eval.device``, batched with left padding and an ``attention_mask``.
-- ``simulated``: ``pipeline.quantize.state.load_simulated_model`` (ModelOpt fake-quant modules in PyTorch),
+- ``simulated``: ``pipeline.core.quant_state.load_simulated_model`` (ModelOpt fake-quant modules in PyTorch),
   driven exactly like the baseline.
 - ``engine``: the built engine through its own runtime (``pipeline.core.targets.get_target(t).load_runner``).
 
@@ -26,23 +26,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..core.tokenization import cut_at_stop, encode_prompt
-from ..data.evalset import EvalItem
+from ..core.tokenization import cut_at_stop
+from ..data.evalset import Prepared
 
 log = logging.getLogger("pipeline.evaluate")
-SKIP_TOO_LONG = "too_long"
-
-
-@dataclasses.dataclass
-class Prepared:
-    """An item ready to run: its token ids and its own generation budget."""
-
-    item: EvalItem
-    input_ids: list[int]
-    max_new_tokens: int
-    stop_strings: list[str]
-    skipped: str | None = None
-    """``too_long`` when ``len(input_ids) > max_input_len`` (the item is not run by any runner)."""
 
 
 @dataclasses.dataclass
@@ -57,44 +44,6 @@ class ItemOutput:
     latency_s: float
     """Seconds from the submission of the item's batch to the item's completion."""
     error: str | None = None
-
-
-def prepare(
-    items: Sequence[EvalItem],
-    tokenizer: Any,
-    *,
-    max_input_len: int,
-    max_seq_len: int | None,
-    default_max_new_tokens: int,
-    extra_stop: Sequence[str] = (),
-    apply_chat_template: bool = True,
-) -> list[Prepared]:
-    """Encode every item once (shared by all runners) and apply the engine limits.
-
-    Args:
-        tokenizer: the export's ``transformers`` tokenizer (with its chat template).
-        max_input_len: longest prompt in tokens (the engine's build limit); longer prompts are skipped.
-        max_seq_len: prompt + generated tokens limit; an item's budget is reduced to fit it.
-        default_max_new_tokens: budget for items without ``max_new_tokens``.
-        extra_stop: stop strings added to every item's own ``stop`` list.
-        apply_chat_template: render through the chat template (``model.apply_chat_template``).
-    """
-    from ..core.errors import InputError
-    from ..core.tokenization import TokenizationError
-
-    out = []
-    for it in items:
-        try:
-            ids = encode_prompt(tokenizer, it.prompt, it.messages, apply_chat_template=apply_chat_template)
-        except TokenizationError as e:  # a chat template that raises, does not parse or touches unsafe attributes
-            raise InputError(f"eval item {it.id!r} (eval set line {it.line}): {e}") from None
-        mnt = it.max_new_tokens or default_max_new_tokens
-        skipped = SKIP_TOO_LONG if len(ids) > max_input_len else None
-        if max_seq_len and not skipped:
-            mnt = max(1, min(mnt, max_seq_len - len(ids)))
-        stops = list(dict.fromkeys([*extra_stop, *it.stop]))
-        out.append(Prepared(it, ids, mnt, stops, skipped))
-    return out
 
 
 def finalize(raw_ids: Sequence[int], stop_ids: Sequence[int], stop_strings: Sequence[str], tokenizer: Any) -> tuple[str, list[int], str]:

@@ -23,9 +23,9 @@ from ..core.config.common import key_fields
 from ..core.contracts.build import BuildArtifact, target_of
 from ..core.contracts.evaluate import EvalArtifact, FailedCheck, GateBound, GateFidelity, GateVerdict
 from ..core.contracts.export import ExportArtifact, ModelInfo
-from ..core.errors import InputError
 from ..core.stage import Stage, StageContext
 from ..core.store import sha256_file
+from ..errors import InputError
 from .checks import checks
 
 REPORT_SCHEMA = "pipeline.eval_report/v1"
@@ -49,8 +49,8 @@ def engine_usable(cfg: Any, build_art: Any) -> tuple[bool, str]:
     if build_art is None or not BuildArtifact(build_art.path).engine_dir.is_dir():
         return False, "the build artifact has no engine/ folder"
     name = target_name(cfg, build_art)
-    from ..core.errors import InputError
     from ..core.targets import get_target
+    from ..errors import InputError
 
     try:
         tgt = get_target(name)
@@ -105,8 +105,8 @@ def _make_runner(name: str, ctx: StageContext, tokenizer: Any, stop_ids: list[in
     if name == "simulated":
         import torch
 
+        from ..core.quant_state import load_simulated_model
         from ..core.sizing import compute_dtype
-        from ..quantize.state import load_simulated_model
 
         sim_dtype = None if device == "cpu" else getattr(torch, compute_dtype("cuda", checkpoint_dtype(ExportArtifact(export_dir).hf_dir)))
         model = load_simulated_model(ctx.inputs["quantize"].path, export_dir, device=device, dtype=sim_dtype)
@@ -262,7 +262,7 @@ class _Setup:
     stop_ids: list[int]
     pad_id: int
     limits: dict[str, Any]
-    prepared: list[Any]  # pipeline.evaluate.runners.Prepared, one per item
+    prepared: list[Any]  # pipeline.data.evalset.Prepared, one per item
     runners: list[str]
     cand: str
     notes: dict[str, str]
@@ -326,8 +326,8 @@ def _evaluate(ctx: StageContext) -> dict[str, Any]:
 def _setup(ctx: StageContext) -> _Setup:
     """Load the eval set and the export's tokenizer, tokenize every item under the engine's limits, pick the runners."""
     from ..core.tokenization import stop_token_ids
-    from ..data.evalset import read_eval_set
-    from .runners import load_tokenizer, prepare
+    from ..data.evalset import prepare, read_eval_set
+    from .runners import load_tokenizer
 
     cfg, e = ctx.cfg, ctx.cfg.eval
     eval_path = ctx.external["eval_set"]

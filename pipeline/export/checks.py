@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..facts.families import FAMILY_SUPPORT, read_model_config
+from ..core.modelio import read_model_config
+from ..facts.families import FAMILY_SUPPORT
 
 
 def checks(cfg: Any) -> list[Any]:

@@ -2,7 +2,7 @@
 
 :func:`inspect_checkpoint` reads ``config.json``, the safetensors headers (never the tensors) and the index files, and
 runs every check below; :mod:`pipeline.export.write` then loads the weights once and writes the normalised copy.
-Each check raises :class:`pipeline.core.errors.InputError` naming the file/field, the values and the fix:
+Each check raises :class:`pipeline.errors.InputError` naming the file/field, the values and the fix:
 
 * architecture is one of :data:`SUPPORTED_ARCHITECTURES` (the families of :data:`pipeline.facts.families.FAMILY_SUPPORT`);
   ``auto_map`` (custom modelling code) needs ``model.trust_remote_code=true``;
@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core.errors import InputError
+from ..core.tensorio import read_header
+from ..errors import InputError
 from ..facts.families import FAMILY_SUPPORT
 from ..facts.rope import normalise_rope
 
@@ -368,35 +369,10 @@ def _read_headers(facts: Any, src: Path, files: list[str]) -> None:
     """Record ``files`` as the weight files and every tensor's header (dtype, shape) and file in ``facts``."""
     facts.weight_files = files
     for f in files:
-        tensors, _ = _safetensors_header(src / f)
+        tensors, _ = read_header(src / f)
         for name, meta in tensors.items():
             facts.tensors[name] = meta
             facts.tensor_file[name] = f
-
-
-def _safetensors_header(path: Path) -> tuple[dict[str, tuple[list[int], str]], dict[str, str]]:
-    """Tensor name -> (shape, dtype) and the metadata of one safetensors file, via ``safe_open``.
-
-    ``safe_open`` validates the header and that the data section covers the file exactly, so
-    truncated or padded files fail here.  Raises InputError naming the file.
-    """
-    from safetensors import SafetensorError, safe_open
-
-    try:
-        with safe_open(str(path), framework="np") as f:
-            tensors = {}
-            for name in f.keys():
-                sl = f.get_slice(name)
-                tensors[name] = (list(sl.get_shape()), str(sl.get_dtype()))
-            meta = f.metadata() or {}
-    except (SafetensorError, OSError, ValueError) as e:
-        size = path.stat().st_size if path.exists() else None
-        raise InputError(
-            f"{path}: unreadable safetensors file ({e}; {size} bytes on disk). It is truncated or corrupt "
-            f"(an interrupted download or copy). Fix: download or copy {path.name} again and compare its "
-            f"sha256 with the source."
-        ) from None
-    return tensors, meta
 
 
 def inspect_checkpoint(
@@ -550,7 +526,7 @@ def _find_weights(facts: CheckpointFacts, *, allow_pickle: bool, allow_external_
             )
     elif single.exists():
         facts.weight_files = ["model.safetensors"]
-        tensors, _ = _safetensors_header(single)
+        tensors, _ = read_header(single)
         facts.tensors = tensors
         facts.tensor_file = {n: "model.safetensors" for n in tensors}
     else:

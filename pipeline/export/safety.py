@@ -2,7 +2,7 @@
 
 A file or link named by the checkpoint (``*.index.json`` shard names, tokenizer files, symlinks in the folder) must
 resolve inside the checkpoint folder (or its Hugging Face cache snapshot's blob store), unless
-``model.allow_external_files=true``; otherwise :class:`pipeline.core.errors.InputError` names the path and the fix.
+``model.allow_external_files=true``; otherwise :class:`pipeline.errors.InputError` names the path and the fix.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..core.errors import InputError
+from ..errors import InputError
 
 #: architecture (``config.json`` ``architectures[0]``) -> ``model_type``.
 

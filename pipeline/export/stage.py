@@ -12,8 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..core.errors import InputError
 from ..core.stage import Stage, StageContext
+from ..errors import InputError
 from .checks import checks
 
 if TYPE_CHECKING:

@@ -9,7 +9,7 @@ and some classes rebuild the pipeline around the file's vocabulary, e.g. ``Qwen2
 pre-tokenizer. :func:`probe` compares the two on a sample conversation (rendered with the chat template) and texts
 with digits, whitespace and unicode; :func:`check_tokenizer` then plans to write transformers' own
 ``tokenizers.Tokenizer`` (``backend_tokenizer``) as ``hf/tokenizer.json`` after probing it too, and says so. A
-mismatch that remains is an :class:`~pipeline.core.errors.InputError` naming the file.
+mismatch that remains is an :class:`~pipeline.errors.InputError` naming the file.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ..core.errors import InputError
+from ..errors import InputError
 
 #: Texts of the parity probe: digits (Qwen2 splits them one by one), runs of spaces, tabs and newlines, accents
 #: (NFC vs NFD), CJK and an emoji (byte-level pieces / byte fallback).

@@ -8,7 +8,7 @@
                               generation_config.json, tokenizer files, special_tokens_map.json
     <out>/model_info.json     the facts downstream stages rely on (fields: docs/artifacts.md)
 
-Checks here (each raises :class:`pipeline.core.errors.InputError` naming the file/field, the values and the fix):
+Checks here (each raises :class:`pipeline.errors.InputError` naming the file/field, the values and the fix):
 
 * the tokenizer may be shorter than the embedding, never longer; every special-token id is < ``vocab_size``;
 * ``tie_word_embeddings``: tied without ``lm_head.weight`` uses the embedding ("tied"); untied
@@ -37,9 +37,10 @@ from typing import Any, NamedTuple
 
 from ..core.artifacts import TOKENIZER_DIRS, TOKENIZER_FILES
 from ..core.contracts.export import ExportArtifact
-from ..core.errors import InputError
 from ..core.hf_compat import rewrite_tokenizer_config, write_older_config_spellings
 from ..core.modelio import loadable_view
+from ..core.tensorio import read_header
+from ..errors import InputError
 
 #: architecture (``config.json`` ``architectures[0]``) -> ``model_type``.
 from .inspect import (
@@ -54,7 +55,6 @@ from .inspect import (
     _ids,
     _merge_ids,
     _read_json,
-    _safetensors_header,
     check_activation,
     check_config_types,
     check_tensor_shapes,
@@ -579,7 +579,7 @@ def _verify_written(hf_dir: Path, model: Any, dtype: str, rope_scaling: dict[str
     want = {"float16": "F16", "bfloat16": "BF16", "float32": "F32"}[dtype]
     names: dict[str, tuple[list[int], str]] = {}
     for f in sorted(hf_dir.glob("*.safetensors")):
-        tensors, _ = _safetensors_header(f)
+        tensors, _ = read_header(f)
         names.update(tensors)
     expected = {k: list(v.shape) for k, v in model.state_dict().items()}
     absent = [k for k in expected if k not in names and k != LM_HEAD_NAME]

@@ -20,7 +20,6 @@ No heavy imports at module import time.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -81,23 +80,6 @@ DECODER_TYPES: dict[str, str] = {mt: f["trtllm_decoder"] for mt, f in FAMILY_SUP
 
 #: model_type -> why ModelOpt writes no TensorRT-LLM checkpoint for it (from :data:`FAMILY_SUPPORT`).
 NO_TRTLLM_CHECKPOINT: dict[str, str] = {mt: f["no_trtllm_checkpoint"] for mt, f in FAMILY_SUPPORT.items() if f.get("no_trtllm_checkpoint")}
-
-
-def read_model_config(path: str | os.PathLike | None) -> dict[str, Any] | None:
-    """``config.json`` of the checkpoint at ``path`` (resolved like ``model.path``), or None when unreadable."""
-    if not path:
-        return None
-    from ..core.config import resolve_path
-
-    try:
-        p = resolve_path(str(path))
-        cj = p / "config.json" if p is not None else None
-        if cj is None or not cj.is_file():
-            return None
-        doc = json.loads(cj.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None  # the export stage / planner report an unreadable checkpoint with their own message
-    return doc if isinstance(doc, dict) else None
 
 
 def windowed_layer_types(config: dict[str, Any]) -> list[str] | None:

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..core.errors import InputError
+from ..errors import InputError
 
 # rope types whose factor TensorRT-LLM does NOT multiply into the default max_seq_len
 # (tensorrt_llm/builder.py, summarised in docs/reference/tensorrt_llm.md §2): for these,

@@ -168,32 +168,3 @@ def match_local(smi_name: str, memory_mib: float | None = None) -> GPU | None:
             best = g
             break
     return best
-
-
-def local_gpus() -> list[tuple[dict[str, Any], GPU]]:
-    """Visible NVIDIA GPUs as (nvidia-smi facts, GPU).
-
-    A GPU not in the catalogue gets an entry with the reported memory and compute capability and an
-    unknown bandwidth (``0``; the planner then reports no speed bound).
-    """
-    from ..core import hostinfo
-
-    out = []
-    for i, d in enumerate(hostinfo.gpus()):
-        g = match_local(d.get("name", ""), d.get("memory_mib"))
-        mem = int(float(d.get("memory_mib") or 0) * MiB)
-        if g is not None:
-            if mem:
-                g = dataclasses.replace(g, memory_bytes=mem, source=g.source + f"; memory as reported locally ({d.get('memory_mib')} MiB)")
-        else:
-            g = GPU(
-                f"local{i}",
-                d.get("name", "unknown GPU"),
-                mem,
-                0.0,
-                str(d.get("compute_capability") or "0.0"),
-                "",
-                "local nvidia-smi (not in the catalogue: bandwidth unknown)",
-            )
-        out.append((d, g))
-    return out

@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..core.errors import InputError
+from ..errors import InputError
 
 #: transformers 5.x ``modeling_rope_utils._compute_yarn_parameters``: ``beta_fast or 32``, ``beta_slow or 1``
 YARN_BETA_DEFAULTS = {"beta_fast": 32.0, "beta_slow": 1.0}

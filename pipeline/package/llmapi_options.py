@@ -4,7 +4,7 @@
 (``build_info.json`` ``limits``, via :class:`~pipeline.package.repository.Settings`), overlaid by the build stage's
 ``engine/llm_api_options.yaml`` (``pipeline.build.targets.tensorrt_llm.builder.llm_api_options``: ``kv_cache_config``,
 ``cuda_graph_config``, ``scheduler_config``, chunked prefill, ``speculative_config``), overlaid by the
-``package.runtime`` fields that map to LLM arguments (``trtllm_config.LLMAPI_MAP``). From that one dict the package
+``package.runtime`` fields that map to LLM arguments (``pipeline.facts.trtllm.LLMAPI_MAP``). From that one dict the package
 stage writes:
 
 (a) the Triton LLM-API model ``model_repository/tensorrt_llm/1/model.yaml`` (:func:`model_yaml`: + ``triton_config``
@@ -29,7 +29,7 @@ from typing import Any
 
 from ..core.contracts.build import BuildArtifact
 from ..core.contracts.package import PackageArtifact
-from ..core.errors import InputError
+from ..errors import InputError
 from . import llmapi_schema as S
 
 SERVERS_DIR = "servers"

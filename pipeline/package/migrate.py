@@ -9,9 +9,9 @@ not depend on the target: same checkpoint, same recipe, same calibration), so th
 ModelOpt unified HF checkpoint the engine was built from; the package stage records both releases and the digests
 that show it (:func:`migration_record`, the release manifest's ``migration``).
 
-Refused (exit 2, :class:`pipeline.core.errors.InputError`): a path that is no release of ours, a release that is not an
+Refused (exit 2, :class:`pipeline.errors.InputError`): a path that is no release of ours, a release that is not an
 engine release, a release without its provenance statement (``package.archive=false``), and a recipe the PyTorch
-backend lacks (``pipeline.build.targets.tensorrt_llm.builder.PYTORCH_REFUSED_RECIPES``, INT8 KV), with the alternative.
+backend lacks (``pipeline.facts.trtllm.PYTORCH_REFUSED_RECIPES``, INT8 KV), with the alternative.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.contracts.package import PackageArtifact
-from ..core.errors import InputError
+from ..errors import InputError
 
 DROPPED = ("target", "stages", "store_dir", "force", "dry_run", "verify_cache", "progress", "hydra")
 """Top-level config keys not carried over from the engine release: the target is what changes, and the rest says how
@@ -91,7 +91,7 @@ def read_engine_release(path: str | Path) -> EngineRelease:
 
 def refusal(rel: EngineRelease) -> str | None:
     """Why the PyTorch backend cannot take the release's recipe (with the alternative), or None."""
-    from ..build.targets.tensorrt_llm.builder import PYTORCH_ALTERNATIVE, PYTORCH_KV_CACHE_DTYPES, PYTORCH_REFUSED_RECIPES
+    from ..facts.trtllm import PYTORCH_ALTERNATIVE, PYTORCH_KV_CACHE_DTYPES, PYTORCH_REFUSED_RECIPES
 
     q = rel.manifest.get("quant") or {}
     recipe, kv = q.get("recipe"), q.get("kv_cache_dtype") or "none"

@@ -16,7 +16,7 @@ publish makes:
   verdict and the signature (method, signer's public key sha256, or ``unsigned``).
 
 A release whose gate did not pass (``release_manifest.json`` ``evaluation.gate.passed`` is not true) is never
-registered: :class:`~pipeline.core.errors.GateFailed` (exit 3), nothing is created. ``package.publish_allow_failed_gate=true``
+registered: :class:`~pipeline.errors.GateFailed` (exit 3), nothing is created. ``package.publish_allow_failed_gate=true``
 is the explicit override; such a version is tagged ``pipeline.gate_override=true`` and its description says so.
 """
 
@@ -29,7 +29,7 @@ from typing import Any
 
 from ..core.contracts.evaluate import EvalArtifact, EvalReport
 from ..core.contracts.package import PackageArtifact, ReleaseGate
-from ..core.errors import GateFailed, InputError, PreflightError
+from ..errors import GateFailed, InputError, PreflightError
 
 A = PackageArtifact
 

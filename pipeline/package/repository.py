@@ -28,7 +28,8 @@ from typing import Any
 from ..core.artifacts import TOKENIZER_COPY_FILES
 from ..core.contracts.build import BuildInfo
 from ..core.contracts.export import ExportArtifact, ModelInfo
-from ..core.errors import InputError
+from ..core.contracts.package import PACKAGE_ID_PARAMETER
+from ..errors import InputError
 from .fragment import Fragment
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -357,12 +358,6 @@ def copy_tokenizer(src_dirs: list[Path], dst: Path) -> list[str]:
         f"no tokenizer.json found in {[str(s) for s in src_dirs if s is not None]}. The served pre/postprocessing "
         f"needs a fast (tokenizer.json) tokenizer. Fix: export a checkpoint whose tokenizer has tokenizer.json."
     )
-
-
-PACKAGE_ID_PARAMETER = "pipeline_package_id"
-"""A ``parameters`` entry of the repository's ``ensemble/config.pbtxt``: the package stage's invocation id (the
-provenance's ``invocationId``), also recorded in ``parity_expected.jsonl``, so ``pipeline client --parity`` can tell a
-server that serves another package (Triton reports model-config parameters over gRPC; files it does not)."""
 
 
 def stamp_package_id(repo: Path, package_id: str) -> Path:

@@ -40,7 +40,7 @@ def serving_components(target: str, serving_image: str | None) -> list[dict[str,
     """CycloneDX components of the serving environment of ``target``; None when it cannot be inspected here."""
     if target != "onnxruntime_genai":
         return [{"type": "container", "name": serving_image}] if serving_image else None
-    from ..core.errors import PreflightError
+    from ..errors import PreflightError
     from ..serve.server import ServeEnv
 
     try:

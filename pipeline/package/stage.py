@@ -24,8 +24,8 @@ from ..core.contracts.build import BuildArtifact, BuildInfo
 from ..core.contracts.evaluate import gate_of
 from ..core.contracts.export import ExportArtifact, ModelInfo
 from ..core.contracts.package import PackageArtifact, ReleaseGate
-from ..core.errors import GateFailed, InputError
 from ..core.stage import Stage, StageContext
+from ..errors import GateFailed, InputError
 
 if TYPE_CHECKING:
     from .repository import Settings

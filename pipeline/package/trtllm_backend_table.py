@@ -422,7 +422,7 @@ def _md_model_section(model: str, secs: dict[str, Any]) -> list[str]:
 
 def _md_llmapi_section() -> list[str]:
     """:func:`render_markdown`: the ``package.runtime`` fields the PyTorch-backend (LLM API) layout maps."""
-    from .trtllm_config import LLMAPI_MAP
+    from ..facts.trtllm import LLMAPI_MAP
 
     L = [
         "## PyTorch backend (LLM API layout)",

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from ..core.contracts.build import BuildArtifact, BuildInfo
-from ..core.errors import GateFailed, InputError
+from ..errors import GateFailed, InputError
+from ..facts.trtllm import llmapi_notice, llmapi_overrides, llmapi_unsupported
 
 DRAFT_MODEL = "tensorrt_llm_draft"
 """Model name of the draft engine in a draft-model package (the BLS ``tensorrt_llm_draft_model_name``)."""
@@ -388,90 +389,6 @@ def read_measurement(evaluate_dir: Path | None) -> dict[str, Any] | None:
     if not art.report_path.is_file():
         return None
     return art.report().speculative
-
-
-# --------------------------------------------------------------------------- PyTorch backend (LLM API) layout
-LLMAPI_CONTAINER_DIR = "/app/all_models/llmapi/tensorrt_llm/1"
-"""Where NVIDIA's Triton + TensorRT-LLM container ships the LLM-API Python model (TensorRT-LLM
-``triton_backend/all_models/llmapi/tensorrt_llm/1/``)."""
-LLMAPI_FILES = ("model.py", "helpers.py")
-"""The files of that folder the package does not contain (NVIDIA's code, not redistributed here): ``model.py``
-imports ``helpers``; both must sit in ``tensorrt_llm/1/`` next to ``model.yaml``."""
-
-
-def llmapi_command(repo_dir: str, image: str, *, grpc_port: int = 8001, http_port: int = 8000, metrics_port: int = 8002) -> str:
-    """``docker run`` command for the LLM-API layout: copies :data:`LLMAPI_FILES` from the container into the mounted
-    repository's ``tensorrt_llm/1/`` (writes into ``repo_dir``), then starts Triton on ``/models``."""
-    cp = " ".join(f"{LLMAPI_CONTAINER_DIR}/{f}" for f in LLMAPI_FILES)
-    ports = f"-p {grpc_port}:{grpc_port} -p {http_port}:{http_port} -p {metrics_port}:{metrics_port}"
-    return (
-        f"docker run --rm -it --gpus all --shm-size=2g --ulimit memlock=-1 --ulimit stack=67108864 {ports} -v {repo_dir}:/models "
-        f"{image} bash -c 'cp {cp} /models/tensorrt_llm/1/ && tritonserver --model-repository=/models "
-        f"--grpc-port={grpc_port} --http-port={http_port} --metrics-port={metrics_port}'"
-    )
-
-
-def llmapi_notice(image: str) -> str:
-    """What the PyTorch-backend (LLM API) package needs to be served; written as ``tensorrt_llm/README.md`` and printed
-    by ``pipeline serve``."""
-    files = ", ".join(f"`{f}`" for f in LLMAPI_FILES)
-    return (
-        f"# Serving this TensorRT-LLM PyTorch-backend (LLM API) model\n\n"
-        f"This model folder holds `config.pbtxt`, `1/model.yaml` (the `LLM()` arguments), `1/checkpoint/` and `1/tokenizer/`. "
-        f"It does **not** hold the Python model code: {files} come from NVIDIA's container and must be copied into "
-        f"`tensorrt_llm/1/` before Triton loads the repository.\n\n"
-        f"- container: `{image}` (TensorRT-LLM >= 1.2 with the PyTorch backend)\n"
-        f"- files: `{LLMAPI_CONTAINER_DIR}/model.py` and `{LLMAPI_CONTAINER_DIR}/helpers.py` -> `tensorrt_llm/1/`\n"
-        f"- GPU: an NVIDIA GPU supported by that TensorRT-LLM release\n\n"
-        f"One command (mounts the repository at `/models`, copies the two files into it, starts Triton):\n\n"
-        f"    {llmapi_command('<model_repository>', image)}\n"
-    )
-
-
-LLMAPI_MAP: dict[str, tuple[str, ...]] = {
-    "max_tokens_in_paged_kv_cache": ("kv_cache_config", "max_tokens"),
-    "kv_cache_free_gpu_mem_fraction": ("kv_cache_config", "free_gpu_memory_fraction"),
-    "kv_cache_host_memory_bytes": ("kv_cache_config", "host_cache_size"),
-    "kv_cache_onboard_blocks": ("kv_cache_config", "onboard_blocks"),
-    "max_attention_window_size": ("kv_cache_config", "max_attention_window"),
-    "sink_token_length": ("kv_cache_config", "sink_token_length"),
-    "cross_kv_cache_fraction": ("kv_cache_config", "cross_kv_cache_fraction"),
-    "iter_stats_max_iterations": ("iter_stats_max_iterations",),
-    "request_stats_max_iterations": ("request_stats_max_iterations",),
-    "guided_decoding_backend": ("guided_decoding_backend",),
-    "cancellation_check_period_ms": ("triton_config", "cancellation_check_period_ms"),
-}
-"""package.runtime field -> key path in the PyTorch-backend ``model.yaml`` (``LLM()`` arguments, TensorRT-LLM 1.2
-``llmapi/llm_args.py`` ``KvCacheConfig``; ``triton_config`` is read by NVIDIA's llmapi ``model.py``)."""
-LLMAPI_DEFAULTS = {"normalize_log_probs": True, "encoder_input_features_data_type": "TYPE_FP16"}
-"""package.runtime fields with a non-null default: refused for the PyTorch backend only when changed."""
-
-
-def llmapi_unsupported(rt: Any) -> list[str]:
-    """package.runtime fields that are set but have no PyTorch-backend (LLM API layout) equivalent."""
-    out = []
-    for f in dataclasses.fields(rt):
-        v = getattr(rt, f.name)
-        if f.name in LLMAPI_MAP or v is None or (f.name in LLMAPI_DEFAULTS and v == LLMAPI_DEFAULTS[f.name]):
-            continue
-        out.append(f.name)
-    return out
-
-
-def llmapi_overrides(rt: Any) -> dict[str, Any]:
-    """The ``model.yaml`` keys the set package.runtime fields map to (:data:`LLMAPI_MAP`)."""
-    out: dict[str, Any] = {}
-    for f, path in LLMAPI_MAP.items():
-        v = getattr(rt, f)
-        if v is None:
-            continue
-        if f == "max_attention_window_size":
-            v = [int(v)]
-        d = out
-        for k in path[:-1]:
-            d = d.setdefault(k, {})
-        d[path[-1]] = v
-    return out
 
 
 # --------------------------------------------------------------------------- tensorrt_llm_bls

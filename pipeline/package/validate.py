@@ -30,7 +30,7 @@ from typing import Any
 
 from ..core.artifacts import REQUIRED_TOKENIZER_FILES
 from ..core.contracts.build import BuildInfo
-from ..core.errors import InputError, PreflightError
+from ..errors import InputError, PreflightError
 from ..facts import versions as V
 from .repository import CONTAINER_REPO, PLACEHOLDER, SIBLING_MODULES
 

@@ -5,7 +5,7 @@ Public API:
 * :func:`plan` (``plan(cfg) -> Plan``): the memory and speed plan of a validated config (the public
   ``pipeline.plan`` is :func:`pipeline.validation.checked_plan`: the run's checks first); see :mod:`pipeline.planner.plan`.
 * :func:`plan_for_run` (``plan_for_run(cfg, console) -> dict``): what the runner calls at the start
-  of every run; prints the plan and raises :class:`~pipeline.core.errors.PreflightError` when it is refused.
+  of every run; prints the plan and raises :class:`~pipeline.errors.PreflightError` when it is refused.
 * :func:`host_memory_bandwidth_gbs`: measured host memory bandwidth in GB/s (cached per process),
   for CPU rooflines.
 * the stages' config checks live with each stage (``pipeline/<stage>/checks.py``), run by :func:`pipeline.validation.validate`.
@@ -18,10 +18,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..core.errors import PipelineError, PreflightError
+from ..core.sizing import host_memory_bandwidth_gbs
+from ..errors import PipelineError, PreflightError
 from ..facts.geometry import ModelShape
 from ..facts.gpus import CATALOGUE, GPU, lookup
-from .plan import Plan, host_memory_bandwidth_gbs, plan, weight_bytes
+from .plan import Plan, plan, weight_bytes
 
 
 class PlanRefused(PreflightError):

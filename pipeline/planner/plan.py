@@ -34,14 +34,14 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
-import functools
 import math
-import os
 from typing import Any
 
-from ..core.errors import InputError, PipelineError
-from ..facts.geometry import DTYPE_BYTES, Linear, ModelShape, kv_heads_per_rank, read_config_json
-from ..facts.gpus import GPU, local_gpus, lookup
+from ..core.hostinfo import local_gpus
+from ..core.sizing import host_memory, host_memory_bandwidth_gbs, load_shape, plan_device
+from ..errors import InputError
+from ..facts.geometry import DTYPE_BYTES, Linear, ModelShape, kv_heads_per_rank
+from ..facts.gpus import GPU, lookup
 from ..facts.recipes import KV_MIN_SM, RECIPE_MIN_SM, RECIPES
 
 GiB = 1 << 30
@@ -55,113 +55,9 @@ FEW_SEQUENCES = 4
 
 
 # --------------------------------------------------------------------------- inputs
-def shape_or_none(cfg: Any) -> ModelShape | None:
-    """:func:`load_shape`'s shape, or None when the checkpoint cannot be read (the export stage and ``pipeline plan``
-    report an unreadable checkpoint with their own message; config checks then skip what needs the shape)."""
-    try:
-        return load_shape(cfg)[0]
-    except PipelineError:
-        return None
-
-
-def load_shape(cfg: Any) -> tuple[ModelShape, str]:
-    """The model shape and where it came from: the checkpoint's ``config.json`` at ``model.path``,
-    else ``model.hf_config`` (shapes-only presets).  Raises :class:`InputError` when neither exists."""
-    from ..core.config import resolve_path
-
-    m = cfg.model
-    if m.path:
-        try:
-            p = resolve_path(m.path)
-            cj = (p / "config.json") if p is not None else None
-            found = cj is not None and cj.is_file()
-        except (OSError, ValueError) as e:  # e.g. an embedded NUL byte
-            raise InputError(f"model.path={m.path!r}: not a usable path ({e}).") from None
-        if found and cj is not None:  # found implies cj is set; the check narrows the type
-            return ModelShape.from_hf_config(read_config_json(cj), str(cj)), str(cj)
-        if not m.hf_config:
-            raise InputError(
-                f"model.path={m.path!r}: no config.json at {cj}. Point model.path at a Hugging Face checkpoint "
-                f"folder, or use a shapes-only preset (model=llama31_8b)."
-            )
-    if m.hf_config:
-        hc = dict(m.hf_config)
-        return ModelShape.from_hf_config(hc, "model.hf_config"), "model.hf_config"
-    raise InputError(
-        "model: neither model.path nor model.hf_config is set. Pass model.path=/path/to/checkpoint or a preset (model=llama31_8b)."
-    )
-
-
-def plan_device(cfg: Any) -> tuple[str, GPU | None, str]:
-    """(kind, gpu, why) of the hardware to plan for: kind is ``gpu`` or ``cpu`` (the device of the target that
-    :func:`pipeline.core.targets.resolve_target` picks, so the plan and the build agree); ``gpu`` is the named
-    (``target.gpu``) or local GPU, ``None`` when none is named or visible.
-
-    Raises :class:`InputError` for an unknown ``target.gpu`` name (listing the catalogue) or ``target.name``."""
-    from ..core.targets import resolve_target
-
-    t = cfg.target
-    named = None
-    if t.gpu:
-        try:
-            named = lookup(t.gpu)
-        except KeyError as e:
-            raise InputError(f"target.gpu={t.gpu!r}: {e.args[0]}. Fix: target.gpu=<one of them>") from None
-    name, reason = resolve_target(cfg)
-    if name == "onnxruntime_genai" and t.execution_provider == "cpu":
-        why = "target onnxruntime_genai on the CPU" if t.name != "auto" else f"{reason}"
-        return "cpu", None, why
-    if named is not None:
-        return "gpu", named, f"target.gpu={t.gpu}"
-    local = local_gpus()
-    if local:
-        return "gpu", local[0][1], f"local GPU 0 ({local[0][0].get('name')})"
-    return "gpu", None, f"target {name} needs a GPU, none is named (target.gpu) or visible"
 
 
 # --------------------------------------------------------------------------- host
-@functools.lru_cache(maxsize=1)
-def host_memory_bandwidth_gbs(size_mb: int = 256, repeats: int = 3) -> float:
-    """Measured host memory bandwidth in GB/s (1e9 bytes/s), cached for the process.
-
-    Copies a ``size_mb`` MB float64 numpy array ``repeats`` times after one warm-up copy (which
-    faults the destination pages in) and counts read + write bytes (2 x size) over the fastest
-    copy.  Takes about 0.1-0.3 s.  The STREAM "copy" kernel measures the same quantity."""
-    import time
-
-    import numpy as np
-
-    n = size_mb * 10**6 // 8
-    a = np.ones(n)
-    b = np.empty_like(a)
-    np.copyto(b, a)
-    best = float("inf")
-    for _ in range(max(1, repeats)):
-        t0 = time.perf_counter()
-        np.copyto(b, a)
-        best = min(best, time.perf_counter() - t0)
-    return 2 * a.nbytes / best / 1e9
-
-
-def host_memory() -> dict[str, int | None]:
-    """Total and available host RAM in bytes (``/proc/meminfo``; total via sysconf as fallback)."""
-    total = avail = None
-    try:
-        with open("/proc/meminfo", encoding="utf-8") as f:
-            for line in f:
-                k, v = line.split(":", 1)
-                if k == "MemTotal":
-                    total = int(v.split()[0]) * 1024
-                elif k == "MemAvailable":
-                    avail = int(v.split()[0]) * 1024
-    except (OSError, ValueError):
-        pass
-    if total is None:
-        try:
-            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        except (ValueError, OSError, AttributeError):
-            pass
-    return {"total": total, "available": avail if avail is not None else total}
 
 
 # --------------------------------------------------------------------------- weights
@@ -559,7 +455,7 @@ def plan_room(
     disk_free: int | None,
 ) -> tuple[str, str, Any, list[str]]:
     """Where quantize and evaluate run and the figures their placement is decided from, from the device facts alone
-    (``local``: :func:`pipeline.facts.gpus.local_gpus`; ``local_free``: :func:`pipeline.core.hostinfo.gpu_free_bytes`;
+    (``local``: :func:`pipeline.core.hostinfo.local_gpus`; ``local_free``: :func:`pipeline.core.hostinfo.gpu_free_bytes`;
     ``host_available``: MemAvailable; ``disk_free``: the store's free disk). Returns (calibration device, evaluate
     device, :class:`pipeline.core.sizing.Room`, notes).
 

@@ -7,7 +7,7 @@ max calibration) and the checkpoint writers are ModelOpt's (``modelopt.torch.qua
 * :mod:`.preflight` - the source model's facts, excluded modules, the checks before calibration;
 * :mod:`.modelopt_config` - the ModelOpt ``mtq.quantize`` config of a recipe;
 * :mod:`.calibrate` - the calibration loop (``mtq.quantize``), or :mod:`.auto` (``quant=auto``, ``mtq.auto_quantize``);
-* :mod:`.state` - ``quant_state.json``/``.safetensors`` and :func:`~.state.load_simulated_model`;
+* :mod:`.state` - ``quant_state.json``/``.safetensors`` and :func:`pipeline.core.quant_state.load_simulated_model`;
 * :mod:`.trtllm` - the TensorRT-LLM checkpoint and its checks; :mod:`.hf_export` - the unified HF checkpoint;
 * :mod:`.report` - ``quant_report.json``/``.md``; :mod:`.run` - :func:`~.run.quantize`, the function the stage calls;
 * :mod:`.common` - the logger, KV-cache/decoder tables and file helpers they share.

@@ -141,8 +141,7 @@ def _batch_size(setting: Any, src: _Source, cset: Any) -> tuple[int, str]:
     (:func:`pipeline.quantize.placement.choose_batch_size`); on CUDA with the whole model resident, ModelOpt's own
     probe (``get_max_batch_size``, with :data:`FAKE_QUANT_ACTIVATION_RATIO`)."""
     from ..core.sizing import calibration_activation_bytes
-    from ..facts.geometry import ModelShape
-    from ..planner.plan import DTYPE_BYTES
+    from ..facts.geometry import DTYPE_BYTES, ModelShape
 
     pl = src.placement
     shape = ModelShape.from_hf_config(src.model.config.to_dict(), source=str(src.hf / "config.json"))

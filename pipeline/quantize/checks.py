@@ -20,12 +20,12 @@ import math
 from typing import Any
 
 from ..core.config.common import Problem
-from ..core.errors import PipelineError
+from ..errors import PipelineError
 
 
 def checks(cfg: Any) -> list[Problem]:
     """Every quantize-stage problem of ``cfg`` (a composed ``PipelineConfig``); never raises for bad values."""
-    from ..planner.plan import shape_or_none
+    from ..core.sizing import shape_or_none
 
     problems: list[Problem] = []
     shape = shape_or_none(cfg)
@@ -48,9 +48,9 @@ def _placement_problems(cfg: Any, shape: Any) -> list[Problem]:
     cap = getattr(c, "max_device_memory_gb", None)
     if cap is None or cfg.quant.recipe == "none":
         return []
+    from ..core.hostinfo import local_gpus
     from ..core.sizing import compute_dtype
     from ..facts.geometry import DTYPE_BYTES
-    from ..planner.plan import local_gpus
 
     d = str(c.device).strip().lower()
     on_gpu = d.startswith("cuda") or (d == "auto" and bool(local_gpus()))
@@ -87,8 +87,8 @@ def _calibration_size_problems(cfg: Any) -> list[Problem]:
     c = cfg.calibration
     if cfg.quant.recipe == "none" or c.format == "hf" or not c.path:
         return []
-    from ..core.errors import InputError
     from ..data.calibration import read_raw
+    from ..errors import InputError
 
     try:
         rows, blank, _ = read_raw(c, c.path)
@@ -176,9 +176,9 @@ def _parallel_problems(cfg: Any, shape: Any) -> list[Problem]:
 
 
 def _gpu_problems(cfg: Any) -> list[Problem]:
+    from ..core.sizing import plan_device
     from ..core.targets import TARGETS
     from ..facts.recipes import BF16_MIN_SM, KV_MIN_SM, RECIPE_MIN_SM
-    from ..planner.plan import plan_device
 
     if cfg.target.name != "auto" and cfg.target.name not in TARGETS:
         return []  # the target.name field check reports it

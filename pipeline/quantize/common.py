@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core.contracts.export import ExportArtifact
-from ..core.errors import InputError
 from ..facts.recipes import KV_CACHE_FORMATS, unused_quant_fields
 
 if TYPE_CHECKING:
@@ -31,12 +30,7 @@ def unused_fields(qcfg: Any) -> frozenset[str]:
 
 
 def _hf_dir(export_dir: Path) -> Path:
-    export_dir = Path(export_dir)
-    if (export_dir / ExportArtifact.HF_DIR / "config.json").is_file():
-        return export_dir / ExportArtifact.HF_DIR
-    if (export_dir / "config.json").is_file():
-        return export_dir
-    raise InputError(f"{export_dir}: not an export artifact (no hf/config.json). Pass the export stage's artifact folder.")
+    return ExportArtifact.hf_dir_of(export_dir)
 
 
 def _linear_modules(model: torch.nn.Module) -> dict[str, torch.nn.Linear]:

@@ -24,9 +24,9 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from ..core.errors import InputError
 from ..core.hostinfo import resolve_torch_device
 from ..core.sizing import AUTO_BATCH_MAX_CPU, compute_dtype
+from ..errors import InputError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +69,7 @@ def free_bytes(device: str) -> int:
         import torch
 
         return int(torch.cuda.mem_get_info(int(device.split(":")[1]))[0])
-    from ..planner.plan import host_memory
+    from ..core.sizing import host_memory
 
     return int(host_memory()["available"] or 0)
 
@@ -102,9 +102,9 @@ def plan_placement(
         InputError: an unknown device; ``calibration.layerwise=false`` for a model beyond the budget.
         PreflightError: neither the device, the host nor the disk can hold the model (exit 4).
     """
-    from ..core.errors import PreflightError
     from ..core.sizing import HOST_RESERVE_BYTES, calibration_placement
-    from ..planner.plan import DTYPE_BYTES
+    from ..errors import PreflightError
+    from ..facts.geometry import DTYPE_BYTES
 
     dev = device or resolve_device(cal.device)
     dtype = compute_dtype(dev, checkpoint_dtype)

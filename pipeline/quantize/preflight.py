@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..core.errors import InputError
+from ..errors import InputError
 from ..facts.families import DECODER_TYPES, NO_TRTLLM_CHECKPOINT
 from ..facts.recipes import KV_MIN_SM, RECIPE_MIN_SM, RECIPES
 from .auto import auto_min_bits
@@ -401,11 +401,11 @@ def _num_parameters(export_dir: Path, hf: Path) -> int:
         n_info = None
     if n_info is not None:
         return int(n_info)
-    from ..export.inspect import _safetensors_header
+    from ..core.tensorio import read_header
 
     n = 0
     for f in hf.glob("*.safetensors"):
-        for shape, _ in _safetensors_header(f)[0].values():
+        for shape, _ in read_header(f)[0].values():
             k = 1
             for d in shape:
                 k *= int(d)

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..core.contracts.quantize import QuantizeArtifact
 from ..core.memory import measure
+from ..core.quant_state import export_digest, load_simulated_model
 from ..facts.recipes import RECIPES
 from .auto import auto_quant_algo
 from .calibrate import _calibrate, _Calibration
@@ -21,7 +22,7 @@ from .hf_ckpt import _export_hf
 from .placement import Placement
 from .preflight import _load_source
 from .report import _quant_report, module_precisions, render_report_md
-from .state import _write_state, export_digest, load_simulated_model
+from .state import _write_state
 from .trtllm_ckpt import _export_trtllm, _Exported
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ..core.contracts.quantize import QuantizeArtifact
-from ..core.errors import InputError
+from ..errors import InputError
 from ..facts.families import DECODER_TYPES, NO_TRTLLM_CHECKPOINT
 from ..facts.recipes import RECIPES
 from .common import KV_CACHE, _quiet

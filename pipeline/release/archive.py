@@ -21,8 +21,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ..core.contracts.package import PackageArtifact
-from ..core.errors import InputError
 from ..core.store import sha256_file
+from ..errors import InputError
 
 
 def _mtime() -> int:

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.contracts.package import PackageArtifact
-from ..core.errors import InputError
+from ..errors import InputError
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://slsa.dev/provenance/v1"

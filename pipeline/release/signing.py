@@ -25,7 +25,7 @@ with the same key (ECDSA with SHA-256 on P-256, SHA-384 / SHA-512 on P-384 / P-5
 provenance alone (an in-toto / SLSA verifier) can check it. ``sigstore`` signs only ``release.sig``; the envelope is
 written for ``key`` and ``certificate``.
 
-Errors are :class:`~pipeline.core.errors.InputError` (exit 2) naming the file and the fix.
+Errors are :class:`~pipeline.errors.InputError` (exit 2) naming the file and the fix.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.contracts.package import PackageArtifact
-from ..core.errors import InputError
+from ..errors import InputError
 
 DSSE_PAYLOAD_TYPE = "application/vnd.in-toto+json"
 """The DSSE payload type of an in-toto Statement (in-toto attestation spec v1, ``envelope.md``)."""

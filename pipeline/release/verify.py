@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.contracts.package import PackageArtifact
-from ..core.errors import EXIT_INPUT, EXIT_OK, InputError
+from ..errors import EXIT_INPUT, EXIT_OK, InputError
 
 A = PackageArtifact
 

@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core.errors import EXIT_INPUT, EXIT_PREFLIGHT, InputError, PipelineError
+from ..errors import EXIT_INPUT, EXIT_PREFLIGHT, InputError, PipelineError
 
 DEFAULT_URL = "127.0.0.1:8001"
 

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..core.errors import InputError, PipelineError
+from ..errors import InputError, PipelineError
 from .client import (
     DEFAULT_URL,
     LLMClient,
@@ -28,7 +28,7 @@ from .client import (
 
 
 def _parity_main(package: Path, url: str) -> int:
-    from ..core.errors import EXIT_GATE
+    from ..errors import EXIT_GATE
     from .parity import check_against_server, side_by_side
 
     try:
@@ -166,7 +166,7 @@ def _refusal_fix(a: argparse.Namespace, reason: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """``pipeline client [PROMPT ...] [--url ...] [--stream] [--max-tokens N] [--input name=value ...]``."""
-    from ..core.errors import EXIT_FAILED, EXIT_INPUT
+    from ..errors import EXIT_FAILED, EXIT_INPUT
 
     ap = _parser()
     a = ap.parse_args(argv)

@@ -62,7 +62,7 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ..core.errors import InputError, PipelineError
+from ..errors import InputError, PipelineError
 from .limits import LimitError, body_limit, check_prompts, read_json_body, served_max_input_len, served_prompt_limit
 
 if TYPE_CHECKING:  # starlette is imported when the app is built (the serving extra)

@@ -37,9 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from ..core.contracts.evaluate import EvalArtifact
-from ..core.contracts.package import PackageArtifact
-from ..core.errors import GateFailed, InputError, PreflightError
-from ..package.repository import PACKAGE_ID_PARAMETER
+from ..core.contracts.package import PACKAGE_ID_PARAMETER, PackageArtifact
+from ..errors import GateFailed, InputError, PreflightError
 
 EXPECTED_FILE = "parity_expected.jsonl"
 MODES = ("unary", "stream")
@@ -84,8 +83,7 @@ def expected_requests(
     """
     from ..core.store import sha256_file
     from ..core.tokenization import codec_of, render
-    from ..data.evalset import load_eval_set
-    from ..evaluate.runners import prepare
+    from ..data.evalset import load_eval_set, prepare
 
     rep_p, out_p = EvalArtifact(eval_dir).report_path, EvalArtifact(eval_dir).outputs_path
     if not rep_p.is_file() or not out_p.is_file():
@@ -310,7 +308,7 @@ def run_parity(
 
 
 def served_package_id(url: str) -> str | None:
-    """The package id (:data:`pipeline.package.repository.PACKAGE_ID_PARAMETER`) of the ``ensemble`` served at ``url``; None
+    """The package id (:data:`pipeline.core.contracts.package.PACKAGE_ID_PARAMETER`) of the ``ensemble`` served at ``url``; None
     when the server does not report one (a repository written before the id, or by another tool) or cannot be asked
     (the replay then reports the connection problem)."""
     try:

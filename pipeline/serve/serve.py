@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.contracts.package import PackageArtifact, ReleaseGate
-from ..core.errors import EXIT_INPUT, EXIT_INTERRUPTED, InputError, PipelineError
+from ..errors import EXIT_INPUT, EXIT_INTERRUPTED, InputError, PipelineError
 
 
 def _created_order(art: Any) -> tuple[str, tuple[int, int, str], str]:
@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
 def _print_trtllm_command(repo: Path, man: dict[str, Any], cfg: Any, openai: bool) -> int:
     """A TensorRT-LLM package is served by the NGC container on a GPU host: print the command (LLM API layout: NVIDIA's
     model.py notice and command); exit code (2 for --openai, which needs a server this command runs)."""
-    from ..package.trtllm_config import llmapi_command, llmapi_notice
+    from ..facts.trtllm import llmapi_command, llmapi_notice
     from .server import ngc_command
 
     pc = cfg.package

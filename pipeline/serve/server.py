@@ -41,7 +41,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import IO
 
-from ..core.errors import InputError, PipelineError, PreflightError
+from ..errors import InputError, PipelineError, PreflightError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_SERVE_VENV = REPO_ROOT / ".venv-serve"

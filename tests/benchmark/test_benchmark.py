@@ -20,7 +20,7 @@ from pipeline.benchmark.report import PLOTS, load
 from pipeline.benchmark.workload import build_requests, sample_lengths
 from pipeline.core.config import ConfigError, compose
 from pipeline.core.contracts.export import ModelInfo
-from pipeline.core.errors import InputError
+from pipeline.errors import InputError
 from pipeline.validation import validate
 
 ROOT = Path(__file__).resolve().parents[2]

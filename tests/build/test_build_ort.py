@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from pipeline.core.config import ConfigError, compose
-from pipeline.core.errors import InputError
 from pipeline.core.targets import get_target, known_targets, resolve_target
 from pipeline.core.targets.base import GenerationRequest
 from pipeline.core.tokenization import encode_prompt
+from pipeline.errors import InputError
 from pipeline.quantize.resmooth import resmooth
 from pipeline.validation import validate
 

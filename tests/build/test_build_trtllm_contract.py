@@ -21,8 +21,8 @@ from pipeline.build.targets.tensorrt_llm import builder as trt
 from pipeline.core.config import ConfigError, compose
 from pipeline.core.contracts.build import BuildInfo
 from pipeline.core.contracts.export import ModelInfo
-from pipeline.core.errors import EXIT_PREFLIGHT, PipelineError, PreflightError
 from pipeline.core.targets import get_target
+from pipeline.errors import EXIT_PREFLIGHT, PipelineError, PreflightError
 from pipeline.validation import validate
 
 # Reference facts (sec. 1a/1b: flags; sec. 4c: BuildConfig fields; sec. 4d: KvCacheConfig fields)

@@ -17,7 +17,7 @@ import pytest
 import tiny
 import yaml
 
-from pipeline.core.errors import PreflightError
+from pipeline.errors import PreflightError
 
 FAKES = Path(__file__).parents[1] / "fakes"
 
@@ -41,8 +41,8 @@ def ckpt(tmp_path_factory):
 
 
 def _prepared(ckpt: Path, n: int = 6):
-    from pipeline.data.evalset import EvalItem
-    from pipeline.evaluate.runners import load_tokenizer, prepare
+    from pipeline.data.evalset import EvalItem, prepare
+    from pipeline.evaluate.runners import load_tokenizer
 
     tok = load_tokenizer(ckpt)
     items = [

@@ -15,7 +15,7 @@ from pipeline.core import hostinfo
 from pipeline.core.contracts.build import BuildArtifact
 from pipeline.core.contracts.export import ExportArtifact, ModelInfo
 from pipeline.core.contracts.quantize import QuantizeArtifact
-from pipeline.core.errors import InputError
+from pipeline.errors import InputError
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "artifacts.md"
 

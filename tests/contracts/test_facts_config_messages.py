@@ -18,7 +18,7 @@ import pytest
 
 from pipeline.cli import check_overrides
 from pipeline.core.config import ParallelConfig, compose
-from pipeline.core.errors import InputError
+from pipeline.errors import InputError
 from pipeline.quantize.preflight import preflight
 
 ROOT = Path(__file__).resolve().parents[2]

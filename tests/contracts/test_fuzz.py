@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from pipeline.core.config import ConfigError, compose
-from pipeline.core.errors import PipelineError
+from pipeline.errors import PipelineError
 from pipeline.validation import validate
 
 try:
@@ -250,7 +250,7 @@ def test_config_json_wrong_types_exit_2_naming_the_field(tiny_llama, tmp_path_fa
 
     from hypothesis import assume
 
-    from pipeline.core.errors import EXIT_INPUT
+    from pipeline.errors import EXIT_INPUT
     from pipeline.export.inspect import check_config_types
 
     name, kind, nullable = field

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from test_hardening import PIPELINE, _env
 
-from pipeline.core.errors import MAX_LINE_BYTES, InputError
+from pipeline.errors import MAX_LINE_BYTES, InputError
 
 
 def _cli(args: list[str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -243,7 +243,7 @@ def test_integer_weights_in_a_float_checkpoint_are_refused(tmp_path):
     import torch
     from safetensors.torch import load_file, save_file
 
-    from pipeline.core.errors import InputError
+    from pipeline.errors import InputError
     from pipeline.export.inspect import inspect_checkpoint
 
     ck = tiny.make_checkpoint(tmp_path / "ck", "llama")
@@ -257,7 +257,7 @@ def test_integer_weights_in_a_float_checkpoint_are_refused(tmp_path):
 def test_an_embedding_far_larger_than_the_tokenizer_is_refused(tmp_path):
     import tiny
 
-    from pipeline.core.errors import InputError
+    from pipeline.errors import InputError
     from pipeline.export.write import export_checkpoint
 
     ck = tiny.make_checkpoint(tmp_path / "ck", "llama", vocab_size=20000)  # the tokenizer has 320 tokens

@@ -19,7 +19,7 @@ import pytest
 from rich.console import Console
 
 from pipeline.core.config import compose
-from pipeline.core.errors import InputError
+from pipeline.errors import InputError
 from pipeline.export.inspect import inspect_checkpoint
 from pipeline.export.write import export_checkpoint
 from pipeline.runner import run_pipeline

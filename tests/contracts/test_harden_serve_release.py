@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.core.errors import InputError
 from pipeline.core.store import digest_files, tree_files
+from pipeline.errors import InputError
 from pipeline.release.archive import make_archive, write_sha256sums
 from pipeline.serve.serve import resolve_repository
 

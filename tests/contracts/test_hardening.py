@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.core.errors import PipelineError
 from pipeline.core.store import MANIFEST, ArtifactStore
+from pipeline.errors import PipelineError
 
 ROOT = Path(__file__).resolve().parents[2]
 PIPELINE = str(ROOT / ".venv" / "bin" / "pipeline")

@@ -1,4 +1,4 @@
-"""Artifact file names live in each stage's pipeline/<stage>/artifact.py only (issue 15, item 2): no code path outside it spells
+"""Artifact file names live in each stage's pipeline/core/contracts/<stage>.py only (issue 15, item 2): no code path outside it spells
 ``release_manifest.json``, ``quant_report.json``, ``trtllm_checkpoint``, ``benchmark.json``, ... as a string
 literal; it imports the artifact class's constant. Docstrings and messages may name the files (prose), so the
 scan flags a literal only when, stripped of ``/`` and ``*``, it *is* a file name (``out / "x.json"``,
@@ -43,7 +43,7 @@ def _literal_file_names(names: set[str], package: Path = PACKAGE) -> list[str]:
     hits = []
     for py in sorted(package.rglob("*.py")):
         rel = py.relative_to(package).as_posix()
-        if rel == "core/artifacts.py" or rel.endswith("/artifact.py"):
+        if rel == "core/artifacts.py" or rel.startswith("core/contracts/"):
             continue
         tree = ast.parse(py.read_text(encoding="utf-8"))
         prose = _prose(tree)

@@ -29,7 +29,7 @@ import pipeline
 from pipeline.cli import sweep_dirname_argv
 from pipeline.core.artifacts import STAGE_ARTIFACTS, artifact_classes
 from pipeline.core.config import ConfigError, ConfigTypeError
-from pipeline.core.errors import EXIT_INPUT, InputError
+from pipeline.errors import EXIT_INPUT, InputError
 
 ROOT = Path(__file__).resolve().parents[2]
 EXCLUDE = "hydra.job.config.override_dirname.exclude_keys="
@@ -205,7 +205,7 @@ def test_plan_refuses_what_validate_refuses_with_its_message():
 
 
 def test_pipeline_plan_refuses_it_without_a_plan(capsys):
-    from pipeline.planner.cli import main as plan_main
+    from pipeline.plan_cli import main as plan_main
     from pipeline.validation import validate
 
     want = str(ConfigError(validate(pipeline.compose(BAD_LENGTHS), raise_on_error=False)))

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from pipeline.core.config import ConfigError, compose
-from pipeline.core.errors import InputError
 from pipeline.data.evalset import load_eval_set
+from pipeline.errors import InputError
 from pipeline.validation import validate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,7 +93,8 @@ def test_a_chat_template_that_fails_is_an_input_error_naming_the_item_and_the_fi
     """Old code: jinja2's TemplateError / TemplateSyntaxError / SecurityError escaped from evaluate (exit 1)."""
     import shutil
 
-    from pipeline.evaluate.runners import load_tokenizer, prepare
+    from pipeline.data.evalset import prepare
+    from pipeline.evaluate.runners import load_tokenizer
 
     d = tmp_path / "tok"
     d.mkdir()

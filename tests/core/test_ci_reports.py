@@ -14,7 +14,7 @@ import yaml
 from rich.console import Console
 
 from pipeline.core.config import REPO_ROOT, compose
-from pipeline.core.errors import EXIT_GATE, EXIT_OK
+from pipeline.errors import EXIT_GATE, EXIT_OK
 from pipeline.evaluate.junit import to_junit
 from pipeline.runner import JUNIT_FILE, run_pipeline
 

@@ -106,7 +106,7 @@ def test_a_user_yaml_is_checked_like_the_command_line(tmp_path):
     import pytest
 
     from pipeline.cli import user_config_argv
-    from pipeline.core.errors import InputError
+    from pipeline.errors import InputError
 
     def refusal(text: str) -> str:
         (tmp_path / "mine.yaml").write_text(text)

@@ -25,7 +25,7 @@ from rich.console import Console
 import pipeline
 from pipeline.cli import MAX_JOB_DIRNAME, job_dirname, sweep_dirname_argv
 from pipeline.core.config import ConfigError
-from pipeline.core.errors import EXIT_INPUT, InputError
+from pipeline.errors import EXIT_INPUT, InputError
 
 ROOT = Path(__file__).resolve().parents[2]
 EXCLUDE = "hydra.job.config.override_dirname.exclude_keys="

@@ -20,7 +20,7 @@ import pytest
 import tiny
 
 from pipeline.core.decoding import DecodingPolicy, policy_from_dict, read_policy
-from pipeline.core.errors import InputError
+from pipeline.errors import InputError
 from pipeline.serve.server import DEFAULT_SERVE_VENV
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -137,8 +137,8 @@ def test_baseline_engine_and_served_decode_with_the_checkpoints_penalty(run):
 def _plain_greedy(export: Path) -> dict[str, list[int]]:
     """The export's model in transformers, greedy WITHOUT any penalty, on the evaluate stage's prompts."""
     from pipeline.core.config import compose, resolve_path
-    from pipeline.data.evalset import load_eval_set
-    from pipeline.evaluate.runners import HFRunner, load_hf_model, load_tokenizer, prepare
+    from pipeline.data.evalset import load_eval_set, prepare
+    from pipeline.evaluate.runners import HFRunner, load_hf_model, load_tokenizer
 
     e = compose([]).eval
     tok = load_tokenizer(export / "hf")

@@ -28,7 +28,7 @@ def test_compose_without_a_hydra_setting_still_composes():
 
 
 def test_pipeline_plan_refuses_a_hydra_setting_with_its_own_fix(capsys):
-    from pipeline.planner.cli import main
+    from pipeline.plan_cli import main
 
     assert main(["--json", "hydra.run.dir=/tmp/x"]) == 2
     out = capsys.readouterr().out

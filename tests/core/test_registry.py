@@ -40,8 +40,8 @@ def test_every_extension_point_uses_it():
 
 
 def test_an_unknown_target_suggests_the_closest_name():
-    from pipeline.core.errors import InputError
     from pipeline.core.targets import get_target
+    from pipeline.errors import InputError
 
     with pytest.raises(InputError, match=r"Fix: pass target=onnxruntime_genai\.$"):
         get_target("onnxruntime-genai")
@@ -86,9 +86,9 @@ def test_mistyped_names_get_the_closest_one_wherever_they_are_typed(tmp_path):
     import sys
 
     from pipeline.core.config import compose, validate
-    from pipeline.core.errors import InputError
     from pipeline.core.targets import name_problems
     from pipeline.data.evalset import read_eval_set
+    from pipeline.errors import InputError
 
     st = [p for p in validate(compose(["stages=[evaluat]"]), raise_on_error=False) if p.field == "stages"]
     assert st and "did you mean 'evaluate'?" in str(st[0])

@@ -18,9 +18,9 @@ from rich.console import Console
 
 from pipeline.core.config import compose
 from pipeline.core.config.common import key_fields
-from pipeline.core.errors import EXIT_INPUT
 from pipeline.core.stage import get_stage
 from pipeline.core.store import Artifact
+from pipeline.errors import EXIT_INPUT
 from pipeline.runner import compute_key, run_pipeline
 from pipeline.validation import validate
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.core.errors import InputError
 from pipeline.data.evalset import read_eval_set
+from pipeline.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "evaluation" / "data" / "support_eval_v2.jsonl"

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from pipeline.core.errors import InputError
 from pipeline.data.evalset import EvalItem, load_eval_set
 from pipeline.data.metrics import METRICS, get_metric
+from pipeline.errors import InputError
 
 
 def item(metric, reference, **args):
@@ -166,7 +166,7 @@ def test_cut_at_first_stop_of_eos_list_and_end_id_padding(tok):
 
 
 def test_chat_template_with_bos_gives_exactly_one_bos(tok):
-    from pipeline.evaluate.runners import prepare
+    from pipeline.data.evalset import prepare
 
     assert "bos_token" in tok.chat_template
     p = prepare(
@@ -196,7 +196,7 @@ def test_chat_template_with_bos_gives_exactly_one_bos(tok):
 
 
 def test_over_long_prompt_is_skipped_not_truncated(tok):
-    from pipeline.evaluate.runners import SKIP_TOO_LONG, prepare
+    from pipeline.data.evalset import SKIP_TOO_LONG, prepare
 
     items = [
         EvalItem(id="short", slice="s", metric="exact_match", reference="r", prompt="refund", max_new_tokens=50),
@@ -210,8 +210,8 @@ def test_over_long_prompt_is_skipped_not_truncated(tok):
 def test_a_registered_metric_is_checked_when_registered_and_when_it_scores():
     """``pipeline.register_metric`` refused only a lower-is-better metric; a function of the wrong arity failed deep in
     evaluate, and a score of 2.0 (or 0.5 from a binary metric) went into the gate's paired statistics unchecked."""
-    from pipeline.core.errors import InputError
     from pipeline.data.metrics import Metric, register
+    from pipeline.errors import InputError
 
     with pytest.raises(ValueError, match=r"fn must be callable as fn\(output, item\)"):
         register(Metric("one_arg", lambda o: 1.0))

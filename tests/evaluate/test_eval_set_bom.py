@@ -31,8 +31,8 @@ def test_every_problem_of_a_line_is_reported_with_the_others(tmp_path):
     """A line's duplicate id and its metric-specific problem are reported even when the line has other problems."""
     import pytest
 
-    from pipeline.core.errors import InputError
     from pipeline.data.evalset import load_eval_set
+    from pipeline.errors import InputError
 
     p = tmp_path / "set.jsonl"
     p.write_text(

@@ -13,7 +13,7 @@ import pytest
 from rich.console import Console
 
 from pipeline.core.config import REPO_ROOT, compose
-from pipeline.core.errors import EXIT_GATE, EXIT_OK
+from pipeline.errors import EXIT_GATE, EXIT_OK
 from pipeline.runner import run_pipeline
 
 DEFAULT_MODEL = Path(os.environ.get("PIPELINE_TEST_DEFAULT_MODEL", REPO_ROOT / "models" / "support-llama"))

@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 from pipeline.core.config.eval import GateConfig
-from pipeline.core.errors import GateFailed
+from pipeline.errors import GateFailed
 from pipeline.evaluate.gate import judge, paired_stats
 from pipeline.evaluate.stage import gate_summary
 from pipeline.package.stage import _gate

@@ -12,7 +12,7 @@ from pathlib import Path
 from rich.console import Console
 
 from pipeline.core.config import compose
-from pipeline.core.errors import EXIT_GATE
+from pipeline.errors import EXIT_GATE
 from pipeline.runner import run_pipeline
 
 

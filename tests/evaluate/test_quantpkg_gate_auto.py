@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.core.config.eval import GateConfig
-from pipeline.core.errors import InputError
+from pipeline.errors import InputError
 from pipeline.evaluate import gate as G
 from pipeline.facts.recipes import RECIPES
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import tiny
 
-from pipeline.core.errors import InputError
+from pipeline.errors import InputError
 from pipeline.export.inspect import SUPPORTED_ARCHITECTURES, inspect_checkpoint
 from pipeline.export.write import export_checkpoint
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import tiny
 
-from pipeline.core.errors import InputError
 from pipeline.core.tokenization import TextCodec
+from pipeline.errors import InputError
 from pipeline.export.inspect import inspect_checkpoint
 from pipeline.export.write import export_checkpoint
 

@@ -258,9 +258,9 @@ def test_int4_engine_matches_modelopt_simulated_model(matrix, family):
     import torch
 
     from pipeline.build.targets.onnxruntime_genai.builder import OrtEngineRunner
+    from pipeline.core.quant_state import load_simulated_model
     from pipeline.core.tokenization import TextCodec
     from pipeline.data.evalset import load_eval_set
-    from pipeline.quantize.state import load_simulated_model
 
     s = matrix[(family, "int4_awq")]
     export, quant, build = _stage(s, "export"), _stage(s, "quantize"), _stage(s, "build")

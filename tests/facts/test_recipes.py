@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from pipeline.core.config import ConfigError, compose
-from pipeline.core.errors import InputError
+from pipeline.core.quant_state import load_simulated_model
+from pipeline.errors import InputError
 from pipeline.facts.recipes import RECIPES
 from pipeline.quantize.auto import auto_quant_algo
 from pipeline.quantize.run import quantize
-from pipeline.quantize.state import load_simulated_model
 from pipeline.validation import validate
 
 CALIB = ["calibration.calib_size=16", "calibration.min_samples=4", "calibration.calib_max_seq_length=48", "calibration.batch_size=8"]

@@ -74,8 +74,8 @@ def _fake_gpu(monkeypatch):
 def test_planner_and_build_agree_when_a_gpu_is_visible_without_tensorrt_llm(monkeypatch):
     """Old behaviour: the planner said "gpu" whenever a GPU was visible while the build resolved auto to the CPU
     engine (TensorRT-LLM not installed): a plan for a GPU the run never used."""
+    from pipeline.core.sizing import plan_device
     from pipeline.core.targets import tensorrt_llm_installed
-    from pipeline.planner.plan import plan_device
 
     if tensorrt_llm_installed():
         pytest.skip("tensorrt_llm is installed here")
@@ -88,7 +88,7 @@ def test_planner_and_build_agree_when_a_gpu_is_visible_without_tensorrt_llm(monk
 
 
 def test_named_gpu_resolves_auto_to_tensorrt_llm_for_plan_and_build():
-    from pipeline.planner.plan import plan_device
+    from pipeline.core.sizing import plan_device
 
     cfg = compose(["model=llama31_8b", "target.gpu=h100_sxm"])
     assert resolve_target(cfg).name == "tensorrt_llm"

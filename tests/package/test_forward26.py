@@ -119,8 +119,8 @@ def test_the_old_default_image_and_an_unknown_tag_are_refused_with_the_table():
 
 
 def test_pytorch_backend_without_a_gpu_needs_target_gpu(tmp_path):
-    from pipeline.core.errors import PreflightError
     from pipeline.core.hostinfo import gpus
+    from pipeline.errors import PreflightError
 
     if gpus():
         pytest.skip("this test is about a host without a GPU")

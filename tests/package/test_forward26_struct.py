@@ -18,7 +18,7 @@ import yaml
 from pipeline.core.config import compose
 from pipeline.core.contracts.build import BuildInfo
 from pipeline.core.contracts.export import ModelInfo
-from pipeline.core.errors import InputError
+from pipeline.errors import InputError
 from pipeline.package import llmapi_options as O
 from pipeline.package import llmapi_schema as S
 from pipeline.package import option_support as OS

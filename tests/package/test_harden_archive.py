@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.core.errors import InputError
+from pipeline.errors import InputError
 from pipeline.release.archive import safe_extract
 
 

@@ -21,7 +21,7 @@ import pytest
 
 from pipeline.core.contracts.build import BuildInfo
 from pipeline.core.contracts.export import ModelInfo
-from pipeline.core.errors import GateFailed, InputError, PreflightError
+from pipeline.errors import GateFailed, InputError, PreflightError
 from pipeline.facts import versions as V
 from pipeline.package.repository import MODEL_HELPERS, Settings, generate_repository, settings_from_build
 from pipeline.package.validate import check_repository, ensemble_interface, parse_config, sibling_problems, validate_repository

@@ -176,7 +176,7 @@ def test_serve_without_a_path_refuses_a_newest_package_the_gate_does_not_vouch_f
 
 def test_parity_of_a_path_that_is_no_package_folder_says_what_it_is(packaged, tmp_path):
     """A release archive or a missing path used to be reported as '<path>/parity_expected.jsonl is missing'."""
-    from pipeline.core.errors import InputError
+    from pipeline.errors import InputError
     from pipeline.serve.parity import check_against_server
 
     archive = next((packaged["package"] / "release").glob("*.tar.gz"))

@@ -25,7 +25,7 @@ import pytest
 from rich.console import Console
 
 from pipeline.core.config import REPO_ROOT, compose
-from pipeline.core.errors import EXIT_GATE, EXIT_OK
+from pipeline.errors import EXIT_GATE, EXIT_OK
 from pipeline.runner import run_pipeline
 
 pytest.importorskip("mlflow.tracking", reason="the MLflow client is not installed: pip install 'pipeline[mlflow]' (mlflow-skinny)")

@@ -18,8 +18,8 @@ import pytest
 from rich.console import Console
 
 from pipeline.core.config import compose
-from pipeline.core.errors import EXIT_INPUT, EXIT_OK, InputError
 from pipeline.core.store import sha256_file
+from pipeline.errors import EXIT_INPUT, EXIT_OK, InputError
 from pipeline.release.archive import write_sha256sums
 from pipeline.release.verify import main as verify_main
 from pipeline.release.verify import verify_release

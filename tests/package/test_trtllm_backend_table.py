@@ -184,7 +184,7 @@ def test_tensorrt_llm_tensors_match_upstream_exactly(tmp_path):
 
 
 def test_medusa_without_choices_and_wrong_mode_settings_are_refused_naming_the_field(tmp_path):
-    from pipeline.core.errors import InputError
+    from pipeline.errors import InputError
 
     with pytest.raises(InputError, match="package.runtime.medusa_choices"):
         _repo(tmp_path / "a", {}, {"mode": "medusa", "max_draft_len": 3}, None)
@@ -222,8 +222,8 @@ def test_pytorch_layout_states_container_and_files_in_readme_and_serve(tmp_path,
 def test_pytorch_backend_maps_runtime_knobs_into_model_yaml_and_refuses_the_rest(tmp_path):
     import yaml
 
-    from pipeline.core.errors import InputError
     from pipeline.core.targets import get_target
+    from pipeline.errors import InputError
 
     ckpt = tmp_path / "ckpt"
     tiny.make_checkpoint(ckpt, "llama")

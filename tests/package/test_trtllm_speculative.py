@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.core.errors import GateFailed
+from pipeline.errors import GateFailed
 from pipeline.package.trtllm_config import DRAFT_MODEL, decide_speculative, expected_tokens_per_step
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,8 +32,8 @@ def measured(tmp_path_factory):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from pipeline.data.evalset import load_eval_set
-    from pipeline.evaluate.runners import HFRunner, draft_acceptance, load_hf_model, load_tokenizer, prepare
+    from pipeline.data.evalset import load_eval_set, prepare
+    from pipeline.evaluate.runners import HFRunner, draft_acceptance, load_hf_model, load_tokenizer
     from pipeline.evaluate.stage import _speculative_summary
 
     torch.set_num_threads(1)

@@ -11,10 +11,10 @@ from types import SimpleNamespace
 import pytest
 
 from pipeline.core.config import compose
+from pipeline.core.sizing import load_shape
 from pipeline.facts.gpus import match_local
+from pipeline.plan_cli import main as plan_main
 from pipeline.planner import CATALOGUE, PlanRefused, host_memory_bandwidth_gbs, lookup, plan, plan_for_run, weight_bytes
-from pipeline.planner.cli import main as plan_main
-from pipeline.planner.plan import load_shape
 
 ROOT = Path(__file__).resolve().parents[2]
 KiB, GB = 1024, 10**9

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from pipeline.core.config import compose
-from pipeline.core.errors import InputError
 from pipeline.data.calibration import CalibrationSet, ensure_pad_token, load_calibration
+from pipeline.errors import InputError
 
 
 @pytest.fixture(scope="module")

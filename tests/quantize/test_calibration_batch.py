@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from pipeline.core.config import compose
-from pipeline.core.errors import InputError
+from pipeline.errors import InputError
 
 CALIB = ["calibration.calib_size=16", "calibration.min_samples=4", "calibration.calib_max_seq_length=48"]
 

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from pipeline.core.config import compose
-from pipeline.core.errors import InputError
 from pipeline.data.calibration import load_calibration
+from pipeline.errors import InputError
 
 SENT = [
     "Where is my order ORD-12345?",

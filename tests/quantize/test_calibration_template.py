@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from pipeline.core.config import compose
-from pipeline.core.errors import InputError
 from pipeline.data.calibration import load_calibration
+from pipeline.errors import InputError
 
 # renders user turns (all an eval prompt has), raises on an assistant turn (a calibration chat has one)
 TEMPLATE = (

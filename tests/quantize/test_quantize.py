@@ -15,12 +15,12 @@ import pytest
 import torch
 
 from pipeline.core.config import ParallelConfig, compose
-from pipeline.core.errors import InputError
+from pipeline.core.quant_state import load_simulated_model
+from pipeline.errors import InputError
 from pipeline.facts.recipes import RECIPES
 from pipeline.quantize.common import KV_CACHE
 from pipeline.quantize.preflight import preflight, source_facts
 from pipeline.quantize.run import quantize
-from pipeline.quantize.state import load_simulated_model
 from pipeline.quantize.trtllm_ckpt import check_trtllm_checkpoint
 
 CALIB = ["calibration.calib_size=16", "calibration.min_samples=4", "calibration.calib_max_seq_length=48", "calibration.batch_size=8"]

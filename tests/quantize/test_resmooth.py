@@ -16,7 +16,7 @@ import tiny
 from rich.console import Console
 
 from pipeline.core.config import compose
-from pipeline.quantize.state import load_simulated_model
+from pipeline.core.quant_state import load_simulated_model
 from pipeline.runner import run_pipeline
 
 CALIB = ["calibration.calib_size=16", "calibration.min_samples=4", "calibration.calib_max_seq_length=48", "calibration.batch_size=8"]

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from pipeline.core.config import compose
-from pipeline.core.errors import InputError
+from pipeline.errors import InputError
 
 CALIB = ["calibration.calib_size=16", "calibration.min_samples=4", "calibration.calib_max_seq_length=48", "calibration.batch_size=8"]
 
@@ -173,7 +173,7 @@ def _quantize(tmp_path_factory, export_dir, repo_root, name, extra):
 def test_offloaded_layerwise_calibration_equals_the_whole_model(tmp_path_factory, export_dir, repo_root):
     from safetensors import safe_open
 
-    from pipeline.quantize.state import load_simulated_model
+    from pipeline.core.quant_state import load_simulated_model
 
     whole, r1 = _quantize(tmp_path_factory, export_dir, repo_root, "whole", [])
     off, r2 = _quantize(tmp_path_factory, export_dir, repo_root, "offloaded", ["calibration.max_device_memory_gb=0.0002"])

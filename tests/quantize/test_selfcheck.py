@@ -17,7 +17,7 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from pipeline.core.config import compose
-from pipeline.core.errors import EXIT_FAILED, InputError, SelfCheckError
+from pipeline.errors import EXIT_FAILED, InputError, SelfCheckError
 
 CALIB = ["calibration.calib_size=16", "calibration.min_samples=4", "calibration.calib_max_seq_length=48", "calibration.batch_size=8"]
 
@@ -40,7 +40,7 @@ def _copy(src: Path, dst: Path) -> Path:
 
 
 def test_the_state_records_its_export_and_refuses_another_one_as_input(calibrated, tmp_path):
-    from pipeline.quantize.state import load_simulated_model
+    from pipeline.core.quant_state import load_simulated_model
 
     exp, out = calibrated
     assert json.loads((out / "quant_state.json").read_text())["export_digest"] == "a" * 64
@@ -52,7 +52,7 @@ def test_the_state_records_its_export_and_refuses_another_one_as_input(calibrate
 
 
 def test_a_restored_model_that_misses_the_probe_is_a_pipeline_fault(calibrated, tmp_path):
-    from pipeline.quantize.state import load_simulated_model
+    from pipeline.core.quant_state import load_simulated_model
 
     exp, out = calibrated
     bad = _copy(out, tmp_path / "bad")
@@ -66,7 +66,7 @@ def test_a_restored_model_that_misses_the_probe_is_a_pipeline_fault(calibrated, 
 
 
 def test_a_cuda_calibration_restored_on_the_cpu_is_not_compared_on_logits(calibrated, tmp_path, caplog):
-    from pipeline.quantize.state import load_simulated_model
+    from pipeline.core.quant_state import load_simulated_model
 
     exp, out = calibrated
     moved = _copy(out, tmp_path / "cuda")

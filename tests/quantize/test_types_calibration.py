@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from pipeline.core.config import compose
-from pipeline.core.errors import InputError
 from pipeline.data.calibration import load_calibration
+from pipeline.errors import InputError
 
 
 def test_jsonl_integer_over_the_digit_limit_names_the_line(tmp_path):

@@ -28,7 +28,7 @@ def test_client_without_a_server_says_so_with_exit_4(tmp_path, flags):
 
 
 def test_llmclient_without_a_server_raises_the_same_error():
-    from pipeline.core.errors import EXIT_PREFLIGHT
+    from pipeline.errors import EXIT_PREFLIGHT
     from pipeline.serve.client import LLMClient, ServerUnavailable
 
     url = f"127.0.0.1:{free_port()}"

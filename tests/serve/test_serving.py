@@ -210,7 +210,7 @@ def test_malformed_requests_get_clean_errors_and_server_keeps_serving(served, cl
     assert "max_tokens" in (_raw_request(url, {"text_input": text("hi"), "max_tokens": i32(0)}) or "")
     assert _raw_request(url, {"text_input": text("hi"), "max_tokens": i32(3)}) is None
     # local errors name the input; nothing is sent
-    from pipeline.core.errors import InputError
+    from pipeline.errors import InputError
 
     with pytest.raises(InputError, match="'max_tokens'.*INT32"):
         client.generate("hi", 1.5)
@@ -335,7 +335,7 @@ def test_pipeline_serve_cli_serves_the_package_and_stops_on_sigint(served, tmp_p
 
 
 def test_server_down_and_port_in_use_are_clear_errors(served):
-    from pipeline.core.errors import InputError
+    from pipeline.errors import InputError
     from pipeline.serve.client import LLMClient, ServerUnavailable
 
     with pytest.raises(ServerUnavailable, match="pipeline serve"):

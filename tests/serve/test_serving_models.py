@@ -260,7 +260,7 @@ def test_stream_interval_is_validated_and_refused_on_the_tensorrt_llm_target():
 
     from pipeline.core.config import compose
     from pipeline.core.config.package import validate
-    from pipeline.core.errors import InputError
+    from pipeline.errors import InputError
     from pipeline.package.repository import settings_from_build
 
     bad = compose(["package.stream_interval=0"]).package

@@ -13,7 +13,7 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError
+from ...errors import InputError
 
 #: the spellings of a boolean this pipeline accepts: OmegaConf's (omegaconf/nodes.py BooleanNode) without its
 #: "any other integer is true" (``package.parity=2``), which would accept a typo silently
@@ -70,7 +70,7 @@ class Problem:
 
 class ConfigError(InputError):
     """Raised with every :class:`Problem` found, reported together: bad input, ``exit_code`` 2 (an
-    :class:`~pipeline.core.errors.InputError`, so a ``ValueError`` too)."""
+    :class:`~pipeline.errors.InputError`, so a ``ValueError`` too)."""
 
     def __init__(self, problems: list[Problem]):
         self.problems = list(problems)

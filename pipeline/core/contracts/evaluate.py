@@ -34,8 +34,8 @@ class EvalArtifact(StageArtifact):
         Raises:
             InputError: the file is missing, not a JSON object, or a field the readers use has the wrong type.
         """
+        from ...errors import InputError
         from ..artifacts import _read_json
-        from ..errors import InputError
 
         fix = "re-run the evaluate stage (force=true stages=[evaluate])"
         if not self.report_path.is_file():

@@ -6,8 +6,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any, ClassVar
 
+from ...errors import InputError
 from ..artifacts import StageArtifact, _read_json
-from ..errors import InputError
 
 MODEL_INFO_NAME = "model_info.json"
 
@@ -24,6 +24,20 @@ class ExportArtifact(StageArtifact):
     def hf_dir(self) -> Path:
         """``hf/``: config.json, model*.safetensors, generation_config.json, tokenizer files."""
         return self.path / self.HF_DIR
+
+    @classmethod
+    def hf_dir_of(cls, export_dir: Path) -> Path:
+        """The checkpoint folder of an export artifact (``export_dir/hf``) or of a bare checkpoint (``export_dir`` itself).
+
+        Raises:
+            InputError: neither holds a ``config.json``.
+        """
+        export_dir = Path(export_dir)
+        if (export_dir / cls.HF_DIR / "config.json").is_file():
+            return export_dir / cls.HF_DIR
+        if (export_dir / "config.json").is_file():
+            return export_dir
+        raise InputError(f"{export_dir}: not an export artifact (no hf/config.json). Pass the export stage's artifact folder.")
 
     @property
     def model_info_path(self) -> Path:

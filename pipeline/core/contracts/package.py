@@ -135,3 +135,9 @@ class ReleaseGate:
         """The gate of a parsed ``release_manifest.json`` (None when it has no evaluation)."""
         ev = manifest.get("evaluation") if isinstance(manifest, dict) else None
         return cls.from_json(ev.get("gate") if isinstance(ev, dict) else None)
+
+
+PACKAGE_ID_PARAMETER = "pipeline_package_id"
+"""A ``parameters`` entry of the repository's ``ensemble/config.pbtxt``: the package stage's invocation id (the
+provenance's ``invocationId``), also recorded in ``parity_expected.jsonl``, so ``pipeline client --parity`` can tell a
+server that serves another package (Triton reports model-config parameters over gRPC; files it does not)."""

@@ -52,7 +52,7 @@ def get_target(name: str) -> Target:
     Raises:
         InputError: unknown name; the message lists the known targets (and ``auto``).
     """
-    from ..errors import InputError
+    from ...errors import InputError
 
     if name not in TARGETS:
         raise InputError(f"target.name={name!r}: unknown target. Known targets: {known_targets() + ['auto']}. Fix: pass {_suggest(name)}.")
@@ -135,11 +135,10 @@ def resolve_target(cfg: PipelineConfig, *, gpus: Callable[[], list[dict[str, Any
     trt = tensorrt_llm_installed()
     g = gpus()
     if trt and g:
-        from ...build.targets.tensorrt_llm.builder import has_engine_builder, installed_version
-
-        v = installed_version()
+        trt_module = importlib.import_module(TARGETS["tensorrt_llm"])  # the registered implementation, by name
+        v = trt_module.installed_version()
         seen = f"a GPU is visible ({g[0]['name']}, SM {g[0]['compute_capability']})"
-        engines = has_engine_builder(v)
+        engines = trt_module.has_engine_builder(v)
         if engines is False:
             cfg.target.backend = "pytorch"
             return Resolution(
@@ -217,8 +216,8 @@ def needs_build(cfg: PipelineConfig) -> bool:
 
 def config_problems(cfg: PipelineConfig) -> list[Problem]:
     """The resolved target's config-time checks (called from ``pipeline.validation.validate``)."""
+    from ...errors import InputError
     from ..config.common import Problem
-    from ..errors import InputError
 
     if not needs_build(cfg) or cfg.model.path is None:
         return []  # shapes-only model presets (planner) never reach a build

@@ -6,7 +6,7 @@ Build (``python -m onnxruntime_genai.models.builder``, run as a subprocess so it
 * recipe ``none``: the export checkpoint, fp32 weights on the CPU EP (fp16 on the CUDA EP; the
   builder's valid CPU precisions are fp32/int4/int8);
 * ``int4_awq`` / ``int4_wo`` / ``int8_wo``: ModelOpt's simulated-quant model from the quantize
-  artifact (``pipeline.quantize.state.load_simulated_model``) is converted *exactly* to a GPTQ-format
+  artifact (``pipeline.core.quant_state.load_simulated_model``) is converted *exactly* to a GPTQ-format
   checkpoint (:mod:`pipeline.build.targets.onnxruntime_genai.quant`: same integers, same scales, AWQ pre_quant_scale
   folded or applied as an ONNX Mul) and built as MatMulNBits (4 or 8 bit) - never re-quantized.
 
@@ -26,7 +26,6 @@ import json
 import logging
 import os
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Iterable, Sequence
@@ -35,8 +34,9 @@ from typing import Any, NamedTuple
 
 from ....core.config.common import Problem
 from ....core.contracts.build import BuildArtifact
-from ....core.errors import InputError, PipelineError, PreflightError
+from ....core.genai import run_logged, set_runtime_limits
 from ....core.targets.base import Capabilities, GenerationRequest, GenerationResult, Target, TokenCallback
+from ....errors import InputError, PipelineError, PreflightError
 
 log = logging.getLogger("pipeline.build.targets.onnxruntime_genai.builder")
 
@@ -67,40 +67,6 @@ BUILDER = "onnxruntime_genai.models.builder"
 
 def _dir_bytes(p: Path) -> int:
     return sum(f.stat().st_size for f in Path(p).rglob("*") if f.is_file())
-
-
-def _run_logged(cmd: list[str], logf: Path, title: str, env: dict[str, str] | None = None) -> int | None:
-    """Run ``cmd``, appending its stdout+stderr to ``logf``; raise PipelineError with the log tail on failure.
-
-    Returns the child's peak RSS in bytes (:func:`pipeline.core.memory.run_sampled`; None when unreadable)."""
-    from ....core.memory import run_sampled
-
-    with open(logf, "a", encoding="utf-8") as fh:
-        fh.write(f"$ {' '.join(map(str, cmd))}\n")
-        fh.flush()
-        code, peak = run_sampled([str(c) for c in cmd], stdout=fh, stderr=subprocess.STDOUT, env=env)
-    if code != 0:
-        tail = "".join(Path(logf).read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)[-25:])
-        raise PipelineError(f"{title} failed (exit {code}); last lines of {logf}:\n{tail}")
-    return peak
-
-
-def set_runtime_limits(engine: Path, *, max_batch_size: int, max_seq_len: int) -> dict[str, Any]:
-    """Write the batch and length limits into ``engine/genai_config.json`` (in place); return the config.
-
-    * ``search.max_length = max_seq_len``: the runtime refuses a prompt that leaves no room before it;
-    * ``engine.static_batching.max_batch_size = max_batch_size``: og.Engine schedules a static batch on a
-      non-paged model (paged attention, ``engine.dynamic_batching``, is CUDA-only in onnxruntime-genai 0.18); without
-      this key 0.18 caps it at 4 sequences (``Engine.get_capabilities().configured_max_batch_size``).
-    """
-    gc_path = Path(engine) / "genai_config.json"
-    gc = json.loads(gc_path.read_text(encoding="utf-8"))
-    gc.setdefault("search", {})["max_length"] = int(max_seq_len)
-    eng = gc.setdefault("engine", {})
-    if "dynamic_batching" not in eng:
-        eng.setdefault("static_batching", {})["max_batch_size"] = int(max_batch_size)
-    gc_path.write_text(json.dumps(gc, indent=4) + "\n", encoding="utf-8")
-    return gc
 
 
 def _quant_problems(cfg: Any) -> list[Problem]:
@@ -216,7 +182,7 @@ def _builder_source(cfg: Any, checkpoint: Path, export_dir: Path | None, work: P
 
     restored = model is None
     if model is None:
-        from ....quantize.state import load_simulated_model
+        from ....core.quant_state import load_simulated_model
 
         lg.info("restoring ModelOpt's simulated-quant model from %s", checkpoint)
         model = load_simulated_model(checkpoint, Path(export_dir), device="cpu")
@@ -406,7 +372,7 @@ class OnnxRuntimeGenAITarget:
         cmd[cmd.index("-i") + 1] = str(builder_src)
         if window_note:
             lg.info("builder config: %s (builder input %s)", window_note, builder_src)
-        builder_peak = _run_logged(cmd, logf, "onnxruntime-genai model builder", env=env)
+        builder_peak = run_logged(cmd, logf, "onnxruntime-genai model builder", env=env)
         graph_fix, n_mul, graph = _finish_graph(engine / "model.onnx", logf, conv, rec, lg)
         limits = self.write_limits(cfg, engine)
         shutil.rmtree(work, ignore_errors=True)

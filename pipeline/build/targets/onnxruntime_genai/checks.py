@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ....facts.families import builder_config, read_model_config
+from ....core.modelio import read_model_config
+from ....facts.families import builder_config
 
 
 def model_problems(cfg: Any) -> list[Any]:

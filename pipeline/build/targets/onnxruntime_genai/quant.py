@@ -1,6 +1,6 @@
 """Deploy ModelOpt's quantized weights on onnxruntime-genai (CPU) without re-quantizing them.
 
-The quantize stage leaves a ModelOpt *simulated-quantization* model (``pipeline.quantize.state.load_simulated_model``):
+The quantize stage leaves a ModelOpt *simulated-quantization* model (``pipeline.core.quant_state.load_simulated_model``):
 each quantized ``nn.Linear`` holds the (AWQ-smoothed) weight ``W'``, a weight quantizer whose ``amax``
 gives the per-block scale ``s = amax / (2**(bits-1) - 1)`` and, for AWQ, an input quantizer with a
 ``pre_quant_scale`` ``p`` (per input channel).  The simulated output is ``y = Q(W') @ (p * x)`` with

@@ -40,9 +40,10 @@ from ....core.config.common import Problem
 from ....core.config.target import DEFAULT_SERVING_IMAGE
 from ....core.contracts.build import BuildArtifact
 from ....core.contracts.quantize import QuantizeArtifact
-from ....core.errors import InputError, PipelineError, PreflightError
 from ....core.targets.base import Capabilities, Target
+from ....errors import InputError, PipelineError, PreflightError
 from ....facts.recipes import KV_CACHE_FORMATS, RECIPES
+from ....facts.trtllm import PYTORCH_ALTERNATIVE, PYTORCH_KV_CACHE_DTYPES, PYTORCH_REFUSED_RECIPES, llmapi_unsupported
 
 log = logging.getLogger("pipeline.build.targets.tensorrt_llm.builder")
 
@@ -97,23 +98,6 @@ SPEC_MODES = {
     "lookahead_decoding": "lookahead_decoding",
 }
 SCHEDULER_POLICY = {"guaranteed_no_evict": "GUARANTEED_NO_EVICT", "max_utilization": "MAX_UTILIZATION"}
-
-
-PYTORCH_REFUSED_RECIPES: dict[str, str] = {
-    "int8_sq": "the TensorRT-LLM PyTorch backend has no INT8 SmoothQuant (W8A8) kernels (TensorRT-LLM issue #3701)",
-    "int8_wo": "the TensorRT-LLM PyTorch backend has no INT8 weight-only (W8A16) kernels (TensorRT-LLM issue #3701)",
-}
-PYTORCH_ALTERNATIVE = (
-    "quant=fp8 (SM 8.9+) or quant=int4_awq (W4A16, SM 8.0+) on target=tensorrt_llm_pytorch, or keep quant={recipe} on the "
-    "legacy engine path target=tensorrt_llm (TensorRT-LLM 1.2.x)"
-)
-"""Recipes the PyTorch backend (``tensorrt_llm_pytorch``) refuses, with the alternative. Source: TensorRT-LLM
-``docs/source/features/quantization.md`` (the PyTorch backend's quantization support matrix, 1.2/1.3rc) and
-NVIDIA/TensorRT-LLM issue #3701 (INT8 SmoothQuant / W8A16 not supported by the PyTorch backend); summarised in
-docs/reference/tensorrt_llm.md. Every other recipe of :data:`pipeline.facts.recipes.RECIPES` runs on both backends."""
-PYTORCH_KV_CACHE_DTYPES = ("none", "fp8")
-"""KV-cache dtypes of the PyTorch backend: FP8 KV only; INT8 KV is not supported (same sources as
-:data:`PYTORCH_REFUSED_RECIPES`; INT8 KV is an open upstream pull request, not a release)."""
 
 
 def _capabilities(name: str) -> Capabilities:
@@ -587,8 +571,6 @@ def _kv_and_backend_problems(cfg: Any, rt: Any) -> list[Problem]:
             )
         )
     if cfg.target.backend == "pytorch":
-        from ....package.trtllm_config import llmapi_unsupported
-
         for f in llmapi_unsupported(rt):
             p.append(
                 Problem(

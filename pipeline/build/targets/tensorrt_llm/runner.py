@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from ....core.contracts.build import BuildArtifact, BuildInfo
-from ....core.errors import InputError, PreflightError
+from ....errors import InputError, PreflightError
 
 INSTALL_FIX = (
     "install TensorRT-LLM 1.2.1 on an NVIDIA GPU host (`pip install 'tensorrt-llm==1.2.1' --extra-index-url "

@@ -5,7 +5,7 @@ cross-field check (:func:`pipeline.validation.validate`, as the run does; a conf
 the problems, exit 2), and prints the memory/speed plan.  ``target_gpu=X`` is accepted as an alias of
 ``target.gpu=X``.
 
-Exit codes (pipeline.core.errors): 0 plan ok (warnings allowed), 2 configuration problems (all listed),
+Exit codes (pipeline.errors): 0 plan ok (warnings allowed), 2 configuration problems (all listed),
 4 the plan cannot work on the target, or a stage that will run does not fit this host's memory (refused, with the
 numbers; for a shapes-only preset, which runs nowhere, the host figures are warnings).
 """
@@ -18,7 +18,7 @@ import json
 import sys
 from typing import Any
 
-from ..core.errors import EXIT_INPUT, EXIT_OK, EXIT_PREFLIGHT, InputError, PipelineError
+from .errors import EXIT_INPUT, EXIT_OK, EXIT_PREFLIGHT, InputError, PipelineError
 
 _ALIASES = {"target_gpu": "target.gpu", "gpu": "target.gpu"}
 
@@ -32,8 +32,8 @@ def _rewrite(overrides: list[str]) -> list[str]:
 
 
 def _compose(overrides: list[str]) -> Any:
-    from ..core.config import compose
-    from ..core.config.hydra_settings import refuse_hydra_settings
+    from .core.config import compose
+    from .core.config.hydra_settings import refuse_hydra_settings
 
     refuse_hydra_settings(
         overrides,
@@ -46,7 +46,7 @@ def _compose(overrides: list[str]) -> Any:
 def _gpu_table(cfg: Any, names: list[str], console: Any) -> tuple[list[dict[str, Any]], int]:
     from rich.table import Table
 
-    from .plan import fmt_bytes, plan
+    from .planner.plan import fmt_bytes, plan
 
     rows, worst = [], EXIT_OK
     t = Table(
@@ -100,11 +100,11 @@ def main(argv: list[str] | None = None) -> int:
             _error(EXIT_INPUT, str(e))
         return EXIT_INPUT
 
-    from ..core.config import ConfigError
-    from ..validation import validate, with_run_order
-    from . import host_check
-    from .plan import plan
-    from .render import render
+    from .core.config import ConfigError
+    from .planner import host_check
+    from .planner.plan import plan
+    from .planner.render import render
+    from .validation import validate, with_run_order
 
     problems = validate(cfg, raise_on_error=False)
     out: dict[str, Any] = {"overrides": overrides, "problems": [dataclasses.asdict(p) for p in problems]}
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     code = EXIT_OK
     try:
         if args.gpus:
-            from ..facts.gpus import CATALOGUE, lookup
+            from .facts.gpus import CATALOGUE, lookup
 
             names = list(CATALOGUE) if args.gpus == "all" else [lookup(n).key for n in args.gpus.split(",") if n.strip()]
             out["comparison"], _ = _gpu_table(cfg, names, console)
