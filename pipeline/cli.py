@@ -95,7 +95,7 @@ def _task(cfg) -> int:  # DictConfig
     overrides = [str(o) for o in OmegaConf.to_container(hc.overrides.task, resolve=False)]  # type: ignore[union-attr]
     out_dir = Path(hc.runtime.output_dir)
     from .core.store import install_log_redaction
-    from .runner import redact_run_outputs
+    from .report import redact_run_outputs
 
     install_log_redaction()
     redact_run_outputs(out_dir)  # Hydra wrote .hydra/*.yaml with the config verbatim
@@ -120,7 +120,7 @@ def _task(cfg) -> int:  # DictConfig
 def _write_error_summary(out_dir: Path, overrides: list[str], code: int, error: str) -> None:
     """A summary.json for a job that failed before the runner started (multirun comparisons read it)."""
     from .core.store import redact, write_json_atomic
-    from .runner import RunSummary
+    from .report import RunSummary
 
     try:
         out_dir.mkdir(parents=True, exist_ok=True)

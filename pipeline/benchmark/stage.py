@@ -13,12 +13,13 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from ..core.contracts.benchmark import BenchmarkResult
 from ..core.stage import Stage, StageContext
 from ..errors import InputError, PipelineError
 
 
 def _inputs(ctx: StageContext):
-    from ..core.contracts.build import BuildArtifact, target_of
+    from ..core.contracts.build import BuildArtifact, BuildResult, target_of
     from ..core.contracts.export import ExportArtifact
     from ..core.contracts.package import PackageArtifact
     from .core import BenchInputs
@@ -26,7 +27,7 @@ def _inputs(ctx: StageContext):
     cfg = ctx.cfg
     exp, bld = ExportArtifact(ctx.inputs["export"].path), ctx.inputs["build"]
     pkg = ctx.inputs.get("package")
-    limits = BuildArtifact(bld.path).limits(bld.result, cfg.build)
+    limits = BuildArtifact(bld.path).limits(bld.result_as(BuildResult), cfg.build)
     target = target_of(bld, cfg.target.name)
     engine_dir = BuildArtifact(bld.path).engine_dir
     repo = PackageArtifact(pkg.path).model_repository if pkg is not None else None
@@ -98,7 +99,7 @@ def _check_results_dir(b: Any) -> None:
         ) from None
 
 
-def run(ctx: StageContext) -> dict[str, Any]:
+def run(ctx: StageContext) -> BenchmarkResult:
     from ..core.config import resolve_path
     from .core import run_benchmark
     from .report import write_outputs
@@ -125,11 +126,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
             f"benchmark: {errors} request(s) failed (see {published[0] if published else paths['json']}, runs[].requests[].error). "
             "A deployment that drops requests is not measured correctly; set benchmark.fail_on_errors=false to keep such a result."
         )
-    return {
-        "headline": doc["headline"],
-        "ratios": {k: v["value"] for k, v in doc["ratios"].items()},
-        "results": published,
-    }
+    return BenchmarkResult(headline=doc["headline"], ratios={k: v["value"] for k, v in doc["ratios"].items()}, results=published)
 
 
 def dry_run(ctx: StageContext) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from ..core.contracts.build import BuildArtifact
+from ..core.contracts.build import BuildArtifact, BuildResult
 from ..core.stage import Stage, StageContext
 from ..core.store import write_json_atomic
 from .checks import checks
@@ -59,7 +59,7 @@ def _portable(obj: Any, places: dict[str, str]) -> Any:
     return obj
 
 
-def _run(ctx: StageContext) -> dict[str, Any]:
+def _run(ctx: StageContext) -> BuildResult:
     from ..core.targets import get_target
 
     name, reason = _announce(ctx)
@@ -79,13 +79,9 @@ def _run(ctx: StageContext) -> dict[str, Any]:
     write_json_atomic(out.build_info_path, _portable(info, places))
     engine_mb = round(info["engine_bytes"] / 1e6, 3)
     ctx.console.print(f"  engine: {engine_mb} MB in {measured.get('build_s', 0.0):.1f} s  limits={info['limits']}")
-    return {
-        "headline": {"target": name, "engine_mb": engine_mb},
-        "limits": info["limits"],
-        "target": name,
-        "backend": info["backend"],
-        "target_reason": reason,
-    }
+    return BuildResult(
+        headline={"target": name, "engine_mb": engine_mb}, limits=info["limits"], target=name, backend=info["backend"], target_reason=reason
+    )
 
 
 def _dry_run(ctx: StageContext) -> dict[str, Any]:

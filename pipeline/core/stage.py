@@ -1,7 +1,7 @@
 """Stage interface and registry.
 
 A stage is a plain function from (config, input artifacts) to files in an output folder plus a
-small JSON-able result.  Each stage module (``pipeline/stages/<name>.py``) defines a module-level
+small typed result (``pipeline/core/contracts/<stage>.py``).  Each stage module (``pipeline/stages/<name>.py``) defines a module-level
 ``STAGE = Stage(...)``; modules are imported lazily by :func:`get_stage` so that ``pipeline plan``
 or a cache hit never pays for importing torch.
 """
@@ -14,8 +14,9 @@ import importlib
 import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from .contracts.result import StageResult
 from .registry import Registry
 
 if TYPE_CHECKING:
@@ -94,8 +95,12 @@ def _no_extras(cfg: PipelineConfig, inputs: dict[str, Artifact]) -> dict[str, An
     return {}
 
 
+R = TypeVar("R", bound=StageResult)
+"""A stage's result class (``pipeline.core.contracts.<stage>``: ``ExportResult`` ... ``BenchmarkResult``)."""
+
+
 @dataclasses.dataclass(frozen=True)
-class Stage:
+class Stage(Generic[R]):
     """A pipeline stage.
 
     Attributes:
@@ -103,8 +108,9 @@ class Stage:
         deps: upstream stages whose artifacts are inputs.
         config_groups: config groups whose cache-relevant fields enter the key (see ``config.common.runtime``).
         libraries: distributions whose versions enter the key and the manifest.
-        run: ``run(ctx) -> result dict`` (JSON-able). Writes into ``ctx.out``. A ``headline`` sub-dict
-            is shown in run summaries and multirun comparisons.
+        run: ``run(ctx) -> R``, the stage's typed result (:class:`pipeline.core.contracts.result.StageResult`;
+            recorded as ``manifest.json`` ``result``). Writes into ``ctx.out``. Its ``headline`` is shown in run
+            summaries and multirun comparisons.
         version: bump when the stage's output format changes (invalidates old artifacts).
         external_inputs: ``f(cfg) -> {name: path}`` of files/folders outside the store (digested).
         key_extras: ``f(cfg, inputs) -> dict`` of further facts that change the bytes (e.g. the
@@ -126,7 +132,7 @@ class Stage:
     deps: tuple[str, ...]
     config_groups: tuple[str, ...]
     libraries: tuple[str, ...]
-    run: Callable[[StageContext], dict[str, Any]]
+    run: Callable[[StageContext], R]
     version: str = "1"
     external_inputs: Callable[[PipelineConfig], dict[str, Path]] = _no_external
     key_extras: Callable[[PipelineConfig, dict[str, Artifact]], dict[str, Any]] = _no_extras
@@ -152,13 +158,14 @@ STAGE_MODULES: Registry[str] = _stage_modules()
 """Stage name -> the module defining its ``STAGE`` (``pipeline.<name>.stage``), in pipeline order."""
 
 
-def get_stage(name: str) -> Stage:
+def get_stage(name: str) -> Stage[Any]:
     """Import ``pipeline.<name>.stage`` and return its ``STAGE``.
 
     Raises :class:`~pipeline.core.registry.UnknownName` (a ``KeyError``) listing the known stages for an unknown name.
     """
     mod = importlib.import_module(STAGE_MODULES[name])
-    return mod.STAGE
+    stage: Stage[Any] = mod.STAGE
+    return stage
 
 
 def resolve_order(requested: list[str], cfg: PipelineConfig | None = None) -> list[str]:

@@ -39,6 +39,7 @@ from typing import Any
 from filelock import FileLock
 
 from ..errors import PipelineError
+from .contracts.result import R, StageResult, result_class
 
 MANIFEST = "manifest.json"
 MANIFEST_SCHEMA = "pipeline.manifest/v1"
@@ -321,8 +322,17 @@ class Artifact:
         return self.manifest["output_digest"]
 
     @property
-    def result(self) -> dict[str, Any]:
-        return self.manifest.get("result", {})
+    def result(self) -> StageResult:
+        """The stage's typed result (``manifest.json`` ``result`` parsed by the stage's class,
+        :data:`pipeline.core.contracts.result.STAGE_RESULTS`: ``ExportResult`` ... ``BenchmarkResult``)."""
+        return result_class(self.stage).from_json(self.manifest.get("result"))
+
+    def result_as(self, cls: type[R]) -> R:
+        """:attr:`result` as ``cls`` (the stage's result class, e.g. ``EvalResult``); TypeError for another stage's."""
+        res = self.result
+        if not isinstance(res, cls):
+            raise TypeError(f"{self.stage} artifact {self.path}: its result is a {type(res).__name__}, not a {cls.__name__}")
+        return res
 
 
 def _fsync_dir(path: Path) -> None:

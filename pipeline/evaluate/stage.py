@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from ..core.config.common import key_fields
-from ..core.contracts.build import BuildArtifact, target_of
-from ..core.contracts.evaluate import EvalArtifact, FailedCheck, GateBound, GateFidelity, GateVerdict
+from ..core.contracts.build import BuildArtifact, BuildResult, target_of
+from ..core.contracts.evaluate import EvalArtifact, EvalResult, FailedCheck, GateBound, GateFidelity, GateVerdict
 from ..core.contracts.export import ExportArtifact, ModelInfo
 from ..core.stage import Stage, StageContext
 from ..core.store import sha256_file
@@ -37,7 +37,7 @@ def engine_limits(build_art: Any, cfg: Any) -> dict[str, Any]:
     else the build config's."""
     if build_art is None:
         return {k: getattr(cfg.build, k) for k in BuildArtifact.LIMIT_KEYS}
-    return BuildArtifact(build_art.path).limits(build_art.result, cfg.build)
+    return BuildArtifact(build_art.path).limits(build_art.result_as(BuildResult), cfg.build)
 
 
 def target_name(cfg: Any, build_art: Any) -> str:
@@ -236,7 +236,7 @@ def _logit_sink(fid: dict[str, Any], name: str) -> Any:
     return F.StreamedComparison(fid["seqs"], fid["logits"]["baseline"])
 
 
-def evaluate(ctx: StageContext) -> dict[str, Any]:
+def evaluate(ctx: StageContext) -> EvalResult:
     """Run, score, gate and report (see module docstring). Returns the stage result.
 
     PyTorch runs with ``eval.torch_threads`` intra-op threads (0 = 1 thread on hosts with <= 4 CPUs,
@@ -293,7 +293,7 @@ class _Scores:
     cand_scores: dict[str, float]
 
 
-def _evaluate(ctx: StageContext) -> dict[str, Any]:
+def _evaluate(ctx: StageContext) -> EvalResult:
     from . import gate as G
     from . import report as R
     from .junit import write_junit
@@ -615,7 +615,7 @@ def _write_outputs(path: Any, st: _Setup, runs: _Runs, sc: _Scores) -> None:
                     f.write(json.dumps(row, ensure_ascii=False) + "\n")
 
 
-def _stage_result(st: _Setup, runs: _Runs, sc: _Scores, verdict: dict[str, Any]) -> dict[str, Any]:
+def _stage_result(st: _Setup, runs: _Runs, sc: _Scores, verdict: dict[str, Any]) -> EvalResult:
     """The stage result: the gate verdict, the console headline and counts."""
     ov = sc.stats.get("overall")
     headline = {
@@ -632,20 +632,24 @@ def _stage_result(st: _Setup, runs: _Runs, sc: _Scores, verdict: dict[str, Any])
         headline["top1"] = round(fo["top1"], 4)
     if verdict["bound"]:
         headline["drop_ub"] = round(verdict["bound"]["upper"], 4)
-    summary = gate_summary(verdict, fo)
-    return {
-        "gate": summary,
-        "headline": headline,
-        "skipped_too_long": sum(1 for p in st.prepared if p.skipped),
-        "evaluated": st.n_run,
-        "candidate": st.cand,
-        "report": EvalArtifact.REPORT_JSON,
-    }
+    return EvalResult(
+        gate=gate_verdict(verdict, fo),
+        headline=headline,
+        skipped_too_long=sum(1 for p in st.prepared if p.skipped),
+        evaluated=st.n_run,
+        candidate=st.cand,
+        report=EvalArtifact.REPORT_JSON,
+    )
 
 
 def gate_summary(verdict: dict[str, Any], fidelity_overall: dict[str, Any]) -> dict[str, Any]:
+    """The JSON of :func:`gate_verdict` (the evaluate result's ``gate``)."""
+    return gate_verdict(verdict, fidelity_overall).to_json()
+
+
+def gate_verdict(verdict: dict[str, Any], fidelity_overall: dict[str, Any]) -> GateVerdict:
     """The gate record of the evaluate result (:class:`~pipeline.core.contracts.evaluate.GateVerdict`, shown by
-    ``runner.print_gate``, kept in summary.json and the release manifest) from ``gate.judge``'s verdict and the
+    ``report.print_gate``, kept in summary.json and the release manifest) from ``gate.judge``'s verdict and the
     overall fidelity summary (``fidelity.summarize``)."""
     fo = fidelity_overall
     b = verdict["bound"]
@@ -662,7 +666,7 @@ def gate_summary(verdict: dict[str, Any], fidelity_overall: dict[str, Any]) -> d
         fidelity=GateFidelity(fo["kld"]["mean"], fo["kld"]["se"], fo["top1"], fo["ln_ppl_ratio"], fo["positions"])
         if fo.get("positions")
         else None,
-    ).to_json()
+    )
 
 
 def _heldout_samples(ctx: StageContext, tokenizer: Any) -> list[list[int]]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..core.contracts.export import ExportResult
 from ..core.stage import Stage, StageContext
 from ..errors import InputError
 from .checks import checks
@@ -76,7 +77,7 @@ def _headline(architecture: str, params: Any, dtype: str) -> dict[str, Any]:
     return {"architecture": architecture, "params": params, "dtype": dtype}
 
 
-def _run(ctx: StageContext) -> dict[str, Any]:
+def _run(ctx: StageContext) -> ExportResult:
     from ..core.contracts.export import ExportArtifact
     from ..core.decoding import read_policy
     from ..core.store import write_json_atomic
@@ -102,15 +103,15 @@ def _run(ctx: StageContext) -> dict[str, Any]:
         )
     for w in warnings:
         ctx.log.warning("export: %s", w)
-    return {
-        "headline": _headline(info["architecture"], info["num_parameters"], info["dtype"]),
-        "warnings": warnings,
-        "eos_token_ids": info["eos_token_ids"],
-        "pad_token_derived": info["pad_token_derived"],
-        "tie_word_embeddings": info["tie_word_embeddings"],
-        "rope_type": (info["rope_scaling"] or {}).get("rope_type", "default"),
-        "decoding": {"repetition_penalty": policy.repetition_penalty, "sampling": policy.sampling},
-    }
+    return ExportResult(
+        headline=_headline(info["architecture"], info["num_parameters"], info["dtype"]),
+        warnings=warnings,
+        eos_token_ids=info["eos_token_ids"],
+        pad_token_derived=info["pad_token_derived"],
+        tie_word_embeddings=info["tie_word_embeddings"],
+        rope_type=(info["rope_scaling"] or {}).get("rope_type", "default"),
+        decoding={"repetition_penalty": policy.repetition_penalty, "sampling": policy.sampling},
+    )
 
 
 def _dry_run(ctx: StageContext) -> dict[str, Any]:

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core.contracts.build import BuildArtifact, BuildInfo
-from ..core.contracts.evaluate import gate_of
+from ..core.contracts.evaluate import EvalResult
 from ..core.contracts.export import ExportArtifact, ModelInfo
-from ..core.contracts.package import PackageArtifact, ReleaseGate
+from ..core.contracts.package import PackageArtifact, PackageResult, ReleaseArchive, ReleaseGate
 from ..core.stage import Stage, StageContext
 from ..errors import GateFailed, InputError
 
@@ -63,7 +63,7 @@ def _gate(ctx: StageContext) -> dict[str, Any]:
     input's verdict. Raises :class:`GateFailed` (exit 3) for a verdict that did not pass, unless
     ``package.allow_failed_gate``."""
     ev = ctx.inputs.get("evaluate")
-    gate = gate_of(ev.result if ev is not None else None)
+    gate = ev.result_as(EvalResult).gate if ev is not None else None
     if gate is not None and gate.passed:
         return ReleaseGate(gate, override=False).to_json()
     reason = _first_scopes(gate.reason if gate is not None else "no evaluation verdict")
@@ -130,7 +130,7 @@ def _speculative(ctx: StageContext, build_info: BuildInfo) -> dict[str, Any] | N
     return dec.to_json()
 
 
-def package(ctx: StageContext) -> dict[str, Any]:
+def package(ctx: StageContext) -> PackageResult:
     """Generate, validate and release (see module docstring). Returns the stage result."""
     from ..core.store import redact, write_json_atomic
     from .repository import generate_repository
@@ -181,27 +181,25 @@ def package(ctx: StageContext) -> dict[str, Any]:
         manifest = _release_manifest(ctx, name, settings, bi, mi, gate, speculative, info, parity, serving_image, limits, engine_dir)
         manifest = redact(manifest)  # the one redaction (pipeline.core.store.redact) at every place the config is written
         write_json_atomic(ctx.out / PackageArtifact.RELEASE_MANIFEST, manifest)
-        result: dict[str, Any] = {
-            "repository": "model_repository",
-            "models": info["models"],
-            "target": settings.target,
-            "decoupled": settings.decoupled,
-            "gate_override": gate["override"],
-            "parity": parity,
-        }
-        if pc.archive:
-            result.update(_release_archive(ctx, repo, name, manifest))
+        release = _release_archive(ctx, repo, name, manifest) if pc.archive else None
         advance(1)
-    result["headline"] = {
+    headline = {
         "target": settings.target,
         "models": len(info["models"]),
-        "archive": result.get("archive", "-"),
+        "archive": release.archive if release is not None else "-",
         "gate": "override" if gate["override"] else "pass",
+        "served == evaluated": f"{parity['matched']}/{parity['total']}" if parity.get("total") is not None else parity["status"],
     }
-    result["headline"]["served == evaluated"] = (
-        f"{parity['matched']}/{parity['total']}" if parity.get("total") is not None else parity["status"]
+    return PackageResult(
+        headline=headline,
+        repository=PackageArtifact.MODEL_REPOSITORY,
+        models=info["models"],
+        target=settings.target,
+        decoupled=settings.decoupled,
+        gate_override=gate["override"],
+        parity=parity,
+        release=release,
     )
-    return result
 
 
 def _invocation_id(ctx: StageContext) -> str:
@@ -302,7 +300,7 @@ def _release_manifest(
         },
         "evaluation": {
             "gate": gate,
-            "headline": (ctx.inputs["evaluate"].result.get("headline") if "evaluate" in ctx.inputs else None),
+            "headline": (ctx.inputs["evaluate"].result.headline or None) if "evaluate" in ctx.inputs else None,
             **_evaluated_what(ctx, settings, bi),
         },
         "decoding": settings.decoding,  # the policy evaluate applied and the served model applies (pipeline.core.decoding)
@@ -373,7 +371,7 @@ def _migration(ctx: StageContext) -> dict[str, Any] | None:
     )
 
 
-def _release_archive(ctx: StageContext, repo: Path, name: str, manifest: dict[str, Any]) -> dict[str, Any]:
+def _release_archive(ctx: StageContext, repo: Path, name: str, manifest: dict[str, Any]) -> ReleaseArchive:
     """``release/<name>.tar.gz`` (repository, manifest, parity records) with its manifest copy, the provenance
     statement, SHA256SUMS and, when ``package.sign`` is on, the signature ``release.sig`` over all of them; returns
     the result fields ``archive``, ``archive_sha256``, ``provenance`` and ``signature`` (null when unsigned)."""
@@ -403,13 +401,13 @@ def _release_archive(ctx: StageContext, repo: Path, name: str, manifest: dict[st
     ]
     write_sha256sums(rel / PackageArtifact.SHA256SUMS, listed)
     signed = sign_release(rel, ctx.cfg.package) if method(ctx.cfg.package) else None
-    return {
-        "archive": f"release/{archive.name}",
-        "archive_sha256": sha,
-        "provenance": f"release/{PackageArtifact.PROVENANCE}",
-        "signature": f"release/{PackageArtifact.SIGNATURE}" if signed else None,
-        "signed_by": signed,
-    }
+    return ReleaseArchive(
+        archive=f"release/{archive.name}",
+        archive_sha256=sha,
+        provenance=f"release/{PackageArtifact.PROVENANCE}",
+        signature=f"release/{PackageArtifact.SIGNATURE}" if signed else None,
+        signed_by=signed,
+    )
 
 
 def _sbom(rel: Path, archive: Path, sha: str, manifest: dict[str, Any]) -> list[Path]:

@@ -51,7 +51,7 @@ def cuda_extension(device: str) -> dict[str, Any] | None:
     modelopt/torch/quantization/extensions.py, 0.47) into ``TORCH_EXTENSIONS_DIR``: about 50 s on a fresh H200 machine
     (the first quantize there took 64 s of calibration for the 1 B shape, later ones 12-15 s, 2026-12-04), then
     milliseconds. The runner points ``TORCH_EXTENSIONS_DIR`` next to the artifact store when it is unset
-    (``pipeline.runner._open_store``), so a CI job that caches its store keeps the build too.
+    (``pipeline.preflight.open_store``), so a CI job that caches its store keeps the build too.
     Returns ``{"seconds", "dir", "built"}`` (built: the load took over 5 s, i.e. it compiled)."""
     import os
     import time

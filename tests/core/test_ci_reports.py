@@ -16,7 +16,8 @@ from rich.console import Console
 from pipeline.core.config import REPO_ROOT, compose
 from pipeline.errors import EXIT_GATE, EXIT_OK
 from pipeline.evaluate.junit import to_junit
-from pipeline.runner import JUNIT_FILE, run_pipeline
+from pipeline.report import JUNIT_FILE
+from pipeline.runner import run_pipeline
 
 
 @pytest.fixture(scope="module")

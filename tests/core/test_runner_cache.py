@@ -198,7 +198,7 @@ def test_comparison_on_a_narrow_terminal_prints_one_block_per_variant(tmp_path):
 
     from rich.console import Console
 
-    from pipeline.runner import write_comparison
+    from pipeline.report import write_comparison
 
     for i, (q, score) in enumerate((("none", 0.9069), ("int4_awq", 0.9097))):
         d = tmp_path / str(i)

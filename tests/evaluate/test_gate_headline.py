@@ -11,7 +11,7 @@ from rich.console import Console
 from pipeline.core.config import compose
 from pipeline.evaluate.gate import judge, paired_stats
 from pipeline.evaluate.stage import gate_summary
-from pipeline.runner import RunSummary, print_summary
+from pipeline.report import RunSummary, print_summary
 
 
 def _ps(base, cand):

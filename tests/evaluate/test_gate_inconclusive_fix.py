@@ -15,7 +15,7 @@ from pipeline.errors import GateFailed
 from pipeline.evaluate.gate import judge, paired_stats
 from pipeline.evaluate.stage import gate_summary
 from pipeline.package.stage import _gate
-from pipeline.runner import print_gate
+from pipeline.report import print_gate
 
 
 def _stats(n: int, lost: int, conf: float = 0.95):

@@ -91,7 +91,7 @@ def test_reference_dtype_checkpoint_follows_the_source_config(tmp_path):
 
 def test_reference_checkpoint_enters_the_evaluate_key(tmp_path, tiny_llama):
     """The source checkpoint is an external input of evaluate: its content digest is in the key."""
-    from pipeline.runner import _all_externals
+    from pipeline.preflight import all_externals as _all_externals
 
     cfg = compose([f"model.path={tiny_llama}"])
     ext = _all_externals(["evaluate"], cfg)["evaluate"]

@@ -8,7 +8,8 @@ import json
 from rich.console import Console
 
 from pipeline.core.store import Artifact
-from pipeline.runner import RunSummary, _parity_record, print_summary
+from pipeline.report import RunSummary, print_summary
+from pipeline.report import parity_record as _parity_record
 
 EV = {
     "passed": False,

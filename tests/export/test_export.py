@@ -118,7 +118,7 @@ def test_runs_as_a_real_stage_through_the_runner(base, tmp_path):
     assert rep.stage == "export" and rep.status == "ran"
     assert rep.headline["architecture"] == "LlamaForCausalLM" and rep.headline["dtype"] == "float16"
     art = ArtifactStore(tmp_path / "store").lookup("export", rep.key, verify=True)
-    assert art is not None and art.result["headline"]["params"] == 393856
+    assert art is not None and art.result.headline["params"] == 393856
     from safetensors import safe_open
 
     with safe_open(str(art.path / "hf" / "model.safetensors"), framework="np") as f:

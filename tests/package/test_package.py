@@ -503,7 +503,7 @@ def test_stage_refuses_failed_gate_and_records_override(tmp_path, ort_build, tin
     ctx = _ctx(tmp_path / "b", ort_build, tiny_llama, failed, allow_failed_gate="true")
     res = stage.run(ctx)
     man = json.loads((ctx.out / "release_manifest.json").read_text())
-    assert res["gate_override"] is True and man["evaluation"]["gate"]["override"] is True
+    assert res.gate_override is True and man["evaluation"]["gate"]["override"] is True
     assert man["evaluation"]["gate"]["reason"] == "score drop 0.12 > 0.05"
     assert man["build"]["target"] == "onnxruntime_genai" and man["quant"]["recipe"] == "none"
     assert set(man["sources"]) >= {"export", "build", "evaluate", "engine", "model_repository"}
@@ -515,11 +515,11 @@ def test_stage_refuses_failed_gate_and_records_override(tmp_path, ort_build, tin
         "sbom.cdx.json",
         "tiny-none-1.tar.gz",
     ]
-    assert hashlib.sha256((rel / "tiny-none-1.tar.gz").read_bytes()).hexdigest() == res["archive_sha256"]
+    assert hashlib.sha256((rel / "tiny-none-1.tar.gz").read_bytes()).hexdigest() == res.archive_sha256
     # same inputs -> same archive bytes
     ctx2 = _ctx(tmp_path / "c", ort_build, tiny_llama, failed, allow_failed_gate="true")
     ctx2.inputs = ctx.inputs
-    assert stage.run(ctx2)["archive_sha256"] == res["archive_sha256"]
+    assert stage.run(ctx2).archive_sha256 == res.archive_sha256
 
 
 @pytest.mark.parametrize(

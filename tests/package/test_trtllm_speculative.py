@@ -184,7 +184,7 @@ def test_package_stage_gates_a_draft_model_package_on_measured_acceptance(tmp_pa
     sp = man["speculative"]
     assert sp["enabled"] and not sp["override"] and sp["mode"] == "draft_tokens_external" and sp["max_draft_len"] == sp["k"] == 4
     assert sp["acceptance_rate"] >= 0.99 and sp["expected_tokens_per_step"] > 4.9 and sp["measured_tokens_per_step"] > 3.0
-    assert DRAFT_MODEL in res["models"]
+    assert DRAFT_MODEL in res.models
     repo = ctx.out / "model_repository"
     d = parse_config(repo / DRAFT_MODEL / "config.pbtxt")
     assert d.name == DRAFT_MODEL and d.parameters["gpt_model_path"].string_value == f"/models/{DRAFT_MODEL}/1/engine"

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from ..artifacts import StageArtifact
+from .result import StageResult
 
 
 class BenchmarkArtifact(StageArtifact):
@@ -18,3 +20,17 @@ class BenchmarkArtifact(StageArtifact):
     @property
     def result_path(self) -> Path:
         return self.path / self.RESULT_JSON
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BenchmarkResult(StageResult):
+    """The benchmark stage's result (``manifest.json`` ``result``).
+
+    Attributes:
+        headline: ``benchmark.json`` ``headline`` (pipeline/benchmark/core.py ``headline``).
+        ratios: each ``benchmark.json`` ratio's value, by name (``failed_requests`` ...).
+        results: the copies written to ``benchmark.results_dir`` (empty when it is null).
+    """
+
+    ratios: dict[str, Any] = dataclasses.field(default_factory=dict)
+    results: list[str] = dataclasses.field(default_factory=list)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
 from ..artifacts import StageArtifact, _read_json
+from .result import StageResult
 
 
 class BuildArtifact(StageArtifact):
@@ -63,12 +65,14 @@ class BuildArtifact(StageArtifact):
             doc = {**{k: measured[k] for k in self.MEASUREMENTS if k in measured}, **doc}
         return BuildInfo.from_json(doc, source=self.build_info_path)
 
-    def limits(self, result: dict[str, Any] | None = None, build_cfg: Any = None) -> dict[str, Any]:
+    def limits(self, result: BuildResult | Mapping[str, Any] | None = None, build_cfg: Any = None) -> dict[str, Any]:
         """Engine limits (``max_input_len``, ``max_seq_len``, ``max_batch_size``, tokens): ``build_info.json``
-        ``limits``, else the manifest ``result`` ``limits``, each missing key from ``build_cfg`` (``cfg.build``)."""
+        ``limits``, else the stage result's ``limits`` (a :class:`BuildResult` or its JSON, the manifest's ``result``),
+        each missing key from ``build_cfg`` (``cfg.build``)."""
         limits: dict[str, Any] = dict(self.build_info().limits)
         if not limits and result:
-            limits = dict(result.get("limits") or {})
+            res = BuildResult.from_json(result) if isinstance(result, Mapping) else result
+            limits = dict(res.limits)
         if build_cfg is not None:
             for k in self.LIMIT_KEYS:
                 limits.setdefault(k, getattr(build_cfg, k))
@@ -197,5 +201,22 @@ def target_of(build_art: Any, default: str) -> str:
     if build_art is None:
         return default
     bi = BuildArtifact(build_art.path).build_info()
-    head = build_art.result.get("headline") or {}
-    return str(bi.target or head.get("target") or default)
+    return str(bi.target or build_art.result.headline.get("target") or default)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BuildResult(StageResult):
+    """The build stage's result (``manifest.json`` ``result``).
+
+    Attributes:
+        headline: ``target``, ``engine_mb`` (size of ``engine/``, MB).
+        limits: the engine's limits (``build_info.json`` ``limits``).
+        target: the resolved build target (``onnxruntime_genai`` | ``tensorrt_llm``).
+        backend: the engine's backend (``build_info.json`` ``backend``).
+        target_reason: why the target was chosen (``target=auto``).
+    """
+
+    limits: dict[str, Any] = dataclasses.field(default_factory=dict)
+    target: str | None = None
+    backend: str | None = None
+    target_reason: str | None = None

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ..artifacts import StageArtifact
+from .result import StageResult
 
 
 class EvalArtifact(StageArtifact):
@@ -227,6 +228,27 @@ class GateVerdict:
         return self.mode == "exploratory"
 
 
-def gate_of(result: dict[str, Any] | None) -> GateVerdict | None:
-    """The gate verdict of an evaluate stage result (``Artifact.result``), or None when it has none."""
-    return GateVerdict.from_json((result or {}).get("gate")) if isinstance(result, dict) else None
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EvalResult(StageResult):
+    """The evaluate stage's result (``manifest.json`` ``result``).
+
+    Attributes:
+        headline: ``score``, ``baseline``, ``drop``, ``agreement``, ``gate``, ``runner``, and ``kld`` / ``top1``
+            (fidelity measured) and ``drop_ub`` (a non-inferiority bound) when there are.
+        gate: the gate verdict (``summary.json`` ``gate.evaluate``, the release manifest's ``evaluation.gate``);
+            None when the document has none.
+        skipped_too_long: eval items skipped because they do not fit the engine's limits.
+        evaluated: eval items run.
+        candidate: the runner the gate judged.
+        report: the report's file name in the artifact (``eval_report.json``).
+    """
+
+    gate: GateVerdict | None = None
+    skipped_too_long: int | None = None
+    evaluated: int | None = None
+    candidate: str | None = None
+    report: str | None = None
+
+    @classmethod
+    def _parse_field(cls, name: str, value: Any) -> Any:
+        return GateVerdict.from_json(value) if name == "gate" else super()._parse_field(name, value)

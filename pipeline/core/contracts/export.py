@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 
 from ...errors import InputError
 from ..artifacts import StageArtifact, _read_json
+from .result import StageResult
 
 MODEL_INFO_NAME = "model_info.json"
 
@@ -201,3 +202,25 @@ class ModelInfo:
     def end_id(self) -> int:
         """The first eos id (TensorRT-LLM's single ``end_id``), -1 when there is none."""
         return int(self.eos_token_ids[0]) if self.eos_token_ids else -1
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ExportResult(StageResult):
+    """The export stage's result (``manifest.json`` ``result``).
+
+    Attributes:
+        headline: ``architecture``, ``params`` (parameter count), ``dtype``.
+        warnings: what the export changed or could not keep (also logged).
+        eos_token_ids: the stop tokens of ``generation_config.json``.
+        pad_token_derived: the pad token was derived (the checkpoint named none).
+        tie_word_embeddings: the checkpoint ties the output projection to the embeddings.
+        rope_type: ``rope_scaling.rope_type`` (``default`` without rope scaling).
+        decoding: the decoding policy's ``repetition_penalty`` and ``sampling`` (``decoding.json``).
+    """
+
+    warnings: list[str] = dataclasses.field(default_factory=list)
+    eos_token_ids: list[int] = dataclasses.field(default_factory=list)
+    pad_token_derived: bool | None = None
+    tie_word_embeddings: bool | None = None
+    rope_type: str | None = None
+    decoding: dict[str, Any] = dataclasses.field(default_factory=dict)

@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 
 from ..artifacts import StageArtifact
 from .evaluate import GateVerdict
+from .result import StageResult
 
 
 class PackageArtifact(StageArtifact):
@@ -65,11 +66,11 @@ class PackageArtifact(StageArtifact):
                 return json.loads(p.read_text(encoding="utf-8"))
         return {}
 
-    def parity_record(self, result: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    def parity_record(self, result: PackageResult | None = None) -> dict[str, Any] | None:
         """The serving-parity record (docs/package.md "Serving parity": status, matched, total, note, command): the
         stage result's ``parity`` when given, else the release manifest's (packages written before the result kept
         it); None when neither has one."""
-        p = (result or {}).get("parity")
+        p = result.parity if result is not None else None
         if not isinstance(p, dict):
             try:
                 p = self.read_release_manifest().get("parity")
@@ -80,6 +81,82 @@ class PackageArtifact(StageArtifact):
     @property
     def release_dir(self) -> Path:
         return self.path / self.RELEASE_DIR
+
+
+@dataclasses.dataclass(frozen=True)
+class ReleaseArchive:
+    """The release folder of a package (``package.archive=true``): ``release/<name>.tar.gz`` and its checksum, the
+    provenance statement and, when ``package.sign`` is on, the signature and who signed (None when unsigned)."""
+
+    archive: str
+    archive_sha256: str
+    provenance: str
+    signature: str | None = None
+    signed_by: Any = None
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PackageResult(StageResult):
+    """The package stage's result (``manifest.json`` ``result``).
+
+    Attributes:
+        headline: ``target``, ``models`` (count), ``archive`` (``-`` without one), ``gate`` (``pass`` | ``override``),
+            ``served == evaluated`` (``matched/total``, or the parity status).
+        repository: the model repository's folder in the artifact (``model_repository``).
+        models: the repository's model names.
+        target: the engine's target.
+        decoupled: the repository streams (Triton decoupled mode).
+        gate_override: ``package.allow_failed_gate`` overrode a gate that did not pass.
+        parity: the serving-parity record (docs/package.md "Serving parity").
+        release: the release archive; None without one (its fields are then absent from the JSON).
+    """
+
+    repository: str | None = None
+    models: list[str] = dataclasses.field(default_factory=list)
+    target: str | None = None
+    decoupled: bool | None = None
+    gate_override: bool | None = None
+    parity: dict[str, Any] | None = None
+    release: ReleaseArchive | None = None
+
+    @property
+    def archive(self) -> str | None:
+        return self.release.archive if self.release is not None else None
+
+    @property
+    def archive_sha256(self) -> str | None:
+        return self.release.archive_sha256 if self.release is not None else None
+
+    def to_json(self) -> dict[str, Any]:
+        """The result dict, the release archive's fields at the top level (``archive``, ``archive_sha256`` ...)."""
+        d = super().to_json()
+        release = d.pop("release")
+        return d | (release or {})
+
+    @classmethod
+    def from_json(cls, d: Any) -> PackageResult:
+        doc = d if isinstance(d, dict) else {}
+        base = super().from_json({k: v for k, v in doc.items() if k != "release"})
+        if not isinstance(doc.get("archive"), str):
+            return base
+        sig = doc.get("signature")
+        release = ReleaseArchive(
+            doc["archive"],
+            str(doc.get("archive_sha256") or ""),
+            str(doc.get("provenance") or ""),
+            sig if isinstance(sig, str) else None,
+            doc.get("signed_by"),
+        )
+        return dataclasses.replace(base, release=release)
+
+    @classmethod
+    def _parse_field(cls, name: str, value: Any) -> Any:
+        if name == "parity":
+            return value if isinstance(value, dict) else None
+        return super()._parse_field(name, value)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from ..artifacts import StageArtifact
+from .result import StageResult
 
 
 class QuantizeArtifact(StageArtifact):
@@ -38,3 +40,28 @@ class QuantizeArtifact(StageArtifact):
     @property
     def report_path(self) -> Path:
         return self.path / self.REPORT_JSON
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class QuantizeResult(StageResult):
+    """The quantize stage's result (``manifest.json`` ``result``; ``pipeline.quantize.run.quantize`` returns it as a
+    dict, with the run's ``measurements``, which go to the manifest's ``measurements`` instead).
+
+    Attributes:
+        headline: ``recipe``, ``kv_cache``, ``compression``, ``calib_samples``.
+        quant_algo / kv_cache_quant_algo: the TensorRT-LLM checkpoint's ``quantization`` algorithms.
+        tp_size / pp_size: the checkpoint's tensor / pipeline parallel sizes.
+        calibration_s: calibration wall time (s).
+        placement: where calibration ran (``quant_report.json`` ``placement``).
+        cuda_extension: load time of ModelOpt's CUDA extension (None when not loaded).
+        warnings: the report's warnings.
+    """
+
+    quant_algo: str | None = None
+    kv_cache_quant_algo: str | None = None
+    tp_size: int | None = None
+    pp_size: int | None = None
+    calibration_s: float | None = None
+    placement: dict[str, Any] = dataclasses.field(default_factory=dict)
+    cuda_extension: dict[str, Any] | None = None
+    warnings: list[str] = dataclasses.field(default_factory=list)

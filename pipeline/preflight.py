@@ -1,0 +1,94 @@
+"""What a run checks before its first stage: every external input (checkpoint, calibration set, eval set) of the
+stages it will run, and the artifact store (:mod:`pipeline.runner` calls these before any stage runs, so a doomed
+request fails in milliseconds with exit 2)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .core.config import PipelineConfig, resolve_path
+from .core.stage import Stage, get_stage
+from .core.store import ArtifactStore
+from .errors import InputError
+
+#: the config field behind each external input name of the stages (``Stage.external_inputs``), for error messages
+_INPUT_FIELDS = {
+    "calibration": "calibration.path",
+    "corpus": "calibration.path",
+    "eval_set": "eval.eval_set",
+    "reference_checkpoint": "model.path",
+    "draft_model": "eval.draft_model_path",
+}
+
+
+#: external inputs that are one file (a folder there is refused with the others, before any stage runs)
+_FILE_FIELDS = {"calibration.path", "eval.eval_set"}
+
+
+def resolve_externals(stage: Stage, cfg: PipelineConfig) -> tuple[dict[str, Path], dict[str, str]]:
+    """``stage``'s external inputs: ``(resolved {name: existing path}, missing {"<field>=<value>": message})``, each
+    message naming the config field, the value, where it was looked for and the fix."""
+    out: dict[str, Path] = {}
+    missing: dict[str, str] = {}
+    for name, p in stage.external_inputs(cfg).items():
+        rp = resolve_path(str(p))
+        if rp is None or not rp.exists():
+            field = _INPUT_FIELDS.get(name)
+            what = f"{field}={p}" if field else f"input {name!r} ({p})"
+            missing[what] = (
+                f"{what}: not found (looked for {rp}; the {stage.name} stage reads it). "
+                f"Fix: {'set ' + field + ' to' if field else 'point the config at'} an existing path (relative paths are "
+                "resolved against the directory you run pipeline from, then the repository)."
+            )
+        elif rp.is_dir() and _INPUT_FIELDS.get(name) in _FILE_FIELDS:
+            field = _INPUT_FIELDS[name]
+            missing[f"{field}={p}"] = (
+                f"{field}={p}: is a directory ({rp}); the {stage.name} stage reads one file. "
+                f"Fix: set {field} to the data file itself (e.g. a .jsonl file, one JSON object per line)."
+            )
+        else:
+            out[name] = rp
+    return out, missing
+
+
+def all_externals(order: list[str], cfg: PipelineConfig) -> dict[str, dict[str, Path]]:
+    """:func:`resolve_externals` of every stage in ``order``. Every missing input is reported in one InputError,
+    once even when several stages read it (the calibration set: quantize, and evaluate's held-out text); its
+    ``stage`` attribute is the first stage with a missing input (the one the run summary marks failed)."""
+    out: dict[str, dict[str, Path]] = {}
+    missing: dict[str, str] = {}
+    first: str | None = None
+    for name in order:
+        out[name], gone = resolve_externals(get_stage(name), cfg)
+        if gone and first is None:
+            first = name
+        for what, msg in gone.items():
+            missing.setdefault(what, msg)  # the first stage's message wins
+    if missing:
+        msgs = list(missing.values())
+        err = InputError(msgs[0] if len(msgs) == 1 else f"{len(msgs)} missing inputs:\n" + "\n".join(f"  - {m}" for m in msgs))
+        err.stage = first  # type: ignore[attr-defined]
+        raise err
+    return out
+
+
+def open_store(store_dir: str, verify: bool = False) -> ArtifactStore:
+    """The artifact store at ``store_dir``, created if needed; InputError (exit 2) when unusable."""
+    if not str(store_dir).strip():
+        raise InputError("store_dir='': empty. Fix: set store_dir to a folder, e.g. store_dir=artifacts (the default).")
+    root = resolve_path(str(store_dir)) or Path(store_dir)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe = root / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise InputError(
+            f"store_dir={str(store_dir)!r}: cannot create or write {root} ({e.strerror or e}). "
+            "Fix: point store_dir at a writable folder (it is created if missing)."
+        ) from e
+    # ModelOpt's CUDA extension is compiled on first use into TORCH_EXTENSIONS_DIR (~50 s on a fresh GPU machine):
+    # kept beside the store, so a CI job that caches the store keeps it (pipeline.quantize.calibrate.cuda_extension)
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(root / ".cache" / "torch_extensions"))
+    return ArtifactStore(root, verify=verify)
