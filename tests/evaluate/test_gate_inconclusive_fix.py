@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import io
 import logging
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from rich.console import Console
 
 from pipeline.core.config.eval import GateConfig
+from pipeline.core.store import Artifact
 from pipeline.errors import GateFailed
 from pipeline.evaluate.gate import judge, paired_stats
 from pipeline.evaluate.stage import gate_summary
@@ -33,7 +35,7 @@ def _verdict(lost_on_slice: int, gate: GateConfig | None = None):
 
 def _package(gate_record: dict):
     ctx = SimpleNamespace(
-        inputs={"evaluate": SimpleNamespace(result={"gate": gate_record})},
+        inputs={"evaluate": Artifact("evaluate", "v" * 64, Path("."), {"result": {"gate": gate_record}})},
         cfg=SimpleNamespace(package=SimpleNamespace(allow_failed_gate=False)),
         log=logging.getLogger("test"),
     )
