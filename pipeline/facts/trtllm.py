@@ -91,11 +91,13 @@ LLMAPI_DEFAULTS = {"normalize_log_probs": True, "encoder_input_features_data_typ
 def llmapi_unsupported(rt: Any) -> list[str]:
     """package.runtime fields that are set but have no PyTorch-backend (LLM API layout) equivalent."""
     out = []
-    for f in dataclasses.fields(rt):
-        v = getattr(rt, f.name)
-        if f.name in LLMAPI_MAP or v is None or (f.name in LLMAPI_DEFAULTS and v == LLMAPI_DEFAULTS[f.name]):
+    # the schema dataclass, or the OmegaConf node of it the config checks see (iterating a DictConfig gives its keys)
+    names = [f.name for f in dataclasses.fields(rt)] if dataclasses.is_dataclass(rt) else [str(k) for k in rt]
+    for name in names:
+        v = getattr(rt, name)
+        if name in LLMAPI_MAP or v is None or (name in LLMAPI_DEFAULTS and v == LLMAPI_DEFAULTS[name]):
             continue
-        out.append(f.name)
+        out.append(name)
     return out
 
 
