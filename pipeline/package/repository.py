@@ -239,12 +239,7 @@ def _build_target(build_info: BuildInfo) -> str:
 
 
 def python_model_from_ensemble(
-    ensemble_config: str,
-    name: str,
-    decoupled: bool,
-    instance_count: int,
-    params: dict[str, Any],
-    extra_inputs: tuple[tuple[str, str, list[int]], ...] = (),
+    ensemble_config: str, name: str, decoupled: bool, instance_count: int, params: dict, extra_inputs: tuple
 ) -> Any:
     """The filled ensemble config as the ``ModelConfig`` of a Python-backend model ``name`` (every Python model with
     the ensemble's tensor interface: the CPU target's ``ensemble``/``tensorrt_llm_bls``, TensorRT-LLM's
