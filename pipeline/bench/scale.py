@@ -269,6 +269,18 @@ def _predict_shape(shape: str, cfg_dir: Path, work: Path, stages: list[str]) -> 
     return predict(probe, stages)
 
 
+_STAGES = ("export", "quantize", "build", "evaluate", "package")
+
+
+def _stage_cell(v: dict[str, Any] | None, unit: str, sep: str) -> str:
+    """A stage's cell of the results tables: ``<seconds> s<sep><peak RSS><unit>``, then the builder process's peak
+    in parentheses when recorded; ``-`` when the stage did not run."""
+    if not v:
+        return "-"
+    extra = f" ({_gb(v['builder_peak_rss_bytes'])}{unit})" if v.get("builder_peak_rss_bytes") else ""
+    return f"{v['seconds']:.0f} s{sep}{_gb(v['peak_rss_bytes'])}{unit}{extra}"
+
+
 def markdown(doc: dict[str, Any]) -> str:
     """The results table and the targets in Markdown (``scale.md``; docs/results.md and docs/memory.md quote it)."""
     head = "| shape | parameters | fp32 weights | export | quantize | build (builder process) | evaluate | package | peak / fp32 | bytes / parameter | quantize s / B params |"
@@ -284,17 +296,9 @@ def markdown(doc: dict[str, Any]) -> str:
             )
             continue
         st, row = res["stages"], next(r for r in doc["rows"] if r["shape"] == shape)
-
-        def cell(s: str, st: dict[str, Any] = st) -> str:
-            v = st.get(s)
-            if not v:
-                return "-"
-            extra = f" ({_gb(v['builder_peak_rss_bytes'])} GB)" if v.get("builder_peak_rss_bytes") else ""
-            return f"{v['seconds']:.0f} s, {_gb(v['peak_rss_bytes'])} GB{extra}"
-
         lines.append(
             f"| {shape} | {n / 1e9:.2f} B | {_gb(4 * n)} GB | "
-            + " | ".join(cell(s) for s in ("export", "quantize", "build", "evaluate", "package"))
+            + " | ".join(_stage_cell(st.get(s), " GB", ", ") for s in _STAGES)
             + f" | {row['peak_over_fp32']} | {row['peak_bytes_per_parameter']} | {row['quantize_s_per_billion_parameters']} |"
         )
     lines.append("")
@@ -349,19 +353,11 @@ def _print(doc: dict[str, Any]) -> None:
             t.add_row(shape, f"{parameter_count(shape) / 1e9:.2f} B", _gb(4 * parameter_count(shape)), "refused: " + res["refused"][0][:60])
             continue
         st, row = res["stages"], next(r for r in doc["rows"] if r["shape"] == shape)
-
-        def cell(s: str, st: dict[str, Any] = st) -> str:
-            v = st.get(s)
-            if not v:
-                return "-"
-            extra = f" ({_gb(v['builder_peak_rss_bytes'])})" if v.get("builder_peak_rss_bytes") else ""
-            return f"{v['seconds']:.0f} s / {_gb(v['peak_rss_bytes'])}{extra}"
-
         t.add_row(
             shape,
             f"{row['parameters'] / 1e9:.2f} B",
             _gb(row["fp32_weight_bytes"]),
-            *(cell(s) for s in ("export", "quantize", "build", "evaluate", "package")),
+            *(_stage_cell(st.get(s), "", " / ") for s in _STAGES),
             str(row["peak_over_fp32"]),
             str(row["peak_bytes_per_parameter"]),
             str(row["quantize_s_per_billion_parameters"]),

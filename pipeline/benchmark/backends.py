@@ -75,6 +75,15 @@ class ThreadedBackend:
     def _work(self) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def _next(self) -> _Item | None:
+        """The next submitted request, waiting for it; None once closed (the ``None`` sentinel, or stopped and empty)."""
+        while True:
+            try:
+                return self._q.get(timeout=0.1)
+            except queue.Empty:
+                if self._stop.is_set():
+                    return None
+
     async def submit(self, req: BenchRequest, rec: RequestRecord) -> None:
         if self._fatal is not None:
             rec.error = f"backend failed: {self._fatal}"
@@ -243,16 +252,10 @@ class RunnerBackend(ThreadedBackend):
         from ..core.targets.base import GenerationRequest
 
         while True:
-            items: list[_Item] = []
-            try:
-                first = self._q.get(timeout=0.1)
-            except queue.Empty:
-                if self._stop.is_set():
-                    return
-                continue
+            first = self._next()
             if first is None:
                 return
-            items.append(first)
+            items = [first]
             while len(items) < (self.max_batch_size or 1 << 30):
                 try:
                     it = self._q.get_nowait()
@@ -359,15 +362,7 @@ class TransformersBackend(ThreadedBackend):
         rec.finish_reason = finish
 
     def _work(self) -> None:
-        while True:
-            try:
-                it = self._q.get(timeout=0.1)
-            except queue.Empty:
-                if self._stop.is_set():
-                    return
-                continue
-            if it is None:
-                return
+        while (it := self._next()) is not None:
             try:
                 self._generate(it)
             except Exception as e:

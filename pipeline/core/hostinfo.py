@@ -14,6 +14,7 @@ import platform
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from ..facts.gpus import GPU, MiB, match_local
@@ -74,49 +75,46 @@ def _smi(fields: str) -> list[list[str]] | None:
     return [[p.strip() for p in line.split(",")] for line in out.strip().splitlines() if line.strip()]
 
 
-@functools.lru_cache(maxsize=1)
-def gpus() -> list[dict[str, Any]]:
-    """Visible NVIDIA GPUs: name, compute capability (e.g. "9.0"), memory in MiB. Empty if none."""
-    rows = _smi("name,compute_cap,memory.total,driver_version")
+def _per_gpu(fields: str, from_row: Callable[[list[str]], Any], from_torch: Callable[[Any, int], Any]) -> list[Any]:
+    """One value per visible NVIDIA GPU: ``from_row`` of each ``nvidia-smi`` row of ``fields`` (rows with fewer
+    values skipped); else, when torch is already imported and sees CUDA, ``from_torch(torch.cuda, i)`` per device;
+    else empty."""
+    rows = _smi(fields)
     if rows is not None:
         try:
-            return [{"name": r[0], "compute_capability": r[1], "memory_mib": float(r[2]), "driver": r[3]} for r in rows if len(r) >= 4]
+            return [from_row(r) for r in rows if len(r) >= len(fields.split(","))]
         except ValueError:
             pass
     torch = sys.modules.get("torch")
     if torch is not None:
         try:
             if torch.cuda.is_available():
-                res = []
-                for i in range(torch.cuda.device_count()):
-                    p = torch.cuda.get_device_properties(i)
-                    res.append(
-                        {"name": p.name, "compute_capability": f"{p.major}.{p.minor}", "memory_mib": p.total_memory / 2**20, "driver": None}
-                    )
-                return res
+                return [from_torch(torch.cuda, i) for i in range(torch.cuda.device_count())]
         except Exception:
             pass
     return []
+
+
+def _torch_gpu(cuda: Any, i: int) -> dict[str, Any]:
+    p = cuda.get_device_properties(i)
+    return {"name": p.name, "compute_capability": f"{p.major}.{p.minor}", "memory_mib": p.total_memory / 2**20, "driver": None}
+
+
+@functools.lru_cache(maxsize=1)
+def gpus() -> list[dict[str, Any]]:
+    """Visible NVIDIA GPUs: name, compute capability (e.g. "9.0"), memory in MiB. Empty if none."""
+    return _per_gpu(
+        "name,compute_cap,memory.total,driver_version",
+        lambda r: {"name": r[0], "compute_capability": r[1], "memory_mib": float(r[2]), "driver": r[3]},
+        _torch_gpu,
+    )
 
 
 def gpu_free_bytes() -> list[int]:
     """Free memory of each visible NVIDIA GPU now, bytes, in :func:`gpus` order (``nvidia-smi``
     ``memory.free``; else ``torch.cuda.mem_get_info`` when torch is already imported). Empty if none.
     Not cached: free memory changes; not recorded in manifests."""
-    rows = _smi("memory.free")
-    if rows is not None:
-        try:
-            return [int(float(r[0]) * 2**20) for r in rows]
-        except ValueError:
-            pass
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        try:
-            if torch.cuda.is_available():
-                return [int(torch.cuda.mem_get_info(i)[0]) for i in range(torch.cuda.device_count())]
-        except Exception:
-            pass
-    return []
+    return _per_gpu("memory.free", lambda r: int(float(r[0]) * 2**20), lambda cuda, i: int(cuda.mem_get_info(i)[0]))
 
 
 def host() -> dict[str, Any]:

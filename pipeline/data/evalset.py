@@ -72,21 +72,21 @@ NEAR_MISS_CUTOFF = 0.85
 and refused rather than kept as metadata; ``idx`` (0.8 to ``id``) stays metadata."""
 
 
-def _surrogate_field(obj: Any, path: str = "") -> str | None:
+def _lone_surrogate(v: Any) -> bool:
+    if isinstance(v, str):
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+    return False
+
+
+def _surrogate_field(obj: Any) -> str | None:
     """The first field of ``obj`` (a parsed JSON line) whose text holds a lone UTF-16 surrogate (a ``\\ud800``
     escape, which Python's JSON decoder lets through and every tokenizer refuses), or None."""
-    if isinstance(obj, str):
-        try:
-            obj.encode("utf-8")
-        except UnicodeEncodeError:
-            return path or "(value)"
-        return None
-    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else ()
-    for k, v in items:
-        found = _surrogate_field(v, f"{path}[{k}]" if isinstance(k, int) else (f"{path}.{k}" if path else str(k)))
-        if found:
-            return found
-    return None
+    from .foreign import find_path
+
+    return find_path(obj, _lone_surrogate, "(value)")
 
 
 def _ok_messages(messages: Any) -> bool:

@@ -32,6 +32,7 @@ accepted and listed in the format record as ``no_effect``.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -299,15 +300,21 @@ def _generation(p: Path, task: dict[str, Any]) -> tuple[list[str], int | None]:
     return list(until), max_new
 
 
-def _find_function(obj: Any, path: str = "") -> str | None:
-    if isinstance(obj, _Function):
-        return path or "(top level)"
+def find_path(obj: Any, hit: Callable[[Any], bool], top: str, path: str = "") -> str | None:
+    """Where in ``obj`` (parsed JSON/YAML: dicts and lists, depth first) the first value ``hit`` accepts is, as
+    ``a.b[2]``; ``top`` when it is ``obj`` itself; None when there is none."""
+    if hit(obj):
+        return path or top
     items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else ()
     for k, v in items:
-        found = _find_function(v, f"{path}[{k}]" if isinstance(k, int) else (f"{path}.{k}" if path else str(k)))
+        found = find_path(v, hit, top, f"{path}[{k}]" if isinstance(k, int) else (f"{path}.{k}" if path else str(k)))
         if found:
             return found
     return None
+
+
+def _find_function(obj: Any) -> str | None:
+    return find_path(obj, lambda v: isinstance(v, _Function), "(top level)")
 
 
 def read_task_yaml(p: Path, text: str) -> tuple[list[tuple[int, dict[str, Any]]], dict[str, Any], list[Path]]:

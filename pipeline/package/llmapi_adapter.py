@@ -206,30 +206,17 @@ def adapter_config(ensemble_config: str, name: str, settings: Any) -> str:
         ``package.decoupled`` (the LLM-API model's too), ``max_batch_size`` = the ensemble's (prompts per request).
     """
     from google.protobuf import text_format
-    from tritonclient.grpc import model_config_pb2 as mc
 
+    from .repository import python_model_from_ensemble
     from .trtllm_config import BLS_EXTRA_INPUTS
 
-    cfg = text_format.Parse(ensemble_config, mc.ModelConfig())
-    cfg.name = name
-    cfg.ClearField("platform")
-    cfg.ClearField("ensemble_scheduling")
-    cfg.backend = "python"
-    cfg.model_transaction_policy.decoupled = bool(settings.decoupled)
-    g = cfg.instance_group.add()
-    g.count, g.kind = int(settings.instance_count), mc.ModelInstanceGroup.KIND_CPU
+    extra = BLS_EXTRA_INPUTS if name == "tensorrt_llm_bls" else ()
+    cfg = python_model_from_ensemble(
+        ensemble_config, name, settings.decoupled, settings.instance_count, {"llmapi_model_name": LLMAPI_MODEL}, extra
+    )
     keep = [o for o in cfg.output if o.name in OUTPUT_MAP]
     del cfg.output[:]
     cfg.output.extend(keep)
-    if name == "tensorrt_llm_bls":
-        have = {i.name for i in cfg.input}
-        for iname, dtype, dims in BLS_EXTRA_INPUTS:
-            if iname in have:
-                continue
-            i = cfg.input.add()
-            i.name, i.data_type, i.optional = iname, mc.DataType.Value(dtype), True
-            i.dims.extend(dims)
-    cfg.parameters["llmapi_model_name"].string_value = LLMAPI_MODEL
     head = (
         f"# {name}: NVIDIA's in-flight-batcher ensemble tensors in front of the LLM-API `tensorrt_llm` model (TensorRT-LLM\n"
         f"# PyTorch backend): a Python (BLS) model that maps each request onto text_input / sampling_param_* and the answer\n"

@@ -238,6 +238,38 @@ def _build_target(build_info: BuildInfo) -> str:
     return str(target)
 
 
+def python_model_from_ensemble(
+    ensemble_config: str, name: str, decoupled: bool, instance_count: int, params: dict, extra_inputs: tuple
+) -> Any:
+    """The filled ensemble config as the ``ModelConfig`` of a Python-backend model ``name`` (every Python model with
+    the ensemble's tensor interface: the CPU target's ``ensemble``/``tensorrt_llm_bls``, TensorRT-LLM's
+    ``tensorrt_llm_bls``, the LLM-API adapters): the ensemble's tensors, its scheduling dropped, ``decoupled``,
+    ``instance_count`` CPU instances, ``params`` as string parameters (bools as ``true``/``false``) and
+    ``extra_inputs`` ``(name, TYPE_*, dims)`` added as optional inputs where the ensemble does not declare them.
+
+    Raises ``text_format.ParseError`` when the ensemble text does not parse."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    cfg = text_format.Parse(ensemble_config, mc.ModelConfig())
+    cfg.name = name
+    cfg.ClearField("platform")
+    cfg.ClearField("ensemble_scheduling")
+    cfg.backend = "python"
+    cfg.model_transaction_policy.decoupled = bool(decoupled)
+    g = cfg.instance_group.add()
+    g.count, g.kind = int(instance_count), mc.ModelInstanceGroup.KIND_CPU
+    for k, v in params.items():
+        cfg.parameters[k].string_value = str(v).lower() if isinstance(v, bool) else str(v)
+    have = {i.name for i in cfg.input}
+    for iname, dtype, dims in extra_inputs:
+        if iname not in have:
+            i = cfg.input.add()
+            i.name, i.data_type, i.optional = iname, mc.DataType.Value(dtype), True
+            i.dims.extend(dims)
+    return cfg
+
+
 def python_text_model_config(
     ensemble_config: str,
     name: str,
@@ -264,22 +296,8 @@ def python_text_model_config(
         Protobuf text; raises ``text_format.ParseError`` when the ensemble text does not parse.
     """
     from google.protobuf import text_format
-    from tritonclient.grpc import model_config_pb2 as mc
 
-    cfg = text_format.Parse(ensemble_config, mc.ModelConfig())
-    cfg.name = name
-    cfg.ClearField("platform")
-    cfg.ClearField("ensemble_scheduling")
-    cfg.backend = "python"
-    cfg.model_transaction_policy.decoupled = decoupled
-    g = cfg.instance_group.add()
-    g.count, g.kind = instance_count, mc.ModelInstanceGroup.KIND_CPU
-    for k, v in params.items():
-        cfg.parameters[k].string_value = str(v).lower() if isinstance(v, bool) else str(v)
-    for iname, dtype, dims in extra_inputs:
-        i = cfg.input.add()
-        i.name, i.data_type, i.optional = iname, mc.DataType.Value(dtype), True
-        i.dims.extend(dims)
+    cfg = python_model_from_ensemble(ensemble_config, name, decoupled, instance_count, params, extra_inputs)
     head = (
         f"# {name}: text in, text out, with the tensor interface of TensorRT-LLM's {name} (tensorrtllm_backend\n"
         f"# all_models/inflight_batcher_llm), served on the CPU target by one Python model that tokenizes, runs the\n"

@@ -422,24 +422,13 @@ def bls_model_config(ensemble_config: str, s: Any) -> str:
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2 as mc
 
-    cfg = text_format.Parse(ensemble_config, mc.ModelConfig())
-    cfg.name = BLS_MODEL
-    cfg.ClearField("platform")
-    cfg.ClearField("ensemble_scheduling")
-    cfg.backend = "python"
-    cfg.model_transaction_policy.decoupled = bool(s.decoupled)
-    g = cfg.instance_group.add()
-    g.count, g.kind = int(s.instance_count), mc.ModelInstanceGroup.KIND_CPU
+    from .repository import python_model_from_ensemble
+
     tr = getattr(s, "trtllm", None) or {}
     params = {"accumulate_tokens": "false", "tensorrt_llm_model_name": "tensorrt_llm"}
     if tr.get("draft"):
         params["tensorrt_llm_draft_model_name"] = DRAFT_MODEL
-    for k, v in params.items():
-        cfg.parameters[k].string_value = v
-    for name, dtype, dims in BLS_EXTRA_INPUTS:
-        i = cfg.input.add()
-        i.name, i.data_type, i.optional = name, mc.DataType.Value(dtype), True
-        i.dims.extend(dims)
+    cfg = python_model_from_ensemble(ensemble_config, BLS_MODEL, s.decoupled, s.instance_count, params, BLS_EXTRA_INPUTS)
     for name, dtype, dims in BLS_EXTRA_OUTPUTS:
         o = cfg.output.add()
         o.name, o.data_type = name, mc.DataType.Value(dtype)

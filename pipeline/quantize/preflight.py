@@ -353,28 +353,22 @@ def _gpu_problems(qcfg: Any, target_gpu: str | None, out: dict[str, Any]) -> lis
         sm, rmin, kmin, src = _gpu_facts(target_gpu)
     except InputError as e:
         return [Problem("target.gpu", target_gpu, str(e).split(": ", 1)[-1], "use a GPU name from the planner catalogue")]
-    problems: list[Problem] = []
     out["target_gpu"] = {"name": target_gpu, "sm": sm, "source": src}
-    if sm < rmin.get(qcfg.recipe, 0):
-        ok = [r for r in RECIPES if sm >= rmin.get(r, 0)]
-        problems.append(
-            Problem(
-                "quant.recipe",
-                qcfg.recipe,
-                f"needs compute capability >= {rmin[qcfg.recipe] / 10:.1f}; target.gpu={target_gpu} is SM {sm / 10:.1f}.",
-                f"use one of {ok} (e.g. int4_awq or int8_sq), or a newer GPU (Ada/Hopper)",
+    problems: list[Problem] = []
+    for field, value, minimum, choices, fix in (
+        ("recipe", qcfg.recipe, rmin, RECIPES, "use one of {ok} (e.g. int4_awq or int8_sq), or a newer GPU (Ada/Hopper)"),
+        ("kv_cache_dtype", qcfg.kv_cache_dtype, kmin, KV_CACHE, "use quant.kv_cache_dtype in {ok}"),
+    ):
+        if sm < minimum.get(value, 0):
+            ok = [c for c in choices if sm >= minimum.get(c, 0)]
+            problems.append(
+                Problem(
+                    f"quant.{field}",
+                    value,
+                    f"needs compute capability >= {minimum[value] / 10:.1f}; target.gpu={target_gpu} is SM {sm / 10:.1f}.",
+                    fix.format(ok=ok),
+                )
             )
-        )
-    if sm < kmin.get(qcfg.kv_cache_dtype, 0):
-        ok = [k for k in KV_CACHE if sm >= kmin.get(k, 0)]
-        problems.append(
-            Problem(
-                "quant.kv_cache_dtype",
-                qcfg.kv_cache_dtype,
-                f"needs compute capability >= {kmin[qcfg.kv_cache_dtype] / 10:.1f}; target.gpu={target_gpu} is SM {sm / 10:.1f}.",
-                f"use quant.kv_cache_dtype in {ok}",
-            )
-        )
     return problems
 
 

@@ -271,6 +271,23 @@ def safe_extract(archive: str | os.PathLike, dest: str | os.PathLike) -> list[st
     return [m.name for m in members]
 
 
+def check_sha256(f: Path, want: str, listed_in: str) -> None:
+    """``f`` is there and its sha256 is ``want``, as ``listed_in`` (the record that names it: ``SHA256SUMS``, a
+    provenance subject) says.
+
+    Raises:
+        InputError: ``f`` is missing, or its bytes changed (names the file, both digests and ``listed_in``).
+    """
+    if not f.is_file():
+        raise InputError(f"{f}: listed in {listed_in} but missing. Fix: download the release again.")
+    got = sha256_file(f)
+    if got != want:
+        raise InputError(
+            f"{f}: sha256 {got} does not match {want} in {listed_in}: the file was changed after the release was built. "
+            f"Fix: download the release again."
+        )
+
+
 def read_sha256sums(path: Path) -> dict[str, str]:
     """``SHA256SUMS`` (``sha256sum`` format) -> {name: hex}; raises InputError naming the file and line."""
     sums: dict[str, str] = {}

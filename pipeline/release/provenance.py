@@ -159,7 +159,7 @@ def check_statement(statement_path: Path, release_dir: Path, extracted: Path) ->
         InputError: unreadable, wrong ``_type`` / ``predicateType``, a subject whose file is missing or differs, or
             an unpacked file no subject names (the message names the file).
     """
-    from ..core.store import sha256_file
+    from .archive import check_sha256
 
     try:
         st = json.loads(statement_path.read_text(encoding="utf-8"))
@@ -178,14 +178,7 @@ def check_statement(statement_path: Path, release_dir: Path, extracted: Path) ->
                 f"{statement_path}: subject {name!r} points outside the release; refusing it. Fix: download the release again."
             )
         f = (extracted / name) if "/" in name else release_dir / name  # archive members are "<name>/...": never flat
-        if not f.is_file():
-            raise InputError(f"{f}: named by {statement_path.name} (subject {name!r}) but missing. Fix: download the release again.")
-        got = sha256_file(f)
-        if got != want:
-            raise InputError(
-                f"{f}: sha256 {got} differs from {want} in {statement_path.name} (subject {name!r}): the file was "
-                f"changed after the release was built. Fix: download the release again."
-            )
+        check_sha256(f, want, f"{statement_path.name} (subject {name!r})")
     extra = sorted(inside - set(subjects))
     if extra:
         raise InputError(

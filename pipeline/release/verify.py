@@ -59,19 +59,11 @@ def release_folder(path: str | Path) -> tuple[Path, Path]:
 
 def _check_sums(rel: Path) -> None:
     """Every file of ``SHA256SUMS`` matches; no unlisted file in ``rel`` but the signature."""
-    from ..core.store import sha256_file
-    from .archive import read_sha256sums
+    from .archive import check_sha256, read_sha256sums
 
     sums = read_sha256sums(rel / A.SHA256SUMS)
     for name, want in sorted(sums.items()):
-        f = rel / name
-        if not f.is_file():
-            raise InputError(f"{f}: listed in {rel / A.SHA256SUMS} but missing. Fix: download the release again.")
-        got = sha256_file(f)
-        if got != want:
-            raise InputError(
-                f"{f}: sha256 {got} does not match {want} in {rel / A.SHA256SUMS}: the file was modified. Fix: download the release again."
-            )
+        check_sha256(rel / name, want, str(rel / A.SHA256SUMS))
     extra = sorted(p.name for p in rel.iterdir() if p.name not in sums and p.name not in (A.SHA256SUMS, A.SIGNATURE))
     if extra:
         raise InputError(f"{rel / extra[0]}: not part of the release (not in SHA256SUMS). Fix: remove it, or download the release again.")
