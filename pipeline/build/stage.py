@@ -27,7 +27,7 @@ def _key_extras(cfg: Any, inputs: dict[str, Any]) -> dict[str, Any]:
     extras: dict[str, Any] = {"target": name}
     if name == "tensorrt_llm":  # engines are specific to the GPU (SM) and the TensorRT-LLM version
         from ..core.hostinfo import gpus
-        from .targets.tensorrt_llm.builder import installed_version
+        from .targets.tensorrt_llm.versions import installed_version
 
         g = gpus()
         extras["gpu"] = cfg.target.gpu or (f"{g[0]['name']} SM{g[0]['compute_capability']}" if g else None)

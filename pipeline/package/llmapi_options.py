@@ -2,7 +2,7 @@
 
 :func:`llm_options` is the one place the ``LLM()`` keyword arguments of a package are decided: the build's limits
 (``build_info.json`` ``limits``, via :class:`~pipeline.package.repository.Settings`), overlaid by the build stage's
-``engine/llm_api_options.yaml`` (``pipeline.build.targets.tensorrt_llm.builder.llm_api_options``: ``kv_cache_config``,
+``engine/llm_api_options.yaml`` (``pipeline.build.targets.tensorrt_llm.runtime.llm_api_options``: ``kv_cache_config``,
 ``cuda_graph_config``, ``scheduler_config``, chunked prefill, ``speculative_config``), overlaid by the
 ``package.runtime`` fields that map to LLM arguments (``pipeline.facts.trtllm.LLMAPI_MAP``). From that one dict the package
 stage writes:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.build.targets.tensorrt_llm import builder as trt
+from pipeline.build.targets.tensorrt_llm import engine, runtime, versions
 from pipeline.core.config import ConfigError, compose
 from pipeline.core.contracts.build import BuildInfo
 from pipeline.core.contracts.export import ModelInfo
@@ -159,14 +159,14 @@ def _pairs(args: list[str]) -> dict[str, str]:
 @pytest.mark.parametrize("quant", ["none", "int4_awq", "fp8"])
 def test_every_generated_flag_is_a_documented_flag_with_a_valid_value(preset, quant, tmp_path):
     cfg = _cfg(f"build={preset}", f"quant={quant}", f"build.timing_cache={tmp_path / 't.cache'}")
-    args = trt.build_args(cfg, tmp_path / "ckpt", tmp_path / "out", tmp_path / "t.cache")
+    args = engine.build_args(cfg, tmp_path / "ckpt", tmp_path / "out", tmp_path / "t.cache")
     kv = _pairs(args)
     assert set(kv) <= REF_FLAGS, set(kv) - REF_FLAGS
     for flag, val in kv.items():
         assert flag.startswith("--")
         if flag in REF_CHOICES:
             assert val in REF_CHOICES[flag], (flag, val)
-        if flag in trt.INT_FLAGS:
+        if flag in engine.INT_FLAGS:
             assert int(val) >= 1, (flag, val)
     # in-flight batching needs these, always on (sec. 1b, 7)
     assert kv["--kv_cache_type"] == "paged" and kv["--remove_input_padding"] == "enable"
@@ -182,11 +182,11 @@ def test_every_generated_flag_is_a_documented_flag_with_a_valid_value(preset, qu
 
 def test_buildconfig_fields_and_runtime_knobs_match_the_facts():
     cfg = _cfg("build=throughput")
-    bc = trt.build_config_dict(cfg)
+    bc = engine.build_config_dict(cfg)
     assert set(bc) <= REF_BUILD_CONFIG_FIELDS, set(bc) - REF_BUILD_CONFIG_FIELDS
     assert set(bc["plugin_config"]) <= REF_PLUGIN_FIELDS
     assert bc["kv_cache_type"] == "PAGED" and bc["plugin_config"]["paged_kv_cache"] and bc["plugin_config"]["remove_input_padding"]
-    rk = trt.runtime_knobs(cfg)
+    rk = runtime.runtime_knobs(cfg)
     for k in (
         "cuda_graph_mode",
         "cuda_graph_cache_size",
@@ -201,10 +201,10 @@ def test_buildconfig_fields_and_runtime_knobs_match_the_facts():
 
 def test_speculative_decoding_flags():
     cfg = _cfg("build.speculative.mode=medusa", "build.speculative.max_draft_len=4")
-    kv = _pairs(trt.build_args(cfg, "c", "o", "t"))
+    kv = _pairs(engine.build_args(cfg, "c", "o", "t"))
     assert kv["--speculative_decoding_mode"] == "medusa" and kv["--max_draft_len"] == "4"
     cfg = _cfg("build.speculative.mode=draft_tokens_external", "build.speculative.max_draft_len=3")
-    assert _pairs(trt.build_args(cfg, "c", "o", "t"))["--speculative_decoding_mode"] == "draft_tokens_external"
+    assert _pairs(engine.build_args(cfg, "c", "o", "t"))["--speculative_decoding_mode"] == "draft_tokens_external"
 
 
 @pytest.mark.parametrize(
@@ -229,9 +229,9 @@ def test_cross_field_rules_are_problems_naming_the_field(overrides, field):
 
 
 def test_max_seq_len_limited_by_positions_times_rope_factor(make_checkpoint):
-    assert trt.max_positions({"max_position_embeddings": 4096, "rope_scaling": {"type": "linear", "factor": 2.0}})[0] == 8192
-    assert trt.max_positions({"max_position_embeddings": 131072, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})[0] == 131072
-    assert trt.max_positions({"max_position_embeddings": 2048})[0] == 2048
+    assert runtime.max_positions({"max_position_embeddings": 4096, "rope_scaling": {"type": "linear", "factor": 2.0}})[0] == 8192
+    assert runtime.max_positions({"max_position_embeddings": 131072, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})[0] == 131072
+    assert runtime.max_positions({"max_position_embeddings": 2048})[0] == 2048
     ckpt = make_checkpoint("llama")  # 256 positions
     bad = _cfg(f"model.path={ckpt}", "build.max_seq_len=512", "build.max_input_len=128")
     with pytest.raises(ConfigError) as e:
@@ -244,11 +244,11 @@ def test_max_seq_len_limited_by_positions_times_rope_factor(make_checkpoint):
 def test_pytorch_backend_emits_llm_api_options():
     cfg = _cfg("target=tensorrt_llm_pytorch", "build=throughput")
     assert cfg.target.backend == "pytorch"
-    opts = trt.llm_api_options(cfg)
+    opts = runtime.llm_api_options(cfg)
     assert set(opts) <= REF_LLM_ARGS, set(opts) - REF_LLM_ARGS
     assert set(opts["kv_cache_config"]) <= REF_KV_CACHE_CONFIG
     assert opts["cuda_graph_config"]["batch_sizes"] == [1, 2, 4, 8, 16, 32, 64, 128, 256]
-    small = trt.llm_api_options(_cfg("target=tensorrt_llm_pytorch", "build.max_batch_size=4"))
+    small = runtime.llm_api_options(_cfg("target=tensorrt_llm_pytorch", "build.max_batch_size=4"))
     assert small["cuda_graph_config"]["batch_sizes"] == [1, 2, 4]  # sizes above max_batch_size are dropped
     assert opts["scheduler_config"]["capacity_scheduler_policy"] == "MAX_UTILIZATION"
     assert yaml.safe_load(yaml.safe_dump(opts)) == opts
@@ -276,7 +276,7 @@ def _fake_gpu(monkeypatch, cc="9.0", version="1.2.1"):
     monkeypatch.setattr(
         hi, "gpus", lambda: [{"name": "NVIDIA H100 80GB HBM3", "compute_capability": cc, "memory_mib": 81559.0, "driver": "580"}]
     )
-    monkeypatch.setattr(trt, "installed_version", lambda: version)
+    monkeypatch.setattr(versions, "installed_version", lambda: version)
 
 
 def test_version_out_of_range_and_compute_capability(monkeypatch, tmp_path):
@@ -330,7 +330,7 @@ def test_orchestration_passes_args_keeps_log_and_records_runtime_knobs(monkeypat
     q, out = _quant_dir(tmp_path), tmp_path / "out"
     info = get_target("tensorrt_llm").build(cfg, q, out)
     argv = json.loads((tmp_path / "argv.json").read_text())
-    assert argv == trt.build_args(cfg, q / "trtllm_checkpoint", out / "engine", tmp_path / "tc" / "h100.cache")
+    assert argv == engine.build_args(cfg, q / "trtllm_checkpoint", out / "engine", tmp_path / "tc" / "h100.cache")
     log = (out / "build.log").read_text()
     assert "test double" in log and "some warning on stderr" in log and log.startswith("$ ")
     assert info["runtime"]["cuda_graph_mode"] is True and info["runtime"]["cuda_graph_cache_size"] == 3
@@ -377,21 +377,21 @@ def test_sliding_window_is_passed_through_as_max_attention_window_size(make_chec
     no sequence can exceed is full attention (nothing passed); Qwen2's use_sliding_window=false is no window."""
     ck = make_checkpoint("mistral", sliding_window=16)
     cfg = _cfg(f"model.path={ck}", "build.max_seq_len=256", "build.max_input_len=128")
-    assert trt.sliding_window(trt.model_hf_config(cfg)) == 16
-    assert trt.runtime_knobs(cfg)["max_attention_window_size"] == 16
+    assert runtime.sliding_window(runtime.model_hf_config(cfg)) == 16
+    assert runtime.runtime_knobs(cfg)["max_attention_window_size"] == 16
     assert not get_target("tensorrt_llm").check_config(cfg)
     wide = make_checkpoint("mistral", name="wide", sliding_window=4096)
-    assert "max_attention_window_size" not in trt.runtime_knobs(
+    assert "max_attention_window_size" not in runtime.runtime_knobs(
         _cfg(f"model.path={wide}", "build.max_seq_len=256", "build.max_input_len=128")
     )
-    assert trt.sliding_window({"sliding_window": 4096, "use_sliding_window": False}) is None
+    assert runtime.sliding_window({"sliding_window": 4096, "use_sliding_window": False}) is None
     from pipeline.package.repository import settings_from_build
 
     bi = {
         "target": "tensorrt_llm",
         "backend": "tensorrt",
         "limits": {"max_batch_size": 8, "max_input_len": 128, "max_seq_len": 256},
-        "runtime": trt.runtime_knobs(cfg),
+        "runtime": runtime.runtime_knobs(cfg),
     }
     s = settings_from_build(BuildInfo.from_json(bi), ModelInfo.from_json({"eos_token_ids": [2]}), cfg.package, cfg.build, cfg.target)
     assert s.trtllm["parameters"]["max_attention_window_size"] == "16"
@@ -499,9 +499,9 @@ def test_draft_model_build_runs_a_second_trtllm_build_for_the_draft(monkeypatch,
 
 
 def test_gather_context_logits_flag_and_its_speculative_conflict(tmp_path):
-    args = trt.build_args(_cfg("build.gather_context_logits=true"), "c", "o", "t")
+    args = engine.build_args(_cfg("build.gather_context_logits=true"), "c", "o", "t")
     assert "--gather_context_logits" in args and set(_pairs(args)) <= REF_FLAGS
-    assert "--gather_context_logits" not in trt.build_args(_cfg(), "c", "o", "t")
+    assert "--gather_context_logits" not in engine.build_args(_cfg(), "c", "o", "t")
     probs = get_target("tensorrt_llm").check_config(
         _cfg(
             "build.gather_context_logits=true",

@@ -155,10 +155,10 @@ def test_with_tensorrt_llm_present_default_evaluate_uses_the_engine(tmp_path, ck
 
 
 def test_without_tensorrt_llm_the_engine_runner_is_a_preflight_error_with_the_fix(tmp_path, ckpt, monkeypatch):
-    from pipeline.build.targets.tensorrt_llm import builder as trt
+    from pipeline.build.targets.tensorrt_llm import versions
     from pipeline.core.targets import get_target
 
-    monkeypatch.setattr(trt, "installed_version", lambda: None)
+    monkeypatch.setattr(versions, "installed_version", lambda: None)
     with pytest.raises(PreflightError) as e:
         get_target("tensorrt_llm").load_runner(_engine_dir(tmp_path, ckpt))
     assert e.value.exit_code == 4 and "pip install 'tensorrt-llm==1.2.1'" in str(e.value) and "eval.candidate=simulated" in str(e.value)

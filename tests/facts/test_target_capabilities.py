@@ -122,9 +122,10 @@ def test_minimum_compute_capability_is_one_table():
     """The planner said quant=none needs SM 8.0, the TensorRT-LLM target 7.5: all now read pipeline/facts/recipes.py
     (fp16 engines from Turing, SM 7.5; bfloat16 needs SM 8.0, checked on the dtype)."""
     from pipeline.build.targets.tensorrt_llm import builder as T
+    from pipeline.build.targets.tensorrt_llm import preflight as trt_preflight
     from pipeline.facts import gpus, recipes
 
     assert gpus.RECIPE_MIN_SM is recipes.RECIPE_MIN_SM and gpus.KV_MIN_SM is recipes.KV_MIN_SM
-    assert {r: divmod(sm, 10) for r, sm in recipes.RECIPE_MIN_SM.items()} == T.RECIPE_MIN_SM
-    assert T.RECIPE_MIN_SM["none"] == (7, 5) and recipes.BF16_MIN_SM == 80
-    assert set(T.RECIPE_MIN_SM) == set(T.RECIPE_QUANT_ALGO) == set(recipes.RECIPES)
+    assert {r: divmod(sm, 10) for r, sm in recipes.RECIPE_MIN_SM.items()} == trt_preflight.RECIPE_MIN_SM
+    assert trt_preflight.RECIPE_MIN_SM["none"] == (7, 5) and recipes.BF16_MIN_SM == 80
+    assert set(trt_preflight.RECIPE_MIN_SM) == set(T.RECIPE_QUANT_ALGO) == set(recipes.RECIPES)

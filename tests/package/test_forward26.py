@@ -17,6 +17,8 @@ import pytest
 import yaml
 
 from pipeline.build.targets.tensorrt_llm import builder as trt
+from pipeline.build.targets.tensorrt_llm import checks as trt_checks
+from pipeline.build.targets.tensorrt_llm import versions as trt_versions
 from pipeline.core.config import ConfigError, compose
 from pipeline.core.config.target import DEFAULT_SERVING_IMAGE
 from pipeline.facts import versions as V
@@ -104,17 +106,17 @@ def test_int8_sq_on_the_pytorch_backend_exits_2_from_the_cli(tmp_path, ckpt):
 @pytest.mark.parametrize("backend", ["tensorrt", "pytorch"])
 def test_the_default_serving_image_passes_the_version_check_of_both_backends(backend):
     img = V.image_versions(DEFAULT_SERVING_IMAGE)
-    assert img is not None and trt.accepts_version(backend, str(img["tensorrt_llm"]))
+    assert img is not None and trt_versions.accepts_version(backend, str(img["tensorrt_llm"]))
     cfg = compose([f"target=tensorrt_llm{'_pytorch' if backend == 'pytorch' else ''}"])
-    assert cfg.target.serving_image == DEFAULT_SERVING_IMAGE and trt.serving_image_problems(cfg) == []
+    assert cfg.target.serving_image == DEFAULT_SERVING_IMAGE and trt_checks.serving_image_problems(cfg) == []
 
 
 def test_the_old_default_image_and_an_unknown_tag_are_refused_with_the_table():
     old = compose(["target=tensorrt_llm", "target.serving_image=nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"])
-    (p,) = trt.serving_image_problems(old)
+    (p,) = trt_checks.serving_image_problems(old)
     assert "1.1.0" in str(p) and "'26.05'" in str(p)  # 25.12 ships 1.1.0: no engine of the 1.2.x path loads there
     unknown = compose(["target=tensorrt_llm_pytorch", "target.serving_image=nvcr.io/nvidia/tritonserver:99.01-trtllm-python-py3"])
-    (p,) = trt.serving_image_problems(unknown)
+    (p,) = trt_checks.serving_image_problems(unknown)
     assert p.field == "target.serving_image" and "26.05=1.2.1" in str(p) and "25.12=1.1.0" in str(p)
 
 

@@ -34,7 +34,7 @@ def _package(tmp_path: Path, *over: str) -> tuple[Path, Path, object]:
     ``llm_api_options`` for the config ``over``."""
     from tiny import make_checkpoint
 
-    from pipeline.build.targets.tensorrt_llm.builder import llm_api_options
+    from pipeline.build.targets.tensorrt_llm.runtime import llm_api_options
 
     cfg = compose(["target=tensorrt_llm_pytorch", "target.gpu=h100_sxm", *over])
     eng = tmp_path / "engine"

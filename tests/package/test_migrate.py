@@ -43,7 +43,7 @@ def _engine_release(tmp: Path, ckpt: Path, store: Path, *, recipe: str = "fp8") 
     returns its package artifact folder."""
     from rich.console import Console
 
-    from pipeline.build.targets.tensorrt_llm.builder import runtime_knobs
+    from pipeline.build.targets.tensorrt_llm.runtime import runtime_knobs
     from pipeline.core.config import compose
     from pipeline.core.stage import StageContext, get_stage
     from pipeline.core.store import Artifact

@@ -139,7 +139,7 @@ def _package_ctx(tmp_path: Path, spec_measured: dict, **pkg):
         (build / d).mkdir(parents=True)
         (build / d / "config.json").write_text(json.dumps({"version": "1.2.1"}))
         (build / d / "rank0.engine").write_bytes(b"test data, not an engine")
-    from pipeline.build.targets.tensorrt_llm.builder import runtime_knobs
+    from pipeline.build.targets.tensorrt_llm.runtime import runtime_knobs
 
     bi = {
         "target": "tensorrt_llm",
