@@ -46,7 +46,8 @@ def _compose(overrides: list[str]) -> Any:
 def _gpu_table(cfg: Any, names: list[str], console: Any) -> tuple[list[dict[str, Any]], int]:
     from rich.table import Table
 
-    from .planner.plan import fmt_bytes, plan
+    from .planner.base import fmt_bytes
+    from .planner.plan import plan
 
     rows, worst = [], EXIT_OK
     t = Table(

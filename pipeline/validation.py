@@ -14,7 +14,7 @@ from .core.config import STAGES, ConfigError, PipelineConfig, Problem
 from .core.config import validate as validate_fields
 
 if TYPE_CHECKING:
-    from .planner.plan import Plan
+    from .planner.base import Plan
 
 
 def with_run_order(cfg: PipelineConfig) -> PipelineConfig:
@@ -80,7 +80,7 @@ def validate(cfg: PipelineConfig, *, raise_on_error: bool = True) -> list[Proble
 
 def checked_plan(cfg: PipelineConfig, *, check: bool = True) -> Plan:
     """The public ``pipeline.plan``: :func:`validate` (when ``check``), then the memory and speed plan
-    (:func:`pipeline.planner.plan.plan`, a :class:`~pipeline.planner.plan.Plan`), so a config a run refuses is never
+    (:func:`pipeline.planner.plan.plan`, a :class:`~pipeline.planner.base.Plan`), so a config a run refuses is never
     planned as ``ok`` (fresh-user trial: ``build.max_input_len=4096 build.max_seq_len=1024`` planned as ``ok``).
 
     Raises:

@@ -22,7 +22,9 @@ from ..core.sizing import host_memory_bandwidth_gbs
 from ..errors import PipelineError, PreflightError
 from ..facts.geometry import ModelShape
 from ..facts.gpus import CATALOGUE, GPU, lookup
-from .plan import Plan, plan, weight_bytes
+from .base import Plan
+from .plan import plan
+from .weights import weight_bytes
 
 
 class PlanRefused(PreflightError):

@@ -1,10 +1,10 @@
-"""Print a :class:`~pipeline.planner.plan.Plan` with rich."""
+"""Print a :class:`~pipeline.planner.base.Plan` with rich."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from .plan import Plan, fmt_bytes
+from .base import Plan, fmt_bytes
 
 
 def _params(n: float) -> str:

@@ -64,7 +64,7 @@ def resolve_device(setting: str) -> str:
 
 def free_bytes(device: str) -> int:
     """Free memory of ``device`` now, bytes: ``torch.cuda.mem_get_info`` for CUDA; for the CPU the planner's
-    :func:`pipeline.planner.plan.host_memory` (``MemAvailable`` of /proc/meminfo; 0 when unreadable)."""
+    :func:`pipeline.core.sizing.host_memory` (``MemAvailable`` of /proc/meminfo; 0 when unreadable)."""
     if device.startswith("cuda"):
         import torch
 

@@ -366,7 +366,7 @@ def _with_path(cfg, path: str):
 def test_cpu_weights_refusal_offers_int4_only_when_int4_fits():
     """llama31_70b fp8 on a 24 GB CPU host: int4 weights (about 37 GiB) do not fit either, so the fix is a larger host,
     never quant=int4_awq (which a fresh-user trial followed into the same refusal)."""
-    from pipeline.planner.plan import _smaller_weights_fix
+    from pipeline.planner.cpu import _smaller_weights_fix
 
     cfg = compose(["model=llama31_70b", "quant=fp8"])
     shape, _ = load_shape(cfg)
@@ -460,7 +460,7 @@ def test_plan_room_from_fake_device_facts():
     """The device facts in, the placement's figures out: a visible GPU is named with its free memory; a named GPU not
     visible here comes from the catalogue with an unknown host; calibration.device=cpu keeps the CPU."""
     from pipeline.facts.gpus import lookup
-    from pipeline.planner.plan import plan_room
+    from pipeline.planner.stages import plan_room
 
     cfg = compose(["model=llama31_8b", "quant=int4_awq"])
     smi = [({"name": "NVIDIA H200", "memory_mib": 143771.0}, lookup("h200"))]

@@ -237,7 +237,7 @@ def test_every_logprobs_request_is_refused_naming_the_field(sdk):
     ],
 )
 def test_parse_common_refuses_every_logprobs_value(kind, body, param):
-    from pipeline.serve.openai_server import APIError, parse_common
+    from pipeline.serve.openai_schema import APIError, parse_common
 
     with pytest.raises(APIError) as ei:
         parse_common({"model": "m", **body}, kind)
@@ -281,7 +281,7 @@ def test_models_route_is_plain_json(served):
 
 def test_unknown_field_message_lists_what_is_honoured_apart_from_what_is_refused():
     """The refusal of an unknown field listed logprobs, tools, ... as honoured: they are refused unless unset."""
-    from pipeline.serve.openai_server import APIError, parse_common
+    from pipeline.serve.openai_schema import APIError, parse_common
 
     with pytest.raises(APIError) as ei:
         parse_common({"model": "m", "messages": [], "foo": 1}, "chat")
