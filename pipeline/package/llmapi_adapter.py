@@ -207,7 +207,7 @@ def adapter_config(ensemble_config: str, name: str, settings: Any) -> str:
     """
     from google.protobuf import text_format
 
-    from .repository import python_model_from_ensemble
+    from .model_config import python_model_from_ensemble
     from .trtllm_config import BLS_EXTRA_INPUTS
 
     extra = BLS_EXTRA_INPUTS if name == "tensorrt_llm_bls" else ()

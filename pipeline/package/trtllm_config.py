@@ -422,7 +422,7 @@ def bls_model_config(ensemble_config: str, s: Any) -> str:
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2 as mc
 
-    from .repository import python_model_from_ensemble
+    from .model_config import python_model_from_ensemble
 
     tr = getattr(s, "trtllm", None) or {}
     params = {"accumulate_tokens": "false", "tensorrt_llm_model_name": "tensorrt_llm"}
