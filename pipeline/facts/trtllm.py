@@ -115,3 +115,15 @@ def llmapi_overrides(rt: Any) -> dict[str, Any]:
             d = d.setdefault(k, {})
         d[path[-1]] = v
     return out
+
+
+SPECULATIVE_RUNTIME_FIELDS: dict[str, str] = {
+    "medusa_choices": "medusa",
+    "eagle_choices": "eagle",
+    "lookahead_window_size": "lookahead_decoding",
+    "lookahead_ngram_size": "lookahead_decoding",
+    "lookahead_verification_set_size": "lookahead_decoding",
+}
+"""package.runtime field -> the ``build.speculative.mode`` it belongs to (TensorRT-LLM's Triton backend
+``tensorrt_llm/config.pbtxt`` parameters of each speculative mode); checked at config time (build) and when the
+repository is written (package)."""

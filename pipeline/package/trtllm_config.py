@@ -21,7 +21,7 @@ from typing import Any
 
 from ..core.contracts.build import BuildArtifact, BuildInfo
 from ..errors import GateFailed, InputError
-from ..facts.trtllm import llmapi_notice, llmapi_overrides, llmapi_unsupported
+from ..facts.trtllm import SPECULATIVE_RUNTIME_FIELDS, llmapi_notice, llmapi_overrides, llmapi_unsupported
 
 DRAFT_MODEL = "tensorrt_llm_draft"
 """Model name of the draft engine in a draft-model package (the BLS ``tensorrt_llm_draft_model_name``)."""
@@ -167,13 +167,7 @@ def _speculative_parameters(rt: Any, mode: str) -> dict[str, str]:
                     f"Fix: set package.runtime.lookahead_window_size, lookahead_ngram_size and lookahead_verification_set_size."
                 )
             p[f] = _s(getattr(rt, f))
-    for f, m in (
-        ("medusa_choices", "medusa"),
-        ("eagle_choices", "eagle"),
-        ("lookahead_window_size", "lookahead_decoding"),
-        ("lookahead_ngram_size", "lookahead_decoding"),
-        ("lookahead_verification_set_size", "lookahead_decoding"),
-    ):
+    for f, m in SPECULATIVE_RUNTIME_FIELDS.items():
         if getattr(rt, f) is not None and mode != m:
             raise InputError(
                 f"package.runtime.{f}={getattr(rt, f)!r}: only used by a {m} engine, and this build is "

@@ -16,7 +16,7 @@ from typing import Any
 
 from ....core.config.common import Problem
 from ....core.targets.base import Capabilities
-from ....facts.trtllm import PYTORCH_ALTERNATIVE, PYTORCH_REFUSED_RECIPES, llmapi_unsupported
+from ....facts.trtllm import PYTORCH_ALTERNATIVE, PYTORCH_REFUSED_RECIPES, SPECULATIVE_RUNTIME_FIELDS, llmapi_unsupported
 from .engine import FLAG_CHOICES
 from .runtime import model_hf_config, sliding_window
 from .versions import accepts_version
@@ -125,13 +125,7 @@ def _speculative_runtime_problems(cfg: Any, rt: Any) -> list[Problem]:
                         "set package.runtime.lookahead_window_size, lookahead_ngram_size and lookahead_verification_set_size",
                     )
                 )
-    for f, m in (
-        ("medusa_choices", "medusa"),
-        ("eagle_choices", "eagle"),
-        ("lookahead_window_size", "lookahead_decoding"),
-        ("lookahead_ngram_size", "lookahead_decoding"),
-        ("lookahead_verification_set_size", "lookahead_decoding"),
-    ):
+    for f, m in SPECULATIVE_RUNTIME_FIELDS.items():
         if getattr(rt, f) is not None and sp.mode != m:
             p.append(
                 Problem(
