@@ -51,7 +51,7 @@ def test_a_registered_target_is_a_valid_target_name(monkeypatch):
     """``pipeline.register_target``: the config accepts the new name (the check asks the registry), get_target returns
     the object itself; an unregistered name is refused with exit-2 problem naming the closest target."""
     import pipeline
-    from pipeline.build import targets
+    from pipeline.core import targets
     from pipeline.core.config import compose
     from pipeline.validation import validate
 

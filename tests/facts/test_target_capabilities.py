@@ -129,3 +129,21 @@ def test_minimum_compute_capability_is_one_table():
     assert {r: divmod(sm, 10) for r, sm in recipes.RECIPE_MIN_SM.items()} == trt_preflight.RECIPE_MIN_SM
     assert trt_preflight.RECIPE_MIN_SM["none"] == (7, 5) and recipes.BF16_MIN_SM == 80
     assert set(trt_preflight.RECIPE_MIN_SM) == set(T.RECIPE_QUANT_ALGO) == set(recipes.RECIPES)
+
+
+def test_pytorch_backend_refuses_runtime_fields_without_an_llmapi_equivalent_at_config_time():
+    """The config checks see ``package.runtime`` as an OmegaConf node, not the dataclass: a runtime field the LLM-API
+    layout cannot express (``gpu_weights_percent``, ``normalize_log_probs`` changed from its default) is one exit-2
+    problem naming the field; a mapped field (``kv_cache_free_gpu_mem_fraction``) and the engine backend pass."""
+    from pipeline.validation import validate
+
+    base = ["target=tensorrt_llm", "target.gpu=h100_sxm", "stages=[export,quantize,build]"]
+    bad = ["package.runtime.gpu_weights_percent=0.5", "package.runtime.normalize_log_probs=false"]
+    problems = validate(compose([*base, "target.backend=pytorch", *bad]), raise_on_error=False)
+    named = {p.field: p for p in problems if "no equivalent in the PyTorch-backend" in p.message}
+    assert set(named) == {"package.runtime.gpu_weights_percent", "package.runtime.normalize_log_probs"}, problems
+    assert "target.backend=tensorrt" in str(named["package.runtime.gpu_weights_percent"])
+    mapped = ["target.backend=pytorch", "package.runtime.kv_cache_free_gpu_mem_fraction=0.8"]
+    assert not [p for p in validate(compose([*base, *mapped]), raise_on_error=False) if p.field.startswith("package.runtime")]
+    engine = validate(compose([*base, "target.backend=tensorrt", *bad]), raise_on_error=False)
+    assert not [p for p in engine if "no equivalent in the PyTorch-backend" in p.message]
