@@ -15,7 +15,7 @@ from pipeline.core.config.eval import GateConfig
 from pipeline.core.store import Artifact
 from pipeline.errors import GateFailed
 from pipeline.evaluate.gate import judge, paired_stats
-from pipeline.evaluate.stage import gate_summary
+from pipeline.evaluate.results import gate_summary
 from pipeline.package.stage import _gate
 from pipeline.report import print_gate
 
