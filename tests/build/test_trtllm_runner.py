@@ -145,7 +145,7 @@ def test_llm_api_runner_for_the_pytorch_backend(tmp_path, ckpt, fake_trtllm):
 def test_with_tensorrt_llm_present_default_evaluate_uses_the_engine(tmp_path, ckpt, fake_trtllm):
     """candidate=auto picks the engine (no exit 4) when tensorrt_llm is importable and the build has an engine."""
     from pipeline.core.config import compose
-    from pipeline.evaluate.stage import resolve_runners
+    from pipeline.evaluate.inputs import resolve_runners
 
     eng = _engine_dir(tmp_path, ckpt)
     art = SimpleNamespace(path=eng.parent, result={"headline": {"target": "tensorrt_llm"}})

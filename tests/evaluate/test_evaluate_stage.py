@@ -218,7 +218,7 @@ DESTRUCTIVE = ["quant=int4_wo", "quant.exclude_modules=[]", "eval.gate.min_agree
 def test_candidate_auto_falls_back_to_simulated_when_target_cannot_run_recipe(tmp_path):
     """eval.candidate=auto: the engine when the target runs the recipe and an engine exists, else simulated."""
     from pipeline.core.store import Artifact
-    from pipeline.evaluate.stage import resolve_runners
+    from pipeline.evaluate.inputs import resolve_runners
 
     build = tmp_path / "build"
     (build / "engine").mkdir(parents=True)

@@ -10,7 +10,7 @@ from rich.console import Console
 
 from pipeline.core.config import compose
 from pipeline.evaluate.gate import judge, paired_stats
-from pipeline.evaluate.stage import gate_summary
+from pipeline.evaluate.results import gate_summary
 from pipeline.report import RunSummary, print_summary
 
 

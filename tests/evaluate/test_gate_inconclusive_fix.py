@@ -15,8 +15,8 @@ from pipeline.core.config.eval import GateConfig
 from pipeline.core.store import Artifact
 from pipeline.errors import GateFailed
 from pipeline.evaluate.gate import judge, paired_stats
-from pipeline.evaluate.stage import gate_summary
-from pipeline.package.stage import _gate
+from pipeline.evaluate.results import gate_summary
+from pipeline.package.gate import release_gate
 from pipeline.report import print_gate
 
 
@@ -40,7 +40,7 @@ def _package(gate_record: dict):
         log=logging.getLogger("test"),
     )
     with pytest.raises(GateFailed) as e:
-        _gate(ctx)
+        release_gate(ctx)
     return str(e.value)
 
 

@@ -4,7 +4,7 @@ the refusal listed only the inconclusive slice scopes, then "and 2 more slice(s)
 
 from __future__ import annotations
 
-from pipeline.package.stage import _first_scopes
+from pipeline.package.gate import first_scopes
 
 REASON = (
     "overall max_drop: drop +0.0 pp, upper bound +30.0 pp vs allowed 1.0 pp; about 900 items needed; "
@@ -14,7 +14,7 @@ REASON = (
 
 
 def test_overall_checks_after_the_slices_are_kept():
-    short = _first_scopes(REASON)
+    short = first_scopes(REASON)
     assert "overall min_top1: top-1 agreement 72.97% vs minimum 95.00%" in short
     assert "slice:a max_drop" in short and "slice:b" not in short and "slice:c" not in short
     assert short.endswith("and 2 more slice(s) (eval_report.json)")
@@ -22,7 +22,7 @@ def test_overall_checks_after_the_slices_are_kept():
 
 def test_the_fix_after_the_last_elided_slice_is_kept():
     fix = "INCONCLUSIVE: overall: drop 1 pp; slice:a: drop 2 pp, 40 items; slice:b: drop 3 pp, 50 items. Fix: a larger eval set"
-    short = _first_scopes(fix)
+    short = first_scopes(fix)
     assert (
         short
         == "INCONCLUSIVE: overall: drop 1 pp; slice:a: drop 2 pp, 40 items; and 1 more slice(s) (eval_report.json). Fix: a larger eval set"
@@ -30,4 +30,4 @@ def test_the_fix_after_the_last_elided_slice_is_kept():
 
 
 def test_a_short_reason_is_unchanged():
-    assert _first_scopes("overall max_drop: x; slice:a max_drop: y") == "overall max_drop: x; slice:a max_drop: y"
+    assert first_scopes("overall max_drop: x; slice:a max_drop: y") == "overall max_drop: x; slice:a max_drop: y"

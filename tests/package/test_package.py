@@ -530,7 +530,7 @@ def test_release_names_are_safe_file_names(name, want):
     """Never a leading '-' or '.' (tar would read an option); a name of no ASCII letter gets a digest, so two such
     names do not share an archive (fresh-user trial: '模型' gave release/--1.tar.gz)."""
     from pipeline.core.config import compose
-    from pipeline.package.stage import release_name
+    from pipeline.package.release import release_name
 
     got = release_name(compose([f"model.name='{name}'", "quant=none"]))
     if want is None:
@@ -544,7 +544,7 @@ def test_two_recipes_of_one_model_never_share_an_archive_name():
     """Fresh-user trial: three different archives of model ``tq`` were all ``tq-1.tar.gz``; a release pipeline that
     uploads them to one place would overwrite one with another."""
     from pipeline.core.config import compose
-    from pipeline.package.stage import release_name
+    from pipeline.package.release import release_name
 
     names = {
         release_name(compose(["model.name=tq", *o])) for o in ([f"quant={r}"] for r in ("none", "int8_wo", "int4_awq", "fp8", "int8_sq"))

@@ -33,8 +33,8 @@ def measured(tmp_path_factory):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from pipeline.data.evalset import load_eval_set, prepare
+    from pipeline.evaluate.draft import speculative_summary
     from pipeline.evaluate.runners import HFRunner, draft_acceptance, load_hf_model, load_tokenizer
-    from pipeline.evaluate.stage import _speculative_summary
 
     torch.set_num_threads(1)
     items = load_eval_set(EVAL_SET)
@@ -54,14 +54,14 @@ def measured(tmp_path_factory):
     rnd_dir = tmp_path_factory.mktemp("random_draft")
     rnd.save_pretrained(str(rnd_dir))
 
-    class E:  # the eval config fields _speculative_summary reads
+    class E:  # the eval config fields speculative_summary reads
         draft_tokens = 4
 
     res = {}
     for name, draft, path in (("same", target, DEFAULT_MODEL), ("random", rnd, rnd_dir)):
         E.draft_model_path = str(path)
         acc = draft_acceptance(draft, prepared, outs, k=4, pad_id=3, stop_ids=[2], batch_size=8)
-        res[name] = _speculative_summary(acc, prepared, E, "baseline")
+        res[name] = speculative_summary(acc, prepared, E, "baseline")
     return res
 
 

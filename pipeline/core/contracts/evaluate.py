@@ -174,7 +174,7 @@ class GateFidelity:
 @dataclasses.dataclass(frozen=True)
 class GateVerdict:
     """The evaluate stage's gate record: the ``gate`` of its result, of ``summary.json`` and of the release manifest's
-    ``evaluation`` (``pipeline.evaluate.gate.judge`` decides it; ``pipeline.evaluate.stage.gate_summary`` writes it).
+    ``evaluation`` (``pipeline.evaluate.gate.judge`` decides it; ``pipeline.evaluate.results.gate_summary`` writes it).
 
     ``verdict`` is the worst check's (pass < inconclusive < fail); ``non_inferiority`` the worst of the ``max_drop``
     checks alone; ``passed`` is ``verdict == "pass"``; ``scopes`` counts the max_drop checks per verdict; ``fix`` is the
