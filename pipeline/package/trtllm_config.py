@@ -443,5 +443,7 @@ def write_bls_model(repo: Path, s: Any, models_src: Path) -> str:
     (d / "1").mkdir(parents=True, exist_ok=True)
     ens = (repo / "ensemble" / "config.pbtxt").read_text(encoding="utf-8")
     (d / "config.pbtxt").write_text(bls_model_config(ens, s), encoding="utf-8")
-    shutil.copy2(models_src / "tensorrt_llm_bls_model.py", d / "1" / "model.py")
+    from .repository import copy_served_model
+
+    copy_served_model(models_src, "tensorrt_llm_bls_model.py", d / "1")
     return BLS_MODEL
