@@ -230,7 +230,7 @@ def write_adapter_models(
     """Write ``ensemble/`` and ``tensorrt_llm_bls/`` (config, ``1/model.py``, ``1/tensor_map.json``) into ``repo``
     (its ``tensorrt_llm/config.pbtxt`` must already be written); returns the model names. ``trtllm_version``: the
     serving TensorRT-LLM, whose option verdicts decide what the adapter forwards (:func:`fail_closed_inputs`)."""
-    from .repository import copy_served_model
+    from .model_config import copy_served_model
 
     out = []
     llm_cfg = (repo / LLMAPI_MODEL / "config.pbtxt").read_text(encoding="utf-8")

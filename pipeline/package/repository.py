@@ -31,7 +31,7 @@ from ..core.contracts.export import ExportArtifact, ModelInfo
 from ..core.contracts.package import PACKAGE_ID_PARAMETER
 from ..errors import InputError
 from .fragment import Fragment
-from .model_config import python_model_from_ensemble
+from .model_config import MODEL_COMMON, copy_served_model, python_model_from_ensemble
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TEMPLATES = REPO_ROOT / "triton_models"
@@ -48,23 +48,14 @@ from its own folder: request handling, scheduling (the og.Engine loop), sending 
 the request-outcome counter's name and labels (Triton ``/metrics``, imported by ``pipeline`` too).  The one list:
 the copy (:func:`copy_model_py`), the validation (``validate.sibling_problems``) and the tests read it; the release
 manifest hashes every repository file and the package key digests ``MODELS_SRC``."""
-MODEL_COMMON = "model_common.py"
-"""Copied from ``MODELS_SRC`` next to every served Python model's ``model.py`` (:func:`copy_served_model`), which
-imports it from its own folder: the model config's parameters, a folder parameter, answering requests."""
 SIBLING_MODULES = ("tokenization.py", MODEL_COMMON, *MODEL_HELPERS)
 """Every module a served ``model.py`` may import from its own folder (``validate.sibling_problems`` checks that each
 one it imports is there)."""
 
 
-def copy_served_model(models_src: Path, model_py: str, version_dir: Path) -> None:
-    """``models_src/model_py`` as ``version_dir/model.py``, with :data:`MODEL_COMMON` next to it."""
-    shutil.copy2(models_src / model_py, version_dir / "model.py")
-    shutil.copy2(models_src / MODEL_COMMON, version_dir / MODEL_COMMON)
-
-
 def copy_model_py(model_py: str, version_dir: Path) -> None:
-    """``MODELS_SRC/model_py`` as ``version_dir/model.py`` (:func:`copy_served_model`), with ``tokenization.py`` and,
-    for the onnxruntime_genai model, its ``MODEL_HELPERS`` next to it."""
+    """``MODELS_SRC/model_py`` as ``version_dir/model.py`` with ``MODEL_COMMON`` (:func:`.model_config.copy_served_model`),
+    ``tokenization.py`` and, for the onnxruntime_genai model, its ``MODEL_HELPERS`` next to it."""
     copy_served_model(MODELS_SRC, model_py, version_dir)
     shutil.copy2(TOKENIZATION_SRC, version_dir / "tokenization.py")
     if model_py == ORT_MODEL_PY:
