@@ -6,8 +6,9 @@ Every stage writes into ``artifacts/<stage>/<key>/`` (:mod:`pipeline.core.store`
 the benchmark read the files below through these classes instead of spelling the names. docs/artifacts.md
 describes the same files (tests/contracts/test_artifacts_facts.py checks that it names every one of ``FILES``).
 
-Each class wraps the artifact's folder (``path``); names ending in ``/`` in ``FILES`` are folders. Readers that
-find a file corrupt raise :class:`~pipeline.errors.InputError` naming the file and the fix.
+Each class wraps the artifact's folder (``path``) and declares each of its file names once, as an upper-case ``str``
+class constant (a folder's as a :class:`FolderName`); ``FILES`` is derived from them. Readers that find a file corrupt
+raise :class:`~pipeline.errors.InputError` naming the file and the fix.
 """
 
 from __future__ import annotations
@@ -16,12 +17,35 @@ import dataclasses
 import json
 import os
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, ClassVar, Union, overload
 
 from ..errors import InputError
 
 PathArg = Union[str, "os.PathLike[str]"]
 """What a stage artifact class takes as its folder: a str or any ``os.PathLike`` (a ``Path``)."""
+
+
+class FolderName(str):
+    """A stage artifact's name constant that names a folder (listed in ``FILES`` with a trailing ``/``); otherwise
+    the plain ``str`` of its name."""
+
+    __slots__ = ()
+
+
+class PathOf(property):
+    """A read-only path property of a stage artifact class: its folder joined with one of the class's names
+    (``engine_dir = PathOf(ENGINE_DIR)``), with an optional docstring."""
+
+    def __init__(self, name: str, doc: str | None = None) -> None:
+        super().__init__(lambda artifact: artifact.path / name, doc=doc)
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None, /) -> PathOf: ...
+    @overload
+    def __get__(self, obj: StageArtifact, owner: type | None = None, /) -> Path: ...
+    def __get__(self, obj: StageArtifact | None, owner: type | None = None, /) -> PathOf | Path:
+        got: PathOf | Path = super().__get__(obj, owner)
+        return got
 
 
 @dataclasses.dataclass(frozen=True, init=False)
@@ -31,6 +55,14 @@ class StageArtifact:
     when the class and the path are."""
 
     path: Path
+
+    FILES: ClassVar[tuple[str, ...]] = ()
+    """The artifact's names, in the order its class declares them: every upper-case ``str`` constant of the class (each
+    name once; a folder's, a :class:`FolderName`, ending in ``/``), set for each subclass by :meth:`__init_subclass__`."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.FILES = tuple(f"{v}/" if isinstance(v, FolderName) else v for k, v in vars(cls).items() if k.isupper() and isinstance(v, str))
 
     def __init__(self, path: PathArg) -> None:
         if not isinstance(path, (str, os.PathLike)) or isinstance(os.fspath(path), bytes):

@@ -32,7 +32,6 @@ The served model must not import ``pipeline``: the package stage writes this tab
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -231,6 +230,8 @@ def write_adapter_models(
     """Write ``ensemble/`` and ``tensorrt_llm_bls/`` (config, ``1/model.py``, ``1/tensor_map.json``) into ``repo``
     (its ``tensorrt_llm/config.pbtxt`` must already be written); returns the model names. ``trtllm_version``: the
     serving TensorRT-LLM, whose option verdicts decide what the adapter forwards (:func:`fail_closed_inputs`)."""
+    from .model_config import copy_served_model
+
     out = []
     llm_cfg = (repo / LLMAPI_MODEL / "config.pbtxt").read_text(encoding="utf-8")
     table = json.dumps(tensor_map(settings, llm_cfg, trtllm_version), indent=2, sort_keys=True) + "\n"
@@ -238,7 +239,7 @@ def write_adapter_models(
         d = repo / name
         (d / "1").mkdir(parents=True, exist_ok=True)
         (d / "config.pbtxt").write_text(adapter_config(ensemble_config, name, settings), encoding="utf-8")
-        shutil.copy2(models_src / MODEL_SRC, d / "1" / "model.py")
+        copy_served_model(models_src, MODEL_SRC, d / "1")
         (d / "1" / TENSOR_MAP_FILE).write_text(table, encoding="utf-8")
         out.append(name)
     return out

@@ -1,9 +1,22 @@
 """A Python-backend model's ``config.pbtxt`` built from the filled ensemble config (the BLS, the draft model and the LLM-API
-adapter models share it)."""
+adapter models share it), and the copy of a served Python model's ``model.py`` with the sibling module every one imports."""
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
 from typing import Any
+
+MODEL_COMMON = "model_common.py"
+"""Copied next to every served Python model's ``model.py`` (:func:`copy_served_model`), which imports it from its own
+folder (``pipeline/serve/models/model_common.py``: the model config's parameters, a folder parameter, answering
+requests)."""
+
+
+def copy_served_model(models_src: Path, model_py: str, version_dir: Path) -> None:
+    """``models_src/model_py`` as ``version_dir/model.py``, with :data:`MODEL_COMMON` next to it."""
+    shutil.copy2(models_src / model_py, version_dir / "model.py")
+    shutil.copy2(models_src / MODEL_COMMON, version_dir / MODEL_COMMON)
 
 
 def python_model_from_ensemble(

@@ -31,7 +31,7 @@ from ..core.contracts.export import ExportArtifact, ModelInfo
 from ..core.contracts.package import PACKAGE_ID_PARAMETER
 from ..errors import InputError
 from .fragment import Fragment
-from .model_config import python_model_from_ensemble
+from .model_config import MODEL_COMMON, copy_served_model, python_model_from_ensemble
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TEMPLATES = REPO_ROOT / "triton_models"
@@ -48,15 +48,15 @@ from its own folder: request handling, scheduling (the og.Engine loop), sending 
 the request-outcome counter's name and labels (Triton ``/metrics``, imported by ``pipeline`` too).  The one list:
 the copy (:func:`copy_model_py`), the validation (``validate.sibling_problems``) and the tests read it; the release
 manifest hashes every repository file and the package key digests ``MODELS_SRC``."""
-SIBLING_MODULES = ("tokenization.py", *MODEL_HELPERS)
+SIBLING_MODULES = ("tokenization.py", MODEL_COMMON, *MODEL_HELPERS)
 """Every module a served ``model.py`` may import from its own folder (``validate.sibling_problems`` checks that each
 one it imports is there)."""
 
 
 def copy_model_py(model_py: str, version_dir: Path) -> None:
-    """``MODELS_SRC/model_py`` as ``version_dir/model.py``, with ``tokenization.py`` and, for the onnxruntime_genai
-    model, its ``MODEL_HELPERS`` next to it."""
-    shutil.copy2(MODELS_SRC / model_py, version_dir / "model.py")
+    """``MODELS_SRC/model_py`` as ``version_dir/model.py`` with ``MODEL_COMMON`` (:func:`.model_config.copy_served_model`),
+    ``tokenization.py`` and, for the onnxruntime_genai model, its ``MODEL_HELPERS`` next to it."""
+    copy_served_model(MODELS_SRC, model_py, version_dir)
     shutil.copy2(TOKENIZATION_SRC, version_dir / "tokenization.py")
     if model_py == ORT_MODEL_PY:
         for name in MODEL_HELPERS:

@@ -439,9 +439,11 @@ def bls_model_config(ensemble_config: str, s: Any) -> str:
 def write_bls_model(repo: Path, s: Any, models_src: Path) -> str:
     """Write ``tensorrt_llm_bls/`` (config + ``1/model.py``) into the TensorRT-LLM repository ``repo`` (its
     ``ensemble/config.pbtxt`` must already be written). Returns the model name."""
+    from .model_config import copy_served_model
+
     d = repo / BLS_MODEL
     (d / "1").mkdir(parents=True, exist_ok=True)
     ens = (repo / "ensemble" / "config.pbtxt").read_text(encoding="utf-8")
     (d / "config.pbtxt").write_text(bls_model_config(ens, s), encoding="utf-8")
-    shutil.copy2(models_src / "tensorrt_llm_bls_model.py", d / "1" / "model.py")
+    copy_served_model(models_src, "tensorrt_llm_bls_model.py", d / "1")
     return BLS_MODEL

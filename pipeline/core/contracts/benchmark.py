@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import Any, ClassVar
 
-from ..artifacts import StageArtifact
+from ..artifacts import PathOf, StageArtifact
 from .result import StageResult
 
 
@@ -15,11 +14,8 @@ class BenchmarkArtifact(StageArtifact):
 
     RESULT_JSON: ClassVar[str] = "benchmark.json"
     RESULT_MD: ClassVar[str] = "benchmark.md"
-    FILES: ClassVar[tuple[str, ...]] = ("benchmark.json", "benchmark.md")
 
-    @property
-    def result_path(self) -> Path:
-        return self.path / self.RESULT_JSON
+    result_path = PathOf(RESULT_JSON)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

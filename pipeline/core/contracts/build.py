@@ -7,49 +7,32 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..artifacts import StageArtifact, _read_json
+from ..artifacts import FolderName, PathOf, StageArtifact, _read_json
 from .result import StageResult
 
 
 class BuildArtifact(StageArtifact):
     """Build stage output: the engine folder, ``build_info.json`` and the builder's log."""
 
-    ENGINE_DIR: ClassVar[str] = "engine"
+    ENGINE_DIR: ClassVar[str] = FolderName("engine")
     BUILD_INFO: ClassVar[str] = "build_info.json"
     BUILD_LOG: ClassVar[str] = "build.log"
     ENGINE_LIMITS: ClassVar[str] = "engine_limits.json"
     """Inside ``engine/`` (onnxruntime_genai): the limits its runtime config has no key for."""
     LLM_API_OPTIONS: ClassVar[str] = "llm_api_options.yaml"
     """Inside ``engine/`` (tensorrt_llm, PyTorch backend): the ``LLM()`` keyword arguments, next to ``engine/hf/``."""
-    DRAFT_ENGINE_DIR: ClassVar[str] = "draft_engine"
+    DRAFT_ENGINE_DIR: ClassVar[str] = FolderName("draft_engine")
     """Next to ``engine/`` (tensorrt_llm, draft-model speculative decoding): the draft model's engine."""
     DRAFT_BUILD_LOG: ClassVar[str] = "build_draft.log"
     """trtllm-build's log of the draft engine."""
-    FILES: ClassVar[tuple[str, ...]] = (
-        "engine/",
-        "build_info.json",
-        "build.log",
-        "engine_limits.json",
-        "llm_api_options.yaml",
-        "draft_engine/",
-        "build_draft.log",
-    )
     LIMIT_KEYS: ClassVar[tuple[str, ...]] = ("max_input_len", "max_seq_len", "max_batch_size")
     MEASUREMENTS: ClassVar[tuple[str, ...]] = ("build_s", "builder_peak_rss_bytes")
     """Measurements of the build run: recorded in ``manifest.json`` ``measurements``, not in ``build_info.json`` (whose
     bytes enter the artifact's content digest; a rebuild from the same inputs must have the same digest)."""
 
-    @property
-    def engine_dir(self) -> Path:
-        return self.path / self.ENGINE_DIR
-
-    @property
-    def build_info_path(self) -> Path:
-        return self.path / self.BUILD_INFO
-
-    @property
-    def build_log_path(self) -> Path:
-        return self.path / self.BUILD_LOG
+    engine_dir = PathOf(ENGINE_DIR)
+    build_info_path = PathOf(BUILD_INFO)
+    build_log_path = PathOf(BUILD_LOG)
 
     def build_info(self) -> BuildInfo:
         """``build_info.json`` as a :class:`BuildInfo` (``recorded`` False when the file is absent).

@@ -6,7 +6,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..artifacts import StageArtifact
+from ..artifacts import PathOf, StageArtifact
 from .result import StageResult
 
 
@@ -19,15 +19,9 @@ class EvalArtifact(StageArtifact):
     OUTPUTS: ClassVar[str] = "outputs.jsonl"
     JUNIT_XML: ClassVar[str] = "eval_junit.xml"
     """The gate as JUnit XML, one testcase per check (``pipeline.evaluate.junit``)."""
-    FILES: ClassVar[tuple[str, ...]] = ("eval_report.json", "eval_report.md", "eval_report.html", "outputs.jsonl", "eval_junit.xml")
 
-    @property
-    def report_path(self) -> Path:
-        return self.path / self.REPORT_JSON
-
-    @property
-    def outputs_path(self) -> Path:
-        return self.path / self.OUTPUTS
+    report_path = PathOf(REPORT_JSON)
+    outputs_path = PathOf(OUTPUTS)
 
     def report(self) -> EvalReport:
         """``eval_report.json`` as an :class:`EvalReport`.

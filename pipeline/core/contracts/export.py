@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ...errors import InputError
-from ..artifacts import StageArtifact, _read_json
+from ..artifacts import FolderName, PathOf, StageArtifact, _read_json
 from .result import StageResult
 
 MODEL_INFO_NAME = "model_info.json"
@@ -16,15 +16,13 @@ MODEL_INFO_NAME = "model_info.json"
 class ExportArtifact(StageArtifact):
     """Export stage output: the normalised Hugging Face checkpoint and its facts."""
 
-    HF_DIR: ClassVar[str] = "hf"
+    HF_DIR: ClassVar[str] = FolderName("hf")
     MODEL_INFO: ClassVar[str] = MODEL_INFO_NAME
     DECODING: ClassVar[str] = "decoding.json"
-    FILES: ClassVar[tuple[str, ...]] = ("hf/", "model_info.json", "decoding.json")
 
-    @property
-    def hf_dir(self) -> Path:
-        """``hf/``: config.json, model*.safetensors, generation_config.json, tokenizer files."""
-        return self.path / self.HF_DIR
+    hf_dir = PathOf(HF_DIR, "``hf/``: config.json, model*.safetensors, generation_config.json, tokenizer files.")
+    model_info_path = PathOf(MODEL_INFO)
+    decoding_path = PathOf(DECODING)
 
     @classmethod
     def hf_dir_of(cls, export_dir: Path) -> Path:
@@ -39,14 +37,6 @@ class ExportArtifact(StageArtifact):
         if (export_dir / "config.json").is_file():
             return export_dir
         raise InputError(f"{export_dir}: not an export artifact (no hf/config.json). Pass the export stage's artifact folder.")
-
-    @property
-    def model_info_path(self) -> Path:
-        return self.path / self.MODEL_INFO
-
-    @property
-    def decoding_path(self) -> Path:
-        return self.path / self.DECODING
 
     def decoding(self) -> Any:
         """The decoding policy (``pipeline.core.decoding.DecodingPolicy``) export recorded in ``decoding.json``; for an

@@ -4,24 +4,22 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from pathlib import Path
 from typing import Any, ClassVar
 
-from ..artifacts import StageArtifact
+from ..artifacts import FolderName, PathOf, StageArtifact
 from .evaluate import GateVerdict
 from .result import StageResult
 
 
 class PackageArtifact(StageArtifact):
-    """Package stage output: the Triton model repository, the release manifest and the release folder."""
+    """Package stage output: the Triton model repository, the release manifest and the release folder.  Its names
+    (``FILES``) are the top level's, those inside ``release/`` (``SHA256SUMS``, the signature, the provenance, the SBOM)
+    and, for a PyTorch-backend package, those inside ``servers/`` (the trtllm-serve options and command, the benchmark
+    commands)."""
 
-    MODEL_REPOSITORY: ClassVar[str] = "model_repository"
+    MODEL_REPOSITORY: ClassVar[str] = FolderName("model_repository")
     RELEASE_MANIFEST: ClassVar[str] = "release_manifest.json"
-    #: PyTorch-backend packages: the non-Triton server files, in ``servers/`` (pipeline/package/llmapi_options.py)
-    SERVE_YAML: ClassVar[str] = "trtllm_serve.yaml"
-    SERVE_SCRIPT: ClassVar[str] = "trtllm_serve.sh"
-    BENCH_JSON: ClassVar[str] = "benchmark.json"
-    RELEASE_DIR: ClassVar[str] = "release"
+    RELEASE_DIR: ClassVar[str] = FolderName("release")
     ARCHIVE_SUFFIXES: ClassVar[tuple[str, ...]] = (".tar.gz", ".tgz", ".tar")
     """How a release archive a user passes may end (``pipeline serve <archive>`` unpacks it; ``--parity`` needs it
     unpacked)."""
@@ -34,29 +32,14 @@ class PackageArtifact(StageArtifact):
     """Inside ``release/``, when signed with a key: the provenance statement in a signed DSSE envelope."""
     SBOM: ClassVar[str] = "sbom.cdx.json"
     """Inside ``release/``: CycloneDX SBOM of the serving environment (pipeline/package/sbom.py)."""
-    FILES: ClassVar[tuple[str, ...]] = (
-        "model_repository/",
-        "release_manifest.json",
-        "release/",
-        "SHA256SUMS",
-        "release.sig",
-        "provenance.intoto.json",
-        "provenance.intoto.dsse.json",
-        "sbom.cdx.json",
-        "trtllm_serve.yaml",
-        "trtllm_serve.sh",
-        "benchmark.json",
-    )
-    """Top-level names and the names inside ``release/`` (``SHA256SUMS``, the signature, the provenance) and, for a
-    PyTorch-backend package, inside ``servers/`` (the trtllm-serve options and command, the benchmark commands)."""
+    #: PyTorch-backend packages: the non-Triton server files, in ``servers/`` (pipeline/package/llmapi_options.py)
+    SERVE_YAML: ClassVar[str] = "trtllm_serve.yaml"
+    SERVE_SCRIPT: ClassVar[str] = "trtllm_serve.sh"
+    BENCH_JSON: ClassVar[str] = "benchmark.json"
 
-    @property
-    def model_repository(self) -> Path:
-        return self.path / self.MODEL_REPOSITORY
-
-    @property
-    def release_manifest_path(self) -> Path:
-        return self.path / self.RELEASE_MANIFEST
+    model_repository = PathOf(MODEL_REPOSITORY)
+    release_manifest_path = PathOf(RELEASE_MANIFEST)
+    release_dir = PathOf(RELEASE_DIR)
 
     def read_release_manifest(self) -> dict[str, Any]:
         """The release manifest of this package (the artifact's copy, else the one in ``release/``); ``{}`` when there
@@ -77,10 +60,6 @@ class PackageArtifact(StageArtifact):
             except (OSError, ValueError):
                 p = None
         return p if isinstance(p, dict) else None
-
-    @property
-    def release_dir(self) -> Path:
-        return self.path / self.RELEASE_DIR
 
 
 @dataclasses.dataclass(frozen=True)

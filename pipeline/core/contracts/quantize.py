@@ -3,43 +3,27 @@
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import Any, ClassVar
 
-from ..artifacts import StageArtifact
+from ..artifacts import FolderName, PathOf, StageArtifact
 from .result import StageResult
 
 
 class QuantizeArtifact(StageArtifact):
     """Quantize stage output: unified HF checkpoint, TensorRT-LLM checkpoint, ModelOpt state and the report."""
 
-    HF_DIR: ClassVar[str] = "hf"
-    TRTLLM_CHECKPOINT: ClassVar[str] = "trtllm_checkpoint"
+    HF_DIR: ClassVar[str] = FolderName("hf")
+    TRTLLM_CHECKPOINT: ClassVar[str] = FolderName("trtllm_checkpoint")
     QUANT_STATE_TENSORS: ClassVar[str] = "quant_state.safetensors"
     QUANT_STATE_JSON: ClassVar[str] = "quant_state.json"
     REPORT_JSON: ClassVar[str] = "quant_report.json"
     REPORT_MD: ClassVar[str] = "quant_report.md"
-    FILES: ClassVar[tuple[str, ...]] = (
-        "hf/",
-        "trtllm_checkpoint/",
-        "quant_state.safetensors",
-        "quant_state.json",
-        "quant_report.json",
-        "quant_report.md",
+
+    hf_dir = PathOf(HF_DIR)
+    trtllm_checkpoint = PathOf(
+        TRTLLM_CHECKPOINT, "``trtllm_checkpoint/``: config.json + rank{N}.safetensors (TensorRT-LLM checkpoint layout)."
     )
-
-    @property
-    def hf_dir(self) -> Path:
-        return self.path / self.HF_DIR
-
-    @property
-    def trtllm_checkpoint(self) -> Path:
-        """``trtllm_checkpoint/``: config.json + rank{N}.safetensors (TensorRT-LLM checkpoint layout)."""
-        return self.path / self.TRTLLM_CHECKPOINT
-
-    @property
-    def report_path(self) -> Path:
-        return self.path / self.REPORT_JSON
+    report_path = PathOf(REPORT_JSON)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -18,6 +18,8 @@ import importlib
 from collections.abc import Mapping
 from typing import Any, ClassVar, TypeVar
 
+from ..artifacts import STAGE_ARTIFACTS
+
 R = TypeVar("R", bound="StageResult")
 
 
@@ -61,15 +63,9 @@ class StageResult:
         return value
 
 
-STAGE_RESULTS: dict[str, str] = {
-    "export": "pipeline.core.contracts.export:ExportResult",
-    "quantize": "pipeline.core.contracts.quantize:QuantizeResult",
-    "build": "pipeline.core.contracts.build:BuildResult",
-    "evaluate": "pipeline.core.contracts.evaluate:EvalResult",
-    "package": "pipeline.core.contracts.package:PackageResult",
-    "benchmark": "pipeline.core.contracts.benchmark:BenchmarkResult",
-}
-"""stage name -> ``module:class`` of its result (imported on use, like ``pipeline.core.artifacts.STAGE_ARTIFACTS``)."""
+STAGE_RESULTS: dict[str, str] = {stage: ref.removesuffix("Artifact") + "Result" for stage, ref in STAGE_ARTIFACTS.items()}
+"""stage name -> ``module:class`` of its result: beside its artifact class in the module
+:data:`pipeline.core.artifacts.STAGE_ARTIFACTS` names (``<Name>Artifact`` -> ``<Name>Result``), imported on use too."""
 
 
 def result_class(stage: str) -> type[StageResult]:

@@ -21,14 +21,18 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import Any
 
 import numpy as np
 
-try:
-    import triton_python_backend_utils as pb_utils
-except ImportError:  # pragma: no cover - outside Triton
-    pb_utils = None
+# model_common.py: copied next to this file by the package stage, imported from this folder.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
+
+import model_common  # noqa: E402
+from model_common import pb_utils  # noqa: E402
 
 NP = {"TYPE_INT32": np.int32, "TYPE_INT64": np.int64, "TYPE_UINT64": np.uint64, "TYPE_FP32": np.float32, "TYPE_BOOL": np.bool_}
 
@@ -114,11 +118,9 @@ def _first(t: Any) -> Any:
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
-        self.model_config = json.loads(args["model_config"])
-        here = os.path.dirname(os.path.abspath(__file__))
-        with open(os.path.join(here, "tensor_map.json"), encoding="utf-8") as f:
+        self.model_config, params = model_common.model_config(args)
+        with open(os.path.join(_HERE, "tensor_map.json"), encoding="utf-8") as f:
             self.table = json.load(f)
-        params = {k: v.get("string_value", "") for k, v in self.model_config.get("parameters", {}).items()}
         self.llm = params.get("llmapi_model_name") or self.table["llmapi_model"]
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(self.model_config)
         self.inputs = [i["name"] for i in self.model_config.get("input", [])]
@@ -206,26 +208,4 @@ class TritonPythonModel:
                 send(pb_utils.InferenceResponse(output_tensors=[o for o in outs if o.name() in wanted or o.name() == "text_output"]))
 
     def execute(self, requests: list[Any]) -> list[Any] | None:
-        if self.decoupled:
-            for request in requests:
-                sender = request.get_response_sender()
-                try:
-                    self._run(request, sender.send)
-                    sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-                except Exception as e:
-                    sender.send(
-                        pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(f"{self.model_config['name']}: {e}")),
-                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
-                    )
-            return None
-        responses = []
-        for request in requests:
-            got: list[Any] = []
-            try:
-                self._run(request, got.append)
-                responses.append(got[-1])
-            except Exception as e:
-                responses.append(
-                    pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(f"{self.model_config['name']}: {e}"))
-                )
-        return responses
+        return model_common.execute_sending(requests, self._run, self.model_config["name"], self.decoupled)

@@ -78,7 +78,8 @@ try:  # only inside Triton
 except ImportError:  # pragma: no cover - importable for unit tests of the pure helpers
     pb_utils = None
 
-# The sibling modules the package stage copies next to this file (``MODEL_HELPERS``), imported from this folder.
+# The sibling modules the package stage copies next to this file (``MODEL_HELPERS``, ``MODEL_COMMON``), imported from
+# this folder.
 _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
@@ -86,6 +87,7 @@ if _HERE not in sys.path:
 import genai_requests  # noqa: E402
 import genai_scheduling  # noqa: E402
 import genai_sending  # noqa: E402
+import model_common  # noqa: E402
 
 
 def load_codec(tokenizer_dir: str) -> Any:
@@ -107,21 +109,14 @@ def _flag(params: dict[str, str], name: str, default: str) -> bool:
     return params.get(name, default).lower() in ("1", "true", "yes")
 
 
-def _dir_param(params: dict[str, str], name: str, default: str, version_dir: str) -> str:
-    d = params.get(name) or default
-    return d if os.path.isabs(d) else os.path.join(version_dir, d)
-
-
 class TritonPythonModel:
     """Wiring: ``execute`` parses (``RequestParser``) and queues (``Scheduler``); ``Responder`` sends."""
 
     def initialize(self, args: dict[str, Any]) -> None:
         import onnxruntime_genai as og
 
-        self.model_config = json.loads(args["model_config"])
-        params = {k: v.get("string_value", "") for k, v in self.model_config.get("parameters", {}).items()}
-        version_dir = os.path.join(args["model_repository"], args["model_version"])
-        engine_dir = _dir_param(params, "engine_dir", "engine", version_dir)
+        self.model_config, params = model_common.model_config(args)
+        engine_dir = model_common.folder_param(args, params, "engine_dir", "engine")
         if not os.path.isfile(os.path.join(engine_dir, "genai_config.json")):
             raise pb_utils.TritonModelException(f"engine_dir {engine_dir} has no genai_config.json")
         with open(os.path.join(engine_dir, "genai_config.json"), encoding="utf-8") as f:
@@ -135,7 +130,7 @@ class TritonPythonModel:
         self.parser = genai_requests.RequestParser(
             params,
             gcfg,
-            load_codec(_dir_param(params, "tokenizer_dir", "tokenizer", version_dir)),
+            load_codec(model_common.folder_param(args, params, "tokenizer_dir", "tokenizer")),
             eos_ids=eos_ids,
             decoupled=pb_utils.using_decoupled_model_transaction_policy(self.model_config),
             text=text,

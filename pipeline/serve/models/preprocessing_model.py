@@ -18,17 +18,19 @@ per-row inputs whose row count differs from the number of prompts.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from typing import Any
 
 import numpy as np
 
-try:
-    import triton_python_backend_utils as pb_utils
-except ImportError:  # pragma: no cover
-    pb_utils = None
+# model_common.py and tokenization.py: copied next to this file by the package stage, imported from this folder.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
+
+import model_common  # noqa: E402
+from model_common import pb_utils  # noqa: E402
 
 
 def words_to_list(codec: Any, words: list[str]) -> np.ndarray:
@@ -70,17 +72,10 @@ def _strings(arr: np.ndarray | None) -> list[str]:
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
-        cfg = json.loads(args["model_config"])
-        params = {k: v.get("string_value", "") for k, v in cfg.get("parameters", {}).items()}
-        tok_dir = params["tokenizer_dir"]
-        if not os.path.isabs(tok_dir):
-            tok_dir = os.path.join(args["model_repository"], args["model_version"], tok_dir)
-        here = os.path.dirname(os.path.abspath(__file__))
-        if here not in sys.path:
-            sys.path.insert(0, here)
+        _, params = model_common.model_config(args)
         from tokenization import TextCodec  # pipeline/core/tokenization.py, copied next to this file by the package stage
 
-        self.codec = TextCodec.from_dir(tok_dir)
+        self.codec = TextCodec.from_dir(model_common.folder_param(args, params, "tokenizer_dir", "tokenizer"))
         self.end_id = int(params.get("end_id") or -1)
         self.pad_id = int(params.get("pad_id") or self.end_id)
 
@@ -155,10 +150,4 @@ class TritonPythonModel:
         return pb_utils.InferenceResponse(output_tensors=tensors)
 
     def execute(self, requests: list[Any]) -> list[Any]:
-        responses = []
-        for request in requests:
-            try:
-                responses.append(self._one(request))
-            except Exception as e:
-                responses.append(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(f"preprocessing: {e}")))
-        return responses
+        return model_common.answer_each(requests, self._one, "preprocessing")

@@ -33,15 +33,19 @@ are served by the engine model alone.
 
 from __future__ import annotations
 
-import json
+import os
+import sys
 from typing import Any
 
 import numpy as np
 
-try:
-    import triton_python_backend_utils as pb_utils
-except ImportError:  # pragma: no cover - outside Triton
-    pb_utils = None
+# model_common.py: copied next to this file by the package stage, imported from this folder.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
+
+import model_common  # noqa: E402
+from model_common import pb_utils  # noqa: E402
 
 PRE_INPUTS = {
     "QUERY": "text_input",
@@ -185,8 +189,7 @@ class Accumulator:
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
-        self.model_config = json.loads(args["model_config"])
-        params = {k: v.get("string_value", "") for k, v in self.model_config.get("parameters", {}).items()}
+        self.model_config, params = model_common.model_config(args)
         self.engine = params.get("tensorrt_llm_model_name") or "tensorrt_llm"
         self.draft = params.get("tensorrt_llm_draft_model_name") or ""
         self.accumulate = params.get("accumulate_tokens", "false").strip().lower() in ("true", "1", "yes")
@@ -360,24 +363,4 @@ class TritonPythonModel:
 
     # ------------------------------------------------------------------ Triton entry points
     def execute(self, requests: list[Any]) -> list[Any] | None:
-        if self.decoupled:
-            for request in requests:
-                sender = request.get_response_sender()
-                try:
-                    self._run(request, sender.send)
-                    sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-                except Exception as e:
-                    sender.send(
-                        pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(f"tensorrt_llm_bls: {e}")),
-                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
-                    )
-            return None
-        responses = []
-        for request in requests:
-            got: list[Any] = []
-            try:
-                self._run(request, got.append)
-                responses.append(got[-1])
-            except Exception as e:
-                responses.append(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(f"tensorrt_llm_bls: {e}")))
-        return responses
+        return model_common.execute_sending(requests, self._run, "tensorrt_llm_bls", self.decoupled)
