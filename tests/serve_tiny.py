@@ -44,15 +44,23 @@ def skip_without_serve_env() -> None:
 def build_package(checkpoint: Path, store: Path, *extra: str) -> dict[str, Path]:
     """The default package of ``checkpoint`` (plus ``extra`` overrides) through the real pipeline, its artifacts in
     ``store`` (a shared store reuses the export, build and evaluate artifacts of an earlier identical run).
-    Returns ``{stage: artifact folder}``."""
+    Returns ``{stage: artifact folder}``.
+
+    One run at a time per store (a file lock next to it, held by the pytest-xdist workers in turn): two concurrent
+    runs of one chain on one store can undo each other's work (a run that produced the export itself does not reuse
+    a quantize artifact another run published meanwhile from that export: it moves it aside and quantizes again while
+    the other run is building from it, which then finds no ``hf/config.json``); in turn, the later run reuses every
+    stage the earlier one produced."""
     skip_without_serve_env()
+    from filelock import FileLock
     from rich.console import Console
 
     from pipeline.core.config import compose
     from pipeline.runner import run_pipeline
 
     cfg = compose([f"model.path={checkpoint}", f"store_dir={store}", *DEFAULT_PACKAGE, *extra])
-    summary = run_pipeline(cfg, console=Console(quiet=True))
+    with FileLock(str(store.parent / f".{store.name}.build_package.lock")):
+        summary = run_pipeline(cfg, console=Console(quiet=True))
     assert summary.exit_code == 0, summary.error
     return {r.stage: Path(r.path) for r in summary.stages}
 
