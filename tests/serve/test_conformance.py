@@ -37,17 +37,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+import serve_tiny
 from cli_serve import start_cli_server
 
 from pipeline.core.config.package import PackageConfig
 from pipeline.core.contracts.build import BuildInfo
 from pipeline.core.contracts.export import ModelInfo
-from pipeline.serve.server import DEFAULT_SERVE_VENV, TritonServer
 
 pytestmark = pytest.mark.slow
-# a 2-item eval set cannot show non-inferiority (gate verdict inconclusive): packaged anyway, explicitly and recorded
-SMALL_EVAL = ["eval.gate.mode=exploratory", "package.allow_failed_gate=true"]
-
 PROMPTS = [
     "Where is my order ORD-12345? It was due on 2024-03-05.",
     "I want a refund for the damaged item.",
@@ -145,50 +142,11 @@ def _xfail(reason: str) -> Any:
 # --------------------------------------------------------------------------- fixtures: one server for the module
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, tiny_llama, shared_store):
-    """The real pipeline (export -> build -> evaluate -> package) on a tiny Llama, served by a real Triton server."""
-    if not (DEFAULT_SERVE_VENV / "bin" / "python3").exists():
-        pytest.skip("serving environment missing: run `make serve-env`")
-    from rich.console import Console
-
-    from pipeline.core.config import compose
-    from pipeline.runner import run_pipeline
-
-    store = shared_store  # the served tiny package: tests/conftest.py shares its artifacts across these files
-    cfg = compose(
-        [
-            f"model.path={tiny_llama}",
-            "model.name=tiny",
-            "model.dtype=float32",
-            "target=onnxruntime_genai",
-            "quant=none",
-            "stages=[package]",
-            f"store_dir={store}",
-            "eval.limit=2",
-            *SMALL_EVAL,
-            "build.max_batch_size=16",
-            "build.max_input_len=128",
-            "build.max_seq_len=192",
-            "package.max_beam_width=2",
-            "progress=false",
-        ]
-    )
-    summary = run_pipeline(cfg, console=Console(quiet=True))
-    assert summary.exit_code == 0, summary.error
-    art = {r.stage: Path(r.path) for r in summary.stages}
-    repo = art["package"] / "model_repository"
-    srv = TritonServer(repo, ready_timeout_s=180, log_dir=tmp_path_factory.mktemp("serve-log"))
-    srv.start()
-    try:
-        yield SimpleNamespace(
-            server=srv,
-            repo=repo,
-            package=art["package"],
-            url=srv.grpc_url,
-            http=f"http://{srv.http_url}",
-            tokenizer_dir=repo / "preprocessing" / "1" / "tokenizer",
-        )
-    finally:
-        srv.stop()
+    """The real pipeline (export -> build -> evaluate -> package) on a tiny Llama, served by a real Triton server: its
+    own, not the session's shared one (tests/serve/conftest.py), for its package serves beam width 2."""
+    art = serve_tiny.build_package(tiny_llama, shared_store, "package.max_beam_width=2")
+    with serve_tiny.serving(art, tmp_path_factory.mktemp("serve-log")) as s:
+        yield s
 
 
 @pytest.fixture(scope="module")

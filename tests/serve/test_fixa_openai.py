@@ -1,19 +1,19 @@
 """OpenAI front end: errors name the OpenAI field the client sent (``seed``), not the backend input it maps to.
 
-Reuses test_openai's module fixtures (a real Triton server on a real tiny fp32 onnxruntime-genai package, CPU: its
-engine has no ``engine.dynamic_batching``, so a seeded sampling request is refused by the deployment).
+The session's shared server (tests/serve/conftest.py: a real Triton server on a real tiny fp32 onnxruntime-genai
+package, CPU: its engine has no ``engine.dynamic_batching``, so a seeded sampling request is refused by the deployment).
 """
 
 from __future__ import annotations
 
 import pytest
-from test_openai import PROMPTS, openai, sdk, served  # noqa: F401  (module fixtures)
+from test_openai import PROMPTS, openai
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.mark.parametrize("route", ["completions", "chat"])
-def test_seed_with_sampling_refusal_names_seed(sdk, route):  # noqa: F811
+def test_seed_with_sampling_refusal_names_seed(sdk, route):
     with pytest.raises(openai.BadRequestError) as ei:
         if route == "completions":
             sdk.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=4, seed=1)  # default temperature 1
@@ -25,7 +25,7 @@ def test_seed_with_sampling_refusal_names_seed(sdk, route):  # noqa: F811
     assert "temperature=0" in body["message"]  # the fix, in the client's terms
 
 
-def test_seed_with_greedy_is_accepted(sdk):  # noqa: F811
+def test_seed_with_greedy_is_accepted(sdk):
     r = sdk.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=4, temperature=0, seed=1)
     assert r.choices[0].text == sdk.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=4, temperature=0).choices[0].text
 
@@ -40,7 +40,7 @@ def _check_counts(choices, usage, max_tokens: int) -> None:
     assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
 
 
-def test_sampled_completion_tokens_count_generated_ids(sdk):  # noqa: F811
+def test_sampled_completion_tokens_count_generated_ids(sdk):
     # sampled ids need not round-trip through their text (byte pieces cut mid-character give U+FFFD -> 3 ids on
     # re-encoding, unmerged pieces re-encode to fewer): the count must be the ids the engine generated
     r = sdk.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=8, temperature=2.0, n=16)
@@ -51,7 +51,7 @@ def test_sampled_completion_tokens_count_generated_ids(sdk):  # noqa: F811
     _check_counts(c.choices, c.usage, 8)
 
 
-def test_streamed_sampled_completion_tokens_count_generated_ids(sdk):  # noqa: F811
+def test_streamed_sampled_completion_tokens_count_generated_ids(sdk):
     chunks = list(
         sdk.completions.create(
             model="tiny", prompt=PROMPTS[2], max_tokens=8, temperature=2.0, n=8, stream=True, stream_options={"include_usage": True}

@@ -5,7 +5,8 @@ meanwhile waited as long); a 50 MB OpenAI body was read and parsed; 500 prompts 
 ``[`` gave an HTTP 500 (RecursionError).  Now the served model and the front end refuse by bytes before anything is
 tokenized, bound prompts x n, and bound JSON depth, each answer naming the limit.
 
-One real Triton server (``.venv-serve``) on a package the real pipeline made (tiny Llama, onnxruntime-genai).
+The session's shared real Triton server (``.venv-serve``; ``served``, tests/serve/conftest.py) on a package the real
+pipeline made (tiny Llama, onnxruntime-genai), with the OpenAI front end on it.
 """
 
 from __future__ import annotations
@@ -13,59 +14,14 @@ from __future__ import annotations
 import json
 import threading
 import time
-from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import requests
 
 from pipeline.core.tokenization import MAX_REQUEST_GENERATIONS, MIN_PROMPT_BYTES, prompt_byte_limit
-from pipeline.serve.server import DEFAULT_SERVE_VENV, TritonServer
 
 pytestmark = pytest.mark.slow
 HUGE = "word " * (2 << 20)  # 10 MiB of text
-
-
-@pytest.fixture(scope="module")
-def served(tmp_path_factory, tiny_llama, shared_store):
-    if not (DEFAULT_SERVE_VENV / "bin" / "python3").exists():
-        pytest.skip("serving environment missing: run `make serve-env`")
-    from rich.console import Console
-
-    from pipeline.core.config import compose
-    from pipeline.runner import run_pipeline
-    from pipeline.serve.openai_server import OpenAIServer
-
-    store = shared_store  # the served tiny package: tests/conftest.py shares its artifacts across these files
-    cfg = compose(
-        [
-            f"model.path={tiny_llama}",
-            "model.name=tiny",
-            "model.dtype=float32",
-            "target=onnxruntime_genai",
-            "quant=none",
-            "stages=[package]",
-            f"store_dir={store}",
-            "eval.limit=2",
-            "eval.gate.mode=exploratory",
-            "package.allow_failed_gate=true",
-            "package.parity=false",
-            "build.max_batch_size=4",
-            "build.max_input_len=128",
-            "build.max_seq_len=192",
-            "progress=false",
-        ]
-    )
-    summary = run_pipeline(cfg, console=Console(quiet=True))
-    assert summary.exit_code == 0, summary.error
-    repo = {r.stage: Path(r.path) for r in summary.stages}["package"] / "model_repository"
-    srv = TritonServer(repo, ready_timeout_s=180, log_dir=tmp_path_factory.mktemp("serve-log")).start()
-    oai = OpenAIServer(srv.grpc_url, repo, port=0).start()
-    try:
-        yield SimpleNamespace(server=srv, oai=oai, repo=repo)
-    finally:
-        oai.stop()
-        srv.stop()
 
 
 def _small_answer(served, out: dict) -> None:

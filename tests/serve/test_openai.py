@@ -1,8 +1,8 @@
 """OpenAI-compatible endpoint (``pipeline serve --openai``) tested with the official ``openai`` Python SDK as the client.
 
-One real Triton server (``.venv-serve``) per module on a package made by the real pipeline (tiny Llama, fp32
-onnxruntime-genai engine), with the OpenAI front end in front of it.  Answers are compared with the gRPC ensemble's
-answer for the same rendered prompt (``LLMClient``).
+The session's shared real Triton server (``.venv-serve``; ``served`` and ``sdk``, tests/serve/conftest.py) on a package
+made by the real pipeline (tiny Llama, fp32 onnxruntime-genai engine), with the OpenAI front end in front of it.
+Answers are compared with the gRPC ensemble's answer for the same rendered prompt (``LLMClient``).
 """
 
 from __future__ import annotations
@@ -11,66 +11,14 @@ import json
 import re
 import signal
 import threading
-from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 from cli_serve import start_cli_server
 
-from pipeline.serve.server import DEFAULT_SERVE_VENV, TritonServer
-
 pytestmark = pytest.mark.slow
-# a 2-item eval set cannot show non-inferiority (gate verdict inconclusive): packaged anyway, explicitly and recorded
-SMALL_EVAL = ["eval.gate.mode=exploratory", "package.allow_failed_gate=true"]
 openai = pytest.importorskip("openai")
 
 PROMPTS = ["Where is my order ORD-12345?", "I want a refund for the damaged item.", "我的订单什么时候到？"]
-
-
-@pytest.fixture(scope="module")
-def served(tmp_path_factory, tiny_llama, shared_store):
-    if not (DEFAULT_SERVE_VENV / "bin" / "python3").exists():
-        pytest.skip("serving environment missing: run `make serve-env`")
-    from rich.console import Console
-
-    from pipeline.core.config import compose
-    from pipeline.runner import run_pipeline
-    from pipeline.serve.openai_server import OpenAIServer
-
-    store = shared_store  # the served tiny package: tests/conftest.py shares its artifacts across these files
-    cfg = compose(
-        [
-            f"model.path={tiny_llama}",
-            "model.name=tiny",
-            "model.dtype=float32",
-            "target=onnxruntime_genai",
-            "quant=none",
-            "stages=[package]",
-            f"store_dir={store}",
-            "eval.limit=2",
-            *SMALL_EVAL,
-            "build.max_batch_size=16",
-            "build.max_input_len=128",
-            "build.max_seq_len=192",
-            "progress=false",
-        ]
-    )
-    summary = run_pipeline(cfg, console=Console(quiet=True))
-    assert summary.exit_code == 0, summary.error
-    pkg = {r.stage: Path(r.path) for r in summary.stages}["package"]
-    repo = pkg / "model_repository"
-    srv = TritonServer(repo, ready_timeout_s=180, log_dir=tmp_path_factory.mktemp("serve-log")).start()
-    oai = OpenAIServer(srv.grpc_url, repo, port=0).start()
-    try:
-        yield SimpleNamespace(server=srv, oai=oai, repo=repo, package=pkg, tokenizer_dir=repo / "preprocessing" / "1" / "tokenizer")
-    finally:
-        oai.stop()
-        srv.stop()
-
-
-@pytest.fixture(scope="module")
-def sdk(served):
-    return openai.OpenAI(base_url=served.oai.url, api_key="unused", max_retries=0, timeout=120)
 
 
 @pytest.fixture(scope="module")

@@ -15,45 +15,20 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import serve_tiny
 from cli_serve import start_cli_server
-
-from pipeline.serve.server import DEFAULT_SERVE_VENV
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def package(tmp_path_factory, tiny_llama, shared_store) -> Path:
-    if not (DEFAULT_SERVE_VENV / "bin" / "python3").exists():
-        pytest.skip("serving environment missing: run `make serve-env`")
-    from rich.console import Console
-
-    from pipeline.core.config import compose
-    from pipeline.runner import run_pipeline
-
-    store = shared_store  # the served tiny package: tests/conftest.py shares its artifacts across these files
-    cfg = compose(
-        [
-            f"model.path={tiny_llama}",
-            "model.name=tiny",
-            "target=onnxruntime_genai",
-            "quant=none",
-            "stages=[package]",
-            f"store_dir={store}",
-            "eval.limit=2",
-            "eval.gate.mode=exploratory",
-            "package.allow_failed_gate=true",
-            "package.parity=false",
-            "build.max_input_len=128",
-            "build.max_seq_len=192",
-            "progress=false",
-        ]
-    )
-    summary = run_pipeline(cfg, console=Console(quiet=True))
-    assert summary.exit_code == 0, summary.error
-    return {r.stage: Path(r.path) for r in summary.stages}["package"]
+def package(tiny_llama, shared_store) -> Path:
+    """The package the dead-engine test serves and kills the engine of: not the shared server's (tests/serve/conftest.py;
+    package.parity=false makes it another package folder), so ``_stubs`` finds only the stubs of its own server."""
+    return serve_tiny.build_package(tiny_llama, shared_store, "package.parity=false")["package"]
 
 
 def _stubs(repo: Path) -> dict[str, int]:
@@ -134,19 +109,9 @@ def test_dead_engine_turns_health_red_and_serve_exits_1(package, tmp_path):
 
 # ------------------------------------------------------------------ case 5: finish_reason and limits (vLLM semantics)
 @pytest.fixture(scope="module")
-def oai(package):
-    from pipeline.serve.openai_server import OpenAIServer
-    from pipeline.serve.server import TritonServer
-
-    repo = package / "model_repository"
-    srv = TritonServer(repo, ready_timeout_s=180).start()
-    front = OpenAIServer(srv.grpc_url, repo, port=0).start()
-    front.triton = srv  # type: ignore[attr-defined]
-    try:
-        yield front
-    finally:
-        front.stop()
-        srv.stop()
+def oai(served):
+    """The session's shared OpenAI front end (tests/serve/conftest.py), its Triton server as ``triton``."""
+    return SimpleNamespace(url=served.oai.url, frontend=served.oai.frontend, triton=served.server)
 
 
 def test_max_tokens_over_the_room_is_a_400_naming_it_streamed_or_not(oai):

@@ -1,7 +1,8 @@
 """CI smoke test with a real Triton server (nvidia-pytriton's tritonserver in .venv-serve) on a packaged repository.
 
-One module-scoped server: the real pipeline (``run_pipeline``, stages up to ``package``) turns a tiny Llama into a
-real onnxruntime-genai engine, evaluates and packages it; the package's repository is served on free local ports.
+The session's shared server (``served``, tests/serve/conftest.py): the real pipeline (``run_pipeline``, stages up to
+``package``) turns a tiny Llama into a real onnxruntime-genai engine, evaluates and packages it; the package's repository
+is served on free local ports.
 Answers are compared with the engine's direct greedy output (the build target's ``EngineRunner``).
 Needs ``make serve-env``; skipped with the reason when .venv-serve is missing.
 """
@@ -16,7 +17,7 @@ import numpy as np
 import pytest
 from cli_serve import start_cli_server
 
-from pipeline.serve.server import DEFAULT_SERVE_VENV, ServerError, TritonServer, free_port
+from pipeline.serve.server import ServerError, TritonServer, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -42,55 +43,10 @@ def _eval_prompts() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory, tiny_llama, shared_store):
-    """The real pipeline (export -> quantize -> build -> evaluate -> package) on a tiny Llama, then a real server on it."""
-    if not (DEFAULT_SERVE_VENV / "bin" / "python3").exists():
-        pytest.skip("serving environment missing: run `make serve-env`")
-    from types import SimpleNamespace
-
-    from rich.console import Console
-
-    from pipeline.core.config import compose
-    from pipeline.runner import run_pipeline
-
-    store = shared_store  # the served tiny package: tests/conftest.py shares its artifacts across these files
-    cfg = compose(
-        [
-            f"model.path={tiny_llama}",
-            "model.name=tiny",
-            "model.dtype=float32",
-            "target=onnxruntime_genai",
-            "quant=none",
-            "stages=[package]",
-            f"store_dir={store}",
-            "eval.limit=2",
-            "eval.gate.mode=exploratory",
-            "package.allow_failed_gate=true",
-            "build.max_batch_size=16",
-            "build.max_input_len=128",
-            "build.max_seq_len=192",
-            "progress=false",
-        ]
-    )
-    summary = run_pipeline(cfg, console=Console(quiet=True))
-    assert summary.exit_code == 0, summary.error
-    art = {r.stage: Path(r.path) for r in summary.stages}
-    repo = art["package"] / "model_repository"
-    srv = TritonServer(repo, grpc_port=0, http_port=0, metrics_port=0, ready_timeout_s=120, log_dir=tmp_path_factory.mktemp("serve-log"))
-    srv.start()
-    try:
-        yield SimpleNamespace(
-            server=srv, engine=art["build"] / "engine", tokenizer=repo / "preprocessing" / "1" / "tokenizer", package=art["package"]
-        )
-    finally:
-        srv.stop()
-
-
-@pytest.fixture(scope="module")
 def tokenizer(served):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(served.tokenizer))
+    return AutoTokenizer.from_pretrained(str(served.tokenizer_dir))
 
 
 @pytest.fixture(scope="module")
@@ -267,11 +223,11 @@ def test_pipeline_client_input_the_server_refuses_is_exit_2_with_its_reason(serv
     from pipeline.serve.client_cli import main
 
     url = served.server.grpc_url
-    assert main(["--url", url, "--tokenizer", str(served.tokenizer), "--input", item, PROMPTS[0]]) == 2
+    assert main(["--url", url, "--tokenizer", str(served.tokenizer_dir), "--input", item, PROMPTS[0]]) == 2
     err = capsys.readouterr().err
     assert "the server refused the request" in err and name in err and f"Fix: change or drop --input {item}" in err, err
     assert "Traceback" not in err and "server error" not in err
-    assert main(["--url", url, "--tokenizer", str(served.tokenizer), "--max-tokens", "4", PROMPTS[0]]) == 0  # still serving
+    assert main(["--url", url, "--tokenizer", str(served.tokenizer_dir), "--max-tokens", "4", PROMPTS[0]]) == 0  # still serving
 
 
 def test_pipeline_client_model_the_server_does_not_serve_is_exit_2_naming_the_served_ones(served, capsys, direct):
@@ -297,7 +253,7 @@ def test_pipeline_client_model_the_server_does_not_serve_is_exit_2_naming_the_se
     err = capsys.readouterr().err
     assert "['no_such_input'] are not inputs of model 'ensemble'" in err and "Fix: drop them" in err, err
     # a served model is still served, and an --input whose flag is left at its default is honoured
-    tok = str(served.tokenizer)
+    tok = str(served.tokenizer_dir)
     assert main(["--url", url, "--tokenizer", tok, "--model", "tensorrt_llm_bls", "--input", "max_tokens=3", PROMPTS[0]]) == 0
     assert capsys.readouterr().out == direct(PROMPTS[0], 3) + "\n"
 
@@ -324,7 +280,7 @@ def test_pipeline_serve_cli_serves_the_package_and_stops_on_sigint(served, tmp_p
     try:
         m = re.search(r"gRPC (127\.0\.0\.1:\d+)", head)
         assert m, head
-        with LLMClient(m.group(1), tokenizer=str(served.tokenizer)) as c:
+        with LLMClient(m.group(1), tokenizer=str(served.tokenizer_dir)) as c:
             assert c.generate(PROMPTS[2], 8, stream=True).text
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=60)
@@ -560,13 +516,23 @@ def test_a_vanished_streaming_client_stops_its_generation(served, client, direct
     assert client.generate(PROMPTS[0], MAX_TOKENS, stream=True).text == direct(PROMPTS[0])
 
 
-def test_shutdown_is_clean(served, tmp_path):
-    # a second server on the same repository: start, answer, stop with exit code 0; a broken repository keeps its log
-    with TritonServer(served.server.repo_dir, ready_timeout_s=120, log_dir=tmp_path / "a") as s2:
-        from pipeline.serve.client import LLMClient
+def test_shutdown_is_clean(served, tokenizer, tmp_path):
+    # a second server on the same repository: start, answer, stop with exit code 0; a broken repository keeps its log.
+    # The shared server is never stopped here: the second one gets the kinds of requests the shared one gets (answered,
+    # cancelled, refused, timed out) before it stops (the shared one is checked the same way at the session's end).
+    from pipeline.serve.client import LLMClient, RequestError, RequestTimeout
 
+    with TritonServer(served.server.repo_dir, ready_timeout_s=120, log_dir=tmp_path / "a") as s2:
         with LLMClient(s2.grpc_url) as c:
             assert c.generate("hello", 3, chat=False).request_id
+        with LLMClient(s2.grpc_url, tokenizer=tokenizer, timeout_s=60) as c:
+            cancel = threading.Event()
+            assert c.generate(PROMPTS[0], 150, stream=True, cancel=cancel, on_chunk=lambda s, t: cancel.set()).cancelled
+            with pytest.raises(RequestTimeout):
+                c.generate(PROMPTS[1], 150, stream=True, timeout_s=0.001)
+            with pytest.raises(RequestError, match="beam_width"):
+                c.generate(PROMPTS[0], 4, beam_width=2)
+        assert "max_tokens" in (_raw_request(s2.grpc_url, {"text_input": (np.array([[b"hi"]], dtype=np.object_), "BYTES")}) or "")
     assert s2.returncode == 0 and not s2.is_running()
     bad = tmp_path / "bad"
     (bad / "m" / "1").mkdir(parents=True)
@@ -574,9 +540,9 @@ def test_shutdown_is_clean(served, tmp_path):
     with pytest.raises(ServerError, match="tritonserver") as ei:
         TritonServer(bad, ready_timeout_s=60, log_dir=tmp_path / "b").start()
     assert (tmp_path / "b" / "tritonserver.log").is_file() and str(tmp_path / "b" / "tritonserver.log") in str(ei.value)
-    # last: the module server, after every request above (cancelled and failed ones included), exits cleanly:
+    # last: the server, after every request above (cancelled and failed ones included), exited cleanly:
     # no request left in flight (Triton would wait for its exit timeout and exit 1)
-    assert served.server.stop() == 0
-    assert "in-flight inferences" not in served.server.log_tail(20000).split("Signal (15) received.")[-1].replace(
+    assert s2.returncode == 0
+    assert "in-flight inferences" not in s2.log_tail(20000).split("Signal (15) received.")[-1].replace(
         "Found 0 model versions that have in-flight inferences", ""
     )
