@@ -277,7 +277,10 @@ def _manifest(
     manifest: dict[str, Any] = {
         "config": redact(key_doc["config"]),
         "key_document": redact(key_doc),
-        "inputs": {d: {"path": str(a.path), "digest": a.digest, "key": a.key} for d, a in inputs.items()},
+        "inputs": {
+            d: {"path": str(a.path), "digest": a.digest, "key": a.key, "production": a.manifest.get("production")}
+            for d, a in inputs.items()
+        },
         "external": {n: {"path": str(p), "digest": key_doc["external"][n]} for n, p in external.items()},
         "versions": key_doc["versions"],
         "host": hostinfo.host(),
@@ -328,14 +331,18 @@ def _stale_inputs(art: Artifact, inputs: dict[str, Artifact], rerun: set[str]) -
     (its stored artifact was missing, damaged, or rejected by ``verify_cache=true``) leaves every downstream key as
     it was.  What the downstream artifact was computed from is then unknown (perhaps the rejected bytes), so it is
     not reused when an upstream it depends on was re-produced in this run (``rerun``) or when the upstream digest
-    its manifest records differs from the upstream in use now (re-produced by an earlier run)."""
+    its manifest records differs from the upstream in use now (re-produced by an earlier run).  A downstream that
+    records the very production of the upstream in use (its manifest's ``production`` id: a concurrent run sharing the
+    store computed it from the upstream this run published) is reused."""
     recorded = art.manifest.get("inputs") or {}
     for d, up in sorted(inputs.items()):
-        rec = recorded.get(d, {}).get("digest") if isinstance(recorded.get(d), dict) else None
+        rec_doc = recorded.get(d) if isinstance(recorded.get(d), dict) else {}
+        rec = rec_doc.get("digest")
         if isinstance(rec, str) and rec != up.digest and not up.manifest.get("pending"):  # pending: a dry run's
             when = "re-produced in this run" if d in rerun else "re-produced after it"
             return f"it was computed from the {d} artifact with digest {rec[:12]}, but the {d} in use ({when}) has digest {up.digest[:12]}"
-        if d in rerun:
+        same_production = rec_doc.get("production") is not None and rec_doc.get("production") == up.manifest.get("production")
+        if d in rerun and not same_production:
             return f"its input {d} was re-produced in this run (the stored {d} was missing or rejected), so what it was computed from is unknown"
     return None
 

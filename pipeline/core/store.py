@@ -498,6 +498,7 @@ class ArtifactStore:
                 key=key,
                 complete=True,
                 created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                production=secrets.token_hex(8),
                 outputs=files,
                 output_digest=digest_files(files),
             )

@@ -155,3 +155,29 @@ def test_dry_run_predicts_the_reruns_the_real_run_makes(tmp_path, tiny_ckpt):
     _, out = _run(tmp_path, tiny_ckpt, "[quantize]", "dry_run=true", run_dir=tmp_path / "dry2")
     notes = {s["stage"]: s["notes"] for s in json.loads((tmp_path / "dry2" / "summary.json").read_text())["stages"]}
     assert notes == {"export": [], "quantize": []} and "would run" not in out
+
+
+def test_a_downstream_a_concurrent_run_made_from_this_runs_upstream_is_reused(tmp_path, tiny_ckpt, monkeypatch):
+    """Two runs share a store: run A produces the export; run B starts meanwhile, reuses A's export and publishes
+    quantize before A gets there. A then reuses B's quantize: it records the very production of the export A made
+    (``production`` id), so it is not "computed from unknown bytes" (which moved it aside under B's feet before)."""
+    import pipeline.runner as runner
+
+    original = runner._run_or_reuse
+    other: dict = {}
+
+    def run_b_after_export(stage, ctx, store, key, t0, state):
+        art = original(stage, ctx, store, key, t0, state)
+        if stage.name == "export" and not other:  # run B, started while A is between export and quantize
+            other["started"] = True
+            other["reports"], _ = _run(tmp_path, tiny_ckpt, "[quantize]")
+        return art
+
+    monkeypatch.setattr(runner, "_run_or_reuse", run_b_after_export)
+    a, out = _run(tmp_path, tiny_ckpt, "[quantize]")
+    b = other["reports"]
+    assert a["export"].status == "ran" and b["export"].status == "cached" and b["quantize"].status == "ran"
+    assert a["quantize"].status == "cached" and a["quantize"].path == b["quantize"].path, out
+    assert "not reused" not in out and not list((tmp_path / "store").rglob(".stale-*"))
+    rec = _manifest(a["quantize"].path)["inputs"]["export"]
+    assert rec["production"] == _manifest(a["export"].path)["production"]
