@@ -336,7 +336,7 @@ def _stale_inputs(art: Artifact, inputs: dict[str, Artifact], rerun: set[str]) -
     store computed it from the upstream this run published) is reused."""
     recorded = art.manifest.get("inputs") or {}
     for d, up in sorted(inputs.items()):
-        rec_doc = recorded.get(d) if isinstance(recorded.get(d), dict) else {}
+        rec_doc: dict[str, Any] = recorded[d] if isinstance(recorded.get(d), dict) else {}
         rec = rec_doc.get("digest")
         if isinstance(rec, str) and rec != up.digest and not up.manifest.get("pending"):  # pending: a dry run's
             when = "re-produced in this run" if d in rerun else "re-produced after it"
