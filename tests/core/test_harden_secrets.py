@@ -40,7 +40,7 @@ def _hits(root: Path, needles: list[str]) -> list[str]:
     return hits
 
 
-def test_planted_secret_appears_in_no_produced_file(tiny_llama, tmp_path):
+def test_planted_secret_appears_in_no_produced_file(tiny_llama, tmp_path, monkeypatch):
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
     env.update(HF_TOKEN=SECRET_IN_ENV, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     run = tmp_path / "run"
@@ -89,7 +89,9 @@ def test_planted_secret_appears_in_no_produced_file(tiny_llama, tmp_path):
     assert any("tokeniz" in f for f in hashes) and all(len(h) == 64 for h in hashes.values()), hashes
     from pipeline.serve.serve import resolve_repository
 
-    assert (resolve_repository(str(archives[0]), None) / "ensemble" / "config.pbtxt").is_file()
+    monkeypatch.chdir(tmp_path)  # the archive unpacks under ./runs/: the test's folder, not the checkout's
+    unpacked = resolve_repository(str(archives[0]), None)
+    assert unpacked.is_relative_to(tmp_path / "runs") and (unpacked / "ensemble" / "config.pbtxt").is_file()
 
 
 def test_secret_keys_are_told_from_names_that_only_contain_a_secret_word():
