@@ -113,7 +113,7 @@ def setup(ctx: StageContext) -> Setup:
     if es.format["format"] != "jsonl":
         ctx.log.info("eval set %s read as %s, mapping %s", eval_path, es.format["format"], es.format.get("mapping"))
     export_dir = ctx.inputs["export"].path
-    build_art = ctx.inputs.get("build")
+    build_art = ctx.upstream("build")
     info = ExportArtifact(export_dir).model_info()
     tokenizer = load_tokenizer(ExportArtifact(export_dir).hf_dir)
     stop_ids = stop_token_ids(info.eos_token_ids, list(getattr(cfg.model, "extra_stop_token_ids", []) or []))
