@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ..core.contracts.build import BuildArtifact, BuildResult, target_of
+from ..core.contracts.build import BuildArtifact, BuildResult, EngineLimits, target_of
 from ..core.contracts.export import ExportArtifact, ModelInfo
 from ..core.stage import StageContext
 from ..errors import InputError
@@ -123,7 +123,7 @@ def setup(ctx: StageContext) -> Setup:
         items,
         tokenizer,
         max_input_len=int(limits["max_input_len"]),
-        max_seq_len=limits.get("max_seq_len"),
+        max_seq_len=EngineLimits.from_json(limits).max_seq_len,
         default_max_new_tokens=e.max_new_tokens,
         extra_stop=e.stop,
         apply_chat_template=bool(getattr(cfg.model, "apply_chat_template", True)),

@@ -131,8 +131,8 @@ class Frontend:
                 "recorded in the release manifest 'decoding'); a request's own value wins",
                 self.sampling_defaults,
             )
-        if recommended.get("min_p"):
-            log.warning("the model recommends min_p=%s; this engine has no min-p sampling: not applied", recommended["min_p"])
+        if rm.min_p:
+            log.warning("the model recommends min_p=%s; this engine has no min-p sampling: not applied", rm.min_p)
         self.max_seq_len = int(rm.limits.max_seq_len) if rm.limits.max_seq_len else None  # the engine's, for the room
         self.created = int(time.time())
         from ..core.tokenization import codec_of

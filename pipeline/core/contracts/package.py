@@ -142,6 +142,11 @@ class ReleaseManifest:
     limits: EngineLimits = dataclasses.field(default_factory=EngineLimits)
 
     @property
+    def min_p(self) -> Any:
+        """``decoding.sampling.min_p``, the model's recommended min-p (None without)."""
+        return self.sampling.get("min_p")
+
+    @property
     def quant_recipe(self) -> Any:
         return self.quant.get("recipe")
 
