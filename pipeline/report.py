@@ -17,6 +17,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .core.config import PipelineConfig, deprecations
+from .core.contracts.manifest import RunSummaryRecord
 from .core.store import Artifact, redact, redact_files, redact_text, secret_fields, write_json_atomic
 from .errors import EXIT_FAILED, EXIT_OK
 from .validation import order_note
@@ -185,9 +186,10 @@ def print_gate(gate: dict[str, Any], console: Console) -> None:
     (mean KLD, top-1 agreement) and serving parity (``served == evaluated: N/N`` from the package stage's
     ``parity`` result; "not checked" when absent).  ``gate`` is ``{"evaluate": <GateVerdict record>, "parity": ...}``
     (``summary.json`` ``gate``)."""
-    from .core.contracts.evaluate import GateVerdict
+    from .core.contracts.manifest import RunGate
 
-    ev = GateVerdict.from_json(gate.get("evaluate"))
+    typed = RunGate.from_json(gate)
+    ev = typed.evaluate
     if ev is not None:
         colors = {"pass": "green", "inconclusive": "yellow", "fail": "red"}
         # the headline names the checks that failed; non-inferiority is the max_drop checks' own verdict
@@ -216,14 +218,11 @@ def print_gate(gate: dict[str, Any], console: Console) -> None:
                 f"[bold]gate[/]  fidelity: mean KLD {f.kld_mean:.4g} ± {f.kld_se:.2g} nats, same top token "
                 f"{100 * f.top1:.2f}% ({f.positions} teacher-forced tokens)"
             )
-    p = gate.get("parity")
-    if isinstance(p, dict) and p.get("total") is not None:
-        console.print(
-            f"[bold]gate[/]  served == evaluated: {p.get('matched')}/{p.get('total')}"
-            + (f" ({escape(str(p['note']))})" if p.get("note") else "")
-        )
-    elif isinstance(p, dict):
-        console.print(f"[bold]gate[/]  served == evaluated: {escape(str(p.get('status') or 'not checked'))}")
+    p = typed.parity
+    if p is not None and p.total is not None:
+        console.print(f"[bold]gate[/]  served == evaluated: {p.matched}/{p.total}" + (f" ({escape(str(p.note))})" if p.note else ""))
+    elif p is not None:
+        console.print(f"[bold]gate[/]  served == evaluated: {escape(str(p.status or 'not checked'))}")
     else:
         console.print("[bold]gate[/]  served == evaluated: not checked in this run")
 
@@ -257,19 +256,20 @@ def write_comparison(sweep_dir: Path, console: Console) -> dict[str, Any]:
                 }
             )
             continue
-        row: dict[str, Any] = {"job": job, "overrides": " ".join(s.get("overrides", [])), "exit_code": s.get("exit_code")}
-        for st in s.get("stages", []):
-            for k, v in (st.get("headline") or {}).items():
-                row[f"{st['stage']}.{k}"] = v
-        if s.get("error"):
-            row["error"] = str(s["error"])[:200]
+        rec = RunSummaryRecord.from_json(s)
+        row: dict[str, Any] = {"job": job, "overrides": " ".join(rec.overrides), "exit_code": rec.exit_code}
+        for st in rec.stages:
+            for k, v in st.headline.items():
+                row[f"{st.stage}.{k}"] = v
+        if rec.error:
+            row["error"] = str(rec.error)[:200]
         rows.append(row)
     cols: list[str] = []
     for r in rows:
         for k in r:
             if k not in cols:
                 cols.append(k)
-    codes = [r.get("exit_code") for r in rows]
+    codes = [r["exit_code"] for r in rows]  # every row has one (set above)
     worst = max((c if isinstance(c, int) else EXIT_FAILED for c in codes), default=EXIT_OK)
     doc = {"schema": "pipeline.comparison/v1", "columns": cols, "rows": rows, "exit_code": worst}
     write_json_atomic(sweep_dir / "comparison.json", doc)
@@ -279,7 +279,7 @@ def write_comparison(sweep_dir: Path, console: Console) -> dict[str, Any]:
     (sweep_dir / "comparison.md").write_text("\n".join(md) + "\n", encoding="utf-8")
     # The console shows what differs between the jobs (the files keep every column): the overrides that
     # vary, the headline values that vary, and the verdict columns.
-    split = [str(r.get("overrides", "")).split() for r in rows]
+    split = [str(r["overrides"]).split() for r in rows]
     common = set.intersection(*(set(x) for x in split)) if split else set()
     keep = {"exit_code", "evaluate.gate", "evaluate.score", "evaluate.drop", "evaluate.agreement", "evaluate.kld", "evaluate.top1"}
     shown = [c for c in cols if c not in ("job", "overrides") and (c in keep or len({_fmt(r.get(c, "")) for r in rows}) > 1)]

@@ -17,6 +17,7 @@ from rich.markup import escape
 
 from .core import hostinfo, memory
 from .core.config import STAGES, ConfigError, PipelineConfig, key_fields
+from .core.contracts.manifest import InputRecord
 from .core.stage import Stage, StageContext, get_stage, resolve_order
 from .core.store import Artifact, ArtifactStore, cache_key, digest_path, install_log_redaction, redact, redact_text
 from .errors import EXIT_FAILED, EXIT_GATE, EXIT_INTERRUPTED, EXIT_OK, PipelineError
@@ -277,10 +278,7 @@ def _manifest(
     manifest: dict[str, Any] = {
         "config": redact(key_doc["config"]),
         "key_document": redact(key_doc),
-        "inputs": {
-            d: {"path": str(a.path), "digest": a.digest, "key": a.key, "production": a.manifest.get("production")}
-            for d, a in inputs.items()
-        },
+        "inputs": {d: {"path": str(a.path), "digest": a.digest, "key": a.key, "production": a.doc.production} for d, a in inputs.items()},
         "external": {n: {"path": str(p), "digest": key_doc["external"][n]} for n, p in external.items()},
         "versions": key_doc["versions"],
         "host": hostinfo.host(),
@@ -304,7 +302,7 @@ def _dry_run_stage(stage: Stage, ctx: StageContext, store: ArtifactStore, key: s
     upstream that would be produced again) is said, with why, and its stage counts as one that would run."""
     name = stage.name
     info = stage.dry_run(ctx) if stage.dry_run else {}
-    would_run = {d for d, a in ctx.inputs.items() if a.manifest.get("pending")}  # the inputs this dry run would produce
+    would_run = {d for d, a in ctx.inputs.items() if a.doc.pending}  # the inputs this dry run would produce
     forced = ctx.cfg.force and name in ctx.cfg.stages
     cached, why = (None, None) if forced or not stage.cacheable else _reuse(stage, ctx, store, key, would_run)
     path = store.path_for(name, key)
@@ -334,14 +332,14 @@ def _stale_inputs(art: Artifact, inputs: dict[str, Artifact], rerun: set[str]) -
     its manifest records differs from the upstream in use now (re-produced by an earlier run).  A downstream that
     records the very production of the upstream in use (its manifest's ``production`` id: a concurrent run sharing the
     store computed it from the upstream this run published) is reused."""
-    recorded = art.manifest.get("inputs") or {}
+    recorded = art.doc.inputs
     for d, up in sorted(inputs.items()):
-        rec_doc: dict[str, Any] = recorded[d] if isinstance(recorded.get(d), dict) else {}
-        rec = rec_doc.get("digest")
-        if isinstance(rec, str) and rec != up.digest and not up.manifest.get("pending"):  # pending: a dry run's
+        rec_doc = recorded.get(d) or InputRecord()
+        rec = rec_doc.digest
+        if isinstance(rec, str) and rec != up.digest and not up.doc.pending:  # pending: a dry run's
             when = "re-produced in this run" if d in rerun else "re-produced after it"
             return f"it was computed from the {d} artifact with digest {rec[:12]}, but the {d} in use ({when}) has digest {up.digest[:12]}"
-        same_production = rec_doc.get("production") is not None and rec_doc.get("production") == up.manifest.get("production")
+        same_production = rec_doc.production is not None and rec_doc.production == up.doc.production
         if d in rerun and not same_production:
             return f"its input {d} was re-produced in this run (the stored {d} was missing or rejected), so what it was computed from is unknown"
     return None
@@ -402,7 +400,7 @@ def _run_or_reuse(stage: Stage, ctx: StageContext, store: ArtifactStore, key: st
         else:
             status = "cached"
     secs = time.time() - t0
-    mem = art.manifest.get("memory") if status == "ran" else None
+    mem = art.doc.memory if status == "ran" else None
     state.reports.append(
         StageReport(name, status, secs, str(art.path), key, art.result.headline, lookup_s=lookup_s, memory=mem, notes=notes)
     )
@@ -475,7 +473,7 @@ class MultirunComparison(_HydraCallback):  # type: ignore[misc,unused-ignore]  #
         """
         sweep_dir = Path(config.hydra.sweep.dir)
         doc = write_comparison(sweep_dir, Console())
-        record_exit_code(int(doc.get("exit_code") or 0))
+        record_exit_code(int(doc["exit_code"] or 0))
 
 
 _WORST_EXIT = [0]

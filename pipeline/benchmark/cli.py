@@ -21,6 +21,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from ..core.contracts.benchmark import BenchmarkDocument
 from ..errors import EXIT_INPUT, InputError
 from .metrics import HEADLINE
 
@@ -37,15 +38,16 @@ def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
 
 def differences(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, Any, Any]]:
     """(field, A value, B value) for every benchmark knob / model fact that differs."""
+    da, db = BenchmarkDocument.from_json(a), BenchmarkDocument.from_json(b)
     fa = {
-        **_flatten(a.get("config", {}), "benchmark."),
-        **_flatten({k: v for k, v in a.get("model", {}).items() if k not in ("hf_dir", "engine_dir", "model_repository")}, "model."),
+        **_flatten(da.config, "benchmark."),
+        **_flatten({k: v for k, v in da.model.items() if k not in ("hf_dir", "engine_dir", "model_repository")}, "model."),
     }
     fb = {
-        **_flatten(b.get("config", {}), "benchmark."),
-        **_flatten({k: v for k, v in b.get("model", {}).items() if k not in ("hf_dir", "engine_dir", "model_repository")}, "model."),
+        **_flatten(db.config, "benchmark."),
+        **_flatten({k: v for k, v in db.model.items() if k not in ("hf_dir", "engine_dir", "model_repository")}, "model."),
     }
-    fa["host.cpu"], fb["host.cpu"] = a.get("host", {}).get("cpu"), b.get("host", {}).get("cpu")
+    fa["host.cpu"], fb["host.cpu"] = da.host_cpu, db.host_cpu
     return [(k, fa.get(k), fb.get(k)) for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k) and k != "benchmark.results_dir"]
 
 

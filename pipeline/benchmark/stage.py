@@ -26,8 +26,8 @@ def _inputs(ctx: StageContext):
 
     cfg = ctx.cfg
     exp, bld = ExportArtifact(ctx.inputs["export"].path), ctx.inputs["build"]
-    pkg = ctx.inputs.get("package")
-    limits = BuildArtifact(bld.path).limits(bld.result_as(BuildResult), cfg.build)
+    pkg = ctx.upstream("package")
+    limits = BuildArtifact(bld.path).engine_limits(bld.result_as(BuildResult), cfg.build)
     target = target_of(bld, cfg.target.name)
     engine_dir = BuildArtifact(bld.path).engine_dir
     repo = PackageArtifact(pkg.path).model_repository if pkg is not None else None
@@ -42,12 +42,12 @@ def _inputs(ctx: StageContext):
         model_info=exp.model_info(),
         engine_dir=engine_dir if engine_dir.is_dir() else None,
         model_repository=repo,
-        eval_set=ctx.external.get("eval_set"),
-        corpus=ctx.external.get("corpus"),
+        eval_set=ctx.external_path("eval_set"),
+        corpus=ctx.external_path("corpus"),
         target=target,
-        max_input_len=limits.get("max_input_len"),
-        max_seq_len=limits.get("max_seq_len"),
-        max_batch_size=limits.get("max_batch_size"),
+        max_input_len=limits.max_input_len,
+        max_seq_len=limits.max_seq_len,
+        max_batch_size=limits.max_batch_size,
         describe={
             "model_name": cfg.model.name,
             "quant_recipe": cfg.quant.recipe,
@@ -56,7 +56,7 @@ def _inputs(ctx: StageContext):
             "artifacts": {n: {"key": a.key, "digest": a.digest} for n, a in ctx.inputs.items()},
             # the package settings the served numbers depend on (stream_interval, stream_coalescing, instance_count ...),
             # as the package artifact recorded them, so `pipeline benchmark compare` names them when they differ
-            "package": ((pkg.manifest.get("config") or {}).get("package") if pkg is not None else None),
+            "package": (pkg.doc.config_group("package") if pkg is not None else None),
         },
         load_runner=load_runner,
     )

@@ -54,6 +54,14 @@ class StageContext:
     show_progress: bool = True
     resume_dir: Path | None = None
 
+    def upstream(self, stage: str) -> Artifact | None:
+        """The artifact of the upstream ``stage``; None when this run gives the stage none (an optional input)."""
+        return self.inputs.get(stage)
+
+    def external_path(self, name: str) -> Path | None:
+        """The external input ``name`` (a file or folder outside the store); None when this run has none."""
+        return self.external.get(name)
+
     @contextlib.contextmanager
     def progress(self, description: str, total: float | None) -> Iterator[Callable[[float], None]]:
         """A rich progress bar; yields ``advance(n)``. Silent when progress is off."""

@@ -39,6 +39,7 @@ from typing import Any
 from filelock import FileLock
 
 from ..errors import PipelineError
+from .contracts.manifest import ArtifactManifest
 from .contracts.result import R, StageResult, result_class
 
 MANIFEST = "manifest.json"
@@ -320,6 +321,11 @@ class Artifact:
     @property
     def digest(self) -> str:
         return self.manifest["output_digest"]
+
+    @property
+    def doc(self) -> ArtifactManifest:
+        """The manifest's fields read outside the store, typed (:class:`ArtifactManifest`)."""
+        return ArtifactManifest.from_json(self.manifest)
 
     @property
     def result(self) -> StageResult:

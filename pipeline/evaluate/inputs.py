@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ..core.contracts.build import BuildArtifact, BuildResult, target_of
+from ..core.contracts.build import BuildArtifact, BuildResult, EngineLimits, target_of
 from ..core.contracts.export import ExportArtifact, ModelInfo
 from ..core.stage import StageContext
 from ..errors import InputError
@@ -113,7 +113,7 @@ def setup(ctx: StageContext) -> Setup:
     if es.format["format"] != "jsonl":
         ctx.log.info("eval set %s read as %s, mapping %s", eval_path, es.format["format"], es.format.get("mapping"))
     export_dir = ctx.inputs["export"].path
-    build_art = ctx.inputs.get("build")
+    build_art = ctx.upstream("build")
     info = ExportArtifact(export_dir).model_info()
     tokenizer = load_tokenizer(ExportArtifact(export_dir).hf_dir)
     stop_ids = stop_token_ids(info.eos_token_ids, list(getattr(cfg.model, "extra_stop_token_ids", []) or []))
@@ -123,7 +123,7 @@ def setup(ctx: StageContext) -> Setup:
         items,
         tokenizer,
         max_input_len=int(limits["max_input_len"]),
-        max_seq_len=limits.get("max_seq_len"),
+        max_seq_len=EngineLimits.from_json(limits).max_seq_len,
         default_max_new_tokens=e.max_new_tokens,
         extra_stop=e.stop,
         apply_chat_template=bool(getattr(cfg.model, "apply_chat_template", True)),

@@ -60,7 +60,7 @@ def build_report(
         "gate": verdict,
         "fidelity": runs.fidelity,
         "rope_scaling": _rope_scaling(ctx.inputs["export"].path),
-        "reference": {"checkpoint": str(ctx.external.get("reference_checkpoint")), "dtype": ref_dtype, "requested": e.reference_dtype}
+        "reference": {"checkpoint": str(ctx.external_path("reference_checkpoint")), "dtype": ref_dtype, "requested": e.reference_dtype}
         if "baseline" in outputs
         else None,
         "skipped": {"too_long": too_long, "max_input_len": int(limits["max_input_len"])},

@@ -221,7 +221,7 @@ def _heldout_samples(ctx: StageContext, tokenizer: Any) -> list[list[int]]:
     import dataclasses
 
     n = ctx.cfg.eval.fidelity_heldout
-    path = ctx.external.get("calibration")
+    path = ctx.external_path("calibration")
     if not n or path is None:
         return []
     from ..data.calibration import load_calibration

@@ -78,7 +78,7 @@ def _dry_run(ctx: StageContext) -> dict[str, Any]:
     from ..data.evalset import load_eval_set
 
     items = load_eval_set(ctx.external["eval_set"], limit=ctx.cfg.eval.limit)
-    runners, cand, notes = resolve_runners(ctx.cfg, ctx.inputs.get("build"))
+    runners, cand, notes = resolve_runners(ctx.cfg, ctx.upstream("build"))
     ctx.console.print(f"evaluate: {len(items)} items, runners {runners}, candidate {cand} {notes or ''}")
     return {"headline": {"items": len(items), "runners": ",".join(runners), "candidate": cand}}
 

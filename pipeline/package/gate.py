@@ -17,7 +17,7 @@ def release_gate(ctx: StageContext) -> dict[str, Any]:
     """The release manifest's ``evaluation.gate`` (:class:`~pipeline.core.contracts.package.ReleaseGate`) from the evaluate
     input's verdict. Raises :class:`GateFailed` (exit 3) for a verdict that did not pass, unless
     ``package.allow_failed_gate``."""
-    ev = ctx.inputs.get("evaluate")
+    ev = ctx.upstream("evaluate")
     gate = ev.result_as(EvalResult).gate if ev is not None else None
     if gate is not None and gate.passed:
         return ReleaseGate(gate, override=False).to_json()

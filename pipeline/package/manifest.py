@@ -104,7 +104,7 @@ def _evaluated_what(ctx: StageContext, settings: Any, bi: BuildInfo) -> dict[str
     from ..core.contracts.evaluate import EvalArtifact
 
     out: dict[str, Any] = {"candidate": None, "candidate_note": None, "gpu_host_check": None}
-    ev = ctx.inputs.get("evaluate")
+    ev = ctx.upstream("evaluate")
     if ev is not None and EvalArtifact(ev.path).report_path.is_file():
         rep = EvalArtifact(ev.path).report()
         out["candidate"], out["candidate_note"] = rep.candidate, rep.candidate_note

@@ -21,7 +21,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..core.contracts.package import PackageArtifact
+from ..core.contracts.manifest import ArtifactManifest
+from ..core.contracts.package import PackageArtifact, ReleaseManifest
 from ..errors import InputError
 
 DROPPED = ("target", "stages", "store_dir", "force", "dry_run", "verify_cache", "progress", "hydra")
@@ -69,11 +70,11 @@ def read_engine_release(path: str | Path) -> EngineRelease:
     if package_dir is None and p.name == PackageArtifact.RELEASE_DIR and (p.parent / PackageArtifact.RELEASE_MANIFEST).is_file():
         package_dir = p.parent
     m = _json(p / PackageArtifact.RELEASE_MANIFEST)
-    build = m.get("build") or {}
-    if build.get("target") != "tensorrt_llm" or (build.get("backend") or "tensorrt") != "tensorrt":
+    rm = ReleaseManifest.from_json(m)
+    if rm.target != "tensorrt_llm" or (rm.backend or "tensorrt") != "tensorrt":
         raise InputError(
-            f"pipeline migrate {path}: this release was built for target={build.get('target')} "
-            f"backend={build.get('backend')}, not TensorRT-LLM engines (target=tensorrt_llm, backend tensorrt); there "
+            f"pipeline migrate {path}: this release was built for target={rm.target} "
+            f"backend={rm.backend}, not TensorRT-LLM engines (target=tensorrt_llm, backend tensorrt); there "
             f"is nothing to migrate. Fix: pass an engine release."
         )
     prov = p / PackageArtifact.PROVENANCE
@@ -93,8 +94,8 @@ def refusal(rel: EngineRelease) -> str | None:
     """Why the PyTorch backend cannot take the release's recipe (with the alternative), or None."""
     from ..facts.trtllm import PYTORCH_ALTERNATIVE, PYTORCH_KV_CACHE_DTYPES, PYTORCH_REFUSED_RECIPES
 
-    q = rel.manifest.get("quant") or {}
-    recipe, kv = q.get("recipe"), q.get("kv_cache_dtype") or "none"
+    rm = ReleaseManifest.from_json(rel.manifest)
+    recipe, kv = rm.quant_recipe, rm.kv_cache_dtype or "none"
     if recipe in PYTORCH_REFUSED_RECIPES:
         return (
             f"the release was quantized with quant={recipe}: {PYTORCH_REFUSED_RECIPES[recipe]}. "
@@ -152,14 +153,14 @@ def _quantize_digest(build_dir: Path | None) -> str | None:
     """The quantize artifact digest a build artifact was made from (its store ``manifest.json`` ``inputs``)."""
     if build_dir is None or not (build_dir / "manifest.json").is_file():
         return None
-    return (((_json(build_dir / "manifest.json").get("inputs") or {}).get("quantize")) or {}).get("digest")
+    return ArtifactManifest.from_json(_json(build_dir / "manifest.json")).input("quantize").digest
 
 
 def _engine_build_dir(rel: EngineRelease) -> Path | None:
     if rel.package_dir is None or not (rel.package_dir / "manifest.json").is_file():
         return None
-    b = ((_json(rel.package_dir / "manifest.json").get("inputs") or {}).get("build")) or {}
-    return Path(b["path"]) if b.get("path") else None
+    b = ArtifactManifest.from_json(_json(rel.package_dir / "manifest.json")).input("build")
+    return Path(b.path) if b.path else None
 
 
 def migration_record(release_dir: str | Path, *, export_digest: str | None, build_dir: Path, quant: dict[str, Any]) -> dict[str, Any]:
@@ -176,24 +177,24 @@ def migration_record(release_dir: str | Path, *, export_digest: str | None, buil
     from ..serve.parity import command_for
 
     rel = read_engine_release(release_dir)
-    m = rel.manifest
+    m = ReleaseManifest.from_json(rel.manifest)
     q_engine, q_here = _quantize_digest(_engine_build_dir(rel)), _quantize_digest(build_dir)
     archive = next(iter(sorted(rel.release_dir.glob("*.tar.gz"))), None)
     return {
         "from": {
-            "release": m.get("name"),
+            "release": m.name,
             "archive": archive.name if archive else None,
             "archive_sha256": _sha256(archive) if archive else None,
-            "layout": (m.get("serving") or {}).get("layout"),
+            "layout": m.layout,
             "backend": "tensorrt",
-            "engine_versions": (m.get("versions") or {}).get("engine"),
-            "serving_image": (m.get("serving") or {}).get("serving_image"),
-            "export": (m.get("sources") or {}).get("export"),
+            "engine_versions": m.engine_versions,
+            "serving_image": m.serving_image,
+            "export": m.export_digest,
             "quantize": q_engine,
         },
         "to": {"layout": "llmapi", "backend": "pytorch", "export": export_digest, "quantize": q_here},
-        "same_recipe": (m.get("quant") or {}) == quant,
-        "same_export": bool(export_digest) and (m.get("sources") or {}).get("export") == export_digest,
+        "same_recipe": m.quant == quant,
+        "same_export": bool(export_digest) and m.export_digest == export_digest,
         "same_quantize": None if q_engine is None else q_engine == q_here,
         "parity_commands": {
             "pytorch_package": command_for(url="<host>:8001"),

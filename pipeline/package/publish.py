@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from ..core.contracts.evaluate import EvalArtifact, EvalReport
-from ..core.contracts.package import PackageArtifact, ReleaseGate
+from ..core.contracts.manifest import ArtifactManifest
+from ..core.contracts.package import PackageArtifact, ReleaseGate, ReleaseManifest
 from ..errors import GateFailed, InputError, PreflightError
 
 A = PackageArtifact
@@ -62,9 +63,10 @@ def _facts(package_dir: Path) -> dict[str, Any]:
         )
     art = _read(package_dir / "manifest.json")
     rm = _read(rel / A.RELEASE_MANIFEST)
-    keys = {"package": package_dir.name, **{s: str(v.get("key", ""))[:24] for s, v in (art.get("inputs") or {}).items()}}
-    ev = (art.get("inputs") or {}).get("evaluate") or {}
-    report = EvalArtifact(Path(str(ev["path"]))).report() if ev.get("path") else EvalReport()
+    inputs = ArtifactManifest.from_json(art)
+    keys = {"package": package_dir.name, **{s: str("" if v.key is None else v.key)[:24] for s, v in inputs.inputs.items()}}
+    ev = inputs.input("evaluate")
+    report = EvalArtifact(Path(str(ev.path))).report() if ev.path else EvalReport()
     return {"release": rel, "artifact": art, "manifest": rm, "keys": keys, "report": report}
 
 
@@ -115,7 +117,7 @@ def publish_mlflow(package_dir: Path, cfg: Any) -> dict[str, Any]:
     exp_id = _experiment(client, pc.mlflow_experiment)
     model = pc.mlflow_model_name or cfg.model.name
     tags = _version_tags(f, gate, override)
-    run = client.create_run(exp_id, run_name=str(f["manifest"].get("name")), tags=tags)
+    run = client.create_run(exp_id, run_name=str(ReleaseManifest.from_json(f["manifest"]).name), tags=tags)
     rid = run.info.run_id
     try:
         for k, p in _params(f, cfg).items():
@@ -129,7 +131,7 @@ def publish_mlflow(package_dir: Path, cfg: Any) -> dict[str, Any]:
             "GATE OVERRIDE (package.publish_allow_failed_gate=true): the evaluation gate did not pass. "
             if override
             else "Evaluation gate passed. "
-        ) + f"Release {f['manifest'].get('name')}, recipe {cfg.quant.recipe}."
+        ) + f"Release {ReleaseManifest.from_json(f['manifest']).name}, recipe {cfg.quant.recipe}."
         mv = client.create_model_version(model, f"runs:/{rid}/release", run_id=rid, tags=tags, description=desc)
     except Exception:
         client.set_terminated(rid, status="FAILED")
@@ -139,12 +141,12 @@ def publish_mlflow(package_dir: Path, cfg: Any) -> dict[str, Any]:
 
 
 def _params(f: dict[str, Any], cfg: Any) -> dict[str, str]:
-    rm, rep = f["manifest"], f["report"]
+    rm, rep = ReleaseManifest.from_json(f["manifest"]), f["report"]
     return {
         "recipe": str(cfg.quant.recipe),
-        "target": str((rm.get("build") or {}).get("target")),
+        "target": str(rm.target),
         "model": str(cfg.model.name),
-        "release": str(rm.get("name")),
+        "release": str(rm.name),
         "eval_set": str(rep.eval_set.name),
         "candidate": str(rep.candidate),
     }
@@ -155,7 +157,7 @@ def _version_tags(f: dict[str, Any], gate: ReleaseGate, override: bool) -> dict[
     from ..core.store import sha256_file
 
     rel: Path = f["release"]
-    sign = f["manifest"].get("signing") or {}
+    sign = ReleaseManifest.from_json(f["manifest"]).signing
     archives = sorted(rel.glob("*.tar.gz"))
     tags = {f"pipeline.key.{s}": str(k) for s, k in f["keys"].items()}
     tags.update(
@@ -163,9 +165,7 @@ def _version_tags(f: dict[str, Any], gate: ReleaseGate, override: bool) -> dict[
             "pipeline.archive_sha256": sha256_file(archives[0]) if archives else "",
             "pipeline.gate": gate.verdict_name,
             "pipeline.gate_override": "true" if override else "false",
-            "pipeline.signature": (
-                f"{sign.get('method')}:{sign.get('public_key_sha256', '')}" if sign and (rel / A.SIGNATURE).is_file() else "unsigned"
-            ),
+            "pipeline.signature": (f"{sign.method}:{sign.public_key_sha256}" if sign and (rel / A.SIGNATURE).is_file() else "unsigned"),
         }
     )
     return tags

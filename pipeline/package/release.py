@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ..core.contracts.package import PackageArtifact, ReleaseArchive
+from ..core.contracts.package import PackageArtifact, ReleaseArchive, ReleaseManifest
 from ..core.stage import StageContext
 
 
@@ -37,9 +37,10 @@ def release_name(cfg: Any) -> str:
 def invocation_id(ctx: StageContext) -> str:
     """This package stage's invocation id: the cache key of its key document. It is the provenance's
     ``invocationId`` and the repository's ``pipeline_package_id`` (:func:`pipeline.package.repository.stamp_package_id`)."""
+    from ..core.contracts.manifest import ArtifactManifest
     from ..core.store import cache_key
 
-    return cache_key(ctx.manifest.get("key_document") or {})
+    return cache_key(ArtifactManifest.from_json(ctx.manifest).key_document)
 
 
 def release_archive(ctx: StageContext, repo: Path, name: str, manifest: dict[str, Any]) -> ReleaseArchive:
@@ -87,7 +88,7 @@ def _sbom(rel: Path, archive: Path, sha: str, manifest: dict[str, Any]) -> list[
     from ..core.store import write_json_atomic
     from .sbom import build_sbom, serving_components
 
-    comps = serving_components(str(manifest["build"]["target"]), (manifest.get("serving") or {}).get("serving_image"))
+    comps = serving_components(str(manifest["build"]["target"]), ReleaseManifest.from_json(manifest).serving_image)
     if comps is None:
         return []
     write_json_atomic(rel / PackageArtifact.SBOM, build_sbom(archive.name.removesuffix(".tar.gz"), sha, comps))

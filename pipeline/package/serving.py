@@ -23,7 +23,7 @@ def speculative_decision(ctx: StageContext, build_info: BuildInfo) -> dict[str, 
     if build_info.target != "tensorrt_llm":
         return None
     sp = speculative_of(build_info, ctx.cfg.build)
-    ev = ctx.inputs.get("evaluate")
+    ev = ctx.upstream("evaluate")
     dec = decide_speculative(
         sp["mode"],
         read_measurement(ev.path if ev is not None else None),
@@ -45,8 +45,9 @@ def serving_settings(ctx: StageContext, bi: BuildInfo, mi: ModelInfo) -> Setting
     cfg = ctx.cfg
     settings = settings_from_build(bi, mi, cfg.package, cfg.build, cfg.target)
     settings.model_name = redact_text(cfg.model.name)  # a label written into the repository, not a path
-    settings.decoding = ExportArtifact(ctx.inputs["export"].path).decoding().to_json()
-    if settings.target == "tensorrt_llm" and settings.decoding.get("repetition_penalty", 1.0) != 1.0:
+    policy = ExportArtifact(ctx.inputs["export"].path).decoding()
+    settings.decoding = policy.to_json()
+    if settings.target == "tensorrt_llm" and policy.repetition_penalty != 1.0:
         # NVIDIA's ensemble has no default for it: only requests that send it (the OpenAI endpoint does) get the policy
         settings.decoding["served_default"] = "sent by pipeline serve --openai only; gRPC clients must send repetition_penalty"
         ctx.log.warning(

@@ -25,7 +25,7 @@ from typing import Any
 
 from ..core.contracts.build import BuildArtifact
 from ..core.contracts.export import ExportArtifact, ModelInfo
-from ..core.contracts.package import PackageArtifact, PackageResult
+from ..core.contracts.package import PackageArtifact, PackageResult, ParityRecord
 from ..core.stage import Stage, StageContext
 from ..errors import InputError
 from .gate import release_gate
@@ -92,12 +92,13 @@ def package(ctx: StageContext) -> PackageResult:
         write_json_atomic(ctx.out / PackageArtifact.RELEASE_MANIFEST, manifest)
         release = release_archive(ctx, repo, name, manifest) if pc.archive else None
         advance(1)
+    p = ParityRecord.from_json(parity) or ParityRecord()
     headline = {
         "target": settings.target,
         "models": len(info["models"]),
         "archive": release.archive if release is not None else "-",
         "gate": "override" if gate["override"] else "pass",
-        "served == evaluated": f"{parity['matched']}/{parity['total']}" if parity.get("total") is not None else parity["status"],
+        "served == evaluated": f"{p.matched}/{p.total}" if p.total is not None else p.status,
     }
     return PackageResult(
         headline=headline,

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.artifacts import REQUIRED_TOKENIZER_FILES
-from ..core.contracts.build import BuildInfo
+from ..core.contracts.build import BuildInfo, EngineLimits
 from ..errors import InputError, PreflightError
 from ..facts import versions as V
 from .repository import CONTAINER_REPO, PLACEHOLDER, SIBLING_MODULES
@@ -303,7 +303,7 @@ def _model_configs(repo: Path, problems: list[Problem]) -> dict[str, Any]:
 def _batch_limit_problems(configs: dict[str, Any], limits: dict[str, Any]) -> list[Problem]:
     """Served ``max_batch_size`` never above the engine's."""
     problems: list[Problem] = []
-    eng_bs = int(limits.get("max_batch_size", 0) or 0)
+    eng_bs = int(EngineLimits.from_json(limits).max_batch_size or 0)
     for name, cfg in configs.items():
         if eng_bs and cfg.max_batch_size > eng_bs:
             problems.append(

@@ -16,7 +16,7 @@ def _run(ctx: StageContext) -> QuantizeResult:
 
     assert ctx.out is not None
     result = quantize(
-        ctx.cfg, ctx.inputs["export"].path, ctx.external.get("calibration"), ctx.out, progress=ctx.progress, resume_dir=ctx.resume_dir
+        ctx.cfg, ctx.inputs["export"].path, ctx.external_path("calibration"), ctx.out, progress=ctx.progress, resume_dir=ctx.resume_dir
     )
     ctx.manifest["measurements"] = result.pop("measurements")  # wall times and peak memory: not in the content digest
     return QuantizeResult.from_json(result)  # quantize() returns the result's JSON (tests read it as such)

@@ -20,7 +20,7 @@ import tarfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from ..core.contracts.package import PackageArtifact
+from ..core.contracts.package import PackageArtifact, ReleaseManifest
 from ..core.store import sha256_file
 from ..errors import InputError
 
@@ -374,9 +374,9 @@ def check_repository_files(repo: Path, manifest: dict) -> None:
     records (``repository_files``, ``sources.model_repository``). Raises InputError naming the first file that differs."""
     from ..core.store import digest_files, tree_files
 
-    inner_doc = manifest
+    inner_doc = ReleaseManifest.from_json(manifest)
     files = tree_files(repo) if repo.is_dir() else {}
-    recorded = inner_doc.get("repository_files")
+    recorded = inner_doc.repository_files
     if isinstance(recorded, dict):
         for rel in sorted(set(recorded) | set(files)):
             if rel not in files or rel not in recorded or files[rel]["sha256"] != recorded[rel]:
@@ -384,7 +384,7 @@ def check_repository_files(repo: Path, manifest: dict) -> None:
                     f"{repo / rel}: does not match release_manifest.json (repository_files): the archive's content "
                     f"was modified; refusing to serve it. Fix: download the release again."
                 )
-    want = (inner_doc.get("sources") or {}).get("model_repository")
+    want = inner_doc.repository_digest
     if want and digest_files(files) != want:
         raise InputError(
             f"{repo}: content digest differs from release_manifest.json sources.model_repository: the archive's "

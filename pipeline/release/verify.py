@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..core.contracts.package import PackageArtifact
+from ..core.contracts.package import PackageArtifact, ReleaseManifest
 from ..errors import EXIT_INPUT, EXIT_OK, InputError
 
 A = PackageArtifact
@@ -83,10 +83,10 @@ def _check_signature(rel: Path, manifest: dict[str, Any], public_key: str | None
                 raise InputError(f"{prov}: differs from the signed statement in {dsse.name}. Fix: download the release again.")
             checks.append(f"{dsse.name}: provenance signature verified")
         return "verified"
-    signing = manifest.get("signing") or {}
+    signing = ReleaseManifest.from_json(manifest).signing
     if signing and not sig.is_file():
         raise InputError(
-            f"{sig}: missing, but release_manifest.json says the release was signed ({signing.get('method')}): the "
+            f"{sig}: missing, but release_manifest.json says the release was signed ({signing.method}): the "
             f"signature was removed; refusing it. Fix: download the release again."
         )
     return "not checked" if sig.is_file() else "unsigned"
@@ -122,7 +122,7 @@ def verify_release(
         if prov.is_file():
             check_statement(prov, rel, tmp)
             checks.append(f"{A.PROVENANCE}: every subject's sha256 matches")
-        elif manifest.get("provenance"):
+        elif ReleaseManifest.from_json(manifest).provenance:
             raise InputError(f"{prov}: missing, but release_manifest.json records a provenance statement. Fix: download the release again.")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from itertools import accumulate
 from typing import Any
 
+from ..core.contracts.package import ReleaseManifest
 from ..core.tokenization import MAX_REQUEST_GENERATIONS, max_token_bytes, prompt_byte_limit, prompt_too_large
 
 #: Deepest JSON nesting a request body may have (an OpenAI request nests about 5 levels).
@@ -46,8 +47,8 @@ def _params(ensemble_config: dict[str, Any] | None) -> dict[str, str]:
 def served_max_input_len(ensemble_config: dict[str, Any] | None, manifest: dict[str, Any]) -> int:
     """The longest prompt (tokens) the served engine takes: the ensemble config's ``max_input_len`` parameter (what
     the served model refuses above, ``genai_requests.py``), else the release manifest's ``build.limits``; 0 unknown."""
-    limits = (manifest.get("build") or {}).get("limits") or {}
-    return int(_params(ensemble_config).get("max_input_len") or limits.get("max_input_len") or 0)
+    limits = ReleaseManifest.from_json(manifest).limits
+    return int(_params(ensemble_config).get("max_input_len") or limits.max_input_len or 0)
 
 
 def served_prompt_limit(ensemble_config: dict[str, Any] | None, manifest: dict[str, Any], tokenizer: Any) -> int:
@@ -55,8 +56,8 @@ def served_prompt_limit(ensemble_config: dict[str, Any] | None, manifest: dict[s
     """The per-prompt byte limit of the served deployment: the ensemble config's ``max_prompt_bytes`` parameter when
     set, else derived from :func:`served_max_input_len` (else the release manifest's ``max_seq_len``) and the
     served tokenizer's longest token (:func:`pipeline.core.tokenization.prompt_byte_limit`)."""
-    limits = (manifest.get("build") or {}).get("limits") or {}
-    max_input_len = served_max_input_len(ensemble_config, manifest) or int(limits.get("max_seq_len") or 0)
+    limits = ReleaseManifest.from_json(manifest).limits
+    max_input_len = served_max_input_len(ensemble_config, manifest) or int(limits.max_seq_len or 0)
     configured = int(_params(ensemble_config).get("max_prompt_bytes") or 0) or None
     return prompt_byte_limit(max_input_len, max_token_bytes(tokenizer), configured)
 

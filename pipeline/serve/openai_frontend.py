@@ -112,16 +112,17 @@ class Frontend:
     """
 
     def __init__(self, grpc_url: str, repository: Path, model_id: str | None = None, *, timeout_s: float = 300.0) -> None:
-        from ..core.contracts.package import PackageArtifact
+        from ..core.contracts.package import PackageArtifact, ReleaseManifest
         from .client import LLMClient, _load_tokenizer
 
         self.grpc_url, self.repository, self.timeout_s = grpc_url, Path(repository), float(timeout_s)
         man = PackageArtifact(self.repository.parent).read_release_manifest()
-        self.model_id = model_id or (man.get("model") or {}).get("name") or self.repository.parent.name
-        policy_rp = float((man.get("decoding") or {}).get("repetition_penalty") or 1.0)
+        rm = ReleaseManifest.from_json(man)
+        self.model_id = model_id or rm.model_name or self.repository.parent.name
+        policy_rp = float(rm.repetition_penalty or 1.0)
         self.default_repetition_penalty = None if policy_rp == 1.0 else policy_rp
         """The package's decoding-policy penalty, sent when a request has none (a TensorRT-LLM ensemble has no default)."""
-        recommended = (man.get("decoding") or {}).get("sampling") or {}
+        recommended = rm.sampling
         self.sampling_defaults = {k: v for k, v in recommended.items() if k in ("temperature", "top_p", "top_k")}
         """The model's recommended sampling values (release manifest ``decoding.sampling``), for omitted fields."""
         if self.sampling_defaults:
@@ -130,10 +131,9 @@ class Frontend:
                 "recorded in the release manifest 'decoding'); a request's own value wins",
                 self.sampling_defaults,
             )
-        if recommended.get("min_p"):
-            log.warning("the model recommends min_p=%s; this engine has no min-p sampling: not applied", recommended["min_p"])
-        limits = (man.get("build") or {}).get("limits") or {}
-        self.max_seq_len = int(limits["max_seq_len"]) if limits.get("max_seq_len") else None  # the engine's, for the room
+        if rm.min_p:
+            log.warning("the model recommends min_p=%s; this engine has no min-p sampling: not applied", rm.min_p)
+        self.max_seq_len = int(rm.limits.max_seq_len) if rm.limits.max_seq_len else None  # the engine's, for the room
         self.created = int(time.time())
         from ..core.tokenization import codec_of
 

@@ -36,6 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from ..core.contracts.build import EngineLimits
 from ..core.contracts.evaluate import EvalArtifact
 from ..core.contracts.package import PACKAGE_ID_PARAMETER, PackageArtifact
 from ..errors import GateFailed, InputError, PreflightError
@@ -106,12 +107,12 @@ def expected_requests(
     ids = sorted(rows)
     chosen = sorted(random.Random(seed).sample(ids, min(sample, len(ids)))) if sample < len(ids) else ids
     tok = _tokenizer(package_tokenizer_dir(repo))
-    limits = rep.limits
+    limits = EngineLimits.from_json(rep.limits)
     prepared = prepare(
         [items[i] for i in chosen],
         tok,
-        max_input_len=int(limits.get("max_input_len") or 10**9),
-        max_seq_len=limits.get("max_seq_len"),
+        max_input_len=int(limits.max_input_len or 10**9),
+        max_seq_len=limits.max_seq_len,
         default_max_new_tokens=max_new_tokens,
         extra_stop=extra_stop,
         apply_chat_template=apply_chat_template,

@@ -30,7 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..core.contracts.package import PackageArtifact, ReleaseGate
+from ..core.contracts.manifest import ArtifactManifest
+from ..core.contracts.package import PackageArtifact, ParityRecord, ReleaseGate, ReleaseManifest
 from ..errors import EXIT_INPUT, EXIT_INTERRUPTED, InputError, PipelineError
 
 
@@ -40,9 +41,10 @@ def _created_order(art: Any) -> tuple[str, tuple[int, int, str], str]:
     mtime, which a copy without ``-p`` or clock skew changes."""
     version = ""
     with contextlib.suppress(OSError, ValueError, AttributeError):
-        version = str(json.loads(PackageArtifact(art.path).release_manifest_path.read_text(encoding="utf-8")).get("version") or "")
+        rm = ReleaseManifest.from_json(json.loads(PackageArtifact(art.path).release_manifest_path.read_text(encoding="utf-8")))
+        version = str(rm.version or "")
     vkey = (0, int(version), "") if version.isdigit() else (1, 0, version)
-    return str(art.manifest.get("created") or ""), vkey, art.path.name
+    return str(art.doc.created or ""), vkey, art.path.name
 
 
 def _complete_package_artifacts(store: Path) -> list[Path]:
@@ -79,7 +81,7 @@ def verify_package_artifact(art_dir: Path) -> None:
 
     key = None
     with contextlib.suppress(OSError, ValueError, AttributeError):
-        key = json.loads((art_dir / MANIFEST).read_text(encoding="utf-8")).get("key")
+        key = ArtifactManifest.from_json(json.loads((art_dir / MANIFEST).read_text(encoding="utf-8"))).key
     store = ArtifactStore(art_dir.parent.parent)
     if not isinstance(key, str) or store.lookup(art_dir.parent.name, key, verify=True) is None:
         raise InputError(
@@ -213,10 +215,10 @@ def release_warnings(man: dict[str, Any]) -> list[str]:
             "release_manifest.json -> evaluation.gate); it was packaged with package.allow_failed_gate=true, so the gate "
             "does not vouch for what this server answers."
         )
-    parity = man.get("parity") or {}
-    status = parity.get("status")
+    parity = ReleaseManifest.from_json(man).parity or ParityRecord()
+    status = parity.status
     if status == "disabled":
-        out.append(f"served == evaluated was not checked for this release ({parity.get('disabled_by') or 'disabled'}).")
+        out.append(f"served == evaluated was not checked for this release ({parity.disabled_by or 'disabled'}).")
     elif status not in (None, "passed", "not run here"):
         out.append(f"this release's serving parity check did not pass (status {status!r}).")
     return out
@@ -263,9 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         man = PackageArtifact(repo.parent).read_release_manifest()
         if not arg:
             refuse_unvouched_default(repo, man)
-        target = (man.get("build") or {}).get("target") or (
-            "onnxruntime_genai" if (repo / "onnxruntime_genai").is_dir() else "tensorrt_llm"
-        )
+        target = ReleaseManifest.from_json(man).target or ("onnxruntime_genai" if (repo / "onnxruntime_genai").is_dir() else "tensorrt_llm")
         print(f"model repository: {repo}  (target {target})")
         for w in release_warnings(man):
             print(f"warning: {w}", file=sys.stderr)
@@ -311,7 +311,7 @@ def _print_trtllm_command(repo: Path, man: dict[str, Any], cfg: Any, openai: boo
     from .server import ngc_command
 
     pc = cfg.package
-    image = (man.get("serving") or {}).get("serving_image") or pc.serving_image or cfg.target.serving_image
+    image = ReleaseManifest.from_json(man).serving_image or pc.serving_image or cfg.target.serving_image
     grpc, http, metrics = pc.grpc_port or 8001, pc.http_port or 8000, pc.metrics_port or 8002
     if (repo / "tensorrt_llm" / "1" / "model.yaml").is_file():  # PyTorch backend (LLM API): NVIDIA's model.py needed
         print(llmapi_notice(image).split("\n\nOne command")[0] + "\n")

@@ -30,3 +30,22 @@ class BenchmarkResult(StageResult):
 
     ratios: dict[str, Any] = dataclasses.field(default_factory=dict)
     results: list[str] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchmarkDocument:
+    """``benchmark.json`` as ``pipeline benchmark compare`` reads it.
+
+    Attributes:
+        config: ``config``, the benchmark knobs.
+        model: ``model``, the model facts (recipe, target, paths ...).
+        host_cpu: ``host.cpu``, the benchmark host's CPU.
+    """
+
+    config: Any = dataclasses.field(default_factory=dict)
+    model: Any = dataclasses.field(default_factory=dict)
+    host_cpu: Any = None
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> BenchmarkDocument:
+        return cls(d.get("config", {}), d.get("model", {}), d.get("host", {}).get("cpu"))

@@ -61,6 +61,25 @@ class BuildArtifact(StageArtifact):
                 limits.setdefault(k, getattr(build_cfg, k))
         return limits
 
+    def engine_limits(self, result: BuildResult | Mapping[str, Any] | None = None, build_cfg: Any = None) -> EngineLimits:
+        """:meth:`limits`, typed."""
+        return EngineLimits.from_json(self.limits(result, build_cfg))
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineLimits:
+    """The engine's limits (:meth:`BuildArtifact.limits`) as attributes; None where not recorded."""
+
+    max_input_len: Any = None
+    max_seq_len: Any = None
+    max_batch_size: Any = None
+    max_num_tokens: Any = None
+    max_beam_width: Any = None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> EngineLimits:
+        return cls(**{f.name: d.get(f.name) for f in dataclasses.fields(cls)})
+
 
 @dataclasses.dataclass(frozen=True)
 class BuildInfo:

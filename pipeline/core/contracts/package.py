@@ -7,6 +7,7 @@ import json
 from typing import Any, ClassVar
 
 from ..artifacts import FolderName, PathOf, StageArtifact
+from .build import EngineLimits
 from .evaluate import GateVerdict
 from .result import StageResult
 
@@ -60,6 +61,127 @@ class PackageArtifact(StageArtifact):
             except (OSError, ValueError):
                 p = None
         return p if isinstance(p, dict) else None
+
+
+@dataclasses.dataclass(frozen=True)
+class ParityRecord:
+    """The serving-parity record (docs/package.md "Serving parity") as its readers see it: ``status``, ``matched``,
+    ``total``, ``note``, ``disabled_by`` (None where the record lacks one)."""
+
+    status: Any = None
+    matched: Any = None
+    total: Any = None
+    note: Any = None
+    disabled_by: Any = None
+
+    @classmethod
+    def from_json(cls, d: Any) -> ParityRecord | None:
+        """The record of ``d``; None when ``d`` is not one (absent: parity was not checked)."""
+        if not isinstance(d, dict):
+            return None
+        return cls(d.get("status"), d.get("matched"), d.get("total"), d.get("note"), d.get("disabled_by"))
+
+
+@dataclasses.dataclass(frozen=True)
+class ReleaseSigning:
+    """``release_manifest.json`` ``signing``: how the release was signed (``method``) and the public key's sha256."""
+
+    method: Any = None
+    public_key_sha256: Any = ""
+
+    @classmethod
+    def from_json(cls, d: Any) -> ReleaseSigning | None:
+        """None for an unsigned release (no ``signing``, or an empty one)."""
+        if not isinstance(d, dict) or not d:
+            return None
+        return cls(d.get("method"), d.get("public_key_sha256", ""))
+
+
+@dataclasses.dataclass(frozen=True)
+class ReleaseManifest:
+    """``release_manifest.json`` as ``pipeline serve`` and the package stage read it (None where the document lacks a field).
+
+    Attributes:
+        name: the release's name.
+        version: the release version (``package.version``).
+        target: ``build.target``, the engine's target.
+        serving_image: ``serving.serving_image``, the container that serves it.
+        parity: the serving-parity record.
+        signing: how it was signed; None when unsigned.
+        backend: ``build.backend`` (TensorRT-LLM ``tensorrt`` | ``pytorch``).
+        layout: ``serving.layout``, the repository's layout.
+        engine_versions: ``versions.engine``, the build host's library versions.
+        export_digest: ``sources.export``, the export artifact's digest.
+        quant: ``quant``, the recipe fields (``{}`` without).
+        provenance: ``provenance``, the provenance statement's file name (None without one).
+        repository_files: ``repository_files``, the model repository's files and their sha256.
+        repository_digest: ``sources.model_repository``, the model repository's content digest.
+        model_name: ``model.name``.
+        repetition_penalty: ``decoding.repetition_penalty``, the checkpoint's decoding-policy penalty.
+        sampling: ``decoding.sampling``, the model's recommended sampling values (``{}`` without).
+        limits: ``build.limits``, the engine's limits.
+    """
+
+    name: Any = None
+    version: Any = None
+    target: Any = None
+    serving_image: Any = None
+    parity: ParityRecord | None = None
+    signing: ReleaseSigning | None = None
+    backend: Any = None
+    layout: Any = None
+    engine_versions: Any = None
+    export_digest: Any = None
+    quant: dict[str, Any] = dataclasses.field(default_factory=dict)
+    provenance: Any = None
+    repository_files: Any = None
+    repository_digest: Any = None
+    model_name: Any = None
+    repetition_penalty: Any = None
+    sampling: dict[str, Any] = dataclasses.field(default_factory=dict)
+    limits: EngineLimits = dataclasses.field(default_factory=EngineLimits)
+
+    @property
+    def min_p(self) -> Any:
+        """``decoding.sampling.min_p``, the model's recommended min-p (None without)."""
+        return self.sampling.get("min_p")
+
+    @property
+    def quant_recipe(self) -> Any:
+        return self.quant.get("recipe")
+
+    @property
+    def kv_cache_dtype(self) -> Any:
+        return self.quant.get("kv_cache_dtype")
+
+    @classmethod
+    def from_json(cls, d: Any) -> ReleaseManifest:
+        doc = d if isinstance(d, dict) else {}
+        build, serving = doc.get("build") or {}, doc.get("serving") or {}
+        versions, sources, quant = doc.get("versions") or {}, doc.get("sources") or {}, doc.get("quant") or {}
+        model, decoding = doc.get("model") or {}, doc.get("decoding") or {}
+        limits = (build.get("limits") if isinstance(build, dict) else None) or {}
+        sampling = (decoding.get("sampling") if isinstance(decoding, dict) else None) or {}
+        return cls(
+            name=doc.get("name"),
+            version=doc.get("version"),
+            target=build.get("target") if isinstance(build, dict) else None,
+            serving_image=serving.get("serving_image") if isinstance(serving, dict) else None,
+            parity=ParityRecord.from_json(doc.get("parity") or {}),
+            signing=ReleaseSigning.from_json(doc.get("signing")),
+            backend=build.get("backend") if isinstance(build, dict) else None,
+            layout=serving.get("layout") if isinstance(serving, dict) else None,
+            engine_versions=versions.get("engine") if isinstance(versions, dict) else None,
+            export_digest=sources.get("export") if isinstance(sources, dict) else None,
+            quant=quant if isinstance(quant, dict) else {},
+            provenance=doc.get("provenance"),
+            repository_files=doc.get("repository_files"),
+            repository_digest=sources.get("model_repository") if isinstance(sources, dict) else None,
+            model_name=model.get("name") if isinstance(model, dict) else None,
+            repetition_penalty=decoding.get("repetition_penalty") if isinstance(decoding, dict) else None,
+            sampling=sampling if isinstance(sampling, dict) else {},
+            limits=EngineLimits.from_json(limits if isinstance(limits, dict) else {}),
+        )
 
 
 @dataclasses.dataclass(frozen=True)

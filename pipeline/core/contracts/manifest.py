@@ -1,0 +1,120 @@
+"""An artifact's ``manifest.json`` and a run's ``summary.json`` as their readers outside the store see them.
+
+The store writes and verifies ``manifest.json`` (pipeline/core/store.py); the runner, ``pipeline serve`` and the
+package stage read a few of its fields through :class:`ArtifactManifest` (``Artifact.doc``).  The multirun comparison
+reads each job's ``summary.json`` through :class:`RunSummaryRecord`; the summary's ``gate`` section is
+:class:`RunGate`.  Parsing here is the one place these documents are read by their JSON keys."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from .evaluate import GateVerdict
+from .package import ParityRecord
+
+
+def _dict(v: Any) -> dict[str, Any]:
+    return v if isinstance(v, dict) else {}
+
+
+@dataclasses.dataclass(frozen=True)
+class InputRecord:
+    """``manifest.json`` ``inputs.<stage>``: the upstream artifact this one was computed from (None where the record
+    lacks a field)."""
+
+    path: Any = None
+    digest: Any = None
+    key: Any = None
+    production: Any = None
+
+    @classmethod
+    def from_json(cls, d: Any) -> InputRecord:
+        doc = _dict(d)
+        return cls(doc.get("path"), doc.get("digest"), doc.get("key"), doc.get("production"))
+
+
+@dataclasses.dataclass(frozen=True)
+class ArtifactManifest:
+    """The fields of an artifact's ``manifest.json`` read outside the store.
+
+    Attributes:
+        key: the artifact's cache key.
+        created: when it was published (ISO 8601 UTC).
+        production: the id of the run that produced it.
+        pending: a dry run's provisional artifact (not built).
+        memory: the stage's measured peak memory (``ran`` only).
+        inputs: the upstream artifacts it was computed from, by stage.
+        config: the (redacted) config of its key document.
+        key_document: the (redacted) key document its cache key is the digest of.
+    """
+
+    key: Any = None
+    created: Any = None
+    production: Any = None
+    pending: bool = False
+    memory: Any = None
+    inputs: dict[str, InputRecord] = dataclasses.field(default_factory=dict)
+    config: dict[str, Any] = dataclasses.field(default_factory=dict)
+    key_document: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def config_group(self, name: str) -> Any:
+        """The recorded config group ``name`` (``package`` ...); None when the manifest has none."""
+        return self.config.get(name)
+
+    def input(self, stage: str) -> InputRecord:
+        """The record of the upstream ``stage`` (every field None when the manifest has none)."""
+        return self.inputs.get(stage) or InputRecord()
+
+    @classmethod
+    def from_json(cls, d: Any) -> ArtifactManifest:
+        doc = _dict(d)
+        inputs = doc.get("inputs") or {}
+        return cls(
+            key=doc.get("key"),
+            created=doc.get("created"),
+            production=doc.get("production"),
+            pending=bool(doc.get("pending")),
+            memory=doc.get("memory"),
+            inputs={k: InputRecord.from_json(v) for k, v in inputs.items()} if isinstance(inputs, dict) else {},
+            config=_dict(doc.get("config")),
+            key_document=_dict(doc.get("key_document")),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class RunGate:
+    """``summary.json`` ``gate``: the evaluate stage's verdict and the package stage's serving-parity record (None
+    when the run had none)."""
+
+    evaluate: GateVerdict | None = None
+    parity: ParityRecord | None = None
+
+    @classmethod
+    def from_json(cls, d: Any) -> RunGate:
+        doc = _dict(d)
+        return cls(GateVerdict.from_json(doc.get("evaluate")), ParityRecord.from_json(doc.get("parity")))
+
+
+@dataclasses.dataclass(frozen=True)
+class SummaryStage:
+    """``summary.json`` ``stages[]``: the stage's name and its headline numbers."""
+
+    stage: str
+    headline: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSummaryRecord:
+    """A job's ``summary.json`` as the multirun comparison reads it (pipeline/report.py ``RunSummary`` writes it)."""
+
+    overrides: list[str] = dataclasses.field(default_factory=list)
+    exit_code: Any = None
+    stages: list[SummaryStage] = dataclasses.field(default_factory=list)
+    error: Any = None
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> RunSummaryRecord:
+        """Raises AttributeError for a document that is not an object and KeyError for a stage without ``stage``."""
+        stages = [SummaryStage(st["stage"], st.get("headline") or {}) for st in d.get("stages", [])]
+        return cls(d.get("overrides", []), d.get("exit_code"), stages, d.get("error"))
