@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..core.markdown import md_table
+
 UPSTREAM_VERSION = (
     "TensorRT-LLM 1.2.1 (branch release/1.2.1; the triton-inference-server/tensorrtllm_backend Dockerfile builds "
     "it with TENSORRTLLM_VER=1.2.1 on tritonserver:25.12-py3-min)"
@@ -369,16 +371,15 @@ def render_markdown() -> str:
         "",
         "## Template placeholders outside `parameters`",
         "",
-        "| placeholder | kind | value |",
-        "|---|---|---|",
     ]
-    L += [f"| `{k}` | {v[0]} | {v[1]} |" for k, v in STRUCTURAL.items()]
+    L += md_table(("placeholder", "kind", "value"), ((f"`{k}`", *v) for k, v in STRUCTURAL.items()))
     for model, secs in UPSTREAM.items():
         L += _md_model_section(model, secs)
-    L += ["## Extensions (declared by us, not upstream)", "", "| input | models | target | type, dims | why |", "|---|---|---|---|---|"]
-    L += [
-        f"| `{n}` | {', '.join(e['models'])} | {e['target']} | {e['type']} {e['dims']} | {e['why']} |" for n, e in EXTENSION_INPUTS.items()
-    ]
+    L += ["## Extensions (declared by us, not upstream)", ""]
+    L += md_table(
+        ("input", "models", "target", "type, dims", "why"),
+        ((f"`{n}`", ", ".join(e["models"]), e["target"], f"{e['type']} {e['dims']}", e["why"]) for n, e in EXTENSION_INPUTS.items()),
+    )
     L += [
         "",
         "## Conditions of `cond` entries",
@@ -431,9 +432,7 @@ def _md_llmapi_section() -> list[str]:
         "llmapi `model.py`. These `package.runtime` fields map into `model.yaml`; any other field that is set is refused "
         "(exit 2), since that layout has no place for it:",
         "",
-        "| package.runtime field | model.yaml key |",
-        "|---|---|",
     ]
-    L += [f"| `{k}` | `{'.'.join(v)}` |" for k, v in LLMAPI_MAP.items()]
+    L += md_table(("package.runtime field", "model.yaml key"), ((f"`{k}`", f"`{'.'.join(v)}`") for k, v in LLMAPI_MAP.items()))
     L.append("")
     return L
