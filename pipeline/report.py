@@ -18,6 +18,7 @@ from rich.table import Table
 
 from .core.config import PipelineConfig, deprecations
 from .core.contracts.manifest import RunSummaryRecord
+from .core.markdown import md_cell, md_table
 from .core.store import Artifact, redact, redact_files, redact_text, secret_fields, write_json_atomic
 from .errors import EXIT_FAILED, EXIT_OK
 from .validation import order_note
@@ -273,9 +274,7 @@ def write_comparison(sweep_dir: Path, console: Console) -> dict[str, Any]:
     worst = max((c if isinstance(c, int) else EXIT_FAILED for c in codes), default=EXIT_OK)
     doc = {"schema": "pipeline.comparison/v1", "columns": cols, "rows": rows, "exit_code": worst}
     write_json_atomic(sweep_dir / "comparison.json", doc)
-    md = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for r in rows:  # one line per job: newlines and pipes inside a cell would break the table
-        md.append("| " + " | ".join(_fmt(r.get(c, "")).replace("\n", " ").replace("|", "\\|") for c in cols) + " |")
+    md = md_table(cols, ([md_cell(_fmt(r.get(c, ""))) for c in cols] for r in rows))  # one line per job
     (sweep_dir / "comparison.md").write_text("\n".join(md) + "\n", encoding="utf-8")
     # The console shows what differs between the jobs (the files keep every column): the overrides that
     # vary, the headline values that vary, and the verdict columns.

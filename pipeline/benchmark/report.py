@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.contracts.benchmark import BenchmarkArtifact
+from ..core.markdown import md_table
 from ..core.store import write_json_atomic
 
 log = logging.getLogger("pipeline.benchmark")
@@ -67,27 +68,36 @@ def _md_runs(doc: dict[str, Any]) -> list[str]:
     lines: list[str] = []
     if doc["config"].get("repeats", 1) > 1:
         lines += ["Repeat 0 of each level (the spread over repeats follows below):", ""]
-    lines.append(
-        "| mode | level | req | err | TTFT avg / p50 / p90 / p99 (ms) | TPOT avg / p50 / p90 / p99 (ms) | ITL p99 (ms) | "
-        "latency p50 / p90 / p99 (ms) | out tok/s | req/s | prefill share | roofline |"
-    )
-    lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    rows = []
     for r in doc["runs"]:
         if r["repeat"] != 0:
             continue
         mt = r["metrics"]
         lvl = f"c={r['concurrency']}" if r["kind"] == "concurrency" else f"{r['request_rate']:g} req/s"
-        tt, tp, e2, itl = mt["time_to_first_token"], mt["time_per_output_token"], mt["request_latency"], mt["inter_token_latency"]
-        rf = r.get("roofline") or {}
-        lines.append(
-            f"| {r['mode']} | {lvl} | {mt['requests']['completed']} | {mt['requests']['errors']} | "
-            f"{_f(tt.get('avg'), 1)} / {_f(tt.get('p50'), 1)} / {_f(tt.get('p90'), 1)} / {_f(tt.get('p99'), 1)} | "
-            f"{_f(tp.get('avg'))} / {_f(tp.get('p50'))} / {_f(tp.get('p90'))} / {_f(tp.get('p99'))} | {_f(itl.get('p99'))} | "
-            f"{_f(e2.get('p50'), 1)} / {_f(e2.get('p90'), 1)} / {_f(e2.get('p99'), 1)} | "
-            f"{_f(mt['output_token_throughput']['avg'], 1)} | {_f(mt['request_throughput']['avg'])} | "
-            f"{_f(mt['prefill_decode']['prefill_share'])} | {_f(rf.get('fraction'), 3)} |"
+        rows.append(
+            (
+                r["mode"],
+                lvl,
+                mt["requests"]["completed"],
+                mt["requests"]["errors"],
+                _slash(mt["time_to_first_token"], ("avg", "p50", "p90", "p99"), 1),
+                _slash(mt["time_per_output_token"], ("avg", "p50", "p90", "p99")),
+                _f(mt["inter_token_latency"].get("p99")),
+                _slash(mt["request_latency"], ("p50", "p90", "p99"), 1),
+                _f(mt["output_token_throughput"]["avg"], 1),
+                _f(mt["request_throughput"]["avg"]),
+                _f(mt["prefill_decode"]["prefill_share"]),
+                _f((r.get("roofline") or {}).get("fraction"), 3),
+            )
         )
-    return lines
+    header = "mode|level|req|err|TTFT avg / p50 / p90 / p99 (ms)|TPOT avg / p50 / p90 / p99 (ms)|ITL p99 (ms)|"
+    header += "latency p50 / p90 / p99 (ms)|out tok/s|req/s|prefill share|roofline"
+    return lines + md_table(header.split("|"), rows)
+
+
+def _slash(stats: dict[str, Any], keys: tuple[str, ...], nd: int = 2) -> str:
+    """``avg / p50 / ...`` of one metric's statistics, each as :func:`_f`."""
+    return " / ".join(_f(stats.get(k), nd) for k in keys)
 
 
 def _md_roofline(doc: dict[str, Any]) -> list[str]:
@@ -103,16 +113,15 @@ def _md_roofline(doc: dict[str, Any]) -> list[str]:
             "bytes read per decode step = weights (every initializer except Gather-ed embedding tables) + KV cache at the "
             "mean context; bound = bandwidth / bytes per step.",
             "",
-            "| mode | weight MB/step | KV MB/step | bound tok/s | achieved tok/s | fraction of bound |",
-            "|---|---|---|---|---|---|",
         ]
+        rows = []
         for r in c1:
             rf = r["roofline"]
             w = (per_mode.get(r["mode"]) or doc["roofline"]).get("weight_bytes_per_step")
-            lines.append(
-                f"| `{r['mode']}` | {_f(w / 1e6 if w else None, 2)} | {_f(rf['kv_bytes_per_seq'] * rf['batch'] / 1e6, 2)} | "
-                f"{_f(rf['bound_tokens_per_s'], 0)} | {_f(rf['achieved_decode_tokens_per_s'], 0)} | {_f(rf['fraction'], 3)} |"
-            )
+            kv, bound, got = rf["kv_bytes_per_seq"] * rf["batch"] / 1e6, rf["bound_tokens_per_s"], rf["achieved_decode_tokens_per_s"]
+            rows.append((f"`{r['mode']}`", _f(w / 1e6 if w else None, 2), _f(kv, 2), _f(bound, 0), _f(got, 0), _f(rf["fraction"], 3)))
+        header = ("mode", "weight MB/step", "KV MB/step", "bound tok/s", "achieved tok/s", "fraction of bound")
+        lines += md_table(header, rows)
     return lines
 
 
@@ -129,26 +138,29 @@ def _md_serving_path(doc: dict[str, Any]) -> list[str]:
         "the client's TPOT differs from the server's by the change of the delivery lag. On the CPU target, prefill "
         "includes waiting inside og.Engine for a running static batch (docs/benchmark.md).",
         "",
-        "| level | client | request hop | queue | prefill | first-token delivery | TTFT | TPOT client | TPOT in server | "
-        "TPOT engine mode | last-token delivery |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    table = []
     for s in rows:
-        sp = s["spread"]
-
-        def m(p: str, sp: dict = sp) -> str:
-            v = sp.get(p)
-            return _f(v["mean"], 2) if v else "-"
-
         lvl = s["key"].split("/", 1)[1]
-        e = engine.get(lvl)
-        lines.append(
-            f"| {lvl} | {m('serving_path.client.avg')} | {m('serving_path.request_hop.avg')} | {m('serving_path.queue.avg')} | "
-            f"{m('serving_path.prefill.avg')} | {m('serving_path.first_token_delivery.avg')} | {m('time_to_first_token.avg')} | "
-            f"{m('time_per_output_token.avg')} | {m('serving_path.server_time_per_output_token.avg')} | "
-            f"{_f(e['mean'], 2) if e else '-'} | {m('serving_path.last_token_delivery.avg')} |"
-        )
-    return lines
+        spread = {**s["spread"], "engine": engine.get(lvl)}
+        table.append([lvl, *(_f(v["mean"], 2) if (v := spread.get(k)) else "-" for k in _SERVING_PATH_COLUMNS.values())])
+    return lines + md_table(["level", *_SERVING_PATH_COLUMNS], table)
+
+
+_SERVING_PATH_COLUMNS = {
+    "client": "serving_path.client.avg",
+    "request hop": "serving_path.request_hop.avg",
+    "queue": "serving_path.queue.avg",
+    "prefill": "serving_path.prefill.avg",
+    "first-token delivery": "serving_path.first_token_delivery.avg",
+    "TTFT": "time_to_first_token.avg",
+    "TPOT client": "time_per_output_token.avg",
+    "TPOT in server": "serving_path.server_time_per_output_token.avg",
+    "TPOT engine mode": "engine",
+    "last-token delivery": "serving_path.last_token_delivery.avg",
+}
+"""Columns of :func:`_md_serving_path` after the level: header -> key of the summary's ``spread`` (``engine``: the
+engine mode's TPOT at that level)."""
 
 
 def _md_spread(doc: dict[str, Any]) -> list[str]:
@@ -159,32 +171,27 @@ def _md_spread(doc: dict[str, Any]) -> list[str]:
             "",
             "Spread over repeats (mean ± std, n):",
             "",
-            "| mode/level | TPOT avg (ms) | TTFT p50 (ms) | out tok/s |",
-            "|---|---|---|---|",
         ]
-        for s in doc["summary"]:
-            sp = s["spread"]
-
-            def ms(p: str, sp: dict = sp) -> str:
-                v = sp.get(p)
-                return f"{v['mean']:.2f} ± {v['std']:.2f} (n={v['n']})" if v else "-"
-
-            lines.append(
-                f"| {s['key']} | {ms('time_per_output_token.avg')} | {ms('time_to_first_token.p50')} | {ms('output_token_throughput.avg')} |"
-            )
+        cols = {
+            "TPOT avg (ms)": "time_per_output_token.avg",
+            "TTFT p50 (ms)": "time_to_first_token.p50",
+            "out tok/s": "output_token_throughput.avg",
+        }
+        rows = [
+            [s["key"], *(f"{v['mean']:.2f} ± {v['std']:.2f} (n={v['n']})" if (v := s["spread"].get(k)) else "-" for k in cols.values())]
+            for s in doc["summary"]
+        ]
+        lines += md_table(["mode/level", *cols], rows)
     return lines
 
 
 def _md_ratios(doc: dict[str, Any]) -> list[str]:
     """:func:`markdown`: the target ratios table."""
-    lines: list[str] = []
-    lines += ["", "| ratio | value | target | met | definition |", "|---|---|---|---|---|"]
+    rows = []
     for k, v in doc["ratios"].items():
         met = {True: "yes", False: "**no**", None: "not measured"}[v["met"]] if v.get("judged", True) else "(not a target here)"
-        lines.append(
-            f"| {k} | {_f(v['value'], 3) if isinstance(v['value'], float) else _f(v['value'])} | {v['target']} | {met} | {v['definition']} |"
-        )
-    return lines
+        rows.append((k, _f(v["value"], 3) if isinstance(v["value"], float) else _f(v["value"]), v["target"], met, v["definition"]))
+    return ["", *md_table(("ratio", "value", "target", "met", "definition"), rows)]
 
 
 def plots(doc: dict[str, Any], out_dir: Path) -> list[str]:
@@ -195,50 +202,49 @@ def plots(doc: dict[str, Any], out_dir: Path) -> list[str]:
     import matplotlib.pyplot as plt
 
     runs = [r for r in doc["runs"] if r["kind"] == "concurrency" and r["repeat"] == 0]
-    modes = list(dict.fromkeys(r["mode"] for r in runs))
-    written = []
+    by_mode = {
+        m: sorted((r for r in runs if r["mode"] == m), key=lambda r: r["concurrency"]) for m in dict.fromkeys(r["mode"] for r in runs)
+    }
+
+    def concurrency_axis(ax: Any, ylabel: str) -> None:
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrency")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+
+    def save(fig: Any, name: str) -> str:
+        fig.tight_layout()
+        fig.savefig(out_dir / name, dpi=110)
+        plt.close(fig)
+        return name
+
     # 1. latency percentiles vs concurrency
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     for ax, (metric, title) in zip(
         axes, (("time_to_first_token", "TTFT"), ("time_per_output_token", "TPOT"), ("request_latency", "request latency"))
     ):
-        for mode in modes:
-            rs = sorted((r for r in runs if r["mode"] == mode), key=lambda r: r["concurrency"])
+        for mode, rs in by_mode.items():
             xs = [r["concurrency"] for r in rs]
             for p, style in (("p50", "-"), ("p90", "--"), ("p99", ":")):
                 ys = [r["metrics"][metric].get(p, float("nan")) for r in rs]
                 ax.plot(xs, ys, style, marker="o", label=f"{mode} {p}")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("concurrency")
-        ax.set_ylabel("ms")
+        concurrency_axis(ax, "ms")
         ax.set_title(title)
-        ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out_dir / PLOTS[0], dpi=110)
-    plt.close(fig)
-    written.append(PLOTS[0])
+    written = [save(fig, PLOTS[0])]
     # 2. throughput vs concurrency
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    for mode in modes:
-        rs = sorted((r for r in runs if r["mode"] == mode), key=lambda r: r["concurrency"])
+    for mode, rs in by_mode.items():
         xs = [r["concurrency"] for r in rs]
         axes[0].plot(xs, [r["metrics"]["output_token_throughput"]["avg"] for r in rs], marker="o", label=mode)
         axes[1].plot(xs, [r["metrics"]["request_throughput"]["avg"] for r in rs], marker="o", label=mode)
     for ax, yl in zip(axes, ("output tokens/s", "requests/s")):
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("concurrency")
-        ax.set_ylabel(yl)
-        ax.grid(alpha=0.3)
+        concurrency_axis(ax, yl)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out_dir / PLOTS[1], dpi=110)
-    plt.close(fig)
-    written.append(PLOTS[1])
+    written.append(save(fig, PLOTS[1]))
     # 3. TTFT / TPOT distributions at concurrency 1 and the highest level of each mode
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    for mode in modes:
-        rs = sorted((r for r in runs if r["mode"] == mode), key=lambda r: r["concurrency"])
+    for mode, rs in by_mode.items():
         for r in {id(x): x for x in (rs[0], rs[-1])}.values():
             ok = [q for q in r["requests"] if "ttft_ms" in q]
             lab = f"{mode} c={r['concurrency']}"
@@ -248,10 +254,7 @@ def plots(doc: dict[str, Any], out_dir: Path) -> list[str]:
         ax.set_xlabel(xl)
         ax.set_ylabel("requests")
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out_dir / PLOTS[2], dpi=110)
-    plt.close(fig)
-    written.append(PLOTS[2])
+    written.append(save(fig, PLOTS[2]))
     return written
 
 

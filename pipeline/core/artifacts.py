@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Union, overload
 
 from ..errors import InputError
+from .tokenization import read_json
 
 PathArg = Union[str, "os.PathLike[str]"]
 """What a stage artifact class takes as its folder: a str or any ``os.PathLike`` (a ``Path``)."""
@@ -105,12 +106,7 @@ def _read_json(p: Path, fix: str) -> dict[str, Any]:
     Raises:
         InputError: ``p`` exists but is not a JSON object (names the file and ``fix``).
     """
-    if not p.is_file():
-        return {}
-    try:
-        doc = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise InputError(f"{p}: not readable JSON ({e}). Fix: {fix}.") from e
+    doc = read_json(p, fix, InputError)
     if not isinstance(doc, dict):
         raise InputError(f"{p}: expected a JSON object, found {type(doc).__name__}. Fix: {fix}.")
     return doc

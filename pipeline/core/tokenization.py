@@ -62,6 +62,21 @@ class TokenizationError(ValueError):
     """A tokenizer folder or a prompt that cannot be handled; the message names the file/field and the fix."""
 
 
+def read_json(p: Path, fix: str = "restore the file from the checkpoint", error: type[Exception] = TokenizationError) -> Any:
+    """The JSON value in ``p``; ``{}`` when there is no such file.  The one JSON reader of this module and of
+    :mod:`pipeline.core.artifacts` (which passes its own ``fix`` and ``InputError``: this module imports no pipeline code).
+
+    Raises:
+        ``error``: ``p`` cannot be read or is not JSON (names the file and ``fix``).
+    """
+    if not p.is_file():
+        return {}
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise error(f"{p}: not readable JSON ({e}). Fix: {fix}.") from e
+
+
 def _token_str(v: Any) -> str | None:
     """A special token as written in tokenizer_config.json: a string or an AddedToken dict ``{"content": ...}``."""
     if isinstance(v, dict):
@@ -143,11 +158,7 @@ def chat_template_of(tokenizer_dir: str | os.PathLike, config: dict | None = Non
     """
     d = Path(tokenizer_dir)
     if config is None:
-        p = d / "tokenizer_config.json"
-        try:
-            config = json.loads(p.read_text(encoding="utf-8")) if p.is_file() else {}
-        except (OSError, ValueError) as e:
-            raise TokenizationError(f"{p}: not readable JSON ({e}). Fix: restore the file from the checkpoint.") from e
+        config = read_json(d / "tokenizer_config.json")
     in_config = config.get("chat_template") if isinstance(config, dict) else None
     if isinstance(in_config, list):  # named templates: [{"name": "default", "template": "..."}, ...]
         named = {t.get("name"): t.get("template") for t in in_config if isinstance(t, dict)}
@@ -232,13 +243,7 @@ class TextCodec:
             ) from None
 
         def read(name: str) -> dict:
-            p = d / name
-            if not p.is_file():
-                return {}
-            try:
-                obj = json.loads(p.read_text(encoding="utf-8"))
-            except (OSError, ValueError) as e:
-                raise TokenizationError(f"{p}: not readable JSON ({e}). Fix: restore the file from the checkpoint.") from e
+            obj = read_json(d / name)
             return obj if isinstance(obj, dict) else {}
 
         config = read("tokenizer_config.json")

@@ -37,6 +37,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..core.markdown import md_cell
+
 SCHEMA = "pipeline.eval_report/v1"
 
 
@@ -137,11 +139,6 @@ def slice_rows(rep: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def _md_cell(s: Any) -> str:
-    """A Markdown table cell: ``|`` escaped, newlines joined (slice names are the user's data)."""
-    return str(s).replace("|", "\\|").replace("\n", " ")
-
-
 def gate_table_markdown(rep: dict[str, Any]) -> list[str]:
     """The per-scope gate table (:func:`slice_rows`) as Markdown lines: the table of ``eval_report.md`` and the one
     a run appends to ``$GITHUB_STEP_SUMMARY`` (``pipeline.evaluate.junit.append_step_summary``)."""
@@ -152,7 +149,7 @@ def gate_table_markdown(rep: dict[str, Any]) -> list[str]:
     for r in slice_rows(rep):
         v = r["verdict"] if r["verdict"] == "pass" else f"**{r['verdict'].upper()}**"
         lines.append(
-            f"| {_md_cell(r['scope'])} | {r['n']} | {_pct(r['baseline'])} | {_pct(r['candidate'])} | {_pp(r['drop'])} | {_pp(r['upper'])} | "
+            f"| {md_cell(r['scope'])} | {r['n']} | {_pct(r['baseline'])} | {_pct(r['candidate'])} | {_pp(r['drop'])} | {_pp(r['upper'])} | "
             f"{_pct(r['agreement'])} | {_kld(r['kld'])} | {_pct(r['top1'])} | {v} |"
         )
     return lines
@@ -215,7 +212,7 @@ def to_markdown(rep: dict[str, Any]) -> str:
     if rep["worst_regressions"]:
         lines += ["", "### Worst regressions", "", "| id | slice | reference | baseline | candidate |", "|---|---|---|---|---|"]
         for w in rep["worst_regressions"][:10]:
-            cell = lambda s: _md_cell(s)[:80]  # noqa: E731
+            cell = lambda s: md_cell(s)[:80]  # noqa: E731
             lines.append(f"| {w['id']} | {w['slice']} | {cell(w['reference'])} | {cell(w['baseline'])} | {cell(w['candidate'])} |")
     return "\n".join(lines) + "\n"
 

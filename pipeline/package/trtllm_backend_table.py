@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..core.markdown import md_table
+
 UPSTREAM_VERSION = (
     "TensorRT-LLM 1.2.1 (branch release/1.2.1; the triton-inference-server/tensorrtllm_backend Dockerfile builds "
     "it with TENSORRTLLM_VER=1.2.1 on tritonserver:25.12-py3-min)"
@@ -131,6 +133,14 @@ def _e(kind: str, **kw: Any) -> dict[str, Any]:
 
 
 _RT = "package.runtime."
+
+
+def _rt(default: str) -> dict[str, Any]:
+    """A parameter set from ``package.runtime.<its own name>`` when given, else upstream's ``default`` (the source is
+    filled in below the table, from the name)."""
+    return _e("cond", when="runtime", source=None, default=default)
+
+
 _MM = "multimodal models only; this package serves text-only decoder models"
 _ENCDEC = "encoder-decoder engines only"
 
@@ -141,47 +151,39 @@ TABLE: dict[str, dict[str, dict[str, dict[str, Any]]]] = {
             "FORCE_CPU_ONLY_INPUT_TENSORS": _e("set", source='"no" (as upstream: inputs may live on GPU)'),
             "gpt_model_type": _e("set", source='"inflight_fused_batching" (static V1 batching is deprecated)'),
             "gpt_model_path": _e("set", source="/models/tensorrt_llm/1/engine (the build's engine, copied into the package)"),
-            "encoder_model_path": _e("cond", when="runtime", source=_RT + "encoder_model_path", default="empty (decoder-only)"),
-            "max_tokens_in_paged_kv_cache": _e(
-                "cond", when="runtime", source=_RT + "max_tokens_in_paged_kv_cache", default="no token cap (the memory fraction decides)"
-            ),
+            "encoder_model_path": _rt("empty (decoder-only)"),
+            "max_tokens_in_paged_kv_cache": _rt("no token cap (the memory fraction decides)"),
             "max_attention_window_size": _e(
                 "cond",
                 when="window",
                 source=_RT + "max_attention_window_size, else the model's sliding_window when it is smaller than build.max_seq_len",
                 default="max_seq_len (full attention)",
             ),
-            "sink_token_length": _e("cond", when="runtime", source=_RT + "sink_token_length", default="0"),
+            "sink_token_length": _rt("0"),
             "batch_scheduler_policy": _e("set", source="build.batch_scheduler_policy"),
             "kv_cache_free_gpu_mem_fraction": _e(
                 "set", source=_RT + "kv_cache_free_gpu_mem_fraction, else build.kv_cache_free_gpu_mem_fraction"
             ),
             "cross_kv_cache_fraction": _e("cond", when="runtime", source=_RT + "cross_kv_cache_fraction (" + _ENCDEC + ")", default="0.5"),
-            "kv_cache_host_memory_bytes": _e(
-                "cond", when="runtime", source=_RT + "kv_cache_host_memory_bytes", default="0 (no host offload)"
-            ),
-            "kv_cache_onboard_blocks": _e("cond", when="runtime", source=_RT + "kv_cache_onboard_blocks", default="true"),
-            "enable_trt_overlap": _e("cond", when="runtime", source=_RT + "enable_trt_overlap", default="false"),
+            "kv_cache_host_memory_bytes": _rt("0 (no host offload)"),
+            "kv_cache_onboard_blocks": _rt("true"),
+            "enable_trt_overlap": _rt("false"),
             "exclude_input_in_output": _e("set", source="package.exclude_input_in_output"),
-            "cancellation_check_period_ms": _e("cond", when="runtime", source=_RT + "cancellation_check_period_ms", default="100"),
-            "stats_check_period_ms": _e("cond", when="runtime", source=_RT + "stats_check_period_ms", default="100"),
-            "iter_stats_max_iterations": _e(
-                "cond", when="runtime", source=_RT + "iter_stats_max_iterations", default="executor default (1000)"
-            ),
-            "request_stats_max_iterations": _e(
-                "cond", when="runtime", source=_RT + "request_stats_max_iterations", default="executor default (0)"
-            ),
+            "cancellation_check_period_ms": _rt("100"),
+            "stats_check_period_ms": _rt("100"),
+            "iter_stats_max_iterations": _rt("executor default (1000)"),
+            "request_stats_max_iterations": _rt("executor default (0)"),
             "enable_kv_cache_reuse": _e("set", source="build.enable_kv_cache_reuse"),
             "normalize_log_probs": _e("set", source=_RT + "normalize_log_probs"),
             "enable_chunked_context": _e("set", source="build.enable_chunked_context"),
-            "gpu_device_ids": _e("cond", when="runtime", source=_RT + "gpu_device_ids", default="all visible GPUs"),
-            "participant_ids": _e("cond", when="runtime", source=_RT + "participant_ids", default="none (leader mode)"),
-            "num_nodes": _e("cond", when="runtime", source=_RT + "num_nodes", default="1"),
-            "lora_cache_optimal_adapter_size": _e("cond", when="runtime", source=_RT + "lora_cache_optimal_adapter_size", default="8"),
-            "lora_cache_max_adapter_size": _e("cond", when="runtime", source=_RT + "lora_cache_max_adapter_size", default="64"),
-            "lora_cache_gpu_memory_fraction": _e("cond", when="runtime", source=_RT + "lora_cache_gpu_memory_fraction", default="0.05"),
-            "lora_cache_host_memory_bytes": _e("cond", when="runtime", source=_RT + "lora_cache_host_memory_bytes", default="1 GiB"),
-            "lora_prefetch_dir": _e("cond", when="runtime", source=_RT + "lora_prefetch_dir", default="none"),
+            "gpu_device_ids": _rt("all visible GPUs"),
+            "participant_ids": _rt("none (leader mode)"),
+            "num_nodes": _rt("1"),
+            "lora_cache_optimal_adapter_size": _rt("8"),
+            "lora_cache_max_adapter_size": _rt("64"),
+            "lora_cache_gpu_memory_fraction": _rt("0.05"),
+            "lora_cache_host_memory_bytes": _rt("1 GiB"),
+            "lora_prefetch_dir": _rt("none"),
             "decoding_mode": _e(
                 "cond",
                 when="speculative",
@@ -199,19 +201,15 @@ TABLE: dict[str, dict[str, dict[str, dict[str, Any]]]] = {
                 default="a built-in tree for one specific model; refused here",
             ),
             "eagle_choices": _e("cond", when="eagle", source=_RT + "eagle_choices", default="the engine's dynamic tree"),
-            "gpu_weights_percent": _e("cond", when="runtime", source=_RT + "gpu_weights_percent", default="1.0"),
-            "enable_context_fmha_fp32_acc": _e("cond", when="runtime", source=_RT + "enable_context_fmha_fp32_acc", default="false"),
-            "multi_block_mode": _e("cond", when="runtime", source=_RT + "multi_block_mode", default="true"),
+            "gpu_weights_percent": _rt("1.0"),
+            "enable_context_fmha_fp32_acc": _rt("false"),
+            "multi_block_mode": _rt("true"),
             "cuda_graph_mode": _e("set", source="build.cuda_graph_mode"),
             "cuda_graph_cache_size": _e("set", source="build.cuda_graph_cache_size"),
-            "speculative_decoding_fast_logits": _e(
-                "cond", when="runtime", source=_RT + "speculative_decoding_fast_logits", default="false"
-            ),
+            "speculative_decoding_fast_logits": _rt("false"),
             "tokenizer_dir": _e("set", source="/models/preprocessing/1/tokenizer (the packaged tokenizer)"),
-            "guided_decoding_backend": _e("cond", when="runtime", source=_RT + "guided_decoding_backend", default="off"),
-            "xgrammar_tokenizer_info_path": _e(
-                "cond", when="runtime", source=_RT + "xgrammar_tokenizer_info_path", default="derived from tokenizer_dir"
-            ),
+            "guided_decoding_backend": _rt("off"),
+            "xgrammar_tokenizer_info_path": _rt("derived from tokenizer_dir"),
         },
         # every upstream tensor is declared with the upstream name, type and shape (triton_models/tensorrt_llm)
         "inputs": {},
@@ -296,6 +294,10 @@ TABLE: dict[str, dict[str, dict[str, dict[str, Any]]]] = {
     },
 }
 """model -> section -> name -> disposition; a tensor missing here is ``set`` (declared under the upstream name)."""
+for _section in (entries for model in TABLE.values() for entries in model.values()):
+    for _name, _d in _section.items():
+        if _d.get("when") == "runtime" and _d.get("source") is None:  # an _rt entry
+            _d["source"] = _RT + _name
 
 TENSORRT_LLM_EXTRAS: dict[str, str] = {}
 """Parameters our tensorrt_llm model writes that upstream does not declare (none: every key is an upstream key)."""
@@ -369,16 +371,15 @@ def render_markdown() -> str:
         "",
         "## Template placeholders outside `parameters`",
         "",
-        "| placeholder | kind | value |",
-        "|---|---|---|",
     ]
-    L += [f"| `{k}` | {v[0]} | {v[1]} |" for k, v in STRUCTURAL.items()]
+    L += md_table(("placeholder", "kind", "value"), ((f"`{k}`", *v) for k, v in STRUCTURAL.items()))
     for model, secs in UPSTREAM.items():
         L += _md_model_section(model, secs)
-    L += ["## Extensions (declared by us, not upstream)", "", "| input | models | target | type, dims | why |", "|---|---|---|---|---|"]
-    L += [
-        f"| `{n}` | {', '.join(e['models'])} | {e['target']} | {e['type']} {e['dims']} | {e['why']} |" for n, e in EXTENSION_INPUTS.items()
-    ]
+    L += ["## Extensions (declared by us, not upstream)", ""]
+    L += md_table(
+        ("input", "models", "target", "type, dims", "why"),
+        ((f"`{n}`", ", ".join(e["models"]), e["target"], f"{e['type']} {e['dims']}", e["why"]) for n, e in EXTENSION_INPUTS.items()),
+    )
     L += [
         "",
         "## Conditions of `cond` entries",
@@ -431,9 +432,7 @@ def _md_llmapi_section() -> list[str]:
         "llmapi `model.py`. These `package.runtime` fields map into `model.yaml`; any other field that is set is refused "
         "(exit 2), since that layout has no place for it:",
         "",
-        "| package.runtime field | model.yaml key |",
-        "|---|---|",
     ]
-    L += [f"| `{k}` | `{'.'.join(v)}` |" for k, v in LLMAPI_MAP.items()]
+    L += md_table(("package.runtime field", "model.yaml key"), ((f"`{k}`", f"`{'.'.join(v)}`") for k, v in LLMAPI_MAP.items()))
     L.append("")
     return L

@@ -68,6 +68,12 @@ class Problem:
         return s + (f" Fix: {self.fix}" if self.fix else "")
 
 
+def problems_where(*rules: tuple[Any, str, Any, str, str]) -> list[Problem]:
+    """A table of checks: the :class:`Problem` ``(field, value, message, fix)`` of each rule
+    ``(condition, field, value, message, fix)`` whose condition holds, in order."""
+    return [Problem(*rule[1:]) for rule in rules if rule[0]]
+
+
 class ConfigError(InputError):
     """Raised with every :class:`Problem` found, reported together: bad input, ``exit_code`` 2 (an
     :class:`~pipeline.errors.InputError`, so a ``ValueError`` too)."""

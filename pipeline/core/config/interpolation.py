@@ -33,26 +33,34 @@ def _first_line(e: Exception) -> str:
     return (str(getattr(e, "msg", None) or e).strip().splitlines() or [type(e).__name__])[0]
 
 
+#: (error, pattern whose group 1 is the name the interpolation refers to (when it does not match: ``fallback``, None = the
+#: error's message), what is wrong, the fix): :func:`_why_and_fix` answers with the first whose error ``e`` is
+_NAMED: tuple[tuple[type[Exception], str, str | None, str, str], ...] = (
+    (InterpolationToMissingValueError, r"key '([^']*)'", "?", "the key {!r} it refers to has no value (???).", "set that key too"),
+    (
+        InterpolationKeyError,
+        r"Interpolation key '([^']*)' not found",
+        None,
+        "it refers to {!r}, which is no key of the config.",
+        "reference an existing key, e.g. ${model.path} (pipeline --cfg job prints them all)",
+    ),
+    (
+        UnsupportedInterpolationType,
+        r"Unsupported interpolation type (\S+)",
+        None,
+        "it calls the resolver {!r}, which is not registered.",
+        "use a registered resolver (e.g. ${oc.env:HOME})",
+    ),
+)
+
+
 def _why_and_fix(e: Exception) -> tuple[str, str]:
     """What is wrong with the interpolation that raised ``e``, and the fix."""
     msg = _first_line(e)
-    if isinstance(e, InterpolationToMissingValueError):
-        m = re.search(r"key '([^']*)'", msg)
-        return f"the key {m.group(1) if m else '?'!r} it refers to has no value (???).", f"set that key too, {_ESCAPE}"
-    if isinstance(e, InterpolationKeyError):
-        m = re.search(r"Interpolation key '([^']*)' not found", msg)
-        key = m.group(1) if m else msg
-        return (
-            f"it refers to {key!r}, which is no key of the config.",
-            f"reference an existing key, e.g. ${{model.path}} (pipeline --cfg job prints them all), {_ESCAPE}",
-        )
-    if isinstance(e, UnsupportedInterpolationType):
-        m = re.search(r"Unsupported interpolation type (\S+)", msg)
-        name = m.group(1) if m else msg
-        return (
-            f"it calls the resolver {name!r}, which is not registered.",
-            f"use a registered resolver (e.g. ${{oc.env:HOME}}), {_ESCAPE}",
-        )
+    for error, pattern, fallback, why, fix in _NAMED:
+        if isinstance(e, error):
+            m = re.search(pattern, msg)
+            return why.format(m.group(1) if m else fallback or msg), f"{fix}, {_ESCAPE}"
     if isinstance(e, InterpolationValidationError):
         return f"the value it resolves to does not fit the field ({msg}).", "reference a key whose value has the field's type"
     if isinstance(e, InterpolationResolutionError) and "Recursive interpolation" in msg:

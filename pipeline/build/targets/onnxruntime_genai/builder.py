@@ -32,7 +32,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ....core.config.common import Problem
+from ....core.config.common import Problem, problems_where
 from ....core.contracts.build import BuildArtifact
 from ....core.genai import run_logged, set_runtime_limits
 from ....core.targets.base import Capabilities, GenerationRequest, GenerationResult, Target, TokenCallback
@@ -72,88 +72,81 @@ def _dir_bytes(p: Path) -> int:
 def _quant_problems(cfg: Any) -> list[Problem]:
     """:meth:`OnnxRuntimeGenAITarget.check_config`: recipe, KV cache and the modules kept in high precision."""
     q = cfg.quant
-    p: list[Problem] = []
     fix = f"use quant=<one of {list(SUPPORTED_RECIPES)}> with target=onnxruntime_genai, or target=tensorrt_llm on an NVIDIA GPU"
+    if q.recipe == "auto":
+        fix += " (to measure quant=auto on CPU: stages=[export,quantize,evaluate] eval.runners=[baseline,simulated])"
     refusal = CAPABILITIES.recipe_refusal(q.recipe)
-    if refusal is not None:
-        p.append(
-            Problem(
-                "quant.recipe",
-                q.recipe,
-                f"target onnxruntime_genai cannot execute this recipe on {cfg.target.execution_provider} ({refusal}); "
-                f"it supports {list(SUPPORTED_RECIPES)}.",
-                fix
-                + (
-                    " (to measure quant=auto on CPU: stages=[export,quantize,evaluate] eval.runners=[baseline,simulated])"
-                    if q.recipe == "auto"
-                    else ""
-                ),
-            )
-        )
-    if q.kv_cache_dtype not in CAPABILITIES.kv_cache_dtypes:
-        p.append(
-            Problem(
-                "quant.kv_cache_dtype",
-                q.kv_cache_dtype,
-                "target onnxruntime_genai deploys an unquantized KV cache only.",
-                "set quant.kv_cache_dtype=none",
-            )
-        )
-    if q.recipe != "none" and q.sensitive_preset != "none":
-        p.append(
-            Problem(
-                "quant.sensitive_preset",
-                q.sensitive_preset,
-                "target onnxruntime_genai reads quantized checkpoints whose decoder projections are all quantized.",
-                "set quant.sensitive_preset=none",
-            )
-        )
-    if q.recipe != "none" and any(m not in ("lm_head",) for m in q.exclude_modules):
-        p.append(
-            Problem(
-                "quant.exclude_modules",
-                list(q.exclude_modules),
-                "target onnxruntime_genai can keep only lm_head in high precision.",
-                "set quant.exclude_modules=[lm_head]",
-            )
-        )
-    return p
+    return problems_where(
+        (
+            refusal is not None,
+            "quant.recipe",
+            q.recipe,
+            f"target onnxruntime_genai cannot execute this recipe on {cfg.target.execution_provider} ({refusal}); "
+            f"it supports {list(SUPPORTED_RECIPES)}.",
+            fix,
+        ),
+        (
+            q.kv_cache_dtype not in CAPABILITIES.kv_cache_dtypes,
+            "quant.kv_cache_dtype",
+            q.kv_cache_dtype,
+            "target onnxruntime_genai deploys an unquantized KV cache only.",
+            "set quant.kv_cache_dtype=none",
+        ),
+        (
+            q.recipe != "none" and q.sensitive_preset != "none",
+            "quant.sensitive_preset",
+            q.sensitive_preset,
+            "target onnxruntime_genai reads quantized checkpoints whose decoder projections are all quantized.",
+            "set quant.sensitive_preset=none",
+        ),
+        (
+            q.recipe != "none" and any(m not in ("lm_head",) for m in q.exclude_modules),
+            "quant.exclude_modules",
+            list(q.exclude_modules),
+            "target onnxruntime_genai can keep only lm_head in high precision.",
+            "set quant.exclude_modules=[lm_head]",
+        ),
+    )
 
 
 def _build_problems(cfg: Any) -> list[Problem]:
     """:meth:`OnnxRuntimeGenAITarget.check_config`: one device, no speculative decoding, limits, beam width,
     MatMulNBits accuracy level."""
     b = cfg.build
-    p: list[Problem] = []
-    for f in ("tp_size", "pp_size"):
-        if getattr(cfg.parallel, f) != 1:
-            p.append(
-                Problem(f"parallel.{f}", getattr(cfg.parallel, f), "target onnxruntime_genai runs on one device.", f"set parallel.{f}=1")
-            )
-    if b.speculative.mode != "none":
-        p.append(
-            Problem(
-                "build.speculative.mode",
-                b.speculative.mode,
-                "speculative decoding is not wired for target onnxruntime_genai.",
-                "set build.speculative.mode=none",
-            )
-        )
     # build.max_input_len < build.max_seq_len holds for every target: pipeline/build/checks.py checks it once
-    if b.max_beam_width != 1:
-        p.append(
-            Problem("build.max_beam_width", b.max_beam_width, "the engine runner is greedy (beam width 1).", "set build.max_beam_width=1")
-        )
-    if cfg.target.accuracy_level not in (0, 1, 2, 3, 4):
-        p.append(
-            Problem(
-                "target.accuracy_level",
-                cfg.target.accuracy_level,
-                "must be 0-4 (MatMulNBits accuracy_level).",
-                "use 1 (fp32 activations, the quantized checkpoint's exact numerics) or 4 (int8 activations, faster)",
+    return problems_where(
+        *(
+            (
+                getattr(cfg.parallel, f) != 1,
+                f"parallel.{f}",
+                getattr(cfg.parallel, f),
+                "target onnxruntime_genai runs on one device.",
+                f"set parallel.{f}=1",
             )
-        )
-    return p
+            for f in ("tp_size", "pp_size")
+        ),
+        (
+            b.speculative.mode != "none",
+            "build.speculative.mode",
+            b.speculative.mode,
+            "speculative decoding is not wired for target onnxruntime_genai.",
+            "set build.speculative.mode=none",
+        ),
+        (
+            b.max_beam_width != 1,
+            "build.max_beam_width",
+            b.max_beam_width,
+            "the engine runner is greedy (beam width 1).",
+            "set build.max_beam_width=1",
+        ),
+        (
+            cfg.target.accuracy_level not in (0, 1, 2, 3, 4),
+            "target.accuracy_level",
+            cfg.target.accuracy_level,
+            "must be 0-4 (MatMulNBits accuracy_level).",
+            "use 1 (fp32 activations, the quantized checkpoint's exact numerics) or 4 (int8 activations, faster)",
+        ),
+    )
 
 
 class _BuilderSource(NamedTuple):

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ....core.config.common import Problem
+from ....core.config.common import Problem, problems_where
 from ....core.targets.base import Capabilities
 from ....facts.trtllm import PYTORCH_ALTERNATIVE, PYTORCH_REFUSED_RECIPES, SPECULATIVE_RUNTIME_FIELDS, llmapi_unsupported
 from .engine import FLAG_CHOICES
@@ -331,57 +331,50 @@ def _speculative_build_problems(cfg: Any) -> list[Problem]:
     """:func:`config_problems`: speculative decoding vs draft length, checkpoint, context logits and
     beam width; CUDA-graph batch sizes."""
     b, sp = cfg.build, cfg.build.speculative
-    p: list[Problem] = []
-    if sp.mode == "none" and sp.max_draft_len:
-        p.append(
-            Problem(
-                "build.speculative.max_draft_len",
-                sp.max_draft_len,
-                "is set but build.speculative.mode=none.",
-                "set build.speculative.mode or max_draft_len=0",
-            )
-        )
-    if sp.mode != "none" and sp.max_draft_len < 1:
-        p.append(
-            Problem(
-                "build.speculative.max_draft_len",
-                sp.max_draft_len,
-                f"speculative mode {sp.mode} needs max_draft_len >= 1.",
-                "e.g. build.speculative.max_draft_len=4",
-            )
-        )
-    if sp.mode in ("draft_tokens_external", "eagle", "medusa") and cfg.target.backend == "pytorch" and not sp.draft_model_path:
-        p.append(
-            Problem(
-                "build.speculative.draft_model_path",
-                None,
-                f"speculative mode {sp.mode} needs the draft/head checkpoint.",
-                "set build.speculative.draft_model_path=/path/to/checkpoint",
-            )
-        )
-    if sp.mode != "none" and b.gather_context_logits:
-        p.append(
-            Problem(
-                "build.gather_context_logits",
-                True,
-                "trtllm-build refuses --gather_context_logits with speculative decoding (max_draft_len > 0).",
-                "build the speculative engine without it (fidelity metrics need a separate non-speculative build)",
-            )
-        )
-    if sp.mode != "none" and b.max_beam_width != 1:
-        p.append(
-            Problem("build.max_beam_width", b.max_beam_width, "speculative decoding runs with beam width 1.", "set build.max_beam_width=1")
-        )
-    if b.cuda_graph_mode and any(int(x) < 1 for x in b.cuda_graph_batch_sizes):
-        p.append(
-            Problem(
-                "build.cuda_graph_batch_sizes",
-                list(b.cuda_graph_batch_sizes),
-                "CUDA-graph batch sizes must be >= 1 (sizes above max_batch_size are dropped).",
-                "e.g. build.cuda_graph_batch_sizes=[1,2,4,8]",
-            )
-        )
-    return p
+    return problems_where(
+        (
+            sp.mode == "none" and sp.max_draft_len,
+            "build.speculative.max_draft_len",
+            sp.max_draft_len,
+            "is set but build.speculative.mode=none.",
+            "set build.speculative.mode or max_draft_len=0",
+        ),
+        (
+            sp.mode != "none" and sp.max_draft_len < 1,
+            "build.speculative.max_draft_len",
+            sp.max_draft_len,
+            f"speculative mode {sp.mode} needs max_draft_len >= 1.",
+            "e.g. build.speculative.max_draft_len=4",
+        ),
+        (
+            sp.mode in ("draft_tokens_external", "eagle", "medusa") and cfg.target.backend == "pytorch" and not sp.draft_model_path,
+            "build.speculative.draft_model_path",
+            None,
+            f"speculative mode {sp.mode} needs the draft/head checkpoint.",
+            "set build.speculative.draft_model_path=/path/to/checkpoint",
+        ),
+        (
+            sp.mode != "none" and b.gather_context_logits,
+            "build.gather_context_logits",
+            True,
+            "trtllm-build refuses --gather_context_logits with speculative decoding (max_draft_len > 0).",
+            "build the speculative engine without it (fidelity metrics need a separate non-speculative build)",
+        ),
+        (
+            sp.mode != "none" and b.max_beam_width != 1,
+            "build.max_beam_width",
+            b.max_beam_width,
+            "speculative decoding runs with beam width 1.",
+            "set build.max_beam_width=1",
+        ),
+        (
+            b.cuda_graph_mode and any(int(x) < 1 for x in b.cuda_graph_batch_sizes),
+            "build.cuda_graph_batch_sizes",
+            list(b.cuda_graph_batch_sizes),
+            "CUDA-graph batch sizes must be >= 1 (sizes above max_batch_size are dropped).",
+            "e.g. build.cuda_graph_batch_sizes=[1,2,4,8]",
+        ),
+    )
 
 
 def serving_image_problems(cfg: Any) -> list[Problem]:
