@@ -86,7 +86,7 @@ STILL_READING_OWN_DOCUMENTS: dict[str, int] = {
     "pipeline.bench.gpu_check": 50,
     "pipeline.bench.scale": 29,
     "pipeline.benchmark.core": 12,
-    "pipeline.benchmark.report": 33,
+    "pipeline.benchmark.report": 22,
     "pipeline.benchmark.roofline": 9,
     "pipeline.build.stage": 4,
     "pipeline.build.targets.onnxruntime_genai.builder": 12,
