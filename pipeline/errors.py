@@ -54,3 +54,17 @@ class PreflightError(PipelineError):
 def line_too_long(where: str, nbytes: int, fix: str) -> InputError:
     """The InputError for a line over :data:`MAX_LINE_BYTES` (``where`` is ``file:line``)."""
     return InputError(f"{where}: the line holds {nbytes:,} bytes, over the limit of {MAX_LINE_BYTES:,} bytes per line. Fix: {fix}.")
+
+
+def caused_by_interrupt(e: BaseException) -> bool:
+    """Whether ``e`` was caused by a KeyboardInterrupt (followed through ``__cause__`` / ``__context__``): Python wraps
+    an interrupt raised while a class body runs, and transformers' lazy import re-raises what an import raised as
+    ``ModuleNotFoundError``, so a Ctrl-C at that moment reached the runner as an ordinary exception (exit 1)."""
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, KeyboardInterrupt):
+            return True
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return False

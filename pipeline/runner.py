@@ -20,7 +20,7 @@ from .core.config import STAGES, ConfigError, PipelineConfig, key_fields
 from .core.contracts.manifest import InputRecord
 from .core.stage import Stage, StageContext, get_stage, resolve_order
 from .core.store import Artifact, ArtifactStore, cache_key, digest_path, install_log_redaction, redact, redact_text
-from .errors import EXIT_FAILED, EXIT_GATE, EXIT_INTERRUPTED, EXIT_OK, PipelineError
+from .errors import EXIT_FAILED, EXIT_GATE, EXIT_INTERRUPTED, EXIT_OK, PipelineError, caused_by_interrupt
 from .preflight import all_externals, open_store
 from .report import (
     RunSummary,
@@ -192,8 +192,11 @@ def run_pipeline(
         exit_code, error = e.exit_code, str(e)
         _mark_failed(state.reports, cfg, error, getattr(e, "stage", None))
     except Exception as e:
-        log.exception("stage failed")
-        exit_code, error = EXIT_FAILED, f"{type(e).__name__}: {e}"
+        if caused_by_interrupt(e):  # a Ctrl-C that a library re-raised as its own error (an import under way: ModuleNotFoundError)
+            exit_code, error = EXIT_INTERRUPTED, "interrupted"
+        else:
+            log.exception("stage failed")
+            exit_code, error = EXIT_FAILED, f"{type(e).__name__}: {e}"
         _mark_failed(state.reports, cfg, error)
     summary = RunSummary(
         state.reports,

@@ -236,3 +236,32 @@ def test_target_auto_and_the_target_it_resolves_to_share_the_downstream_keys():
         extras = get_stage(stage).key_extras
         assert extras(auto, {}) == extras(explicit, {}), stage
         assert extras(trt, {}) != extras(explicit, {}), stage
+
+
+@pytest.mark.parametrize(
+    "raised, code",
+    [
+        ("wrapped", 130),  # transformers re-raises an import the Ctrl-C hit as ModuleNotFoundError (fresh-user trial)
+        ("plain", 1),
+    ],
+)
+def test_a_ctrl_c_a_library_re_raised_as_its_own_error_exits_130(tmp_path, monkeypatch, raised, code):
+    """A KeyboardInterrupt anywhere in an exception's chain is an interrupt (exit 130, summary says interrupted);
+    an ordinary error stays a stage failure (exit 1)."""
+    import pipeline.runner as runner
+    from pipeline.core.config import compose
+
+    def run_stages(cfg, console, state):
+        if raised == "plain":
+            raise RuntimeError("a real bug")
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as ki:
+            try:
+                raise RuntimeError("class body") from ki
+            except RuntimeError as e:
+                raise ModuleNotFoundError("Could not import module 'LlamaConfig'") from e
+
+    monkeypatch.setattr(runner, "_run_stages", run_stages)
+    summary = runner.run_pipeline(compose([f"store_dir={tmp_path}", "stages=[export]", "progress=false"]), console=None)
+    assert summary.exit_code == code and (summary.error == "interrupted") == (code == 130), summary.error
