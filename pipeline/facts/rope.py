@@ -153,7 +153,8 @@ def rope_refusal(config: dict[str, Any], target: str) -> tuple[str, str] | None:
     if rtype not in honoured:
         how = (
             "its Llama builder applies only llama3 scaling (builders/llama.py) and builds any other type as plain RoPE "
-            "without a word, so the engine's outputs differ from transformers'"
+            f"without a word, so the engine's outputs would differ from transformers' (honoured for Llama: {list(honoured)}, "
+            "linear through the builder's rope_position_scale)"
             if target == "onnxruntime_genai" and mt == "llama"
             else f"its builder handles {list(honoured)} for {arch} and stops with NotImplementedError on any other type"
             if target == "onnxruntime_genai"

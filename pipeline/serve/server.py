@@ -87,19 +87,30 @@ def check_port_free(port: int, host: str = "127.0.0.1", field: str = "port") -> 
 
 
 def resolve_ports(grpc_port: int, http_port: int, metrics_port: int, host: str) -> tuple[int, int, int]:
-    """Replace 0 by distinct free ports; check explicit ports can be bound. Returns (grpc, http, metrics)."""
+    """Replace 0 by distinct free ports; check explicit ports can be bound. Returns (grpc, http, metrics).
+
+    Raises:
+        InputError: every port that cannot be bound or is used twice, in one message, each named by the config field
+            that sets it (``package.grpc_port`` ...), so one failed start tells every fix.
+    """
     out: list[int] = []
-    for name, p in (("grpc_port", grpc_port), ("http_port", http_port), ("metrics_port", metrics_port)):
+    problems: list[str] = []
+    for name, p in (("package.grpc_port", grpc_port), ("package.http_port", http_port), ("package.metrics_port", metrics_port)):
         if p == 0:
             q = free_port(host)
             while q in out:
                 q = free_port(host)
             out.append(q)
-        else:
+            continue
+        try:
             check_port_free(p, host, name)
-            if p in out:
-                raise InputError(f"{name}={p}: the same port is used twice. Fix: give each endpoint its own port (or 0).")
-            out.append(p)
+        except InputError as e:
+            problems.append(str(e))
+        if p in out:
+            problems.append(f"{name}={p}: the same port is used twice. Fix: give each endpoint its own port (or 0).")
+        out.append(p)
+    if problems:
+        raise InputError("\n".join(problems))
     return out[0], out[1], out[2]
 
 

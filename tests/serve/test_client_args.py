@@ -130,3 +130,30 @@ def test_a_stream_input_that_is_not_true_or_false_is_exit_2(capsys):
     rc = main(["--url", f"127.0.0.1:{free_port()}", "--raw", "--input", "stream=no", "hi"])
     err = capsys.readouterr().err
     assert rc == 2 and "--input stream=no: stream is true or false" in err, err
+
+
+def test_ports_in_use_are_all_named_by_their_config_field_in_one_refusal():
+    """Two endpoints' ports taken (another server running): one InputError names both, each with the override that
+    `pipeline serve` accepts (package.<endpoint>_port=0), not a bare name (fresh-user trial)."""
+    import socket
+
+    import pytest
+
+    from pipeline.errors import InputError
+    from pipeline.serve.server import resolve_ports
+
+    busy = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(2)]
+    try:
+        for s in busy:
+            s.bind(("127.0.0.1", 0))
+            s.listen()
+        g, h = (s.getsockname()[1] for s in busy)
+        with pytest.raises(InputError) as ei:
+            resolve_ports(g, h, 0, "127.0.0.1")
+        msg = str(ei.value)
+        assert f"package.grpc_port={g}: cannot bind" in msg and f"package.http_port={h}: cannot bind" in msg, msg
+        assert "pass package.grpc_port=0" in msg and "pass package.http_port=0" in msg
+        assert resolve_ports(0, 0, 0, "127.0.0.1")[0] not in (g, h)
+    finally:
+        for s in busy:
+            s.close()
