@@ -100,6 +100,27 @@ class Setup:
     eval_format: dict[str, Any] = dataclasses.field(default_factory=lambda: {"format": "jsonl"})  # EvalSet.format
 
 
+def _warn_flattened_messages(ctx: StageContext, items: list[Any], tokenizer: Any, apply_chat_template: bool) -> None:
+    """One warning when items with a conversation (``messages``: several turns or a non-user role) are encoded without
+    a chat template: their contents are joined by newlines and the roles dropped (``TextCodec.encode_prompt``), where
+    transformers' ``apply_chat_template`` would refuse a tokenizer without one."""
+    from ..core.tokenization import codec_of
+
+    if codec_of(tokenizer).uses_template(apply_chat_template):
+        return
+    convs = [it.id for it in items if it.messages and (len(it.messages) > 1 or any(m["role"] != "user" for m in it.messages))]
+    if convs:
+        why = "model.apply_chat_template=false" if not apply_chat_template else "the tokenizer has no chat template"
+        ctx.log.warning(
+            "%d eval item(s) with a conversation (e.g. %s) are encoded without a chat template (%s): their message "
+            "contents are joined by newlines and the roles dropped. Fix: add the model's chat template to the "
+            "checkpoint (tokenizer_config.json chat_template or chat_template.jinja), or give those items a plain prompt.",
+            len(convs),
+            ", ".join(map(str, convs[:3])),
+            why,
+        )
+
+
 def setup(ctx: StageContext) -> Setup:
     """Load the eval set and the export's tokenizer, tokenize every item under the engine's limits, pick the runners."""
     from ..core.tokenization import stop_token_ids
@@ -128,6 +149,7 @@ def setup(ctx: StageContext) -> Setup:
         extra_stop=e.stop,
         apply_chat_template=bool(getattr(cfg.model, "apply_chat_template", True)),
     )
+    _warn_flattened_messages(ctx, items, tokenizer, bool(getattr(cfg.model, "apply_chat_template", True)))
     runners, cand, notes = resolve_runners(cfg, build_art)
     for k, v in notes.items():
         ctx.log.info("%s: %s", k, v)

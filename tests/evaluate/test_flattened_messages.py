@@ -1,0 +1,50 @@
+"""Eval items with a conversation encoded without a chat template are said so, once (fresh-user trial: a system +
+user item was joined by newlines and its roles dropped without a word, where transformers' apply_chat_template would
+refuse a tokenizer without a template). Real tokenizer of a tiny checkpoint, real eval items."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import types
+
+from pipeline.data.evalset import EvalItem
+from pipeline.evaluate.inputs import _warn_flattened_messages
+
+
+def _items():
+    conv = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Where is my order?"}]
+    return [
+        EvalItem("q1", "s", "exact_match", "x", prompt="Where is my order?"),
+        EvalItem("q4", "s", "exact_match", "x", messages=conv),
+        EvalItem("q5", "s", "exact_match", "x", messages=[{"role": "user", "content": "hi"}]),
+    ]
+
+
+def _warnings(tok, apply_chat_template, caplog):
+    log = logging.getLogger("pipeline.test_flattened")
+    caplog.clear()
+    with caplog.at_level("WARNING", logger=log.name):
+        _warn_flattened_messages(types.SimpleNamespace(log=log), _items(), tok, apply_chat_template)
+    return [r.getMessage() for r in caplog.records]
+
+
+def test_conversations_without_a_chat_template_are_warned_about_once(tiny_llama, tmp_path, caplog):
+    import json
+
+    from transformers import AutoTokenizer
+
+    with_template = AutoTokenizer.from_pretrained(str(tiny_llama))
+    assert _warnings(with_template, True, caplog) == []  # the template renders the roles
+    (msg,) = _warnings(with_template, False, caplog)
+    assert "1 eval item(s) with a conversation (e.g. q4)" in msg and "model.apply_chat_template=false" in msg
+
+    bare = tmp_path / "no_template"
+    shutil.copytree(tiny_llama, bare)
+    cfg = json.loads((bare / "tokenizer_config.json").read_text())
+    cfg.pop("chat_template", None)
+    (bare / "tokenizer_config.json").write_text(json.dumps(cfg))
+    for f in bare.glob("chat_template.*"):
+        f.unlink()
+    (msg,) = _warnings(AutoTokenizer.from_pretrained(str(bare)), True, caplog)
+    assert "the tokenizer has no chat template" in msg and "roles dropped" in msg and "Fix:" in msg
