@@ -34,8 +34,10 @@ def _verdict(lost_on_slice: int, gate: GateConfig | None = None):
 
 
 def _package(gate_record: dict):
+    inputs = {"evaluate": Artifact("evaluate", "v" * 64, Path("."), {"result": {"gate": gate_record}})}
     ctx = SimpleNamespace(
-        inputs={"evaluate": Artifact("evaluate", "v" * 64, Path("."), {"result": {"gate": gate_record}})},
+        inputs=inputs,
+        upstream=inputs.get,  # StageContext.upstream
         cfg=SimpleNamespace(package=SimpleNamespace(allow_failed_gate=False)),
         log=logging.getLogger("test"),
     )
