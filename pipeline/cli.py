@@ -445,11 +445,13 @@ def _subcommand(argv: list[str]) -> None:
             print(f"pipeline {argv[0]}: interrupted", file=sys.stderr)
             code = EXIT_INTERRUPTED
         sys.exit(code)
-    if argv and not argv[0].startswith("-") and "=" not in argv[0] and SUBCOMMANDS.closest(argv[0]):
+    # `migrate` is run by main() itself (the pipeline chain with a release's config), not by a module's main(argv)
+    known = Registry("subcommand", {**{n: SUBCOMMANDS[n] for n in SUBCOMMANDS}, "migrate": "pipeline.package.migrate"})
+    if argv and argv[0] != "migrate" and not argv[0].startswith("-") and "=" not in argv[0] and known.closest(argv[0]):
         # a bare word is no Hydra override: a mistyped subcommand (`pipeline plna`), not a parse error
         from .errors import EXIT_INPUT
 
-        print(f"pipeline: {SUBCOMMANDS.miss(argv[0])} (or pass overrides as key=value)", file=sys.stderr)
+        print(f"pipeline: {known.miss(argv[0])} (or pass overrides as key=value)", file=sys.stderr)
         sys.exit(EXIT_INPUT)
 
 
@@ -478,7 +480,11 @@ def main(argv: list[str] | None = None) -> None:
     register()
     migrate_tmp = None
     if argv and argv[0] == "migrate":  # `pipeline migrate <engine release>`: the same chain for the PyTorch backend
-        from .package.migrate import pipeline_argv
+        from .package.migrate import USAGE, pipeline_argv
+
+        if argv[1:2] in (["-h"], ["--help"]):
+            print(USAGE)
+            sys.exit(0)
 
         migrate_tmp = Path(tempfile.mkdtemp(prefix="pipeline-migrate-"))
         try:

@@ -122,6 +122,13 @@ def migration_config(rel: EngineRelease) -> dict[str, Any]:
     return prune({k: v for k, v in rel.config.items() if k not in DROPPED})
 
 
+USAGE = (
+    "usage: pipeline migrate <artifacts/package/<key> | release folder> [overrides ...]\n\n"
+    "Rebuild a TensorRT-LLM engine release as a PyTorch-backend package (target=tensorrt_llm_pytorch): the same\n"
+    "checkpoint, recipe and target.gpu, read from the release; overrides given after it win (docs/package.md)."
+)
+
+
 def pipeline_argv(argv: list[str], tmp: Path) -> list[str]:
     """``pipeline migrate RELEASE [overrides ...]`` -> the ``pipeline`` arguments of the migration run.
 

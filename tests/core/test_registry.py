@@ -100,3 +100,8 @@ def test_mistyped_names_get_the_closest_one_wherever_they_are_typed(tmp_path):
     assert "use the preset target=tensorrt_llm_pytorch" in str(p)
     r = subprocess.run([sys.executable, "-m", "pipeline", "plna"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "did you mean 'plan'?" in r.stderr, r.stderr[-2000:]
+    # `migrate` is a subcommand too (main() runs it, not a module's main): named when mistyped, with its own --help
+    r = subprocess.run([sys.executable, "-m", "pipeline", "migrat"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "did you mean 'migrate'?" in r.stderr, r.stderr[-2000:]
+    r = subprocess.run([sys.executable, "-m", "pipeline", "migrate", "--help"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.startswith("usage: pipeline migrate <"), (r.stdout, r.stderr[-2000:])
