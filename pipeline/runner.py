@@ -17,7 +17,6 @@ from rich.markup import escape
 
 from .core import hostinfo, memory
 from .core.config import STAGES, ConfigError, PipelineConfig, key_fields
-from .core.contracts.manifest import InputRecord
 from .core.stage import Stage, StageContext, get_stage, resolve_order
 from .core.store import Artifact, ArtifactStore, cache_key, digest_path, install_log_redaction, redact, redact_text
 from .errors import EXIT_FAILED, EXIT_GATE, EXIT_INTERRUPTED, EXIT_OK, PipelineError, caused_by_interrupt
@@ -335,9 +334,8 @@ def _stale_inputs(art: Artifact, inputs: dict[str, Artifact], rerun: set[str]) -
     its manifest records differs from the upstream in use now (re-produced by an earlier run).  A downstream that
     records the very production of the upstream in use (its manifest's ``production`` id: a concurrent run sharing the
     store computed it from the upstream this run published) is reused."""
-    recorded = art.doc.inputs
     for d, up in sorted(inputs.items()):
-        rec_doc = recorded.get(d) or InputRecord()
+        rec_doc = art.doc.input(d)
         rec = rec_doc.digest
         if isinstance(rec, str) and rec != up.digest and not up.doc.pending:  # pending: a dry run's
             when = "re-produced in this run" if d in rerun else "re-produced after it"

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ..artifacts import FolderName, PathOf, StageArtifact, _read_json
-from .result import StageResult
+from .result import StageResult, from_fields
 
 
 class BuildArtifact(StageArtifact):
@@ -78,7 +78,7 @@ class EngineLimits:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> EngineLimits:
-        return cls(**{f.name: d.get(f.name) for f in dataclasses.fields(cls)})
+        return from_fields(cls, d)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,10 +12,7 @@ from typing import Any
 
 from .evaluate import GateVerdict
 from .package import ParityRecord
-
-
-def _dict(v: Any) -> dict[str, Any]:
-    return v if isinstance(v, dict) else {}
+from .result import from_fields, json_object
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,8 +27,7 @@ class InputRecord:
 
     @classmethod
     def from_json(cls, d: Any) -> InputRecord:
-        doc = _dict(d)
-        return cls(doc.get("path"), doc.get("digest"), doc.get("key"), doc.get("production"))
+        return from_fields(cls, json_object(d))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +64,7 @@ class ArtifactManifest:
 
     @classmethod
     def from_json(cls, d: Any) -> ArtifactManifest:
-        doc = _dict(d)
+        doc = json_object(d)
         inputs = doc.get("inputs") or {}
         return cls(
             key=doc.get("key"),
@@ -77,8 +73,8 @@ class ArtifactManifest:
             pending=bool(doc.get("pending")),
             memory=doc.get("memory"),
             inputs={k: InputRecord.from_json(v) for k, v in inputs.items()} if isinstance(inputs, dict) else {},
-            config=_dict(doc.get("config")),
-            key_document=_dict(doc.get("key_document")),
+            config=json_object(doc.get("config")),
+            key_document=json_object(doc.get("key_document")),
         )
 
 
@@ -92,7 +88,7 @@ class RunGate:
 
     @classmethod
     def from_json(cls, d: Any) -> RunGate:
-        doc = _dict(d)
+        doc = json_object(d)
         return cls(GateVerdict.from_json(doc.get("evaluate")), ParityRecord.from_json(doc.get("parity")))
 
 

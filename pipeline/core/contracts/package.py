@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 from ..artifacts import FolderName, PathOf, StageArtifact
 from .build import EngineLimits
 from .evaluate import GateVerdict
-from .result import StageResult
+from .result import StageResult, from_fields, json_object
 
 
 class PackageArtifact(StageArtifact):
@@ -77,9 +77,7 @@ class ParityRecord:
     @classmethod
     def from_json(cls, d: Any) -> ParityRecord | None:
         """The record of ``d``; None when ``d`` is not one (absent: parity was not checked)."""
-        if not isinstance(d, dict):
-            return None
-        return cls(d.get("status"), d.get("matched"), d.get("total"), d.get("note"), d.get("disabled_by"))
+        return from_fields(cls, d) if isinstance(d, dict) else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,9 +90,7 @@ class ReleaseSigning:
     @classmethod
     def from_json(cls, d: Any) -> ReleaseSigning | None:
         """None for an unsigned release (no ``signing``, or an empty one)."""
-        if not isinstance(d, dict) or not d:
-            return None
-        return cls(d.get("method"), d.get("public_key_sha256", ""))
+        return from_fields(cls, d) if isinstance(d, dict) and d else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,31 +152,28 @@ class ReleaseManifest:
 
     @classmethod
     def from_json(cls, d: Any) -> ReleaseManifest:
-        doc = d if isinstance(d, dict) else {}
-        build, serving = doc.get("build") or {}, doc.get("serving") or {}
-        versions, sources, quant = doc.get("versions") or {}, doc.get("sources") or {}, doc.get("quant") or {}
-        model, decoding = doc.get("model") or {}, doc.get("decoding") or {}
-        limits = (build.get("limits") if isinstance(build, dict) else None) or {}
-        sampling = (decoding.get("sampling") if isinstance(decoding, dict) else None) or {}
+        doc = json_object(d)
+        build, serving, sources = json_object(doc.get("build")), json_object(doc.get("serving")), json_object(doc.get("sources"))
+        decoding = json_object(doc.get("decoding"))
         return cls(
             name=doc.get("name"),
             version=doc.get("version"),
-            target=build.get("target") if isinstance(build, dict) else None,
-            serving_image=serving.get("serving_image") if isinstance(serving, dict) else None,
-            parity=ParityRecord.from_json(doc.get("parity") or {}),
+            target=build.get("target"),
+            serving_image=serving.get("serving_image"),
+            parity=ParityRecord.from_json(doc.get("parity") or {}),  # absent: a record of Nones
             signing=ReleaseSigning.from_json(doc.get("signing")),
-            backend=build.get("backend") if isinstance(build, dict) else None,
-            layout=serving.get("layout") if isinstance(serving, dict) else None,
-            engine_versions=versions.get("engine") if isinstance(versions, dict) else None,
-            export_digest=sources.get("export") if isinstance(sources, dict) else None,
-            quant=quant if isinstance(quant, dict) else {},
+            backend=build.get("backend"),
+            layout=serving.get("layout"),
+            engine_versions=json_object(doc.get("versions")).get("engine"),
+            export_digest=sources.get("export"),
+            quant=json_object(doc.get("quant")),
             provenance=doc.get("provenance"),
             repository_files=doc.get("repository_files"),
-            repository_digest=sources.get("model_repository") if isinstance(sources, dict) else None,
-            model_name=model.get("name") if isinstance(model, dict) else None,
-            repetition_penalty=decoding.get("repetition_penalty") if isinstance(decoding, dict) else None,
-            sampling=sampling if isinstance(sampling, dict) else {},
-            limits=EngineLimits.from_json(limits if isinstance(limits, dict) else {}),
+            repository_digest=sources.get("model_repository"),
+            model_name=json_object(doc.get("model")).get("name"),
+            repetition_penalty=decoding.get("repetition_penalty"),
+            sampling=json_object(decoding.get("sampling")),
+            limits=EngineLimits.from_json(json_object(build.get("limits"))),
         )
 
 

@@ -23,6 +23,20 @@ from ..artifacts import STAGE_ARTIFACTS
 R = TypeVar("R", bound="StageResult")
 
 
+def json_object(v: Any) -> dict[str, Any]:
+    """``v`` when it is a JSON object (dict), else an empty one: a document's optional section."""
+    return v if isinstance(v, dict) else {}
+
+
+D = TypeVar("D")
+
+
+def from_fields(cls: type[D], d: Mapping[str, Any]) -> D:
+    """A flat record dataclass ``cls`` from the keys of ``d`` named like its fields; a key ``d`` lacks keeps the
+    field's default, keys ``cls`` does not know are ignored."""
+    return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})  # type: ignore[arg-type]
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class StageResult:
     """The base of every stage's result.
