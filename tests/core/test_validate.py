@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.core.config import ConfigError, compose
+from pipeline.core.config import ConfigError, compose, resolve_path
 from pipeline.evaluate.checks import eval_prompt_stats
 from pipeline.planner import plan
 from pipeline.validation import stage_problems, validate
@@ -153,7 +153,10 @@ def test_eval_set_prompt_lengths_checked_with_max_and_p99(tiny_llama):
     assert "build.max_input_len" in fields(p)
     msg = str(p[fields(p).index("build.max_input_len")])
     st = eval_prompt_stats(cfg)
-    assert f"up to {st['max']} tokens" in msg and f"P99 {st['p99']}" in msg and st["count"] == 720
+    shipped = resolve_path(cfg.eval.eval_set)
+    assert shipped is not None
+    assert f"up to {st['max']} tokens" in msg and f"P99 {st['p99']}" in msg
+    assert st["count"] == len(shipped.read_text(encoding="utf-8").splitlines())
     assert st["p99"] <= st["max"]
     ok = stage_problems(
         compose([f"model.path={tiny_llama}", f"build.max_input_len={st['max']}", "build.max_seq_len=256", "build.max_num_tokens=2048"])

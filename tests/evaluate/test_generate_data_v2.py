@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 import re
 import sys
 from decimal import Decimal
@@ -24,6 +25,10 @@ V1_SLICES = ("intent_en", "intent_zh", "extract_order", "normalize_date", "amoun
 V1_EVAL_SHA256 = (
     "971ce3723c707ed089f22c8503c39be7bf4537a17b2d7cdde07df614550ba04c"  # git show 13acfdd:evaluation/data/support_eval_v1.jsonl | sha256sum
 )
+# sha256 of support_eval_v2.jsonl (720 rows, 80 per slice) as committed before the v2 slices were grown
+V2_BASE_EVAL_SHA256 = (
+    "47163ccfa8801625fba31cc9c4943b364ab8b810008966e9de210f5a89bc496f"  # git show 7fae375:evaluation/data/support_eval_v2.jsonl | sha256sum
+)
 
 
 def _rows(path):
@@ -40,7 +45,8 @@ def test_version_and_slices(rows):
     assert gd.DATA_VERSION == "v2" and gd.EVAL_FILENAME == "support_eval_v2.jsonl"
     assert gd.SLICE_NAMES == [*V1_SLICES, *HARD]
     counts = {s: sum(r["slice"] == s for r in rows) for s in gd.SLICE_NAMES}
-    assert counts == {s: gd.EVAL_PER_SLICE for s in gd.SLICE_NAMES}
+    assert counts == {s: gd.EVAL_GROWN_PER_SLICE.get(s, gd.EVAL_PER_SLICE) for s in gd.SLICE_NAMES}
+    assert set(gd.EVAL_GROWN_PER_SLICE) == set(HARD)
     assert len(_rows(CALIB_PATH)) == gd.CALIB_PER_SLICE * len(gd.SLICE_NAMES)
 
 
@@ -51,6 +57,24 @@ def test_v1_slices_kept_their_items(rows):
     text = gd.dumps_jsonl(v1).encode("utf-8")
     assert len(v1) == 480
     assert hashlib.sha256(text).hexdigest() == V1_EVAL_SHA256
+
+
+def test_grown_slices_start_with_their_v2_items_and_add_only_unseen_prompts(rows):
+    """The first EVAL_PER_SLICE items of every slice are the v2 set as it was (same ids, order and bytes); every item
+    after them is neither a calibration prompt nor one of the examples the shipped model was trained on."""
+    base = [r for r in rows if int(r["id"].rsplit("-", 1)[1]) <= gd.EVAL_PER_SLICE]
+    assert base == gd.base_eval_items()
+    assert hashlib.sha256(gd.dumps_jsonl(base).encode("utf-8")).hexdigest() == V2_BASE_EVAL_SHA256
+    grown = [r for r in rows if r not in base]
+    assert {r["slice"] for r in grown} == set(HARD)
+    trained = {gd.text_key(t["prompt"]) for t in gd.training_examples(gd.DEFAULT_TRAIN_SEED, gd.TRAINED_EXAMPLES)}
+    calib = {gd.text_key(gd.prompt_from_plain(r["text"])) for r in _rows(CALIB_PATH)}
+    keys = [gd.text_key(r["prompt"]) for r in rows]
+    assert len(set(keys)) == len(keys)
+    assert not {gd.text_key(r["prompt"]) for r in grown} & (trained | calib)
+    # the premise: without the filter the grown draws would hit trained prompts (small template spaces)
+    unfiltered = gd._unique_items(random.Random(gd.EVAL_SEED * 1000 + gd.SLICE_NAMES.index("order_total")), "order_total", 200, set())
+    assert {gd.text_key(p) for p, _, _ in unfiltered[gd.EVAL_PER_SLICE :]} & trained
 
 
 def test_copy_number_reference_is_the_digits_of_the_number(rows):
