@@ -251,7 +251,6 @@ class EvalReport:
         worst_regressions: the rows of the worst regressions (``id``, ``slice``, ``prompt``, ``reference``,
             ``baseline``, ``candidate``, ``baseline_score``, ``candidate_score``), worst first.
         rope_type: the checkpoint's RoPE scaling type (None: plain RoPE).
-        document: the whole report, for the writers of its other sections (JUnit, step summary).
     """
 
     candidate: str | None = None
@@ -270,7 +269,6 @@ class EvalReport:
     pairwise_agreement: dict[str, float] = dataclasses.field(default_factory=dict)
     worst_regressions: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     rope_type: str | None = None
-    document: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_json(cls, d: dict[str, Any], source: Path | str = "eval_report.json") -> EvalReport:
@@ -310,7 +308,6 @@ class EvalReport:
             pairwise_agreement=json_object(d.get("pairwise_agreement")),
             worst_regressions=list(d.get("worst_regressions") or ()),
             rope_type=json_object(d.get("rope_scaling")).get("rope_type"),
-            document=dict(d),
         )
 
     def gate_metrics(self) -> dict[str, float]:
