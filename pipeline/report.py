@@ -98,16 +98,17 @@ def ci_reports(eval_dir: Path | None, parity: dict[str, Any] | None, summary_dir
     stage's serving parity, ``pipeline.evaluate.junit``) and, when ``$GITHUB_STEP_SUMMARY`` is set, the gate table
     appended to it. A write failure is reported, not raised (the run's exit code stays the gate's)."""
     from .core.contracts.evaluate import EvalArtifact
+    from .core.contracts.package import ParityRecord
     from .evaluate.junit import append_step_summary, write_junit
 
     if eval_dir is None:
         return
     try:
-        rep = EvalArtifact(eval_dir).report().document
+        rep, par = EvalArtifact(eval_dir).report(), ParityRecord.from_json(parity)
         if summary_dir is not None:
             summary_dir.mkdir(parents=True, exist_ok=True)
-            write_junit(summary_dir / JUNIT_FILE, rep, parity)
-        append_step_summary(rep, parity)
+            write_junit(summary_dir / JUNIT_FILE, rep, par)
+        append_step_summary(rep, par)
     except (OSError, ValueError, KeyError) as e:
         console.print(f"[red]could not write the CI gate reports (junit.xml / $GITHUB_STEP_SUMMARY): {escape(str(e))}[/]")
 

@@ -26,8 +26,9 @@ import re
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
+from ..core.contracts.evaluate import EvalReport, GateCheck, ReportGate
+from ..core.contracts.package import ParityRecord
 from .report import gate_table_markdown
 
 STEP_SUMMARY_ENV = "GITHUB_STEP_SUMMARY"
@@ -56,16 +57,16 @@ def _pp(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:+.2f} pp"
 
 
-def _check_text(c: Mapping[str, Any], gate: Mapping[str, Any]) -> str:
+def _check_text(c: GateCheck, gate: ReportGate) -> str:
     """The failure text of one check: detail, value / bound / threshold and the fix."""
-    lines = [str(c.get("detail", ""))]
-    if c.get("check") == "max_drop":
-        lines.append(f"drop {_pp(c.get('value'))}; upper bound {_pp(c.get('upper'))}; allowance {_pp(c.get('threshold'))}")
-        if c.get("items_needed") is not None:
-            lines.append(f"items needed: about {c['items_needed']}")
+    lines = [str(c.detail)]
+    if c.check == "max_drop":
+        lines.append(f"drop {_pp(c.value)}; upper bound {_pp(c.upper)}; allowance {_pp(c.threshold)}")
+        if c.items_needed is not None:
+            lines.append(f"items needed: about {c.items_needed}")
     else:
-        lines.append(f"value {c.get('value')}; threshold {c.get('threshold')}")
-    fix = gate.get("fix") if c.get("verdict") == "inconclusive" and gate.get("fix") else FIXES.get(str(c.get("check")), "")
+        lines.append(f"value {c.value}; threshold {c.threshold}")
+    fix = gate.fix if c.verdict == "inconclusive" and gate.fix else FIXES.get(str(c.check), "")
     lines.append(f"Fix: {fix}")
     return "\n".join(lines)
 
@@ -74,47 +75,46 @@ def _case(suite: ET.Element, classname: str, name: str) -> ET.Element:
     return ET.SubElement(suite, "testcase", {"classname": classname, "name": name, "time": "0"})
 
 
-def _parity_case(suite: ET.Element, classname: str, parity: Mapping[str, Any]) -> str:
+def _parity_case(suite: ET.Element, classname: str, parity: ParityRecord) -> str:
     """The serving-parity testcase; returns its outcome (``pass`` | ``fail`` | ``skip``)."""
     tc = _case(suite, classname, "serving parity (served == evaluated)")
-    status = str(parity.get("status"))
+    status = str(parity.status)
     if status == "passed":
         return "pass"
     if status in ("not run here", "disabled"):
-        why = parity.get("disabled_by") or f"{parity.get('reason', status)}; run: {parity.get('command', '')}"
+        why = parity.disabled_by or f"{status if parity.reason is None else parity.reason}; run: {parity.command}"
         ET.SubElement(tc, "skipped", {"message": f"{status}: {why}"})
         return "skip"
-    msg = f"served == evaluated: {parity.get('matched')}/{parity.get('total')}"
+    msg = f"served == evaluated: {parity.matched}/{parity.total}"
     f = ET.SubElement(tc, "failure", {"message": msg, "type": "fail"})
-    f.text = f"{msg}\nfirst difference: {parity.get('first_mismatch')}\nFix: see docs/package.md (serving parity)"
+    f.text = f"{msg}\nfirst difference: {parity.first_mismatch}\nFix: see docs/package.md (serving parity)"
     return "fail"
 
 
-def to_junit(rep: Mapping[str, Any], parity: Mapping[str, Any] | None = None) -> str:
+def to_junit(rep: EvalReport, parity: ParityRecord | None = None) -> str:
     """JUnit XML (str, UTF-8 declaration) of the gate in ``rep`` (``eval_report.json``, schema
     ``pipeline.eval_report/v1``) and, when given, the package stage's ``parity`` record (``packaging.parity``).
 
     The suite is named ``gate: <eval set>``; testcases ``<scope> <check>`` (``overall non-inferiority``,
     ``slice:<name> non-inferiority``, ...), classname ``pipeline.gate.<recipe>``. Times are 0: the gate checks are
     computed, not timed."""
-    gate = rep["gate"]
-    exploratory = gate.get("mode") == "exploratory"
-    classname = f"pipeline.gate.{rep.get('recipe')}"
+    gate = rep.gate
+    exploratory = gate.mode == "exploratory"
+    classname = f"pipeline.gate.{rep.recipe}"
     suites = ET.Element("testsuites", {"name": "pipeline release gate"})
-    suite = ET.SubElement(suites, "testsuite", {"name": f"gate: {rep['eval_set']['name']}"})
+    suite = ET.SubElement(suites, "testsuite", {"name": f"gate: {rep.eval_set.name}"})
     counts = {"tests": 0, "failures": 0, "skipped": 0}
-    for c in gate["checks"]:
-        tc = _case(suite, classname, f"{c['scope']} {CHECK_LABELS.get(c['check'], c['check'])}")
+    for c in gate.checks:
+        tc = _case(suite, classname, f"{c.scope} {CHECK_LABELS.get(c.check, c.check)}")
         counts["tests"] += 1
-        verdict = c.get("verdict", "pass" if c.get("passed") else "fail")
-        if verdict == "pass":
+        if c.verdict == "pass":
             continue
         text = _check_text(c, gate)
-        if verdict == "inconclusive" and exploratory:
-            ET.SubElement(tc, "skipped", {"message": f"inconclusive (eval.gate.mode=exploratory, not releasable): {c['detail']}"})
+        if c.verdict == "inconclusive" and exploratory:
+            ET.SubElement(tc, "skipped", {"message": f"inconclusive (eval.gate.mode=exploratory, not releasable): {c.detail}"})
             counts["skipped"] += 1
             continue
-        f = ET.SubElement(tc, "failure", {"message": str(c["detail"]), "type": verdict})
+        f = ET.SubElement(tc, "failure", {"message": str(c.detail), "type": c.verdict})
         f.text = text
         counts["failures"] += 1
     if parity is not None:
@@ -147,37 +147,32 @@ def _xml_safe(root: ET.Element) -> None:
             el.attrib[k] = fix(v) or ""
 
 
-def write_junit(path: Path, rep: Mapping[str, Any], parity: Mapping[str, Any] | None = None) -> Path:
+def write_junit(path: Path, rep: EvalReport, parity: ParityRecord | None = None) -> Path:
     """Write :func:`to_junit` to ``path`` (UTF-8); returns ``path``."""
     path.write_text(to_junit(rep, parity), encoding="utf-8")
     return path
 
 
-def step_summary_markdown(rep: Mapping[str, Any], parity: Mapping[str, Any] | None = None) -> str:
+def step_summary_markdown(rep: EvalReport, parity: ParityRecord | None = None) -> str:
     """The Markdown a run appends to ``$GITHUB_STEP_SUMMARY``: verdict, the gate table, the reason, parity."""
-    g = rep["gate"]
-    verdict = str(g.get("verdict", "pass" if g["passed"] else "fail")).upper()
     lines = [
-        f"### Release gate: **{verdict}** - {rep['eval_set']['name']}, recipe `{rep.get('recipe')}`, target `{rep.get('target')}`",
+        f"### Release gate: **{rep.gate.verdict.upper()}** - {rep.eval_set.name}, recipe `{rep.recipe}`, target `{rep.target}`",
         "",
-        *gate_table_markdown(dict(rep)),
+        *gate_table_markdown(rep),
         "",
-        f"**Gate:** {g['reason']}",
+        f"**Gate:** {rep.gate.reason}",
     ]
     if parity is not None:
-        done = parity.get("total") is not None
         lines += [
             "",
-            f"**Served == evaluated:** {parity.get('matched')}/{parity.get('total')}"
-            if done
-            else f"**Served == evaluated:** {parity.get('status')}",
+            f"**Served == evaluated:** {parity.matched}/{parity.total}"
+            if parity.total is not None
+            else f"**Served == evaluated:** {parity.status}",
         ]
     return "\n".join(lines) + "\n\n"
 
 
-def append_step_summary(
-    rep: Mapping[str, Any], parity: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None
-) -> Path | None:
+def append_step_summary(rep: EvalReport, parity: ParityRecord | None = None, env: Mapping[str, str] | None = None) -> Path | None:
     """Append :func:`step_summary_markdown` to the file ``$GITHUB_STEP_SUMMARY`` names; None (nothing written) when
     the variable is unset or empty. Raises ``OSError`` when the file cannot be written."""
     target = (os.environ if env is None else env).get(STEP_SUMMARY_ENV)

@@ -37,6 +37,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..core.contracts.evaluate import VERDICTS, EvalArtifact, EvalReport, FidelitySummary, RunnerScores
 from ..core.markdown import md_cell
 
 SCHEMA = "pipeline.eval_report/v1"
@@ -54,92 +55,86 @@ def _kld(x: float | None) -> str:
     return "-" if x is None else f"{x:.3g}"
 
 
-def rope_note(rep: dict[str, Any]) -> str | None:
+def rope_note(rep: EvalReport) -> str | None:
     """One line when a fidelity check (``max_kld`` / ``min_top1``) failed and the checkpoint has RoPE scaling: an engine
     that applies the scaling otherwise than transformers shifts every position's encoding (docs/build.md)."""
-    rs = rep.get("rope_scaling")
-    failed = [
-        c["check"] for c in (rep.get("gate") or {}).get("checks", []) if c.get("check") in ("max_kld", "min_top1") and not c.get("passed")
-    ]
-    if not rs or not failed:
+    failed = [c.check for c in rep.gate.checks if c.check in ("max_kld", "min_top1") and not c.passed]
+    if not rep.rope_type or not failed:
         return None
     return (
-        f"the checkpoint has rope_scaling type {rs.get('rope_type')!r} and {'/'.join(failed)} failed: check that target "
-        f"{rep.get('target')} applies that scaling as transformers does (docs/build.md, RoPE scaling)"
+        f"the checkpoint has rope_scaling type {rep.rope_type!r} and {'/'.join(failed)} failed: check that target "
+        f"{rep.target} applies that scaling as transformers does (docs/build.md, RoPE scaling)"
     )
 
 
-def fidelity_markdown(rep: dict[str, Any]) -> list[str]:
+def fidelity_markdown(rep: EvalReport) -> list[str]:
     """The llama.cpp-style KL-divergence block (overall) as Markdown lines; [] without fidelity."""
-    f = rep.get("fidelity")
-    if not f:
+    f = rep.fidelity
+    if f is None:
         return []
-    if f.get("unavailable"):
-        return [f"Fidelity: not measured ({f['unavailable']}).", ""]
-    o = f["overall"]
-    if not o.get("positions"):
+    if f.unavailable:
+        return [f"Fidelity: not measured ({f.unavailable}).", ""]
+    o, h = f.overall, f.calibration_heldout
+    if not o.positions:
         return []
-    k = o["kld"]
+    k = o.kld
     return [
-        f"### Fidelity ({f['candidate']} vs baseline, teacher-forced over {o['positions']} answer tokens of {f['items']} items)",
+        f"### Fidelity ({f.candidate} vs baseline, teacher-forced over {o.positions} answer tokens of {f.items} items)",
         "",
         "| statistic | value |",
         "|---|---|",
-        f"| mean KLD (nats) | {k['mean']:.4g} ± {k['se']:.4g} |",
-        f"| median / p90 / p95 KLD | {k['median']:.4g} / {k['p90']:.4g} / {k['p95']:.4g} |",
-        f"| p99 / p99.9 / max KLD | {k['p99']:.4g} / {k['p99_9']:.4g} / {k['max']:.4g} |",
-        f"| same top token | {100 * o['top1']:.2f} ± {100 * o['top1_se']:.2f} % |",
-        f"| ln(PPL_cand / PPL_base) | {o['ln_ppl_ratio']:+.4g} ± {o['ln_ppl_ratio_se']:.2g} (PPL {o['ppl_base']:.4f} -> {o['ppl_cand']:.4f}) |",
+        f"| mean KLD (nats) | {k.mean:.4g} ± {k.se:.4g} |",
+        f"| median / p90 / p95 KLD | {k.median:.4g} / {k.p90:.4g} / {k.p95:.4g} |",
+        f"| p99 / p99.9 / max KLD | {k.p99:.4g} / {k.p99_9:.4g} / {k.max:.4g} |",
+        f"| same top token | {100 * o.top1:.2f} ± {100 * o.top1_se:.2f} % |",
+        f"| ln(PPL_cand / PPL_base) | {o.ln_ppl_ratio:+.4g} ± {o.ln_ppl_ratio_se:.2g} (PPL {o.ppl_base:.4f} -> {o.ppl_cand:.4f}) |",
         *(
             [
-                f"| calibration hold-out ({h['samples']} samples, {h['positions']} tokens): mean KLD / top-1 / ln PPL ratio | "
-                f"{h['kld']['mean']:.4g} ± {h['kld']['se']:.2g} / {100 * h['top1']:.2f} % / {h['ln_ppl_ratio']:+.4g} |"
+                f"| calibration hold-out ({h.samples} samples, {h.positions} tokens): mean KLD / top-1 / ln PPL ratio | "
+                f"{h.kld.mean:.4g} ± {h.kld.se:.2g} / {100 * h.top1:.2f} % / {h.ln_ppl_ratio:+.4g} |"
             ]
-            if (h := f.get("calibration_heldout")) and h.get("positions")
+            if h.positions
             else []
         ),
         "",
     ]
 
 
-def slice_rows(rep: dict[str, Any]) -> list[dict[str, Any]]:
+def slice_rows(rep: EvalReport) -> list[dict[str, Any]]:
     """One row per scope (overall first, then slices): baseline, candidate, drop, upper bound, agreement,
     verdict (the scope's worst check), mean KLD and top-1 agreement."""
-    cand = rep["runners"].get(rep["candidate"], {})
-    comp = rep.get("comparison") or {}
-    order = ("pass", "inconclusive", "fail")
+    cand = rep.runners.get(rep.candidate or "", RunnerScores())
     worst: dict[str, str] = {}
-    for c in rep["gate"]["checks"]:
-        v = c.get("verdict", "pass" if c["passed"] else "fail")
-        worst[c["scope"]] = max(worst.get(c["scope"], "pass"), v, key=order.index)
-    fid = rep.get("fidelity") or {}
+    for c in rep.gate.checks:
+        worst[c.scope] = max(worst.get(c.scope, "pass"), c.verdict, key=VERDICTS.index)
+    fid = rep.fidelity or FidelitySummary()
     rows = []
-    scopes = [("overall", comp.get("overall"), cand.get("score"), cand.get("n"))]
-    for s, v in sorted(cand.get("slices", {}).items()):
-        scopes.append((s, (comp.get("slices") or {}).get(s), v["score"], v["n"]))
+    scopes = [("overall", rep.comparison.overall, cand.score, cand.n)]
+    for s, v in sorted(cand.slices.items()):
+        scopes.append((s, rep.comparison.slices.get(s), v.score, v.n))
     for name, st, score, n in scopes:
         scope = "overall" if name == "overall" else f"slice:{name}"
-        f = fid.get("overall") if name == "overall" else (fid.get("slices") or {}).get(name)
-        f = f if f and f.get("positions") else None
+        f = fid.overall if name == "overall" else fid.slices.get(name)
+        kld, top1 = (f.kld.mean, f.top1) if f and f.positions else (None, None)
         rows.append(
             {
                 "scope": name,
                 "n": n,
-                "baseline": st["baseline"] if st else None,
+                "baseline": st.baseline if st else None,
                 "candidate": score,
-                "drop": st["drop"] if st else None,
-                "upper": st.get("upper") if st else None,
-                "agreement": st.get("agreement") if st else None,
+                "drop": st.drop if st else None,
+                "upper": st.upper if st else None,
+                "agreement": st.agreement if st else None,
                 "verdict": worst.get(scope, "pass"),
                 "passed": worst.get(scope, "pass") == "pass",
-                "kld": f["kld"]["mean"] if f else None,
-                "top1": f["top1"] if f else None,
+                "kld": kld,
+                "top1": top1,
             }
         )
     return rows
 
 
-def gate_table_markdown(rep: dict[str, Any]) -> list[str]:
+def gate_table_markdown(rep: EvalReport) -> list[str]:
     """The per-scope gate table (:func:`slice_rows`) as Markdown lines: the table of ``eval_report.md`` and the one
     a run appends to ``$GITHUB_STEP_SUMMARY`` (``pipeline.evaluate.junit.append_step_summary``)."""
     lines = [
@@ -155,30 +150,28 @@ def gate_table_markdown(rep: dict[str, Any]) -> list[str]:
     return lines
 
 
-def to_markdown(rep: dict[str, Any]) -> str:
-    g = rep["gate"]
-    verdict = g.get("verdict", "pass" if g["passed"] else "fail").upper()
+def to_markdown(rep: EvalReport) -> str:
+    g = rep.gate
     lines = [
-        f"## Evaluation: {rep['eval_set']['name']} - gate **{verdict}** ({g.get('mode', 'release')} mode)",
+        f"## Evaluation: {rep.eval_set.name} - gate **{g.verdict.upper()}** ({g.mode} mode)",
         "",
-        f"recipe `{rep['recipe']}`, target `{rep['target']}`, candidate runner `{rep['candidate']}`, "
-        f"{rep['eval_set']['evaluated']} items evaluated ({len(rep['skipped']['too_long'])} skipped: too long > "
-        f"{rep['skipped']['max_input_len']} tokens). Non-inferiority: allowed drop {_pp(g['allowed_drop']['overall'])} overall, "
-        f"{_pp(g['allowed_drop']['slice'])} per slice; a scope passes when the one-sided {g['confidence']:.0%} upper bound "
+        f"recipe `{rep.recipe}`, target `{rep.target}`, candidate runner `{rep.candidate}`, "
+        f"{rep.eval_set.evaluated} items evaluated ({len(rep.skipped.too_long)} skipped: too long > "
+        f"{rep.skipped.max_input_len} tokens). Non-inferiority: allowed drop {_pp(g.allowed_drop)} overall, "
+        f"{_pp(g.slice_allowed_drop)} per slice; a scope passes when the one-sided {g.confidence:.0%} upper bound "
         f"of the drop is within it.",
         "",
     ]
-    if g.get("mode") == "exploratory":
+    if g.mode == "exploratory":
         lines += ["> **EXPLORATORY RUN**: an inconclusive verdict did not fail this run; it is not releasable.", ""]
     lines += gate_table_markdown(rep)
-    lines += ["", f"**Gate:** {g['reason']}", ""]
+    lines += ["", f"**Gate:** {g.reason}", ""]
     if note := rope_note(rep):
         lines += [f"**RoPE scaling:** {note}", ""]
-    dec = rep.get("decoding") or {}
-    if dec:
+    if dec := rep.decoding:
         lines += [
-            f"**Decoding:** greedy, repetition_penalty {dec.get('repetition_penalty', 1.0)} in every runner "
-            f"(from {dec.get('source')}); the model's sampling defaults {dec.get('sampling') or {}} are not used by the gate",
+            f"**Decoding:** greedy, repetition_penalty {dec.repetition_penalty} in every runner "
+            f"(from {dec.source}); the model's sampling defaults {dec.sampling} are not used by the gate",
             "",
         ]
     lines += fidelity_markdown(rep)
@@ -188,15 +181,15 @@ def to_markdown(rep: dict[str, Any]) -> str:
         "| runner | score | items | skipped (too long) | errors | eos / stop / length | batch |",
         "|---|---|---|---|---|---|---|",
     ]
-    for name, r in rep["runners"].items():
-        fr = r["finish_reasons"]
+    for name, r in rep.runners.items():
+        fr = r.finish_reasons
         lines.append(
-            f"| {name} | {_pct(r['score'])} | {r['n']} | {r['skipped_too_long']} | {r['errors']} | "
-            f"{fr.get('eos', 0)} / {fr.get('stop', 0)} / {fr.get('length', 0)} | {r.get('batch_size') or '-'} |"
+            f"| {name} | {_pct(r.score)} | {r.n} | {r.skipped_too_long} | {r.errors} | "
+            f"{fr.eos} / {fr.stop} / {fr.length} | {r.batch_size or '-'} |"
         )
-    if rep.get("pairwise_agreement"):
-        lines += ["", "Output agreement between runners: " + ", ".join(f"{k} {_pct(v)}" for k, v in rep["pairwise_agreement"].items())]
-    sp = rep.get("speculative")
+    if rep.pairwise_agreement:
+        lines += ["", "Output agreement between runners: " + ", ".join(f"{k} {_pct(v)}" for k, v in rep.pairwise_agreement.items())]
+    sp = rep.speculative
     if sp:
         lines += [
             "",
@@ -209,9 +202,9 @@ def to_markdown(rep: dict[str, Any]) -> str:
         ]
         for s, v in sorted(sp["slices"].items()):
             lines.append(f"| {s} | {_pct(v['acceptance_rate'])} | {v['proposed']} | {v['accepted']} |")
-    if rep["worst_regressions"]:
+    if rep.worst_regressions:
         lines += ["", "### Worst regressions", "", "| id | slice | reference | baseline | candidate |", "|---|---|---|---|---|"]
-        for w in rep["worst_regressions"][:10]:
+        for w in rep.worst_regressions[:10]:
             cell = lambda s: md_cell(s)[:80]  # noqa: E731
             lines.append(f"| {w['id']} | {w['slice']} | {cell(w['reference'])} | {cell(w['baseline'])} | {cell(w['candidate'])} |")
     return "\n".join(lines) + "\n"
@@ -226,7 +219,7 @@ def _png(fig: Any) -> str:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def plots(rep: dict[str, Any]) -> dict[str, str]:
+def plots(rep: EvalReport) -> dict[str, str]:
     """base64 PNGs: per-slice score (every runner), per-slice agreement (latencies are measurements of the run: the
     manifest's ``measurements``, not part of this content-digested report)."""
     import matplotlib
@@ -236,39 +229,38 @@ def plots(rep: dict[str, Any]) -> dict[str, str]:
     import numpy as np
 
     out: dict[str, str] = {}
-    runners = list(rep["runners"])
-    slices = sorted({s for r in rep["runners"].values() for s in r["slices"]})
+    runners = list(rep.runners)
+    slices = sorted({s for r in rep.runners.values() for s in r.slices})
     if slices:
         fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(slices) + 2), 3.6))
         w = 0.8 / max(1, len(runners))
         x = np.arange(len(slices))
-        for i, name in enumerate(runners):
-            ax.bar(x + i * w - 0.4 + w / 2, [rep["runners"][name]["slices"].get(s, {}).get("score", 0) for s in slices], w, label=name)
+        for i, (name, r) in enumerate(rep.runners.items()):
+            ax.bar(x + i * w - 0.4 + w / 2, [(r.slices[s].score or 0) if s in r.slices else 0 for s in slices], w, label=name)
         ax.set_xticks(x, slices, rotation=20)
         ax.set_ylim(0, 1.05)
         ax.set_ylabel("score")
         ax.set_title("score per slice")
         ax.legend()
         out["scores"] = _png(fig)
-    comp = rep.get("comparison") or {}
-    if comp.get("slices"):
+    if comp := rep.comparison.slices:
         fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(slices) + 2), 3.2))
-        names = sorted(comp["slices"])
-        ax.bar(names, [comp["slices"][s].get("agreement") or 0 for s in names], color="tab:green")
+        names = sorted(comp)
+        ax.bar(names, [comp[s].agreement or 0 for s in names], color="tab:green")
         ax.set_ylim(0, 1.05)
-        ax.set_ylabel(f"{rep['candidate']} == baseline")
+        ax.set_ylabel(f"{rep.candidate} == baseline")
         ax.set_title("output agreement with the baseline per slice")
         ax.tick_params(axis="x", rotation=20)
         out["agreement"] = _png(fig)
     return out
 
 
-def to_html(rep: dict[str, Any]) -> str:
+def to_html(rep: EvalReport) -> str:
     e = html.escape
-    g = rep["gate"]
+    g = rep.gate
     imgs = plots(rep)
-    color = "#1a7f37" if g["passed"] else "#cf222e"
-    verdict = g.get("verdict", "pass" if g["passed"] else "fail").upper()
+    color = "#1a7f37" if g.passed else "#cf222e"
+    verdict = g.verdict.upper()
     rows = []
     for r in slice_rows(rep):
         rows.append(
@@ -287,11 +279,11 @@ def to_html(rep: dict[str, Any]) -> str:
     )
     mode = (
         "<p><b>EXPLORATORY RUN</b>: an inconclusive verdict did not fail this run; it is not releasable.</p>"
-        if g.get("mode") == "exploratory"
+        if g.mode == "exploratory"
         else ""
     )
     worst = []
-    for w in rep["worst_regressions"]:
+    for w in rep.worst_regressions:
         worst.append(
             f"<tr><td>{e(w['id'])}<br><small>{e(w['slice'])}</small></td><td><pre>{e(str(w['prompt']))}</pre></td>"
             f"<td><pre>{e(json.dumps(w['reference'], ensure_ascii=False))}</pre></td>"
@@ -299,16 +291,16 @@ def to_html(rep: dict[str, Any]) -> str:
             f"<td><pre>{e(w['candidate'])}</pre><small>score {w['candidate_score']:.2f}</small></td></tr>"
         )
     img_html = "".join(f"<figure><img alt='{k}' src='data:image/png;base64,{v}'></figure>" for k, v in imgs.items())
-    return f"""<!doctype html><html><head><meta charset="utf-8"><title>eval report {e(rep["eval_set"]["name"])}</title>
+    return f"""<!doctype html><html><head><meta charset="utf-8"><title>eval report {e(str(rep.eval_set.name))}</title>
 <style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}}table{{border-collapse:collapse;margin:1em 0}}
 td,th{{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top}}tr.fail td{{background:#ffebe9}}
 pre{{white-space:pre-wrap;margin:0;max-width:320px}}.verdict{{color:#fff;background:{color};padding:4px 10px;border-radius:4px}}
 figure{{display:inline-block;margin:0 1em 1em 0}}</style></head><body>
-<h1>Evaluation {e(rep["eval_set"]["name"])} <span class="verdict">gate {verdict}</span></h1>{mode}
-<p>recipe <code>{e(rep["recipe"])}</code>, target <code>{e(str(rep["target"]))}</code>, candidate runner <code>{e(rep["candidate"])}</code>;
-{rep["eval_set"]["evaluated"]} items evaluated, {len(rep["skipped"]["too_long"])} skipped (too long).</p>
-<p><b>Gate:</b> {e(g["reason"])}</p>
-<table><tr><th>scope</th><th>n</th><th>baseline</th><th>candidate</th><th>drop</th><th>{g["confidence"]:.0%} upper bound of drop</th><th>agreement</th><th>mean KLD</th><th>top-1</th><th>gate</th></tr>
+<h1>Evaluation {e(str(rep.eval_set.name))} <span class="verdict">gate {verdict}</span></h1>{mode}
+<p>recipe <code>{e(str(rep.recipe))}</code>, target <code>{e(str(rep.target))}</code>, candidate runner <code>{e(str(rep.candidate))}</code>;
+{rep.eval_set.evaluated} items evaluated, {len(rep.skipped.too_long)} skipped (too long).</p>
+<p><b>Gate:</b> {e(g.reason)}</p>
+<table><tr><th>scope</th><th>n</th><th>baseline</th><th>candidate</th><th>drop</th><th>{g.confidence:.0%} upper bound of drop</th><th>agreement</th><th>mean KLD</th><th>top-1</th><th>gate</th></tr>
 {"".join(rows)}</table>
 {fid_html}
 {img_html}
@@ -318,15 +310,15 @@ figure{{display:inline-block;margin:0 1em 1em 0}}</style></head><body>
 """
 
 
-def print_console(rep: dict[str, Any], console: Any) -> None:
+def print_console(rep: EvalReport, console: Any) -> None:
     """Per-slice table (scores in %, drops and CI in percentage points) and the gate verdict."""
     from rich import box
     from rich.table import Table
     from rich.text import Text
 
-    g = rep["gate"]
+    g = rep.gate
     t = Table(
-        title=f"evaluate: {rep['eval_set']['name']} ({rep['candidate']} vs baseline, recipe {rep['recipe']})",
+        title=f"evaluate: {rep.eval_set.name} ({rep.candidate} vs baseline, recipe {rep.recipe})",
         box=box.SIMPLE_HEAD,
         pad_edge=False,
     )
@@ -350,42 +342,44 @@ def print_console(rep: dict[str, Any], console: Any) -> None:
             style[r["verdict"]],
         )
     console.print(t)
-    f = rep.get("fidelity") or {}
-    o = f.get("overall") or {}
-    if o.get("positions"):
-        k = o["kld"]
+    f = rep.fidelity or FidelitySummary()
+    o, h = f.overall, f.calibration_heldout
+    if o.positions:
+        k = o.kld
         console.print(
-            f"fidelity ({o['positions']} teacher-forced tokens): mean KLD {k['mean']:.4g} ± {k['se']:.2g} nats, median "
-            f"{k['median']:.3g}, p99 {k['p99']:.3g}, max {k['max']:.3g}; same top token {100 * o['top1']:.2f}%; "
-            f"ln(PPL ratio) {o['ln_ppl_ratio']:+.5f} ± {o['ln_ppl_ratio_se']:.5f}"
+            f"fidelity ({o.positions} teacher-forced tokens): mean KLD {k.mean:.4g} ± {k.se:.2g} nats, median "
+            f"{k.median:.3g}, p99 {k.p99:.3g}, max {k.max:.3g}; same top token {100 * o.top1:.2f}%; "
+            f"ln(PPL ratio) {o.ln_ppl_ratio:+.5f} ± {o.ln_ppl_ratio_se:.5f}"
         )
-        h = f.get("calibration_heldout") or {}
-        if h.get("positions"):
+        if h.positions:
             console.print(
-                f"fidelity on {h['samples']} held-out calibration samples ({h['positions']} tokens): mean KLD "
-                f"{h['kld']['mean']:.4g} ± {h['kld']['se']:.2g}, same top token {100 * h['top1']:.2f}%, "
-                f"ln(PPL ratio) {h['ln_ppl_ratio']:+.5f}"
+                f"fidelity on {h.samples} held-out calibration samples ({h.positions} tokens): mean KLD "
+                f"{h.kld.mean:.4g} ± {h.kld.se:.2g}, same top token {100 * h.top1:.2f}%, "
+                f"ln(PPL ratio) {h.ln_ppl_ratio:+.5f}"
             )
-    elif f.get("unavailable"):
-        console.print(Text.assemble(("fidelity not measured: ", "yellow"), str(f["unavailable"])))
-    if rep["skipped"]["too_long"]:
-        console.print(f"[yellow]skipped: too long[/] {len(rep['skipped']['too_long'])} item(s) > {rep['skipped']['max_input_len']} tokens")
-    if g["passed"]:
-        console.print(Text.assemble(("gate passed", "bold green"), f" ({g['reason']})"))
-    elif g.get("verdict") == "inconclusive" and g.get("mode") == "exploratory":
-        console.print(Text.assemble(("EXPLORATORY RUN - gate INCONCLUSIVE, NOT RELEASABLE: ", "bold yellow"), g["reason"]))
-    elif g.get("verdict") == "inconclusive":
-        console.print(Text.assemble(("gate INCONCLUSIVE (not failed; not releasable): ", "bold yellow"), g.get("fix") or g["reason"]))
+    elif f.unavailable:
+        console.print(Text.assemble(("fidelity not measured: ", "yellow"), str(f.unavailable)))
+    if too_long := rep.skipped.too_long:
+        console.print(f"[yellow]skipped: too long[/] {len(too_long)} item(s) > {rep.skipped.max_input_len} tokens")
+    if g.passed:
+        console.print(Text.assemble(("gate passed", "bold green"), f" ({g.reason})"))
+    elif g.verdict == "inconclusive" and g.mode == "exploratory":
+        console.print(Text.assemble(("EXPLORATORY RUN - gate INCONCLUSIVE, NOT RELEASABLE: ", "bold yellow"), g.reason))
+    elif g.verdict == "inconclusive":
+        console.print(Text.assemble(("gate INCONCLUSIVE (not failed; not releasable): ", "bold yellow"), g.fix or g.reason))
     else:
-        console.print(Text.assemble(("gate FAILED: ", "bold red"), g["reason"]))
+        console.print(Text.assemble(("gate FAILED: ", "bold red"), g.reason))
     if note := rope_note(rep):
         console.print(Text.assemble(("RoPE scaling: ", "yellow"), note))
 
 
-def write_all(out: Path, rep: dict[str, Any]) -> None:
-    from ..core.contracts.evaluate import EvalArtifact as E
+def write_all(out: Path, rep: dict[str, Any]) -> EvalReport:
+    """Write ``eval_report.json`` (the document ``rep``), ``.md`` and ``.html``; returns the report read typed."""
     from ..core.store import write_json_atomic
 
+    E = EvalArtifact
     write_json_atomic(out / E.REPORT_JSON, rep)
-    (out / E.REPORT_MD).write_text(to_markdown(rep), encoding="utf-8")
-    (out / E.REPORT_HTML).write_text(to_html(rep), encoding="utf-8")
+    report = EvalReport.from_json(rep, source=out / E.REPORT_JSON)
+    (out / E.REPORT_MD).write_text(to_markdown(report), encoding="utf-8")
+    (out / E.REPORT_HTML).write_text(to_html(report), encoding="utf-8")
+    return report

@@ -67,10 +67,10 @@ def _evaluate(ctx: StageContext) -> EvalResult:
     out = ctx.out
     assert out is not None
     write_outputs(EvalArtifact(out).outputs_path, st, runs, sc)
-    R.write_all(out, rep)
+    report = R.write_all(out, rep)
     ctx.manifest["measurements"] = measurements(runs)
-    write_junit(out / EvalArtifact.JUNIT_XML, rep)
-    R.print_console(rep, ctx.console)
+    write_junit(out / EvalArtifact.JUNIT_XML, report)
+    R.print_console(report, ctx.console)
     return stage_result(st, runs, sc, verdict)
 
 

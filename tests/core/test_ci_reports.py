@@ -14,6 +14,8 @@ import yaml
 from rich.console import Console
 
 from pipeline.core.config import REPO_ROOT, compose
+from pipeline.core.contracts.evaluate import EvalReport
+from pipeline.core.contracts.package import ParityRecord
 from pipeline.errors import EXIT_GATE, EXIT_OK
 from pipeline.evaluate.junit import to_junit
 from pipeline.report import JUNIT_FILE
@@ -112,7 +114,7 @@ def test_no_step_summary_without_the_variable(tmp_path, monkeypatch):
     from pipeline.evaluate.junit import append_step_summary
 
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
-    rep = {"gate": {"checks": [], "passed": True, "reason": "all checks passed"}, "eval_set": {"name": "x"}}
+    rep = EvalReport.from_json({"gate": {"checks": [], "passed": True, "reason": "all checks passed"}, "eval_set": {"name": "x"}})
     assert append_step_summary(rep) is None
     assert append_step_summary(rep, env={"GITHUB_STEP_SUMMARY": ""}) is None
 
@@ -129,7 +131,7 @@ PARITY_CASES = [
 def test_parity_testcase(parity, child):
     """The package stage's parity record (shape of ``pipeline.serve.parity.run_parity``) becomes one testcase."""
     rep = {"gate": {"checks": [], "mode": "release"}, "eval_set": {"name": "x"}, "recipe": "int4_awq"}
-    root = ET.fromstring(to_junit(rep, parity).split("?>", 1)[1])
+    root = ET.fromstring(to_junit(EvalReport.from_json(rep), ParityRecord.from_json(parity)).split("?>", 1)[1])
     (tc,) = root.iter("testcase")
     assert tc.get("name") == "serving parity (served == evaluated)"
     kids = [c.tag for c in tc]
@@ -198,7 +200,10 @@ def test_junit_stays_well_formed_with_control_characters_in_user_names():
     check = {"scope": f"slice:{name}", "check": "max_drop", "verdict": "fail", "value": 0.3, "upper": 0.4, "threshold": 0.1}
     check["detail"] = f"slice {name} \x1b dropped"
     rep = {"gate": {"checks": [check], "mode": "release"}, "eval_set": {"name": f"set\x02{name}"}, "recipe": "int4_awq"}
-    xml = to_junit(rep, {"status": "failed", "matched": 0, "total": 1, "first_mismatch": {"id": "a\x03b"}})
+    xml = to_junit(
+        EvalReport.from_json(rep),
+        ParityRecord.from_json({"status": "failed", "matched": 0, "total": 1, "first_mismatch": {"id": "a\x03b"}}),
+    )
     root = ET.fromstring(xml.split("?>", 1)[1])  # well-formed
     texts = " ".join([*(v for el in root.iter() for v in el.attrib.values()), *(el.text or "" for el in root.iter())])
     assert "\\x00" in texts and "<&>" in texts and "\x00" not in texts

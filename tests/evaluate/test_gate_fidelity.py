@@ -65,6 +65,7 @@ def test_gate_fails_on_fidelity_thresholds():
 
 def test_a_fidelity_failure_of_a_rope_scaled_checkpoint_names_the_scaling():
     """Issue 36: an engine that ignores the checkpoint's RoPE scaling fails on fidelity; the report says so."""
+    from pipeline.core.contracts.evaluate import EvalReport
     from pipeline.evaluate.report import rope_note
     from pipeline.facts.rope import normalise_rope
 
@@ -73,11 +74,11 @@ def test_a_fidelity_failure_of_a_rope_scaled_checkpoint_names_the_scaling():
     fid = {"positions": 100, "kld": {"mean": 0.2}, "top1": 0.9}
     rope = normalise_rope({"rope_scaling": {"type": "linear", "factor": 4}})[1]
     failed = {"gate": G.judge(GateConfig(), "none", stats, {"overall": 1.0}, fid), "target": "onnxruntime_genai", "rope_scaling": rope}
-    note = rope_note(failed)
+    note = rope_note(EvalReport.from_json(failed))
     assert note and "rope_scaling type 'linear'" in note and "max_kld/min_top1 failed" in note and "onnxruntime_genai" in note
-    assert rope_note({**failed, "rope_scaling": None}) is None
+    assert rope_note(EvalReport.from_json({**failed, "rope_scaling": None})) is None
     passed = G.judge(GateConfig(max_kld=1.0, min_top1=0.5), "none", stats, {"overall": 1.0}, fid)
-    assert rope_note({**failed, "gate": passed}) is None
+    assert rope_note(EvalReport.from_json({**failed, "gate": passed})) is None
 
 
 def test_hf_teacher_forced_logits_equal_an_unpadded_forward(tiny_llama):

@@ -86,6 +86,7 @@ def test_real_fail_keeps_the_improve_fix():
 
 
 def test_evaluate_console_says_inconclusive_not_failed():
+    from pipeline.core.contracts.evaluate import EvalReport
     from pipeline.evaluate.report import print_console
 
     _, v = _verdict(1)
@@ -98,7 +99,7 @@ def test_evaluate_console_says_inconclusive_not_failed():
         "skipped": {"too_long": []},
     }
     buf = io.StringIO()
-    print_console(rep, Console(file=buf, width=600))
+    print_console(EvalReport.from_json(rep), Console(file=buf, width=600))
     out = buf.getvalue()
     assert "gate FAILED" not in out and "gate INCONCLUSIVE" in out
     assert "about 138 items needed (it has 80)" in out and "eval.gate.mode=exploratory" in out

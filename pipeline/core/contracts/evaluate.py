@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from ..artifacts import PathOf, StageArtifact
-from .result import StageResult
+from ..decoding import DecodingPolicy
+from .result import StageResult, from_fields, json_object
+
+D = TypeVar("D")
 
 
 class EvalArtifact(StageArtifact):
@@ -40,17 +44,194 @@ class EvalArtifact(StageArtifact):
 
 @dataclasses.dataclass(frozen=True)
 class EvalSetRef:
-    """The eval set a report was computed on: ``name``, ``path``, ``sha256`` of the file, ``limit`` (items; None: all)."""
+    """The eval set a report was computed on: ``name``, ``path``, ``sha256`` of the file, ``limit`` (items; None: all),
+    ``evaluated`` (items run)."""
 
     name: str | None = None
     path: Path | None = None
     sha256: str | None = None
     limit: int | None = None
+    evaluated: int | None = None
+
+
+def _each(parse: Callable[[dict[str, Any]], D], v: Any) -> dict[str, D]:
+    """A JSON object of records (``name -> {...}``) parsed one by one; empty when ``v`` is not an object."""
+    return {str(k): parse(json_object(x)) for k, x in json_object(v).items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class SliceScore:
+    """A runner's mean score (0-1) and item count on one slice."""
+
+    score: float | None = None
+    n: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class FinishReasons:
+    """How many of a runner's answers ended on ``eos``, a ``stop`` string or the ``length`` limit."""
+
+    eos: int = 0
+    stop: int = 0
+    length: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class RunnerScores:
+    """``eval_report.json`` ``runners.<name>``: mean score (0-1) and items scored, overall and per slice, items skipped
+    as too long, errors, finish reasons and the batch size it ran with."""
+
+    score: float | None = None
+    n: int | None = None
+    slices: dict[str, SliceScore] = dataclasses.field(default_factory=dict)
+    skipped_too_long: int = 0
+    errors: int = 0
+    finish_reasons: FinishReasons = FinishReasons()
+    batch_size: int | None = None
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> RunnerScores:
+        fr = from_fields(FinishReasons, json_object(d.get("finish_reasons")))
+        return from_fields(cls, {**d, "slices": _each(lambda v: from_fields(SliceScore, v), d.get("slices")), "finish_reasons": fr})
+
+
+@dataclasses.dataclass(frozen=True)
+class PairedRow:
+    """One scope of ``eval_report.json`` ``comparison`` (candidate vs baseline): the baseline's score, the drop, its
+    one-sided upper bound (None: not computed) and the fraction of identical answers (None: not measured)."""
+
+    baseline: float | None = None
+    drop: float | None = None
+    upper: float | None = None
+    agreement: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+    """``eval_report.json`` ``comparison``: overall (None without a baseline) and per slice."""
+
+    overall: PairedRow | None = None
+    slices: dict[str, PairedRow] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Comparison:
+        o = d.get("overall")
+        return cls(from_fields(PairedRow, o) if isinstance(o, dict) else None, _each(lambda v: from_fields(PairedRow, v), d.get("slices")))
+
+
+@dataclasses.dataclass(frozen=True)
+class KldStats:
+    """KL divergence per teacher-forced position (nats): mean and its standard error, median, upper quantiles, max."""
+
+    mean: float = 0.0
+    se: float = 0.0
+    median: float = 0.0
+    p90: float = 0.0
+    p95: float = 0.0
+    p99: float = 0.0
+    p99_9: float = 0.0
+    max: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class FidelityStats:
+    """Fidelity on one scope (``pipeline.evaluate.fidelity``): teacher-forced ``positions`` (0: not measured), KLD,
+    the fraction with the same top token, perplexities and ln(PPL_cand / PPL_base), each with its standard error;
+    ``samples`` for the calibration hold-out."""
+
+    positions: int = 0
+    kld: KldStats = KldStats()
+    top1: float = 0.0
+    top1_se: float = 0.0
+    ppl_base: float = 0.0
+    ppl_cand: float = 0.0
+    ln_ppl_ratio: float = 0.0
+    ln_ppl_ratio_se: float = 0.0
+    samples: int | None = None
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> FidelityStats:
+        return from_fields(cls, {**d, "kld": from_fields(KldStats, json_object(d.get("kld")))})
+
+
+@dataclasses.dataclass(frozen=True)
+class FidelitySummary:
+    """``eval_report.json`` ``fidelity``: the ``candidate`` measured against the baseline over ``items`` items,
+    overall, per slice and on the calibration hold-out, or why it was not (``unavailable``)."""
+
+    candidate: str | None = None
+    unavailable: str | None = None
+    items: int | None = None
+    overall: FidelityStats = FidelityStats()
+    slices: dict[str, FidelityStats] = dataclasses.field(default_factory=dict)
+    calibration_heldout: FidelityStats = FidelityStats()
+
+    @classmethod
+    def from_json(cls, d: Any) -> FidelitySummary | None:
+        """None for an absent or empty section (fidelity not asked for)."""
+        if not isinstance(d, dict) or not d:
+            return None
+        parts = {k: FidelityStats.from_json(json_object(d.get(k))) for k in ("overall", "calibration_heldout")}
+        return from_fields(cls, {**d, **parts, "slices": _each(FidelityStats.from_json, d.get("slices"))})
+
+
+@dataclasses.dataclass(frozen=True)
+class GateCheck:
+    """One of ``eval_report.json`` ``gate.checks`` (``pipeline.evaluate.gate.judge``): scope (``overall`` |
+    ``slice:<name>``), check name, verdict (from ``passed`` when absent), a one-line detail, the value against the
+    threshold (``max_drop``: the drop, its upper bound and the allowance, fractions) and the items an inconclusive
+    scope would need."""
+
+    scope: str = "overall"
+    check: str = ""
+    verdict: str = "fail"
+    passed: bool = False
+    detail: str = ""
+    value: Any = None
+    threshold: Any = None
+    upper: float | None = None
+    items_needed: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ReportGate:
+    """``eval_report.json`` ``gate`` (``pipeline.evaluate.gate.judge``): verdict (from ``passed`` when absent), mode,
+    reason, the inconclusive fix, the confidence of the upper bounds, the allowed drop overall and per slice
+    (fractions) and every check."""
+
+    passed: bool = False
+    verdict: str = "fail"
+    mode: str = "release"
+    reason: str = ""
+    fix: str | None = None
+    confidence: float | None = None
+    allowed_drop: float | None = None
+    slice_allowed_drop: float | None = None
+    checks: tuple[GateCheck, ...] = ()
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> ReportGate:
+        def derived(x: dict[str, Any]) -> dict[str, Any]:
+            return {"verdict": "pass" if x.get("passed") else "fail", **x}
+
+        a = json_object(d.get("allowed_drop"))
+        checks = tuple(from_fields(GateCheck, derived(c)) for c in d.get("checks") or () if isinstance(c, dict))
+        return from_fields(cls, {**derived(d), "checks": checks, "allowed_drop": a.get("overall"), "slice_allowed_drop": a.get("slice")})
+
+
+@dataclasses.dataclass(frozen=True)
+class SkippedItems:
+    """``eval_report.json`` ``skipped``: the ids of the items longer than ``max_input_len`` tokens."""
+
+    too_long: Sequence[str] = ()
+    max_input_len: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
 class EvalReport:
-    """``eval_report.json`` (schema ``pipeline.eval_report/v1``; every key in :mod:`pipeline.evaluate.report`).
+    """``eval_report.json`` (schema ``pipeline.eval_report/v1``; every key in :mod:`pipeline.evaluate.report`), the
+    fields its readers use (the renderers of :mod:`pipeline.evaluate.report` and :mod:`pipeline.evaluate.junit`,
+    package, parity, publish).
 
     Attributes:
         candidate: the runner the gate judged (``engine`` | ``simulated`` | ...).
@@ -59,7 +240,17 @@ class EvalReport:
         limits: the limits the prompts were checked against (tokens / sequences: ``max_input_len``, ``max_seq_len``,
             ``max_batch_size``; a value is None when unknown).
         speculative: the measured speculative-decoding acceptance (None unless measured).
-        document: the whole report, for the writers of its other sections (JUnit, step summary).
+        recipe, target: the quantization recipe and the build target (None: no engine built).
+        runners: each runner's scores, by name (in run order).
+        comparison: candidate vs baseline, overall and per slice.
+        gate: the gate's verdict and checks.
+        fidelity: the teacher-forced fidelity (None when not asked for).
+        skipped: the items skipped as too long.
+        decoding: the decoding policy every runner applied (None in a report without one).
+        pairwise_agreement: ``"<runner a>~<runner b>"`` -> fraction of items with identical answers.
+        worst_regressions: the rows of the worst regressions (``id``, ``slice``, ``prompt``, ``reference``,
+            ``baseline``, ``candidate``, ``baseline_score``, ``candidate_score``), worst first.
+        rope_type: the checkpoint's RoPE scaling type (None: plain RoPE).
     """
 
     candidate: str | None = None
@@ -67,7 +258,17 @@ class EvalReport:
     eval_set: EvalSetRef = EvalSetRef()
     limits: dict[str, int | None] = dataclasses.field(default_factory=dict)
     speculative: dict[str, Any] | None = None
-    document: dict[str, Any] = dataclasses.field(default_factory=dict)
+    recipe: str | None = None
+    target: str | None = None
+    runners: dict[str, RunnerScores] = dataclasses.field(default_factory=dict)
+    comparison: Comparison = Comparison()
+    gate: ReportGate = ReportGate()
+    fidelity: FidelitySummary | None = None
+    skipped: SkippedItems = SkippedItems()
+    decoding: DecodingPolicy | None = None
+    pairwise_agreement: dict[str, float] = dataclasses.field(default_factory=dict)
+    worst_regressions: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    rope_type: str | None = None
 
     @classmethod
     def from_json(cls, d: dict[str, Any], source: Path | str = "eval_report.json") -> EvalReport:
@@ -83,6 +284,7 @@ class EvalReport:
         limits = typed("limits", d.get("limits"), dict) or {}
         for k, v in limits.items():
             typed(f"limits.{k}", v, int, minimum=1)  # None: unknown
+        decoding = json_object(d.get("decoding"))
         return cls(
             candidate=typed("candidate", d.get("candidate"), str),
             candidate_note=typed("notes.candidate", notes.get("candidate"), str),
@@ -91,10 +293,21 @@ class EvalReport:
                 path=Path(path) if path else None,
                 sha256=typed("eval_set.sha256", es.get("sha256"), str),
                 limit=typed("eval_set.limit", es.get("limit"), int, minimum=1),
+                evaluated=typed("eval_set.evaluated", es.get("evaluated"), int),
             ),
             limits=dict(limits),
             speculative=typed("speculative", d.get("speculative"), dict),
-            document=dict(d),
+            recipe=typed("recipe", d.get("recipe"), str),
+            target=typed("target", d.get("target"), str),
+            runners=_each(RunnerScores.from_json, d.get("runners")),
+            comparison=Comparison.from_json(json_object(d.get("comparison"))),
+            gate=ReportGate.from_json(json_object(d.get("gate"))),
+            fidelity=FidelitySummary.from_json(d.get("fidelity")),
+            skipped=from_fields(SkippedItems, json_object(d.get("skipped"))),
+            decoding=DecodingPolicy.from_json(decoding) if decoding else None,
+            pairwise_agreement=json_object(d.get("pairwise_agreement")),
+            worst_regressions=list(d.get("worst_regressions") or ()),
+            rope_type=json_object(d.get("rope_scaling")).get("rope_type"),
         )
 
     def gate_metrics(self) -> dict[str, float]:
@@ -102,25 +315,18 @@ class EvalReport:
         ``baseline``, ``drop`` and ``drop_upper`` (the one-sided upper bound of the paired drop), ``allowed_drop``,
         ``kld_mean`` and ``top1`` (fidelity, when measured), ``slice.<name>.score|drop|drop_upper``.  Scores and drops
         are fractions of the eval metric (0-1)."""
-        d = self.document
-        cand = (d.get("runners") or {}).get(self.candidate) or {}
-        comp = d.get("comparison") or {}
-        ov = comp.get("overall") or {}
-        pairs: dict[str, Any] = {
-            "score": cand.get("score"),
-            "baseline": ov.get("baseline"),
-            "drop": ov.get("drop"),
-            "drop_upper": ov.get("upper"),
-        }
-        pairs["allowed_drop"] = ((d.get("gate") or {}).get("allowed_drop") or {}).get("overall")
-        fo = (d.get("fidelity") or {}).get("overall") or {}
-        if fo.get("positions"):
-            pairs["kld_mean"], pairs["top1"] = (fo.get("kld") or {}).get("mean"), fo.get("top1")
-        for name, v in sorted((cand.get("slices") or {}).items()):
-            st = (comp.get("slices") or {}).get(name) or {}
-            pairs[f"slice.{name}.score"] = v.get("score")
-            pairs[f"slice.{name}.drop"] = st.get("drop")
-            pairs[f"slice.{name}.drop_upper"] = st.get("upper")
+        cand = self.runners.get(self.candidate or "", RunnerScores())
+        ov = self.comparison.overall or PairedRow()
+        pairs: dict[str, Any] = {"score": cand.score, "baseline": ov.baseline, "drop": ov.drop, "drop_upper": ov.upper}
+        pairs["allowed_drop"] = self.gate.allowed_drop
+        fo = self.fidelity.overall if self.fidelity else FidelityStats()
+        if fo.positions:
+            pairs["kld_mean"], pairs["top1"] = fo.kld.mean, fo.top1
+        for name, v in sorted(cand.slices.items()):
+            st = self.comparison.slices.get(name, PairedRow())
+            pairs[f"slice.{name}.score"] = v.score
+            pairs[f"slice.{name}.drop"] = st.drop
+            pairs[f"slice.{name}.drop_upper"] = st.upper
         return {k: float(v) for k, v in pairs.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 

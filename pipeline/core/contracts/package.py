@@ -66,13 +66,17 @@ class PackageArtifact(StageArtifact):
 @dataclasses.dataclass(frozen=True)
 class ParityRecord:
     """The serving-parity record (docs/package.md "Serving parity") as its readers see it: ``status``, ``matched``,
-    ``total``, ``note``, ``disabled_by`` (None where the record lacks one)."""
+    ``total``, ``note``, ``disabled_by``, why it was ``not run here`` (``reason``), the ``first_mismatch`` (None where
+    the record lacks one) and the ``command`` that runs it ("" where it lacks one)."""
 
     status: Any = None
     matched: Any = None
     total: Any = None
     note: Any = None
     disabled_by: Any = None
+    reason: Any = None
+    first_mismatch: Any = None
+    command: Any = ""
 
     @classmethod
     def from_json(cls, d: Any) -> ParityRecord | None:
