@@ -20,6 +20,11 @@ are given the spelling both read, here, by their writers (export ``hf/``, quanti
       that key as a ``{name: token}`` dict (4.57.1 ``tokenization_utils_base.py`` ``_set_model_specific_special_tokens``:
       "'list' object has no attribute 'keys'"); the list is written as ``additional_special_tokens``, which both
       read as the additional special tokens. A dict ``extra_special_tokens`` (4.x's named tokens) is kept.
+    * ``chat_template`` beside a template file (``chat_template.jinja``, ``additional_chat_templates/*.jinja``) is
+      dropped: both 5 and 4.57 (``tokenization_utils_base.py`` ``_from_pretrained``: "independent chat template
+      file(s) ... take priority over template entries in the tokenizer config") ignore it, so it could only mislead
+      a reader of ``tokenizer_config.json`` alone (an older transformers, a Triton client) into the other template.
+      transformers' own ``save_pretrained`` writes the same layout (the ``.jinja``, no config entry).
     The chat template stays in ``chat_template.jinja``: 4.57 reads it (4.57.1 ``utils/hub.py`` ``CHAT_TEMPLATE_FILE``,
     loaded by ``tokenization_utils_base.py`` ``from_pretrained``).
 """
@@ -51,11 +56,15 @@ def write_older_config_spellings(path: Path, dtype: str, rope_theta: float | Non
     write_json_atomic(Path(path), cfg)
 
 
-def tokenizer_config_both_read(doc: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+def tokenizer_config_both_read(doc: dict[str, Any], template_files: bool = False) -> tuple[dict[str, Any], list[str]]:
     """``tokenizer_config.json`` ``doc`` in the spelling transformers 4.57 and 5 both read (module docstring), and
-    what was changed (empty when nothing). ``doc`` is not modified."""
+    what was changed (empty when nothing). ``template_files``: the folder has a chat template file, which both read
+    instead of ``doc``'s ``chat_template`` (then dropped). ``doc`` is not modified."""
     out = dict(doc)
     changed: list[str] = []
+    if template_files and "chat_template" in out:
+        del out["chat_template"]
+        changed.append("chat_template dropped (transformers reads chat_template.jinja instead)")
     if out.get("tokenizer_class") == GENERIC_FAST_V5:
         out["tokenizer_class"] = GENERIC_FAST
         changed.append(f"tokenizer_class {GENERIC_FAST_V5} -> {GENERIC_FAST}")
@@ -68,6 +77,13 @@ def tokenizer_config_both_read(doc: dict[str, Any]) -> tuple[dict[str, Any], lis
     return out, changed
 
 
+def has_template_files(tokenizer_dir: Path) -> bool:
+    """Whether ``tokenizer_dir`` holds a chat template file transformers (5 and 4.57) reads in preference to
+    ``tokenizer_config.json``'s ``chat_template``: ``chat_template.jinja`` or ``additional_chat_templates/*.jinja``."""
+    d = Path(tokenizer_dir)
+    return (d / "chat_template.jinja").is_file() or any((d / "additional_chat_templates").glob("*.jinja"))
+
+
 def rewrite_tokenizer_config(tokenizer_dir: Path) -> list[str]:
     """Rewrite ``tokenizer_dir/tokenizer_config.json`` (when present) with :func:`tokenizer_config_both_read`; the
     file is left byte for byte when nothing needs changing. Returns what was changed."""
@@ -77,7 +93,7 @@ def rewrite_tokenizer_config(tokenizer_dir: Path) -> list[str]:
     doc = json.loads(p.read_text(encoding="utf-8"))
     if not isinstance(doc, dict):
         return []
-    new, changed = tokenizer_config_both_read(doc)
+    new, changed = tokenizer_config_both_read(doc, has_template_files(tokenizer_dir))
     if changed:
         p.unlink()  # may be a hard link into the source checkpoint: never write through it
         p.write_text(json.dumps(new, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")

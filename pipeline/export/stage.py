@@ -143,8 +143,9 @@ STAGE = Stage(
     libraries=("transformers", "safetensors", "tokenizers", "torch"),
     run=_run,
     # 3: decoding.json (issue 24); 4: tokenizer follows transformers, tokenizer_parity (issue 36);
-    # 5: tokenizer_config.json that transformers 4.57 reads too (issue 34)
-    version="5",
+    # 5: tokenizer_config.json that transformers 4.57 reads too (issue 34); 6: no chat_template in it beside
+    # chat_template.jinja (fresh-user trial)
+    version="6",
     external_inputs=_checkpoint,
     dry_run=_dry_run,
 )

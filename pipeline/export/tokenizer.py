@@ -139,7 +139,8 @@ def check_tokenizer(src: Path, tok: Any) -> TokenizerPlan:
         warnings.append(
             f"{src / 'chat_template.jinja'} and the chat_template in {src / 'tokenizer_config.json'} differ; "
             f"transformers uses chat_template.jinja, and so does every stage of this pipeline (the tokenizer_config.json "
-            f"one is ignored). Fix: delete the stale one from the checkpoint to silence this"
+            f"one is ignored, and hf/tokenizer_config.json is written without it). Fix: delete the stale one from the "
+            f"checkpoint to silence this"
         )
     try:
         first = probe(TextCodec.from_dir(src), tok)

@@ -132,3 +132,65 @@ def test_matching_tokenizer_is_copied_and_recorded(llama, tmp_path):
     assert info["tokenizer_parity"]["followed"] is None and info["tokenizer_parity"]["source_mismatches"] == 0
     assert info["tokenizer_parity"]["probes"] >= len(PROBE_TEXTS) + 1  # the texts and one chat conversation
     assert (tmp_path / "out" / "hf" / "tokenizer.json").read_bytes() == (llama / "tokenizer.json").read_bytes()
+
+
+_RENDER_457 = """
+import json, sys
+from transformers import AutoTokenizer
+tok = AutoTokenizer.from_pretrained(sys.argv[1])
+print(json.dumps(tok.apply_chat_template(json.loads(sys.argv[2]), add_generation_prompt=True, tokenize=False)))
+"""
+
+
+def test_the_exported_folder_holds_only_the_template_transformers_uses(llama, tmp_path):
+    """Fresh-user trial: a source with a chat_template.jinja and a different tokenizer_config.json chat_template was
+    exported with both, so a consumer reading hf/tokenizer_config.json (an older transformers, a Triton client) got the
+    stale one. Now hf/ holds one template, the one transformers renders from the source: transformers 5 here and 4.57
+    (the serving image's, .venv-trtllm-compat) render it from hf/, and hf/tokenizer_config.json read without the
+    .jinja beside it offers no other."""
+    import subprocess
+
+    from transformers import AutoTokenizer
+
+    src = shutil.copytree(llama, tmp_path / "two_templates")
+    cfg = json.loads((src / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = "{% for m in messages %}<<{{ m['role'] }}>>{{ m['content'] }}{% endfor %}"
+    (src / "tokenizer_config.json").write_text(json.dumps(cfg))
+    msgs = [{"role": "user", "content": "Where is order 12345?"}]
+    want = AutoTokenizer.from_pretrained(str(src)).apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    assert "<<user>>" not in want
+    export_checkpoint(src, tmp_path / "out", dtype="float32")
+    hf = tmp_path / "out" / "hf"
+
+    assert AutoTokenizer.from_pretrained(str(hf)).apply_chat_template(msgs, add_generation_prompt=True, tokenize=False) == want
+    compat = Path(__file__).resolve().parents[2] / ".venv-trtllm-compat" / "bin" / "python"
+    if compat.exists():
+        r = subprocess.run([str(compat), "-c", _RENDER_457, str(hf), json.dumps(msgs)], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert json.loads(r.stdout.strip().splitlines()[-1]) == want
+    # a reader of tokenizer_config.json alone (no chat_template.jinja beside it) finds no second template
+    assert "chat_template" not in json.loads((hf / "tokenizer_config.json").read_text())
+    only_config = tmp_path / "only_config"
+    only_config.mkdir()
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(hf / f, only_config / f)
+    assert AutoTokenizer.from_pretrained(str(only_config)).chat_template is None
+
+
+def test_a_source_with_one_template_keeps_it_where_it_is(llama, tmp_path):
+    """Only tokenizer_config.json holds a template (no .jinja): it stays there, and transformers renders it from hf/."""
+    from transformers import AutoTokenizer
+
+    src = shutil.copytree(llama, tmp_path / "config_template")
+    template = (src / "chat_template.jinja").read_text()
+    (src / "chat_template.jinja").unlink()
+    cfg = json.loads((src / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = template
+    (src / "tokenizer_config.json").write_text(json.dumps(cfg))
+    msgs = [{"role": "user", "content": "Where is order 12345?"}]
+    want = AutoTokenizer.from_pretrained(str(src)).apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    export_checkpoint(src, tmp_path / "out", dtype="float32")
+    hf = tmp_path / "out" / "hf"
+    assert not (hf / "chat_template.jinja").exists()
+    assert json.loads((hf / "tokenizer_config.json").read_text())["chat_template"] == template
+    assert AutoTokenizer.from_pretrained(str(hf)).apply_chat_template(msgs, add_generation_prompt=True, tokenize=False) == want
