@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .core.config import PipelineConfig, resolve_path
+from .core.config import PipelineConfig, Problem, resolve_path
 from .core.stage import Stage, get_stage
 from .core.store import ArtifactStore
 from .errors import InputError
@@ -26,30 +26,69 @@ _INPUT_FIELDS = {
 _FILE_FIELDS = {"calibration.path", "eval.eval_set"}
 
 
-def resolve_externals(stage: Stage, cfg: PipelineConfig) -> tuple[dict[str, Path], dict[str, str]]:
-    """``stage``'s external inputs: ``(resolved {name: existing path}, missing {"<field>=<value>": message})``, each
-    message naming the config field, the value, where it was looked for and the fix."""
+def _missing_inputs(stage: Stage, cfg: PipelineConfig) -> tuple[dict[str, Path], dict[str, Problem]]:
+    """``stage``'s external inputs: ``(resolved {name: existing path}, missing {"<field>=<value>": Problem})``."""
     out: dict[str, Path] = {}
-    missing: dict[str, str] = {}
+    missing: dict[str, Problem] = {}
     for name, p in stage.external_inputs(cfg).items():
         rp = resolve_path(str(p))
         if rp is None or not rp.exists():
             field = _INPUT_FIELDS.get(name)
-            what = f"{field}={p}" if field else f"input {name!r} ({p})"
-            missing[what] = (
-                f"{what}: not found (looked for {rp}; the {stage.name} stage reads it). "
-                f"Fix: {'set ' + field + ' to' if field else 'point the config at'} an existing path (relative paths are "
-                "resolved against the directory you run pipeline from, then the repository)."
+            missing[f"{field}={p}" if field else f"input {name!r} ({p})"] = Problem(
+                field or f"input {name!r}",
+                str(p),
+                f"not found (looked for {rp}; the {stage.name} stage reads it).",
+                f"{'set ' + field + ' to' if field else 'point the config at'} an existing path (relative paths are "
+                "resolved against the directory you run pipeline from, then the repository).",
             )
         elif rp.is_dir() and _INPUT_FIELDS.get(name) in _FILE_FIELDS:
             field = _INPUT_FIELDS[name]
-            missing[f"{field}={p}"] = (
-                f"{field}={p}: is a directory ({rp}); the {stage.name} stage reads one file. "
-                f"Fix: set {field} to the data file itself (e.g. a .jsonl file, one JSON object per line)."
+            missing[f"{field}={p}"] = Problem(
+                field,
+                str(p),
+                f"is a directory ({rp}); the {stage.name} stage reads one file.",
+                f"set {field} to the data file itself (e.g. a .jsonl file, one JSON object per line).",
             )
         else:
             out[name] = rp
     return out, missing
+
+
+def resolve_externals(stage: Stage, cfg: PipelineConfig) -> tuple[dict[str, Path], dict[str, str]]:
+    """``stage``'s external inputs: ``(resolved {name: existing path}, missing {"<field>=<value>": message})``, each
+    message naming the config field, the value, where it was looked for and the fix."""
+    out, missing = _missing_inputs(stage, cfg)
+    return out, {what: f"{what}: {p.message} Fix: {p.fix}" for what, p in missing.items()}
+
+
+class _Refusal(Problem):
+    """A stage's own refusal of an input (its message names the field, the value and the fix), printed as it is."""
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def input_problems(order: list[str], cfg: PipelineConfig) -> list[Problem]:
+    """The inputs of the stages in ``order`` that are missing (or a folder where a file goes), each once, and a
+    stage's own refusal of an input while listing them (the export stage's of a checkpoint folder that is not there),
+    as :class:`Problem` s: what a run that already has configuration problems reports with them, so that nothing found
+    before work starts waits for a second run. The eval set's refusal is left out: the evaluate stage's checks report
+    each of its problems; so is a missing input whose field a refusal already names (``model.path=...: not found``)."""
+    from .data.evalset import EvalSetError
+
+    found: dict[str, Problem] = {}
+    for name in order:
+        try:
+            _, missing = _missing_inputs(get_stage(name), cfg)
+        except EvalSetError:
+            continue
+        except InputError as e:
+            missing = {str(e): _Refusal("input", None, str(e))}
+        for what, p in missing.items():
+            named = any(isinstance(r, _Refusal) and r.message.startswith(f"{p.field}=") for r in found.values())
+            if not named:
+                found.setdefault(what, p)
+    return list(found.values())
 
 
 def all_externals(order: list[str], cfg: PipelineConfig) -> dict[str, dict[str, Path]]:

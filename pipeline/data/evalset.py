@@ -35,6 +35,17 @@ from ..errors import MAX_LINE_BYTES, InputError, line_too_long
 MAX_REPORTED_PROBLEMS = 20
 
 
+class EvalSetError(InputError):
+    """:func:`read_eval_set`'s refusal of the eval set (exit 2). For malformed lines the message lists the first
+    :data:`MAX_REPORTED_PROBLEMS` and ``problems`` holds every one, each ``file:line: field ... (value ...). Fix: ...``;
+    for a refusal of the whole file (unreadable, no items, a task YAML key that is not implemented) ``problems`` is
+    the message alone."""
+
+    def __init__(self, message: str, problems: Sequence[str]):
+        super().__init__(message)
+        self.problems = list(problems)
+
+
 @dataclasses.dataclass
 class EvalItem:
     """One eval item (see module docstring for the field meanings)."""
@@ -234,10 +245,20 @@ def read_eval_set(path: str | Path, *, limit: int | None = None) -> EvalSet:
     Returns:
         :class:`EvalSet` (items in file / document order, the format record).
     Raises:
-        InputError: a directory, an unreadable file, a line over :data:`pipeline.errors.MAX_LINE_BYTES`,
-            invalid JSON, missing/wrong fields, duplicate ids, an unknown metric, an empty set, a task-YAML key that is
-            not implemented; the message names ``file:line`` (or the key), the field and the fix.
+        EvalSetError: (an :class:`~pipeline.errors.InputError`) a directory, an unreadable file, a line over
+            :data:`pipeline.errors.MAX_LINE_BYTES`, invalid JSON, missing/wrong fields, duplicate ids, an unknown metric,
+            an empty set, a task-YAML key that is not implemented; the message names ``file:line`` (or the key), the
+            field and the fix; ``problems`` lists each problem.
     """
+    try:
+        return _read_eval_set(path, limit)
+    except EvalSetError:
+        raise
+    except InputError as e:  # a refusal of the whole file
+        raise EvalSetError(str(e), [str(e)]) from None
+
+
+def _read_eval_set(path: str | Path, limit: int | None) -> EvalSet:
     from . import foreign
     from .metrics import METRICS
 
@@ -282,7 +303,7 @@ def read_eval_set(path: str | Path, *, limit: int | None = None) -> EvalSet:
         items.append(item)
     if errors:
         more = f"\n  ... and {len(errors) - MAX_REPORTED_PROBLEMS} more" if len(errors) > MAX_REPORTED_PROBLEMS else ""
-        raise InputError(f"eval set {p}: {len(errors)} problem(s):\n  - " + "\n  - ".join(errors[:MAX_REPORTED_PROBLEMS]) + more)
+        raise EvalSetError(f"eval set {p}: {len(errors)} problem(s):\n  - " + "\n  - ".join(errors[:MAX_REPORTED_PROBLEMS]) + more, errors)
     if not items:
         raise InputError(f"eval set {p} has no items. Fix: add JSONL lines with id, prompt, reference, metric, slice.")
     return EvalSet(stratified_head(items, limit) if limit else items, fmt, data_files)

@@ -1,5 +1,9 @@
 """The evaluate stage's config checks (run by :func:`pipeline.validation.validate` when the evaluate stage will run).
 
+* the eval set file itself (:func:`pipeline.data.evalset.read_eval_set`: each malformed line, duplicate id, unknown
+  metric, bad ``metric_args`` ... as a problem of ``eval.eval_set`` naming ``file:line``, the field, the value and the
+  fix), so they are reported with the other problems of the run instead of in a second round (fresh-user trial: the
+  length problems came first, the file's own problems only after they were fixed);
 * the business eval set's prompts, rendered and tokenized as the engine will see them
   (:class:`pipeline.core.tokenization.TextCodec`: ``tokenizers`` + ``jinja2``, no transformers), fit
   ``build.max_input_len`` (max and P99 reported), and prompt + ``max_new_tokens`` fit ``build.max_seq_len``.
@@ -23,16 +27,60 @@ def checks(cfg: Any) -> list[Problem]:
     """Every evaluate-stage problem of ``cfg`` (a composed ``PipelineConfig``); never raises for bad values."""
     from ..core.sizing import shape_or_none
 
+    problems = _eval_set_file_problems(cfg)
     shape = shape_or_none(cfg)
     if shape is None:
-        return []  # an unreadable checkpoint: the export stage / `pipeline plan` report it
-    return _eval_set_problems(cfg, int(shape.max_seq_len_limit))
+        return problems  # an unreadable checkpoint: the export stage / `pipeline plan` report it
+    return problems + _eval_set_problems(cfg, int(shape.max_seq_len_limit))
 
 
 # --------------------------------------------------------------------------- eval set
 def _file_sig(p: Path) -> tuple[str, int, int]:
     st = p.stat()
     return (str(p), st.st_size, st.st_mtime_ns)
+
+
+def _eval_set_file_problems(cfg: Any) -> list[Problem]:
+    """Every problem :func:`~pipeline.data.evalset.read_eval_set` finds in the eval set file (none when it is missing or
+    a folder: the run's input check names those), each a :class:`Problem` of ``eval.eval_set``."""
+    from ..core.config import resolve_path
+
+    if not cfg.eval.eval_set:
+        return []
+    try:
+        path = resolve_path(cfg.eval.eval_set)
+        if path is None or not path.is_file():
+            return []
+        return list(_file_problems(_file_sig(path), str(cfg.eval.eval_set)))
+    except OSError:
+        return []  # unreadable: the evaluate stage's own read says why
+
+
+@functools.lru_cache(maxsize=8)
+def _file_problems(eval_sig: tuple[str, int, int], value: str) -> tuple[Problem, ...]:
+    """The eval set's problems as :class:`Problem` s (the line's own wording, its ``Fix:`` as the fix); at most
+    :data:`~pipeline.data.evalset.MAX_REPORTED_PROBLEMS` and one saying how many more. Cached per file version."""
+    from ..data.evalset import MAX_REPORTED_PROBLEMS, EvalSetError, read_eval_set
+
+    try:
+        read_eval_set(Path(eval_sig[0]))
+        return ()
+    except EvalSetError as e:  # each malformed line, or the refusal of the whole file (no items, a task YAML key ...)
+        found = e.problems
+    out = []
+    for text in found[:MAX_REPORTED_PROBLEMS]:
+        message, _, fix = text.partition(" Fix: ")
+        out.append(Problem("eval.eval_set", value, message, fix))
+    if len(found) > MAX_REPORTED_PROBLEMS:
+        out.append(
+            Problem(
+                "eval.eval_set",
+                value,
+                f"... and {len(found) - MAX_REPORTED_PROBLEMS} more problem(s) in {eval_sig[0]} (not listed here).",
+                "fix the ones above, then run again to list the rest",
+            )
+        )
+    return tuple(out)
 
 
 def _eval_rows(path: Path) -> list[dict[str, Any]]:
@@ -66,8 +114,8 @@ def _eval_rows(path: Path) -> list[dict[str, Any]]:
 @functools.lru_cache(maxsize=8)
 def _prompt_lengths(
     eval_sig: tuple[str, int, int], tok_sig: tuple[str, int, int], limit: int | None, apply_chat_template: bool, default_new: int
-) -> tuple[list[int], list[int], list[str], tuple[str, str] | None]:
-    """(prompt token lengths, prompt + max_new_tokens, ids, the first prompt the tokenizer or its chat template cannot
+) -> tuple[list[int], list[int], list[str], list[tuple[str, str]]]:
+    """(prompt token lengths, prompt + max_new_tokens, ids, every prompt the tokenizer or its chat template cannot
     render as ``(item id, reason)``) for the eval set; cached per file version."""
     from ..core import tokenization
     from ..errors import InputError
@@ -78,7 +126,7 @@ def _prompt_lengths(
         raise InputError(str(e)) from None
     lens, totals, ids = [], [], []
     slices: list[str] = []
-    refused: tuple[str, str] | None = None
+    refused: list[tuple[str, str]] = []
     for i, row in enumerate(_eval_rows(Path(eval_sig[0]))):
         prompt, messages = row.get("prompt"), row.get("messages")
         if not isinstance(prompt, str) and not isinstance(messages, list):
@@ -93,7 +141,7 @@ def _prompt_lengths(
                 )
             )
         except tokenization.TokenizationError as e:  # a chat template that cannot render it: evaluate would stop there
-            refused = refused or (str(row.get("id", f"line {i + 1}")), str(e))
+            refused.append((str(row.get("id", f"line {i + 1}")), str(e)))
             continue
         except Exception:
             continue
@@ -116,7 +164,9 @@ def _prompt_lengths(
 
 def eval_prompt_stats(cfg: Any) -> dict[str, Any] | None:
     """Token-length statistics of the eval set's prompts as the engine sees them, or ``None`` when the
-    eval set or a fast tokenizer is not available.  Keys: count, max, p99, max_id, max_total, max_total_id."""
+    eval set or a fast tokenizer is not available.  Keys: count, max, p99, max_id, max_total, max_total_id, file,
+    lengths and totals (``[(item id, prompt tokens / prompt + max_new_tokens), ...]``), refused (the first prompt the chat template cannot render as ``(item id,
+    reason)``, or None) and refused_more (the ids of the other prompts it cannot render)."""
     from ..core.config import resolve_path
 
     if not cfg.eval.eval_set or not cfg.model.path:
@@ -129,7 +179,7 @@ def eval_prompt_stats(cfg: Any) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None  # the eval loader / export stage name the bad path
     try:
-        lens, totals, ids, refused = _prompt_lengths(
+        lens, totals, ids, refusals = _prompt_lengths(
             _file_sig(ep),
             _file_sig(mp / "tokenizer.json"),
             cfg.eval.limit,
@@ -138,8 +188,10 @@ def eval_prompt_stats(cfg: Any) -> dict[str, Any] | None:
         )
     except (OSError, ValueError, ImportError):
         return None
+    refused = refusals[0] if refusals else None
+    refused_more = [item for item, _ in refusals[1:]]
     if not lens:
-        return {"count": 0, "refused": refused, "file": str(ep)} if refused else None
+        return {"count": 0, "refused": refused, "refused_more": refused_more, "file": str(ep)} if refused else None
     s = sorted(lens)
     p99 = s[min(len(s) - 1, max(0, math.ceil(0.99 * len(s)) - 1))]
     imax = max(range(len(lens)), key=lens.__getitem__)
@@ -152,8 +204,25 @@ def eval_prompt_stats(cfg: Any) -> dict[str, Any] | None:
         "max_total": totals[itot],
         "max_total_id": ids[itot],
         "file": str(ep),
+        "lengths": list(zip(ids, lens)),
+        "totals": list(zip(ids, totals)),
         "refused": refused,
+        "refused_more": refused_more,
     }
+
+
+MAX_NAMED_ITEMS = 10
+"""How many item ids one problem names (the count says how many there are)."""
+
+
+def _named(ids: list[str]) -> str:
+    """The first :data:`MAX_NAMED_ITEMS` of ``ids``, comma-separated (`` ...`` when there are more)."""
+    return ", ".join(ids[:MAX_NAMED_ITEMS]) + (" ..." if len(ids) > MAX_NAMED_ITEMS else "")
+
+
+def _more_items(ids: list[str], what: str) -> str:
+    """`` (WHAT N more item(s) too: a, b, ...)``, or '' when ``ids`` is empty."""
+    return f" ({what} {len(ids)} more item(s) too: {_named(ids)})" if ids else ""
 
 
 def _eval_set_problems(cfg: Any, positions: int) -> list[Problem]:
@@ -173,13 +242,19 @@ def _eval_set_problems(cfg: Any, positions: int) -> list[Problem]:
             Problem(
                 "model.apply_chat_template",
                 bool(cfg.model.apply_chat_template),
-                f"the eval set {st['file']} item {item}: {msg}",
+                f"the eval set {st['file']} item {item}: {msg}" + _more_items(st["refused_more"], "the template cannot render"),
                 fix.rstrip(".") or "correct the chat template, or set model.apply_chat_template=false",
             )
         )
     if not st["count"]:
         return out
     if st["max"] > b.max_input_len:
+        over = [item for item, n in st["lengths"] if n >= positions]
+        alone = (
+            f"item {st['max_id']} alone is more than the model's {positions} positions"
+            if len(over) <= 1
+            else f"items {_named(over)} ({len(over)}) alone are each more than the model's {positions} positions"
+        )
         out.append(
             Problem(
                 "build.max_input_len",
@@ -188,15 +263,17 @@ def _eval_set_problems(cfg: Any, positions: int) -> list[Problem]:
                 f"(item {st['max_id']}; P99 {st['p99']} over {st['count']} prompts, rendered with the chat template).",
                 f"set build.max_input_len >= {st['max']} (and build.max_seq_len above it), or shorten the prompts"
                 if st["max"] < positions
-                else f"shorten the prompts: item {st['max_id']} alone is more than the model's {positions} positions",
+                else f"shorten the prompts: {alone}",
             )
         )
     if st["max_total"] > b.max_seq_len:
+        past = [item for item, n in st["totals"] if n > positions]
         out.append(
             Problem(
                 "build.max_seq_len",
                 b.max_seq_len,
-                f"prompt + max_new_tokens reaches {st['max_total']} tokens on the eval set (item {st['max_total_id']}).",
+                f"prompt + max_new_tokens reaches {st['max_total']} tokens on the eval set (item {st['max_total_id']})."
+                + (f" Over the model's {positions} positions: items {_named(past)} ({len(past)})." if len(past) > 1 else ""),
                 f"set build.max_seq_len >= {st['max_total']}"
                 if st["max_total"] <= positions
                 else f"lower max_new_tokens (eval.max_new_tokens, or the item's own max_new_tokens): the model has "
