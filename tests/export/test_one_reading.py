@@ -78,9 +78,9 @@ def test_shards_without_their_index_name_the_missing_shard(llama, tmp_path):
         inspect_checkpoint(src)
 
 
-def test_chat_template_jinja_wins_over_tokenizer_config_and_is_said(llama, tmp_path):
-    """Both a chat_template.jinja and a different tokenizer_config.json chat_template: transformers renders the .jinja;
-    so does the codec now (it read tokenizer_config.json first), and export warns naming both files."""
+def _two_templates(llama, tmp_path):
+    """A copy of ``llama`` whose tokenizer_config.json has a chat_template other than its chat_template.jinja; returns
+    (folder, messages, what transformers renders for them: the .jinja's text)."""
     from transformers import AutoTokenizer
 
     src = shutil.copytree(llama, tmp_path / "two_templates")
@@ -90,6 +90,14 @@ def test_chat_template_jinja_wins_over_tokenizer_config_and_is_said(llama, tmp_p
     msgs = [{"role": "user", "content": "Where is order 12345?"}]
     want = AutoTokenizer.from_pretrained(str(src)).apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
     assert "<<user>>" not in want
+    return src, msgs, want
+
+
+def test_chat_template_jinja_wins_over_tokenizer_config_and_is_said(llama, tmp_path):
+    """Both a chat_template.jinja and a different tokenizer_config.json chat_template: transformers renders the .jinja;
+    so does the codec now (it read tokenizer_config.json first), and export warns naming both files."""
+
+    src, msgs, want = _two_templates(llama, tmp_path)
     assert TextCodec.from_dir(src).render(messages=msgs) == want
     info = export_checkpoint(src, tmp_path / "out", dtype="float32")
     said = [w for w in info["_warnings"] if "chat_template.jinja" in w]
@@ -152,13 +160,7 @@ def test_the_exported_folder_holds_only_the_template_transformers_uses(llama, tm
 
     from transformers import AutoTokenizer
 
-    src = shutil.copytree(llama, tmp_path / "two_templates")
-    cfg = json.loads((src / "tokenizer_config.json").read_text())
-    cfg["chat_template"] = "{% for m in messages %}<<{{ m['role'] }}>>{{ m['content'] }}{% endfor %}"
-    (src / "tokenizer_config.json").write_text(json.dumps(cfg))
-    msgs = [{"role": "user", "content": "Where is order 12345?"}]
-    want = AutoTokenizer.from_pretrained(str(src)).apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
-    assert "<<user>>" not in want
+    src, msgs, want = _two_templates(llama, tmp_path)
     export_checkpoint(src, tmp_path / "out", dtype="float32")
     hf = tmp_path / "out" / "hf"
 
