@@ -47,6 +47,7 @@ def _gpu_table(cfg: Any, names: list[str], console: Any) -> tuple[list[dict[str,
     from rich.table import Table
 
     from .planner.base import fmt_bytes
+    from .planner.gpu import GpuMemory
     from .planner.plan import plan
 
     rows, worst = [], EXIT_OK
@@ -59,18 +60,17 @@ def _gpu_table(cfg: Any, names: list[str], console: Any) -> tuple[list[dict[str,
     for n in names:
         c = dataclasses.replace(cfg, target=dataclasses.replace(cfg.target, gpu=n))
         p = plan(c)  # main validated cfg; only target.gpu differs
-        d = p.decode or {}
-        full = d.get("full") or {}
-        b1 = d.get("batch1") or {}
+        m, cap = p.memory, p.capacity
+        b1, full = (p.decode.batch1, p.decode.full) if p.decode else (None, None)
         rows.append({"gpu": n, "plan": p.to_json()})
         t.add_row(
             n,
             p.status,
-            fmt_bytes(p.memory.get("weights_bytes")),
-            fmt_bytes(p.memory.get("kv_pool_bytes")),
-            str(p.capacity.get("max_sequences_at_max_seq_len", "-")),
-            f"{b1.get('tok_s_per_seq_max', 0):.1f}" if b1 else "-",
-            f"{full.get('tok_s_aggregate_max', 0):.0f}" if full else "-",
+            fmt_bytes(m.weights_bytes if m else None),
+            fmt_bytes(m.kv_pool_bytes if isinstance(m, GpuMemory) else None),
+            str(cap.max_sequences_at_max_seq_len if cap else "-"),
+            f"{b1.tok_s_per_seq_max:.1f}" if b1 else "-",
+            f"{full.tok_s_aggregate_max:.0f}" if full else "-",
         )
     console.print(t)
     return rows, worst

@@ -188,9 +188,9 @@ def _predicted(shape_dir: Path, device: str, extra: list[str]) -> dict[str, Any]
         from ..planner import plan
 
         p = plan(compose([f"model.path={shape_dir}", f"calibration.device={device}", *RUN_ARGS, *extra]))
-        q = (p.stages or {}).get("predicted", {}).get("quantize", {})
-        pl = (p.stages or {}).get("calibration_placement", {})
-        return {"host_bytes": q.get("host_bytes"), "gpu_bytes": q.get("gpu_bytes"), "where": q.get("where"), "offload": pl.get("offload")}
+        assert p.stages is not None  # plan() always predicts the stages
+        q, pl = p.stages.predicted["quantize"], p.stages.calibration_placement
+        return {"host_bytes": q.host_bytes, "gpu_bytes": q.gpu_bytes, "where": q.where, "offload": pl.offload if pl else None}
     except Exception as e:  # the prediction is reported, never a reason to stop measuring
         return {"error": f"{type(e).__name__}: {e}"}
 

@@ -63,11 +63,12 @@ def _pipeline() -> list[str]:
 def predict(shape_dir: Path, stages: list[str]) -> dict[str, Any]:
     """The planner's per-stage prediction and refusals for ``shape_dir`` (no work done)."""
     from ..core.config import compose
-    from ..core.sizing import plan_refusals
+    from ..core.sizing import stage_refusals
     from ..planner import plan
 
     p = plan(compose([f"model.path={shape_dir}", *RUN_ARGS]))  # the run itself validates (run_shape)
-    return {**p.stages, "refusals": plan_refusals(p.stages, stages)}
+    assert p.stages is not None  # plan() always predicts the stages
+    return {**p.to_json()["stages"], "refusals": stage_refusals(p.stages.predicted, stages, p.stages.host_total_bytes)}
 
 
 def run_shape(shape: str, shape_dir: Path, work: Path, stages: list[str], extra: list[str]) -> dict[str, Any]:

@@ -397,16 +397,6 @@ def stage_refusals(pred: dict[str, StageMemory], stages: list[str], host_total: 
     return out
 
 
-def plan_refusals(stages_doc: dict[str, Any], stages: list[str]) -> list[str]:
-    """:func:`stage_refusals` for a plan's ``stages`` section (``{"host_total_bytes", "predicted"}``, :func:`as_json`)."""
-    pred = {k: StageMemory(**v) for k, v in stages_doc["predicted"].items()}
-    return stage_refusals(pred, stages, stages_doc.get("host_total_bytes"))
-
-
-def as_json(pred: dict[str, StageMemory]) -> dict[str, Any]:
-    return {k: dataclasses.asdict(v) for k, v in pred.items()}
-
-
 def shape_or_none(cfg: Any) -> ModelShape | None:
     """:func:`load_shape`'s shape, or None when the checkpoint cannot be read (the export stage and ``pipeline plan``
     report an unreadable checkpoint with their own message; config checks then skip what needs the shape)."""

@@ -55,6 +55,11 @@ class GPU:
         return int(major) * 10 + int(minor)
 
     @property
+    def bandwidth_gb_s(self) -> float:
+        """Peak bandwidth in GB/s, one decimal (as the plan shows it)."""
+        return round(self.bandwidth_bytes_s / GB, 1)
+
+    @property
     def quant_formats(self) -> list[str]:
         """Recipes (``quant.recipe``) TensorRT-LLM can run on this GPU [TRTLLM-SM]."""
         return [r for r, m in RECIPE_MIN_SM.items() if self.sm >= m]
@@ -69,7 +74,7 @@ class GPU:
             "key": self.key,
             "name": self.name,
             "memory_gib": round(self.memory_bytes / 2**30, 2),
-            "bandwidth_gb_s": round(self.bandwidth_bytes_s / GB, 1),
+            "bandwidth_gb_s": self.bandwidth_gb_s,
             "compute_capability": self.compute_capability,
             "quant_formats": self.quant_formats,
             "kv_formats": self.kv_formats,

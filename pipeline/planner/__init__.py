@@ -32,15 +32,15 @@ class PlanRefused(PreflightError):
 
 
 def host_check(p: Plan, cfg: Any, stages: list[str]) -> None:
-    """Add to ``p`` the host-memory verdict of the ``stages`` that will run (:func:`pipeline.core.sizing.plan_refusals`:
+    """Add to ``p`` the host-memory verdict of the ``stages`` that will run (:func:`pipeline.core.sizing.stage_refusals`:
     each stage's predicted peak against this host's RAM). A config with a checkpoint (``model.path``) can run here,
     so a stage that does not fit refuses the plan (``status = "refused"``: exit 4, as the run itself would); a
     shapes-only preset cannot run here anyway, so the same figures are warnings (``status`` at least ``warn``)."""
-    from ..core.sizing import plan_refusals
+    from ..core.sizing import stage_refusals
 
     if not stages or not p.stages:
         return
-    more = plan_refusals(p.stages, stages)
+    more = stage_refusals(p.stages.predicted, stages, p.stages.host_total_bytes)
     if not more:
         return
     if getattr(cfg.model, "path", None):

@@ -21,36 +21,215 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ..core.sizing import StageMemory
 from ..errors import InputError
 from ..facts.geometry import DTYPE_BYTES, ModelShape, kv_heads_per_rank
+from ..facts.gpus import GPU
 from ..facts.recipes import KV_MIN_SM, RECIPE_MIN_SM
 from .weights import WeightBreakdown, weight_bytes
 
+if TYPE_CHECKING:  # each device's own records, in its module
+    from .cpu import CpuMemory, HostCpu
+    from .gpu import GpuMemory
+
 GiB = 1 << 30
 KiB = 1 << 10
+
+
+OMIT_NONE = {"omit_none": True}
+"""Field metadata: the field is left out of the plan's JSON when None (a field of the other device's plan)."""
+
+
+def to_doc(x: Any) -> Any:
+    """The JSON value of a plan record: a dataclass's fields in order (one marked :data:`OMIT_NONE` left out when None;
+    a record with a ``to_json`` as that says), lists and dicts of them likewise."""
+    if hasattr(x, "to_json"):
+        return x.to_json()
+    if dataclasses.is_dataclass(x):
+        return {f.name: to_doc(v) for f in dataclasses.fields(x) if (v := getattr(x, f.name)) is not None or "omit_none" not in f.metadata}
+    if isinstance(x, (list, tuple)):
+        return [to_doc(v) for v in x]
+    if isinstance(x, dict):
+        return {k: to_doc(v) for k, v in x.items()}
+    return x
+
+
+@dataclasses.dataclass(frozen=True)
+class VisibleGpu:
+    """A GPU visible on this host (``nvidia-smi``) and its free memory now (None when unreadable)."""
+
+    name: str | None
+    memory_bytes: int
+    free_bytes: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanTarget:
+    """What the plan is for: ``kind`` (``gpu``/``cpu``) and why, the GPUs visible here, and the device planned on
+    (``None``: no GPU named or visible, the plan is ``unplanned``); in the JSON the device's fields follow ``gpus``."""
+
+    kind: str
+    why: str
+    gpus: tuple[VisibleGpu, ...] = ()
+    device: GPU | HostCpu | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "why": self.why, "gpus": to_doc(self.gpus), **(self.device.to_json() if self.device else {})}
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanModel:
+    """The model's shape as planned (:class:`~pipeline.facts.geometry.ModelShape`) and where it was read from."""
+
+    source: str
+    architecture: str
+    num_parameters: int
+    layers: int
+    hidden_size: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab_size: int
+    max_positions: int
+    rope_type: str | None
+    rope_factor: float
+    max_seq_len_limit: int
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanConfig:
+    """The config values the plan used (``max_seq_len`` as set, without the draft tokens)."""
+
+    recipe: str
+    kv_cache: str
+    high_precision_dtype: str
+    tp_size: int
+    pp_size: int
+    max_batch_size: int
+    max_input_len: int
+    max_seq_len: int
+    max_draft_len: int
+    max_num_tokens: int
+    tokens_per_block: int
+    kv_cache_free_gpu_mem_fraction: float
+    max_beam_width: int
+    build: str
+    allow_unsafe_lengths: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanWeights:
+    """Weight bytes: whole model, quantized and high-precision parts, the fullest rank (and each pipeline stage's
+    rank: GPU plans only)."""
+
+    total_bytes: int
+    quantized_bytes: int
+    high_precision_bytes: int
+    per_rank_bytes: int
+    per_stage_rank_bytes: list[int] | None = dataclasses.field(metadata=OMIT_NONE)
+    high_precision_modules: list[str]
+    bits_per_param: float
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PlanKvCache:
+    """The KV cache: dtype, bytes per element and per token (model, rank), the paged blocks (GPU) or all static slots
+    (CPU), bytes per sequence at ``max_seq_len``."""
+
+    dtype: str
+    bytes_per_element: int
+    bytes_per_token_model: int
+    bytes_per_token_rank: int
+    tokens_per_block: int | None = dataclasses.field(default=None, metadata=OMIT_NONE)
+    bytes_per_block_rank: int | None = dataclasses.field(default=None, metadata=OMIT_NONE)
+    blocks_per_sequence: int | None = dataclasses.field(default=None, metadata=OMIT_NONE)
+    bytes_per_sequence_rank: int
+    bytes_all_slots: int | None = dataclasses.field(default=None, metadata=OMIT_NONE)
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanCapacity:
+    """Sequences of ``max_seq_len`` that fit (None: the host's available memory is unknown), the KV pool in blocks
+    and tokens (GPU plans only) and the concurrency that results."""
+
+    kv_blocks: int | None = dataclasses.field(metadata=OMIT_NONE)
+    kv_tokens: int | None = dataclasses.field(metadata=OMIT_NONE)
+    max_sequences_at_max_seq_len: int | None
+    max_batch_size: int
+    effective_concurrency: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Roofline:
+    """The memory-bound decode bound at ``batch`` sequences of ``context_tokens`` each (:func:`roofline`)."""
+
+    batch: int
+    context_tokens: int
+    bytes_per_step: int
+    step_s_min: float
+    tok_s_per_seq_max: float
+    tok_s_aggregate_max: float
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanDecode:
+    """The decode bound at batch 1 and at full concurrency (None without a bandwidth) and what it assumes."""
+
+    bandwidth_bytes_s: float
+    batch1: Roofline | None
+    full: Roofline | None
+    weights_only_step_s_min: float | None
+    assumption: str
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedCalibration:
+    """Where calibration runs, in which dtype, the model's bytes in it and the placement
+    (:class:`pipeline.core.sizing.CalibrationPlacement`'s fields)."""
+
+    device: str
+    dtype: str
+    model_bytes: int
+    offload: str
+    budget_bytes: int
+    host_bytes: int
+    disk_bytes: int
+    refused: bool
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanStages:
+    """Each pipeline stage's predicted peak memory on this host (:mod:`pipeline.core.sizing`), the host's RAM and the
+    calibration's placement (when the run quantizes)."""
+
+    host_total_bytes: int | None
+    predicted: dict[str, StageMemory]
+    calibration_placement: PlannedCalibration | None = dataclasses.field(default=None, metadata=OMIT_NONE)
 
 
 @dataclasses.dataclass
 class Plan:
     """The memory/speed plan.  ``status`` is ``ok``, ``warn`` (works but tight: see ``warnings``),
     ``refused`` (cannot work: ``refusals`` carry the numbers) or ``unplanned`` (no target to plan for:
-    see ``notes``).  All sizes are bytes, times seconds, rates tokens/s."""
+    see ``notes``; the device's sections are None, ``{}`` in the JSON).  All sizes are bytes, times seconds, rates
+    tokens/s."""
 
     status: str
-    target: dict[str, Any]
-    model: dict[str, Any]
-    config: dict[str, Any]
-    weights: dict[str, Any] = dataclasses.field(default_factory=dict)
-    kv_cache: dict[str, Any] = dataclasses.field(default_factory=dict)
-    memory: dict[str, Any] = dataclasses.field(default_factory=dict)
-    capacity: dict[str, Any] = dataclasses.field(default_factory=dict)
-    decode: dict[str, Any] = dataclasses.field(default_factory=dict)
+    target: PlanTarget
+    model: PlanModel
+    config: PlanConfig
+    weights: PlanWeights | None = None
+    kv_cache: PlanKvCache | None = None
+    memory: GpuMemory | CpuMemory | None = None
+    capacity: PlanCapacity | None = None
+    decode: PlanDecode | None = None
     refusals: list[str] = dataclasses.field(default_factory=list)
     warnings: list[str] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
-    stages: dict[str, Any] = dataclasses.field(default_factory=dict)
+    stages: PlanStages | None = None
     """Predicted peak memory of each pipeline stage on this host (:mod:`pipeline.core.sizing`)."""
 
     def settle(self) -> Plan:
@@ -59,7 +238,8 @@ class Plan:
         return self
 
     def to_json(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
+        """The plan document (schema ``pipeline.plan/v1``): ``plan.json``, ``pipeline plan --json``, the run summary."""
+        d = {f.name: {} if (v := getattr(self, f.name)) is None else to_doc(v) for f in dataclasses.fields(self)}
         d["schema"] = "pipeline.plan/v1"
         return d
 
@@ -133,20 +313,20 @@ def activation_bytes(shape: ModelShape, k: Knobs) -> int:
     return int(k.max_num_tokens * per_tok * act + logits)
 
 
-def roofline(weights_slice: int, kv_tok_slice: int, context: int, batch: int, bw: float) -> dict[str, float] | None:
+def roofline(weights_slice: int, kv_tok_slice: int, context: int, batch: int, bw: float) -> Roofline | None:
     """The memory-bound decode bound at ``batch`` sequences of ``context`` tokens (module docstring); None without a bandwidth."""
     if bw <= 0 or batch < 1:
         return None
     step_bytes = weights_slice + batch * kv_tok_slice * context
     t = step_bytes / bw
-    return {
-        "batch": batch,
-        "context_tokens": context,
-        "bytes_per_step": int(step_bytes),
-        "step_s_min": t,
-        "tok_s_per_seq_max": 1.0 / t,
-        "tok_s_aggregate_max": batch / t,
-    }
+    return Roofline(batch, context, int(step_bytes), t, 1.0 / t, batch / t)
+
+
+def decode_doc(slice_bytes: int, kv_tok_slice: int, k: Knobs, concurrency: int, bw: float, assumption: str) -> PlanDecode:
+    """``Plan.decode``: the roofline of a ``slice_bytes`` weight slice at batch 1 and at ``concurrency`` sequences of
+    ``max_seq_len`` (None without a bandwidth), and the weights-only step."""
+    one, full = (roofline(slice_bytes, kv_tok_slice, k.max_seq_len, n, bw) for n in (1, concurrency))
+    return PlanDecode(bw, one, full, slice_bytes / bw if bw > 0 else None, assumption)
 
 
 def gib(b: float | int | None) -> str:
@@ -183,26 +363,23 @@ def weights_of(shape: ModelShape, k: Knobs, *, recipe: str | None = None, parall
     )
 
 
-def weights_doc(w: WeightBreakdown, per_rank_bytes: int, per_stage_rank_bytes: list[int] | None = None) -> dict[str, Any]:
+def weights_doc(w: WeightBreakdown, per_rank_bytes: int, per_stage_rank_bytes: list[int] | None = None) -> PlanWeights:
     """``Plan.weights`` of a breakdown (``per_stage_rank_bytes`` only where pipeline stages are planned: GPU)."""
-    doc: dict[str, Any] = {
-        "total_bytes": w.total_bytes,
-        "quantized_bytes": w.quantized_bytes,
-        "high_precision_bytes": w.high_precision_bytes,
-        "per_rank_bytes": per_rank_bytes,
-    }
-    if per_stage_rank_bytes is not None:
-        doc["per_stage_rank_bytes"] = per_stage_rank_bytes
-    doc["high_precision_modules"] = w.high_precision_modules
-    doc["bits_per_param"] = round(8 * w.total_bytes / max(1, w.num_parameters), 3)
-    return doc
+    bits = round(8 * w.total_bytes / max(1, w.num_parameters), 3)
+    return PlanWeights(
+        w.total_bytes, w.quantized_bytes, w.high_precision_bytes, per_rank_bytes, per_stage_rank_bytes, w.high_precision_modules, bits
+    )
 
 
-def kv_doc(k: Knobs, shape: ModelShape, bytes_per_token_rank: int) -> dict[str, Any]:
-    """The first fields of ``Plan.kv_cache``, both devices: dtype, element bytes, bytes per token (model and rank)."""
-    return {
-        "dtype": k.kv_cache if k.kv_cache != "none" else k.hp_dtype,
-        "bytes_per_element": kv_elem_bytes(k),
-        "bytes_per_token_model": shape.kv_bytes_per_token(kv_elem_bytes(k)),
-        "bytes_per_token_rank": bytes_per_token_rank,
-    }
+def kv_doc(k: Knobs, shape: ModelShape, bytes_per_token_rank: int, **device: Any) -> PlanKvCache:
+    """``Plan.kv_cache``: dtype, element bytes, bytes per token (model and rank), both devices; ``device``: the fields
+    of the GPU's paged blocks or the CPU's static slots, and bytes per sequence."""
+    dtype = k.kv_cache if k.kv_cache != "none" else k.hp_dtype
+    per_token_model = shape.kv_bytes_per_token(kv_elem_bytes(k))
+    return PlanKvCache(
+        dtype=dtype,
+        bytes_per_element=kv_elem_bytes(k),
+        bytes_per_token_model=per_token_model,
+        bytes_per_token_rank=bytes_per_token_rank,
+        **device,
+    )

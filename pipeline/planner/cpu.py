@@ -16,7 +16,33 @@ from typing import Any
 
 from ..core.sizing import host_memory, host_memory_bandwidth_gbs
 from ..facts.geometry import ModelShape
-from .base import Knobs, Plan, activation_bytes, gib, kv_doc, kv_elem_bytes, roofline, weights_doc, weights_of
+from .base import Knobs, Plan, PlanCapacity, activation_bytes, decode_doc, gib, kv_doc, kv_elem_bytes, weights_doc, weights_of
+
+
+@dataclasses.dataclass(frozen=True)
+class HostCpu:
+    """The host CPU a CPU plan runs on: its RAM (total, available now) and the measured memory bandwidth."""
+
+    name: str
+    memory_bytes: int | None
+    available_bytes: int | None
+    bandwidth_gb_s: float
+    bandwidth_source: str
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuMemory:
+    """Host memory of a CPU plan: weights + the static KV cache + activations against the host's RAM."""
+
+    host_bytes: int | None
+    available_bytes: int | None
+    weights_bytes: int
+    kv_cache_bytes: int
+    activations_bytes: int
+    total_needed_bytes: int
 
 
 def _smaller_weights_fix(shape: ModelShape, k: Any, host_total: int) -> str:
@@ -38,45 +64,19 @@ def cpu_plan(p: Plan, shape: ModelShape, k: Knobs) -> Plan:
     # onnxruntime-genai shares past/present buffers sized batch x max_length (static KV per slot)
     kv_all = kv_tok * k.max_seq_len * k.max_batch_size * k.beam
     act = activation_bytes(shape, dataclasses.replace(k, tp=1))
-    p.target.update(
-        {
-            "name": "host CPU",
-            "memory_bytes": mem["total"],
-            "available_bytes": mem["available"],
-            "bandwidth_gb_s": round(bw / 1e9, 2),
-            "bandwidth_source": "measured: numpy copy of 256 MB (best of 3)",
-        }
-    )
+    host = HostCpu("host CPU", mem["total"], mem["available"], round(bw / 1e9, 2), "measured: numpy copy of 256 MB (best of 3)")
+    p.target = dataclasses.replace(p.target, device=host)
     p.weights = weights_doc(w, w.total_bytes)
-    p.kv_cache = {
-        **kv_doc(k, shape, kv_tok),
-        "bytes_per_sequence_rank": kv_tok * k.max_seq_len,
-        "bytes_all_slots": kv_all,
-    }
+    p.kv_cache = kv_doc(k, shape, kv_tok, bytes_per_sequence_rank=kv_tok * k.max_seq_len, bytes_all_slots=kv_all)
     need = w.total_bytes + kv_all + act
-    p.memory = {
-        "host_bytes": mem["total"],
-        "available_bytes": mem["available"],
-        "weights_bytes": w.total_bytes,
-        "kv_cache_bytes": kv_all,
-        "activations_bytes": act,
-        "total_needed_bytes": need,
-    }
+    p.memory = CpuMemory(mem["total"], mem["available"], w.total_bytes, kv_all, act, need)
     avail = mem["available"] or 0
     fit_seqs = max(0, (avail - w.total_bytes - act) // max(1, kv_tok * k.max_seq_len)) if avail else None
-    p.capacity = {
-        "max_sequences_at_max_seq_len": fit_seqs,
-        "max_batch_size": k.max_batch_size,
-        "effective_concurrency": min(fit_seqs, k.max_batch_size) if fit_seqs is not None else k.max_batch_size,
-    }
-    conc = max(1, p.capacity["effective_concurrency"] or 1)
-    p.decode = {
-        "bandwidth_bytes_s": bw,
-        "batch1": roofline(w.total_bytes, kv_tok, k.max_seq_len, 1, bw),
-        "full": roofline(w.total_bytes, kv_tok, k.max_seq_len, conc, bw),
-        "weights_only_step_s_min": w.total_bytes / bw,
-        "assumption": "memory-bound: weights and each sequence's KV cache (at max_seq_len) read once per step",
-    }
+    conc = min(fit_seqs, k.max_batch_size) if fit_seqs is not None else k.max_batch_size
+    p.capacity = PlanCapacity(None, None, fit_seqs, k.max_batch_size, conc)
+    p.decode = decode_doc(
+        w.total_bytes, kv_tok, k, max(1, conc), bw, "memory-bound: weights and each sequence's KV cache (at max_seq_len) read once per step"
+    )
     if mem["total"] and w.total_bytes >= mem["total"]:
         p.refusals.append(
             f"weights need {gib(w.total_bytes)} but the host has {gib(mem['total'])} RAM. Fix: "

@@ -23,7 +23,7 @@ from typing import Any
 from ..facts.geometry import ModelShape
 from ..facts.gpus import GPU
 from ..facts.recipes import KV_MIN_SM, RECIPE_MIN_SM, RECIPES
-from .base import GiB, Knobs, Plan, activation_bytes, gib, kv_doc, kv_elem_bytes, roofline, weights_doc, weights_of
+from .base import GiB, Knobs, Plan, PlanCapacity, activation_bytes, decode_doc, gib, kv_doc, kv_elem_bytes, weights_doc, weights_of
 from .weights import stage_layers
 
 RUNTIME_OVERHEAD_BYTES = 1 * GiB
@@ -32,6 +32,19 @@ estimate of the usual 0.3-0.5 GiB context plus workspaces)."""
 TP_CHOICES = (1, 2, 4, 8)
 FEW_SEQUENCES = 4
 """Fewer sequences than this at max_seq_len makes the plan 'barely works'."""
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuMemory:
+    """Memory of one GPU rank: weights + activations + runtime, the free rest and the KV pool taken from it."""
+
+    gpu_bytes: int
+    weights_bytes: int
+    activations_bytes: int
+    runtime_overhead_bytes: int
+    free_after_load_bytes: int
+    kv_pool_bytes: int
+    unused_bytes: int
 
 
 def _decoder_buffers(k: Knobs) -> int:
@@ -71,42 +84,28 @@ def gpu_numbers(shape: ModelShape, k: Knobs, gpu: GPU) -> dict[str, Any]:
 
 def gpu_plan(p: Plan, shape: ModelShape, k: Knobs, gpu: GPU) -> Plan:
     """Fill ``p`` with the plan on ``gpu``: weights, KV cache, memory, capacity, decode bound, refusals and warnings."""
-    p.target.update(gpu.to_json())
+    p.target = dataclasses.replace(p.target, device=gpu)
     n = gpu_numbers(shape, k, gpu)
     w = n["w"]
     p.weights = weights_doc(w, w.max_rank_bytes, w.per_stage_rank_bytes)
-    p.kv_cache = {
-        **kv_doc(k, shape, n["kv_tok"]),
-        "tokens_per_block": k.tokens_per_block,
-        "bytes_per_block_rank": n["block"],
-        "blocks_per_sequence": n["blocks_per_seq"],
-        "bytes_per_sequence_rank": n["blocks_per_seq"] * n["block"],
-    }
-    p.memory = {
-        "gpu_bytes": gpu.memory_bytes,
-        "weights_bytes": w.max_rank_bytes,
-        "activations_bytes": n["act"],
-        "runtime_overhead_bytes": n["overhead"],
-        "free_after_load_bytes": n["free"],
-        "kv_pool_bytes": n["pool"],
-        "unused_bytes": max(0, gpu.memory_bytes - w.max_rank_bytes - n["act"] - n["overhead"] - n["pool"]),
-    }
+    p.kv_cache = kv_doc(
+        k,
+        shape,
+        n["kv_tok"],
+        tokens_per_block=k.tokens_per_block,
+        bytes_per_block_rank=n["block"],
+        blocks_per_sequence=n["blocks_per_seq"],
+        bytes_per_sequence_rank=n["blocks_per_seq"] * n["block"],
+    )
+    unused = max(0, gpu.memory_bytes - w.max_rank_bytes - n["act"] - n["overhead"] - n["pool"])
+    p.memory = GpuMemory(gpu.memory_bytes, w.max_rank_bytes, n["act"], n["overhead"], n["free"], n["pool"], unused)
     conc = min(n["seqs"], k.max_batch_size)
-    p.capacity = {
-        "kv_blocks": n["blocks"],
-        "kv_tokens": n["tokens"],
-        "max_sequences_at_max_seq_len": n["seqs"],
-        "max_batch_size": k.max_batch_size,
-        "effective_concurrency": conc,
-    }
+    p.capacity = PlanCapacity(n["blocks"], n["tokens"], n["seqs"], k.max_batch_size, conc)
     bw = gpu.bandwidth_bytes_s
-    p.decode = {
-        "bandwidth_bytes_s": bw,
-        "batch1": roofline(w.tp_slice_bytes, n["kv_tok_slice"], k.max_seq_len, 1, bw),
-        "full": roofline(w.tp_slice_bytes, n["kv_tok_slice"], k.max_seq_len, conc, bw) if conc >= 1 else None,
-        "weights_only_step_s_min": (w.tp_slice_bytes / bw) if bw > 0 else None,
-        "assumption": "memory-bound: every weight of a rank and each sequence's whole KV cache (at max_seq_len) read once per step",
-    }
+    p.decode = decode_doc(
+        w.tp_slice_bytes, n["kv_tok_slice"], k, conc, bw,
+        "memory-bound: every weight of a rank and each sequence's whole KV cache (at max_seq_len) read once per step",
+    )  # fmt: skip
     if bw <= 0:
         p.notes.append("bandwidth of this GPU is unknown (not in the catalogue): no decode bound.")
     _gpu_checks(p, shape, k, gpu, n)

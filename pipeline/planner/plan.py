@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..core.sizing import load_shape, plan_device
-from .base import Plan, knobs
+from .base import Plan, PlanConfig, PlanModel, PlanTarget, knobs
 from .cpu import cpu_plan
 from .gpu import gpu_plan
 from .stages import plan_stages
@@ -36,40 +36,17 @@ def plan(cfg: Any) -> Plan:
     kind, gpu, why = plan_device(cfg)
     k = knobs(cfg, kind)
     b = cfg.build
-    model = {
-        "source": src,
-        "architecture": shape.architecture,
-        "num_parameters": shape.num_parameters,
-        "layers": shape.num_layers,
-        "hidden_size": shape.hidden_size,
-        "heads": shape.num_heads,
-        "kv_heads": shape.num_kv_heads,
-        "head_dim": shape.head_dim,
-        "vocab_size": shape.vocab_size,
-        "max_positions": shape.max_positions,
-        "rope_type": shape.rope_type,
-        "rope_factor": shape.rope_factor,
-        "max_seq_len_limit": shape.max_seq_len_limit,
-    }
-    conf = {
-        "recipe": k.recipe,
-        "kv_cache": k.kv_cache,
-        "high_precision_dtype": k.hp_dtype,
-        "tp_size": k.tp,
-        "pp_size": k.pp,
-        "max_batch_size": k.max_batch_size,
-        "max_input_len": b.max_input_len,
-        "max_seq_len": b.max_seq_len,
-        "max_draft_len": b.speculative.max_draft_len,
-        "max_num_tokens": k.max_num_tokens,
-        "tokens_per_block": k.tokens_per_block,
-        "kv_cache_free_gpu_mem_fraction": k.fraction,
-        "max_beam_width": k.beam,
-        "build": b.name,
-        "allow_unsafe_lengths": bool(getattr(cfg, "allow_unsafe_lengths", False)),
-    }
-    p = Plan("ok", {"kind": kind, "why": why}, model, conf)
-    if conf["allow_unsafe_lengths"] and k.max_seq_len > shape.max_seq_len_limit:
+    model = PlanModel(
+        src, shape.architecture, shape.num_parameters, shape.num_layers, shape.hidden_size, shape.num_heads, shape.num_kv_heads,
+        shape.head_dim, shape.vocab_size, shape.max_positions, shape.rope_type, shape.rope_factor, shape.max_seq_len_limit,
+    )  # fmt: skip
+    unsafe = bool(getattr(cfg, "allow_unsafe_lengths", False))
+    conf = PlanConfig(
+        k.recipe, k.kv_cache, k.hp_dtype, k.tp, k.pp, k.max_batch_size, b.max_input_len, b.max_seq_len, b.speculative.max_draft_len,
+        k.max_num_tokens, k.tokens_per_block, k.fraction, k.beam, b.name, unsafe,
+    )  # fmt: skip
+    p = Plan("ok", PlanTarget(kind, why), model, conf)
+    if unsafe and k.max_seq_len > shape.max_seq_len_limit:
         p.warnings.append(
             f"allow_unsafe_lengths=true: max_seq_len={k.max_seq_len} exceeds the model's {shape.max_seq_len_limit} "
             f"positions; quality beyond that length is untested (recorded in this plan)."

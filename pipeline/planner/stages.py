@@ -15,7 +15,7 @@ from ..core.sizing import host_memory
 from ..facts.geometry import DTYPE_BYTES, ModelShape
 from ..facts.gpus import GPU, lookup
 from ..facts.recipes import RECIPES
-from .base import GiB, Plan, gib
+from .base import GiB, Plan, PlannedCalibration, PlanStages, VisibleGpu, gib
 from .weights import weight_bytes
 
 
@@ -101,7 +101,7 @@ def plan_stages(p: Plan, cfg: Any, shape: ModelShape) -> None:
     """``p.stages``: each stage's predicted peak host (and GPU) memory and where it runs (:mod:`pipeline.core.sizing`);
     a refusal in ``p.refusals`` when neither the GPU, the host nor the store's disk can hold the model to calibrate."""
     from ..core.hostinfo import gpu_free_bytes
-    from ..core.sizing import DEVICE_BUDGET_FRACTION, as_json, calibration_placement, compute_dtype, stage_memory
+    from ..core.sizing import DEVICE_BUDGET_FRACTION, calibration_placement, compute_dtype, stage_memory
     from ..core.targets import resolve_target
 
     try:
@@ -120,10 +120,8 @@ def plan_stages(p: Plan, cfg: Any, shape: ModelShape) -> None:
     free = gpu_free_bytes() if local else []
     dev, eval_dev, room, notes = plan_room(cfg, named, local, free, mem["available"], disk)
     p.notes.extend(notes)
-    p.target["gpus"] = [
-        {"name": d.get("name"), "memory_bytes": g.memory_bytes, "free_bytes": free[i] if i < len(free) else None}
-        for i, (d, g) in enumerate(local)
-    ]
+    gpus = tuple(VisibleGpu(d.get("name"), g.memory_bytes, free[i] if i < len(free) else None) for i, (d, g) in enumerate(local))
+    p.target = dataclasses.replace(p.target, gpus=gpus)
     target = resolve_target(cfg)[0]
     layer = sum(lin.in_features * lin.out_features for lin in shape.linears() if lin.layer == 0) + 2 * shape.hidden_size
     engine = 0
@@ -144,7 +142,7 @@ def plan_stages(p: Plan, cfg: Any, shape: ModelShape) -> None:
         engine_host_bytes=engine,
         eval_activation_bytes=_eval_batch_bytes(cfg, shape, exp, room) if eval_dev == "cuda" else 0,
     )
-    p.stages = {"host_total_bytes": host_memory()["total"], "predicted": as_json(pred)}
+    p.stages = st = PlanStages(host_memory()["total"], pred)
     gpu_total = (named or (local[0][1] if local else None)).memory_bytes if (named or local) else None  # type: ignore[union-attr]
     ev = pred["evaluate"].gpu_bytes
     if ev and gpu_total and ev > DEVICE_BUDGET_FRACTION * gpu_total:
@@ -161,12 +159,13 @@ def plan_stages(p: Plan, cfg: Any, shape: ModelShape) -> None:
     pl = calibration_placement(
         model_b, room.gpu_free if on_gpu else None, room.host_free, room.max_device, room.max_host if on_gpu else None, room.disk_free
     )
-    p.stages["calibration_placement"] = {"device": dev, "dtype": cd, "model_bytes": model_b, **dataclasses.asdict(pl)}
-    q = p.stages["predicted"]["quantize"]
+    q = pred["quantize"]
     if not on_gpu and pl.offload != "none":  # the CPU's own budget: layers beyond it wait on disk (the stage's rule)
-        q.update(where=f"cpu, layers offloaded to disk ({cd})", offload="disk")
-    if str(getattr(cfg.calibration, "layerwise", "auto")).lower() == "true" and "layer by layer" not in q["where"]:
-        q["where"] += ", layer by layer (calibration.layerwise=true)"
+        q = dataclasses.replace(q, where=f"cpu, layers offloaded to disk ({cd})", offload="disk")
+    if str(getattr(cfg.calibration, "layerwise", "auto")).lower() == "true" and "layer by layer" not in q.where:
+        q = dataclasses.replace(q, where=q.where + ", layer by layer (calibration.layerwise=true)")
+    placed = PlannedCalibration(dev, cd, model_b, **dataclasses.asdict(pl))
+    p.stages = dataclasses.replace(st, predicted={**pred, "quantize": q}, calibration_placement=placed)
     if pl.refused:
         p.refusals.append(
             f"quantize: nothing can hold the model to calibrate it: {pl.reason}. GPU: "

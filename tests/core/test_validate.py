@@ -90,7 +90,7 @@ def test_allow_unsafe_lengths_accepts_and_records():
     cfg = compose(ov + ["allow_unsafe_lengths=true"])
     assert "build.max_seq_len" not in fields(stage_problems(cfg))
     p = plan(cfg)
-    assert p.config["allow_unsafe_lengths"] is True and any("allow_unsafe_lengths=true" in w for w in p.warnings)
+    assert p.config.allow_unsafe_lengths is True and any("allow_unsafe_lengths=true" in w for w in p.warnings)
 
 
 def test_chunked_context_allows_short_max_num_tokens_but_needs_paged_fmha():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import struct
 import subprocess
@@ -31,7 +32,7 @@ def test_llama2_7b_fp8_kv_is_256_kib_per_token():
     s = shape_of("llama2_7b")
     assert s.kv_bytes_per_token(1) == 256 * KiB
     p = plan(compose(["model=llama2_7b", "quant.kv_cache_dtype=fp8", "target.gpu=h100_sxm"]))
-    assert p.kv_cache["bytes_per_token_model"] == 256 * KiB
+    assert p.kv_cache.bytes_per_token_model == 256 * KiB
 
 
 def test_llama31_8b_bf16_kv_and_weights():
@@ -102,27 +103,27 @@ def test_tensor_parallel_shards_weights_and_replicates_kv_heads():
 def test_capacity_is_whole_blocks_and_sequences():
     p = plan(compose(["model=llama31_8b", "target.gpu=h100_sxm", "quant=fp8", "build=throughput"]))
     kv, cap, c = p.kv_cache, p.capacity, p.config
-    assert cap["kv_tokens"] % c["tokens_per_block"] == 0
-    assert kv["blocks_per_sequence"] == -(-c["max_seq_len"] // c["tokens_per_block"])
-    assert cap["max_sequences_at_max_seq_len"] == cap["kv_blocks"] // kv["blocks_per_sequence"]
-    assert p.memory["kv_pool_bytes"] == int(p.memory["free_after_load_bytes"] * 0.9)
-    assert cap["kv_blocks"] * kv["bytes_per_block_rank"] <= p.memory["kv_pool_bytes"]
+    assert cap.kv_tokens % c.tokens_per_block == 0
+    assert kv.blocks_per_sequence == -(-c.max_seq_len // c.tokens_per_block)
+    assert cap.max_sequences_at_max_seq_len == cap.kv_blocks // kv.blocks_per_sequence
+    assert p.memory.kv_pool_bytes == int(p.memory.free_after_load_bytes * 0.9)
+    assert cap.kv_blocks * kv.bytes_per_block_rank <= p.memory.kv_pool_bytes
     # a larger free-memory fraction holds more tokens
     p2 = plan(
         compose(["model=llama31_8b", "target.gpu=h100_sxm", "quant=fp8", "build=throughput", "build.kv_cache_free_gpu_mem_fraction=0.95"])
     )
-    assert p2.capacity["kv_tokens"] > cap["kv_tokens"]
+    assert p2.capacity.kv_tokens > cap.kv_tokens
     # decode roofline: bytes / bandwidth; aggregate grows with the batch, per-sequence rate falls
-    b1, full = p.decode["batch1"], p.decode["full"]
-    assert b1["step_s_min"] == pytest.approx(b1["bytes_per_step"] / lookup("h100_sxm").bandwidth_bytes_s)
-    assert full["tok_s_aggregate_max"] > b1["tok_s_aggregate_max"] and full["tok_s_per_seq_max"] < b1["tok_s_per_seq_max"]
+    b1, full = p.decode.batch1, p.decode.full
+    assert b1.step_s_min == pytest.approx(b1.bytes_per_step / lookup("h100_sxm").bandwidth_bytes_s)
+    assert full.tok_s_aggregate_max > b1.tok_s_aggregate_max and full.tok_s_per_seq_max < b1.tok_s_per_seq_max
 
 
 def test_tokens_per_block_rounding_changes_sequences():
     # a max_seq_len one token past a block boundary costs a whole extra block per sequence
     a = plan(compose(["model=llama31_8b", "target.gpu=l4", "quant=fp8", "build.max_seq_len=2048", "build.max_input_len=1024"]))
     b = plan(compose(["model=llama31_8b", "target.gpu=l4", "quant=fp8", "build.max_seq_len=2049", "build.max_input_len=1024"]))
-    assert b.kv_cache["blocks_per_sequence"] == a.kv_cache["blocks_per_sequence"] + 1
+    assert b.kv_cache.blocks_per_sequence == a.kv_cache.blocks_per_sequence + 1
 
 
 # --------------------------------------------------------------------------- refusals and warnings
@@ -168,7 +169,7 @@ def test_unsupported_formats_are_refused_on_older_gpus():
 
 def test_target_without_gpu_is_unplanned_not_guessed():
     p = plan(compose(["model=llama31_8b", "target=tensorrt_llm"]))
-    if p.target["kind"] == "gpu" and p.status != "unplanned":
+    if p.target.kind == "gpu" and p.status != "unplanned":
         pytest.skip("a local GPU is visible")
     assert p.status == "unplanned" and "target.gpu=" in p.notes[-1]
 
@@ -211,9 +212,9 @@ def test_cpu_plan_reports_host_ram_and_measured_bandwidth(tiny_llama):
     p = plan(
         cfg
     )  # the numbers only (the planner's plan does not validate): the default eval set's prompts are longer than max_input_len=128
-    assert p.target["kind"] == "cpu" and p.target["memory_bytes"] > 0 and p.target["bandwidth_gb_s"] == round(bw, 2)
-    assert p.memory["total_needed_bytes"] == p.memory["weights_bytes"] + p.memory["kv_cache_bytes"] + p.memory["activations_bytes"]
-    assert p.decode["batch1"]["tok_s_per_seq_max"] > 0
+    assert p.target.kind == "cpu" and p.target.device.memory_bytes > 0 and p.target.device.bandwidth_gb_s == round(bw, 2)
+    assert p.memory.total_needed_bytes == p.memory.weights_bytes + p.memory.kv_cache_bytes + p.memory.activations_bytes
+    assert p.decode.batch1.tok_s_per_seq_max > 0
 
 
 # --------------------------------------------------------------------------- CLI and presets
@@ -225,7 +226,7 @@ class _Quiet:
 @pytest.mark.parametrize("preset", PRESETS)
 def test_presets_plan_on_h200(preset):
     p = plan(compose([f"model={preset}", "target.gpu=h200", "quant=fp8", "parallel.tp_size=1"]))
-    assert p.model["source"] == "model.hf_config" and p.status in ("ok", "warn")
+    assert p.model.source == "model.hf_config" and p.status in ("ok", "warn")
 
 
 def test_cli_json_and_alias(capsys):
@@ -345,7 +346,7 @@ def test_plan_of_a_shapes_only_preset_warns_with_the_host_figures():
 
     cfg = compose(["model=llama31_70b", "target.gpu=h100_sxm", "quant=fp8"])
     p = plan(cfg)
-    p.stages = {**p.stages, "host_total_bytes": 2**30}  # a 1 GiB host: every stage is above it
+    p.stages = dataclasses.replace(p.stages, host_total_bytes=2**30)  # a 1 GiB host: every stage is above it
     p.refusals, p.warnings, p.status = [], [], "ok"
     host_check(p, cfg, ["export", "quantize"])
     assert p.status == "warn" and not p.refusals
@@ -404,22 +405,22 @@ def test_a_plan_for_a_named_gpu_calibrates_and_evaluates_on_it_and_offloads_the_
 
     h200 = lookup("h200")
     p = plan(compose(["model=llama31_70b", "target.gpu=h200", "quant=int4_awq"]))
-    q, e = p.stages["predicted"]["quantize"], p.stages["predicted"]["evaluate"]
-    assert q["where"].startswith("cuda NVIDIA H200") and "offloaded to host" in q["where"] and q["offload"] == "cpu"
-    assert e["where"].startswith("cuda NVIDIA H200") and "bfloat16" in e["where"]
-    pl = p.stages["calibration_placement"]
-    assert pl["device"] == "cuda" and pl["dtype"] == "bfloat16" and pl["offload"] == "cpu"
-    assert pl["budget_bytes"] == int(0.8 * h200.memory_bytes)
-    n = p.model["num_parameters"]
-    assert pl["host_bytes"] == 2 * n - pl["budget_bytes"]  # what the GPU budget leaves, in bf16
-    assert 0.8 * h200.memory_bytes < q["gpu_bytes"] < h200.memory_bytes
+    q, e = p.stages.predicted["quantize"], p.stages.predicted["evaluate"]
+    assert q.where.startswith("cuda NVIDIA H200") and "offloaded to host" in q.where and q.offload == "cpu"
+    assert e.where.startswith("cuda NVIDIA H200") and "bfloat16" in e.where
+    pl = p.stages.calibration_placement
+    assert pl.device == "cuda" and pl.dtype == "bfloat16" and pl.offload == "cpu"
+    assert pl.budget_bytes == int(0.8 * h200.memory_bytes)
+    n = p.model.num_parameters
+    assert pl.host_bytes == 2 * n - pl.budget_bytes  # what the GPU budget leaves, in bf16
+    assert 0.8 * h200.memory_bytes < q.gpu_bytes < h200.memory_bytes
     # evaluate loads the reference whole (it does not offload): 141 GB of bf16 do not fit, and the plan says so
-    assert e["gpu_bytes"] > 0.8 * h200.memory_bytes and "whole" in e["where"]
+    assert e.gpu_bytes > 0.8 * h200.memory_bytes and "whole" in e.where
     assert any(x.startswith("evaluate loads the reference model whole on the GPU") and "eval.device=cpu" in x for x in p.notes)
     # the host holds the offloaded layers and then the whole bf16 model restored for the TensorRT-LLM export
     # (OFFLOAD_HOST_FACTOR, measured on the H200): more than the bf16 model, less than a float32 copy of it on the CPU
-    assert 2 * n < q["host_bytes"] < 2.6 * 2 * n
-    assert e["host_bytes"] < 2 * n
+    assert 2 * n < q.host_bytes < 2.6 * 2 * n
+    assert e.host_bytes < 2 * n
     assert any("NVIDIA H200" in x and "host's memory is unknown" in x for x in p.notes)
     monkeypatch.setenv("COLUMNS", "300")  # one line per table row
     plan_main(["model=llama31_70b", "target.gpu=h200", "quant=int4_awq"])
@@ -503,7 +504,7 @@ def test_cpu_quantize_prediction_matches_bench_scale(tmp_path, shape, measured):
     (tmp_path / "config.json").write_text(json.dumps(c))
     cal = ["calibration.calib_size=32", "calibration.min_samples=16", "calibration.calib_max_seq_length=128"]
     p = plan(compose([f"model.path={tmp_path}", "quant=int4_awq", "calibration.device=cpu", "target=onnxruntime_genai", *cal]))
-    assert abs(p.stages["predicted"]["quantize"]["host_bytes"] / measured - 1) <= 0.1  # the brief asks 20 %; the fit gives 6 %
+    assert abs(p.stages.predicted["quantize"].host_bytes / measured - 1) <= 0.1  # the brief asks 20 %; the fit gives 6 %
 
 
 def test_gpu_quantize_prediction_matches_the_h200_rows(tmp_path):
@@ -519,8 +520,8 @@ def test_gpu_quantize_prediction_matches_the_h200_rows(tmp_path):
         (d / "config.json").write_text(json.dumps(c))
         cal = ["calibration.calib_size=32", "calibration.min_samples=16", "calibration.calib_max_seq_length=128"]
         p = plan(compose([f"model.path={d}", "quant=int4_awq", "target.gpu=h200", "model.dtype=bfloat16", *cal]))
-        q = p.stages["predicted"]["quantize"]
-        assert "whole" in q["where"] and abs(q["gpu_bytes"] / gpu - 1) < 0.05 and 0.9 * host < q["host_bytes"] < 2 * host
+        q = p.stages.predicted["quantize"]
+        assert "whole" in q.where and abs(q.gpu_bytes / gpu - 1) < 0.05 and 0.9 * host < q.host_bytes < 2 * host
 
 
 def test_offloaded_gpu_quantize_prediction_matches_the_h200_gpu_check(tmp_path):
@@ -537,10 +538,10 @@ def test_offloaded_gpu_quantize_prediction_matches_the_h200_gpu_check(tmp_path):
     (d / "config.json").write_text(json.dumps(c))
     cal = ["calibration.calib_size=32", "calibration.min_samples=16", "calibration.calib_max_seq_length=128", "calibration.batch_size=8"]
     p = plan(compose([f"model.path={d}", "quant=int4_awq", "target.gpu=h200", "model.dtype=bfloat16", *cal, *run["overrides"]]))
-    q = p.stages["predicted"]["quantize"]
-    assert q["offload"] == q_meas["placement"]["offload"] == "cpu"
-    assert abs(q["gpu_bytes"] / q_meas["gpu_peak_bytes"] - 1) <= 0.2, (q["gpu_bytes"], q_meas["gpu_peak_bytes"])
-    assert abs(q["host_bytes"] / q_meas["host_peak_bytes"] - 1) <= 0.2, (q["host_bytes"], q_meas["host_peak_bytes"])
+    q = p.stages.predicted["quantize"]
+    assert q.offload == q_meas["placement"]["offload"] == "cpu"
+    assert abs(q.gpu_bytes / q_meas["gpu_peak_bytes"] - 1) <= 0.2, (q.gpu_bytes, q_meas["gpu_peak_bytes"])
+    assert abs(q.host_bytes / q_meas["host_peak_bytes"] - 1) <= 0.2, (q.host_bytes, q_meas["host_peak_bytes"])
 
 
 def test_the_plan_places_calibration_as_the_stage_does_on_the_cpu(tiny_llama):
@@ -551,10 +552,10 @@ def test_the_plan_places_calibration_as_the_stage_does_on_the_cpu(tiny_llama):
 
     cap = ["calibration.device=cpu", "calibration.max_device_memory_gb=0.0001"]
     p = plan(compose([f"model.path={tiny_llama}", "quant=int4_awq", *cap]))
-    q = p.stages["predicted"]["quantize"]
-    assert (q["offload"], p.stages["calibration_placement"]["offload"]) == ("disk", "disk") and "offloaded to disk" in q["where"]
-    assert "MiB" in p.stages["calibration_placement"]["reason"]  # a 0.1 MB cap is not "0.0 GiB"
+    q = p.stages.predicted["quantize"]
+    assert (q.offload, p.stages.calibration_placement.offload) == ("disk", "disk") and "offloaded to disk" in q.where
+    assert "MiB" in p.stages.calibration_placement.reason  # a 0.1 MB cap is not "0.0 GiB"
     p2 = plan(compose([f"model.path={tiny_llama}", "quant=int4_awq", "calibration.device=cpu", "calibration.layerwise=true"]))
-    assert "layer by layer" in p2.stages["predicted"]["quantize"]["where"]
+    assert "layer by layer" in p2.stages.predicted["quantize"].where
     with pytest.raises(ConfigError, match=r"calibration\.layerwise.*layer-by-layer.*calibration\.layerwise=auto"):
         validate(compose([f"model.path={tiny_llama}", "quant=int4_awq", "calibration.layerwise=false", *cap]))

@@ -65,7 +65,7 @@ def test_the_placement_refuses_what_validation_would(monkeypatch):
 def test_the_planner_counts_the_batch_and_refuses_one_the_host_cannot_hold(tmp_path):
     import transformers as tf
 
-    from pipeline.core.sizing import ACT_HIDDEN_ROWS, ACT_INTERMEDIATE_ROWS, StageMemory, stage_refusals
+    from pipeline.core.sizing import ACT_HIDDEN_ROWS, ACT_INTERMEDIATE_ROWS, stage_refusals
     from pipeline.planner import plan
 
     tf.LlamaConfig(
@@ -79,15 +79,15 @@ def test_the_planner_counts_the_batch_and_refuses_one_the_host_cannot_hold(tmp_p
     ).save_pretrained(str(tmp_path))
     base = [f"model.path={tmp_path}", "quant=int4_awq", "target=onnxruntime_genai", "calibration.device=cpu"]
     base += ["calibration.calib_size=4096", "calibration.min_samples=1", "calibration.calib_max_seq_length=4096"]
-    small = plan(compose([*base, "calibration.batch_size=1"])).stages["predicted"]["quantize"]
-    big = plan(compose([*base, "calibration.batch_size=1024"])).stages["predicted"]["quantize"]
+    small = plan(compose([*base, "calibration.batch_size=1"])).stages.predicted["quantize"]
+    big = plan(compose([*base, "calibration.batch_size=1024"])).stages.predicted["quantize"]
     per_sample = 4096 * (ACT_HIDDEN_ROWS * 4096 + ACT_INTERMEDIATE_ROWS * 14336) * 4  # float32 on the CPU
-    assert big["host_bytes"] - small["host_bytes"] == 1023 * per_sample
-    assert "calibration batch" in big["formula"]
-    refusal = stage_refusals({"quantize": StageMemory(**big)}, ["quantize"], 24 * 10**9)
+    assert big.host_bytes - small.host_bytes == 1023 * per_sample
+    assert "calibration batch" in big.formula
+    refusal = stage_refusals({"quantize": big}, ["quantize"], 24 * 10**9)
     assert refusal and "calibration.batch_size=auto" in refusal[0]
-    auto = plan(compose([*base, "calibration.batch_size=auto"])).stages["predicted"]["quantize"]
-    assert auto["host_bytes"] == small["host_bytes"] + 15 * per_sample  # auto counts the CPU's most, 16
+    auto = plan(compose([*base, "calibration.batch_size=auto"])).stages.predicted["quantize"]
+    assert auto.host_bytes == small.host_bytes + 15 * per_sample  # auto counts the CPU's most, 16
 
 
 # --------------------------------------------------------------------------- through the quantize stage

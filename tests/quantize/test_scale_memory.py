@@ -213,18 +213,18 @@ def test_quant_auto_needs_the_whole_model(tmp_path_factory, export_dir, repo_roo
 def test_planner_predicts_every_stage_and_refuses_what_the_host_cannot_hold(tmp_path):
     import transformers as tf
 
-    from pipeline.core.sizing import StageMemory, stage_refusals
+    from pipeline.core.sizing import stage_refusals
     from pipeline.planner import plan
 
     tf.LlamaConfig(
         num_hidden_layers=80, hidden_size=8192, intermediate_size=28672, num_attention_heads=64, num_key_value_heads=8
     ).save_pretrained(str(tmp_path))
     p = plan(compose([f"model.path={tmp_path}", "quant=int4_awq", "target=onnxruntime_genai", "calibration.device=cpu"]))
-    pred = p.stages["predicted"]
+    pred = p.stages.predicted
     assert set(pred) == {"export", "quantize", "build", "evaluate"}
-    n = p.model["num_parameters"]
-    assert pred["quantize"]["host_bytes"] > 4 * n  # a float32 70 B model on the CPU: more than its weights
-    refusals = stage_refusals({k: StageMemory(**v) for k, v in pred.items()}, ["export", "quantize"], 24 * 10**9)
+    n = p.model.num_parameters
+    assert pred["quantize"].host_bytes > 4 * n  # a float32 70 B model on the CPU: more than its weights
+    refusals = stage_refusals(pred, ["export", "quantize"], 24 * 10**9)
     assert any(r.startswith("quantize needs about") and "calibration.device=auto" in r for r in refusals)
 
 
