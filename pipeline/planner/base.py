@@ -38,13 +38,12 @@ GiB = 1 << 30
 KiB = 1 << 10
 
 
-OMIT_NONE = {"omit_none": True}
-"""Field metadata: the field is left out of the plan's JSON when None (a field of the other device's plan)."""
+OMIT_NONE = {"omit_none": True}  # field metadata: left out of the JSON when None (a field of the other device's plan)
 
 
 def to_doc(x: Any) -> Any:
-    """The JSON value of a plan record: a dataclass's fields in order (one marked :data:`OMIT_NONE` left out when None;
-    a record with a ``to_json`` as that says), lists and dicts of them likewise."""
+    """The JSON value of a plan record: its ``to_json``, else a dataclass's fields in order (one marked
+    :data:`OMIT_NONE` left out when None); lists and dicts of them likewise."""
     if hasattr(x, "to_json"):
         return x.to_json()
     if dataclasses.is_dataclass(x):
@@ -76,7 +75,7 @@ class PlanTarget:
     device: GPU | HostCpu | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "why": self.why, "gpus": to_doc(self.gpus), **(self.device.to_json() if self.device else {})}
+        return {"kind": self.kind, "why": self.why, "gpus": to_doc(self.gpus), **(to_doc(self.device) if self.device else {})}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,8 +120,7 @@ class PlanConfig:
 
 @dataclasses.dataclass(frozen=True)
 class PlanWeights:
-    """Weight bytes: whole model, quantized and high-precision parts, the fullest rank (and each pipeline stage's
-    rank: GPU plans only)."""
+    """Weight bytes: whole, quantized, high precision, the fullest rank (and each pipeline stage's: GPU plans only)."""
 
     total_bytes: int
     quantized_bytes: int
@@ -135,8 +133,7 @@ class PlanWeights:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PlanKvCache:
-    """The KV cache: dtype, bytes per element and per token (model, rank), the paged blocks (GPU) or all static slots
-    (CPU), bytes per sequence at ``max_seq_len``."""
+    """The KV cache: dtype, bytes per element, token (model, rank), paged block (GPU), sequence and all slots (CPU)."""
 
     dtype: str
     bytes_per_element: int
@@ -151,8 +148,7 @@ class PlanKvCache:
 
 @dataclasses.dataclass(frozen=True)
 class PlanCapacity:
-    """Sequences of ``max_seq_len`` that fit (None: the host's available memory is unknown), the KV pool in blocks
-    and tokens (GPU plans only) and the concurrency that results."""
+    """The KV pool in blocks and tokens (GPU plans only), sequences of ``max_seq_len`` that fit, the concurrency."""
 
     kv_blocks: int | None = dataclasses.field(metadata=OMIT_NONE)
     kv_tokens: int | None = dataclasses.field(metadata=OMIT_NONE)
@@ -186,8 +182,7 @@ class PlanDecode:
 
 @dataclasses.dataclass(frozen=True)
 class PlannedCalibration:
-    """Where calibration runs, in which dtype, the model's bytes in it and the placement
-    (:class:`pipeline.core.sizing.CalibrationPlacement`'s fields)."""
+    """Where calibration runs, its dtype, the model's bytes in it and :class:`pipeline.core.sizing.CalibrationPlacement`."""
 
     device: str
     dtype: str
@@ -202,8 +197,7 @@ class PlannedCalibration:
 
 @dataclasses.dataclass(frozen=True)
 class PlanStages:
-    """Each pipeline stage's predicted peak memory on this host (:mod:`pipeline.core.sizing`), the host's RAM and the
-    calibration's placement (when the run quantizes)."""
+    """Each stage's predicted peak memory (:mod:`pipeline.core.sizing`), the host's RAM, the calibration when it runs."""
 
     host_total_bytes: int | None
     predicted: dict[str, StageMemory]
@@ -230,7 +224,6 @@ class Plan:
     warnings: list[str] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
     stages: PlanStages | None = None
-    """Predicted peak memory of each pipeline stage on this host (:mod:`pipeline.core.sizing`)."""
 
     def settle(self) -> Plan:
         """``status`` from what was found: ``refused`` with refusals, else ``warn`` with warnings, else ``ok``."""

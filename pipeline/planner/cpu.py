@@ -29,9 +29,6 @@ class HostCpu:
     bandwidth_gb_s: float
     bandwidth_source: str
 
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
 
 @dataclasses.dataclass(frozen=True)
 class CpuMemory:

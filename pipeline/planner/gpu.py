@@ -89,14 +89,9 @@ def gpu_plan(p: Plan, shape: ModelShape, k: Knobs, gpu: GPU) -> Plan:
     w = n["w"]
     p.weights = weights_doc(w, w.max_rank_bytes, w.per_stage_rank_bytes)
     p.kv_cache = kv_doc(
-        k,
-        shape,
-        n["kv_tok"],
-        tokens_per_block=k.tokens_per_block,
-        bytes_per_block_rank=n["block"],
-        blocks_per_sequence=n["blocks_per_seq"],
-        bytes_per_sequence_rank=n["blocks_per_seq"] * n["block"],
-    )
+        k, shape, n["kv_tok"], tokens_per_block=k.tokens_per_block, bytes_per_block_rank=n["block"],
+        blocks_per_sequence=n["blocks_per_seq"], bytes_per_sequence_rank=n["blocks_per_seq"] * n["block"],
+    )  # fmt: skip
     unused = max(0, gpu.memory_bytes - w.max_rank_bytes - n["act"] - n["overhead"] - n["pool"])
     p.memory = GpuMemory(gpu.memory_bytes, w.max_rank_bytes, n["act"], n["overhead"], n["free"], n["pool"], unused)
     conc = min(n["seqs"], k.max_batch_size)
