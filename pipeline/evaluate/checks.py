@@ -85,14 +85,17 @@ def _file_problems(eval_sig: tuple[str, int, int], value: str) -> tuple[Problem,
 
 def _eval_rows(path: Path) -> list[dict[str, Any]]:
     """The eval set's lines as objects (a foreign format, a task YAML or a question/answer JSONL, as the eval loader
-    maps it; malformed lines are left out: the eval loader reports them with their line number)."""
+    maps it; malformed lines and lines over :data:`~pipeline.errors.MAX_LINE_BYTES` are left out, never parsed or
+    tokenized: the eval loader reports them with their line number)."""
     from ..data import foreign
     from ..data.evalset import read_eval_set
-    from ..errors import InputError
+    from ..errors import MAX_LINE_BYTES, InputError
 
     text = path.read_text(encoding="utf-8-sig", errors="replace")
     rows = []
     for line in text.splitlines():
+        if len(line) > MAX_LINE_BYTES // 4 and len(line.encode("utf-8")) > MAX_LINE_BYTES:
+            continue
         try:
             row = json.loads(line) if line.strip() else None
         except ValueError:

@@ -140,3 +140,15 @@ def test_a_checkpoint_the_export_stage_refuses_is_named_once_with_the_config_pro
     err = str(summary.error)
     assert summary.exit_code == 2 and err.startswith("2 configuration problem(s):"), err
     assert "eval.gate.min_score=90.0: must be in [0, 1]" in err and err.count(f"model.path='{gone}': not found") == 1, err
+
+
+def test_a_line_over_the_byte_limit_is_refused_and_never_tokenized(tmp_path):
+    """Fresh-user trial: a 20 MB eval line was refused by the loader, but the prompt-length check parsed and tokenized
+    it anyway (32 s, 3.6 GB peak) and reported its token count. Now only the line limit names it."""
+    from pipeline.errors import MAX_LINE_BYTES
+
+    es = tmp_path / "eval.jsonl"
+    es.write_text(_row(1) + "\n" + _row(2, prompt="word " * (MAX_LINE_BYTES // 5 + 10)) + "\n", encoding="utf-8")
+    got = [str(p) for p in validate(compose([f"eval.eval_set={es}", "stages=[evaluate]"]), raise_on_error=False)]
+    assert any(f"{es}:2: the line holds" in p and "over the limit" in p for p in got), got
+    assert not any("t-2" in p for p in got), got  # its prompt was never measured
