@@ -51,6 +51,7 @@ def _gpu_table(cfg: Any, names: list[str], console: Any) -> tuple[list[dict[str,
     from .planner.plan import plan
 
     rows, worst = [], EXIT_OK
+    refusals: list[tuple[str, str]] = []
     t = Table(
         title=f"plan across GPUs: {cfg.model.name} quant={cfg.quant.recipe} kv={cfg.quant.kv_cache_dtype} "
         f"tp={cfg.parallel.tp_size} pp={cfg.parallel.pp_size} max_seq_len={cfg.build.max_seq_len} max_batch_size={cfg.build.max_batch_size}"
@@ -63,6 +64,7 @@ def _gpu_table(cfg: Any, names: list[str], console: Any) -> tuple[list[dict[str,
         m, cap = p.memory, p.capacity
         b1, full = (p.decode.batch1, p.decode.full) if p.decode else (None, None)
         rows.append({"gpu": n, "plan": p.to_json()})
+        refusals += [(n, why) for why in p.refusals]
         t.add_row(
             n,
             p.status,
@@ -73,6 +75,8 @@ def _gpu_table(cfg: Any, names: list[str], console: Any) -> tuple[list[dict[str,
             f"{full.tok_s_aggregate_max:.0f}" if full else "-",
         )
     console.print(t)
+    for n, why in refusals:  # why each refused GPU is refused (the table has no room for it; --json carries it too)
+        console.print(f"  {n}: refused: {why}", markup=False, highlight=False)
     return rows, worst
 
 

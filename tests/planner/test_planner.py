@@ -238,7 +238,11 @@ def test_cli_json_and_alias(capsys):
     assert plan_main(["--json", "model=llama31_8b", "target.gpu=nonesuch"]) == 2
     assert "nonesuch" in capsys.readouterr().out
     assert plan_main(["--json", "model=nonesuch_preset"]) == 2
+    capsys.readouterr()
     assert plan_main(["--gpus", "all", "model=llama31_8b", "quant=fp8"]) == 0
+    # a refused GPU says why under the table (fresh-user trial: "refused" with no reason outside --json)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "a100_80gb: refused: quant.recipe=fp8 needs compute capability >= 8.9" in out, out[-2000:]
 
 
 @pytest.mark.parametrize(
