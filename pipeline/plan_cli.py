@@ -46,8 +46,7 @@ def _compose(overrides: list[str]) -> Any:
 def _gpu_table(cfg: Any, names: list[str], console: Any) -> tuple[list[dict[str, Any]], int]:
     from rich.table import Table
 
-    from .planner.base import fmt_bytes
-    from .planner.gpu import GpuMemory
+    from .planner.base import GpuMemory, fmt_bytes
     from .planner.plan import plan
 
     rows, worst = [], EXIT_OK

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..core.sizing import StageMemory
 from ..errors import InputError
@@ -29,10 +29,6 @@ from ..facts.geometry import DTYPE_BYTES, ModelShape, kv_heads_per_rank
 from ..facts.gpus import GPU
 from ..facts.recipes import KV_MIN_SM, RECIPE_MIN_SM
 from .weights import WeightBreakdown, weight_bytes
-
-if TYPE_CHECKING:  # each device's own records, in its module
-    from .cpu import CpuMemory, HostCpu
-    from .gpu import GpuMemory
 
 GiB = 1 << 30
 KiB = 1 << 10
@@ -62,6 +58,42 @@ class VisibleGpu:
     name: str | None
     memory_bytes: int
     free_bytes: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class HostCpu:
+    """The host CPU a CPU plan runs on: its RAM (total, available now) and the measured memory bandwidth."""
+
+    name: str
+    memory_bytes: int | None
+    available_bytes: int | None
+    bandwidth_gb_s: float
+    bandwidth_source: str
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuMemory:
+    """Host memory of a CPU plan: weights + the static KV cache + activations against the host's RAM."""
+
+    host_bytes: int | None
+    available_bytes: int | None
+    weights_bytes: int
+    kv_cache_bytes: int
+    activations_bytes: int
+    total_needed_bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuMemory:
+    """Memory of one GPU rank: weights + activations + runtime, the free rest and the KV pool taken from it."""
+
+    gpu_bytes: int
+    weights_bytes: int
+    activations_bytes: int
+    runtime_overhead_bytes: int
+    free_after_load_bytes: int
+    kv_pool_bytes: int
+    unused_bytes: int
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,30 +16,20 @@ from typing import Any
 
 from ..core.sizing import host_memory, host_memory_bandwidth_gbs
 from ..facts.geometry import ModelShape
-from .base import Knobs, Plan, PlanCapacity, activation_bytes, decode_doc, gib, kv_doc, kv_elem_bytes, weights_doc, weights_of
-
-
-@dataclasses.dataclass(frozen=True)
-class HostCpu:
-    """The host CPU a CPU plan runs on: its RAM (total, available now) and the measured memory bandwidth."""
-
-    name: str
-    memory_bytes: int | None
-    available_bytes: int | None
-    bandwidth_gb_s: float
-    bandwidth_source: str
-
-
-@dataclasses.dataclass(frozen=True)
-class CpuMemory:
-    """Host memory of a CPU plan: weights + the static KV cache + activations against the host's RAM."""
-
-    host_bytes: int | None
-    available_bytes: int | None
-    weights_bytes: int
-    kv_cache_bytes: int
-    activations_bytes: int
-    total_needed_bytes: int
+from .base import (
+    CpuMemory,
+    HostCpu,
+    Knobs,
+    Plan,
+    PlanCapacity,
+    activation_bytes,
+    decode_doc,
+    gib,
+    kv_doc,
+    kv_elem_bytes,
+    weights_doc,
+    weights_of,
+)
 
 
 def _smaller_weights_fix(shape: ModelShape, k: Any, host_total: int) -> str:

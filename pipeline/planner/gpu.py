@@ -23,7 +23,20 @@ from typing import Any
 from ..facts.geometry import ModelShape
 from ..facts.gpus import GPU
 from ..facts.recipes import KV_MIN_SM, RECIPE_MIN_SM, RECIPES
-from .base import GiB, Knobs, Plan, PlanCapacity, activation_bytes, decode_doc, gib, kv_doc, kv_elem_bytes, weights_doc, weights_of
+from .base import (
+    GiB,
+    GpuMemory,
+    Knobs,
+    Plan,
+    PlanCapacity,
+    activation_bytes,
+    decode_doc,
+    gib,
+    kv_doc,
+    kv_elem_bytes,
+    weights_doc,
+    weights_of,
+)
 from .weights import stage_layers
 
 RUNTIME_OVERHEAD_BYTES = 1 * GiB
@@ -32,19 +45,6 @@ estimate of the usual 0.3-0.5 GiB context plus workspaces)."""
 TP_CHOICES = (1, 2, 4, 8)
 FEW_SEQUENCES = 4
 """Fewer sequences than this at max_seq_len makes the plan 'barely works'."""
-
-
-@dataclasses.dataclass(frozen=True)
-class GpuMemory:
-    """Memory of one GPU rank: weights + activations + runtime, the free rest and the KV pool taken from it."""
-
-    gpu_bytes: int
-    weights_bytes: int
-    activations_bytes: int
-    runtime_overhead_bytes: int
-    free_after_load_bytes: int
-    kv_pool_bytes: int
-    unused_bytes: int
 
 
 def _decoder_buffers(k: Knobs) -> int:

@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..facts.gpus import GPU
-from .base import Plan, Roofline, fmt_bytes
-from .gpu import GpuMemory
+from .base import GpuMemory, Plan, Roofline, fmt_bytes
 
 
 def _params(n: float) -> str:

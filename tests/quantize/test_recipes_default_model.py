@@ -61,10 +61,11 @@ def test_mean_kld_orders_the_precisions(sweep):
         assert m["int4_awq"] < m["int4_rtn"] + 2 * se, (scope, m, se)
 
 
-def test_business_eval_separates_plain_rounding(sweep):
-    """The v2 copy-heavy slices lose answers under int4 round-to-nearest; int8 and AWQ keep more of them.
-    Items right of 160 with the ORT engines (docs/results.md): none 134, int8_wo 133, int4_awq 131 (resmoothed; 133 with
-    quant.resmooth=false), int4_rtn 129."""
+def test_business_eval_separates_int4_from_the_8_bit_formats(sweep):
+    """The v2 copy-heavy slices lose answers under int4; int8 keeps them. Items right of the 400 on the two slices of
+    200 (simulated model, 2026-12-07): none 338, int8_wo 339, int4_awq 332, int4_rtn 332 (with the ORT engines: 338,
+    337, 333, 331; docs/results.md). On the earlier 160 items RTN was two items below AWQ; on 400 the two int4 recipes
+    are level, so only "plain rounding is not better than AWQ" is asserted between them."""
     hard = ("copy_number", "extract_fields")
 
     def correct(rep: dict) -> float:
@@ -72,5 +73,5 @@ def test_business_eval_separates_plain_rounding(sweep):
         return sum(r[s]["score"] * r[s]["n"] for s in hard)
 
     got = {r: correct(rep) for r, rep in sweep.items()}
-    assert got["int4_rtn"] <= got["none"] - 4, got
-    assert got["int4_rtn"] < min(got["int4_awq"], got["int8_wo"]), got
+    assert max(got["int4_awq"], got["int4_rtn"]) <= min(got["none"], got["int8_wo"]) - 4, got
+    assert got["int4_rtn"] <= got["int4_awq"], got
