@@ -45,6 +45,19 @@ def ckpt(tiny_llama, tmp_path) -> Path:
     return Path(shutil.copytree(tiny_llama, tmp_path / "ckpt"))
 
 
+def test_renaming_the_model_reuses_the_export_and_the_package_keys_on_the_name(ckpt, tmp_path):
+    """model.name is a label: a rename is an export cache hit (fresh-user trial: it re-ran the whole chain), while the
+    package stage, which writes the name into the release, keys on it."""
+    from pipeline.package.stage import STAGE as PACKAGE
+
+    store = tmp_path / "store"
+    first = run(ckpt, store, "model.name=alpha")
+    second = run(ckpt, store, "model.name=beta")
+    assert first.status == "ran" and second.status == "cached" and second.key == first.key
+    named = [compose([f"model.path={ckpt}", f"model.name={n}"]) for n in ("alpha", "beta")]
+    assert [PACKAGE.key_extras(c, {})["model_name"] for c in named] == ["alpha", "beta"]
+
+
 def test_miss_then_hit_manifest_and_summary(ckpt, tmp_path):
     store = tmp_path / "store"
     first = run(ckpt, store, summary_dir=tmp_path / "run1")

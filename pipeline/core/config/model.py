@@ -71,9 +71,11 @@ OmegaConf.register_new_resolver("checkpoint_dtype", checkpoint_dtype, replace=Tr
 
 @dataclass
 class ModelConfig:
-    name: str = NAME_FROM_CHECKPOINT
+    name: str = runtime(NAME_FROM_CHECKPOINT, doc="a label: only the package stage, whose key holds it, writes it")
     """Short name used in reports, artifact manifests and the Triton model repository. Unless set: the
-    checkpoint folder's name (:func:`checkpoint_name`), so a user's model never carries a preset's name."""
+    checkpoint folder's name (:func:`checkpoint_name`), so a user's model never carries a preset's name.
+    Not in the export stage's key (it changes no exported byte): renaming a model re-packages it and reuses the
+    rest; the package stage keys on it (``pipeline.package.stage``)."""
     path: Optional[str] = runtime(None, doc="local HF checkpoint folder; relative paths resolve against the cwd, then the repo root")
     """Local Hugging Face checkpoint folder (config.json, *.safetensors, tokenizer files).
     ``None`` for shapes-only presets (planner), which carry ``hf_config`` instead."""
