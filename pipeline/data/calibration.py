@@ -20,7 +20,7 @@ import dataclasses
 import json
 import logging
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +52,26 @@ FILE_FORMATS = {
     "parquet": "a table with a 'text' (calibration.text_field) or 'messages' column",
 }
 _PARQUET_MAGIC = b"PAR1"
+MAX_REPORTED_PROBLEMS = 20
+"""How many line problems a :class:`CalibrationError` message lists (``problems`` holds every one)."""
+
+
+class CalibrationError(InputError):
+    """:func:`read_raw`'s refusal of malformed records (exit 2): every bad line or row, each ``file:line: ... Fix: ...``
+    in ``problems``, the first :data:`MAX_REPORTED_PROBLEMS` in the message (a single problem is the message itself);
+    ``rows`` and ``blank`` are what the file held besides them, so the min_samples count can be reported with them."""
+
+    def __init__(self, problems: Sequence[str], rows: Sequence[RawSample], blank: int, source: str):
+        found = list(problems)
+        if len(found) == 1:
+            message = found[0]
+        else:
+            more = f"\n  ... and {len(found) - MAX_REPORTED_PROBLEMS} more" if len(found) > MAX_REPORTED_PROBLEMS else ""
+            message = f"calibration set {source}: {len(found)} problem(s):\n  - " + "\n  - ".join(found[:MAX_REPORTED_PROBLEMS]) + more
+        super().__init__(message)
+        self.problems = found
+        self.rows = list(rows)
+        self.blank = blank
 
 
 @dataclasses.dataclass
@@ -194,8 +214,9 @@ def detect_format(path: Path, fmt: str) -> str:
     return fmt
 
 
-def _decoded_lines(path: Path) -> Iterator[tuple[int, str]]:
-    """(1-based line number, text) of a UTF-8 file; InputError naming file and line on bad bytes."""
+def _decoded_lines(path: Path, errors: list[str]) -> Iterator[tuple[int, str]]:
+    """(1-based line number, text) of a UTF-8 file; a line over the byte limit or with bad bytes is left out, its problem
+    (file and line named) appended to ``errors``; InputError when the file cannot be read."""
     try:
         data = path.read_bytes()
     except OSError as e:
@@ -207,19 +228,26 @@ def _decoded_lines(path: Path) -> Iterator[tuple[int, str]]:
         lines.pop()
     for n, raw in enumerate(lines, start=1):
         if len(raw) > MAX_LINE_BYTES:  # refused before it is decoded or tokenized (issue 28)
-            raise line_too_long(f"{path}:{n}", len(raw), "split the sample into shorter lines (or paragraphs)")
+            errors.append(str(line_too_long(f"{path}:{n}", len(raw), "split the sample into shorter lines (or paragraphs)")))
+            continue
         try:
-            yield n, raw.decode("utf-8").rstrip("\r")
+            text = raw.decode("utf-8").rstrip("\r")
         except UnicodeDecodeError as e:
-            raise InputError(
+            errors.append(
                 f"{path}:{n}: not valid UTF-8 (byte {raw[e.start]:#04x} at column {e.start + 1}). "
                 "Fix: re-encode the calibration file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)."
-            ) from e
+            )
+            continue
+        yield n, text
 
 
-def _read_jsonl(path: Path, text_field: str) -> tuple[list[RawSample], int]:
-    out, blank = [], 0
-    for n, line in _decoded_lines(path):
+def _read_jsonl(path: Path, text_field: str, errors: list[str] | None = None) -> tuple[list[RawSample], int]:
+    """The samples and blank-line count of a JSONL file; each bad line's problem appended to ``errors`` (without a
+    list: CalibrationError naming all of them)."""
+    problems: list[str] = [] if errors is None else errors
+    out: list[RawSample] = []
+    blank = 0
+    for n, line in _decoded_lines(path, problems):
         if not line.strip():
             blank += 1
             continue
@@ -228,14 +256,29 @@ def _read_jsonl(path: Path, text_field: str) -> tuple[list[RawSample], int]:
             obj = json.loads(line)
         except ValueError as e:  # JSONDecodeError, or an integer literal longer than Python's int digit limit
             why = e.msg if isinstance(e, json.JSONDecodeError) else str(e)
-            raise InputError(f"{where}: not valid JSON ({why}). Fix: one JSON object per line.") from e
+            problems.append(f"{where}: not valid JSON ({why}). Fix: one JSON object per line.")
+            continue
         if not isinstance(obj, dict):
-            raise InputError(f"{where}: expected a JSON object with {text_field!r} or 'messages', got {type(obj).__name__}.")
-        out.append(_row(obj, where, text_field))
+            problems.append(
+                f"{where}: expected a JSON object with {text_field!r} or 'messages', got {type(obj).__name__}. "
+                "Fix: one JSON object per line."
+            )
+            continue
+        _collect(out, problems, obj, where, text_field)
+    if errors is None and problems:
+        raise CalibrationError(problems, out, blank, str(path))
     return out, blank
 
 
-def _read_json_array(path: Path, text_field: str) -> tuple[list[RawSample], int]:
+def _collect(out: list[RawSample], errors: list[str], obj: dict, where: str, text_field: str) -> None:
+    """The record's sample appended to ``out``, or its problem to ``errors``."""
+    try:
+        out.append(_row(obj, where, text_field))
+    except InputError as e:
+        errors.append(str(e))
+
+
+def _read_json_array(path: Path, text_field: str, errors: list[str]) -> tuple[list[RawSample], int]:
     try:
         data = path.read_bytes().removeprefix(b"\xef\xbb\xbf").decode("utf-8")
     except UnicodeDecodeError as e:
@@ -252,28 +295,35 @@ def _read_json_array(path: Path, text_field: str) -> tuple[list[RawSample], int]
             f"{path}: calibration.format=json expects a JSON array at the top level, got {type(arr).__name__}. "
             f"Fix: write [{{{text_field!r}: ...}}, ...], or one object per line in a .jsonl file."
         )
-    records = []
+    records: list[dict | None] = []
     for i, obj in enumerate(arr, start=1):
         if isinstance(obj, str):
             obj = {text_field: obj}
         if not isinstance(obj, dict):
-            raise InputError(
-                f"{path}[item {i}]: expected an object with {text_field!r} or 'messages' (or a string), got {type(obj).__name__}."
+            errors.append(
+                f"{path}[item {i}]: expected an object with {text_field!r} or 'messages' (or a string), got {type(obj).__name__}. "
+                f"Fix: write {{{text_field!r}: ...}} or a string."
             )
+            obj = None  # keeps the item numbers; left out below
         records.append(obj)
-    return _rows_from_records(records, str(path), text_field)
+    return _rows_from_records(records, str(path), text_field, errors)
 
 
 def _row(obj: dict, where: str, text_field: str) -> RawSample:
     if obj.get("messages") is not None:
         msgs = obj["messages"]
         if not (isinstance(msgs, list) and all(isinstance(m, dict) and "role" in m and isinstance(m.get("content"), str) for m in msgs)):
-            raise InputError(f"{where}: 'messages' must be a list of {{'role': ..., 'content': str}}.")
+            raise InputError(
+                f"{where}: 'messages' must be a list of {{'role': ..., 'content': str}} (value {msgs!r:.80}). "
+                "Fix: use [{'role': 'user', 'content': '...'}]."
+            )
         return RawSample(where, messages=[{"role": m["role"], "content": m["content"]} for m in msgs])
     if text_field in obj:
         v = obj[text_field]
         if not isinstance(v, str):
-            raise InputError(f"{where}: field {text_field!r} must be a string, got {type(v).__name__}.")
+            raise InputError(
+                f"{where}: field {text_field!r} must be a string, got {type(v).__name__} (value {v!r:.80}). Fix: write the text as a JSON string."
+            )
         return RawSample(where, text=v)
     raise InputError(
         f"{where}: neither {text_field!r} nor 'messages' present (keys: {sorted(obj)[:8]}). "
@@ -281,10 +331,10 @@ def _row(obj: dict, where: str, text_field: str) -> RawSample:
     )
 
 
-def _read_text(path: Path, paragraphs: bool) -> tuple[list[RawSample], int]:
+def _read_text(path: Path, paragraphs: bool, errors: list[str]) -> tuple[list[RawSample], int]:
     out, blank = [], 0
     if not paragraphs:
-        for n, line in _decoded_lines(path):
+        for n, line in _decoded_lines(path, errors):
             if line.strip():
                 out.append(RawSample(f"{path}:{n}", text=line))
             else:
@@ -292,7 +342,7 @@ def _read_text(path: Path, paragraphs: bool) -> tuple[list[RawSample], int]:
         return out, blank
     cur: list[str] = []
     start = 0
-    for n, line in _decoded_lines(path):
+    for n, line in _decoded_lines(path, errors):
         if line.strip():
             if not cur:
                 start = n
@@ -307,18 +357,23 @@ def _read_text(path: Path, paragraphs: bool) -> tuple[list[RawSample], int]:
     return out, blank
 
 
-def _rows_from_records(records: list[dict], source: str, text_field: str) -> tuple[list[RawSample], int]:
-    out, blank = [], 0
+def _rows_from_records(records: Sequence[dict | None], source: str, text_field: str, errors: list[str]) -> tuple[list[RawSample], int]:
+    """The samples of ``records`` (blank ones counted, not kept; ``None``: an item already reported); each bad
+    record's problem appended to ``errors``."""
+    out: list[RawSample] = []
+    blank = 0
     for i, obj in enumerate(records, start=1):
         where = f"{source}[row {i}]"
+        if obj is None:
+            continue
         if obj.get("messages") is None and isinstance(obj.get(text_field), str) and not obj[text_field].strip():
             blank += 1
             continue
-        out.append(_row(obj, where, text_field))
+        _collect(out, errors, obj, where, text_field)
     return out, blank
 
 
-def _read_parquet(path: Path, text_field: str) -> tuple[list[RawSample], int]:
+def _read_parquet(path: Path, text_field: str, errors: list[str]) -> tuple[list[RawSample], int]:
     try:
         import pyarrow.parquet as pq
     except ImportError as e:  # pragma: no cover - pyarrow ships with the venv
@@ -333,10 +388,10 @@ def _read_parquet(path: Path, text_field: str) -> tuple[list[RawSample], int]:
             f"{path}: no {text_field!r} or 'messages' column (columns: {table.column_names}). "
             "Fix: set calibration.text_field to the text column."
         )
-    return _rows_from_records(table.select(cols).to_pylist(), str(path), text_field)
+    return _rows_from_records(table.select(cols).to_pylist(), str(path), text_field, errors)
 
 
-def _read_hf(cfg: CalibrationConfig) -> tuple[list[RawSample], int]:
+def _read_hf(cfg: CalibrationConfig, errors: list[str]) -> tuple[list[RawSample], int]:
     try:
         import datasets
     except ImportError as e:
@@ -352,14 +407,23 @@ def _read_hf(cfg: CalibrationConfig) -> tuple[list[RawSample], int]:
             "Fix: check the name and network access, or download it and pass calibration.path=<file>."
         ) from e
     n = min(len(ds), max(cfg.calib_size * 4, cfg.calib_size))
-    return _rows_from_records([dict(r) for r in ds.select(range(n))], f"hf:{cfg.hf_dataset}", cfg.text_field)
+    return _rows_from_records([dict(r) for r in ds.select(range(n))], f"hf:{cfg.hf_dataset}", cfg.text_field, errors)
 
 
 def read_raw(cfg: CalibrationConfig, path: Path | None) -> tuple[list[RawSample], int, str]:
-    """Raw samples, blank lines/rows dropped, and the format used. InputError on unreadable input."""
+    """Raw samples, blank lines/rows dropped, and the format used.
+
+    Raises:
+        CalibrationError: (an InputError) malformed lines or rows: every one of them, each naming file:line (or row),
+            the field, the value and the fix.
+        InputError: input that cannot be read at all (no file, an unknown format, an unreadable parquet file ...).
+    """
+    errors: list[str] = []
     fmt = cfg.format
     if fmt == "hf":
-        rows, blank = _read_hf(cfg)
+        rows, blank = _read_hf(cfg, errors)
+        if errors:
+            raise CalibrationError(errors, rows, blank, f"hf:{cfg.hf_dataset}")
         return rows, blank, "hf"
     if path is None:
         raise InputError("calibration.path=None: no calibration file given. Fix: calibration=support_v2 or calibration.path=<file>.")
@@ -368,15 +432,17 @@ def read_raw(cfg: CalibrationConfig, path: Path | None) -> tuple[list[RawSample]
         raise InputError(f"calibration.path={str(path)!r}: no such file.")
     fmt = detect_format(path, fmt)
     if fmt == "jsonl":
-        rows, blank = _read_jsonl(path, cfg.text_field)
+        rows, blank = _read_jsonl(path, cfg.text_field, errors)
     elif fmt == "json":
-        rows, blank = _read_json_array(path, cfg.text_field)
+        rows, blank = _read_json_array(path, cfg.text_field, errors)
     elif fmt == "text":
-        rows, blank = _read_text(path, cfg.paragraphs)
+        rows, blank = _read_text(path, cfg.paragraphs, errors)
     elif fmt == "parquet":
-        rows, blank = _read_parquet(path, cfg.text_field)
+        rows, blank = _read_parquet(path, cfg.text_field, errors)
     else:  # pragma: no cover - detect_format refuses unknown formats
         raise InputError(f"calibration.format={fmt!r}: unknown. Fix: use auto or one of: {_formats_help()}.")
+    if errors:
+        raise CalibrationError(errors, rows, blank, str(path))
     return rows, blank, fmt
 
 
@@ -428,7 +494,8 @@ def load_calibration(cfg: CalibrationConfig, tokenizer: Any, path: Path | None, 
     Returns:
         :class:`CalibrationSet` with up to ``calib_size`` samples, each truncated to ``calib_max_seq_length`` tokens.
     Raises:
-        InputError: unreadable / non-UTF-8 / malformed input (file and line named), a chat sample the model's chat
+        InputError: unreadable input, malformed or non-UTF-8 lines (:class:`CalibrationError`: every one, file and line
+        named), a chat sample the model's chat
         template cannot render (``raise_exception``, a syntax error, the sandbox refusing an attribute: file:line, the
         template's error and the fix), or fewer than ``min_samples`` usable samples (counts named).
     """

@@ -4,8 +4,9 @@
   them); a vocabulary not divisible by TP is padded (``quant.vocab_padding=pad``, recorded) or rejected;
   ``parallel.pp_size`` <= layers;
 * ``calibration.calib_max_seq_length`` <= the model's positions;
-* a local calibration file holds at least ``calibration.min_samples`` non-blank records (an upper bound of the usable
-  samples the stage counts after tokenizing, so this never refuses a set the stage would accept);
+* a local calibration file has no malformed line (each one a problem naming file:line, the field, the value and the
+  fix) and holds at least ``calibration.min_samples`` non-blank records (an upper bound of the usable samples the stage
+  counts after tokenizing, so this never refuses a set the stage would accept), reported together;
 * the recipe on the model's linear layers (from ``config.json``): ``quant.group_size`` divides every quantized
   per-rank input dimension, q/k/v are kept whole, something is left to quantize;
 * ``target.gpu`` is a catalogue name; the recipe, the export dtype and the KV cache format are supported by the
@@ -82,25 +83,45 @@ def _placement_problems(cfg: Any, shape: Any) -> list[Problem]:
 
 
 def _calibration_size_problems(cfg: Any) -> list[Problem]:
-    """Too few records in a local calibration file, found before export runs (the stage found it after export:
-    fresh-user trial).  A file the reader refuses, or a dataset (``format=hf``), is left to the stage's own check."""
+    """Every malformed line of a local calibration file (file:line, field, value, fix; at most
+    :data:`~pipeline.data.calibration.MAX_REPORTED_PROBLEMS` and one saying how many more) and too few records for
+    ``calibration.min_samples``, all found before export runs, in one round (fresh-user trial: the stage found them
+    after export, one per run).  A file the reader cannot read at all, or a dataset (``format=hf``), is left to the
+    field check or the stage."""
     c = cfg.calibration
     if cfg.quant.recipe == "none" or c.format == "hf" or not c.path:
         return []
-    from ..data.calibration import read_raw
+    from ..data.calibration import MAX_REPORTED_PROBLEMS, CalibrationError, read_raw
     from ..errors import InputError
 
+    out: list[Problem] = []
+    malformed = 0
     try:
         rows, blank, _ = read_raw(c, c.path)
+    except CalibrationError as e:  # every malformed line, with what the file held besides them
+        rows, blank, malformed = e.rows, e.blank, len(e.problems)
+        for text in e.problems[:MAX_REPORTED_PROBLEMS]:
+            message, _, fix = text.partition(" Fix: ")
+            out.append(Problem("calibration.path", c.path, message, fix or "correct the line"))
+        if len(e.problems) > MAX_REPORTED_PROBLEMS:
+            out.append(
+                Problem(
+                    "calibration.path",
+                    c.path,
+                    f"... and {len(e.problems) - MAX_REPORTED_PROBLEMS} more malformed line(s) (not listed here).",
+                    "fix the ones above, then run again to list the rest",
+                )
+            )
     except InputError:
         return []  # missing or unreadable: the field check or the stage names it
     if len(rows) >= c.min_samples:
-        return []
-    return [
+        return out
+    bad = f", {malformed} malformed" if malformed else ""
+    return out + [
         Problem(
             "calibration.path",
             c.path,
-            f"holds {len(rows)} non-blank record(s) ({blank} blank), fewer than calibration.min_samples={c.min_samples}.",
+            f"holds {len(rows)} non-blank record(s) ({blank} blank{bad}), fewer than calibration.min_samples={c.min_samples}.",
             f"provide a larger calibration set, or lower calibration.min_samples (<= {len(rows)})"
             if rows
             else "provide a calibration set with records",

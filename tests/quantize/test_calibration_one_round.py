@@ -1,0 +1,95 @@
+"""Every problem of a calibration file that can be found before work starts is reported in one run (exit 2).
+
+Found by a fresh-user trial: a 4-line calibration file with an invalid JSON line, a line with ``txt`` instead of
+``text`` and too few samples for ``calibration.min_samples`` took three runs: run 1 ran export, then quantize named the
+invalid line only; run 2 the ``text`` key only; run 3 the min_samples problem (a config check,
+``pipeline.quantize.checks``, which skipped a file the reader refused).  Now the reader
+(``pipeline.data.calibration``) collects every malformed line and the config checks report them as
+``calibration.path`` problems with the min_samples one, before any stage runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.core.config import compose
+from pipeline.core.config.calibration import CalibrationConfig
+from pipeline.validation import validate
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _bad_calibration(p: Path) -> Path:
+    lines = [
+        json.dumps({"text": "Where is my order?"}),
+        json.dumps({"text": "My parcel arrived damaged."}),
+        "{not json",  # 3: not JSON
+        json.dumps({"txt": "I want a refund."}),  # 4: 'txt', not 'text'
+    ]
+    p.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return p
+
+
+def _assert_every_problem(err: str, cal: Path) -> None:
+    assert f"{cal}:3: not valid JSON" in err and "Fix: one JSON object per line" in err, err
+    assert f"{cal}:4: neither 'text' nor 'messages' present (keys: ['txt'])" in err, err
+    assert "Fix: set calibration.text_field to the key holding the text" in err, err
+    assert "holds 2 non-blank record(s) (0 blank, 2 malformed), fewer than calibration.min_samples=32" in err, err
+
+
+def test_every_problem_of_the_calibration_file_is_reported_in_one_run(tmp_path):
+    """The trial's command: the two malformed lines and min_samples in one exit-2 message, before any stage runs."""
+    cal = _bad_calibration(tmp_path / "calib2.jsonl")
+    store = tmp_path / "store"
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline.cli",
+            f"calibration.path={cal}",
+            "quant=int4_awq",
+            "stages=[export,quantize]",
+            f"store_dir={store}",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    out = " ".join((r.stdout + r.stderr).split())  # the console wraps long lines
+    assert r.returncode == 2, out[-3000:]
+    assert "3 configuration problem(s)" in out, out[-3000:]
+    _assert_every_problem(out, cal)
+    assert not store.exists() or not any(store.glob("*/*"))  # no stage ran
+
+
+def test_validate_names_each_line_as_a_calibration_path_problem(tmp_path):
+    cal = _bad_calibration(tmp_path / "calib.jsonl")
+    ov = [f"calibration.path={cal}", "quant=int4_awq", "stages=[export,quantize]"]
+    problems = [p for p in validate(compose(ov), raise_on_error=False) if p.field == "calibration.path"]
+    assert len(problems) == 3 and all(p.value == str(cal) and p.fix for p in problems), problems
+    _assert_every_problem("\n".join(map(str, problems)), cal)
+    # enough good lines: the malformed ones alone, no min_samples problem
+    ok = [p for p in validate(compose([*ov, "calibration.min_samples=2"]), raise_on_error=False) if p.field == "calibration.path"]
+    assert [p.message.split(": ", 1)[0] for p in ok] == [f"{cal}:3", f"{cal}:4"], ok
+
+
+def test_the_reader_collects_every_bad_line_and_caps_the_message(tmp_path):
+    from pipeline.data.calibration import MAX_REPORTED_PROBLEMS, CalibrationError, read_raw
+
+    cal = tmp_path / "calib.jsonl"
+    cal.write_text("\n".join(['"x"'] * (MAX_REPORTED_PROBLEMS + 5) + [json.dumps({"text": "ok"})]) + "\n", encoding="utf-8")
+    with pytest.raises(CalibrationError) as ei:
+        read_raw(CalibrationConfig(format="jsonl"), cal)
+    e = ei.value
+    assert len(e.problems) == MAX_REPORTED_PROBLEMS + 5 and len(e.rows) == 1 and e.blank == 0
+    assert f"{MAX_REPORTED_PROBLEMS + 5} problem(s)" in str(e) and "... and 5 more" in str(e)
+    assert f"{cal}:{MAX_REPORTED_PROBLEMS + 1}: expected a JSON object" not in str(e)  # past the cap: counted only
+    ov = [f"calibration.path={cal}", "quant=int4_awq", "stages=[export,quantize]", "calibration.min_samples=1"]
+    got = [str(p) for p in validate(compose(ov), raise_on_error=False) if p.field == "calibration.path"]
+    assert len(got) == MAX_REPORTED_PROBLEMS + 1 and "... and 5 more malformed line(s)" in got[-1], got
