@@ -219,7 +219,7 @@ def load_eval_set(path: str | Path, *, limit: int | None = None) -> list[EvalIte
 def _parse_lines(p: Path, text: str, errors: list[str]) -> list[tuple[int, Any]]:
     """``(line number, parsed JSON)`` of every non-blank, non-comment line; problems appended to ``errors``."""
     rows: list[tuple[int, Any]] = []
-    for n, raw in enumerate(text.splitlines(), start=1):
+    for n, raw in enumerate(text.split("\n"), start=1):  # not splitlines: JSON strings may hold U+2028, \x0c, ...
         line = raw.strip()
         if not line or line.startswith("#"):
             continue

@@ -222,7 +222,7 @@ def _documents(p: Path, task: dict[str, Any]) -> tuple[list[dict[str, Any]], lis
                 "point data_files at an existing JSONL file",
             )
         paths.append(f)
-        for n, raw in enumerate(f.read_text(encoding="utf-8-sig").splitlines(), start=1):
+        for n, raw in enumerate(f.read_text(encoding="utf-8-sig").split("\n"), start=1):  # JSON may hold U+2028
             if not raw.strip():
                 continue
             if len(raw.encode("utf-8")) > MAX_LINE_BYTES:

@@ -93,7 +93,7 @@ def _eval_rows(path: Path) -> list[dict[str, Any]]:
 
     text = path.read_text(encoding="utf-8-sig", errors="replace")
     rows = []
-    for line in text.splitlines():
+    for line in text.split("\n"):  # as the eval loader splits (pipeline.data.evalset._parse_lines)
         if len(line) > MAX_LINE_BYTES // 4 and len(line.encode("utf-8")) > MAX_LINE_BYTES:
             continue
         try:

@@ -152,3 +152,18 @@ def test_a_line_over_the_byte_limit_is_refused_and_never_tokenized(tmp_path):
     got = [str(p) for p in validate(compose([f"eval.eval_set={es}", "stages=[evaluate]"]), raise_on_error=False)]
     assert any(f"{es}:2: the line holds" in p and "over the limit" in p for p in got), got
     assert not any("t-2" in p for p in got), got  # its prompt was never measured
+
+
+def test_json_line_separators_inside_a_prompt_are_data(tmp_path):
+    """JSON lets U+2028, U+2029, form feed and U+0085 stand unescaped in a string; they are not line ends of a JSONL file
+    (recheck trial: str.splitlines() cut such an item in two, refused a valid eval set and misnumbered later lines)."""
+    from pipeline.data.evalset import read_eval_set
+
+    odd = "Where is my order?\u2028Line two\u2029\x0c\x85 end"
+    es = tmp_path / "eval.jsonl"
+    rows = [_row(1), json.dumps(json.loads(_row(2, prompt=odd)), ensure_ascii=False), "{not json"]
+    es.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    problems = [str(p) for p in validate(compose([f"eval.eval_set={es}"]), raise_on_error=False) if p.field == "eval.eval_set"]
+    assert len(problems) == 1 and f"{es}:3: invalid JSON" in problems[0], problems  # the bad line keeps its number
+    es.write_text("\n".join(rows[:2]) + "\n", encoding="utf-8")
+    assert [it.prompt for it in read_eval_set(es).items][1] == odd
