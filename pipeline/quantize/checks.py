@@ -116,7 +116,7 @@ def _calibration_size_problems(cfg: Any) -> list[Problem]:
         return []  # missing or unreadable: the field check or the stage names it
     if len(rows) >= c.min_samples:
         return out
-    bad = f", {malformed} malformed" if malformed else ""
+    bad = f", {malformed} malformed and not counted" if malformed else ""
     return out + [
         Problem(
             "calibration.path",

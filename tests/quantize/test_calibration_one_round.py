@@ -38,7 +38,7 @@ def _assert_every_problem(err: str, cal: Path) -> None:
     assert f"{cal}:3: not valid JSON" in err and "Fix: one JSON object per line" in err, err
     assert f"{cal}:4: neither 'text' nor 'messages' present (keys: ['txt'])" in err, err
     assert "Fix: set calibration.text_field to the key holding the text" in err, err
-    assert "holds 2 non-blank record(s) (0 blank, 2 malformed), fewer than calibration.min_samples=32" in err, err
+    assert "holds 2 non-blank record(s) (0 blank, 2 malformed and not counted), fewer than calibration.min_samples=32" in err, err
 
 
 def test_every_problem_of_the_calibration_file_is_reported_in_one_run(tmp_path):
