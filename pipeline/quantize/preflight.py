@@ -265,6 +265,8 @@ def _group_size_problems(qcfg: Any, quantized: dict[str, tuple[int, int]], tp: i
     if not (grouped and quantized):
         return []
     g = int(qcfg.group_size)
+    if g < 1:
+        return []  # the quant field check names it (pipeline.core.config.quant)
 
     def fits(dims: list[int], t: int, gs: int) -> bool:
         return all(d % t == 0 and (d // t) % gs == 0 for d in dims)

@@ -101,6 +101,7 @@ BASE = ["model=llama31_8b", "target.gpu=h100_sxm"]
 @FUZZ
 @given(st.lists(OVERRIDE, max_size=4))
 @example(["+build.max_seq_len=0", "~build"])  # found by this test (2026-12-01): OmegaConf's bare AttributeError
+@example(["quant.group_size=0"])  # found by this test (2026-12-07, CI): ZeroDivisionError in the group-size preflight
 def test_compose_validate_plan_never_crash(overrides):
     from pipeline.planner import plan
 
