@@ -19,6 +19,15 @@ EXIT_OK, EXIT_FAILED, EXIT_INPUT, EXIT_GATE, EXIT_PREFLIGHT, EXIT_INTERRUPTED = 
 #: longer line is refused before it is parsed or tokenized (a 100 MB line otherwise drives the tokenizer past 10 GB).
 MAX_LINE_BYTES = 1 << 20
 
+#: How many problems of one data file a message lists (every one is still counted): eval and calibration sets.
+MAX_REPORTED_PROBLEMS = 20
+
+
+def listed_problems(head: str, problems: list[str]) -> str:
+    """``HEAD: N problem(s):`` then the first :data:`MAX_REPORTED_PROBLEMS`, one per line, and ``... and K more``."""
+    more = f"\n  ... and {len(problems) - MAX_REPORTED_PROBLEMS} more" if len(problems) > MAX_REPORTED_PROBLEMS else ""
+    return f"{head}: {len(problems)} problem(s):\n  - " + "\n  - ".join(problems[:MAX_REPORTED_PROBLEMS]) + more
+
 
 class PipelineError(RuntimeError):
     """Base class: an error whose message is meant for the user (no traceback needed)."""

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core.tokenization import TokenizationError, codec_of
-from ..errors import MAX_LINE_BYTES, InputError, line_too_long
+from ..errors import MAX_LINE_BYTES, InputError, line_too_long, listed_problems
 
 if TYPE_CHECKING:
     import torch
@@ -52,23 +52,16 @@ FILE_FORMATS = {
     "parquet": "a table with a 'text' (calibration.text_field) or 'messages' column",
 }
 _PARQUET_MAGIC = b"PAR1"
-MAX_REPORTED_PROBLEMS = 20
-"""How many line problems a :class:`CalibrationError` message lists (``problems`` holds every one)."""
 
 
 class CalibrationError(InputError):
     """:func:`read_raw`'s refusal of malformed records (exit 2): every bad line or row, each ``file:line: ... Fix: ...``
-    in ``problems``, the first :data:`MAX_REPORTED_PROBLEMS` in the message (a single problem is the message itself);
+    in ``problems``, the first :data:`~pipeline.errors.MAX_REPORTED_PROBLEMS` in the message (a single problem is the message itself);
     ``rows`` and ``blank`` are what the file held besides them, so the min_samples count can be reported with them."""
 
     def __init__(self, problems: Sequence[str], rows: Sequence[RawSample], blank: int, source: str):
         found = list(problems)
-        if len(found) == 1:
-            message = found[0]
-        else:
-            more = f"\n  ... and {len(found) - MAX_REPORTED_PROBLEMS} more" if len(found) > MAX_REPORTED_PROBLEMS else ""
-            message = f"calibration set {source}: {len(found)} problem(s):\n  - " + "\n  - ".join(found[:MAX_REPORTED_PROBLEMS]) + more
-        super().__init__(message)
+        super().__init__(found[0] if len(found) == 1 else listed_problems(f"calibration set {source}", found))
         self.problems = found
         self.rows = list(rows)
         self.blank = blank

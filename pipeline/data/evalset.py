@@ -30,14 +30,12 @@ from pathlib import Path
 from typing import Any, cast
 
 from ..core.tokenization import encode_prompt
-from ..errors import MAX_LINE_BYTES, InputError, line_too_long
-
-MAX_REPORTED_PROBLEMS = 20
+from ..errors import MAX_LINE_BYTES, InputError, line_too_long, listed_problems
 
 
 class EvalSetError(InputError):
     """:func:`read_eval_set`'s refusal of the eval set (exit 2). For malformed lines the message lists the first
-    :data:`MAX_REPORTED_PROBLEMS` and ``problems`` holds every one, each ``file:line: field ... (value ...). Fix: ...``;
+    :data:`~pipeline.errors.MAX_REPORTED_PROBLEMS` and ``problems`` holds every one, each ``file:line: field ... (value ...). Fix: ...``;
     for a refusal of the whole file (unreadable, no items, a task YAML key that is not implemented) ``problems`` is
     the message alone."""
 
@@ -302,8 +300,7 @@ def _read_eval_set(path: str | Path, limit: int | None) -> EvalSet:
         item.line = n
         items.append(item)
     if errors:
-        more = f"\n  ... and {len(errors) - MAX_REPORTED_PROBLEMS} more" if len(errors) > MAX_REPORTED_PROBLEMS else ""
-        raise EvalSetError(f"eval set {p}: {len(errors)} problem(s):\n  - " + "\n  - ".join(errors[:MAX_REPORTED_PROBLEMS]) + more, errors)
+        raise EvalSetError(listed_problems(f"eval set {p}", errors), errors)
     if not items:
         raise InputError(f"eval set {p} has no items. Fix: add JSONL lines with id, prompt, reference, metric, slice.")
     return EvalSet(stratified_head(items, limit) if limit else items, fmt, data_files)

@@ -59,28 +59,15 @@ def _eval_set_file_problems(cfg: Any) -> list[Problem]:
 @functools.lru_cache(maxsize=8)
 def _file_problems(eval_sig: tuple[str, int, int], value: str) -> tuple[Problem, ...]:
     """The eval set's problems as :class:`Problem` s (the line's own wording, its ``Fix:`` as the fix); at most
-    :data:`~pipeline.data.evalset.MAX_REPORTED_PROBLEMS` and one saying how many more. Cached per file version."""
-    from ..data.evalset import MAX_REPORTED_PROBLEMS, EvalSetError, read_eval_set
+    :data:`~pipeline.errors.MAX_REPORTED_PROBLEMS` and one saying how many more. Cached per file version."""
+    from ..core.config.common import file_problems
+    from ..data.evalset import EvalSetError, read_eval_set
 
     try:
         read_eval_set(Path(eval_sig[0]))
         return ()
     except EvalSetError as e:  # each malformed line, or the refusal of the whole file (no items, a task YAML key ...)
-        found = e.problems
-    out = []
-    for text in found[:MAX_REPORTED_PROBLEMS]:
-        message, _, fix = text.partition(" Fix: ")
-        out.append(Problem("eval.eval_set", value, message, fix))
-    if len(found) > MAX_REPORTED_PROBLEMS:
-        out.append(
-            Problem(
-                "eval.eval_set",
-                value,
-                f"... and {len(found) - MAX_REPORTED_PROBLEMS} more problem(s) in {eval_sig[0]} (not listed here).",
-                "fix the ones above, then run again to list the rest",
-            )
-        )
-    return tuple(out)
+        return tuple(file_problems("eval.eval_set", value, e.problems, f"problem(s) in {eval_sig[0]}"))
 
 
 def _eval_rows(path: Path) -> list[dict[str, Any]]:

@@ -84,14 +84,15 @@ def _placement_problems(cfg: Any, shape: Any) -> list[Problem]:
 
 def _calibration_size_problems(cfg: Any) -> list[Problem]:
     """Every malformed line of a local calibration file (file:line, field, value, fix; at most
-    :data:`~pipeline.data.calibration.MAX_REPORTED_PROBLEMS` and one saying how many more) and too few records for
+    :data:`~pipeline.errors.MAX_REPORTED_PROBLEMS` and one saying how many more) and too few records for
     ``calibration.min_samples``, all found before export runs, in one round (fresh-user trial: the stage found them
     after export, one per run).  A file the reader cannot read at all, or a dataset (``format=hf``), is left to the
     field check or the stage."""
     c = cfg.calibration
     if cfg.quant.recipe == "none" or c.format == "hf" or not c.path:
         return []
-    from ..data.calibration import MAX_REPORTED_PROBLEMS, CalibrationError, read_raw
+    from ..core.config.common import file_problems
+    from ..data.calibration import CalibrationError, read_raw
     from ..errors import InputError
 
     out: list[Problem] = []
@@ -100,18 +101,7 @@ def _calibration_size_problems(cfg: Any) -> list[Problem]:
         rows, blank, _ = read_raw(c, c.path)
     except CalibrationError as e:  # every malformed line, with what the file held besides them
         rows, blank, malformed = e.rows, e.blank, len(e.problems)
-        for text in e.problems[:MAX_REPORTED_PROBLEMS]:
-            message, _, fix = text.partition(" Fix: ")
-            out.append(Problem("calibration.path", c.path, message, fix or "correct the line"))
-        if len(e.problems) > MAX_REPORTED_PROBLEMS:
-            out.append(
-                Problem(
-                    "calibration.path",
-                    c.path,
-                    f"... and {len(e.problems) - MAX_REPORTED_PROBLEMS} more malformed line(s) (not listed here).",
-                    "fix the ones above, then run again to list the rest",
-                )
-            )
+        out = file_problems("calibration.path", c.path, e.problems, "malformed line(s)", "correct the line")
     except InputError:
         return []  # missing or unreadable: the field check or the stage names it
     if len(rows) >= c.min_samples:

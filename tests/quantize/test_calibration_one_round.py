@@ -80,7 +80,8 @@ def test_validate_names_each_line_as_a_calibration_path_problem(tmp_path):
 
 
 def test_the_reader_collects_every_bad_line_and_caps_the_message(tmp_path):
-    from pipeline.data.calibration import MAX_REPORTED_PROBLEMS, CalibrationError, read_raw
+    from pipeline.data.calibration import CalibrationError, read_raw
+    from pipeline.errors import MAX_REPORTED_PROBLEMS
 
     cal = tmp_path / "calib.jsonl"
     cal.write_text("\n".join(['"x"'] * (MAX_REPORTED_PROBLEMS + 5) + [json.dumps({"text": "ok"})]) + "\n", encoding="utf-8")
