@@ -48,7 +48,7 @@ def _rope_problems(cfg: Any) -> list[Problem]:
         target = capabilities(cfg).name
     except InputError:
         return []  # the target's own checks name an unresolvable target
-    refusal = rope_refusal(mc, target)
+    refusal = rope_refusal(mc, target, cfg.build.max_seq_len)
     if refusal is None:
         return []
     why, fix = refusal

@@ -134,7 +134,7 @@ def builder_input(src: Path, dst: Path, max_seq_len: int) -> tuple[Path, str | N
     new, note = builder_config(cfg, max_seq_len)
     from .rope import builder_rope
 
-    roped, rope_note = builder_rope(new or cfg)
+    roped, rope_note = builder_rope(new or cfg, max_seq_len)
     if roped is not None:
         new, note = roped, "; ".join(n for n in (note, rope_note) if n)
     if new is None:

@@ -128,9 +128,13 @@ def _ort_yarn_range(config: dict[str, Any], rope: dict[str, Any], theta: float) 
     return low, high, d_half
 
 
-def rope_refusal(config: dict[str, Any], target: str) -> tuple[str, str] | None:
+def rope_refusal(config: dict[str, Any], target: str, max_seq_len: int | None = None) -> tuple[str, str] | None:
     """``(why, fix)`` when ``target`` would build the checkpoint's RoPE (``config.json`` dict) differently from
-    transformers or crash on it; None when it honours it (or the config is unreadable: export reports that)."""
+    transformers or crash on it; None when it honours it (or the config is unreadable: export reports that).
+
+    ``max_seq_len`` (tokens, ``build.max_seq_len``): the longest sequence the engine serves.  A ``dynamic`` scaling
+    with ``max_seq_len <= max_position_embeddings`` is plain RoPE (:func:`dynamic_is_plain`), which every target
+    builds."""
     try:
         theta, rope = normalise_rope(config)
     except InputError:
@@ -148,7 +152,7 @@ def rope_refusal(config: dict[str, Any], target: str) -> tuple[str, str] | None:
         p = _phi3_lengths(config, rtype)
         if p is not None:
             return p
-    if rtype is None:
+    if rtype is None or dynamic_is_plain(config, rope, max_seq_len):
         return None
     if rtype not in honoured:
         how = (
@@ -162,6 +166,10 @@ def rope_refusal(config: dict[str, Any], target: str) -> tuple[str, str] | None:
         )
         others = [t for t, fams in ROPE_SUPPORT.items() if t != target and rtype in fams.get(str(mt), ())]
         fix = f"target={others[0]}" + (f" or target={others[1]}" if len(others) > 1 else "") if others else "another target"
+        if rtype == "dynamic" and max_seq_len and isinstance(config.get("max_position_embeddings"), int):
+            mpe = config["max_position_embeddings"]
+            how += f" (dynamic NTK scaling equals plain RoPE up to max_position_embeddings={mpe}, below build.max_seq_len={max_seq_len})"
+            fix = f"set build.max_seq_len <= {mpe}, or {fix}"
         return (f"rope_scaling type {rtype!r} is not honoured by target {target}: {how}.", f"{fix}, {drop}")
     if target == "onnxruntime_genai" and rtype == "yarn":
         return _ort_yarn_problem(config, rope or {}, float(theta or 10000.0), drop)
@@ -221,7 +229,16 @@ def _phi3_lengths(config: dict[str, Any], rtype: str | None) -> tuple[str, str] 
     return None
 
 
-def builder_rope(config: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
+def dynamic_is_plain(config: dict[str, Any], rope: dict[str, Any] | None, max_seq_len: int | None) -> bool:
+    """True when ``rope`` (normalised) is ``dynamic`` and no sequence of ``max_seq_len`` tokens goes past
+    ``max_position_embeddings``: transformers 5.x ``_compute_dynamic_ntk_parameters`` scales the base by
+    ``(factor * seq_len / max_position_embeddings - (factor - 1)) ** (dim / (dim - 2))`` with ``seq_len`` at least
+    ``max_position_embeddings`` (a factor of 1 there), and ``dynamic_rope_update`` recomputes only past it."""
+    mpe = config.get("max_position_embeddings")
+    return bool(rope and rope["rope_type"] == "dynamic" and max_seq_len and isinstance(mpe, int) and max_seq_len <= mpe)
+
+
+def builder_rope(config: dict[str, Any], max_seq_len: int | None = None) -> tuple[dict[str, Any] | None, str | None]:
     """The ``config.json`` onnxruntime-genai's builder must see for a RoPE scaling it honours (after
     :func:`rope_refusal` let it through), or ``(None, None)`` when the checkpoint's own is right.
 
@@ -230,6 +247,8 @@ def builder_rope(config: dict[str, Any]) -> tuple[dict[str, Any] | None, str | N
     * Llama + linear: the Llama builder ignores ``linear``; its base class scales positions by
       ``rope_position_scale`` (``t * scale`` in ``make_rotary_embedding_caches_from_scratch``), which equals
       transformers' ``inv_freq / factor`` (``_compute_linear_scaling_rope_parameters``).
+    * dynamic within ``max_position_embeddings`` (:func:`dynamic_is_plain`, ``max_seq_len`` in tokens): plain RoPE,
+      so the scaling is left out (the builders other than Llama's raise NotImplementedError on ``dynamic``).
     """
     try:
         _, rope = normalise_rope(config)
@@ -238,6 +257,16 @@ def builder_rope(config: dict[str, Any]) -> tuple[dict[str, Any] | None, str | N
     if rope is None:
         return None, None
     key = "rope_parameters" if isinstance(config.get("rope_parameters"), dict) else "rope_scaling"
+    if dynamic_is_plain(config, rope, max_seq_len):
+        kept = {k: v for k, v in (config.get(key) or {}).items() if k in ("rope_theta", "partial_rotary_factor")}
+        plain = {k: v for k, v in config.items() if k != "rope_scaling"}
+        if key == "rope_parameters":
+            plain[key] = {**kept, "rope_type": "default"}
+        mpe = config["max_position_embeddings"]
+        return (
+            plain,
+            f"dynamic RoPE scaling built as plain RoPE (equal up to max_position_embeddings={mpe} >= build.max_seq_len={max_seq_len})",
+        )
     if rope["rope_type"] == "yarn":
         src = config.get(key) or {}
         fill = dict(YARN_BETA_DEFAULTS)

@@ -38,8 +38,8 @@ def _checkpoint(tmp: Path, arch: str, rope_scaling: dict | None, **config) -> Pa
     return ckpt
 
 
-def _rope_msgs(ckpt: Path, target: str = "onnxruntime_genai") -> list[str]:
-    cfg = compose([f"model.path={ckpt}", f"target={target}", "quant=none", "build.max_input_len=160", "build.max_seq_len=200"])
+def _rope_msgs(ckpt: Path, target: str = "onnxruntime_genai", max_seq_len: int = 200) -> list[str]:
+    cfg = compose([f"model.path={ckpt}", f"target={target}", "quant=none", "build.max_input_len=160", f"build.max_seq_len={max_seq_len}"])
     return [str(p) for p in stage_problems(cfg) if "rope" in str(p).lower() or "original_max_position" in str(p)]
 
 
@@ -47,7 +47,6 @@ def _rope_msgs(ckpt: Path, target: str = "onnxruntime_genai") -> list[str]:
     "arch, rope, expect",
     [
         ("llama", {"type": "yarn", "factor": 4, "original_max_position_embeddings": 64}, "applies only llama3 scaling"),
-        ("llama", {"type": "dynamic", "factor": 4}, "applies only llama3 scaling"),
         ("qwen2", {"type": "yarn", "factor": 4, "original_max_position_embeddings": 64}, "low=-1.99, high=4.03"),
         (
             "qwen2",
@@ -143,4 +142,32 @@ def test_honoured_rope_scaling_builds_and_equals_transformers(tmp_path, arch, ro
     assert want != [_greedy(plain, p, 10) for p in prompts]  # the scaling changes the tokens: the test can tell
     with get_target("onnxruntime_genai").load_runner(tmp_path / "b" / "engine") as runner:
         got = runner.generate([GenerationRequest(p, 10, [2], f"r{i}") for i, p in enumerate(prompts)])
+    assert [r.output_ids for r in got] == want
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_dynamic_rope_is_plain_rope_within_max_position_embeddings(tmp_path, arch):
+    """transformers' dynamic NTK scaling leaves RoPE plain up to max_position_embeddings (256 in the tiny checkpoint):
+    with build.max_seq_len=200 the onnxruntime_genai engine (built without the scaling: Qwen2's builder raised
+    NotImplementedError on 'dynamic') gives transformers' greedy tokens; with 300 it is refused, naming the limit."""
+    import transformers as tf
+
+    ckpt = _checkpoint(tmp_path, arch, {"type": "dynamic", "factor": 4.0})
+    over = _rope_msgs(ckpt, max_seq_len=300)
+    assert len(over) == 1 and "'dynamic'" in over[0] and "max_position_embeddings=256" in over[0], over
+    assert "Fix: set build.max_seq_len <= 256" in over[0], over
+    assert not _rope_msgs(ckpt, "tensorrt_llm_pytorch", max_seq_len=300)
+    assert not _rope_msgs(ckpt)
+    cfg = compose([f"model.path={ckpt}", "target=onnxruntime_genai", "quant=none", "build.max_input_len=160", "build.max_seq_len=200"])
+    (tmp_path / "q").mkdir()
+    (tmp_path / "q" / "hf").symlink_to(ckpt, target_is_directory=True)
+    (tmp_path / "b").mkdir()
+    get_target("onnxruntime_genai").build(cfg, tmp_path / "q", tmp_path / "b", export_dir=tmp_path / "q")
+    assert json.loads((ckpt / "config.json").read_text())["rope_scaling"]["type"] == "dynamic"  # the source is untouched
+    model = tf.AutoModelForCausalLM.from_pretrained(str(ckpt)).eval()
+    assert model.config.rope_parameters["rope_type"] == "dynamic"
+    prompts = [list(range(5, 5 + n)) for n in (40, 150)]
+    want = [_greedy(model, p, 40) for p in prompts]
+    with get_target("onnxruntime_genai").load_runner(tmp_path / "b" / "engine") as runner:
+        got = runner.generate([GenerationRequest(p, 40, [2], f"r{i}") for i, p in enumerate(prompts)])
     assert [r.output_ids for r in got] == want
