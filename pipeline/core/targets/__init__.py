@@ -219,8 +219,8 @@ def config_problems(cfg: PipelineConfig) -> list[Problem]:
     from ...errors import InputError
     from ..config.common import Problem
 
-    if not needs_build(cfg) or cfg.model.path is None:
-        return []  # shapes-only model presets (planner) never reach a build
+    if not needs_build(cfg) or (cfg.model.path is None and cfg.target.name == "auto" and not cfg.target.gpu):
+        return []  # a shapes-only preset with target=auto and no target.gpu: `plan --gpus` resolves one per GPU
     try:
         name, _ = resolve_target(cfg)
     except InputError as e:

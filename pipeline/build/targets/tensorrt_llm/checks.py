@@ -2,8 +2,9 @@
 
 Rule: every cross-field check of ``build``, ``quant``, ``package.runtime`` and the serving image that the target can
 decide from the config alone (no host, no heavy import) lives here and returns :class:`Problem` s; host checks are
-:mod:`.preflight`. ``max_seq_len`` (+ draft) against the model's positions is pipeline/build/checks.py (one rule, one
-place).
+:mod:`.preflight`. ``max_seq_len`` (+ draft) against the model's positions, ``max_input_len`` against ``max_seq_len``,
+``max_num_tokens`` against ``max_input_len`` and chunked context's paged FMHA hold for every target: they are
+pipeline/build/checks.py (one rule, one place).
 
 Facts: trtllm-build flag combinations (TensorRT-LLM 1.2.x ``commands/build.py``, ``builder.py``), the runtime knobs of
 the Triton ``tensorrt_llm`` model (tensorrtllm_backend docs/model_config.md) and of the LLM API (``llmapi/llm_args.py``).
@@ -255,8 +256,7 @@ def _draft_problems(cfg: Any) -> list[Problem]:
 
 
 def _build_flag_problems(cfg: Any) -> list[Problem]:
-    """:func:`config_problems`: trtllm-build flag combinations and limits (KV cache, plugins, FMHA,
-    max_input_len / max_num_tokens)."""
+    """:func:`config_problems`: trtllm-build flag combinations and limits (KV cache, plugins, FMHA)."""
     b = cfg.build
     p: list[Problem] = []
     if cfg.target.backend == "tensorrt":
@@ -291,37 +291,10 @@ def _build_flag_problems(cfg: Any) -> list[Problem]:
         )
     if b.logits_dtype not in (None,) + FLAG_CHOICES["--logits_dtype"]:
         p.append(Problem("build.logits_dtype", b.logits_dtype, f"must be null or one of {list(FLAG_CHOICES['--logits_dtype'])}."))
-    if b.enable_chunked_context and not b.use_paged_context_fmha:
-        p.append(
-            Problem(
-                "build.enable_chunked_context",
-                True,
-                "chunked context needs paged context FMHA.",
-                "set build.use_paged_context_fmha=true",
-            )
-        )
     if b.enable_kv_cache_reuse and not b.use_paged_context_fmha:
         p.append(
             Problem(
                 "build.enable_kv_cache_reuse", True, "KV-cache reuse needs paged context FMHA.", "set build.use_paged_context_fmha=true"
-            )
-        )
-    if b.max_input_len > b.max_seq_len:
-        p.append(
-            Problem(
-                "build.max_input_len",
-                b.max_input_len,
-                f"exceeds build.max_seq_len={b.max_seq_len} (trtllm-build would clip it).",
-                f"set build.max_input_len<={b.max_seq_len}",
-            )
-        )
-    if b.max_num_tokens < b.max_input_len and not b.enable_chunked_context:
-        p.append(
-            Problem(
-                "build.max_num_tokens",
-                b.max_num_tokens,
-                f"a prompt of max_input_len={b.max_input_len} tokens does not fit one engine step without chunked context.",
-                f"set build.max_num_tokens>={b.max_input_len} or build.enable_chunked_context=true",
             )
         )
     return p
