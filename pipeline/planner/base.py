@@ -23,7 +23,7 @@ import dataclasses
 import math
 from typing import Any
 
-from ..core.sizing import StageMemory
+from ..core.sizing import CalibrationPlacement, StageMemory
 from ..errors import InputError
 from ..facts.geometry import DTYPE_BYTES, ModelShape, kv_heads_per_rank
 from ..facts.gpus import GPU
@@ -213,18 +213,17 @@ class PlanDecode:
 
 
 @dataclasses.dataclass(frozen=True)
-class PlannedCalibration:
-    """Where calibration runs, its dtype, the model's bytes in it and :class:`pipeline.core.sizing.CalibrationPlacement`."""
+class PlannedCalibration(CalibrationPlacement):
+    """A :class:`pipeline.core.sizing.CalibrationPlacement` and where calibration runs, its dtype and the model's bytes
+    in it; in the JSON those three come first."""
 
     device: str
     dtype: str
     model_bytes: int
-    offload: str
-    budget_bytes: int
-    host_bytes: int
-    disk_bytes: int
-    refused: bool
-    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        first = ("device", "dtype", "model_bytes")
+        return {k: getattr(self, k) for k in (*first, *(f.name for f in dataclasses.fields(CalibrationPlacement)))}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,63 +16,50 @@ from typing import Any
 
 from ..core.sizing import host_memory, host_memory_bandwidth_gbs
 from ..facts.geometry import ModelShape
-from .base import (
-    CpuMemory,
-    HostCpu,
-    Knobs,
-    Plan,
-    PlanCapacity,
-    activation_bytes,
-    decode_doc,
-    gib,
-    kv_doc,
-    kv_elem_bytes,
-    weights_doc,
-    weights_of,
-)
+from . import base
 
 
 def _smaller_weights_fix(shape: ModelShape, k: Any, host_total: int) -> str:
     """The fix for weights that do not fit the host's RAM: int4 weights when they would fit, else a larger host."""
     if "int4" in str(k.recipe):
         return "a larger host (the weights are already int4)."
-    int4 = weights_of(shape, k, recipe="int4_awq", parallel=False)
+    int4 = base.weights_of(shape, k, recipe="int4_awq", parallel=False)
     if int4.total_bytes < host_total:
-        return f"quant=int4_awq ({gib(int4.total_bytes)} of weights) or a larger host."
-    return f"a larger host (even int4 weights need {gib(int4.total_bytes)})."
+        return f"quant=int4_awq ({base.gib(int4.total_bytes)} of weights) or a larger host."
+    return f"a larger host (even int4 weights need {base.gib(int4.total_bytes)})."
 
 
-def cpu_plan(p: Plan, shape: ModelShape, k: Knobs) -> Plan:
+def cpu_plan(p: base.Plan, shape: ModelShape, k: base.Knobs) -> base.Plan:
     """Fill ``p`` with the plan on this host's CPU: weights, KV cache, memory, capacity, decode bound, refusals and warnings."""
     mem = host_memory()
     bw = host_memory_bandwidth_gbs() * 1e9
-    w = weights_of(shape, k, parallel=False)
-    kv_tok = shape.kv_bytes_per_token(kv_elem_bytes(k))
+    w = base.weights_of(shape, k, parallel=False)
+    kv_tok = shape.kv_bytes_per_token(base.kv_elem_bytes(k))
     # onnxruntime-genai shares past/present buffers sized batch x max_length (static KV per slot)
     kv_all = kv_tok * k.max_seq_len * k.max_batch_size * k.beam
-    act = activation_bytes(shape, dataclasses.replace(k, tp=1))
-    host = HostCpu("host CPU", mem["total"], mem["available"], round(bw / 1e9, 2), "measured: numpy copy of 256 MB (best of 3)")
+    act = base.activation_bytes(shape, dataclasses.replace(k, tp=1))
+    host = base.HostCpu("host CPU", mem["total"], mem["available"], round(bw / 1e9, 2), "measured: numpy copy of 256 MB (best of 3)")
     p.target = dataclasses.replace(p.target, device=host)
-    p.weights = weights_doc(w, w.total_bytes)
-    p.kv_cache = kv_doc(k, shape, kv_tok, bytes_per_sequence_rank=kv_tok * k.max_seq_len, bytes_all_slots=kv_all)
+    p.weights = base.weights_doc(w, w.total_bytes)
+    p.kv_cache = base.kv_doc(k, shape, kv_tok, bytes_per_sequence_rank=kv_tok * k.max_seq_len, bytes_all_slots=kv_all)
     need = w.total_bytes + kv_all + act
-    p.memory = CpuMemory(mem["total"], mem["available"], w.total_bytes, kv_all, act, need)
+    p.memory = base.CpuMemory(mem["total"], mem["available"], w.total_bytes, kv_all, act, need)
     avail = mem["available"] or 0
     fit_seqs = max(0, (avail - w.total_bytes - act) // max(1, kv_tok * k.max_seq_len)) if avail else None
     conc = min(fit_seqs, k.max_batch_size) if fit_seqs is not None else k.max_batch_size
-    p.capacity = PlanCapacity(None, None, fit_seqs, k.max_batch_size, conc)
-    p.decode = decode_doc(
+    p.capacity = base.PlanCapacity(None, None, fit_seqs, k.max_batch_size, conc)
+    p.decode = base.decode_doc(
         w.total_bytes, kv_tok, k, max(1, conc), bw, "memory-bound: weights and each sequence's KV cache (at max_seq_len) read once per step"
     )
     if mem["total"] and w.total_bytes >= mem["total"]:
         p.refusals.append(
-            f"weights need {gib(w.total_bytes)} but the host has {gib(mem['total'])} RAM. Fix: "
+            f"weights need {base.gib(w.total_bytes)} but the host has {base.gib(mem['total'])} RAM. Fix: "
             + _smaller_weights_fix(shape, k, mem["total"])
         )
     elif avail and need > avail:
         p.warnings.append(
-            f"weights + KV for {k.max_batch_size} x {k.max_seq_len} tokens + activations need {gib(need)}; "
-            f"{gib(avail)} is available now. Fix: lower build.max_batch_size or build.max_seq_len."
+            f"weights + KV for {k.max_batch_size} x {k.max_seq_len} tokens + activations need {base.gib(need)}; "
+            f"{base.gib(avail)} is available now. Fix: lower build.max_batch_size or build.max_seq_len."
         )
     from ..core.targets import get_target
 

@@ -164,7 +164,7 @@ def plan_stages(p: Plan, cfg: Any, shape: ModelShape) -> None:
         q = dataclasses.replace(q, where=f"cpu, layers offloaded to disk ({cd})", offload="disk")
     if str(getattr(cfg.calibration, "layerwise", "auto")).lower() == "true" and "layer by layer" not in q.where:
         q = dataclasses.replace(q, where=q.where + ", layer by layer (calibration.layerwise=true)")
-    placed = PlannedCalibration(dev, cd, model_b, **dataclasses.asdict(pl))
+    placed = PlannedCalibration(**dataclasses.asdict(pl), device=dev, dtype=cd, model_bytes=model_b)
     p.stages = dataclasses.replace(st, predicted={**pred, "quantize": q}, calibration_placement=placed)
     if pl.refused:
         p.refusals.append(
