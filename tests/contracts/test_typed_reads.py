@@ -62,6 +62,8 @@ FOREIGN_READERS: dict[str, str] = {
     "pipeline.quantize.placement": "ModelOpt quantization config dict",
     "pipeline.quantize.preflight": "HF config.json",
     "pipeline.serve.client": "Triton server responses (model config, metadata, repository index)",
+    "pipeline.serve.parity": "the ensemble's model config reported by the Triton server (its package id parameter)",
+    "pipeline.serve.registry": "the preprocessing model config reported by the Triton server (its parameters)",
     "pipeline.serve.models.genai_requests": "genai_config.json, Triton model parameters and request messages",
     "pipeline.serve.models.llmapi_adapter_model": "Triton model config / parameters and request inputs",
     "pipeline.serve.models.model_common": "Triton model config parameters",
@@ -117,9 +119,6 @@ STILL_READING_OWN_DOCUMENTS: dict[str, int] = {
     "pipeline.release.provenance": 10,
     "pipeline.release.signing": 1,
     "pipeline.runner": 4,
-    "pipeline.serve.client_cli": 4,
-    "pipeline.serve.parity": 8,
-    "pipeline.serve.registry": 5,
 }
 """The ratchet: modules that still read our own documents by key, with their current count. It only shrinks."""
 

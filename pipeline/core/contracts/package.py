@@ -316,3 +316,68 @@ PACKAGE_ID_PARAMETER = "pipeline_package_id"
 """A ``parameters`` entry of the repository's ``ensemble/config.pbtxt``: the package stage's invocation id (the
 provenance's ``invocationId``), also recorded in ``parity_expected.jsonl``, so ``pipeline client --parity`` can tell a
 server that serves another package (Triton reports model-config parameters over gRPC; files it does not)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ServingRecord:
+    """``runs/serving/<host>_<grpc port>.json``, written by ``pipeline serve`` while its server runs
+    (pipeline/serve/registry.py): the endpoints, the served model repository, the server's pid and start time."""
+
+    grpc_url: str = ""
+    http_url: str = ""
+    repository: str = ""
+    pid: int = -1
+    started: str = ""
+
+    @classmethod
+    def from_json(cls, d: Any) -> ServingRecord:
+        return from_fields(cls, json_object(d))
+
+
+@dataclasses.dataclass(frozen=True)
+class ParityExpectedMeta:
+    """``parity_expected.jsonl``'s first line ``meta`` (pipeline/serve/parity.py): the items replayed (``sample``) of
+    those evaluated (``of``), the sampling ``seed``, the replay ``modes`` and the package id (None in older files)."""
+
+    sample: Any = None
+    of: Any = None
+    seed: Any = None
+    modes: Any = None
+    package_id: Any = None
+
+    @classmethod
+    def from_json(cls, d: Any) -> ParityExpectedMeta:
+        return from_fields(cls, json_object(d))
+
+
+@dataclasses.dataclass(frozen=True)
+class ParityRequest:
+    """A request line of ``parity_expected.jsonl``: the rendered ``text_input`` (``messages`` instead where the chat
+    template applies), the token budget, the stop strings, the ``expected`` (evaluated) answer and the prompt."""
+
+    id: Any = None
+    text_input: Any = None
+    max_tokens: Any = None
+    stop_strings: Any = None
+    expected: Any = None
+    prompt: Any = None
+    messages: Any = None
+
+    @classmethod
+    def from_json(cls, d: Any) -> ParityRequest:
+        return from_fields(cls, json_object(d))
+
+
+@dataclasses.dataclass(frozen=True)
+class EvaluatedAnswer:
+    """A line of the evaluate artifact's ``outputs.jsonl`` as the parity check reads it: the item ``id``, the
+    ``runner`` that answered and its ``text``, or why the item was ``skipped`` (a skipped item's line has no runner)."""
+
+    id: Any = None
+    runner: Any = None
+    text: Any = None
+    skipped: Any = None
+
+    @classmethod
+    def from_json(cls, d: Any) -> EvaluatedAnswer:
+        return from_fields(cls, json_object(d))
