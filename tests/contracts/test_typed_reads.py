@@ -27,6 +27,7 @@ CONTRACTS = PKG / "core" / "contracts"
 
 FOREIGN_READERS: dict[str, str] = {
     "pipeline.benchmark.reference": "ONNX Runtime GenAI genai_config.json of the engine",
+    "pipeline.benchmark.roofline": "ONNX Runtime GenAI genai_config.json of the engine and nvidia-smi rows (hostinfo.gpus)",
     "pipeline.benchmark.triton": "Triton model config fetched from the server",
     "pipeline.benchmark.workload": "user workload rows (prompt / messages JSONL)",
     "pipeline.build.targets.onnxruntime_genai.checks": "HF config.json of the checkpoint",
@@ -87,9 +88,6 @@ FOREIGN_READERS: dict[str, str] = {
 STILL_READING_OWN_DOCUMENTS: dict[str, int] = {
     "pipeline.bench.gpu_check": 43,
     "pipeline.bench.scale": 29,
-    "pipeline.benchmark.core": 12,
-    "pipeline.benchmark.report": 22,
-    "pipeline.benchmark.roofline": 9,
     "pipeline.build.stage": 4,
     "pipeline.build.targets.onnxruntime_genai.builder": 12,
     "pipeline.build.targets.tensorrt_llm.runner": 13,

@@ -320,8 +320,7 @@ server that serves another package (Triton reports model-config parameters over 
 
 @dataclasses.dataclass(frozen=True)
 class ServingRecord:
-    """``runs/serving/<host>_<grpc port>.json``, written by ``pipeline serve`` while its server runs
-    (pipeline/serve/registry.py): the endpoints, the served model repository, the server's pid and start time."""
+    """``runs/serving/<host>_<grpc port>.json``: the record ``pipeline serve`` keeps while its server runs (serve/registry.py)."""
 
     grpc_url: str = ""
     http_url: str = ""
@@ -336,8 +335,7 @@ class ServingRecord:
 
 @dataclasses.dataclass(frozen=True)
 class ParityExpectedMeta:
-    """``parity_expected.jsonl``'s first line ``meta`` (pipeline/serve/parity.py): the items replayed (``sample``) of
-    those evaluated (``of``), the sampling ``seed``, the replay ``modes`` and the package id (None in older files)."""
+    """``parity_expected.jsonl``'s first line ``meta`` (serve/parity.py); ``package_id`` is None in older files."""
 
     sample: Any = None
     of: Any = None
@@ -352,8 +350,7 @@ class ParityExpectedMeta:
 
 @dataclasses.dataclass(frozen=True)
 class ParityRequest:
-    """A request line of ``parity_expected.jsonl``: the rendered ``text_input`` (``messages`` instead where the chat
-    template applies), the token budget, the stop strings, the ``expected`` (evaluated) answer and the prompt."""
+    """A request line of ``parity_expected.jsonl`` (``messages`` only where the chat template applies)."""
 
     id: Any = None
     text_input: Any = None
@@ -370,8 +367,7 @@ class ParityRequest:
 
 @dataclasses.dataclass(frozen=True)
 class EvaluatedAnswer:
-    """A line of the evaluate artifact's ``outputs.jsonl`` as the parity check reads it: the item ``id``, the
-    ``runner`` that answered and its ``text``, or why the item was ``skipped`` (a skipped item's line has no runner)."""
+    """A line of the evaluate artifact's ``outputs.jsonl`` as the parity check reads it (a skipped item has no runner)."""
 
     id: Any = None
     runner: Any = None
