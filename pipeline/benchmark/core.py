@@ -10,18 +10,20 @@ import asyncio
 import dataclasses
 import datetime as _dt
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from ..core import hostinfo
+from ..core.contracts.benchmark import Distribution
 from ..core.contracts.export import ModelInfo
 from ..errors import InputError, PipelineError
 from . import loadgen
 from .metrics import aggregate_repeats, level_metrics
 from .records import RequestRecord
-from .roofline import measure_host_bandwidth_gbs, memory_bandwidth, onnx_engine_bytes, roofline_for_level
+from .roofline import Bandwidth, measure_host_bandwidth_gbs, memory_bandwidth, onnx_engine_bytes, roofline_for_level
 from .workload import BenchRequest, build_requests, dataset_digest
 
 SCHEMA = "pipeline.benchmark/v1"
@@ -203,6 +205,7 @@ class _Sweep:
     facts_by_mode: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: mode -> (backend, close, engine facts, batch limit)
     backends: dict[str, tuple[Any, Callable[[], None], Any, Any]] = dataclasses.field(default_factory=dict)
+    engine_max_batch_size: int | None = None  # the engine mode's batch limit, once it runs
     #: (run index, engine facts, metrics, concurrency, batch limit, measured batch): roofline computed after the sweep
     pending_roofline: list[tuple[int, Any, dict[str, Any], int, Any, Any]] = dataclasses.field(default_factory=list)
 
@@ -329,9 +332,11 @@ def _start_backends(
         if warm_reqs and warm_ok == 0:
             raise PipelineError(f"benchmark {mode}: every warm-up request failed ({'; '.join(warm_errors)[:500]}); nothing to measure.")
         mbs = getattr(backend, "max_batch_size", None) or inp.max_batch_size
-        if mode == "triton" and sweep.mode_info.get("engine", {}).get("max_batch_size"):
+        if mode == "triton" and sweep.engine_max_batch_size:
             # the served engine batches no more than the in-process engine measured (same engine folder)
-            mbs = min(mbs or 10**9, sweep.mode_info["engine"]["max_batch_size"])
+            mbs = min(mbs or 10**9, sweep.engine_max_batch_size)
+        if mode == "engine":
+            sweep.engine_max_batch_size = mbs
         sweep.backends[mode] = (backend, close, facts, mbs)
         sweep.mode_info[mode] = {
             "warmup_requests": len(warm_reqs),
@@ -364,18 +369,19 @@ def _measure_level(
     else:
         lr = asyncio.run(loadgen.open_loop(backend, reqs, float(level), seed, float(bcfg.max_duration_s)))
     met = level_metrics(lr.records)
+    batch = None  # mean sequences decoded per engine step (engine mode)
     if c0 is not None:
         c1 = backend.counters()
         steps = c1["steps"] - c0["steps"]
+        batch = (c1["token_events"] - c0["token_events"]) / steps if steps else None
         met["engine_steps"] = {
             "steps": steps,
-            "mean_batch": (c1["token_events"] - c0["token_events"]) / steps if steps else None,
+            "mean_batch": batch,
             "mean_admitted": (c1["active_sum"] - c0["active_sum"]) / steps if steps else None,
             "definition": "Engine.run calls that produced tokens; mean sequences decoded per call (batch); "
             "mean requests admitted to the engine per call (batch + waiting)",
         }
     conc = int(level) if kind == "concurrency" else None
-    batch = (met.get("engine_steps") or {}).get("mean_batch")
     sweep.pending_roofline.append((len(sweep.runs), facts if mode != "baseline" else None, met, conc if conc else 1, mbs, batch))
     sweep.runs.append(
         {
@@ -396,28 +402,29 @@ def _measure_level(
     )
     sweep.mode_info[mode]["seconds"] = round(sweep.mode_info[mode]["seconds"] + time.time() - t_level, 2)
     if console is not None:
+        ttft, tpot = Distribution.from_json(met["time_to_first_token"]), Distribution.from_json(met["time_per_output_token"])
         console.print(
             f"  {mode:<8} {'c' if kind == 'concurrency' else 'rate'}={level:g} r{rep}: "
-            f"TTFT p50 {met['time_to_first_token'].get('p50', float('nan')):.1f} ms  "
-            f"TPOT {met['time_per_output_token'].get('avg', float('nan')):.2f} ms  "
+            f"TTFT p50 {math.nan if ttft.p50 is None else ttft.p50:.1f} ms  "
+            f"TPOT {math.nan if tpot.avg is None else tpot.avg:.2f} ms  "
             f"{met['output_token_throughput']['avg']:.0f} tok/s  err {met['requests']['errors']}  "
             f"load {sweep.runs[-1]['loadavg_1m']}",
             soft_wrap=True,
         )
 
 
-def _apply_roofline(bw: dict[str, Any], sweep: _Sweep) -> None:
+def _apply_roofline(bw: Bandwidth, sweep: _Sweep) -> None:
     """Fill each run's ``roofline`` (:func:`roofline_for_level`).
 
     On a shared host a copy benchmark taken while other jobs run understates the memory system: measure again at
     the end and take the higher figure as the host's bandwidth (both are recorded)."""
-    bw["gbs_start"] = bw["gbs"]
+    bw.gbs_start = bw.gbs
     if not hostinfo.gpus():
-        bw["gbs_end"] = measure_host_bandwidth_gbs()
-        bw["gbs"] = max(bw["gbs"], bw["gbs_end"])
+        bw.gbs_end = measure_host_bandwidth_gbs()
+        bw.gbs = max(bw.gbs, bw.gbs_end)
     for i, facts, met, conc, mbs, batch in sweep.pending_roofline:
         if facts:
-            sweep.runs[i]["roofline"] = roofline_for_level(facts, bw["gbs"], met, conc, mbs, measured_batch=batch)
+            sweep.runs[i]["roofline"] = roofline_for_level(facts, bw.gbs, met, conc, mbs, measured_batch=batch)
 
 
 def _document(
@@ -425,7 +432,7 @@ def _document(
     inp: BenchInputs,
     wl: _Workloads,
     sweep: _Sweep,
-    bw: dict[str, Any],
+    bw: Bandwidth,
     engine_facts: dict[str, Any] | None,
     load_start: float | None,
     t_begin: float,
@@ -463,10 +470,10 @@ def _document(
         "versions": hostinfo.library_versions(["onnxruntime-genai", "onnxruntime", "torch", "transformers", "tritonclient"]),
         "modes": sweep.mode_info,
         "roofline": {
-            "bandwidth_gbs": bw["gbs"],
-            "bandwidth_source": bw["source"],
-            "bandwidth_gbs_start": bw.get("gbs_start"),
-            "bandwidth_gbs_end": bw.get("gbs_end"),
+            "bandwidth_gbs": bw.gbs,
+            "bandwidth_source": bw.source,
+            "bandwidth_gbs_start": bw.gbs_start,
+            "bandwidth_gbs_end": bw.gbs_end,
             **(engine_facts or {}),
             "per_mode": sweep.facts_by_mode,
             "formula": "bound_tokens_per_s(b) = b * BW / (W + b * KV(L)); fraction = (b / TPOT) / bound",
@@ -553,7 +560,7 @@ def summarize(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 "repeats": len(rs),
                 "spread": aggregate_repeats([r["metrics"] for r in rs]),
                 "errors": sum(r["metrics"]["requests"]["errors"] for r in rs),
-                "roofline_fraction": [r["roofline"]["fraction"] for r in rs if r.get("roofline")],
+                "roofline_fraction": [r["roofline"]["fraction"] for r in rs if r["roofline"]],
             }
         )
     return out
@@ -569,7 +576,7 @@ def _mean(summary: Sequence[dict[str, Any]], key: str, path: str) -> float | Non
 
 def _roofline_fraction(summary: Sequence[dict[str, Any]], key: str) -> float | None:
     for s in summary:
-        if s["key"] == key and s.get("roofline_fraction"):
+        if s["key"] == key and s["roofline_fraction"]:
             f = s["roofline_fraction"]
             return sum(f) / len(f)
     return None
@@ -625,7 +632,7 @@ def headline(doc: dict[str, Any]) -> dict[str, Any]:
             out["tpot_ms"] = _mean(summ, k, "time_per_output_token.avg")
             out["ttft_ms"] = _mean(summ, k, "time_to_first_token.avg")
             out["tok_s"] = max(
-                (s["spread"].get("output_token_throughput.avg", {}).get("mean", 0.0) for s in summ if s["mode"] == mode), default=None
+                (_mean(summ, s["key"], "output_token_throughput.avg") or 0.0 for s in summ if s["mode"] == mode), default=None
             )
             break
     out["errors"] = doc["ratios"]["failed_requests"]["value"]

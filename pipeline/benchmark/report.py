@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ..core.contracts.benchmark import BenchmarkArtifact
+from ..core.contracts.benchmark import BenchmarkArtifact, BenchmarkDocument, Distribution
 from ..core.markdown import md_table
 from ..core.store import write_json_atomic
 
@@ -27,13 +27,14 @@ def _f(v: Any, nd: int = 2) -> str:
 
 def markdown(doc: dict[str, Any]) -> str:
     """The human-readable report: one row per mode × level (repeat 0), then the headline ratios."""
+    d = BenchmarkDocument.from_json(doc)
     lines = [f"# Benchmark `{doc['name']}` ({doc['created_utc']})", ""]
-    lines += _md_setup(doc)
-    lines += _md_runs(doc)
-    lines += _md_roofline(doc)
+    lines += _md_setup(doc, d)
+    lines += _md_runs(doc, d)
+    lines += _md_roofline(doc, d)
     lines += _md_serving_path(doc)
     lines += _md_spread(doc)
-    lines += _md_ratios(doc)
+    lines += _md_ratios(d)
     lines += [
         "",
         "TTFT = send → first token; TPOT = (last − first token) / (tokens − 1); ITL = gaps between tokens; "
@@ -44,29 +45,28 @@ def markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _md_setup(doc: dict[str, Any]) -> list[str]:
+def _md_setup(doc: dict[str, Any], d: BenchmarkDocument) -> list[str]:
     """:func:`markdown`: target, dataset, seeds, host, load and bandwidth."""
     lines: list[str] = []
-    m = doc["model"]
-    host = doc["host"]
+    host = d.host
     lines.append(
-        f"Target `{m.get('target')}`, quant `{m.get('quant_recipe', '-')}`, dataset `{doc['dataset']['kind']}` "
+        f"Target `{d.target}`, quant `{d.quant_recipe}`, dataset `{doc['dataset']['kind']}` "
         f"({doc['dataset']['requests_per_level']} requests/level, digest `{doc['dataset']['digest'][:12]}`), "
-        f"seed {doc['seeds']['base']}, repeats {doc['config'].get('repeats')}, ignore_eos {doc['config'].get('ignore_eos')}."
+        f"seed {doc['seeds']['base']}, repeats {d.repeats}, ignore_eos {d.ignore_eos}."
     )
     lines.append(
-        f"Host: {host.get('cpu')} × {host.get('cpu_count')} CPUs, GPUs: {[g['name'] for g in host.get('gpus') or []] or 'none'}. "
-        f"Load average (1 min) {host.get('loadavg_1m_start')} at start, {host.get('loadavg_1m_end')} at end. "
+        f"Host: {host.cpu} × {host.cpu_count} CPUs, GPUs: {[g['name'] for g in host.gpus or []] or 'none'}. "
+        f"Load average (1 min) {host.loadavg_1m_start} at start, {host.loadavg_1m_end} at end. "
         f"Memory bandwidth {doc['roofline']['bandwidth_gbs']:.1f} GB/s ({doc['roofline']['bandwidth_source']})."
     )
     lines.append("")
     return lines
 
 
-def _md_runs(doc: dict[str, Any]) -> list[str]:
+def _md_runs(doc: dict[str, Any], d: BenchmarkDocument) -> list[str]:
     """:func:`markdown`: one table row per mode × level of repeat 0."""
     lines: list[str] = []
-    if doc["config"].get("repeats", 1) > 1:
+    if (d.repeats or 1) > 1:
         lines += ["Repeat 0 of each level (the spread over repeats follows below):", ""]
     rows = []
     for r in doc["runs"]:
@@ -82,12 +82,12 @@ def _md_runs(doc: dict[str, Any]) -> list[str]:
                 mt["requests"]["errors"],
                 _slash(mt["time_to_first_token"], ("avg", "p50", "p90", "p99"), 1),
                 _slash(mt["time_per_output_token"], ("avg", "p50", "p90", "p99")),
-                _f(mt["inter_token_latency"].get("p99")),
+                _f(Distribution.from_json(mt["inter_token_latency"]).p99),
                 _slash(mt["request_latency"], ("p50", "p90", "p99"), 1),
                 _f(mt["output_token_throughput"]["avg"], 1),
                 _f(mt["request_throughput"]["avg"]),
                 _f(mt["prefill_decode"]["prefill_share"]),
-                _f((r.get("roofline") or {}).get("fraction"), 3),
+                _f(r["roofline"]["fraction"] if r["roofline"] else None, 3),
             )
         )
     header = "mode|level|req|err|TTFT avg / p50 / p90 / p99 (ms)|TPOT avg / p50 / p90 / p99 (ms)|ITL p99 (ms)|"
@@ -100,11 +100,10 @@ def _slash(stats: dict[str, Any], keys: tuple[str, ...], nd: int = 2) -> str:
     return " / ".join(_f(stats.get(k), nd) for k in keys)
 
 
-def _md_roofline(doc: dict[str, Any]) -> list[str]:
+def _md_roofline(doc: dict[str, Any], d: BenchmarkDocument) -> list[str]:
     """:func:`markdown`: the decode roofline table at concurrency 1 (when measured)."""
     lines: list[str] = []
-    per_mode = (doc.get("roofline") or {}).get("per_mode") or {}
-    c1 = [r for r in doc["runs"] if r["repeat"] == 0 and r["kind"] == "concurrency" and r["concurrency"] == 1 and r.get("roofline")]
+    c1 = [r for r in doc["runs"] if r["repeat"] == 0 and r["kind"] == "concurrency" and r["concurrency"] == 1 and r["roofline"]]
     if c1:
         bw = doc["roofline"]["bandwidth_gbs"]
         lines += [
@@ -117,7 +116,7 @@ def _md_roofline(doc: dict[str, Any]) -> list[str]:
         rows = []
         for r in c1:
             rf = r["roofline"]
-            w = (per_mode.get(r["mode"]) or doc["roofline"]).get("weight_bytes_per_step")
+            w = d.weight_bytes_per_step(r["mode"])
             kv, bound, got = rf["kv_bytes_per_seq"] * rf["batch"] / 1e6, rf["bound_tokens_per_s"], rf["achieved_decode_tokens_per_s"]
             rows.append((f"`{r['mode']}`", _f(w / 1e6 if w else None, 2), _f(kv, 2), _f(bound, 0), _f(got, 0), _f(rf["fraction"], 3)))
         header = ("mode", "weight MB/step", "KV MB/step", "bound tok/s", "achieved tok/s", "fraction of bound")
@@ -130,7 +129,7 @@ def _md_serving_path(doc: dict[str, Any]) -> list[str]:
     rows = [s for s in doc["summary"] if "serving_path.request_hop.avg" in s["spread"]]
     if not rows:
         return []
-    engine = {s["key"].split("/", 1)[1]: s["spread"].get("time_per_output_token.avg") for s in doc["summary"] if s["mode"] == "engine"}
+    engine = {s["key"].split("/", 1)[1]: s["spread"] for s in doc["summary"] if s["mode"] == "engine"}
     lines = [
         "",
         "Where the Triton path's time goes (ms, mean over repeats of each level's average; the deployment's own "
@@ -142,25 +141,25 @@ def _md_serving_path(doc: dict[str, Any]) -> list[str]:
     table = []
     for s in rows:
         lvl = s["key"].split("/", 1)[1]
-        spread = {**s["spread"], "engine": engine.get(lvl)}
-        table.append([lvl, *(_f(v["mean"], 2) if (v := spread.get(k)) else "-" for k in _SERVING_PATH_COLUMNS.values())])
+        spreads = {"level": s["spread"], "engine": engine.get(lvl) or {}}
+        table.append([lvl, *(_f(v["mean"], 2) if (v := spreads[m].get(k)) else "-" for m, k in _SERVING_PATH_COLUMNS.values())])
     return lines + md_table(["level", *_SERVING_PATH_COLUMNS], table)
 
 
 _SERVING_PATH_COLUMNS = {
-    "client": "serving_path.client.avg",
-    "request hop": "serving_path.request_hop.avg",
-    "queue": "serving_path.queue.avg",
-    "prefill": "serving_path.prefill.avg",
-    "first-token delivery": "serving_path.first_token_delivery.avg",
-    "TTFT": "time_to_first_token.avg",
-    "TPOT client": "time_per_output_token.avg",
-    "TPOT in server": "serving_path.server_time_per_output_token.avg",
-    "TPOT engine mode": "engine",
-    "last-token delivery": "serving_path.last_token_delivery.avg",
+    "client": ("level", "serving_path.client.avg"),
+    "request hop": ("level", "serving_path.request_hop.avg"),
+    "queue": ("level", "serving_path.queue.avg"),
+    "prefill": ("level", "serving_path.prefill.avg"),
+    "first-token delivery": ("level", "serving_path.first_token_delivery.avg"),
+    "TTFT": ("level", "time_to_first_token.avg"),
+    "TPOT client": ("level", "time_per_output_token.avg"),
+    "TPOT in server": ("level", "serving_path.server_time_per_output_token.avg"),
+    "TPOT engine mode": ("engine", "time_per_output_token.avg"),
+    "last-token delivery": ("level", "serving_path.last_token_delivery.avg"),
 }
-"""Columns of :func:`_md_serving_path` after the level: header -> key of the summary's ``spread`` (``engine``: the
-engine mode's TPOT at that level)."""
+"""Columns of :func:`_md_serving_path` after the level: header -> (whose summary: the Triton level's, or the engine
+mode's at that level; key of its ``spread``)."""
 
 
 def _md_spread(doc: dict[str, Any]) -> list[str]:
@@ -185,12 +184,12 @@ def _md_spread(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _md_ratios(doc: dict[str, Any]) -> list[str]:
+def _md_ratios(d: BenchmarkDocument) -> list[str]:
     """:func:`markdown`: the target ratios table."""
     rows = []
-    for k, v in doc["ratios"].items():
-        met = {True: "yes", False: "**no**", None: "not measured"}[v["met"]] if v.get("judged", True) else "(not a target here)"
-        rows.append((k, _f(v["value"], 3) if isinstance(v["value"], float) else _f(v["value"]), v["target"], met, v["definition"]))
+    for k, v in d.ratios.items():
+        met = {True: "yes", False: "**no**", None: "not measured"}[v.met] if v.judged else "(not a target here)"
+        rows.append((k, _f(v.value, 3) if isinstance(v.value, float) else _f(v.value), v.target, met, v.definition))
     return ["", *md_table(("ratio", "value", "target", "met", "definition"), rows)]
 
 
@@ -249,7 +248,7 @@ def plots(doc: dict[str, Any], out_dir: Path) -> list[str]:
             ok = [q for q in r["requests"] if "ttft_ms" in q]
             lab = f"{mode} c={r['concurrency']}"
             axes[0].hist([q["ttft_ms"] for q in ok], bins=20, alpha=0.5, label=lab)
-            axes[1].hist([q["tpot_ms"] for q in ok if q.get("tpot_ms") is not None], bins=20, alpha=0.5, label=lab)
+            axes[1].hist([q["tpot_ms"] for q in ok if q["tpot_ms"] is not None], bins=20, alpha=0.5, label=lab)
     for ax, xl in zip(axes, ("TTFT (ms)", "TPOT (ms)")):
         ax.set_xlabel(xl)
         ax.set_ylabel("requests")
@@ -290,8 +289,7 @@ def load(path: str | Path) -> dict[str, Any]:
         ) from None
     except ValueError as e:
         raise InputError(f"{p}: not valid JSON ({e}).") from None
-    if not isinstance(doc, dict) or doc.get("schema") != "pipeline.benchmark/v1":
-        raise InputError(
-            f"{p}: schema is {doc.get('schema') if isinstance(doc, dict) else type(doc).__name__!r}, expected 'pipeline.benchmark/v1'."
-        )
+    schema = BenchmarkDocument.from_json(doc).schema if isinstance(doc, dict) else type(doc).__name__
+    if schema != "pipeline.benchmark/v1":
+        raise InputError(f"{p}: schema is {schema!r}, expected 'pipeline.benchmark/v1'.")
     return doc

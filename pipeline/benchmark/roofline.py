@@ -20,11 +20,14 @@ engine max_batch_size)); the report prints achieved / bound as a fraction.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
 from pathlib import Path
 from typing import Any
+
+from ..core.contracts.benchmark import Distribution
 
 log = logging.getLogger("pipeline.benchmark")
 
@@ -48,9 +51,19 @@ def measure_host_bandwidth_gbs(size_mib: int = 256, repeats: int = 3) -> float:
     return 2 * a.nbytes / best / 1e9
 
 
-def memory_bandwidth() -> dict[str, Any]:
-    """``{gbs, source}``: the GPU catalogue's figure for a visible GPU, else the planner's host
-    measurement, else :func:`measure_host_bandwidth_gbs`."""
+@dataclasses.dataclass
+class Bandwidth:
+    """``BW`` in GB/s and its source; without a GPU, measured again at the end (``gbs_end``) and the higher kept."""
+
+    gbs: float
+    source: str
+    gbs_start: float | None = None
+    gbs_end: float | None = None
+
+
+def memory_bandwidth() -> Bandwidth:
+    """The GPU catalogue's figure for a visible GPU, else the planner's host measurement, else
+    :func:`measure_host_bandwidth_gbs`."""
     from ..core import hostinfo
 
     gpus = hostinfo.gpus()
@@ -60,16 +73,16 @@ def memory_bandwidth() -> dict[str, Any]:
 
             g = match_local(gpus[0]["name"], gpus[0].get("memory_mib"))
             if g is not None:
-                return {"gbs": g.bandwidth_bytes_s / 1e9, "source": f"GPU catalogue: {g.name} ({g.source})"}
+                return Bandwidth(g.bandwidth_bytes_s / 1e9, f"GPU catalogue: {g.name} ({g.source})")
         except Exception as e:
             log.debug("GPU catalogue lookup failed: %s", e)
     try:
         from ..core.sizing import host_memory_bandwidth_gbs
 
-        return {"gbs": float(host_memory_bandwidth_gbs()), "source": "measured on this host (pipeline.planner.host_memory_bandwidth_gbs)"}
+        return Bandwidth(float(host_memory_bandwidth_gbs()), "measured on this host (pipeline.planner.host_memory_bandwidth_gbs)")
     except Exception as e:
         log.debug("planner bandwidth unavailable: %s", e)
-    return {"gbs": measure_host_bandwidth_gbs(), "source": "measured on this host (numpy copy, read+write bytes)"}
+    return Bandwidth(measure_host_bandwidth_gbs(), "measured on this host (numpy copy, read+write bytes)")
 
 
 def onnx_engine_bytes(engine_dir: Path) -> dict[str, Any]:
@@ -135,9 +148,9 @@ def roofline_for_level(
 
     ``b`` is ``measured_batch`` (mean sequences per engine step, engine mode) when given, else
     min(concurrency, max_batch_size)."""
-    tpot = (metrics.get("time_per_output_token") or {}).get("avg")
-    isl = (metrics.get("input_sequence_length") or {}).get("avg")
-    osl = (metrics.get("output_sequence_length") or {}).get("avg")
+    tpot = Distribution.from_json(metrics["time_per_output_token"]).avg
+    isl = Distribution.from_json(metrics["input_sequence_length"]).avg
+    osl = Distribution.from_json(metrics["output_sequence_length"]).avg
     if not tpot or isl is None or osl is None:
         return None
     b = measured_batch if measured_batch else max(1, min(concurrency or 1, max_batch_size or (concurrency or 1)))

@@ -28,6 +28,7 @@ from .client import (
 
 
 def _parity_main(package: Path, url: str) -> int:
+    from ..core.contracts.package import ParityExpectedMeta
     from ..errors import EXIT_GATE
     from .parity import check_against_server, side_by_side
 
@@ -36,9 +37,10 @@ def _parity_main(package: Path, url: str) -> int:
     except PipelineError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
+    meta = ParityExpectedMeta.from_json(res)
     print(
-        f"served == evaluated: {res['matched']}/{res['total']} (grpc ensemble at {url}, {' + '.join(res.get('modes') or [])}; "
-        f"{res.get('sample')} of {res.get('of')} evaluated items, seed {res.get('seed')})"
+        f"served == evaluated: {res['matched']}/{res['total']} (grpc ensemble at {url}, {' + '.join(meta.modes or [])}; "
+        f"{meta.sample} of {meta.of} evaluated items, seed {meta.seed})"
     )
     if res["status"] != "passed":
         print("first difference, " + side_by_side(res["first_mismatch"]), file=sys.stderr)

@@ -38,7 +38,7 @@ from typing import Any
 
 from ..core.contracts.build import EngineLimits
 from ..core.contracts.evaluate import EvalArtifact
-from ..core.contracts.package import PACKAGE_ID_PARAMETER, PackageArtifact
+from ..core.contracts.package import PACKAGE_ID_PARAMETER, EvaluatedAnswer, PackageArtifact, ParityExpectedMeta, ParityRequest
 from ..errors import GateFailed, InputError, PreflightError
 
 EXPECTED_FILE = "parity_expected.jsonl"
@@ -101,7 +101,7 @@ def expected_requests(
             f"Fix: re-run evaluate on the current eval set."
         )
     items = {it.id: it for it in load_eval_set(path, limit=es.limit)}
-    rows = {r["id"]: r for r in _read_jsonl(out_p) if r.get("runner") == cand and not r.get("skipped")}
+    rows = {r.id: r for r in map(EvaluatedAnswer.from_json, _read_jsonl(out_p)) if r.runner == cand and not r.skipped}
     if not rows:
         raise InputError(f"{out_p} has no answers of the candidate runner {cand!r}. Fix: re-run the evaluate stage.")
     ids = sorted(rows)
@@ -126,7 +126,7 @@ def expected_requests(
             "text_input": render(tok, it.prompt, it.messages, apply_chat_template=apply_chat_template),
             "max_tokens": p.max_new_tokens,
             "stop_strings": p.stop_strings,
-            "expected": rows[it.id]["text"],
+            "expected": rows[it.id].text,
             "prompt": it.prompt_text(),
         }
         if chat:  # served as `messages`: the server renders and keeps user content as data, as evaluate's encode_prompt
@@ -179,7 +179,7 @@ def replay(
     clients: list[LLMClient] = []
     lock = threading.Lock()
 
-    def one(job: tuple[dict[str, Any], str]) -> tuple[str, str, str]:
+    def one(job: tuple[ParityRequest, str]) -> tuple[str, str, str]:
         r, mode = job
         c = getattr(local, "c", None)
         if c is None:
@@ -187,30 +187,29 @@ def replay(
             with lock:
                 clients.append(c)
         try:  # text_input + max_tokens (+ stream): the deployment's defaults do the rest, as for any client
-            how = (
-                {"messages": r["messages"]} if r.get("messages") and "messages" in c.inputs else {"prompt": r["text_input"], "chat": False}
-            )
-            res = c.generate(max_tokens=int(r["max_tokens"]), stream=(mode == "stream"), **how)
-            served = cut_at_stop_strings(res.text, r.get("stop_strings") or [])
+            how = {"messages": r.messages} if r.messages and "messages" in c.inputs else {"prompt": r.text_input, "chat": False}
+            res = c.generate(max_tokens=int(r.max_tokens), stream=(mode == "stream"), **how)
+            served = cut_at_stop_strings(res.text, r.stop_strings or [])
         except Exception as e:
             served = f"<request failed: {e}>"
-        return r["id"], mode, served
+        return r.id, mode, served
 
-    jobs = [(r, m) for r in requests for m in modes]
+    reqs = [ParityRequest.from_json(r) for r in requests]
+    jobs = [(r, m) for r in reqs for m in modes]
     try:
         with ThreadPoolExecutor(max_workers=max(1, concurrency)) as ex:
             results = list(ex.map(one, jobs))
     finally:
         for c in clients:
             c.close()
-    by_id = {r["id"]: r for r in requests}
+    by_id = {r.id: r for r in reqs}
     matched, per_mode, first = 0, {m: 0 for m in modes}, None
     for rid, mode, served in results:
-        ok = served == by_id[rid]["expected"]
+        ok = served == by_id[rid].expected
         matched += ok
         per_mode[mode] += ok
         if not ok and first is None:
-            first = {"id": rid, "mode": mode, "prompt": by_id[rid]["prompt"], "evaluated": by_id[rid]["expected"], "served": served}
+            first = {"id": rid, "mode": mode, "prompt": by_id[rid].prompt, "evaluated": by_id[rid].expected, "served": served}
     return {"matched": matched, "total": len(results), "per_mode": per_mode, "first_mismatch": first}
 
 
@@ -350,14 +349,15 @@ def check_against_server(package_dir: Path, url: str) -> dict[str, Any]:
     if not p.is_file():
         raise InputError(f"{p} is missing. Fix: pass a package artifact folder written by the package stage (with the parity check on).")
     meta, requests = read_expected(p)
-    ours, served = meta.get("package_id"), served_package_id(url)
+    expected = ParityExpectedMeta.from_json(meta)
+    ours, served = expected.package_id, served_package_id(url)
     if ours and served and served != ours:
         raise InputError(
             f"the server at {url} serves another package: its ensemble config has {PACKAGE_ID_PARAMETER}="
             f"{served[:16]}, but {p} was written for {ours[:16]}, so its answers are not the ones to expect. Fix: pass "
             f"the package that server was started from, or point --url at the server started from {package_dir}."
         )
-    res = replay(url, requests, modes=meta.get("modes") or MODES)
+    res = replay(url, requests, modes=expected.modes or MODES)
     return {**meta, **res, "status": "passed" if res["matched"] == res["total"] else "failed", "url": url}
 
 

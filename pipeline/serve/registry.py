@@ -10,11 +10,14 @@ server is caught), and returns the repository.  It never guesses ("the newest pa
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
 from pathlib import Path
 from typing import Any
+
+from ..core.contracts.package import ServingRecord
 
 REGISTRY_DIR = Path("runs") / "serving"
 """Relative to the working directory, like ``pipeline serve``'s log folders (``runs/serve-*``)."""
@@ -35,17 +38,9 @@ def record(grpc_url: str, http_url: str, repository: Path, pid: int, root: Path 
     p = record_path(grpc_url, root)
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_suffix(".tmp")
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     tmp.write_text(
-        json.dumps(
-            {
-                "grpc_url": grpc_url,
-                "http_url": http_url,
-                "repository": str(Path(repository).absolute()),
-                "pid": int(pid),
-                "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            },
-            indent=1,
-        )
+        json.dumps(dataclasses.asdict(ServingRecord(grpc_url, http_url, str(Path(repository).absolute()), int(pid), started)), indent=1)
     )
     os.replace(tmp, p)
     return p
@@ -91,12 +86,12 @@ def served_repository(grpc_url: str, client: Any = None, root: Path | None = Non
     if not p.is_file():
         return None, f"no record {p} (the server was not started by `pipeline serve` from this folder)"
     try:
-        rec = json.loads(p.read_text(encoding="utf-8"))
+        rec = ServingRecord.from_json(json.loads(p.read_text(encoding="utf-8")))
     except (OSError, ValueError) as e:
         return None, f"unreadable record {p}: {e}"
-    repo = Path(rec.get("repository", ""))
-    if not _alive(int(rec.get("pid", -1))):
-        return None, f"the server recorded in {p} (pid {rec.get('pid')}) is no longer running"
+    repo = Path(rec.repository)
+    if not _alive(int(rec.pid)):
+        return None, f"the server recorded in {p} (pid {rec.pid}) is no longer running"
     if not (repo / "preprocessing" / "1" / "tokenizer").is_dir():
         return None, f"{repo} (recorded in {p}) has no preprocessing/1/tokenizer"
     if client is not None:

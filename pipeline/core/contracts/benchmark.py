@@ -6,7 +6,7 @@ import dataclasses
 from typing import Any, ClassVar
 
 from ..artifacts import PathOf, StageArtifact
-from .result import StageResult
+from .result import StageResult, from_fields, json_object
 
 
 class BenchmarkArtifact(StageArtifact):
@@ -33,19 +33,70 @@ class BenchmarkResult(StageResult):
 
 
 @dataclasses.dataclass(frozen=True)
+class Distribution:
+    """A metric's statistics in a level's ``metrics`` (pipeline/benchmark/metrics.py); None without a sample."""
+
+    avg: Any = None
+    p50: Any = None
+    p99: Any = None
+
+    @classmethod
+    def from_json(cls, d: Any) -> Distribution:
+        return from_fields(cls, json_object(d))
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchHost:
+    """``benchmark.json`` ``host``: the CPU, CPU count, GPUs and the 1-minute load average at start and end."""
+
+    cpu: Any = None
+    cpu_count: Any = None
+    gpus: Any = None
+    loadavg_1m_start: Any = None
+    loadavg_1m_end: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchRatio:
+    """A ``benchmark.json`` ``ratios`` entry; documents older than ``judged`` judged every ratio."""
+
+    value: Any = None
+    target: Any = None
+    met: Any = None
+    judged: Any = True
+    definition: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
 class BenchmarkDocument:
-    """``benchmark.json`` as ``pipeline benchmark compare`` reads it.
+    """``benchmark.json`` as ``pipeline benchmark compare`` and ``show`` read it: its ``schema``, ``config`` (the
+    benchmark knobs: ``repeats``, ``ignore_eos`` ...), ``model`` (the model facts: ``target``, ``quant_recipe`` ...),
+    ``host``, ``roofline`` (the bandwidth and the engines' weight facts) and ``ratios`` by name."""
 
-    Attributes:
-        config: ``config``, the benchmark knobs.
-        model: ``model``, the model facts (recipe, target, paths ...).
-        host_cpu: ``host.cpu``, the benchmark host's CPU.
-    """
-
+    schema: Any = None
     config: Any = dataclasses.field(default_factory=dict)
     model: Any = dataclasses.field(default_factory=dict)
-    host_cpu: Any = None
+    host: BenchHost = BenchHost()
+    roofline: dict[str, Any] = dataclasses.field(default_factory=dict)
+    ratios: dict[str, BenchRatio] = dataclasses.field(default_factory=dict)
+    repeats: Any = None
+    ignore_eos: Any = None
+    target: Any = None
+    quant_recipe: Any = "-"
+
+    @property
+    def host_cpu(self) -> Any:
+        return self.host.cpu
+
+    def weight_bytes_per_step(self, mode: str) -> Any:
+        """Weight bytes read per decode step by ``mode``'s engine (its ``per_mode`` facts, else the build's engine)."""
+        return (json_object(self.roofline.get("per_mode")).get(mode) or self.roofline).get("weight_bytes_per_step")
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> BenchmarkDocument:
-        return cls(d.get("config", {}), d.get("model", {}), d.get("host", {}).get("cpu"))
+        config, model, ratios = d.get("config", {}), d.get("model", {}), json_object(d.get("ratios"))
+        cfg, mdl = json_object(config), json_object(model)
+        host, roofline = from_fields(BenchHost, json_object(d.get("host"))), json_object(d.get("roofline"))
+        rs = {k: from_fields(BenchRatio, json_object(v)) for k, v in ratios.items()}
+        derived = (cfg.get("repeats"), cfg.get("ignore_eos"), mdl.get("target"), mdl.get("quant_recipe", "-"))
+        return cls(d.get("schema"), config, model, host, roofline, rs, *derived)

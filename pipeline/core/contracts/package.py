@@ -316,3 +316,64 @@ PACKAGE_ID_PARAMETER = "pipeline_package_id"
 """A ``parameters`` entry of the repository's ``ensemble/config.pbtxt``: the package stage's invocation id (the
 provenance's ``invocationId``), also recorded in ``parity_expected.jsonl``, so ``pipeline client --parity`` can tell a
 server that serves another package (Triton reports model-config parameters over gRPC; files it does not)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ServingRecord:
+    """``runs/serving/<host>_<grpc port>.json``: the record ``pipeline serve`` keeps while its server runs (serve/registry.py)."""
+
+    grpc_url: str = ""
+    http_url: str = ""
+    repository: str = ""
+    pid: int = -1
+    started: str = ""
+
+    @classmethod
+    def from_json(cls, d: Any) -> ServingRecord:
+        return from_fields(cls, json_object(d))
+
+
+@dataclasses.dataclass(frozen=True)
+class ParityExpectedMeta:
+    """``parity_expected.jsonl``'s first line ``meta`` (serve/parity.py); ``package_id`` is None in older files."""
+
+    sample: Any = None
+    of: Any = None
+    seed: Any = None
+    modes: Any = None
+    package_id: Any = None
+
+    @classmethod
+    def from_json(cls, d: Any) -> ParityExpectedMeta:
+        return from_fields(cls, json_object(d))
+
+
+@dataclasses.dataclass(frozen=True)
+class ParityRequest:
+    """A request line of ``parity_expected.jsonl`` (``messages`` only where the chat template applies)."""
+
+    id: Any = None
+    text_input: Any = None
+    max_tokens: Any = None
+    stop_strings: Any = None
+    expected: Any = None
+    prompt: Any = None
+    messages: Any = None
+
+    @classmethod
+    def from_json(cls, d: Any) -> ParityRequest:
+        return from_fields(cls, json_object(d))
+
+
+@dataclasses.dataclass(frozen=True)
+class EvaluatedAnswer:
+    """A line of the evaluate artifact's ``outputs.jsonl`` as the parity check reads it (a skipped item has no runner)."""
+
+    id: Any = None
+    runner: Any = None
+    text: Any = None
+    skipped: Any = None
+
+    @classmethod
+    def from_json(cls, d: Any) -> EvaluatedAnswer:
+        return from_fields(cls, json_object(d))
