@@ -7,10 +7,14 @@ The facts are :data:`pipeline.facts.families.FAMILY_SUPPORT`; this module turns 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+from ..core.config import resolve_path
 from ..core.modelio import read_model_config
+from ..errors import InputError
 from ..facts.families import FAMILY_SUPPORT
+from .inspect import architecture
 
 
 def checks(cfg: Any) -> list[Any]:
@@ -27,22 +31,12 @@ def checks(cfg: Any) -> list[Any]:
     if mc is None:
         return []
     problems: list[Problem] = []
-    archs = mc.get("architectures") or []
-    arch = archs[0] if archs else None
-    mt = mc.get("model_type")
-    fam = FAMILY_SUPPORT.get(mt) if isinstance(mt, str) else None
-    if fam is None or (arch is not None and arch != fam["architecture"]):
-        supported = sorted(f["architecture"] for f in FAMILY_SUPPORT.values())
-        problems.append(
-            Problem(
-                "model.path",
-                cfg.model.path,
-                f"architecture {arch!r} (model_type {mt!r}) is not supported by this pipeline (supported: {supported}).",
-                "convert the model to one of the supported architectures, or use a checkpoint of a supported "
-                "family (docs/models.md lists what works on which target)",
-            )
-        )
-        return problems
+    try:  # the export stage's own rule (one rule, one wording): its refusal at run time is then not said twice
+        _, mt = architecture(mc, Path(resolve_path(str(cfg.model.path)) or cfg.model.path) / "config.json")
+    except InputError as e:
+        why, _, fix = str(e).partition(" Fix: ")
+        return [Problem("model.path", cfg.model.path, why, fix or None)]
+    fam = FAMILY_SUPPORT[mt]
     from ..core.targets import needs_build, resolve_target
 
     target: str | None = None

@@ -399,7 +399,7 @@ def inspect_checkpoint(
     check_folder_links(src, allow_external=allow_external_files)
     cfg_path = src / "config.json"
     cfg = _read_config(cfg_path, trust_remote_code)
-    arch, model_type = _architecture(cfg, cfg_path)
+    arch, model_type = architecture(cfg, cfg_path)
     problems = _check_heads(cfg, "config.json")
     if problems:
         raise InputError(f"{cfg_path}: {len(problems)} problem(s):\n" + "\n".join(f"  - {p}" for p in problems))
@@ -442,7 +442,7 @@ def _read_config(cfg_path: Path, trust_remote_code: bool) -> dict[str, Any]:
     return cfg
 
 
-def _architecture(cfg: dict[str, Any], cfg_path: Path) -> tuple[str, str]:
+def architecture(cfg: dict[str, Any], cfg_path: Path) -> tuple[str, str]:
     """``(architecture, model_type)`` from ``architectures[0]`` (else ``model_type``); InputError when unsupported or
     when the two disagree."""
     archs = cfg.get("architectures") or []
@@ -454,7 +454,8 @@ def _architecture(cfg: dict[str, Any], cfg_path: Path) -> tuple[str, str]:
     if arch not in SUPPORTED_ARCHITECTURES:
         raise InputError(
             f"{cfg_path}: architectures={archs!r} (model_type={cfg.get('model_type')!r}) is not supported. "
-            f"Supported architectures: {_supported()}. Fix: export a checkpoint of a supported architecture."
+            f"Supported architectures: {_supported()}. Fix: use a checkpoint of a supported family, or convert the "
+            "model to one of them (docs/models.md lists what works on which target)."
         )
     model_type = SUPPORTED_ARCHITECTURES[arch]
     if cfg.get("model_type") not in (None, model_type):
