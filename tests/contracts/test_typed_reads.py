@@ -82,15 +82,14 @@ FOREIGN_READERS: dict[str, str] = {
     "pipeline.serve.openai_frontend": "OpenAI request parameters / messages and the Triton ensemble config",
     "pipeline.export.stage": "model preset YAML loaded by OmegaConf and the HF config's rope_scaling",
     "pipeline.planner.stages": "nvidia-smi facts of the local GPUs (hostinfo.local_gpus)",
+    "pipeline.build.targets.onnxruntime_genai.builder": "ONNX Runtime GenAI genai_config.json of the engine",
+    "pipeline.build.targets.tensorrt_llm.runner": "TensorRT-LLM engine config.json (build_config) and runtime outputs",
 }
 """Modules whose string-keyed reads are of foreign data, with why."""
 
 STILL_READING_OWN_DOCUMENTS: dict[str, int] = {
     "pipeline.bench.gpu_check": 43,
     "pipeline.bench.scale": 29,
-    "pipeline.build.stage": 4,
-    "pipeline.build.targets.onnxruntime_genai.builder": 12,
-    "pipeline.build.targets.tensorrt_llm.runner": 13,
     "pipeline.core.artifacts": 1,
     "pipeline.core.decoding": 6,
     "pipeline.core.quant_state": 11,
