@@ -236,3 +236,17 @@ class BuildPlan:
     def from_json(cls, d: Mapping[str, Any]) -> BuildPlan:
         return from_fields(cls, d)
 
+
+@dataclasses.dataclass(frozen=True)
+class SpeculativeBuild:
+    """TensorRT-LLM: the build's speculative decoding (:attr:`BuildInfo.speculative`, else ``build.speculative``): its
+    ``mode`` (``none``: not recorded), the draft length and the draft model (None where not recorded)."""
+
+    mode: str = "none"
+    max_draft_len: int | None = None
+    draft_model_path: str | None = None
+    draft_engine: str | None = None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> SpeculativeBuild:
+        return from_fields(cls, d)
