@@ -125,13 +125,9 @@ def _run_all(
                 try:
                     with ctx.progress(f"evaluate: {name} fidelity", total=len(fid.seqs)) as adv:
                         seq = max((len(q.prompt) + len(q.continuation) for q in fid.seqs), default=1)
-                        logits = runner.teacher_forced_logits(
+                        runner.teacher_forced_logits(
                             fid.seqs, _batch(ctx, runner, device, seq, len(fid.seqs)), adv, into=_logit_sink(fid, name)
                         )
-                    if name == "baseline":
-                        fid.baseline_logits = logits
-                    else:
-                        fid.candidate_logits = logits
                 except NotImplementedError as e:
                     fid.unavailable = str(e)
                 fid.seconds[name] = round(time.perf_counter() - t1, 3)
@@ -154,14 +150,16 @@ def _batch(ctx: StageContext, runner: Any, device: str, seq_len: int, n_items: i
 
 
 def _logit_sink(fid: _Fidelity, name: str) -> Any:
-    """Where ``name``'s teacher-forced logits go: the baseline's to a file (:class:`~pipeline.evaluate.fidelity.SpilledLogits`,
-    ``fid.spill``), the candidate's straight into the comparison with it
-    (:class:`~pipeline.evaluate.fidelity.StreamedComparison`): one sequence's logits in memory at a time."""
+    """Where ``name``'s teacher-forced logits go (kept in ``fid``): the baseline's to a file
+    (:class:`~pipeline.evaluate.fidelity.SpilledLogits`, ``fid.spill``), the candidate's straight into the comparison
+    with it (:class:`~pipeline.evaluate.fidelity.StreamedComparison`): one sequence's logits in memory at a time."""
     from . import fidelity as F
 
     if name == "baseline":
-        return F.SpilledLogits(fid.spill)
-    return F.StreamedComparison(fid.seqs, fid.baseline_logits)
+        fid.baseline_logits = F.SpilledLogits(fid.spill)
+        return fid.baseline_logits
+    fid.candidate_logits = F.StreamedComparison(fid.seqs, fid.baseline_logits)
+    return fid.candidate_logits
 
 
 @dataclasses.dataclass

@@ -215,16 +215,13 @@ def template_values(s: Any) -> dict[str, Any]:
 @dataclasses.dataclass(frozen=True)
 class TrtllmPlan:
     """``Settings.trtllm`` (:func:`plan`) as its readers see it. Engine layout: the ``tensorrt_llm`` model's
-    ``parameters``, the build's ``speculative`` wiring, whether a ``draft`` model is packaged and the encoder features'
-    data type; LLM-API layout (PyTorch backend): the README ``llmapi_notice``, the serving image and the ``model.yaml``
-    keys of the set ``package.runtime`` fields (``llmapi_overrides``)."""
+    ``parameters``, whether a ``draft`` model is packaged and the encoder features' data type; LLM-API layout (PyTorch
+    backend): the README ``llmapi_notice`` and the ``model.yaml`` keys of the set ``package.runtime`` fields."""
 
     parameters: dict[str, str] | None = None
-    speculative: dict[str, Any] | None = None
     draft: bool = False
     encoder_input_features_data_type: Any = "TYPE_FP16"
     llmapi_notice: str = ""
-    serving_image: str | None = None
     llmapi_overrides: dict[str, Any] | None = None
 
     @classmethod

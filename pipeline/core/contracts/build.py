@@ -245,7 +245,6 @@ class SpeculativeBuild:
     mode: str = "none"
     max_draft_len: int | None = None
     draft_model_path: str | None = None
-    draft_engine: str | None = None
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> SpeculativeBuild:
