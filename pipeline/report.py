@@ -16,9 +16,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .core.config import PipelineConfig, deprecations
+from .core.config import STAGES, PipelineConfig, deprecations
 from .core.contracts.manifest import RunSummaryRecord
+from .core.contracts.package import ParityRecord
 from .core.markdown import md_cell, md_table
+from .core.stage import resolve_order
 from .core.store import Artifact, redact, redact_files, redact_text, secret_fields, write_json_atomic
 from .errors import EXIT_FAILED, EXIT_OK
 from .validation import order_note
@@ -72,6 +74,21 @@ class RunSummary:
         }
 
 
+def mark_failed(reports: list[StageReport], cfg: PipelineConfig, error: str, stage: str | None = None, *, blame: bool = True) -> None:
+    """Report the stages that did not finish: ``stage`` (the one the error belongs to, when a check before the first
+    stage named it; else the first unfinished one) as failed, the others as not run; with ``blame=False`` (a
+    configuration error) every one as not run."""
+    seen = {r.stage for r in reports}
+    try:
+        order = resolve_order(list(cfg.stages), cfg)
+    except Exception:
+        order = [s for s in STAGES if s in cfg.stages]
+    pending = [s for s in order if s not in seen]
+    failed = (stage if stage in pending else (pending[0] if pending else None)) if blame else None
+    for s in pending:
+        reports.append(StageReport(s, "failed" if s == failed else "not-run", 0.0, error=error if s == failed else None))
+
+
 def config_warnings(cfg: PipelineConfig, console: Console) -> list[str]:
     """Print one warning per config field that holds a secret-looking value (the run uses it as given; every
     recorded copy masks it: pipeline.core.store.redact) and a note when ``stages`` is written out of pipeline order
@@ -93,18 +110,17 @@ JUNIT_FILE = "junit.xml"
 """The run's gate as JUnit XML, next to ``summary.json`` (the evaluate artifact's checks + serving parity)."""
 
 
-def ci_reports(eval_dir: Path | None, parity: dict[str, Any] | None, summary_dir: Path | None, console: Console) -> None:
+def ci_reports(eval_dir: Path | None, parity: ParityRecord | None, summary_dir: Path | None, console: Console) -> None:
     """For CI jobs, when this run evaluated (ran or cache hit): ``<run dir>/junit.xml`` (gate checks and the package
     stage's serving parity, ``pipeline.evaluate.junit``) and, when ``$GITHUB_STEP_SUMMARY`` is set, the gate table
     appended to it. A write failure is reported, not raised (the run's exit code stays the gate's)."""
     from .core.contracts.evaluate import EvalArtifact
-    from .core.contracts.package import ParityRecord
     from .evaluate.junit import append_step_summary, write_junit
 
     if eval_dir is None:
         return
     try:
-        rep, par = EvalArtifact(eval_dir).report(), ParityRecord.from_json(parity)
+        rep, par = EvalArtifact(eval_dir).report(), parity
         if summary_dir is not None:
             summary_dir.mkdir(parents=True, exist_ok=True)
             write_junit(summary_dir / JUNIT_FILE, rep, par)

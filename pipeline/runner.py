@@ -17,6 +17,8 @@ from rich.markup import escape
 
 from .core import hostinfo, memory
 from .core.config import STAGES, ConfigError, PipelineConfig, key_fields
+from .core.contracts.manifest import RunGate
+from .core.contracts.result import StageResult
 from .core.stage import Stage, StageContext, get_stage, resolve_order
 from .core.store import Artifact, ArtifactStore, cache_key, digest_path, install_log_redaction, redact, redact_text
 from .errors import EXIT_FAILED, EXIT_GATE, EXIT_INTERRUPTED, EXIT_OK, PipelineError, caused_by_interrupt
@@ -26,6 +28,7 @@ from .report import (
     StageReport,
     ci_reports,
     config_warnings,
+    mark_failed,
     model_facts,
     parity_record,
     print_summary,
@@ -89,16 +92,18 @@ def _target_available(cfg: PipelineConfig, store: ArtifactStore, order: list[str
     if ok:
         return
     pending: dict[str, Artifact] = {}
+    quant = store.root / "quantize" / "<key>"
     for s in order:
         if s == "build":
             break
         st = get_stage(s)
         key, _ = compute_key(st, cfg, {d: pending[d] for d in st.deps_for(cfg)}, externals[s])
         pending[s] = Artifact(s, key, store.path_for(s, key), {"output_digest": f"pending:{key}", "result": {}})
-    quant = pending.get("quantize")
+        if s == "quantize":
+            quant = pending[s].path
     from .core.contracts.quantize import QuantizeArtifact
 
-    ckpt = QuantizeArtifact(quant.path if quant else store.root / "quantize" / "<key>").trtllm_checkpoint
+    ckpt = QuantizeArtifact(quant).trtllm_checkpoint
     target.preflight(cfg, ckpt, None)
 
 
@@ -184,20 +189,20 @@ def run_pipeline(
             exit_code, error = EXIT_GATE, f"evaluation gate {verdict}: {state.gate_failed}"
     except KeyboardInterrupt:
         exit_code, error = EXIT_INTERRUPTED, "interrupted"
-        _mark_failed(state.reports, cfg, error)
+        mark_failed(state.reports, cfg, error)
     except ConfigError as e:  # found before any stage ran: no stage is to blame, none ran
         exit_code, error = e.exit_code, str(e)
-        _mark_failed(state.reports, cfg, error, blame=False)
+        mark_failed(state.reports, cfg, error, blame=False)
     except PipelineError as e:
         exit_code, error = e.exit_code, str(e)
-        _mark_failed(state.reports, cfg, error, getattr(e, "stage", None))
+        mark_failed(state.reports, cfg, error, getattr(e, "stage", None))
     except Exception as e:
         if caused_by_interrupt(e):  # a Ctrl-C that a library re-raised as its own error (an import under way: ModuleNotFoundError)
             exit_code, error = EXIT_INTERRUPTED, "interrupted"
         else:
             log.exception("stage failed")
             exit_code, error = EXIT_FAILED, f"{type(e).__name__}: {e}"
-        _mark_failed(state.reports, cfg, error)
+        mark_failed(state.reports, cfg, error)
     summary = RunSummary(
         state.reports,
         exit_code,
@@ -212,7 +217,7 @@ def run_pipeline(
     print_summary(summary, console)
     if summary_dir is not None:
         write_summary(summary, summary_dir, console)
-    ci_reports(state.eval_dir, state.gate_info.get("parity"), summary_dir, console)
+    ci_reports(state.eval_dir, RunGate.from_json(state.gate_info).parity, summary_dir, console)
     return summary
 
 
@@ -338,7 +343,9 @@ def _dry_run_stage(stage: Stage, ctx: StageContext, store: ArtifactStore, key: s
         note = f"{WOULD_RUN}: not built yet; would write {path}"
     if note is not None:
         ctx.console.print(f"[yellow]dry run:[/] {name}: {escape(note)}")
-    state.reports.append(StageReport(name, "dry-run", time.time() - t0, None, key, info.get("headline", {}), notes=[note] if note else []))
+    state.reports.append(
+        StageReport(name, "dry-run", time.time() - t0, None, key, StageResult.from_json(info).headline, notes=[note] if note else [])
+    )
     if cached is None:
         cached = Artifact(name, key, path, {"output_digest": f"pending:{key}", "result": {}, "pending": True})
     return cached
@@ -459,21 +466,6 @@ def _record_gate(
             console.print(f"[bold yellow]EXPLORATORY RUN: the gate is INCONCLUSIVE (eval.gate.mode=exploratory); {then}[/]")
         else:
             state.gate_failed, state.gate_inconclusive = gate.reason, gate.inconclusive
-
-
-def _mark_failed(reports: list[StageReport], cfg: PipelineConfig, error: str, stage: str | None = None, *, blame: bool = True) -> None:
-    """Report the stages that did not finish: ``stage`` (the one the error belongs to, when a check before the first
-    stage named it; else the first unfinished one) as failed, the others as not run; with ``blame=False`` (a
-    configuration error) every one as not run."""
-    seen = {r.stage for r in reports}
-    try:
-        order = resolve_order(list(cfg.stages), cfg)
-    except Exception:
-        order = [s for s in STAGES if s in cfg.stages]
-    pending = [s for s in order if s not in seen]
-    failed = (stage if stage in pending else (pending[0] if pending else None)) if blame else None
-    for s in pending:
-        reports.append(StageReport(s, "failed" if s == failed else "not-run", 0.0, error=error if s == failed else None))
 
 
 # --------------------------------------------------------------------------- multirun

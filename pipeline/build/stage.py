@@ -14,7 +14,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from ..core.contracts.build import BuildArtifact, BuildResult
+from ..core.contracts.build import BuildArtifact, BuildInfo, BuildPlan, BuildResult
 from ..core.stage import Stage, StageContext
 from ..core.store import write_json_atomic
 from .checks import checks
@@ -78,7 +78,7 @@ def _run(ctx: StageContext) -> BuildResult:
     places = {str(ctx.out): "<build>", str(quant): "<quantize>", str(export): "<export>"}
     write_json_atomic(out.build_info_path, _portable(info, places))
     engine_mb = round(info["engine_bytes"] / 1e6, 3)
-    ctx.console.print(f"  engine: {engine_mb} MB in {measured.get('build_s', 0.0):.1f} s  limits={info['limits']}")
+    ctx.console.print(f"  engine: {engine_mb} MB in {BuildInfo.from_json(measured).build_s or 0.0:.1f} s  limits={info['limits']}")
     return BuildResult(
         headline={"target": name, "engine_mb": engine_mb}, limits=info["limits"], target=name, backend=info["backend"], target_reason=reason
     )
@@ -91,15 +91,15 @@ def _dry_run(ctx: StageContext) -> dict[str, Any]:
     target = get_target(name)
     quant = ctx.inputs["quantize"].path if "quantize" in ctx.inputs else None
     export = ctx.inputs["export"].path if "export" in ctx.inputs else None
-    plan = target.plan(ctx.cfg, quant, export, None)
-    if plan.get("command"):
-        ctx.console.print("[yellow]dry run:[/] build command:\n  " + shlex.join(str(c) for c in plan["command"]))
-    if plan.get("llm_api_options"):
+    plan = BuildPlan.from_json(target.plan(ctx.cfg, quant, export, None))
+    if plan.command:
+        ctx.console.print("[yellow]dry run:[/] build command:\n  " + shlex.join(str(c) for c in plan.command))
+    if plan.llm_api_options:
         import yaml
 
-        ctx.console.print("[yellow]dry run:[/] llm_api_options.yaml:\n" + yaml.safe_dump(plan["llm_api_options"], sort_keys=False))
+        ctx.console.print("[yellow]dry run:[/] llm_api_options.yaml:\n" + yaml.safe_dump(plan.llm_api_options, sort_keys=False))
     ok, why = target.available()
-    return {"headline": {"target": name, "available": ok}, "command": plan.get("command"), "target_reason": reason, "available": why}
+    return {"headline": {"target": name, "available": ok}, "command": plan.command, "target_reason": reason, "available": why}
 
 
 STAGE = Stage(

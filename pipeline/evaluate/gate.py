@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core.contracts.evaluate import VERDICTS  # ordered from best to worst: the gate's verdict is the worst of its scopes'
+from ..core.contracts.evaluate import VERDICTS, FidelityStats  # ordered from best to worst: the gate's verdict is the worst of its scopes'
 from ..errors import InputError
 from ..facts.recipes import RECIPES
 
@@ -331,7 +331,7 @@ def judge(
     recipe: str,
     stats: dict[str, PairedStats | None],
     cand_scores: dict[str, float],
-    fidelity: dict[str, Any] | None = None,
+    fidelity: FidelityStats | dict[str, Any] | None = None,
     cand_errors: int = 0,
 ) -> dict[str, Any]:
     """Apply the gate.
@@ -341,7 +341,7 @@ def judge(
         recipe: the quantization recipe (selects the default allowance and fidelity thresholds).
         stats: ``{"overall": PairedStats, "slice:<name>": PairedStats}``; None values mean no baseline.
         cand_scores: candidate score per scope (used for ``min_score``).
-        fidelity: the overall fidelity summary (``fidelity.summarize``: ``kld.mean``, ``top1``) or None.
+        fidelity: the overall fidelity summary (``fidelity.summarize``: ``kld.mean``, ``top1``; typed or its JSON) or None.
         cand_errors: eval items on which the candidate runner failed (an engine error). Any error fails the gate:
             a broken engine must not pass because its baseline scores as low as its empty answers.
     Returns:
@@ -434,13 +434,14 @@ def _scope_checks(gate: Any, scope: str, cand: float, st: PairedStats | None, al
     return checks
 
 
-def _fidelity_checks(fidelity: dict[str, Any] | None, max_kld: float | None, min_top1: float | None) -> list[Check]:
+def _fidelity_checks(fidelity: FidelityStats | dict[str, Any] | None, max_kld: float | None, min_top1: float | None) -> list[Check]:
     """:func:`judge`'s teacher-forced fidelity checks (``max_kld``, ``min_top1``), when fidelity was measured."""
     checks: list[Check] = []
-    if not (fidelity and fidelity.get("positions")):
+    fo = fidelity if isinstance(fidelity, FidelityStats) else FidelityStats.from_json(fidelity or {})
+    if not fo.positions:
         return checks
     if max_kld is not None:
-        v = float(fidelity["kld"]["mean"])
+        v = float(fo.kld.mean)
         checks.append(
             Check(
                 "overall",
@@ -448,11 +449,11 @@ def _fidelity_checks(fidelity: dict[str, Any] | None, max_kld: float | None, min
                 v,
                 max_kld,
                 "pass" if v <= max_kld else "fail",
-                f"mean KLD {v:.5f} nats vs maximum {max_kld:.5f} ({fidelity['positions']} teacher-forced tokens)",
+                f"mean KLD {v:.5f} nats vs maximum {max_kld:.5f} ({fo.positions} teacher-forced tokens)",
             )
         )
     if min_top1 is not None:
-        v = float(fidelity["top1"])
+        v = float(fo.top1)
         checks.append(
             Check(
                 "overall",

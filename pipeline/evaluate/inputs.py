@@ -132,7 +132,7 @@ def setup(ctx: StageContext) -> Setup:
     es = read_eval_set(eval_path, limit=e.limit)
     items = es.items
     if es.format["format"] != "jsonl":
-        ctx.log.info("eval set %s read as %s, mapping %s", eval_path, es.format["format"], es.format.get("mapping"))
+        ctx.log.info("eval set %s read as %s, mapping %s", eval_path, es.format["format"], es.format["mapping"])
     export_dir = ctx.inputs["export"].path
     build_art = ctx.upstream("build")
     info = ExportArtifact(export_dir).model_info()

@@ -70,7 +70,7 @@ def key_config(cfg: Any) -> dict[str, Any]:
 
     ev = key_fields(cfg.eval)
     kind = device_kind(cfg.eval.device)
-    if ev.get("reference_dtype") == "auto":
+    if cfg.eval.reference_dtype == "auto":
         ev["reference_dtype"] = reference_dtype(resolve_path(cfg.model.path) if cfg.model.path else None, "auto", kind)
     if kind != "cpu":
         ev["device"] = kind

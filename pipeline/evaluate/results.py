@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..core.contracts.evaluate import EvalArtifact, EvalResult, FailedCheck, GateBound, GateFidelity, GateVerdict
+from ..core.contracts.evaluate import EvalArtifact, EvalResult, FailedCheck, FidelityStats, GateBound, GateFidelity, GateVerdict
 from ..core.contracts.export import ExportArtifact
 from ..core.stage import StageContext
 from ..core.store import sha256_file
@@ -105,10 +105,10 @@ def stage_result(st: Setup, runs: Runs, sc: Scores, verdict: dict[str, Any]) -> 
         "gate": verdict["verdict"] if verdict["passed"] else verdict["verdict"].upper(),
         "runner": st.cand,
     }
-    fo = (runs.fidelity or {}).get("overall") or {}
-    if fo.get("positions"):
-        headline["kld"] = round(fo["kld"]["mean"], 6)
-        headline["top1"] = round(fo["top1"], 4)
+    fo = runs.fidelity_overall
+    if fo.positions:
+        headline["kld"] = round(fo.kld.mean, 6)
+        headline["top1"] = round(fo.top1, 4)
     if verdict["bound"]:
         headline["drop_ub"] = round(verdict["bound"]["upper"], 4)
     return EvalResult(
@@ -123,14 +123,13 @@ def stage_result(st: Setup, runs: Runs, sc: Scores, verdict: dict[str, Any]) -> 
 
 def gate_summary(verdict: dict[str, Any], fidelity_overall: dict[str, Any]) -> dict[str, Any]:
     """The JSON of :func:`gate_verdict` (the evaluate result's ``gate``)."""
-    return gate_verdict(verdict, fidelity_overall).to_json()
+    return gate_verdict(verdict, FidelityStats.from_json(fidelity_overall)).to_json()
 
 
-def gate_verdict(verdict: dict[str, Any], fidelity_overall: dict[str, Any]) -> GateVerdict:
+def gate_verdict(verdict: dict[str, Any], fo: FidelityStats) -> GateVerdict:
     """The gate record of the evaluate result (:class:`~pipeline.core.contracts.evaluate.GateVerdict`, shown by
     ``report.print_gate``, kept in summary.json and the release manifest) from ``gate.judge``'s verdict and the
-    overall fidelity summary (``fidelity.summarize``)."""
-    fo = fidelity_overall
+    overall fidelity summary ``fo`` (``fidelity.summarize``)."""
     b = verdict["bound"]
     return GateVerdict(
         passed=bool(verdict["passed"]),
@@ -138,13 +137,11 @@ def gate_verdict(verdict: dict[str, Any], fidelity_overall: dict[str, Any]) -> G
         verdict=verdict["verdict"],
         non_inferiority=verdict["non_inferiority"],
         mode=verdict["mode"],
-        fix=verdict.get("fix"),
+        fix=verdict["fix"],
         failed_checks=tuple(FailedCheck.from_json(c) for c in verdict["failed_checks"]),
         bound=GateBound(b["drop"], b["upper"], b["allowance"]) if b else None,
         scopes=dict(verdict["scopes"]),
-        fidelity=GateFidelity(fo["kld"]["mean"], fo["kld"]["se"], fo["top1"], fo["ln_ppl_ratio"], fo["positions"])
-        if fo.get("positions")
-        else None,
+        fidelity=GateFidelity(fo.kld.mean, fo.kld.se, fo.top1, fo.ln_ppl_ratio, fo.positions) if fo.positions else None,
     )
 
 

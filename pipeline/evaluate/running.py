@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..core.contracts.build import BuildArtifact
+from ..core.contracts.build import BuildArtifact, EngineLimits
+from ..core.contracts.evaluate import FidelityStats, FidelitySummary
 from ..core.contracts.export import ExportArtifact
 from ..core.stage import StageContext
 from ..errors import InputError
@@ -72,6 +73,24 @@ def measurements(runs: Runs) -> dict[str, Any]:
     return out
 
 
+@dataclasses.dataclass
+class _Fidelity:
+    """The teacher-forced fidelity state (:func:`_fidelity_plan`) that :func:`_run_all` fills: how to build the sequences
+    from the baseline's outputs, the two runners compared, the held-out calibration sequences and the baseline's spill
+    file; then the sequences, each runner's logits (the baseline's spilled, the candidate's compared) and seconds, or
+    why the candidate has no logits (``unavailable``)."""
+
+    make: Any
+    runners: tuple[str, str]
+    heldout: list[Any]
+    spill: Path
+    seqs: list[Any] = dataclasses.field(default_factory=list)
+    baseline_logits: Any = None
+    candidate_logits: Any = None
+    seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+    unavailable: str | None = None
+
+
 def _run_all(
     ctx: StageContext,
     runners: list[str],
@@ -82,14 +101,14 @@ def _run_all(
     n_run: int,
     outputs: dict[str, Any],
     seconds: dict[str, float],
-    fid: dict[str, Any] | None = None,
+    fid: _Fidelity | None = None,
     device: str = "cpu",
     batches: dict[str, int] | None = None,
 ) -> None:
     """Generate with every runner (one loaded at a time; the baseline and simulated models on ``device``, each with the
-    batch :func:`_batch` chooses, recorded in ``batches``); with ``fid`` (``{"seqs", "runners": (baseline, cand)}``)
-    the baseline and the candidate also compute teacher-forced logits (``fid["logits"][runner]``, seconds in
-    ``fid["seconds"][runner]``); an engine without logits records ``fid["unavailable"]``."""
+    batch :func:`_batch` chooses, recorded in ``batches``); with ``fid`` the baseline and the candidate also compute
+    teacher-forced logits (``fid.baseline_logits`` / ``fid.candidate_logits``, seconds in ``fid.seconds[runner]``); an
+    engine without logits records ``fid.unavailable``."""
     batches = {} if batches is None else batches
     for name in runners:
         t0 = time.perf_counter()
@@ -100,18 +119,18 @@ def _run_all(
             with ctx.progress(f"evaluate: {name}", total=n_run) as adv:
                 outputs[name] = runner.run(prepared, batches[name], adv)
             if fid is not None and name == "baseline":
-                fid["seqs"] = fid["make"](outputs[name]) + fid["heldout"]
-            if fid is not None and name in fid["runners"] and "unavailable" not in fid:
+                fid.seqs = fid.make(outputs[name]) + fid.heldout
+            if fid is not None and name in fid.runners and fid.unavailable is None:
                 t1 = time.perf_counter()
                 try:
-                    with ctx.progress(f"evaluate: {name} fidelity", total=len(fid["seqs"])) as adv:
-                        seq = max((len(q.prompt) + len(q.continuation) for q in fid["seqs"]), default=1)
-                        fid["logits"][name] = runner.teacher_forced_logits(
-                            fid["seqs"], _batch(ctx, runner, device, seq, len(fid["seqs"])), adv, into=_logit_sink(fid, name)
+                    with ctx.progress(f"evaluate: {name} fidelity", total=len(fid.seqs)) as adv:
+                        seq = max((len(q.prompt) + len(q.continuation) for q in fid.seqs), default=1)
+                        runner.teacher_forced_logits(
+                            fid.seqs, _batch(ctx, runner, device, seq, len(fid.seqs)), adv, into=_logit_sink(fid, name)
                         )
                 except NotImplementedError as e:
-                    fid["unavailable"] = str(e)
-                fid["seconds"][name] = round(time.perf_counter() - t1, 3)
+                    fid.unavailable = str(e)
+                fid.seconds[name] = round(time.perf_counter() - t1, 3)
         finally:
             runner.close()
         seconds[name] = time.perf_counter() - t0
@@ -130,15 +149,17 @@ def _batch(ctx: StageContext, runner: Any, device: str, seq_len: int, n_items: i
     return n
 
 
-def _logit_sink(fid: dict[str, Any], name: str) -> Any:
-    """Where ``name``'s teacher-forced logits go: the baseline's to a file (:class:`~pipeline.evaluate.fidelity.SpilledLogits`,
-    ``fid["spill"]``), the candidate's straight into the comparison with it
-    (:class:`~pipeline.evaluate.fidelity.StreamedComparison`): one sequence's logits in memory at a time."""
+def _logit_sink(fid: _Fidelity, name: str) -> Any:
+    """Where ``name``'s teacher-forced logits go (kept in ``fid``): the baseline's to a file
+    (:class:`~pipeline.evaluate.fidelity.SpilledLogits`, ``fid.spill``), the candidate's straight into the comparison
+    with it (:class:`~pipeline.evaluate.fidelity.StreamedComparison`): one sequence's logits in memory at a time."""
     from . import fidelity as F
 
     if name == "baseline":
-        return F.SpilledLogits(fid["spill"])
-    return F.StreamedComparison(fid["seqs"], fid["logits"]["baseline"])
+        fid.baseline_logits = F.SpilledLogits(fid.spill)
+        return fid.baseline_logits
+    fid.candidate_logits = F.StreamedComparison(fid.seqs, fid.baseline_logits)
+    return fid.candidate_logits
 
 
 @dataclasses.dataclass
@@ -151,6 +172,12 @@ class Runs:
     fidelity_s: dict[str, float] | None = None
     batches: dict[str, int] = dataclasses.field(default_factory=dict)  # each runner's generation batch
 
+    @property
+    def fidelity_overall(self) -> FidelityStats:
+        """The fidelity section's ``overall`` (``positions`` 0: not measured)."""
+        fs = FidelitySummary.from_json(self.fidelity)
+        return fs.overall if fs is not None else FidelityStats()
+
 
 def run_runners(ctx: StageContext, st: Setup) -> Runs:
     """Run every runner over the prepared items (:func:`_run_all`), with teacher-forced fidelity when asked for."""
@@ -162,14 +189,14 @@ def run_runners(ctx: StageContext, st: Setup) -> Runs:
         _run_all(ctx, st.runners, st.prepared, st.tokenizer, st.stop_ids, st.pad_id, st.n_run, outputs, seconds, fid, st.device, batches)
         if fid is None:
             return Runs(outputs, seconds, None, None, batches)
-        return Runs(outputs, seconds, _fidelity_result(fid, st.cand), fid["seconds"], batches)
+        return Runs(outputs, seconds, _fidelity_result(fid, st.cand), fid.seconds, batches)
     finally:
-        base = (fid or {}).get("logits", {}).get("baseline")
+        base = fid.baseline_logits if fid is not None else None
         if base is not None and hasattr(base, "close"):
             base.close()  # the spilled baseline logits never reach the artifact
 
 
-def _fidelity_plan(ctx: StageContext, st: Setup) -> dict[str, Any]:
+def _fidelity_plan(ctx: StageContext, st: Setup) -> _Fidelity:
     """The ``fid`` state :func:`_run_all` fills: how to build the teacher-forced sequences from the baseline's
     outputs, the two runners compared, and the held-out calibration samples that fit the engine's limits."""
     from ..data.metrics import get_metric
@@ -187,26 +214,25 @@ def _fidelity_plan(ctx: StageContext, st: Setup) -> dict[str, Any]:
         return F.build_sequences(st.prepared, st.tokenizer, st.stop_ids, ok)
 
     # held-out samples that fit the engine's limits (one context pass of len - 1 tokens)
-    fits = min(int(st.limits["max_input_len"]), int(st.limits.get("max_seq_len") or 1 << 30) - 1)
-    return {
-        "make": make_seqs,
-        "runners": ("baseline", st.cand),
-        "logits": {},
-        "seconds": {},
-        "heldout": F.heldout_sequences([h for h in _heldout_samples(ctx, st.tokenizer) if len(h) - 1 <= fits]),
-        "spill": Path(ctx.out or tempfile.gettempdir()) / f".fidelity-baseline-{os.getpid()}.f32",
-    }
+    lim = EngineLimits.from_json(st.limits)
+    fits = min(int(lim.max_input_len), int(lim.max_seq_len or 1 << 30) - 1)
+    return _Fidelity(
+        make=make_seqs,
+        runners=("baseline", st.cand),
+        heldout=F.heldout_sequences([h for h in _heldout_samples(ctx, st.tokenizer) if len(h) - 1 <= fits]),
+        spill=Path(ctx.out or tempfile.gettempdir()) / f".fidelity-baseline-{os.getpid()}.f32",
+    )
 
 
-def _fidelity_result(fid: dict[str, Any], cand: str) -> dict[str, Any]:
+def _fidelity_result(fid: _Fidelity, cand: str) -> dict[str, Any]:
     """The report's ``fidelity`` section from the filled ``fid`` state (:func:`pipeline.evaluate.fidelity.compare`)."""
 
-    if "unavailable" in fid:
-        return {"candidate": cand, "unavailable": fid["unavailable"]}
-    n_all = len(fid["seqs"])
-    n_tune = n_all - len(fid["heldout"])
-    cmp = fid["logits"][cand]  # F.StreamedComparison (_logit_sink)
-    held = cmp.result(n_tune, n_all) if fid["heldout"] else None
+    if fid.unavailable is not None:
+        return {"candidate": cand, "unavailable": fid.unavailable}
+    n_all = len(fid.seqs)
+    n_tune = n_all - len(fid.heldout)
+    cmp = fid.candidate_logits  # F.StreamedComparison (_logit_sink)
+    held = cmp.result(n_tune, n_all) if fid.heldout else None
     return {
         "candidate": cand,
         **cmp.result(0, n_tune),

@@ -58,7 +58,7 @@ def _evaluate(ctx: StageContext) -> EvalResult:
         cfg.quant.recipe,
         sc.stats,
         sc.cand_scores,
-        (runs.fidelity or {}).get("overall"),
+        runs.fidelity_overall,
         cand_errors=int(sc.summaries[st.cand]["errors"]),
     )
     worst = worst_regressions(e, st, runs, sc) if sc.comparison else []

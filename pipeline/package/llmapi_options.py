@@ -31,6 +31,7 @@ from ..core.contracts.build import BuildArtifact
 from ..core.contracts.package import PackageArtifact
 from ..errors import InputError
 from . import llmapi_schema as S
+from .trtllm_config import TrtllmPlan
 
 SERVERS_DIR = "servers"
 """Package folder (next to ``model_repository/``, inside the release archive) of the non-Triton server files."""
@@ -88,7 +89,7 @@ def llm_options(settings: Any, engine_dir: Path) -> dict[str, Any]:
         if not isinstance(build, dict):
             raise InputError(f"{f}: is not a YAML mapping of LLM() options. Fix: rebuild with the build stage.")
         doc.update(copy.deepcopy(build))  # the build stage's options win over the limits (one level: its sections whole)
-    ov = {k: v for k, v in ((getattr(s, "trtllm", None) or {}).get("llmapi_overrides") or {}).items() if k != "triton_config"}
+    ov = {k: v for k, v in (TrtllmPlan.of(s).llmapi_overrides or {}).items() if k != "triton_config"}
     _merge(doc, ov)
     for k in ("model", "tokenizer"):
         doc.pop(k, None)
@@ -99,7 +100,7 @@ def triton_config(settings: Any) -> dict[str, Any]:
     """``model.yaml`` ``triton_config``: batch size 0 (:data:`~pipeline.package.llmapi_schema.TRITON_MAX_BATCH_SIZE`),
     ``decoupled`` = ``package.decoupled``, plus ``package.runtime.cancellation_check_period_ms`` when set."""
     tc: dict[str, Any] = {"max_batch_size": S.TRITON_MAX_BATCH_SIZE, "decoupled": bool(settings.decoupled)}
-    tc.update(((getattr(settings, "trtllm", None) or {}).get("llmapi_overrides") or {}).get("triton_config") or {})
+    tc.update((TrtllmPlan.of(settings).llmapi_overrides or {}).get("triton_config") or {})
     return tc
 
 

@@ -75,7 +75,7 @@ def release_manifest(
             "engine_model": settings.engine_model,
             "decoupled": settings.decoupled,
             "triton_max_batch_size": 0 if info["layout"] == "llmapi" else settings.triton_max_batch_size,
-            "servers": info.get("servers"),
+            "servers": info["servers"] if info["layout"] == "llmapi" else None,  # the stage writes them for this layout
             "exclude_input_in_output": settings.exclude_input_in_output,
             "end_id": settings.end_id,
             "pad_id": settings.pad_id,

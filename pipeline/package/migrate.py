@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.contracts.manifest import ArtifactManifest
-from ..core.contracts.package import PackageArtifact, ReleaseManifest
+from ..core.contracts.package import PackageArtifact, ProvenanceStatement, ReleaseManifest
 from ..errors import InputError
 
 DROPPED = ("target", "stages", "store_dir", "force", "dry_run", "verify_cache", "progress", "hydra")
@@ -40,6 +40,8 @@ class EngineRelease:
     manifest: dict[str, Any]
     config: dict[str, Any]
     package_dir: Path | None
+    gpu: Any = None
+    """The recorded config's ``target.gpu``."""
 
 
 def _json(p: Path) -> dict[str, Any]:
@@ -83,11 +85,10 @@ def read_engine_release(path: str | Path) -> EngineRelease:
             f"pipeline migrate {path}: {prov.name} is missing, and it holds the release's recorded config. "
             f"Fix: pass a release packaged with package.archive=true (the default)."
         )
-    st = _json(prov)
-    cfg = (((st.get("predicate") or {}).get("buildDefinition") or {}).get("externalParameters") or {}).get("config")
-    if not isinstance(cfg, dict):
+    st = ProvenanceStatement.from_json(_json(prov))
+    if st.config is None:
         raise InputError(f"{prov}: no externalParameters.config. Fix: re-package the engine release with this version of the pipeline.")
-    return EngineRelease(p, m, cfg, package_dir)
+    return EngineRelease(p, m, st.config, package_dir, st.target_gpu)
 
 
 def refusal(rel: EngineRelease) -> str | None:
@@ -150,9 +151,8 @@ def pipeline_argv(argv: list[str], tmp: Path) -> list[str]:
         raise InputError(f"pipeline migrate {argv[0]}: {why}.")
     tmp.mkdir(parents=True, exist_ok=True)
     (tmp / "migrate.yaml").write_text(yaml.safe_dump(migration_config(rel), sort_keys=True), encoding="utf-8")
-    gpu = (rel.config.get("target") or {}).get("gpu")
     head = ["--config-dir", str(tmp), "--config-name", "migrate", "target=tensorrt_llm_pytorch"]
-    head += [f"target.gpu={gpu}"] if gpu else []
+    head += [f"target.gpu={rel.gpu}"] if rel.gpu else []
     return [*head, f"{MIGRATED_FROM}={rel.release_dir}", *argv[1:]]
 
 

@@ -113,10 +113,10 @@ def _provenance(ctx: StageContext, rel: Path, archive: Path, manifest: dict[str,
         config=config,
         upstream=ctx.inputs,
         invocation_id=invocation_id(ctx),
-        versions=manifest.get("versions") or {},
+        versions=manifest["versions"],
         host=host(),
         gate=manifest["evaluation"]["gate"],
-        parity=manifest.get("parity"),
+        parity=manifest["parity"],
     )
     files = [rel / PackageArtifact.PROVENANCE]
     write_json_atomic(files[0], statement)

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.artifacts import TOKENIZER_COPY_FILES
-from ..core.contracts.build import BuildInfo
+from ..core.contracts.build import BuildInfo, EngineLimits
 from ..core.contracts.export import ExportArtifact, ModelInfo
 from ..core.contracts.package import PACKAGE_ID_PARAMETER
 from ..errors import InputError
@@ -165,7 +165,7 @@ def settings_from_build(
     Raises :class:`InputError` when the build has no target or limits.
     """
     target = _build_target(build_info)
-    limits = build_info.limits
+    limits, lim = build_info.limits, EngineLimits.from_json(build_info.limits)
 
     def knob(name: str, default: Any) -> Any:
         v = build_info.knob(name)
@@ -196,9 +196,9 @@ def settings_from_build(
         engine_max_batch_size=eng_bs,
         max_input_len=limit("max_input_len"),
         max_seq_len=limit("max_seq_len"),
-        max_num_tokens=int(limits.get("max_num_tokens", knob("max_num_tokens", 2048))),
+        max_num_tokens=int(lim.max_num_tokens or knob("max_num_tokens", 2048)),  # a recorded limit is >= 1
         max_beam_width=max(
-            int(limits.get("max_beam_width", knob("max_beam_width", 1))), int(served_bw or 1) if target == "onnxruntime_genai" else 1
+            int(lim.max_beam_width or knob("max_beam_width", 1)), int(served_bw or 1) if target == "onnxruntime_genai" else 1
         ),  # og: no beam limit in the engine
         triton_max_batch_size=int(package_cfg.max_batch_size or eng_bs),
         served_max_input_len=getattr(package_cfg, "max_input_len", None),
@@ -442,10 +442,11 @@ def _write_llmapi_model(
     """The TensorRT-LLM PyTorch-backend (LLM API) model in ``d``: ``model.yaml`` (``pipeline.package.llmapi_options``:
     the one LLM-API options source, checked against the upstream key sets), tokenizer, README notice and the checkpoint."""
     from .llmapi_options import write_model_yaml
+    from .trtllm_config import TrtllmPlan
 
     write_model_yaml(d / "1" / "model.yaml", settings, engine_dir, model=vals["checkpoint_dir"], tokenizer=vals["llmapi_tokenizer_dir"])
     copy_tokenizer(tokenizer_dirs, d / "1" / "tokenizer")
-    (d / "README.md").write_text(settings.trtllm.get("llmapi_notice", ""), encoding="utf-8")  # container + files it needs
+    (d / "README.md").write_text(TrtllmPlan.of(settings).llmapi_notice, encoding="utf-8")  # container + files it needs
     src = engine_dir / "hf" if (engine_dir / "hf").is_dir() else engine_dir  # the build copies the checkpoint to engine/hf
     if src.is_dir():
         _copy_tree(src, d / "1" / "checkpoint")

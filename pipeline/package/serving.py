@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..core.contracts.build import BuildInfo
+from ..core.contracts.build import BuildInfo, SpeculativeBuild
 from ..core.contracts.export import ExportArtifact, ModelInfo
 from ..core.stage import StageContext
 
@@ -22,14 +22,14 @@ def speculative_decision(ctx: StageContext, build_info: BuildInfo) -> dict[str, 
 
     if build_info.target != "tensorrt_llm":
         return None
-    sp = speculative_of(build_info, ctx.cfg.build)
+    sp = SpeculativeBuild.from_json(speculative_of(build_info, ctx.cfg.build))
     ev = ctx.upstream("evaluate")
     dec = decide_speculative(
-        sp["mode"],
+        sp.mode,
         read_measurement(ev.path if ev is not None else None),
         ctx.cfg.package.speculative,
-        draft_model_path=sp.get("draft_model_path"),
-        max_draft_len=sp.get("max_draft_len"),
+        draft_model_path=sp.draft_model_path,
+        max_draft_len=sp.max_draft_len,
     )
     if dec.override:
         ctx.log.warning("speculative decoding enabled by override: %s", dec.reason)

@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from ..core.contracts.build import BuildArtifact, BuildInfo
+from ..core.contracts.evaluate import SpeculativeMeasurement
+from ..core.contracts.result import from_fields
 from ..errors import GateFailed, InputError
 from ..facts.trtllm import SPECULATIVE_RUNTIME_FIELDS, llmapi_notice, llmapi_overrides, llmapi_unsupported
 
@@ -197,18 +199,35 @@ def _fragment(text: str) -> str:
 def template_values(s: Any) -> dict[str, Any]:
     """Extra ``${name}`` values for the TensorRT-LLM templates (the engine model, the ensemble's step-2 keys, the BLS)."""
     trt = s.target == "tensorrt_llm"
-    tr = getattr(s, "trtllm", None) or {}
-    rt = tr.get("encoder_input_features_data_type", "TYPE_FP16")
+    tr = TrtllmPlan.of(s)
     return {
         # the 1.x engine model names these request inputs min_tokens / seed; the ensemble keeps its client-facing names
         "engine_input_min_tokens": "min_tokens" if trt else "min_length",
         "engine_input_seed": "seed" if trt else "random_seed",
-        "trtllm_parameters": _fragment(render_parameters(tr.get("parameters") or {})),
-        "encoder_input_features_data_type": rt,
+        "trtllm_parameters": _fragment(render_parameters(tr.parameters or {})),
+        "encoder_input_features_data_type": tr.encoder_input_features_data_type,
         "prompt_embedding_table_data_type": "TYPE_FP16",
         "tensorrt_llm_model_name": "tensorrt_llm",
-        "tensorrt_llm_draft_model_name": DRAFT_MODEL if tr.get("draft") else "",
+        "tensorrt_llm_draft_model_name": DRAFT_MODEL if tr.draft else "",
     }
+
+
+@dataclasses.dataclass(frozen=True)
+class TrtllmPlan:
+    """``Settings.trtllm`` (:func:`plan`) as its readers see it. Engine layout: the ``tensorrt_llm`` model's
+    ``parameters``, whether a ``draft`` model is packaged and the encoder features' data type; LLM-API layout (PyTorch
+    backend): the README ``llmapi_notice`` and the ``model.yaml`` keys of the set ``package.runtime`` fields."""
+
+    parameters: dict[str, str] | None = None
+    draft: bool = False
+    encoder_input_features_data_type: Any = "TYPE_FP16"
+    llmapi_notice: str = ""
+    llmapi_overrides: dict[str, Any] | None = None
+
+    @classmethod
+    def of(cls, s: Any) -> TrtllmPlan:
+        """The plan of the repository settings ``s`` (every field its default when ``s`` has none)."""
+        return from_fields(cls, getattr(s, "trtllm", None) or {})
 
 
 def plan(s: Any, build_info: BuildInfo, package_cfg: Any, build_cfg: Any = None, target_cfg: Any = None) -> dict[str, Any]:
@@ -248,8 +267,7 @@ def write_draft_model(repo: Path, s: Any, engine_dir: Path) -> str | None:
     Raises:
         InputError: the build artifact has no ``draft_engine/`` folder.
     """
-    tr = getattr(s, "trtllm", None) or {}
-    if not tr.get("draft"):
+    if not TrtllmPlan.of(s).draft:
         return None
     src = engine_dir.parent / DRAFT_ENGINE_DIR
     if not (src / "config.json").is_file():
@@ -334,12 +352,13 @@ def decide_speculative(
         )
         problems.append(f"the acceptance rate of build.speculative.mode={mode} was not measured on the eval set (needs {how})")
     else:
-        dec.draft_model = measured.get("draft_model")
-        dec.k = int(measured.get("k") or 0) or None
-        dec.acceptance_rate = float(measured.get("acceptance_rate") or 0.0)
-        dec.measured_tokens_per_step = measured.get("mean_tokens_per_step")
+        m = SpeculativeMeasurement.from_json(measured)
+        dec.draft_model = m.draft_model
+        dec.k = int(m.k or 0) or None
+        dec.acceptance_rate = float(m.acceptance_rate or 0.0)
+        dec.measured_tokens_per_step = m.mean_tokens_per_step
         dec.expected_tokens_per_step = expected_tokens_per_step(dec.acceptance_rate, dec.k or 1)
-        dec.slices = {k: float(v.get("acceptance_rate") or 0.0) for k, v in (measured.get("slices") or {}).items()}
+        dec.slices = dict(m.slice_acceptance)
         if draft_model_path and dec.draft_model and Path(str(draft_model_path)).resolve() != Path(str(dec.draft_model)).resolve():
             problems.append(
                 f"the acceptance was measured with draft {dec.draft_model}, but the build packages "
@@ -408,7 +427,7 @@ def bls_model_config(ensemble_config: str, s: Any) -> str:
     Args:
         ensemble_config: the filled ``triton_models/ensemble/config.pbtxt`` of this package (its tensors are the BLS's
             client interface: one definition).
-        s: repository ``Settings`` (``decoupled``, ``instance_count``, ``trtllm["draft"]``).
+        s: repository ``Settings`` (``decoupled``, ``instance_count``, :class:`TrtllmPlan` ``draft``).
     Returns:
         Protobuf text (parses with tritonclient's ``model_config_pb2.ModelConfig``); ``decoupled`` equals the
         ``tensorrt_llm`` model's (both are ``package.decoupled``).
@@ -418,9 +437,8 @@ def bls_model_config(ensemble_config: str, s: Any) -> str:
 
     from .model_config import python_model_from_ensemble
 
-    tr = getattr(s, "trtllm", None) or {}
     params = {"accumulate_tokens": "false", "tensorrt_llm_model_name": "tensorrt_llm"}
-    if tr.get("draft"):
+    if TrtllmPlan.of(s).draft:
         params["tensorrt_llm_draft_model_name"] = DRAFT_MODEL
     cfg = python_model_from_ensemble(ensemble_config, BLS_MODEL, s.decoupled, s.instance_count, params, BLS_EXTRA_INPUTS)
     for name, dtype, dims in BLS_EXTRA_OUTPUTS:

@@ -222,3 +222,30 @@ class BuildResult(StageResult):
     target: str | None = None
     backend: str | None = None
     target_reason: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildPlan:
+    """What a target's ``plan`` says its build would do (dry runs): the build command (None: no engine is built) and,
+    for TensorRT-LLM's PyTorch backend, the ``LLM()`` options it would write (None otherwise)."""
+
+    command: list[Any] | None = None
+    llm_api_options: dict[str, Any] | None = None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> BuildPlan:
+        return from_fields(cls, d)
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeculativeBuild:
+    """TensorRT-LLM: the build's speculative decoding (:attr:`BuildInfo.speculative`, else ``build.speculative``): its
+    ``mode`` (``none``: not recorded), the draft length and the draft model (None where not recorded)."""
+
+    mode: str = "none"
+    max_draft_len: int | None = None
+    draft_model_path: str | None = None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> SpeculativeBuild:
+        return from_fields(cls, d)

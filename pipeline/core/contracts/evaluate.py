@@ -228,6 +228,24 @@ class SkippedItems:
 
 
 @dataclasses.dataclass(frozen=True)
+class SpeculativeMeasurement:
+    """``eval_report.json`` ``speculative`` (``pipeline.evaluate.draft.speculative_summary``): the draft measured, its
+    ``k`` draft tokens, the acceptance rate (0-1) overall and per slice, and the mean tokens per target step (None where
+    not recorded)."""
+
+    draft_model: Any = None
+    k: Any = None
+    acceptance_rate: Any = None
+    mean_tokens_per_step: Any = None
+    slice_acceptance: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> SpeculativeMeasurement:
+        rates = {str(k): float(v.get("acceptance_rate") or 0.0) for k, v in json_object(d.get("slices")).items()}
+        return from_fields(cls, {**d, "slice_acceptance": rates})
+
+
+@dataclasses.dataclass(frozen=True)
 class EvalReport:
     """``eval_report.json`` (schema ``pipeline.eval_report/v1``; every key in :mod:`pipeline.evaluate.report`), the
     fields its readers use (the renderers of :mod:`pipeline.evaluate.report` and :mod:`pipeline.evaluate.junit`,

@@ -182,6 +182,24 @@ class ReleaseManifest:
 
 
 @dataclasses.dataclass(frozen=True)
+class ProvenanceStatement:
+    """``release/provenance.intoto.json`` (pipeline/release/provenance.py) as ``pipeline migrate`` reads it: the resolved
+    config the release was made with (``predicate.buildDefinition.externalParameters.config``; None without one) and
+    that config's ``target.gpu`` (None without)."""
+
+    config: dict[str, Any] | None = None
+    target_gpu: Any = None
+
+    @classmethod
+    def from_json(cls, d: Any) -> ProvenanceStatement:
+        build = json_object(json_object(json_object(d).get("predicate")).get("buildDefinition"))
+        config = json_object(build.get("externalParameters")).get("config")
+        if not isinstance(config, dict):
+            return cls()
+        return cls(config, json_object(config.get("target")).get("gpu"))
+
+
+@dataclasses.dataclass(frozen=True)
 class ReleaseArchive:
     """The release folder of a package (``package.archive=true``): ``release/<name>.tar.gz`` and its checksum, the
     provenance statement and, when ``package.sign`` is on, the signature and who signed (None when unsigned)."""

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ....core.config.common import Problem, problems_where
-from ....core.contracts.build import BuildArtifact
+from ....core.contracts.build import BuildArtifact, EngineLimits
 from ....core.genai import run_logged, set_runtime_limits
 from ....core.targets.base import Capabilities, GenerationRequest, GenerationResult, Target, TokenCallback
 from ....errors import InputError, PipelineError, PreflightError
@@ -208,7 +208,8 @@ def _finish_graph(onnx_path: Path, logf: Path, conv: dict[str, Any], rec: str, l
         lg.warning("fixed the builder's graph: %s", graph_fix)
         with open(logf, "a", encoding="utf-8") as fh:
             fh.write(f"pipeline: fixed the builder's graph: {graph_fix}\n")
-    n_mul = insert_prescale_muls(onnx_path, conv["prescale_muls"]) if conv.get("prescale_muls") else 0
+    muls = conv["prescale_muls"] if rec != "none" else []  # recipe none: no conversion ({})
+    n_mul = insert_prescale_muls(onnx_path, muls) if muls else 0
     graph = None
     if rec != "none":
         try:
@@ -242,7 +243,7 @@ def _quantized_weights(conv: dict[str, Any], n_mul: int, graph: dict[str, Any] |
         "quantized_linears": conv["quantized_linears"],
         "pre_quant_scale": {**conv["folded"], "onnx_mul_inserted": n_mul},
         "lm_head_quantized": conv["lm_head_quantized"],
-        "untied_embeddings": conv.get("untied_embeddings", False),
+        "untied_embeddings": conv["untied_embeddings"],
         "graph": graph,
     }
 
@@ -440,13 +441,13 @@ class OrtEngineRunner:
         self.engine_dir = Path(engine_dir)
         lim_path = self.engine_dir / LIMITS_FILE
         gc = json.loads((self.engine_dir / "genai_config.json").read_text(encoding="utf-8"))
-        lim = json.loads(lim_path.read_text(encoding="utf-8")) if lim_path.is_file() else {}
-        self.max_seq_len = int(lim.get("max_seq_len") or gc["search"]["max_length"])
+        lim = EngineLimits.from_json(json.loads(lim_path.read_text(encoding="utf-8")) if lim_path.is_file() else {})
+        self.max_seq_len = int(lim.max_seq_len or gc["search"]["max_length"])
         # windowed layers: onnxruntime-genai needs each request's KV capacity (max_length) >= the window
         sw = gc.get("model", {}).get("decoder", {}).get("sliding_window") or {}
         self.min_length = min(self.max_seq_len, int(sw.get("window_size") or 0)) if sw.get("layers") else 0
-        self.max_input_len = int(lim.get("max_input_len") or self.max_seq_len - 1)
-        self.max_batch_size = int(min(max_batch_size or 10**9, lim.get("max_batch_size") or 8))
+        self.max_input_len = int(lim.max_input_len or self.max_seq_len - 1)
+        self.max_batch_size = int(min(max_batch_size or 10**9, lim.max_batch_size or 8))
         self.model = og.Model(str(self.engine_dir))
         self.mode = "engine" if (use_engine and hasattr(og, "Engine")) else "generator"
         if self.mode == "generator":

@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ....core.contracts.build import BuildArtifact, BuildInfo
+from ....core.contracts.build import BuildArtifact, BuildInfo, EngineLimits
 from ....errors import InputError, PreflightError
 
 INSTALL_FIX = (
@@ -98,10 +98,10 @@ class TrtllmEngineRunner:
             import yaml
 
             opts = yaml.safe_load(opts_file.read_text(encoding="utf-8")) or {}
-            lim = dict(limits or {})
-            self.max_batch_size = int(lim.get("max_batch_size") or opts.get("max_batch_size") or 8)
-            self.max_input_len = int(lim.get("max_input_len") or opts.get("max_input_len") or 1024)
-            self.max_seq_len = int(lim.get("max_seq_len") or opts.get("max_seq_len") or 2048)
+            lim = EngineLimits.from_json({**opts, **{k: v for k, v in (limits or {}).items() if v}})  # the build's, else the options'
+            self.max_batch_size = int(lim.max_batch_size or 8)
+            self.max_input_len = int(lim.max_input_len or 1024)
+            self.max_seq_len = int(lim.max_seq_len or 2048)
             trt = _import("tensorrt_llm")
             self._SamplingParams = trt.SamplingParams
             hf = self.engine_dir / "hf"
@@ -111,10 +111,10 @@ class TrtllmEngineRunner:
             self._llm = trt.LLM(model=str(hf), tokenizer=str(hf), **llm_kw)
             self._runner = None
         else:
-            lim = {**_engine_limits(self.engine_dir), **{k: v for k, v in (limits or {}).items() if v is not None}}
-            self.max_batch_size = int(lim.get("max_batch_size") or 8)
-            self.max_input_len = int(lim.get("max_input_len") or 1024)
-            self.max_seq_len = int(lim.get("max_seq_len") or 2048)
+            lim = EngineLimits.from_json({**_engine_limits(self.engine_dir), **{k: v for k, v in (limits or {}).items() if v is not None}})
+            self.max_batch_size = int(lim.max_batch_size or 8)
+            self.max_input_len = int(lim.max_input_len or 1024)
+            self.max_seq_len = int(lim.max_seq_len or 2048)
             rt = _import("tensorrt_llm.runtime")
             cls = getattr(rt, "ModelRunnerCpp", None) or rt.ModelRunner
             kw: dict[str, Any] = {"max_batch_size": self.max_batch_size, "max_input_len": self.max_input_len, "max_beam_width": 1}
