@@ -95,7 +95,6 @@ STILL_READING_OWN_DOCUMENTS: dict[str, int] = {
     "pipeline.core.decoding": 6,
     "pipeline.core.quant_state": 11,
     "pipeline.core.sizing": 1,
-    "pipeline.core.store": 12,
     "pipeline.doctor": 13,
     "pipeline.evaluate.gate": 1,
     "pipeline.evaluate.inputs": 1,
