@@ -93,7 +93,6 @@ STILL_READING_OWN_DOCUMENTS: dict[str, int] = {
     "pipeline.build.targets.tensorrt_llm.runner": 13,
     "pipeline.core.artifacts": 1,
     "pipeline.core.decoding": 6,
-    "pipeline.core.quant_state": 11,
     "pipeline.core.sizing": 1,
     "pipeline.doctor": 13,
     "pipeline.evaluate.gate": 1,

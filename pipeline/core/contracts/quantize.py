@@ -6,7 +6,7 @@ import dataclasses
 from typing import Any, ClassVar
 
 from ..artifacts import FolderName, PathOf, StageArtifact
-from .result import StageResult
+from .result import StageResult, from_fields, json_object
 
 
 class QuantizeArtifact(StageArtifact):
@@ -49,3 +49,28 @@ class QuantizeResult(StageResult):
     placement: dict[str, Any] = dataclasses.field(default_factory=dict)
     cuda_extension: dict[str, Any] | None = None
     warnings: list[str] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantStateRecord:
+    """The fields of ``quant_state.json`` (pipeline/quantize/state.py writes it) that restoring the state reads
+    (pipeline/core/quant_state.py ``load_simulated_model``).
+
+    Attributes:
+        schema: ``pipeline.quant_state/v1``.
+        recipe: ``quant.recipe`` (``none``: nothing to restore).
+        calib_dtype / calib_device: the dtype and kind of device (``cpu`` / ``cuda``) calibration ran in.
+        export_digest: the content digest of the export artifact the state was made from (None: not recorded).
+        modelopt_state: ModelOpt's ``modelopt_state`` encoded as JSON (None for ``none``).
+    """
+
+    schema: Any = None
+    recipe: Any = None
+    calib_dtype: Any = "float32"
+    calib_device: Any = "cpu"
+    export_digest: Any = None
+    modelopt_state: Any = None
+
+    @classmethod
+    def from_json(cls, d: Any) -> QuantStateRecord:
+        return from_fields(cls, json_object(d))
