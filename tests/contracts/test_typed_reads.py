@@ -112,7 +112,6 @@ STILL_READING_OWN_DOCUMENTS: dict[str, int] = {
     "pipeline.quantize.run": 2,
     "pipeline.quantize.stage": 1,
     "pipeline.quantize.trtllm_ckpt": 17,
-    "pipeline.release.provenance": 10,
     "pipeline.release.signing": 1,
     "pipeline.runner": 4,
     "pipeline.serve.client_cli": 4,

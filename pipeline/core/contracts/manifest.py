@@ -113,6 +113,22 @@ class OutputRecord:
 
 
 @dataclasses.dataclass(frozen=True)
+class StatementRecord:
+    """A release's in-toto Statement as this project writes it (``release/provenance.intoto.json``,
+    pipeline/release/provenance.py): its ``_type``, its ``predicateType`` and each subject's sha256 by name."""
+
+    subjects: dict[str, str]
+    statement_type: Any = None
+    predicate_type: Any = None
+
+    @classmethod
+    def from_json(cls, d: Any) -> StatementRecord:
+        """KeyError / TypeError for a document without ``subject`` or a subject without ``name`` / ``digest.sha256``."""
+        subjects = {str(s["name"]): str(s["digest"]["sha256"]) for s in d["subject"]}
+        return cls(subjects, d.get("_type"), d.get("predicateType"))
+
+
+@dataclasses.dataclass(frozen=True)
 class RunGate:
     """``summary.json`` ``gate``: the evaluate stage's verdict and the package stage's serving-parity record (None
     when the run had none)."""
