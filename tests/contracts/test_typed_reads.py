@@ -79,6 +79,8 @@ FOREIGN_READERS: dict[str, str] = {
     "pipeline.serve.openai_frontend": "OpenAI request parameters / messages and the Triton ensemble config",
     "pipeline.export.stage": "model preset YAML loaded by OmegaConf and the HF config's rope_scaling",
     "pipeline.planner.stages": "nvidia-smi facts of the local GPUs (hostinfo.local_gpus)",
+    "pipeline.core.decoding": "HF generation_config.json",
+    "pipeline.core.sizing": "nvidia-smi facts of the local GPUs (hostinfo.local_gpus)",
 }
 """Modules whose string-keyed reads are of foreign data, with why."""
 
@@ -92,8 +94,6 @@ STILL_READING_OWN_DOCUMENTS: dict[str, int] = {
     "pipeline.build.targets.onnxruntime_genai.builder": 12,
     "pipeline.build.targets.tensorrt_llm.runner": 13,
     "pipeline.core.artifacts": 1,
-    "pipeline.core.decoding": 6,
-    "pipeline.core.sizing": 1,
     "pipeline.doctor": 13,
     "pipeline.evaluate.gate": 1,
     "pipeline.evaluate.inputs": 1,
