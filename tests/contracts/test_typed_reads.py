@@ -81,6 +81,7 @@ FOREIGN_READERS: dict[str, str] = {
     "pipeline.planner.stages": "nvidia-smi facts of the local GPUs (hostinfo.local_gpus)",
     "pipeline.core.decoding": "HF generation_config.json",
     "pipeline.core.sizing": "nvidia-smi facts of the local GPUs (hostinfo.local_gpus)",
+    "pipeline.quantize.trtllm_ckpt": "TensorRT-LLM checkpoint config.json written by ModelOpt and the HF config's rope_scaling",
 }
 """Modules whose string-keyed reads are of foreign data, with why."""
 
@@ -108,10 +109,6 @@ STILL_READING_OWN_DOCUMENTS: dict[str, int] = {
     "pipeline.package.repository": 3,
     "pipeline.package.serving": 2,
     "pipeline.package.trtllm_config": 11,
-    "pipeline.quantize.report": 7,
-    "pipeline.quantize.run": 2,
-    "pipeline.quantize.stage": 1,
-    "pipeline.quantize.trtllm_ckpt": 17,
     "pipeline.release.signing": 1,
     "pipeline.runner": 4,
     "pipeline.serve.client_cli": 4,

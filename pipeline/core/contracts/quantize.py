@@ -74,3 +74,16 @@ class QuantStateRecord:
     @classmethod
     def from_json(cls, d: Any) -> QuantStateRecord:
         return from_fields(cls, json_object(d))
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportChecks:
+    """``quant_report.json`` ``export_checks`` (pipeline/quantize/trtllm_ckpt.py ``check_trtllm_checkpoint``), as the
+    Markdown report reads it: ``patched``, the ``config.json`` fields written from the source model (``{}`` when none,
+    and when no TensorRT-LLM checkpoint was written: ``skipped``)."""
+
+    patched: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, d: Any) -> ExportChecks:
+        return from_fields(cls, json_object(d))
