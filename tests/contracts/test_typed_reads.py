@@ -109,7 +109,6 @@ STILL_READING_OWN_DOCUMENTS: dict[str, int] = {
     "pipeline.package.repository": 3,
     "pipeline.package.serving": 2,
     "pipeline.package.trtllm_config": 11,
-    "pipeline.release.signing": 1,
     "pipeline.runner": 4,
     "pipeline.serve.client_cli": 4,
     "pipeline.serve.parity": 8,

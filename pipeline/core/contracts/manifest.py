@@ -129,6 +129,22 @@ class StatementRecord:
 
 
 @dataclasses.dataclass(frozen=True)
+class DsseEnvelope:
+    """The DSSE envelope of a release's provenance statement as this project signs it
+    (``release/provenance.intoto.dsse.json``, pipeline/release/signing.py ``dsse_sign``): the base64 payload, the base64
+    signatures and the payload type."""
+
+    payload: Any
+    signatures: list[Any]
+    payload_type: Any = None
+
+    @classmethod
+    def from_json(cls, d: Any) -> DsseEnvelope:
+        """KeyError / TypeError for a document without ``payload`` or ``signatures``, or a signature without ``sig``."""
+        return cls(d["payload"], [s["sig"] for s in d["signatures"]], d.get("payloadType"))
+
+
+@dataclasses.dataclass(frozen=True)
 class RunGate:
     """``summary.json`` ``gate``: the evaluate stage's verdict and the package stage's serving-parity record (None
     when the run had none)."""
