@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..core.contracts.quantize import ExportChecks
+from ..core.contracts.quantize import QuantReportNotes
 from ..facts.recipes import RECIPES, Recipe
 from .calibrate import _Calibration
 from .common import KV_CACHE, _linear_modules, _version, log
@@ -184,7 +184,8 @@ def render_report_md(r: dict[str, Any]) -> str:
         f"| TensorRT-LLM rank files | {r['bytes']['trtllm_rank_files'] / mb:.2f} MiB |",
         f"| compression (source / rank files) | {r['compression']} |",
     ]
-    cal = r["calibration"]
+    notes = QuantReportNotes.from_json(r)
+    cal = notes.calibration
     if cal:
         lines += [
             f"| calibration samples | {cal['used']} used of {cal['requested']} requested ({cal['available']} read, "
@@ -194,14 +195,13 @@ def render_report_md(r: dict[str, Any]) -> str:
         ]
     lines.append("")
     for k in ("vocab_padding", "kv_heads_replicated", "target_gpu"):
-        if k in r["preflight"]:
-            lines.append(f"- {k}: {r['preflight'][k]}")
-    patched = ExportChecks.from_json(r["export_checks"]).patched
-    if patched:
-        lines.append(f"- config.json fields written from the source model (exporter omitted them): {patched}")
-    for w in r["warnings"]:
+        if k in notes.preflight:
+            lines.append(f"- {k}: {notes.preflight[k]}")
+    if notes.patched:
+        lines.append(f"- config.json fields written from the source model (exporter omitted them): {notes.patched}")
+    for w in notes.warnings:
         lines.append(f"- warning: {w}")
-    auto = r["auto"]
+    auto = notes.auto
     if auto:
         eb = auto["effective_bits"]
         lines += [

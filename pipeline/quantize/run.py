@@ -196,8 +196,7 @@ def _measurements(
 ) -> dict[str, Any]:
     """What the run measured, moved out of ``report`` (whose bytes make the artifact's content digest: a rerun from the
     same inputs has the same digest) for the manifest: wall times, peak RSS, and the texts that name the free memory
-    (the placement's ``budget_bytes`` / ``reason``, the calibration's ``batch_size_reason`` out of ``stats``, the
-    calibration statistics the report holds)."""
+    (the placement's ``budget_bytes`` / ``reason``, the calibration's ``batch_size_reason``, out of its ``stats``)."""
     where = placement.as_dict()
     measured = {k: where.pop(k) for k in ("budget_bytes", "reason")}
     report["placement"] = where

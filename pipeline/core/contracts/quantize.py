@@ -53,16 +53,9 @@ class QuantizeResult(StageResult):
 
 @dataclasses.dataclass(frozen=True)
 class QuantStateRecord:
-    """The fields of ``quant_state.json`` (pipeline/quantize/state.py writes it) that restoring the state reads
-    (pipeline/core/quant_state.py ``load_simulated_model``).
-
-    Attributes:
-        schema: ``pipeline.quant_state/v1``.
-        recipe: ``quant.recipe`` (``none``: nothing to restore).
-        calib_dtype / calib_device: the dtype and kind of device (``cpu`` / ``cuda``) calibration ran in.
-        export_digest: the content digest of the export artifact the state was made from (None: not recorded).
-        modelopt_state: ModelOpt's ``modelopt_state`` encoded as JSON (None for ``none``).
-    """
+    """``quant_state.json`` (pipeline/quantize/state.py) as restoring the state reads it: the ``schema``, ``quant.recipe``,
+    the dtype and kind of device (``cpu`` / ``cuda``) calibration ran in, the digest of the export artifact it was made
+    from (None: not recorded) and ModelOpt's ``modelopt_state`` encoded as JSON (None for ``none``)."""
 
     schema: Any = None
     recipe: Any = None
@@ -77,13 +70,19 @@ class QuantStateRecord:
 
 
 @dataclasses.dataclass(frozen=True)
-class ExportChecks:
-    """``quant_report.json`` ``export_checks`` (pipeline/quantize/trtllm_ckpt.py ``check_trtllm_checkpoint``), as the
-    Markdown report reads it: ``patched``, the ``config.json`` fields written from the source model (``{}`` when none,
-    and when no TensorRT-LLM checkpoint was written: ``skipped``)."""
+class QuantReportNotes:
+    """The sections of ``quant_report.json`` (pipeline/quantize/report.py) its Markdown rendering lists below the table:
+    the ``calibration`` statistics (None for ``none``), the ``preflight`` facts, the ``config.json`` fields ``patched``
+    after the export (``export_checks``; ``{}`` when none or not exported), the ``warnings`` and the ``auto`` search."""
 
+    calibration: dict[str, Any] | None = None
+    preflight: dict[str, Any] = dataclasses.field(default_factory=dict)
     patched: dict[str, Any] = dataclasses.field(default_factory=dict)
+    warnings: list[str] = dataclasses.field(default_factory=list)
+    auto: dict[str, Any] | None = None
 
     @classmethod
-    def from_json(cls, d: Any) -> ExportChecks:
-        return from_fields(cls, json_object(d))
+    def from_json(cls, d: Any) -> QuantReportNotes:
+        doc = json_object(d)
+        patched = json_object(json_object(doc.get("export_checks")).get("patched"))
+        return cls(doc.get("calibration"), json_object(doc.get("preflight")), patched, doc.get("warnings") or [], doc.get("auto"))
