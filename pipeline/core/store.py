@@ -425,6 +425,8 @@ class ArtifactStore:
             return None, f"the stored artifact's {MANIFEST} is not a complete {MANIFEST_SCHEMA} manifest"
         if doc.key != key:
             return None, f"the stored artifact's {MANIFEST} records another key ({str(doc.key)[:24]})"
+        if doc.outputs is None:  # a list of files that is not an object: nothing can be checked
+            return None, f"the stored artifact's {MANIFEST} is not a complete {MANIFEST_SCHEMA} manifest"
         mismatch = "the stored artifact does not match its manifest"
         for rel, meta in doc.outputs.items():
             f = path / rel

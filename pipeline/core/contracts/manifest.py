@@ -39,7 +39,7 @@ class ArtifactManifest:
         schema / complete: ``pipeline.manifest/v1`` and ``true`` once the store published the artifact.
         key: the artifact's cache key.
         output_digest: its content digest.
-        outputs: every file it holds (relative POSIX path), with its recorded sha256 and size.
+        outputs: every file it holds (relative POSIX path), with its recorded sha256 and size (None: not an object).
         external: the external input files it was computed from (path, digest), by name.
         result: the stage's result (parsed by the stage's class, ``Artifact.result``).
         measurements: what the run measured (wall times, peak memory), ``{}`` when not recorded.
@@ -63,7 +63,7 @@ class ArtifactManifest:
     schema: Any = None
     complete: bool = False
     output_digest: Any = None
-    outputs: dict[str, OutputRecord] = dataclasses.field(default_factory=dict)
+    outputs: dict[str, OutputRecord] | None = dataclasses.field(default_factory=dict)
     external: dict[str, InputRecord] = dataclasses.field(default_factory=dict)
     result: Any = None
     measurements: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -79,7 +79,7 @@ class ArtifactManifest:
     @classmethod
     def from_json(cls, d: Any) -> ArtifactManifest:
         doc = json_object(d)
-        inputs, external = json_object(doc.get("inputs")), json_object(doc.get("external"))
+        inputs, external, outputs = json_object(doc.get("inputs")), json_object(doc.get("external")), doc.get("outputs", {})
         return cls(
             key=doc.get("key"),
             created=doc.get("created"),
@@ -92,7 +92,7 @@ class ArtifactManifest:
             schema=doc.get("schema"),
             complete=bool(doc.get("complete")),
             output_digest=doc.get("output_digest"),
-            outputs={k: OutputRecord.from_json(v) for k, v in json_object(doc.get("outputs")).items()},
+            outputs={k: OutputRecord.from_json(v) for k, v in outputs.items()} if isinstance(outputs, dict) else None,
             external={k: InputRecord.from_json(v) for k, v in external.items()},
             result=doc.get("result"),
             measurements=json_object(doc.get("measurements")),
