@@ -42,7 +42,6 @@ class ArtifactManifest:
         outputs: every file it holds (relative POSIX path), with its recorded sha256 and size (None: not an object).
         external: the external input files it was computed from (path, digest), by name.
         result: the stage's result (parsed by the stage's class, ``Artifact.result``).
-        measurements: what the run measured (wall times, peak memory), ``{}`` when not recorded.
         created: when it was published (ISO 8601 UTC).
         production: the id of the run that produced it.
         pending: a dry run's provisional artifact (not built).
@@ -66,7 +65,6 @@ class ArtifactManifest:
     outputs: dict[str, OutputRecord] | None = dataclasses.field(default_factory=dict)
     external: dict[str, InputRecord] = dataclasses.field(default_factory=dict)
     result: Any = None
-    measurements: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def config_group(self, name: str) -> Any:
         """The recorded config group ``name`` (``package`` ...); None when the manifest has none."""
@@ -95,7 +93,6 @@ class ArtifactManifest:
             outputs={k: OutputRecord.from_json(v) for k, v in outputs.items()} if isinstance(outputs, dict) else None,
             external={k: InputRecord.from_json(v) for k, v in external.items()},
             result=doc.get("result"),
-            measurements=json_object(doc.get("measurements")),
         )
 
 
