@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
+from .contracts.result import from_fields
 
 SCHEMA = "pipeline.core.decoding/v1"
 
@@ -107,12 +108,9 @@ class DecodingPolicy:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> DecodingPolicy:
-        return cls(
-            repetition_penalty=float(d.get("repetition_penalty", 1.0)),
-            sampling=dict(d.get("sampling") or {}),
-            ignored=dict(d.get("ignored") or {}),
-            source=str(d.get("source", "none")),
-        )
+        """The policy of a ``decoding.json`` document (its fields by name, :func:`pipeline.core.contracts.result.from_fields`)."""
+        p = from_fields(cls, d)
+        return cls(float(p.repetition_penalty), dict(p.sampling or {}), dict(p.ignored or {}), str(p.source))
 
 
 def _number_problem(name: str, v: Any, lo: float, hi: float, *, lo_open: bool = False, whole: bool = False) -> str | None:

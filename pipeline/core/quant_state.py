@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError, SelfCheckError
 from .contracts.export import ExportArtifact
-from .contracts.quantize import QuantizeArtifact
+from .contracts.manifest import ArtifactManifest
+from .contracts.quantize import QuantizeArtifact, QuantStateRecord
 
 if TYPE_CHECKING:
     import torch
@@ -133,22 +134,22 @@ def load_simulated_model(
     quant_dir = Path(quant_dir)
     sj = quant_dir / QUANT_STATE_JSON
     try:
-        doc = json.loads(sj.read_text(encoding="utf-8"))
+        doc = QuantStateRecord.from_json(json.loads(sj.read_text(encoding="utf-8")))
     except (OSError, ValueError) as e:
         raise InputError(f"{sj}: cannot read the quant state ({e}). Pass the quantize stage's artifact folder.") from e
-    if doc.get("schema") != QUANT_STATE_SCHEMA:
-        raise InputError(f"{sj}: schema {doc.get('schema')!r} is not {QUANT_STATE_SCHEMA!r}; re-run the quantize stage.")
+    if doc.schema != QUANT_STATE_SCHEMA:
+        raise InputError(f"{sj}: schema {doc.schema!r} is not {QUANT_STATE_SCHEMA!r}; re-run the quantize stage.")
     same_export = _check_export_digest(doc, quant_dir, Path(export_dir))
-    want = dtype or getattr(torch, doc.get("calib_dtype", "float32"))
+    want = dtype or getattr(torch, doc.calib_dtype)
     from ..core.modelio import load_causal_lm
 
     model: Any = load_causal_lm(ExportArtifact.hf_dir_of(export_dir), want, str(device))
-    if doc.get("recipe") == "none" or doc.get("modelopt_state") is None:
+    if doc.recipe == "none" or doc.modelopt_state is None:
         return model
     import modelopt.torch.opt as mto
 
     tensors, own = _open_state(quant_dir / QUANT_STATE_TENSORS)
-    state = _decode_state(doc["modelopt_state"], tensors)
+    state = _decode_state(doc.modelopt_state, tensors)
     mto.restore_from_modelopt_state(model, state)
     expected = model.state_dict(keep_vars=True)
     unexpected = [k for k in own if k not in expected]
@@ -161,7 +162,7 @@ def load_simulated_model(
         )
     _load_tensors(model, quant_dir / QUANT_STATE_TENSORS, own)
     model.eval()
-    if verify and PROBE_IDS in tensors and want == getattr(torch, doc.get("calib_dtype", "float32")):
+    if verify and PROBE_IDS in tensors and want == getattr(torch, doc.calib_dtype):
         _check_probe(model, tensors, doc, quant_dir, device, same_export)
     if dtype is not None:
         model.to(dtype)
@@ -172,16 +173,16 @@ def export_digest(export_dir: Path) -> str | None:
     """The export artifact's content digest (``output_digest`` of its ``manifest.json``, written by the store), or None
     for a bare checkpoint folder (``hf/``) or an unreadable manifest."""
     try:
-        d = json.loads((Path(export_dir) / "manifest.json").read_text(encoding="utf-8")).get("output_digest")
-    except (OSError, ValueError, AttributeError):
+        d = ArtifactManifest.from_json(json.loads((Path(export_dir) / "manifest.json").read_text(encoding="utf-8"))).output_digest
+    except (OSError, ValueError):
         return None
     return d if isinstance(d, str) else None
 
 
-def _check_export_digest(doc: dict[str, Any], quant_dir: Path, export_dir: Path) -> bool:
+def _check_export_digest(doc: QuantStateRecord, quant_dir: Path, export_dir: Path) -> bool:
     """InputError when the quant state records the export artifact it was made from and ``export_dir`` is another one;
     True when both digests are known and equal (False: cannot tell, e.g. a bare ``hf/`` folder)."""
-    made_from, given = doc.get("export_digest"), export_digest(export_dir)
+    made_from, given = doc.export_digest, export_digest(export_dir)
     if made_from and given and made_from != given:
         raise InputError(
             f"{quant_dir}: this quant state was made from the export artifact with digest {made_from[:16]}..., but "
@@ -192,7 +193,7 @@ def _check_export_digest(doc: dict[str, Any], quant_dir: Path, export_dir: Path)
 
 
 def _check_probe(
-    model: Any, tensors: dict[str, torch.Tensor], doc: dict[str, Any], quant_dir: Path, device: str, same_export: bool
+    model: Any, tensors: dict[str, torch.Tensor], doc: QuantStateRecord, quant_dir: Path, device: str, same_export: bool
 ) -> None:
     """The restored model reproduces the calibrated model's logits on the stored probe, compared like with like.
 
@@ -205,7 +206,7 @@ def _check_probe(
     state belongs to is checked by digest instead (:func:`_check_export_digest`)."""
     import torch
 
-    calib_kind = "cpu" if doc.get("calib_device", "cpu") == "cpu" else "cuda"
+    calib_kind = "cpu" if doc.calib_device == "cpu" else "cuda"
     if torch.device(device).type != calib_kind:
         log.info("quant state probe not compared: calibrated on %s, restored on %s (other kernels)", calib_kind, device)
         return
@@ -213,7 +214,7 @@ def _check_probe(
     with torch.no_grad():
         got = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits.float()
     want = tensors[PROBE_LOGITS].to(got.device)
-    tol = PROBE_TOLERANCE.get(str(doc.get("calib_dtype", "float32")), PROBE_TOLERANCE["float32"])
+    tol = PROBE_TOLERANCE.get(str(doc.calib_dtype), PROBE_TOLERANCE["float32"])
     if calib_kind != "cpu":  # bounded by the dtype's rounding, scaled by the logits' size
         tol = max(tol, PROBE_TOLERANCE["bfloat16"]) * max(1.0, float(want.abs().max()))
     if got.shape != want.shape or not torch.allclose(got, want, rtol=tol, atol=tol):
@@ -226,7 +227,7 @@ def _check_probe(
             )
         raise SelfCheckError(
             f"{quant_dir}: self-check failed: the model restored from the quant state does not reproduce the calibrated "
-            f"model's logits on the stored probe on the same kind of device ({calib_kind}, {doc.get('calib_dtype')}; max "
+            f"model's logits on the stored probe on the same kind of device ({calib_kind}, {doc.calib_dtype}; max "
             f"|diff| {diff}, tolerance {tol:.3g}). The export artifact is the one the state was made from (digest "
             "checked), so what was saved differs from what was calibrated: a pipeline fault. Report it with the "
             "quant_report.json (placement) and re-run with force=true."

@@ -331,7 +331,7 @@ class Artifact:
     def result(self) -> StageResult:
         """The stage's typed result (``manifest.json`` ``result`` parsed by the stage's class,
         :data:`pipeline.core.contracts.result.STAGE_RESULTS`: ``ExportResult`` ... ``BenchmarkResult``)."""
-        return result_class(self.stage).from_json(self.manifest.get("result"))
+        return result_class(self.stage).from_json(self.doc.result)
 
     def result_as(self, cls: type[R]) -> R:
         """:attr:`result` as ``cls`` (the stage's result class, e.g. ``EvalResult``); TypeError for another stage's."""
@@ -420,23 +420,26 @@ class ArtifactStore:
             manifest = json.loads(mf.read_text(encoding="utf-8"))
         except (OSError, ValueError) as e:
             return None, f"the stored artifact has no readable {MANIFEST} ({type(e).__name__})"
-        if not isinstance(manifest, dict) or manifest.get("schema") != MANIFEST_SCHEMA or not manifest.get("complete"):
+        doc = ArtifactManifest.from_json(manifest)
+        if doc.schema != MANIFEST_SCHEMA or not doc.complete:
             return None, f"the stored artifact's {MANIFEST} is not a complete {MANIFEST_SCHEMA} manifest"
-        if manifest.get("key") != key:
-            return None, f"the stored artifact's {MANIFEST} records another key ({str(manifest.get('key'))[:24]})"
+        if doc.key != key:
+            return None, f"the stored artifact's {MANIFEST} records another key ({str(doc.key)[:24]})"
+        if doc.outputs is None:  # a list of files that is not an object: nothing can be checked
+            return None, f"the stored artifact's {MANIFEST} is not a complete {MANIFEST_SCHEMA} manifest"
         mismatch = "the stored artifact does not match its manifest"
-        for rel, meta in manifest.get("outputs", {}).items():
+        for rel, meta in doc.outputs.items():
             f = path / rel
             try:
                 size = f.stat().st_size
             except OSError:
-                return None, f"{mismatch} ({rel}: missing, {meta.get('bytes')} bytes recorded)"
-            if size != meta.get("bytes"):
-                return None, f"{mismatch} ({rel}: size {size} != {meta.get('bytes')} recorded)"
+                return None, f"{mismatch} ({rel}: missing, {meta.bytes} bytes recorded)"
+            if size != meta.bytes:
+                return None, f"{mismatch} ({rel}: size {size} != {meta.bytes} recorded)"
             if verify:
                 digest = sha256_file(f)
-                if digest != meta.get("sha256"):
-                    return None, f"{mismatch} ({rel}: sha256 {digest[:12]} != {str(meta.get('sha256'))[:12]} recorded)"
+                if digest != meta.sha256:
+                    return None, f"{mismatch} ({rel}: sha256 {digest[:12]} != {str(meta.sha256)[:12]} recorded)"
         return Artifact(stage, key, path, manifest), None
 
     def set_aside(self, stage: str, key: str) -> Path | None:
@@ -467,8 +470,8 @@ class ArtifactStore:
             if d.name.startswith(".") or not d.is_dir():
                 continue
             try:
-                key = json.loads((d / MANIFEST).read_text(encoding="utf-8")).get("key")
-            except (OSError, ValueError, AttributeError):
+                key = ArtifactManifest.from_json(json.loads((d / MANIFEST).read_text(encoding="utf-8"))).key
+            except (OSError, ValueError):
                 continue
             if not isinstance(key, str) or self.path_for(stage, key) != d:
                 continue

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..core.contracts.quantize import QuantReportNotes
 from ..facts.recipes import RECIPES, Recipe
 from .calibrate import _Calibration
 from .common import KV_CACHE, _linear_modules, _version, log
@@ -183,24 +184,24 @@ def render_report_md(r: dict[str, Any]) -> str:
         f"| TensorRT-LLM rank files | {r['bytes']['trtllm_rank_files'] / mb:.2f} MiB |",
         f"| compression (source / rank files) | {r['compression']} |",
     ]
-    cal = r.get("calibration")
+    notes = QuantReportNotes.from_json(r)
+    cal = notes.calibration
     if cal:
         lines += [
             f"| calibration samples | {cal['used']} used of {cal['requested']} requested ({cal['available']} read, "
             f"{cal['blank_dropped']} blank dropped, {cal['short']} short, {cal['truncated']} truncated) |",
-            f"| calibration tokens / batches | {cal['tokens']} ({cal.get('tokens_trimmed')} trimmed to keep batches padding-free) / {cal.get('batches')} |",
+            f"| calibration tokens / batches | {cal['tokens']} ({cal['tokens_trimmed']} trimmed to keep batches padding-free) / {cal['batches']} |",
             f"| pad token | {cal['pad_token']!r}{' (set by the pipeline)' if cal['pad_token_set'] else ''} |",
         ]
     lines.append("")
-    pre = r.get("preflight") or {}
     for k in ("vocab_padding", "kv_heads_replicated", "target_gpu"):
-        if k in pre:
-            lines.append(f"- {k}: {pre[k]}")
-    if r["export_checks"].get("patched"):
-        lines.append(f"- config.json fields written from the source model (exporter omitted them): {r['export_checks']['patched']}")
-    for w in r.get("warnings") or []:
+        if k in notes.preflight:
+            lines.append(f"- {k}: {notes.preflight[k]}")
+    if notes.patched:
+        lines.append(f"- config.json fields written from the source model (exporter omitted them): {notes.patched}")
+    for w in notes.warnings:
         lines.append(f"- warning: {w}")
-    auto = r.get("auto")
+    auto = notes.auto
     if auto:
         eb = auto["effective_bits"]
         lines += [

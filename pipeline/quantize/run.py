@@ -111,10 +111,11 @@ def _quantize(cfg: Any, export_dir: Path, calib_path: Path | None, out: Path, pr
     offload_dir = out / ".offload"
     with step("load"):
         src = _load_source(cfg, export_dir, offload_dir)
-    cal = _Calibration()
+    cal, calibration_s = _Calibration(), 0.0
     if qcfg.recipe != "none":
         with step("calibration"):
             cal = _calibrate(cfg, src, calib_path, progress, seed, resume_dir)
+        calibration_s = step.timings["calibration_s"]
     precisions = module_precisions(
         src.model,
         src.excluded,
@@ -132,7 +133,7 @@ def _quantize(cfg: Any, export_dir: Path, calib_path: Path | None, out: Path, pr
     shutil.rmtree(offload_dir, ignore_errors=True)
     timings = {**step.timings, "total_s": time.time() - t0}
     report = _quant_report(qcfg, parallel, src, cal, exported, precisions, quant_algo, hf_notes)
-    measured = _measurements(report, src.placement, step, timings)
+    measured = _measurements(report, cal.stats, src.placement, step, timings)
     report["placement"]["resumed_at_layer"] = cal.resumed_at[0] if cal.resumed_at else None
     from ..core.store import write_json_atomic
 
@@ -149,7 +150,7 @@ def _quantize(cfg: Any, export_dir: Path, calib_path: Path | None, out: Path, pr
         "kv_cache_quant_algo": KV_CACHE[qcfg.kv_cache_dtype][0],
         "tp_size": int(parallel.tp_size),
         "pp_size": int(parallel.pp_size),
-        "calibration_s": round(timings.get("calibration_s", 0.0), 3),
+        "calibration_s": round(calibration_s, 3),
         "placement": report["placement"],
         "cuda_extension": cal.cuda_extension,
         "warnings": report["warnings"],
@@ -190,10 +191,12 @@ def _exports(
     return exported, hf_notes
 
 
-def _measurements(report: dict[str, Any], placement: Placement, step: _Steps, timings: dict[str, float]) -> dict[str, Any]:
+def _measurements(
+    report: dict[str, Any], stats: dict[str, Any] | None, placement: Placement, step: _Steps, timings: dict[str, float]
+) -> dict[str, Any]:
     """What the run measured, moved out of ``report`` (whose bytes make the artifact's content digest: a rerun from the
     same inputs has the same digest) for the manifest: wall times, peak RSS, and the texts that name the free memory
-    (the placement's ``budget_bytes`` / ``reason``, the calibration's ``batch_size_reason``)."""
+    (the placement's ``budget_bytes`` / ``reason``, the calibration's ``batch_size_reason``, out of its ``stats``)."""
     where = placement.as_dict()
     measured = {k: where.pop(k) for k in ("budget_bytes", "reason")}
     report["placement"] = where
@@ -201,5 +204,5 @@ def _measurements(report: dict[str, Any], placement: Placement, step: _Steps, ti
         "timings_s": {k: round(v, 3) for k, v in timings.items()},
         "peak_rss_bytes": step.peaks,
         "placement": measured,
-        "batch_size_reason": (report.get("calibration") or {}).pop("batch_size_reason", None),
+        "batch_size_reason": (stats or {}).pop("batch_size_reason", None),
     }

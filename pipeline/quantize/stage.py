@@ -33,7 +33,7 @@ def _extras(cfg: Any, inputs: dict) -> dict[str, Any]:
     # the calibration settings change the bytes only when something is calibrated; the target GPU
     # only decides whether the recipe is refused, but keying on it makes that check run on a cache hit.
     cal = key_fields(cfg.calibration) if cfg.quant.recipe != "none" else None
-    if cal is not None and cal.get("format") != "hf":
+    if cal is not None and cfg.calibration.format != "hf":
         cal.pop("hf_dataset", None)
         cal.pop("hf_split", None)
     return {"calibration": cal, "target_gpu": getattr(cfg.target, "gpu", None)}

@@ -22,9 +22,7 @@ from .preflight import _Source
 AWQ_VOCAB_MULTIPLE = 64
 
 
-def check_trtllm_checkpoint(
-    ckpt: Path, facts: dict[str, Any], qcfg: Any, pre: dict[str, Any], parallel: Any, quant_algo: str | None = None
-) -> dict[str, Any]:
+def check_trtllm_checkpoint(ckpt: Path, facts: dict[str, Any], qcfg: Any, parallel: Any, quant_algo: str | None = None) -> dict[str, Any]:
     """Repair known exporter omissions, then verify the TensorRT-LLM checkpoint against the source model.
 
     Repair (recorded in the result's ``patched``): ModelOpt 0.47 reads ``rope_theta``/``rope_scaling`` as
@@ -37,7 +35,8 @@ def check_trtllm_checkpoint(
     ``head_size``, ``num_hidden_layers``, ``norm_epsilon`` equal the source's; ``quant_algo`` and
     ``kv_cache_quant_algo`` are the recipe's (``quant_algo`` overrides it: quant=auto's result); ``mapping`` has ``parallel``'s tp/pp; one
     ``rank{N}.safetensors`` per rank; with a quantized KV cache every attention layer has a finite,
-    positive ``kv_cache_scaling_factor``; embedding/lm_head shards have ``padded_vocab / tp`` rows.
+    positive ``kv_cache_scaling_factor``; embedding/lm_head shards have ``padded_vocab / tp`` rows (the vocabulary padded
+    to a multiple of tp_size, as preflight records it, or ModelOpt's AWQ padding).
     """
     cpath = ckpt / "config.json"
     c = json.loads(cpath.read_text(encoding="utf-8"))
@@ -47,7 +46,7 @@ def check_trtllm_checkpoint(
     tp, pp = int(parallel.tp_size), int(parallel.pp_size)
     errs = _config_mismatches(c, facts, qcfg, algo, awq_padded, tp, pp)
     scan = _scan_ranks(ckpt, tp)
-    errs += _rank_mismatches(scan, facts, qcfg, pre, awq_padded, tp, pp)
+    errs += _rank_mismatches(scan, facts, qcfg, awq_padded, tp, pp)
     if errs:
         raise InputError(
             f"{cpath}: the exported TensorRT-LLM checkpoint does not match the source model:\n"
@@ -189,9 +188,7 @@ def _scan_ranks(ckpt: Path, tp: int) -> _RankScan:
     return _RankScan(ranks, shard_rows, {offsets.get(pr, 0) + local: v for (pr, local), v in kv_local.items()})
 
 
-def _rank_mismatches(
-    scan: _RankScan, facts: dict[str, Any], qcfg: Any, pre: dict[str, Any], awq_padded: int | None, tp: int, pp: int
-) -> list[str]:
+def _rank_mismatches(scan: _RankScan, facts: dict[str, Any], qcfg: Any, awq_padded: int | None, tp: int, pp: int) -> list[str]:
     """:func:`check_trtllm_checkpoint`: one rank file per rank, embedding shard rows, KV-cache scales."""
     import math
 
@@ -199,7 +196,7 @@ def _rank_mismatches(
     world = tp * pp
     if [p.name for p in scan.ranks] != [f"rank{i}.safetensors" for i in range(world)]:
         errs.append(f"rank files: {[p.name for p in scan.ranks]} (expected rank0..rank{world - 1}.safetensors)")
-    padded = (pre.get("vocab_padding") or {}).get("padded", facts["vocab_size"])
+    padded = -(-facts["vocab_size"] // tp) * tp  # preflight's vocab_padding (quant.vocab_padding=reject stopped before)
     if awq_padded:
         padded = -(-awq_padded // tp) * tp
     if scan.shard_rows and scan.shard_rows != {padded // tp}:
@@ -253,5 +250,5 @@ def _export_trtllm(out: Path, qcfg: Any, parallel: Any, src: _Source, model: Any
             inference_tensor_parallel=int(parallel.tp_size),
             inference_pipeline_parallel=int(parallel.pp_size),
         )
-    post = check_trtllm_checkpoint(ckpt, src.facts, qcfg, src.pre, parallel, quant_algo=checked_quant_algo)
+    post = check_trtllm_checkpoint(ckpt, src.facts, qcfg, parallel, quant_algo=checked_quant_algo)
     return _Exported(ckpt, post, [])

@@ -42,6 +42,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..core.contracts.manifest import ArtifactManifest, StatementRecord
 from ..core.contracts.package import PackageArtifact
 from ..errors import InputError
 
@@ -76,22 +77,21 @@ def _upstream(artifacts: Mapping[str, Any]) -> list[dict[str, Any]]:
     """SLSA ``resolvedDependencies``: every upstream artifact (``artifact:<stage>``, output digest) and every external
     input of it (``<stage>:<name>``, content digest), found through the manifests' ``inputs`` (no paths recorded)."""
     deps: dict[str, dict[str, Any]] = {}
-    todo = [(stage, Path(a.path), a.manifest) for stage, a in artifacts.items()]
+    todo: list[tuple[str, ArtifactManifest]] = [(stage, a.doc) for stage, a in artifacts.items()]
     while todo:
-        stage, path, mf = todo.pop()
+        stage, mf = todo.pop()
         name = f"artifact:{stage}"
         if name in deps:
             continue
-        deps[name] = {"name": name, "digest": {"sha256": str(mf.get("output_digest", ""))}}
-        for ext, rec in (mf.get("external") or {}).items():
-            deps[f"{stage}:{ext}"] = {"name": f"{stage}:{ext}", "digest": {"sha256": str(rec.get("digest"))}}
-        for up, rec in (mf.get("inputs") or {}).items():
-            p = Path(str(rec.get("path", "")))
+        deps[name] = {"name": name, "digest": {"sha256": str(mf.output_digest)}}
+        for ext, rec in mf.external.items():
+            deps[f"{stage}:{ext}"] = {"name": f"{stage}:{ext}", "digest": {"sha256": str(rec.digest)}}
+        for up, rec in mf.inputs.items():
             try:
-                up_mf = json.loads((p / "manifest.json").read_text(encoding="utf-8"))
+                up_mf = ArtifactManifest.from_json(json.loads((Path(str(rec.path)) / "manifest.json").read_text(encoding="utf-8")))
             except (OSError, ValueError):
-                up_mf = {"output_digest": rec.get("digest")}
-            todo.append((up, p, up_mf))
+                up_mf = ArtifactManifest(output_digest=rec.digest)
+            todo.append((up, up_mf))
     return [deps[k] for k in sorted(deps)]
 
 
@@ -163,23 +163,23 @@ def check_statement(statement_path: Path, release_dir: Path, extracted: Path) ->
 
     try:
         st = json.loads(statement_path.read_text(encoding="utf-8"))
-        subjects = {str(s["name"]): str(s["digest"]["sha256"]) for s in st["subject"]}
+        record = StatementRecord.from_json(st)
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise InputError(f"{statement_path}: not a readable in-toto Statement ({e}). Fix: download the release again.") from None
-    if st.get("_type") != STATEMENT_TYPE or st.get("predicateType") != PREDICATE_TYPE:
+    if record.statement_type != STATEMENT_TYPE or record.predicate_type != PREDICATE_TYPE:
         raise InputError(
-            f"{statement_path}: _type {st.get('_type')!r} / predicateType {st.get('predicateType')!r}, expected "
+            f"{statement_path}: _type {record.statement_type!r} / predicateType {record.predicate_type!r}, expected "
             f"{STATEMENT_TYPE!r} / {PREDICATE_TYPE!r}. Fix: download the release again."
         )
     inside = {p.relative_to(extracted).as_posix() for p in extracted.rglob("*") if p.is_file()}
-    for name, want in sorted(subjects.items()):
+    for name, want in sorted(record.subjects.items()):
         if name.startswith("/") or ".." in name.split("/"):
             raise InputError(
                 f"{statement_path}: subject {name!r} points outside the release; refusing it. Fix: download the release again."
             )
         f = (extracted / name) if "/" in name else release_dir / name  # archive members are "<name>/...": never flat
         check_sha256(f, want, f"{statement_path.name} (subject {name!r})")
-    extra = sorted(inside - set(subjects))
+    extra = sorted(inside - set(record.subjects))
     if extra:
         raise InputError(
             f"{extracted / extra[0]}: in the archive but not a subject of {statement_path.name}. Fix: download the release again."

@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..core.contracts.manifest import DsseEnvelope
 from ..core.contracts.package import PackageArtifact
 from ..errors import InputError
 
@@ -260,17 +261,17 @@ def dsse_verify(envelope_path: Path, public_key: str) -> bytes:
     from cryptography.hazmat.primitives.asymmetric import ec
 
     try:
-        env = json.loads(envelope_path.read_text(encoding="utf-8"))
-        body = base64.b64decode(env["payload"], validate=True)
+        env = DsseEnvelope.from_json(json.loads(envelope_path.read_text(encoding="utf-8")))
+        body = base64.b64decode(env.payload, validate=True)
         pub = serialization.load_pem_public_key(Path(os.path.expanduser(public_key)).read_bytes())
-        sigs = [base64.b64decode(s["sig"]) for s in env["signatures"]]
+        sigs = [base64.b64decode(s) for s in env.signatures]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise InputError(f"{envelope_path}: not a readable DSSE envelope ({e}). Fix: download the release again.") from None
     if not isinstance(pub, ec.EllipticCurvePublicKey):
         raise InputError(f"{public_key}: not an elliptic-curve public key. Fix: give the signer's PEM public key.")
     for sig in sigs:
         try:
-            pub.verify(sig, _pae(str(env.get("payloadType")), body), ec.ECDSA(_hash_for(pub.curve.key_size)))
+            pub.verify(sig, _pae(str(env.payload_type), body), ec.ECDSA(_hash_for(pub.curve.key_size)))
             return body
         except InvalidSignature:
             continue

@@ -378,7 +378,7 @@ def test_export_checks_catch_wrong_fields_and_bad_kv_scales(runs, export_dir, tm
     shutil.copytree(out / "trtllm_checkpoint", ck)
     facts = source_facts(export_dir / "hf")
     q = compose(["quant=int8_sq", "quant.kv_cache_dtype=int8"]).quant
-    assert check_trtllm_checkpoint(ck, facts, q, {}, _par())["kv_cache_scales"]
+    assert check_trtllm_checkpoint(ck, facts, q, _par())["kv_cache_scales"]
     c = json.loads((ck / "config.json").read_text())
     c.update(rotary_base=20000.0, norm_epsilon=1e-5, num_key_value_heads=4)
     (ck / "config.json").write_text(json.dumps(c))
@@ -387,7 +387,7 @@ def test_export_checks_catch_wrong_fields_and_bad_kv_scales(runs, export_dir, tm
     del t["transformer.layers.0.attention.kv_cache_scaling_factor"]
     save_file(t, str(ck / "rank0.safetensors"))
     with pytest.raises(InputError) as e:
-        check_trtllm_checkpoint(ck, facts, q, {}, _par())
+        check_trtllm_checkpoint(ck, facts, q, _par())
     msg = str(e.value)
     for s in (
         "rotary_base: exported 20000.0 != source 10000.0",

@@ -17,8 +17,8 @@ from .result import from_fields, json_object
 
 @dataclasses.dataclass(frozen=True)
 class InputRecord:
-    """``manifest.json`` ``inputs.<stage>``: the upstream artifact this one was computed from (None where the record
-    lacks a field)."""
+    """``manifest.json`` ``inputs.<stage>``: the upstream artifact this one was computed from, or ``external.<name>``:
+    an external input file (``path``, ``digest``) (None where the record lacks a field)."""
 
     path: Any = None
     digest: Any = None
@@ -32,10 +32,16 @@ class InputRecord:
 
 @dataclasses.dataclass(frozen=True)
 class ArtifactManifest:
-    """The fields of an artifact's ``manifest.json`` read outside the store.
+    """The fields of an artifact's ``manifest.json`` (the store checks ``schema``, ``complete``, ``key`` and
+    ``outputs`` before it trusts an artifact, pipeline/core/store.py ``ArtifactStore.inspect``).
 
     Attributes:
+        schema / complete: ``pipeline.manifest/v1`` and ``true`` once the store published the artifact.
         key: the artifact's cache key.
+        output_digest: its content digest.
+        outputs: every file it holds (relative POSIX path), with its recorded sha256 and size (None: not an object).
+        external: the external input files it was computed from (path, digest), by name.
+        result: the stage's result (parsed by the stage's class, ``Artifact.result``).
         created: when it was published (ISO 8601 UTC).
         production: the id of the run that produced it.
         pending: a dry run's provisional artifact (not built).
@@ -53,6 +59,12 @@ class ArtifactManifest:
     inputs: dict[str, InputRecord] = dataclasses.field(default_factory=dict)
     config: dict[str, Any] = dataclasses.field(default_factory=dict)
     key_document: dict[str, Any] = dataclasses.field(default_factory=dict)
+    schema: Any = None
+    complete: bool = False
+    output_digest: Any = None
+    outputs: dict[str, OutputRecord] | None = dataclasses.field(default_factory=dict)
+    external: dict[str, InputRecord] = dataclasses.field(default_factory=dict)
+    result: Any = None
 
     def config_group(self, name: str) -> Any:
         """The recorded config group ``name`` (``package`` ...); None when the manifest has none."""
@@ -65,17 +77,68 @@ class ArtifactManifest:
     @classmethod
     def from_json(cls, d: Any) -> ArtifactManifest:
         doc = json_object(d)
-        inputs = doc.get("inputs") or {}
+        inputs, external, outputs = json_object(doc.get("inputs")), json_object(doc.get("external")), doc.get("outputs", {})
         return cls(
             key=doc.get("key"),
             created=doc.get("created"),
             production=doc.get("production"),
             pending=bool(doc.get("pending")),
             memory=doc.get("memory"),
-            inputs={k: InputRecord.from_json(v) for k, v in inputs.items()} if isinstance(inputs, dict) else {},
+            inputs={k: InputRecord.from_json(v) for k, v in inputs.items()},
             config=json_object(doc.get("config")),
             key_document=json_object(doc.get("key_document")),
+            schema=doc.get("schema"),
+            complete=bool(doc.get("complete")),
+            output_digest=doc.get("output_digest"),
+            outputs={k: OutputRecord.from_json(v) for k, v in outputs.items()} if isinstance(outputs, dict) else None,
+            external={k: InputRecord.from_json(v) for k, v in external.items()},
+            result=doc.get("result"),
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputRecord:
+    """``manifest.json`` ``outputs.<file>``: the file's recorded sha256 and size in bytes (None where the record lacks
+    a field)."""
+
+    sha256: Any = None
+    bytes: Any = None
+
+    @classmethod
+    def from_json(cls, d: Any) -> OutputRecord:
+        return from_fields(cls, json_object(d))
+
+
+@dataclasses.dataclass(frozen=True)
+class StatementRecord:
+    """A release's in-toto Statement as this project writes it (``release/provenance.intoto.json``,
+    pipeline/release/provenance.py): its ``_type``, its ``predicateType`` and each subject's sha256 by name."""
+
+    subjects: dict[str, str]
+    statement_type: Any = None
+    predicate_type: Any = None
+
+    @classmethod
+    def from_json(cls, d: Any) -> StatementRecord:
+        """KeyError / TypeError for a document without ``subject`` or a subject without ``name`` / ``digest.sha256``."""
+        subjects = {str(s["name"]): str(s["digest"]["sha256"]) for s in d["subject"]}
+        return cls(subjects, d.get("_type"), d.get("predicateType"))
+
+
+@dataclasses.dataclass(frozen=True)
+class DsseEnvelope:
+    """The DSSE envelope of a release's provenance statement as this project signs it
+    (``release/provenance.intoto.dsse.json``, pipeline/release/signing.py ``dsse_sign``): the base64 payload, the base64
+    signatures and the payload type."""
+
+    payload: Any
+    signatures: list[Any]
+    payload_type: Any = None
+
+    @classmethod
+    def from_json(cls, d: Any) -> DsseEnvelope:
+        """KeyError / TypeError for a document without ``payload`` or ``signatures``, or a signature without ``sig``."""
+        return cls(d["payload"], [s["sig"] for s in d["signatures"]], d.get("payloadType"))
 
 
 @dataclasses.dataclass(frozen=True)

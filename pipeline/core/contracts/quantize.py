@@ -6,7 +6,7 @@ import dataclasses
 from typing import Any, ClassVar
 
 from ..artifacts import FolderName, PathOf, StageArtifact
-from .result import StageResult
+from .result import StageResult, from_fields, json_object
 
 
 class QuantizeArtifact(StageArtifact):
@@ -49,3 +49,40 @@ class QuantizeResult(StageResult):
     placement: dict[str, Any] = dataclasses.field(default_factory=dict)
     cuda_extension: dict[str, Any] | None = None
     warnings: list[str] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantStateRecord:
+    """``quant_state.json`` (pipeline/quantize/state.py) as restoring the state reads it: the ``schema``, ``quant.recipe``,
+    the dtype and kind of device (``cpu`` / ``cuda``) calibration ran in, the digest of the export artifact it was made
+    from (None: not recorded) and ModelOpt's ``modelopt_state`` encoded as JSON (None for ``none``)."""
+
+    schema: Any = None
+    recipe: Any = None
+    calib_dtype: Any = "float32"
+    calib_device: Any = "cpu"
+    export_digest: Any = None
+    modelopt_state: Any = None
+
+    @classmethod
+    def from_json(cls, d: Any) -> QuantStateRecord:
+        return from_fields(cls, json_object(d))
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantReportNotes:
+    """The sections of ``quant_report.json`` (pipeline/quantize/report.py) its Markdown rendering lists below the table:
+    the ``calibration`` statistics (None for ``none``), the ``preflight`` facts, the ``config.json`` fields ``patched``
+    after the export (``export_checks``; ``{}`` when none or not exported), the ``warnings`` and the ``auto`` search."""
+
+    calibration: dict[str, Any] | None = None
+    preflight: dict[str, Any] = dataclasses.field(default_factory=dict)
+    patched: dict[str, Any] = dataclasses.field(default_factory=dict)
+    warnings: list[str] = dataclasses.field(default_factory=list)
+    auto: dict[str, Any] | None = None
+
+    @classmethod
+    def from_json(cls, d: Any) -> QuantReportNotes:
+        doc = json_object(d)
+        patched = json_object(json_object(doc.get("export_checks")).get("patched"))
+        return cls(doc.get("calibration"), json_object(doc.get("preflight")), patched, doc.get("warnings") or [], doc.get("auto"))
