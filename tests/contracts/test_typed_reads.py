@@ -85,7 +85,6 @@ FOREIGN_READERS: dict[str, str] = {
 
 STILL_READING_OWN_DOCUMENTS: dict[str, int] = {
     "pipeline.bench.gpu_check": 43,
-    "pipeline.bench.scale": 29,
     "pipeline.benchmark.core": 12,
     "pipeline.benchmark.report": 22,
     "pipeline.benchmark.roofline": 9,
