@@ -12,6 +12,7 @@ Exit codes: 0; 4 (PreflightError) when a ``--require``d target cannot run here.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -49,47 +50,70 @@ def _version(dist: str) -> str | None:
     return hostinfo.installed_version(dist)
 
 
-def _serve_env(root: Path) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class ServeEnv:
+    """Facts about the serving virtualenv (``.venv-serve``) and the Triton server inside it: ``python`` and
+    ``site_packages`` are probed when the virtualenv exists, the rest when its site-packages does."""
+
+    venv: str
+    exists: bool
+    python: str | None = None
+    site_packages: str | None = None
+    nvidia_pytriton: str | None = None
+    numpy: str | None = None
+    tritonclient: str | None = None
+    tritonserver: str | None = None
+    tritonserver_executable: bool = False
+    python_backend_stub: str | None = None
+    python_backend_dir: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The report's ``serve``: the facts probed (``venv`` and ``exists``; then ``python``, ``site_packages``...)."""
+        d = dataclasses.asdict(self)
+        return dict(list(d.items())[: 2 if not self.exists else 4 if self.site_packages is None else len(d)])
+
+
+def _serve_env(root: Path) -> ServeEnv:
     """Facts about the serving virtualenv (``.venv-serve``) and the Triton server inside it."""
     venv = root / ".venv-serve"
-    out: dict[str, Any] = {"venv": str(venv), "exists": venv.is_dir()}
     if not venv.is_dir():
-        return out
+        return ServeEnv(str(venv), False)
     pyver = None
     cfgf = venv / "pyvenv.cfg"
     if cfgf.is_file():
         m = re.search(r"^version(?:_info)?\s*=\s*(\d+)\.(\d+)", cfgf.read_text(encoding="utf-8", errors="replace"), re.M)
         if m:
             pyver = f"{m.group(1)}.{m.group(2)}"
-    out["python"] = pyver
     sites = sorted(venv.glob("lib/python*/site-packages"))
-    site = sites[0] if sites else None
-    out["site_packages"] = str(site) if site else None
-    if site is None:
-        return out
+    if not sites:
+        return ServeEnv(str(venv), True, pyver)
+    site = sites[0]
 
     def dist_version(prefix: str) -> str | None:
         for d in site.glob(f"{prefix}-*.dist-info"):
             return d.name[len(prefix) + 1 : -len(".dist-info")]
         return None
 
-    out["nvidia_pytriton"] = dist_version("nvidia_pytriton")
-    out["numpy"] = dist_version("numpy")
-    out["tritonclient"] = dist_version("tritonclient")
     ts = site / "pytriton" / "tritonserver"
     binary = ts / "bin" / "tritonserver"
-    out["tritonserver"] = str(binary) if binary.is_file() else None
-    out["tritonserver_executable"] = bool(binary.is_file() and os.access(binary, os.X_OK))
     stub = ts / "python_backend_stubs" / (pyver or "?") / "triton_python_backend_stub"
-    out["python_backend_stub"] = str(stub) if stub.is_file() else None
-    out["python_backend_dir"] = str(ts / "backends" / "python") if (ts / "backends" / "python").is_dir() else None
-    return out
+    return ServeEnv(
+        str(venv),
+        True,
+        pyver,
+        str(site),
+        nvidia_pytriton=dist_version("nvidia_pytriton"),
+        numpy=dist_version("numpy"),
+        tritonclient=dist_version("tritonclient"),
+        tritonserver=str(binary) if binary.is_file() else None,
+        tritonserver_executable=bool(binary.is_file() and os.access(binary, os.X_OK)),
+        python_backend_stub=str(stub) if stub.is_file() else None,
+        python_backend_dir=str(ts / "backends" / "python") if (ts / "backends" / "python").is_dir() else None,
+    )
 
 
 def collect(root: Path | None = None) -> dict[str, Any]:
     """The doctor report as a dict (the ``--json`` output)."""
-    from .core import hostinfo
-
     root = root or Path(__file__).resolve().parents[1]
     pkgs = {p: _version(p) for p in PACKAGES}
     gpus = hostinfo.gpus()
@@ -119,14 +143,14 @@ def collect(root: Path | None = None) -> dict[str, Any]:
     targets["tensorrt_llm"] = {"ok": not why, "why": ["legacy engine path (TensorRT-LLM 1.2.x)"] + (why or ["engine builds possible"])}
     targets["tensorrt_llm_pytorch"] = _pytorch_backend(pkgs, gpus)
     why = []
-    if not serve.get("exists"):
-        why.append(f"{serve['venv']} missing (make serve-env)")
+    if not serve.exists:
+        why.append(f"{serve.venv} missing (make serve-env)")
     else:
-        if not serve.get("tritonserver"):
+        if not serve.tritonserver:
             why.append("tritonserver binary not found (pip install --no-deps nvidia-pytriton==0.7.0 into .venv-serve)")
-        if not serve.get("python_backend_stub"):
-            why.append(f"no Python-backend stub for Python {serve.get('python')}")
-        npv = serve.get("numpy")
+        if not serve.python_backend_stub:
+            why.append(f"no Python-backend stub for Python {serve.python}")
+        npv = serve.numpy
         if npv and int(npv.split(".")[0]) >= 2:
             why.append(f"numpy {npv} in .venv-serve: Triton 2.51's Python backend corrupts tensors with numpy 2; install numpy<2 there")
     targets["triton_serving"] = {"ok": not why, "why": why or ["Triton server (Python backend) can start on this host"]}
@@ -142,7 +166,7 @@ def collect(root: Path | None = None) -> dict[str, Any]:
         "gpus": gpus,
         "driver": gpus[0].get("driver") if gpus else None,
         "trtllm_build": trtllm_build,
-        "serve": serve,
+        "serve": serve.to_json(),
         "targets": targets,
     }
 
@@ -182,11 +206,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         t.add_row("driver", str(rep["driver"] or "-"))
         t.add_row("trtllm-build", rep["trtllm_build"] or "[dim]not on PATH[/]")
-        s = rep["serve"]
+        s = ServeEnv(**rep["serve"])
         t.add_row(
             "tritonserver",
-            f"{s.get('tritonserver') or 'not found'} (nvidia-pytriton {s.get('nvidia_pytriton')}, "
-            f"serve Python {s.get('python')}, numpy {s.get('numpy')})",
+            f"{s.tritonserver or 'not found'} (nvidia-pytriton {s.nvidia_pytriton}, serve Python {s.python}, numpy {s.numpy})",
         )
         con.print(t)
         tt = Table(title="targets on this host")

@@ -39,7 +39,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..core.contracts.bench import GpuShape
 from .scale import RUN_ARGS as SCALE_RUN_ARGS
+from .scale import _pipeline, quantize_record, stage_records
 from .shapes import ROOT, SHAPES, make_shape, parameter_count
 
 #: the scale ladder's int4 AWQ calibration (pipeline/bench/scale.py), at a fixed batch: every placement and shape sees
@@ -47,11 +49,6 @@ from .shapes import ROOT, SHAPES, make_shape, parameter_count
 RUN_ARGS = [*SCALE_RUN_ARGS, "calibration.batch_size=8"]
 #: the issue's agreement bar for placements that are not byte-identical
 KLD_MAX, TOP1_MIN = 1e-4, 0.999
-
-
-def _pipeline() -> list[str]:
-    exe = Path(sys.executable).with_name("pipeline")
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "pipeline.cli"]
 
 
 def _bf16_bytes(shape: str, device: str) -> int:
@@ -151,33 +148,26 @@ def _run(cmd: list[str], log: Path, timeout: float) -> tuple[int, float]:
     return code, round(time.time() - t, 1)
 
 
-def _summary(run_dir: Path) -> dict[str, Any]:
-    p = run_dir / "summary.json"
-    return json.loads(p.read_text(encoding="utf-8")) if p.is_file() else {}
-
-
 def _quantize_row(run_dir: Path, shape: str) -> dict[str, Any]:
     """Time, memory and placement of the quantize stage from a run's summary and artifact."""
-    st = next((s for s in _summary(run_dir).get("stages", []) if s.get("stage") == "quantize"), None)
+    st = next((s for s in stage_records(run_dir) if s.stage == "quantize"), None)
     if st is None:
         return {}
-    mem = st.get("memory") or {}
+    seconds = round(float(st.seconds or 0), 1)
     row: dict[str, Any] = {
-        "status": st.get("status"),
-        "seconds": round(float(st.get("seconds") or 0), 1),
-        "host_peak_bytes": mem.get("process_peak_rss_bytes"),
-        "gpu_peak_bytes": max((mem.get("gpu_peak_bytes") or {}).values(), default=None),
-        "path": st.get("path"),
+        "status": st.status,
+        "seconds": seconds,
+        "host_peak_bytes": st.process_peak_rss_bytes,
+        "gpu_peak_bytes": max(st.gpu_peak_bytes.values(), default=None),
+        "path": st.path,
+        "s_per_b_params": round(seconds / (parameter_count(shape) / 1e9), 1),
     }
-    row["s_per_b_params"] = round(row["seconds"] / (parameter_count(shape) / 1e9), 1)
-    if st.get("path"):
-        man = Path(st["path"]) / "manifest.json"
-        m = json.loads(man.read_text(encoding="utf-8")) if man.is_file() else {}
-        res, measured = m.get("result") or {}, m.get("measurements") or {}
-        row["placement"] = {**(res.get("placement") or {}), **(measured.get("placement") or {})}
-        row["cuda_extension"] = res.get("cuda_extension")
-        row["steps_s"] = {k: round(v, 1) for k, v in (measured.get("timings_s") or {}).items()}
-        row["steps_peak_rss_bytes"] = measured.get("peak_rss_bytes")
+    if st.path:
+        res, measured = quantize_record(Path(st.path))
+        row["placement"] = {**res.placement, **measured.placement}
+        row["cuda_extension"] = res.cuda_extension
+        row["steps_s"] = {k: round(v, 1) for k, v in measured.timings_s.items()}
+        row["steps_peak_rss_bytes"] = measured.peak_rss_bytes
     return row
 
 
@@ -278,24 +268,27 @@ def agreement(a: Path, b: Path, export: Path, device: str, vocab: int, seqs: int
     return {"kld": kld, "same_top1": top1, "met": kld <= KLD_MAX and top1 >= TOP1_MIN, "positions": seqs * tokens}
 
 
-def _prepare(chk: Check, shape: str, work: Path, device: str) -> tuple[Path, Path] | None:
-    """Generate ``shape`` and export it once (its store is ``<work>/<shape>/base``); None when the export failed."""
+def _prepare(chk: Check, shape: str, work: Path, device: str) -> tuple[Path, Path] | str:
+    """Generate ``shape`` and export it once (its store is ``<work>/<shape>/base``); when the export failed, why the
+    shape's placements are skipped."""
     doc = chk.doc["shapes"].setdefault(
         shape, {"parameters": parameter_count(shape), "weights_bytes": _bf16_bytes(shape, device), "runs": {}}
     )
     shape_dir, base = work / "models" / shape, work / shape / "base"
     if "export" in doc:
-        return (shape_dir, base) if doc["export"]["exit_code"] == 0 else None
-    t = time.time()
-    make_shape(shape, shape_dir, draw_device="cuda" if device == "cuda" else "cpu")
-    doc["generate_s"] = round(time.time() - t, 1)
-    (work / shape).mkdir(parents=True, exist_ok=True)
-    code, secs = _run(
-        _cmd(shape, shape_dir, base, work / shape / "run-export", device, [], "export"), work / shape / "export.log", chk.time_left()
-    )
-    doc["export"] = {"exit_code": code, "wall_s": secs, **({"note": "cut by --deadline-s"} if code == 124 else {})}
-    chk.save()
-    return (shape_dir, base) if code == 0 else None
+        code = doc["export"]["exit_code"]
+    else:
+        t = time.time()
+        make_shape(shape, shape_dir, draw_device="cuda" if device == "cuda" else "cpu")
+        doc["generate_s"] = round(time.time() - t, 1)
+        (work / shape).mkdir(parents=True, exist_ok=True)
+        cmd = _cmd(shape, shape_dir, base, work / shape / "run-export", device, [], "export")
+        code, secs = _run(cmd, work / shape / "export.log", chk.time_left())
+        doc["export"] = {"exit_code": code, "wall_s": secs, **({"note": "cut by --deadline-s"} if code == 124 else {})}
+        chk.save()
+    if code == 0:
+        return shape_dir, base
+    return "out of time (--deadline-s) during the export" if code == 124 else "the export failed"
 
 
 def run_step(chk: Check, shape: str, name: str, work: Path, device: str, keep: bool = True) -> None:
@@ -304,9 +297,8 @@ def run_step(chk: Check, shape: str, name: str, work: Path, device: str, keep: b
     beside the checkpoint and its export)."""
     ready = _prepare(chk, shape, work, device)
     runs = chk.doc["shapes"][shape]["runs"]
-    if ready is None:
-        cut = chk.doc["shapes"][shape]["export"].get("note")
-        runs[name] = {"skipped": "out of time (--deadline-s) during the export" if cut else "the export failed"}
+    if isinstance(ready, str):
+        runs[name] = {"skipped": ready}
         return
     if chk.time_left() < 20:
         runs[name] = {"skipped": "out of time (--deadline-s)"}
@@ -341,9 +333,7 @@ def prune(work: Path, shape: str) -> None:
 def compare(chk: Check, shape: str, work: Path, device: str) -> None:
     """Bytes, then (when they differ) KLD / same top token, of each placement against ``whole`` and ``layerwise``."""
     doc, base = chk.doc["shapes"][shape], work / shape / "base"
-    paths = {
-        n: Path(r["quantize"]["path"]) for n, r in doc["runs"].items() if r.get("exit_code") == 0 and (r.get("quantize") or {}).get("path")
-    }
+    paths = {n: Path(r.quantize.path) for n, r in GpuShape.from_json(doc).runs.items() if r.exit_code == 0 and r.quantize.path}
     export = next((p for p in (base / "export").iterdir() if not p.name.startswith(".")), None) if (base / "export").is_dir() else None
     pairs = [("whole", n) for n in paths if n != "whole"] + [("layerwise", n) for n in paths if n not in ("whole", "layerwise")]
     doc["compare"] = {}
@@ -370,6 +360,9 @@ def render_md(doc: dict[str, Any]) -> str:
     def g(b: Any) -> str:
         return "-" if not b else f"{b / gb:.2f} GB"
 
+    def dash(v: Any) -> Any:
+        return "-" if v is None else v
+
     lines = [
         f"# gpu-check ({doc['device']}, {doc['date']})",
         "",
@@ -378,38 +371,36 @@ def render_md(doc: dict[str, Any]) -> str:
         f"Command: `{doc['command']}`",
         "",
     ]
-    for shape, s in doc["shapes"].items():
+    for shape, s in ((k, GpuShape.from_json(v)) for k, v in doc["shapes"].items()):
         lines += [
-            f"## {shape}: {s['parameters'] / 1e9:.2f} B parameters, {g(s['weights_bytes'])} of weights in the compute dtype",
+            f"## {shape}: {s.parameters / 1e9:.2f} B parameters, {g(s.weights_bytes)} of weights in the compute dtype",
             "",
             "| placement | exit | wall s | quantize s | s / B params | host peak | GPU peak | planned host | planned GPU | offload (planned) |",
             "|---|---|---|---|---|---|---|---|---|---|",
         ]
-        for name, r in s.get("runs", {}).items():
-            if "skipped" in r:
-                lines.append(f"| {name} | skipped: {r['skipped']} | | | | | | | | |")
+        for name, r in s.runs.items():
+            if r.skipped is not None:
+                lines.append(f"| {name} | skipped: {r.skipped} | | | | | | | | |")
                 continue
-            q, p = r.get("quantize") or {}, r.get("predicted") or {}
-            pl = f"{(q.get('placement') or {}).get('offload', '-')} ({p.get('offload', '-')})"
+            q, p = r.quantize, r.predicted
             extra = ""
             if name == "resume":
-                k = r.get("killed_after_layers")
+                k = r.killed_after_layers
                 extra = (
-                    f" (killed after {k} layer(s), resumed at layer {(q.get('placement') or {}).get('resumed_at_layer')})"
+                    f" (killed after {k} layer(s), resumed at layer {q.resumed_at_layer})"
                     if k
                     else " (not killed: it finished before a layer checkpoint was seen)"
                 )
             lines.append(
-                f"| {name} | {r['exit_code']} | {r['wall_s']} | {q.get('seconds', '-')} | {q.get('s_per_b_params', '-')} | "
-                f"{g(q.get('host_peak_bytes'))} | {g(q.get('gpu_peak_bytes'))} | {g(p.get('host_bytes'))} | {g(p.get('gpu_bytes'))} | {pl}{extra} |"
+                f"| {name} | {r.exit_code} | {r.wall_s} | {dash(q.seconds)} | {dash(q.s_per_b_params)} | {g(q.host_peak_bytes)} | "
+                f"{g(q.gpu_peak_bytes)} | {g(p.host_bytes)} | {g(p.gpu_bytes)} | {dash(q.offload)} ({dash(p.offload)}){extra} |"
             )
-        if s.get("compare"):
+        if s.compare:
             lines += ["", "| comparison | identical bytes | KLD | same top token |", "|---|---|---|---|"]
-            for k, c in s["compare"].items():
-                a = c.get("agreement") or {}
-                kld = f"{a['kld']:.2e}" if "kld" in a else a.get("error", "-")
-                top = f"{a['same_top1']:.2%}" if "same_top1" in a else "-"
-                lines.append(f"| {k} | {c.get('identical', c.get('skipped'))} | {kld} | {top} |")
+            for k, c in s.compare.items():
+                kld = dash(c.error) if c.kld is None else f"{c.kld:.2e}"
+                top = "-" if c.same_top1 is None else f"{c.same_top1:.2%}"
+                lines.append(f"| {k} | {c.skipped if c.identical is None else c.identical} | {kld} | {top} |")
         lines.append("")
     return "\n".join(lines) + "\n"
 
@@ -468,7 +459,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     chk = Check(a.out, a.device, time.time() + a.deadline_s)
     if a.merge and chk.path.is_file():
-        chk.doc["shapes"] = json.loads(chk.path.read_text(encoding="utf-8")).get("shapes", {})
+        chk.doc["shapes"] = GpuShape.section(json.loads(chk.path.read_text(encoding="utf-8")))
         for sh in {sh for sh, _ in steps}:
             chk.doc["shapes"].pop(sh, None)
     a.work.mkdir(parents=True, exist_ok=True)
@@ -486,8 +477,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     failed = [
         f"{s}/{n}"
         for s, d in chk.doc["shapes"].items()
-        for n, r in d.get("runs", {}).items()
-        if "skipped" not in r and r.get("exit_code") != 0
+        for n, r in GpuShape.from_json(d).runs.items()
+        if r.skipped is None and r.exit_code != 0
     ]
     return 1 if failed else 0
 

@@ -17,6 +17,7 @@ quantize time against parameter count), then prints the table.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -27,8 +28,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..core.contracts.bench import ScaleShape, ScaleStage
 from ..core.contracts.build import BuildArtifact
-from ..core.contracts.quantize import QuantizeArtifact
+from ..core.contracts.manifest import ArtifactManifest, QuantizeMeasurements, RunSummaryRecord, SummaryStage
+from ..core.contracts.quantize import QuantizeArtifact, QuantizeResult
 from .shapes import ROOT, SHAPES, make_shape, parameter_count
 
 LADDER = ("llama80m", "llama400m", "llama1b", "llama3b")
@@ -71,6 +74,19 @@ def predict(shape_dir: Path, stages: list[str]) -> dict[str, Any]:
     return {**p.to_json()["stages"], "refusals": stage_refusals(p.stages.predicted, stages, p.stages.host_total_bytes)}
 
 
+def stage_records(run_dir: Path) -> list[SummaryStage]:
+    """The stages of the run's ``summary.json`` (none when it wrote none)."""
+    p = run_dir / "summary.json"
+    return RunSummaryRecord.from_json(json.loads(p.read_text(encoding="utf-8")) if p.is_file() else {}).stages
+
+
+def quantize_record(path: Path) -> tuple[QuantizeResult, QuantizeMeasurements]:
+    """A quantize artifact's result and measurements (its ``manifest.json``; empty when it has none)."""
+    man = path / "manifest.json"
+    m = ArtifactManifest.from_json(json.loads(man.read_text(encoding="utf-8")) if man.is_file() else {})
+    return QuantizeResult.from_json(m.result), QuantizeMeasurements.from_json(m.measurements)
+
+
 def run_shape(shape: str, shape_dir: Path, work: Path, stages: list[str], extra: list[str]) -> dict[str, Any]:
     """Run the pipeline on ``shape_dir`` and collect per-stage time and memory from its run summary."""
     from ..core.memory import run_sampled
@@ -91,75 +107,73 @@ def run_shape(shape: str, shape_dir: Path, work: Path, stages: list[str], extra:
     t0 = time.time()
     with open(work / f"{shape}.log", "w", encoding="utf-8") as log:
         code, peak = run_sampled(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
-    summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8")) if (run_dir / "summary.json").is_file() else {}
     per_stage: dict[str, Any] = {}
-    for s in summary.get("stages", []):
-        mem = s.get("memory") or {}
-        row = {"status": s["status"], "seconds": round(s["seconds"], 1), "peak_rss_bytes": mem.get("process_peak_rss_bytes")}
-        if s["stage"] == "build" and s.get("path"):
-            bi = BuildArtifact(Path(s["path"])).build_info()
+    for s in stage_records(run_dir):
+        row = {"status": s.status, "seconds": round(s.seconds, 1), "peak_rss_bytes": s.process_peak_rss_bytes}
+        if s.stage == "build" and s.path:
+            bi = BuildArtifact(Path(s.path)).build_info()
             if bi.recorded:
                 row["builder_peak_rss_bytes"] = bi.builder_peak_rss_bytes
-        if s["stage"] == "quantize" and s.get("path"):
-            qa = QuantizeArtifact(Path(s["path"]))
-            if qa.report_path.is_file():
-                m = qa.measurements()  # the manifest's: wall times and peaks are kept out of the digested report
-                row["steps_peak_rss_bytes"] = m.get("peak_rss_bytes")
-                row["steps_s"] = {k: round(v, 1) for k, v in (m.get("timings_s") or {}).items()}
-                row["placement"] = {**json.loads(qa.report_path.read_text(encoding="utf-8")).get("placement", {}), **m.get("placement", {})}
-        per_stage[s["stage"]] = row
+        if s.stage == "quantize" and s.path and QuantizeArtifact(Path(s.path)).report_path.is_file():
+            res, m = quantize_record(Path(s.path))  # the manifest's measurements: kept out of the digested report
+            row["steps_peak_rss_bytes"] = m.peak_rss_bytes
+            row["steps_s"] = {k: round(v, 1) for k, v in m.timings_s.items()}
+            row["placement"] = {**res.placement, **m.placement}  # the result's placement is the report's
+        per_stage[s.stage] = row
     return {"exit_code": code, "wall_s": round(time.time() - t0, 1), "process_peak_rss_bytes": peak, "stages": per_stage, "command": cmd}
 
 
-def _row(shape: str, res: dict[str, Any]) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class ScaleRow:
+    """A shape's line of ``scale.json`` ``rows``: parameters, fp32 weight bytes, the heaviest peak RSS of export,
+    quantize and build (bytes; over the fp32 weights; per parameter), the quantize time (s; per billion parameters)."""
+
+    shape: str
+    parameters: int
+    fp32_weight_bytes: int
+    heavy_peak_rss_bytes: int | None
+    peak_over_fp32: float | None
+    peak_bytes_per_parameter: float | None
+    quantize_s: float | None
+    quantize_s_per_billion_parameters: float | None
+
+
+def _row(shape: str, res: ScaleShape) -> ScaleRow:
     n = parameter_count(shape)
     fp32 = 4 * n
-    st = res.get("stages", {})
-    peaks = [v for s in HEAVY for v in (st.get(s, {}).get("peak_rss_bytes"), st.get(s, {}).get("builder_peak_rss_bytes")) if v]
-    q = st.get("quantize", {})
-    return {
-        "shape": shape,
-        "parameters": n,
-        "fp32_weight_bytes": fp32,
-        "heavy_peak_rss_bytes": max(peaks) if peaks else None,
-        "peak_over_fp32": round(max(peaks) / fp32, 3) if peaks else None,
-        "peak_bytes_per_parameter": round(max(peaks) / n, 2) if peaks else None,
-        "quantize_s": q.get("seconds"),
-        "quantize_s_per_billion_parameters": round(q["seconds"] / (n / 1e9), 1) if q.get("seconds") else None,
-    }
+    peaks = [v for s in HEAVY for v in (res.stage(s).peak_rss_bytes, res.stage(s).builder_peak_rss_bytes) if v]
+    peak, q_s = max(peaks, default=None), res.stage("quantize").seconds
+    per_b = round(q_s / (n / 1e9), 1) if q_s else None
+    return ScaleRow(shape, n, fp32, peak, round(peak / fp32, 3) if peak else None, round(peak / n, 2) if peak else None, q_s, per_b)
 
 
-def _targets(rows: dict[str, dict[str, Any]], results: dict[str, Any]) -> list[dict[str, Any]]:
+def _targets(rows: dict[str, ScaleRow], results: dict[str, ScaleShape]) -> list[dict[str, Any]]:
     out = []
     for shape in ("llama400m", "llama1b"):
         r = rows.get(shape)
-        if r and r["peak_over_fp32"] is not None:
+        if r and r.peak_over_fp32 is not None:
             out.append(
                 {
                     "target": f"{shape}: peak RSS of export+quantize+build <= {PEAK_OVER_FP32_MAX} x fp32 weights",
-                    "value": r["peak_over_fp32"],
-                    "met": r["peak_over_fp32"] <= PEAK_OVER_FP32_MAX,
+                    "value": r.peak_over_fp32,
+                    "met": r.peak_over_fp32 <= PEAK_OVER_FP32_MAX,
                 }
             )
     if "llama1b" in results:
-        st = results["llama1b"].get("stages", {})
-        ok = all(st.get(s, {}).get("status") in ("ran", "cached") for s in ("export", "quantize", "build", "evaluate", "package"))
+        ok = all(results["llama1b"].stage(s).status in ("ran", "cached") for s in ("export", "quantize", "build", "evaluate", "package"))
         out.append({"target": "llama1b: export -> quantize -> build -> evaluate -> package on this host", "value": ok, "met": ok})
     if "llama3b" in results:
         r3 = results["llama3b"]
-        ok = bool(r3.get("refused")) or all(r3.get("stages", {}).get(s, {}).get("status") == "ran" for s in HEAVY)
-        value: Any = "not run (planned only)" if r3.get("planned_only") else ok
+        ok = bool(r3.refused) or all(r3.stage(s).status == "ran" for s in HEAVY)
         out.append(
             {
                 "target": "llama3b: export -> quantize -> build within the host, or refused by the planner",
-                "value": value,
-                "met": None if r3.get("planned_only") else ok,
+                "value": "not run (planned only)" if r3.planned_only else ok,
+                "met": None if r3.planned_only else ok,
             }
         )
-    a, b = (
-        rows.get("llama80m", {}).get("quantize_s_per_billion_parameters"),
-        rows.get("llama1b", {}).get("quantize_s_per_billion_parameters"),
-    )
+    small, big = (rows.get(s) for s in ("llama80m", "llama1b"))
+    a, b = (r.quantize_s_per_billion_parameters if r else None for r in (small, big))
     if a and b:
         out.append(
             {
@@ -171,27 +185,27 @@ def _targets(rows: dict[str, dict[str, Any]], results: dict[str, Any]) -> list[d
     return out
 
 
-def plot(rows: list[dict[str, Any]], path: Path) -> None:
+def plot(rows: list[ScaleRow], path: Path) -> None:
     """Peak RSS (GB) and quantize seconds against parameters (log-log), with the 1.5 x fp32 line."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ran = [r for r in rows if r["heavy_peak_rss_bytes"]]
+    ran = [r for r in rows if r.heavy_peak_rss_bytes]
     if not ran:
         return
-    x = [r["parameters"] / 1e9 for r in ran]
+    x = [r.parameters / 1e9 for r in ran]
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
-    a1.loglog(x, [r["heavy_peak_rss_bytes"] / 1e9 for r in ran], "o-", label="peak RSS (export, quantize, build)")
-    a1.loglog(x, [PEAK_OVER_FP32_MAX * r["fp32_weight_bytes"] / 1e9 for r in ran], "--", label=f"{PEAK_OVER_FP32_MAX} x fp32 weights")
-    a1.loglog(x, [r["fp32_weight_bytes"] / 1e9 for r in ran], ":", label="fp32 weights")
+    a1.loglog(x, [(r.heavy_peak_rss_bytes or 0) / 1e9 for r in ran], "o-", label="peak RSS (export, quantize, build)")
+    a1.loglog(x, [PEAK_OVER_FP32_MAX * r.fp32_weight_bytes / 1e9 for r in ran], "--", label=f"{PEAK_OVER_FP32_MAX} x fp32 weights")
+    a1.loglog(x, [r.fp32_weight_bytes / 1e9 for r in ran], ":", label="fp32 weights")
     a1.set_xlabel("parameters (billions)")
     a1.set_ylabel("GB")
     a1.legend(fontsize=8)
     a1.set_title("host memory")
-    q = [r for r in ran if r["quantize_s"]]
-    a2.loglog([r["parameters"] / 1e9 for r in q], [r["quantize_s"] for r in q], "o-")
+    q = [r for r in ran if r.quantize_s]
+    a2.loglog([r.parameters / 1e9 for r in q], [r.quantize_s for r in q], "o-")
     a2.set_xlabel("parameters (billions)")
     a2.set_ylabel("seconds")
     a2.set_title("quantize (int4 AWQ, 32 x 128 calibration tokens, CPU)")
@@ -242,14 +256,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         res = run_shape(shape, cfg_dir, a.work, stages, FULL_ARGS if shape in FULL_CHAIN else [])
         res["prediction"] = pred
         results[shape] = res
-    rows = {s: _row(s, r) for s, r in results.items() if "stages" in r}
+    parsed = {s: ScaleShape.from_json(r) for s, r in results.items()}
+    rows = {s: _row(s, r) for s, r in parsed.items() if r.stages is not None}
     doc = {
         "schema": "pipeline.bench_scale/v1",
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "host": _host(),
         "settings": RUN_ARGS,
-        "rows": list(rows.values()),
-        "targets": _targets(rows, results),
+        "rows": [dataclasses.asdict(r) for r in rows.values()],
+        "targets": _targets(rows, parsed),
         "results": results,
     }
     a.out.mkdir(parents=True, exist_ok=True)
@@ -273,33 +288,33 @@ def _predict_shape(shape: str, cfg_dir: Path, work: Path, stages: list[str]) -> 
 _STAGES = ("export", "quantize", "build", "evaluate", "package")
 
 
-def _stage_cell(v: dict[str, Any] | None, unit: str, sep: str) -> str:
+def _stage_cell(v: ScaleStage, unit: str, sep: str) -> str:
     """A stage's cell of the results tables: ``<seconds> s<sep><peak RSS><unit>``, then the builder process's peak
     in parentheses when recorded; ``-`` when the stage did not run."""
-    if not v:
+    if v.status is None:
         return "-"
-    extra = f" ({_gb(v['builder_peak_rss_bytes'])}{unit})" if v.get("builder_peak_rss_bytes") else ""
-    return f"{v['seconds']:.0f} s{sep}{_gb(v['peak_rss_bytes'])}{unit}{extra}"
+    extra = f" ({_gb(v.builder_peak_rss_bytes)}{unit})" if v.builder_peak_rss_bytes else ""
+    return f"{v.seconds:.0f} s{sep}{_gb(v.peak_rss_bytes)}{unit}{extra}"
 
 
 def markdown(doc: dict[str, Any]) -> str:
     """The results table and the targets in Markdown (``scale.md``; docs/results.md and docs/memory.md quote it)."""
     head = "| shape | parameters | fp32 weights | export | quantize | build (builder process) | evaluate | package | peak / fp32 | bytes / parameter | quantize s / B params |"
     lines = [head, "|" + "---|" * 11]
-    for shape, res in doc["results"].items():
+    for shape, res in ((k, ScaleShape.from_json(v)) for k, v in doc["results"].items()):
         n = parameter_count(shape)
-        if res.get("planned_only") or "refused" in res:
-            pq = res["prediction"]["predicted"]
-            what = "refused by the planner: " + res["refused"][0] if "refused" in res else "not run; planner predicts"
+        if res.planned_only or res.refused is not None:
+            pq = res.predicted
+            what = "refused by the planner: " + res.refused[0] if res.refused is not None else "not run; planner predicts"
             lines.append(
                 f"| {shape} | {n / 1e9:.2f} B | {_gb(4 * n)} GB | {what} export {_gb(pq['export']['host_bytes'])} GB, "
                 f"quantize {_gb(pq['quantize']['host_bytes'])} GB, build {_gb(pq['build']['host_bytes'])} GB | | | | | | | |"
             )
             continue
-        st, row = res["stages"], next(r for r in doc["rows"] if r["shape"] == shape)
+        row = next(r for r in doc["rows"] if r["shape"] == shape)
         lines.append(
             f"| {shape} | {n / 1e9:.2f} B | {_gb(4 * n)} GB | "
-            + " | ".join(_stage_cell(st.get(s), " GB", ", ") for s in _STAGES)
+            + " | ".join(_stage_cell(res.stage(s), " GB", ", ") for s in _STAGES)
             + f" | {row['peak_over_fp32']} | {row['peak_bytes_per_parameter']} | {row['quantize_s_per_billion_parameters']} |"
         )
     lines.append("")
@@ -339,9 +354,9 @@ def _print(doc: dict[str, Any]) -> None:
         "quant s/B",
     ):
         t.add_column(c)
-    for shape, res in doc["results"].items():
-        if res.get("planned_only"):
-            pq = res["prediction"]["predicted"]
+    for shape, res in ((k, ScaleShape.from_json(v)) for k, v in doc["results"].items()):
+        if res.planned_only:
+            pq = res.predicted
             t.add_row(
                 shape,
                 f"{parameter_count(shape) / 1e9:.2f} B",
@@ -350,15 +365,15 @@ def _print(doc: dict[str, Any]) -> None:
                 "not run",
             )
             continue
-        if "refused" in res:
-            t.add_row(shape, f"{parameter_count(shape) / 1e9:.2f} B", _gb(4 * parameter_count(shape)), "refused: " + res["refused"][0][:60])
+        if res.refused is not None:
+            t.add_row(shape, f"{parameter_count(shape) / 1e9:.2f} B", _gb(4 * parameter_count(shape)), "refused: " + res.refused[0][:60])
             continue
-        st, row = res["stages"], next(r for r in doc["rows"] if r["shape"] == shape)
+        row = next(r for r in doc["rows"] if r["shape"] == shape)
         t.add_row(
             shape,
             f"{row['parameters'] / 1e9:.2f} B",
             _gb(row["fp32_weight_bytes"]),
-            *(_stage_cell(st.get(s), "", " / ") for s in _STAGES),
+            *(_stage_cell(res.stage(s), "", " / ") for s in _STAGES),
             str(row["peak_over_fp32"]),
             str(row["peak_bytes_per_parameter"]),
             str(row["quantize_s_per_billion_parameters"]),

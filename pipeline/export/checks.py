@@ -35,7 +35,7 @@ def checks(cfg: Any) -> list[Any]:
         _, mt = architecture(mc, Path(resolve_path(str(cfg.model.path)) or cfg.model.path) / "config.json")
     except InputError as e:
         why, _, fix = str(e).partition(" Fix: ")
-        return [Problem("model.path", cfg.model.path, why, fix or None)]
+        return [Problem("model.path", cfg.model.path, why, fix)]
     fam = FAMILY_SUPPORT[mt]
     from ..core.targets import needs_build, resolve_target
 

@@ -49,6 +49,8 @@ class ArtifactManifest:
         inputs: the upstream artifacts it was computed from, by stage.
         config: the (redacted) config of its key document.
         key_document: the (redacted) key document its cache key is the digest of.
+        result: the stage's result (its stage's class parses it: ``QuantizeResult.from_json`` ...).
+        measurements: what the run measured (the quantize stage's: :class:`QuantizeMeasurements`).
     """
 
     key: Any = None
@@ -64,7 +66,8 @@ class ArtifactManifest:
     output_digest: Any = None
     outputs: dict[str, OutputRecord] | None = dataclasses.field(default_factory=dict)
     external: dict[str, InputRecord] = dataclasses.field(default_factory=dict)
-    result: Any = None
+    result: dict[str, Any] = dataclasses.field(default_factory=dict)
+    measurements: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def config_group(self, name: str) -> Any:
         """The recorded config group ``name`` (``package`` ...); None when the manifest has none."""
@@ -92,7 +95,8 @@ class ArtifactManifest:
             output_digest=doc.get("output_digest"),
             outputs={k: OutputRecord.from_json(v) for k, v in outputs.items()} if isinstance(outputs, dict) else None,
             external={k: InputRecord.from_json(v) for k, v in external.items()},
-            result=doc.get("result"),
+            result=json_object(doc.get("result")),
+            measurements=json_object(doc.get("measurements")),
         )
 
 
@@ -142,6 +146,21 @@ class DsseEnvelope:
 
 
 @dataclasses.dataclass(frozen=True)
+class QuantizeMeasurements:
+    """A quantize artifact's ``manifest.json`` ``measurements`` (pipeline/quantize/run.py): each step's wall time (s)
+    and peak RSS (bytes), and the placement's fields that name the free memory (``budget_bytes``, ``reason``)."""
+
+    timings_s: dict[str, float] = dataclasses.field(default_factory=dict)
+    peak_rss_bytes: Any = None
+    placement: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, d: Any) -> QuantizeMeasurements:
+        doc = json_object(d)
+        return cls(json_object(doc.get("timings_s")), doc.get("peak_rss_bytes"), json_object(doc.get("placement")))
+
+
+@dataclasses.dataclass(frozen=True)
 class RunGate:
     """``summary.json`` ``gate``: the evaluate stage's verdict and the package stage's serving-parity record (None
     when the run had none)."""
@@ -157,10 +176,24 @@ class RunGate:
 
 @dataclasses.dataclass(frozen=True)
 class SummaryStage:
-    """``summary.json`` ``stages[]``: the stage's name and its headline numbers."""
+    """``summary.json`` ``stages[]``: the stage's name and its headline numbers; its status, wall time (s), artifact
+    path and, for a stage that ran, its peak memory (``memory``: the pipeline process's RSS, each GPU's
+    ``max_memory_allocated`` by ``cuda:N``, bytes)."""
 
     stage: str
     headline: dict[str, Any]
+    status: Any = None
+    seconds: Any = None
+    path: Any = None
+    process_peak_rss_bytes: Any = None
+    gpu_peak_bytes: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, st: dict[str, Any]) -> SummaryStage:
+        """Raises KeyError for a stage without ``stage``."""
+        mem = json_object(st.get("memory"))
+        peaks = (mem.get("process_peak_rss_bytes"), json_object(mem.get("gpu_peak_bytes")))
+        return cls(st["stage"], st.get("headline") or {}, st.get("status"), st.get("seconds"), st.get("path"), *peaks)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,5 +208,5 @@ class RunSummaryRecord:
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> RunSummaryRecord:
         """Raises AttributeError for a document that is not an object and KeyError for a stage without ``stage``."""
-        stages = [SummaryStage(st["stage"], st.get("headline") or {}) for st in d.get("stages", [])]
+        stages = [SummaryStage.from_json(st) for st in d.get("stages", [])]
         return cls(d.get("overrides", []), d.get("exit_code"), stages, d.get("error"))
