@@ -14,7 +14,6 @@ raise :class:`~pipeline.errors.InputError` naming the file and the fix.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from pathlib import Path
 from typing import Any, ClassVar, Union, overload
@@ -73,16 +72,6 @@ class StageArtifact:
                 f"({path!r}). Fix: pass the folder, e.g. {name}('artifacts/<stage>/<key>') or {name}(Path(...))."
             )
         object.__setattr__(self, "path", Path(os.fspath(path)))
-
-    def measurements(self) -> dict[str, Any]:
-        """``manifest.json`` ``measurements``: what the run measured (wall times, peak memory, latencies), kept out of
-        the files whose bytes make the artifact's content digest (pipeline/core/store.py); ``{}`` when not recorded."""
-        try:
-            doc = json.loads((self.path / "manifest.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return {}
-        m = doc.get("measurements") if isinstance(doc, dict) else None
-        return m if isinstance(m, dict) else {}
 
     def require_folder(self, stage: str) -> None:
         """For a reader: ``path`` must be an existing folder (a reader of a folder that is not there returned an

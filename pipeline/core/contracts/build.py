@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
 from ..artifacts import FolderName, PathOf, StageArtifact, _read_json
-from .result import StageResult, from_fields
+from .result import StageResult, from_fields, json_object
 
 
 class BuildArtifact(StageArtifact):
@@ -47,6 +48,15 @@ class BuildArtifact(StageArtifact):
             measured = self.measurements()
             doc = {**{k: measured[k] for k in self.MEASUREMENTS if k in measured}, **doc}
         return BuildInfo.from_json(doc, source=self.build_info_path)
+
+    def measurements(self) -> dict[str, Any]:
+        """``manifest.json`` ``measurements``: what the run measured (wall times, peak memory), kept out of the files
+        whose bytes make the artifact's content digest (pipeline/core/store.py); ``{}`` when not recorded."""
+        try:
+            doc = json.loads((self.path / "manifest.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return json_object(json_object(doc).get("measurements"))
 
     def limits(self, result: BuildResult | Mapping[str, Any] | None = None, build_cfg: Any = None) -> dict[str, Any]:
         """Engine limits (``max_input_len``, ``max_seq_len``, ``max_batch_size``, tokens): ``build_info.json``
