@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .result import from_fields, json_object
+from .result import Record, from_fields, json_object
 
 
 def _named(cls: Any, d: Any) -> dict[str, Any]:
@@ -16,16 +16,12 @@ def _named(cls: Any, d: Any) -> dict[str, Any]:
 
 
 @dataclasses.dataclass(frozen=True)
-class GpuPrediction:
+class GpuPrediction(Record):
     """``gpu.json`` ``shapes.<shape>.runs.<placement>.predicted``: the planner's quantize host and GPU bytes, offload."""
 
     host_bytes: Any = None
     gpu_bytes: Any = None
     offload: Any = None
-
-    @classmethod
-    def from_json(cls, d: Any) -> GpuPrediction:
-        return from_fields(cls, json_object(d))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,17 +102,13 @@ class GpuShape:
 
 
 @dataclasses.dataclass(frozen=True)
-class ScaleStage:
+class ScaleStage(Record):
     """``scale.json`` ``results.<shape>.stages.<stage>``: status, wall time (s), peak RSS and (build) the builder's."""
 
     status: Any = None
     seconds: Any = None
     peak_rss_bytes: Any = None
     builder_peak_rss_bytes: Any = None
-
-    @classmethod
-    def from_json(cls, d: Any) -> ScaleStage:
-        return from_fields(cls, json_object(d))
 
 
 @dataclasses.dataclass(frozen=True)

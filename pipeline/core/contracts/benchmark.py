@@ -6,7 +6,7 @@ import dataclasses
 from typing import Any, ClassVar
 
 from ..artifacts import PathOf, StageArtifact
-from .result import StageResult, from_fields, json_object
+from .result import Record, StageResult, from_fields, json_object
 
 
 class BenchmarkArtifact(StageArtifact):
@@ -33,16 +33,12 @@ class BenchmarkResult(StageResult):
 
 
 @dataclasses.dataclass(frozen=True)
-class Distribution:
+class Distribution(Record):
     """A metric's statistics in a level's ``metrics`` (pipeline/benchmark/metrics.py); None without a sample."""
 
     avg: Any = None
     p50: Any = None
     p99: Any = None
-
-    @classmethod
-    def from_json(cls, d: Any) -> Distribution:
-        return from_fields(cls, json_object(d))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ..artifacts import FolderName, PathOf, StageArtifact, _read_json
-from .result import StageResult, from_fields, json_object
+from .result import Record, StageResult, json_object
 
 
 class BuildArtifact(StageArtifact):
@@ -77,7 +77,7 @@ class BuildArtifact(StageArtifact):
 
 
 @dataclasses.dataclass(frozen=True)
-class EngineLimits:
+class EngineLimits(Record):
     """The engine's limits (:meth:`BuildArtifact.limits`) as attributes; None where not recorded."""
 
     max_input_len: Any = None
@@ -85,10 +85,6 @@ class EngineLimits:
     max_batch_size: Any = None
     max_num_tokens: Any = None
     max_beam_width: Any = None
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> EngineLimits:
-        return from_fields(cls, d)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,27 +231,19 @@ class BuildResult(StageResult):
 
 
 @dataclasses.dataclass(frozen=True)
-class BuildPlan:
+class BuildPlan(Record):
     """What a target's ``plan`` says its build would do (dry runs): the build command (None: no engine is built) and,
     for TensorRT-LLM's PyTorch backend, the ``LLM()`` options it would write (None otherwise)."""
 
     command: list[Any] | None = None
     llm_api_options: dict[str, Any] | None = None
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> BuildPlan:
-        return from_fields(cls, d)
-
 
 @dataclasses.dataclass(frozen=True)
-class SpeculativeBuild:
+class SpeculativeBuild(Record):
     """TensorRT-LLM: the build's speculative decoding (:attr:`BuildInfo.speculative`, else ``build.speculative``): its
     ``mode`` (``none``: not recorded), the draft length and the draft model (None where not recorded)."""
 
     mode: str = "none"
     max_draft_len: int | None = None
     draft_model_path: str | None = None
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> SpeculativeBuild:
-        return from_fields(cls, d)

@@ -12,11 +12,11 @@ from typing import Any
 
 from .evaluate import GateVerdict
 from .package import ParityRecord
-from .result import from_fields, json_object
+from .result import Record, json_object
 
 
 @dataclasses.dataclass(frozen=True)
-class InputRecord:
+class InputRecord(Record):
     """``manifest.json`` ``inputs.<stage>``: the upstream artifact this one was computed from, or ``external.<name>``:
     an external input file (``path``, ``digest``) (None where the record lacks a field)."""
 
@@ -24,10 +24,6 @@ class InputRecord:
     digest: Any = None
     key: Any = None
     production: Any = None
-
-    @classmethod
-    def from_json(cls, d: Any) -> InputRecord:
-        return from_fields(cls, json_object(d))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,16 +97,12 @@ class ArtifactManifest:
 
 
 @dataclasses.dataclass(frozen=True)
-class OutputRecord:
+class OutputRecord(Record):
     """``manifest.json`` ``outputs.<file>``: the file's recorded sha256 and size in bytes (None where the record lacks
     a field)."""
 
     sha256: Any = None
     bytes: Any = None
-
-    @classmethod
-    def from_json(cls, d: Any) -> OutputRecord:
-        return from_fields(cls, json_object(d))
 
 
 @dataclasses.dataclass(frozen=True)

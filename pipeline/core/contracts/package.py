@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 from ..artifacts import FolderName, PathOf, StageArtifact
 from .build import EngineLimits
 from .evaluate import GateVerdict
-from .result import StageResult, from_fields, json_object
+from .result import Record, StageResult, from_fields, json_object
 
 
 class PackageArtifact(StageArtifact):
@@ -337,7 +337,7 @@ server that serves another package (Triton reports model-config parameters over 
 
 
 @dataclasses.dataclass(frozen=True)
-class ServingRecord:
+class ServingRecord(Record):
     """``runs/serving/<host>_<grpc port>.json``: the record ``pipeline serve`` keeps while its server runs (serve/registry.py)."""
 
     grpc_url: str = ""
@@ -346,13 +346,9 @@ class ServingRecord:
     pid: int = -1
     started: str = ""
 
-    @classmethod
-    def from_json(cls, d: Any) -> ServingRecord:
-        return from_fields(cls, json_object(d))
-
 
 @dataclasses.dataclass(frozen=True)
-class ParityExpectedMeta:
+class ParityExpectedMeta(Record):
     """``parity_expected.jsonl``'s first line ``meta`` (serve/parity.py); ``package_id`` is None in older files."""
 
     sample: Any = None
@@ -361,13 +357,9 @@ class ParityExpectedMeta:
     modes: Any = None
     package_id: Any = None
 
-    @classmethod
-    def from_json(cls, d: Any) -> ParityExpectedMeta:
-        return from_fields(cls, json_object(d))
-
 
 @dataclasses.dataclass(frozen=True)
-class ParityRequest:
+class ParityRequest(Record):
     """A request line of ``parity_expected.jsonl`` (``messages`` only where the chat template applies)."""
 
     id: Any = None
@@ -378,20 +370,12 @@ class ParityRequest:
     prompt: Any = None
     messages: Any = None
 
-    @classmethod
-    def from_json(cls, d: Any) -> ParityRequest:
-        return from_fields(cls, json_object(d))
-
 
 @dataclasses.dataclass(frozen=True)
-class EvaluatedAnswer:
+class EvaluatedAnswer(Record):
     """A line of the evaluate artifact's ``outputs.jsonl`` as the parity check reads it (a skipped item has no runner)."""
 
     id: Any = None
     runner: Any = None
     text: Any = None
     skipped: Any = None
-
-    @classmethod
-    def from_json(cls, d: Any) -> EvaluatedAnswer:
-        return from_fields(cls, json_object(d))

@@ -6,7 +6,7 @@ import dataclasses
 from typing import Any, ClassVar
 
 from ..artifacts import FolderName, PathOf, StageArtifact
-from .result import StageResult, from_fields, json_object
+from .result import Record, StageResult, json_object
 
 
 class QuantizeArtifact(StageArtifact):
@@ -52,7 +52,7 @@ class QuantizeResult(StageResult):
 
 
 @dataclasses.dataclass(frozen=True)
-class QuantStateRecord:
+class QuantStateRecord(Record):
     """``quant_state.json`` (pipeline/quantize/state.py) as restoring the state reads it: the ``schema``, ``quant.recipe``,
     the dtype and kind of device (``cpu`` / ``cuda``) calibration ran in, the digest of the export artifact it was made
     from (None: not recorded) and ModelOpt's ``modelopt_state`` encoded as JSON (None for ``none``)."""
@@ -63,10 +63,6 @@ class QuantStateRecord:
     calib_device: Any = "cpu"
     export_digest: Any = None
     modelopt_state: Any = None
-
-    @classmethod
-    def from_json(cls, d: Any) -> QuantStateRecord:
-        return from_fields(cls, json_object(d))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from collections.abc import Mapping
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Self, TypeVar
 
 from ..artifacts import STAGE_ARTIFACTS
 
@@ -35,6 +35,15 @@ def from_fields(cls: type[D], d: Mapping[str, Any]) -> D:
     """A flat record dataclass ``cls`` from the keys of ``d`` named like its fields; a key ``d`` lacks keeps the
     field's default, keys ``cls`` does not know are ignored."""
     return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})  # type: ignore[arg-type]
+
+
+class Record:
+    """Base of a flat record dataclass read from a JSON object: :meth:`from_json` fills the fields from the keys named
+    like them (:func:`from_fields`); a value that is not an object reads as an empty one (every field its default)."""
+
+    @classmethod
+    def from_json(cls, d: Any) -> Self:
+        return from_fields(cls, d if isinstance(d, Mapping) else {})
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
