@@ -68,12 +68,13 @@ class _Refusal(Problem):
         return self.message
 
 
-def input_problems(order: list[str], cfg: PipelineConfig) -> list[Problem]:
+def input_problems(order: list[str], cfg: PipelineConfig, said: list[Problem] | None = None) -> list[Problem]:
     """The inputs of the stages in ``order`` that are missing (or a folder where a file goes), each once, and a
     stage's own refusal of an input while listing them (the export stage's of a checkpoint folder that is not there),
-    as :class:`Problem` s: what a run that already has configuration problems reports with them, so that nothing found
-    before work starts waits for a second run. The eval set's refusal is left out: the evaluate stage's checks report
-    each of its problems; so is a missing input whose field a refusal already names (``model.path=...: not found``)."""
+    as :class:`Problem` s: what a run that already has configuration problems (``said``) reports with them, so that
+    nothing found before work starts waits for a second run. The eval set's refusal is left out: the evaluate stage's
+    checks report each of its problems; so is a missing input whose field a refusal already names
+    (``model.path=...: not found``), and one that ``said`` already holds (same field and value, or its text)."""
     from .data.evalset import EvalSetError
 
     found: dict[str, Problem] = {}
@@ -88,7 +89,8 @@ def input_problems(order: list[str], cfg: PipelineConfig) -> list[Problem]:
             named = any(isinstance(r, _Refusal) and r.message.startswith(f"{p.field}=") for r in found.values())
             if not named:
                 found.setdefault(what, p)
-    return list(found.values())
+    said = said or []
+    return [p for p in found.values() if not any(q.field == p.field and q.value == p.value or str(q).endswith(str(p)) for q in said)]
 
 
 def all_externals(order: list[str], cfg: PipelineConfig) -> dict[str, dict[str, Path]]:

@@ -276,11 +276,7 @@ def _validate(cfg: PipelineConfig) -> None:
         return
     order = [s for s in with_run_order(cfg).stages or [] if s in STAGES]
     try:
-        problems += [
-            p
-            for p in input_problems(order, cfg)
-            if not any(q.field == p.field and q.value == p.value or str(q).endswith(str(p)) for q in problems)
-        ]
+        problems += input_problems(order, cfg, said=problems)
     except Exception:  # listing inputs of a config already refused: never let it hide the problems found
         log.debug("input check skipped after configuration problems", exc_info=True)
     raise ConfigError(problems)
