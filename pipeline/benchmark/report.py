@@ -121,6 +121,13 @@ def _md_roofline(doc: dict[str, Any], d: BenchmarkDocument) -> list[str]:
             rows.append((f"`{r['mode']}`", _f(w / 1e6 if w else None, 2), _f(kv, 2), _f(bound, 0), _f(got, 0), _f(rf["fraction"], 3)))
         header = ("mode", "weight MB/step", "KV MB/step", "bound tok/s", "achieved tok/s", "fraction of bound")
         lines += md_table(header, rows)
+    if any(r["roofline"] and r["roofline"]["fraction"] > 1 for r in doc["runs"]):
+        lines += [
+            "",
+            "A roofline fraction above 1 is not a roofline result: the bound assumes every weight byte comes from memory "
+            "each step, and weights this small stay in the CPU's caches (or the mode's TPOT is timed by the client over "
+            "a coalesced stream). Judge it on a model larger than the caches.",
+        ]
     return lines
 
 

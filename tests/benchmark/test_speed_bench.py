@@ -129,3 +129,12 @@ def test_builder_int4_reference_mode_runs_with_its_own_roofline(tiny_llama, tmp_
 
     md = markdown(doc)
     assert "| `builder_int4` |" in md and "(not a target here)" in md
+    # a fraction above the bandwidth bound (tiny weights stay in the CPU caches) is said to be no roofline result
+    import copy
+
+    for frac, said in ((0.5, False), (1.5, True)):
+        d = copy.deepcopy(doc)
+        for r in d["runs"]:
+            if r["roofline"]:
+                r["roofline"]["fraction"] = frac
+        assert ("is not a roofline result" in markdown(d)) is said
