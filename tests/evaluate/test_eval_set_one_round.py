@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import io
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import tiny
+from cli_run import run_pipeline_cli
 from rich.console import Console
 
 from pipeline.core.config import compose
@@ -64,21 +63,14 @@ def test_every_problem_of_the_eval_set_is_reported_in_one_run(tmp_path):
     """The trial's command: lengths and the file's own problems in one exit-2 message, before any stage runs."""
     es = _bad_eval_set(tmp_path / "eval.jsonl")
     store = tmp_path / "store"
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pipeline.cli",
-            f"eval.eval_set={es}",
-            "stages=[export,quantize,build,evaluate]",
-            f"store_dir={store}",
-            "quant=none",
-            f"hydra.run.dir={tmp_path / 'run'}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    r = run_pipeline_cli(
+        f"eval.eval_set={es}",
+        "stages=[export,quantize,build,evaluate]",
+        f"store_dir={store}",
+        "quant=none",
+        f"hydra.run.dir={tmp_path / 'run'}",
         cwd=ROOT,
+        timeout=300,
     )
     out = " ".join((r.stdout + r.stderr).split())  # the console wraps long lines
     assert r.returncode == 2, out[-3000:]

@@ -10,11 +10,10 @@ invalid line only; run 2 the ``text`` key only; run 3 the min_samples problem (a
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_run import run_pipeline_cli
 
 from pipeline.core.config import compose
 from pipeline.core.config.calibration import CalibrationConfig
@@ -45,21 +44,14 @@ def test_every_problem_of_the_calibration_file_is_reported_in_one_run(tmp_path):
     """The trial's command: the two malformed lines and min_samples in one exit-2 message, before any stage runs."""
     cal = _bad_calibration(tmp_path / "calib2.jsonl")
     store = tmp_path / "store"
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pipeline.cli",
-            f"calibration.path={cal}",
-            "quant=int4_awq",
-            "stages=[export,quantize]",
-            f"store_dir={store}",
-            f"hydra.run.dir={tmp_path / 'run'}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
+    r = run_pipeline_cli(
+        f"calibration.path={cal}",
+        "quant=int4_awq",
+        "stages=[export,quantize]",
+        f"store_dir={store}",
+        f"hydra.run.dir={tmp_path / 'run'}",
         cwd=ROOT,
+        timeout=600,
     )
     out = " ".join((r.stdout + r.stderr).split())  # the console wraps long lines
     assert r.returncode == 2, out[-3000:]
