@@ -96,7 +96,7 @@ def write_outputs(path: Any, st: Setup, runs: Runs, sc: Scores) -> None:
 
 def stage_result(st: Setup, runs: Runs, sc: Scores, verdict: dict[str, Any]) -> EvalResult:
     """The stage result: the gate verdict, the console headline and counts."""
-    ov = sc.stats.get("overall")
+    ov = sc.overall
     headline = {
         "score": round(sc.summaries[st.cand]["score"], 4),
         "baseline": round(ov.baseline, 4) if ov else None,

@@ -38,6 +38,8 @@ class Scores:
     stats: dict[str, Any]
     comparison: dict[str, Any] | None
     cand_scores: dict[str, float]
+    overall: Any = None
+    """The overall candidate-vs-baseline :class:`~pipeline.evaluate.gate.PairedStats` (None without a baseline)."""
 
 
 def score_outputs(e: Any, st: Setup, runs: Runs) -> Scores:
@@ -56,6 +58,7 @@ def score_outputs(e: Any, st: Setup, runs: Runs) -> Scores:
     summaries = {r: {**_summarise(outputs[r], scores[r], prepared), "batch_size": runs.batches.get(r)} for r in st.runners}
     comparison: dict[str, Any] | None = None
     stats: dict[str, Any] = {}
+    overall = None
     cand_scores = {"overall": summaries[cand]["score"], **{f"slice:{s}": v["score"] for s, v in summaries[cand]["slices"].items()}}
     if "baseline" in outputs and cand != "baseline":
         groups: dict[str, list[Any]] = defaultdict(list)
@@ -74,11 +77,12 @@ def score_outputs(e: Any, st: Setup, runs: Runs) -> Scores:
                 samples=e.gate.bootstrap_samples,
                 seed=e.gate.seed,
             )
+        overall = stats["overall"] if "overall" in stats else None
         comparison = {
-            "overall": stats["overall"].to_json() if "overall" in stats else None,
+            "overall": overall.to_json() if overall else None,
             "slices": {k.split(":", 1)[1]: v.to_json() for k, v in stats.items() if k.startswith("slice:")},
         }
-    return Scores(scores, summaries, stats, comparison, cand_scores)
+    return Scores(scores, summaries, stats, comparison, cand_scores, overall)
 
 
 def worst_regressions(e: Any, st: Setup, runs: Runs, sc: Scores) -> list[dict[str, Any]]:
