@@ -17,7 +17,7 @@ from rich.markup import escape
 
 from .core import hostinfo, memory
 from .core.config import STAGES, ConfigError, PipelineConfig, key_fields
-from .core.contracts.manifest import RunGate
+from .core.contracts.manifest import ArtifactManifest, RunGate
 from .core.contracts.result import StageResult
 from .core.stage import Stage, StageContext, get_stage, resolve_order
 from .core.store import Artifact, ArtifactStore, cache_key, digest_path, install_log_redaction, redact, redact_text
@@ -257,6 +257,8 @@ def _run_stages(cfg: PipelineConfig, console: Console, state: _RunState) -> None
             log=logging.getLogger(f"pipeline.{name}"),
             show_progress=show_progress,
         )
+        if stage.generation_key is not None:
+            ctx.manifest["generation_key"] = cache_key(stage.generation_key(key_doc))
         if cfg.dry_run:
             done[name] = _dry_run_stage(stage, ctx, store, key, t0, state)
             continue
@@ -385,6 +387,15 @@ def _reuse(
     return art, None
 
 
+def _prior(stage: Stage, ctx: StageContext, store: ArtifactStore, rerun: set[str]) -> Artifact | None:
+    """The newest trusted artifact of ``stage`` with this run's generation key (``Stage.generation_key``) computed from
+    the inputs in use (:func:`_stale_inputs`), whose costly work the stage may reuse (``StageContext.prior``)."""
+    gkey = ArtifactManifest.from_json(ctx.manifest).generation_key
+    if not isinstance(gkey, str):
+        return None
+    return next((a for a in store.with_generation_key(stage.name, gkey) if _stale_inputs(a, ctx.inputs, rerun) is None), None)
+
+
 def _run_or_reuse(stage: Stage, ctx: StageContext, store: ArtifactStore, key: str, t0: float, state: _RunState) -> Artifact:
     """The cached artifact for ``key``, else run the stage under the store's lock and publish its artifact
     (``force`` reruns the stages named in ``stages``; a stage that is not cacheable always runs).  A stored folder
@@ -410,6 +421,7 @@ def _run_or_reuse(stage: Stage, ctx: StageContext, store: ArtifactStore, key: st
                 note = f"{name} {key[:24]}: {why[0]}; moved aside to {aside}, {why[1]}"
                 notes.append(redact_text(note))
                 console.print(f"[yellow]{escape(note)}[/]")
+            ctx.prior = _prior(stage, ctx, store, rerun) if reusable else None
             with store.produce(name, key, ctx.manifest) as (tmp, mf):
                 ctx.out, ctx.resume_dir = tmp, store.resume_dir(name, key)
                 t_run = time.time()

@@ -42,6 +42,8 @@ class StageContext:
         resume_dir: a folder for work that outlives a killed run of the same key (the store's
             :meth:`pipeline.core.store.ArtifactStore.resume_dir`; removed when the artifact is published); None in
             dry-run mode and outside the runner.
+        prior: a trusted artifact of this stage with the same generation key (:attr:`Stage.generation_key`) whose
+            costly work the stage may reuse instead of doing it again; None when there is none.
     """
 
     cfg: PipelineConfig
@@ -53,6 +55,7 @@ class StageContext:
     log: logging.Logger
     show_progress: bool = True
     resume_dir: Path | None = None
+    prior: Artifact | None = None
 
     def upstream(self, stage: str) -> Artifact | None:
         """The artifact of the upstream ``stage``; None when this run gives the stage none (an optional input)."""
@@ -134,6 +137,10 @@ class Stage(Generic[R]):
             output (paths whose content is digested, scheduling knobs); checked by tests/contracts/test_gate_key_reads.py.
         checks: ``f(cfg) -> [Problem]``, the stage's config checks (its ``checks.py``), run by
             :func:`pipeline.validation.validate` before any work whenever the stage is in the run order.
+        generation_key: ``f(key document) -> document``, the part of the key its costly work depends on (evaluate:
+            the key less the ``eval.gate`` fields); the runner records its digest as the manifest's ``generation_key``
+            and, when the key misses, gives the stage the newest trusted artifact with the same one
+            (:attr:`StageContext.prior`).
     """
 
     name: str
@@ -150,6 +157,7 @@ class Stage(Generic[R]):
     select_deps: Callable[[PipelineConfig], tuple[str, ...]] | None = None
     runtime_reads: tuple[str, ...] = ()
     checks: Callable[[PipelineConfig], list[Problem]] = _no_checks
+    generation_key: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 
     def deps_for(self, cfg: PipelineConfig) -> tuple[str, ...]:
         """The upstream stages this run needs (``select_deps(cfg)`` when given, else ``deps``)."""

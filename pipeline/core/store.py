@@ -480,6 +480,22 @@ class ArtifactStore:
                 out.append(art)
         return sorted(out, key=lambda a: ((a.path / MANIFEST).stat().st_mtime, a.path.name))
 
+    def with_generation_key(self, stage: str, generation_key: str) -> list[Artifact]:
+        """Every trusted artifact of ``stage`` whose manifest records ``generation_key`` (``Stage.generation_key``),
+        newest first; each one's files are re-hashed (an artifact that does not match its manifest is left out)."""
+        found = []
+        stage_dir = self.root / stage
+        for mf in sorted(stage_dir.glob(f"[!.]*/{MANIFEST}")) if stage_dir.is_dir() else []:
+            try:
+                doc = ArtifactManifest.from_json(json.loads(mf.read_text(encoding="utf-8")))
+            except (OSError, ValueError):
+                continue
+            if doc.generation_key == generation_key and isinstance(doc.key, str) and self.path_for(stage, doc.key) == mf.parent:
+                art = self.lookup(stage, doc.key, verify=True)
+                if art is not None:
+                    found.append(art)
+        return sorted(found, key=lambda a: ((a.path / MANIFEST).stat().st_mtime, a.path.name), reverse=True)
+
     @contextlib.contextmanager
     def produce(self, stage: str, key: str, manifest: dict[str, Any]) -> Iterator[tuple[Path, dict[str, Any]]]:
         """Context manager that yields ``(tmp_dir, manifest)`` to write a new artifact.

@@ -1,8 +1,8 @@
 """What the evaluate stage's cache key covers beyond its own ``eval`` group: the external inputs whose content is
 digested (:func:`external_inputs`: the eval set and its data files, the reference checkpoint, the draft model, the
 calibration set of the fidelity hold-out), the other groups' fields it reads (:func:`key_extras`), the ``eval`` fields
-as the run resolves them (:func:`key_config`), and the fields it reads that never change its report
-(:data:`RUNTIME_READS`)."""
+as the run resolves them (:func:`key_config`), the fields it reads that never change its report (:data:`RUNTIME_READS`),
+and the part of the key its answers depend on (:func:`generation_key`)."""
 
 from __future__ import annotations
 
@@ -75,6 +75,14 @@ def key_config(cfg: Any) -> dict[str, Any]:
     if kind != "cpu":
         ev["device"] = kind
     return {"eval": ev}
+
+
+def generation_key(doc: dict[str, Any]) -> dict[str, Any]:
+    """The key document less the ``eval.gate`` group: what the answers and the fidelity measurements depend on (a run
+    whose key differs only in ``eval.gate`` reuses them, :func:`pipeline.evaluate.running.stored_runs`)."""
+    config = dict(doc["config"])
+    config["eval"] = {k: v for k, v in config["eval"].items() if k != "gate"}
+    return {**doc, "config": config}
 
 
 # Fields evaluate reads that never change its report: paths whose content is digested as an external input,

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.contracts.build import BuildArtifact, EngineLimits
-from ..core.contracts.evaluate import FidelityStats, FidelitySummary
+from ..core.contracts.evaluate import EvalArtifact, FidelityStats, FidelitySummary
 from ..core.contracts.export import ExportArtifact
 from ..core.stage import StageContext
 from ..errors import InputError
@@ -194,6 +194,45 @@ def run_runners(ctx: StageContext, st: Setup) -> Runs:
         base = fid.baseline_logits if fid is not None else None
         if base is not None and hasattr(base, "close"):
             base.close()  # the spilled baseline logits never reach the artifact
+
+
+@dataclasses.dataclass
+class Stored:
+    """The runs reused from an artifact whose key differs only in ``eval.gate`` (:func:`stored_runs`), with its
+    ``speculative`` section and its manifest's ``measurements`` (naming the artifact in ``answers_reused_from``)."""
+
+    runs: Runs
+    speculative: dict[str, Any] | None
+    measurements: dict[str, Any]
+
+
+def stored_runs(ctx: StageContext, st: Setup) -> Stored | None:
+    """The answers and fidelity section of ``ctx.prior`` (the generation does not depend on ``eval.gate``), or None
+    when there is none or they do not cover this run's runners and items (then the runners generate)."""
+    from .runners import ItemOutput
+
+    prior = ctx.prior
+    if prior is None:
+        return None
+    try:
+        g = EvalArtifact(prior.path).stored_generation()
+    except (OSError, ValueError, InputError) as e:
+        ctx.log.warning("evaluate: the answers of %s are not readable (%s); generating them", prior.path, e)
+        return None
+    todo = [p.item.id for p in st.prepared if not p.skipped]
+    fid_wanted = ctx.cfg.eval.fidelity and "baseline" in st.runners and st.cand != "baseline"
+    if set(g.answers) != set(st.runners) or any(set(g.answers[r]) != set(todo) for r in g.answers) or fid_wanted != bool(g.fidelity):
+        ctx.log.warning("evaluate: the answers of %s do not cover this run's runners and items; generating them", prior.path)
+        return None
+    outputs = {
+        r: {i: ItemOutput(i, a.text, list(a.output_ids), a.finish_reason, 0.0, a.error) for i in todo for a in [g.answers[r][i]]}
+        for r in st.runners
+    }
+    batches = {r: b for r, b in g.batches.items() if b is not None}
+    note = f"evaluate: eval.gate changed only: reusing the answers and fidelity of artifact {prior.key} (no generation)"
+    ctx.console.print(note, markup=False, highlight=False)
+    ctx.log.info("%s", note)
+    return Stored(Runs(outputs, {}, g.fidelity, None, batches), g.speculative, {**prior.doc.measurements, "answers_reused_from": prior.key})
 
 
 def _fidelity_plan(ctx: StageContext, st: Setup) -> _Fidelity:

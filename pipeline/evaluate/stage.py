@@ -23,9 +23,9 @@ from ..core.stage import Stage, StageContext
 from .checks import checks
 from .draft import speculative_section
 from .inputs import resolve_runners, setup
-from .key import RUNTIME_READS, external_inputs, key_config, key_extras
+from .key import RUNTIME_READS, external_inputs, generation_key, key_config, key_extras
 from .results import build_report, stage_result, write_outputs
-from .running import measurements, run_runners
+from .running import measurements, run_runners, stored_runs
 from .scoring import score_outputs, worst_regressions
 
 
@@ -51,7 +51,8 @@ def _evaluate(ctx: StageContext) -> EvalResult:
 
     cfg, e = ctx.cfg, ctx.cfg.eval
     st = setup(ctx)
-    runs = run_runners(ctx, st)
+    stored = stored_runs(ctx, st)  # eval.gate changed only: the answers of ctx.prior
+    runs = stored.runs if stored is not None else run_runners(ctx, st)
     sc = score_outputs(e, st, runs)
     verdict = G.judge(
         e.gate,
@@ -62,13 +63,13 @@ def _evaluate(ctx: StageContext) -> EvalResult:
         cand_errors=int(sc.summaries[st.cand]["errors"]),
     )
     worst = worst_regressions(e, st, runs, sc) if sc.comparison else []
-    speculative = speculative_section(ctx, st, runs)
+    speculative = stored.speculative if stored is not None else speculative_section(ctx, st, runs)
     rep = build_report(ctx, st, runs, sc, verdict, worst, speculative)
     out = ctx.out
     assert out is not None
     write_outputs(EvalArtifact(out).outputs_path, st, runs, sc)
     report = R.write_all(out, rep)
-    ctx.manifest["measurements"] = measurements(runs)
+    ctx.manifest["measurements"] = stored.measurements if stored is not None else measurements(runs)
     write_junit(out / EvalArtifact.JUNIT_XML, report)
     R.print_console(report, ctx.console)
     return stage_result(st, runs, sc, verdict)
@@ -103,4 +104,5 @@ STAGE = Stage(
     runtime_reads=RUNTIME_READS,
     dry_run=_dry_run,
     select_deps=_select_deps,
+    generation_key=generation_key,
 )

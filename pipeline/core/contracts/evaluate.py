@@ -9,7 +9,7 @@ from typing import Any, ClassVar, TypeVar
 
 from ..artifacts import PathOf, StageArtifact
 from ..decoding import DecodingPolicy
-from .result import StageResult, from_fields, json_object
+from .result import Record, StageResult, from_fields, json_object
 
 D = TypeVar("D")
 
@@ -40,6 +40,53 @@ class EvalArtifact(StageArtifact):
         if not self.report_path.is_file():
             raise InputError(f"{self.report_path} is missing. Fix: {fix}.")
         return EvalReport.from_json(_read_json(self.report_path, fix), source=self.report_path)
+
+    def stored_generation(self) -> StoredGeneration:
+        """What this artifact generated (:class:`StoredGeneration`), from ``outputs.jsonl`` and ``eval_report.json``.
+
+        Raises:
+            InputError / OSError / ValueError: a file is missing or not what the evaluate stage writes.
+        """
+        import json
+
+        report = json_object(json.loads(self.report_path.read_text(encoding="utf-8")))
+        answers: dict[str, dict[str, StoredAnswer]] = {}
+        for line in self.outputs_path.read_text(encoding="utf-8").splitlines():
+            a = StoredAnswer.from_json(json.loads(line))
+            if a.runner is not None:  # a skipped item's row has no runner
+                answers.setdefault(str(a.runner), {})[str(a.id)] = a
+        fidelity = report.get("fidelity")
+        return StoredGeneration(
+            answers=answers,
+            batches={r: s.batch_size for r, s in _each(RunnerScores.from_json, report.get("runners")).items()},
+            fidelity=fidelity if isinstance(fidelity, dict) else None,
+            speculative=EvalReport.from_json(report, source=self.report_path).speculative,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredAnswer(Record):
+    """One runner's answer in ``outputs.jsonl`` (a skipped item's row has no ``runner``; None where a row lacks a
+    field)."""
+
+    id: Any = None
+    runner: Any = None
+    text: Any = None
+    output_ids: Any = None
+    finish_reason: Any = None
+    error: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredGeneration:
+    """What an evaluate artifact generated, which its gate does not change (a run whose key differs only in
+    ``eval.gate`` reuses it: ``pipeline.evaluate.running.stored_runs``): every runner's answers by item id, the batch
+    each runner ran with, and the report's ``fidelity`` and ``speculative`` sections as written."""
+
+    answers: dict[str, dict[str, StoredAnswer]]
+    batches: dict[str, int | None]
+    fidelity: dict[str, Any] | None
+    speculative: dict[str, Any] | None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -47,6 +47,8 @@ class ArtifactManifest:
         key_document: the (redacted) key document its cache key is the digest of.
         result: the stage's result (its stage's class parses it: ``QuantizeResult.from_json`` ...).
         measurements: what the run measured (the quantize stage's: :class:`QuantizeMeasurements`).
+        generation_key: the digest of the part of its key document its stage's costly work depends on
+            (``Stage.generation_key``; None for a stage without one or an artifact written before it was recorded).
     """
 
     key: Any = None
@@ -64,6 +66,7 @@ class ArtifactManifest:
     external: dict[str, InputRecord] = dataclasses.field(default_factory=dict)
     result: dict[str, Any] = dataclasses.field(default_factory=dict)
     measurements: dict[str, Any] = dataclasses.field(default_factory=dict)
+    generation_key: Any = None
 
     def config_group(self, name: str) -> Any:
         """The recorded config group ``name`` (``package`` ...); None when the manifest has none."""
@@ -93,6 +96,7 @@ class ArtifactManifest:
             external={k: InputRecord.from_json(v) for k, v in external.items()},
             result=json_object(doc.get("result")),
             measurements=json_object(doc.get("measurements")),
+            generation_key=doc.get("generation_key"),
         )
 
 
