@@ -85,7 +85,8 @@ def _task(cfg) -> int:  # DictConfig
 
     from .core.config import to_object
     from .errors import EXIT_INPUT
-    from .runner import record_exit_code, run_pipeline
+    from .report import record_exit_code
+    from .runner import run_pipeline
 
     _state["task_started"] = True
     hc = HydraConfig.get()
@@ -531,7 +532,7 @@ def main(argv: list[str] | None = None) -> None:
             shutil.rmtree(tmp_root, ignore_errors=True)
         if migrate_tmp is not None:
             shutil.rmtree(migrate_tmp, ignore_errors=True)
-    from .runner import worst_exit_code
+    from .report import worst_exit_code
 
     sys.exit(worst_exit_code())
 

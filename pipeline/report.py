@@ -321,3 +321,37 @@ def write_comparison(sweep_dir: Path, console: Console) -> dict[str, Any]:
         t.add_row(v, *vals)
     console.print(t)
     return doc
+
+
+# --------------------------------------------------------------------------- multirun
+try:
+    from hydra.experimental.callback import Callback as _HydraCallback
+except ImportError:  # pragma: no cover
+    _HydraCallback = object  # type: ignore[misc,assignment]
+
+
+class MultirunComparison(_HydraCallback):  # type: ignore[misc,unused-ignore]  # _HydraCallback is Any when hydra is absent
+    """Hydra callback: after ``-m`` sweeps, join every job's summary.json into one comparison table."""
+
+    def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
+        """Write the comparison and make the ``pipeline -m`` exit code the worst job's.
+
+        Runs in the launching process; jobs may have run in other processes (joblib, SLURM), so
+        their exit codes are read from their ``summary.json`` files, not from in-process state.
+        """
+        sweep_dir = Path(config.hydra.sweep.dir)
+        doc = write_comparison(sweep_dir, Console())
+        record_exit_code(int(doc["exit_code"] or 0))
+
+
+_WORST_EXIT = [0]
+
+
+def record_exit_code(code: int) -> None:
+    """Remember ``code`` for :func:`worst_exit_code` (the runs and multirun comparisons of this process)."""
+    _WORST_EXIT[0] = max(_WORST_EXIT[0], int(code))
+
+
+def worst_exit_code() -> int:
+    """The highest exit code recorded in this process: what ``pipeline`` (single run or ``-m`` sweep) exits with."""
+    return _WORST_EXIT[0]

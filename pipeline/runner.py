@@ -33,7 +33,6 @@ from .report import (
     parity_record,
     print_summary,
     redact_run_outputs,
-    write_comparison,
     write_summary,
 )
 from .validation import validate as validate_config
@@ -474,37 +473,3 @@ def _record_gate(
             console.print(f"[bold yellow]EXPLORATORY RUN: the gate is INCONCLUSIVE (eval.gate.mode=exploratory); {then}[/]")
         else:
             state.gate_failed, state.gate_inconclusive = gate.reason, gate.inconclusive
-
-
-# --------------------------------------------------------------------------- multirun
-try:
-    from hydra.experimental.callback import Callback as _HydraCallback
-except ImportError:  # pragma: no cover
-    _HydraCallback = object  # type: ignore[misc,assignment]
-
-
-class MultirunComparison(_HydraCallback):  # type: ignore[misc,unused-ignore]  # _HydraCallback is Any when hydra is absent
-    """Hydra callback: after ``-m`` sweeps, join every job's summary.json into one comparison table."""
-
-    def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
-        """Write the comparison and make the ``pipeline -m`` exit code the worst job's.
-
-        Runs in the launching process; jobs may have run in other processes (joblib, SLURM), so
-        their exit codes are read from their ``summary.json`` files, not from in-process state.
-        """
-        sweep_dir = Path(config.hydra.sweep.dir)
-        doc = write_comparison(sweep_dir, Console())
-        record_exit_code(int(doc["exit_code"] or 0))
-
-
-_WORST_EXIT = [0]
-
-
-def record_exit_code(code: int) -> None:
-    """Remember ``code`` for :func:`worst_exit_code` (the runs and multirun comparisons of this process)."""
-    _WORST_EXIT[0] = max(_WORST_EXIT[0], int(code))
-
-
-def worst_exit_code() -> int:
-    """The highest exit code recorded in this process: what ``pipeline`` (single run or ``-m`` sweep) exits with."""
-    return _WORST_EXIT[0]
