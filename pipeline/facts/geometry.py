@@ -22,6 +22,29 @@ from ..errors import InputError
 _ROPE_NO_FACTOR = ("su", "longrope", "llama3")
 
 
+def rope_scale(config: dict[str, Any]) -> tuple[str | None, float]:
+    """``(rope_type, factor)`` of a ``config.json`` dict's RoPE scaling in any spelling (legacy ``rope_scaling`` with
+    ``type`` or ``rope_type``, transformers 5 ``rope_parameters``: :func:`pipeline.facts.rope.normalise_rope`);
+    ``(None, 1.0)`` for plain RoPE or a malformed scaling (the export stage names it)."""
+    from .rope import normalise_rope
+
+    try:
+        _, rope = normalise_rope(config)
+        factor = float((rope or {}).get("factor") or 1.0)
+    except (InputError, TypeError, ValueError):
+        return None, 1.0
+    return (str(rope["rope_type"]) if rope else None), (factor if factor > 0 else 1.0)
+
+
+def position_limit(max_positions: int, rope_type: str | None, factor: float) -> int:
+    """Longest sequence (tokens) the position encoding supports: ``max_positions`` x the rope ``factor``, except for
+    the rope types whose config already states the extended length (TensorRT-LLM builder rule, ``tensorrt_llm/
+    builder.py``)."""
+    if rope_type in _ROPE_NO_FACTOR or factor <= 1.0:
+        return max_positions
+    return int(max_positions * factor)
+
+
 #: bytes per element of each dtype name the planner and the memory model use
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8": 1, "int8": 1}
 
@@ -89,14 +112,7 @@ class ModelShape:
         maxpos = d.get("max_position_embeddings") or 2048  # TensorRT-LLM's fallback when unknown (tensorrt_llm/builder.py)
         if not isinstance(maxpos, int) or maxpos < 1:
             raise InputError(f"{source}: max_position_embeddings must be a positive integer, got {maxpos!r}")
-        rs = d.get("rope_scaling") or {}
-        if not isinstance(rs, dict):
-            rs = {}
-        rope_type = rs.get("rope_type") or rs.get("type")
-        try:
-            factor = float(rs.get("factor") or 1.0)
-        except (TypeError, ValueError):
-            factor = 1.0
+        rope_type, factor = rope_scale(d)
         archs = d.get("architectures") or ["unknown"]
         sw = d.get("sliding_window") if d.get("use_sliding_window", True) else None
         model_type = str(d.get("model_type") or "unknown")
@@ -112,7 +128,7 @@ class ModelShape:
             head_dim=head_dim,
             max_positions=maxpos,
             rope_type=str(rope_type) if rope_type else None,
-            rope_factor=factor if factor > 0 else 1.0,
+            rope_factor=factor,
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
             # Qwen2 always has q/k/v biases (modeling_qwen2); others follow attention_bias
             attention_bias=bool(d.get("attention_bias", model_type == "qwen2")),
@@ -123,11 +139,8 @@ class ModelShape:
 
     @property
     def max_seq_len_limit(self) -> int:
-        """Longest sequence the position encoding supports: max positions x rope factor, except for
-        rope types whose config already states the extended length (TensorRT-LLM builder rule)."""
-        if self.rope_type in _ROPE_NO_FACTOR or self.rope_factor <= 1.0:
-            return self.max_positions
-        return int(self.max_positions * self.rope_factor)
+        """Longest sequence the position encoding supports (:func:`position_limit`)."""
+        return position_limit(self.max_positions, self.rope_type, self.rope_factor)
 
     def linears(self) -> Iterator[Linear]:
         """Every linear layer of the decoder (HF module names) plus ``lm_head`` (tied or not)."""

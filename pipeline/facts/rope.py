@@ -268,15 +268,17 @@ def builder_rope(config: dict[str, Any], max_seq_len: int | None = None) -> tupl
             f"dynamic RoPE scaling built as plain RoPE (equal up to max_position_embeddings={mpe} >= build.max_seq_len={max_seq_len})",
         )
     if rope["rope_type"] == "yarn":
-        src = config.get(key) or {}
         fill = dict(YARN_BETA_DEFAULTS)
         orig = rope.get("original_max_position_embeddings") or config.get("original_max_position_embeddings")
         if orig:
             fill["factor"] = float(config["max_position_embeddings"]) / float(orig)
-        added = {k: v for k, v in fill.items() if src.get(k) is None}
+        added = {k: v for k, v in fill.items() if rope.get(k) is None}
         if not added:
             return None, None
-        return {**config, key: {**src, **added}}, f"YaRN defaults filled in as transformers does: {added}"
+        # into every spelling the config holds: transformers 5 lets a legacy rope_scaling override rope_parameters
+        # (a trial: the betas filled into rope_parameters alone were dropped, and the builder divided by zero)
+        keys = [k for k in ("rope_parameters", "rope_scaling") if isinstance(config.get(k), dict)]
+        return {**config, **{k: {**config[k], **added} for k in keys}}, f"YaRN defaults filled in as transformers does: {added}"
     if rope["rope_type"] == "linear" and config.get("model_type") == "llama":
         factor = float(rope["factor"])
         return {**config, "rope_position_scale": 1.0 / factor}, f"linear RoPE scaling x{factor:g} as rope_position_scale={1.0 / factor:g}"

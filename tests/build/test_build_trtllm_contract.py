@@ -231,6 +231,22 @@ def test_cross_field_rules_are_problems_naming_the_field(overrides, field):
     assert all(p.fix for p in probs)
 
 
+def test_the_position_limit_reads_either_rope_spelling():
+    """transformers 5's save_pretrained writes rope_parameters only: its factor counts as rope_scaling's does (a
+    trial: a linear x2 checkpoint was limited to 256 positions in that spelling and 512 in the legacy one)."""
+    from pipeline.facts.geometry import ModelShape
+
+    base = {"max_position_embeddings": 256, "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 512}
+    for rope in (
+        {"rope_scaling": {"type": "linear", "factor": 2.0}},
+        {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}},
+    ):
+        assert runtime.max_positions({**base, **rope})[0] == 512, rope
+        assert ModelShape.from_hf_config({**base, **rope}).max_seq_len_limit == 512, rope
+    llama3 = {"rope_parameters": {"rope_type": "llama3", "factor": 8.0, "rope_theta": 5e5}}
+    assert runtime.max_positions({**base, **llama3})[0] == ModelShape.from_hf_config({**base, **llama3}).max_seq_len_limit == 256
+
+
 def test_max_seq_len_limited_by_positions_times_rope_factor(make_checkpoint):
     assert runtime.max_positions({"max_position_embeddings": 4096, "rope_scaling": {"type": "linear", "factor": 2.0}})[0] == 8192
     assert runtime.max_positions({"max_position_embeddings": 131072, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})[0] == 131072

@@ -171,3 +171,30 @@ def test_dynamic_rope_is_plain_rope_within_max_position_embeddings(tmp_path, arc
     with get_target("onnxruntime_genai").load_runner(tmp_path / "b" / "engine") as runner:
         got = runner.generate([GenerationRequest(p, 40, [2], f"r{i}") for i, p in enumerate(prompts)])
     assert [r.output_ids for r in got] == want
+
+
+def test_yarn_without_betas_in_both_spellings_builds_and_equals_transformers(tmp_path):
+    """The export writes rope_scaling and rope_parameters; transformers 5 lets the legacy one override, so YaRN's
+    defaults filled into rope_parameters alone were dropped and the builder divided by zero (exit 1 after export and
+    quantize; fresh-user trial). They go into both."""
+    import transformers as tf
+
+    yarn = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096, "truncate": False}
+    ckpt = _checkpoint(tmp_path, "qwen2", yarn, max_position_embeddings=16384)
+    c = json.loads((ckpt / "config.json").read_text())
+    c["rope_parameters"] = {"rope_type": "yarn", "rope_theta": 10000.0, **{k: v for k, v in yarn.items() if k != "type"}}
+    (ckpt / "config.json").write_text(json.dumps(c))
+    assert not _rope_msgs(ckpt)
+    cfg = compose([f"model.path={ckpt}", "target=onnxruntime_genai", "quant=none", "build.max_input_len=160", "build.max_seq_len=200"])
+    (tmp_path / "q").mkdir()
+    (tmp_path / "q" / "hf").symlink_to(ckpt, target_is_directory=True)
+    (tmp_path / "b").mkdir()
+    get_target("onnxruntime_genai").build(cfg, tmp_path / "q", tmp_path / "b", export_dir=tmp_path / "q")
+    model = tf.AutoModelForCausalLM.from_pretrained(str(ckpt)).eval()
+    prompts = [list(range(5, 5 + n)) for n in (40, 90)]
+    want = [_greedy(model, p, 10) for p in prompts]
+    plain = tf.AutoModelForCausalLM.from_pretrained(str(ckpt), rope_parameters={"rope_type": "default", "rope_theta": 10000.0}).eval()
+    assert want != [_greedy(plain, p, 10) for p in prompts]  # YaRN changes the tokens: the test can tell
+    with get_target("onnxruntime_genai").load_runner(tmp_path / "b" / "engine") as runner:
+        got = runner.generate([GenerationRequest(p, 10, [2], f"r{i}") for i, p in enumerate(prompts)])
+    assert [r.output_ids for r in got] == want

@@ -43,16 +43,16 @@ def model_hf_config(cfg: Any) -> dict[str, Any] | None:
 
 
 def max_positions(hf: dict[str, Any]) -> tuple[int | None, str]:
-    """``(limit, explanation)``: max_position_embeddings x rope factor (factor not applied for su/longrope/llama3; tensorrt_llm/builder.py)."""
+    """``(limit, explanation)``: max_position_embeddings x rope factor (:func:`pipeline.facts.geometry.position_limit`;
+    the scaling in any spelling, :func:`pipeline.facts.geometry.rope_scale`)."""
+    from ....facts.geometry import position_limit, rope_scale
+
     mpe = hf.get("max_position_embeddings")
     if not mpe:
         return None, "max_position_embeddings unknown"
-    rs = hf.get("rope_scaling") or {}
-    rtype = rs.get("rope_type") or rs.get("type")
-    factor = float(rs.get("factor") or 1.0)
-    if rtype in ("su", "longrope", "llama3") or factor < 1:
-        factor = 1.0
-    return int(mpe * factor), f"max_position_embeddings {mpe} x rope factor {factor:g}"
+    rtype, factor = rope_scale(hf)
+    limit = position_limit(int(mpe), rtype, factor)
+    return limit, f"max_position_embeddings {mpe} x rope factor {limit / int(mpe):g}"
 
 
 def sliding_window(hf: dict[str, Any] | None) -> int | None:
