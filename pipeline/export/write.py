@@ -84,8 +84,15 @@ def _load_tokenizer(src: Path, vocab_rows: int, trust_remote_code: bool) -> Any:
                     f"checkpoint and model.trust_remote_code is false. Fix: use a standard tokenizer "
                     f"(tokenizer.json), or, only if you trust its source, set model.trust_remote_code=true."
                 )
-    from transformers import AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
+    try:  # the tokenizer loads config.json too: its errors are config.json's, not the tokenizer's (a trial)
+        AutoConfig.from_pretrained(str(src), trust_remote_code=trust_remote_code)
+    except Exception as e:
+        raise InputError(
+            f"{src / 'config.json'}: transformers cannot read it: {type(e).__name__}: {e}. Fix: correct config.json "
+            "(compare it with the original model's)."
+        ) from None
     try:
         tok = AutoTokenizer.from_pretrained(str(src), trust_remote_code=trust_remote_code)
     except Exception as e:

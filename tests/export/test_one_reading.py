@@ -63,6 +63,18 @@ def test_stray_model_safetensors_beside_an_index_is_refused(llama, tmp_path):
     assert not (tmp_path / "out" / "hf").exists()
 
 
+def test_a_config_transformers_cannot_read_is_named_as_config_json(llama, tmp_path):
+    """A trial: rope_scaling {type: dynamic} without its factor passed every check and was reported as "the tokenizer
+    files could not be loaded" (the tokenizer loads config.json too). Now config.json is named."""
+    src = tmp_path / "nofactor"
+    shutil.copytree(llama, src)
+    c = json.loads((src / "config.json").read_text())
+    c.pop("rope_parameters", None)
+    (src / "config.json").write_text(json.dumps({**c, "rope_scaling": {"type": "dynamic"}}))
+    with pytest.raises(InputError, match=r"config\.json: transformers cannot read it: KeyError.*factor.*Fix: correct config\.json"):
+        export_checkpoint(src, tmp_path / "out", dtype="float32")
+
+
 def test_shards_without_their_index_name_the_missing_shard(llama, tmp_path):
     """Index deleted and a shard missing: transformers cannot load the folder at all; the refusal names the missing
     shard and the index (the old message blamed config.json)."""
