@@ -391,6 +391,9 @@ class OnnxRuntimeGenAITarget:
             "quantized_weights": None if rec == "none" else _quantized_weights(conv, n_mul, graph),
             "command": cmd,
             "graph_fixes": [graph_fix] if graph_fix else [],
+            # what the builder was handed instead of the checkpoint's config.json (windowed layers, RoPE): recorded
+            # so a release says what it ships (a trial found it only in the run's log)
+            **({"builder_config_changes": window_note} if window_note else {}),
             "engine_bytes": _dir_bytes(engine),
             "builder_peak_rss_bytes": builder_peak,
             "build_s": round(time.time() - t0, 3),
