@@ -104,13 +104,23 @@ def main(argv: list[str] | None = None) -> int:
             _error(EXIT_INPUT, str(e))
         return EXIT_INPUT
 
-    from .core.config import ConfigError
+    from .core.config import ConfigError, Problem
     from .planner import host_check
     from .planner.plan import plan
     from .planner.render import render
     from .validation import validate, with_run_order
 
     problems = validate(cfg, raise_on_error=False)
+    # --gpus plans each GPU for tensorrt_llm; a CPU target's plan no GPU changes (a trial saw nine identical "ok" rows)
+    if args.gpus and cfg.target.name == "onnxruntime_genai":
+        problems.append(
+            Problem(
+                "target.name",
+                cfg.target.name,
+                "--gpus compares NVIDIA GPUs for tensorrt_llm; this target runs on the CPU.",
+                "drop target=onnxruntime_genai (or drop --gpus)",
+            )
+        )
     out: dict[str, Any] = {"overrides": overrides, "problems": [dataclasses.asdict(p) for p in problems]}
     if problems:  # refused as plan() and the run refuse it (exit 2, validate's message): no plan of a config that cannot run
         err = ConfigError(problems)

@@ -243,6 +243,9 @@ def test_cli_json_and_alias(capsys):
     # a refused GPU says why under the table (fresh-user trial: "refused" with no reason outside --json)
     out = " ".join(capsys.readouterr().out.split())
     assert "a100_80gb: refused: quant.recipe=fp8 needs compute capability >= 8.9" in out, out[-2000:]
+    # --gpus with the CPU target: refused, not nine identical CPU plans (fresh-user trial)
+    assert plan_main(["--gpus", "all", "model=llama31_8b", "target=onnxruntime_genai"]) == 2
+    assert "--gpus compares NVIDIA GPUs for tensorrt_llm" in " ".join(capsys.readouterr().err.split())
 
 
 @pytest.mark.parametrize(
