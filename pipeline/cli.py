@@ -465,6 +465,9 @@ def main(argv: list[str] | None = None) -> None:
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     _subcommand(argv)  # exits when argv names a subcommand, help, or a mistyped subcommand
+    # SIGTERM (a cancelled CI job, `timeout`, `kill`) stops a run as Ctrl-C does: the stage's temporary folder is
+    # removed and the summary written, exit 130; the default handler left the folder in the store (a trial)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     from .core.memory import tune_allocator
 
     tune_allocator()  # freed weights go back to the OS (docs/memory.md)

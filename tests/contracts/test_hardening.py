@@ -133,6 +133,19 @@ def test_interrupted_runs_leave_nothing_trusted_and_resume(tiny_llama, tmp_path)
     assert grep_tree(tmp_path, SECRET) == []
 
 
+def test_sigterm_stops_a_run_as_ctrl_c_does(tiny_llama, tmp_path):
+    """A cancelled CI job gets SIGTERM: the run ends exit 130 with its summary, and the stage's temporary folder is
+    removed (the default handler left it in the store for good: fresh-user trial)."""
+    store = tmp_path / "store"
+    p = start([f"model.path={tiny_llama}", f"store_dir={store}", *QUANT_ARGS], tmp_path, "term")
+    wait_for_tmp(store / "quantize", p)
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=120) == 130, (tmp_path / "term" / "stdout.txt").read_text()
+    assert json.loads((tmp_path / "term" / "summary.json").read_text())["error"] == "interrupted"
+    assert not any(store.glob("*/.tmp-*"))
+    assert_store_consistent(store)
+
+
 # --------------------------------------------------------------------------- concurrency (+ secrets)
 def test_two_concurrent_runs_produce_one_artifact_and_no_secret(tiny_llama, tmp_path):
     """Two runs on one store at once: one produces, the other waits on the lock and reuses it; the
