@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -440,11 +441,15 @@ def _subcommand(argv: list[str]) -> None:
     if argv and argv[0] in SUBCOMMANDS:
         try:
             code = importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:]) or 0
+            sys.stdout.flush()  # here, so that a reader gone away (below) is not found by the flush at exit
         except KeyboardInterrupt:  # Ctrl-C in a subcommand (client, plan, ...): the documented 130, no traceback
             from .errors import EXIT_INTERRUPTED
 
             print(f"pipeline {argv[0]}: interrupted", file=sys.stderr)
             code = EXIT_INTERRUPTED
+        except BrokenPipeError:  # `pipeline benchmark show x.json | head`: the reader stopped reading; no traceback
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's documented recipe (signal docs)
+            code = 0
         sys.exit(code)
     # `migrate` is run by main() itself (the pipeline chain with a release's config), not by a module's main(argv)
     known = Registry("subcommand", {**{n: SUBCOMMANDS[n] for n in SUBCOMMANDS}, "migrate": "pipeline.package.migrate"})

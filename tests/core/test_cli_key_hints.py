@@ -131,3 +131,20 @@ def test_deleting_a_schema_group_or_field_is_refused():
     assert "~build: deletes build" in _one("~build") and "Fix: set it instead (build=<value>)" in _one("~build")
     assert "~quant.group_size: deletes quant.group_size" in _one("~quant.group_size")
     assert check_overrides(["~hydra.run"]) == []
+
+
+def test_a_reader_that_stops_reading_gets_no_traceback(tmp_path):
+    """`pipeline benchmark show x.json | head` ended in a BrokenPipeError traceback (fresh-user trial). The reader
+    here closes the pipe before the command writes, so every write fails."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    p = subprocess.Popen(
+        [sys.executable, "-m", "pipeline", "benchmark", "show", str(root / "bench/results/default.json")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path, env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 0 and "Traceback" not in err, err[-2000:]
