@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -461,18 +462,21 @@ def _subcommand(argv: list[str]) -> None:
         sys.exit(EXIT_INPUT)
 
 
+def _interrupt_on(sig: signal.Signals) -> None:
+    """Make ``sig`` raise KeyboardInterrupt, so it stops a run as Ctrl-C does (exit 130, the stage's temporary folder
+    removed, the summary written). SIGINT: a job started in the background of a non-interactive shell (CI runners,
+    ``cmd &``) inherits it as *ignored*, and Python then never raises KeyboardInterrupt. SIGTERM (a cancelled CI job,
+    ``timeout``, ``kill``; set for a run only, ``pipeline serve`` has its own): its default handler left the folder in
+    the store for good (a trial)."""
+    if sig != signal.SIGINT or signal.getsignal(sig) is signal.SIG_IGN:
+        signal.signal(sig, signal.default_int_handler)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    # A job started in the background of a non-interactive shell (CI runners, `cmd &`) inherits SIGINT as
-    # *ignored*, and Python then never raises KeyboardInterrupt: restore it so SIGINT always stops a run (exit 130).
-    import signal
-
-    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+    _interrupt_on(signal.SIGINT)
     _subcommand(argv)  # exits when argv names a subcommand, help, or a mistyped subcommand
-    # SIGTERM (a cancelled CI job, `timeout`, `kill`) stops a run as Ctrl-C does: the stage's temporary folder is
-    # removed and the summary written, exit 130; the default handler left the folder in the store (a trial)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    _interrupt_on(signal.SIGTERM)
     from .core.memory import tune_allocator
 
     tune_allocator()  # freed weights go back to the OS (docs/memory.md)
