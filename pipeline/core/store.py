@@ -32,7 +32,7 @@ import re
 import secrets
 import shutil
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -456,11 +456,15 @@ class ArtifactStore:
             raise StoreError(f"cannot move {final} aside to {aside}: {e.strerror or e}") from e
         return aside
 
-    def published(self, stage: str, *, verify: bool | None = None) -> list[Artifact]:
-        """Every trusted artifact of ``stage``, oldest first (by manifest time).
+    def published(
+        self, stage: str, *, verify: bool | None = None, where: Callable[[ArtifactManifest], bool] | None = None
+    ) -> list[Artifact]:
+        """Every trusted artifact of ``stage`` (whose manifest satisfies ``where``, when given), oldest first (by
+        manifest time).
 
         Only published folders count: staging (``.tmp-*``) and moved-aside (``.stale-*``) folders, folders whose
-        name is not their manifest's key, and anything :meth:`lookup` would not trust are skipped.
+        name is not their manifest's key, and anything :meth:`lookup` would not trust are skipped; ``where`` is
+        asked before :meth:`lookup`, so only the artifacts it keeps are verified.
         """
         out = []
         stage_dir = self.root / stage
@@ -470,10 +474,11 @@ class ArtifactStore:
             if d.name.startswith(".") or not d.is_dir():
                 continue
             try:
-                key = ArtifactManifest.from_json(json.loads((d / MANIFEST).read_text(encoding="utf-8"))).key
+                doc = ArtifactManifest.from_json(json.loads((d / MANIFEST).read_text(encoding="utf-8")))
             except (OSError, ValueError):
                 continue
-            if not isinstance(key, str) or self.path_for(stage, key) != d:
+            key = doc.key
+            if not isinstance(key, str) or self.path_for(stage, key) != d or (where is not None and not where(doc)):
                 continue
             art = self.lookup(stage, key, verify=verify)
             if art is not None:
@@ -483,18 +488,7 @@ class ArtifactStore:
     def with_generation_key(self, stage: str, generation_key: str) -> list[Artifact]:
         """Every trusted artifact of ``stage`` whose manifest records ``generation_key`` (``Stage.generation_key``),
         newest first; each one's files are re-hashed (an artifact that does not match its manifest is left out)."""
-        found = []
-        stage_dir = self.root / stage
-        for mf in sorted(stage_dir.glob(f"[!.]*/{MANIFEST}")) if stage_dir.is_dir() else []:
-            try:
-                doc = ArtifactManifest.from_json(json.loads(mf.read_text(encoding="utf-8")))
-            except (OSError, ValueError):
-                continue
-            if doc.generation_key == generation_key and isinstance(doc.key, str) and self.path_for(stage, doc.key) == mf.parent:
-                art = self.lookup(stage, doc.key, verify=True)
-                if art is not None:
-                    found.append(art)
-        return sorted(found, key=lambda a: ((a.path / MANIFEST).stat().st_mtime, a.path.name), reverse=True)
+        return self.published(stage, verify=True, where=lambda m: m.generation_key == generation_key)[::-1]
 
     @contextlib.contextmanager
     def produce(self, stage: str, key: str, manifest: dict[str, Any]) -> Iterator[tuple[Path, dict[str, Any]]]:

@@ -37,7 +37,6 @@ class ArtifactManifest:
         output_digest: its content digest.
         outputs: every file it holds (relative POSIX path), with its recorded sha256 and size (None: not an object).
         external: the external input files it was computed from (path, digest), by name.
-        result: the stage's result (parsed by the stage's class, ``Artifact.result``).
         created: when it was published (ISO 8601 UTC).
         production: the id of the run that produced it.
         pending: a dry run's provisional artifact (not built).
