@@ -179,11 +179,16 @@ class Runs:
         return fs.overall if fs is not None else FidelityStats()
 
 
+def _fidelity_wanted(ctx: StageContext, st: Setup) -> bool:
+    """Whether the run measures teacher-forced fidelity: asked for, with a baseline and another candidate."""
+    return bool(ctx.cfg.eval.fidelity and "baseline" in st.runners and st.cand != "baseline")
+
+
 def run_runners(ctx: StageContext, st: Setup) -> Runs:
     """Run every runner over the prepared items (:func:`_run_all`), with teacher-forced fidelity when asked for."""
     outputs: dict[str, dict[str, Any]] = {}
     seconds: dict[str, float] = {}
-    fid = _fidelity_plan(ctx, st) if ctx.cfg.eval.fidelity and "baseline" in st.runners and st.cand != "baseline" else None
+    fid = _fidelity_plan(ctx, st) if _fidelity_wanted(ctx, st) else None
     try:
         batches: dict[str, int] = {}
         _run_all(ctx, st.runners, st.prepared, st.tokenizer, st.stop_ids, st.pad_id, st.n_run, outputs, seconds, fid, st.device, batches)
@@ -220,8 +225,11 @@ def stored_runs(ctx: StageContext, st: Setup) -> Stored | None:
         ctx.log.warning("evaluate: the answers of %s are not readable (%s); generating them", prior.path, e)
         return None
     todo = [p.item.id for p in st.prepared if not p.skipped]
-    fid_wanted = ctx.cfg.eval.fidelity and "baseline" in st.runners and st.cand != "baseline"
-    if set(g.answers) != set(st.runners) or any(set(g.answers[r]) != set(todo) for r in g.answers) or fid_wanted != bool(g.fidelity):
+    if (
+        set(g.answers) != set(st.runners)
+        or any(set(g.answers[r]) != set(todo) for r in g.answers)
+        or _fidelity_wanted(ctx, st) != bool(g.fidelity)
+    ):
         ctx.log.warning("evaluate: the answers of %s do not cover this run's runners and items; generating them", prior.path)
         return None
     outputs = {
