@@ -337,7 +337,9 @@ def _dry_run_stage(stage: Stage, ctx: StageContext, store: ArtifactStore, key: s
     elif forced or not stage.cacheable:
         note = f"{WOULD_RUN}: " + ("force=true names it" if forced else "it is never cached")
     else:
-        note = f"{WOULD_RUN}: not built yet; would write {path}"
+        prior = _prior(stage, ctx, store, would_run)
+        reuse = f"; would reuse the generation of {prior.key[:24]} (only fields it does not depend on changed)" if prior else ""
+        note = f"{WOULD_RUN}: not built yet; would write {path}{reuse}"
     if note is not None:
         ctx.console.print(f"[yellow]dry run:[/] {name}: {escape(note)}")
     state.reports.append(

@@ -23,13 +23,13 @@ from pipeline.runner import run_pipeline
 FILES = (EvalArtifact.REPORT_JSON, EvalArtifact.OUTPUTS, EvalArtifact.JUNIT_XML, EvalArtifact.REPORT_MD, EvalArtifact.REPORT_HTML)
 
 
-def _run(store: Path, *overrides: str) -> tuple[Any, Path, str]:
+def _run(store: Path, *overrides: str) -> tuple[Any, Any, str]:
     cfg = compose(["stages=[evaluate]", f"store_dir={store}", "progress=false", *overrides])
     buf = io.StringIO()
     summary = run_pipeline(cfg, overrides=list(overrides), console=Console(file=buf, width=200))
     assert summary.exit_code in (EXIT_OK, EXIT_GATE), (summary.error, buf.getvalue()[-3000:])
     ev = next(s for s in summary.stages if s.stage == "evaluate")
-    return ev, Path(ev.path), buf.getvalue()
+    return ev, Path(ev.path) if ev.path else None, buf.getvalue()  # a dry run has no path
 
 
 @pytest.fixture
@@ -81,6 +81,11 @@ def test_a_gate_only_change_reuses_the_answers_and_writes_what_a_fresh_run_write
 
     generations.clear()
     gate = ["eval.gate.max_drop=0.5", "eval.gate.min_score=0.01"]
+    # a dry run says the real run would reuse them (and only for a gate-only change)
+    _, _, out = _run(store, *base, *gate, "dry_run=true")
+    assert f"would reuse the generation of {first.key[:24]}" in " ".join(out.split()) and generations == []
+    _, _, out = _run(store, *base, *gate, "eval.max_new_tokens=3", "dry_run=true")
+    assert "would reuse" not in out and generations == []
     second, second_dir, out = _run(store, *base, *gate)
     assert second.status == "ran" and second.key != first.key
     assert generations == []  # no runner loaded, nothing generated, no teacher-forced pass
