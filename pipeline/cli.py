@@ -467,8 +467,10 @@ def _interrupt_on(sig: signal.Signals) -> None:
     removed, the summary written). SIGINT: a job started in the background of a non-interactive shell (CI runners,
     ``cmd &``) inherits it as *ignored*, and Python then never raises KeyboardInterrupt. SIGTERM (a cancelled CI job,
     ``timeout``, ``kill``; set for a run only, ``pipeline serve`` has its own): its default handler left the folder in
-    the store for good (a trial)."""
-    if sig != signal.SIGINT or signal.getsignal(sig) is signal.SIG_IGN:
+    the store for good (a trial). SIGHUP (a dropped SSH session) likewise, unless it is ignored (``nohup``: the user
+    asked the run to outlive the terminal)."""
+    ignored = signal.getsignal(sig) is signal.SIG_IGN
+    if sig == signal.SIGTERM or (sig == signal.SIGINT and ignored) or (sig == signal.SIGHUP and not ignored):
         signal.signal(sig, signal.default_int_handler)
 
 
@@ -477,6 +479,7 @@ def main(argv: list[str] | None = None) -> None:
     _interrupt_on(signal.SIGINT)
     _subcommand(argv)  # exits when argv names a subcommand, help, or a mistyped subcommand
     _interrupt_on(signal.SIGTERM)
+    _interrupt_on(signal.SIGHUP)
     from .core.memory import tune_allocator
 
     tune_allocator()  # freed weights go back to the OS (docs/memory.md)
