@@ -435,13 +435,15 @@ def run_dir_problems(argv: list[str]) -> list[str]:
 def _subcommand(argv: list[str]) -> None:
     """Run ``pipeline <subcommand> ...``, print the help, or refuse a mistyped subcommand (exit 2); each exits.
     Returns only when ``argv`` is a run (Hydra overrides)."""
-    if argv and argv[0] in ("-h", "--help", "help"):
-        print(__doc__.strip())
-        print("\nConfig groups and overrides: pipeline --cfg job (resolved config), pipeline --hydra-help; docs/cli.md.")
-        sys.exit(0)
-    if argv and argv[0] in SUBCOMMANDS:
+    is_help = bool(argv) and argv[0] in ("-h", "--help", "help")
+    if is_help or (argv and argv[0] in SUBCOMMANDS):
         try:
-            code = importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:]) or 0
+            if is_help:
+                print(__doc__.strip())
+                print("\nConfig groups and overrides: pipeline --cfg job (resolved config), pipeline --hydra-help; docs/cli.md.")
+                code = 0
+            else:
+                code = importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:]) or 0
             sys.stdout.flush()  # here, so that a reader gone away (below) is not found by the flush at exit
         except KeyboardInterrupt:  # Ctrl-C in a subcommand (client, plan, ...): the documented 130, no traceback
             from .errors import EXIT_INTERRUPTED
@@ -450,6 +452,10 @@ def _subcommand(argv: list[str]) -> None:
             code = EXIT_INTERRUPTED
         except BrokenPipeError:  # `pipeline benchmark show x.json | head`: the reader stopped reading; no traceback
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's documented recipe (signal docs)
+            code = 0
+        except SystemExit as e:  # rich's Console.on_broken_pipe: the same recipe, then exit 1 (plan, doctor, compare)
+            if not isinstance(e.__context__, BrokenPipeError):
+                raise
             code = 0
         sys.exit(code)
     # `migrate` is run by main() itself (the pipeline chain with a release's config), not by a module's main(argv)
@@ -467,8 +473,10 @@ def _interrupt_on(sig: signal.Signals) -> None:
     removed, the summary written). SIGINT: a job started in the background of a non-interactive shell (CI runners,
     ``cmd &``) inherits it as *ignored*, and Python then never raises KeyboardInterrupt. SIGTERM (a cancelled CI job,
     ``timeout``, ``kill``; set for a run only, ``pipeline serve`` has its own): its default handler left the folder in
-    the store for good (a trial)."""
-    if sig != signal.SIGINT or signal.getsignal(sig) is signal.SIG_IGN:
+    the store for good (a trial). SIGHUP (a dropped SSH session) likewise, unless it is ignored (``nohup``: the user
+    asked the run to outlive the terminal)."""
+    ignored = signal.getsignal(sig) is signal.SIG_IGN
+    if sig == signal.SIGTERM or (sig == signal.SIGINT and ignored) or (sig == signal.SIGHUP and not ignored):
         signal.signal(sig, signal.default_int_handler)
 
 
@@ -477,6 +485,7 @@ def main(argv: list[str] | None = None) -> None:
     _interrupt_on(signal.SIGINT)
     _subcommand(argv)  # exits when argv names a subcommand, help, or a mistyped subcommand
     _interrupt_on(signal.SIGTERM)
+    _interrupt_on(signal.SIGHUP)
     from .core.memory import tune_allocator
 
     tune_allocator()  # freed weights go back to the OS (docs/memory.md)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,9 @@ from .errors import EXIT_FAILED, EXIT_OK
 from .validation import order_note
 
 SUMMARY_SCHEMA = "pipeline.summary/v1"
+INTERRUPTED = "interrupted"
+"""The run's ``error`` (and its failed stage's) after Ctrl-C, SIGTERM or SIGHUP (exit 130); the table shows that stage
+as interrupted."""
 
 
 @dataclasses.dataclass
@@ -74,10 +78,18 @@ class RunSummary:
         }
 
 
-def mark_failed(reports: list[StageReport], cfg: PipelineConfig, error: str, stage: str | None = None, *, blame: bool = True) -> None:
+def mark_failed(
+    reports: list[StageReport],
+    cfg: PipelineConfig,
+    error: str,
+    stage: str | None = None,
+    *,
+    blame: bool = True,
+    started: dict[str, float] | None = None,
+) -> None:
     """Report the stages that did not finish: ``stage`` (the one the error belongs to, when a check before the first
-    stage named it; else the first unfinished one) as failed, the others as not run; with ``blame=False`` (a
-    configuration error) every one as not run."""
+    stage named it; else the first unfinished one) as failed, with the seconds it ran since ``started[stage]`` (0 when
+    it had not started), the others as not run; with ``blame=False`` (a configuration error) every one as not run."""
     seen = {r.stage for r in reports}
     try:
         order = resolve_order(list(cfg.stages), cfg)
@@ -85,8 +97,10 @@ def mark_failed(reports: list[StageReport], cfg: PipelineConfig, error: str, sta
         order = [s for s in STAGES if s in cfg.stages]
     pending = [s for s in order if s not in seen]
     failed = (stage if stage in pending else (pending[0] if pending else None)) if blame else None
+    started, now = started or {}, time.time()
     for s in pending:
-        reports.append(StageReport(s, "failed" if s == failed else "not-run", 0.0, error=error if s == failed else None))
+        seconds = now - started[s] if s == failed and s in started else 0.0
+        reports.append(StageReport(s, "failed" if s == failed else "not-run", seconds, error=error if s == failed else None))
 
 
 def config_warnings(cfg: PipelineConfig, console: Console) -> list[str]:
@@ -177,10 +191,11 @@ def print_summary(summary: RunSummary, console: Console) -> None:
     for col in ("stage", "status", "time", "output", "headline"):
         t.add_column(col)
     for r in summary.stages:
+        status = INTERRUPTED if r.status == "failed" and r.error == INTERRUPTED else r.status  # summary.json: failed
         style = {"cached": "green", "ran": "cyan", "failed": "red", "not-run": "dim", "dry-run": "yellow"}.get(r.status, "")
         head = ", ".join(f"{k}={_fmt(v)}" for k, v in r.headline.items())
         cells = (redact_text(r.path or "-"), redact_text(head or (r.error or "")[:120]))
-        t.add_row(r.stage, f"[{style}]{r.status}[/]", f"{r.seconds:.2f} s", *map(escape, cells))
+        t.add_row(r.stage, f"[{style}]{status}[/]", f"{r.seconds:.2f} s", *map(escape, cells))
     console.print(t)
     if summary.gate:
         print_gate(summary.gate, console)

@@ -24,6 +24,7 @@ from .core.store import Artifact, ArtifactStore, cache_key, digest_path, install
 from .errors import EXIT_FAILED, EXIT_GATE, EXIT_INTERRUPTED, EXIT_OK, PipelineError, caused_by_interrupt
 from .preflight import all_externals, input_problems, open_store
 from .report import (
+    INTERRUPTED,
     RunSummary,
     StageReport,
     ci_reports,
@@ -129,6 +130,8 @@ class _RunState:
     gate_inconclusive: bool = False  # the verdict that set gate_failed could show neither pass nor failure
     eval_dir: Path | None = None
     """The evaluate artifact of this run (its ``eval_report.json`` feeds the run's JUnit XML and step summary)."""
+    started: dict[str, float] = dataclasses.field(default_factory=dict)
+    """When each stage began (``time.time()``): a stage that fails or is interrupted is reported with the time it ran."""
 
 
 def _console() -> Console:
@@ -187,21 +190,21 @@ def run_pipeline(
             verdict = "inconclusive (not failed: the eval set cannot show non-inferiority)" if state.gate_inconclusive else "failed"
             exit_code, error = EXIT_GATE, f"evaluation gate {verdict}: {state.gate_failed}"
     except KeyboardInterrupt:
-        exit_code, error = EXIT_INTERRUPTED, "interrupted"
-        mark_failed(state.reports, cfg, error)
+        exit_code, error = EXIT_INTERRUPTED, INTERRUPTED
+        mark_failed(state.reports, cfg, error, started=state.started)
     except ConfigError as e:  # found before any stage ran: no stage is to blame, none ran
         exit_code, error = e.exit_code, str(e)
         mark_failed(state.reports, cfg, error, blame=False)
     except PipelineError as e:
         exit_code, error = e.exit_code, str(e)
-        mark_failed(state.reports, cfg, error, getattr(e, "stage", None))
+        mark_failed(state.reports, cfg, error, getattr(e, "stage", None), started=state.started)
     except Exception as e:
         if caused_by_interrupt(e):  # a Ctrl-C that a library re-raised as its own error (an import under way: ModuleNotFoundError)
-            exit_code, error = EXIT_INTERRUPTED, "interrupted"
+            exit_code, error = EXIT_INTERRUPTED, INTERRUPTED
         else:
             log.exception("stage failed")
             exit_code, error = EXIT_FAILED, f"{type(e).__name__}: {e}"
-        mark_failed(state.reports, cfg, error)
+        mark_failed(state.reports, cfg, error, started=state.started)
     summary = RunSummary(
         state.reports,
         exit_code,
@@ -242,7 +245,7 @@ def _run_stages(cfg: PipelineConfig, console: Console, state: _RunState) -> None
     show_progress = cfg.progress and console.is_terminal
     for name in order:
         stage = get_stage(name)
-        t0 = time.time()
+        t0 = state.started[name] = time.time()
         inputs = {d: done[d] for d in stage.deps_for(cfg)}
         external = externals[name]
         key, key_doc = compute_key(stage, cfg, inputs, external)

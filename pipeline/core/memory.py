@@ -139,11 +139,16 @@ def run_sampled(cmd: list[str], *, interval_s: float = 0.1, **popen_kw: Any) -> 
     proc = subprocess.Popen(cmd, **popen_kw)
     status = Path(f"/proc/{proc.pid}/status")
     peak: int | None = None
-    while proc.poll() is None:
-        kib = _status_kib("VmHWM", status)
-        if kib is not None:
-            peak = max(peak or 0, kib * 1024)
-        time.sleep(interval_s)
+    try:
+        while proc.poll() is None:
+            kib = _status_kib("VmHWM", status)
+            if kib is not None:
+                peak = max(peak or 0, kib * 1024)
+            time.sleep(interval_s)
+    except BaseException:  # Ctrl-C, SIGTERM, SIGHUP (KeyboardInterrupt): the child (a model builder) must not outlive us
+        proc.kill()
+        proc.wait()
+        raise
     return int(proc.returncode), peak
 
 

@@ -133,17 +133,30 @@ def test_interrupted_runs_leave_nothing_trusted_and_resume(tiny_llama, tmp_path)
     assert grep_tree(tmp_path, SECRET) == []
 
 
-def test_sigterm_stops_a_run_as_ctrl_c_does(tiny_llama, tmp_path):
-    """A cancelled CI job gets SIGTERM: the run ends exit 130 with its summary, and the stage's temporary folder is
-    removed (the default handler left it in the store for good: fresh-user trial)."""
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
+def test_sigterm_stops_a_run_as_ctrl_c_does(tiny_llama, tmp_path, sig):
+    """A cancelled CI job gets SIGTERM, a dropped SSH session SIGHUP: the run ends exit 130 with its summary, and the
+    stage's temporary folder is removed (the default handlers left it in the store for good, SIGHUP with exit 129 and
+    no summary: fresh-user trials)."""
     store = tmp_path / "store"
     p = start([f"model.path={tiny_llama}", f"store_dir={store}", *QUANT_ARGS], tmp_path, "term")
     wait_for_tmp(store / "quantize", p)
-    p.send_signal(signal.SIGTERM)
+    p.send_signal(sig)
     assert p.wait(timeout=120) == 130, (tmp_path / "term" / "stdout.txt").read_text()
     assert json.loads((tmp_path / "term" / "summary.json").read_text())["error"] == "interrupted"
     assert not any(store.glob("*/.tmp-*"))
     assert_store_consistent(store)
+
+
+def test_a_run_under_nohup_ignores_sighup(tiny_llama, tmp_path):
+    """``nohup pipeline ...`` starts the run with SIGHUP ignored: it stays ignored, and the run finishes."""
+    store = tmp_path / "store"
+    ignore_hup = lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)  # noqa: E731  # what nohup does
+    p = start([f"model.path={tiny_llama}", f"store_dir={store}", "stages=[export]"], tmp_path, "nohup", preexec_fn=ignore_hup)
+    wait_for_tmp(store / "export", p)
+    p.send_signal(signal.SIGHUP)
+    assert p.wait(timeout=300) == 0, (tmp_path / "nohup" / "stdout.txt").read_text()
+    assert statuses(json.loads((tmp_path / "nohup" / "summary.json").read_text())) == {"export": "ran"}
 
 
 # --------------------------------------------------------------------------- concurrency (+ secrets)

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from pipeline.cli import check_overrides
 
 
@@ -133,16 +135,27 @@ def test_deleting_a_schema_group_or_field_is_refused():
     assert check_overrides(["~hydra.run"]) == []
 
 
-def test_a_reader_that_stops_reading_gets_no_traceback(tmp_path):
-    """`pipeline benchmark show x.json | head` ended in a BrokenPipeError traceback (fresh-user trial). The reader
-    here closes the pipe before the command writes, so every write fails."""
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["benchmark", "show", "bench/results/default.json"],
+        # rich's Console exits 1 on a broken pipe (plan, doctor, compare); the help's print left a traceback
+        ["plan"],
+        ["doctor"],
+        ["benchmark", "compare", "bench/results/default.json", "bench/results/llama80m.json"],
+        ["--help"],
+    ],
+)
+def test_a_reader_that_stops_reading_gets_no_traceback(tmp_path, args):
+    """`pipeline benchmark show x.json | head` ended in a BrokenPipeError traceback (fresh-user trial); `pipeline plan
+    | head -1` exited 1. The reader here closes the pipe before the command writes, so every write fails."""
     import subprocess
     import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
     p = subprocess.Popen(
-        [sys.executable, "-m", "pipeline", "benchmark", "show", str(root / "bench/results/default.json")],
+        [sys.executable, "-m", "pipeline", *[str(root / a) if a.startswith("bench/") else a for a in args]],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path, env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
     )  # fmt: skip
     p.stdout.close()

@@ -278,3 +278,31 @@ def test_a_ctrl_c_a_library_re_raised_as_its_own_error_exits_130(tmp_path, monke
     monkeypatch.setattr(runner, "_run_stages", run_stages)
     summary = runner.run_pipeline(compose([f"store_dir={tmp_path}", "stages=[export]", "progress=false"]), console=None)
     assert summary.exit_code == code and (summary.error == "interrupted") == (code == 130), summary.error
+
+
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_an_interrupted_stage_says_so_with_the_time_it_ran(tmp_path, monkeypatch, wrapped):
+    """An interrupted stage's row read "failed 0.00 s" (trial): it says interrupted, with the time the stage had run.
+    summary.json records it as every interrupt is recorded (status failed, error interrupted), with those seconds."""
+    import pipeline.runner as runner
+    from pipeline.core.config import compose
+
+    def run_stages(cfg, console, state):
+        state.started["export"] = time.time() - 2.5  # export began 2.5 s ago
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as ki:
+            if wrapped:  # a Ctrl-C a library re-raised as its own error (the test above)
+                raise ModuleNotFoundError("Could not import module 'LlamaConfig'") from ki
+            raise
+
+    monkeypatch.setattr(runner, "_run_stages", run_stages)
+    buf = io.StringIO()
+    cfg = compose([f"store_dir={tmp_path}", "stages=[export,quantize]", "progress=false"])
+    summary = runner.run_pipeline(cfg, summary_dir=tmp_path / "run", console=Console(file=buf, width=200))
+    assert summary.exit_code == 130
+    (row,) = [line for line in buf.getvalue().splitlines() if "export" in line]
+    assert "interrupted" in row and "failed" not in row and re.search(r"2\.[5-9]\d s", row), row
+    stages = json.loads((tmp_path / "run" / "summary.json").read_text())["stages"]
+    assert [(s["stage"], s["status"], s["error"]) for s in stages] == [("export", "failed", "interrupted"), ("quantize", "not-run", None)]
+    assert 2.5 <= stages[0]["seconds"] < 60 and stages[1]["seconds"] == 0

@@ -89,6 +89,28 @@ def test_a_childs_own_peak_is_sampled():
     assert code == 0 and peak is not None and peak > 300_000_000
 
 
+def test_an_interrupted_run_sampled_kills_its_child(tmp_path, monkeypatch):
+    """A run stopped by SIGTERM or SIGHUP (a KeyboardInterrupt: pipeline/cli.py) left the onnxruntime-genai model
+    builder running after it had exited (trial); the child is killed and reaped before the interrupt goes on."""
+    import os
+    import time
+
+    from pipeline.core.memory import run_sampled
+
+    pidfile, sleep = tmp_path / "pid", time.sleep
+
+    def interrupt_once_started(seconds: float) -> None:
+        if pidfile.is_file() and pidfile.read_text().strip():
+            raise KeyboardInterrupt
+        sleep(seconds)
+
+    monkeypatch.setattr(time, "sleep", interrupt_once_started)
+    with pytest.raises(KeyboardInterrupt):
+        run_sampled(["sh", "-c", f"echo $$ > {pidfile}; exec sleep 60"])
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(pidfile.read_text()), 0)  # gone, and reaped (no zombie)
+
+
 # --------------------------------------------------------------------------- placement
 class _Cal:
     def __init__(self, device="auto", layerwise="auto", cap=None):
