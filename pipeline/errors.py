@@ -7,7 +7,7 @@
 | 2    | bad configuration or bad input (checkpoint, calibration set, eval set): fix the input |
 | 3    | the evaluation gate failed: the candidate is not good enough to ship |
 | 4    | preflight failed: this machine cannot run the request (missing TensorRT-LLM, GPU, ...) |
-| 130  | interrupted (SIGINT) |
+| 130  | interrupted (SIGINT, SIGTERM, SIGHUP) |
 """
 
 from __future__ import annotations
