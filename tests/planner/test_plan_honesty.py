@@ -1,0 +1,33 @@
+"""What ``pipeline plan`` says must be what holds (fresh-user trial, report honesty): a plan that cannot be made is a
+problem in the JSON a CI job reads, tensor parallelism on the CPU is refused, and each line names what it counts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeline.core.config import compose
+from pipeline.plan_cli import main as plan_main
+from pipeline.planner import plan
+
+
+def _no_gpu_here() -> None:
+    if plan(compose(["model=llama31_8b", "target=tensorrt_llm"])).status != "unplanned":
+        pytest.skip("a local GPU is visible: the plan is made for it")
+
+
+def test_unplanned_target_is_a_problem_in_the_json_with_the_exit_code_of_the_text_form(capsys):
+    """``--json model=llama31_8b target=tensorrt_llm`` with no GPU printed ``problems: []`` (the reason only in the
+    plan's notes) while exiting 2: a CI job reading ``problems`` saw nothing wrong."""
+    _no_gpu_here()
+    over = ["model=llama31_8b", "target=tensorrt_llm"]
+    code = plan_main(["--json", *over])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == doc["exit_code"] == plan_main(over) == 2
+    assert doc["plan"]["status"] == "unplanned"
+    [p] = doc["problems"]
+    assert p["field"] == "target.gpu" and "needs a GPU" in p["message"] and "target.gpu=h100_sxm" not in p["fix"]
+    assert "h100_sxm" in p["fix"] and p["fix"].startswith("name one: target.gpu=<")
+    err = capsys.readouterr().err
+    assert err.startswith("error (exit 2): ") and "needs a GPU" in err  # the text form says it is an error too
