@@ -31,3 +31,26 @@ def test_unplanned_target_is_a_problem_in_the_json_with_the_exit_code_of_the_tex
     assert "h100_sxm" in p["fix"] and p["fix"].startswith("name one: target.gpu=<")
     err = capsys.readouterr().err
     assert err.startswith("error (exit 2): ") and "needs a GPU" in err  # the text form says it is an error too
+
+
+def _cpu_plan(*over: str):
+    p = plan(compose(["model=llama31_8b", *over]))
+    if p.target.kind != "cpu":
+        pytest.skip("target=auto plans for a GPU on this host")
+    return p
+
+
+@pytest.mark.parametrize("field", ["tp_size", "pp_size"])
+def test_parallel_ranks_on_the_cpu_target_are_refused_with_the_fix(field, capsys):
+    """``pipeline plan model=llama31_8b parallel.tp_size=2`` (target auto, no GPU) planned "tp=2 on host CPU": the CPU
+    target runs on one device. The config checks leave a shapes-only preset with target=auto to TP geometry
+    (tests/core/test_validate.py: ``plan --gpus`` plans each GPU); the plan, once it knows the device is this CPU,
+    refuses it (exit 4), naming both ways out."""
+    p = _cpu_plan(f"parallel.{field}=2")
+    assert p.status == "refused"
+    [r] = [r for r in p.refusals if f"parallel.{field}=2" in r]
+    assert "one device" in r and f"parallel.{field}=1" in r and "target=tensorrt_llm target.gpu=" in r
+    assert not any("parallel." in r for r in _cpu_plan().refusals)
+    assert plan_main(["model=llama31_8b", f"parallel.{field}=2"]) == 4
+    assert plan_main(["--gpus", "h100_sxm", "model=llama31_8b", f"parallel.{field}=2"]) == 0  # each GPU's plan is a GPU plan
+    assert plan_main(["model=llama31_8b", "target=onnxruntime_genai", f"parallel.{field}=2"]) == 2  # a named CPU target: the check
