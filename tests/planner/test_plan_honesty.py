@@ -54,3 +54,20 @@ def test_parallel_ranks_on_the_cpu_target_are_refused_with_the_fix(field, capsys
     assert plan_main(["model=llama31_8b", f"parallel.{field}=2"]) == 4
     assert plan_main(["--gpus", "h100_sxm", "model=llama31_8b", f"parallel.{field}=2"]) == 0  # each GPU's plan is a GPU plan
     assert plan_main(["model=llama31_8b", "target=onnxruntime_genai", f"parallel.{field}=2"]) == 2  # a named CPU target: the check
+
+
+def test_high_precision_line_names_everything_it_counts(monkeypatch, capsys):
+    """ "high precision: 1.96 GiB (lm_head)" for Llama-3.1-8B int4: 1.96 GiB is lm_head and the embedding table (0.98 GiB
+    each in bf16) plus the norms; the line named lm_head alone."""
+    from pipeline.core.sizing import load_shape
+    from pipeline.planner.weights import weight_bytes
+
+    shape, _ = load_shape(compose(["model=llama31_8b"]))
+    w = weight_bytes(shape, "int4_awq", hp_dtype="bfloat16", exclude=["lm_head"])
+    table = 2 * shape.vocab_size * shape.hidden_size * 2  # lm_head + embedding, bf16
+    assert table < w.high_precision_bytes < table * 1.01
+    assert w.high_precision_modules == ["lm_head", "embedding", "norms"]
+    assert weight_bytes(shape, "none", hp_dtype="bfloat16").high_precision_modules == []  # all of it: nothing to name
+    monkeypatch.setenv("COLUMNS", "300")
+    plan_main(["model=llama31_8b", "target.gpu=h100_sxm", "quant=int4_awq"])
+    assert "high precision: 1.96 GiB (lm_head, embedding, norms)" in capsys.readouterr().out
