@@ -71,3 +71,19 @@ def test_high_precision_line_names_everything_it_counts(monkeypatch, capsys):
     monkeypatch.setenv("COLUMNS", "300")
     plan_main(["model=llama31_8b", "target.gpu=h100_sxm", "quant=int4_awq"])
     assert "high precision: 1.96 GiB (lm_head, embedding, norms)" in capsys.readouterr().out
+
+
+def test_evaluate_on_gpu_fix_offers_a_dtype_only_when_it_halves_the_figure():
+    """The note for a reference model too large for the GPU estimated it in bfloat16 and offered
+    eval.reference_dtype=float16 as the fix: the same 2 bytes a parameter. A 16-bit dtype is offered for a float32
+    estimate only, and it is the checkpoint's (the one evaluate loads on a GPU)."""
+    over = ["model=llama31_70b", "target.gpu=h100_sxm", "quant=fp8", "parallel.tp_size=2"]
+
+    def note(*more: str) -> str:
+        [n] = [n for n in plan(compose([*over, *more])).notes if n.startswith("evaluate loads the reference model whole")]
+        return n
+
+    bf16 = note()
+    assert "(P x 2 B, bfloat16)" in bf16 and "reference_dtype=" not in bf16 and "eval.device=cpu" in bf16
+    fp32 = note("eval.reference_dtype=float32")
+    assert "(P x 4 B, float32)" in fp32 and "eval.reference_dtype=bfloat16 (half of it)" in fp32
