@@ -155,7 +155,9 @@ def plan_stages(p: Plan, cfg: Any, shape: ModelShape) -> None:
     )
     q = pred["quantize"]
     if not on_gpu and pl.offload != "none":  # the CPU's own budget: layers beyond it wait on disk (the stage's rule)
-        q = dataclasses.replace(q, where=f"cpu, layers offloaded to disk ({cd})", offload="disk")
+        # ... while calibrating; the exports then restore the whole model on the host (pipeline/quantize/run.py _exports)
+        restored = f"; layers wait on disk while calibrating, then the exports restore the whole {cd} model on the host: the offload does not lower this peak"
+        q = dataclasses.replace(q, where=f"cpu, layers offloaded to disk ({cd})", offload="disk", formula=q.formula + restored)
     if str(getattr(cfg.calibration, "layerwise", "auto")).lower() == "true" and "layer by layer" not in q.where:
         q = dataclasses.replace(q, where=q.where + ", layer by layer (calibration.layerwise=true)")
     placed = PlannedCalibration(**dataclasses.asdict(pl), device=dev, dtype=cd, model_bytes=model_b)

@@ -87,3 +87,16 @@ def test_evaluate_on_gpu_fix_offers_a_dtype_only_when_it_halves_the_figure():
     assert "(P x 2 B, bfloat16)" in bf16 and "reference_dtype=" not in bf16 and "eval.device=cpu" in bf16
     fp32 = note("eval.reference_dtype=float32")
     assert "(P x 4 B, float32)" in fp32 and "eval.reference_dtype=bfloat16 (half of it)" in fp32
+
+
+def test_cpu_quantize_figure_says_the_disk_offload_does_not_lower_it(tiny_llama):
+    """On the CPU a model beyond the budget calibrates with its layers on disk, and the plan printed "on cpu, layers
+    offloaded to disk: host 37.1 GiB" beside a warning that quantize needs 37.1 GiB: as if the offload should have
+    handled it. It does not (pipeline/quantize/run.py: the exports restore the whole float32 model on the host), so the
+    figure, and the warning that quotes it, say so."""
+    base = [f"model.path={tiny_llama}", "quant=int4_awq", "calibration.device=cpu"]
+    q = plan(compose([*base, "calibration.max_device_memory_gb=0.0001"])).stages.predicted["quantize"]
+    assert q.offload == "disk" and "the offload does not lower this peak" in q.formula
+    assert "whole float32 model on the host" in q.formula
+    whole = plan(compose(base)).stages.predicted["quantize"]
+    assert whole.offload == "none" and "offload" not in whole.formula
