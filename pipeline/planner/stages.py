@@ -163,11 +163,10 @@ def plan_stages(p: Plan, cfg: Any, shape: ModelShape) -> None:
     placed = PlannedCalibration(**dataclasses.asdict(pl), device=dev, dtype=cd, model_bytes=model_b)
     p.stages = dataclasses.replace(st, predicted={**pred, "quantize": q}, calibration_placement=placed)
     if pl.refused:
-        p.refusals.append(
-            f"quantize: nothing can hold the model to calibrate it: {pl.reason}. GPU: "
-            + (f"{room.gpu_name}, {gib(room.gpu_free)} free" if on_gpu else "none")
-            + f"; host: {gib(room.host_free)} available; disk of store_dir: {gib(room.disk_free)} free. Fix: a GPU or host "
-            "with more memory, a store_dir on a larger disk, or a smaller model."
+        p.refusals.append(  # the reason names the device's and the disk's free bytes; the GPU and host only where not
+            f"quantize: nothing can hold the model to calibrate it: {pl.reason} (GPU: "
+            + (f"{room.gpu_name}, {gib(room.gpu_free)} free; host: {gib(room.host_free)} available" if on_gpu else "none")
+            + "). Fix: a GPU or host with more memory, a store_dir on a larger disk, or a smaller model."
         )
 
 

@@ -100,3 +100,33 @@ def test_cpu_quantize_figure_says_the_disk_offload_does_not_lower_it(tiny_llama)
     assert "whole float32 model on the host" in q.formula
     whole = plan(compose(base)).stages.predicted["quantize"]
     assert whole.offload == "none" and "offload" not in whole.formula
+
+
+def test_a_refused_placement_says_what_does_not_fit_once():
+    """The 70 B refusal on this CPU host read "... 245.4 GiB on disk, onloaded one layer at a time; the disk has 31.1 GiB
+    free. GPU: none; host: 21.75 GiB available; disk of store_dir: 31.11 GiB free": the placement of a run that
+    cannot happen, then each figure twice. Now: what exceeds what, and what does not fit where, each figure once."""
+    from pipeline.core.sizing import calibration_placement
+
+    GB = 10**9
+    cpu = calibration_placement(100 * GB, None, 50 * GB, disk_free_bytes=30 * GB)
+    assert cpu.refused and "onloaded" not in cpu.reason and cpu.reason.count("GiB free") == 2
+    assert cpu.reason.endswith("and the 55.9 GiB beyond it do not fit the 27.9 GiB free on the disk of store_dir")
+    gpu = calibration_placement(141 * GB, 150 * GB, 500 * GB, max_host_bytes=10 * GB, disk_free_bytes=5 * GB)
+    assert gpu.refused and "onloaded" not in gpu.reason
+    assert "of the 19.6 GiB beyond it, 9.3 GiB may wait in host memory and the 10.2 GiB left do not fit the 4.7 GiB free" in gpu.reason
+    ok = calibration_placement(100 * GB, None, 50 * GB, disk_free_bytes=300 * GB)
+    assert not ok.refused and ok.reason.endswith("55.9 GiB on disk, onloaded one layer at a time")
+
+
+def test_the_70b_refusal_on_a_cpu_host_reads_once(monkeypatch):
+    from pipeline.core.sizing import Room
+    from pipeline.planner import stages
+
+    room = Room(host_free=22 * 2**30, disk_free=31 * 2**30)
+    monkeypatch.setattr(stages, "plan_room", lambda *a, **k: ("cpu", "cpu", room, []))
+    monkeypatch.setattr(stages, "local_gpus", lambda: [])
+    p = plan(compose(["model=llama31_70b", "quant=int4_awq"]))
+    [r] = [r for r in p.refusals if r.startswith("quantize: nothing can hold the model")]
+    assert "on disk, onloaded" not in r and r.count("31.0 GiB") == 1 and "available" not in r, r
+    assert "beyond it do not fit the 31.0 GiB free on the disk of store_dir (GPU: none). Fix: " in r, r
