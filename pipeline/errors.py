@@ -12,6 +12,9 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
+
 EXIT_OK, EXIT_FAILED, EXIT_INPUT, EXIT_GATE, EXIT_PREFLIGHT, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
 
 #: The longest line (bytes, UTF-8) a line-oriented data file may hold: eval sets, JSONL / text calibration sets.
@@ -24,9 +27,50 @@ MAX_REPORTED_PROBLEMS = 20
 
 
 def listed_problems(head: str, problems: list[str]) -> str:
-    """``HEAD: N problem(s):`` then the first :data:`MAX_REPORTED_PROBLEMS`, one per line, and ``... and K more``."""
+    """``HEAD: N problem(s):`` then the first :data:`MAX_REPORTED_PROBLEMS`, one per line (:func:`grouped`), and
+    ``... and K more``."""
     more = f"\n  ... and {len(problems) - MAX_REPORTED_PROBLEMS} more" if len(problems) > MAX_REPORTED_PROBLEMS else ""
-    return f"{head}: {len(problems)} problem(s):\n  - " + "\n  - ".join(problems[:MAX_REPORTED_PROBLEMS]) + more
+    return f"{head}: {len(problems)} problem(s):\n  - " + "\n  - ".join(grouped(problems[:MAX_REPORTED_PROBLEMS])) + more
+
+
+_LOCATED = re.compile(r"(?P<src>.+?)(?::(?P<line>\d+)|\[(?P<unit>row|item) (?P<n>\d+)\]): (?P<rest>.+)", re.S)
+
+
+def grouped(texts: Sequence[str]) -> list[str]:
+    """``texts`` to print, those that differ only in the line (``file:N: ...``) or row / item (``source[row N]: ...``)
+    they name printed once, where the first of them was: ``file lines 1-3, 5 (4 lines): ...`` (a data file's 8 lines
+    with the same mistake printed the same message 8 times). A text no other shares is printed as it is."""
+    groups: dict[tuple[str, str, str], tuple[str, list[int]]] = {}
+    order: list[tuple[str, str, str] | str] = []
+    for t in texts:
+        m = _LOCATED.fullmatch(t)
+        if m is None:
+            order.append(t)
+            continue
+        key = (m["src"], m["unit"] or "line", m["rest"])
+        if key not in groups:
+            groups[key] = (t, [])
+            order.append(key)
+        groups[key][1].append(int(m["line"] or m["n"]))
+    out = []
+    for k in order:
+        if isinstance(k, str):
+            out.append(k)
+            continue
+        first, nums = groups[k]
+        out.append(first if len(nums) == 1 else f"{k[0]} {k[1]}s {_ranges(nums)} ({len(nums)} {k[1]}s): {k[2]}")
+    return out
+
+
+def _ranges(nums: list[int]) -> str:
+    """``1-3, 5, 7-9`` of ``[1, 2, 3, 5, 7, 8, 9]``."""
+    spans: list[list[int]] = []
+    for n in sorted(set(nums)):
+        if spans and n == spans[-1][1] + 1:
+            spans[-1][1] = n
+        else:
+            spans.append([n, n])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
 class PipelineError(RuntimeError):

@@ -5,9 +5,10 @@ cross-field check (:func:`pipeline.validation.validate`, as the run does; a conf
 the problems, exit 2), and prints the memory/speed plan.  ``target_gpu=X`` is accepted as an alias of
 ``target.gpu=X``.
 
-Exit codes (pipeline.errors): 0 plan ok (warnings allowed), 2 configuration problems (all listed),
-4 the plan cannot work on the target, or a stage that will run does not fit this host's memory (refused, with the
-numbers; for a shapes-only preset, which runs nowhere, the host figures are warnings).
+Exit codes (pipeline.errors): 0 plan ok (warnings allowed), 2 configuration problems (all listed; no device to plan
+for, e.g. ``target=tensorrt_llm`` with no GPU named or visible, is one of them: plan status ``unplanned``), 4 the plan
+cannot work on the target, or a stage that will run does not fit this host's memory (refused, with the numbers; for a
+shapes-only preset, which runs nowhere, the host figures are warnings).
 """
 
 from __future__ import annotations
@@ -79,6 +80,15 @@ def _gpu_table(cfg: Any, names: list[str], console: Any) -> tuple[list[dict[str,
     return rows, worst
 
 
+def _unplanned_problem(p: Any, cfg: Any) -> Any:
+    """The reason an ``unplanned`` plan has no device to plan for (``target.gpu`` neither named nor visible), as the
+    :class:`~pipeline.core.config.Problem` a CI job reads in ``problems`` (the plan's notes say it in words)."""
+    from .core.config import Problem
+    from .facts.gpus import CATALOGUE
+
+    return Problem("target.gpu", cfg.target.gpu, f"{p.target.why}.", f"name one: target.gpu=<{'|'.join(sorted(CATALOGUE))}>")
+
+
 def _error(code: int, msg: str) -> None:
     """An error line as the ``pipeline`` command prints it: ``error (exit N): ...`` on stderr, unwrapped (a CI log
     greps it whole; the plan itself goes to stdout)."""
@@ -144,8 +154,12 @@ def main(argv: list[str] | None = None) -> int:
                 render(p, console)
             if p.status == "refused":
                 code = EXIT_PREFLIGHT
-            elif p.status == "unplanned":
+            elif p.status == "unplanned":  # no device to plan for: a configuration problem (exit 2), listed as one
                 code = EXIT_INPUT
+                problem = _unplanned_problem(p, cfg)
+                out["problems"].append(dataclasses.asdict(problem))
+                if not args.json:
+                    _error(code, str(problem))
     except KeyError as e:
         out["error"] = str(e.args[0])
         code = EXIT_INPUT

@@ -7,8 +7,9 @@
 metric with the spread over repeated runs (``benchmark.repeats``): ``ratio ± spread`` where the
 spread is first-order error propagation of the two relative standard deviations,
 ``ratio × sqrt((sA/mA)² + (sB/mB)²)``. A ratio whose distance from 1 is within twice that spread
-is marked ``~`` (not distinguishable from noise). It also lists every config/model field that
-differs, so a comparison that changed more than one variable is visible at once.
+is marked ``~`` (not distinguishable from noise); a metric whose direction says nothing about speed
+(:data:`~.metrics.UNJUDGED`: the prefill share) is compared but ``not judged``. It also lists every config/model
+field that differs, so a comparison that changed more than one variable is visible at once.
 
 Exit codes: 0 compared; 2 bad input (missing file, wrong schema, nothing in common).
 """
@@ -23,7 +24,7 @@ from typing import Any
 
 from ..core.contracts.benchmark import BenchmarkDocument
 from ..errors import EXIT_INPUT, InputError
-from .metrics import HEADLINE
+from .metrics import COMPARED, HEADLINE
 
 
 def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
@@ -77,10 +78,10 @@ def compare(a: dict[str, Any], b: dict[str, Any], metrics: Sequence[str] | None 
             f"the two results have no (mode, level) in common: A has {sorted(sa)}, B has {sorted(sb)}. "
             "Fix: compare runs of the same benchmark.modes / benchmark.concurrency."
         )
-    wanted = list(metrics) if metrics else list(HEADLINE)
-    unknown = [m for m in wanted if m not in HEADLINE]
+    wanted = list(metrics) if metrics else list(COMPARED)
+    unknown = [m for m in wanted if m not in COMPARED]
     if unknown:
-        raise InputError(f"--metric {unknown}: unknown; known: {list(HEADLINE)}")
+        raise InputError(f"--metric {unknown}: unknown; known: {list(COMPARED)}")
     rows = []
     for key in common:
         for m in wanted:
@@ -94,7 +95,9 @@ def compare(a: dict[str, Any], b: dict[str, Any], metrics: Sequence[str] | None 
                 rel = math.sqrt((va["std"] / ma) ** 2 + (vb["std"] / mb) ** 2)
             spread = abs(ratio) * rel if math.isfinite(ratio) else None
             noisy = va["n"] > 1 or vb["n"] > 1
-            if not math.isfinite(ratio) or ratio == 1.0:
+            if m not in HEADLINE:  # metrics.UNJUDGED: a share, whose direction says nothing about speed
+                verdict = "not judged"
+            elif not math.isfinite(ratio) or ratio == 1.0:
                 verdict = "="
             elif spread is not None and noisy and abs(ratio - 1.0) <= 2 * spread:
                 verdict = "~"
@@ -145,7 +148,7 @@ def _print(doc: dict[str, Any], path_a: str, path_b: str) -> None:
     t = Table(title=f"B / A   (A = {path_a}, B = {path_b})")
     for c in ("level", "metric", "A", "B", "B/A", "± spread", ""):
         t.add_column(c, justify="right" if c in ("A", "B", "B/A", "± spread") else "left")
-    style = {"better": "green", "worse": "red", "~": "dim", "=": "dim"}
+    style = {"better": "green", "worse": "red", "~": "dim", "=": "dim", "not judged": "dim"}
     for r in doc["rows"]:
         sp = "-" if r["spread"] is None or (r["a_n"] == 1 and r["b_n"] == 1) else f"{r['spread']:.3f}"
         t.add_row(
@@ -163,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     c = sub.add_parser("compare", help="B / A per metric and level, with the spread over repeats")
     c.add_argument("a", help="baseline result (benchmark.json)")
     c.add_argument("b", help="candidate result (benchmark.json)")
-    c.add_argument("--metric", action="append", help=f"only these metrics (repeatable); default: all of {len(HEADLINE)} headline metrics")
+    c.add_argument("--metric", action="append", help=f"only these metrics (repeatable); default: all of {len(COMPARED)} headline metrics")
     c.add_argument("--json", help="also write the comparison document here")
     s = sub.add_parser("show", help="print a result's Markdown report")
     s.add_argument("a")

@@ -61,6 +61,20 @@ TARGETS = {
     ),
     "failed_requests": ("==", 0, "failed requests over every run"),
 }
+CEILINGS = {
+    "engine_roofline_fraction_c1": (
+        1.0,
+        "above 1: faster than the memory-bandwidth bound allows, so the bound (weights served from the CPU's caches, "
+        "not memory) or the timing (a coalesced stream) is wrong",
+    ),
+}
+"""Ratios no correct measurement can exceed: name -> (ceiling, why). A value above it is reported, never judged."""
+
+
+def beyond_ceiling(name: str, value: Any) -> str | None:
+    """Why ``value`` of ratio ``name`` cannot be judged (:data:`CEILINGS`), or None."""
+    ceiling, why = CEILINGS.get(name, (None, ""))
+    return why if ceiling is not None and isinstance(value, (int, float)) and value > ceiling else None
 
 
 @dataclasses.dataclass
@@ -586,7 +600,8 @@ def ratios(summary: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]], ju
     """The headline ratios of docs/benchmark.md with their targets (``None`` when a run is missing).
 
     ``judged``: the ratios this benchmark holds to their targets (``benchmark.targets``; empty = all); the others
-    are reported with ``met: None`` and ``judged: False``."""
+    are reported with ``met: None`` and ``judged: False``. A value above its :data:`CEILINGS` entry is ``met: None``
+    with ``why`` (judged or not): a roofline fraction of 1.4 is a wrong bound or timing, not a met target."""
     tp = "time_per_output_token.avg"
     thr = "output_token_throughput.avg"
 
@@ -615,9 +630,10 @@ def ratios(summary: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]], ju
         op, target, what = TARGETS[k]
         met = None
         is_judged = not judged or k in judged
-        if v is not None and is_judged:
+        why = beyond_ceiling(k, v)
+        if v is not None and is_judged and why is None:
             met = bool(v >= target) if op == ">=" else bool(v <= target) if op == "<=" else bool(v == target)
-        out[k] = {"value": v, "target": f"{op} {target}", "met": met, "judged": is_judged, "definition": what}
+        out[k] = {"value": v, "target": f"{op} {target}", "met": met, "judged": is_judged, "definition": what, "why": why}
     return out
 
 

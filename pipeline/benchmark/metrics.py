@@ -64,7 +64,6 @@ HEADLINE = {
     "output_token_throughput.avg": "higher",
     "request_throughput.avg": "higher",
     "requests.errors": "lower",
-    "prefill_decode.prefill_share": "lower",
     "serving_path.client.avg": "lower",
     "serving_path.request_hop.avg": "lower",
     "serving_path.queue.avg": "lower",
@@ -73,6 +72,13 @@ HEADLINE = {
     "serving_path.server_time_per_output_token.avg": "lower",
     "serving_path.last_token_delivery.avg": "lower",
 }
+# Scalars compared but not judged better or worse: their direction says nothing about speed (name -> why).
+UNJUDGED = {
+    "prefill_decode.prefill_share": "prefill time / request time: lower when prefill got faster, or when decode got slower",
+}
+COMPARED = (*HEADLINE, *UNJUDGED)
+"""Every scalar ``pipeline benchmark compare`` compares (and the summary's ``spread`` holds): :data:`HEADLINE`, then
+:data:`UNJUDGED`."""
 SERVING_HOPS = {
     "client": "benchmark send -> the client library sends (hand-off to a client thread, building the inputs, opening "
     "the request's gRPC stream)",
@@ -200,7 +206,7 @@ def get_path(doc: dict[str, Any], path: str) -> Any:
 def aggregate_repeats(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Spread of each headline scalar over repeated runs: ``{path: {mean, std, min, max, n, values}}``."""
     out: dict[str, dict[str, Any]] = {}
-    for path in HEADLINE:
+    for path in COMPARED:
         vals = [get_path(r, path) for r in runs]
         vals = [float(v) for v in vals if isinstance(v, (int, float))]
         if not vals:

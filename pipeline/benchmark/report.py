@@ -193,9 +193,13 @@ def _md_spread(doc: dict[str, Any]) -> list[str]:
 
 def _md_ratios(d: BenchmarkDocument) -> list[str]:
     """:func:`markdown`: the target ratios table."""
+    from .core import beyond_ceiling
+
     rows = []
     for k, v in d.ratios.items():
+        why = v.why or beyond_ceiling(k, v.value)  # a document written before CEILINGS said "met" for these
         met = {True: "yes", False: "**no**", None: "not measured"}[v.met] if v.judged else "(not a target here)"
+        met = f"not judged: {why}" if why else met
         rows.append((k, _f(v.value, 3) if isinstance(v.value, float) else _f(v.value), v.target, met, v.definition))
     return ["", *md_table(("ratio", "value", "target", "met", "definition"), rows)]
 

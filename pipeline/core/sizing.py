@@ -195,16 +195,21 @@ def calibration_placement(
     else:
         host_b, disk_b = host_room, rest - host_room
     offload = "disk" if disk_b else "cpu"
-    refused = disk_free_bytes is not None and disk_b > disk_free_bytes
+    if disk_free_bytes is not None and disk_b > disk_free_bytes:  # refused: what does not fit where, each figure once
+        held = (
+            f"of the {size(rest)} beyond it, {size(host_b)} may wait in host memory and the {size(disk_b)} left"
+            if host_b
+            else f"the {size(disk_b)} beyond it"
+        )
+        reason = f"the model ({size(model_bytes)}) exceeds {why}, and {held} do not fit the {size(disk_free_bytes)} free on the disk of store_dir"
+        return CalibrationPlacement(offload, budget, host_b, disk_b, True, reason)
     where = f"{size(rest)} of layers wait in host memory"
     if disk_b:
         where = (f"{size(host_b)} of layers wait in host memory and " if host_b else "") + f"{size(disk_b)} on disk"
     reason = f"the model ({size(model_bytes)}) exceeds {why}: {where}, onloaded one layer at a time"
     if host_room is None and on_gpu:
         reason += " (the host's memory is unknown: planned as holding them; calibration.max_host_memory_gb plans a smaller host)"
-    if refused:
-        reason += f"; the disk has {size(disk_free_bytes or 0)} free"
-    return CalibrationPlacement(offload, budget, host_b, disk_b, refused, reason)
+    return CalibrationPlacement(offload, budget, host_b, disk_b, False, reason)
 
 
 @dataclasses.dataclass(frozen=True)

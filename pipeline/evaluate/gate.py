@@ -434,6 +434,12 @@ def _scope_checks(gate: Any, scope: str, cand: float, st: PairedStats | None, al
     return checks
 
 
+def _nats(x: float) -> str:
+    """A KLD as the gate checks print it: 5 decimals, or ``2.0e-12`` for a value those would show as 0.00000 (exact
+    zero stays ``0.00000``)."""
+    return f"{x:.1e}" if x and abs(x) < 5e-6 else f"{x:.5f}"
+
+
 def _fidelity_checks(fidelity: FidelityStats | dict[str, Any] | None, max_kld: float | None, min_top1: float | None) -> list[Check]:
     """:func:`judge`'s teacher-forced fidelity checks (``max_kld``, ``min_top1``), when fidelity was measured."""
     checks: list[Check] = []
@@ -449,7 +455,7 @@ def _fidelity_checks(fidelity: FidelityStats | dict[str, Any] | None, max_kld: f
                 v,
                 max_kld,
                 "pass" if v <= max_kld else "fail",
-                f"mean KLD {v:.5f} nats vs maximum {max_kld:.5f} ({fo.positions} teacher-forced tokens)",
+                f"mean KLD {_nats(v)} nats vs maximum {_nats(max_kld)} ({fo.positions} teacher-forced tokens)",
             )
         )
     if min_top1 is not None:

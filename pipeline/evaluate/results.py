@@ -107,7 +107,7 @@ def stage_result(st: Setup, runs: Runs, sc: Scores, verdict: dict[str, Any]) -> 
     }
     fo = runs.fidelity_overall
     if fo.positions:
-        headline["kld"] = round(fo.kld.mean, 6)
+        headline["kld"] = float(f"{fo.kld.mean:.4g}")  # 4 significant digits: round(x, 6) made a KLD of 2e-12 "kld=0"
         headline["top1"] = round(fo.top1, 4)
     if verdict["bound"]:
         headline["drop_ub"] = round(verdict["bound"]["upper"], 4)

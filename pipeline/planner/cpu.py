@@ -2,7 +2,10 @@
 the decode bound at the measured memory bandwidth.
 
 Rule: everything the plan says about running on this host's CPU is computed here; weights that cannot fit the host's
-RAM refuse the plan with the fix (int4 weights, or a larger host); a tight fit is a warning.
+RAM refuse the plan with the fix (int4 weights, or a larger host); a tight fit is a warning. More than one rank
+(``parallel.tp_size`` / ``pp_size``) refuses it too: the CPU target runs on one device. A run or a named target is
+refused that by the target's config check (exit 2); a shapes-only preset with ``target=auto`` is checked for TP geometry
+only (``pipeline plan --gpus`` plans it for each GPU), so the CPU plan it resolves to says it here (exit 4).
 
 Formulas and sources: onnxruntime-genai shares past/present KV buffers sized batch x max_length (a static KV cache per
 slot, onnxruntime-genai 0.18 ``src/models/kv_cache.cpp``); the decode bound as :func:`~.base.roofline` with the host
@@ -61,6 +64,12 @@ def cpu_plan(p: base.Plan, shape: ModelShape, k: base.Knobs) -> base.Plan:
             f"weights + KV for {k.max_batch_size} x {k.max_seq_len} tokens + activations need {base.gib(need)}; "
             f"{base.gib(avail)} is available now. Fix: lower build.max_batch_size or build.max_seq_len."
         )
+    for field, ranks in (("tp_size", k.tp), ("pp_size", k.pp)):  # target=auto on a shapes-only preset reaches here
+        if ranks > 1:
+            p.refusals.append(
+                f"parallel.{field}={ranks}: this plan is for the host CPU (target onnxruntime_genai), which runs on one "
+                f"device. Fix: parallel.{field}=1, or target=tensorrt_llm target.gpu=<name> to plan {ranks} GPUs."
+            )
     from ..core.targets import get_target
 
     refusal = get_target("onnxruntime_genai").capabilities().recipe_refusal(k.recipe)

@@ -101,7 +101,7 @@ def plan_stages(p: Plan, cfg: Any, shape: ModelShape) -> None:
     """``p.stages``: each stage's predicted peak host (and GPU) memory and where it runs (:mod:`pipeline.core.sizing`);
     a refusal in ``p.refusals`` when neither the GPU, the host nor the store's disk can hold the model to calibrate."""
     from ..core.hostinfo import gpu_free_bytes
-    from ..core.sizing import DEVICE_BUDGET_FRACTION, calibration_placement, compute_dtype, stage_memory
+    from ..core.sizing import calibration_placement, compute_dtype, stage_memory
     from ..core.targets import resolve_target
 
     try:
@@ -144,13 +144,7 @@ def plan_stages(p: Plan, cfg: Any, shape: ModelShape) -> None:
     )
     p.stages = st = PlanStages(host_memory()["total"], pred)
     gpu_total = (named or (local[0][1] if local else None)).memory_bytes if (named or local) else None  # type: ignore[union-attr]
-    ev = pred["evaluate"].gpu_bytes
-    if ev and gpu_total and ev > DEVICE_BUDGET_FRACTION * gpu_total:
-        p.notes.append(
-            f"evaluate loads the reference model whole on the GPU: about {ev / 2**30:.1f} GiB ({pred['evaluate'].formula}) "
-            f"exceed {DEVICE_BUDGET_FRACTION:.0%} of the GPU's {gpu_total / 2**30:.1f} GiB. Fix: eval.device=cpu (host memory), eval.reference_dtype=float16 "
-            "on a larger GPU, or skip evaluate on this host."
-        )
+    p.notes.extend(_evaluate_gpu_note(cfg, exp, pred["evaluate"], gpu_total))
     if not quantizes:
         return
     cd = compute_dtype(dev, exp)
@@ -161,18 +155,38 @@ def plan_stages(p: Plan, cfg: Any, shape: ModelShape) -> None:
     )
     q = pred["quantize"]
     if not on_gpu and pl.offload != "none":  # the CPU's own budget: layers beyond it wait on disk (the stage's rule)
-        q = dataclasses.replace(q, where=f"cpu, layers offloaded to disk ({cd})", offload="disk")
+        # ... while calibrating; the exports then restore the whole model on the host (pipeline/quantize/run.py _exports)
+        restored = f"; layers wait on disk while calibrating, then the exports restore the whole {cd} model on the host: the offload does not lower this peak"
+        q = dataclasses.replace(q, where=f"cpu, layers offloaded to disk ({cd})", offload="disk", formula=q.formula + restored)
     if str(getattr(cfg.calibration, "layerwise", "auto")).lower() == "true" and "layer by layer" not in q.where:
         q = dataclasses.replace(q, where=q.where + ", layer by layer (calibration.layerwise=true)")
     placed = PlannedCalibration(**dataclasses.asdict(pl), device=dev, dtype=cd, model_bytes=model_b)
     p.stages = dataclasses.replace(st, predicted={**pred, "quantize": q}, calibration_placement=placed)
     if pl.refused:
-        p.refusals.append(
-            f"quantize: nothing can hold the model to calibrate it: {pl.reason}. GPU: "
-            + (f"{room.gpu_name}, {gib(room.gpu_free)} free" if on_gpu else "none")
-            + f"; host: {gib(room.host_free)} available; disk of store_dir: {gib(room.disk_free)} free. Fix: a GPU or host "
-            "with more memory, a store_dir on a larger disk, or a smaller model."
+        p.refusals.append(  # the reason names the device's and the disk's free bytes; the GPU and host only where not
+            f"quantize: nothing can hold the model to calibrate it: {pl.reason} (GPU: "
+            + (f"{room.gpu_name}, {gib(room.gpu_free)} free; host: {gib(room.host_free)} available" if on_gpu else "none")
+            + "). Fix: a GPU or host with more memory, a store_dir on a larger disk, or a smaller model."
         )
+
+
+def _evaluate_gpu_note(cfg: Any, exp: str, ev: Any, gpu_total: int | None) -> list[str]:
+    """A note when evaluate's reference model, loaded whole on the GPU (``ev``: its :class:`~pipeline.core.sizing.StageMemory`),
+    exceeds :data:`~pipeline.core.sizing.DEVICE_BUDGET_FRACTION` of it. The fix offers a 16-bit ``eval.reference_dtype``
+    (the checkpoint's, as evaluate loads it on a GPU) only when the figure is in a wider dtype: a bfloat16 figure once
+    came with ``eval.reference_dtype=float16``, the same 2 bytes a parameter."""
+    from ..core.sizing import DEVICE_BUDGET_FRACTION, compute_dtype
+
+    if not ev.gpu_bytes or not gpu_total or ev.gpu_bytes <= DEVICE_BUDGET_FRACTION * gpu_total:
+        return []
+    ref, half = str(cfg.eval.reference_dtype), compute_dtype("cuda", exp)
+    est = exp if ref == "checkpoint" else half if ref == "auto" else ref  # the dtype the figure is in (stage_memory's rule)
+    smaller = f"eval.reference_dtype={half} (half of it), " if DTYPE_BYTES.get(est, 2) > DTYPE_BYTES[half] else ""
+    return [
+        f"evaluate loads the reference model whole on the GPU: about {ev.gpu_bytes / 2**30:.1f} GiB ({ev.formula}) exceed "
+        f"{DEVICE_BUDGET_FRACTION:.0%} of the GPU's {gpu_total / 2**30:.1f} GiB. Fix: eval.device=cpu (host memory), "
+        f"{smaller}a GPU with more memory, or skip evaluate on this host."
+    ]
 
 
 def _eval_batch_bytes(cfg: Any, shape: ModelShape, export_dtype: str, room: Any = None) -> int:

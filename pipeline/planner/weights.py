@@ -89,7 +89,9 @@ def _shard(lin: Linear, shape: ModelShape, tp: int) -> tuple[int, int]:
 
 @dataclasses.dataclass
 class WeightBreakdown:
-    """Bytes per pipeline stage on one TP rank (``stages[i]``) and the totals (whole model, 1 rank)."""
+    """Bytes per pipeline stage on one TP rank (``stages[i]``) and the totals (whole model, 1 rank).
+    ``high_precision_modules`` names what ``high_precision_bytes`` counts under a quantizing recipe: the linear layers
+    kept in high precision (``lm_head`` ...), then ``embedding`` and ``norms`` (empty for ``none``: everything is)."""
 
     total_bytes: int
     quantized_bytes: int
@@ -172,6 +174,8 @@ def weight_bytes(
     for s, ls in enumerate(stages):
         per_stage[s] += norms_layer * len(ls)
     per_stage[-1] += shape.hidden_size * hp
+    if recipe != "none":  # the embedding table and the norms are in high_precision_bytes too: named with the modules
+        hp_modules += ["embedding", "norms"]
     return WeightBreakdown(int(total), int(quant), int(hpb), [int(x) for x in per_stage], _compress(hp_modules), shape.num_parameters)
 
 

@@ -86,3 +86,27 @@ def test_the_reader_collects_every_bad_line_and_caps_the_message(tmp_path):
     ov = [f"calibration.path={cal}", "quant=int4_awq", "stages=[export,quantize]", "calibration.min_samples=1"]
     got = [str(p) for p in validate(compose(ov), raise_on_error=False) if p.field == "calibration.path"]
     assert len(got) == MAX_REPORTED_PROBLEMS + 1 and "... and 5 more malformed line(s)" in got[-1], got
+
+
+def test_identical_problems_of_many_lines_are_printed_once_with_their_lines(tmp_path):
+    """Fresh-user trial: 8 lines with ``txt`` instead of ``text`` printed the same message 8 times, one per line. The
+    problems stay one per line (``problems``, ``validate``'s list, ``plan --json``); the printed message groups the ones
+    that differ only in their line: the lines, how many, the message once."""
+    from pipeline.core.config import ConfigError
+    from pipeline.data.calibration import CalibrationError, read_raw
+
+    cal = tmp_path / "calib.jsonl"
+    bad = json.dumps({"txt": "I want a refund."})
+    lines = [bad, bad, bad, json.dumps({"text": "ok"}), bad, "{not json", bad, bad, bad, json.dumps({"text": "ok too"})]
+    cal.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    ov = [f"calibration.path={cal}", "quant=int4_awq", "stages=[export,quantize]", "calibration.min_samples=1"]
+    problems = [p for p in validate(compose(ov), raise_on_error=False) if p.field == "calibration.path"]
+    assert len(problems) == 8  # one per line, as before
+    msg = str(ConfigError(problems))
+    assert msg.startswith("8 configuration problem(s):") and msg.count("neither 'text' nor 'messages'") == 1, msg
+    assert f"{cal} lines 1-3, 5, 7-9 (7 lines): neither 'text' nor 'messages' present (keys: ['txt'])" in msg, msg
+    assert f"{cal}:6: not valid JSON" in msg  # a message of one line is printed as it was
+    with pytest.raises(CalibrationError) as ei:
+        read_raw(CalibrationConfig(format="jsonl"), cal)
+    assert len(ei.value.problems) == 8 and str(ei.value).count("neither 'text' nor 'messages'") == 1
+    assert f"{cal} lines 1-3, 5, 7-9 (7 lines): neither" in str(ei.value)

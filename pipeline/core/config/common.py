@@ -13,7 +13,7 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any
 
-from ...errors import InputError
+from ...errors import InputError, grouped
 
 #: the spellings of a boolean this pipeline accepts: OmegaConf's (omegaconf/nodes.py BooleanNode) without its
 #: "any other integer is true" (``package.parity=2``), which would accept a typo silently
@@ -96,7 +96,7 @@ class ConfigError(InputError):
 
     def __init__(self, problems: list[Problem]):
         self.problems = list(problems)
-        lines = "\n".join(f"  - {p}" for p in self.problems)
+        lines = "\n".join(f"  - {t}" for t in grouped([str(p) for p in self.problems]))  # one line per distinct message
         super().__init__(f"{len(self.problems)} configuration problem(s):\n{lines}")
 
 

@@ -54,13 +54,15 @@ class BenchHost:
 
 @dataclasses.dataclass(frozen=True)
 class BenchRatio:
-    """A ``benchmark.json`` ``ratios`` entry; documents older than ``judged`` judged every ratio."""
+    """A ``benchmark.json`` ``ratios`` entry; documents older than ``judged`` judged every ratio. ``why``: why a
+    measured value was not judged (``met`` None; e.g. a roofline fraction above 1), None otherwise."""
 
     value: Any = None
     target: Any = None
     met: Any = None
     judged: Any = True
     definition: Any = None
+    why: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
