@@ -61,6 +61,21 @@ ROPE_SUPPORT: dict[str, dict[str, tuple[str, ...]]] = {
 _OTHER_TARGETS = "target=tensorrt_llm or target=tensorrt_llm_pytorch (NVIDIA GPU host)"
 
 
+def rope_spelling(config: dict[str, Any]) -> tuple[str, str]:
+    """How a ``config.json`` dict spells its RoPE scaling, for the messages: the key(s) holding a scaling type other
+    than ``default`` (``rope_scaling``, transformers 5's ``rope_parameters``, or ``rope_scaling/rope_parameters``
+    when both do, as the export's ``hf/`` writes; without a scaling, the key the config has), and how to make that
+    plain RoPE in the same spelling."""
+    dicts = [k for k in ("rope_scaling", "rope_parameters") if isinstance(config.get(k), dict)]
+    scaled = [k for k in dicts if (config[k].get("rope_type") or config[k].get("type")) not in (None, "default")]
+    keys = scaled or dicts[-1:] or ["rope_scaling"]
+    undo = {
+        "rope_scaling": "remove rope_scaling from config.json",
+        "rope_parameters": 'set rope_parameters.rope_type to "default" in config.json (keep its rope_theta)',
+    }
+    return "/".join(keys), " and ".join(undo[k] for k in keys)
+
+
 def normalise_rope(config: dict[str, Any], where: str = "config.json") -> tuple[float | None, dict[str, Any] | None]:
     """RoPE base and scaling from a raw ``config.json`` dict, in one normalised form.
 
@@ -104,8 +119,9 @@ def normalise_rope(config: dict[str, Any], where: str = "config.json") -> tuple[
     if not merged:
         return (float(theta) if theta is not None else None), None
     if merged.get("rope_type") is None:
+        spelled = "/".join(k for k in ("rope_scaling", "rope_parameters") if config.get(k) is not None)
         raise InputError(
-            f"{where}: rope_scaling={merged!r} names no scaling type. "
+            f"{where}: {spelled}={merged!r} names no scaling type. "
             f'Fix: add "rope_type" (e.g. "linear", "dynamic", "yarn", "longrope", "llama3").'
         )
     if merged.get("rope_type") == "default":  # plain RoPE; other keys (e.g. partial_rotary_factor) are not scaling
@@ -144,12 +160,13 @@ def rope_refusal(config: dict[str, Any], target: str, max_seq_len: int | None = 
     honoured = ROPE_SUPPORT.get(target, {}).get(mt) if isinstance(mt, str) else None
     if honoured is None:
         return None  # a family or target without RoPE facts: the family check refuses it
+    spelled, undo = rope_spelling(config)
     drop = (
-        f"or remove rope_scaling from config.json if the model was not trained with it (it then runs with plain RoPE "
+        f"or {undo} if the model was not trained with it (it then runs with plain RoPE "
         f"up to max_position_embeddings={config.get('max_position_embeddings')})"
     )
     if target == "onnxruntime_genai" and mt == "phi3":
-        p = _phi3_lengths(config, rtype)
+        p = _phi3_lengths(config, rtype, spelled)
         if p is not None:
             return p
     if rtype is None or dynamic_is_plain(config, rope, max_seq_len):
@@ -170,13 +187,13 @@ def rope_refusal(config: dict[str, Any], target: str, max_seq_len: int | None = 
             mpe = config["max_position_embeddings"]
             how += f" (dynamic NTK scaling equals plain RoPE up to max_position_embeddings={mpe}, below build.max_seq_len={max_seq_len})"
             fix = f"set build.max_seq_len <= {mpe}, or {fix}"
-        return (f"rope_scaling type {rtype!r} is not honoured by target {target}: {how}.", f"{fix}, {drop}")
+        return (f"{spelled} type {rtype!r} is not honoured by target {target}: {how}.", f"{fix}, {drop}")
     if target == "onnxruntime_genai" and rtype == "yarn":
-        return _ort_yarn_problem(config, rope or {}, float(theta or 10000.0), drop)
+        return _ort_yarn_problem(config, rope or {}, float(theta or 10000.0), spelled, drop)
     return None
 
 
-def _ort_yarn_problem(config: dict[str, Any], rope: dict[str, Any], theta: float, drop: str) -> tuple[str, str] | None:
+def _ort_yarn_problem(config: dict[str, Any], rope: dict[str, Any], theta: float, spelled: str, drop: str) -> tuple[str, str] | None:
     why: list[str] = []
     if rope.get("truncate", True) is not False:
         why.append(
@@ -199,12 +216,12 @@ def _ort_yarn_problem(config: dict[str, Any], rope: dict[str, Any], theta: float
         )
     if not why:
         return None
-    return ("rope_scaling type 'yarn' on target onnxruntime_genai: " + "; ".join(why) + ".", f"{_OTHER_TARGETS}, {drop}")
+    return (f"{spelled} type 'yarn' on target onnxruntime_genai: " + "; ".join(why) + ".", f"{_OTHER_TARGETS}, {drop}")
 
 
-def _phi3_lengths(config: dict[str, Any], rtype: str | None) -> tuple[str, str] | None:
+def _phi3_lengths(config: dict[str, Any], rtype: str | None, spelled: str) -> tuple[str, str] | None:
     """onnxruntime-genai's builder picks Phi-3's LongRoPE model by ``max_position_embeddings !=
-    original_max_position_embeddings`` (``builder.py``), not by ``rope_scaling``."""
+    original_max_position_embeddings`` (``builder.py``), not by ``rope_scaling``; ``spelled``: :func:`rope_spelling`."""
     given = config.get("original_max_position_embeddings")
     orig = given if given is not None else PHI3_DEFAULT_ORIGINAL_POSITIONS
     mpe = config.get("max_position_embeddings")
@@ -213,15 +230,15 @@ def _phi3_lengths(config: dict[str, Any], rtype: str | None) -> tuple[str, str] 
     if mpe != orig and rtype != "longrope":
         return (
             f"Phi-3 config.json has max_position_embeddings={mpe} but original_max_position_embeddings={orig}"
-            f"{'' if given is not None else ' (the transformers default)'} and no LongRoPE rope_scaling: "
+            f"{'' if given is not None else ' (the transformers default)'} and no LongRoPE {spelled}: "
             "onnxruntime-genai's builder takes every Phi-3 whose two lengths differ for the LongRoPE model and fails "
             "without its short_factor/long_factor.",
-            f"set original_max_position_embeddings={mpe} in config.json (a model without long-context scaling), or add "
-            "rope_scaling {type: longrope, short_factor, long_factor}; or use target=tensorrt_llm_pytorch",
+            f"set original_max_position_embeddings={mpe} in config.json (a model without long-context scaling), or "
+            f"give {spelled} rope_type longrope with its short_factor and long_factor; or use target=tensorrt_llm_pytorch",
         )
     if mpe == orig and rtype == "longrope":
         return (
-            f"Phi-3 config.json has rope_scaling type 'longrope' but max_position_embeddings == "
+            f"Phi-3 config.json has {spelled} type 'longrope' but max_position_embeddings == "
             f"original_max_position_embeddings == {mpe}: onnxruntime-genai's builder then takes the short-context model "
             "and stops with NotImplementedError on longrope.",
             "set original_max_position_embeddings to the pre-training length (4096 for Phi-3-mini-128k), or target=tensorrt_llm_pytorch",

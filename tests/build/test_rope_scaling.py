@@ -70,6 +70,28 @@ def test_unhonoured_rope_scaling_is_refused_at_config_time(tmp_path, arch, rope,
     assert not _rope_msgs(ckpt, "tensorrt_llm_pytorch")  # TensorRT-LLM's RotaryScalingType handles it
 
 
+@pytest.mark.parametrize(
+    "arch, rope",
+    [
+        ("qwen2", {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}),
+        ("llama", {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}),
+    ],
+)
+def test_a_rope_refusal_names_rope_parameters_when_the_checkpoint_spells_it_so(tmp_path, arch, rope):
+    """A transformers-5 checkpoint holds its scaling in rope_parameters (with rope_theta) and has no rope_scaling; the
+    refusal said "rope_scaling type ..." and "remove rope_scaling" (a key the file does not have; removing
+    rope_parameters would drop rope_theta too). It names the spelling the checkpoint uses, and the fix keeps it."""
+    ckpt = tiny.make_checkpoint(tmp_path / arch, arch)
+    c = json.loads((ckpt / "config.json").read_text())
+    assert "rope_scaling" not in c and c["rope_parameters"]["rope_type"] == "default"
+    c["rope_parameters"] = {**c["rope_parameters"], **rope}
+    (ckpt / "config.json").write_text(json.dumps(c))
+    msgs = _rope_msgs(ckpt, max_seq_len=300)
+    assert len(msgs) == 1, msgs
+    assert f"rope_parameters type {rope['rope_type']!r}" in msgs[0] and "rope_scaling" not in msgs[0], msgs
+    assert 'set rope_parameters.rope_type to "default" in config.json (keep its rope_theta)' in msgs[0], msgs
+
+
 def test_phi3_long_rope_with_equal_lengths_is_refused(tmp_path):
     rope = {"type": "longrope", "short_factor": [1.0] * 16, "long_factor": [2.0] * 16}
     ckpt = _checkpoint(tmp_path, "phi3", rope, max_position_embeddings=256, original_max_position_embeddings=256)
