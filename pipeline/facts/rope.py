@@ -33,7 +33,7 @@ No heavy imports at module import time.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..errors import InputError
 
@@ -59,6 +59,17 @@ ROPE_SUPPORT: dict[str, dict[str, tuple[str, ...]]] = {
 }
 
 _OTHER_TARGETS = "target=tensorrt_llm or target=tensorrt_llm_pytorch (NVIDIA GPU host)"
+
+
+class RopeRefusal(NamedTuple):
+    """Why a target would build a checkpoint's RoPE wrongly or crash on it, and the fix (:func:`rope_refusal`).
+    ``names_length``: the refusal is about ``build.max_seq_len`` and its fix names every length limit (dynamic
+    scaling past ``max_position_embeddings``), so the build check's own length refusal is left out: one cause, one
+    problem."""
+
+    why: str
+    fix: str
+    names_length: bool = False
 
 
 def rope_spelling(config: dict[str, Any]) -> tuple[str, str]:
@@ -144,13 +155,17 @@ def _ort_yarn_range(config: dict[str, Any], rope: dict[str, Any], theta: float) 
     return low, high, d_half
 
 
-def rope_refusal(config: dict[str, Any], target: str, max_seq_len: int | None = None) -> tuple[str, str] | None:
-    """``(why, fix)`` when ``target`` would build the checkpoint's RoPE (``config.json`` dict) differently from
+def rope_refusal(config: dict[str, Any], target: str, max_seq_len: int | None = None, positions: int | None = None) -> RopeRefusal | None:
+    """Why and the fix when ``target`` would build the checkpoint's RoPE (``config.json`` dict) differently from
     transformers or crash on it; None when it honours it (or the config is unreadable: export reports that).
 
     ``max_seq_len`` (tokens, ``build.max_seq_len``): the longest sequence the engine serves.  A ``dynamic`` scaling
     with ``max_seq_len <= max_position_embeddings`` is plain RoPE (:func:`dynamic_is_plain`), which every target
-    builds."""
+    builds; past it transformers rescales the frequencies with the length, so a target that builds it as plain RoPE
+    is refused whatever ``allow_unsafe_lengths`` says (that flag accepts untested lengths, not an engine that differs
+    from transformers).  ``positions``: the most ``build.max_seq_len`` may be for the model's position encoding (the
+    build check's length limit, :func:`pipeline.facts.geometry.position_limit` less draft tokens); when
+    ``max_seq_len`` is past it too, that refusal's fix names it (``names_length``)."""
     try:
         theta, rope = normalise_rope(config)
     except InputError:
@@ -183,17 +198,27 @@ def rope_refusal(config: dict[str, Any], target: str, max_seq_len: int | None = 
         )
         others = [t for t, fams in ROPE_SUPPORT.items() if t != target and rtype in fams.get(str(mt), ())]
         fix = f"target={others[0]}" + (f" or target={others[1]}" if len(others) > 1 else "") if others else "another target"
+        why = f"{spelled} type {rtype!r} is not honoured by target {target}: {how}"
         if rtype == "dynamic" and max_seq_len and isinstance(config.get("max_position_embeddings"), int):
+            # only fixes that work alone: removing the scaling leaves plain RoPE, whose limit (max_position_embeddings)
+            # this max_seq_len is past too, so it is not offered; allow_unsafe_lengths does not lift this refusal, so
+            # it is offered only for a target that honours dynamic
             mpe = config["max_position_embeddings"]
-            how += f" (dynamic NTK scaling equals plain RoPE up to max_position_embeddings={mpe}, below build.max_seq_len={max_seq_len})"
-            fix = f"set build.max_seq_len <= {mpe}, or {fix}"
-        return (f"{spelled} type {rtype!r} is not honoured by target {target}: {how}.", f"{fix}, {drop}")
+            past = positions is not None and max_seq_len > positions
+            there = f" (there also build.max_seq_len <= {positions}, the model's positions, or allow_unsafe_lengths=true)" if past else ""
+            return RopeRefusal(
+                f"{why} (dynamic NTK scaling equals plain RoPE up to max_position_embeddings={mpe}, below "
+                f"build.max_seq_len={max_seq_len}; past it transformers rescales, so allow_unsafe_lengths=true cannot accept it).",
+                f"set build.max_seq_len <= {mpe}, or {fix}{there}",
+                past,
+            )
+        return RopeRefusal(f"{why}.", f"{fix}, {drop}")
     if target == "onnxruntime_genai" and rtype == "yarn":
         return _ort_yarn_problem(config, rope or {}, float(theta or 10000.0), spelled, drop)
     return None
 
 
-def _ort_yarn_problem(config: dict[str, Any], rope: dict[str, Any], theta: float, spelled: str, drop: str) -> tuple[str, str] | None:
+def _ort_yarn_problem(config: dict[str, Any], rope: dict[str, Any], theta: float, spelled: str, drop: str) -> RopeRefusal | None:
     why: list[str] = []
     if rope.get("truncate", True) is not False:
         why.append(
@@ -216,10 +241,10 @@ def _ort_yarn_problem(config: dict[str, Any], rope: dict[str, Any], theta: float
         )
     if not why:
         return None
-    return (f"{spelled} type 'yarn' on target onnxruntime_genai: " + "; ".join(why) + ".", f"{_OTHER_TARGETS}, {drop}")
+    return RopeRefusal(f"{spelled} type 'yarn' on target onnxruntime_genai: " + "; ".join(why) + ".", f"{_OTHER_TARGETS}, {drop}")
 
 
-def _phi3_lengths(config: dict[str, Any], rtype: str | None, spelled: str) -> tuple[str, str] | None:
+def _phi3_lengths(config: dict[str, Any], rtype: str | None, spelled: str) -> RopeRefusal | None:
     """onnxruntime-genai's builder picks Phi-3's LongRoPE model by ``max_position_embeddings !=
     original_max_position_embeddings`` (``builder.py``), not by ``rope_scaling``; ``spelled``: :func:`rope_spelling`."""
     given = config.get("original_max_position_embeddings")
@@ -228,7 +253,7 @@ def _phi3_lengths(config: dict[str, Any], rtype: str | None, spelled: str) -> tu
     if not isinstance(mpe, int) or not isinstance(orig, int):
         return None
     if mpe != orig and rtype != "longrope":
-        return (
+        return RopeRefusal(
             f"Phi-3 config.json has max_position_embeddings={mpe} but original_max_position_embeddings={orig}"
             f"{'' if given is not None else ' (the transformers default)'} and no LongRoPE {spelled}: "
             "onnxruntime-genai's builder takes every Phi-3 whose two lengths differ for the LongRoPE model and fails "
@@ -237,7 +262,7 @@ def _phi3_lengths(config: dict[str, Any], rtype: str | None, spelled: str) -> tu
             f"give {spelled} rope_type longrope with its short_factor and long_factor; or use target=tensorrt_llm_pytorch",
         )
     if mpe == orig and rtype == "longrope":
-        return (
+        return RopeRefusal(
             f"Phi-3 config.json has {spelled} type 'longrope' but max_position_embeddings == "
             f"original_max_position_embeddings == {mpe}: onnxruntime-genai's builder then takes the short-context model "
             "and stops with NotImplementedError on longrope.",

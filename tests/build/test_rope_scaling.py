@@ -196,6 +196,29 @@ def test_dynamic_rope_is_plain_rope_within_max_position_embeddings(tmp_path, arc
     assert [r.output_ids for r in got] == want
 
 
+def test_dynamic_rope_past_every_limit_is_one_problem_whose_fixes_work(tmp_path):
+    """Dynamic x2 on onnxruntime_genai with build.max_seq_len=600, past max_position_embeddings=256 and the model's
+    512 positions: two problems for one cause, and the first one's fix (allow_unsafe_lengths=true) left the RoPE
+    refusal standing. Now one problem; allow_unsafe_lengths does not lift it (past 256 transformers rescales and the
+    engine would not), so it is offered only for the targets that honour dynamic; each fix offered clears it."""
+    ckpt = _checkpoint(tmp_path, "llama", {"type": "dynamic", "factor": 2.0})
+
+    def problems(*over: str) -> list[str]:
+        cfg = compose([f"model.path={ckpt}", "quant=none", "build.max_input_len=160", *over])
+        return [str(p) for p in stage_problems(cfg) if p.field in ("model.path", "build.max_seq_len")]
+
+    one = problems("target=onnxruntime_genai", "build.max_seq_len=600")
+    assert len(one) == 1 and "'dynamic'" in one[0], one
+    assert "Fix: set build.max_seq_len <= 256, or target=tensorrt_llm or target=tensorrt_llm_pytorch (there also " in one[0], one
+    assert "build.max_seq_len <= 512, the model's positions, or allow_unsafe_lengths=true)" in one[0], one
+    unsafe = problems("target=onnxruntime_genai", "build.max_seq_len=600", "allow_unsafe_lengths=true")
+    assert len(unsafe) == 1 and "cannot accept it" in unsafe[0] and "Fix: set build.max_seq_len <= 256, or target=" in unsafe[0], unsafe
+    assert "allow_unsafe_lengths=true)" not in unsafe[0].split(" Fix: ")[1], unsafe  # already set: not offered again
+    assert not problems("target=onnxruntime_genai", "build.max_seq_len=256")
+    assert not problems("target=tensorrt_llm_pytorch", "build.max_seq_len=512")
+    assert not problems("target=tensorrt_llm_pytorch", "build.max_seq_len=600", "allow_unsafe_lengths=true")
+
+
 def test_yarn_without_betas_in_both_spellings_builds_and_equals_transformers(tmp_path):
     """The export writes rope_scaling and rope_parameters; transformers 5 lets the legacy one override, so YaRN's
     defaults filled into rope_parameters alone were dropped and the builder divided by zero (exit 1 after export and
