@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     from .planner.render import render
     from .validation import validate, with_run_order
 
-    problems = validate(cfg, raise_on_error=False)
+    problems = validate(cfg, raise_on_error=False, read_with_transformers=True)  # export's reading of config.json too
     # --gpus plans each GPU for tensorrt_llm; a CPU target's plan no GPU changes (a trial saw nine identical "ok" rows)
     if args.gpus and cfg.target.name == "onnxruntime_genai":
         problems.append(

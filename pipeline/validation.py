@@ -60,10 +60,12 @@ def stage_problems(cfg: PipelineConfig) -> list[Problem]:
     return problems
 
 
-def validate(cfg: PipelineConfig, *, raise_on_error: bool = True) -> list[Problem]:
+def validate(cfg: PipelineConfig, *, raise_on_error: bool = True, read_with_transformers: bool = False) -> list[Problem]:
     """For the stages that will run (:func:`with_run_order`): the field checks (:func:`pipeline.core.config.validate`),
     ``target.name`` against the build-target registry (every stage after export reads it), then each stage's checks
-    (:func:`stage_problems`).
+    (:func:`stage_problems`).  With ``read_with_transformers`` (``pipeline plan``, ``pipeline.plan``) also the export
+    stage's reading of ``config.json`` by transformers (:func:`transformers_problems`; it imports transformers, so a
+    run leaves it to its export stage).
 
     Returns every problem; raises :class:`~pipeline.core.config.ConfigError` listing them all when ``raise_on_error``
     and any were found.
@@ -73,9 +75,32 @@ def validate(cfg: PipelineConfig, *, raise_on_error: bool = True) -> list[Proble
     cfg = with_run_order(cfg)
     problems = validate_fields(cfg, raise_on_error=False) + name_problems(cfg)
     problems.extend(p for p in stage_problems(cfg) if not any(q.field == p.field and q.message == p.message for q in problems))
+    if read_with_transformers:
+        problems.extend(transformers_problems(cfg))
     if problems and raise_on_error:
         raise ConfigError(problems)
     return problems
+
+
+def transformers_problems(cfg: PipelineConfig) -> list[Problem]:
+    """The export stage's refusal of a ``config.json`` transformers cannot read
+    (:func:`pipeline.core.modelio.transformers_config`, its message) as a ``model.path`` problem; none for a
+    shapes-only preset, a folder without a readable ``config.json`` or one the export stage's config checks refuse
+    (an unsupported architecture): the export stage stops at those before transformers reads the file."""
+    from .core.config import resolve_path
+    from .core.modelio import read_model_config, transformers_config
+    from .core.stage import get_stage
+    from .errors import InputError
+
+    path = getattr(cfg.model, "path", None)
+    if read_model_config(path) is None or get_stage("export").checks(cfg):
+        return []
+    try:
+        transformers_config(str(resolve_path(str(path)) or path), bool(cfg.model.trust_remote_code))
+    except InputError as e:
+        why, _, fix = str(e).partition(" Fix: ")
+        return [Problem("model.path", path, why, fix)]
+    return []
 
 
 def checked_plan(cfg: PipelineConfig, *, check: bool = True) -> Plan:
@@ -90,8 +115,8 @@ def checked_plan(cfg: PipelineConfig, *, check: bool = True) -> Plan:
     from .planner.plan import plan
 
     if check:
-        validate(cfg)
+        validate(cfg, read_with_transformers=True)
     return plan(cfg)
 
 
-__all__ = ["checked_plan", "order_note", "stage_problems", "validate", "with_run_order"]
+__all__ = ["checked_plan", "order_note", "stage_problems", "transformers_problems", "validate", "with_run_order"]

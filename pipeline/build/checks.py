@@ -5,6 +5,8 @@
 * ``build.max_num_tokens >= build.max_input_len`` unless ``build.enable_chunked_context``; chunked
   context needs ``build.use_paged_context_fmha`` (TensorRT-LLM plugin/plugin.py);
 * a RoPE scaling the resolved target does not honour, or would crash on (:func:`pipeline.facts.rope.rope_refusal`);
+  ``allow_unsafe_lengths`` does not lift it; when it is about ``build.max_seq_len`` (dynamic scaling past
+  ``max_position_embeddings``) and names the length limits, the length refusal above is left out (one problem);
 * the resolved target's own ``check_config`` (recipe, KV cache format, limits, and the model's needs on that
   target: :mod:`pipeline.core.targets`).
 
@@ -13,9 +15,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core.config.common import Problem
+
+if TYPE_CHECKING:
+    from ..facts.rope import RopeRefusal
 
 
 def checks(cfg: Any) -> list[Problem]:
@@ -26,16 +31,19 @@ def checks(cfg: Any) -> list[Problem]:
 
     problems = _length_problems(cfg.build)
     shape = shape_or_none(cfg)
-    if shape is not None:
+    known = cfg.target.name == "auto" or cfg.target.name in TARGETS  # else the target.name field check reports it
+    rope = _rope_refusal(cfg, shape) if known else None
+    if shape is not None and not (rope and rope.names_length):  # one cause, one problem: the RoPE refusal names the lengths
         problems.extend(_position_problems(cfg, shape))
-    if cfg.target.name == "auto" or cfg.target.name in TARGETS:  # else the target.name field check reports it
+    if known:
         problems.extend(target_problems(cfg))
-        problems.extend(_rope_problems(cfg))
+        problems.extend([Problem("model.path", cfg.model.path, rope.why, rope.fix)] if rope else [])
     return problems
 
 
-def _rope_problems(cfg: Any) -> list[Problem]:
-    """The checkpoint's ``rope_scaling`` on the resolved target (:data:`pipeline.facts.rope.ROPE_SUPPORT`)."""
+def _rope_refusal(cfg: Any, shape: Any) -> RopeRefusal | None:
+    """The checkpoint's RoPE scaling on the resolved target (:func:`pipeline.facts.rope.rope_refusal`), with the most
+    ``build.max_seq_len`` may be for the model's positions (:func:`_room`; none with ``allow_unsafe_lengths``)."""
     from ..core.modelio import read_model_config
     from ..core.targets import capabilities, needs_build
     from ..errors import InputError
@@ -43,16 +51,18 @@ def _rope_problems(cfg: Any) -> list[Problem]:
 
     mc = read_model_config(getattr(cfg.model, "path", None))
     if mc is None or not needs_build(cfg):
-        return []
+        return None
     try:
         target = capabilities(cfg).name
     except InputError:
-        return []  # the target's own checks name an unresolvable target
-    refusal = rope_refusal(mc, target, cfg.build.max_seq_len)
-    if refusal is None:
-        return []
-    why, fix = refusal
-    return [Problem("model.path", cfg.model.path, why, fix)]
+        return None  # the target's own checks name an unresolvable target
+    unsafe = bool(getattr(cfg, "allow_unsafe_lengths", False))
+    return rope_refusal(mc, target, cfg.build.max_seq_len, _room(cfg.build, shape) if shape is not None and not unsafe else None)
+
+
+def _room(b: Any, shape: Any) -> int:
+    """The most ``build.max_seq_len`` may be: the model's positions less the speculative draft tokens."""
+    return int(shape.max_seq_len_limit) - max(0, b.speculative.max_draft_len)
 
 
 def _length_problems(b: Any) -> list[Problem]:
@@ -84,8 +94,7 @@ def _position_problems(cfg: Any, shape: Any) -> list[Problem]:
     problems: list[Problem] = []
     b = cfg.build
     if b is not None:
-        limit = shape.max_seq_len_limit
-        room = limit - max(0, b.speculative.max_draft_len)  # the most max_seq_len can be
+        limit, room = shape.max_seq_len_limit, _room(b, shape)
         total = b.max_seq_len + max(0, b.speculative.max_draft_len)
         if total > limit and not getattr(cfg, "allow_unsafe_lengths", False):
             extra = f" + speculative.max_draft_len={b.speculative.max_draft_len}" if b.speculative.max_draft_len else ""

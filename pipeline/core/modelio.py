@@ -134,3 +134,23 @@ def read_model_config(path: str | os.PathLike | None) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None  # the export stage / planner report an unreadable checkpoint with their own message
     return doc if isinstance(doc, dict) else None
+
+
+def transformers_config(src: str | os.PathLike, trust_remote_code: bool = False) -> Any:
+    """transformers' ``AutoConfig`` of the checkpoint folder ``src``: the one reading of its ``config.json`` that
+    export, ``pipeline plan`` and ``pipeline.plan`` share (a config transformers refuses, e.g. ``rope_scaling``
+    ``{"type": "dynamic"}`` without its ``factor``, is refused by each with this message, exit 2).  Imports
+    transformers (and so torch).
+
+    Raises:
+        InputError: transformers cannot read ``config.json``.
+    """
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(str(src), trust_remote_code=trust_remote_code)
+    except Exception as e:
+        raise InputError(
+            f"{Path(src) / 'config.json'}: transformers cannot read it: {type(e).__name__}: {e}. Fix: correct config.json "
+            "(compare it with the original model's)."
+        ) from None

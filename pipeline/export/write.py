@@ -38,7 +38,7 @@ from typing import Any, NamedTuple
 from ..core.artifacts import TOKENIZER_DIRS, TOKENIZER_FILES
 from ..core.contracts.export import ExportArtifact
 from ..core.hf_compat import rewrite_tokenizer_config, write_older_config_spellings
-from ..core.modelio import loadable_view
+from ..core.modelio import loadable_view, transformers_config
 from ..core.tensorio import read_header
 from ..errors import InputError
 
@@ -84,15 +84,9 @@ def _load_tokenizer(src: Path, vocab_rows: int, trust_remote_code: bool) -> Any:
                     f"checkpoint and model.trust_remote_code is false. Fix: use a standard tokenizer "
                     f"(tokenizer.json), or, only if you trust its source, set model.trust_remote_code=true."
                 )
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    try:  # the tokenizer loads config.json too: its errors are config.json's, not the tokenizer's (a trial)
-        AutoConfig.from_pretrained(str(src), trust_remote_code=trust_remote_code)
-    except Exception as e:
-        raise InputError(
-            f"{src / 'config.json'}: transformers cannot read it: {type(e).__name__}: {e}. Fix: correct config.json "
-            "(compare it with the original model's)."
-        ) from None
+    transformers_config(src, trust_remote_code)  # the tokenizer loads config.json too: its errors are config.json's (a trial)
     try:
         tok = AutoTokenizer.from_pretrained(str(src), trust_remote_code=trust_remote_code)
     except Exception as e:
@@ -257,15 +251,8 @@ def _hf_config(src: Path, facts: CheckpointFacts, ids: _SpecialIds, trust_remote
     Raises:
         InputError: transformers cannot parse config.json.
     """
-    from transformers import AutoConfig
-
     check_activation(facts.config, str(src / "config.json"))
-    try:
-        hf_cfg = AutoConfig.from_pretrained(str(src), trust_remote_code=trust_remote_code)
-    except Exception as e:
-        raise InputError(
-            f"{src / 'config.json'}: transformers cannot parse it: {type(e).__name__}: {e}. Fix: correct the field named above."
-        ) from None
+    hf_cfg = transformers_config(src, trust_remote_code)
     rope_params = getattr(hf_cfg, "rope_parameters", None)
     rope_theta = facts.rope_theta
     if rope_theta is None:

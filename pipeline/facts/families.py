@@ -123,11 +123,13 @@ def builder_config(config: dict[str, Any], max_seq_len: int) -> tuple[dict[str, 
     return {**config, "layer_types": layers}, f"sliding_window={sw} < build.max_seq_len={max_seq_len}: {len(layers)} layer(s) windowed"
 
 
-def builder_input(src: Path, dst: Path, max_seq_len: int) -> tuple[Path, str | None]:
+def builder_input(src: Path, dst: Path, max_seq_len: int) -> tuple[Path, list[str]]:
     """The checkpoint folder to hand the onnxruntime-genai model builder: ``src`` itself, or (when
-    :func:`builder_config` changes the config) ``dst`` = symlinks to ``src``'s files + that ``config.json``.
+    :func:`builder_config` or :func:`pipeline.facts.rope.builder_rope` changes the config) ``dst`` = symlinks to
+    ``src``'s files + that ``config.json``.
 
-    ``src`` is never modified (it may be hard-linked to the export artifact).  Returns (folder, what changed or None).
+    ``src`` is never modified (it may be hard-linked to the export artifact).  Returns (folder, what changed: one
+    string per change, ``[]`` when none; ``build_info.json`` ``builder_config_changes``).
     """
     src, dst = Path(src), Path(dst)
     cfg = json.loads((src / "config.json").read_text(encoding="utf-8"))
@@ -135,10 +137,10 @@ def builder_input(src: Path, dst: Path, max_seq_len: int) -> tuple[Path, str | N
     from .rope import builder_rope
 
     roped, rope_note = builder_rope(new or cfg, max_seq_len)
-    if roped is not None:
-        new, note = roped, "; ".join(n for n in (note, rope_note) if n)
+    new = roped if roped is not None else new
+    changes = [n for n in (note, rope_note) if n]
     if new is None:
-        return src, None
+        return src, []
     if dst.exists():
         shutil.rmtree(dst)
     dst.mkdir(parents=True)
@@ -146,4 +148,4 @@ def builder_input(src: Path, dst: Path, max_seq_len: int) -> tuple[Path, str | N
         if f.name != "config.json":
             (dst / f.name).symlink_to(f.resolve())
     (dst / "config.json").write_text(json.dumps(new, indent=2) + "\n", encoding="utf-8")
-    return dst, note
+    return dst, changes

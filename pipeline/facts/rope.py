@@ -33,7 +33,7 @@ No heavy imports at module import time.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..errors import InputError
 
@@ -59,6 +59,32 @@ ROPE_SUPPORT: dict[str, dict[str, tuple[str, ...]]] = {
 }
 
 _OTHER_TARGETS = "target=tensorrt_llm or target=tensorrt_llm_pytorch (NVIDIA GPU host)"
+
+
+class RopeRefusal(NamedTuple):
+    """Why a target would build a checkpoint's RoPE wrongly or crash on it, and the fix (:func:`rope_refusal`).
+    ``names_length``: the refusal is about ``build.max_seq_len`` and its fix names every length limit (dynamic
+    scaling past ``max_position_embeddings``), so the build check's own length refusal is left out: one cause, one
+    problem."""
+
+    why: str
+    fix: str
+    names_length: bool = False
+
+
+def rope_spelling(config: dict[str, Any]) -> tuple[str, str]:
+    """How a ``config.json`` dict spells its RoPE scaling, for the messages: the key(s) holding a scaling type other
+    than ``default`` (``rope_scaling``, transformers 5's ``rope_parameters``, or ``rope_scaling/rope_parameters``
+    when both do, as the export's ``hf/`` writes; without a scaling, the key the config has), and how to make that
+    plain RoPE in the same spelling."""
+    dicts = [k for k in ("rope_scaling", "rope_parameters") if isinstance(config.get(k), dict)]
+    scaled = [k for k in dicts if (config[k].get("rope_type") or config[k].get("type")) not in (None, "default")]
+    keys = scaled or dicts[-1:] or ["rope_scaling"]
+    undo = {
+        "rope_scaling": "remove rope_scaling from config.json",
+        "rope_parameters": 'set rope_parameters.rope_type to "default" in config.json (keep its rope_theta)',
+    }
+    return "/".join(keys), " and ".join(undo[k] for k in keys)
 
 
 def normalise_rope(config: dict[str, Any], where: str = "config.json") -> tuple[float | None, dict[str, Any] | None]:
@@ -104,8 +130,9 @@ def normalise_rope(config: dict[str, Any], where: str = "config.json") -> tuple[
     if not merged:
         return (float(theta) if theta is not None else None), None
     if merged.get("rope_type") is None:
+        spelled = "/".join(k for k in ("rope_scaling", "rope_parameters") if config.get(k) is not None)
         raise InputError(
-            f"{where}: rope_scaling={merged!r} names no scaling type. "
+            f"{where}: {spelled}={merged!r} names no scaling type. "
             f'Fix: add "rope_type" (e.g. "linear", "dynamic", "yarn", "longrope", "llama3").'
         )
     if merged.get("rope_type") == "default":  # plain RoPE; other keys (e.g. partial_rotary_factor) are not scaling
@@ -128,13 +155,17 @@ def _ort_yarn_range(config: dict[str, Any], rope: dict[str, Any], theta: float) 
     return low, high, d_half
 
 
-def rope_refusal(config: dict[str, Any], target: str, max_seq_len: int | None = None) -> tuple[str, str] | None:
-    """``(why, fix)`` when ``target`` would build the checkpoint's RoPE (``config.json`` dict) differently from
+def rope_refusal(config: dict[str, Any], target: str, max_seq_len: int | None = None, positions: int | None = None) -> RopeRefusal | None:
+    """Why and the fix when ``target`` would build the checkpoint's RoPE (``config.json`` dict) differently from
     transformers or crash on it; None when it honours it (or the config is unreadable: export reports that).
 
     ``max_seq_len`` (tokens, ``build.max_seq_len``): the longest sequence the engine serves.  A ``dynamic`` scaling
     with ``max_seq_len <= max_position_embeddings`` is plain RoPE (:func:`dynamic_is_plain`), which every target
-    builds."""
+    builds; past it transformers rescales the frequencies with the length, so a target that builds it as plain RoPE
+    is refused whatever ``allow_unsafe_lengths`` says (that flag accepts untested lengths, not an engine that differs
+    from transformers).  ``positions``: the most ``build.max_seq_len`` may be for the model's position encoding (the
+    build check's length limit, :func:`pipeline.facts.geometry.position_limit` less draft tokens); when
+    ``max_seq_len`` is past it too, that refusal's fix names it (``names_length``)."""
     try:
         theta, rope = normalise_rope(config)
     except InputError:
@@ -144,12 +175,13 @@ def rope_refusal(config: dict[str, Any], target: str, max_seq_len: int | None = 
     honoured = ROPE_SUPPORT.get(target, {}).get(mt) if isinstance(mt, str) else None
     if honoured is None:
         return None  # a family or target without RoPE facts: the family check refuses it
+    spelled, undo = rope_spelling(config)
     drop = (
-        f"or remove rope_scaling from config.json if the model was not trained with it (it then runs with plain RoPE "
+        f"or {undo} if the model was not trained with it (it then runs with plain RoPE "
         f"up to max_position_embeddings={config.get('max_position_embeddings')})"
     )
     if target == "onnxruntime_genai" and mt == "phi3":
-        p = _phi3_lengths(config, rtype)
+        p = _phi3_lengths(config, rtype, spelled)
         if p is not None:
             return p
     if rtype is None or dynamic_is_plain(config, rope, max_seq_len):
@@ -166,17 +198,27 @@ def rope_refusal(config: dict[str, Any], target: str, max_seq_len: int | None = 
         )
         others = [t for t, fams in ROPE_SUPPORT.items() if t != target and rtype in fams.get(str(mt), ())]
         fix = f"target={others[0]}" + (f" or target={others[1]}" if len(others) > 1 else "") if others else "another target"
+        why = f"{spelled} type {rtype!r} is not honoured by target {target}: {how}"
         if rtype == "dynamic" and max_seq_len and isinstance(config.get("max_position_embeddings"), int):
+            # only fixes that work alone: removing the scaling leaves plain RoPE, whose limit (max_position_embeddings)
+            # this max_seq_len is past too, so it is not offered; allow_unsafe_lengths does not lift this refusal, so
+            # it is offered only for a target that honours dynamic
             mpe = config["max_position_embeddings"]
-            how += f" (dynamic NTK scaling equals plain RoPE up to max_position_embeddings={mpe}, below build.max_seq_len={max_seq_len})"
-            fix = f"set build.max_seq_len <= {mpe}, or {fix}"
-        return (f"rope_scaling type {rtype!r} is not honoured by target {target}: {how}.", f"{fix}, {drop}")
+            past = positions is not None and max_seq_len > positions
+            there = f" (there also build.max_seq_len <= {positions}, the model's positions, or allow_unsafe_lengths=true)" if past else ""
+            return RopeRefusal(
+                f"{why} (dynamic NTK scaling equals plain RoPE up to max_position_embeddings={mpe}, below "
+                f"build.max_seq_len={max_seq_len}; past it transformers rescales, so allow_unsafe_lengths=true cannot accept it).",
+                f"set build.max_seq_len <= {mpe}, or {fix}{there}",
+                past,
+            )
+        return RopeRefusal(f"{why}.", f"{fix}, {drop}")
     if target == "onnxruntime_genai" and rtype == "yarn":
-        return _ort_yarn_problem(config, rope or {}, float(theta or 10000.0), drop)
+        return _ort_yarn_problem(config, rope or {}, float(theta or 10000.0), spelled, drop)
     return None
 
 
-def _ort_yarn_problem(config: dict[str, Any], rope: dict[str, Any], theta: float, drop: str) -> tuple[str, str] | None:
+def _ort_yarn_problem(config: dict[str, Any], rope: dict[str, Any], theta: float, spelled: str, drop: str) -> RopeRefusal | None:
     why: list[str] = []
     if rope.get("truncate", True) is not False:
         why.append(
@@ -199,29 +241,29 @@ def _ort_yarn_problem(config: dict[str, Any], rope: dict[str, Any], theta: float
         )
     if not why:
         return None
-    return ("rope_scaling type 'yarn' on target onnxruntime_genai: " + "; ".join(why) + ".", f"{_OTHER_TARGETS}, {drop}")
+    return RopeRefusal(f"{spelled} type 'yarn' on target onnxruntime_genai: " + "; ".join(why) + ".", f"{_OTHER_TARGETS}, {drop}")
 
 
-def _phi3_lengths(config: dict[str, Any], rtype: str | None) -> tuple[str, str] | None:
+def _phi3_lengths(config: dict[str, Any], rtype: str | None, spelled: str) -> RopeRefusal | None:
     """onnxruntime-genai's builder picks Phi-3's LongRoPE model by ``max_position_embeddings !=
-    original_max_position_embeddings`` (``builder.py``), not by ``rope_scaling``."""
+    original_max_position_embeddings`` (``builder.py``), not by ``rope_scaling``; ``spelled``: :func:`rope_spelling`."""
     given = config.get("original_max_position_embeddings")
     orig = given if given is not None else PHI3_DEFAULT_ORIGINAL_POSITIONS
     mpe = config.get("max_position_embeddings")
     if not isinstance(mpe, int) or not isinstance(orig, int):
         return None
     if mpe != orig and rtype != "longrope":
-        return (
+        return RopeRefusal(
             f"Phi-3 config.json has max_position_embeddings={mpe} but original_max_position_embeddings={orig}"
-            f"{'' if given is not None else ' (the transformers default)'} and no LongRoPE rope_scaling: "
+            f"{'' if given is not None else ' (the transformers default)'} and no LongRoPE {spelled}: "
             "onnxruntime-genai's builder takes every Phi-3 whose two lengths differ for the LongRoPE model and fails "
             "without its short_factor/long_factor.",
-            f"set original_max_position_embeddings={mpe} in config.json (a model without long-context scaling), or add "
-            "rope_scaling {type: longrope, short_factor, long_factor}; or use target=tensorrt_llm_pytorch",
+            f"set original_max_position_embeddings={mpe} in config.json (a model without long-context scaling), or "
+            f"give {spelled} rope_type longrope with its short_factor and long_factor; or use target=tensorrt_llm_pytorch",
         )
     if mpe == orig and rtype == "longrope":
-        return (
-            f"Phi-3 config.json has rope_scaling type 'longrope' but max_position_embeddings == "
+        return RopeRefusal(
+            f"Phi-3 config.json has {spelled} type 'longrope' but max_position_embeddings == "
             f"original_max_position_embeddings == {mpe}: onnxruntime-genai's builder then takes the short-context model "
             "and stops with NotImplementedError on longrope.",
             "set original_max_position_embeddings to the pre-training length (4096 for Phi-3-mini-128k), or target=tensorrt_llm_pytorch",

@@ -70,6 +70,28 @@ def test_unhonoured_rope_scaling_is_refused_at_config_time(tmp_path, arch, rope,
     assert not _rope_msgs(ckpt, "tensorrt_llm_pytorch")  # TensorRT-LLM's RotaryScalingType handles it
 
 
+@pytest.mark.parametrize(
+    "arch, rope",
+    [
+        ("qwen2", {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}),
+        ("llama", {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}),
+    ],
+)
+def test_a_rope_refusal_names_rope_parameters_when_the_checkpoint_spells_it_so(tmp_path, arch, rope):
+    """A transformers-5 checkpoint holds its scaling in rope_parameters (with rope_theta) and has no rope_scaling; the
+    refusal said "rope_scaling type ..." and "remove rope_scaling" (a key the file does not have; removing
+    rope_parameters would drop rope_theta too). It names the spelling the checkpoint uses, and the fix keeps it."""
+    ckpt = tiny.make_checkpoint(tmp_path / arch, arch)
+    c = json.loads((ckpt / "config.json").read_text())
+    assert "rope_scaling" not in c and c["rope_parameters"]["rope_type"] == "default"
+    c["rope_parameters"] = {**c["rope_parameters"], **rope}
+    (ckpt / "config.json").write_text(json.dumps(c))
+    msgs = _rope_msgs(ckpt, max_seq_len=300)
+    assert len(msgs) == 1, msgs
+    assert f"rope_parameters type {rope['rope_type']!r}" in msgs[0] and "rope_scaling" not in msgs[0], msgs
+    assert 'set rope_parameters.rope_type to "default" in config.json (keep its rope_theta)' in msgs[0], msgs
+
+
 def test_phi3_long_rope_with_equal_lengths_is_refused(tmp_path):
     rope = {"type": "longrope", "short_factor": [1.0] * 16, "long_factor": [2.0] * 16}
     ckpt = _checkpoint(tmp_path, "phi3", rope, max_position_embeddings=256, original_max_position_embeddings=256)
@@ -163,7 +185,7 @@ def test_dynamic_rope_is_plain_rope_within_max_position_embeddings(tmp_path, arc
     (tmp_path / "q" / "hf").symlink_to(ckpt, target_is_directory=True)
     (tmp_path / "b").mkdir()
     info = get_target("onnxruntime_genai").build(cfg, tmp_path / "q", tmp_path / "b", export_dir=tmp_path / "q")
-    assert "dynamic RoPE scaling built as plain RoPE" in info["builder_config_changes"]  # the build says what it did
+    assert any("dynamic RoPE scaling built as plain RoPE" in c for c in info["builder_config_changes"])  # the build says what it did
     assert json.loads((ckpt / "config.json").read_text())["rope_scaling"]["type"] == "dynamic"  # the source is untouched
     model = tf.AutoModelForCausalLM.from_pretrained(str(ckpt)).eval()
     assert model.config.rope_parameters["rope_type"] == "dynamic"
@@ -172,6 +194,29 @@ def test_dynamic_rope_is_plain_rope_within_max_position_embeddings(tmp_path, arc
     with get_target("onnxruntime_genai").load_runner(tmp_path / "b" / "engine") as runner:
         got = runner.generate([GenerationRequest(p, 40, [2], f"r{i}") for i, p in enumerate(prompts)])
     assert [r.output_ids for r in got] == want
+
+
+def test_dynamic_rope_past_every_limit_is_one_problem_whose_fixes_work(tmp_path):
+    """Dynamic x2 on onnxruntime_genai with build.max_seq_len=600, past max_position_embeddings=256 and the model's
+    512 positions: two problems for one cause, and the first one's fix (allow_unsafe_lengths=true) left the RoPE
+    refusal standing. Now one problem; allow_unsafe_lengths does not lift it (past 256 transformers rescales and the
+    engine would not), so it is offered only for the targets that honour dynamic; each fix offered clears it."""
+    ckpt = _checkpoint(tmp_path, "llama", {"type": "dynamic", "factor": 2.0})
+
+    def problems(*over: str) -> list[str]:
+        cfg = compose([f"model.path={ckpt}", "quant=none", "build.max_input_len=160", *over])
+        return [str(p) for p in stage_problems(cfg) if p.field in ("model.path", "build.max_seq_len")]
+
+    one = problems("target=onnxruntime_genai", "build.max_seq_len=600")
+    assert len(one) == 1 and "'dynamic'" in one[0], one
+    assert "Fix: set build.max_seq_len <= 256, or target=tensorrt_llm or target=tensorrt_llm_pytorch (there also " in one[0], one
+    assert "build.max_seq_len <= 512, the model's positions, or allow_unsafe_lengths=true)" in one[0], one
+    unsafe = problems("target=onnxruntime_genai", "build.max_seq_len=600", "allow_unsafe_lengths=true")
+    assert len(unsafe) == 1 and "cannot accept it" in unsafe[0] and "Fix: set build.max_seq_len <= 256, or target=" in unsafe[0], unsafe
+    assert "allow_unsafe_lengths=true)" not in unsafe[0].split(" Fix: ")[1], unsafe  # already set: not offered again
+    assert not problems("target=onnxruntime_genai", "build.max_seq_len=256")
+    assert not problems("target=tensorrt_llm_pytorch", "build.max_seq_len=512")
+    assert not problems("target=tensorrt_llm_pytorch", "build.max_seq_len=600", "allow_unsafe_lengths=true")
 
 
 def test_yarn_without_betas_in_both_spellings_builds_and_equals_transformers(tmp_path):

@@ -21,7 +21,7 @@ import pytest
 import tiny
 
 from pipeline.core.config import ConfigError, compose
-from pipeline.facts.families import builder_config
+from pipeline.facts.families import builder_config, builder_input
 from pipeline.validation import validate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -139,6 +139,20 @@ def test_builder_config_window_rules():
     assert builder_config(qwen, 8192) == (None, None)  # Qwen2 lists its windowed layers itself
     new, _ = builder_config(qwen, 384)
     assert new["layer_types"] == ["full_attention", "full_attention"] and new["use_sliding_window"] is False
+
+
+def test_builder_input_lists_each_config_change_on_its_own(tmp_path):
+    """build_info.json's builder_config_changes joined the window change and the RoPE change into one "; " string;
+    it is a list, one string per change ([] and the source folder itself when nothing changes)."""
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096, "truncate": False}
+    cfg = {"model_type": "mistral", "num_hidden_layers": 3, "sliding_window": 16, "max_position_embeddings": 16384, "rope_scaling": yarn}
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "config.json").write_text(json.dumps(cfg))
+    folder, changes = builder_input(tmp_path / "src", tmp_path / "dst", 384)
+    assert folder == tmp_path / "dst" and len(changes) == 2, changes
+    assert "3 layer(s) windowed" in changes[0] and changes[1].startswith("YaRN defaults filled in"), changes
+    (tmp_path / "src" / "config.json").write_text(json.dumps({**cfg, "sliding_window": None, "rope_scaling": None}))
+    assert builder_input(tmp_path / "src", tmp_path / "dst", 384) == (tmp_path / "src", [])
 
 
 # ------------------------------------------------------------------------------- issue 12 case 9: --config-dir/name

@@ -347,6 +347,35 @@ def test_plan_refuses_a_runnable_config_whose_stage_cannot_fit_the_host(tmp_path
     assert "export needs about" in out and "of host memory" in out and "Fix:" in out
 
 
+@pytest.mark.parametrize("rope", [{"type": "dynamic"}, {"rope_type": "yarn"}])
+def test_plan_refuses_a_config_json_transformers_cannot_read_with_exports_message(tiny_llama, tmp_path, capsys, rope):
+    """A trial: rope_scaling without its factor was planned (exit 0) and refused only by the run's export stage
+    (transformers' AutoConfig raises KeyError). `pipeline plan` and `pipeline.plan` now refuse it too: exit 2, the
+    export stage's own message (one reading, pipeline.core.modelio.transformers_config)."""
+    import shutil
+
+    from pipeline.core.config import ConfigError
+    from pipeline.errors import InputError
+    from pipeline.export.write import export_checkpoint
+    from pipeline.validation import checked_plan
+
+    src = shutil.copytree(tiny_llama, tmp_path / "nofactor")
+    c = json.loads((src / "config.json").read_text())
+    c.pop("rope_parameters", None)
+    (src / "config.json").write_text(json.dumps({**c, "rope_scaling": rope}))
+    with pytest.raises(InputError, match="transformers cannot read it") as run:
+        export_checkpoint(src, tmp_path / "out", dtype="float32")
+    said = f"model.path={str(src)!r}: {run.value}"
+    over = [f"model.path={src}", "build.max_seq_len=256", "build.max_input_len=200"]
+    assert plan_main(over) == 2
+    assert said in capsys.readouterr().err
+    assert plan_main(["--json", *over]) == 2
+    assert said in json.loads(capsys.readouterr().out)["error"]
+    with pytest.raises(ConfigError) as public:
+        checked_plan(compose(over))
+    assert said in str(public.value)
+
+
 def test_plan_of_a_shapes_only_preset_warns_with_the_host_figures():
     """A shapes-only preset runs nowhere, so the host figures are warnings (status warn), never a refusal."""
     from pipeline.planner import host_check

@@ -362,10 +362,10 @@ class OnnxRuntimeGenAITarget:
         env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
         from ....facts.families import builder_input  # windowed layers, RoPE defaults the builder needs
 
-        builder_src, window_note = builder_input(src.path, work / "builder_input", int(cfg.build.max_seq_len))
+        builder_src, changes = builder_input(src.path, work / "builder_input", int(cfg.build.max_seq_len))
         cmd[cmd.index("-i") + 1] = str(builder_src)
-        if window_note:
-            lg.info("builder config: %s (builder input %s)", window_note, builder_src)
+        if changes:
+            lg.info("builder config: %s (builder input %s)", "; ".join(changes), builder_src)
         builder_peak = run_logged(cmd, logf, "onnxruntime-genai model builder", env=env)
         graph_fix, n_mul, graph = _finish_graph(engine / "model.onnx", logf, conv, rec, lg)
         limits = self.write_limits(cfg, engine)
@@ -393,7 +393,7 @@ class OnnxRuntimeGenAITarget:
             "graph_fixes": [graph_fix] if graph_fix else [],
             # what the builder was handed instead of the checkpoint's config.json (windowed layers, RoPE): recorded
             # so a release says what it ships (a trial found it only in the run's log)
-            **({"builder_config_changes": window_note} if window_note else {}),
+            **({"builder_config_changes": changes} if changes else {}),  # one string per change
             "engine_bytes": _dir_bytes(engine),
             "builder_peak_rss_bytes": builder_peak,
             "build_s": round(time.time() - t0, 3),
