@@ -109,7 +109,7 @@ STAGE = Stage(
     config_groups=("target", "build", "quant", "parallel"),
     libraries=("onnxruntime-genai", "onnx", "tensorrt-llm", "tensorrt", "nvidia-modelopt", "transformers"),
     run=_run,
-    version="2",  # 2: build_info.json builder_config_changes is a list of strings (was one "; "-joined string)
+    version="1",
     key_extras=_key_extras,
     dry_run=_dry_run,
 )
