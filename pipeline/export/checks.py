@@ -14,12 +14,14 @@ from ..core.config import resolve_path
 from ..core.modelio import read_model_config
 from ..errors import InputError
 from ..facts.families import FAMILY_SUPPORT
-from .inspect import architecture
+from .inspect import architecture, check_config_types
 
 
 def checks(cfg: Any) -> list[Any]:
     """Config-time refusals for the checkpoint at ``model.path`` (called from ``pipeline.validation.validate``).
 
+    * a known ``config.json`` field of the wrong type (:func:`~pipeline.export.inspect.check_config_types`, e.g.
+      ``rope_scaling.beta_fast: "x"``), every one of them in one problem;
     * an architecture this pipeline has no support for (e.g. ``GemmaForCausalLM``), named with the supported list;
     * a target the family cannot be built for (Phi-3 on ``tensorrt_llm``), with the reason and the alternative.
 
@@ -31,8 +33,10 @@ def checks(cfg: Any) -> list[Any]:
     if mc is None:
         return []
     problems: list[Problem] = []
-    try:  # the export stage's own rule (one rule, one wording): its refusal at run time is then not said twice
-        _, mt = architecture(mc, Path(resolve_path(str(cfg.model.path)) or cfg.model.path) / "config.json")
+    where = Path(resolve_path(str(cfg.model.path)) or cfg.model.path) / "config.json"
+    try:  # the export stage's own rules (one rule, one wording): its refusal at run time is then not said twice
+        check_config_types(mc, str(where))  # a plan must not accept what the export refuses (a trial: beta_fast "x")
+        _, mt = architecture(mc, where)
     except InputError as e:
         why, _, fix = str(e).partition(" Fix: ")
         return [Problem("model.path", cfg.model.path, why, fix)]

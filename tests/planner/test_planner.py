@@ -595,3 +595,25 @@ def test_the_plan_places_calibration_as_the_stage_does_on_the_cpu(tiny_llama):
     assert "layer by layer" in p2.stages.predicted["quantize"].where
     with pytest.raises(ConfigError, match=r"calibration\.layerwise.*layer-by-layer.*calibration\.layerwise=auto"):
         validate(compose([f"model.path={tiny_llama}", "quant=int4_awq", "calibration.layerwise=false", *cap]))
+
+
+def test_plan_refuses_a_config_json_field_of_the_wrong_type_as_the_export_does(tiny_llama, tmp_path, capsys):
+    """A trial: ``rope_scaling.beta_fast: "x"`` (transformers only warns) was planned (exit 0), then refused by the
+    run's export stage (check_config_types). The export stage's config-time checks now run that check too, so the
+    plan and the run refuse it before any stage, with the export's message (the field, its value, the fix)."""
+    import shutil
+
+    from pipeline.errors import InputError
+    from pipeline.export.inspect import inspect_checkpoint
+
+    src = shutil.copytree(tiny_llama, tmp_path / "badtype")
+    c = json.loads((src / "config.json").read_text())
+    c.pop("rope_parameters", None)
+    rope = {"rope_type": "yarn", "factor": 2.0, "beta_fast": "x", "original_max_position_embeddings": 64}
+    (src / "config.json").write_text(json.dumps({**c, "rope_scaling": rope}))
+    with pytest.raises(InputError) as run:
+        inspect_checkpoint(src)
+    assert "rope_scaling.beta_fast='x'" in str(run.value)
+    assert plan_main([f"model.path={src}"]) == 2
+    err = capsys.readouterr().err
+    assert str(run.value).partition(" Fix: ")[0] in err and "Fix: correct" in err
