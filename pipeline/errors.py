@@ -27,10 +27,11 @@ MAX_REPORTED_PROBLEMS = 20
 
 
 def listed_problems(head: str, problems: list[str]) -> str:
-    """``HEAD: N problem(s):`` then the first :data:`MAX_REPORTED_PROBLEMS`, one per line (:func:`grouped`), and
-    ``... and K more``."""
-    more = f"\n  ... and {len(problems) - MAX_REPORTED_PROBLEMS} more" if len(problems) > MAX_REPORTED_PROBLEMS else ""
-    return f"{head}: {len(problems)} problem(s):\n  - " + "\n  - ".join(grouped(problems[:MAX_REPORTED_PROBLEMS])) + more
+    """``HEAD: N problem(s):`` then the first :data:`MAX_REPORTED_PROBLEMS` of them :func:`grouped` (a mistake made on
+    100 lines is one entry), one per line, and ``... and K more`` (entries)."""
+    shown = grouped(problems)
+    more = f"\n  ... and {len(shown) - MAX_REPORTED_PROBLEMS} more" if len(shown) > MAX_REPORTED_PROBLEMS else ""
+    return f"{head}: {len(problems)} problem(s):\n  - " + "\n  - ".join(shown[:MAX_REPORTED_PROBLEMS]) + more
 
 
 _LOCATED = re.compile(r"(?P<src>.+?)(?::(?P<line>\d+)|\[(?P<unit>row|item) (?P<n>\d+)\]): (?P<rest>.+)", re.S)

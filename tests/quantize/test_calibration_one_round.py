@@ -76,13 +76,14 @@ def test_the_reader_collects_every_bad_line_and_caps_the_message(tmp_path):
     from pipeline.errors import MAX_REPORTED_PROBLEMS
 
     cal = tmp_path / "calib.jsonl"
-    cal.write_text("\n".join(['"x"'] * (MAX_REPORTED_PROBLEMS + 5) + [json.dumps({"text": "ok"})]) + "\n", encoding="utf-8")
+    distinct = [json.dumps({f"t{i}": "x"}) for i in range(MAX_REPORTED_PROBLEMS + 5)]  # one message each (not grouped)
+    cal.write_text("\n".join([*distinct, json.dumps({"text": "ok"})]) + "\n", encoding="utf-8")
     with pytest.raises(CalibrationError) as ei:
         read_raw(CalibrationConfig(format="jsonl"), cal)
     e = ei.value
     assert len(e.problems) == MAX_REPORTED_PROBLEMS + 5 and len(e.rows) == 1 and e.blank == 0
     assert f"{MAX_REPORTED_PROBLEMS + 5} problem(s)" in str(e) and "... and 5 more" in str(e)
-    assert f"{cal}:{MAX_REPORTED_PROBLEMS + 1}: expected a JSON object" not in str(e)  # past the cap: counted only
+    assert f"{cal}:{MAX_REPORTED_PROBLEMS + 1}: neither" not in str(e)  # past the cap: counted only
     ov = [f"calibration.path={cal}", "quant=int4_awq", "stages=[export,quantize]", "calibration.min_samples=1"]
     got = [str(p) for p in validate(compose(ov), raise_on_error=False) if p.field == "calibration.path"]
     assert len(got) == MAX_REPORTED_PROBLEMS + 1 and "... and 5 more malformed line(s)" in got[-1], got
@@ -90,8 +91,9 @@ def test_the_reader_collects_every_bad_line_and_caps_the_message(tmp_path):
 
 def test_identical_problems_of_many_lines_are_printed_once_with_their_lines(tmp_path):
     """Fresh-user trial: 8 lines with ``txt`` instead of ``text`` printed the same message 8 times, one per line. The
-    problems stay one per line (``problems``, ``validate``'s list, ``plan --json``); the printed message groups the ones
-    that differ only in their line: the lines, how many, the message once."""
+    reader's ``problems`` stay one per line; the printed message and ``validate``'s problems (``plan --json``) group
+    the ones that differ only in their line: the lines, how many, the message once (a second trial: with the cap
+    applied first, a mistake on 100 lines read "lines 1-20 (20 lines)" and "80 more (not listed here)")."""
     from pipeline.core.config import ConfigError
     from pipeline.data.calibration import CalibrationError, read_raw
 
@@ -101,12 +103,28 @@ def test_identical_problems_of_many_lines_are_printed_once_with_their_lines(tmp_
     cal.write_text("\n".join(lines) + "\n", encoding="utf-8")
     ov = [f"calibration.path={cal}", "quant=int4_awq", "stages=[export,quantize]", "calibration.min_samples=1"]
     problems = [p for p in validate(compose(ov), raise_on_error=False) if p.field == "calibration.path"]
-    assert len(problems) == 8  # one per line, as before
+    assert len(problems) == 2  # the seven lines of one mistake, and the line that is not JSON
     msg = str(ConfigError(problems))
-    assert msg.startswith("8 configuration problem(s):") and msg.count("neither 'text' nor 'messages'") == 1, msg
+    assert msg.startswith("2 configuration problem(s):") and msg.count("neither 'text' nor 'messages'") == 1, msg
     assert f"{cal} lines 1-3, 5, 7-9 (7 lines): neither 'text' nor 'messages' present (keys: ['txt'])" in msg, msg
     assert f"{cal}:6: not valid JSON" in msg  # a message of one line is printed as it was
     with pytest.raises(CalibrationError) as ei:
         read_raw(CalibrationConfig(format="jsonl"), cal)
     assert len(ei.value.problems) == 8 and str(ei.value).count("neither 'text' nor 'messages'") == 1
     assert f"{cal} lines 1-3, 5, 7-9 (7 lines): neither" in str(ei.value)
+
+
+def test_one_mistake_on_more_lines_than_the_cap_is_one_problem_naming_every_line(tmp_path):
+    """A second trial: 100 lines with the same mistake read "lines 1-20 (20 lines)" and "... and 80 more (not listed
+    here)": grouping now comes before the cap, so every line is named, in the message and in ``validate``'s list."""
+    from pipeline.data.calibration import CalibrationError, read_raw
+
+    cal = tmp_path / "calib.jsonl"
+    cal.write_text("\n".join([json.dumps({"txt": "x"})] * 100 + [json.dumps({"text": "ok"})]) + "\n", encoding="utf-8")
+    with pytest.raises(CalibrationError) as ei:
+        read_raw(CalibrationConfig(format="jsonl"), cal)
+    assert len(ei.value.problems) == 100 and f"{cal} lines 1-100 (100 lines): neither" in str(ei.value)
+    assert "... and" not in str(ei.value)
+    ov = [f"calibration.path={cal}", "quant=int4_awq", "stages=[export,quantize]", "calibration.min_samples=1"]
+    problems = [str(p) for p in validate(compose(ov), raise_on_error=False) if p.field == "calibration.path"]
+    assert len(problems) == 1 and f"{cal} lines 1-100 (100 lines): neither" in problems[0], problems

@@ -70,16 +70,17 @@ class Problem:
 
 def file_problems(field: str, value: Any, texts: list[str], more: str, default_fix: str = "") -> list[Problem]:
     """The problems a data file's reader found (``texts``: ``file:line: ... Fix: ...``) as :class:`Problem` s of
-    ``field``: the first :data:`~pipeline.errors.MAX_REPORTED_PROBLEMS`, each split at ``" Fix: "`` (``default_fix``
+    ``field``: the texts :func:`~pipeline.errors.grouped` (one mistake on many lines is one problem naming them all),
+    the first :data:`~pipeline.errors.MAX_REPORTED_PROBLEMS` of them, each split at ``" Fix: "`` (``default_fix``
     when a text has none), and one saying how many more ``more`` there are."""
-    from ...errors import MAX_REPORTED_PROBLEMS
+    from ...errors import MAX_REPORTED_PROBLEMS, grouped
 
-    out = []
-    for text in texts[:MAX_REPORTED_PROBLEMS]:
+    out, shown = [], grouped(texts)
+    for text in shown[:MAX_REPORTED_PROBLEMS]:
         message, _, fix = text.partition(" Fix: ")
         out.append(Problem(field, value, message, fix or default_fix))
-    if len(texts) > MAX_REPORTED_PROBLEMS:
-        extra = f"... and {len(texts) - MAX_REPORTED_PROBLEMS} more {more} (not listed here)."
+    if len(shown) > MAX_REPORTED_PROBLEMS:
+        extra = f"... and {len(shown) - MAX_REPORTED_PROBLEMS} more {more} (not listed here)."
         out.append(Problem(field, value, extra, "fix the ones above, then run again to list the rest"))
     return out
 
