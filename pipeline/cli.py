@@ -444,19 +444,11 @@ def _subcommand(argv: list[str]) -> None:
                 code = 0
             else:
                 code = importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:]) or 0
-            sys.stdout.flush()  # here, so that a reader gone away (below) is not found by the flush at exit
         except KeyboardInterrupt:  # Ctrl-C in a subcommand (client, plan, ...): the documented 130, no traceback
             from .errors import EXIT_INTERRUPTED
 
             print(f"pipeline {argv[0]}: interrupted", file=sys.stderr)
             code = EXIT_INTERRUPTED
-        except BrokenPipeError:  # `pipeline benchmark show x.json | head`: the reader stopped reading; no traceback
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's documented recipe (signal docs)
-            code = 0
-        except SystemExit as e:  # rich's Console.on_broken_pipe: the same recipe, then exit 1 (plan, doctor, compare)
-            if not isinstance(e.__context__, BrokenPipeError):
-                raise
-            code = 0
         sys.exit(code)
     # `migrate` is run by main() itself (the pipeline chain with a release's config), not by a module's main(argv)
     known = Registry("subcommand", {**{n: SUBCOMMANDS[n] for n in SUBCOMMANDS}, "migrate": "pipeline.package.migrate"})
@@ -480,7 +472,50 @@ def _interrupt_on(sig: signal.Signals) -> None:
         signal.signal(sig, signal.default_int_handler)
 
 
+class _DropWhenReaderGone:
+    """``sys.stdout`` while a ``pipeline`` command runs: once its reader has gone (``pipeline plan ... | head -1``),
+    what it writes is dropped (stdout onto ``os.devnull``, Python's recipe in the ``signal`` docs), so the command runs
+    on to its own exit code: a refused plan still exits 4, ``doctor --require`` 4, a run writes its summary.  Before,
+    the BrokenPipeError ended the command there (rich's Console: exit 1, or 0 by our own catch; ``print``: a
+    traceback) and its exit code was lost (trials)."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return int(self.stream.write(text))
+        except BrokenPipeError:
+            self._reader_gone()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except BrokenPipeError:
+            self._reader_gone()
+
+    def _reader_gone(self) -> None:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), self.stream.fileno())
+        with contextlib.suppress(OSError):
+            self.stream.flush()  # what was still buffered goes to os.devnull
+
+    def __getattr__(self, name: str) -> Any:  # isatty, fileno, encoding ...: the stream's
+        return getattr(self.stream, name)
+
+
 def main(argv: list[str] | None = None) -> None:
+    """``pipeline ...``: :func:`_main` with stdout :class:`_DropWhenReaderGone`."""
+    out = _DropWhenReaderGone(sys.stdout)
+    sys.stdout = out
+    try:
+        _main(argv)
+    finally:
+        out.flush()
+        sys.stdout = out.stream
+
+
+def _main(argv: list[str] | None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     _interrupt_on(signal.SIGINT)
     _subcommand(argv)  # exits when argv names a subcommand, help, or a mistyped subcommand

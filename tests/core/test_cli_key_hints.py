@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import importlib.util
+import json
+
 import pytest
 
 from pipeline.cli import check_overrides
@@ -136,23 +139,30 @@ def test_deleting_a_schema_group_or_field_is_refused():
 
 
 @pytest.mark.parametrize(
-    "args",
+    "args,code",
     [
-        ["benchmark", "show", "bench/results/default.json"],
+        (["benchmark", "show", "bench/results/default.json"], 0),
         # rich's Console exits 1 on a broken pipe (plan, doctor, compare); the help's print left a traceback
-        ["plan"],
-        ["doctor"],
-        ["benchmark", "compare", "bench/results/default.json", "bench/results/llama80m.json"],
-        ["--help"],
+        (["plan"], 0),
+        (["doctor"], 0),
+        (["benchmark", "compare", "bench/results/default.json", "bench/results/llama80m.json"], 0),
+        (["--help"], 0),
+        # a second trial: the broken pipe turned a refusal into exit 0, and a run into exit 1 with no summary
+        (["plan", "model=llama31_8b", "parallel.tp_size=2"], 4),
+        (["doctor", "--require", "tensorrt_llm"], 4),
+        (["dry_run=true", "store_dir=store", "hydra.run.dir=run"], 0),
     ],
 )
-def test_a_reader_that_stops_reading_gets_no_traceback(tmp_path, args):
+def test_a_reader_that_stops_reading_gets_no_traceback_and_the_commands_own_exit_code(tmp_path, args, code):
     """`pipeline benchmark show x.json | head` ended in a BrokenPipeError traceback (fresh-user trial); `pipeline plan
-    | head -1` exited 1. The reader here closes the pipe before the command writes, so every write fails."""
+    | head -1` exited 1. The reader here closes the pipe before the command writes, so every write fails: the
+    command runs on with its output dropped and exits with its own code (a run writes its summary)."""
     import subprocess
     import sys
     from pathlib import Path
 
+    if "--require" in args and importlib.util.find_spec("tensorrt_llm") is not None:
+        pytest.skip("TensorRT-LLM is installed: doctor --require passes")
     root = Path(__file__).resolve().parents[2]
     p = subprocess.Popen(
         [sys.executable, "-m", "pipeline", *[str(root / a) if a.startswith("bench/") else a for a in args]],
@@ -160,4 +170,6 @@ def test_a_reader_that_stops_reading_gets_no_traceback(tmp_path, args):
     )  # fmt: skip
     p.stdout.close()
     err = p.stderr.read().decode()
-    assert p.wait(timeout=120) == 0 and "Traceback" not in err, err[-2000:]
+    assert p.wait(timeout=300) == code and "Traceback" not in err, err[-2000:]
+    if args[0] == "dry_run=true":
+        assert json.loads((tmp_path / "run" / "summary.json").read_text())["exit_code"] == 0
