@@ -139,7 +139,8 @@ def test_sigterm_stops_a_run_as_ctrl_c_does(tiny_llama, tmp_path, sig):
     stage's temporary folder is removed (the default handlers left it in the store for good, SIGHUP with exit 129 and
     no summary: fresh-user trials)."""
     store = tmp_path / "store"
-    p = start([f"model.path={tiny_llama}", f"store_dir={store}", *QUANT_ARGS], tmp_path, "term")
+    default = lambda: signal.signal(sig, signal.SIG_DFL)  # noqa: E731  # a suite run under nohup hands SIGHUP down ignored
+    p = start([f"model.path={tiny_llama}", f"store_dir={store}", *QUANT_ARGS], tmp_path, "term", preexec_fn=default)
     wait_for_tmp(store / "quantize", p)
     p.send_signal(sig)
     assert p.wait(timeout=120) == 130, (tmp_path / "term" / "stdout.txt").read_text()
