@@ -41,7 +41,7 @@ SUBCOMMANDS: Registry[str] = Registry(
 )
 """``pipeline <name> ...`` -> the module whose ``main(argv)`` runs it (imported on use)."""
 
-_state = {"task_started": False}
+_state = {"task_started": False, "interrupted": False}
 
 
 #: The longest sweep job folder name :func:`job_dirname` makes after the job number (a longer one keeps its first
@@ -90,7 +90,7 @@ def _task(cfg) -> int:  # DictConfig
     from .report import record_exit_code
     from .runner import run_pipeline
 
-    _state["task_started"] = True
+    _state["task_started"], _state["interrupted"] = True, False
     hc = HydraConfig.get()
     from omegaconf import OmegaConf
 
@@ -460,16 +460,25 @@ def _subcommand(argv: list[str]) -> None:
         sys.exit(EXIT_INPUT)
 
 
-def _interrupt_on(sig: signal.Signals) -> None:
+def _interrupt_on(sig: signal.Signals, handler: Any = signal.default_int_handler) -> None:
     """Make ``sig`` raise KeyboardInterrupt, so it stops a run as Ctrl-C does (exit 130, the stage's temporary folder
     removed, the summary written). SIGINT: a job started in the background of a non-interactive shell (CI runners,
     ``cmd &``) inherits it as *ignored*, and Python then never raises KeyboardInterrupt. SIGTERM (a cancelled CI job,
     ``timeout``, ``kill``; set for a run only, ``pipeline serve`` has its own): its default handler left the folder in
     the store for good (a trial). SIGHUP (a dropped SSH session) likewise, unless it is ignored (``nohup``: the user
     asked the run to outlive the terminal)."""
-    ignored = signal.getsignal(sig) is signal.SIG_IGN
-    if sig == signal.SIGTERM or (sig == signal.SIGINT and ignored) or (sig == signal.SIGHUP and not ignored):
-        signal.signal(sig, signal.default_int_handler)
+    if sig != signal.SIGHUP or signal.getsignal(sig) is not signal.SIG_IGN:
+        signal.signal(sig, handler)
+
+
+def _interrupt_once(signum: int, frame: Any) -> None:
+    """A run's handler of SIGINT, SIGTERM and SIGHUP: the first raises KeyboardInterrupt; later ones are ignored, so a
+    second Ctrl-C cannot abort the cleanup and the summary the first one started (Ctrl-C twice, 50 ms apart, left a
+    KeyboardInterrupt traceback in write_summary and no summary.json: a trial). Each run of a sweep arms it again
+    (:func:`_task`)."""
+    if not _state["interrupted"]:
+        _state["interrupted"] = True
+        raise KeyboardInterrupt
 
 
 class _DropWhenReaderGone:
@@ -519,8 +528,8 @@ def _main(argv: list[str] | None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     _interrupt_on(signal.SIGINT)
     _subcommand(argv)  # exits when argv names a subcommand, help, or a mistyped subcommand
-    _interrupt_on(signal.SIGTERM)
-    _interrupt_on(signal.SIGHUP)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        _interrupt_on(sig, _interrupt_once)
     from .core.memory import tune_allocator
 
     tune_allocator()  # freed weights go back to the OS (docs/memory.md)

@@ -149,6 +149,42 @@ def test_sigterm_stops_a_run_as_ctrl_c_does(tiny_llama, tmp_path, sig):
     assert_store_consistent(store)
 
 
+_TWICE = """
+import os, signal, sys, time
+import pipeline.report as report, pipeline.runner as runner
+from pipeline.cli import main
+
+SECOND = int(sys.argv.pop())  # the signal number, last on the command line
+
+def run_stages(cfg, console, state):  # the first Ctrl-C, while a stage runs
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(30)
+
+def redact(doc, _redact=report.redact):  # the second signal, while the summary is written
+    os.kill(os.getpid(), SECOND)
+    return _redact(doc)
+
+runner._run_stages, report.redact = run_stages, redact
+main()
+"""
+
+
+@pytest.mark.parametrize("second", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
+def test_a_second_signal_cannot_abort_the_cleanup_of_the_first(tmp_path, second):
+    """Ctrl-C pressed twice (50 ms apart) during a build: the second KeyboardInterrupt hit write_summary, a traceback
+    and no summary.json (fresh-user trial). After the first interrupt, SIGINT, SIGTERM and SIGHUP are ignored until
+    the run has cleaned up and written its summary: exit 130, the summary says interrupted."""
+    run = tmp_path / "run"
+    default = lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL)  # noqa: E731  # as in the SIGHUP test above
+    p = subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "python"), "-c", _TWICE, f"store_dir={tmp_path / 'store'}", "stages=[export]",
+         f"hydra.run.dir={run}", str(int(second))],
+        cwd=tmp_path, env=_env(PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=120, preexec_fn=default,
+    )  # fmt: skip
+    assert p.returncode == 130 and "Traceback" not in p.stderr, p.stderr[-3000:]
+    assert json.loads((run / "summary.json").read_text())["error"] == "interrupted"
+
+
 def test_a_run_under_nohup_ignores_sighup(tiny_llama, tmp_path):
     """``nohup pipeline ...`` starts the run with SIGHUP ignored: it stays ignored, and the run finishes."""
     store = tmp_path / "store"
