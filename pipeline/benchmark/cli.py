@@ -7,7 +7,8 @@
 metric with the spread over repeated runs (``benchmark.repeats``): ``ratio ± spread`` where the
 spread is first-order error propagation of the two relative standard deviations,
 ``ratio × sqrt((sA/mA)² + (sB/mB)²)``. A ratio whose distance from 1 is within twice that spread
-is marked ``~`` (not distinguishable from noise); a metric whose direction says nothing about speed
+is marked ``~`` (not distinguishable from noise); when both results ran one repeat there is no spread, and a ratio
+other than exactly 1 is ``not judged: 1 repeat, ...`` (:data:`NO_REPEATS`); a metric whose direction says nothing about speed
 (:data:`~.metrics.UNJUDGED`: the prefill share) is compared but ``not judged``. It also lists every config/model
 field that differs, so a comparison that changed more than one variable is visible at once.
 
@@ -64,6 +65,10 @@ def variables(diffs: Sequence[Sequence[Any]]) -> list[str]:
     return out
 
 
+NO_REPEATS = "not judged: 1 repeat, no spread; run benchmark.repeats>=3"
+"""The verdict of a metric whose two results each ran one repeat (a ratio that is not exactly 1)."""
+
+
 def compare(a: dict[str, Any], b: dict[str, Any], metrics: Sequence[str] | None = None) -> dict[str, Any]:
     """The comparison document: ``{rows: [{level, metric, a, b, ratio, spread, verdict}], differences}``.
 
@@ -99,7 +104,9 @@ def compare(a: dict[str, Any], b: dict[str, Any], metrics: Sequence[str] | None 
                 verdict = "not judged"
             elif not math.isfinite(ratio) or ratio == 1.0:
                 verdict = "="
-            elif spread is not None and noisy and abs(ratio - 1.0) <= 2 * spread:
+            elif not noisy:  # no spread on either side: a difference cannot be told from noise
+                verdict = NO_REPEATS
+            elif spread is not None and abs(ratio - 1.0) <= 2 * spread:
                 verdict = "~"
             else:
                 better = (ratio < 1.0) if HEADLINE[m] == "lower" else (ratio > 1.0)
@@ -148,7 +155,7 @@ def _print(doc: dict[str, Any], path_a: str, path_b: str) -> None:
     t = Table(title=f"B / A   (A = {path_a}, B = {path_b})")
     for c in ("level", "metric", "A", "B", "B/A", "± spread", ""):
         t.add_column(c, justify="right" if c in ("A", "B", "B/A", "± spread") else "left")
-    style = {"better": "green", "worse": "red", "~": "dim", "=": "dim", "not judged": "dim"}
+    style = {"better": "green", "worse": "red", "~": "dim", "=": "dim", "not judged": "dim", NO_REPEATS: "dim"}
     for r in doc["rows"]:
         sp = "-" if r["spread"] is None or (r["a_n"] == 1 and r["b_n"] == 1) else f"{r['spread']:.3f}"
         t.add_row(

@@ -27,10 +27,10 @@ def test_a_roofline_fraction_above_1_is_not_met_and_says_why():
     assert "| yes |" not in row and "not judged: above 1" in row
 
 
-def _doc(share: float, tpot: float) -> dict:
+def _doc(share: float, tpot: float, n: int = 3) -> dict:
     spread = {
-        "prefill_decode.prefill_share": {"mean": share, "std": 0.0, "n": 1},
-        "time_per_output_token.avg": {"mean": tpot, "std": 0.0, "n": 1},
+        "prefill_decode.prefill_share": {"mean": share, "std": 0.0, "n": n},
+        "time_per_output_token.avg": {"mean": tpot, "std": 0.0, "n": n},
     }
     return {"schema": "pipeline.benchmark/v1", "config": {}, "model": {}, "summary": [{"key": "engine/concurrency=1", "spread": spread}]}
 
@@ -42,3 +42,13 @@ def test_compare_does_not_judge_the_prefill_share():
     share = rows["prefill_decode.prefill_share"]
     assert share["ratio"] == 0.625 and share["verdict"] == "not judged"
     assert bench_cli.compare(_doc(0.4, 3.0), _doc(0.25, 6.0), ["prefill_decode.prefill_share"])["rows"][0]["verdict"] == "not judged"
+
+
+def test_compare_does_not_judge_one_repeat_on_each_side():
+    """Both results of benchmark.repeats=1: the spread read "-" and a ratio of 0.998 read "better" (fresh-user trial).
+    Without a spread a difference cannot be told from noise; exactly equal stays "=", and one side's repeats judge."""
+    tpot = "time_per_output_token.avg"
+    (row,) = bench_cli.compare(_doc(0.4, 10.0, n=1), _doc(0.4, 9.98, n=1), [tpot])["rows"]
+    assert row["ratio"] == 0.998 and row["verdict"] == bench_cli.NO_REPEATS == "not judged: 1 repeat, no spread; run benchmark.repeats>=3"
+    assert bench_cli.compare(_doc(0.4, 10.0, n=1), _doc(0.4, 10.0, n=1), [tpot])["rows"][0]["verdict"] == "="
+    assert bench_cli.compare(_doc(0.4, 10.0, n=1), _doc(0.4, 9.0, n=3), [tpot])["rows"][0]["verdict"] == "better"
