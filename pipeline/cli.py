@@ -452,8 +452,8 @@ def _subcommand(argv: list[str]) -> None:
         sys.exit(code)
     # `migrate` is run by main() itself (the pipeline chain with a release's config), not by a module's main(argv)
     known = Registry("subcommand", {**{n: SUBCOMMANDS[n] for n in SUBCOMMANDS}, "migrate": "pipeline.package.migrate"})
-    if argv and argv[0] != "migrate" and not argv[0].startswith("-") and "=" not in argv[0] and known.closest(argv[0]):
-        # a bare word is no Hydra override: a mistyped subcommand (`pipeline plna`), not a parse error
+    if argv and argv[0] != "migrate" and argv[0][:1] not in "-+~" and "=" not in argv[0]:
+        # a bare word is no Hydra override (`pipeline plna`, `pipeline frobnicate`): not Hydra's "missing EQUAL"
         from .errors import EXIT_INPUT
 
         print(f"pipeline: {known.miss(argv[0])} (or pass overrides as key=value)", file=sys.stderr)

@@ -173,3 +173,17 @@ def test_a_reader_that_stops_reading_gets_no_traceback_and_the_commands_own_exit
     assert p.wait(timeout=300) == code and "Traceback" not in err, err[-2000:]
     if args[0] == "dry_run=true":
         assert json.loads((tmp_path / "run" / "summary.json").read_text())["exit_code"] == 0
+
+
+def test_a_bare_word_that_is_no_subcommand_is_refused_by_us(capsys):
+    """`pipeline frobnicate` (close to no subcommand) printed Hydra's raw "missing EQUAL" parse error while `pipeline
+    docter` got a did-you-mean (fresh-user trial): any bare word without `=` is an unknown subcommand, exit 2; flags,
+    overrides (`+`/`~` included) and `migrate` still reach the run."""
+    from pipeline.cli import _subcommand
+
+    with pytest.raises(SystemExit) as e:
+        _subcommand(["frobnicate", "quant=none"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "unknown subcommand 'frobnicate'" in err and "'plan'" in err and "key=value" in err, err
+    for argv in (["--cfg", "job"], ["-m", "quant=none,fp8"], ["quant=none"], ["~hydra.run"], ["+foo"], ["migrate", "x"], []):
+        assert _subcommand(argv) is None, argv
