@@ -1,8 +1,9 @@
-"""The ``pipeline`` command.
+# `pipeline --help` prints this docstring: plain text, no reStructuredText markup.
+"""The pipeline command.
 
-``pipeline [hydra overrides]`` runs the configured stages (Hydra app; ``--cfg job``, ``-m`` sweeps and
-launcher plugins work as in any Hydra app).  ``pipeline --cfg job`` prints the config with its interpolations
-resolved (the values the run would use: Hydra's ``--resolve`` is added).  Subcommands that are not a pipeline run:
+pipeline [hydra overrides] runs the configured stages (a Hydra app: --cfg job, -m sweeps and launcher plugins
+work as in any Hydra app).  pipeline --cfg job prints the config with its interpolations resolved (the values the
+run would use: Hydra's --resolve is added).  Subcommands that are not a pipeline run:
 
     pipeline plan [overrides]         memory/speed plan and cross-field checks, no GPU needed
     pipeline doctor                   what is installed and which targets can run here
@@ -13,8 +14,7 @@ resolved (the values the run would use: Hydra's ``--resolve`` is added).  Subcom
     pipeline client ...               gRPC client for the served ensemble
     pipeline benchmark compare A B    compare two benchmark JSON results
 
-Exit codes are listed in :mod:`pipeline.errors`.
-"""
+Exit codes: docs/cli.md (pipeline/errors.py)."""
 
 from __future__ import annotations
 

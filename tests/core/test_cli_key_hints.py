@@ -187,3 +187,16 @@ def test_a_bare_word_that_is_no_subcommand_is_refused_by_us(capsys):
     assert e.value.code == 2 and "unknown subcommand 'frobnicate'" in err and "'plan'" in err and "key=value" in err, err
     for argv in (["--cfg", "job"], ["-m", "quant=none,fp8"], ["quant=none"], ["~hydra.run"], ["+foo"], ["migrate", "x"], []):
         assert _subcommand(argv) is None, argv
+
+
+def test_help_is_plain_text(capsys):
+    """`pipeline --help` printed the module docstring's reStructuredText (double backticks, :mod:`pipeline.errors`)."""
+    import re
+
+    from pipeline.cli import _subcommand
+
+    with pytest.raises(SystemExit) as e:
+        _subcommand(["--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and "pipeline plan [overrides]" in out and "docs/cli.md" in out
+    assert not re.search(r"``|:\w+:`", out), out
