@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import sys
 import time
 from pathlib import Path
@@ -182,7 +183,8 @@ def redact_run_outputs(run_dir: Path) -> None:
 
 def print_summary(summary: RunSummary, console: Console) -> None:
     """The run's table on ``console`` (a record like the summary: model name, paths and headlines are redacted); the
-    ``error (exit N): ...`` line of a failed run goes to stderr (none when ``console`` is quiet)."""
+    ``error (exit N): ...`` line of a failed run goes to stderr (none when ``console`` is quiet); that line, or ``ok in
+    N s``, is also logged to the ``pipeline`` logger (INFO), so the run's ``pipeline.log`` ends with the result."""
     m = summary.model
     title = "pipeline run"
     if m:
@@ -199,10 +201,12 @@ def print_summary(summary: RunSummary, console: Console) -> None:
     console.print(t)
     if summary.gate:
         print_gate(summary.gate, console)
+    result = f"error (exit {summary.exit_code}): {summary.error}" if summary.error else f"ok in {summary.total_s:.1f} s"
+    logging.getLogger("pipeline").info(result)  # the run's pipeline.log ends with how the run ended, too
     if summary.error:  # on stderr, unwrapped, as every other error line of the CLI (stdout keeps the summary)
         if not console.quiet:
             console.file.flush()
-            print(f"error (exit {summary.exit_code}): {summary.error}", file=sys.stderr, flush=True)
+            print(result, file=sys.stderr, flush=True)
     else:
         console.print(f"[bold green]ok[/] in {summary.total_s:.1f} s")
 

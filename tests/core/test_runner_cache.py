@@ -306,3 +306,18 @@ def test_an_interrupted_stage_says_so_with_the_time_it_ran(tmp_path, monkeypatch
     stages = json.loads((tmp_path / "run" / "summary.json").read_text())["stages"]
     assert [(s["stage"], s["status"], s["error"]) for s in stages] == [("export", "failed", "interrupted"), ("quantize", "not-run", None)]
     assert 2.5 <= stages[0]["seconds"] < 60 and stages[1]["seconds"] == 0
+
+
+def test_the_run_log_ends_with_the_result(tiny_llama, tmp_path):
+    """runs/<...>/pipeline.log ended at the build stage's "building:" line (fresh-user trial): whoever reads only the
+    log could not tell how the run ended. Its last line is the console's result line, ok or error."""
+    for name, extra, code, result in (
+        ("ok", [f"model.path={tiny_llama}", "dry_run=true"], 0, r"INFO pipeline: ok in \d+\.\d s$"),
+        ("bad", [f"model.path={tmp_path / 'missing'}"], 2, r"INFO pipeline: error \(exit 2\): .*missing"),
+    ):
+        run_dir = tmp_path / name
+        cmd = [sys.executable, "-m", "pipeline", "stages=[export]", f"store_dir={tmp_path / 'store'}", f"hydra.run.dir={run_dir}", *extra]
+        r = subprocess.run(cmd, env=_cli_env(), cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert r.returncode == code, r.stderr[-2000:]
+        last = (run_dir / "pipeline.log").read_text(encoding="utf-8").splitlines()[-1]
+        assert re.search(result, last), last
