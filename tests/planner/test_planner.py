@@ -657,3 +657,14 @@ def test_plan_refuses_a_checkpoint_without_its_tokenizer_files_as_the_export_doe
     shutil.copyfile(tiny_llama / gone[0], src / gone[0])  # the fix offered, applied alone
     assert plan_main(over) == 0
 
+
+def test_a_gpu_target_without_a_gpu_is_named_as_the_user_chose_it(capsys):
+    """A trial: ``target=tensorrt_llm_pytorch`` with no GPU named or visible said "target tensorrt_llm needs a GPU"
+    (the registry name), a target the user did not choose."""
+    p = plan(compose(["model=llama31_8b", "target=tensorrt_llm_pytorch"]))
+    if p.status != "unplanned":
+        pytest.skip("a local GPU is visible")
+    assert "target tensorrt_llm_pytorch needs a GPU" in p.notes[-1], p.notes
+    assert plan_main(["model=llama31_8b", "target=tensorrt_llm_pytorch"]) == 2
+    assert "target tensorrt_llm_pytorch needs a GPU" in capsys.readouterr().err
+    assert "target tensorrt_llm needs a GPU" in plan(compose(["model=llama31_8b", "target=tensorrt_llm"])).notes[-1]
