@@ -57,7 +57,8 @@ def _rope_refusal(cfg: Any, shape: Any) -> RopeRefusal | None:
     except InputError:
         return None  # the target's own checks name an unresolvable target
     unsafe = bool(getattr(cfg, "allow_unsafe_lengths", False))
-    return rope_refusal(mc, target, cfg.build.max_seq_len, _room(cfg.build, shape) if shape is not None and not unsafe else None)
+    room = _room(cfg.build, shape) if shape is not None and not unsafe else None
+    return rope_refusal(mc, target, cfg.build.max_seq_len, room, cfg.build.max_input_len)
 
 
 def _room(b: Any, shape: Any) -> int:
@@ -91,6 +92,8 @@ def _length_problems(b: Any) -> list[Problem]:
 
 
 def _position_problems(cfg: Any, shape: Any) -> list[Problem]:
+    from ..facts.geometry import max_seq_len_at_most
+
     problems: list[Problem] = []
     b = cfg.build
     if b is not None:
@@ -108,9 +111,7 @@ def _position_problems(cfg: Any, shape: Any) -> list[Problem]:
                     "build.max_seq_len",
                     b.max_seq_len,
                     f"{extra and extra.lstrip() + f' = {total} '}exceeds the model's {limit} positions ({how}).",
-                    f"set build.max_seq_len <= {room}"
-                    + (f" and build.max_input_len below it (now {b.max_input_len})" if (b.max_input_len or 0) >= room else "")
-                    + ", or allow_unsafe_lengths=true to accept it (recorded in the plan)",
+                    f"set {max_seq_len_at_most(room, b.max_input_len)}, or allow_unsafe_lengths=true to accept it (recorded in the plan)",
                 )
             )
     return problems

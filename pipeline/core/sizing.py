@@ -445,7 +445,7 @@ def plan_device(cfg: Any) -> tuple[str, GPU | None, str]:
     (``target.gpu``) or local GPU, ``None`` when none is named or visible.
 
     Raises :class:`InputError` for an unknown ``target.gpu`` name (listing the catalogue) or ``target.name``."""
-    from ..core.targets import resolve_target
+    from ..core.targets import get_target, resolve_target
 
     t = cfg.target
     named = None
@@ -463,7 +463,8 @@ def plan_device(cfg: Any) -> tuple[str, GPU | None, str]:
     local = local_gpus()
     if local:
         return "gpu", local[0][1], f"local GPU 0 ({local[0][0].get('name')})"
-    return "gpu", None, f"target {name} needs a GPU, none is named (target.gpu) or visible"
+    chosen = get_target(name).capabilities(cfg).name  # as the user named it: tensorrt_llm_pytorch, not its registry name
+    return "gpu", None, f"target {chosen} needs a GPU, none is named (target.gpu) or visible"
 
 
 @functools.lru_cache(maxsize=1)

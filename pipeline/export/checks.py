@@ -14,7 +14,7 @@ from ..core.config import resolve_path
 from ..core.modelio import read_model_config
 from ..errors import InputError
 from ..facts.families import FAMILY_SUPPORT
-from .inspect import architecture, check_config_types
+from .inspect import architecture, check_config_types, check_tokenizer_files
 
 
 def checks(cfg: Any) -> list[Any]:
@@ -23,6 +23,8 @@ def checks(cfg: Any) -> list[Any]:
     * a known ``config.json`` field of the wrong type (:func:`~pipeline.export.inspect.check_config_types`, e.g.
       ``rope_scaling.beta_fast: "x"``), every one of them in one problem;
     * an architecture this pipeline has no support for (e.g. ``GemmaForCausalLM``), named with the supported list;
+    * a tokenizer file the export needs missing (:func:`~pipeline.export.inspect.check_tokenizer_files`: no
+      ``tokenizer.json`` or ``tokenizer_config.json``), with the export's message;
     * a target the family cannot be built for (Phi-3 on ``tensorrt_llm``), with the reason and the alternative.
 
     Shapes-only presets (no ``model.path``) are skipped.
@@ -37,6 +39,7 @@ def checks(cfg: Any) -> list[Any]:
     try:  # the export stage's own rules (one rule, one wording): its refusal at run time is then not said twice
         check_config_types(mc, str(where))  # a plan must not accept what the export refuses (a trial: beta_fast "x")
         _, mt = architecture(mc, where)
+        check_tokenizer_files(where.parent)  # the run's export stops there before anything else is read (a trial)
     except InputError as e:
         why, _, fix = str(e).partition(" Fix: ")
         return [Problem("model.path", cfg.model.path, why, fix)]

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..core.artifacts import REQUIRED_TOKENIZER_FILES, TOKENIZER_FILES
 from ..core.tensorio import read_header
 from ..errors import InputError
 from ..facts.families import FAMILY_SUPPORT
@@ -420,6 +421,28 @@ def inspect_checkpoint(
     if facts.weight_format == "safetensors":
         check_tensor_shapes(facts)
     return facts
+
+
+def check_tokenizer_files(src: Path) -> None:
+    """The tokenizer files every stage reads are in ``src``: :data:`~pipeline.core.artifacts.REQUIRED_TOKENIZER_FILES`
+    (the fast tokenizer ``tokenizer.json`` that :class:`~pipeline.core.tokenization.TextCodec` and the export's own
+    tokenizer check read, and its config; a SentencePiece ``tokenizer.model`` alone is never enough).  The export
+    stage's rule, run before it loads the tokenizer and by its config-time checks (:mod:`pipeline.export.checks`), so
+    ``pipeline plan`` refuses what the run refuses.
+
+    Raises:
+        InputError: a file is missing; names the ones found and the fix.
+    """
+    if all((src / f).is_file() for f in REQUIRED_TOKENIZER_FILES):
+        return
+    present = [f for f in TOKENIZER_FILES if (src / f).exists()]
+    slow = "tokenizer.model" in present  # a SentencePiece model: transformers converts it and saves tokenizer.json
+    raise InputError(
+        f"{src}: tokenizer files missing (found {present or 'none'}; need {' and '.join(REQUIRED_TOKENIZER_FILES)}). "
+        f"Fix: copy the tokenizer files of the model (tokenizer.json, tokenizer_config.json, special_tokens_map.json, "
+        f"chat_template.jinja) into the checkpoint folder"
+        + ("; or save them there with transformers: AutoTokenizer.from_pretrained(path).save_pretrained(path)." if slow else ".")
+    )
 
 
 def _supported() -> str:

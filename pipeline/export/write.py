@@ -58,6 +58,7 @@ from .inspect import (
     check_activation,
     check_config_types,
     check_tensor_shapes,
+    check_tokenizer_files,
     inspect_checkpoint,
 )
 from .tokenizer import check_tokenizer
@@ -67,14 +68,7 @@ log = logging.getLogger("pipeline.export.write")
 
 def _load_tokenizer(src: Path, vocab_rows: int, trust_remote_code: bool) -> Any:
     """Load the tokenizer after checking its files; ``len(tokenizer)`` must not exceed the embedding rows."""
-    has_model = (src / "tokenizer.json").is_file() or (src / "tokenizer.model").is_file()
-    if not has_model or not (src / "tokenizer_config.json").is_file():
-        present = [f for f in TOKENIZER_FILES if (src / f).exists()]
-        raise InputError(
-            f"{src}: tokenizer files missing (found {present or 'none'}; need tokenizer.json or tokenizer.model, "
-            f"and tokenizer_config.json). Fix: copy the tokenizer files of the model (tokenizer.json, "
-            f"tokenizer_config.json, special_tokens_map.json, chat_template.jinja) into the checkpoint folder."
-        )
+    check_tokenizer_files(src)
     for name in (f for f in TOKENIZER_FILES if f.endswith(".json")):
         if (src / name).exists():
             doc = _read_json(src / name, name)

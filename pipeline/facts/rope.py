@@ -36,6 +36,7 @@ import math
 from typing import Any, NamedTuple
 
 from ..errors import InputError
+from .geometry import max_seq_len_at_most
 
 #: transformers 5.x ``modeling_rope_utils._compute_yarn_parameters``: ``beta_fast or 32``, ``beta_slow or 1``
 YARN_BETA_DEFAULTS = {"beta_fast": 32.0, "beta_slow": 1.0}
@@ -155,7 +156,9 @@ def _ort_yarn_range(config: dict[str, Any], rope: dict[str, Any], theta: float) 
     return low, high, d_half
 
 
-def rope_refusal(config: dict[str, Any], target: str, max_seq_len: int | None = None, positions: int | None = None) -> RopeRefusal | None:
+def rope_refusal(
+    config: dict[str, Any], target: str, max_seq_len: int | None = None, positions: int | None = None, max_input_len: int | None = None
+) -> RopeRefusal | None:
     """Why and the fix when ``target`` would build the checkpoint's RoPE (``config.json`` dict) differently from
     transformers or crash on it; None when it honours it (or the config is unreadable: export reports that).
 
@@ -165,7 +168,9 @@ def rope_refusal(config: dict[str, Any], target: str, max_seq_len: int | None = 
     is refused whatever ``allow_unsafe_lengths`` says (that flag accepts untested lengths, not an engine that differs
     from transformers).  ``positions``: the most ``build.max_seq_len`` may be for the model's position encoding (the
     build check's length limit, :func:`pipeline.facts.geometry.position_limit` less draft tokens); when
-    ``max_seq_len`` is past it too, that refusal's fix names it (``names_length``)."""
+    ``max_seq_len`` is past it too, that refusal's fix names it (``names_length``).  ``max_input_len``
+    (``build.max_input_len``, below ``max_seq_len``): a fix that lowers ``build.max_seq_len`` names it too when it would
+    not be below the new limit (:func:`~pipeline.facts.geometry.max_seq_len_at_most`), so each fix works alone."""
     try:
         theta, rope = normalise_rope(config)
     except InputError:
@@ -205,11 +210,15 @@ def rope_refusal(config: dict[str, Any], target: str, max_seq_len: int | None = 
             # it is offered only for a target that honours dynamic
             mpe = config["max_position_embeddings"]
             past = positions is not None and max_seq_len > positions
-            there = f" (there also build.max_seq_len <= {positions}, the model's positions, or allow_unsafe_lengths=true)" if past else ""
+            there = (
+                f" (there also {max_seq_len_at_most(positions, max_input_len)}, the model's positions, or allow_unsafe_lengths=true)"
+                if past and positions is not None
+                else ""
+            )
             return RopeRefusal(
                 f"{why} (dynamic NTK scaling equals plain RoPE up to max_position_embeddings={mpe}, below "
                 f"build.max_seq_len={max_seq_len}; past it transformers rescales, so allow_unsafe_lengths=true cannot accept it).",
-                f"set build.max_seq_len <= {mpe}, or {fix}{there}",
+                f"set {max_seq_len_at_most(mpe, max_input_len)}, or {fix}{there}",
                 past,
             )
         return RopeRefusal(f"{why}.", f"{fix}, {drop}")

@@ -219,6 +219,35 @@ def test_dynamic_rope_past_every_limit_is_one_problem_whose_fixes_work(tmp_path)
     assert not problems("target=tensorrt_llm_pytorch", "build.max_seq_len=600", "allow_unsafe_lengths=true")
 
 
+def test_each_fix_of_the_dynamic_rope_refusal_plans_alone(tmp_path, capsys):
+    """A trial: dynamic x2 (max_position_embeddings=256) on the CPU target with build.max_seq_len=384 and the default
+    build.max_input_len=256: the first fix, ``set build.max_seq_len <= 256``, applied alone was refused (max_input_len
+    must be below max_seq_len). The fix now names max_input_len as the plain length refusal does; each fix offered,
+    applied alone, plans with exit 0 (a GPU target with target.gpu named, as on a host without one)."""
+    from pipeline.plan_cli import main as plan_main
+
+    ckpt = _checkpoint(tmp_path, "llama", {"rope_type": "dynamic", "factor": 2.0})
+    base = [f"model.path={ckpt}", "target=onnxruntime_genai", "build.max_seq_len=384"]
+    assert compose(base).build.max_input_len == 256  # the default this is about
+    assert plan_main(["--json", *base]) == 2
+    [p] = json.loads(capsys.readouterr().out)["problems"]
+    assert p["fix"] == (
+        "set build.max_seq_len <= 256 and build.max_input_len below it (now 256), or target=tensorrt_llm or target=tensorrt_llm_pytorch"
+    ), p
+    fixes = {
+        "lengths": ["build.max_seq_len=256", "build.max_input_len=255"],
+        "engines": ["target=tensorrt_llm", "target.gpu=h100_sxm"],
+        "pytorch": ["target=tensorrt_llm_pytorch", "target.gpu=h100_sxm"],
+    }
+    for name, fix in fixes.items():
+        assert plan_main([*base, *fix]) == 0, (name, capsys.readouterr().err)
+    assert plan_main([*base, "build.max_input_len=200", "build.max_seq_len=256"]) == 0  # below 256 already: not named
+    capsys.readouterr()
+    assert plan_main(["--json", *base, "build.max_input_len=200"]) == 2
+    [p] = json.loads(capsys.readouterr().out)["problems"]
+    assert p["fix"].startswith("set build.max_seq_len <= 256, or target="), p
+
+
 def test_yarn_without_betas_in_both_spellings_builds_and_equals_transformers(tmp_path):
     """The export writes rope_scaling and rope_parameters; transformers 5 lets the legacy one override, so YaRN's
     defaults filled into rope_parameters alone were dropped and the builder divided by zero (exit 1 after export and

@@ -105,6 +105,8 @@ def test_config_time_refusals(ckpts, tmp_path):
     (odd / "config.json").write_text(
         json.dumps({**cfg, "hidden_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": None})
     )
+    for name in ("tokenizer.json", "tokenizer_config.json"):  # a folder the export's checks accept but for its heads
+        (odd / name).write_bytes((ckpts["llama2"] / name).read_bytes())
     p = _problems([f"model.path={odd}", "target=onnxruntime_genai", "quant=none"])
     assert len(p) == 1 and "head size 24" in p[0] and "multiple of 16" in p[0] and "target=tensorrt_llm" in p[0], p
     assert _problems([f"model.path={odd}", "target=tensorrt_llm", "quant=none"]) == []

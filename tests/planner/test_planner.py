@@ -10,6 +10,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import tiny
 
 from pipeline.core.config import compose
 from pipeline.core.sizing import load_shape
@@ -335,6 +336,7 @@ def _huge_checkpoint(d: Path) -> Path:
         "torch_dtype": "bfloat16",
     }
     (d / "config.json").write_text(json.dumps(cfg))
+    tiny.make_tokenizer(d)  # a checkpoint folder the export's checks accept (tokenizer.json, tokenizer_config.json)
     return d
 
 
@@ -487,6 +489,7 @@ def test_a_model_no_gpu_host_or_disk_can_hold_is_refused_with_exit_4(tmp_path, c
         "torch_dtype": "bfloat16",
     }
     (d / "config.json").write_text(json.dumps(cfg))
+    tiny.make_tokenizer(d)  # a checkpoint folder the export's checks accept (tokenizer.json, tokenizer_config.json)
     args = [f"model.path={d}", "calibration.device=cpu", "quant=int4_awq", f"store_dir={tmp_path / 'store'}"]
     assert plan_main(args) == 4
     out = " ".join(capsys.readouterr().out.split())
@@ -617,3 +620,51 @@ def test_plan_refuses_a_config_json_field_of_the_wrong_type_as_the_export_does(t
     assert plan_main([f"model.path={src}"]) == 2
     err = capsys.readouterr().err
     assert str(run.value).partition(" Fix: ")[0] in err and "Fix: correct" in err
+
+
+@pytest.mark.parametrize(
+    "gone, placed",
+    [(["tokenizer.json"], None), (["tokenizer_config.json"], None), (["tokenizer.json"], "tokenizer.model")],
+    ids=["no-tokenizer.json", "no-tokenizer_config.json", "sentencepiece-only"],
+)
+def test_plan_refuses_a_checkpoint_without_its_tokenizer_files_as_the_export_does(tiny_llama, tmp_path, capsys, gone, placed):
+    """A trial: a checkpoint folder without tokenizer.json (or tokenizer_config.json) was planned (exit 0, the eval-set
+    length checks silently skipped) and refused by the run's export stage ("tokenizer files missing"). The export
+    stage's config-time checks now apply export's rule, so the plan refuses it before any stage with export's message.
+    A SentencePiece tokenizer.model without tokenizer.json is refused too: every stage tokenizes with tokenizer.json
+    (the export's tokenizer check, TextCodec.from_dir), so the export never accepted it."""
+    import shutil
+
+    from pipeline.core.config import ConfigError
+    from pipeline.errors import InputError
+    from pipeline.export.write import export_checkpoint
+    from pipeline.validation import checked_plan
+
+    src = shutil.copytree(tiny_llama, tmp_path / "notok")
+    for name in gone:
+        (src / name).unlink()
+    if placed:
+        (src / placed).write_bytes(b"\x0a\x05piece")  # present, as a slow tokenizer's file would be
+    with pytest.raises(InputError, match="tokenizer files missing") as run:
+        export_checkpoint(src, tmp_path / "out", dtype="float32")
+    said = f"model.path={str(src)!r}: {run.value}"
+    over = [f"model.path={src}", "build.max_seq_len=256", "build.max_input_len=200"]
+    assert plan_main(over) == 2
+    assert said in capsys.readouterr().err
+    with pytest.raises(ConfigError) as public:
+        checked_plan(compose(over))
+    assert said in str(public.value) and len(public.value.problems) == 1
+    shutil.copyfile(tiny_llama / gone[0], src / gone[0])  # the fix offered, applied alone
+    assert plan_main(over) == 0
+
+
+def test_a_gpu_target_without_a_gpu_is_named_as_the_user_chose_it(capsys):
+    """A trial: ``target=tensorrt_llm_pytorch`` with no GPU named or visible said "target tensorrt_llm needs a GPU"
+    (the registry name), a target the user did not choose."""
+    p = plan(compose(["model=llama31_8b", "target=tensorrt_llm_pytorch"]))
+    if p.status != "unplanned":
+        pytest.skip("a local GPU is visible")
+    assert "target tensorrt_llm_pytorch needs a GPU" in p.notes[-1], p.notes
+    assert plan_main(["model=llama31_8b", "target=tensorrt_llm_pytorch"]) == 2
+    assert "target tensorrt_llm_pytorch needs a GPU" in capsys.readouterr().err
+    assert "target tensorrt_llm needs a GPU" in plan(compose(["model=llama31_8b", "target=tensorrt_llm"])).notes[-1]
