@@ -349,6 +349,26 @@ def test_plan_refuses_a_runnable_config_whose_stage_cannot_fit_the_host(tmp_path
     assert "export needs about" in out and "of host memory" in out and "Fix:" in out
 
 
+def _refused_as_the_export_refuses(src, match: str, tmp_path, capsys) -> tuple:
+    """``pipeline plan`` and ``pipeline.plan`` refuse the checkpoint ``src`` (exit 2) with the export stage's own
+    message (``match``: a part of it); returns the public API's ConfigError, the plan's overrides and that message."""
+    from pipeline.core.config import ConfigError
+    from pipeline.errors import InputError
+    from pipeline.export.write import export_checkpoint
+    from pipeline.validation import checked_plan
+
+    with pytest.raises(InputError, match=match) as run:
+        export_checkpoint(src, tmp_path / "out", dtype="float32")
+    said = f"model.path={str(src)!r}: {run.value}"
+    over = [f"model.path={src}", "build.max_seq_len=256", "build.max_input_len=200"]
+    assert plan_main(over) == 2
+    assert said in capsys.readouterr().err
+    with pytest.raises(ConfigError) as public:
+        checked_plan(compose(over))
+    assert said in str(public.value)
+    return public.value, over, said
+
+
 @pytest.mark.parametrize("rope", [{"type": "dynamic"}, {"rope_type": "yarn"}])
 def test_plan_refuses_a_config_json_transformers_cannot_read_with_exports_message(tiny_llama, tmp_path, capsys, rope):
     """A trial: rope_scaling without its factor was planned (exit 0) and refused only by the run's export stage
@@ -356,26 +376,13 @@ def test_plan_refuses_a_config_json_transformers_cannot_read_with_exports_messag
     export stage's own message (one reading, pipeline.core.modelio.transformers_config)."""
     import shutil
 
-    from pipeline.core.config import ConfigError
-    from pipeline.errors import InputError
-    from pipeline.export.write import export_checkpoint
-    from pipeline.validation import checked_plan
-
     src = shutil.copytree(tiny_llama, tmp_path / "nofactor")
     c = json.loads((src / "config.json").read_text())
     c.pop("rope_parameters", None)
     (src / "config.json").write_text(json.dumps({**c, "rope_scaling": rope}))
-    with pytest.raises(InputError, match="transformers cannot read it") as run:
-        export_checkpoint(src, tmp_path / "out", dtype="float32")
-    said = f"model.path={str(src)!r}: {run.value}"
-    over = [f"model.path={src}", "build.max_seq_len=256", "build.max_input_len=200"]
-    assert plan_main(over) == 2
-    assert said in capsys.readouterr().err
+    _, over, said = _refused_as_the_export_refuses(src, "transformers cannot read it", tmp_path, capsys)
     assert plan_main(["--json", *over]) == 2
     assert said in json.loads(capsys.readouterr().out)["error"]
-    with pytest.raises(ConfigError) as public:
-        checked_plan(compose(over))
-    assert said in str(public.value)
 
 
 def test_plan_of_a_shapes_only_preset_warns_with_the_host_figures():
@@ -635,25 +642,13 @@ def test_plan_refuses_a_checkpoint_without_its_tokenizer_files_as_the_export_doe
     (the export's tokenizer check, TextCodec.from_dir), so the export never accepted it."""
     import shutil
 
-    from pipeline.core.config import ConfigError
-    from pipeline.errors import InputError
-    from pipeline.export.write import export_checkpoint
-    from pipeline.validation import checked_plan
-
     src = shutil.copytree(tiny_llama, tmp_path / "notok")
     for name in gone:
         (src / name).unlink()
     if placed:
         (src / placed).write_bytes(b"\x0a\x05piece")  # present, as a slow tokenizer's file would be
-    with pytest.raises(InputError, match="tokenizer files missing") as run:
-        export_checkpoint(src, tmp_path / "out", dtype="float32")
-    said = f"model.path={str(src)!r}: {run.value}"
-    over = [f"model.path={src}", "build.max_seq_len=256", "build.max_input_len=200"]
-    assert plan_main(over) == 2
-    assert said in capsys.readouterr().err
-    with pytest.raises(ConfigError) as public:
-        checked_plan(compose(over))
-    assert said in str(public.value) and len(public.value.problems) == 1
+    refused, over, _ = _refused_as_the_export_refuses(src, "tokenizer files missing", tmp_path, capsys)
+    assert len(refused.problems) == 1
     shutil.copyfile(tiny_llama / gone[0], src / gone[0])  # the fix offered, applied alone
     assert plan_main(over) == 0
 
