@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import logging
 import os
 import signal
 import sys
@@ -86,11 +87,11 @@ def _task(cfg) -> int:  # DictConfig
     from hydra.types import RunMode
 
     from .core.config import to_object
-    from .errors import EXIT_INPUT
+    from .errors import EXIT_INPUT, EXIT_INTERRUPTED
     from .report import record_exit_code
     from .runner import run_pipeline
 
-    _state["task_started"], _state["interrupted"] = True, False
+    _state["task_started"] = True
     hc = HydraConfig.get()
     from omegaconf import OmegaConf
 
@@ -106,12 +107,17 @@ def _task(cfg) -> int:  # DictConfig
         from .core.store import redact_files
 
         redact_files([Path(hc.sweep.dir) / "multirun.yaml"])
+    if _state["interrupted"]:  # a sweep whose earlier job was interrupted (Ctrl-C, SIGTERM): the rest do not run
+        code = EXIT_INTERRUPTED
+        _write_error_summary(out_dir, overrides, code, "interrupted: not run (an earlier job of this sweep was interrupted)")
+        return code
     try:
         obj = to_object(cfg, overrides)
     except Exception as e:  # a bad ${...} interpolation included: a ConfigError naming the override (to_object)
         print(f"error (exit {EXIT_INPUT}): {e}", file=sys.stderr)
         code = EXIT_INPUT
         _write_error_summary(out_dir, overrides, code, f"configuration error: {e}")
+        logging.getLogger("pipeline").info("error (exit %d): %s", code, e)  # pipeline.log ends with the result too
     else:
         code = run_pipeline(obj, overrides=overrides, summary_dir=out_dir).exit_code
     record_exit_code(code)
@@ -474,8 +480,8 @@ def _interrupt_on(sig: signal.Signals, handler: Any = signal.default_int_handler
 def _interrupt_once(signum: int, frame: Any) -> None:
     """A run's handler of SIGINT, SIGTERM and SIGHUP: the first raises KeyboardInterrupt; later ones are ignored, so a
     second Ctrl-C cannot abort the cleanup and the summary the first one started (Ctrl-C twice, 50 ms apart, left a
-    KeyboardInterrupt traceback in write_summary and no summary.json: a trial). Each run of a sweep arms it again
-    (:func:`_task`)."""
+    KeyboardInterrupt traceback in write_summary and no summary.json: a trial). It stops a sweep too: the jobs after
+    the interrupted one are not run (:func:`_task`; a SIGTERM-ed CI job ran the rest of its sweep, a recheck)."""
     if not _state["interrupted"]:
         _state["interrupted"] = True
         raise KeyboardInterrupt
@@ -494,14 +500,14 @@ class _DropWhenReaderGone:
     def write(self, text: str) -> int:
         try:
             return int(self.stream.write(text))
-        except BrokenPipeError:
+        except OSError:  # EPIPE; ENOSPC (a log redirected to a full disk) must not fail the build either
             self._reader_gone()
             return len(text)
 
     def flush(self) -> None:
         try:
             self.stream.flush()
-        except BrokenPipeError:
+        except OSError:
             self._reader_gone()
 
     def _reader_gone(self) -> None:
@@ -514,14 +520,16 @@ class _DropWhenReaderGone:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``pipeline ...``: :func:`_main` with stdout :class:`_DropWhenReaderGone`."""
-    out = _DropWhenReaderGone(sys.stdout)
-    sys.stdout = out
+    """``pipeline ...``: :func:`_main` with stdout and stderr :class:`_DropWhenReaderGone` (``2>&1 | head``: a progress
+    bar on stderr ended the run with exit 1 and no summary; a closed stdout, ``>&-``, is os.devnull)."""
+    streams = (sys.stdout, sys.stderr)
+    sys.stdout, sys.stderr = (_DropWhenReaderGone(s if s is not None else open(os.devnull, "w")) for s in streams)
     try:
         _main(argv)
     finally:
-        out.flush()
-        sys.stdout = out.stream
+        for wrapped in (sys.stdout, sys.stderr):
+            wrapped.flush()
+        sys.stdout, sys.stderr = streams
 
 
 def _main(argv: list[str] | None) -> None:

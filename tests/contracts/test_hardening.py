@@ -185,6 +185,23 @@ def test_a_second_signal_cannot_abort_the_cleanup_of_the_first(tmp_path, second)
     assert json.loads((run / "summary.json").read_text())["error"] == "interrupted"
 
 
+def test_an_interrupt_stops_a_sweep_and_not_only_its_current_job(tiny_llama, tmp_path):
+    """A recheck: one SIGTERM (a cancelled CI job) or Ctrl-C during job 0 of a ``-m`` sweep stopped job 0 only; Hydra
+    then ran job 1 to the end. The jobs after the interrupted one are now not run: each says so in its summary, and
+    the sweep exits 130."""
+    store, sweep = tmp_path / "store", tmp_path / "sweep"
+    default = lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL)  # noqa: E731
+    args = ["-m", f"model.path={tiny_llama}", f"store_dir={store}", *QUANT_ARGS, "calibration.seed=1,2", f"hydra.sweep.dir={sweep}"]
+    p = start(args, tmp_path, "sweep", preexec_fn=default)
+    wait_for_tmp(store / "quantize", p)
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=120) == 130, (tmp_path / "sweep" / "stdout.txt").read_text()
+    first, second = (json.loads((d / "summary.json").read_text()) for d in sorted(sweep.glob("[01]-*")))
+    assert first["error"] == "interrupted" and first["exit_code"] == 130
+    assert second["exit_code"] == 130 and "not run" in second["error"] and second["stages"] == []
+    assert not any(store.glob("*/.tmp-*"))
+
+
 def test_a_run_under_nohup_ignores_sighup(tiny_llama, tmp_path):
     """``nohup pipeline ...`` starts the run with SIGHUP ignored: it stays ignored, and the run finishes."""
     store = tmp_path / "store"

@@ -200,3 +200,23 @@ def test_help_is_plain_text(capsys):
     out = capsys.readouterr().out
     assert e.value.code == 0 and "pipeline plan [overrides]" in out and "docs/cli.md" in out
     assert not re.search(r"``|:\w+:`", out), out
+
+
+@pytest.mark.parametrize(
+    "args,code",
+    [(["plan", "model=llama31_8b", "parallel.tp_size=2"], 4), (["frobnicate"], 2), (["plan", "model.path=."], 2)],
+)
+def test_a_reader_of_stdout_and_stderr_that_stops_reading_leaves_the_exit_code(tmp_path, args, code):
+    """A recheck: ``pipeline ... 2>&1 | head`` ended a run with exit 1 and no summary (a progress bar on stderr met
+    the closed pipe), and ``pipeline frobnicate 2>&1 | true`` exited 1, not 2: stderr is wrapped as stdout is."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    p = subprocess.Popen(
+        [sys.executable, "-m", "pipeline", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=tmp_path,
+        env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    p.stdout.close()
+    assert p.wait(timeout=300) == code
