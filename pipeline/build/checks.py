@@ -92,7 +92,7 @@ def _length_problems(b: Any) -> list[Problem]:
 
 
 def _position_problems(cfg: Any, shape: Any) -> list[Problem]:
-    from ..facts.geometry import max_seq_len_at_most
+    from ..facts.rope import max_seq_len_at_most
 
     problems: list[Problem] = []
     b = cfg.build

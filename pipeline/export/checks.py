@@ -14,17 +14,16 @@ from ..core.config import resolve_path
 from ..core.modelio import read_model_config
 from ..errors import InputError
 from ..facts.families import FAMILY_SUPPORT
-from .inspect import architecture, check_config_types, check_tokenizer_files
+from .inspect import check_tokenizer_files, inspect_config
 
 
 def checks(cfg: Any) -> list[Any]:
     """Config-time refusals for the checkpoint at ``model.path`` (called from ``pipeline.validation.validate``).
 
-    * a known ``config.json`` field of the wrong type (:func:`~pipeline.export.inspect.check_config_types`, e.g.
-      ``rope_scaling.beta_fast: "x"``), every one of them in one problem;
-    * an architecture this pipeline has no support for (e.g. ``GemmaForCausalLM``), named with the supported list;
-    * a tokenizer file the export needs missing (:func:`~pipeline.export.inspect.check_tokenizer_files`: no
-      ``tokenizer.json`` or ``tokenizer_config.json``), with the export's message;
+    * whatever the export stage's config checks refuse (:func:`~pipeline.export.inspect.inspect_config`: config.json
+      field types such as ``rope_scaling.beta_fast: "x"``, an architecture this pipeline has no support for, head
+      counts, RoPE fields that disagree; :func:`~pipeline.export.inspect.check_tokenizer_files`: a missing or invalid
+      tokenizer file), with the export's message (the weights are checked by the export stage itself);
     * a target the family cannot be built for (Phi-3 on ``tensorrt_llm``), with the reason and the alternative.
 
     Shapes-only presets (no ``model.path``) are skipped.
@@ -35,11 +34,10 @@ def checks(cfg: Any) -> list[Any]:
     if mc is None:
         return []
     problems: list[Problem] = []
-    where = Path(resolve_path(str(cfg.model.path)) or cfg.model.path) / "config.json"
-    try:  # the export stage's own rules (one rule, one wording): its refusal at run time is then not said twice
-        check_config_types(mc, str(where))  # a plan must not accept what the export refuses (a trial: beta_fast "x")
-        _, mt = architecture(mc, where)
-        check_tokenizer_files(where.parent)  # the run's export stops there before anything else is read (a trial)
+    m, src = cfg.model, Path(resolve_path(str(cfg.model.path)) or cfg.model.path)
+    try:  # the export stage's own rules (one rule, one wording), so a plan refuses what the run's export would (trials)
+        mt = inspect_config(src, trust_remote_code=m.trust_remote_code, allow_external_files=m.allow_external_files).model_type
+        check_tokenizer_files(src, m.trust_remote_code)
     except InputError as e:
         why, _, fix = str(e).partition(" Fix: ")
         return [Problem("model.path", cfg.model.path, why, fix)]

@@ -180,6 +180,8 @@ def _check_heads(cfg: dict[str, Any], where: str) -> list[str]:
         kv = None
     for name in ("num_hidden_layers", "vocab_size", "intermediate_size"):
         pos_int(name)
+    if cfg.get("max_position_embeddings") is not None:  # 0 passed every check and failed in quantize (a recheck)
+        pos_int("max_position_embeddings")
     if heads and kv and heads % kv:
         problems.append(
             f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv} (grouped-query attention "
@@ -379,7 +381,8 @@ def _read_headers(facts: Any, src: Path, files: list[str]) -> None:
 def inspect_checkpoint(
     path: str | Path, *, trust_remote_code: bool = False, allow_pickle: bool = False, allow_external_files: bool = False
 ) -> CheckpointFacts:
-    """Every check that needs only ``config.json`` and the weight-file headers (no torch, no transformers).
+    """Every check that needs only ``config.json`` and the weight-file headers (no torch, no transformers):
+    :func:`inspect_config`, then the weight files and their tensors' shapes.
 
     Args:
         path: local checkpoint folder.
@@ -388,6 +391,22 @@ def inspect_checkpoint(
         allow_external_files: accept links and index shard names that resolve outside the folder (:func:`confine`).
     Returns:
         :class:`CheckpointFacts`.  For pickled weights, tensor shapes are checked later, after loading.
+    Raises:
+        InputError naming the file/field, the value and the fix.
+    """
+    facts = inspect_config(path, trust_remote_code=trust_remote_code, allow_external_files=allow_external_files)
+    _find_weights(facts, allow_pickle=allow_pickle, allow_external_files=allow_external_files)
+    if facts.weight_format == "safetensors":
+        check_tensor_shapes(facts)
+    return facts
+
+
+def inspect_config(path: str | Path, *, trust_remote_code: bool = False, allow_external_files: bool = False) -> CheckpointFacts:
+    """The checks of :func:`inspect_checkpoint` that need only the folder and ``config.json`` (field types, the
+    architecture, head counts, RoPE fields that must agree), and the facts they give, without the weights.  The
+    export's config-time checks (:mod:`pipeline.export.checks`) run these, so ``pipeline plan`` refuses what the
+    export would; a folder with ``config.json`` and no weights can still be planned.
+
     Raises:
         InputError naming the file/field, the value and the fix.
     """
@@ -405,7 +424,7 @@ def inspect_checkpoint(
     if problems:
         raise InputError(f"{cfg_path}: {len(problems)} problem(s):\n" + "\n".join(f"  - {p}" for p in problems))
     theta, scaling = normalise_rope(cfg, str(cfg_path))
-    facts = CheckpointFacts(
+    return CheckpointFacts(
         path=src,
         config=cfg,
         architecture=arch,
@@ -417,23 +436,28 @@ def inspect_checkpoint(
         rope_scaling=scaling,
         head_dim_explicit=cfg.get("head_dim") is not None,
     )
-    _find_weights(facts, allow_pickle=allow_pickle, allow_external_files=allow_external_files)
-    if facts.weight_format == "safetensors":
-        check_tensor_shapes(facts)
-    return facts
 
 
-def check_tokenizer_files(src: Path) -> None:
+def check_tokenizer_files(src: Path, trust_remote_code: bool = False) -> None:
     """The tokenizer files every stage reads are in ``src``: :data:`~pipeline.core.artifacts.REQUIRED_TOKENIZER_FILES`
     (the fast tokenizer ``tokenizer.json`` that :class:`~pipeline.core.tokenization.TextCodec` and the export's own
-    tokenizer check read, and its config; a SentencePiece ``tokenizer.model`` alone is never enough).  The export
-    stage's rule, run before it loads the tokenizer and by its config-time checks (:mod:`pipeline.export.checks`), so
+    tokenizer check read, and its config; a SentencePiece ``tokenizer.model`` alone is never enough), each JSON file
+    valid JSON, and no ``auto_map`` in ``tokenizer_config.json`` unless ``trust_remote_code``.  The export stage's
+    rule, run before it loads the tokenizer and by its config-time checks (:mod:`pipeline.export.checks`), so
     ``pipeline plan`` refuses what the run refuses.
 
     Raises:
-        InputError: a file is missing; names the ones found and the fix.
+        InputError: a file is missing (names the ones found), not JSON, or asks to run code; with the fix.
     """
     if all((src / f).is_file() for f in REQUIRED_TOKENIZER_FILES):
+        for name in (f for f in TOKENIZER_FILES if f.endswith(".json") and (src / f).exists()):
+            doc = _read_json(src / name, name)
+            if name == "tokenizer_config.json" and isinstance(doc, dict) and doc.get("auto_map") and not trust_remote_code:
+                raise InputError(
+                    f"{src / name}: auto_map={doc['auto_map']!r} asks to run tokenizer code shipped with the "
+                    f"checkpoint and model.trust_remote_code is false. Fix: use a standard tokenizer "
+                    f"(tokenizer.json), or, only if you trust its source, set model.trust_remote_code=true."
+                )
         return
     present = [f for f in TOKENIZER_FILES if (src / f).exists()]
     slow = "tokenizer.model" in present  # a SentencePiece model: transformers converts it and saves tokenizer.json

@@ -68,16 +68,7 @@ log = logging.getLogger("pipeline.export.write")
 
 def _load_tokenizer(src: Path, vocab_rows: int, trust_remote_code: bool) -> Any:
     """Load the tokenizer after checking its files; ``len(tokenizer)`` must not exceed the embedding rows."""
-    check_tokenizer_files(src)
-    for name in (f for f in TOKENIZER_FILES if f.endswith(".json")):
-        if (src / name).exists():
-            doc = _read_json(src / name, name)
-            if name == "tokenizer_config.json" and isinstance(doc, dict) and doc.get("auto_map") and not trust_remote_code:
-                raise InputError(
-                    f"{src / name}: auto_map={doc['auto_map']!r} asks to run tokenizer code shipped with the "
-                    f"checkpoint and model.trust_remote_code is false. Fix: use a standard tokenizer "
-                    f"(tokenizer.json), or, only if you trust its source, set model.trust_remote_code=true."
-                )
+    check_tokenizer_files(src, trust_remote_code)
     from transformers import AutoTokenizer
 
     transformers_config(src, trust_remote_code)  # the tokenizer loads config.json too: its errors are config.json's (a trial)

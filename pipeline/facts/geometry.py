@@ -45,13 +45,6 @@ def position_limit(max_positions: int, rope_type: str | None, factor: float) -> 
     return int(max_positions * factor)
 
 
-def max_seq_len_at_most(most: int, max_input_len: int | None) -> str:
-    """A fix's ``build.max_seq_len <= most``, naming ``build.max_input_len`` too when it is not below ``most`` (it
-    must be below ``build.max_seq_len``), so that the fix works when applied alone."""
-    too_long = (max_input_len or 0) >= most
-    return f"build.max_seq_len <= {most}" + (f" and build.max_input_len below it (now {max_input_len})" if too_long else "")
-
-
 #: bytes per element of each dtype name the planner and the memory model use
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8": 1, "int8": 1}
 

@@ -36,7 +36,6 @@ import math
 from typing import Any, NamedTuple
 
 from ..errors import InputError
-from .geometry import max_seq_len_at_most
 
 #: transformers 5.x ``modeling_rope_utils._compute_yarn_parameters``: ``beta_fast or 32``, ``beta_slow or 1``
 YARN_BETA_DEFAULTS = {"beta_fast": 32.0, "beta_slow": 1.0}
@@ -60,6 +59,13 @@ ROPE_SUPPORT: dict[str, dict[str, tuple[str, ...]]] = {
 }
 
 _OTHER_TARGETS = "target=tensorrt_llm or target=tensorrt_llm_pytorch (NVIDIA GPU host)"
+
+
+def max_seq_len_at_most(most: int, max_input_len: int | None) -> str:
+    """A fix's ``build.max_seq_len <= most``, naming ``build.max_input_len`` too when it is not below ``most`` (it
+    must be below ``build.max_seq_len``), so that the fix works when applied alone."""
+    too_long = (max_input_len or 0) >= most
+    return f"build.max_seq_len <= {most}" + (f" and build.max_input_len below it (now {max_input_len})" if too_long else "")
 
 
 class RopeRefusal(NamedTuple):
@@ -170,7 +176,7 @@ def rope_refusal(
     build check's length limit, :func:`pipeline.facts.geometry.position_limit` less draft tokens); when
     ``max_seq_len`` is past it too, that refusal's fix names it (``names_length``).  ``max_input_len``
     (``build.max_input_len``, below ``max_seq_len``): a fix that lowers ``build.max_seq_len`` names it too when it would
-    not be below the new limit (:func:`~pipeline.facts.geometry.max_seq_len_at_most`), so each fix works alone."""
+    not be below the new limit (:func:`max_seq_len_at_most`), so each fix works alone."""
     try:
         theta, rope = normalise_rope(config)
     except InputError:

@@ -663,3 +663,28 @@ def test_a_gpu_target_without_a_gpu_is_named_as_the_user_chose_it(capsys):
     assert plan_main(["model=llama31_8b", "target=tensorrt_llm_pytorch"]) == 2
     assert "target tensorrt_llm_pytorch needs a GPU" in capsys.readouterr().err
     assert "target tensorrt_llm needs a GPU" in plan(compose(["model=llama31_8b", "target=tensorrt_llm"])).notes[-1]
+
+
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        ({"tokenizer.json": "{not json"}, "tokenizer.json is not valid JSON"),
+        ({"rope_theta": -5.0}, "but rope_parameters.rope_theta"),
+        ({"max_position_embeddings": 0}, "max_position_embeddings=0 must be a positive integer"),
+    ],
+    ids=["tokenizer.json-not-json", "rope_theta-disagrees", "no-positions"],
+)
+def test_plan_refuses_what_the_exports_cheap_checks_refuse(tiny_llama, tmp_path, capsys, edit, match):
+    """A recheck: an invalid tokenizer.json, a rope_theta that disagrees with rope_parameters and
+    max_position_embeddings=0 were planned (exit 0); the run refused them at export (the last only in quantize, naming
+    a removed .tmp folder). The export's config-time checks now run its config inspection (inspect_config)
+    and its tokenizer-file check, so the plan refuses each with the export's message."""
+    import shutil
+
+    src = shutil.copytree(tiny_llama, tmp_path / "bad")
+    if "tokenizer.json" in edit:
+        (src / "tokenizer.json").write_text(edit["tokenizer.json"])
+    else:
+        c = json.loads((src / "config.json").read_text())
+        (src / "config.json").write_text(json.dumps({**c, **edit}))
+    _refused_as_the_export_refuses(src, match, tmp_path, capsys)

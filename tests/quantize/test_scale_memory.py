@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import tiny
 import torch
 
 from pipeline.core.config import compose
@@ -256,6 +257,7 @@ def test_a_run_the_host_cannot_hold_exits_4_before_any_work(tmp_path):
     tf.LlamaConfig(
         num_hidden_layers=80, hidden_size=8192, intermediate_size=28672, num_attention_heads=64, num_key_value_heads=8
     ).save_pretrained(str(tmp_path / "big"))
+    tiny.make_tokenizer(tmp_path / "big")  # a folder the export's config checks accept (tokenizer.json and its config)
     store = tmp_path / "store"
     cmd = [
         sys.executable,
