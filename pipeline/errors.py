@@ -64,14 +64,16 @@ def grouped(texts: Sequence[str]) -> list[str]:
 
 
 def _ranges(nums: list[int]) -> str:
-    """``1-3, 5, 7-9`` of ``[1, 2, 3, 5, 7, 8, 9]``."""
+    """``1-3, 5, 7-9`` of ``[1, 2, 3, 5, 7, 8, 9]``; past 12 spans the first 10, ``...`` and the last (every third
+    line of a 3,000-line file listed 1,000 numbers: a recheck)."""
     spans: list[list[int]] = []
     for n in sorted(set(nums)):
         if spans and n == spans[-1][1] + 1:
             spans[-1][1] = n
         else:
             spans.append([n, n])
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+    shown = [str(a) if a == b else f"{a}-{b}" for a, b in spans]
+    return ", ".join(shown if len(shown) <= 12 else [*shown[:10], "...", shown[-1]])
 
 
 class PipelineError(RuntimeError):

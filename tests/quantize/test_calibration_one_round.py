@@ -128,3 +128,13 @@ def test_one_mistake_on_more_lines_than_the_cap_is_one_problem_naming_every_line
     ov = [f"calibration.path={cal}", "quant=int4_awq", "stages=[export,quantize]", "calibration.min_samples=1"]
     problems = [str(p) for p in validate(compose(ov), raise_on_error=False) if p.field == "calibration.path"]
     assert len(problems) == 1 and f"{cal} lines 1-100 (100 lines): neither" in problems[0], problems
+
+
+def test_a_long_list_of_lines_is_shortened():
+    """A recheck: the same mistake on every third line of a 3,000-line file listed all 1,000 line numbers (5.9 KB)."""
+    from pipeline.errors import grouped
+
+    texts = [f"eval.jsonl:{n}: metric 'exact_matsh' is not known. Fix: use exact_match" for n in range(1, 3001, 3)]
+    (line,) = grouped(texts)
+    assert line.startswith("eval.jsonl lines 1, 4, 7, ") and ", 28, ..., 2998 (1000 lines): metric" in line, line
+    assert len(line) < 200
