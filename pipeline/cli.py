@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from .core.registry import Registry
+from .errors import INTERRUPT
 
 SUBCOMMANDS: Registry[str] = Registry(
     "subcommand",
@@ -42,7 +43,7 @@ SUBCOMMANDS: Registry[str] = Registry(
 )
 """``pipeline <name> ...`` -> the module whose ``main(argv)`` runs it (imported on use)."""
 
-_state = {"task_started": False, "interrupted": False}
+_state = {"task_started": False}
 
 
 #: The longest sweep job folder name :func:`job_dirname` makes after the job number (a longer one keeps its first
@@ -107,7 +108,7 @@ def _task(cfg) -> int:  # DictConfig
         from .core.store import redact_files
 
         redact_files([Path(hc.sweep.dir) / "multirun.yaml"])
-    if _state["interrupted"]:  # a sweep whose earlier job was interrupted (Ctrl-C, SIGTERM): the rest do not run
+    if INTERRUPT["received"]:  # a sweep whose earlier job was interrupted (Ctrl-C, SIGTERM): the rest do not run
         code = EXIT_INTERRUPTED
         _write_error_summary(out_dir, overrides, code, "interrupted: not run (an earlier job of this sweep was interrupted)")
         return code
@@ -482,8 +483,8 @@ def _interrupt_once(signum: int, frame: Any) -> None:
     second Ctrl-C cannot abort the cleanup and the summary the first one started (Ctrl-C twice, 50 ms apart, left a
     KeyboardInterrupt traceback in write_summary and no summary.json: a trial). It stops a sweep too: the jobs after
     the interrupted one are not run (:func:`_task`; a SIGTERM-ed CI job ran the rest of its sweep, a recheck)."""
-    if not _state["interrupted"]:
-        _state["interrupted"] = True
+    if not INTERRUPT["received"]:
+        INTERRUPT["received"] = True
         raise KeyboardInterrupt
 
 

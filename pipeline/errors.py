@@ -112,10 +112,19 @@ def line_too_long(where: str, nbytes: int, fix: str) -> InputError:
     return InputError(f"{where}: the line holds {nbytes:,} bytes, over the limit of {MAX_LINE_BYTES:,} bytes per line. Fix: {fix}.")
 
 
+INTERRUPT = {"received": False}
+"""Set by the ``pipeline`` command's signal handler (``pipeline.cli._interrupt_once``) when a Ctrl-C, SIGTERM or SIGHUP
+stops a run; it stays set, so a sweep runs no further job."""
+
+
 def caused_by_interrupt(e: BaseException) -> bool:
-    """Whether ``e`` was caused by a KeyboardInterrupt (followed through ``__cause__`` / ``__context__``): Python wraps
-    an interrupt raised while a class body runs, and transformers' lazy import re-raises what an import raised as
-    ``ModuleNotFoundError``, so a Ctrl-C at that moment reached the runner as an ordinary exception (exit 1)."""
+    """Whether ``e`` was caused by a KeyboardInterrupt (followed through ``__cause__`` / ``__context__``), or came after
+    one the command's handler received (:data:`INTERRUPT`): Python wraps an interrupt raised while a class body runs,
+    transformers' lazy import re-raises what an import raised as ``ModuleNotFoundError``, and safetensors'
+    ``get_tensor`` turned one into a ValueError with no context (a recheck), so a Ctrl-C at that moment reached the
+    runner as an ordinary exception (exit 1)."""
+    if INTERRUPT["received"]:
+        return True
     seen: set[int] = set()
     cur: BaseException | None = e
     while cur is not None and id(cur) not in seen:

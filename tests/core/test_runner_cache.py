@@ -280,6 +280,24 @@ def test_a_ctrl_c_a_library_re_raised_as_its_own_error_exits_130(tmp_path, monke
     assert summary.exit_code == code and (summary.error == "interrupted") == (code == 130), summary.error
 
 
+def test_an_error_after_the_commands_handler_received_an_interrupt_is_the_interrupt(tmp_path, monkeypatch):
+    """A recheck: a SIGTERM during quantize's model load came out of safetensors' get_tensor as a ValueError with no
+    context (exit 1, a traceback). Once the command's handler has received an interrupt (errors.INTERRUPT), the error
+    it caused is the interrupt: exit 130."""
+    import pipeline.runner as runner
+    from pipeline import errors
+    from pipeline.core.config import compose
+
+    def run_stages(cfg, console, state):
+        errors.INTERRUPT["received"] = True  # what pipeline.cli._interrupt_once records before it raises
+        raise ValueError("could not determine the shape of object type 'torch.storage.UntypedStorage'")
+
+    monkeypatch.setattr(runner, "_run_stages", run_stages)
+    monkeypatch.setitem(errors.INTERRUPT, "received", False)
+    summary = runner.run_pipeline(compose([f"store_dir={tmp_path}", "stages=[export]", "progress=false"]), console=None)
+    assert summary.exit_code == 130 and summary.error == "interrupted", summary.error
+
+
 @pytest.mark.parametrize("wrapped", [False, True])
 def test_an_interrupted_stage_says_so_with_the_time_it_ran(tmp_path, monkeypatch, wrapped):
     """An interrupted stage's row read "failed 0.00 s" (trial): it says interrupted, with the time the stage had run.
