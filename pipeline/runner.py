@@ -228,11 +228,13 @@ def _run_stages(cfg: PipelineConfig, console: Console, state: _RunState) -> None
     in order, recording reports and gate results in ``state``. Raises on the first failing stage."""
     _validate(cfg)
     order = resolve_order(list(cfg.stages), cfg)
+    # Every stage's external inputs (checkpoint, calibration set, eval set) are checked before the first
+    # stage runs, and before the plan: an input no run can use (a shapes-only preset to export) is exit 2 on any
+    # host, where the plan's refusal (exit 4) depends on the host's free memory and disk (CI).
+    externals = all_externals(order, cfg)
     state.plan = _plan(cfg, console, order)
     store = open_store(cfg.store_dir, verify=cfg.verify_cache)  # verify_cache holds on every lookup
-    # Every stage's external inputs (checkpoint, calibration set, eval set) are checked before the first
-    # stage runs, and so is the build target's availability: nothing heavy runs on a doomed request.
-    externals = all_externals(order, cfg)
+    # The build target's availability too: nothing heavy runs on a doomed request.
     if "build" in order and not cfg.dry_run:
         _target_available(cfg, store, order, externals)
     for stage_name, setting, field in (

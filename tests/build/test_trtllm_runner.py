@@ -31,8 +31,10 @@ def fake_trtllm(monkeypatch):
 
     tensorrt_llm.CALLS.clear()
     yield tensorrt_llm
+    # popped, not monkeypatch.delitem: monkeypatch's undo (after this teardown) would put the double back, and a
+    # later test in the same worker then found "tensorrt_llm 0.0.0+test-double" installed
     for m in [m for m in sys.modules if m == "tensorrt_llm" or m.startswith("tensorrt_llm.")]:
-        monkeypatch.delitem(sys.modules, m)
+        del sys.modules[m]
 
 
 @pytest.fixture(scope="module")
