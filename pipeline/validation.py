@@ -47,16 +47,18 @@ def order_note(cfg: PipelineConfig) -> str | None:
     return f"stages=[{','.join(requested)}]: stages run in pipeline order ({', '.join(in_order)}), whatever the order written"
 
 
-def stage_problems(cfg: PipelineConfig) -> list[Problem]:
+def stage_problems(cfg: PipelineConfig, by_stage: dict[str, list[Problem]] | None = None) -> list[Problem]:
     """The checks of every stage in ``cfg.stages`` (unknown names skipped: the field check reports them), in pipeline
-    order; a problem already reported with the same field and message is not repeated.  Never raises for bad values."""
+    order; a problem already reported with the same field and message is not repeated.  Never raises for bad values.
+    ``by_stage``, when given, receives each stage's own problems (repeats included) under its name."""
     from .core.stage import get_stage
 
     problems: list[Problem] = []
     for name in (s for s in STAGES if s in set(cfg.stages or [])):
-        for p in get_stage(name).checks(cfg):
-            if not any(q.field == p.field and q.message == p.message for q in problems):
-                problems.append(p)
+        found = get_stage(name).checks(cfg)
+        if by_stage is not None:
+            by_stage[name] = found
+        problems.extend(p for p in found if not any(q.field == p.field and q.message == p.message for q in problems))
     return problems
 
 
@@ -74,9 +76,10 @@ def validate(cfg: PipelineConfig, *, raise_on_error: bool = True, read_with_tran
 
     cfg = with_run_order(cfg)
     problems = validate_fields(cfg, raise_on_error=False) + name_problems(cfg)
-    problems.extend(p for p in stage_problems(cfg) if not any(q.field == p.field and q.message == p.message for q in problems))
-    if read_with_transformers:
-        problems.extend(transformers_problems(cfg))
+    by_stage: dict[str, list[Problem]] = {}
+    problems.extend(p for p in stage_problems(cfg, by_stage) if not any(q.field == p.field and q.message == p.message for q in problems))
+    if read_with_transformers and not by_stage.get("export"):
+        problems.extend(transformers_problems(cfg))  # the export stage stops at its own refusals before transformers reads
     if problems and raise_on_error:
         raise ConfigError(problems)
     return problems
@@ -85,15 +88,15 @@ def validate(cfg: PipelineConfig, *, raise_on_error: bool = True, read_with_tran
 def transformers_problems(cfg: PipelineConfig) -> list[Problem]:
     """The export stage's refusal of a ``config.json`` transformers cannot read
     (:func:`pipeline.core.modelio.transformers_config`, its message) as a ``model.path`` problem; none for a
-    shapes-only preset, a folder without a readable ``config.json`` or one the export stage's config checks refuse
-    (an unsupported architecture): the export stage stops at those before transformers reads the file."""
+    shapes-only preset or a folder without a readable ``config.json``.  :func:`validate` calls it only when the export
+    stage's config checks found nothing (an unsupported architecture): the export stage stops at those before
+    transformers reads the file."""
     from .core.config import resolve_path
     from .core.modelio import read_model_config, transformers_config
-    from .core.stage import get_stage
     from .errors import InputError
 
     path = getattr(cfg.model, "path", None)
-    if read_model_config(path) is None or get_stage("export").checks(cfg):
+    if read_model_config(path) is None:
         return []
     try:
         transformers_config(str(resolve_path(str(path)) or path), bool(cfg.model.trust_remote_code))
