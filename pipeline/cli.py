@@ -442,6 +442,11 @@ def run_dir_problems(argv: list[str]) -> list[str]:
 def _subcommand(argv: list[str]) -> None:
     """Run ``pipeline <subcommand> ...``, print the help, or refuse a mistyped subcommand (exit 2); each exits.
     Returns only when ``argv`` is a run (Hydra overrides)."""
+    if argv[:1] in (["--version"], ["-V"]):  # Hydra's own --version printed "Hydra 1.3.8"
+        from . import __version__
+
+        print(f"pipeline {__version__}")
+        sys.exit(0)
     is_help = bool(argv) and argv[0] in ("-h", "--help", "help")
     if is_help or (argv and argv[0] in SUBCOMMANDS):
         try:
@@ -463,8 +468,28 @@ def _subcommand(argv: list[str]) -> None:
         # a bare word is no Hydra override (`pipeline plna`, `pipeline frobnicate`): not Hydra's "missing EQUAL"
         from .errors import EXIT_INPUT
 
-        print(f"pipeline: {known.miss(argv[0])} (or pass overrides as key=value)", file=sys.stderr)
+        print(f"pipeline: {known.miss(argv[0])} (or pass overrides as key=value{_bare_word_hint(argv[0])})", file=sys.stderr)
         sys.exit(EXIT_INPUT)
+
+
+def _bare_word_hint(word: str) -> str:
+    """What a bare word that is no subcommand most likely meant, as the override that does it: a config group
+    (``pipeline quant``: ``quant=<preset>`` and the presets) or a stage (``pipeline quantize``: ``stages=[quantize]``,
+    which runs it with the stages it needs); "" when it is close to neither (difflib, cutoff 0.6)."""
+    import difflib
+
+    from .core.config import CONFIG_DIR, STAGES
+
+    groups = sorted(p.name for p in CONFIG_DIR.iterdir() if p.is_dir() and p.name != "hydra")
+    group = word if word in groups else None
+    stage = None if group else next(iter(difflib.get_close_matches(word, STAGES, n=1)), None)
+    group = group or (None if stage else next(iter(difflib.get_close_matches(word, groups, n=1)), None))
+    if stage:
+        return f"; to run the stages up to {stage}: pipeline stages=[{stage}]"
+    if group:
+        presets = sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
+        return f"; to choose a {group} preset: pipeline {group}=<preset>, one of {presets}"
+    return ""
 
 
 def _interrupt_on(sig: signal.Signals, handler: Any = signal.default_int_handler) -> None:

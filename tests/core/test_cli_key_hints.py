@@ -189,6 +189,37 @@ def test_a_bare_word_that_is_no_subcommand_is_refused_by_us(capsys):
         assert _subcommand(argv) is None, argv
 
 
+@pytest.mark.parametrize(
+    "word, said",
+    [
+        ("quant", "pipeline quant=<preset>, one of ['auto', 'fp8', 'int4_awq'"),
+        ("quantize", "to run the stages up to quantize: pipeline stages=[quantize]"),
+        ("evalute", "pipeline stages=[evaluate]"),
+        ("modl", "pipeline model=<preset>, one of ["),
+    ],
+)
+def test_a_bare_word_that_names_a_stage_or_a_config_group_gets_the_override(capsys, word, said):
+    """`pipeline quant` and `pipeline quantize` listed the subcommands only (a recheck): the override that does what the
+    word most likely meant is offered, with the presets of a group; the presets are read from build_configs/."""
+    from pipeline.cli import _subcommand
+
+    with pytest.raises(SystemExit) as e:
+        _subcommand([word])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"unknown subcommand {word!r}" in err and said in err, err
+
+
+@pytest.mark.parametrize("flag", ["--version", "-V"])
+def test_version_is_the_pipelines(capsys, flag):
+    """`pipeline --version` printed Hydra's ("Hydra 1.3.8")."""
+    from pipeline import __version__
+    from pipeline.cli import _subcommand
+
+    with pytest.raises(SystemExit) as e:
+        _subcommand([flag])
+    assert e.value.code == 0 and capsys.readouterr().out == f"pipeline {__version__}\n"
+
+
 def test_help_is_plain_text(capsys):
     """`pipeline --help` printed the module docstring's reStructuredText (double backticks, :mod:`pipeline.errors`)."""
     import re
