@@ -28,7 +28,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..core.artifacts import REQUIRED_TOKENIZER_FILES, TOKENIZER_FILES
 from ..core.tensorio import read_header
@@ -154,6 +154,56 @@ def _merge_ids(*lists: list[int]) -> list[int]:
             if i not in out:
                 out.append(i)
     return out
+
+
+class SpecialIds(NamedTuple):
+    """Special-token ids merged from config.json, generation_config.json and the tokenizer (in that order)."""
+
+    eos_ids: list[int]
+    bos_id: int | None
+    pad_id: int | None  # None only when the tokenizer was not asked (config time) and no file names one
+    pad_derived: bool  # no pad id anywhere: the first eos id is used
+    gen_raw: dict[str, Any]  # generation_config.json ({} when absent)
+
+
+def special_ids(src: Path, cfg: dict[str, Any], tok: Any | None) -> SpecialIds:
+    """The special-token ids of the checkpoint at ``src`` (``cfg``: its ``config.json``), merged from config.json,
+    generation_config.json and the tokenizer ``tok`` in that order: every eos id, the first bos id and the first pad id
+    (else the first eos id, ``pad_derived``), each in ``[0, vocab_size)``.  ``tok`` None (the export's config-time
+    checks, before any tokenizer is loaded): the ids the files name are checked, and a missing eos id is left to the
+    export, whose tokenizer may give one.
+
+    Raises:
+        InputError: generation_config.json is not an object or has wrongly typed fields; no eos id anywhere (``tok``
+            given); an id outside ``[0, vocab_size)``, naming the field and the files to correct.
+    """
+    gen_path = src / "generation_config.json"
+    gen = _read_json(gen_path, "generation_config.json") if gen_path.exists() else {}
+    if not isinstance(gen, dict):
+        raise InputError(f"{gen_path}: expected a JSON object. Fix: restore generation_config.json or delete it.")
+    check_config_types(gen, str(gen_path))
+
+    def found(name: str) -> list[int]:
+        return _ids(cfg.get(name)) + _ids(gen.get(name)) + (_ids(getattr(tok, name)) if tok is not None else [])
+
+    eos_ids = _merge_ids(found("eos_token_id"))
+    if not eos_ids and tok is not None:
+        raise InputError(
+            f"{src / 'config.json'}: no eos_token_id in config.json, generation_config.json or the tokenizer; "
+            f'generation could never stop. Fix: set "eos_token_id" in config.json (an int or a list of stop ids).'
+        )
+    bos_id = next(iter(found("bos_token_id")), None)
+    pad_candidates = found("pad_token_id")
+    pad_id = pad_candidates[0] if pad_candidates else next(iter(eos_ids), None)
+    vocab = cfg.get("vocab_size")
+    for name, id_list in (("eos_token_id", eos_ids), ("bos_token_id", _ids(bos_id)), ("pad_token_id", _ids(pad_id))):
+        bad = [i for i in id_list if isinstance(vocab, int) and not 0 <= i < vocab]
+        if bad:
+            raise InputError(
+                f"{src}: {name}={bad} is outside the vocabulary [0, vocab_size={vocab}). "
+                f"Fix: correct {name} in config.json/generation_config.json/tokenizer_config.json."
+            )
+    return SpecialIds(eos_ids, bos_id, pad_id, not pad_candidates, gen)
 
 
 def _check_heads(cfg: dict[str, Any], where: str) -> list[str]:
@@ -424,6 +474,7 @@ def inspect_config(path: str | Path, *, trust_remote_code: bool = False, allow_e
     if problems:
         raise InputError(f"{cfg_path}: {len(problems)} problem(s):\n" + "\n".join(f"  - {p}" for p in problems))
     theta, scaling = normalise_rope(cfg, str(cfg_path))
+    special_ids(src, cfg, None)  # the ids config.json and generation_config.json name (the tokenizer's: at export)
     return CheckpointFacts(
         path=src,
         config=cfg,

@@ -33,7 +33,7 @@ import logging
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from ..core.artifacts import TOKENIZER_DIRS, TOKENIZER_FILES
 from ..core.contracts.export import ExportArtifact
@@ -52,14 +52,12 @@ from .inspect import (
     MAX_UNUSED_EMBEDDING_ROWS,
     CheckpointFacts,
     ProgressFactory,
-    _ids,
-    _merge_ids,
-    _read_json,
+    SpecialIds,
     check_activation,
-    check_config_types,
     check_tensor_shapes,
     check_tokenizer_files,
     inspect_checkpoint,
+    special_ids,
 )
 from .tokenizer import check_tokenizer
 
@@ -145,7 +143,9 @@ def export_checkpoint(
 
         # 2. tokenizer, special-token ids
         tok = _load_tokenizer(src, vocab, trust_remote_code)
-        ids = _special_ids(src, facts, tok, vocab)
+        ids = special_ids(src, facts.config, tok)
+        if ids.pad_derived:
+            facts.warnings.append(f"no pad token id in the checkpoint: using the first eos id {ids.pad_id} (pad_token_derived=true)")
         tok_plan = check_tokenizer(src, tok)
         facts.warnings.extend(tok_plan.warnings)
         advance(1)
@@ -182,52 +182,7 @@ def export_checkpoint(
     return {**info, "_warnings": list(facts.warnings)}
 
 
-class _SpecialIds(NamedTuple):
-    """Special-token ids merged from config.json, generation_config.json and the tokenizer (in that order)."""
-
-    eos_ids: list[int]
-    bos_id: int | None
-    pad_id: int
-    pad_derived: bool  # no pad id anywhere: the first eos id is used
-    gen_raw: dict[str, Any]  # generation_config.json ({} when absent)
-
-
-def _special_ids(src: Path, facts: CheckpointFacts, tok: Any, vocab: int) -> _SpecialIds:
-    """Merge and check the special-token ids (export step 2).
-
-    Raises:
-        InputError: generation_config.json is not an object or has wrongly typed fields; no eos id anywhere; an id
-            outside ``[0, vocab_size)``.
-    """
-    cfg_raw = facts.config
-    gen_path = src / "generation_config.json"
-    gen_raw = _read_json(gen_path, "generation_config.json") if gen_path.exists() else {}
-    if not isinstance(gen_raw, dict):
-        raise InputError(f"{gen_path}: expected a JSON object. Fix: restore generation_config.json or delete it.")
-    check_config_types(gen_raw, str(gen_path))
-    eos_ids = _merge_ids(_ids(cfg_raw.get("eos_token_id")), _ids(gen_raw.get("eos_token_id")), _ids(tok.eos_token_id))
-    if not eos_ids:
-        raise InputError(
-            f"{src / 'config.json'}: no eos_token_id in config.json, generation_config.json or the tokenizer; "
-            f'generation could never stop. Fix: set "eos_token_id" in config.json (an int or a list of stop ids).'
-        )
-    bos_id = next(iter(_ids(cfg_raw.get("bos_token_id")) + _ids(gen_raw.get("bos_token_id")) + _ids(tok.bos_token_id)), None)
-    pad_candidates = _ids(cfg_raw.get("pad_token_id")) + _ids(gen_raw.get("pad_token_id")) + _ids(tok.pad_token_id)
-    pad_derived = not pad_candidates
-    pad_id = eos_ids[0] if pad_derived else pad_candidates[0]
-    for name, id_list in (("eos_token_id", eos_ids), ("bos_token_id", _ids(bos_id)), ("pad_token_id", [pad_id])):
-        bad = [i for i in id_list if not 0 <= i < vocab]
-        if bad:
-            raise InputError(
-                f"{src}: {name}={bad} is outside the vocabulary [0, vocab_size={vocab}). "
-                f"Fix: correct {name} in config.json/generation_config.json/tokenizer_config.json."
-            )
-    if pad_derived:
-        facts.warnings.append(f"no pad token id in the checkpoint: using the first eos id {pad_id} (pad_token_derived=true)")
-    return _SpecialIds(eos_ids, bos_id, pad_id, pad_derived, gen_raw)
-
-
-def _hf_config(src: Path, facts: CheckpointFacts, ids: _SpecialIds, trust_remote_code: bool) -> tuple[Any, float | None]:
+def _hf_config(src: Path, facts: CheckpointFacts, ids: SpecialIds, trust_remote_code: bool) -> tuple[Any, float | None]:
     """The transformers config with the merged special ids, and the RoPE base (export step 3).
 
     When config.json does not say ``tie_word_embeddings`` and the architecture's default differs from what the
@@ -260,7 +215,7 @@ def _write_hf(
     model: Any,
     tok: Any,
     hf_cfg: Any,
-    ids: _SpecialIds,
+    ids: SpecialIds,
     dtype: str,
     rope_theta: float | None,
     rope_scaling: dict[str, Any] | None,
@@ -297,7 +252,7 @@ def _write_hf(
 
 
 def _model_info(
-    src: Path, facts: CheckpointFacts, model: Any, hf_cfg: Any, tok: Any, ids: _SpecialIds, dtype: str, rope_theta: float | None
+    src: Path, facts: CheckpointFacts, model: Any, hf_cfg: Any, tok: Any, ids: SpecialIds, dtype: str, rope_theta: float | None
 ) -> dict[str, Any]:
     """The ``model_info.json`` document (docs/artifacts.md), with the sha256 of every source file."""
     from ..core.store import tree_files

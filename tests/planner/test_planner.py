@@ -671,19 +671,26 @@ def test_a_gpu_target_without_a_gpu_is_named_as_the_user_chose_it(capsys):
         ({"tokenizer.json": "{not json"}, "tokenizer.json is not valid JSON"),
         ({"rope_theta": -5.0}, "but rope_parameters.rope_theta"),
         ({"max_position_embeddings": 0}, "max_position_embeddings=0 must be a positive integer"),
+        ({"pad_token_id": 10**6}, r"pad_token_id=\[1000000\] is outside the vocabulary"),
+        ({"generation_config.json": {"eos_token_id": [2, 10**6]}}, r"eos_token_id=\[1000000\] is outside the vocabulary"),
     ],
-    ids=["tokenizer.json-not-json", "rope_theta-disagrees", "no-positions"],
+    ids=["tokenizer.json-not-json", "rope_theta-disagrees", "no-positions", "pad-outside-vocab", "eos-outside-vocab"],
 )
 def test_plan_refuses_what_the_exports_cheap_checks_refuse(tiny_llama, tmp_path, capsys, edit, match):
     """A recheck: an invalid tokenizer.json, a rope_theta that disagrees with rope_parameters and
     max_position_embeddings=0 were planned (exit 0); the run refused them at export (the last only in quantize, naming
     a removed .tmp folder). The export's config-time checks now run its config inspection (inspect_config)
-    and its tokenizer-file check, so the plan refuses each with the export's message."""
+    and its tokenizer-file check, so the plan refuses each with the export's message. So are a pad or eos id that
+    config.json or generation_config.json names outside the vocabulary (the last session's note: planned, then
+    refused by the run)."""
     import shutil
 
     src = shutil.copytree(tiny_llama, tmp_path / "bad")
     if "tokenizer.json" in edit:
         (src / "tokenizer.json").write_text(edit["tokenizer.json"])
+    elif "generation_config.json" in edit:
+        g = src / "generation_config.json"
+        g.write_text(json.dumps({**(json.loads(g.read_text()) if g.exists() else {}), **edit["generation_config.json"]}))
     else:
         c = json.loads((src / "config.json").read_text())
         (src / "config.json").write_text(json.dumps({**c, **edit}))
