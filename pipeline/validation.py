@@ -76,9 +76,9 @@ def validate(cfg: PipelineConfig, *, raise_on_error: bool = True, read_with_tran
 
     cfg = with_run_order(cfg)
     problems = validate_fields(cfg, raise_on_error=False) + name_problems(cfg)
-    by_stage: dict[str, list[Problem]] = {}
+    by_stage: dict[str, list[Problem]] = {"export": []}
     problems.extend(p for p in stage_problems(cfg, by_stage) if not any(q.field == p.field and q.message == p.message for q in problems))
-    if read_with_transformers and not by_stage.get("export"):
+    if read_with_transformers and not by_stage["export"]:
         problems.extend(transformers_problems(cfg))  # the export stage stops at its own refusals before transformers reads
     if problems and raise_on_error:
         raise ConfigError(problems)

@@ -14,7 +14,7 @@ from ..core.config import resolve_path
 from ..core.modelio import read_model_config
 from ..errors import InputError
 from ..facts.families import FAMILY_SUPPORT
-from .inspect import check_tokenizer_files, inspect_config
+from .inspect import check_tokenizer_files, holds_weights, inspect_checkpoint, inspect_config
 
 
 def checks(cfg: Any) -> list[Any]:
@@ -23,7 +23,8 @@ def checks(cfg: Any) -> list[Any]:
     * whatever the export stage's config checks refuse (:func:`~pipeline.export.inspect.inspect_config`: config.json
       field types such as ``rope_scaling.beta_fast: "x"``, an architecture this pipeline has no support for, head
       counts, RoPE fields that disagree; :func:`~pipeline.export.inspect.check_tokenizer_files`: a missing or invalid
-      tokenizer file), with the export's message (the weights are checked by the export stage itself);
+      tokenizer file; the weight files' headers when the folder holds any, :func:`~pipeline.export.inspect.inspect_checkpoint`:
+      shards, pickles, tensor shapes against config.json), with the export's message;
     * a target the family cannot be built for (Phi-3 on ``tensorrt_llm``), with the reason and the alternative.
 
     Shapes-only presets (no ``model.path``) are skipped.
@@ -36,7 +37,13 @@ def checks(cfg: Any) -> list[Any]:
     problems: list[Problem] = []
     m, src = cfg.model, Path(resolve_path(str(cfg.model.path)) or cfg.model.path)
     try:  # the export stage's own rules (one rule, one wording), so a plan refuses what the run's export would (trials)
-        mt = inspect_config(src, trust_remote_code=m.trust_remote_code, allow_external_files=m.allow_external_files).model_type
+        if holds_weights(src):  # the weight headers too (vocab_size vs the embedding rows, shards, pickles): milliseconds
+            facts = inspect_checkpoint(
+                src, trust_remote_code=m.trust_remote_code, allow_pickle=m.allow_pickle, allow_external_files=m.allow_external_files
+            )
+        else:  # a folder of config.json and tokenizer files, for planning
+            facts = inspect_config(src, trust_remote_code=m.trust_remote_code, allow_external_files=m.allow_external_files)
+        mt = facts.model_type
         check_tokenizer_files(src, m.trust_remote_code)
     except InputError as e:
         why, _, fix = str(e).partition(" Fix: ")

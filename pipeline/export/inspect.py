@@ -653,13 +653,20 @@ def _unindexed_shards(src: Path, names: list[str]) -> str:
     )
 
 
+def _is_pickle_weight(p: Path) -> bool:
+    """A pickled weight file (not a trainer's state: training_args, optimizer, scheduler, rng_state)."""
+    return p.is_file() and p.suffix in PICKLE_SUFFIXES and not p.name.startswith(("training_args", "optimizer", "scheduler", "rng_state"))
+
+
+def holds_weights(src: Path) -> bool:
+    """Whether the folder ``src`` holds any weight file the export reads (``*.safetensors``, a weight index, pickled
+    weights): the export's config-time checks then check the weights' headers too (:mod:`pipeline.export.checks`)."""
+    return any(p.suffix == ".safetensors" or p.name.endswith(".index.json") or _is_pickle_weight(p) for p in src.iterdir())
+
+
 def _pickle_weights(src: Path, allow_pickle: bool, allow_external_files: bool) -> list[str]:
     """Pickled weight files in load order; InputError when there are none, or unless ``allow_pickle``."""
-    pickles = sorted(
-        p.name
-        for p in src.iterdir()
-        if p.is_file() and p.suffix in PICKLE_SUFFIXES and not p.name.startswith(("training_args", "optimizer", "scheduler", "rng_state"))
-    )
+    pickles = sorted(p.name for p in src.iterdir() if _is_pickle_weight(p))
     if not pickles:
         raise InputError(
             f"{src}: no weights found (model.safetensors, model-*.safetensors + index, or pickled "

@@ -37,6 +37,11 @@ from typing import Any, NamedTuple
 
 from ..errors import InputError
 
+#: The RoPE types transformers 5.x computes (``modeling_rope_utils.ROPE_INIT_FUNCTIONS`` and ``default``): a model with
+#: any other type fails as it is built (``KeyError`` on the type), after its weights are read; a test holds this to the
+#: installed library.
+TRANSFORMERS_ROPE_TYPES = ("default", "dynamic", "linear", "llama3", "longrope", "proportional", "yarn")
+
 #: transformers 5.x ``modeling_rope_utils._compute_yarn_parameters``: ``beta_fast or 32``, ``beta_slow or 1``
 YARN_BETA_DEFAULTS = {"beta_fast": 32.0, "beta_slow": 1.0}
 
@@ -141,6 +146,13 @@ def normalise_rope(config: dict[str, Any], where: str = "config.json") -> tuple[
         raise InputError(
             f"{where}: {spelled}={merged!r} names no scaling type. "
             f'Fix: add "rope_type" (e.g. "linear", "dynamic", "yarn", "longrope", "llama3").'
+        )
+    if merged["rope_type"] not in TRANSFORMERS_ROPE_TYPES:
+        spelled = "/".join(k for k in ("rope_scaling", "rope_parameters") if config.get(k) is not None)
+        raise InputError(
+            f"{where}: {spelled} type {merged['rope_type']!r} is no RoPE type transformers knows "
+            f"({', '.join(TRANSFORMERS_ROPE_TYPES)}), so the model cannot be built. Fix: write the scaling type the model "
+            f"was trained with (its model card), or remove {spelled} for plain RoPE."
         )
     if merged.get("rope_type") == "default":  # plain RoPE; other keys (e.g. partial_rotary_factor) are not scaling
         return (float(theta) if theta is not None else None), None

@@ -19,6 +19,7 @@ import tiny
 from pipeline.core.config import compose
 from pipeline.core.targets import get_target
 from pipeline.core.targets.base import GenerationRequest
+from pipeline.errors import InputError
 from pipeline.facts.rope import rope_refusal
 from pipeline.validation import stage_problems
 
@@ -273,3 +274,15 @@ def test_yarn_without_betas_in_both_spellings_builds_and_equals_transformers(tmp
     with get_target("onnxruntime_genai").load_runner(tmp_path / "b" / "engine") as runner:
         got = runner.generate([GenerationRequest(p, 10, [2], f"r{i}") for i, p in enumerate(prompts)])
     assert [r.output_ids for r in got] == want
+
+
+def test_the_rope_types_we_accept_are_the_ones_transformers_computes():
+    """A fresh-user trial: ``rope_scaling {"type": "weird"}`` passed every check and failed after the weights were read,
+    as ``KeyError: 'weird'`` blamed on the config not matching the weights. facts.rope holds transformers' list."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from pipeline.facts.rope import TRANSFORMERS_ROPE_TYPES, normalise_rope
+
+    assert set(TRANSFORMERS_ROPE_TYPES) == {"default", *ROPE_INIT_FUNCTIONS}
+    with pytest.raises(InputError, match=r"rope_parameters type 'weird' is no RoPE type transformers knows .*Fix: "):
+        normalise_rope({"rope_parameters": {"rope_type": "weird", "rope_theta": 1e4}})

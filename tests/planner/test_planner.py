@@ -673,8 +673,18 @@ def test_a_gpu_target_without_a_gpu_is_named_as_the_user_chose_it(capsys):
         ({"max_position_embeddings": 0}, "max_position_embeddings=0 must be a positive integer"),
         ({"pad_token_id": 10**6}, r"pad_token_id=\[1000000\] is outside the vocabulary"),
         ({"generation_config.json": {"eos_token_id": [2, 10**6]}}, r"eos_token_id=\[1000000\] is outside the vocabulary"),
+        ({"rope_scaling": {"type": "weird", "factor": 2.0}}, "type 'weird' is no RoPE type transformers knows"),
+        ({"vocab_size": 100}, "vocab_size=100 but"),
     ],
-    ids=["tokenizer.json-not-json", "rope_theta-disagrees", "no-positions", "pad-outside-vocab", "eos-outside-vocab"],
+    ids=[
+        "tokenizer.json-not-json",
+        "rope_theta-disagrees",
+        "no-positions",
+        "pad-outside-vocab",
+        "eos-outside-vocab",
+        "rope-type-unknown",
+        "vocab-size-not-the-embeddings",
+    ],
 )
 def test_plan_refuses_what_the_exports_cheap_checks_refuse(tiny_llama, tmp_path, capsys, edit, match):
     """A recheck: an invalid tokenizer.json, a rope_theta that disagrees with rope_parameters and
@@ -682,7 +692,8 @@ def test_plan_refuses_what_the_exports_cheap_checks_refuse(tiny_llama, tmp_path,
     a removed .tmp folder). The export's config-time checks now run its config inspection (inspect_config)
     and its tokenizer-file check, so the plan refuses each with the export's message. So are a pad or eos id that
     config.json or generation_config.json names outside the vocabulary (the last session's note: planned, then
-    refused by the run)."""
+    refused by the run), an unknown RoPE type and a vocab_size the embedding's rows disagree with (a fresh-user trial:
+    planned, then refused by export; the weight headers are read at config time when the folder holds weights)."""
     import shutil
 
     src = shutil.copytree(tiny_llama, tmp_path / "bad")
