@@ -8,6 +8,7 @@ so a broken module fails loudly instead of silently skipping its checks.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .core.config import STAGES, ConfigError, PipelineConfig, Problem
@@ -86,20 +87,25 @@ def validate(cfg: PipelineConfig, *, raise_on_error: bool = True, read_with_tran
 
 
 def transformers_problems(cfg: PipelineConfig) -> list[Problem]:
-    """The export stage's refusal of a ``config.json`` transformers cannot read
-    (:func:`pipeline.core.modelio.transformers_config`, its message) as a ``model.path`` problem; none for a
-    shapes-only preset or a folder without a readable ``config.json``.  :func:`validate` calls it only when the export
+    """The export stage's refusals when transformers reads the checkpoint (:func:`pipeline.export.write.load_tokenizer`:
+    a ``config.json`` transformers cannot read, :func:`pipeline.core.modelio.transformers_config`; a tokenizer it cannot
+    load, or with more tokens than the embedding has rows; a special-token id of the tokenizer's outside the
+    vocabulary), its message as a ``model.path`` problem; none for a shapes-only preset or a folder without a readable
+    ``config.json``.  :func:`validate` calls it only when the export
     stage's config checks found nothing (an unsupported architecture): the export stage stops at those before
     transformers reads the file."""
     from .core.config import resolve_path
-    from .core.modelio import read_model_config, transformers_config
+    from .core.modelio import read_model_config
     from .errors import InputError
+    from .export.write import load_tokenizer
 
     path = getattr(cfg.model, "path", None)
-    if read_model_config(path) is None:
+    config = read_model_config(path)
+    if config is None:
         return []
+    src = resolve_path(str(path)) or Path(str(path))
     try:
-        transformers_config(str(resolve_path(str(path)) or path), bool(cfg.model.trust_remote_code))
+        load_tokenizer(src, config, bool(cfg.model.trust_remote_code))
     except InputError as e:
         why, _, fix = str(e).partition(" Fix: ")
         return [Problem("model.path", path, why, fix)]

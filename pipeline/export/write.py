@@ -64,8 +64,24 @@ from .tokenizer import check_tokenizer
 log = logging.getLogger("pipeline.export.write")
 
 
-def _load_tokenizer(src: Path, vocab_rows: int, trust_remote_code: bool) -> Any:
-    """Load the tokenizer after checking its files; ``len(tokenizer)`` must not exceed the embedding rows."""
+def load_tokenizer(src: Path, config: dict[str, Any], trust_remote_code: bool) -> tuple[Any, SpecialIds]:
+    """The export's step 2, which ``pipeline plan`` runs too (:func:`pipeline.validation.transformers_problems`), so
+    the plan refuses what the export would: the tokenizer of ``src`` loaded by transformers after its files are
+    checked (``len(tokenizer)`` against ``config["vocab_size"]``, the embedding's rows), and the special-token ids
+    with the tokenizer's own (:func:`~pipeline.export.inspect.special_ids`).
+
+    Raises:
+        InputError: a tokenizer file is missing or invalid, transformers cannot read config.json or the tokenizer,
+            the tokenizer does not fit the embedding, or a special-token id is missing or outside the vocabulary.
+    """
+    vocab = config.get("vocab_size")
+    tok = _load_tokenizer(src, vocab if isinstance(vocab, int) else None, trust_remote_code)
+    return tok, special_ids(src, config, tok)
+
+
+def _load_tokenizer(src: Path, vocab_rows: int | None, trust_remote_code: bool) -> Any:
+    """Load the tokenizer after checking its files; ``len(tokenizer)`` must not exceed the embedding rows (when
+    known)."""
     check_tokenizer_files(src, trust_remote_code)
     from transformers import AutoTokenizer
 
@@ -78,6 +94,8 @@ def _load_tokenizer(src: Path, vocab_rows: int, trust_remote_code: bool) -> Any:
             f"loaded: {type(e).__name__}: {e}. Fix: restore them from the original model."
         ) from None
     n = len(tok)
+    if vocab_rows is None:
+        return tok
     if n > vocab_rows:
         raise InputError(
             f"{src}: the tokenizer has {n} tokens (tokenizer.json incl. added tokens) but the embedding "
@@ -138,12 +156,10 @@ def export_checkpoint(
         # 1. config.json + weight headers (cheap, no torch)
         if facts is None:
             facts = inspect_checkpoint(src, trust_remote_code=trust_remote_code, allow_pickle=allow_pickle)
-        vocab = int(facts.config["vocab_size"])
         advance(1)
 
         # 2. tokenizer, special-token ids
-        tok = _load_tokenizer(src, vocab, trust_remote_code)
-        ids = special_ids(src, facts.config, tok)
+        tok, ids = load_tokenizer(src, facts.config, trust_remote_code)
         if ids.pad_derived:
             facts.warnings.append(f"no pad token id in the checkpoint: using the first eos id {ids.pad_id} (pad_token_derived=true)")
         tok_plan = check_tokenizer(src, tok)

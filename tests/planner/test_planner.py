@@ -653,6 +653,21 @@ def test_plan_refuses_a_checkpoint_without_its_tokenizer_files_as_the_export_doe
     assert plan_main(over) == 0
 
 
+def test_plan_refuses_a_tokenizer_larger_than_the_embedding(tiny_llama, tmp_path, capsys):
+    """A fresh-user trial: a tokenizer with more tokens than the embedding has rows was planned (exit 0) and refused by
+    the run's export. The plan now loads the tokenizer as the export does (export.write.load_tokenizer)."""
+    import shutil
+
+    from tokenizers import Tokenizer
+
+    src = shutil.copytree(tiny_llama, tmp_path / "bigtok")
+    rows = json.loads((src / "config.json").read_text())["vocab_size"]
+    tok = Tokenizer.from_file(str(src / "tokenizer.json"))
+    tok.add_tokens([f"<extra_{i}>" for i in range(rows + 10 - tok.get_vocab_size(with_added_tokens=True))])
+    tok.save(str(src / "tokenizer.json"))
+    _refused_as_the_export_refuses(src, f"the tokenizer has {rows + 10} tokens", tmp_path, capsys)
+
+
 def test_a_gpu_target_without_a_gpu_is_named_as_the_user_chose_it(capsys):
     """A trial: ``target=tensorrt_llm_pytorch`` with no GPU named or visible said "target tensorrt_llm needs a GPU"
     (the registry name), a target the user did not choose."""
