@@ -268,6 +268,21 @@ def user_config_argv(argv: list[str], tmp_root: Path) -> list[str]:
     return [f"--config-dir={tmp_root}", *options, *overrides, f"+user_config@_global_={stem}", *positionals]
 
 
+def user_config_compose_args(
+    config_dir: str | None, config_name: str | None, overrides: list[str], tmp_root: Path
+) -> tuple[str | None, str, list[str]]:
+    """``(config_dir, config_name, overrides)`` for :func:`pipeline.core.config.compose` that compose what
+    ``pipeline --config-dir DIR --config-name NAME overrides...`` runs: the same :func:`user_config_argv` (its size
+    and alias limits, its checks of the YAML's values, its messages), with its files under ``tmp_root`` (the caller
+    removes it).  ``pipeline plan`` plans a user YAML with it."""
+    argv = [*(["--config-dir", config_dir] if config_dir else []), *(["--config-name", config_name] if config_name else [])]
+    argv = user_config_argv([*argv, *overrides], tmp_root)
+    cdir, cname = _flag_value(argv, _CONFIG_DIR_FLAGS), _flag_value(argv, _CONFIG_NAME_FLAGS)
+    drop = {i for r in (cdir, cname) if r for i in range(r[0], r[1])}
+    rest = [a for i, a in enumerate(argv) if i not in drop]
+    return (cdir[2] if cdir else None), (cname[2] if cname else "pipeline"), rest
+
+
 def _yaml_as_overrides(doc: dict[Any, Any], prefix: str = "") -> list[str]:
     """A user YAML's values as the ``key=value`` overrides they amount to, so :func:`check_overrides` judges a file
     as it judges the command line (unknown keys, wrong types, ``stages`` that is not a list)."""

@@ -1,6 +1,7 @@
-"""``pipeline plan [--json] [--gpus LIST|all] [hydra overrides ...]``: the preflight plan, no GPU needed.
+"""``pipeline plan [--json] [--gpus LIST|all] [--config-dir DIR --config-name NAME] [hydra overrides ...]``: the
+preflight plan, no GPU needed.
 
-Composes the config exactly as a run would (same presets, same overrides), runs every field and
+Composes the config exactly as a run would (same presets, same user YAML, same overrides), runs every field and
 cross-field check (:func:`pipeline.validation.validate`, as the run does; a config they refuse gets no plan, only
 the problems, exit 2), and prints the memory/speed plan.  ``target_gpu=X`` is accepted as an alias of
 ``target.gpu=X``.
@@ -32,7 +33,14 @@ def _rewrite(overrides: list[str]) -> list[str]:
     return out
 
 
-def _compose(overrides: list[str]) -> Any:
+def _compose(overrides: list[str], config_dir: str | None = None, config_name: str | None = None) -> Any:
+    """The config a run with these arguments composes; a user YAML (``--config-dir/--config-name``) is read by the
+    run's own code (:func:`pipeline.cli.user_config_compose_args`: the same limits, checks and messages)."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from .cli import user_config_compose_args
     from .core.config import compose
     from .core.config.hydra_settings import refuse_hydra_settings
 
@@ -41,7 +49,14 @@ def _compose(overrides: list[str]) -> Any:
         "`pipeline plan`",
         "drop it: the plan is printed and no run folder is written (pipeline plan --json > plan.json saves it)",
     )
-    return compose(overrides)
+    if config_dir is None and config_name is None:
+        return compose(overrides)
+    tmp_root = Path(tempfile.mkdtemp(prefix="pipeline-plan-config-"))
+    try:
+        cdir, cname, over = user_config_compose_args(config_dir, config_name, overrides, tmp_root)
+        return compose(over, config_name=cname, config_dir=cdir)
+    finally:
+        shutil.rmtree(tmp_root, ignore_errors=True)
 
 
 def _gpu_table(cfg: Any, names: list[str], console: Any) -> tuple[list[dict[str, Any]], int]:
@@ -101,12 +116,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="pipeline plan", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", action="store_true", help="print the plan and problems as JSON (schema pipeline.plan/v1)")
     ap.add_argument("--gpus", default=None, help="compare GPUs: comma-separated catalogue names, or 'all'")
+    ap.add_argument("--config-dir", "-cd", default=None, help="a folder of your YAML (and presets), as for a run")
+    ap.add_argument("--config-name", "-cn", default=None, help="your YAML's name without .yaml, as for a run (docs/models.md)")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, as for a run (model=llama31_8b target.gpu=h100_sxm quant=fp8 ...)")
     args = ap.parse_args(argv)
     console = Console(stderr=args.json)
     overrides = _rewrite(args.overrides)
     try:
-        cfg = _compose(overrides)
+        cfg = _compose(overrides, args.config_dir, args.config_name)
     except InputError as e:  # ConfigError included: the override, the valid names and the fix
         if args.json:
             print(json.dumps({"exit_code": EXIT_INPUT, "error": str(e)}))

@@ -147,6 +147,18 @@ def _plain(v: Any) -> Any:
     return str(v)
 
 
+def flattened_chats_warning(n: int, total: int, what: str, examples: Sequence[Any], fix: str) -> str:
+    """The warning for ``n`` of ``total`` items (``what``: "eval items", "calibration samples") given as chat
+    ``messages`` to a checkpoint with no chat template: :meth:`TextCodec.encode_prompt` feeds each as its messages'
+    contents joined by newlines, the roles dropped."""
+    eg = f" (e.g. {', '.join(map(str, list(examples)[:3]))})" if examples else ""
+    return (
+        f"{n} of {total} {what}{eg} are chat messages but the checkpoint has no chat template: each is fed as its "
+        f"messages' contents joined by newlines, roles dropped. Fix: add a chat_template to the checkpoint's "
+        f"tokenizer_config.json (or chat_template.jinja), or {fix}."
+    )
+
+
 def chat_template_of(tokenizer_dir: str | os.PathLike, config: dict | None = None) -> tuple[str | None, str | None]:
     """``(template, overridden)``: the default chat template transformers uses for this folder, and, when
     ``tokenizer_config.json`` holds a *different* one that is therefore ignored, that one (else ``None``).

@@ -24,7 +24,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..core.tokenization import TokenizationError, codec_of
+from ..core.tokenization import TokenizationError, codec_of, flattened_chats_warning
 from ..errors import MAX_LINE_BYTES, InputError, line_too_long, listed_problems
 
 if TYPE_CHECKING:
@@ -500,6 +500,8 @@ def load_calibration(cfg: CalibrationConfig, tokenizer: Any, path: Path | None, 
     samples: list[list[int]] = []
     short: list[str] = []
     truncated = empty = 0
+    chats: list[str] = []  # chat rows used while the checkpoint has no template to render them
+    flattens = cfg.apply_chat_template and not codec.uses_template(True)
     for i in order:
         if len(samples) >= cfg.calib_size:
             break
@@ -512,6 +514,8 @@ def load_calibration(cfg: CalibrationConfig, tokenizer: Any, path: Path | None, 
             truncated += 1
         if len(ids) < cfg.min_tokens:
             short.append(rows[i].where)
+        if flattens and rows[i].messages is not None:
+            chats.append(rows[i].where)
         samples.append(ids)
     warnings: list[str] = []
     source = str(path) if fmt != "hf" else f"hf:{cfg.hf_dataset}"
@@ -522,6 +526,9 @@ def load_calibration(cfg: CalibrationConfig, tokenizer: Any, path: Path | None, 
             f"{source}: {len(short)} sample(s) shorter than calibration.min_tokens={cfg.min_tokens} tokens "
             f"(e.g. {', '.join(short[:3])}); they are kept but carry little signal"
         )
+    if chats:
+        fix = "write those rows as text"
+        warnings.append(f"{source}: " + flattened_chats_warning(len(chats), len(samples), "calibration samples", chats, fix))
     if len(samples) < cfg.calib_size:
         warnings.append(f"{source}: {len(samples)} usable sample(s) of {cfg.calib_size} requested{requested}")
     for w in warnings:

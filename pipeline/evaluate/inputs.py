@@ -98,27 +98,35 @@ class Setup:
     n_run: int  # items not skipped
     device: str = "cpu"  # the resolved eval.device (cpu | cuda:N) of the baseline and simulated runners
     eval_format: dict[str, Any] = dataclasses.field(default_factory=lambda: {"format": "jsonl"})  # EvalSet.format
+    warnings: list[str] = dataclasses.field(default_factory=list)  # eval_report.json "warnings" (also logged)
 
 
-def _warn_flattened_messages(ctx: StageContext, items: list[Any], tokenizer: Any, apply_chat_template: bool) -> None:
-    """One warning when items with a conversation (``messages``: several turns or a non-user role) are encoded without
-    a chat template: their contents are joined by newlines and the roles dropped (``TextCodec.encode_prompt``), where
-    transformers' ``apply_chat_template`` would refuse a tokenizer without one."""
-    from ..core.tokenization import codec_of
+def _warn_flattened_messages(ctx: StageContext, items: list[Any], tokenizer: Any, apply_chat_template: bool) -> list[str]:
+    """The warning (logged: the run's console shows it; returned for ``eval_report.json`` ``warnings``) when items
+    given as chat ``messages`` are encoded without a chat template: their contents are joined by newlines and the
+    roles dropped (``TextCodec.encode_prompt``), where transformers' ``apply_chat_template`` would refuse a tokenizer
+    without one.  With no template every ``messages`` item counts; with ``model.apply_chat_template=false`` (asked
+    for) only conversations (several turns or a non-user role) do.  Returns [] when nothing is flattened."""
+    from ..core.tokenization import codec_of, flattened_chats_warning
 
     if codec_of(tokenizer).uses_template(apply_chat_template):
-        return
-    convs = [it.id for it in items if it.messages and (len(it.messages) > 1 or any(m["role"] != "user" for m in it.messages))]
-    if convs:
-        why = "model.apply_chat_template=false" if not apply_chat_template else "the tokenizer has no chat template"
-        ctx.log.warning(
-            "%d eval item(s) with a conversation (e.g. %s) are encoded without a chat template (%s): their message "
-            "contents are joined by newlines and the roles dropped. Fix: add the model's chat template to the "
-            "checkpoint (tokenizer_config.json chat_template or chat_template.jinja), or give those items a plain prompt.",
-            len(convs),
-            ", ".join(map(str, convs[:3])),
-            why,
+        return []
+    if apply_chat_template:  # the checkpoint has no chat template
+        chats = [it.id for it in items if it.messages]
+        if not chats:
+            return []
+        w = flattened_chats_warning(len(chats), len(items), "eval items", chats, "write those items as prompt")
+    else:
+        convs = [it.id for it in items if it.messages and (len(it.messages) > 1 or any(m["role"] != "user" for m in it.messages))]
+        if not convs:
+            return []
+        w = (
+            f"{len(convs)} eval item(s) with a conversation (e.g. {', '.join(map(str, convs[:3]))}) are encoded without "
+            "a chat template (model.apply_chat_template=false): their message contents are joined by newlines and the "
+            "roles dropped. Fix: model.apply_chat_template=true, or give those items a plain prompt."
         )
+    ctx.log.warning("evaluate: %s", w)
+    return [w]
 
 
 def setup(ctx: StageContext) -> Setup:
@@ -149,7 +157,7 @@ def setup(ctx: StageContext) -> Setup:
         extra_stop=e.stop,
         apply_chat_template=bool(getattr(cfg.model, "apply_chat_template", True)),
     )
-    _warn_flattened_messages(ctx, items, tokenizer, bool(getattr(cfg.model, "apply_chat_template", True)))
+    warnings = _warn_flattened_messages(ctx, items, tokenizer, bool(getattr(cfg.model, "apply_chat_template", True)))
     runners, cand, notes = resolve_runners(cfg, build_art)
     for k, v in notes.items():
         ctx.log.info("%s: %s", k, v)
@@ -157,4 +165,6 @@ def setup(ctx: StageContext) -> Setup:
     from ..core.hostinfo import resolve_torch_device
 
     device = resolve_torch_device(e.device, "eval.device")
-    return Setup(eval_path, items, build_art, tokenizer, stop_ids, pad_id, limits, prepared, runners, cand, notes, n_run, device, es.format)
+    return Setup(
+        eval_path, items, build_art, tokenizer, stop_ids, pad_id, limits, prepared, runners, cand, notes, n_run, device, es.format, warnings
+    )

@@ -187,6 +187,8 @@ def to_markdown(rep: EvalReport) -> str:
             f"| {name} | {_pct(r.score)} | {r.n} | {r.skipped_too_long} | {r.errors} | "
             f"{fr.eos} / {fr.stop} / {fr.length} | {r.batch_size or '-'} |"
         )
+    if rep.warnings:
+        lines += ["", *(f"- warning: {md_cell(w)}" for w in rep.warnings)]
     if rep.pairwise_agreement:
         lines += ["", "Output agreement between runners: " + ", ".join(f"{k} {_pct(v)}" for k, v in rep.pairwise_agreement.items())]
     sp = rep.speculative
@@ -371,6 +373,8 @@ def print_console(rep: EvalReport, console: Any) -> None:
         console.print(Text.assemble(("gate FAILED: ", "bold red"), g.reason))
     if note := rope_note(rep):
         console.print(Text.assemble(("RoPE scaling: ", "yellow"), note))
+    for w in rep.warnings:
+        console.print(Text.assemble(("warning: ", "yellow"), w))
 
 
 def write_all(out: Path, rep: dict[str, Any]) -> EvalReport:

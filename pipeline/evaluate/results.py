@@ -51,6 +51,7 @@ def build_report(
         "candidate": st.cand,
         "baseline": "baseline" if "baseline" in outputs else None,
         "notes": st.notes,
+        "warnings": list(st.warnings),
         "stop": {"eos_token_ids": st.stop_ids, "stop_strings": list(e.stop)},
         "decoding": ExportArtifact(ctx.inputs["export"].path).decoding().to_json(),  # what every runner applied
         "limits": {k: limits.get(k) for k in ("max_input_len", "max_seq_len", "max_batch_size")},

@@ -47,4 +47,6 @@ def test_conversations_without_a_chat_template_are_warned_about_once(tiny_llama,
     for f in bare.glob("chat_template.*"):
         f.unlink()
     (msg,) = _warnings(AutoTokenizer.from_pretrained(str(bare)), True, caplog)
-    assert "the tokenizer has no chat template" in msg and "roles dropped" in msg and "Fix:" in msg
+    # no template: every chat item counts, a single user message too (its role is dropped as well)
+    assert "2 of 3 eval items (e.g. q4, q5) are chat messages but the checkpoint has no chat template" in msg
+    assert "roles dropped" in msg and "Fix:" in msg

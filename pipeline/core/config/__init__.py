@@ -256,8 +256,32 @@ def _override_list(overrides: Any) -> list[str]:
     return list(overrides)
 
 
-def compose(overrides: list[str] | None = None, config_name: str = "pipeline") -> PipelineConfig:
+def _add_config_dir(config_dir: str | Path) -> None:
+    """Put ``config_dir`` on the search path of the initialized Hydra where ``pipeline --config-dir`` puts it (after
+    the pipeline's own folder, before the schemas), as Hydra's ``run_hydra`` does: the path extended, then Hydra
+    created with it (its config repository is made from the path once).  A folder that is not there is a
+    ConfigError, as the command line refuses it.  (A ``hydra.searchpath`` override does not do: Hydra looks the
+    primary config up, and caches it as missing, before it reads that override.)"""
+    from hydra._internal.hydra import Hydra
+    from hydra.core.config_search_path import SearchPathQuery
+    from hydra.core.global_hydra import GlobalHydra
+
+    d = os.path.abspath(Path(config_dir).expanduser())
+    if not os.path.isdir(d):
+        raise ConfigError([Problem("--config-dir", str(config_dir), "is no folder.", "name the folder holding your YAML")])
+    gh = GlobalHydra.instance()
+    search = gh.config_loader().get_search_path()
+    search.prepend(provider="command-line", path=f"file://{d}", anchor=SearchPathQuery(provider="schema"))
+    gh.clear()  # initialize_config_dir's exit restores the GlobalHydra it found
+    Hydra.create_main_hydra2(task_name="app", config_search_path=search)
+
+
+def compose(overrides: list[str] | None = None, config_name: str = "pipeline", config_dir: str | Path | None = None) -> PipelineConfig:
     """Compose the config as the ``pipeline`` command would, outside a Hydra app.
+
+    ``config_dir`` is the command's ``--config-dir``: a folder added to Hydra's search path after the pipeline's own
+    (its presets and ``config_name`` found there too); with it, as on the command line, the overrides' schema checks
+    are left to Hydra (``pipeline.cli.user_config_compose_args`` turns a user YAML into these arguments).
 
     Raises :class:`ConfigError` (exit code 2) with the ``pipeline`` command's messages (the override, the valid
     names, closest first, and the fix; :mod:`pipeline.core.config.overrides`) for an override Hydra's grammar cannot
@@ -276,7 +300,8 @@ def compose(overrides: list[str] | None = None, config_name: str = "pipeline") -
     from .overrides import override_problems, sweep_problems
 
     refuse_hydra_settings(list(overrides or []))  # Hydra's compose API drops hydra.* overrides without a word
-    problems = override_problems(list(overrides or [])) or sweep_problems(list(overrides or []))
+    marker = [f"--config-dir={config_dir}"] if config_dir is not None else []  # as the command line: presets of its own
+    problems = override_problems([*marker, *(overrides or [])]) or sweep_problems(list(overrides or []))
     if problems:
         raise ConfigError(list(problems))
     register()
@@ -285,6 +310,8 @@ def compose(overrides: list[str] | None = None, config_name: str = "pipeline") -
         gh.clear()
     try:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+            if config_dir is not None:
+                _add_config_dir(config_dir)
             cfg = _compose(config_name=config_name, overrides=list(overrides or []))
     except (ValueError, TypeError, AttributeError, KeyError, HydraException) as e:
         from omegaconf.errors import OmegaConfBaseException

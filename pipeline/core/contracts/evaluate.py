@@ -316,6 +316,7 @@ class EvalReport:
         worst_regressions: the rows of the worst regressions (``id``, ``slice``, ``prompt``, ``reference``,
             ``baseline``, ``candidate``, ``baseline_score``, ``candidate_score``), worst first.
         rope_type: the checkpoint's RoPE scaling type (None: plain RoPE).
+        warnings: what the stage warned about (e.g. chat items fed without a chat template); also logged.
     """
 
     candidate: str | None = None
@@ -334,6 +335,7 @@ class EvalReport:
     pairwise_agreement: dict[str, float] = dataclasses.field(default_factory=dict)
     worst_regressions: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     rope_type: str | None = None
+    warnings: list[str] = dataclasses.field(default_factory=list)
 
     @classmethod
     def from_json(cls, d: dict[str, Any], source: Path | str = "eval_report.json") -> EvalReport:
@@ -373,6 +375,7 @@ class EvalReport:
             pairwise_agreement=json_object(d.get("pairwise_agreement")),
             worst_regressions=list(d.get("worst_regressions") or ()),
             rope_type=json_object(d.get("rope_scaling")).get("rope_type"),
+            warnings=[str(w) for w in (typed("warnings", d.get("warnings"), list) or [])],
         )
 
     def gate_metrics(self) -> dict[str, float]:
