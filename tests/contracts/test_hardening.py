@@ -6,6 +6,7 @@ store / config code in-process) and checks the artifact store afterwards.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
@@ -183,6 +184,28 @@ def test_a_second_signal_cannot_abort_the_cleanup_of_the_first(tmp_path, second)
     )  # fmt: skip
     assert p.returncode == 130 and "Traceback" not in p.stderr, p.stderr[-3000:]
     assert json.loads((run / "summary.json").read_text())["error"] == "interrupted"
+
+
+def test_a_second_sigterm_after_the_cleanup_cannot_change_the_exit_code(tiny_llama, tmp_path):
+    """A fresh-user trial: SIGTERM during quantize, another 0.3 s later; summary.json and the console said exit 130,
+    the process status was 143 (the cleanup had ended 17 ms after the first signal, the second landed while the
+    interpreter shut down, once Python's handlers were gone). The first signal now sets SIGINT, SIGTERM and SIGHUP to
+    SIG_IGN at the OS level: SIGTERMs sent from the summary's writing to the process's end leave its status 130."""
+    store = tmp_path / "store"
+    default = lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL)  # noqa: E731
+    p = start([f"model.path={tiny_llama}", f"store_dir={store}", *QUANT_ARGS], tmp_path, "twice", preexec_fn=default)
+    wait_for_tmp(store / "quantize", p)
+    p.send_signal(signal.SIGTERM)
+    summary, deadline = tmp_path / "twice" / "summary.json", time.monotonic() + 120
+    while not summary.is_file() and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    while p.poll() is None and time.monotonic() < deadline:  # the second (and later) SIGTERM: up to the very end
+        with contextlib.suppress(ProcessLookupError):
+            p.send_signal(signal.SIGTERM)
+        time.sleep(0.001)
+    assert p.wait(timeout=120) == 130, (tmp_path / "twice" / "stdout.txt").read_text()
+    assert json.loads(summary.read_text())["error"] == "interrupted"
+    assert not any(store.glob("*/.tmp-*"))
 
 
 def test_an_interrupt_stops_a_sweep_and_not_only_its_current_job(tiny_llama, tmp_path):
