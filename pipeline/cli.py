@@ -522,9 +522,16 @@ def _interrupt_once(signum: int, frame: Any) -> None:
     """A run's handler of SIGINT, SIGTERM and SIGHUP: the first raises KeyboardInterrupt; later ones are ignored, so a
     second Ctrl-C cannot abort the cleanup and the summary the first one started (Ctrl-C twice, 50 ms apart, left a
     KeyboardInterrupt traceback in write_summary and no summary.json: a trial). It stops a sweep too: the jobs after
-    the interrupted one are not run (:func:`_task`; a SIGTERM-ed CI job ran the rest of its sweep, a recheck)."""
+    the interrupted one are not run (:func:`_task`; a SIGTERM-ed CI job ran the rest of its sweep, a recheck).
+
+    The first one sets the signals this handler holds to SIG_IGN at the OS level (SIGHUP under ``nohup`` is ignored
+    already): Python's handlers are gone while the interpreter shuts down, and a second SIGTERM landing there turned
+    the run's exit 130 into 143 (a trial: the cleanup ended 17 ms after the first). ``kill -9`` still stops it."""
     if not INTERRUPT["received"]:
         INTERRUPT["received"] = True
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(sig) is _interrupt_once:
+                signal.signal(sig, signal.SIG_IGN)
         raise KeyboardInterrupt
 
 

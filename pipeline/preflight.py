@@ -114,21 +114,55 @@ def all_externals(order: list[str], cfg: PipelineConfig) -> dict[str, dict[str, 
     return out
 
 
-def open_store(store_dir: str, verify: bool = False) -> ArtifactStore:
-    """The artifact store at ``store_dir``, created if needed; InputError (exit 2) when unusable."""
+#: the fix of a store_dir the run cannot create or write
+_STORE_FIX = "point store_dir at a writable folder (it is created if missing)"
+
+
+def store_dir_problem(store_dir: str) -> Problem | None:
+    """Why ``store_dir`` cannot hold the artifact store (a :class:`Problem`, exit 2), or None; the one check of
+    :func:`open_store` (the run) and of ``pipeline plan`` / ``pipeline.plan`` (:func:`pipeline.validation.validate`),
+    so both refuse a path that is a file, a read-only mount or a path under ``/proc`` with one message.  It leaves
+    nothing behind: it makes a temporary folder in ``store_dir`` itself, or, for a store not created yet, in the
+    nearest existing folder above it, and removes it (a plan never creates the store; a trial: plan exit 0, run exit 2)."""
+    import tempfile
+
     if not str(store_dir).strip():
-        raise InputError("store_dir='': empty. Fix: set store_dir to a folder, e.g. store_dir=artifacts (the default).")
+        return Problem("store_dir", store_dir, "empty.", "set store_dir to a folder, e.g. store_dir=artifacts (the default)")
+    root = probe_in = Path(str(store_dir))
+    try:
+        root = probe_in = resolve_path(str(store_dir)) or root
+        while not probe_in.is_dir():  # the nearest existing folder: "/" at the latest
+            if os.path.lexists(probe_in):
+                where = "" if probe_in == root else f" ({probe_in}, on the way to {root})"
+                return Problem(
+                    "store_dir",
+                    store_dir,
+                    f"is a file, not a folder{where}; the artifact store is a folder.",
+                    f"point store_dir at a folder (it is created if missing), or move {probe_in} out of the way",
+                )
+            probe_in = probe_in.parent
+        os.rmdir(tempfile.mkdtemp(prefix=".write-test-", dir=probe_in))
+    except (OSError, ValueError) as e:  # ValueError: an embedded NUL byte
+        why = getattr(e, "strerror", None) or e
+        what = f"cannot write in {root}" if probe_in == root else f"cannot create {root}: no folder can be made in {probe_in}"
+        return Problem("store_dir", store_dir, f"{what} ({why}).", _STORE_FIX)
+    return None
+
+
+def open_store(store_dir: str, verify: bool = False) -> ArtifactStore:
+    """The artifact store at ``store_dir``, created if needed; InputError (exit 2) when unusable
+    (:func:`store_dir_problem`)."""
+    problem = store_dir_problem(store_dir)
+    if problem is not None:
+        raise InputError(str(problem))
     root = resolve_path(str(store_dir)) or Path(store_dir)
     try:
         root.mkdir(parents=True, exist_ok=True)
         probe = root / f".write-test-{os.getpid()}"
         probe.write_bytes(b"")
         probe.unlink()
-    except OSError as e:
-        raise InputError(
-            f"store_dir={str(store_dir)!r}: cannot create or write {root} ({e.strerror or e}). "
-            "Fix: point store_dir at a writable folder (it is created if missing)."
-        ) from e
+    except OSError as e:  # what changed since the check (a race) or a file the folder refuses (a full disk)
+        raise InputError(str(Problem("store_dir", store_dir, f"cannot create or write {root} ({e.strerror or e}).", _STORE_FIX))) from e
     # ModelOpt's CUDA extension is compiled on first use into TORCH_EXTENSIONS_DIR (~50 s on a fresh GPU machine):
     # kept beside the store, so a CI job that caches the store keeps it (pipeline.quantize.calibrate.cuda_extension)
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(root / ".cache" / "torch_extensions"))

@@ -68,7 +68,8 @@ def validate(cfg: PipelineConfig, *, raise_on_error: bool = True, read_with_tran
     ``target.name`` against the build-target registry (every stage after export reads it), then each stage's checks
     (:func:`stage_problems`).  With ``read_with_transformers`` (``pipeline plan``, ``pipeline.plan``) also the export
     stage's reading of ``config.json`` by transformers (:func:`transformers_problems`; it imports transformers, so a
-    run leaves it to its export stage).
+    run leaves it to its export stage), and ``store_dir`` as the run opens it (:func:`pipeline.preflight.store_dir_problem`,
+    creating nothing; the run checks it after its plan).
 
     Returns every problem; raises :class:`~pipeline.core.config.ConfigError` listing them all when ``raise_on_error``
     and any were found.
@@ -81,6 +82,11 @@ def validate(cfg: PipelineConfig, *, raise_on_error: bool = True, read_with_tran
     problems.extend(p for p in stage_problems(cfg, by_stage) if not any(q.field == p.field and q.message == p.message for q in problems))
     if read_with_transformers and not by_stage["export"]:
         problems.extend(transformers_problems(cfg))  # the export stage stops at its own refusals before transformers reads
+    if read_with_transformers:  # the run checks the store when it opens it (preflight.open_store), after its plan
+        from .preflight import store_dir_problem
+
+        store = store_dir_problem(cfg.store_dir)
+        problems.extend([store] if store is not None else [])
     if problems and raise_on_error:
         raise ConfigError(problems)
     return problems

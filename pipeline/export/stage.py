@@ -28,10 +28,14 @@ def _checkpoint(cfg: PipelineConfig) -> dict[str, Path]:
     unsupported architecture fails in milliseconds instead of after hashing gigabytes.
     """
     from ..core.config import resolve_path
+    from ..core.config.model import blank_path_problem
     from ..core.decoding import read_policy
     from .inspect import external_files, inspect_checkpoint
 
     m = cfg.model
+    blank = blank_path_problem(m.path)
+    if blank is not None:
+        raise InputError(str(blank))
     if m.path is None:
         if m.hf_config is not None:
             preset = _preset_of(m.name)

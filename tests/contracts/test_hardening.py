@@ -6,9 +6,11 @@ store / config code in-process) and checks the artifact store afterwards.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
+import re
 import resource
 import shutil
 import signal
@@ -185,6 +187,28 @@ def test_a_second_signal_cannot_abort_the_cleanup_of_the_first(tmp_path, second)
     assert json.loads((run / "summary.json").read_text())["error"] == "interrupted"
 
 
+def test_a_second_sigterm_after_the_cleanup_cannot_change_the_exit_code(tiny_llama, tmp_path):
+    """A fresh-user trial: SIGTERM during quantize, another 0.3 s later; summary.json and the console said exit 130,
+    the process status was 143 (the cleanup had ended 17 ms after the first signal, the second landed while the
+    interpreter shut down, once Python's handlers were gone). The first signal now sets SIGINT, SIGTERM and SIGHUP to
+    SIG_IGN at the OS level: SIGTERMs sent from the summary's writing to the process's end leave its status 130."""
+    store = tmp_path / "store"
+    default = lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL)  # noqa: E731
+    p = start([f"model.path={tiny_llama}", f"store_dir={store}", *QUANT_ARGS], tmp_path, "twice", preexec_fn=default)
+    wait_for_tmp(store / "quantize", p)
+    p.send_signal(signal.SIGTERM)
+    summary, deadline = tmp_path / "twice" / "summary.json", time.monotonic() + 120
+    while not summary.is_file() and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    while p.poll() is None and time.monotonic() < deadline:  # the second (and later) SIGTERM: up to the very end
+        with contextlib.suppress(ProcessLookupError):
+            p.send_signal(signal.SIGTERM)
+        time.sleep(0.001)
+    assert p.wait(timeout=120) == 130, (tmp_path / "twice" / "stdout.txt").read_text()
+    assert json.loads(summary.read_text())["error"] == "interrupted"
+    assert not any(store.glob("*/.tmp-*"))
+
+
 def test_an_interrupt_stops_a_sweep_and_not_only_its_current_job(tiny_llama, tmp_path):
     """A recheck: one SIGTERM (a cancelled CI job) or Ctrl-C during job 0 of a ``-m`` sweep stopped job 0 only; Hydra
     then ran job 1 to the end. The jobs after the interrupted one are now not run: each says so in its summary, and
@@ -258,13 +282,53 @@ def test_disk_full_names_the_path_and_publishes_nothing(tiny_llama, tmp_path):
     assert published(store / "export") == [] and not any(store.glob("export/.tmp-*"))
 
 
+def _plan_cli(args: list[str], tmp: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PIPELINE, "plan", *args], cwd=tmp, env=_env(), capture_output=True, text=True, timeout=300)
+
+
+def _store_refused_alike(tiny_llama: Path, tmp_path: Path, store_dir: Path) -> str:
+    """Run and plan (the CLI and ``pipeline.plan``) with ``store_dir``: both exit 2 with one message, returned."""
+    import pipeline
+    from pipeline.core.config import ConfigError
+
+    args = [f"model.path={tiny_llama}", f"store_dir={store_dir}", "stages=[export]"]  # a plan with no other problem
+    code, out, summary = run_cli(args, tmp_path, "run")
+    assert code == 2 and summary is not None and summary["error"].startswith(f"store_dir={str(store_dir)!r}: "), out
+    expected = summary["error"]
+    assert f"error (exit 2): {expected}" in out
+    planned = _plan_cli(args, tmp_path)
+    assert planned.returncode == 2 and expected in planned.stderr, planned.stderr[-3000:]
+    with pytest.raises(ConfigError, match=re.escape(expected)):
+        pipeline.plan(pipeline.compose(args))
+    return expected
+
+
 def test_store_path_that_is_a_file_is_a_clear_error(tiny_llama, tmp_path):
+    """A store_dir that is a file: the run said "(File exists)", and ``pipeline plan`` planned it (exit 0). Both now
+    say it is a file, not a folder, with the fix (exit 2), and the file is left as it was."""
     blocker = tmp_path / "not_a_dir"
     blocker.write_text("x")
-    code, out, summary = run_cli([f"model.path={tiny_llama}", f"store_dir={blocker}", "stages=[export]"], tmp_path, "blocked")
-    assert code != 0
-    assert str(blocker) in summary["error"], summary["error"]
+    msg = _store_refused_alike(tiny_llama, tmp_path, blocker)
+    assert "is a file, not a folder" in msg and "File exists" not in msg and str(blocker) in msg
     assert blocker.read_text() == "x"
+
+
+def test_a_store_dir_no_folder_can_be_made_in_is_refused_by_the_plan_as_by_the_run(tiny_llama, tmp_path):
+    """A store_dir where no folder can be made (here under /proc; chmod 0o555 does not stop root, a read-only mount
+    is refused alike): ``pipeline plan`` planned it (exit 0) where the run refused it (exit 2); both now refuse it."""
+    store_dir = Path("/proc/pipeline-test-store")
+    if not Path("/proc/self").is_dir() or store_dir.exists():
+        pytest.skip("no Linux /proc here: the check cannot be made")
+    msg = _store_refused_alike(tiny_llama, tmp_path, store_dir)
+    assert f"cannot create {store_dir}" in msg and "Fix: point store_dir at a writable folder" in msg
+
+
+def test_a_plan_leaves_no_store_behind(tiny_llama, tmp_path):
+    """The plan checks a store_dir that does not exist yet without creating it, or anything in the folder above."""
+    store_dir = tmp_path / "new" / "store"
+    planned = _plan_cli([f"model.path={tiny_llama}", f"store_dir={store_dir}", "stages=[export]"], tmp_path)
+    assert planned.returncode != 2 and "store_dir" not in planned.stderr, planned.stderr[-3000:]
+    assert not (tmp_path / "new").exists() and not list(tmp_path.glob(".write-test-*"))
 
 
 # --------------------------------------------------------------------------- untrusted inputs

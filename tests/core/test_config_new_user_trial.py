@@ -162,3 +162,25 @@ def test_a_failed_runs_error_line_goes_to_stderr_and_the_summary_to_stdout(tmp_p
     line = next((ln for ln in r.stderr.splitlines() if ln.startswith("error (exit 2): ")), None)
     assert line is not None, r.stderr
     assert "model.path='/nonexistent/ckpt': not found" in line and "Fix: point model.path" in line, line  # one line, unwrapped
+
+
+# --------------------------------------------------------------------------- an empty model.path
+@pytest.mark.parametrize(("value", "shown"), [("", "''"), ("'  '", "'  '")], ids=["empty", "blank"])
+def test_an_empty_model_path_is_a_configuration_problem_for_the_run_and_the_plan(tmp_path, value, shown):
+    """A fresh-user trial: ``pipeline model.path= stages=[export]`` looked for ``<cwd>/config.json`` (from the repo
+    root it complained about a .venv symlink), titled "model model (checkpoint folder)"; ``pipeline plan model.path=``
+    said "neither model.path nor model.hf_config is set". Both now refuse it with one message (exit 2), naming the
+    field, the value and the fix, before any stage (the store is not created)."""
+    expected = f"model.path={shown}: is empty; it must name a checkpoint folder"
+    store = tmp_path / "store"
+    run = run_pipeline_cli(
+        f"model.path={value}", "stages=[export]", f"store_dir={store}", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path
+    )
+    planned = run_pipeline_cli("plan", f"model.path={value}", cwd=tmp_path)
+    for r in (run, planned):
+        assert r.returncode == EXIT_INPUT and expected in r.stderr and "Fix: pass model.path=" in r.stderr, r.stderr[-2000:]
+        assert "config.json" not in r.stderr and "neither model.path" not in r.stderr
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["stages"][0]["status"] == "not-run"
+    assert not store.exists()
+    with pytest.raises(ConfigError, match=re.escape(expected)):
+        pipeline.plan(pipeline.compose([f"model.path={value}"]))

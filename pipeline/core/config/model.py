@@ -108,6 +108,21 @@ class ModelConfig:
 MAX_NAME_LEN = 128
 
 
+def blank_path_problem(path: Any, prefix: str = "model") -> Optional[Problem]:
+    """The refusal of an empty or whitespace-only ``model.path`` (``pipeline model.path=``): ``Path("")`` is the
+    current folder, so the run looked for ``<cwd>/config.json`` and titled itself "model model". One rule for the field
+    checks (:func:`validate`: the run and ``pipeline plan``, exit 2) and the export stage's reading of the folder."""
+    if not isinstance(path, str) or path.strip():
+        return None
+    return Problem(
+        f"{prefix}.path",
+        path,
+        "is empty; it must name a checkpoint folder (an empty path would be read as the current folder).",
+        "pass model.path=/path/to/hf_checkpoint, or pick a preset (model=support_llama; for pipeline plan a "
+        "shapes-only one such as model=llama31_8b)",
+    )
+
+
 def validate(cfg: ModelConfig, prefix: str = "model") -> list[Problem]:
     problems: list[Problem] = []
     choice(problems, f"{prefix}.dtype", cfg.dtype, DTYPES)
@@ -133,7 +148,10 @@ def validate(cfg: ModelConfig, prefix: str = "model") -> list[Problem]:
                 "set model.name=support-llama, or leave it unset to use the checkpoint folder's name",
             )
         )
-    if cfg.path is None and cfg.hf_config is None:
+    blank = blank_path_problem(cfg.path, prefix)
+    if blank is not None:
+        problems.append(blank)
+    elif cfg.path is None and cfg.hf_config is None:
         problems.append(
             Problem(
                 f"{prefix}.path",
