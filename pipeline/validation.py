@@ -68,8 +68,9 @@ def validate(cfg: PipelineConfig, *, raise_on_error: bool = True, read_with_tran
     ``target.name`` against the build-target registry (every stage after export reads it), then each stage's checks
     (:func:`stage_problems`).  With ``read_with_transformers`` (``pipeline plan``, ``pipeline.plan``) also the export
     stage's reading of ``config.json`` by transformers (:func:`transformers_problems`; it imports transformers, so a
-    run leaves it to its export stage), and ``store_dir`` as the run opens it (:func:`pipeline.preflight.store_dir_problem`,
-    creating nothing; the run checks it after its plan).
+    run leaves it to its export stage), ``store_dir`` as the run opens it (:func:`pipeline.preflight.store_dir_problem`,
+    creating nothing) and the data files the stages after export read (:func:`pipeline.preflight.input_problems`: an
+    eval set or calibration file that is not there; a shapes-only preset's missing checkpoint is what a plan is for).
 
     Returns every problem; raises :class:`~pipeline.core.config.ConfigError` listing them all when ``raise_on_error``
     and any were found.
@@ -79,14 +80,21 @@ def validate(cfg: PipelineConfig, *, raise_on_error: bool = True, read_with_tran
     cfg = with_run_order(cfg)
     problems = validate_fields(cfg, raise_on_error=False) + name_problems(cfg)
     by_stage: dict[str, list[Problem]] = {"export": []}
-    problems.extend(p for p in stage_problems(cfg, by_stage) if not any(q.field == p.field and q.message == p.message for q in problems))
+    refused = [f"{q.field}={q.value}" for q in problems]  # a stage's check built on a refused value is not reported:
+    problems.extend(  # "build.max_input_len < -5" after "build.max_seq_len=-5: must be >= 1" (a recheck)
+        p
+        for p in stage_problems(cfg, by_stage)
+        if not any(q.field == p.field and q.message == p.message for q in problems)
+        and not any(f"{p.field}={p.value}" == r or r in p.message for r in refused)
+    )
     if read_with_transformers and not by_stage["export"]:
         problems.extend(transformers_problems(cfg))  # the export stage stops at its own refusals before transformers reads
-    if read_with_transformers:  # the run checks the store when it opens it (preflight.open_store), after its plan
-        from .preflight import store_dir_problem
+    if read_with_transformers:  # what the run checks before its first stage: the store (preflight.open_store) and the
+        from .preflight import input_problems, store_dir_problem  # data files (the checkpoint: the export's checks)
 
         store = store_dir_problem(cfg.store_dir)
         problems.extend([store] if store is not None else [])
+        problems.extend(input_problems([s for s in STAGES if s in set(cfg.stages or []) and s != "export"], cfg, said=problems))
     if problems and raise_on_error:
         raise ConfigError(problems)
     return problems

@@ -257,3 +257,11 @@ def test_a_length_fix_never_points_at_the_next_refusal(tmp_path):
     msg = str(p[fields(p).index("build.max_seq_len")])
     assert f"Fix: lower max_new_tokens (eval.max_new_tokens, or the item's own max_new_tokens): the model has {limit}" in msg
     assert "set build.max_seq_len >=" not in msg
+
+
+def test_a_value_the_field_check_refuses_is_not_built_on_by_the_stage_checks():
+    """A recheck: ``build.max_seq_len=-5`` gave "must be >= 1" and then two cross-field problems built on -5, one
+    with the fix ``build.max_input_len < -5``. Only the field's own problem is reported."""
+    problems = validate(compose(["build.max_seq_len=-5"]), raise_on_error=False)
+    assert [str(p) for p in problems] == ["build.max_seq_len=-5: must be >= 1. Fix: set build.max_seq_len to a positive integer"]
+    assert len(validate(compose(["build.max_seq_len=100", "build.max_input_len=200"]), raise_on_error=False)) >= 1  # still checked

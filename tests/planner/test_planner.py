@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import struct
 import subprocess
@@ -721,3 +722,20 @@ def test_plan_refuses_what_the_exports_cheap_checks_refuse(tiny_llama, tmp_path,
         c = json.loads((src / "config.json").read_text())
         (src / "config.json").write_text(json.dumps({**c, **edit}))
     _refused_as_the_export_refuses(src, match, tmp_path, capsys)
+
+
+@pytest.mark.parametrize("field, stage", [("eval.eval_set", "evaluate"), ("calibration.path", "quantize")])
+def test_plan_refuses_a_data_file_that_is_not_there_as_the_run_does(tmp_path, capsys, field, stage):
+    """A recheck: an eval set or calibration file that is not there was planned (exit 0); the run refuses it before
+    any stage (exit 2). The plan now lists the run's missing inputs (preflight.input_problems) with the same text."""
+    from rich.console import Console
+
+    from pipeline.runner import run_pipeline
+
+    gone = tmp_path / "nothing-here.jsonl"
+    said = f"not found (looked for {gone}; the {stage} stage reads it)"
+    assert plan_main([f"{field}={gone}"]) == 2
+    assert said in capsys.readouterr().err
+    summary = run_pipeline(compose([f"{field}={gone}", f"store_dir={tmp_path / 's'}"]), console=Console(file=io.StringIO()))
+    assert summary.exit_code == 2 and said in summary.error
+    assert not (tmp_path / "s" / "export").exists()
