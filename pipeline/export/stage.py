@@ -28,14 +28,14 @@ def _checkpoint(cfg: PipelineConfig) -> dict[str, Path]:
     unsupported architecture fails in milliseconds instead of after hashing gigabytes.
     """
     from ..core.config import resolve_path
-    from ..core.config.model import blank_path_problem
+    from ..core.config.model import path_problem
     from ..core.decoding import read_policy
     from .inspect import external_files, inspect_checkpoint
 
     m = cfg.model
-    blank = blank_path_problem(m.path)
-    if blank is not None:
-        raise InputError(str(blank))
+    missing = path_problem(m.path, m.hf_config)
+    if missing is not None:
+        raise InputError(str(missing))
     if m.path is None:
         if m.hf_config is not None:
             preset = _preset_of(m.name)
@@ -44,7 +44,6 @@ def _checkpoint(cfg: PipelineConfig) -> dict[str, Path]:
                 f"no weights, so it cannot be exported, quantized or built. Fix: use `pipeline plan model={preset}` "
                 f"for memory/speed planning, or pass model.path=/path/to/hf_checkpoint to run the pipeline."
             )
-        raise InputError("model.path is not set. Fix: pass model.path=/path/to/hf_checkpoint or pick a preset (model=support_llama).")
     path = resolve_path(m.path)
     if path is None or not path.exists():
         raise InputError(

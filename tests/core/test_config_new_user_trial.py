@@ -165,13 +165,13 @@ def test_a_failed_runs_error_line_goes_to_stderr_and_the_summary_to_stdout(tmp_p
 
 
 # --------------------------------------------------------------------------- an empty model.path
-@pytest.mark.parametrize(("value", "shown"), [("", "''"), ("'  '", "'  '")], ids=["empty", "blank"])
+@pytest.mark.parametrize(("value", "shown"), [("", "''"), ("'  '", "'  '"), ("null", "None")], ids=["empty", "blank", "null"])
 def test_an_empty_model_path_is_a_configuration_problem_for_the_run_and_the_plan(tmp_path, value, shown):
     """A fresh-user trial: ``pipeline model.path= stages=[export]`` looked for ``<cwd>/config.json`` (from the repo
     root it complained about a .venv symlink), titled "model model (checkpoint folder)"; ``pipeline plan model.path=``
     said "neither model.path nor model.hf_config is set". Both now refuse it with one message (exit 2), naming the
-    field, the value and the fix, before any stage (the store is not created)."""
-    expected = f"model.path={shown}: is empty; it must name a checkpoint folder"
+    field, the value and the fix, before any stage (the store is not created). ``model.path=null`` likewise, once."""
+    expected = f"model.path={shown}: " + ("no checkpoint given." if value == "null" else "is empty; it must name a checkpoint folder")
     store = tmp_path / "store"
     run = run_pipeline_cli(
         f"model.path={value}", "stages=[export]", f"store_dir={store}", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path
@@ -180,6 +180,7 @@ def test_an_empty_model_path_is_a_configuration_problem_for_the_run_and_the_plan
     for r in (run, planned):
         assert r.returncode == EXIT_INPUT and expected in r.stderr and "Fix: pass model.path=" in r.stderr, r.stderr[-2000:]
         assert "config.json" not in r.stderr and "neither model.path" not in r.stderr
+        assert "1 configuration problem(s)" in r.stderr  # model.path=null: the run listed it twice, in two wordings
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["stages"][0]["status"] == "not-run"
     assert not store.exists()
     with pytest.raises(ConfigError, match=re.escape(expected)):

@@ -148,16 +148,16 @@ def validate(cfg: ModelConfig, prefix: str = "model") -> list[Problem]:
                 "set model.name=support-llama, or leave it unset to use the checkpoint folder's name",
             )
         )
-    blank = blank_path_problem(cfg.path, prefix)
-    if blank is not None:
-        problems.append(blank)
-    elif cfg.path is None and cfg.hf_config is None:
-        problems.append(
-            Problem(
-                f"{prefix}.path",
-                None,
-                "no checkpoint given.",
-                "pass model.path=/path/to/hf_checkpoint or pick a preset: model=support_llama",
-            )
-        )
-    return problems
+    missing = path_problem(cfg.path, cfg.hf_config, prefix)
+    return problems + ([missing] if missing is not None else [])
+
+
+def path_problem(path: Any, hf_config: Any, prefix: str = "model") -> Optional[Problem]:
+    """An empty ``model.path`` (:func:`blank_path_problem`), or none and no ``hf_config`` (no checkpoint at all): the
+    field checks' refusal and the export stage's, one text (a run listed both wordings of ``model.path=null``)."""
+    blank = blank_path_problem(path, prefix)
+    if blank is not None or path is not None or hf_config is not None:
+        return blank
+    return Problem(
+        f"{prefix}.path", None, "no checkpoint given.", "pass model.path=/path/to/hf_checkpoint or pick a preset: model=support_llama"
+    )
