@@ -369,3 +369,17 @@ def make_family(out: Path, name: str, *, seed: int = 0, dtype: str = "float32", 
         gen.pop("pad_token_id", None)
     (out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
     return out
+
+
+def without_chat_template(src: Path, dst: Path) -> Path:
+    """A copy of the checkpoint ``src`` at ``dst`` with no chat template (none in tokenizer_config.json, no
+    chat_template.* file)."""
+    import shutil
+
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "tokenizer_config.json").read_text())
+    cfg.pop("chat_template", None)
+    (dst / "tokenizer_config.json").write_text(json.dumps(cfg))
+    for f in dst.glob("chat_template.*"):
+        f.unlink()
+    return dst

@@ -5,8 +5,9 @@ refuse a tokenizer without a template). Real tokenizer of a tiny checkpoint, rea
 from __future__ import annotations
 
 import logging
-import shutil
 import types
+
+import tiny
 
 from pipeline.data.evalset import EvalItem
 from pipeline.evaluate.inputs import _warn_flattened_messages
@@ -30,8 +31,6 @@ def _warnings(tok, apply_chat_template, caplog):
 
 
 def test_conversations_without_a_chat_template_are_warned_about_once(tiny_llama, tmp_path, caplog):
-    import json
-
     from transformers import AutoTokenizer
 
     with_template = AutoTokenizer.from_pretrained(str(tiny_llama))
@@ -39,13 +38,7 @@ def test_conversations_without_a_chat_template_are_warned_about_once(tiny_llama,
     (msg,) = _warnings(with_template, False, caplog)
     assert "1 eval item(s) with a conversation (e.g. q4)" in msg and "model.apply_chat_template=false" in msg
 
-    bare = tmp_path / "no_template"
-    shutil.copytree(tiny_llama, bare)
-    cfg = json.loads((bare / "tokenizer_config.json").read_text())
-    cfg.pop("chat_template", None)
-    (bare / "tokenizer_config.json").write_text(json.dumps(cfg))
-    for f in bare.glob("chat_template.*"):
-        f.unlink()
+    bare = tiny.without_chat_template(tiny_llama, tmp_path / "no_template")
     (msg,) = _warnings(AutoTokenizer.from_pretrained(str(bare)), True, caplog)
     # no template: every chat item counts, a single user message too (its role is dropped as well)
     assert "2 of 3 eval items (e.g. q4, q5) are chat messages but the checkpoint has no chat template" in msg

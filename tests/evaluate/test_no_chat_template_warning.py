@@ -6,9 +6,9 @@ checkpoint, a three-item eval set through the evaluate stage."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
+import tiny
 from rich.console import Console
 
 from pipeline.core.config import compose
@@ -16,16 +16,6 @@ from pipeline.data.calibration import load_calibration
 from pipeline.runner import run_pipeline
 
 SAID = "1 of 3 eval items (e.g. q3) are chat messages but the checkpoint has no chat template"
-
-
-def _no_template(src: Path, dst: Path) -> Path:
-    shutil.copytree(src, dst)
-    cfg = json.loads((dst / "tokenizer_config.json").read_text())
-    cfg.pop("chat_template", None)
-    (dst / "tokenizer_config.json").write_text(json.dumps(cfg))
-    for f in dst.glob("chat_template.*"):
-        f.unlink()
-    return dst
 
 
 def _eval_set(p: Path) -> Path:
@@ -63,7 +53,7 @@ def _evaluate(ckpt: Path, tmp_path: Path, capsys) -> tuple[dict, str, str]:
 
 
 def test_a_chat_item_without_a_chat_template_is_warned_in_the_console_and_the_report(tiny_llama, tmp_path, capsys, caplog):
-    bare = _no_template(tiny_llama, tmp_path / "bare")
+    bare = tiny.without_chat_template(tiny_llama, tmp_path / "bare")
     caplog.set_level("WARNING")
     report, md, console = _evaluate(bare, tmp_path / "a", capsys)
     (w,) = report["warnings"]
@@ -85,7 +75,7 @@ def test_calibration_chats_without_a_template_are_warned(tiny_llama, tmp_path):
     p.write_text('{"text": "plain text row"}\n{"messages": [{"role": "user", "content": "a chat row"}]}\n')
     cfg = compose(["calibration=support_v2"]).calibration
     cfg.calib_size, cfg.min_samples, cfg.min_tokens, cfg.apply_chat_template = 8, 1, 1, True
-    bare = AutoTokenizer.from_pretrained(str(_no_template(tiny_llama, tmp_path / "bare")))
+    bare = AutoTokenizer.from_pretrained(str(tiny.without_chat_template(tiny_llama, tmp_path / "bare")))
     (w,) = [w for w in load_calibration(cfg, bare, p).warnings if "chat template" in w]
     assert "1 of 2 calibration samples (e.g. " in w and "calib.jsonl:2" in w and "no chat template" in w
     assert not [w for w in load_calibration(cfg, AutoTokenizer.from_pretrained(str(tiny_llama)), p).warnings if "chat template" in w]
