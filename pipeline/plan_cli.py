@@ -110,16 +110,20 @@ def _error(code: int, msg: str) -> None:
     print(f"error (exit {code}): {msg}", file=sys.stderr)
 
 
-def main(argv: list[str] | None = None) -> int:
-    from rich.console import Console
-
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="pipeline plan", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", action="store_true", help="print the plan and problems as JSON (schema pipeline.plan/v1)")
     ap.add_argument("--gpus", default=None, help="compare GPUs: comma-separated catalogue names, or 'all'")
     ap.add_argument("--config-dir", "-cd", default=None, help="a folder of your YAML (and presets), as for a run")
     ap.add_argument("--config-name", "-cn", default=None, help="your YAML's name without .yaml, as for a run (docs/models.md)")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, as for a run (model=llama31_8b target.gpu=h100_sxm quant=fp8 ...)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    from rich.console import Console
+
+    args = _parser().parse_args(argv)
     console = Console(stderr=args.json)
     overrides = _rewrite(args.overrides)
     try:

@@ -475,6 +475,28 @@ def _encode_row(codec: Any, r: Any, apply_chat_template: bool) -> list[int]:
     return list(codec.encode_prompt(r.text, apply_chat_template=False))
 
 
+def _warnings(cfg: CalibrationConfig, source: str, blank: int, short: list[str], chats: list[str], used: int, requested: str) -> list[str]:
+    """What :func:`load_calibration` warns about (each also logged): blank rows dropped, samples shorter than
+    ``min_tokens`` (``short``: where), chat rows flattened for want of a chat template (``chats``: where), and a set
+    with fewer than ``calib_size`` usable samples (``used``)."""
+    warnings: list[str] = []
+    if blank:
+        warnings.append(f"{source}: dropped {blank} blank line(s)/row(s)")
+    if short:
+        warnings.append(
+            f"{source}: {len(short)} sample(s) shorter than calibration.min_tokens={cfg.min_tokens} tokens "
+            f"(e.g. {', '.join(short[:3])}); they are kept but carry little signal"
+        )
+    if chats:
+        fix = "write those rows as text"
+        warnings.append(f"{source}: " + flattened_chats_warning(len(chats), used, "calibration samples", chats, fix))
+    if used < cfg.calib_size:
+        warnings.append(f"{source}: {used} usable sample(s) of {cfg.calib_size} requested{requested}")
+    for w in warnings:
+        log.warning(w)
+    return warnings
+
+
 def load_calibration(cfg: CalibrationConfig, tokenizer: Any, path: Path | None, *, requested: str = "") -> CalibrationSet:
     """Read, shuffle (seeded), tokenize and check a calibration set.
 
@@ -517,22 +539,8 @@ def load_calibration(cfg: CalibrationConfig, tokenizer: Any, path: Path | None, 
         if flattens and rows[i].messages is not None:
             chats.append(rows[i].where)
         samples.append(ids)
-    warnings: list[str] = []
     source = str(path) if fmt != "hf" else f"hf:{cfg.hf_dataset}"
-    if blank:
-        warnings.append(f"{source}: dropped {blank} blank line(s)/row(s)")
-    if short:
-        warnings.append(
-            f"{source}: {len(short)} sample(s) shorter than calibration.min_tokens={cfg.min_tokens} tokens "
-            f"(e.g. {', '.join(short[:3])}); they are kept but carry little signal"
-        )
-    if chats:
-        fix = "write those rows as text"
-        warnings.append(f"{source}: " + flattened_chats_warning(len(chats), len(samples), "calibration samples", chats, fix))
-    if len(samples) < cfg.calib_size:
-        warnings.append(f"{source}: {len(samples)} usable sample(s) of {cfg.calib_size} requested{requested}")
-    for w in warnings:
-        log.warning(w)
+    warnings = _warnings(cfg, source, blank, short, chats, len(samples), requested)
     stats = {
         "source": source,
         "format": fmt,
