@@ -201,7 +201,7 @@ def check_yaml_size(path: Path) -> None:
             stack.extend((c, False) for c in kids if id(c) not in sizes)
 
 
-def user_config_argv(argv: list[str], tmp_root: Path) -> list[str]:
+def user_config_argv(argv: list[str], tmp_root: Path, *, probe_run_dir: bool = True) -> list[str]:
     """Let ``--config-dir D --config-name NAME`` name a plain YAML of values (no ``defaults`` list).
 
     Hydra would make such a file the *primary* config, so none of the pipeline's defaults (presets, schema) apply
@@ -211,7 +211,9 @@ def user_config_argv(argv: list[str], tmp_root: Path) -> list[str]:
     (so command-line overrides still win).  ``tmp_root`` is also the search path (it links the entries of ``D``,
     so presets kept there, e.g. ``D/model/mine.yaml``, resolve too).
 
-    A file that has a ``defaults`` list is left to Hydra (it composes it as written).
+    A file that has a ``defaults`` list is left to Hydra (it composes it as written).  With ``probe_run_dir`` (a run;
+    ``pipeline plan`` writes no run folder) a ``hydra.run.dir`` / ``hydra.sweep.dir`` the file sets is checked as on
+    the command line (:func:`run_dir_problems`; a path under /proc gave Hydra's traceback: a recheck).
 
     Returns the new argv; raises :class:`pipeline.errors.InputError` (exit 2) when the file is missing or is
     not a YAML mapping, naming the file and the fix.
@@ -247,6 +249,9 @@ def user_config_argv(argv: list[str], tmp_root: Path) -> list[str]:
     if "defaults" in doc:
         return argv
     problems = check_overrides(_yaml_as_overrides(doc))
+    if probe_run_dir:  # a `hydra: {run: {dir: /proc/x}}` block: the command line's check, not Hydra's traceback
+        hydra_block = doc.get("hydra")
+        problems += run_dir_problems([f"hydra.{o}" for o in _yaml_as_overrides(hydra_block)] if isinstance(hydra_block, dict) else [])
     if problems:
         raise InputError(f"{path}: " + ("\n  - ".join(["", *problems]) if len(problems) > 1 else problems[0]))
     overrides = []
@@ -276,7 +281,7 @@ def user_config_compose_args(
     and alias limits, its checks of the YAML's values, its messages), with its files under ``tmp_root`` (the caller
     removes it).  ``pipeline plan`` plans a user YAML with it."""
     argv = [*(["--config-dir", config_dir] if config_dir else []), *(["--config-name", config_name] if config_name else [])]
-    argv = user_config_argv([*argv, *overrides], tmp_root)
+    argv = user_config_argv([*argv, *overrides], tmp_root, probe_run_dir=False)
     cdir, cname = _flag_value(argv, _CONFIG_DIR_FLAGS), _flag_value(argv, _CONFIG_NAME_FLAGS)
     drop = {i for r in (cdir, cname) if r for i in range(r[0], r[1])}
     rest = [a for i, a in enumerate(argv) if i not in drop]

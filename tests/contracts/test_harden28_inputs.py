@@ -148,6 +148,12 @@ def test_unusable_hydra_run_dir_is_exit_2_without_a_traceback(tmp_path):
         assert p.returncode == 2, out
         assert f"hydra.run.dir={run_dir!r}: the run folder cannot be created or written" in out and "Fix:" in out, out
         assert "Traceback" not in out
+    # the same folder set in a user YAML's hydra block (a recheck: Hydra's FileNotFoundError traceback, exit 2)
+    (tmp_path / "hyd.yaml").write_text("quant: none\nhydra:\n  run:\n    dir: /proc/x\n")
+    p = _cli(["--config-dir", str(tmp_path), "--config-name", "hyd", "stages=[export]"], tmp_path)
+    out = p.stdout + p.stderr
+    assert p.returncode == 2 and "hyd.yaml: hydra.run.dir='/proc/x': the run folder cannot be created or written" in out, out
+    assert "Traceback" not in out and "HYDRA_FULL_ERROR" not in out
 
 
 def test_yaml_alias_bomb_is_refused_before_it_is_expanded(tmp_path):
