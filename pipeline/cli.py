@@ -250,8 +250,8 @@ def user_config_argv(argv: list[str], tmp_root: Path, *, probe_run_dir: bool = T
         return argv
     problems = check_overrides(_yaml_as_overrides(doc))
     if probe_run_dir:  # a `hydra: {run: {dir: /proc/x}}` block: the command line's check, not Hydra's traceback
-        hydra_block = doc.get("hydra")
-        problems += run_dir_problems([f"hydra.{o}" for o in _yaml_as_overrides(hydra_block)] if isinstance(hydra_block, dict) else [])
+        block = doc["hydra"] if "hydra" in doc else None
+        problems += run_dir_problems([f"hydra.{o}" for o in _yaml_as_overrides(block)] if isinstance(block, dict) else [])
     if problems:
         raise InputError(f"{path}: " + ("\n  - ".join(["", *problems]) if len(problems) > 1 else problems[0]))
     overrides = []
