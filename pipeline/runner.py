@@ -16,13 +16,13 @@ from rich.console import Console
 from rich.markup import escape
 
 from .core import hostinfo, memory
-from .core.config import STAGES, ConfigError, PipelineConfig, key_fields
+from .core.config import ConfigError, PipelineConfig, key_fields
 from .core.contracts.manifest import ArtifactManifest, RunGate
 from .core.contracts.result import StageResult
 from .core.stage import Stage, StageContext, get_stage, resolve_order
 from .core.store import Artifact, ArtifactStore, cache_key, digest_path, install_log_redaction, redact, redact_text
 from .errors import EXIT_FAILED, EXIT_GATE, EXIT_INTERRUPTED, EXIT_OK, PipelineError, caused_by_interrupt
-from .preflight import all_externals, input_problems, open_store
+from .preflight import all_externals, open_store
 from .report import (
     INTERRUPTED,
     RunSummary,
@@ -37,7 +37,6 @@ from .report import (
     write_summary,
 )
 from .validation import validate as validate_config
-from .validation import with_run_order
 
 log = logging.getLogger("pipeline")
 
@@ -226,7 +225,7 @@ def run_pipeline(
 def _run_stages(cfg: PipelineConfig, console: Console, state: _RunState) -> None:
     """Validate, plan, check every external input and the build target, then run (or reuse, or dry-run) each stage
     in order, recording reports and gate results in ``state``. Raises on the first failing stage."""
-    _validate(cfg)
+    validate_config(cfg, list_inputs=True)  # one ConfigError (exit 2), with the missing inputs of the stages that run
     order = resolve_order(list(cfg.stages), cfg)
     # Every stage's external inputs (checkpoint, calibration set, eval set) are checked before the first
     # stage runs, and before the plan: an input no run can use (a shapes-only preset to export) is exit 2 on any
@@ -271,21 +270,6 @@ def _run_stages(cfg: PipelineConfig, console: Console, state: _RunState) -> None
         _record_gate(name, art, console, state, allow_failed_gate=bool(cfg.package.allow_failed_gate), packaging="package" in order)
         if name == "package" and cfg.package.publish:
             _publish(art, cfg, console, state)
-
-
-def _validate(cfg: PipelineConfig) -> None:
-    """:func:`pipeline.validation.validate`; when it finds problems, the missing inputs of the stages that will run
-    (:func:`pipeline.preflight.input_problems`) are listed with them in the one ConfigError (exit 2), instead of in
-    a second run after the configuration is fixed (fresh-user trial)."""
-    problems = validate_config(cfg, raise_on_error=False)
-    if not problems:
-        return
-    order = [s for s in with_run_order(cfg).stages or [] if s in STAGES]
-    try:
-        problems += input_problems(order, cfg, said=problems)
-    except Exception:  # listing inputs of a config already refused: never let it hide the problems found
-        log.debug("input check skipped after configuration problems", exc_info=True)
-    raise ConfigError(problems)
 
 
 def _publish(art: Artifact, cfg: PipelineConfig, console: Console, state: _RunState) -> None:

@@ -8,6 +8,7 @@ so a broken module fails loudly instead of silently skipping its checks.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,6 +17,8 @@ from .core.config import validate as validate_fields
 
 if TYPE_CHECKING:
     from .planner.base import Plan
+
+log = logging.getLogger("pipeline.validation")
 
 
 def with_run_order(cfg: PipelineConfig) -> PipelineConfig:
@@ -63,7 +66,9 @@ def stage_problems(cfg: PipelineConfig, by_stage: dict[str, list[Problem]] | Non
     return problems
 
 
-def validate(cfg: PipelineConfig, *, raise_on_error: bool = True, read_with_transformers: bool = False) -> list[Problem]:
+def validate(
+    cfg: PipelineConfig, *, raise_on_error: bool = True, read_with_transformers: bool = False, list_inputs: bool = False
+) -> list[Problem]:
     """For the stages that will run (:func:`with_run_order`): the field checks (:func:`pipeline.core.config.validate`),
     ``target.name`` against the build-target registry (every stage after export reads it), then each stage's checks
     (:func:`stage_problems`).  With ``read_with_transformers`` (``pipeline plan``, ``pipeline.plan``) also the export
@@ -71,11 +76,14 @@ def validate(cfg: PipelineConfig, *, raise_on_error: bool = True, read_with_tran
     run leaves it to its export stage), ``store_dir`` as the run opens it (:func:`pipeline.preflight.store_dir_problem`,
     creating nothing) and the data files the stages after export read (:func:`pipeline.preflight.input_problems`: an
     eval set or calibration file that is not there; a shapes-only preset's missing checkpoint is what a plan is for).
+    With ``list_inputs`` (a run), when any problem is found, the missing inputs of every stage that will run are
+    listed with them, so nothing found before work starts waits for a second run (fresh-user trial).
 
     Returns every problem; raises :class:`~pipeline.core.config.ConfigError` listing them all when ``raise_on_error``
     and any were found.
     """
     from .core.targets import name_problems
+    from .preflight import input_problems, store_dir_problem
 
     cfg = with_run_order(cfg)
     problems = validate_fields(cfg, raise_on_error=False) + name_problems(cfg)
@@ -89,12 +97,18 @@ def validate(cfg: PipelineConfig, *, raise_on_error: bool = True, read_with_tran
     )
     if read_with_transformers and not by_stage["export"]:
         problems.extend(transformers_problems(cfg))  # the export stage stops at its own refusals before transformers reads
-    if read_with_transformers:  # what the run checks before its first stage: the store (preflight.open_store) and the
-        from .preflight import input_problems, store_dir_problem  # data files (the checkpoint: the export's checks)
-
+    if read_with_transformers:  # what the run checks before its first stage: the store (preflight.open_store)
         store = store_dir_problem(cfg.store_dir)
         problems.extend([store] if store is not None else [])
-        problems.extend(input_problems([s for s in STAGES if s in set(cfg.stages or []) and s != "export"], cfg, said=problems))
+    if read_with_transformers or (list_inputs and problems):  # and the data files: a run lists them with its problems
+        said = bool(problems)  # (one ConfigError, not a second round: a trial); a plan leaves the checkpoint to the
+        order = [s for s in STAGES if s in set(cfg.stages or []) and not (read_with_transformers and s == "export")]
+        try:  # export's checks (a shapes-only preset's missing checkpoint is what a plan is for)
+            problems.extend(input_problems(order, cfg, said=problems))
+        except Exception:  # listing the inputs of a config already refused never hides the problems found
+            if not said:
+                raise
+            log.debug("input check skipped after configuration problems", exc_info=True)
     if problems and raise_on_error:
         raise ConfigError(problems)
     return problems

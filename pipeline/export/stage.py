@@ -36,14 +36,13 @@ def _checkpoint(cfg: PipelineConfig) -> dict[str, Path]:
     missing = path_problem(m.path, m.hf_config)
     if missing is not None:
         raise InputError(str(missing))
-    if m.path is None:
-        if m.hf_config is not None:
-            preset = _preset_of(m.name)
-            raise InputError(
-                f"model.name={m.name!r} is a shapes-only preset (model.hf_config is set, model.path is null): it has "
-                f"no weights, so it cannot be exported, quantized or built. Fix: use `pipeline plan model={preset}` "
-                f"for memory/speed planning, or pass model.path=/path/to/hf_checkpoint to run the pipeline."
-            )
+    if m.path is None:  # path_problem refused no path without hf_config: a shapes-only preset
+        preset = _preset_of(m.name)
+        raise InputError(
+            f"model.name={m.name!r} is a shapes-only preset (model.hf_config is set, model.path is null): it has "
+            f"no weights, so it cannot be exported, quantized or built. Fix: use `pipeline plan model={preset}` "
+            f"for memory/speed planning, or pass model.path=/path/to/hf_checkpoint to run the pipeline."
+        )
     path = resolve_path(m.path)
     if path is None or not path.exists():
         raise InputError(

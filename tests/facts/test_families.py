@@ -92,10 +92,10 @@ def test_config_time_refusals(ckpts, tmp_path):
     assert len(p) == 1 and "GemmaForCausalLM" in p[0] and "Phi3ForCausalLM" in p[0]
     # ... and said once by a run, which also lists the stages' input refusals (the export stage's is the same rule;
     # a trial saw it twice in two wordings)
-    from pipeline.runner import _validate
+    from pipeline.validation import validate
 
     with pytest.raises(ConfigError) as e:
-        _validate(compose([f"model.path={gemma}", "quant=none", "build.max_seq_len=100000"]))
+        validate(compose([f"model.path={gemma}", "quant=none", "build.max_seq_len=100000"]), list_inputs=True)
     said = [str(q) for q in e.value.problems]
     assert len(said) == 2 and sum("GemmaForCausalLM" in q for q in said) == 1, said
     # a head size onnxruntime's CPU attention kernel cannot run (24: found by a fresh-user trial, where the engine was
