@@ -144,6 +144,20 @@ def ci_reports(eval_dir: Path | None, parity: ParityRecord | None, summary_dir: 
         console.print(f"[red]could not write the CI gate reports (junit.xml / $GITHUB_STEP_SUMMARY): {escape(str(e))}[/]")
 
 
+def print_cached_eval_warnings(eval_dir: Path, console: Console) -> None:
+    """The warnings of a cached evaluate (``eval_report.json`` ``warnings``, e.g. chat items fed without a chat
+    template), printed as the fresh run printed them (``pipeline.evaluate.report.print_warnings``).  A report that
+    cannot be read prints nothing here: :func:`ci_reports` says so."""
+    from .core.contracts.evaluate import EvalArtifact
+    from .evaluate.report import print_warnings
+
+    try:
+        rep = EvalArtifact(eval_dir).report()
+    except (OSError, ValueError):
+        return
+    print_warnings(rep, console)
+
+
 def write_summary(summary: RunSummary, summary_dir: Path, console: Console) -> None:
     """``summary.json`` (redacted); a write failure is reported, not raised."""
     try:
