@@ -201,6 +201,16 @@ def check_yaml_size(path: Path) -> None:
             stack.extend((c, False) for c in kids if id(c) not in sizes)
 
 
+def config_dir_problems(argv: list[str]) -> list[str]:
+    """The ``--config-dir`` of ``argv`` that is no folder (:func:`pipeline.core.config.config_dir_problem`), as
+    messages; [] when it is one or none is given."""
+    from .core.config import config_dir_problem
+
+    cdir = _flag_value(argv, _CONFIG_DIR_FLAGS)
+    problem = config_dir_problem(cdir[2]) if cdir else None
+    return [str(problem)] if problem is not None else []
+
+
 def user_config_argv(argv: list[str], tmp_root: Path, *, probe_run_dir: bool = True) -> list[str]:
     """Let ``--config-dir D --config-name NAME`` name a plain YAML of values (no ``defaults`` list).
 
@@ -226,6 +236,9 @@ def user_config_argv(argv: list[str], tmp_root: Path, *, probe_run_dir: bool = T
     name = _flag_value(argv, _CONFIG_NAME_FLAGS)
     if name is None:
         return argv
+    problems = config_dir_problems(argv)
+    if problems:
+        raise InputError(problems[0])
     cdir = _flag_value(argv, _CONFIG_DIR_FLAGS)
     base = Path(cdir[2]).expanduser() if cdir else CONFIG_DIR
     stem = name[2][:-5] if name[2].endswith(".yaml") else name[2]
@@ -622,7 +635,7 @@ def _main(argv: list[str] | None) -> None:
             sys.exit(EXIT_INPUT)
     from .core.config.overrides import override_problems, repeated_key_notes, sweep_problems
 
-    problems = [str(p) for p in override_problems(argv)] + run_dir_problems(argv)
+    problems = [str(p) for p in override_problems(argv)] + run_dir_problems(argv) + config_dir_problems(argv)
     if not problems and not ({"-m", "--multirun"} & set(argv)) and not any(a.startswith("hydra.mode=") for a in argv):
         problems = [str(p) for p in sweep_problems(argv, cli=True)]  # Hydra's own message names no key's fix
     if problems:

@@ -256,6 +256,22 @@ def _override_list(overrides: Any) -> list[str]:
     return list(overrides)
 
 
+def config_dir_problem(config_dir: str | Path) -> Problem | None:
+    """Why ``config_dir`` (``--config-dir``) is no folder of YAML files, or None: the one check of the run
+    (``pipeline.cli``), of ``pipeline plan`` and of :func:`compose`, so they refuse a file or a missing path alike
+    (exit 2; Hydra said only "Additional config directory ... not found")."""
+    d = Path(os.path.abspath(Path(config_dir).expanduser()))
+    if d.is_dir():
+        return None
+    if d.is_file():
+        fix = "name the folder holding your YAML"
+        if d.suffix in (".yaml", ".yml"):
+            fix = f"pass the file's folder and its name without .yaml: --config-dir={d.parent} --config-name={d.stem}"
+        return Problem("--config-dir", str(config_dir), "is a file, not a folder.", fix)
+    what = f"is a symbolic link to a missing path, {d.parent / os.readlink(d)}." if d.is_symlink() else "no such folder."
+    return Problem("--config-dir", str(config_dir), what, "name the folder holding your YAML (--config-name names the file in it)")
+
+
 def _add_config_dir(config_dir: str | Path) -> None:
     """Put ``config_dir`` on the search path of the initialized Hydra where ``pipeline --config-dir`` puts it (after
     the pipeline's own folder, before the schemas), as Hydra's ``run_hydra`` does: the path extended, then Hydra
@@ -266,9 +282,10 @@ def _add_config_dir(config_dir: str | Path) -> None:
     from hydra.core.config_search_path import SearchPathQuery
     from hydra.core.global_hydra import GlobalHydra
 
+    problem = config_dir_problem(config_dir)
+    if problem is not None:
+        raise ConfigError([problem])
     d = os.path.abspath(Path(config_dir).expanduser())
-    if not os.path.isdir(d):
-        raise ConfigError([Problem("--config-dir", str(config_dir), "is no folder.", "name the folder holding your YAML")])
     gh = GlobalHydra.instance()
     search = gh.config_loader().get_search_path()
     search.prepend(provider="command-line", path=f"file://{d}", anchor=SearchPathQuery(provider="schema"))
