@@ -134,6 +134,22 @@ def deprecations(cfg: PipelineConfig) -> list[str]:
     ]
 
 
+def defaults_problem(missing: list[str], *, schema: bool = False, value: Any = None) -> Problem:
+    """The one message (exit 2) for a user YAML whose ``defaults`` list composes no pipeline config: it does not start
+    from the pipeline schema (``schema`` False; :func:`to_object`, and ``pipeline.cli.user_config_argv`` before Hydra
+    reads the file, where a command-line override gave Hydra's "Could not override ...") or starts from it but
+    selects no preset for the groups ``missing`` (``schema`` True; OmegaConf said "missing mandatory value")."""
+    what = f"selects no preset for {missing}" if schema else f"does not start from the pipeline schema (missing: {missing})"
+    return Problem(
+        "defaults",
+        value,
+        f"the composed config is not a pipeline config: its defaults list {what}.",
+        "drop the defaults list from your YAML (the pipeline's defaults then apply, your values on top), or start "
+        "it like build_configs/pipeline.yaml: `- pipeline_schema` then one preset per group "
+        f"({', '.join(f'{g}: <preset>' for g in GROUPS)}) and `- _self_`",
+    )
+
+
 def to_object(cfg: DictConfig | PipelineConfig, explicit: Optional[list[str]] = None) -> PipelineConfig:
     """DictConfig (from Hydra) -> PipelineConfig dataclass instance, every ``${...}`` resolved and deprecated aliases
     resolved (:func:`resolve_aliases`; ``explicit`` = the command-line overrides; each alias used is logged as a
@@ -146,25 +162,15 @@ def to_object(cfg: DictConfig | PipelineConfig, explicit: Optional[list[str]] = 
     bad = _numeric_bools(cfg, explicit or []) + interpolation_problems(cfg, explicit or [])
     if bad:
         raise ConfigError(bad)
+    unselected = [g for g in GROUPS if OmegaConf.is_missing(cfg, g)]  # the schema, no preset for the group: `???`
+    if unselected:
+        raise ConfigError([defaults_problem(unselected, schema=True)])
     try:
         obj = OmegaConf.to_object(cfg)  # resolves every interpolation
     except ERRORS as e:  # one no override set (a preset's, a user YAML's)
         raise ConfigError([interpolation_problem(e, cfg)]) from e
     if not isinstance(obj, PipelineConfig):
-        missing = [g for g in GROUPS if g not in (obj if isinstance(obj, dict) else {})]
-        raise ConfigError(
-            [
-                Problem(
-                    "defaults",
-                    None,
-                    "the composed config is not a pipeline config: its defaults list does not start from the pipeline schema "
-                    f"(missing: {missing}).",
-                    "drop the defaults list from your YAML (the pipeline's defaults then apply, your values on top), or start "
-                    "it like build_configs/pipeline.yaml: `- pipeline_schema` then one preset per group "
-                    f"({', '.join(f'{g}: <preset>' for g in GROUPS)}) and `- _self_`",
-                )
-            ]
-        )
+        raise ConfigError([defaults_problem([g for g in GROUPS if g not in (obj if isinstance(obj, dict) else {})])])
     for note in resolve_aliases(obj, explicit):
         logging.getLogger("pipeline.core.config").warning(note)
     for note in relabel_custom_data(obj):
