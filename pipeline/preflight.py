@@ -121,10 +121,10 @@ _STORE_FIX = "point store_dir at a writable folder (it is created if missing)"
 def store_dir_problem(store_dir: str) -> Problem | None:
     """Why ``store_dir`` cannot hold the artifact store (a :class:`Problem`, exit 2), or None; the one check of
     :func:`open_store` (the run) and of ``pipeline plan`` / ``pipeline.plan`` (:func:`pipeline.validation.validate`),
-    so both refuse a path that is a file, a symbolic link to a missing path, a read-only mount or a path under ``/proc``
-    with one message.  It leaves
-    nothing behind: it makes a temporary folder in ``store_dir`` itself, or, for a store not created yet, in the
-    nearest existing folder above it, and removes it (a plan never creates the store; a trial: plan exit 0, run exit 2)."""
+    so both refuse a path that is a file, a symbolic link to a missing path (the target named), a read-only mount or a
+    path under ``/proc`` with one message.  It leaves nothing behind: it makes a temporary folder in ``store_dir``
+    itself, or, for a store not created yet, in the nearest existing folder above it, and removes it (a plan never
+    creates the store; a trial: plan exit 0, run exit 2)."""
     import tempfile
 
     if not str(store_dir).strip():
