@@ -25,10 +25,13 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .core.registry import Registry
 from .errors import INTERRUPT
+
+if TYPE_CHECKING:
+    from .core.config import Problem
 
 SUBCOMMANDS: Registry[str] = Registry(
     "subcommand",
@@ -201,6 +204,16 @@ def check_yaml_size(path: Path) -> None:
             stack.extend((c, False) for c in kids if id(c) not in sizes)
 
 
+def config_dir_problems(argv: list[str]) -> list[str]:
+    """The ``--config-dir`` of ``argv`` that is no folder (:func:`pipeline.core.config.config_dir_problem`), as
+    messages; [] when it is one or none is given."""
+    from .core.config import config_dir_problem
+
+    cdir = _flag_value(argv, _CONFIG_DIR_FLAGS)
+    problem = config_dir_problem(cdir[2]) if cdir else None
+    return [str(problem)] if problem is not None else []
+
+
 def user_config_argv(argv: list[str], tmp_root: Path, *, probe_run_dir: bool = True) -> list[str]:
     """Let ``--config-dir D --config-name NAME`` name a plain YAML of values (no ``defaults`` list).
 
@@ -226,6 +239,9 @@ def user_config_argv(argv: list[str], tmp_root: Path, *, probe_run_dir: bool = T
     name = _flag_value(argv, _CONFIG_NAME_FLAGS)
     if name is None:
         return argv
+    problems = config_dir_problems(argv)
+    if problems:
+        raise InputError(problems[0])
     cdir = _flag_value(argv, _CONFIG_DIR_FLAGS)
     base = Path(cdir[2]).expanduser() if cdir else CONFIG_DIR
     stem = name[2][:-5] if name[2].endswith(".yaml") else name[2]
@@ -247,6 +263,9 @@ def user_config_argv(argv: list[str], tmp_root: Path, *, probe_run_dir: bool = T
     if not isinstance(doc, dict):
         raise InputError(f"{path}: expected a mapping of config values (e.g. `model: {{path: /ckpt}}`), got {type(doc).__name__}.")
     if "defaults" in doc:
+        problem = _defaults_problem(doc)
+        if problem is not None:
+            raise InputError(f"{path}: {problem}")
         return argv
     problems = check_overrides(_yaml_as_overrides(doc))
     if probe_run_dir:  # a `hydra: {run: {dir: /proc/x}}` block: the command line's check, not Hydra's traceback
@@ -271,6 +290,29 @@ def user_config_argv(argv: list[str], tmp_root: Path, *, probe_run_dir: bool = T
     overrides = [o for o in overrides if o.split("=", 1)[0] not in given]  # the command line wins over the file
     # Hydra's argparse takes the overrides as one run of positionals: options first, then every override
     return [f"--config-dir={tmp_root}", *options, *overrides, f"+user_config@_global_={stem}", *positionals]
+
+
+def _defaults_problem(doc: dict[Any, Any]) -> Problem | None:
+    """What a user YAML's ``defaults`` list lacks when it names no config but, at most, ``pipeline_schema`` (the rest
+    ``_self_``, ``group: preset`` and ``override ...`` entries): the pipeline schema, or a preset for some groups
+    (:func:`pipeline.core.config.defaults_problem`, said before Hydra reads the file: a command-line override of a key
+    or group the file does not set got Hydra's "Could not override ..."); None when it lacks neither, or names
+    another config (``- pipeline``, a YAML of the user's: the composed config is checked then)."""
+    import dataclasses
+
+    from omegaconf import MISSING
+
+    from .core.config import GROUPS, PipelineConfig, defaults_problem
+
+    entries = doc["defaults"] if isinstance(doc["defaults"], list) else []
+    names = {e.strip().lstrip("/") for e in entries if isinstance(e, str)} - {"_self_"}
+    if names - {"pipeline_schema"}:
+        return None
+    schema = "pipeline_schema" in names
+    chosen = {str(k).split()[-1].split("@")[0].lstrip("/") for e in entries if isinstance(e, dict) for k in e}
+    unset = {f.name for f in dataclasses.fields(PipelineConfig) if f.default == MISSING}  # the schema has no default
+    missing = [g for g in GROUPS if g not in chosen and g not in doc and (g in unset or not schema)]
+    return defaults_problem(missing, schema=schema, value=doc["defaults"]) if missing or not schema else None
 
 
 def user_config_compose_args(
@@ -622,7 +664,7 @@ def _main(argv: list[str] | None) -> None:
             sys.exit(EXIT_INPUT)
     from .core.config.overrides import override_problems, repeated_key_notes, sweep_problems
 
-    problems = [str(p) for p in override_problems(argv)] + run_dir_problems(argv)
+    problems = [str(p) for p in override_problems(argv)] + run_dir_problems(argv) + config_dir_problems(argv)
     if not problems and not ({"-m", "--multirun"} & set(argv)) and not any(a.startswith("hydra.mode=") for a in argv):
         problems = [str(p) for p in sweep_problems(argv, cli=True)]  # Hydra's own message names no key's fix
     if problems:

@@ -121,9 +121,10 @@ _STORE_FIX = "point store_dir at a writable folder (it is created if missing)"
 def store_dir_problem(store_dir: str) -> Problem | None:
     """Why ``store_dir`` cannot hold the artifact store (a :class:`Problem`, exit 2), or None; the one check of
     :func:`open_store` (the run) and of ``pipeline plan`` / ``pipeline.plan`` (:func:`pipeline.validation.validate`),
-    so both refuse a path that is a file, a read-only mount or a path under ``/proc`` with one message.  It leaves
-    nothing behind: it makes a temporary folder in ``store_dir`` itself, or, for a store not created yet, in the
-    nearest existing folder above it, and removes it (a plan never creates the store; a trial: plan exit 0, run exit 2)."""
+    so both refuse a path that is a file, a symbolic link to a missing path (the target named), a read-only mount or a
+    path under ``/proc`` with one message.  It leaves nothing behind: it makes a temporary folder in ``store_dir``
+    itself, or, for a store not created yet, in the nearest existing folder above it, and removes it (a plan never
+    creates the store; a trial: plan exit 0, run exit 2)."""
     import tempfile
 
     if not str(store_dir).strip():
@@ -134,6 +135,14 @@ def store_dir_problem(store_dir: str) -> Problem | None:
         while not probe_in.is_dir():  # the nearest existing folder: "/" at the latest
             if os.path.lexists(probe_in):
                 where = "" if probe_in == root else f" ({probe_in}, on the way to {root})"
+                if probe_in.is_symlink() and not probe_in.exists():  # a dangling link: lexists, yet no file is there
+                    target = probe_in.parent / os.readlink(probe_in)  # an absolute target replaces the parent
+                    return Problem(
+                        "store_dir",
+                        store_dir,
+                        f"is a symbolic link to a missing path, {target}{where}; the artifact store is a folder.",
+                        f"create the folder it points to (mkdir -p {target}), point store_dir at another folder, or remove the link {probe_in}",
+                    )
                 return Problem(
                     "store_dir",
                     store_dir,

@@ -144,6 +144,20 @@ def ci_reports(eval_dir: Path | None, parity: ParityRecord | None, summary_dir: 
         console.print(f"[red]could not write the CI gate reports (junit.xml / $GITHUB_STEP_SUMMARY): {escape(str(e))}[/]")
 
 
+def print_cached_eval_warnings(eval_dir: Path, console: Console) -> None:
+    """The warnings of a cached evaluate (``eval_report.json`` ``warnings``, e.g. chat items fed without a chat
+    template), printed as the fresh run printed them (``pipeline.evaluate.report.print_warnings``).  A report that
+    cannot be read prints nothing here: :func:`ci_reports` says so."""
+    from .core.contracts.evaluate import EvalArtifact
+    from .evaluate.report import print_warnings
+
+    try:
+        rep = EvalArtifact(eval_dir).report()
+    except (OSError, ValueError):
+        return
+    print_warnings(rep, console)
+
+
 def write_summary(summary: RunSummary, summary_dir: Path, console: Console) -> None:
     """``summary.json`` (redacted); a write failure is reported, not raised."""
     try:
@@ -155,14 +169,19 @@ def write_summary(summary: RunSummary, summary_dir: Path, console: Console) -> N
 
 def model_facts(cfg: PipelineConfig, overrides: list[str]) -> dict[str, Any] | None:
     """The model's name and dtype and where each came from (``set`` in the config, or derived from the checkpoint:
-    the folder name / ``config.json`` ``torch_dtype``; pipeline/core/config/model.py)."""
+    the folder name / ``config.json`` ``torch_dtype``; pipeline/core/config/model.py).  None when there is no model
+    to name: no checkpoint (``model.path`` empty, blank or null: the run refuses it) and no ``model.name`` but the
+    placeholder ``model`` (the title read "model model (checkpoint folder)")."""
     try:
         from .core.config.model import checkpoint_dtype, checkpoint_name
 
         m = cfg.model
         set_keys = {o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o}
-        derived_name = m.path is not None and "model.name" not in set_keys and m.name == checkpoint_name(m.path)
-        derived_dtype = m.path is not None and "model.dtype" not in set_keys and m.dtype == checkpoint_dtype(m.path)
+        has_path = bool(str(m.path or "").strip())
+        if not has_path and "model.name" not in set_keys and m.name == checkpoint_name(m.path):
+            return None
+        derived_name = has_path and "model.name" not in set_keys and m.name == checkpoint_name(m.path)
+        derived_dtype = has_path and "model.dtype" not in set_keys and m.dtype == checkpoint_dtype(m.path)
         return {
             "name": m.name,
             "name_source": "checkpoint folder" if derived_name else "config",

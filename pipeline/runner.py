@@ -32,6 +32,7 @@ from .report import (
     mark_failed,
     model_facts,
     parity_record,
+    print_cached_eval_warnings,
     print_summary,
     redact_run_outputs,
     write_summary,
@@ -267,6 +268,8 @@ def _run_stages(cfg: PipelineConfig, console: Console, state: _RunState) -> None
             continue
         art = _run_or_reuse(stage, ctx, store, key, t0, state)
         done[name] = art
+        if name == "evaluate" and state.reports[-1].status == "cached":  # a fresh run printed them with its table
+            print_cached_eval_warnings(Path(art.path), console)
         _record_gate(name, art, console, state, allow_failed_gate=bool(cfg.package.allow_failed_gate), packaging="package" in order)
         if name == "package" and cfg.package.publish:
             _publish(art, cfg, console, state)

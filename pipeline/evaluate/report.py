@@ -373,6 +373,14 @@ def print_console(rep: EvalReport, console: Any) -> None:
         console.print(Text.assemble(("gate FAILED: ", "bold red"), g.reason))
     if note := rope_note(rep):
         console.print(Text.assemble(("RoPE scaling: ", "yellow"), note))
+    print_warnings(rep, console)
+
+
+def print_warnings(rep: EvalReport, console: Any) -> None:
+    """The report's ``warnings``, one ``warning: ...`` line each: the end of :func:`print_console` (a fresh run) and
+    what a cache hit of the stage prints (``pipeline.report.print_cached_eval_warnings``)."""
+    from rich.text import Text
+
     for w in rep.warnings:
         console.print(Text.assemble(("warning: ", "yellow"), w))
 

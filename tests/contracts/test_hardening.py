@@ -313,6 +313,18 @@ def test_store_path_that_is_a_file_is_a_clear_error(tiny_llama, tmp_path):
     assert blocker.read_text() == "x"
 
 
+def test_a_store_dir_that_is_a_dangling_symlink_names_the_missing_target(tiny_llama, tmp_path):
+    """A store_dir that is a symbolic link to a missing path was called "a file" by the run and by ``pipeline plan``;
+    both now say it is a link to a missing path, name the target and give the fix (exit 2)."""
+    link = tmp_path / "store"
+    target = tmp_path / "gone" / "x"
+    link.symlink_to(target)
+    msg = _store_refused_alike(tiny_llama, tmp_path, link)
+    assert f"is a symbolic link to a missing path, {target}" in msg and "is a file" not in msg, msg
+    assert f"Fix: create the folder it points to (mkdir -p {target})" in msg and f"remove the link {link}" in msg, msg
+    assert link.is_symlink() and not target.exists()
+
+
 def test_a_store_dir_no_folder_can_be_made_in_is_refused_by_the_plan_as_by_the_run(tiny_llama, tmp_path):
     """A store_dir where no folder can be made (here under /proc; chmod 0o555 does not stop root, a read-only mount
     is refused alike): ``pipeline plan`` planned it (exit 0) where the run refused it (exit 2); both now refuse it."""

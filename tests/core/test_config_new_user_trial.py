@@ -183,5 +183,9 @@ def test_an_empty_model_path_is_a_configuration_problem_for_the_run_and_the_plan
         assert "1 configuration problem(s)" in r.stderr  # model.path=null: the run listed it twice, in two wordings
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["stages"][0]["status"] == "not-run"
     assert not store.exists()
+    # the title names no model where there is none (it read "model model (checkpoint folder), dtype float32 (checkpoint
+    # torch_dtype)", "model model (config)" for null)
+    assert "pipeline run" in [ln.strip() for ln in run.stdout.splitlines()] and "model model" not in run.stdout, run.stdout
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["model"] is None
     with pytest.raises(ConfigError, match=re.escape(expected)):
         pipeline.plan(pipeline.compose([f"model.path={value}"]))

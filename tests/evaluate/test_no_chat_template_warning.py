@@ -61,6 +61,10 @@ def test_a_chat_item_without_a_chat_template_is_warned_in_the_console_and_the_re
     assert SAID in md
     assert SAID in console  # the evaluate summary the run prints
     assert any(SAID in r.getMessage() for r in caplog.records)  # the log line (stderr and pipeline.log)
+    # the same run again: a cache hit of the evaluate stage printed no warning (only eval_report.json kept it)
+    again, _, console = _evaluate(bare, tmp_path / "a", capsys)
+    assert again["warnings"] == report["warnings"] and "evaluate  cache hit" in console, console[-3000:]
+    assert f"warning: {SAID}" in " ".join(console.split()), console[-3000:]
 
 
 def test_with_a_chat_template_nothing_is_warned(tiny_llama, tmp_path, capsys):

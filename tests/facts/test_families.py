@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -189,6 +190,34 @@ def test_user_yaml_with_a_defaults_list_missing_the_schema_says_what_is_missing(
     assert r.returncode == 2 and "expected a mapping of config values" in r.stderr
     r = _cli(["--config-dir", str(d), "--config-name", "nope"], tmp_path)
     assert r.returncode == 2 and "no " in r.stderr and "nope.yaml" in r.stderr
+
+
+@pytest.mark.parametrize(
+    "text, said",
+    [
+        ("defaults:\n  - _self_\nmodel:\n  path: /nowhere\n", "its defaults list does not start from the pipeline schema"),
+        (
+            "defaults:\n  - pipeline_schema\n  - model: support_llama\n  - _self_\n",
+            "its defaults list selects no preset for ['calibration', ",
+        ),
+    ],
+    ids=["no-schema", "schema-without-presets"],
+)
+def test_a_defaults_list_missing_the_pipeline_config_says_what_is_missing_with_overrides_and_in_the_plan(tmp_path, text, said):
+    """A user YAML's defaults list without the pipeline schema, run with a command-line override (as the README's
+    commands are), got Hydra's "Could not override 'dry_run'. Key 'dry_run' is not in struct" ("No match in the
+    defaults list" from `pipeline plan`); one with the schema but no presets got OmegaConf's "missing mandatory value:
+    calibration" (a traceback from `pipeline plan`). Each is now exit 2 saying what is missing, with the fix."""
+    d = tmp_path / "conf"
+    d.mkdir()
+    (d / "own.yaml").write_text(text, encoding="utf-8")
+    args = ["--config-dir", str(d), "--config-name", "own"]
+    for r in (_cli([*args, "dry_run=true"], tmp_path), _cli(["plan", *args, "quant=fp8"], tmp_path)):
+        assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+        assert said in r.stderr and "Fix: drop the defaults list from your YAML" in r.stderr and "- pipeline_schema" in r.stderr
+        assert "Could not override" not in r.stderr and "mandatory value" not in r.stderr and "Traceback" not in r.stderr
+    with pytest.raises(ConfigError, match=re.escape(said)):  # composed as written (the Python API): the same rule
+        compose([], config_name="own", config_dir=d)
 
 
 # ------------------------------------------------------------------------------------------- the matrix (slow)

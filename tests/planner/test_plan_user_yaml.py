@@ -74,6 +74,31 @@ def test_the_plan_command_and_the_run_print_the_same_refusal(tmp_path):
     assert "aliases expand to over 100,000 values" in run.stderr and planned.stderr == run.stderr
 
 
+@pytest.mark.parametrize(
+    "what, name",
+    [("file", "x"), ("missing", "x"), ("file", None)],
+    ids=["a-file", "a-missing-folder", "a-file-without-config-name"],
+)
+def test_a_config_dir_that_is_no_folder_is_refused_alike_by_the_run_and_the_plan(tmp_path, what, name):
+    """``--config-dir`` naming a file (or nothing): the run printed Hydra's "Additional config directory ... not
+    found" (or, with --config-name, a message about --config-name listing "found there: []"). The run and the plan
+    now refuse it with one message naming --config-dir, the value and the fix (exit 2)."""
+    d = _yaml(tmp_path, "mine", "quant: fp8\n") / "mine.yaml" if what == "file" else tmp_path / "nowhere"
+    cmd = [str(ROOT / ".venv/bin/pipeline")]
+    args = ["--config-dir", str(d), *(["--config-name", name] if name else []), f"hydra.run.dir={tmp_path / 'run'}"]
+    env = {"PATH": "/usr/bin:/bin", "COLUMNS": "400", "PYTHONPATH": str(ROOT)}
+    run = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+    planned = subprocess.run([*cmd, "plan", *args[:-1]], capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+    said = f"--config-dir={str(d)!r}: " + (
+        f"is a file, not a folder. Fix: pass the file's folder and its name without .yaml: --config-dir={tmp_path} --config-name=mine"
+        if what == "file"
+        else "no such folder. Fix: name the folder holding your YAML"
+    )
+    for r in (run, planned):
+        assert r.returncode == 2 and said in r.stderr, r.stdout[-2000:] + r.stderr[-2000:]
+        assert "Additional config directory" not in r.stderr and "found there" not in r.stderr and "Traceback" not in r.stderr
+
+
 def test_plan_plans_a_yaml_with_its_own_defaults_list_and_a_preset_kept_beside_it(tmp_path, capsys):
     d = _yaml(tmp_path / "conf", "full", "defaults:\n  - pipeline\n  - _self_\nquant:\n  recipe: fp8\n")
     _yaml(d / "model", "mybig", (ROOT / "build_configs/model/llama31_8b.yaml").read_text())

@@ -134,6 +134,22 @@ def deprecations(cfg: PipelineConfig) -> list[str]:
     ]
 
 
+def defaults_problem(missing: list[str], *, schema: bool = False, value: Any = None) -> Problem:
+    """The one message (exit 2) for a user YAML whose ``defaults`` list composes no pipeline config: it does not start
+    from the pipeline schema (``schema`` False; :func:`to_object`, and ``pipeline.cli.user_config_argv`` before Hydra
+    reads the file, where a command-line override gave Hydra's "Could not override ...") or starts from it but
+    selects no preset for the groups ``missing`` (``schema`` True; OmegaConf said "missing mandatory value")."""
+    what = f"selects no preset for {missing}" if schema else f"does not start from the pipeline schema (missing: {missing})"
+    return Problem(
+        "defaults",
+        value,
+        f"the composed config is not a pipeline config: its defaults list {what}.",
+        "drop the defaults list from your YAML (the pipeline's defaults then apply, your values on top), or start "
+        "it like build_configs/pipeline.yaml: `- pipeline_schema` then one preset per group "
+        f"({', '.join(f'{g}: <preset>' for g in GROUPS)}) and `- _self_`",
+    )
+
+
 def to_object(cfg: DictConfig | PipelineConfig, explicit: Optional[list[str]] = None) -> PipelineConfig:
     """DictConfig (from Hydra) -> PipelineConfig dataclass instance, every ``${...}`` resolved and deprecated aliases
     resolved (:func:`resolve_aliases`; ``explicit`` = the command-line overrides; each alias used is logged as a
@@ -146,25 +162,15 @@ def to_object(cfg: DictConfig | PipelineConfig, explicit: Optional[list[str]] = 
     bad = _numeric_bools(cfg, explicit or []) + interpolation_problems(cfg, explicit or [])
     if bad:
         raise ConfigError(bad)
+    unselected = [g for g in GROUPS if OmegaConf.is_missing(cfg, g)]  # the schema, no preset for the group: `???`
+    if unselected:
+        raise ConfigError([defaults_problem(unselected, schema=True)])
     try:
         obj = OmegaConf.to_object(cfg)  # resolves every interpolation
     except ERRORS as e:  # one no override set (a preset's, a user YAML's)
         raise ConfigError([interpolation_problem(e, cfg)]) from e
     if not isinstance(obj, PipelineConfig):
-        missing = [g for g in GROUPS if g not in (obj if isinstance(obj, dict) else {})]
-        raise ConfigError(
-            [
-                Problem(
-                    "defaults",
-                    None,
-                    "the composed config is not a pipeline config: its defaults list does not start from the pipeline schema "
-                    f"(missing: {missing}).",
-                    "drop the defaults list from your YAML (the pipeline's defaults then apply, your values on top), or start "
-                    "it like build_configs/pipeline.yaml: `- pipeline_schema` then one preset per group "
-                    f"({', '.join(f'{g}: <preset>' for g in GROUPS)}) and `- _self_`",
-                )
-            ]
-        )
+        raise ConfigError([defaults_problem([g for g in GROUPS if g not in (obj if isinstance(obj, dict) else {})])])
     for note in resolve_aliases(obj, explicit):
         logging.getLogger("pipeline.core.config").warning(note)
     for note in relabel_custom_data(obj):
@@ -256,6 +262,22 @@ def _override_list(overrides: Any) -> list[str]:
     return list(overrides)
 
 
+def config_dir_problem(config_dir: str | Path) -> Problem | None:
+    """Why ``config_dir`` (``--config-dir``) is no folder of YAML files, or None: the one check of the run
+    (``pipeline.cli``), of ``pipeline plan`` and of :func:`compose`, so they refuse a file or a missing path alike
+    (exit 2; Hydra said only "Additional config directory ... not found")."""
+    d = Path(os.path.abspath(Path(config_dir).expanduser()))
+    if d.is_dir():
+        return None
+    if d.is_file():
+        fix = "name the folder holding your YAML"
+        if d.suffix in (".yaml", ".yml"):
+            fix = f"pass the file's folder and its name without .yaml: --config-dir={d.parent} --config-name={d.stem}"
+        return Problem("--config-dir", str(config_dir), "is a file, not a folder.", fix)
+    what = f"is a symbolic link to a missing path, {d.parent / os.readlink(d)}." if d.is_symlink() else "no such folder."
+    return Problem("--config-dir", str(config_dir), what, "name the folder holding your YAML (--config-name names the file in it)")
+
+
 def _add_config_dir(config_dir: str | Path) -> None:
     """Put ``config_dir`` on the search path of the initialized Hydra where ``pipeline --config-dir`` puts it (after
     the pipeline's own folder, before the schemas), as Hydra's ``run_hydra`` does: the path extended, then Hydra
@@ -266,9 +288,10 @@ def _add_config_dir(config_dir: str | Path) -> None:
     from hydra.core.config_search_path import SearchPathQuery
     from hydra.core.global_hydra import GlobalHydra
 
+    problem = config_dir_problem(config_dir)
+    if problem is not None:
+        raise ConfigError([problem])
     d = os.path.abspath(Path(config_dir).expanduser())
-    if not os.path.isdir(d):
-        raise ConfigError([Problem("--config-dir", str(config_dir), "is no folder.", "name the folder holding your YAML")])
     gh = GlobalHydra.instance()
     search = gh.config_loader().get_search_path()
     search.prepend(provider="command-line", path=f"file://{d}", anchor=SearchPathQuery(provider="schema"))
