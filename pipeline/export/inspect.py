@@ -14,7 +14,8 @@ Each check raises :class:`pipeline.errors.InputError` naming the file/field, the
 * weights: safetensors headers must parse and cover the file (truncated/corrupt files are named);
   pickled ``*.bin``/``*.pt`` weights are refused unless ``allow_pickle``; every path stays inside the checkpoint
   (:mod:`pipeline.export.safety`);
-* ``vocab_size`` == embedding rows == ``lm_head`` rows (from the headers).
+* ``vocab_size`` == embedding rows == ``lm_head`` rows, ``num_hidden_layers`` == the decoder layers the weights hold,
+  ``num_key_value_heads`` x head_dim == the ``k_proj``/``v_proj`` rows (from the headers).
 
 No function here imports torch or transformers at module import time.
 """
@@ -38,6 +39,7 @@ from ..facts.rope import normalise_rope
 
 #: architecture (``config.json`` ``architectures[0]``) -> ``model_type``.
 from .safety import _is_inside, check_folder_links, confine, confinement_roots
+from .shapes import check_kv_heads, check_layer_count
 
 log = logging.getLogger("pipeline.export.inspect")
 
@@ -697,7 +699,8 @@ MAX_UNUSED_EMBEDDING_ROWS = 4096
 
 
 def check_tensor_shapes(facts: CheckpointFacts) -> None:
-    """vocab_size vs embedding rows vs lm_head rows, hidden size of both, and the tie rule.
+    """vocab_size vs embedding rows vs lm_head rows, hidden size of both, the tie rule, then the decoder layers
+    (:func:`check_layer_count`) and the KV head count (:func:`check_kv_heads`) against the weights.
 
     Raises InputError; sets ``facts.tied`` (unchanged) and appends warnings.
     """
@@ -744,3 +747,5 @@ def check_tensor_shapes(facts: CheckpointFacts) -> None:
             f"silently. Fix: if the model really shares the embedding as its output head, set "
             f'"tie_word_embeddings": true in config.json; otherwise supply the checkpoint\'s {LM_HEAD_NAME}.'
         )
+    check_layer_count(facts)
+    check_kv_heads(facts)

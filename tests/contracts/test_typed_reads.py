@@ -51,6 +51,7 @@ FOREIGN_READERS: dict[str, str] = {
     "pipeline.evaluate.runners": "HF config.json (dtype / torch_dtype)",
     "pipeline.export.checks": "HF config.json and the in-code FAMILY_SUPPORT table",
     "pipeline.export.inspect": "HF config.json and model.safetensors.index.json",
+    "pipeline.export.shapes": "HF config.json (num_key_value_heads, head_dim) against the safetensors headers",
     "pipeline.export.write": "HF config.json / generation_config.json and transformers loading info",
     "pipeline.facts.families": "HF config.json and the in-code FAMILY_SUPPORT table",
     "pipeline.facts.geometry": "HF config.json",

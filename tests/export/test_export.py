@@ -174,6 +174,39 @@ def test_pickled_weights_refused_unless_allowed(base, tmp_path):
     assert_same_logits(base["llama"], tmp_path / "out" / "hf")
 
 
+def test_a_config_that_lists_fewer_layers_than_the_weights_is_refused(base, tmp_path, capsys):
+    """A fresh-user trial: num_hidden_layers=1 for 2-layer weights exported with exit 0 (transformers dropped layer 1
+    as "unexpected", a warning; the baseline dropped it too, so the gate passed). Now exit 2 from the headers, naming
+    the field, its value, the layers the weights hold and the fix; more layers than the weights hold too."""
+    ck = copy_of(base["llama"], tmp_path / "ck")
+    edit_json(ck / "config.json", num_hidden_layers=1)
+    said = r"num_hidden_layers=1 but the weights hold 2 decoder layers.*Fix: set num_hidden_layers=2 in config\.json"
+    with pytest.raises(InputError, match=said):
+        inspect_checkpoint(ck)
+    with pytest.raises(InputError, match=said):
+        export_checkpoint(ck, tmp_path / "out", dtype="float32")
+    assert not (tmp_path / "out" / "hf").exists()
+    edit_json(ck / "config.json", num_hidden_layers=3)
+    with pytest.raises(InputError, match=r"num_hidden_layers=3 but the weights hold 2 decoder layers"):
+        inspect_checkpoint(ck)
+
+
+@pytest.mark.parametrize("arch, kv, rows, fix", [("llama", 4, 64, 2), ("phi3", 2, 384, 4)])
+def test_num_key_value_heads_against_the_kv_projection_rows(base, tmp_path, arch, kv, rows, fix):
+    """A fresh-user trial: num_key_value_heads that disagrees with k_proj/v_proj was refused only by transformers at
+    load ("look at the above report!", naming neither the field nor the shapes): check_tensor_shapes compared only the
+    embedding and lm_head. Now exit 2 from the headers naming the field, both row counts and the fix (Phi-3: the fused
+    qkv_proj, (heads + 2 x kv) x head_dim rows)."""
+    ck = copy_of(base[arch], tmp_path / "ck")
+    edit_json(ck / "config.json", num_key_value_heads=kv)
+    with pytest.raises(
+        InputError,
+        match=rf"num_key_value_heads={kv}.*rows for model\.layers\.0\.self_attn\.\w+_proj\.weight, "
+        rf"but the weights \(model\.safetensors\) have {rows}.*Fix: set num_key_value_heads={fix} in config\.json",
+    ):
+        export_checkpoint(ck, tmp_path / "out", dtype="float32")
+
+
 # --------------------------------------------------------------------------- vocabulary / tokenizer
 def test_vocab_size_vs_embedding_rows(base, tmp_path):
     ck = copy_of(base["llama"], tmp_path / "ck")
@@ -354,7 +387,9 @@ def test_head_counts_must_be_consistent(base, tmp_path):
     edit_json(ck / "config.json", num_key_value_heads=1, num_attention_heads=3, head_dim=_DELETE)
     with pytest.raises(InputError, match=r"hidden_size=128 is not num_attention_heads=3 x head_dim"):
         inspect_checkpoint(ck)
-    edit_json(ck / "config.json", head_dim=32)  # explicit head_dim: hidden != heads x head_dim is allowed
+    # explicit head_dim: hidden != heads x head_dim is allowed (64: one KV head x 64 = the k_proj/v_proj rows the
+    # weights hold, which the headers are checked against: check_kv_heads)
+    edit_json(ck / "config.json", head_dim=64)
     assert inspect_checkpoint(ck).head_dim_explicit
 
 

@@ -691,6 +691,8 @@ def test_a_gpu_target_without_a_gpu_is_named_as_the_user_chose_it(capsys):
         ({"generation_config.json": {"eos_token_id": [2, 10**6]}}, r"eos_token_id=\[1000000\] is outside the vocabulary"),
         ({"rope_scaling": {"type": "weird", "factor": 2.0}}, "type 'weird' is no RoPE type transformers knows"),
         ({"vocab_size": 100}, "vocab_size=100 but"),
+        ({"num_hidden_layers": 1}, "num_hidden_layers=1 but the weights hold 2 decoder layers"),
+        ({"num_key_value_heads": 4}, r"num_key_value_heads=4 x head_dim=32 = 128 rows"),
     ],
     ids=[
         "tokenizer.json-not-json",
@@ -700,6 +702,8 @@ def test_a_gpu_target_without_a_gpu_is_named_as_the_user_chose_it(capsys):
         "eos-outside-vocab",
         "rope-type-unknown",
         "vocab-size-not-the-embeddings",
+        "fewer-layers-than-the-weights",
+        "kv-heads-not-the-kv-projections",
     ],
 )
 def test_plan_refuses_what_the_exports_cheap_checks_refuse(tiny_llama, tmp_path, capsys, edit, match):
@@ -709,7 +713,9 @@ def test_plan_refuses_what_the_exports_cheap_checks_refuse(tiny_llama, tmp_path,
     and its tokenizer-file check, so the plan refuses each with the export's message. So are a pad or eos id that
     config.json or generation_config.json names outside the vocabulary (the last session's note: planned, then
     refused by the run), an unknown RoPE type and a vocab_size the embedding's rows disagree with (a fresh-user trial:
-    planned, then refused by export; the weight headers are read at config time when the folder holds weights)."""
+    planned, then refused by export; the weight headers are read at config time when the folder holds weights).
+    A fresh-user trial: num_hidden_layers below the layers the weights hold shipped with exit 0 (the dropped layer was
+    only a warning), and a num_key_value_heads the k_proj rows disagree with failed only in transformers' load."""
     import shutil
 
     src = shutil.copytree(tiny_llama, tmp_path / "bad")
