@@ -20,7 +20,7 @@ from .core.config import ConfigError, PipelineConfig, key_fields
 from .core.contracts.manifest import ArtifactManifest, RunGate
 from .core.contracts.result import StageResult
 from .core.stage import Stage, StageContext, get_stage, resolve_order
-from .core.store import Artifact, ArtifactStore, cache_key, digest_path, install_log_redaction, redact, redact_text
+from .core.store import Artifact, ArtifactStore, cache_key, digest_input, install_log_redaction, not_inputs, redact, redact_text
 from .errors import EXIT_FAILED, EXIT_GATE, EXIT_INTERRUPTED, EXIT_OK, PipelineError, caused_by_interrupt
 from .preflight import all_externals, open_store
 from .report import (
@@ -42,27 +42,29 @@ from .validation import validate as validate_config
 log = logging.getLogger("pipeline")
 
 
-_DIGESTS: dict[tuple[str, int, int], str] = {}
+_DIGESTS: dict[tuple[str, int, int, tuple[str, ...]], str] = {}
 
 
-def _digest(p: Path) -> str:
-    """digest_path, memoised per process on (path, size, mtime) of the file or folder's newest file."""
+def _digest(p: Path, outputs: tuple[Path, ...] = ()) -> str:
+    """digest_input (a folder less the run's own outputs inside it: :func:`pipeline.core.store.input_files`), memoised
+    per process on (path, size, mtime) of the file or the folder's newest input file."""
     try:
         st = p.stat()
-        stamp = (
-            str(p),
-            st.st_size,
-            max([st.st_mtime_ns] + [f.stat().st_mtime_ns for f in p.rglob("*") if f.is_file()] if p.is_dir() else [st.st_mtime_ns]),
-        )
+        skip = not_inputs(p, outputs) if p.is_dir() else set()
+        newest = [f.stat().st_mtime_ns for f in p.rglob("*") if f.relative_to(p).parts[0] not in skip and f.is_file()] if p.is_dir() else []
+        stamp = (str(p), st.st_size, max([st.st_mtime_ns, *newest]), tuple(sorted(skip)))
     except OSError:
-        return digest_path(p)
+        return digest_input(p, outputs)
     if stamp not in _DIGESTS:
-        _DIGESTS[stamp] = digest_path(p)
+        _DIGESTS[stamp] = digest_input(p, outputs)
     return _DIGESTS[stamp]
 
 
-def compute_key(stage: Stage, cfg: PipelineConfig, inputs: dict[str, Artifact], external: dict[str, Path]) -> tuple[str, dict[str, Any]]:
-    """The cache key of ``stage`` and the document it hashes (recorded in the manifest)."""
+def compute_key(
+    stage: Stage, cfg: PipelineConfig, inputs: dict[str, Artifact], external: dict[str, Path], outputs: tuple[Path, ...] = ()
+) -> tuple[str, dict[str, Any]]:
+    """The cache key of ``stage`` and the document it hashes (recorded in the manifest).  ``outputs``: the run's own
+    output folders (the store, the run folder), left out of an external folder that holds them."""
     doc = {
         "stage": stage.name,
         "stage_version": stage.version,
@@ -71,14 +73,16 @@ def compute_key(stage: Stage, cfg: PipelineConfig, inputs: dict[str, Artifact], 
         # the chain is input-addressed like a build system's action keys: timing fields inside an upstream
         # report never invalidate downstream work. Output digests stay in each manifest for provenance.
         "inputs": {name: art.key for name, art in sorted(inputs.items())},
-        "external": {name: _digest(p) for name, p in sorted(external.items())},
+        "external": {name: _digest(p, outputs) for name, p in sorted(external.items())},
         "extras": stage.key_extras(cfg, inputs),
         "versions": hostinfo.library_versions(stage.libraries),
     }
     return cache_key(doc), doc
 
 
-def _target_available(cfg: PipelineConfig, store: ArtifactStore, order: list[str], externals: dict[str, dict[str, Path]]) -> None:
+def _target_available(
+    cfg: PipelineConfig, store: ArtifactStore, order: list[str], externals: dict[str, dict[str, Path]], outputs: tuple[Path, ...]
+) -> None:
     """Run the build target's preflight before any stage runs (PreflightError, exit 4, with the exact
     command), so a request this machine cannot build never spends hours calibrating first.
 
@@ -97,7 +101,7 @@ def _target_available(cfg: PipelineConfig, store: ArtifactStore, order: list[str
         if s == "build":
             break
         st = get_stage(s)
-        key, _ = compute_key(st, cfg, {d: pending[d] for d in st.deps_for(cfg)}, externals[s])
+        key, _ = compute_key(st, cfg, {d: pending[d] for d in st.deps_for(cfg)}, externals[s], outputs)
         pending[s] = Artifact(s, key, store.path_for(s, key), {"output_digest": f"pending:{key}", "result": {}})
         if s == "quantize":
             quant = pending[s].path
@@ -132,6 +136,8 @@ class _RunState:
     """The evaluate artifact of this run (its ``eval_report.json`` feeds the run's JUnit XML and step summary)."""
     started: dict[str, float] = dataclasses.field(default_factory=dict)
     """When each stage began (``time.time()``): a stage that fails or is interrupted is reported with the time it ran."""
+    run_dir: Path | None = None
+    """The run's output folder (Hydra's, where ``pipeline.log`` and ``summary.json`` go); None outside the CLI."""
 
 
 def _console() -> Console:
@@ -177,7 +183,7 @@ def run_pipeline(
     cfg = _pipeline_config(cfg, list(overrides or []))
     console = console or _console()
     t_start = time.time()
-    state = _RunState()
+    state = _RunState(run_dir=Path(summary_dir) if summary_dir is not None else None)
     overrides = list(overrides or [])
     exit_code, error = EXIT_OK, None
     install_log_redaction()
@@ -234,9 +240,12 @@ def _run_stages(cfg: PipelineConfig, console: Console, state: _RunState) -> None
     externals = all_externals(order, cfg)
     state.plan = _plan(cfg, console, order)
     store = open_store(cfg.store_dir, verify=cfg.verify_cache)  # verify_cache holds on every lookup
+    # the run's own outputs, when they lie inside an external input folder (a run from inside the checkpoint), are
+    # not its input: left out of its digest (pipeline.core.store.input_files) and of model_info.json's files
+    outputs = (store.root, *([state.run_dir] if state.run_dir is not None else []))
     # The build target's availability too: nothing heavy runs on a doomed request.
     if "build" in order and not cfg.dry_run:
-        _target_available(cfg, store, order, externals)
+        _target_available(cfg, store, order, externals, outputs)
     for stage_name, setting, field in (
         ("quantize", cfg.calibration.device, "calibration.device"),
         ("evaluate", cfg.eval.device, "eval.device"),
@@ -250,7 +259,7 @@ def _run_stages(cfg: PipelineConfig, console: Console, state: _RunState) -> None
         t0 = state.started[name] = time.time()
         inputs = {d: done[d] for d in stage.deps_for(cfg)}
         external = externals[name]
-        key, key_doc = compute_key(stage, cfg, inputs, external)
+        key, key_doc = compute_key(stage, cfg, inputs, external, outputs)
         ctx = StageContext(
             cfg=cfg,
             inputs=inputs,
@@ -260,6 +269,7 @@ def _run_stages(cfg: PipelineConfig, console: Console, state: _RunState) -> None
             console=console,
             log=logging.getLogger(f"pipeline.{name}"),
             show_progress=show_progress,
+            outputs=outputs,
         )
         if stage.generation_key is not None:
             ctx.manifest["generation_key"] = cache_key(stage.generation_key(key_doc))

@@ -44,6 +44,8 @@ class StageContext:
             dry-run mode and outside the runner.
         prior: a trusted artifact of this stage with the same generation key (:attr:`Stage.generation_key`) whose
             costly work the stage may reuse instead of doing it again; None when there is none.
+        outputs: the run's own output folders (the store, the run folder): inside an external input folder they are
+            not its input (:func:`pipeline.core.store.input_files`); empty outside the runner.
     """
 
     cfg: PipelineConfig
@@ -56,6 +58,7 @@ class StageContext:
     show_progress: bool = True
     resume_dir: Path | None = None
     prior: Artifact | None = None
+    outputs: tuple[Path, ...] = ()
 
     def upstream(self, stage: str) -> Artifact | None:
         """The artifact of the upstream ``stage``; None when this run gives the stage none (an optional input)."""

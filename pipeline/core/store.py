@@ -32,7 +32,7 @@ import re
 import secrets
 import shutil
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -64,18 +64,20 @@ def sha256_file(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
-def tree_files(root: Path, *, follow_symlinks: bool = False) -> dict[str, dict[str, Any]]:
+def tree_files(root: Path, *, follow_symlinks: bool = False, skip: Collection[str] = ()) -> dict[str, dict[str, Any]]:
     """Map of relative POSIX path -> {sha256, bytes} for every regular file under ``root``.
 
     Symbolic links are refused (an artifact must be self-contained) unless ``follow_symlinks``
     (external inputs: a Hugging Face cache snapshot is a folder of links to blobs; the linked
-    content is hashed).  The manifest itself is skipped.  Raises :class:`StoreError` naming the
-    offending path.
+    content is hashed).  The manifest itself is skipped, and so is everything under a top-level name in ``skip``
+    (:func:`input_files`).  Raises :class:`StoreError` naming the offending path.
     """
     out: dict[str, dict[str, Any]] = {}
     root = Path(root)
     for p in sorted(root.rglob("*")):
         rel = p.relative_to(root).as_posix()
+        if skip and rel.split("/", 1)[0] in skip:
+            continue
         if p.is_symlink() and not follow_symlinks:
             raise StoreError(f"{p}: symbolic links are not allowed in an artifact; copy the file instead")
         if p.is_symlink() and not p.exists():
@@ -105,6 +107,46 @@ def digest_files(files: Mapping[str, Mapping[str, Any]]) -> str:
         h.update(files[rel]["sha256"].encode())
         h.update(b"\n")
     return h.hexdigest()
+
+
+#: top-level folders of an input folder (a checkpoint) that are never its input: git's own store (a git clone of a
+#: Hugging Face repository holds every weight a second time, as an LFS object under ``.git/lfs``) and
+#: huggingface_hub's download metadata (``.cache/huggingface`` of a ``local_dir`` download).
+NOT_INPUTS = (".git", ".cache")
+
+
+def not_inputs(root: str | os.PathLike, outputs: Iterable[str | os.PathLike] = ()) -> set[str]:
+    """The top-level names under the input folder ``root`` that :func:`input_files` leaves out: :data:`NOT_INPUTS`
+    and, for each of the pipeline's own output folders in ``outputs`` (the store, the run's output folder) that lies
+    inside ``root``, the top-level folder that holds it: the store with its lock files and ``.tmp-*`` folders, and
+    Hydra's ``runs/`` (every run makes a new ``runs/<time>-<job>`` folder whose ``pipeline.log`` is still being
+    written).  An output folder that is ``root`` itself, or holds it, leaves nothing out."""
+    names = set(NOT_INPUTS)
+    base = Path(root).resolve()
+    for o in outputs:
+        try:
+            rel = Path(o).resolve().relative_to(base)
+        except ValueError:
+            continue
+        if rel.parts:
+            names.add(rel.parts[0])
+    return names
+
+
+def input_files(root: str | os.PathLike, outputs: Iterable[str | os.PathLike] = ()) -> dict[str, dict[str, Any]]:
+    """The files of an input folder (a checkpoint) as :func:`tree_files` maps them, links followed, less what is not
+    its input (:func:`not_inputs`): the one list that both its cache-key digest (:func:`digest_input`) and the
+    export's ``model_info.json`` ``files`` use.  A folder that holds none of those has the file map, and so the
+    digest, of :func:`tree_files`/:func:`digest_path`."""
+    return tree_files(Path(root), follow_symlinks=True, skip=not_inputs(root, outputs))
+
+
+def digest_input(path: str | os.PathLike, outputs: Iterable[str | os.PathLike] = ()) -> str:
+    """Content digest of an external input: a file's sha256, or a folder's digest over :func:`input_files`."""
+    p = Path(path)
+    if p.is_dir():
+        return digest_files(input_files(p, outputs))
+    return digest_path(p)
 
 
 def digest_path(path: str | os.PathLike) -> str:

@@ -94,7 +94,14 @@ def _run(ctx: StageContext) -> ExportResult:
     )
     policy = read_policy(src)  # before the weights are touched: a refused field is exit 2 in milliseconds
     info = export_checkpoint(
-        src, ctx.out, dtype=m.dtype, trust_remote_code=m.trust_remote_code, allow_pickle=m.allow_pickle, progress=ctx.progress, facts=facts
+        src,
+        ctx.out,
+        dtype=m.dtype,
+        trust_remote_code=m.trust_remote_code,
+        allow_pickle=m.allow_pickle,
+        progress=ctx.progress,
+        facts=facts,
+        outputs=ctx.outputs,
     )
     write_json_atomic(ExportArtifact(ctx.out).decoding_path, policy.to_json())
     warnings = info.pop("_warnings", [])

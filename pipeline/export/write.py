@@ -31,7 +31,7 @@ import contextlib
 import json
 import logging
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -129,6 +129,7 @@ def export_checkpoint(
     allow_pickle: bool = False,
     progress: ProgressFactory | None = None,
     facts: CheckpointFacts | None = None,
+    outputs: Sequence[Path] = (),
 ) -> dict[str, Any]:
     """Validate the checkpoint at ``src`` and write ``out/hf/`` and ``out/model_info.json``.
 
@@ -141,6 +142,8 @@ def export_checkpoint(
         progress: ``progress(description, total)`` context manager yielding ``advance(n)``
             (``StageContext.progress``); the six export steps are reported.
         facts: a result of :func:`inspect_checkpoint` for ``src`` (re-inspected when None).
+        outputs: the run's own output folders (``StageContext.outputs``: the store, the run folder); inside ``src``
+            they are not its files (``model_info.json`` ``files``: :func:`pipeline.core.store.input_files`).
     Returns:
         The ``model_info`` dict (also written to ``out/model_info.json``), plus a ``warnings`` list
         under the key ``_warnings`` (not written).
@@ -189,7 +192,7 @@ def export_checkpoint(
 
         # 6. verify what was written (headers + config round trip), then model_info.json
         _verify_written(hf_dir, model, dtype, facts.rope_scaling, hf_cfg)
-        info = {**_model_info(src, facts, model, hf_cfg, tok, ids, dtype, rope_theta), "tokenizer_parity": tok_plan.record}
+        info = {**_model_info(src, facts, model, hf_cfg, tok, ids, dtype, rope_theta, outputs), "tokenizer_parity": tok_plan.record}
         from ..core.store import write_json_atomic
 
         write_json_atomic(ExportArtifact(out).model_info_path, info)
@@ -268,12 +271,21 @@ def _write_hf(
 
 
 def _model_info(
-    src: Path, facts: CheckpointFacts, model: Any, hf_cfg: Any, tok: Any, ids: SpecialIds, dtype: str, rope_theta: float | None
+    src: Path,
+    facts: CheckpointFacts,
+    model: Any,
+    hf_cfg: Any,
+    tok: Any,
+    ids: SpecialIds,
+    dtype: str,
+    rope_theta: float | None,
+    outputs: Sequence[Path] = (),
 ) -> dict[str, Any]:
-    """The ``model_info.json`` document (docs/artifacts.md), with the sha256 of every source file."""
-    from ..core.store import tree_files
+    """The ``model_info.json`` document (docs/artifacts.md), with the sha256 of every source file: the files the
+    cache key hashes (:func:`pipeline.core.store.input_files`, less ``outputs``, ``.git/`` and ``.cache/``)."""
+    from ..core.store import input_files
 
-    files = {rel: meta["sha256"] for rel, meta in tree_files(src, follow_symlinks=True).items()}
+    files = {rel: meta["sha256"] for rel, meta in input_files(src, outputs).items()}
     head_dim = getattr(hf_cfg, "head_dim", None) or hf_cfg.hidden_size // hf_cfg.num_attention_heads
     return {
         "architecture": facts.architecture,

@@ -97,6 +97,37 @@ def test_miss_then_hit_manifest_and_summary(ckpt, tmp_path):
     assert run(links, store).status == "cached"
 
 
+def test_runs_from_inside_the_checkpoint_folder_hit_the_cache(ckpt, tmp_path):
+    """A fresh-user trial: `pipeline model.path=. stages=[export]` from inside the checkpoint folder gave a new export
+    key every run: the default store (artifacts/, with its lock files and .tmp-* folders) and Hydra's run folder
+    (runs/<time>-<job>/pipeline.log, still being written) were inside the folder and hashed, and so were a git clone's
+    .git/ (the weights again, as LFS objects) and huggingface_hub's .cache/. The checkpoint's input files
+    (pipeline.core.store.input_files) leave them out, for the cache key and for model_info.json's files; a folder that
+    holds none of them keeps its digest (digest_path)."""
+    from pipeline.core.store import digest_input, input_files
+
+    clean, names = digest_path(ckpt), sorted(p.name for p in ckpt.iterdir())
+    assert digest_input(ckpt, [tmp_path / "store", tmp_path / "run"]) == clean and sorted(input_files(ckpt)) == names
+    (ckpt / ".git" / "lfs").mkdir(parents=True)
+    (ckpt / ".git" / "lfs" / "object").write_bytes((ckpt / "model.safetensors").read_bytes())
+    (ckpt / ".cache" / "huggingface").mkdir(parents=True)
+    (ckpt / ".cache" / "huggingface" / "model.safetensors.metadata").write_text("etag\n")
+    cmd = [sys.executable, "-m", "pipeline", "model.path=.", "stages=[export]", "progress=false"]
+    keys = []
+    for _ in range(2):
+        r = subprocess.run(cmd, env=_cli_env(), cwd=ckpt, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        (summary,) = sorted((ckpt / "runs").glob("*/summary.json"), key=lambda f: f.stat().st_mtime)[-1:]
+        (st,) = json.loads(summary.read_text())["stages"]
+        keys.append((st["key"], st["status"]))
+    assert keys[1] == (keys[0][0], "cached"), keys
+    art = ArtifactStore(ckpt / "artifacts").lookup("export", keys[0][0], verify=True)
+    assert art is not None and sorted(json.loads((art.path / "model_info.json").read_text())["files"]) == names
+    assert json.loads((art.path / "manifest.json").read_text())["external"]["checkpoint"]["digest"] == clean
+    again = run(ckpt, ckpt / "artifacts", summary_dir=ckpt / "runs" / "api")  # store_dir=<model.path>/artifacts
+    assert (again.status, again.key) == ("cached", keys[0][0])
+
+
 def test_changed_input_byte_is_a_miss_with_a_new_key(ckpt, tmp_path):
     store = tmp_path / "store"
     k0 = run(ckpt, store).key
