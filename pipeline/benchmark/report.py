@@ -49,6 +49,7 @@ def _md_setup(doc: dict[str, Any], d: BenchmarkDocument) -> list[str]:
     """:func:`markdown`: target, dataset, seeds, host, load and bandwidth."""
     lines: list[str] = []
     host = d.host
+    lines.append(_md_model(d))
     lines.append(
         f"Target `{d.target}`, quant `{d.quant_recipe}`, dataset `{doc['dataset']['kind']}` "
         f"({doc['dataset']['requests_per_level']} requests/level, digest `{doc['dataset']['digest'][:12]}`), "
@@ -61,6 +62,14 @@ def _md_setup(doc: dict[str, Any], d: BenchmarkDocument) -> list[str]:
     )
     lines.append("")
     return lines
+
+
+def _md_model(d: BenchmarkDocument) -> str:
+    """:func:`markdown`: the model measured, from what ``benchmark.json`` ``model`` records (its name, the export
+    artifact's digest, i.e. of the exported checkpoint, and that checkpoint's folder)."""
+    said = [f"export digest `{str(d.export_digest)[:12]}`" if d.export_digest else "", f"checkpoint `{d.hf_dir}`" if d.hf_dir else ""]
+    detail = ", ".join(x for x in said if x)
+    return f"Model `{d.model_name or 'unknown'}`" + (f" ({detail})." if detail else ".")
 
 
 def _md_runs(doc: dict[str, Any], d: BenchmarkDocument) -> list[str]:

@@ -2,16 +2,20 @@
 streaming, and the transformers baseline (TTFT, TPOT, ITL, latency percentiles, throughput, roofline).
 
 Writes ``benchmark.json`` (schema ``pipeline.benchmark/v1``), ``benchmark.md`` and plots into the
-artifact, and copies them to ``benchmark.results_dir`` as ``<benchmark.name>.json`` / ``.md`` / ``-*.png``
+artifact, and copies them to ``benchmark.results_dir`` as ``<stem>.json`` / ``.md`` / ``-*.png`` (:func:`results_stem`:
+``<benchmark.name>``, or ``<model.name>-<benchmark.name>`` for a model other than the one the preset is for)
 (``make bench`` commits the JSON and Markdown of the standard run). Never cached: a measurement must
 run every time. See docs/benchmark.md.
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from ..core.contracts.benchmark import BenchmarkResult
 from ..core.stage import Stage, StageContext
@@ -69,7 +73,29 @@ def _count_levels(b: Any) -> int:
     return n * int(b.repeats)
 
 
-def _check_results_dir(b: Any) -> None:
+def results_stem(cfg: Any) -> str:
+    """The name of the result files in ``benchmark.results_dir``: ``<benchmark.name>`` when the run measures the model
+    the preset is for (the embedded default model, or a model named as the preset: ``make bench``'s ``llama80m``),
+    else ``<model.name>-<benchmark.name>``, so a user's own model never overwrites the committed results of the
+    repository's model (fresh-user trial)."""
+    from ..core.config import CONFIG_DIR, resolve_path
+
+    b, name = cfg.benchmark, str(cfg.model.name or "model")
+    try:
+        default = yaml.safe_load((CONFIG_DIR / "model" / f"{DEFAULT_MODEL_PRESET}.yaml").read_text(encoding="utf-8"))["path"]
+    except (OSError, KeyError, TypeError, yaml.YAMLError):
+        default = None
+    path = cfg.model.path
+    if name == b.name or (default and path and resolve_path(str(path)) == resolve_path(str(default))):
+        return str(b.name)
+    return f"{re.sub(r'[^A-Za-z0-9._-]+', '-', name).strip('.-') or 'model'}-{b.name}"
+
+
+#: the model preset of the embedded default model (build_configs/pipeline.yaml ``defaults``)
+DEFAULT_MODEL_PRESET = "support_llama"
+
+
+def _check_results_dir(b: Any, stem: str | None = None) -> None:
     """Before any measurement: ``benchmark.results_dir`` can be created and written, and ``benchmark.name`` is a plain
     file name (it names the result files there).
 
@@ -87,7 +113,7 @@ def _check_results_dir(b: Any) -> None:
     results_dir = resolve_path(b.results_dir)
     if results_dir is None:
         return
-    probe = results_dir / f".{b.name}.write-test"
+    probe = results_dir / f".{stem or b.name}.write-test"
     try:
         results_dir.mkdir(parents=True, exist_ok=True)
         probe.write_bytes(b"")
@@ -105,7 +131,8 @@ def run(ctx: StageContext) -> BenchmarkResult:
     from .report import write_outputs
 
     b = ctx.cfg.benchmark
-    _check_results_dir(b)
+    stem = results_stem(ctx.cfg)
+    _check_results_dir(b, stem)
     inp = _inputs(ctx)
     assert ctx.out is not None
     with ctx.progress("benchmark", _count_levels(b)) as advance:
@@ -116,10 +143,10 @@ def run(ctx: StageContext) -> BenchmarkResult:
     if results_dir is not None:
         results_dir.mkdir(parents=True, exist_ok=True)
         for kind, src in paths.items():
-            name = f"{b.name}.{kind}" if kind in ("json", "md") else f"{b.name}-{kind}"
+            name = f"{stem}.{kind}" if kind in ("json", "md") else f"{stem}-{kind}"
             shutil.copyfile(src, results_dir / name)
             published.append(str(results_dir / name))
-        ctx.console.print(f"benchmark results: {results_dir / (b.name + '.md')}")
+        ctx.console.print(f"benchmark results: {results_dir / (stem + '.md')}")
     errors = doc["ratios"]["failed_requests"]["value"]
     if errors and b.fail_on_errors:
         raise PipelineError(

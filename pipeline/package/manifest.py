@@ -108,6 +108,7 @@ def _evaluated_what(ctx: StageContext, settings: Any, bi: BuildInfo) -> dict[str
     if ev is not None and EvalArtifact(ev.path).report_path.is_file():
         rep = EvalArtifact(ev.path).report()
         out["candidate"], out["candidate_note"] = rep.candidate, rep.candidate_note
+    out["warning"] = simulated_candidate_warning(out["candidate"])
     if settings.target == "tensorrt_llm" and not bi.gpus:
         from ..serve.parity import command_for
 
@@ -117,6 +118,19 @@ def _evaluated_what(ctx: StageContext, settings: Any, bi: BuildInfo) -> dict[str
             f"has not run this checkpoint. On the GPU host, serve the package and run `{command_for()}`."
         )
     return out
+
+
+def simulated_candidate_warning(candidate: str | None) -> str | None:
+    """The warning of a package whose gate judged ModelOpt's simulated model (``eval.candidate=auto`` on a host that
+    cannot run the engine: the documented TensorRT-LLM forward path without a GPU), not the engine it ships; None
+    otherwise.  An explicit ``eval.candidate=simulated`` never gets here (:mod:`pipeline.package.checks` refuses it)."""
+    if candidate != "simulated":
+        return None
+    return (
+        "the release gate judged ModelOpt's simulated-quantization model, not the engine this package ships "
+        "(eval.candidate=auto could not run the engine here); the engine has not been measured against the eval set. "
+        "Fix: run the served-parity check on a host that runs the engine, or evaluate with eval.candidate=engine there."
+    )
 
 
 def _migration(ctx: StageContext) -> dict[str, Any] | None:

@@ -28,6 +28,7 @@ from ..core.contracts.export import ExportArtifact, ModelInfo
 from ..core.contracts.package import PackageArtifact, PackageResult, ParityRecord
 from ..core.stage import Stage, StageContext
 from ..errors import InputError
+from .checks import checks
 from .gate import release_gate
 from .manifest import LIBRARIES, release_manifest
 from .release import invocation_id, release_archive, release_name
@@ -88,6 +89,8 @@ def package(ctx: StageContext) -> PackageResult:
             shutil.rmtree(cache)
         name = release_name(cfg)
         manifest = release_manifest(ctx, name, settings, bi, mi, gate, speculative, info, parity, serving_image, limits, engine_dir)
+        if manifest["evaluation"]["warning"]:
+            ctx.console.print(f"[bold red]warning:[/] package: {manifest['evaluation']['warning']}")
         manifest = redact(manifest)  # the one redaction (pipeline.core.store.redact) at every place the config is written
         write_json_atomic(ctx.out / PackageArtifact.RELEASE_MANIFEST, manifest)
         release = release_archive(ctx, repo, name, manifest) if pc.archive else None
@@ -148,6 +151,7 @@ def _dry_run(ctx: StageContext) -> dict[str, Any]:
 
 STAGE = Stage(
     name="package",
+    checks=checks,
     deps=("export", "build", "evaluate"),
     config_groups=("package", "quant", "parallel", "build"),  # the manifest records quant recipe and build knobs
     libraries=LIBRARIES,

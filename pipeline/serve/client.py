@@ -245,6 +245,7 @@ class LLMClient:
             self.inputs = {i["name"]: i for i in meta["inputs"]}
             self.outputs = {o["name"]: o for o in meta["outputs"]}
             self.decoupled = self._is_decoupled(model)
+            self.max_seq_len = _config_int(self.client.get_model_config(model, as_json=True, client_timeout=10), "max_seq_len")
         except InferenceServerException as e:
             self.client.close()
             raise ServerUnavailable(no_server_message(url, e.message() if hasattr(e, "message") else str(e))) from None
@@ -332,6 +333,21 @@ class LLMClient:
 
             return render(self.tokenizer, messages=msgs), {}
         return str(prompt), {}
+
+    def room(self, prompt: str | None = None, *, chat: bool = True, messages: list[dict] | None = None) -> tuple[int, int] | None:
+        """``(prompt tokens, tokens left to generate under the served model's max_seq_len)`` of one request, as the
+        served model counts them (:func:`served_prompt_tokens`, the OpenAI endpoint's rule), or None when unknown: no
+        tokenizer loaded, or a model whose config states no ``max_seq_len`` parameter.  The served model lowers a
+        ``max_tokens`` over the room to the room without a word (``genai_requests.py``); the OpenAI endpoint
+        refuses an explicit one (400), and ``pipeline client`` does the same with this."""
+        if self.tokenizer is None or not self.max_seq_len:
+            return None
+        from ..core.tokenization import codec_of
+
+        text, extra = self.chat_inputs(prompt, messages, chat)
+        msgs = json.loads(extra["messages"]) if "messages" in extra else None
+        n = served_prompt_tokens(codec_of(self.tokenizer), msgs if msgs is not None else text, server_renders=msgs is not None)
+        return n, self.max_seq_len - n
 
     def generate(
         self,
@@ -627,6 +643,26 @@ def generate_concurrent(
 
 
 # --------------------------------------------------------------------------- CLI
+def _config_int(config: dict[str, Any], name: str) -> int | None:
+    """A model config's integer parameter ``name`` (``parameters.<name>.string_value``), None when absent or not > 0."""
+    raw = (((config.get("config") or {}).get("parameters") or {}).get(name) or {}).get("string_value", "")
+    return int(raw) if str(raw).strip().isdigit() and int(raw) > 0 else None
+
+
+def served_prompt_tokens(codec: Any, text: str | list[dict], *, server_renders: bool) -> int:
+    """Ids the served model feeds the engine for ``text`` (``codec``: the served :class:`~pipeline.core.tokenization.TextCodec`):
+    the served encode rule (``encode_served`` in ``serve/models/genai_requests.py``: rendered text as is, BOS only where
+    the tokenizer adds it); chat messages the server renders itself (``server_renders``) as ``TextCodec.encode_prompt``."""
+    if isinstance(text, list):
+        if server_renders:
+            return len(codec.encode_prompt(messages=text))
+        text = codec.render(messages=text)
+    ids = codec.encode_rendered(text)
+    if codec.adds_bos and codec.bos_id is not None and (not ids or ids[0] != codec.bos_id):
+        return len(ids) + 1
+    return len(ids)
+
+
 def served_tokenizer(url: str) -> Path:
     """The tokenizer folder (chat template included) of the package served at ``url``.
 

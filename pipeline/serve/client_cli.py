@@ -166,6 +166,55 @@ def _refusal_fix(a: argparse.Namespace, reason: str) -> str:
     return "change the request as the reason says (an --input value, --max-tokens, the prompt)"
 
 
+def _fit_budget(a: argparse.Namespace, c: LLMClient, prompt: str, max_tokens: int) -> tuple[int, dict[str, int] | None]:
+    """``(max_tokens to send, what was lowered or None)`` for one prompt, as the OpenAI endpoint decides it
+    (``openai_frontend.budget``): over the room the served ``max_seq_len`` leaves after the prompt, an explicit
+    ``--max-tokens`` (or ``--input max_tokens=``) is refused (exit 2, naming the room) and the default is lowered to
+    the room, said on stderr; the served model would lower either silently.  Unknown room (no tokenizer, e.g.
+    ``--raw``; no ``max_seq_len`` in the model's config): sent as given."""
+    fit = c.room(prompt, chat=not a.raw)
+    if fit is None or max_tokens <= fit[1]:
+        return max_tokens, None
+    n_prompt, room = fit
+    if room < 1:
+        raise InputError(
+            f"the prompt has {n_prompt} tokens, leaving no room to generate under the served model's maximum context "
+            f"length of {c.max_seq_len} tokens. Fix: shorten the prompt to at most {(c.max_seq_len or 1) - 1} tokens."
+        )
+    explicit = a.max_tokens is not None or any(item.partition("=")[0].strip() == "max_tokens" for item in a.input)
+    if explicit:
+        flag = f"--max-tokens {max_tokens}" if a.max_tokens is not None else f"--input max_tokens={max_tokens}"
+        raise InputError(
+            f"{flag} exceeds the room left: the served model's maximum context length is {c.max_seq_len} tokens and the "
+            f"prompt has {n_prompt}, leaving {room}. Fix: --max-tokens {room} (or less), or shorten the prompt."
+        )
+    print(
+        f"note: max_tokens lowered from the default {max_tokens} to {room} (by {max_tokens - room}): the served model's "
+        f"maximum context length is {c.max_seq_len} tokens and the prompt has {n_prompt}.",
+        file=sys.stderr,
+    )
+    return room, {"asked": max_tokens, "sent": room}
+
+
+def _json_answer(prompt: str, r: Any, lowered: dict[str, int] | None) -> dict[str, Any]:
+    """The ``--json`` object of one answer: ``max_tokens_lowered`` when :func:`_fit_budget` lowered the budget, and
+    ``output_tokens`` only when the served response carried a count (``sequence_length``; the ensemble returns no
+    finish reason, so none is given)."""
+    out: dict[str, Any] = {
+        "prompt": prompt,
+        "text": r.text,
+        "chunks": len(r.chunks),
+        "ttft_s": r.chunk_times_s[0] if r.chunk_times_s else None,
+        "total_s": round(r.total_s, 4),
+        "request_id": r.request_id,
+    }
+    if r.n_tokens is not None:
+        out["output_tokens"] = r.n_tokens
+    if lowered is not None:
+        out["max_tokens_lowered"] = lowered
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """``pipeline client [PROMPT ...] [--url ...] [--stream] [--max-tokens N] [--input name=value ...]``."""
     from ..errors import EXIT_FAILED, EXIT_INPUT
@@ -193,25 +242,14 @@ def main(argv: list[str] | None = None) -> int:
 
         with LLMClient(a.url, a.model, tokenizer=tok, timeout_s=a.timeout) as c:
             for p in prompts:
+                budget, lowered = _fit_budget(a, c, p, max_tokens)
                 if stream and not a.json:
-                    r = c.generate(p, max_tokens, stream=True, chat=not a.raw, on_chunk=echo, **extra)
+                    r = c.generate(p, budget, stream=True, chat=not a.raw, on_chunk=echo, **extra)
                     sys.stdout.write("\n")
                 else:
-                    r = c.generate(p, max_tokens, stream=stream, chat=not a.raw, **extra)
+                    r = c.generate(p, budget, stream=stream, chat=not a.raw, **extra)
                     if a.json:
-                        print(
-                            json.dumps(
-                                {
-                                    "prompt": p,
-                                    "text": r.text,
-                                    "chunks": len(r.chunks),
-                                    "ttft_s": r.chunk_times_s[0] if r.chunk_times_s else None,
-                                    "total_s": round(r.total_s, 4),
-                                    "request_id": r.request_id,
-                                },
-                                ensure_ascii=False,
-                            )
-                        )
+                        print(json.dumps(_json_answer(p, r, lowered), ensure_ascii=False))
                     else:
                         print(r.text)
     except UnknownModel as e:  # LLMClient's fix names its parameter; here the flag

@@ -193,15 +193,9 @@ class Frontend:
         """Ids the served model feeds the engine for ``text``: the served encode rule (``encode_served`` in
         ``serve/models/genai_requests.py``: rendered text as is, BOS only where the tokenizer adds it);
         for chat messages rendered server-side, ``TextCodec.encode_prompt`` (what the served model runs)."""
-        c = self.codec
-        if isinstance(text, list):
-            if self.server_renders:
-                return len(c.encode_prompt(messages=text))
-            text = c.render(messages=text)
-        ids = c.encode_rendered(text)
-        if c.adds_bos and c.bos_id is not None and (not ids or ids[0] != c.bos_id):
-            return len(ids) + 1
-        return len(ids)
+        from .client import served_prompt_tokens
+
+        return served_prompt_tokens(self.codec, text, server_renders=self.server_renders)
 
     def completion_tokens(self, text: str) -> int:
         """Fallback count for a deployment without a ``sequence_length`` output: ``text`` re-encoded (over-counts

@@ -105,8 +105,11 @@ def test_stage_publishes_results_and_is_never_cached(stage_run):
 
     assert get_stage("benchmark").cacheable is False
     res = stage_run["results"]
-    assert (res / "smoke.json").is_file() and (res / "smoke.md").is_file()
-    assert load(res / "smoke.json") == load(stage_run["art"] / "benchmark.json")
+    # not the embedded default model: its results are named after it, never over the preset's committed files
+    assert (res / "tiny_llama-smoke.json").is_file() and (res / "tiny_llama-smoke.md").is_file()
+    assert not (res / "smoke.json").exists() and not (res / "smoke.md").exists()
+    assert load(res / "tiny_llama-smoke.json") == load(stage_run["art"] / "benchmark.json")
+    assert "Model `tiny_llama` (export digest `" in (res / "tiny_llama-smoke.md").read_text(encoding="utf-8")
     head = {r.stage: r for r in stage_run["summary"].stages}["benchmark"].headline
     assert head["errors"] == 0 and head["tpot_ms"] > 0 and head["mode"] == "triton"
     manifest = json.loads((stage_run["art"] / "manifest.json").read_text())

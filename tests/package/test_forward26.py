@@ -69,6 +69,8 @@ def test_pytorch_backend_packages_on_a_cpu_host_for_a_named_gpu(tmp_path, ckpt, 
     m = json.loads((pkg / "release_manifest.json").read_text(encoding="utf-8"))
     ev = m["evaluation"]
     assert ev["candidate"] == "simulated"
+    # auto -> simulated is the documented CPU-host path: allowed, but said loudly (console and manifest)
+    assert "not the engine this package ships" in ev["warning"] and "not the engine this package ships" in r.stdout
     assert "tensorrt_llm is not installed" in ev["candidate_note"]
     assert "target.gpu=h100_sxm" in ev["gpu_host_check"] and "simulated" in ev["gpu_host_check"]
     assert m["parity"]["command"] in ev["gpu_host_check"] and m["parity"]["status"] == "not run here"

@@ -81,6 +81,12 @@ class BenchmarkDocument:
     ignore_eos: Any = None
     target: Any = None
     quant_recipe: Any = "-"
+    model_name: Any = None
+    """``model.model_name``: the model measured (``model.name`` of the run)."""
+    export_digest: Any = None
+    """``model.artifacts.export.digest``: the export artifact's digest (of the exported checkpoint)."""
+    hf_dir: Any = None
+    """``model.hf_dir``: the exported checkpoint folder the run measured."""
 
     @property
     def host_cpu(self) -> Any:
@@ -97,4 +103,6 @@ class BenchmarkDocument:
         host, roofline = from_fields(BenchHost, json_object(d.get("host"))), json_object(d.get("roofline"))
         rs = {k: from_fields(BenchRatio, json_object(v)) for k, v in ratios.items()}
         derived = (cfg.get("repeats"), cfg.get("ignore_eos"), mdl.get("target"), mdl.get("quant_recipe", "-"))
-        return cls(d.get("schema"), config, model, host, roofline, rs, *derived)
+        export = json_object(json_object(mdl.get("artifacts")).get("export")).get("digest")
+        measured = (mdl.get("model_name"), export, mdl.get("hf_dir"))
+        return cls(d.get("schema"), config, model, host, roofline, rs, *derived, *measured)

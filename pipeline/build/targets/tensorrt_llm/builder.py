@@ -199,7 +199,7 @@ class TensorRTLLMTarget:
         if versions.installed_version() is None:
             raise PreflightError(
                 f"running a TensorRT-LLM engine needs TensorRT-LLM and a GPU. Fix: {INSTALL_FIX}; "
-                "or evaluate the simulated model (eval.candidate=simulated)."
+                "or evaluate the simulated model without packaging it (eval.candidate=simulated eval.runners=[baseline,simulated] stages=[export,quantize,evaluate])."
             )
         from .runner import load_runner
 

@@ -43,7 +43,9 @@ from ....errors import InputError, PreflightError
 INSTALL_FIX = (
     "install TensorRT-LLM 1.2.1 on an NVIDIA GPU host (`pip install 'tensorrt-llm==1.2.1' --extra-index-url "
     "https://pypi.nvidia.com/`, Python 3.10/3.12) or run inside nvcr.io/nvidia/tritonserver:<yy.mm>-trtllm-python-py3; "
-    "or evaluate the simulated model: eval.candidate=simulated"
+    "or evaluate the simulated model without packaging it: eval.candidate=simulated eval.runners=[baseline,simulated] "
+    "stages=[export,quantize,evaluate] "
+    "(a package ships the engine, so its gate must judge the engine: pipeline/package/checks.py)"
 )
 
 
