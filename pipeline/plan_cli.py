@@ -104,6 +104,22 @@ def _unplanned_problem(p: Any, cfg: Any) -> Any:
     return Problem("target.gpu", cfg.target.gpu, f"{p.target.why}.", f"name one: target.gpu=<{'|'.join(sorted(CATALOGUE))}>")
 
 
+def _problems_of(e: PipelineError) -> list[dict[str, Any]]:
+    """``e`` as the ``problems`` of ``pipeline plan --json`` (each ``{field, value, message, fix}``): a
+    :class:`~pipeline.core.config.ConfigError`'s own problems; any other refusal as one problem of the field its
+    message starts with (``calibration.path='x': ...``), else of field ``input`` (value null), split at ``Fix:``."""
+    import re
+
+    from .core.config import ConfigError
+
+    if isinstance(e, ConfigError):
+        return [{k: getattr(p, k) for k in ("field", "value", "message", "fix")} for p in e.problems]
+    why, _, fix = str(e).partition(" Fix: ")
+    named = re.match(r"([A-Za-z_][\w.]*)=(\S+?):? ", why)
+    field, value = (named.group(1), named.group(2).strip("'\"")) if named else ("input", None)
+    return [{"field": field, "value": value, "message": why, "fix": fix}]
+
+
 def _error(code: int, msg: str) -> None:
     """An error line as the ``pipeline`` command prints it: ``error (exit N): ...`` on stderr, unwrapped (a CI log
     greps it whole; the plan itself goes to stdout)."""
@@ -129,8 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = _compose(overrides, args.config_dir, args.config_name)
     except InputError as e:  # ConfigError included: the override, the valid names and the fix
-        if args.json:
-            print(json.dumps({"exit_code": EXIT_INPUT, "error": str(e)}))
+        if args.json:  # shaped as a refused config's (a CI job reads ``problems``)
+            doc = {"overrides": overrides, "problems": _problems_of(e), "error": str(e), "exit_code": EXIT_INPUT}
+            print(json.dumps(doc, indent=2, default=str))
         else:
             _error(EXIT_INPUT, str(e))
         return EXIT_INPUT
@@ -189,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     except PipelineError as e:
         out["error"] = str(e)
         code = e.exit_code
+        if code == EXIT_INPUT and not out["problems"]:  # a refusal is a problem too: ``problems`` is never empty on exit 2
+            out["problems"] = _problems_of(e)
         if not args.json:
             _error(code, str(e))
     out["exit_code"] = code
