@@ -98,3 +98,76 @@ def test_calib_max_seq_length_below_min_tokens_is_a_field_problem():
     assert "calibration.calib_max_seq_length" not in _by_field(
         validate_fields(compose(["calibration.calib_max_seq_length=4"]), raise_on_error=False)
     )
+
+
+def _eval_set(path: Path, n: int, slices: int = 1) -> Path:
+    rows = [
+        {"id": f"q{i}", "prompt": f"Where is order ORD-{i}?", "reference": f"ORD-{i}", "metric": "exact_match", "slice": f"s{i % slices}"}
+        for i in range(n)
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def test_an_eval_set_too_small_for_the_release_gate_is_refused_before_any_work(tiny_llama, tmp_path, monkeypatch):
+    from pipeline.evaluate.gate import fewest_items, items_needed, tango_upper
+
+    monkeypatch.delenv("PIPELINE_SKIP_GATE_SIZE_CHECK", raising=False)
+    # the bound: no drop and no discordant pair is the best case short of the candidate beating its baseline
+    assert fewest_items(0.05, 0.95) == 52 == items_needed(0, 0, 6, 0.05, 0.95)
+    assert tango_upper(0, 0, 51, 0.95) > 0.05 >= tango_upper(0, 0, 52, 0.95)
+    six = _eval_set(tmp_path / "six.jsonl", 6)
+    base = [f"model.path={tiny_llama}", *TINY, f"eval.eval_set={six}"]
+    for kw in ({"read_with_transformers": True}, {"list_inputs": True}):  # the plan, the run
+        got = _by_field(validate(compose([*base, "quant=int4_awq"]), raise_on_error=False, **kw))
+        said = got["eval.eval_set"][0]
+        assert "too few items for the release gate ever to pass" in said and "overall has 6, needs 52 (allowance 5.0 pp)" in said
+        assert "slice:s0 has 6, needs 25 (allowance 10.0 pp)" in said, said
+        assert "Fix: a larger eval set" in said and "eval.gate.max_drop=<drop>" in said and "eval.gate.mode=exploratory" in said
+    # exploratory mode, a relaxed allowance the set can show, or no baseline: not refused
+    for over in (["eval.gate.mode=exploratory"], ["eval.gate.max_drop=0.5"], ["eval.runners=[engine]"]):
+        got = _by_field(validate(compose([*base, "quant=int4_awq", *over]), raise_on_error=False, list_inputs=True))
+        assert "eval.eval_set" not in got, (over, got)
+    # per slice: 60 items over 4 slices pass overall (>= 52) but no 15-item slice can show 10 pp (25 needed)
+    sixty = _eval_set(tmp_path / "sixty.jsonl", 60, slices=4)
+    got = _by_field(validate(compose([*base, f"eval.eval_set={sixty}", "quant=int4_awq"]), raise_on_error=False))
+    said = got["eval.eval_set"][0]
+    assert "overall has" not in said and "slice:s0 has 15, needs 25" in said and "52 items, 25 per slice" in said, said
+    # eval.limit: the items the stage takes
+    got = _by_field(validate(compose([f"model.path={tiny_llama}", *TINY, "quant=int4_awq", "eval.limit=24"]), raise_on_error=False))
+    assert "overall has 24, needs" in got["eval.eval_set"][0], got
+    r = run_pipeline_cli("plan", *base, "quant=none", cwd=tmp_path, PIPELINE_SKIP_GATE_SIZE_CHECK="0")
+    assert r.returncode == 2 and "overall has 6, needs 133 (allowance 2.0 pp)" in r.stderr, r.stderr
+
+
+def test_the_inconclusive_fix_is_printed_once_at_the_end_of_a_run():
+    """A fresh-user trial saw the ~1,500-character inconclusive text three times: the evaluate stage's verdict, the
+    run summary's gate section and the package stage's refusal (the error line)."""
+    from rich.console import Console
+
+    from pipeline.core.config.eval import GateConfig
+    from pipeline.core.contracts.evaluate import EvalReport
+    from pipeline.evaluate.gate import judge, paired_stats
+    from pipeline.evaluate.report import print_console
+    from pipeline.evaluate.results import gate_summary
+    from pipeline.report import RunSummary, print_summary
+
+    st = paired_stats([1.0] * 6, [1.0] * 6, binary=True, agree=None, confidence=0.95, samples=200, seed=0)
+    v = judge(GateConfig(), "none", {"overall": st, "slice:a": st}, {"overall": 1.0, "slice:a": 1.0})
+    head = v["fix"].split(". ", 1)[0]
+    assert v["verdict"] == "inconclusive" and head.startswith("the gate is INCONCLUSIVE, not failed")
+    rep = {"gate": v, "eval_set": {"name": "x"}, "candidate": "engine", "recipe": "none", "runners": {}, "skipped": {"too_long": []}}
+    stage, end = io.StringIO(), io.StringIO()
+    print_console(EvalReport.from_json(rep), Console(file=stage, width=2000), in_run=True)
+    refusal = f"package: refusing to package an artifact whose evaluation gate is inconclusive: {v['fix']}"
+    record = {"passed": False, "reason": v["reason"], **gate_summary(v, {})}
+    print_summary(RunSummary([], 3, [], 1.0, None, refusal, gate={"evaluate": record}), Console(file=end, width=2000))
+    assert stage.getvalue().count(head) == 0 and "gate INCONCLUSIVE" in stage.getvalue() and "at the end of the run" in stage.getvalue()
+    assert end.getvalue().count(head) == 0 and "non-inferiority inconclusive" in end.getvalue()  # the error line: stderr
+    # a run that stops at evaluate: its error line is the reason, so the summary's gate section prints the fix
+    end = io.StringIO()
+    print_summary(
+        RunSummary([], 3, [], 1.0, None, f"evaluation gate inconclusive: {v['reason']}", gate={"evaluate": record}),
+        Console(file=end, width=2000),
+    )
+    assert end.getvalue().count(head) == 1
