@@ -105,9 +105,10 @@ def _unplanned_problem(p: Any, cfg: Any) -> Any:
 
 
 def _problems_of(e: PipelineError) -> list[dict[str, Any]]:
-    """``e`` as the ``problems`` of ``pipeline plan --json`` (each ``{field, value, message, fix}``): a
-    :class:`~pipeline.core.config.ConfigError`'s own problems; any other refusal as one problem of the field its
-    message starts with (``calibration.path='x': ...``), else of field ``input`` (value null), split at ``Fix:``."""
+    """``e`` (an exit-2 refusal of the planner after the checks passed) as the ``problems`` of ``pipeline plan --json``
+    (each ``{field, value, message, fix}``): a :class:`~pipeline.core.config.ConfigError`'s own problems; any other
+    refusal as one problem of the field its message starts with (``calibration.path='x': ...``), else of field
+    ``input`` (value null), split at ``Fix:``."""
     import re
 
     from .core.config import ConfigError
@@ -145,9 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = _compose(overrides, args.config_dir, args.config_name)
     except InputError as e:  # ConfigError included: the override, the valid names and the fix
-        if args.json:  # shaped as a refused config's (a CI job reads ``problems``)
-            doc = {"overrides": overrides, "problems": _problems_of(e), "error": str(e), "exit_code": EXIT_INPUT}
-            print(json.dumps(doc, indent=2, default=str))
+        if args.json:
+            print(json.dumps({"exit_code": EXIT_INPUT, "error": str(e)}))
         else:
             _error(EXIT_INPUT, str(e))
         return EXIT_INPUT
@@ -198,9 +198,11 @@ def main(argv: list[str] | None = None) -> int:
                 out["problems"].append(dataclasses.asdict(problem))
                 if not args.json:
                     _error(code, str(problem))
-    except KeyError as e:
+    except KeyError as e:  # an unknown --gpus name (facts.gpus.lookup): a problem of --gpus
         out["error"] = str(e.args[0])
         code = EXIT_INPUT
+        named = ("--gpus", args.gpus, "name GPUs from the list") if args.gpus else ("input", None, "")
+        out["problems"].append(dict(zip(("field", "value", "message", "fix"), (*named[:2], str(e.args[0]), named[2]))))
         if not args.json:
             _error(code, str(e.args[0]))
     except PipelineError as e:

@@ -80,11 +80,12 @@ def test_plan_json_lists_every_refusal_in_problems(tiny_llama, tmp_path):
     assert code == 2 and doc["exit_code"] == 2
     assert [p["field"] for p in doc["problems"]] == ["model.path"], doc
     assert set(doc["problems"][0]) == {"field", "value", "message", "fix"} and "not valid JSON" in doc["problems"][0]["message"]
-    # a value the config layer refuses while composing: shaped as every other problem
-    code, doc = _plan_json("build.max_seq_len=abc")
-    assert code == 2 and doc["overrides"] == ["build.max_seq_len=abc"]
-    assert [(p["field"], p["value"]) for p in doc["problems"]] == [("build.max_seq_len", "abc")], doc
-    assert set(doc["problems"][0]) == {"field", "value", "message", "fix"}
+    # a bad field value: listed, shaped as every other problem
+    code, doc = _plan_json(f"model.path={tiny_llama}", *TINY, "build.max_seq_len=-5")
+    assert code == 2 and ("build.max_seq_len", -5) in [(p["field"], p["value"]) for p in doc["problems"]], doc
+    # an unknown --gpus name
+    code, doc = _plan_json("--gpus", "zzz", "model=llama31_8b")
+    assert code == 2 and [(p["field"], p["value"]) for p in doc["problems"]] == [("--gpus", "zzz")], doc
     # the run refuses the unreadable config.json before any stage, with the same words
     got = _by_field(validate(compose([f"model.path={bad}"]), raise_on_error=False, list_inputs=True))
     assert "not valid JSON" in got["model.path"][0] and len(got["model.path"]) == 1, got
