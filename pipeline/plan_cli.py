@@ -104,6 +104,23 @@ def _unplanned_problem(p: Any, cfg: Any) -> Any:
     return Problem("target.gpu", cfg.target.gpu, f"{p.target.why}.", f"name one: target.gpu=<{'|'.join(sorted(CATALOGUE))}>")
 
 
+def _problems_of(e: PipelineError) -> list[dict[str, Any]]:
+    """``e`` (an exit-2 refusal of the planner after the checks passed) as the ``problems`` of ``pipeline plan --json``
+    (each ``{field, value, message, fix}``): a :class:`~pipeline.core.config.ConfigError`'s own problems; any other
+    refusal as one problem of the field its message starts with (``calibration.path='x': ...``), else of field
+    ``input`` (value null), split at ``Fix:``."""
+    import re
+
+    from .core.config import ConfigError
+
+    if isinstance(e, ConfigError):
+        return [{k: getattr(p, k) for k in ("field", "value", "message", "fix")} for p in e.problems]
+    why, _, fix = str(e).partition(" Fix: ")
+    named = re.match(r"([A-Za-z_][\w.]*)=(\S+?):? ", why)
+    field, value = (named.group(1), named.group(2).strip("'\"")) if named else ("input", None)
+    return [{"field": field, "value": value, "message": why, "fix": fix}]
+
+
 def _error(code: int, msg: str) -> None:
     """An error line as the ``pipeline`` command prints it: ``error (exit N): ...`` on stderr, unwrapped (a CI log
     greps it whole; the plan itself goes to stdout)."""
@@ -181,14 +198,18 @@ def main(argv: list[str] | None = None) -> int:
                 out["problems"].append(dataclasses.asdict(problem))
                 if not args.json:
                     _error(code, str(problem))
-    except KeyError as e:
+    except KeyError as e:  # an unknown --gpus name (facts.gpus.lookup): a problem of --gpus
         out["error"] = str(e.args[0])
         code = EXIT_INPUT
+        named = ("--gpus", args.gpus, "name GPUs from the list") if args.gpus else ("input", None, "")
+        out["problems"].append(dict(zip(("field", "value", "message", "fix"), (*named[:2], str(e.args[0]), named[2]))))
         if not args.json:
             _error(code, str(e.args[0]))
     except PipelineError as e:
         out["error"] = str(e)
         code = e.exit_code
+        if code == EXIT_INPUT and not out["problems"]:  # a refusal is a problem too: ``problems`` is never empty on exit 2
+            out["problems"] = _problems_of(e)
         if not args.json:
             _error(code, str(e))
     out["exit_code"] = code

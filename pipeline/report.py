@@ -219,7 +219,7 @@ def print_summary(summary: RunSummary, console: Console) -> None:
         t.add_row(r.stage, f"[{style}]{status}[/]", f"{r.seconds:.2f} s", *map(escape, cells))
     console.print(t)
     if summary.gate:
-        print_gate(summary.gate, console)
+        print_gate(summary.gate, console, said=summary.error)
     result = f"error (exit {summary.exit_code}): {summary.error}" if summary.error else f"ok in {summary.total_s:.1f} s"
     logging.getLogger("pipeline").info(result)  # the run's pipeline.log ends with how the run ended, too
     if summary.error:  # on stderr, unwrapped, as every other error line of the CLI (stdout keeps the summary)
@@ -237,10 +237,11 @@ def parity_record(art: Artifact) -> dict[str, Any] | None:
     return PackageArtifact(Path(art.path)).parity_record(art.result_as(PackageResult))
 
 
-def print_gate(gate: dict[str, Any], console: Console) -> None:
+def print_gate(gate: dict[str, Any], console: Console, *, said: str | None = None) -> None:
     """The release-gate section of the run summary: non-inferiority verdict (bound vs allowance), fidelity
     (mean KLD, top-1 agreement) and serving parity (``served == evaluated: N/N`` from the package stage's
-    ``parity`` result; "not checked" when absent).  ``gate`` is ``{"evaluate": <GateVerdict record>, "parity": ...}``
+    ``parity`` result; "not checked" when absent).  An inconclusive gate's fix is printed here unless ``said`` (the
+    run's error line, printed next) already carries it (the package stage's refusal): once at the end of a run.  ``gate`` is ``{"evaluate": <GateVerdict record>, "parity": ...}``
     (``summary.json`` ``gate``)."""
     from .core.contracts.manifest import RunGate
 
@@ -266,7 +267,7 @@ def print_gate(gate: dict[str, Any], console: Console) -> None:
         if ev.scopes:
             bound = f" (overall{bound}; scopes: " + ", ".join(f"{n} {v}" for v, n in ev.scopes.items() if n) + ")"
         console.print(f"[bold]gate[/]  non-inferiority [{color}]{ni}[/]{escape(bound)}{mode}")
-        if ev.inconclusive and ev.fix:
+        if ev.inconclusive and ev.fix and not (said and ev.fix.split(". ", 1)[0] in said):
             console.print(f"[bold]gate[/]  [yellow]{escape(ev.fix)}[/]")
         f = ev.fidelity
         if f is not None:

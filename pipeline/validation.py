@@ -102,7 +102,9 @@ def validate(
         problems.extend([store] if store is not None else [])
     if read_with_transformers or (list_inputs and problems):  # and the data files: a run lists them with its problems
         said = bool(problems)  # (one ConfigError, not a second round: a trial); a plan leaves the checkpoint to the
-        order = [s for s in STAGES if s in set(cfg.stages or []) and not (read_with_transformers and s == "export")]
+        order = [  # and export's when its checks refused the checkpoint: its input check repeats them in one text
+            s for s in STAGES if s in set(cfg.stages or []) and not (s == "export" and (read_with_transformers or by_stage["export"]))
+        ]
         try:  # export's checks (a shapes-only preset's missing checkpoint is what a plan is for)
             problems.extend(input_problems(order, cfg, said=problems))
         except Exception:  # listing the inputs of a config already refused never hides the problems found

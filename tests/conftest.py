@@ -19,6 +19,10 @@ _threads = 1 if not os.environ.get("CI") else max(1, (os.cpu_count() or 1) // _w
 os.environ.setdefault("OMP_NUM_THREADS", str(_threads))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# The suite's runs use eval sets of a few items in the release gate mode to exercise the evaluate and package stages'
+# own verdicts (inconclusive, exit 3); the config-time refusal of a set too small for the gate ever to pass
+# (pipeline/evaluate/checks.py) is off for them and on in the tests of that check (tests/core/test_plan_run_agree.py).
+os.environ.setdefault("PIPELINE_SKIP_GATE_SIZE_CHECK", "1")
 
 import tiny  # noqa: E402
 

@@ -133,13 +133,11 @@ _RANGES: dict[str, tuple[float, float, bool, bool]] = {
 ``repetition_penalty`` > 0, ``temperature`` >= 0, ``top_p`` in (0, 1], ``top_k`` a non-negative int)."""
 
 
-def policy_from_dict(gen: dict[str, Any], where: str = "generation_config.json") -> DecodingPolicy:
-    """The policy of a parsed ``generation_config.json`` object.
-
-    Raises:
-        InputError: a refused field (:data:`REFUSED`) has a non-neutral value, or a numeric field is not a number (a
-            whole one for ``top_k``) or out of range (:data:`_RANGES`); every problem of the file in one error.
-    """
+def field_problems(gen: dict[str, Any]) -> list[str]:
+    """What is wrong with the parsed ``generation_config.json`` object ``gen``, one ``"<problem>. Fix: ..."`` text per
+    field: a refused field (:data:`REFUSED`) with a non-neutral value, a numeric field that is not a number (a whole
+    one for ``top_k``) or out of range (:data:`_RANGES`).  The one rule: :func:`policy_from_dict` (the export stage)
+    and :func:`policy_problems` (its config-time check, ``pipeline plan``) both use it."""
     problems: list[str] = []
     for name, (neutral, why) in REFUSED.items():
         v = gen.get(name)
@@ -152,6 +150,16 @@ def policy_from_dict(gen: dict[str, Any], where: str = "generation_config.json")
         bad = None if gen.get(name) is None else _number_problem(name, gen[name], lo, hi, lo_open=lo_open, whole=whole)
         if bad:
             problems.append(f"{bad}. Fix: correct {name} in generation_config.json or delete the field.")
+    return problems
+
+
+def policy_from_dict(gen: dict[str, Any], where: str = "generation_config.json") -> DecodingPolicy:
+    """The policy of a parsed ``generation_config.json`` object.
+
+    Raises:
+        InputError: :func:`field_problems` found any; every problem of the file in one error.
+    """
+    problems = field_problems(gen)
     if problems:
         raise InputError(
             f"{where}: {problems[0]}" if len(problems) == 1 else f"{where}: {len(problems)} problems:\n  - " + "\n  - ".join(problems)
@@ -168,22 +176,47 @@ def policy_from_dict(gen: dict[str, Any], where: str = "generation_config.json")
     return DecodingPolicy(repetition_penalty=penalty, sampling=sampling, ignored=ignored, source="generation_config.json")
 
 
-def read_policy(checkpoint: Path) -> DecodingPolicy:
-    """The policy of the checkpoint folder ``checkpoint`` (its ``generation_config.json``; neutral when absent).
+def _read_generation_config(checkpoint: Path) -> dict[str, Any] | None:
+    """The parsed ``generation_config.json`` of the checkpoint folder ``checkpoint``; None when absent.
 
     Raises:
-        InputError: the file is not a JSON object, or :func:`policy_from_dict` refuses it.
+        InputError: the file is not a JSON object.
     """
     path = Path(checkpoint) / "generation_config.json"
     if not path.is_file():
-        return DecodingPolicy()
+        return None
     try:
         gen = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise InputError(f"{path}: not readable JSON ({e}). Fix: restore generation_config.json or delete it.") from None
     if not isinstance(gen, dict):
         raise InputError(f"{path}: expected a JSON object. Fix: restore generation_config.json or delete it.")
-    return policy_from_dict(gen, str(path))
+    return gen
+
+
+def read_policy(checkpoint: Path) -> DecodingPolicy:
+    """The policy of the checkpoint folder ``checkpoint`` (its ``generation_config.json``; neutral when absent).
+
+    Raises:
+        InputError: the file is not a JSON object, or :func:`policy_from_dict` refuses it.
+    """
+    gen = _read_generation_config(checkpoint)
+    if gen is None:
+        return DecodingPolicy()
+    return policy_from_dict(gen, str(Path(checkpoint) / "generation_config.json"))
+
+
+def policy_problems(checkpoint: Path) -> list[str]:
+    """Everything :func:`read_policy` refuses in the checkpoint folder ``checkpoint``, one
+    ``"<path>: <problem>. Fix: ..."`` text each (none when it would read the policy): the export stage's config-time
+    check (:func:`pipeline.export.checks.checks`), so ``pipeline plan`` and a run refuse before any stage what the
+    export stage would."""
+    try:
+        gen = _read_generation_config(checkpoint)
+    except InputError as e:
+        return [str(e)]
+    where = Path(checkpoint) / "generation_config.json"
+    return [f"{where}: {p}" for p in field_problems(gen or {})]
 
 
 def neutral_generation_config(**fields: Any) -> Any:

@@ -6,7 +6,11 @@
   length problems came first, the file's own problems only after they were fixed);
 * the business eval set's prompts, rendered and tokenized as the engine will see them
   (:class:`pipeline.core.tokenization.TextCodec`: ``tokenizers`` + ``jinja2``, no transformers), fit
-  ``build.max_input_len`` (max and P99 reported), and prompt + ``max_new_tokens`` fit ``build.max_seq_len``.
+  ``build.max_input_len`` (max and P99 reported), and prompt + ``max_new_tokens`` fit ``build.max_seq_len``;
+* in the release gate mode (``eval.gate.mode=release``, with a baseline), the eval set is large enough for the gate
+  to pass at all: every scope (overall, each slice) holds at least :func:`pipeline.evaluate.gate.fewest_items` items
+  for its allowance (the best case, no drop and no differing item), or the run would end *inconclusive* (exit 3)
+  after every stage's work, whatever the candidate scores.
 
 Fast (well under a second for the default model; cached per file version).
 """
@@ -28,6 +32,7 @@ def checks(cfg: Any) -> list[Problem]:
     from ..core.sizing import shape_or_none
 
     problems = _eval_set_file_problems(cfg)
+    problems += [] if problems else _gate_size_problems(cfg)  # a set the reader refuses has no size to judge
     shape = shape_or_none(cfg)
     if shape is None:
         return problems  # an unreadable checkpoint: the export stage / `pipeline plan` report it
@@ -54,6 +59,69 @@ def _eval_set_file_problems(cfg: Any) -> list[Problem]:
         return list(_file_problems(_file_sig(path), str(cfg.eval.eval_set)))
     except OSError:
         return []  # unreadable: the evaluate stage's own read says why
+
+
+@functools.lru_cache(maxsize=8)
+def _scope_sizes(eval_sig: tuple[str, int, int], limit: int | None) -> dict[str, int]:
+    """Items per gate scope (``overall``, ``slice:<name>``) of the eval set the evaluate stage takes (``eval.limit``
+    round-robin across slices, :func:`~pipeline.data.evalset.read_eval_set`); cached per file version."""
+    from collections import Counter
+
+    from ..data.evalset import read_eval_set
+
+    items = read_eval_set(Path(eval_sig[0]), limit=limit).items
+    return {"overall": len(items), **{f"slice:{k}": v for k, v in Counter(it.slice for it in items).items()}}
+
+
+def _gate_size_problems(cfg: Any) -> list[Problem]:
+    """``eval.eval_set`` too small for the release gate ever to pass (:func:`pipeline.evaluate.gate.fewest_items` per
+    scope, the gate's own allowances :func:`~pipeline.evaluate.gate.allowances`), as one problem naming every short
+    scope; none in the exploratory mode, without a baseline to compare with, or when the set cannot be read (its
+    reader's problems are reported instead).  ``PIPELINE_SKIP_GATE_SIZE_CHECK=1`` turns it off (the test suite sets it,
+    tests/conftest.py: its tiny release-mode runs show the evaluate stage's own inconclusive verdict)."""
+    from ..core.config import resolve_path
+    from ..errors import InputError
+    from .gate import allowance_sources, allowances, fewest_items
+
+    e = cfg.eval
+    if os.environ.get("PIPELINE_SKIP_GATE_SIZE_CHECK") == "1":  # the test suite's tiny sets show the stage's own verdict
+        return []
+    if e.gate.mode != "release" or "baseline" not in e.runners or e.candidate == "baseline" or not e.eval_set:
+        return []
+    try:
+        path = resolve_path(e.eval_set)
+        if path is None or not path.is_file():
+            return []
+        sizes = _scope_sizes(_file_sig(path), e.limit)
+        allow = dict(zip(("overall", "slice"), allowances(e.gate, cfg.quant.recipe)))
+    except (OSError, InputError):
+        return []
+    need = {s: fewest_items(allow["overall" if s == "overall" else "slice"], float(e.gate.confidence)) for s in sizes}
+    short = [s for s, n in sizes.items() if need[s] is None or n < need[s]]  # type: ignore[operator]
+    if not short:
+        return []
+    src_all, src_slice = allowance_sources(e.gate, cfg.quant.recipe)
+    parts = "; ".join(
+        f"{s} has {sizes[s]}, needs {need[s] if need[s] is not None else 'more than any set'} "
+        f"(allowance {100 * allow['overall' if s == 'overall' else 'slice']:.1f} pp)"
+        for s in short
+    )
+    counts = f"at least {need['overall']} items" if need["overall"] is not None else "more items"
+    per_slice = fewest_items(allow["slice"], float(e.gate.confidence))
+    counts += f", {per_slice} per slice" if per_slice is not None and any(s != "overall" for s in short) else ""
+    return [
+        Problem(
+            "eval.eval_set",
+            e.eval_set,
+            f"too few items for the release gate ever to pass: even with no drop and no item where the candidate and the "
+            f"baseline differ, the {float(e.gate.confidence):.0%} upper bound of the drop stays above the allowance, so the "
+            f"run would end inconclusive (exit 3) after every stage's work. {parts}; allowances from {src_all} and "
+            f"{src_slice}.",
+            f"a larger eval set (eval.eval_set=<JSONL with {counts}), or a larger allowance you accept "
+            f"(eval.gate.max_drop=<drop> / eval.gate.slice_max_drop=<drop>, absolute 0..1), or eval.gate.mode=exploratory "
+            f"(the run finishes, recorded as not releasable)",
+        )
+    ]
 
 
 @functools.lru_cache(maxsize=8)

@@ -173,6 +173,15 @@ def items_needed(b: float, c: float, n: int, allowance: float, confidence: float
     return int(hi)
 
 
+def fewest_items(allowance: float, confidence: float) -> int | None:
+    """The fewest paired items on which a scope can pass at all: :func:`items_needed` in the best case short of the
+    candidate beating its baseline (no drop and no discordant pair, b = c = 0, where Tango's bound is
+    z^2 / (n + z^2)): n = z^2 (1 - allowance) / allowance, rounded up (52 items at a 5 pp allowance and 95 %
+    confidence).  A scope with fewer items is *inconclusive* at best whatever the candidate scores, unless it scores
+    better than the baseline on enough items (c > b).  None when no size can show it (a zero allowance)."""
+    return items_needed(0.0, 0.0, 1, allowance, confidence)
+
+
 def paired_stats(
     base: Sequence[float], cand: Sequence[float], *, binary: bool, agree: Sequence[bool] | None, confidence: float, samples: int, seed: int
 ) -> PairedStats:

@@ -312,8 +312,11 @@ figure{{display:inline-block;margin:0 1em 1em 0}}</style></head><body>
 """
 
 
-def print_console(rep: EvalReport, console: Any) -> None:
-    """Per-slice table (scores in %, drops and CI in percentage points) and the gate verdict."""
+def print_console(rep: EvalReport, console: Any, *, in_run: bool = False) -> None:
+    """Per-slice table (scores in %, drops and CI in percentage points) and the gate verdict.  An inconclusive gate
+    prints its fix (the scopes, the items needed and what to do, :func:`pipeline.evaluate.gate.inconclusive_fix`);
+    ``in_run`` (the evaluate stage of a run) prints the reason instead, since the run's end prints the fix once (the
+    run summary's gate section, or the package stage's refusal: :func:`pipeline.report.print_summary`)."""
     from rich import box
     from rich.table import Table
     from rich.text import Text
@@ -368,7 +371,8 @@ def print_console(rep: EvalReport, console: Any) -> None:
     elif g.verdict == "inconclusive" and g.mode == "exploratory":
         console.print(Text.assemble(("EXPLORATORY RUN - gate INCONCLUSIVE, NOT RELEASABLE: ", "bold yellow"), g.reason))
     elif g.verdict == "inconclusive":
-        console.print(Text.assemble(("gate INCONCLUSIVE (not failed; not releasable): ", "bold yellow"), g.fix or g.reason))
+        said = f"{g.reason} (what to do: at the end of the run)" if in_run and g.fix else g.fix or g.reason
+        console.print(Text.assemble(("gate INCONCLUSIVE (not failed; not releasable): ", "bold yellow"), said))
     else:
         console.print(Text.assemble(("gate FAILED: ", "bold red"), g.reason))
     if note := rope_note(rep):

@@ -7,11 +7,9 @@ The facts are :data:`pipeline.facts.families.FAMILY_SUPPORT`; this module turns 
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from ..core.config import resolve_path
-from ..core.modelio import read_model_config
 from ..errors import InputError
 from ..facts.families import FAMILY_SUPPORT
 from .inspect import check_tokenizer_files, holds_weights, inspect_checkpoint, inspect_config
@@ -25,17 +23,23 @@ def checks(cfg: Any) -> list[Any]:
       counts, RoPE fields that disagree; :func:`~pipeline.export.inspect.check_tokenizer_files`: a missing or invalid
       tokenizer file; the weight files' headers when the folder holds any, :func:`~pipeline.export.inspect.inspect_checkpoint`:
       shards, pickles, tensor shapes against config.json), with the export's message;
+    * what the export stage's decoding policy refuses in ``generation_config.json``
+      (:func:`~pipeline.core.decoding.policy_problems`: ``min_p`` > 0, ``no_repeat_ngram_size``, ``top_p`` outside
+      (0, 1] ...), one problem per field, so a plan and a run refuse it before any stage with the other problems;
     * a target the family cannot be built for (Phi-3 on ``tensorrt_llm``), with the reason and the alternative.
 
-    Shapes-only presets (no ``model.path``) are skipped.
+    Shapes-only presets (no ``model.path``) and a folder without ``config.json`` are skipped (the field and inputs
+    checks name a checkpoint that is not there); a ``config.json`` that is not valid JSON is the export's refusal too.
     """
-    from ..core.config.common import Problem
+    from ..core.config.common import Problem, file_problems
+    from ..core.decoding import policy_problems
 
-    mc = read_model_config(getattr(cfg.model, "path", None))
-    if mc is None:
-        return []
-    problems: list[Problem] = []
-    m, src = cfg.model, Path(resolve_path(str(cfg.model.path)) or cfg.model.path)
+    m = cfg.model
+    src = resolve_path(str(m.path)) if getattr(m, "path", None) else None
+    if src is None or not (src / "config.json").is_file():
+        return []  # no checkpoint (a shapes-only preset), or one not there: the field and inputs checks name it
+    # the export stage's decoding rule (generation_config.json: min_p, no_repeat_ngram_size, top_p out of range ...)
+    problems = file_problems("model.path", m.path, policy_problems(src), "generation_config.json problems")
     try:  # the export stage's own rules (one rule, one wording), so a plan refuses what the run's export would (trials)
         if holds_weights(src):  # the weight headers too (vocab_size vs the embedding rows, shards, pickles): milliseconds
             facts = inspect_checkpoint(
@@ -47,7 +51,7 @@ def checks(cfg: Any) -> list[Any]:
         check_tokenizer_files(src, m.trust_remote_code)
     except InputError as e:
         why, _, fix = str(e).partition(" Fix: ")
-        return [Problem("model.path", cfg.model.path, why, fix)]
+        return [Problem("model.path", cfg.model.path, why, fix), *problems]
     fam = FAMILY_SUPPORT[mt]
     from ..core.targets import needs_build, resolve_target
 

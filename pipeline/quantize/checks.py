@@ -4,7 +4,8 @@
   them); a vocabulary not divisible by TP is padded (``quant.vocab_padding=pad``, recorded) or rejected;
   ``parallel.pp_size`` <= layers;
 * ``calibration.calib_max_seq_length`` <= the model's positions;
-* a local calibration file has no malformed line (each one a problem naming file:line, the field, the value and the
+* a local calibration file is in a format the stage reads (its suffix, or ``calibration.format`` and the file's bytes:
+  :func:`pipeline.data.calibration.detect_format`) and has no malformed line (each one a problem naming file:line, the field, the value and the
   fix) and holds at least ``calibration.min_samples`` non-blank records (an upper bound of the usable samples the stage
   counts after tokenizing, so this never refuses a set the stage would accept), reported together;
 * the recipe on the model's linear layers (from ``config.json``): ``quant.group_size`` divides every quantized
@@ -102,8 +103,8 @@ def _calibration_size_problems(cfg: Any) -> list[Problem]:
     except CalibrationError as e:  # every malformed line, with what the file held besides them
         rows, blank, malformed = e.rows, e.blank, len(e.problems)
         out = file_problems("calibration.path", c.path, e.problems, "malformed line(s)", "correct the line")
-    except InputError:
-        return []  # missing or unreadable: the field check or the stage names it
+    except InputError as e:  # missing: the inputs check names it; a format the reader cannot read: refused here
+        return _format_problems(c, str(e))
     if len(rows) >= c.min_samples:
         return out
     bad = f", {malformed} malformed and not counted" if malformed else ""
@@ -117,6 +118,21 @@ def _calibration_size_problems(cfg: Any) -> list[Problem]:
             else "provide a calibration set with records",
         )
     ]
+
+
+def _format_problems(c: Any, text: str) -> list[Problem]:
+    """The reader's refusal ``text`` of the existing calibration file ``c.path`` (the format rule of
+    :func:`pipeline.data.calibration.detect_format`: a suffix ``calibration.format=auto`` cannot map to a format, an
+    explicit format the file's bytes contradict, an unknown format) as a problem of the field it names, its own
+    wording; none when the file is not there (the inputs check names it: :func:`pipeline.preflight.input_problems`)."""
+    from pathlib import Path
+
+    if not Path(c.path).is_file():
+        return []
+    why, _, fix = text.partition(" Fix: ")
+    field, value = ("calibration.format", c.format) if why.startswith("calibration.format=") else ("calibration.path", c.path)
+    head = f"{field}={str(value)!r}"
+    return [Problem(field, value, why[len(head) :].lstrip(": ") if why.startswith(head) else why, fix)]
 
 
 def _linear_problems(cfg: Any, shape: Any) -> list[Problem]:

@@ -120,6 +120,16 @@ def validate(cfg: CalibrationConfig, prefix: str = "calibration") -> list[Proble
         problems.append(
             Problem(f"{prefix}.max_host_memory_gb", cfg.max_host_memory_gb, "must be > 0.", "set a positive size in GB, or leave it unset")
         )
+    if 1 <= cfg.calib_max_seq_length < cfg.min_tokens:  # every sample is cut below min_tokens: all of them "short"
+        problems.append(
+            Problem(
+                f"{prefix}.calib_max_seq_length",
+                cfg.calib_max_seq_length,
+                f"is below {prefix}.min_tokens={cfg.min_tokens}: every calibration sample would be truncated to fewer tokens "
+                "than a sample needs to carry signal.",
+                f"raise {prefix}.calib_max_seq_length to at least {cfg.min_tokens} (512 by default), or lower {prefix}.min_tokens",
+            )
+        )
     if cfg.min_samples > cfg.calib_size:
         problems.append(
             Problem(
