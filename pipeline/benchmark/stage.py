@@ -75,18 +75,20 @@ def _count_levels(b: Any) -> int:
 
 def results_stem(cfg: Any) -> str:
     """The name of the result files in ``benchmark.results_dir``: ``<benchmark.name>`` when the run measures the model
-    the preset is for (the embedded default model, or a model named as the preset: ``make bench``'s ``llama80m``),
-    else ``<model.name>-<benchmark.name>``, so a user's own model never overwrites the committed results of the
-    repository's model (fresh-user trial)."""
-    from ..core.config import CONFIG_DIR, resolve_path
+    the preset is for, a checkpoint folder inside this repository (the embedded default model, or a model named as the
+    preset: ``make bench``'s ``bench/models/llama80m``), else ``<model.name>-<benchmark.name>``, so a user's own model
+    never overwrites the committed results of the repository's models (fresh-user trial; a recheck: a folder of the
+    user's named ``default`` did)."""
+    from ..core.config import CONFIG_DIR, REPO_ROOT, resolve_path
 
     b, name = cfg.benchmark, str(cfg.model.name or "model")
     try:
         default = yaml.safe_load((CONFIG_DIR / "model" / f"{DEFAULT_MODEL_PRESET}.yaml").read_text(encoding="utf-8"))["path"]
     except (OSError, KeyError, TypeError, yaml.YAMLError):
         default = None
-    path = cfg.model.path
-    if name == b.name or (default and path and resolve_path(str(path)) == resolve_path(str(default))):
+    path = resolve_path(str(cfg.model.path)) if cfg.model.path else None
+    ours = path is not None and path.resolve().is_relative_to(Path(REPO_ROOT).resolve())
+    if ours and (name == b.name or (default and path == resolve_path(str(default)))):
         return str(b.name)
     return f"{re.sub(r'[^A-Za-z0-9._-]+', '-', name).strip('.-') or 'model'}-{b.name}"
 

@@ -245,7 +245,9 @@ class LLMClient:
             self.inputs = {i["name"]: i for i in meta["inputs"]}
             self.outputs = {o["name"]: o for o in meta["outputs"]}
             self.decoupled = self._is_decoupled(model)
-            self.max_seq_len = _config_int(self.client.get_model_config(model, as_json=True, client_timeout=10), "max_seq_len")
+            config = self.client.get_model_config(model, as_json=True, client_timeout=10)
+            self.max_seq_len = _config_int(config, "max_seq_len")
+            self.max_input_len = _config_int(config, "max_input_len")  # the longest prompt the engine takes
         except InferenceServerException as e:
             self.client.close()
             raise ServerUnavailable(no_server_message(url, e.message() if hasattr(e, "message") else str(e))) from None

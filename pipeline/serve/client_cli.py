@@ -173,9 +173,14 @@ def _fit_budget(a: argparse.Namespace, c: LLMClient, prompt: str, max_tokens: in
     the room, said on stderr; the served model would lower either silently.  Unknown room (no tokenizer, e.g.
     ``--raw``; no ``max_seq_len`` in the model's config): sent as given."""
     fit = c.room(prompt, chat=not a.raw)
-    if fit is None or max_tokens <= fit[1]:
+    if fit is None or (max_tokens <= fit[1] and not (c.max_input_len and fit[0] > c.max_input_len)):
         return max_tokens, None
     n_prompt, room = fit
+    if c.max_input_len and n_prompt > c.max_input_len:  # the served model refuses it whatever max_tokens (a recheck)
+        raise InputError(
+            f"the prompt has {n_prompt} tokens, over the served model's max_input_len of {c.max_input_len} tokens (the "
+            f"longest prompt its engine takes). Fix: shorten the prompt to at most {c.max_input_len} tokens."
+        )
     if room < 1:
         raise InputError(
             f"the prompt has {n_prompt} tokens, leaving no room to generate under the served model's maximum context "

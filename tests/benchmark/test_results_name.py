@@ -24,6 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]
         (["benchmark=llama80m", "model.path=bench/models/llama80m", "model.name=llama80m"], "llama80m"),  # make bench
         (["benchmark=default", "model.path=/data/my-ckpt"], "my-ckpt-default"),
         (["benchmark=llama80m", "model.path=/data/my-ckpt", "model.name=a/b c"], "a-b-c-llama80m"),  # a plain file name
+        (["benchmark=default", "model.path=/data/default"], "default-default"),  # a recheck: named as the preset, not ours
+        (["benchmark=llama80m", "model.path=/data/x", "model.name=llama80m"], "llama80m-llama80m"),
     ],
 )
 def test_results_are_named_after_a_model_other_than_the_presets(over, stem):

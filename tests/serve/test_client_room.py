@@ -55,8 +55,19 @@ def _args(*argv: str):
     return client_cli._parser().parse_args([*argv, "hi"])
 
 
-def _client(n_prompt: int, max_seq_len: int = 192):
-    return SimpleNamespace(max_seq_len=max_seq_len, room=lambda prompt, chat: (n_prompt, max_seq_len - n_prompt))
+def _client(n_prompt: int, max_seq_len: int = 192, max_input_len: int | None = None):
+    return SimpleNamespace(
+        max_seq_len=max_seq_len, max_input_len=max_input_len, room=lambda prompt, chat: (n_prompt, max_seq_len - n_prompt)
+    )
+
+
+@pytest.mark.parametrize("argv", [[], ["--max-tokens", "4"]])
+def test_a_prompt_over_max_input_len_is_refused_naming_it(argv, capsys):
+    """A recheck: a prompt over the served max_input_len (128) but under max_seq_len (192) got "max_tokens lowered"
+    and was then refused by the server; it is refused first, as the OpenAI endpoint refuses it, whatever max_tokens."""
+    with pytest.raises(InputError, match="the prompt has 150 tokens, over the served model's max_input_len of 128 tokens"):
+        client_cli._fit_budget(_args(*argv), _client(150, max_input_len=128), "hi", 4 if argv else client_cli.DEFAULT_MAX_TOKENS)
+    assert "note:" not in capsys.readouterr().err
 
 
 def test_the_default_is_lowered_to_the_room_and_said(capsys):
