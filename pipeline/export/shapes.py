@@ -33,6 +33,14 @@ def check_layer_count(facts: Any) -> None:
     if not layers:
         return
     n, held = facts.config["num_hidden_layers"], max(layers) + 1
+    gaps = sorted(set(range(held)) - layers)
+    if gaps:  # a recheck: layers 0 and 2 were told "set num_hidden_layers=3", then failed at load on layer 1
+        shown = ", ".join(map(str, gaps[:10])) + (", ..." if len(gaps) > 10 else "")
+        raise InputError(
+            f"{facts.path}: the weights hold no tensors of decoder layer(s) {shown} of model.layers.0..{held - 1} "
+            f"(num_hidden_layers={n}): the checkpoint is incomplete. Fix: restore the missing layers' tensors from the "
+            f"original checkpoint (a shard missing from the folder or from the index's weight_map)."
+        )
     if n != held:
         dropped = f"layer {n}" if held - n == 1 else f"layers {n}..{held - 1}"
         drop = f"; transformers would drop {dropped} of the weights" if n < held else "; the missing layers would be random"

@@ -191,6 +191,22 @@ def test_a_config_that_lists_fewer_layers_than_the_weights_is_refused(base, tmp_
         inspect_checkpoint(ck)
 
 
+def test_weights_with_a_missing_layer_are_refused_as_incomplete(base, tmp_path):
+    """A recheck: weights holding layers 0 and 2 were told "set num_hidden_layers=3", and after that fix the export
+    failed at load on the missing layer 1. A gap in the layer indices is an incomplete checkpoint, said as one."""
+    from safetensors.torch import load_file, save_file
+
+    ck = copy_of(base["llama"], tmp_path / "ck")
+    w = load_file(ck / "model.safetensors")
+    save_file(
+        {k.replace("model.layers.1.", "model.layers.2."): v for k, v in w.items()}, ck / "model.safetensors", metadata={"format": "pt"}
+    )
+    for n in (2, 3):
+        edit_json(ck / "config.json", num_hidden_layers=n)
+        with pytest.raises(InputError, match=r"no tensors of decoder layer\(s\) 1 of model\.layers\.0\.\.2 .*incomplete"):
+            inspect_checkpoint(ck)
+
+
 @pytest.mark.parametrize("arch, kv, rows, fix", [("llama", 4, 64, 2), ("phi3", 2, 384, 4)])
 def test_num_key_value_heads_against_the_kv_projection_rows(base, tmp_path, arch, kv, rows, fix):
     """A fresh-user trial: num_key_value_heads that disagrees with k_proj/v_proj was refused only by transformers at
