@@ -97,11 +97,10 @@ def validate(
     )
     if read_with_transformers and not by_stage["export"]:
         problems.extend(transformers_problems(cfg))  # the export stage stops at its own refusals before transformers reads
-    if read_with_transformers:  # what the run checks before its first stage: the store (preflight.open_store)
-        store = store_dir_problem(cfg.store_dir)
-        problems.extend([store] if store is not None else [])
-    if read_with_transformers or (list_inputs and problems):  # and the data files: a run lists them with its problems
-        said = bool(problems)  # (one ConfigError, not a second round: a trial); a plan leaves the checkpoint to the
+    said = bool(problems)  # what the run checks before its first stage, the store (preflight.open_store) and the data
+    if read_with_transformers or (list_inputs and said):  # files, a run lists with its problems (one ConfigError, not a
+        store = store_dir_problem(cfg.store_dir)  # second round: trials); a plan leaves the checkpoint to the
+        problems.extend([store] if store is not None and all(q.field != "store_dir" for q in problems) else [])
         order = [  # and export's when its checks refused the checkpoint: its input check repeats them in one text
             s for s in STAGES if s in set(cfg.stages or []) and not (s == "export" and (read_with_transformers or by_stage["export"]))
         ]

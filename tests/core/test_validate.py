@@ -265,3 +265,14 @@ def test_a_value_the_field_check_refuses_is_not_built_on_by_the_stage_checks():
     problems = validate(compose(["build.max_seq_len=-5"]), raise_on_error=False)
     assert [str(p) for p in problems] == ["build.max_seq_len=-5: must be >= 1. Fix: set build.max_seq_len to a positive integer"]
     assert len(validate(compose(["build.max_seq_len=100", "build.max_input_len=200"]), raise_on_error=False)) >= 1  # still checked
+
+
+def test_a_run_with_configuration_problems_also_names_an_unusable_store(tmp_path):
+    """A recheck: a run refused for one problem (a checkpoint's) said nothing of a ``store_dir`` that is a file, while
+    ``pipeline plan`` listed both; the run now lists the store's problem with the others (one ConfigError)."""
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    over = ["build.max_seq_len=-5", f"store_dir={afile}"]
+    said = [str(p) for p in validate(compose(over), raise_on_error=False, list_inputs=True)]
+    assert any(s.startswith("build.max_seq_len=-5") for s in said) and any(s.startswith(f"store_dir='{afile}'") for s in said), said
+    assert all(p.field != "store_dir" for p in validate(compose(over), raise_on_error=False))  # the public check: fields
