@@ -52,7 +52,8 @@ def check_layer_count(facts: Any) -> None:
 
 
 def check_kv_heads(facts: Any) -> None:
-    """``num_key_value_heads`` x head_dim equals the rows of every ``k_proj``/``v_proj`` weight (Phi-3's fused
+    """``num_attention_heads`` x head_dim equals the rows of every ``q_proj`` weight (else ``head_dim`` is named), and
+    ``num_key_value_heads`` x head_dim the rows of every ``k_proj``/``v_proj`` weight (Phi-3's fused
     ``qkv_proj``: ``(num_attention_heads + 2 x num_key_value_heads) x head_dim`` rows), from the headers.
 
     Raises:
@@ -63,8 +64,10 @@ def check_kv_heads(facts: Any) -> None:
     heads = cfg["num_attention_heads"]
     kv = cfg.get("num_key_value_heads") or heads
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
-    for name in sorted(facts.tensors):
+    for name in sorted(facts.tensors, key=lambda n: (not n.endswith("self_attn.q_proj.weight"), n)):  # q first: head_dim
         shape = facts.tensors[name][0]
+        if name.endswith("self_attn.q_proj.weight") and (shape[0] if shape else None) != heads * head_dim:
+            raise InputError(_head_dim_problem(facts, name, shape[0] if shape else None, head_dim))
         if name.endswith(("self_attn.k_proj.weight", "self_attn.v_proj.weight")):
             fused, expected = 0, kv * head_dim
         elif name.endswith("self_attn.qkv_proj.weight"):
@@ -74,6 +77,22 @@ def check_kv_heads(facts: Any) -> None:
         rows = shape[0] if shape else None
         if rows != expected:
             raise InputError(_kv_heads_problem(facts, name, rows, expected, fused, head_dim))
+
+
+def _head_dim_problem(facts: Any, name: str, rows: int | None, head_dim: int) -> str:
+    """The refusal of a ``q_proj`` whose rows are not ``num_attention_heads x head_dim`` (a recheck: with ``head_dim``
+    deleted from config.json, the k_proj check told the user to change ``num_key_value_heads``)."""
+    heads = facts.config["num_attention_heads"]
+    how = f"head_dim={head_dim}" + ("" if facts.config.get("head_dim") else " (hidden_size / num_attention_heads: no head_dim given)")
+    fix = (
+        f"set head_dim={rows // heads} in config.json (or use the weights that match the config)"
+        if rows and rows % heads == 0
+        else "use the config.json that belongs to these weights"
+    )
+    return (
+        f"{facts.path / 'config.json'}: num_attention_heads={heads} x {how} = {heads * head_dim} rows for {name}, but the "
+        f"weights ({facts.tensor_file.get(name, 'the weights')}) have {rows} (shape {facts.tensors[name][0]}). Fix: {fix}."
+    )
 
 
 def _kv_heads_problem(facts: Any, name: str, rows: int | None, expected: int, fused: int, head_dim: int) -> str:

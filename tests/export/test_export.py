@@ -403,10 +403,17 @@ def test_head_counts_must_be_consistent(base, tmp_path):
     edit_json(ck / "config.json", num_key_value_heads=1, num_attention_heads=3, head_dim=_DELETE)
     with pytest.raises(InputError, match=r"hidden_size=128 is not num_attention_heads=3 x head_dim"):
         inspect_checkpoint(ck)
-    # explicit head_dim: hidden != heads x head_dim is allowed (64: one KV head x 64 = the k_proj/v_proj rows the
-    # weights hold, which the headers are checked against: check_kv_heads)
+    # explicit head_dim: hidden != heads x head_dim is allowed when the weights have it (q_proj: heads x head_dim rows,
+    # k_proj/v_proj: kv heads x head_dim, which the headers are checked against: check_kv_heads); a config that
+    # disagrees with the q_proj rows names head_dim (a recheck: the k_proj check named num_key_value_heads)
+    wide = tiny.make_checkpoint(tmp_path / "wide", "llama", tokenizer=False, num_attention_heads=4, num_key_value_heads=1, head_dim=64)
+    assert inspect_checkpoint(wide).head_dim_explicit
     edit_json(ck / "config.json", head_dim=64)
-    assert inspect_checkpoint(ck).head_dim_explicit
+    with pytest.raises(InputError, match=r"num_attention_heads=3 x head_dim=64 = 192 rows for .*q_proj.*have 128.*Fix: use the config"):
+        inspect_checkpoint(ck)
+    edit_json(ck / "config.json", num_attention_heads=4, num_key_value_heads=2, head_dim=64)
+    with pytest.raises(InputError, match=r"head_dim=64 = 256 rows for .*q_proj.*have 128.*Fix: set head_dim=32 in config\.json"):
+        inspect_checkpoint(ck)
 
 
 def test_unknown_dtype_and_missing_folder(base, tmp_path):
